@@ -1,0 +1,237 @@
+"""The shape of a family table: HF weight names <-> NNX paths with their layout transforms.
+
+A family module (``qwen2.py``, ``llama3.py``...) declares, as data, which HF tensor goes
+to which NNX parameter and how its axes move (torchtune's ``_FROM_HF`` dict is the
+model). Import and export both read that one table, so a round trip is exact by
+construction.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class UnsupportedConfigError(ValueError):
+    """config.json asks for a feature this family's Tunix model does not implement."""
+
+
+class Layout:
+    """How an HF tensor's axes map to the NNX parameter's axes (and back)."""
+
+    def to_nnx(self, hf: np.ndarray, nnx_shape: tuple[int, ...]) -> np.ndarray:
+        raise NotImplementedError
+
+    def to_hf(self, nnx: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def hf_shape(self, nnx_shape: tuple[int, ...]) -> tuple[int, ...]:
+        raise NotImplementedError
+
+
+class AsIs(Layout):
+    """Same shape on both sides (norms, embeddings, flat biases)."""
+
+    def to_nnx(self, hf, nnx_shape):
+        return hf
+
+    def to_hf(self, nnx):
+        return nnx
+
+    def hf_shape(self, nnx_shape):
+        return tuple(nnx_shape)
+
+
+class Transposed(Layout):
+    """HF ``nn.Linear`` weight ``(out, in)`` <-> NNX kernel ``(in, out)``."""
+
+    def to_nnx(self, hf, nnx_shape):
+        return hf.T
+
+    def to_hf(self, nnx):
+        return nnx.T
+
+    def hf_shape(self, nnx_shape):
+        return tuple(reversed(nnx_shape))
+
+
+class InputProjection(Layout):
+    """HF ``(heads*head_dim, hidden)`` <-> NNX einsum weight ``(hidden, heads, head_dim)``."""
+
+    def to_nnx(self, hf, nnx_shape):
+        return hf.T.reshape(nnx_shape)
+
+    def to_hf(self, nnx):
+        return nnx.reshape(nnx.shape[0], -1).T
+
+    def hf_shape(self, nnx_shape):
+        return (int(np.prod(nnx_shape[1:])), nnx_shape[0])
+
+
+class OutputProjection(Layout):
+    """HF ``(hidden, heads*head_dim)`` <-> NNX einsum weight ``(heads, head_dim, hidden)``."""
+
+    def to_nnx(self, hf, nnx_shape):
+        return hf.T.reshape(nnx_shape)
+
+    def to_hf(self, nnx):
+        return nnx.reshape(-1, nnx.shape[-1]).T
+
+    def hf_shape(self, nnx_shape):
+        return (nnx_shape[-1], int(np.prod(nnx_shape[:-1])))
+
+
+class HeadsFirstInputProjection(Layout):
+    """HF ``(heads*head_dim, hidden)`` <-> NNX ``(heads, hidden, head_dim)`` (Gemma's ``q_einsum``)."""
+
+    def to_nnx(self, hf, nnx_shape):
+        heads, hidden, head_dim = nnx_shape
+        return hf.reshape(heads, head_dim, hidden).transpose(0, 2, 1)
+
+    def to_hf(self, nnx):
+        heads, hidden, head_dim = nnx.shape
+        return nnx.transpose(0, 2, 1).reshape(heads * head_dim, hidden)
+
+    def hf_shape(self, nnx_shape):
+        heads, hidden, head_dim = nnx_shape
+        return (heads * head_dim, hidden)
+
+
+AS_IS = AsIs()
+TRANSPOSED = Transposed()
+INPUT_PROJECTION = InputProjection()
+OUTPUT_PROJECTION = OutputProjection()
+HEADS_FIRST_INPUT_PROJECTION = HeadsFirstInputProjection()
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    """One row of a family table.
+
+    Args:
+        hf: HF name template; ``{layer}`` stands for a layer index.
+        nnx: NNX dotted path template with the same placeholders.
+        layout: how axes move between the two.
+        stack: ``(index, count)`` when several HF tensors are stacked on a new leading
+            axis of one NNX parameter (Gemma's ``kv_einsum`` holds k and v).
+    """
+
+    hf: str
+    nnx: str
+    layout: Layout = AS_IS
+    stack: tuple[int, int] | None = None
+
+    @property
+    def hf_regex(self) -> re.Pattern:
+        return _template_regex(self.hf)
+
+    @property
+    def nnx_regex(self) -> re.Pattern:
+        return _template_regex(self.nnx)
+
+
+def _template_regex(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(r"\{layer\}", r"(?P<layer>\d+)") + "$")
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything torchlike knows about one model family, as data plus two small functions.
+
+    Args:
+        name: short name (``"qwen2"``).
+        model_types: HF ``config.model_type`` values this family reads.
+        architectures: HF ``config.architectures`` entries this family reads.
+        weights: the weight table.
+        ignored_hf_keys: regexes of checkpoint entries that are not parameters
+            (rotary buffers, a tied ``lm_head.weight``).
+        lora_targets: HF module name (``"q_proj"``) -> NNX module path regex, used to
+            translate PEFT ``target_modules``.
+        build_model: ``(hf_config, dtype, rngs) -> nnx.Module``; raises
+            :class:`UnsupportedConfigError` for features the Tunix model lacks.
+        forward: ``(module, tokens, positions, attention_mask) -> logits`` with
+            ``attention_mask`` a boolean ``[B, T, T]`` (query, key) mask.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...]
+    weights: tuple[WeightRule, ...]
+    build_model: Callable[..., Any]
+    forward: Callable[..., Any]
+    ignored_hf_keys: tuple[str, ...] = ()
+    lora_targets: Mapping[str, str] = field(default_factory=dict)
+
+    def hf_to_nnx(self, hf_name: str) -> tuple[str, WeightRule] | None:
+        """The NNX path and rule for an HF tensor name, or ``None`` if no rule matches."""
+        for rule in self.weights:
+            match = rule.hf_regex.match(hf_name)
+            if match:
+                return rule.nnx.format(**match.groupdict()), rule
+        return None
+
+    def nnx_to_hf(self, nnx_path: str) -> list[tuple[str, WeightRule]]:
+        """The HF names (several when stacked) and rules for an NNX parameter path."""
+        found = []
+        for rule in self.weights:
+            match = rule.nnx_regex.match(nnx_path)
+            if match:
+                found.append((rule.hf.format(**match.groupdict()), rule))
+        return sorted(found, key=lambda item: item[1].stack or (0, 1))
+
+    def is_ignored(self, hf_name: str) -> bool:
+        return any(re.fullmatch(pattern, hf_name) for pattern in self.ignored_hf_keys)
+
+
+def require(condition: bool, message: str) -> None:
+    """Raises :class:`UnsupportedConfigError` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise UnsupportedConfigError(message)
+
+
+DECODER_WEIGHTS: tuple[WeightRule, ...] = (
+    WeightRule("model.embed_tokens.weight", "embedder.input_embedding"),
+    WeightRule("model.layers.{layer}.self_attn.q_proj.weight", "layers.{layer}.attn.q_proj.w", INPUT_PROJECTION),
+    WeightRule("model.layers.{layer}.self_attn.k_proj.weight", "layers.{layer}.attn.k_proj.w", INPUT_PROJECTION),
+    WeightRule("model.layers.{layer}.self_attn.v_proj.weight", "layers.{layer}.attn.v_proj.w", INPUT_PROJECTION),
+    WeightRule("model.layers.{layer}.self_attn.o_proj.weight", "layers.{layer}.attn.o_proj.w", OUTPUT_PROJECTION),
+    WeightRule("model.layers.{layer}.mlp.gate_proj.weight", "layers.{layer}.mlp.gate_proj.kernel", TRANSPOSED),
+    WeightRule("model.layers.{layer}.mlp.up_proj.weight", "layers.{layer}.mlp.up_proj.kernel", TRANSPOSED),
+    WeightRule("model.layers.{layer}.mlp.down_proj.weight", "layers.{layer}.mlp.down_proj.kernel", TRANSPOSED),
+    WeightRule("model.layers.{layer}.input_layernorm.weight", "layers.{layer}.input_layernorm.w"),
+    WeightRule("model.layers.{layer}.post_attention_layernorm.weight", "layers.{layer}.post_attention_layernorm.w"),
+    WeightRule("model.norm.weight", "final_norm.w"),
+    WeightRule("lm_head.weight", "lm_head.w", TRANSPOSED),
+)
+"""The Llama-style decoder table shared by Qwen2, Qwen3 and Llama 3 (each adds its extras)."""
+
+DECODER_LORA_TARGETS: Mapping[str, str] = {
+    "q_proj": r"layers/\d+/attn/q_proj",
+    "k_proj": r"layers/\d+/attn/k_proj",
+    "v_proj": r"layers/\d+/attn/v_proj",
+    "o_proj": r"layers/\d+/attn/o_proj",
+    "gate_proj": r"layers/\d+/mlp/gate_proj",
+    "up_proj": r"layers/\d+/mlp/up_proj",
+    "down_proj": r"layers/\d+/mlp/down_proj",
+}
+
+DECODER_IGNORED_KEYS: tuple[str, ...] = (r"model\.rotary_emb\..*", r"model\.layers\.\d+\.self_attn\.rotary_emb\..*")
+
+
+def decoder_forward(module, tokens, positions, attention_mask):
+    """Calls a Tunix decoder as ``module(tokens, positions, cache=None, attention_mask)``; returns float32 logits."""
+    logits, _ = module(tokens, positions, None, attention_mask)
+    return logits
+
+
+def check_decoder_config(hf_config, family: str) -> None:
+    """Refuses the Llama-style config options no Tunix decoder implements."""
+    activation = getattr(hf_config, "hidden_act", "silu")
+    require(activation == "silu", f"{family}: hidden_act={activation!r} is not supported (only 'silu').")
+    require(not getattr(hf_config, "mlp_bias", False), f"{family}: mlp_bias=True is not supported by the Tunix model.")
+    require(getattr(hf_config, "num_experts", None) in (None, 0),
+            f"{family}: mixture-of-experts checkpoints are not supported yet (dense models only).")

@@ -1,0 +1,54 @@
+"""Llama 3 / 3.1 / 3.2 <-> ``tunix.models.llama3``, with ``rope_theta`` and ``llama3`` rope scaling implemented."""
+
+from __future__ import annotations
+
+from tunix.models.llama3 import model as tunix_llama3
+
+from ..rope import apply_rope, rope_inverse_frequencies, with_rope
+from .base import (
+    DECODER_IGNORED_KEYS,
+    DECODER_LORA_TARGETS,
+    DECODER_WEIGHTS,
+    Family,
+    check_decoder_config,
+    decoder_forward,
+    require,
+)
+from .qwen2 import head_dim_of
+
+
+def build_model(hf_config, dtype, rngs):
+    """A Tunix ``Llama3`` whose attention uses the checkpoint's rope (theta and ``llama3`` scaling)."""
+    check_decoder_config(hf_config, "llama")
+    require(not getattr(hf_config, "attention_bias", False), "llama: attention_bias=True is not supported.")
+    head_dim = head_dim_of(hf_config)
+    config = tunix_llama3.ModelConfig(
+        num_layers=hf_config.num_hidden_layers,
+        vocab_size=hf_config.vocab_size,
+        embed_dim=hf_config.hidden_size,
+        hidden_dim=hf_config.intermediate_size,
+        num_heads=hf_config.num_attention_heads,
+        head_dim=head_dim,
+        num_kv_heads=hf_config.num_key_value_heads,
+        rope_theta=hf_config.rope_parameters["rope_theta"],
+        norm_eps=hf_config.rms_norm_eps,
+        weight_tying=bool(hf_config.tie_word_embeddings),
+    )
+    model = tunix_llama3.Llama3(config, rngs=rngs)
+    inv_freq = rope_inverse_frequencies(hf_config.rope_parameters, head_dim)
+    attention_class = with_rope(tunix_llama3.Attention, "block", "apply_rope", apply_rope, inv_freq)
+    for layer in model.layers:
+        layer.attn.__class__ = attention_class
+    return model
+
+
+FAMILY = Family(
+    name="llama3",
+    model_types=("llama",),
+    architectures=("LlamaForCausalLM",),
+    weights=DECODER_WEIGHTS,
+    build_model=build_model,
+    forward=decoder_forward,
+    ignored_hf_keys=DECODER_IGNORED_KEYS,
+    lora_targets=DECODER_LORA_TARGETS,
+)

@@ -1,0 +1,64 @@
+"""Qwen2 / Qwen2.5 (dense) <-> ``tunix.models.qwen2``."""
+
+from __future__ import annotations
+
+from tunix.models.qwen2 import model as tunix_qwen2
+
+from ..rope import rope_inverse_frequencies, sin_cos, with_rope
+from .base import (
+    DECODER_IGNORED_KEYS,
+    DECODER_LORA_TARGETS,
+    DECODER_WEIGHTS,
+    Family,
+    WeightRule,
+    check_decoder_config,
+    decoder_forward,
+    require,
+)
+
+WEIGHTS = DECODER_WEIGHTS + (
+    WeightRule("model.layers.{layer}.self_attn.q_proj.bias", "layers.{layer}.attn.q_bias"),
+    WeightRule("model.layers.{layer}.self_attn.k_proj.bias", "layers.{layer}.attn.k_bias"),
+    WeightRule("model.layers.{layer}.self_attn.v_proj.bias", "layers.{layer}.attn.v_bias"),
+)
+
+
+def head_dim_of(hf_config) -> int:
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def build_model(hf_config, dtype, rngs):
+    """A Tunix ``Qwen2`` for ``hf_config``, with rope taken from ``config.rope_parameters``."""
+    check_decoder_config(hf_config, "qwen2")
+    require(not getattr(hf_config, "use_sliding_window", False),
+            "qwen2: use_sliding_window=True is not supported by the Tunix Qwen2 model.")
+    head_dim = head_dim_of(hf_config)
+    config = tunix_qwen2.ModelConfig(
+        num_layers=hf_config.num_hidden_layers,
+        vocab_size=hf_config.vocab_size,
+        embed_dim=hf_config.hidden_size,
+        hidden_dim=hf_config.intermediate_size,
+        num_heads=hf_config.num_attention_heads,
+        head_dim=head_dim,
+        num_kv_heads=hf_config.num_key_value_heads,
+        rope_theta=hf_config.rope_parameters["rope_theta"],
+        norm_eps=hf_config.rms_norm_eps,
+        use_tied_embedding=bool(hf_config.tie_word_embeddings),
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+    inv_freq = rope_inverse_frequencies(hf_config.rope_parameters, head_dim)
+    model_class = with_rope(tunix_qwen2.Qwen2, "__call__", "_generate_pos_embeddings", sin_cos, inv_freq)
+    return model_class(config, rngs=rngs)
+
+
+FAMILY = Family(
+    name="qwen2",
+    model_types=("qwen2",),
+    architectures=("Qwen2ForCausalLM",),
+    weights=WEIGHTS,
+    build_model=build_model,
+    forward=decoder_forward,
+    ignored_hf_keys=DECODER_IGNORED_KEYS,
+    lora_targets=DECODER_LORA_TARGETS,
+)

@@ -1,0 +1,64 @@
+"""Qwen3 (dense) <-> ``tunix.models.qwen3``, with the config's ``rope_theta`` honoured."""
+
+from __future__ import annotations
+
+from tunix.models.qwen3 import model as tunix_qwen3
+
+from ..rope import apply_rope, rope_inverse_frequencies, with_rope
+from .base import (
+    DECODER_IGNORED_KEYS,
+    DECODER_LORA_TARGETS,
+    DECODER_WEIGHTS,
+    Family,
+    WeightRule,
+    check_decoder_config,
+    decoder_forward,
+    require,
+)
+from .qwen2 import head_dim_of
+
+WEIGHTS = DECODER_WEIGHTS + (
+    WeightRule("model.layers.{layer}.self_attn.q_norm.weight", "layers.{layer}.attn.q_norm.w"),
+    WeightRule("model.layers.{layer}.self_attn.k_norm.weight", "layers.{layer}.attn.k_norm.w"),
+)
+
+
+def build_model(hf_config, dtype, rngs):
+    """A Tunix ``Qwen3`` whose attention uses the checkpoint's rope (Tunix 0.1.7 fixes theta at 1e6)."""
+    check_decoder_config(hf_config, "qwen3")
+    require(not getattr(hf_config, "attention_bias", False), "qwen3: attention_bias=True is not supported.")
+    require(not getattr(hf_config, "use_sliding_window", False),
+            "qwen3: use_sliding_window=True is not supported by the Tunix Qwen3 model.")
+    head_dim = head_dim_of(hf_config)
+    config = tunix_qwen3.ModelConfig(
+        num_layers=hf_config.num_hidden_layers,
+        vocab_size=hf_config.vocab_size,
+        embed_dim=hf_config.hidden_size,
+        hidden_dim=hf_config.intermediate_size,
+        num_heads=hf_config.num_attention_heads,
+        head_dim=head_dim,
+        num_kv_heads=hf_config.num_key_value_heads,
+        rope_theta=hf_config.rope_parameters["rope_theta"],
+        norm_eps=hf_config.rms_norm_eps,
+        use_tied_embedding=bool(hf_config.tie_word_embeddings),
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+    model = tunix_qwen3.Qwen3(config, rngs=rngs)
+    inv_freq = rope_inverse_frequencies(hf_config.rope_parameters, head_dim)
+    attention_class = with_rope(tunix_qwen3.Attention, "block", "apply_rope", apply_rope, inv_freq)
+    for layer in model.layers:
+        layer.attn.__class__ = attention_class
+    return model
+
+
+FAMILY = Family(
+    name="qwen3",
+    model_types=("qwen3",),
+    architectures=("Qwen3ForCausalLM",),
+    weights=WEIGHTS,
+    build_model=build_model,
+    forward=decoder_forward,
+    ignored_hf_keys=DECODER_IGNORED_KEYS,
+    lora_targets=DECODER_LORA_TARGETS,
+)

@@ -1,0 +1,117 @@
+"""Rotary position embeddings computed from a Hugging Face ``rope_parameters`` dict.
+
+Tunix 0.1.7 hard-codes ``rope_theta=1e6`` inside Qwen3 and Llama 3 attention (the
+config's value is ignored) and implements no ``rope_scaling``. Here the inverse
+frequencies are computed the way ``transformers``' ``ROPE_INIT_FUNCTIONS`` does for the
+supported types, and :func:`with_rope` swaps them into an unchanged copy of the Tunix
+method, so the rest of Tunix's attention code is used as shipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import types
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class UnsupportedRopeScalingError(ValueError):
+    """The checkpoint's ``rope_scaling``/``rope_parameters`` type is not implemented."""
+
+
+def rope_inverse_frequencies(rope_parameters: Mapping, head_dim: int, config_name: str = "config.json") -> tuple[float, ...]:
+    """Inverse frequencies ``1 / theta**(2i/d)`` for ``i < d/2``, adjusted for the rope type.
+
+    Args:
+        rope_parameters: ``config.rope_parameters`` (transformers >= 5), with ``rope_theta``
+            and ``rope_type`` (``default``, ``linear`` or ``llama3``) and that type's fields.
+        head_dim: the rotated dimension (the whole head).
+        config_name: where the parameters came from, for error messages.
+
+    Returns:
+        A tuple of ``head_dim // 2`` float32 values (hashable, so it can key a cache).
+
+    Raises:
+        UnsupportedRopeScalingError: for any other rope type or a partial rotary factor.
+    """
+    rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default")) or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedRopeScalingError(
+            f"{config_name}: rope_scaling type {rope_type!r} is not supported; supported types are "
+            f"{list(SUPPORTED_ROPE_TYPES)}. Use a checkpoint without that rope scaling or remove it "
+            "from config.json if the model was not trained with it."
+        )
+    if float(rope_parameters.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedRopeScalingError(f"{config_name}: partial_rotary_factor != 1 is not supported.")
+    theta = float(rope_parameters["rope_theta"])
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+    if rope_type == "linear":
+        inv_freq = inv_freq / np.float32(rope_parameters["factor"])
+    elif rope_type == "llama3":
+        inv_freq = _llama3_scaled(inv_freq, rope_parameters)
+    return tuple(float(x) for x in inv_freq.astype(np.float32))
+
+
+def _llama3_scaled(inv_freq: np.ndarray, params: Mapping) -> np.ndarray:
+    """Llama 3.1's frequency-dependent scaling: long wavelengths are divided by ``factor``,
+    short ones kept, the band between interpolated smoothly."""
+    factor = float(params["factor"])
+    low_freq_factor = float(params["low_freq_factor"])
+    high_freq_factor = float(params["high_freq_factor"])
+    old_context = float(params["original_max_position_embeddings"])
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_angles(positions: jax.Array, inv_freq: tuple[float, ...]) -> jax.Array:
+    """``positions[..., None] * inv_freq`` in float32 at full precision: ``[B, T, d/2]``."""
+    return positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+
+
+def apply_rope(inputs: jax.Array, positions: jax.Array, *, inv_freq: tuple[float, ...], **_ignored) -> jax.Array:
+    """Rotates ``inputs [B, T, N, H]`` by ``positions [B, T]`` (half-split layout, as HF's ``rotate_half``).
+
+    Drop-in for Tunix's ``apply_rope(inputs, positions, head_dim, rope_theta=...)``; the
+    Tunix keyword arguments are ignored because ``inv_freq`` already encodes them.
+    """
+    angles = rope_angles(positions, inv_freq)[..., None, :]
+    sin, cos = jnp.sin(angles), jnp.cos(angles)
+    first, second = jnp.split(inputs, 2, axis=-1)
+    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return rotated.astype(inputs.dtype)
+
+
+def sin_cos(positions: jax.Array, features: int, rope_theta: float, *, inv_freq: tuple[float, ...]):
+    """Drop-in for Tunix Qwen2's ``_generate_pos_embeddings``: ``(sin, cos)`` of ``[B, T, d/2]``."""
+    angles = rope_angles(positions, inv_freq)
+    return jnp.sin(angles), jnp.cos(angles)
+
+
+@functools.cache
+def with_rope(cls: type, method_name: str, global_name: str, rope_function: Callable, inv_freq: tuple[float, ...]) -> type:
+    """A subclass of ``cls`` whose ``method_name`` runs Tunix's own code with ``global_name``
+    bound to ``rope_function`` at ``inv_freq``.
+
+    The subclass keeps the class name, so module trees and parameter paths do not change.
+    Cached, so every model with the same rope shares one class (and one jit cache entry).
+    """
+    method = getattr(cls, method_name)
+    namespace = dict(method.__globals__)
+    namespace[global_name] = functools.partial(rope_function, inv_freq=inv_freq)
+    patched = types.FunctionType(method.__code__, namespace, method.__name__, method.__defaults__, method.__closure__)
+    patched.__kwdefaults__ = method.__kwdefaults__
+    patched.__qualname__ = method.__qualname__
+    return type(cls.__name__, (cls,), {method_name: patched, "__module__": cls.__module__})

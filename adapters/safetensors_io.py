@@ -1,0 +1,179 @@
+"""Read and write safetensors files tensor by tensor, with errors that name the file and the fix.
+
+The reader memory-maps the file and validates the header (offsets, sizes, dtypes) so a
+truncated or corrupted file is reported before any tensor is used. The writer streams
+one tensor at a time so exporting never holds a second copy of the model on the host.
+Format: https://github.com/huggingface/safetensors (8-byte little-endian header size,
+JSON header, then the raw little-endian tensor bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint file is missing, truncated or corrupted (the message names the file)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives inside a safetensors file."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+class SafetensorsReader:
+    """Memory-mapped, validated view of one ``.safetensors`` file.
+
+    Args:
+        path: the file to open.
+
+    Raises:
+        CheckpointFileError: when the file is missing, truncated or has a bad header.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CheckpointFileError(f"Checkpoint file {self.path} does not exist.")
+        self._file = open(self.path, "rb")
+        size = os.fstat(self._file.fileno()).st_size
+        fix = "The file is damaged (an interrupted download or copy?): download or save it again."
+        if size < 8:
+            self.close()
+            raise CheckpointFileError(f"{self.path} is {size} bytes, too short to be safetensors. {fix}")
+        (header_size,) = struct.unpack("<Q", self._file.read(8))
+        if header_size > min(_MAX_HEADER_BYTES, size - 8):
+            self.close()
+            raise CheckpointFileError(
+                f"{self.path} has an invalid safetensors header (declared {header_size} bytes "
+                f"in a {size}-byte file). {fix}"
+            )
+        try:
+            header = json.loads(self._file.read(header_size))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            self.close()
+            raise CheckpointFileError(f"{self.path} has a corrupted safetensors header ({error}). {fix}") from None
+        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        data_start = 8 + header_size
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, entry in header.items():
+            dtype = SAFETENSORS_DTYPES.get(entry.get("dtype"))
+            if dtype is None:
+                self.close()
+                raise CheckpointFileError(f"{self.path}: tensor {name!r} has unsupported dtype {entry.get('dtype')!r}.")
+            begin, end = entry["data_offsets"]
+            shape = tuple(int(d) for d in entry["shape"])
+            if end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or data_start + end > size:
+                self.close()
+                raise CheckpointFileError(
+                    f"{self.path} is truncated or corrupted: tensor {name!r} needs bytes "
+                    f"{data_start + begin}..{data_start + end} but the file has {size} bytes. {fix}"
+                )
+            self.tensors[name] = TensorInfo(name, dtype, shape, data_start + begin, data_start + end)
+        self._mmap = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size > data_start else None
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def get(self, name: str) -> np.ndarray:
+        """Returns the tensor as a read-only numpy view of the mapped file (no copy)."""
+        info = self.tensors[name]
+        if info.start == info.end:
+            return np.zeros(info.shape, info.dtype)
+        count = (info.end - info.start) // info.dtype.itemsize
+        return np.frombuffer(self._mmap, dtype=info.dtype, count=count, offset=info.start).reshape(info.shape)
+
+    def close(self) -> None:
+        mapped = getattr(self, "_mmap", None)
+        if mapped is not None:
+            try:
+                mapped.close()
+            except BufferError:
+                pass  # numpy views still point into the map; it is released when they are.
+        self._file.close()
+
+    def __enter__(self) -> SafetensorsReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def safetensors_dtype_name(dtype: np.dtype) -> str:
+    """The safetensors dtype tag (``"BF16"``, ``"F32"``...) for a numpy dtype."""
+    try:
+        return _DTYPE_NAMES[np.dtype(dtype)]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} cannot be stored in safetensors") from None
+
+
+def write_safetensors(
+    path: str | os.PathLike,
+    specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]],
+    tensors: Iterator[tuple[str, np.ndarray]],
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """Writes a safetensors file streaming one tensor at a time.
+
+    Args:
+        path: destination file.
+        specs: ``(name, dtype, shape)`` of every tensor, in the order they will come.
+        tensors: yields ``(name, array)`` in the order of ``specs``; each array is written
+            and dropped before the next is requested.
+        metadata: string-to-string ``__metadata__`` (``{"format": "pt"}`` for transformers).
+    """
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = metadata
+    offset = 0
+    order = []
+    for name, dtype, shape in specs:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": safetensors_dtype_name(dtype), "shape": list(shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        order.append((name, np.dtype(dtype), tuple(shape)))
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(encoded)))
+        out.write(encoded)
+        for (name, dtype, shape), (got_name, array) in zip(order, tensors, strict=True):
+            if got_name != name or array.dtype != dtype or tuple(array.shape) != shape:
+                raise RuntimeError(f"tensor stream out of order: expected {name} {dtype}{shape}, "
+                                   f"got {got_name} {array.dtype}{tuple(array.shape)}")
+            out.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+        out.flush()
+        os.fsync(out.fileno())

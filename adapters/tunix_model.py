@@ -1,0 +1,207 @@
+"""Build Tunix NNX models from HF weights (tensor by tensor, sharded on a mesh) and read them back out.
+
+This is the one place that walks a Tunix module's parameters; the family table says
+which HF tensor each one is.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+
+from .families import Family
+from .hf_checkpoint import TensorSpec
+
+
+class WeightShapeError(ValueError):
+    """A checkpoint tensor's shape disagrees with what config.json implies."""
+
+
+class MissingWeightsError(ValueError):
+    """The checkpoint lacks tensors the model needs."""
+
+
+def _path_name(path: tuple) -> str:
+    return ".".join(str(part) for part in path)
+
+
+def build_abstract_model(family: Family, hf_config, dtype) -> nnx.Module:
+    """The Tunix module for ``hf_config`` with shapes only (no memory allocated)."""
+    return nnx.eval_shape(lambda: family.build_model(hf_config, dtype, nnx.Rngs(0)))
+
+
+def _sharding_for(spec, mesh: Mesh | None):
+    if mesh is None:
+        return SingleDeviceSharding(jax.devices()[0])
+    return NamedSharding(mesh, spec if spec is not None else jax.sharding.PartitionSpec())
+
+
+def _config_hint(nnx_path: str) -> str:
+    if "embed" in nnx_path or "lm_head" in nnx_path:
+        return "vocab_size/hidden_size"
+    if "attn" in nnx_path:
+        return "hidden_size/num_attention_heads/num_key_value_heads/head_dim"
+    if "mlp" in nnx_path:
+        return "hidden_size/intermediate_size"
+    return "hidden_size"
+
+
+def load_weights(
+    family: Family,
+    hf_config,
+    tensors: Iterable[tuple[str, np.ndarray, Path | str]],
+    dtype,
+    mesh: Mesh | None = None,
+    source: str = "checkpoint",
+) -> nnx.Module:
+    """Creates the Tunix module and fills it from HF tensors, one tensor at a time.
+
+    Each tensor is transformed to the NNX layout, cast to ``dtype`` and placed straight
+    on its device(s) (``NamedSharding`` from the Tunix partition specs when ``mesh`` is
+    given) before the next is read, so the host holds one tensor at a time.
+
+    Args:
+        family: the family table.
+        hf_config: the ``transformers`` config.
+        tensors: ``(hf_name, array, file)`` triples, e.g. from ``iter_checkpoint_tensors``.
+        dtype: parameter dtype (a numpy/jax dtype).
+        mesh: optional device mesh with axes ``fsdp``/``tp``.
+        source: the checkpoint's location, for messages.
+
+    Returns:
+        The loaded ``nnx.Module``.
+
+    Raises:
+        WeightShapeError: a tensor's shape disagrees with config.json (names key, file, shapes).
+        MissingWeightsError: parameters with no tensor in the checkpoint.
+    """
+    abstract = build_abstract_model(family, hf_config, dtype)
+    graphdef, state = nnx.split(abstract)
+    specs = dict(nnx.to_flat_state(nnx.get_partition_spec(state)))
+    variables = {_path_name(path): (path, var) for path, var in nnx.to_flat_state(state)}
+    pending_stacks: dict[str, np.ndarray] = {}
+    filled: set[str] = set()
+    unexpected: list[str] = []
+    np_dtype = np.dtype(dtype)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    for hf_name, array, file in tensors:
+        found = family.hf_to_nnx(hf_name)
+        if found is None or found[0] not in variables:
+            if family.is_ignored(hf_name) or (tied and hf_name == "lm_head.weight"):
+                continue
+            unexpected.append(hf_name)
+            continue
+        nnx_path, rule = found
+        path, variable = variables[nnx_path]
+        target_shape = tuple(variable.get_value().shape)
+        part_shape = target_shape[1:] if rule.stack else target_shape
+        expected = rule.layout.hf_shape(part_shape)
+        if tuple(array.shape) != expected:
+            raise WeightShapeError(
+                f"{file}: tensor {hf_name!r} has shape {tuple(array.shape)} but config.json implies "
+                f"{expected} (for {nnx_path}, NNX shape {target_shape}). Check {_config_hint(nnx_path)} "
+                "in config.json against the weights, or pass the matching config."
+            )
+        converted = rule.layout.to_nnx(array, part_shape)
+        if rule.stack:
+            index, count = rule.stack
+            buffer = pending_stacks.setdefault(nnx_path, np.empty(target_shape, np_dtype))
+            buffer[index] = converted
+            filled.add(hf_name)
+            if sum(name in filled for name, _ in family.nnx_to_hf(nnx_path)) < count:
+                continue
+            converted = pending_stacks.pop(nnx_path)
+        host = np.array(converted, dtype=np_dtype, order="C")
+        variable.set_value(jax.device_put(host, _sharding_for(specs.get(path), mesh)))
+        filled.add(nnx_path)
+
+    missing = [name for name in variables if name not in filled]
+    if missing:
+        hf_names = [hf for name in missing for hf, _ in family.nnx_to_hf(name)] or missing
+        raise MissingWeightsError(
+            f"{source} is missing {len(missing)} tensor(s) the {family.name} model needs: "
+            f"{hf_names[:8]}{' ...' if len(hf_names) > 8 else ''}. The checkpoint is incomplete or "
+            "config.json does not describe it (e.g. num_hidden_layers, tie_word_embeddings)."
+        )
+    if unexpected:
+        warnings.warn(
+            f"Some weights of {source} were not used by the {family.name} model: {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''}.",
+            stacklevel=3,
+        )
+    return nnx.merge(graphdef, state)
+
+
+def _natural_key(name: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def export_plan(family: Family, module: nnx.Module) -> tuple[list[TensorSpec], dict[str, tuple]]:
+    """HF tensor specs for every parameter of ``module``, plus how to fetch each one.
+
+    Returns:
+        ``(specs, sources)`` where ``specs`` are in natural HF-name order and
+        ``sources[hf_name] = (array, rule)``.
+    """
+    state = nnx.state(module, nnx.Param)
+    sources: dict[str, tuple] = {}
+    specs: list[TensorSpec] = []
+    for path, variable in nnx.to_flat_state(state):
+        nnx_path = _path_name(path)
+        targets = family.nnx_to_hf(nnx_path)
+        if not targets:
+            raise ValueError(f"parameter {nnx_path!r} has no Hugging Face name in the {family.name} table.")
+        array = variable.get_value()
+        for hf_name, rule in targets:
+            part_shape = tuple(array.shape[1:]) if rule.stack else tuple(array.shape)
+            specs.append(TensorSpec(hf_name, np.dtype(array.dtype), rule.layout.hf_shape(part_shape)))
+            sources[hf_name] = (array, rule)
+    specs.sort(key=lambda spec: _natural_key(spec.name))
+    return specs, sources
+
+
+def materialize_hf_tensor(sources: dict[str, tuple], spec: TensorSpec) -> np.ndarray:
+    """Copies one parameter to the host and converts it to the HF layout."""
+    array, rule = sources[spec.name]
+    if rule.stack:
+        array = array[rule.stack[0]]
+    return np.ascontiguousarray(rule.layout.to_hf(np.asarray(jax.device_get(array))))
+
+
+def iter_hf_tensors(family: Family, module: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
+    """Yields ``(hf_name, numpy array)`` for every parameter, one at a time."""
+    specs, sources = export_plan(family, module)
+    for spec in specs:
+        yield spec.name, materialize_hf_tensor(sources, spec)
+
+
+def causal_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Tunix inputs for a padded batch: positions count only real tokens (``cumsum(mask) - 1``,
+    as ``transformers.generate`` does) and the ``[B, T, T]`` mask is causal and hides padding keys.
+    """
+    mask = np.asarray(attention_mask, dtype=bool)
+    positions = np.maximum(np.cumsum(mask, axis=-1) - 1, 0).astype(np.int32)
+    length = mask.shape[-1]
+    causal = np.tril(np.ones((length, length), dtype=bool))
+    attention = causal[None, :, :] & mask[:, None, :]
+    return jnp.asarray(input_ids, jnp.int32), jnp.asarray(positions), jnp.asarray(attention)
+
+
+@nnx.jit(static_argnums=(0,))
+def _jitted_forward(forward, module, tokens, positions, attention):
+    return forward(module, tokens, positions, attention)
+
+
+def forward_logits(family: Family, module: nnx.Module, input_ids: np.ndarray, attention_mask: np.ndarray) -> jax.Array:
+    """Float32 logits ``[B, T, V]`` for a (possibly padded) batch, compiled once per shape."""
+    tokens, positions, attention = causal_inputs(input_ids, attention_mask)
+    return _jitted_forward(family.forward, module, tokens, positions, attention)

@@ -1,0 +1,35 @@
+"""torchlike: the transformers/TRL/PEFT API over JAX (Flax NNX, Tunix, Qwix, Optax, Orbax).
+
+Heavy parts are imported on first use so ``import torchlike`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "AutoModelForCausalLM": "torchlike.modeling",
+    "CausalLM": "torchlike.modeling",
+    "CausalLMOutput": "torchlike.modeling",
+    "AutoTokenizer": "torchlike.tokenization",
+    "make_mesh": "torchlike.modeling",
+}
+
+if TYPE_CHECKING:
+    from .modeling import AutoModelForCausalLM, CausalLM, CausalLMOutput, make_mesh
+    from .tokenization import AutoTokenizer
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchlike' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_EXPORTS) + ["__version__"]

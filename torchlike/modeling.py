@@ -1,0 +1,435 @@
+"""``AutoModelForCausalLM`` and ``CausalLM``: Hugging Face checkpoints in and out of Tunix NNX models."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from .adapters import hf_checkpoint, hf_hub, tunix_model
+from .adapters.families import Family, family_for_config
+from .adapters.mesh import make_mesh
+from .dtypes import dtype_name, resolve_dtype
+
+__all__ = ["AutoModelForCausalLM", "CausalLM", "CausalLMOutput", "make_mesh"]
+
+
+@dataclass
+class CausalLMOutput:
+    """Output of :class:`CausalLM` forward passes (the ``transformers`` field names).
+
+    Args:
+        logits: float32 ``jax.Array`` of shape ``(batch, sequence, vocab)``.
+        loss: unused at inference; kept for the familiar layout.
+    """
+
+    logits: jax.Array
+    loss: jax.Array | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+def to_numpy_2d(values: Any, name: str, dtype=np.int32) -> np.ndarray:
+    """Lists, numpy, jax or torch tensors as a 2-D numpy array (a 1-D input becomes a batch of one)."""
+    if values is None:
+        return None
+    if hasattr(values, "detach") and hasattr(values, "cpu"):  # torch.Tensor, without importing torch
+        values = values.detach().cpu().numpy()
+    try:
+        array = np.asarray(values)
+    except ValueError:
+        raise ValueError(f"{name} must be rectangular (pad the rows to one length and pass attention_mask).") from None
+    if array.dtype == object:
+        raise ValueError(f"{name} must be rectangular (pad the rows to one length and pass attention_mask).")
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2:
+        raise ValueError(f"{name} must have shape (batch, sequence); got {array.shape}.")
+    return array.astype(dtype)
+
+
+class CausalLM:
+    """A causal language model backed by a Tunix NNX module, used like a ``transformers`` model.
+
+    Create one with :meth:`AutoModelForCausalLM.from_pretrained`. Parameters are
+    ``jax.Array``s (sharded over ``mesh`` when one was given); nothing is copied behind
+    your back.
+
+    Attributes:
+        module: the Tunix ``flax.nnx.Module``.
+        config: the ``transformers`` config (``PretrainedConfig``).
+        generation_config: ``transformers.GenerationConfig`` (from ``generation_config.json``).
+        family: the adapter family table (``qwen2``, ``qwen3``, ``llama3``, ``gemma3``).
+        mesh: the ``jax.sharding.Mesh`` the parameters live on, or ``None``.
+    """
+
+    def __init__(self, module, config, family: Family, generation_config=None, mesh=None, name_or_path: str = ""):
+        self.module = module
+        self.config = config
+        self.family = family
+        self.mesh = mesh
+        self.name_or_path = name_or_path
+        if generation_config is None:
+            from transformers import GenerationConfig
+
+            generation_config = GenerationConfig.from_model_config(config)
+        self.generation_config = generation_config
+
+    def __call__(self, input_ids: Any, attention_mask: Any = None, **unused: Any) -> CausalLMOutput:
+        """Runs the model.
+
+        Args:
+            input_ids: token ids ``(batch, sequence)`` as a list, numpy, jax or torch array.
+            attention_mask: 1 for real tokens, 0 for padding (left or right); default all ones.
+                Positions count real tokens only, as ``transformers.generate`` does.
+
+        Returns:
+            :class:`CausalLMOutput` with float32 ``logits`` of shape ``(batch, sequence, vocab)``.
+        """
+        unsupported = sorted(key for key, value in unused.items() if value not in (None, False))
+        if unsupported:
+            raise TypeError(f"CausalLM.__call__ does not support {unsupported}; pass input_ids and attention_mask.")
+        ids = to_numpy_2d(input_ids, "input_ids")
+        mask = np.ones_like(ids) if attention_mask is None else to_numpy_2d(attention_mask, "attention_mask")
+        if mask.shape != ids.shape:
+            raise ValueError(f"attention_mask shape {mask.shape} does not match input_ids shape {ids.shape}.")
+        if self.mesh is not None:
+            with self.mesh:
+                logits = tunix_model.forward_logits(self.family, self.module, ids, mask)
+        else:
+            logits = tunix_model.forward_logits(self.family, self.module, ids, mask)
+        return CausalLMOutput(logits=logits)
+
+    forward = __call__
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The parameters' dtype (``numpy.dtype``; bfloat16 via ``ml_dtypes``)."""
+        _, first = next(self.named_parameters())
+        return np.dtype(first.dtype)
+
+    @property
+    def device(self):
+        """The devices holding the parameters."""
+        _, first = next(self.named_parameters())
+        return first.sharding
+
+    def named_parameters(self) -> Iterator[tuple[str, jax.Array]]:
+        """Yields ``(dotted NNX path, jax.Array)`` for every parameter, as ``torch`` does."""
+        from flax import nnx
+
+        for path, variable in nnx.to_flat_state(nnx.state(self.module, nnx.Param)):
+            yield ".".join(str(part) for part in path), variable.get_value()
+
+    def parameters(self) -> Iterator[jax.Array]:
+        """Yields every parameter array."""
+        for _, array in self.named_parameters():
+            yield array
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """Counts parameters.
+
+        Args:
+            only_trainable: count only trainable parameters (LoRA factors once an adapter is added;
+                all parameters of a plain model, as in ``transformers``).
+            exclude_embeddings: skip the input embedding and the LM head.
+
+        Returns:
+            The number of scalar parameters.
+        """
+        total = 0
+        for name, array in self.named_parameters():
+            if exclude_embeddings and ("embed" in name or name.startswith("lm_head")):
+                continue
+            if only_trainable and self._has_lora() and "_lora_" not in name:
+                continue
+            total += int(np.prod(array.shape))
+        return total
+
+    def _has_lora(self) -> bool:
+        return any("_lora_" in name for name, _ in self.named_parameters())
+
+    def __repr__(self) -> str:
+        from flax import nnx
+
+        lines = [f"CausalLM({self.family.name}, dtype={self.dtype.name}, parameters={self.num_parameters():,})"]
+        for path, module in nnx.iter_modules(self.module):
+            depth = len(path)
+            if depth == 0:
+                lines.append(f"  {type(module).__name__}(")
+                continue
+            shapes = ", ".join(
+                f"{name}={tuple(value.get_value().shape)}"
+                for name, value in vars(module).items()
+                if isinstance(value, nnx.Param)
+            )
+            lines.append("  " * (depth + 1) + f"({path[-1]}): {type(module).__name__}({shapes})")
+        lines.append("  )")
+        return "\n".join(lines)
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "5GB",
+        safe_serialization: bool = True,
+        tokenizer: Any = None,
+        is_main_process: bool = True,
+        push_to_hub: bool = False,
+        **push_kwargs: Any,
+    ) -> None:
+        """Writes ``config.json``, ``generation_config.json``, safetensors weights and tokenizer files.
+
+        The layout is what ``transformers.AutoModelForCausalLM.from_pretrained`` and vLLM load:
+        one ``model.safetensors`` when it fits in ``max_shard_size``, otherwise
+        ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``; every file
+        carries ``{"format": "pt"}`` metadata. Shards are written one at a time (one tensor on
+        the host at a time) into a staging folder and moved into place at the end, so a crash
+        never leaves a directory that looks complete.
+
+        Args:
+            save_directory: output directory (created if missing; must not be a file).
+            max_shard_size: largest shard, in bytes or as ``"5GB"``/``"200MB"``.
+            safe_serialization: must be ``True``; torchlike writes safetensors only.
+            tokenizer: a ``transformers`` tokenizer whose files are saved alongside.
+            is_main_process: only the main process writes (multi-host runs).
+            push_to_hub: also upload the directory with :meth:`push_to_hub` (``repo_id`` in
+                ``push_kwargs``, default the directory name).
+        """
+        if not safe_serialization:
+            raise ValueError("safe_serialization=False is not supported: torchlike writes safetensors only, "
+                             "which transformers and vLLM load. Drop the argument.")
+        hf_checkpoint.check_output_dir(save_directory)
+        if not is_main_process:
+            return
+        specs, sources = tunix_model.export_plan(self.family, self.module)
+
+        def write_metadata(folder: Path) -> None:
+            config = copy.deepcopy(self.config)
+            config.dtype = dtype_name(self.dtype)
+            if not getattr(config, "architectures", None):
+                config.architectures = [self.family.architectures[0]]
+            config.save_pretrained(folder)
+            self.generation_config.save_pretrained(folder)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)
+
+        hf_checkpoint.write_checkpoint(
+            save_directory, specs, lambda spec: tunix_model.materialize_hf_tensor(sources, spec),
+            max_shard_size=max_shard_size, extra_files=write_metadata,
+        )
+        if push_to_hub:
+            repo_id = push_kwargs.pop("repo_id", Path(save_directory).name)
+            hf_hub.upload_folder(save_directory, repo_id, **push_kwargs)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        commit_message: str = "Upload model",
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        max_shard_size: int | str = "5GB",
+        tokenizer: Any = None,
+    ) -> str:
+        """Saves to a temporary directory with :meth:`save_pretrained` and uploads it to ``repo_id``.
+
+        Returns:
+            The URL of the commit.
+        """
+        with tempfile.TemporaryDirectory() as folder:
+            self.save_pretrained(folder, max_shard_size=max_shard_size, tokenizer=tokenizer)
+            return hf_hub.upload_folder(folder, repo_id, commit_message=commit_message, private=private,
+                                        token=token, revision=revision, create_pr=create_pr)
+
+
+_ACCEPTED_ATTENTION = (None, "eager", "sdpa")
+
+
+class AutoModelForCausalLM:
+    """Loads Hugging Face causal LMs (Qwen2, Qwen3, Llama 3.x, Gemma 3 text) as :class:`CausalLM`."""
+
+    def __init__(self, *args, **kwargs):
+        raise OSError("Use AutoModelForCausalLM.from_pretrained(...) or .from_config(...).")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: Any,
+        *model_args: Any,
+        dtype: Any = None,
+        mesh: Any = None,
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+        attn_implementation: str | None = None,
+        device_map: Any = None,
+        torch_dtype: Any = None,
+        cache_dir: str | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool = False,
+        **kwargs: Any,
+    ) -> CausalLM:
+        """Loads a checkpoint directory, hub id, or ``transformers.PreTrainedModel`` into JAX.
+
+        Args:
+            pretrained_model_name_or_path: a directory with ``config.json`` and weights
+                (``model.safetensors``, sharded safetensors with ``model.safetensors.index.json``,
+                or ``pytorch_model.bin``), a hub repo id, or a ``transformers`` model object.
+            dtype: parameter dtype: ``None``/``"auto"`` (the checkpoint's), a string
+                (``"bfloat16"``), a numpy/jax dtype or a ``torch.dtype``.
+            mesh: a ``jax.sharding.Mesh`` with axes ``fsdp``/``tp`` (see :func:`make_mesh`);
+                parameters are placed sharded as they are read.
+            revision, cache_dir, token, local_files_only: hub download options.
+            trust_remote_code: must be ``False``: remote code cannot run on the JAX model.
+            attn_implementation: accepted for TRL scripts; the Tunix attention is always used.
+            device_map: accepted for TRL scripts when ``None``/``"auto"``/``"cpu"``; use ``mesh``.
+            torch_dtype: deprecated alias of ``dtype``.
+            kwargs: config overrides, e.g. ``num_hidden_layers=2``, as in ``transformers``.
+
+        Returns:
+            A :class:`CausalLM`.
+
+        Example:
+            >>> model = AutoModelForCausalLM.from_pretrained("path/to/qwen", dtype="bfloat16")
+            >>> model([[1, 2, 3]]).logits.shape
+        """
+        if model_args:
+            raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
+        _check_loading_options(trust_remote_code, attn_implementation, device_map, kwargs)
+        if dtype is None and torch_dtype is not None:
+            dtype = torch_dtype
+        if _is_transformers_model(pretrained_model_name_or_path):
+            return _from_transformers_model(pretrained_model_name_or_path, dtype, mesh)
+        model_dir = hf_hub.resolve_model_dir(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
+                                             token=token, local_files_only=local_files_only)
+        config = _read_config(model_dir, kwargs)
+        family = family_for_config(config, source=str(model_dir / "config.json"))
+        files = hf_checkpoint.find_weight_files(model_dir)
+        target_dtype = resolve_dtype(dtype, getattr(config, "dtype", None) or _first_tensor_dtype(files))
+        module = tunix_model.load_weights(
+            family, config, hf_checkpoint.iter_checkpoint_tensors(files), target_dtype, mesh=mesh,
+            source=str(model_dir),
+        )
+        return CausalLM(module, config, family, _read_generation_config(model_dir, config), mesh, str(model_dir))
+
+    @classmethod
+    def from_config(cls, config: Any, dtype: Any = None, mesh: Any = None, seed: int = 0) -> CausalLM:
+        """A randomly initialised model for a ``transformers`` config (normal(0, initializer_range) weights,
+        ones for norms, zeros for biases), as ``transformers``' ``from_config`` gives.
+
+        Args:
+            config: a ``transformers.PretrainedConfig`` of a supported family.
+            dtype: parameter dtype (default float32, or the config's ``dtype``).
+            mesh: optional device mesh.
+            seed: random seed.
+        """
+        family = family_for_config(config, source="config")
+        target_dtype = resolve_dtype(dtype, getattr(config, "dtype", None))
+        abstract = tunix_model.build_abstract_model(family, config, target_dtype)
+        specs, _ = tunix_model.export_plan(family, abstract)
+        rng = np.random.default_rng(seed)
+        std = float(getattr(config, "initializer_range", 0.02))
+
+        def random_tensors():
+            for spec in specs:
+                if spec.name.endswith("norm.weight"):
+                    # Gemma-style norms scale by (1 + w): their neutral value is 0, others 1.
+                    value = 0.0 if family.name == "gemma3" else 1.0
+                    yield spec.name, np.full(spec.shape, value, np.float32), "random init"
+                elif spec.name.endswith(".bias"):
+                    yield spec.name, np.zeros(spec.shape, np.float32), "random init"
+                else:
+                    yield spec.name, rng.normal(0.0, std, spec.shape).astype(np.float32), "random init"
+
+        module = tunix_model.load_weights(family, config, random_tensors(), target_dtype, mesh=mesh, source="from_config")
+        return CausalLM(module, config, family, None, mesh, "")
+
+
+def _check_loading_options(trust_remote_code, attn_implementation, device_map, kwargs) -> None:
+    if trust_remote_code:
+        raise ValueError("trust_remote_code=True is not supported: remote modelling code is PyTorch and cannot run "
+                         "on the JAX model. Supported architectures load without it; drop the argument.")
+    if attn_implementation not in _ACCEPTED_ATTENTION:
+        warnings.warn(f"attn_implementation={attn_implementation!r} has no effect: torchlike uses the Tunix JAX "
+                      "attention (XLA-compiled).", stacklevel=3)
+    if device_map not in (None, "auto", "cpu"):
+        warnings.warn(f"device_map={device_map!r} has no effect: place the model with mesh=make_mesh(...).",
+                      stacklevel=3)
+    for refused in ("quantization_config", "load_in_4bit", "load_in_8bit"):
+        if kwargs.get(refused):
+            raise ValueError(f"{refused} is not supported by from_pretrained; quantised (QLoRA) base weights are "
+                             "set with torchlike.peft.LoraConfig on top of a full-precision load.")
+        kwargs.pop(refused, None)
+
+
+def _is_transformers_model(obj: Any) -> bool:
+    return any(cls.__name__ == "PreTrainedModel" for cls in type(obj).__mro__)
+
+
+def _from_transformers_model(pt_model, dtype, mesh) -> CausalLM:
+    config = copy.deepcopy(pt_model.config)
+    family = family_for_config(config, source=type(pt_model).__name__)
+    state_dict = pt_model.state_dict()
+    first = next(iter(state_dict.values()))
+    target_dtype = resolve_dtype(dtype, first.dtype)
+    tensors = ((name, array, type(pt_model).__name__) for name, array in hf_checkpoint.iter_torch_state_dict(state_dict))
+    module = tunix_model.load_weights(family, config, tensors, target_dtype, mesh=mesh, source=type(pt_model).__name__)
+    generation_config = copy.deepcopy(getattr(pt_model, "generation_config", None))
+    return CausalLM(module, config, family, generation_config, mesh, getattr(config, "_name_or_path", ""))
+
+
+def _read_config(model_dir: Path, overrides: dict):
+    from transformers import AutoConfig
+
+    from .adapters.families import UnknownArchitectureError, supported_architectures
+
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: a checkpoint directory needs config.json (write it with "
+                                "config.save_pretrained(dir) or model.save_pretrained(dir)).")
+    try:
+        raw = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{config_path} is not valid JSON ({error}); fix or re-download it.") from None
+    try:
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    except (ValueError, KeyError) as error:
+        raise UnknownArchitectureError(
+            f"{config_path}: model_type {raw.get('model_type')!r} / architectures {raw.get('architectures')} could "
+            f"not be read ({error}). Supported architectures: {', '.join(supported_architectures())}."
+        ) from None
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise TypeError(f"from_pretrained got an unexpected keyword argument {key!r} (not an option and not a "
+                            f"field of {type(config).__name__}).")
+        setattr(config, key, value)
+    return config
+
+
+def _read_generation_config(model_dir: Path, config):
+    from transformers import GenerationConfig
+
+    if (model_dir / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(model_dir)
+    return GenerationConfig.from_model_config(config)
+
+
+def _first_tensor_dtype(files: list[Path]):
+    if files and files[0].suffix == ".safetensors":
+        from .adapters.safetensors_io import SafetensorsReader
+
+        with SafetensorsReader(files[0]) as reader:
+            floating = [info.dtype for info in reader.tensors.values() if info.dtype.kind in "fV" or
+                        info.dtype.name == "bfloat16"]
+            return floating[0] if floating else None
+    return None
