@@ -174,6 +174,6 @@ def write_safetensors(
             if got_name != name or array.dtype != dtype or tuple(array.shape) != shape:
                 raise RuntimeError(f"tensor stream out of order: expected {name} {dtype}{shape}, "
                                    f"got {got_name} {array.dtype}{tuple(array.shape)}")
-            out.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+            out.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
         out.flush()
         os.fsync(out.fileno())
