@@ -85,7 +85,8 @@ def load_weights(
     """
     abstract = build_abstract_model(family, hf_config, dtype)
     graphdef, state = nnx.split(abstract)
-    specs = dict(nnx.to_flat_state(nnx.get_partition_spec(state)))
+    specs = {path: spec.get_value() if isinstance(spec, nnx.Variable) else spec
+             for path, spec in nnx.to_flat_state(nnx.get_partition_spec(state))}
     variables = {_path_name(path): (path, var) for path, var in nnx.to_flat_state(state)}
     pending_stacks: dict[str, np.ndarray] = {}
     filled: set[str] = set()

@@ -389,7 +389,7 @@ def _from_transformers_model(pt_model, dtype, mesh) -> CausalLM:
 
 
 def _read_config(model_dir: Path, overrides: dict):
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     from .adapters.families import UnknownArchitectureError, supported_architectures
 
@@ -401,13 +401,12 @@ def _read_config(model_dir: Path, overrides: dict):
         raw = json.loads(config_path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{config_path} is not valid JSON ({error}); fix or re-download it.") from None
-    try:
-        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    except (ValueError, KeyError) as error:
+    if raw.get("model_type") not in CONFIG_MAPPING:
         raise UnknownArchitectureError(
-            f"{config_path}: model_type {raw.get('model_type')!r} / architectures {raw.get('architectures')} could "
-            f"not be read ({error}). Supported architectures: {', '.join(supported_architectures())}."
-        ) from None
+            f"{config_path}: model_type {raw.get('model_type')!r} (architectures {raw.get('architectures')}) is not "
+            f"supported. Supported architectures: {', '.join(supported_architectures())}."
+        )
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     for key, value in overrides.items():
         if not hasattr(config, key):
             raise TypeError(f"from_pretrained got an unexpected keyword argument {key!r} (not an option and not a "

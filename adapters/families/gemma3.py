@@ -1,0 +1,219 @@
+"""Gemma 3 (text only, ``Gemma3ForCausalLM``) <-> ``tunix.models.gemma3``, with HF's per-layer attention types."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from tunix.models.gemma3 import model as tunix_gemma3
+
+from ..rope import UnsupportedRopeScalingError
+from .base import (
+    DECODER_IGNORED_KEYS,
+    HEADS_FIRST_INPUT_PROJECTION,
+    OUTPUT_PROJECTION,
+    TRANSPOSED,
+    Family,
+    UnsupportedConfigError,
+    WeightRule,
+    require,
+)
+
+_LAYER = "model.layers.{layer}"
+_NNX_LAYER = "layers.{layer}"
+
+# Tunix builds a fused ``qkv_einsum`` when num_kv_heads == num_heads; build_model replaces it by
+# the q_einsum/kv_einsum pair (see _split_fused_qkv), so this one table covers every config.
+WEIGHTS: tuple[WeightRule, ...] = (
+    # Tunix's Embedder multiplies by sqrt(embed_dim) at lookup, as HF's Gemma3TextScaledWordEmbedding
+    # does, so the table itself is stored unscaled on both sides.
+    WeightRule("model.embed_tokens.weight", "embedder.input_embedding"),
+    WeightRule(f"{_LAYER}.self_attn.q_proj.weight", f"{_NNX_LAYER}.attn.q_einsum.w", HEADS_FIRST_INPUT_PROJECTION),
+    WeightRule(f"{_LAYER}.self_attn.k_proj.weight", f"{_NNX_LAYER}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
+               stack=(0, 2)),
+    WeightRule(f"{_LAYER}.self_attn.v_proj.weight", f"{_NNX_LAYER}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
+               stack=(1, 2)),
+    WeightRule(f"{_LAYER}.self_attn.o_proj.weight", f"{_NNX_LAYER}.attn.attn_vec_einsum.w", OUTPUT_PROJECTION),
+    # Both sides apply RMSNorm weights as (1 + w), so the norms copy as they are.
+    WeightRule(f"{_LAYER}.self_attn.q_norm.weight", f"{_NNX_LAYER}.attn._query_norm.scale"),
+    WeightRule(f"{_LAYER}.self_attn.k_norm.weight", f"{_NNX_LAYER}.attn._key_norm.scale"),
+    WeightRule(f"{_LAYER}.input_layernorm.weight", f"{_NNX_LAYER}.pre_attention_norm.scale"),
+    WeightRule(f"{_LAYER}.post_attention_layernorm.weight", f"{_NNX_LAYER}.post_attention_norm.scale"),
+    WeightRule(f"{_LAYER}.pre_feedforward_layernorm.weight", f"{_NNX_LAYER}.pre_ffw_norm.scale"),
+    WeightRule(f"{_LAYER}.post_feedforward_layernorm.weight", f"{_NNX_LAYER}.post_ffw_norm.scale"),
+    WeightRule(f"{_LAYER}.mlp.gate_proj.weight", f"{_NNX_LAYER}.mlp.gate_proj.kernel", TRANSPOSED),
+    WeightRule(f"{_LAYER}.mlp.up_proj.weight", f"{_NNX_LAYER}.mlp.up_proj.kernel", TRANSPOSED),
+    WeightRule(f"{_LAYER}.mlp.down_proj.weight", f"{_NNX_LAYER}.mlp.down_proj.kernel", TRANSPOSED),
+    WeightRule("model.norm.weight", "final_norm.scale"),
+)
+
+# Tunix decodes with the input embedding (no lm_head), and build_model requires tied embeddings,
+# so a saved lm_head.weight is a copy of embed_tokens.
+IGNORED_KEYS: tuple[str, ...] = DECODER_IGNORED_KEYS + (r"model\.rotary_emb_local\..*", r"lm_head\.weight")
+
+# k_proj and v_proj share one kv_einsum in Tunix: targeting either adapts both.
+LORA_TARGETS: Mapping[str, str] = {
+    "q_proj": r"layers/\d+/attn/q_einsum",
+    "k_proj": r"layers/\d+/attn/kv_einsum",
+    "v_proj": r"layers/\d+/attn/kv_einsum",
+    "o_proj": r"layers/\d+/attn/attn_vec_einsum",
+    "gate_proj": r"layers/\d+/mlp/gate_proj",
+    "up_proj": r"layers/\d+/mlp/up_proj",
+    "down_proj": r"layers/\d+/mlp/down_proj",
+}
+
+SUPPORTED_ROPE_TYPES = ("default", "linear")
+_ATTENTION_TYPES = {
+    "sliding_attention": tunix_gemma3.AttentionType.LOCAL_SLIDING,
+    "full_attention": tunix_gemma3.AttentionType.GLOBAL,
+}
+
+
+def _rope_for(hf_config, layer_type: str) -> tuple[float, float]:
+    """``(base_frequency, scale_factor)`` for one layer type, as Tunix's ``apply_rope`` takes them.
+
+    Raises:
+        UnsupportedRopeScalingError: for rope types other than ``default`` and ``linear``.
+    """
+    parameters = hf_config.rope_parameters
+    # transformers 5 nests the parameters per layer type; a flat dict applies to every layer.
+    params: Mapping[str, Any] = parameters[layer_type] if layer_type in parameters else parameters
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedRopeScalingError(
+            f"config.json: gemma3 {layer_type} layers use rope_scaling type {rope_type!r}, which is not "
+            f"supported; supported types are {list(SUPPORTED_ROPE_TYPES)}."
+        )
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedRopeScalingError("config.json: gemma3 partial_rotary_factor != 1 is not supported.")
+    # Tunix divides the angles by the scale factor, which is HF's "linear" scaling.
+    factor = float(params["factor"]) if rope_type == "linear" else 1.0
+    if factor < 1.0:
+        # Tunix's apply_rope raises on factors below one; say so before tracing starts.
+        raise UnsupportedRopeScalingError(f"config.json: gemma3 linear rope factor {factor} < 1 is not supported.")
+    return float(params["rope_theta"]), factor
+
+
+def _query_pre_attn_norm(hf_config) -> tunix_gemma3.QueryPreAttentionNormalisation:
+    """Tunix knows two query scalings, 1/sqrt(head_dim) and 1/sqrt(hidden/heads); HF takes any number."""
+    scalar = hf_config.query_pre_attn_scalar
+    norms = tunix_gemma3.QueryPreAttentionNormalisation
+    if scalar == hf_config.head_dim:
+        return norms.BY_ONE_OVER_SQRT_HEAD_DIM
+    if scalar == hf_config.hidden_size // hf_config.num_attention_heads:
+        return norms.BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS
+    raise UnsupportedConfigError(
+        f"gemma3: query_pre_attn_scalar={scalar} is not supported; the Tunix model only scales queries by "
+        f"head_dim ({hf_config.head_dim}) or hidden_size/num_attention_heads "
+        f"({hf_config.hidden_size // hf_config.num_attention_heads})."
+    )
+
+
+def _check_config(hf_config) -> None:
+    """Refuses what the Tunix Gemma3 model does not implement (it would give wrong logits silently)."""
+    # Tunix's Gemma3 has neither logit soft-capping (Gemma 2 had it; Gemma 3 checkpoints set both to None).
+    require(getattr(hf_config, "final_logit_softcapping", None) is None,
+            "gemma3: final_logit_softcapping is not supported by the Tunix Gemma3 model (set it to null).")
+    require(getattr(hf_config, "attn_logit_softcapping", None) is None,
+            "gemma3: attn_logit_softcapping is not supported by the Tunix Gemma3 model (set it to null).")
+    # Tunix's RMSNorm hard-codes eps=1e-6.
+    require(float(hf_config.rms_norm_eps) == 1e-6,
+            f"gemma3: rms_norm_eps={hf_config.rms_norm_eps} is not supported (the Tunix model fixes 1e-6).")
+    # Tunix's FeedForward uses nnx.gelu, whose default is the tanh approximation.
+    activation = getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh"
+    require(activation == "gelu_pytorch_tanh",
+            f"gemma3: hidden_activation={activation!r} is not supported (only 'gelu_pytorch_tanh').")
+    require(not getattr(hf_config, "attention_bias", False), "gemma3: attention_bias=True is not supported.")
+    require(not getattr(hf_config, "use_bidirectional_attention", False),
+            "gemma3: use_bidirectional_attention=True (EmbeddingGemma) is not supported; only causal LMs are.")
+    require(bool(getattr(hf_config, "tie_word_embeddings", True)),
+            "gemma3: tie_word_embeddings=False is not supported (the Tunix model decodes with the input embedding).")
+    layer_types = list(hf_config.layer_types)
+    require(len(layer_types) == hf_config.num_hidden_layers,
+            f"gemma3: layer_types has {len(layer_types)} entries for {hf_config.num_hidden_layers} layers.")
+    unknown = sorted(set(layer_types) - set(_ATTENTION_TYPES))
+    require(not unknown, f"gemma3: layer_types {unknown} are not supported (only {sorted(_ATTENTION_TYPES)}).")
+    require("sliding_attention" not in layer_types or hf_config.sliding_window is not None,
+            "gemma3: sliding_attention layers need config.sliding_window.")
+    require(hf_config.head_dim % 2 == 0, f"gemma3: head_dim={hf_config.head_dim} must be even for rope.")
+
+
+def _split_fused_qkv(attention: tunix_gemma3.Attention, config: tunix_gemma3.ModelConfig, rngs: nnx.Rngs) -> None:
+    """Replaces Tunix's fused ``qkv_einsum`` (built when num_kv_heads == num_heads) by ``q_einsum`` + ``kv_einsum``.
+
+    The loader maps each HF tensor to one NNX path, so a single table cannot send ``q_proj`` to
+    ``q_einsum`` for GQA and to ``qkv_einsum[0]`` for MHA. Tunix's attention takes the unfused path
+    whenever ``qkv_einsum`` is absent, and with K == N its non-GQA einsums compute the same thing.
+    """
+    shd = config.shd_config
+    attention.q_einsum = tunix_gemma3.Einsum(
+        einsum_str="BTD,NDH->BTNH", shape=(config.num_heads, config.embed_dim, config.head_dim),
+        rngs=rngs, sharding=shd.q_weight_ndh, param_dtype=config.param_dtype,
+    )
+    attention.kv_einsum = tunix_gemma3.Einsum(
+        einsum_str="BSD,CKDH->CBSKH", shape=(2, config.num_kv_heads, config.embed_dim, config.head_dim),
+        rngs=rngs, sharding=shd.kv_weight_cndh, param_dtype=config.param_dtype,
+    )
+    del attention.qkv_einsum
+
+
+def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma3.Gemma3:
+    """A Tunix ``Gemma3`` whose layers follow ``config.layer_types`` and ``config.rope_parameters``.
+
+    Raises:
+        UnsupportedConfigError: for soft-capping, another norm eps or activation, untied embeddings,
+            or a query scaling Tunix cannot express.
+        UnsupportedRopeScalingError: for rope types other than ``default``/``linear``.
+    """
+    _check_config(hf_config)
+    local_theta, local_factor = _rope_for(hf_config, "sliding_attention")
+    global_theta, global_factor = _rope_for(hf_config, "full_attention")
+    config = tunix_gemma3.ModelConfig(
+        num_layers=hf_config.num_hidden_layers,
+        num_embed=hf_config.vocab_size,
+        embed_dim=hf_config.hidden_size,
+        hidden_dim=hf_config.intermediate_size,
+        num_heads=hf_config.num_attention_heads,
+        head_dim=hf_config.head_dim,
+        num_kv_heads=hf_config.num_key_value_heads,
+        # Tunix builds its own 5:1 pattern first, which needs a window even when every HF layer is global.
+        sliding_window_size=hf_config.sliding_window or hf_config.max_position_embeddings,
+        local_base_frequency=local_theta,
+        global_base_frequency=global_theta,
+        local_scale_factor=local_factor,
+        global_scale_factor=global_factor,
+        query_pre_attn_norm=_query_pre_attn_norm(hf_config),
+        param_dtype=dtype,
+    )
+    model = tunix_gemma3.Gemma3(config, rngs=rngs)
+    ropes = {"sliding_attention": (local_theta, local_factor), "full_attention": (global_theta, global_factor)}
+    # Tunix fixes the pattern (5 sliding, 1 global); HF checkpoints list each layer's type.
+    for layer, layer_type in zip(model.layers, hf_config.layer_types, strict=True):
+        attention = layer.attn
+        attention.attn_type = _ATTENTION_TYPES[layer_type]
+        attention.rope_base_frequency, attention.rope_scale_factor = ropes[layer_type]
+        if attention.use_qkv_einsum:
+            _split_fused_qkv(attention, config, rngs)
+    return model
+
+
+def forward(module: tunix_gemma3.Gemma3, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array):
+    """Float32 logits; Gemma3's first argument is ``last_tokens``, so everything goes positionally."""
+    logits, _ = module(tokens, positions, None, attention_mask)
+    # Tunix decodes in the parameter dtype; the facade promises float32 logits.
+    return logits.astype(jnp.float32)
+
+
+FAMILY = Family(
+    name="gemma3",
+    model_types=("gemma3_text",),
+    architectures=("Gemma3ForCausalLM",),
+    weights=WEIGHTS,
+    build_model=build_model,
+    forward=forward,
+    ignored_hf_keys=IGNORED_KEYS,
+    lora_targets=LORA_TARGETS,
+)

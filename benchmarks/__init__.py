@@ -1,0 +1,1 @@
+"""Standalone benchmarks (run as scripts; not part of the test suite)."""

@@ -1,0 +1,57 @@
+"""Checks that need 8 (simulated) devices, run together in one subprocess by tests/test_mesh.py.
+
+Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.mesh_checks OUT.json CASE=DIR ...
+Writes a JSON dict of measurements; the parent test asserts on them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import load_file
+
+import torchlike
+from tests import tiny
+
+
+def check_load_on_mesh(checkpoint: Path) -> dict:
+    mesh = torchlike.make_mesh((4, 2))
+    model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=mesh)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype="float32").eval()
+    ids, mask, positions = tiny.padded_batch()
+    ids, mask, positions = (np.concatenate([a, a[:1]]) for a in (ids, mask, positions))  # batch 4 divides fsdp
+    expected = tiny.hf_logits(reference, ids, mask, positions)
+    logits = np.asarray(model(ids, attention_mask=mask).logits)
+    valid = mask.astype(bool)
+    shardings = {}
+    for name, array in model.named_parameters():
+        shard_shapes = {tuple(shard.data.shape) for shard in array.addressable_shards}
+        shardings[name] = {"spec": [None if a is None else str(a) for a in array.sharding.spec],
+                           "shape": list(array.shape), "shard_shapes": [list(s) for s in shard_shapes],
+                           "devices": len(array.sharding.device_set)}
+    with tempfile.TemporaryDirectory() as out:
+        model.save_pretrained(out)
+        original, saved = load_file(checkpoint / "model.safetensors"), load_file(Path(out) / "model.safetensors")
+        export_equal = saved.keys() == original.keys() and all(torch.equal(saved[k], original[k]) for k in original)
+    return {"max_abs_diff": float(np.abs(logits[valid] - expected[valid]).max()), "shardings": shardings,
+            "export_equal": bool(export_equal)}
+
+
+def main() -> None:
+    out_path, *cases = sys.argv[1:]
+    results = {"device_count": jax.device_count()}
+    for case in cases:
+        name, directory = case.split("=", 1)
+        results[name] = check_load_on_mesh(Path(directory))
+    Path(out_path).write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
