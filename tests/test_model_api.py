@@ -46,7 +46,7 @@ def test_parameter_counts_match_transformers(qwen2, tiny_checkpoints):
 def test_repr_shows_the_module_tree_and_parameter_count(qwen2):
     text = repr(qwen2)
     assert f"parameters={qwen2.num_parameters():,}" in text
-    assert "(q_proj): Einsum(w=(64, 4, 16))" in text and "(layers)" in text
+    assert "(q_proj): Einsum(w=(64, 4, 16))" in text and "(0-1): 2 x DecoderLayer(" in text
 
 
 @pytest.mark.parametrize(

@@ -160,22 +160,8 @@ class CausalLM:
         return any("_lora_" in name for name, _ in self.named_parameters())
 
     def __repr__(self) -> str:
-        from flax import nnx
-
-        lines = [f"CausalLM({self.family.name}, dtype={self.dtype.name}, parameters={self.num_parameters():,})"]
-        for path, module in nnx.iter_modules(self.module):
-            depth = len(path)
-            if depth == 0:
-                lines.append(f"  {type(module).__name__}(")
-                continue
-            shapes = ", ".join(
-                f"{name}={tuple(value.get_value().shape)}"
-                for name, value in vars(module).items()
-                if isinstance(value, nnx.Param)
-            )
-            lines.append("  " * (depth + 1) + f"({path[-1]}): {type(module).__name__}({shapes})")
-        lines.append("  )")
-        return "\n".join(lines)
+        header = f"CausalLM({self.family.name}, dtype={self.dtype.name}, parameters={self.num_parameters():,})"
+        return "\n".join([header, *("  " + line for line in _module_tree(self.module))])
 
     def save_pretrained(
         self,
@@ -251,6 +237,37 @@ class CausalLM:
             self.save_pretrained(folder, max_shard_size=max_shard_size, tokenizer=tokenizer)
             return hf_hub.upload_folder(folder, repo_id, commit_message=commit_message, private=private,
                                         token=token, revision=revision, create_pr=create_pr)
+
+
+def _module_tree(module, name: str | None = None) -> list[str]:
+    """``torch``-style module tree lines; identical consecutive list entries collapse to ``(0-N): K x Layer``."""
+    from flax import nnx
+
+    children, shapes = [], []
+    for attribute, value in vars(module).items():
+        if isinstance(value, nnx.Module):
+            children.append((attribute, value))
+        elif isinstance(value, nnx.Param):
+            shapes.append(f"{attribute}={tuple(value.get_value().shape)}")
+    prefix = f"({name}): " if name is not None else ""
+    head = f"{prefix}{type(module).__name__}({', '.join(shapes)}"
+    if not children:
+        return [head + ")"]
+    rendered = [(attribute, _module_tree(child, attribute)) for attribute, child in children]
+    lines, index = [head + ("" if not shapes else ",")], 0
+    while index < len(rendered):
+        attribute, child_lines = rendered[index]
+        run = index
+        while (run + 1 < len(rendered) and str(rendered[run + 1][0]).isdigit()
+               and rendered[run + 1][1][1:] == child_lines[1:]):
+            run += 1
+        if run > index:
+            body = child_lines[0].split(": ", 1)[1]
+            child_lines = [f"({attribute}-{rendered[run][0]}): {run - index + 1} x {body}", *child_lines[1:]]
+        lines.extend("  " + line for line in child_lines)
+        index = run + 1
+    lines.append(")")
+    return lines
 
 
 _ACCEPTED_ATTENTION = (None, "eager", "sdpa")

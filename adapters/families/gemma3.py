@@ -1,4 +1,4 @@
-"""Gemma 3 (text only, ``Gemma3ForCausalLM``) <-> ``tunix.models.gemma3``, with HF's per-layer attention types."""
+"""Gemma 3 text (``Gemma3ForCausalLM``) <-> ``tunix.models.gemma3``, with HF's per-layer types."""
 
 from __future__ import annotations
 
@@ -28,20 +28,38 @@ _NNX_LAYER = "layers.{layer}"
 # Tunix builds a fused ``qkv_einsum`` when num_kv_heads == num_heads; build_model replaces it by
 # the q_einsum/kv_einsum pair (see _split_fused_qkv), so this one table covers every config.
 WEIGHTS: tuple[WeightRule, ...] = (
-    # Tunix's Embedder multiplies by sqrt(embed_dim) at lookup, as HF's Gemma3TextScaledWordEmbedding
+    # Tunix's Embedder scales by sqrt(embed_dim) at lookup, as HF's Gemma3TextScaledWordEmbedding
     # does, so the table itself is stored unscaled on both sides.
     WeightRule("model.embed_tokens.weight", "embedder.input_embedding"),
-    WeightRule(f"{_LAYER}.self_attn.q_proj.weight", f"{_NNX_LAYER}.attn.q_einsum.w", HEADS_FIRST_INPUT_PROJECTION),
-    WeightRule(f"{_LAYER}.self_attn.k_proj.weight", f"{_NNX_LAYER}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
-               stack=(0, 2)),
-    WeightRule(f"{_LAYER}.self_attn.v_proj.weight", f"{_NNX_LAYER}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
-               stack=(1, 2)),
-    WeightRule(f"{_LAYER}.self_attn.o_proj.weight", f"{_NNX_LAYER}.attn.attn_vec_einsum.w", OUTPUT_PROJECTION),
+    WeightRule(
+        f"{_LAYER}.self_attn.q_proj.weight",
+        f"{_NNX_LAYER}.attn.q_einsum.w",
+        HEADS_FIRST_INPUT_PROJECTION,
+    ),
+    WeightRule(
+        f"{_LAYER}.self_attn.k_proj.weight",
+        f"{_NNX_LAYER}.attn.kv_einsum.w",
+        HEADS_FIRST_INPUT_PROJECTION,
+        stack=(0, 2),
+    ),
+    WeightRule(
+        f"{_LAYER}.self_attn.v_proj.weight",
+        f"{_NNX_LAYER}.attn.kv_einsum.w",
+        HEADS_FIRST_INPUT_PROJECTION,
+        stack=(1, 2),
+    ),
+    WeightRule(
+        f"{_LAYER}.self_attn.o_proj.weight",
+        f"{_NNX_LAYER}.attn.attn_vec_einsum.w",
+        OUTPUT_PROJECTION,
+    ),
     # Both sides apply RMSNorm weights as (1 + w), so the norms copy as they are.
     WeightRule(f"{_LAYER}.self_attn.q_norm.weight", f"{_NNX_LAYER}.attn._query_norm.scale"),
     WeightRule(f"{_LAYER}.self_attn.k_norm.weight", f"{_NNX_LAYER}.attn._key_norm.scale"),
     WeightRule(f"{_LAYER}.input_layernorm.weight", f"{_NNX_LAYER}.pre_attention_norm.scale"),
-    WeightRule(f"{_LAYER}.post_attention_layernorm.weight", f"{_NNX_LAYER}.post_attention_norm.scale"),
+    WeightRule(
+        f"{_LAYER}.post_attention_layernorm.weight", f"{_NNX_LAYER}.post_attention_norm.scale"
+    ),
     WeightRule(f"{_LAYER}.pre_feedforward_layernorm.weight", f"{_NNX_LAYER}.pre_ffw_norm.scale"),
     WeightRule(f"{_LAYER}.post_feedforward_layernorm.weight", f"{_NNX_LAYER}.post_ffw_norm.scale"),
     WeightRule(f"{_LAYER}.mlp.gate_proj.weight", f"{_NNX_LAYER}.mlp.gate_proj.kernel", TRANSPOSED),
@@ -52,7 +70,10 @@ WEIGHTS: tuple[WeightRule, ...] = (
 
 # Tunix decodes with the input embedding (no lm_head), and build_model requires tied embeddings,
 # so a saved lm_head.weight is a copy of embed_tokens.
-IGNORED_KEYS: tuple[str, ...] = DECODER_IGNORED_KEYS + (r"model\.rotary_emb_local\..*", r"lm_head\.weight")
+IGNORED_KEYS: tuple[str, ...] = DECODER_IGNORED_KEYS + (
+    r"model\.rotary_emb_local\..*",
+    r"lm_head\.weight",
+)
 
 # k_proj and v_proj share one kv_einsum in Tunix: targeting either adapts both.
 LORA_TARGETS: Mapping[str, str] = {
@@ -84,21 +105,25 @@ def _rope_for(hf_config, layer_type: str) -> tuple[float, float]:
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedRopeScalingError(
-            f"config.json: gemma3 {layer_type} layers use rope_scaling type {rope_type!r}, which is not "
-            f"supported; supported types are {list(SUPPORTED_ROPE_TYPES)}."
+            f"config.json: gemma3 {layer_type} layers use rope_scaling type {rope_type!r}, which "
+            f"is not supported; supported types are {list(SUPPORTED_ROPE_TYPES)}."
         )
     if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise UnsupportedRopeScalingError("config.json: gemma3 partial_rotary_factor != 1 is not supported.")
+        raise UnsupportedRopeScalingError(
+            "config.json: gemma3 partial_rotary_factor != 1 is not supported."
+        )
     # Tunix divides the angles by the scale factor, which is HF's "linear" scaling.
     factor = float(params["factor"]) if rope_type == "linear" else 1.0
     if factor < 1.0:
         # Tunix's apply_rope raises on factors below one; say so before tracing starts.
-        raise UnsupportedRopeScalingError(f"config.json: gemma3 linear rope factor {factor} < 1 is not supported.")
+        raise UnsupportedRopeScalingError(
+            f"config.json: gemma3 linear rope factor {factor} < 1 is not supported."
+        )
     return float(params["rope_theta"]), factor
 
 
 def _query_pre_attn_norm(hf_config) -> tunix_gemma3.QueryPreAttentionNormalisation:
-    """Tunix knows two query scalings, 1/sqrt(head_dim) and 1/sqrt(hidden/heads); HF takes any number."""
+    """Tunix has two query scalings, 1/sqrt(head_dim) and 1/sqrt(hidden/heads); HF takes any."""
     scalar = hf_config.query_pre_attn_scalar
     norms = tunix_gemma3.QueryPreAttentionNormalisation
     if scalar == hf_config.head_dim:
@@ -106,56 +131,91 @@ def _query_pre_attn_norm(hf_config) -> tunix_gemma3.QueryPreAttentionNormalisati
     if scalar == hf_config.hidden_size // hf_config.num_attention_heads:
         return norms.BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS
     raise UnsupportedConfigError(
-        f"gemma3: query_pre_attn_scalar={scalar} is not supported; the Tunix model only scales queries by "
-        f"head_dim ({hf_config.head_dim}) or hidden_size/num_attention_heads "
+        f"gemma3: query_pre_attn_scalar={scalar} is not supported; the Tunix model only scales "
+        f"queries by head_dim ({hf_config.head_dim}) or hidden_size/num_attention_heads "
         f"({hf_config.hidden_size // hf_config.num_attention_heads})."
     )
 
 
 def _check_config(hf_config) -> None:
-    """Refuses what the Tunix Gemma3 model does not implement (it would give wrong logits silently)."""
-    # Tunix's Gemma3 has neither logit soft-capping (Gemma 2 had it; Gemma 3 checkpoints set both to None).
-    require(getattr(hf_config, "final_logit_softcapping", None) is None,
-            "gemma3: final_logit_softcapping is not supported by the Tunix Gemma3 model (set it to null).")
-    require(getattr(hf_config, "attn_logit_softcapping", None) is None,
-            "gemma3: attn_logit_softcapping is not supported by the Tunix Gemma3 model (set it to null).")
+    """Refuses what the Tunix Gemma3 model does not implement (it would give wrong logits)."""
+    # Tunix's Gemma3 has no logit soft-capping (Gemma 2 had it; Gemma 3 checkpoints set both null).
+    require(
+        getattr(hf_config, "final_logit_softcapping", None) is None,
+        "gemma3: final_logit_softcapping is not supported by the Tunix Gemma3 model.",
+    )
+    require(
+        getattr(hf_config, "attn_logit_softcapping", None) is None,
+        "gemma3: attn_logit_softcapping is not supported by the Tunix Gemma3 model.",
+    )
     # Tunix's RMSNorm hard-codes eps=1e-6.
-    require(float(hf_config.rms_norm_eps) == 1e-6,
-            f"gemma3: rms_norm_eps={hf_config.rms_norm_eps} is not supported (the Tunix model fixes 1e-6).")
+    require(
+        float(hf_config.rms_norm_eps) == 1e-6,
+        f"gemma3: rms_norm_eps={hf_config.rms_norm_eps} is not supported (Tunix fixes 1e-6).",
+    )
     # Tunix's FeedForward uses nnx.gelu, whose default is the tanh approximation.
     activation = getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh"
-    require(activation == "gelu_pytorch_tanh",
-            f"gemma3: hidden_activation={activation!r} is not supported (only 'gelu_pytorch_tanh').")
-    require(not getattr(hf_config, "attention_bias", False), "gemma3: attention_bias=True is not supported.")
-    require(not getattr(hf_config, "use_bidirectional_attention", False),
-            "gemma3: use_bidirectional_attention=True (EmbeddingGemma) is not supported; only causal LMs are.")
-    require(bool(getattr(hf_config, "tie_word_embeddings", True)),
-            "gemma3: tie_word_embeddings=False is not supported (the Tunix model decodes with the input embedding).")
+    require(
+        activation == "gelu_pytorch_tanh",
+        f"gemma3: hidden_activation={activation!r} is not supported (only 'gelu_pytorch_tanh').",
+    )
+    require(
+        not getattr(hf_config, "attention_bias", False),
+        "gemma3: attention_bias=True is not supported.",
+    )
+    require(
+        not getattr(hf_config, "use_bidirectional_attention", False),
+        "gemma3: use_bidirectional_attention=True (EmbeddingGemma) is not supported.",
+    )
+    require(
+        bool(getattr(hf_config, "tie_word_embeddings", True)),
+        "gemma3: tie_word_embeddings=False is not supported (Tunix's Gemma3 has no lm_head; "
+        "it decodes with the input embedding).",
+    )
     layer_types = list(hf_config.layer_types)
-    require(len(layer_types) == hf_config.num_hidden_layers,
-            f"gemma3: layer_types has {len(layer_types)} entries for {hf_config.num_hidden_layers} layers.")
+    require(
+        len(layer_types) == hf_config.num_hidden_layers,
+        f"gemma3: layer_types has {len(layer_types)} entries for "
+        f"{hf_config.num_hidden_layers} layers.",
+    )
     unknown = sorted(set(layer_types) - set(_ATTENTION_TYPES))
-    require(not unknown, f"gemma3: layer_types {unknown} are not supported (only {sorted(_ATTENTION_TYPES)}).")
-    require("sliding_attention" not in layer_types or hf_config.sliding_window is not None,
-            "gemma3: sliding_attention layers need config.sliding_window.")
-    require(hf_config.head_dim % 2 == 0, f"gemma3: head_dim={hf_config.head_dim} must be even for rope.")
+    require(
+        not unknown,
+        f"gemma3: layer_types {unknown} are not supported (only {sorted(_ATTENTION_TYPES)}).",
+    )
+    require(
+        "sliding_attention" not in layer_types or hf_config.sliding_window is not None,
+        "gemma3: sliding_attention layers need config.sliding_window.",
+    )
+    require(
+        hf_config.head_dim % 2 == 0, f"gemma3: head_dim={hf_config.head_dim} must be even for rope."
+    )
 
 
-def _split_fused_qkv(attention: tunix_gemma3.Attention, config: tunix_gemma3.ModelConfig, rngs: nnx.Rngs) -> None:
-    """Replaces Tunix's fused ``qkv_einsum`` (built when num_kv_heads == num_heads) by ``q_einsum`` + ``kv_einsum``.
+def _split_fused_qkv(
+    attention: tunix_gemma3.Attention, config: tunix_gemma3.ModelConfig, rngs: nnx.Rngs
+) -> None:
+    """Replaces Tunix's fused ``qkv_einsum`` (num_kv_heads == heads) by ``q_einsum``/``kv_einsum``.
 
-    The loader maps each HF tensor to one NNX path, so a single table cannot send ``q_proj`` to
-    ``q_einsum`` for GQA and to ``qkv_einsum[0]`` for MHA. Tunix's attention takes the unfused path
-    whenever ``qkv_einsum`` is absent, and with K == N its non-GQA einsums compute the same thing.
+    The loader maps each HF tensor to one NNX path (the first matching rule), so one table cannot
+    send ``q_proj`` to ``q_einsum`` for GQA and to ``qkv_einsum[0]`` for MHA. Tunix's attention
+    takes the unfused path whenever ``qkv_einsum`` is absent, and with K == N its non-GQA einsums
+    compute the same thing, so the parameter tree is the only difference.
     """
     shd = config.shd_config
     attention.q_einsum = tunix_gemma3.Einsum(
-        einsum_str="BTD,NDH->BTNH", shape=(config.num_heads, config.embed_dim, config.head_dim),
-        rngs=rngs, sharding=shd.q_weight_ndh, param_dtype=config.param_dtype,
+        einsum_str="BTD,NDH->BTNH",
+        shape=(config.num_heads, config.embed_dim, config.head_dim),
+        rngs=rngs,
+        sharding=shd.q_weight_ndh,
+        param_dtype=config.param_dtype,
     )
     attention.kv_einsum = tunix_gemma3.Einsum(
-        einsum_str="BSD,CKDH->CBSKH", shape=(2, config.num_kv_heads, config.embed_dim, config.head_dim),
-        rngs=rngs, sharding=shd.kv_weight_cndh, param_dtype=config.param_dtype,
+        einsum_str="BSD,CKDH->CBSKH",
+        shape=(2, config.num_kv_heads, config.embed_dim, config.head_dim),
+        rngs=rngs,
+        sharding=shd.kv_weight_cndh,
+        param_dtype=config.param_dtype,
     )
     del attention.qkv_einsum
 
@@ -179,7 +239,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma3.Gemma3:
         num_heads=hf_config.num_attention_heads,
         head_dim=hf_config.head_dim,
         num_kv_heads=hf_config.num_key_value_heads,
-        # Tunix builds its own 5:1 pattern first, which needs a window even when every HF layer is global.
+        # Tunix builds its own 5:1 pattern first, which needs a window even if no HF layer slides.
         sliding_window_size=hf_config.sliding_window or hf_config.max_position_embeddings,
         local_base_frequency=local_theta,
         global_base_frequency=global_theta,
@@ -189,7 +249,10 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma3.Gemma3:
         param_dtype=dtype,
     )
     model = tunix_gemma3.Gemma3(config, rngs=rngs)
-    ropes = {"sliding_attention": (local_theta, local_factor), "full_attention": (global_theta, global_factor)}
+    ropes = {
+        "sliding_attention": (local_theta, local_factor),
+        "full_attention": (global_theta, global_factor),
+    }
     # Tunix fixes the pattern (5 sliding, 1 global); HF checkpoints list each layer's type.
     for layer, layer_type in zip(model.layers, hf_config.layer_types, strict=True):
         attention = layer.attn
@@ -200,8 +263,10 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma3.Gemma3:
     return model
 
 
-def forward(module: tunix_gemma3.Gemma3, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array):
-    """Float32 logits; Gemma3's first argument is ``last_tokens``, so everything goes positionally."""
+def forward(
+    module: tunix_gemma3.Gemma3, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array
+):
+    """Float32 logits; Gemma3's first argument is ``last_tokens``, so arguments go positionally."""
     logits, _ = module(tokens, positions, None, attention_mask)
     # Tunix decodes in the parameter dtype; the facade promises float32 logits.
     return logits.astype(jnp.float32)

@@ -1,0 +1,821 @@
+"""Hugging Face checkpoint import/export: torchlike against raw safetensors, speed and peak RSS.
+
+What it measures
+----------------
+A random bf16 Qwen2-shaped checkpoint (``transformers.Qwen2Config``, untied embeddings,
+default about 0.5 GB; the real byte count is printed) is written with
+``safetensors.torch.save_file`` (``{"format": "pt"}`` metadata; ``--shards N`` writes N
+files plus ``model.safetensors.index.json``). Then, each in a fresh Python process:
+
+``import-raw``
+    ``safetensors.safe_open(..., framework="flax").get_tensor`` of every tensor (what
+    ``safetensors.flax.load_file`` does), until every ``jax.Array`` is ready.
+``import-raw-numpy``
+    ``safe_open(..., framework="numpy").get_tensor`` + ``jax.device_put`` of every tensor.
+``import-torchlike``
+    ``torchlike.AutoModelForCausalLM.from_pretrained(dir, dtype="bfloat16")``, until every
+    parameter is ready (``jax.block_until_ready``).
+``export-raw``
+    ``safetensors.flax.save_file`` of the loaded model's parameters (the same ``jax.Array``
+    objects, NNX names and layout); ``seconds`` excludes and ``seconds_fsync`` includes an
+    ``fsync`` of the file (``save_pretrained`` fsyncs every shard).
+``export-torchlike``
+    ``CausalLM.save_pretrained(outdir)`` (HF names and layout, config files, staging folder,
+    fsync); afterwards, untimed, the written tensors are compared bit for bit with the input.
+
+Reported: seconds (best of ``--repeats``), throughput = model bytes / seconds (GB = 1e9 B),
+the ratio torchlike throughput / raw throughput (goal >= 0.8), and the peak RSS increase
+during the operation over the RSS just before it (after all imports and a JAX warm-up; for
+export, after the model is loaded), as a multiple of the model bytes (goal <= 1.3). The peak
+comes from ``VmHWM`` after resetting it through ``/proc/self/clear_refs`` (when permitted) and
+from a thread sampling ``/proc/self/status`` every few milliseconds, which also splits it into
+anonymous memory and file pages: pages of a memory-mapped checkpoint count in RSS (``RssFile``)
+while they are mapped. The checkpoint is read from the page cache (it was just written).
+
+Run (from the repository root; a few minutes at 0.5 GB on 2 cores)::
+
+    .venv/bin/python benchmarks/hf_io.py
+    .venv/bin/python benchmarks/hf_io.py --size-mb 2000 --shards 4 --repeats 3
+    .venv/bin/python benchmarks/hf_io.py --profile     # + cProfile of the torchlike phases
+
+The table is printed and everything is written to ``benchmarks/results/hf_io.json``
+(``--output``). One phase alone, as the driver runs it::
+
+    .venv/bin/python benchmarks/hf_io.py --phase import-torchlike --dir /tmp/ckpt --out /tmp/x
+
+This is a script, never part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import os
+import platform
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+RESULT_MARKER = "HF_IO_RESULT "
+IMPORT_PHASES = ("import-raw", "import-raw-numpy", "import-torchlike")
+EXPORT_PHASES = ("export-raw", "export-torchlike")
+PHASES = IMPORT_PHASES + EXPORT_PHASES
+GOAL_THROUGHPUT_RATIO = 0.8
+GOAL_RSS_MULTIPLE = 1.3
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "hf_io.json"
+INDEX_NAME = "model.safetensors.index.json"
+_STATUS_KEYS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
+
+
+# --------------------------------------------------------------------------- checkpoint
+
+
+def qwen2_config(size_mb: float) -> Any:
+    """A Qwen2 config whose untied bf16 weights come to about ``size_mb`` MB (1e6 bytes)."""
+    from transformers import Qwen2Config
+
+    hidden, intermediate, heads, kv_heads = 1024, 2816, 16, 8
+    head_dim = hidden // heads
+    target = size_mb * 1e6
+    vocab = 32768
+    while vocab > 1024 and 2 * vocab * hidden * 2 > target / 3:  # embeddings <= a third
+        vocab //= 2
+    layer_params = (
+        2 * hidden * heads * head_dim  # q_proj, o_proj
+        + 2 * hidden * kv_heads * head_dim  # k_proj, v_proj
+        + (heads + 2 * kv_heads) * head_dim  # q/k/v biases
+        + 3 * hidden * intermediate  # gate, up, down
+        + 2 * hidden  # two norms
+    )
+    layers = max(1, round((target - 2 * vocab * hidden * 2 - hidden * 2) / (layer_params * 2)))
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+        architectures=["Qwen2ForCausalLM"],
+    )
+
+
+def hf_tensor_shapes(config: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of a Qwen2ForCausalLM state dict, in HF order."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    head_dim = hidden // config.num_attention_heads
+    q_out = config.num_attention_heads * head_dim
+    kv_out = config.num_key_value_heads * head_dim
+    shapes: list[tuple[str, tuple[int, ...]]] = [
+        ("model.embed_tokens.weight", (config.vocab_size, hidden))
+    ]
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes += [
+            (p + "self_attn.q_proj.weight", (q_out, hidden)),
+            (p + "self_attn.q_proj.bias", (q_out,)),
+            (p + "self_attn.k_proj.weight", (kv_out, hidden)),
+            (p + "self_attn.k_proj.bias", (kv_out,)),
+            (p + "self_attn.v_proj.weight", (kv_out, hidden)),
+            (p + "self_attn.v_proj.bias", (kv_out,)),
+            (p + "self_attn.o_proj.weight", (hidden, q_out)),
+            (p + "mlp.gate_proj.weight", (inter, hidden)),
+            (p + "mlp.up_proj.weight", (inter, hidden)),
+            (p + "mlp.down_proj.weight", (hidden, inter)),
+            (p + "input_layernorm.weight", (hidden,)),
+            (p + "post_attention_layernorm.weight", (hidden,)),
+        ]
+    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (config.vocab_size, hidden))]
+    return shapes
+
+
+def _nbytes(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count * 2  # bf16
+
+
+def split_shards(
+    shapes: list[tuple[str, tuple[int, ...]]], shards: int
+) -> list[list[tuple[str, tuple[int, ...]]]]:
+    """Cuts the tensor list, in order, into ``shards`` groups of roughly equal bytes."""
+    total = sum(_nbytes(shape) for _, shape in shapes)
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    done = 0
+    for name, shape in shapes:
+        if groups[-1] and len(groups) < shards and done >= total * len(groups) / shards:
+            groups.append([])
+        groups[-1].append((name, shape))
+        done += _nbytes(shape)
+    return groups
+
+
+def write_checkpoint(directory: Path, size_mb: float, shards: int, seed: int = 0) -> dict[str, Any]:
+    """Writes config.json and random bf16 safetensors weights; returns a description."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = qwen2_config(size_mb)
+    shapes = hf_tensor_shapes(config)
+    groups = split_shards(shapes, max(1, shards))
+    directory.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(directory)
+    generator = torch.Generator().manual_seed(seed)
+    if len(groups) == 1:
+        names = ["model.safetensors"]
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    weight_map: dict[str, str] = {}
+    for file_name, group in zip(names, groups, strict=True):
+        tensors = {}
+        for name, shape in group:
+            if name.endswith("norm.weight"):
+                tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
+            else:
+                tensors[name] = torch.randn(shape, generator=generator, dtype=torch.bfloat16).mul_(
+                    0.02
+                )
+            weight_map[name] = file_name
+        save_file(tensors, str(directory / file_name), metadata={"format": "pt"})
+        del tensors
+    model_bytes = sum(_nbytes(shape) for _, shape in shapes)
+    if len(groups) > 1:
+        index = {"metadata": {"total_size": model_bytes}, "weight_map": weight_map}
+        (directory / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    return describe_checkpoint(directory)
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The checkpoint's safetensors files, in index order."""
+    index = directory / INDEX_NAME
+    if index.is_file():
+        names = json.loads(index.read_text())["weight_map"].values()
+        return [directory / name for name in dict.fromkeys(names)]
+    return [directory / "model.safetensors"]
+
+
+def describe_checkpoint(directory: Path) -> dict[str, Any]:
+    """Tensor count and bytes read from the safetensors headers, plus the config's sizes."""
+    model_bytes = 0
+    tensors = 0
+    files = weight_files(directory)
+    for path in files:
+        with open(path, "rb") as handle:
+            header_size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(header_size))
+        header.pop("__metadata__", None)
+        tensors += len(header)
+        model_bytes += sum(
+            entry["data_offsets"][1] - entry["data_offsets"][0] for entry in header.values()
+        )
+    config = json.loads((directory / "config.json").read_text())
+    keys = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "tie_word_embeddings",
+    )
+    return {
+        "dir": str(directory),
+        "files": [path.name for path in files],
+        "file_bytes": sum(path.stat().st_size for path in files),
+        "model_bytes": model_bytes,
+        "tensors": tensors,
+        "config": {key: config.get(key) for key in keys},
+    }
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def read_status() -> dict[str, int]:
+    """``VmHWM``, ``VmRSS``, ``RssAnon``, ``RssFile``, ``RssShmem`` of this process, in bytes."""
+    values: dict[str, int] = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in _STATUS_KEYS:
+                values[key] = int(rest.split()[0]) * 1024
+    return values
+
+
+def reset_high_water_mark() -> bool:
+    """Resets ``VmHWM`` to the current RSS (``echo 5 > /proc/self/clear_refs``); False if not."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakRss:
+    """Peak RSS over a ``with`` block: ``VmHWM`` (reset on entry) and a sampling thread.
+
+    Args:
+        interval_s: sampling period of the thread (it also gives the anon/file split).
+    """
+
+    def __init__(self, interval_s: float = 0.005):
+        self.interval_s = interval_s
+        self.hwm_reset = False
+        self.before: dict[str, int] = {}
+        self.after: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> PeakRss:
+        gc.collect()
+        self.hwm_reset = reset_high_water_mark()
+        self.before = read_status()
+        self.peak = dict(self.before)
+        self._thread.start()
+        return self
+
+    def _update(self, status: dict[str, int]) -> None:
+        for key in ("VmRSS", "RssAnon", "RssFile"):
+            self.peak[key] = max(self.peak.get(key, 0), status.get(key, 0))
+        self.samples += 1
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._update(read_status())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.after = read_status()
+        self._update(self.after)
+
+    def result(self) -> dict[str, Any]:
+        sampled = self.peak["VmRSS"]
+        hwm = self.after.get("VmHWM", 0) if self.hwm_reset else 0
+        peak = max(sampled, hwm)
+        return {
+            "rss_before": self.before["VmRSS"],
+            "rss_after": self.after["VmRSS"],
+            "peak_rss": peak,
+            "peak_rss_increase": peak - self.before["VmRSS"],
+            "peak_source": "VmHWM" if hwm >= sampled else "sampled",
+            "sampled_peak_anon_increase": self.peak["RssAnon"] - self.before.get("RssAnon", 0),
+            "sampled_peak_file_increase": self.peak["RssFile"] - self.before.get("RssFile", 0),
+            "anon_increase_after": self.after.get("RssAnon", 0) - self.before.get("RssAnon", 0),
+            "file_increase_after": self.after.get("RssFile", 0) - self.before.get("RssFile", 0),
+            "hwm_reset": self.hwm_reset,
+            "samples": self.samples,
+            "sample_interval_s": self.interval_s,
+        }
+
+
+@contextmanager
+def measured(profile: bool) -> Iterator[dict[str, Any]]:
+    """Times the block and its peak RSS into the yielded dict (and a cProfile when asked)."""
+    record: dict[str, Any] = {}
+    profiler = cProfile.Profile() if profile else None
+    with PeakRss() as memory:
+        start = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        yield record
+        if profiler is not None:
+            profiler.disable()
+        record["seconds"] = time.perf_counter() - start
+    record["memory"] = memory.result()
+    if profiler is not None:
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text).strip_dirs()
+        stats.sort_stats("cumulative").print_stats(30)
+        stats.sort_stats("tottime").print_stats(20)
+        record["profile"] = text.getvalue()
+
+
+# --------------------------------------------------------------------------- phases (child side)
+
+
+def warm_up() -> dict[str, Any]:
+    """Imports everything any phase uses and starts the JAX backend, so baselines are equal."""
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes  # noqa: F401  (numpy learns bfloat16)
+    import safetensors.flax  # noqa: F401
+    import transformers  # noqa: F401
+    from torchlike.adapters.families import all_families
+    from transformers import AutoConfig, GenerationConfig  # noqa: F401
+
+    import torchlike.modeling  # noqa: F401
+
+    all_families()
+    jnp.zeros(8).block_until_ready()
+    return {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+
+
+def _ready(arrays: list[Any]) -> int:
+    import jax
+
+    jax.block_until_ready(arrays)
+    return sum(int(array.nbytes) for array in arrays)
+
+
+def load_torchlike(directory: Path) -> Any:
+    from torchlike import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(directory), dtype="bfloat16")
+
+
+def phase_import_raw(directory: Path, profile: bool) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    with measured(profile) as record:
+        arrays: dict[str, Any] = {}
+        for path in weight_files(directory):
+            with safe_open(str(path), framework="flax") as handle:
+                for name in handle.offset_keys():
+                    arrays[name] = handle.get_tensor(name)
+        record["bytes"] = _ready(list(arrays.values()))
+    return record
+
+
+def phase_import_raw_numpy(directory: Path, profile: bool) -> dict[str, Any]:
+    import jax
+    from safetensors import safe_open
+
+    with measured(profile) as record:
+        arrays: dict[str, Any] = {}
+        for path in weight_files(directory):
+            with safe_open(str(path), framework="numpy") as handle:
+                for name in handle.offset_keys():
+                    arrays[name] = jax.device_put(handle.get_tensor(name))
+        record["bytes"] = _ready(list(arrays.values()))
+    return record
+
+
+def phase_import_torchlike(directory: Path, profile: bool) -> dict[str, Any]:
+    with measured(profile) as record:
+        model = load_torchlike(directory)
+        record["bytes"] = _ready(list(model.parameters()))
+    return record
+
+
+def phase_export_raw(directory: Path, out: Path, profile: bool) -> dict[str, Any]:
+    from safetensors.flax import save_file
+
+    model = load_torchlike(directory)
+    params = dict(model.named_parameters())
+    _ready(list(params.values()))
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    target = out / "model.safetensors"
+    with measured(profile) as record:
+        start = time.perf_counter()
+        save_file(dict(params), str(target), metadata={"format": "pt"})  # save_file edits its dict
+        written = time.perf_counter()
+        descriptor = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        record["fsync_seconds"] = time.perf_counter() - written
+    record["seconds_fsync"] = record["seconds"]  # comparable with save_pretrained, which fsyncs
+    record["seconds"] = written - start
+    record["bytes"] = sum(int(array.nbytes) for array in params.values())
+    return record
+
+
+def phase_export_torchlike(
+    directory: Path, out: Path, profile: bool, verify: bool
+) -> dict[str, Any]:
+    model = load_torchlike(directory)
+    record_bytes = _ready(list(model.parameters()))
+    shutil.rmtree(out, ignore_errors=True)
+    with measured(profile) as record:
+        model.save_pretrained(out)
+    record["bytes"] = record_bytes
+    if verify:
+        record["verified"] = same_tensors(weight_files(directory), weight_files(out))
+    return record
+
+
+def same_tensors(expected_files: list[Path], actual_files: list[Path]) -> bool:
+    """True when both file sets hold the same tensor names with identical bytes."""
+    import numpy as np
+    from safetensors import safe_open
+
+    def tensors(files: list[Path]) -> dict[str, tuple[Path, str]]:
+        found = {}
+        for path in files:
+            with safe_open(str(path), framework="numpy") as handle:
+                found.update({name: (path, name) for name in handle.keys()})
+        return found
+
+    expected, actual = tensors(expected_files), tensors(actual_files)
+    if set(expected) != set(actual):
+        return False
+    for name in expected:
+        with (
+            safe_open(str(expected[name][0]), framework="numpy") as a,
+            safe_open(str(actual[name][0]), framework="numpy") as b,
+        ):
+            left, right = a.get_tensor(name), b.get_tensor(name)
+            if left.shape != right.shape or left.dtype != right.dtype:
+                return False
+            if not np.array_equal(left.view(np.uint16), right.view(np.uint16)):
+                return False
+    return True
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """Runs one ``--phase`` and prints its result line."""
+    environment = warm_up()
+    directory = Path(args.dir)
+    out = Path(args.out) if args.out else directory.parent / f"{directory.name}-{args.phase}"
+    phases: dict[str, Callable[[], dict[str, Any]]] = {
+        "import-raw": lambda: phase_import_raw(directory, args.profile),
+        "import-raw-numpy": lambda: phase_import_raw_numpy(directory, args.profile),
+        "import-torchlike": lambda: phase_import_torchlike(directory, args.profile),
+        "export-raw": lambda: phase_export_raw(directory, out, args.profile),
+        "export-torchlike": lambda: phase_export_torchlike(
+            directory, out, args.profile, not args.no_verify
+        ),
+    }
+    record = phases[args.phase]()
+    record.update(phase=args.phase, profiled=args.profile, **environment)
+    if args.phase.startswith("export"):
+        shutil.rmtree(out, ignore_errors=True)
+    print(RESULT_MARKER + json.dumps(record), flush=True)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_phase(
+    phase: str, args: argparse.Namespace, directory: Path, work: Path, profile: bool = False
+) -> dict[str, Any]:
+    """Runs one phase in a fresh interpreter and returns its result record."""
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--phase",
+        phase,
+        "--dir",
+        str(directory),
+        "--out",
+        str(work / f"out-{phase}"),
+    ]
+    if profile:
+        command.append("--profile")
+    if args.no_verify:
+        command.append("--no-verify")
+    environment = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    os.sync()  # no writeback from an earlier phase competes with this one
+    started = time.perf_counter()
+    process = subprocess.run(command, capture_output=True, text=True, env=environment)
+    if process.returncode != 0:
+        raise RuntimeError(
+            f"phase {phase} failed ({process.returncode}):\n{process.stderr[-4000:]}"
+        )
+    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+    if not lines:
+        raise RuntimeError(
+            f"phase {phase} printed no result:\n{process.stdout[-2000:]}\n{process.stderr[-2000:]}"
+        )
+    record = json.loads(lines[-1][len(RESULT_MARKER) :])
+    record["process_seconds"] = time.perf_counter() - started
+    return record
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU count, platform, memory and library versions."""
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["mem_total_bytes"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for package in (
+        "jax",
+        "jaxlib",
+        "flax",
+        "safetensors",
+        "numpy",
+        "torch",
+        "transformers",
+        "torchlike",
+    ):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    info["versions"] = versions
+    return info
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]], model_bytes: int) -> dict[str, Any]:
+    """Best run per phase, throughputs, ratios and RSS multiples, plus goal verdicts."""
+    summary: dict[str, Any] = {}
+    for phase, records in runs.items():
+        if not records:
+            continue
+        best = min(records, key=lambda record: record["seconds"])
+        peak = max(record["memory"]["peak_rss_increase"] for record in records)
+        row = {
+            "seconds": best["seconds"],
+            "seconds_all": [record["seconds"] for record in records],
+            "gb_per_s": model_bytes / best["seconds"] / 1e9,
+            "peak_rss_increase": peak,
+            "rss_multiple": peak / model_bytes,
+            "sampled_peak_anon_increase": max(
+                r["memory"]["sampled_peak_anon_increase"] for r in records
+            ),
+            "sampled_peak_file_increase": max(
+                r["memory"]["sampled_peak_file_increase"] for r in records
+            ),
+        }
+        if phase == "export-raw":
+            seconds_fsync = min(record["seconds_fsync"] for record in records)
+            row.update(
+                seconds_fsync=seconds_fsync, gb_per_s_fsync=model_bytes / seconds_fsync / 1e9
+            )
+        if "verified" in best:
+            row["verified"] = all(record.get("verified") for record in records)
+        summary[phase] = row
+
+    def ratio(phase: str, baseline: str, key: str = "gb_per_s") -> float | None:
+        if phase in summary and baseline in summary:
+            return summary[phase]["gb_per_s"] / summary[baseline][key]
+        return None
+
+    ratios = {
+        "import_vs_raw_flax": ratio("import-torchlike", "import-raw"),
+        "import_vs_raw_numpy_device_put": ratio("import-torchlike", "import-raw-numpy"),
+        "export_vs_raw_save_file": ratio("export-torchlike", "export-raw"),
+        "export_vs_raw_save_file_fsync": ratio("export-torchlike", "export-raw", "gb_per_s_fsync"),
+    }
+    goals = {}
+    if ratios["import_vs_raw_flax"] is not None:
+        goals["import_throughput_ratio"] = ratios["import_vs_raw_flax"] >= GOAL_THROUGHPUT_RATIO
+    if ratios["export_vs_raw_save_file"] is not None:
+        goals["export_throughput_ratio"] = (
+            ratios["export_vs_raw_save_file"] >= GOAL_THROUGHPUT_RATIO
+        )
+    for phase, key in (("import-torchlike", "import_rss"), ("export-torchlike", "export_rss")):
+        if phase in summary:
+            goals[key] = summary[phase]["rss_multiple"] <= GOAL_RSS_MULTIPLE
+    return {"phases": summary, "ratios": ratios, "goals": goals}
+
+
+def format_table(summary: dict[str, Any], model_bytes: int) -> str:
+    """The human-readable table."""
+    mb = 1e6
+    header = (
+        f"{'phase':<22}{'seconds':>9}{'GB/s':>8}{'vs raw':>8}"
+        f"{'peak RSS +MB':>14}{'x model':>9}{'anon +MB':>10}{'file +MB':>10}"
+    )
+    lines = [header, "-" * len(header)]
+    phases = summary["phases"]
+    ratios = summary["ratios"]
+    versus = {
+        "import-torchlike": ratios["import_vs_raw_flax"],
+        "export-torchlike": ratios["export_vs_raw_save_file"],
+    }
+    for phase in PHASES:
+        if phase not in phases:
+            continue
+        row = phases[phase]
+        ratio = versus.get(phase)
+        lines.append(
+            f"{phase:<22}{row['seconds']:>9.2f}{row['gb_per_s']:>8.3f}"
+            f"{'' if ratio is None else f'{ratio:.2f}':>8}"
+            f"{row['peak_rss_increase'] / mb:>14.0f}{row['rss_multiple']:>9.2f}"
+            f"{row['sampled_peak_anon_increase'] / mb:>10.0f}"
+            f"{row['sampled_peak_file_increase'] / mb:>10.0f}"
+        )
+        if phase == "export-raw":
+            lines.append(
+                f"{'  (+ fsync)':<22}{row['seconds_fsync']:>9.2f}{row['gb_per_s_fsync']:>8.3f}"
+            )
+    lines.append("")
+    lines.append(f"model bytes: {model_bytes:,} ({model_bytes / mb:.1f} MB)")
+    for name, value in ratios.items():
+        if value is not None:
+            lines.append(f"ratio {name}: {value:.2f}")
+    targets = {
+        "import_throughput_ratio": f">= {GOAL_THROUGHPUT_RATIO}",
+        "export_throughput_ratio": f">= {GOAL_THROUGHPUT_RATIO}",
+        "import_rss": f"<= {GOAL_RSS_MULTIPLE}x",
+        "export_rss": f"<= {GOAL_RSS_MULTIPLE}x",
+    }
+    for name, met in summary["goals"].items():
+        lines.append(f"goal {name} ({targets[name]}): {'met' if met else 'MISSED'}")
+    if "export-torchlike" in phases and "verified" in phases["export-torchlike"]:
+        lines.append(
+            f"export-torchlike bit-exact round trip: {phases['export-torchlike']['verified']}"
+        )
+    return "\n".join(lines)
+
+
+def run_driver(args: argparse.Namespace) -> None:
+    """Writes (or reuses) the checkpoint, runs every phase in fresh processes, reports."""
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="hf_io_"))
+    directory = Path(args.dir) if args.dir else work / "checkpoint"
+    created = False
+    if args.regenerate or not (directory / "config.json").is_file():
+        shutil.rmtree(directory, ignore_errors=True)
+        print(
+            f"writing a ~{args.size_mb:g} MB random bf16 Qwen2 checkpoint ({args.shards} file(s)) "
+            f"to {directory} ...",
+            flush=True,
+        )
+        started = time.perf_counter()
+        checkpoint = write_checkpoint(directory, args.size_mb, args.shards)
+        print(f"  written in {time.perf_counter() - started:.1f}s", flush=True)
+        created = True
+    else:
+        checkpoint = describe_checkpoint(directory)
+    model_bytes = checkpoint["model_bytes"]
+    print(
+        f"checkpoint: {checkpoint['tensors']} tensors, {model_bytes:,} bytes of bf16 weights "
+        f"({model_bytes / 1e9:.3f} GB) in {len(checkpoint['files'])} file(s); "
+        f"config {checkpoint['config']}",
+        flush=True,
+    )
+
+    phases = [phase for phase in PHASES if phase in args.phases]
+    runs: dict[str, list[dict[str, Any]]] = {phase: [] for phase in phases}
+    environment: dict[str, Any] = {}
+    for repeat in range(args.repeats):
+        for phase in phases:
+            record = run_phase(phase, args, directory, work)
+            environment = {"backend": record["backend"], "devices": record["devices"]}
+            runs[phase].append(record)
+            memory = record["memory"]
+            print(
+                f"  [{repeat + 1}/{args.repeats}] {phase:<18} {record['seconds']:7.2f}s "
+                f"{model_bytes / record['seconds'] / 1e9:6.3f} GB/s  "
+                f"peak RSS +{memory['peak_rss_increase'] / 1e6:.0f} MB "
+                f"(process {record['process_seconds']:.1f}s)",
+                flush=True,
+            )
+    profiles: dict[str, str] = {}
+    if args.profile:
+        for phase in ("import-torchlike", "export-torchlike"):
+            profiles[phase] = run_phase(phase, args, directory, work, profile=True)["profile"]
+
+    summary = summarize(runs, model_bytes)
+    table = format_table(summary, model_bytes)
+    machine = machine_info() | environment
+    print()
+    print(
+        f"machine: {machine.get('cpu_model', '?')}, {machine['cpu_count']} CPUs "
+        f"({machine['cpus_usable']} usable), {machine.get('mem_total_bytes', 0) / 2**30:.0f} GiB, "
+        f"{machine['platform']}, JAX backend {environment.get('backend')}"
+    )
+    print(table)
+    for phase, text in profiles.items():
+        print(f"\n===== cProfile: {phase} (profiled run, slower than the timed ones) =====")
+        print(text)
+
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "command": [sys.executable, *sys.argv],
+        "machine": machine,
+        "checkpoint": checkpoint,
+        "model_bytes": model_bytes,
+        "repeats": args.repeats,
+        "goals_targets": {
+            "throughput_ratio_min": GOAL_THROUGHPUT_RATIO,
+            "rss_multiple_max": GOAL_RSS_MULTIPLE,
+        },
+        **summary,
+        "runs": runs,
+        "profiles": profiles,
+        "table": table,
+    }
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {output}")
+    if not args.keep and not args.work and not args.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    elif created:
+        print(f"checkpoint kept in {directory}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--size-mb", type=float, default=500.0, help="approximate weight bytes, in MB (1e6)"
+    )
+    parser.add_argument(
+        "--shards", type=int, default=1, help="safetensors files to split the checkpoint into"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per phase (best time, worst RSS reported)"
+    )
+    parser.add_argument(
+        "--phases", nargs="+", default=list(PHASES), choices=PHASES, help="phases to run"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="also cProfile one run of each torchlike phase"
+    )
+    parser.add_argument("--dir", help="checkpoint directory (reused when it holds config.json)")
+    parser.add_argument(
+        "--work", help="scratch directory (default: a temporary one, removed at the end)"
+    )
+    parser.add_argument(
+        "--regenerate", action="store_true", help="rewrite the checkpoint even if --dir has one"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
+    parser.add_argument(
+        "--no-verify", action="store_true", help="skip the bit-exact check of the export"
+    )
+    parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="JSON results file")
+    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--out", help=argparse.SUPPRESS)  # child mode: export directory
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.phase:
+        if not args.dir:
+            raise SystemExit("--phase needs --dir")
+        run_child(args)
+    else:
+        run_driver(args)
+
+
+if __name__ == "__main__":
+    main()
