@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import tempfile
-
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,7 +207,7 @@ def write_checkpoint(
         if len(shards) > 1:
             index = {
                 "metadata": {"total_size": sum(s.nbytes for s in specs)},
-                "weight_map": {s.name: name for name, shard in zip(names, shards) for s in shard},
+                "weight_map": {s.name: name for name, shard in zip(names, shards, strict=True) for s in shard},
             }
             (staging / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         if extra_files is not None:

@@ -25,7 +25,9 @@ class UnsupportedRopeScalingError(ValueError):
     """The checkpoint's ``rope_scaling``/``rope_parameters`` type is not implemented."""
 
 
-def rope_inverse_frequencies(rope_parameters: Mapping, head_dim: int, config_name: str = "config.json") -> tuple[float, ...]:
+def rope_inverse_frequencies(
+    rope_parameters: Mapping, head_dim: int, config_name: str = "config.json"
+) -> tuple[float, ...]:
     """Inverse frequencies ``1 / theta**(2i/d)`` for ``i < d/2``, adjusted for the rope type.
 
     Args:
@@ -101,7 +103,9 @@ def sin_cos(positions: jax.Array, features: int, rope_theta: float, *, inv_freq:
 
 
 @functools.cache
-def with_rope(cls: type, method_name: str, global_name: str, rope_function: Callable, inv_freq: tuple[float, ...]) -> type:
+def with_rope(
+    cls: type, method_name: str, global_name: str, rope_function: Callable, inv_freq: tuple[float, ...]
+) -> type:
     """A subclass of ``cls`` whose ``method_name`` runs Tunix's own code with ``global_name``
     bound to ``rope_function`` at ``inv_freq``.
 

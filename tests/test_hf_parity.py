@@ -24,3 +24,17 @@ def test_logits_match_transformers_on_left_and_right_padded_batch(case, tiny_che
 
     valid = mask.astype(bool)
     assert np.abs(logits[valid] - expected[valid]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("case", ["qwen3", "llama3", "llama32"])
+def test_stock_tunix_rope_would_miss_the_checkpoint_rope(case, tiny_checkpoints):
+    """Proves the adapter's rope fix matters: Tunix 0.1.7's own attention ignores rope_theta/scaling."""
+    path = tiny_checkpoints.path(case)
+    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    ids, mask, _ = tiny.padded_batch()
+    fixed = np.asarray(model(ids, attention_mask=mask).logits)
+    for layer in model.module.layers:
+        layer.attn.__class__ = type(layer.attn).__mro__[1]  # back to Tunix's own Attention
+    stock = np.asarray(model(ids, attention_mask=mask).logits)
+    valid = mask.astype(bool)
+    assert np.abs(stock[valid] - fixed[valid]).max() > 1e-3

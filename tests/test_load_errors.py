@@ -7,12 +7,12 @@ import shutil
 
 import pytest
 import transformers
-
-import torchlike
 from torchlike.adapters import tunix_model
 from torchlike.adapters.families import UnknownArchitectureError
 from torchlike.adapters.rope import UnsupportedRopeScalingError
 from torchlike.adapters.safetensors_io import CheckpointFileError
+
+import torchlike
 
 
 @pytest.fixture
@@ -39,7 +39,8 @@ def test_missing_config_json_names_the_file(checkpoint_copy):
 
 def test_unknown_architecture_lists_the_supported_ones(tmp_path):
     transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
-    with pytest.raises(UnknownArchitectureError, match=r"model_type='gpt2'.*Supported architectures: .*Qwen2ForCausalLM"):
+    expected = r"model_type='gpt2'.*Supported architectures: .*Qwen2ForCausalLM"
+    with pytest.raises(UnknownArchitectureError, match=expected):
         torchlike.AutoModelForCausalLM.from_pretrained(tmp_path)
 
 
@@ -54,7 +55,8 @@ def test_unknown_model_type_lists_the_supported_ones(checkpoint_copy):
 def test_truncated_safetensors_names_the_file_and_says_to_download_again(checkpoint_copy):
     weights = checkpoint_copy / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1000])
-    with pytest.raises(CheckpointFileError, match=r"model\.safetensors is truncated or corrupted.*download or save it again"):
+    expected = r"model\.safetensors is truncated or corrupted.*download or save it again"
+    with pytest.raises(CheckpointFileError, match=expected):
         torchlike.AutoModelForCausalLM.from_pretrained(checkpoint_copy)
 
 

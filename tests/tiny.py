@@ -29,13 +29,15 @@ CASES = {
     "qwen3_tied": lambda: transformers.Qwen3Config(**COMMON, rope_theta=1000000.0, tie_word_embeddings=True),
     "llama3": lambda: transformers.LlamaConfig(**COMMON, rope_theta=500000.0, tie_word_embeddings=False),
     "llama32": lambda: transformers.LlamaConfig(**COMMON, rope_parameters=LLAMA32_ROPE, tie_word_embeddings=True),
-    # Gemma 3 text: a window (8) shorter than padded_batch's rows (24), one layer of each type, and a
-    # linear-scaled global rope as the 4B+ checkpoints have. gemma3_mha makes Tunix fuse q, k and v.
+    # Gemma 3 text: a window (8) shorter than padded_batch's rows (24), one layer of each type,
+    # and a linear-scaled global rope as the 4B+ checkpoints have. gemma3_mha: Tunix fuses qkv.
     "gemma3": lambda kv_heads=2: transformers.Gemma3TextConfig(
         **{**COMMON, "num_key_value_heads": kv_heads}, sliding_window=8, query_pre_attn_scalar=16,
         layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True,
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                         "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}),
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+        }),
     "gemma3_mha": lambda: CASES["gemma3"](kv_heads=4),
 }
 
@@ -67,7 +69,8 @@ class CheckpointFactory:
         self._built: dict[str, Path] = {}
 
     def path(self, case: str, dtype=torch.float32, **save_kwargs) -> Path:
-        key = f"{case}-{str(dtype).removeprefix('torch.')}" + "".join(f"-{k}{v}" for k, v in sorted(save_kwargs.items()))
+        options = "".join(f"-{k}{v}" for k, v in sorted(save_kwargs.items()))
+        key = f"{case}-{str(dtype).removeprefix('torch.')}{options}"
         if key not in self._built:
             model = build_hf_model(CASES[case](), dtype=dtype)
             model.save_pretrained(self.root / key, **save_kwargs)

@@ -32,4 +32,4 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = ["AutoModelForCausalLM", "AutoTokenizer", "CausalLM", "CausalLMOutput", "__version__", "make_mesh"]

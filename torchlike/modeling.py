@@ -368,7 +368,8 @@ class AutoModelForCausalLM:
                 else:
                     yield spec.name, rng.normal(0.0, std, spec.shape).astype(np.float32), "random init"
 
-        module = tunix_model.load_weights(family, config, random_tensors(), target_dtype, mesh=mesh, source="from_config")
+        module = tunix_model.load_weights(family, config, random_tensors(), target_dtype, mesh=mesh,
+                                          source="from_config")
         return CausalLM(module, config, family, None, mesh, "")
 
 
@@ -399,7 +400,8 @@ def _from_transformers_model(pt_model, dtype, mesh) -> CausalLM:
     state_dict = pt_model.state_dict()
     first = next(iter(state_dict.values()))
     target_dtype = resolve_dtype(dtype, first.dtype)
-    tensors = ((name, array, type(pt_model).__name__) for name, array in hf_checkpoint.iter_torch_state_dict(state_dict))
+    source = type(pt_model).__name__
+    tensors = ((name, array, source) for name, array in hf_checkpoint.iter_torch_state_dict(state_dict))
     module = tunix_model.load_weights(family, config, tensors, target_dtype, mesh=mesh, source=type(pt_model).__name__)
     generation_config = copy.deepcopy(getattr(pt_model, "generation_config", None))
     return CausalLM(module, config, family, generation_config, mesh, getattr(config, "_name_or_path", ""))
