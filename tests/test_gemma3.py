@@ -11,11 +11,11 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
-from torchlike.adapters.families import UnsupportedConfigError
-from torchlike.adapters.rope import UnsupportedRopeScalingError
 
 import torchlike
 from tests import tiny
+from torchlike.adapters.families import UnsupportedConfigError
+from torchlike.adapters.rope import UnsupportedRopeScalingError
 
 TOLERANCE = 1e-4
 

@@ -7,12 +7,12 @@ import shutil
 
 import pytest
 import transformers
+
+import torchlike
 from torchlike.adapters import tunix_model
 from torchlike.adapters.families import UnknownArchitectureError
 from torchlike.adapters.rope import UnsupportedRopeScalingError
 from torchlike.adapters.safetensors_io import CheckpointFileError
-
-import torchlike
 
 
 @pytest.fixture

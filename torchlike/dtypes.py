@@ -11,7 +11,6 @@ _NAMES = {
     "float32": np.float32, "fp32": np.float32, "float": np.float32, "f32": np.float32,
     "bfloat16": ml_dtypes.bfloat16, "bf16": ml_dtypes.bfloat16,
     "float16": np.float16, "fp16": np.float16, "half": np.float16, "f16": np.float16,
-    "float64": np.float64, "fp64": np.float64, "double": np.float64,
 }
 
 
@@ -43,8 +42,9 @@ def resolve_dtype(dtype: Any, checkpoint_dtype: Any = None) -> np.dtype:
     except TypeError:
         raise ValueError(f"Unknown dtype {dtype!r}. Use a string such as 'bfloat16', a numpy/jax dtype, "
                          "a torch dtype or 'auto'.") from None
-    if not np.issubdtype(resolved, np.floating) and resolved != np.dtype(ml_dtypes.bfloat16):
-        raise ValueError(f"dtype {resolved} is not a floating dtype; model weights need float32, bfloat16 or float16.")
+    if resolved not in {np.dtype(value) for value in _NAMES.values()}:
+        raise ValueError(f"dtype {resolved} is not supported for model weights; use float32, bfloat16 or float16 "
+                         "(JAX runs without 64-bit floats by default).")
     return resolved
 
 

@@ -447,7 +447,7 @@ def _first_tensor_dtype(files: list[Path]):
         from .adapters.safetensors_io import SafetensorsReader
 
         with SafetensorsReader(files[0]) as reader:
-            floating = [info.dtype for info in reader.tensors.values() if info.dtype.kind in "fV" or
-                        info.dtype.name == "bfloat16"]
+            # bfloat16 (ml_dtypes) has numpy kind "V"; integer buffers never set the model dtype.
+            floating = [info.dtype for info in reader.tensors.values() if info.dtype.kind in "fV"]
             return floating[0] if floating else None
     return None

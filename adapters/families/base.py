@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -225,7 +226,7 @@ DECODER_IGNORED_KEYS: tuple[str, ...] = (r"model\.rotary_emb\..*", r"model\.laye
 def decoder_forward(module, tokens, positions, attention_mask):
     """Calls a Tunix decoder as ``module(tokens, positions, cache=None, attention_mask)``; returns float32 logits."""
     logits, _ = module(tokens, positions, None, attention_mask)
-    return logits
+    return logits.astype(jnp.float32)
 
 
 def check_decoder_config(hf_config, family: str) -> None:
