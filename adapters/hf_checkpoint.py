@@ -29,7 +29,8 @@ SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 TORCH_WEIGHTS_NAME = "pytorch_model.bin"
 TORCH_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
-_SHARD_NAME = re.compile(r"^(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?$")
+_SHARD_NAME = re.compile(
+    r"^(model|pytorch_model|adapter_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?$")
 
 
 @dataclass(frozen=True)
@@ -187,10 +188,7 @@ def write_checkpoint(
     Returns:
         The paths written, inside ``save_directory``.
     """
-    target = check_output_dir(save_directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    def fill(staging: Path) -> None:
         shards = plan_shards(specs, parse_size(max_shard_size))
         metadata = {"format": "pt"}
         if len(shards) == 1:
@@ -212,6 +210,26 @@ def write_checkpoint(
             (staging / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         if extra_files is not None:
             extra_files(staging)
+
+    return write_directory(save_directory, fill)
+
+
+def write_directory(save_directory: str | os.PathLike, fill: Callable[[Path], None]) -> list[Path]:
+    """Runs ``fill(staging_folder)`` and moves what it wrote into ``save_directory`` atomically.
+
+    A new directory appears in one rename. Into an existing directory, weight files move first
+    and ``config.json``/``adapter_config.json`` last (so a reader that finds the config finds
+    its weights); weight files of an earlier save that this one did not write are removed.
+    On any error the staging folder is deleted and ``save_directory`` is untouched.
+
+    Returns:
+        The paths written, inside ``save_directory``.
+    """
+    target = check_output_dir(save_directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        fill(staging)
         return _publish(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -223,8 +241,10 @@ def _publish(staging: Path, target: Path) -> list[Path]:
     if not target.exists():
         os.replace(staging, target)
         return [target / name for name in written]
+    written_kinds = {match[1] for match in map(_SHARD_NAME.match, written) if match}
     for old in target.iterdir():
-        if old.is_file() and _SHARD_NAME.match(old.name) and old.name not in written:
+        match = _SHARD_NAME.match(old.name)
+        if old.is_file() and match and match[1] in written_kinds and old.name not in written:
             old.unlink()
     # Weights first, then the index, then the other files, config.json last: a reader that
     # finds config.json finds the weights it points to.
@@ -233,7 +253,7 @@ def _publish(staging: Path, target: Path) -> list[Path]:
             return (0, name)
         if name == SAFE_WEIGHTS_INDEX_NAME:
             return (1, name)
-        return (3 if name == "config.json" else 2, name)
+        return (3 if name in ("config.json", "adapter_config.json") else 2, name)
 
     for name in sorted(written, key=publish_order):
         destination = target / name

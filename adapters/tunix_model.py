@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
+from . import qwix_lora
 from .families import Family
 from .hf_checkpoint import TensorSpec
 
@@ -197,12 +198,20 @@ def causal_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[ja
     return jnp.asarray(input_ids, jnp.int32), jnp.asarray(positions), jnp.asarray(attention)
 
 
-@nnx.jit(static_argnums=(0,))
-def _jitted_forward(forward, module, tokens, positions, attention):
-    return forward(module, tokens, positions, attention)
+@nnx.jit(static_argnums=(0, 1))
+def _jitted_forward(forward, lora, module, tokens, positions, attention):
+    with qwix_lora.lora_mode(lora):
+        return forward(module, tokens, positions, attention)
 
 
-def forward_logits(family: Family, module: nnx.Module, input_ids: np.ndarray, attention_mask: np.ndarray) -> jax.Array:
-    """Float32 logits ``[B, T, V]`` for a (possibly padded) batch, compiled once per shape."""
+def forward_logits(
+    family: Family, module: nnx.Module, input_ids: np.ndarray, attention_mask: np.ndarray, lora: str = "eval"
+) -> jax.Array:
+    """Float32 logits ``[B, T, V]`` for a (possibly padded) batch, compiled once per shape.
+
+    Args:
+        lora: ``"eval"`` (adapter on, no dropout) or ``"disabled"`` (base model only); see
+            :func:`qwix_lora.lora_mode`.
+    """
     tokens, positions, attention = causal_inputs(input_ids, attention_mask)
-    return _jitted_forward(family.forward, module, tokens, positions, attention)
+    return _jitted_forward(family.forward, lora, module, tokens, positions, attention)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -79,6 +80,8 @@ class CausalLM:
         self.family = family
         self.mesh = mesh
         self.name_or_path = name_or_path
+        self._lora_mode = "eval"
+        self.quantization: str | None = None
         if generation_config is None:
             from transformers import GenerationConfig
 
@@ -103,11 +106,8 @@ class CausalLM:
         mask = np.ones_like(ids) if attention_mask is None else to_numpy_2d(attention_mask, "attention_mask")
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask shape {mask.shape} does not match input_ids shape {ids.shape}.")
-        if self.mesh is not None:
-            with self.mesh:
-                logits = tunix_model.forward_logits(self.family, self.module, ids, mask)
-        else:
-            logits = tunix_model.forward_logits(self.family, self.module, ids, mask)
+        with self.mesh if self.mesh is not None else contextlib.nullcontext():
+            logits = tunix_model.forward_logits(self.family, self.module, ids, mask, lora=self._lora_mode)
         return CausalLMOutput(logits=logits)
 
     forward = __call__

@@ -156,6 +156,8 @@ class Family:
             :class:`UnsupportedConfigError` for features the Tunix model lacks.
         forward: ``(module, tokens, positions, attention_mask) -> logits`` with
             ``attention_mask`` a boolean ``[B, T, T]`` (query, key) mask.
+        quantization_excluded: HF module names whose base weights Qwix cannot quantise in
+            this family's Tunix model (QLoRA keeps them in full precision).
     """
 
     name: str
@@ -166,6 +168,7 @@ class Family:
     forward: Callable[..., Any]
     ignored_hf_keys: tuple[str, ...] = ()
     lora_targets: Mapping[str, str] = field(default_factory=dict)
+    quantization_excluded: tuple[str, ...] = ()
 
     def hf_to_nnx(self, hf_name: str) -> tuple[str, WeightRule] | None:
         """The NNX path and rule for an HF tensor name, or ``None`` if no rule matches."""

@@ -61,4 +61,6 @@ FAMILY = Family(
     forward=decoder_forward,
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     lora_targets=DECODER_LORA_TARGETS,
+    # Tunix's attention Einsum calls jnp.astype on the weight, which fails on Qwix's quantised WithAux.
+    quantization_excluded=("q_proj", "k_proj", "v_proj", "o_proj"),
 )

@@ -1,0 +1,268 @@
+"""Qwix LoRA on Tunix modules: apply it, switch dropout/adapter per trace, and convert the factors
+to and from the PEFT layout (``lora_A (r, in)``, ``lora_B (out, r)``) or merge them into the weights.
+
+Qwix keeps LoRA dropout on in every pass and offers no way to bypass the adapter. Here a
+context variable read at trace time does both: dropout only in ``"train"`` mode, no LoRA
+delta in ``"disabled"`` mode. Callers pass the mode as a static jit argument so each mode
+gets its own trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+import qwix
+from flax import nnx
+
+from .families import Family
+
+TRAIN, EVAL, DISABLED = "train", "eval", "disabled"
+_MODE: contextvars.ContextVar[str] = contextvars.ContextVar("torchlike_lora_mode", default=EVAL)
+
+
+@contextlib.contextmanager
+def lora_mode(mode: str) -> Iterator[None]:
+    """Within the block, traced LoRA ops apply dropout (``"train"``), skip it (``"eval"``) or skip
+    the adapter entirely (``"disabled"``)."""
+    if mode not in (TRAIN, EVAL, DISABLED):
+        raise ValueError(f"lora mode must be 'train', 'eval' or 'disabled', got {mode!r}")
+    token = _MODE.set(mode)
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+class ModeAwareLoraProvider(qwix.LoraProvider):
+    """``qwix.LoraProvider`` whose LoRA rule follows :func:`lora_mode`.
+
+    Qwix looks the rule up twice per op: once for the (optional) base-weight quantisation
+    and once, with ``repeated_call=True``, for the LoRA delta. Only the second lookup is
+    changed, so QLoRA's quantised base weights keep working when the adapter is disabled.
+    """
+
+    def _get_current_rule_and_op_id(self, op_name, *, only_rule=False, repeated_call=False):
+        rule, op_id = super()._get_current_rule_and_op_id(op_name, only_rule=only_rule, repeated_call=repeated_call)
+        if repeated_call and isinstance(rule, qwix.LoraRule):
+            mode = _MODE.get()
+            if mode == DISABLED:
+                return None, op_id
+            if mode != TRAIN and rule.dropout > 0:
+                rule = dataclasses.replace(rule, dropout=0.0)
+        return rule, op_id
+
+
+@dataclass(frozen=True)
+class LoraTarget:
+    """One adaptable module: its NNX path (``/``-joined, as Qwix matches) and the HF module names it serves."""
+
+    nnx_module: str
+    weight: str
+    hf_modules: tuple[str, ...]
+
+
+def adaptable_modules(family: Family, module: nnx.Module) -> list[LoraTarget]:
+    """Every linear module LoRA can target, with its HF module name(s) (``model.layers.0.self_attn.q_proj``)."""
+    found: dict[str, LoraTarget] = {}
+    for path, _ in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+        nnx_path = ".".join(str(part) for part in path)
+        for hf_name, _rule in family.nnx_to_hf(nnx_path):
+            hf_module = hf_name.removesuffix(".weight")
+            if hf_module.rsplit(".", 1)[-1] not in family.lora_targets or not hf_name.endswith(".weight"):
+                continue
+            module_path = "/".join(str(part) for part in path[:-1])
+            previous = found.get(module_path)
+            modules = (previous.hf_modules if previous else ()) + (hf_module,)
+            found[module_path] = LoraTarget(module_path, str(path[-1]), modules)
+    return list(found.values())
+
+
+def select_targets(family: Family, module: nnx.Module, target_modules) -> list[LoraTarget]:
+    """The modules PEFT would adapt for ``target_modules``.
+
+    Args:
+        target_modules: a list of HF module names (a module matches when its name equals an
+            entry or ends with ``"." + entry``), a regex string (``re.fullmatch`` on the full HF
+            module name), or ``"all-linear"`` (every linear layer except the LM head).
+
+    Raises:
+        ValueError: nothing matched, naming the valid module names.
+    """
+    candidates = adaptable_modules(family, module)
+    known = sorted(family.lora_targets)
+    if target_modules is None:
+        raise ValueError(f"LoraConfig.target_modules is required for the {family.name} family; use e.g. "
+                         f"{known} or 'all-linear'.")
+    if isinstance(target_modules, str):
+        if target_modules == "all-linear":
+            return candidates
+        pattern = re.compile(target_modules)
+        chosen = [t for t in candidates if any(pattern.fullmatch(name) for name in t.hf_modules)]
+    else:
+        names = list(target_modules)
+        unknown = [n for n in names if not any(m == n or m.endswith("." + n) for t in candidates for m in t.hf_modules)]
+        if unknown:
+            raise ValueError(f"target_modules {unknown} match no module of this {family.name} model; valid names: "
+                             f"{known} (or full names like 'model.layers.0.self_attn.q_proj', a regex, 'all-linear').")
+        chosen = [t for t in candidates if any(m == n or m.endswith("." + n) for n in names for m in t.hf_modules)]
+    if not chosen:
+        raise ValueError(f"target_modules={target_modules!r} matches no module; valid names: {known}.")
+    return chosen
+
+
+def apply_lora(
+    module: nnx.Module,
+    targets: list[LoraTarget],
+    rank: int,
+    scale: float,
+    dropout: float = 0.0,
+    weight_qtype: str | None = None,
+    tile_size: int | None = None,
+    seed: int = 0,
+    unquantized_targets: list[LoraTarget] = (),
+) -> nnx.Module:
+    """A copy of ``module`` (arrays shared) with LoRA factors on ``targets``.
+
+    Args:
+        rank: LoRA rank ``r``.
+        scale: the multiplier of ``B @ A`` (``alpha / r``, or ``alpha / sqrt(r)`` for rsLoRA).
+        dropout: LoRA dropout rate (applied only under ``lora_mode("train")``).
+        weight_qtype: quantise the targets' base weights (``"nf4"``, ``"int8"``...) for QLoRA.
+        unquantized_targets: targets that get LoRA but keep full-precision base weights.
+
+    Returns:
+        The LoRA ``nnx.Module`` (B starts at zero, so outputs equal the base model's).
+    """
+    def rule(chosen, qtype):
+        path = "|".join(re.escape(t.nnx_module) for t in chosen)
+        # Qwix divides alpha by the rank; pass the alpha that yields the requested scale.
+        return qwix.LoraRule(module_path=path, rank=rank, alpha=scale * rank, dropout=dropout,
+                             weight_qtype=qtype, tile_size=tile_size if qtype else None)
+
+    rules = [rule(targets, weight_qtype)] if targets else []
+    if unquantized_targets:
+        rules.append(rule(list(unquantized_targets), None))
+    provider = ModeAwareLoraProvider(rules)
+    with lora_mode(EVAL):
+        return qwix.apply_lora_to_model(module, provider, **module.get_model_input(), rngs=nnx.Rngs(seed))
+
+
+def set_dropout_rng(module: nnx.Module, key: jax.Array) -> None:
+    """Gives every LoRA module the ``dropout`` RNG Qwix needs in training mode."""
+    module.set_attributes(qwix_rngs=nnx.Rngs(dropout=key), raise_if_not_found=False)
+
+
+def lora_factors(module: nnx.Module) -> dict[str, tuple[str, jax.Array, jax.Array]]:
+    """``{dotted module path: (weight attribute, A, B)}`` for every LoRA pair in ``module``."""
+    pairs = {}
+    for path, child in nnx.iter_modules(module):
+        for name, value in vars(child).items():
+            if name.endswith("_lora_a") and isinstance(value, nnx.LoRAParam):
+                weight = name.removesuffix("_lora_a")
+                pairs[".".join(str(p) for p in path)] = (weight, value.get_value(),
+                                                         getattr(child, weight + "_lora_b").get_value())
+    return pairs
+
+
+def _hf_factors(a: np.ndarray, b: np.ndarray, stack: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """NNX factors ``a (contract..., r)``, ``b (r, remain...)`` as PEFT's ``A (r, in)``, ``B (out, r)``."""
+    rank = a.shape[-1]
+    if stack is not None:
+        b = b[:, stack[0]]
+    return a.reshape(-1, rank).T, b.reshape(rank, -1).T
+
+
+def peft_state(family: Family, module: nnx.Module, prefix: str = "base_model.model.") -> Iterator[tuple[str, np.ndarray]]:
+    """Yields ``(PEFT key, array)`` pairs: ``base_model.model.<hf module>.lora_A.weight`` and ``.lora_B.weight``."""
+    for module_path, (weight, a, b) in lora_factors(module).items():
+        a, b = np.asarray(jax.device_get(a)), np.asarray(jax.device_get(b))
+        for hf_name, rule in family.nnx_to_hf(f"{module_path}.{weight}"):
+            hf_module = hf_name.removesuffix(".weight")
+            lora_a, lora_b = _hf_factors(a, b, rule.stack)
+            yield f"{prefix}{hf_module}.lora_A.weight", np.ascontiguousarray(lora_a)
+            yield f"{prefix}{hf_module}.lora_B.weight", np.ascontiguousarray(lora_b)
+
+
+_PEFT_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<factor>[AB])(?:\.[^.]+)?\.weight$")
+
+
+def load_peft_state(family: Family, module: nnx.Module, tensors: dict[str, np.ndarray], source: str) -> list[str]:
+    """Sets the LoRA factors from PEFT-layout tensors; returns the PEFT keys that matched no module.
+
+    Raises:
+        ValueError: a factor's shape disagrees (names the key, both shapes, the likely cause), or
+            a module stacked in Tunix (Gemma's ``kv_einsum``) got different ``lora_A`` for its parts.
+    """
+    by_module: dict[str, dict[str, np.ndarray]] = {}
+    unused = []
+    for key, value in tensors.items():
+        match = _PEFT_KEY.match(key)
+        if not match:
+            unused.append(key)
+            continue
+        by_module.setdefault(match["module"], {})[match["factor"]] = (key, np.asarray(value))
+    targets: dict[str, nnx.Module] = {".".join(str(p) for p in path): child for path, child in nnx.iter_modules(module)}
+    for module_path, (weight, a, b) in lora_factors(module).items():
+        child = targets[module_path]
+        new_a, new_b = np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)
+        seen_a = None
+        for hf_name, rule in family.nnx_to_hf(f"{module_path}.{weight}"):
+            factors = by_module.pop(hf_name.removesuffix(".weight"), None)
+            if factors is None or set(factors) != {"A", "B"}:
+                raise ValueError(f"{source}: no lora_A/lora_B pair for {hf_name.removesuffix('.weight')}; the adapter "
+                                 "was trained with other target_modules.")
+            (key_a, lora_a), (key_b, lora_b) = factors["A"], factors["B"]
+            rank = a.shape[-1]
+            expected_a, expected_b = _hf_factors(np.zeros(a.shape), np.zeros(b.shape), rule.stack)
+            for key, got, want in ((key_a, lora_a, expected_a), (key_b, lora_b, expected_b)):
+                if got.shape != want.shape:
+                    raise ValueError(f"{source}: {key} has shape {got.shape}, the model expects {want.shape} "
+                                     f"(LoRA rank {got.shape[0] if key == key_a else got.shape[-1]} in the adapter, "
+                                     f"{rank} in the model?).")
+            if seen_a is not None and not np.array_equal(seen_a, lora_a):
+                raise ValueError(f"{source}: {key_a} differs from the lora_A of the other projection that Tunix fuses "
+                                 f"into {module_path}; such adapters cannot be loaded into the fused module.")
+            seen_a = lora_a
+            new_a = lora_a.T.reshape(a.shape)
+            part = lora_b.T.reshape((rank, *(b.shape[2:] if rule.stack else b.shape[1:])))
+            if rule.stack:
+                new_b[:, rule.stack[0]] = part
+            else:
+                new_b = part
+        getattr(child, weight + "_lora_a").set_value(jax.device_put(new_a.astype(a.dtype), a.sharding))
+        getattr(child, weight + "_lora_b").set_value(jax.device_put(new_b.astype(b.dtype), b.sharding))
+    unused.extend(key for factors in by_module.values() for key, _ in factors.values())
+    return unused
+
+
+def merged_weights(family: Family, module: nnx.Module, scale: float) -> dict[str, jax.Array]:
+    """``{dotted weight path: W + scale * B @ A}`` for every LoRA pair; the delta is computed in
+    float32 and cast once to the weight's dtype, in the weight's sharding."""
+    merged = {}
+    children = {".".join(str(p) for p in path): child for path, child in nnx.iter_modules(module)}
+    for module_path, (weight_name, a, b) in lora_factors(module).items():
+        weight = getattr(children[module_path], weight_name)
+        weight_value = weight.get_value()
+        if not isinstance(weight_value, jax.Array):
+            raise ValueError(f"{module_path}.{weight_name} is quantised (QLoRA); merging into quantised weights is "
+                             "not supported. Load the base model in full precision, load the adapter, then merge.")
+        a32, b32 = np.asarray(jax.device_get(a), np.float32), np.asarray(jax.device_get(b), np.float32)
+        total = np.array(jax.device_get(weight_value), np.float32)
+        for _hf_name, rule in family.nnx_to_hf(f"{module_path}.{weight_name}"):
+            lora_a, lora_b = _hf_factors(a32, b32, rule.stack)
+            delta = rule.layout.to_nnx((lora_b @ lora_a) * np.float32(scale),
+                                       total.shape[1:] if rule.stack else total.shape)
+            if rule.stack:
+                total[rule.stack[0]] += delta
+            else:
+                total += delta
+        merged[f"{module_path}.{weight_name}"] = jax.device_put(total.astype(weight_value.dtype),
+                                                                weight_value.sharding)
+    return merged

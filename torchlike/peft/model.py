@@ -1,0 +1,208 @@
+"""``get_peft_model`` and ``PeftModel``: a LoRA-adapted :class:`~torchlike.CausalLM`, saved and loaded in PEFT's format."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..adapters import hf_checkpoint, qwix_lora
+from ..adapters.safetensors_io import SafetensorsReader, write_safetensors
+from ..modeling import CausalLM
+from .config import ADAPTER_WEIGHTS_NAME, LoraConfig
+
+__all__ = ["PeftModel", "get_peft_model"]
+
+
+class PeftModel(CausalLM):
+    """A :class:`~torchlike.CausalLM` with a LoRA adapter (Qwix factors on the Tunix module).
+
+    Behaves like ``peft.PeftModel``: forward passes include the adapter (without dropout
+    outside training steps), ``save_pretrained`` writes ``adapter_config.json`` and
+    ``adapter_model.safetensors`` that ``peft`` and vLLM ``--lora-modules`` load, and
+    :meth:`merge_and_unload` folds the adapter into the weights.
+
+    Attributes:
+        base_model: the :class:`~torchlike.CausalLM` the adapter was added to (its arrays are shared).
+        peft_config: ``{"default": LoraConfig}``.
+        is_trainable: whether training updates the adapter (``False`` after
+            ``from_pretrained(..., is_trainable=False)``).
+    """
+
+    def __init__(self, base_model: CausalLM, module, peft_config: LoraConfig, adapter_name: str = "default",
+                 is_trainable: bool = True):
+        super().__init__(module, base_model.config, base_model.family, base_model.generation_config,
+                         base_model.mesh, base_model.name_or_path)
+        self.base_model = base_model
+        self.peft_config = {adapter_name: peft_config}
+        self.active_adapter = adapter_name
+        self.is_trainable = is_trainable
+
+    @property
+    def active_peft_config(self) -> LoraConfig:
+        return self.peft_config[self.active_adapter]
+
+    def get_base_model(self) -> CausalLM:
+        """The model without the adapter (shares the base arrays)."""
+        return self.base_model
+
+    @contextlib.contextmanager
+    def disable_adapter(self) -> Iterator[None]:
+        """Within the block, forward passes use the base weights only (as ``peft``'s context manager)."""
+        previous, self._lora_mode = self._lora_mode, qwix_lora.DISABLED
+        try:
+            yield
+        finally:
+            self._lora_mode = previous
+
+    def get_nb_trainable_parameters(self) -> tuple[int, int]:
+        """``(trainable parameters, all parameters)`` counting the adapter as trainable."""
+        total = trainable = 0
+        for name, array in self.named_parameters():
+            size = int(np.prod(array.shape))
+            total += size
+            if "_lora_" in name and self.is_trainable:
+                trainable += size
+        return trainable, total
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        if only_trainable:
+            return self.get_nb_trainable_parameters()[0]
+        return super().num_parameters(exclude_embeddings=exclude_embeddings)
+
+    def print_trainable_parameters(self) -> None:
+        """Prints ``trainable params: N || all params: M || trainable%: P`` as ``peft`` does."""
+        trainable, total = self.get_nb_trainable_parameters()
+        print(f"trainable params: {trainable:,d} || all params: {total:,d} || trainable%: {100 * trainable / total:.4f}")
+
+    def merge_and_unload(self) -> CausalLM:
+        """A plain :class:`~torchlike.CausalLM` whose weights are ``W + scale * B @ A``.
+
+        The delta is computed in float32 and cast once to the weight dtype; the result keeps
+        the weights' sharding and shares every untouched array with the base model.
+        """
+        from flax import nnx
+
+        merged = qwix_lora.merged_weights(self.family, self.module, self.active_peft_config.scale)
+        graphdef, state = nnx.split(self.base_model.module)
+        flat = dict(nnx.to_flat_state(state))
+        for path, variable in flat.items():
+            name = ".".join(str(part) for part in path)
+            if name in merged:
+                flat[path] = variable.replace(merged[name])
+        module = nnx.merge(graphdef, nnx.from_flat_state(flat))
+        return CausalLM(module, self.config, self.family, self.generation_config, self.mesh, self.name_or_path)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, safe_serialization: bool = True,
+                        is_main_process: bool = True, **kwargs: Any) -> None:
+        """Writes the adapter in PEFT's layout: ``adapter_config.json`` and ``adapter_model.safetensors``
+        with keys ``base_model.model.<module>.lora_A.weight`` ``(r, in)`` and ``.lora_B.weight`` ``(out, r)``.
+
+        Args:
+            save_directory: output directory (created if missing), written atomically.
+            safe_serialization: must be ``True`` (safetensors only).
+            is_main_process: only the main process writes.
+        """
+        if not safe_serialization:
+            raise ValueError("safe_serialization=False is not supported: adapters are written as safetensors.")
+        unknown = sorted(set(kwargs) - {"selected_adapters", "save_embedding_layers", "tokenizer"})
+        if unknown:
+            raise TypeError(f"PeftModel.save_pretrained got unexpected arguments {unknown}.")
+        hf_checkpoint.check_output_dir(save_directory)
+        if not is_main_process:
+            return
+        config = self.active_peft_config
+        if config.base_model_name_or_path is None and self.name_or_path:
+            config.base_model_name_or_path = self.name_or_path
+        tensors = list(qwix_lora.peft_state(self.family, self.module))
+
+        def fill(folder: Path) -> None:
+            write_safetensors(folder / ADAPTER_WEIGHTS_NAME, [(k, v.dtype, v.shape) for k, v in tensors],
+                              iter(tensors), {"format": "pt"})
+            config.save_pretrained(folder)
+            if kwargs.get("tokenizer") is not None:
+                kwargs["tokenizer"].save_pretrained(folder)
+
+        hf_checkpoint.write_directory(save_directory, fill)
+
+    @classmethod
+    def from_pretrained(cls, model: CausalLM, model_id: str | os.PathLike, adapter_name: str = "default",
+                        is_trainable: bool = False, config: LoraConfig | None = None, **kwargs: Any) -> PeftModel:
+        """Adds a saved adapter (PEFT's or torchlike's ``adapter_config.json`` + ``adapter_model.safetensors``)
+        to ``model``.
+
+        Args:
+            model: the base :class:`~torchlike.CausalLM`.
+            model_id: adapter directory or hub id.
+            is_trainable: ``False`` (default, as in ``peft``) marks the adapter frozen.
+            config: overrides the saved ``adapter_config.json``.
+
+        Returns:
+            The :class:`PeftModel`.
+        """
+        from ..adapters.hf_hub import resolve_model_dir
+
+        directory = resolve_model_dir(model_id, revision=kwargs.get("revision"), token=kwargs.get("token"))
+        config = config or LoraConfig.from_pretrained(directory)
+        config.inference_mode = not is_trainable
+        peft_model = get_peft_model(model, config, adapter_name=adapter_name)
+        peft_model.is_trainable = is_trainable
+        weights = directory / ADAPTER_WEIGHTS_NAME
+        if not weights.is_file():
+            raise FileNotFoundError(f"{weights} not found: an adapter directory needs {ADAPTER_WEIGHTS_NAME}.")
+        with SafetensorsReader(weights) as reader:
+            tensors = {name: np.array(reader.get(name)) for name in reader.keys()}
+        unused = qwix_lora.load_peft_state(model.family, peft_model.module, tensors, str(weights))
+        if unused:
+            warnings.warn(f"{weights}: entries not used by the adapter: {unused[:8]}", stacklevel=2)
+        return peft_model
+
+
+def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str = "default", **kwargs: Any) -> PeftModel:
+    """Adds a fresh LoRA adapter to ``model`` (``peft.get_peft_model``).
+
+    ``target_modules`` are translated through the family table to the Tunix module paths.
+    With ``peft_config.quantize_base`` (or a model loaded with ``quantization_config``), the
+    adapted modules' base weights are quantised by Qwix (QLoRA).
+
+    Args:
+        model: a :class:`~torchlike.CausalLM`.
+        peft_config: a :class:`LoraConfig`.
+        adapter_name: the adapter's name (one adapter per model).
+
+    Returns:
+        A :class:`PeftModel` whose outputs equal ``model``'s until the adapter is trained.
+    """
+    if isinstance(model, PeftModel):
+        raise ValueError("the model already has a LoRA adapter; call merge_and_unload() first or use the base model.")
+    if not isinstance(peft_config, LoraConfig):
+        raise TypeError(f"peft_config must be torchlike.peft.LoraConfig, got {type(peft_config).__name__}.")
+    unsupported = sorted(k for k, v in kwargs.items() if v not in (None, False, True))
+    if unsupported:
+        raise TypeError(f"get_peft_model got unsupported arguments {unsupported}.")
+    targets = qwix_lora.select_targets(model.family, model.module, peft_config.target_modules)
+    quantization = peft_config.quantize_base or getattr(model, "quantization", None)
+    plain: list[qwix_lora.LoraTarget] = []
+    if quantization:
+        peft_config.quantize_base = quantization
+        excluded = set(model.family.quantization_excluded)
+        plain = [t for t in targets if any(m.rsplit(".", 1)[-1] in excluded for m in t.hf_modules)]
+        targets = [t for t in targets if t not in plain]
+        if plain:
+            warnings.warn(
+                f"QLoRA: the {model.family.name} attention projections keep full-precision base weights "
+                f"({sorted({m.rsplit('.', 1)[-1] for t in plain for m in t.hf_modules})}): Qwix 0.1.8 cannot "
+                "quantise the Tunix attention einsum for this family. Their LoRA adapters are applied as usual.",
+                stacklevel=2,
+            )
+    context = model.mesh if model.mesh is not None else contextlib.nullcontext()
+    with context:
+        module = qwix_lora.apply_lora(model.module, targets, rank=peft_config.r, scale=peft_config.scale,
+                                      dropout=float(peft_config.lora_dropout), weight_qtype=quantization,
+                                      tile_size=peft_config.quantization_tile_size, unquantized_targets=plain)
+    return PeftModel(model, module, peft_config, adapter_name=adapter_name, is_trainable=not peft_config.inference_mode)
