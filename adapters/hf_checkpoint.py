@@ -103,7 +103,7 @@ def iter_torch_state_dict(state_dict) -> Iterator[tuple[str, np.ndarray]]:
 def iter_checkpoint_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray, Path]]:
     """Streams ``(name, array, file)`` from each file, one tensor at a time.
 
-    Safetensors arrays are read-only views of a memory map; ``.bin`` files are loaded with
+    Safetensors tensors are read one at a time into fresh arrays; ``.bin`` files are loaded with
     ``torch.load(weights_only=True, mmap=True)``, never with pickle's full power.
     """
     for path in files:

@@ -1,6 +1,6 @@
 """Read and write safetensors files tensor by tensor, with errors that name the file and the fix.
 
-The reader memory-maps the file and validates the header (offsets, sizes, dtypes) so a
+The reader validates the header (offsets, sizes, dtypes) so a
 truncated or corrupted file is reported before any tensor is used. The writer streams
 one tensor at a time so exporting never holds a second copy of the model on the host.
 Format: https://github.com/huggingface/safetensors (8-byte little-endian header size,
@@ -10,7 +10,6 @@ JSON header, then the raw little-endian tensor bytes).
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 from collections.abc import Iterable, Iterator
@@ -102,26 +101,29 @@ class SafetensorsReader:
                     f"{data_start + begin}..{data_start + end} but the file has {size} bytes. {fix}"
                 )
             self.tensors[name] = TensorInfo(name, dtype, shape, data_start + begin, data_start + end)
-        self._mmap = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size > data_start else None
 
     def keys(self) -> list[str]:
         return list(self.tensors)
 
     def get(self, name: str) -> np.ndarray:
-        """Returns the tensor as a read-only numpy view of the mapped file (no copy)."""
+        """Reads one tensor into a new array.
+
+        A plain read (rather than a memory map) keeps the file's pages out of this process's
+        resident set, so streaming a checkpoint costs one tensor of memory beyond the model.
+        """
         info = self.tensors[name]
-        if info.start == info.end:
-            return np.zeros(info.shape, info.dtype)
-        count = (info.end - info.start) // info.dtype.itemsize
-        return np.frombuffer(self._mmap, dtype=info.dtype, count=count, offset=info.start).reshape(info.shape)
+        array = np.empty(info.shape, info.dtype)
+        view = memoryview(array.reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(view):
+            read = os.preadv(self._file.fileno(), [view[done:]], info.start + done)
+            if read == 0:
+                raise CheckpointFileError(f"{self.path} ended while reading tensor {name!r}; the file is truncated. "
+                                          "Download or save it again.")
+            done += read
+        return array
 
     def close(self) -> None:
-        mapped = getattr(self, "_mmap", None)
-        if mapped is not None:
-            try:
-                mapped.close()
-            except BufferError:
-                pass  # numpy views still point into the map; it is released when they are.
         self._file.close()
 
     def __enter__(self) -> SafetensorsReader:

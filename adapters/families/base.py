@@ -22,7 +22,12 @@ class UnsupportedConfigError(ValueError):
 
 
 class Layout:
-    """How an HF tensor's axes map to the NNX parameter's axes (and back)."""
+    """How an HF tensor's axes map to the NNX parameter's axes (and back).
+
+    The transforms use only ``.T``/``reshape``/``transpose``, so they run on numpy or, jitted, on device.
+    """
+
+    moves_axes = True
 
     def to_nnx(self, hf: np.ndarray, nnx_shape: tuple[int, ...]) -> np.ndarray:
         raise NotImplementedError
@@ -36,6 +41,8 @@ class Layout:
 
 class AsIs(Layout):
     """Same shape on both sides (norms, embeddings, flat biases)."""
+
+    moves_axes = False
 
     def to_nnx(self, hf, nnx_shape):
         return hf

@@ -1,0 +1,670 @@
+"""Store dicts of arrays with Orbax: atomic overwrite, recovery from interrupted saves, lazy partial restore.
+
+On-disk layout of a checkpoint directory ``PATH``::
+
+    PATH/
+        arrays/          an Orbax PyTree checkpoint (OCDBT) of a *flat* dict
+                         {"leaf_000000": array, "leaf_000001": array, ...}; absent when
+                         there are no arrays
+        manifest.json    written last, atomically: the commit marker. It holds the format
+                         tag, the user metadata, the original tree (keys with their types,
+                         lists, tuples, Python scalars inline) and, per leaf, its key path,
+                         shape and dtype.
+
+Orbax joins nested key paths with ``"."``, so a flat key ``"a.b"`` and a nested
+``{"a": {"b": ...}}`` would land on the same name; the opaque leaf names make that
+impossible and the manifest gives the original keys (``int`` or ``str``) back.
+
+Overwriting is atomic. ``save`` writes the new checkpoint into the sibling
+``PATH.torchlike-new-TOKEN``, then renames ``PATH`` to ``PATH.torchlike-old-TOKEN``, the new
+one to ``PATH``, and deletes the backup (its manifest first, so a half-deleted backup never
+looks complete). ``load`` accepts any state a crash can leave: when ``PATH`` is missing it
+finishes the swap from the complete sibling (the new one first, else the backup), and it
+drops a backup whose swap is known to have finished. A directory counts as complete only
+when its manifest is there. One writer per path at a time (concurrent readers are fine).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import secrets
+import shutil
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+import orbax.checkpoint as ocp
+
+from .safetensors_io import CheckpointFileError
+
+FORMAT = "torchlike-orbax-1"
+MANIFEST_NAME = "manifest.json"
+ARRAYS_DIR = "arrays"
+NEW_TAG = ".torchlike-new-"
+OLD_TAG = ".torchlike-old-"
+_LEAF_PREFIX = "leaf_"
+_FIX = "re-save it or restore it from a backup"
+
+# Called with a stage name at each step of ``save_tree`` (see ``SAVE_STAGES``). Only the
+# crash tests set it: they kill the process there to check that ``load`` recovers.
+_crash_test_hook: Callable[[str], None] | None = None
+SAVE_STAGES = ("orbax-written", "staged", "old-moved", "swapped", "backup-unmarked", "done")
+
+Key = str | int
+
+
+class CheckpointCorruptedError(CheckpointFileError):
+    """A torchlike checkpoint directory is damaged or is not a torchlike checkpoint (the message names it)."""
+
+
+def _stage(name: str) -> None:
+    if _crash_test_hook is not None:
+        _crash_test_hook(name)
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def _format_key_path(keys: tuple[Key, ...]) -> str:
+    return "".join(f"[{key!r}]" for key in keys) or "<top level>"
+
+
+def _torch_to_numpy(tensor: Any) -> np.ndarray:
+    import torch
+
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        # numpy has no bfloat16: reinterpret the bits as ml_dtypes.bfloat16 (no rounding).
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def _as_array(value: Any, keys: tuple[Key, ...]) -> jax.Array | np.ndarray | None:
+    """The value as something Orbax can write (jax.Array kept as is: sharded arrays stay sharded), else None."""
+    if isinstance(value, jax.Array):
+        array = value
+    elif isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+    elif type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
+        array = _torch_to_numpy(value)
+    else:
+        return None
+    dtype = np.dtype(array.dtype)
+    if dtype.kind in "OSUMm" or dtype.fields is not None:
+        raise TypeError(
+            f"Cannot save the array at {_format_key_path(keys)}: dtype {dtype} is not numeric. "
+            "Store numbers only (strings and objects belong in `metadata`)."
+        )
+    return array
+
+
+class _Encoder:
+    """Turns the user's tree into a JSON-able description plus a flat {leaf name: array} dict."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, jax.Array | np.ndarray] = {}
+        self.leaves: dict[str, dict[str, Any]] = {}
+
+    def items(self, mapping: Mapping, keys: tuple[Key, ...]) -> list[list[Any]]:
+        items = []
+        for key, value in mapping.items():
+            # bool is an int subclass, but JSON would give it back as true/false: refuse it.
+            if isinstance(key, bool) or not isinstance(key, (str, int)):
+                raise TypeError(
+                    f"Cannot save key {key!r} ({type(key).__name__}) at {_format_key_path(keys)}: "
+                    "keys must be str or int."
+                )
+            items.append([key, self.node(value, (*keys, key))])
+        return items
+
+    def node(self, value: Any, keys: tuple[Key, ...]) -> dict[str, Any]:
+        if isinstance(value, Mapping):
+            return {"type": "dict", "items": self.items(value, keys)}
+        if isinstance(value, (list, tuple)):
+            # Named tuples (optax states) are stored as plain tuples.
+            kind = "list" if isinstance(value, list) else "tuple"
+            return {"type": kind, "items": [self.node(item, (*keys, i)) for i, item in enumerate(value)]}
+        if value is None:
+            return {"type": "none"}
+        array = _as_array(value, keys)
+        if array is not None:
+            name = f"{_LEAF_PREFIX}{len(self.arrays):06d}"
+            self.arrays[name] = array
+            self.leaves[name] = {"path": list(keys), "shape": list(array.shape), "dtype": np.dtype(array.dtype).name}
+            return {"type": "array", "leaf": name}
+        if isinstance(value, (bool, int, float)):
+            # Python scalars live in the manifest itself: JSON keeps bool/int/float apart.
+            return {"type": "scalar", "value": value}
+        raise TypeError(
+            f"Cannot save the value at {_format_key_path(keys)}: expected a jax.Array, numpy array, torch "
+            f"tensor, Python int/float/bool, None, or a dict/list/tuple of those; got {type(value).__qualname__}."
+        )
+
+
+# ----------------------------------------------------------------------------- files and directories
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # some filesystems cannot open directories; the rename is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_json_atomically(path: Path, data: dict) -> None:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w") as file:
+        json.dump(data, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+    _fsync_dir(path.parent)
+
+
+def _read_manifest(directory: Path) -> dict:
+    """The parsed manifest of ``directory``.
+
+    Raises:
+        FileNotFoundError: there is no manifest (not a torchlike checkpoint, or not finished).
+        CheckpointCorruptedError: the manifest is unreadable or from an unknown format.
+    """
+    manifest_path = directory / MANIFEST_NAME
+    try:
+        text = manifest_path.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(manifest_path) from None
+    except OSError as error:
+        raise CheckpointCorruptedError(f"The checkpoint at {directory} is damaged: cannot read {MANIFEST_NAME} "
+                                       f"({error}); {_FIX}.") from None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as error:
+        manifest = f"invalid JSON ({error})"
+    missing = ["a JSON object"] if not isinstance(manifest, dict) else [
+        key for key in ("format", "arrays", "entries", "leaves", "metadata") if key not in manifest
+    ]
+    if missing:
+        found = manifest if isinstance(manifest, str) else f"missing {', '.join(missing)}"
+        raise CheckpointCorruptedError(
+            f"The checkpoint at {directory} is damaged: {MANIFEST_NAME} is not a valid torchlike manifest "
+            f"({found}); {_FIX}."
+        )
+    tag = manifest["format"]
+    if tag != FORMAT:
+        raise CheckpointCorruptedError(
+            f"The checkpoint at {directory} has format {tag!r}; this torchlike reads {FORMAT!r}. "
+            "Load it with the torchlike version that wrote it (see metadata['torchlike_version'] in "
+            f"{MANIFEST_NAME}) or upgrade torchlike."
+        )
+    return manifest
+
+
+def _complete_manifest(directory: Path) -> dict | None:
+    """The manifest when ``directory`` is a complete checkpoint, else None (never raises)."""
+    try:
+        return _read_manifest(directory)
+    except (FileNotFoundError, CheckpointCorruptedError):
+        return None
+
+
+def _siblings(path: Path) -> list[tuple[str, Path]]:
+    """Leftovers of saves to ``path``: ("new" | "old", directory), in name order."""
+    found = []
+    try:
+        children = sorted(path.parent.iterdir())
+    except FileNotFoundError:
+        return []
+    for child in children:
+        for kind, tag in (("new", NEW_TAG), ("old", OLD_TAG)):
+            if child.name.startswith(path.name + tag):
+                found.append((kind, child))
+    return found
+
+
+def _discard(directory: Path, stage: str | None = None) -> None:
+    """Deletes a checkpoint directory, its manifest first so that a half-deleted one is never complete."""
+    try:
+        (directory / MANIFEST_NAME).unlink(missing_ok=True)
+    except OSError:
+        pass
+    if stage is not None:
+        _stage(stage)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _check_single_process() -> None:
+    if jax.process_count() > 1:
+        raise NotImplementedError(
+            f"torchlike.save/load run on one process; this job has {jax.process_count()} JAX processes. "
+            "The atomic swap needs a barrier between hosts that is not implemented yet: use "
+            "orbax.checkpoint.CheckpointManager for multi-host jobs."
+        )
+
+
+def _check_replaceable(path: Path) -> None:
+    if not os.path.lexists(path):
+        return
+    if not path.is_dir():
+        raise FileExistsError(
+            f"{path} exists and is not a directory; torchlike checkpoints are directories. "
+            "Choose another path, or delete the file first if it is no longer needed."
+        )
+    if (path / MANIFEST_NAME).exists() or not any(path.iterdir()):
+        return  # a torchlike checkpoint (even a damaged one) or an empty directory
+    raise FileExistsError(
+        f"{path} exists and is not a torchlike checkpoint (no {MANIFEST_NAME}); refusing to replace it. "
+        "Choose another path, or delete the directory first if it is no longer needed."
+    )
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any] | None = None) -> Path:
+    """Saves a dict of arrays (flat or nested) to ``path``, replacing any checkpoint there atomically.
+
+    Args:
+        tree: a flat state dict (``{"layers.0.attn.q_proj.w": array}``) or nested dicts/lists/tuples
+            of arrays (``jax.Array``, possibly sharded; numpy, incl. bfloat16; torch tensors) and
+            Python ``int``/``float``/``bool``/``None``. Keys are ``str`` or ``int``.
+        path: the checkpoint directory. Its parent is created if needed.
+        metadata: JSON-serialisable dict stored with the checkpoint (tuples come back as lists).
+
+    Returns:
+        The absolute path of the checkpoint.
+
+    Raises:
+        TypeError: ``tree`` is not a mapping, or a key or leaf has an unsupported type (the
+            message names its key path), or ``metadata`` is not JSON-serialisable.
+        FileExistsError: ``path`` is a file or a non-empty directory that is not a torchlike checkpoint.
+    """
+    _check_single_process()
+    if not isinstance(tree, Mapping):
+        raise TypeError(f"Expected a dict-like object (e.g. model.state_dict()), got {type(tree).__qualname__}.")
+    path = Path(os.path.abspath(os.fspath(path)))
+    _check_replaceable(path)
+    encoder = _Encoder()
+    entries = encoder.items(tree, ())
+    flat = all(node["type"] in ("array", "scalar", "none") for _, node in entries)
+    token = secrets.token_hex(8)
+    manifest = {
+        "format": FORMAT,
+        "token": token,
+        "created_ns": time.time_ns(),
+        "flat": flat,
+        "arrays": ARRAYS_DIR if encoder.arrays else None,
+        "metadata": dict(metadata or {}),
+        "entries": entries,
+        "leaves": encoder.leaves,
+    }
+    try:
+        json.dumps(manifest["metadata"])
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"metadata must be JSON-serialisable (str keys; str/int/float/bool/None/list/dict "
+                        f"values): {error}") from None
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + NEW_TAG + token)
+    staging.mkdir()
+    try:
+        if encoder.arrays:
+            with ocp.PyTreeCheckpointer() as checkpointer:
+                # Synchronous: returns once Orbax has written and committed arrays/.
+                checkpointer.save(staging / ARRAYS_DIR, args=ocp.args.PyTreeSave(item=encoder.arrays))
+        _stage("orbax-written")
+        _write_json_atomically(staging / MANIFEST_NAME, manifest)  # the commit marker
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _stage("staged")
+
+    backup = None
+    if os.path.lexists(path):
+        backup = path.with_name(path.name + OLD_TAG + token)
+        try:
+            os.rename(path, backup)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)  # the old checkpoint is untouched
+            raise
+        _stage("old-moved")
+    os.rename(staging, path)
+    _fsync_dir(path.parent)
+    _stage("swapped")
+    if backup is not None:
+        _discard(backup, stage="backup-unmarked")
+    # Leftovers of earlier interrupted saves are older than what was just written.
+    for _, leftover in _siblings(path):
+        _discard(leftover)
+    _stage("done")
+    return path
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def _describe_siblings(path: Path) -> str:
+    siblings = _siblings(path)
+    if not siblings:
+        return ""
+    described = ", ".join(
+        f"{directory.name} ({'complete' if _complete_manifest(directory) else 'incomplete'})"
+        for _, directory in siblings
+    )
+    return f" Leftovers of interrupted saves sit beside it: {described}."
+
+
+def _resolve(path: Path) -> tuple[Path, dict]:
+    """The directory to read for ``path`` and its manifest, finishing an interrupted swap if needed."""
+    try:
+        manifest = _read_manifest(path)
+    except FileNotFoundError:
+        manifest = None
+        damage = None
+    except CheckpointCorruptedError as error:
+        manifest = None
+        damage = error
+    if manifest is not None:
+        _check_array_data(path, manifest)
+        # The swap of this save finished; only the deletion of its backup may be missing.
+        backup = path.with_name(path.name + OLD_TAG + str(manifest.get("token")))
+        if backup.is_dir():
+            _discard(backup)
+        return path, manifest
+
+    candidates = []
+    for kind, directory in _siblings(path):
+        sibling_manifest = _complete_manifest(directory)
+        if sibling_manifest is not None:
+            # A finished new checkpoint beats a backup; among equals, the newest wins.
+            candidates.append((kind == "new", sibling_manifest.get("created_ns", 0), directory, sibling_manifest))
+    candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
+
+    if os.path.lexists(path):
+        if not candidates:
+            if damage is not None:
+                raise damage
+            if not path.is_dir():
+                raise CheckpointCorruptedError(f"{path} is a file, not a torchlike checkpoint directory. "
+                                               "Load .pt files with torch.load and HF folders with from_pretrained.")
+            raise CheckpointCorruptedError(
+                f"{path} is not a torchlike checkpoint: it has no {MANIFEST_NAME} (an unfinished copy, a raw "
+                "Orbax checkpoint or another kind of folder?). Point load() at a directory written by "
+                f"torchlike.save, or {_FIX}.{_describe_siblings(path)}"
+            )
+        # Our swap never leaves PATH incomplete, so someone damaged it: read the sibling, touch nothing.
+        _, _, directory, sibling_manifest = candidates[0]
+        warnings.warn(f"{path} is not a complete checkpoint; reading the complete copy {directory} instead "
+                      "(nothing was moved or deleted).", stacklevel=3)
+        return directory, sibling_manifest
+
+    if not candidates:
+        raise FileNotFoundError(f"No torchlike checkpoint at {path}.{_describe_siblings(path)}")
+    _, _, directory, sibling_manifest = candidates[0]
+    try:
+        os.rename(directory, path)  # finish the interrupted swap
+        _fsync_dir(path.parent)
+    except OSError:
+        # Read-only filesystem, or another reader finished the swap first.
+        winner = _complete_manifest(path)
+        if winner is not None:
+            return _resolve(path)
+        return directory, sibling_manifest
+    return _resolve(path)
+
+
+def _check_array_data(directory: Path, manifest: dict) -> None:
+    """Cheap structural check (no array is read): the Orbax folder the manifest names is there."""
+    if manifest["arrays"] is None:
+        return
+    arrays = directory / manifest["arrays"]
+    if not (arrays / "_METADATA").is_file():
+        raise CheckpointCorruptedError(
+            f"The checkpoint at {directory} is damaged: its array data {arrays} is missing or incomplete "
+            f"(no _METADATA file) while {MANIFEST_NAME} lists {len(manifest['leaves'])} arrays; "
+            f"{_FIX}.{_describe_siblings(directory)}"
+        )
+
+
+def open_checkpoint(path: str | os.PathLike) -> LazyCheckpoint:
+    """Opens a checkpoint written by ``save_tree`` reading only its manifest.
+
+    Args:
+        path: the checkpoint directory given to ``save_tree``.
+
+    Returns:
+        A ``LazyCheckpoint``; arrays are read when asked for.
+
+    Raises:
+        FileNotFoundError: nothing complete at ``path`` or beside it (the message lists leftovers).
+        CheckpointCorruptedError: the directory is damaged or is not a torchlike checkpoint.
+    """
+    _check_single_process()
+    path = Path(os.path.abspath(os.fspath(path)))
+    directory, manifest = _resolve(path)
+    _check_array_data(directory, manifest)
+    return LazyCheckpoint(directory, manifest)
+
+
+def _as_numpy_dtype(dtype: Any) -> np.dtype:
+    if type(dtype).__module__ == "torch":
+        return np.dtype(str(dtype).removeprefix("torch."))
+    return np.dtype(dtype)
+
+
+class LazyCheckpoint(Mapping):
+    """A saved checkpoint, read on demand: a read-only mapping over the original top-level keys.
+
+    ``ckpt[key]`` reads that entry (numpy arrays, or the nested structure); ``restore`` reads
+    chosen keys straight into device shardings; ``to_dict`` reads everything. Opening reads only
+    ``manifest.json``. If the checkpoint is overwritten after opening, reads raise
+    ``RuntimeError`` instead of mixing two saves.
+
+    Attributes:
+        path: the directory being read.
+        metadata: the metadata dict given to ``save`` plus ``torchlike_version`` and ``format``.
+        flat: True when every top-level value is an array or scalar (a state dict).
+    """
+
+    def __init__(self, directory: Path, manifest: dict):
+        self.path = directory
+        self._manifest = manifest
+        self.flat: bool = manifest["flat"]
+        self._entries: dict[Key, dict] = {key: node for key, node in manifest["entries"]}
+        self._leaves: dict[str, dict] = manifest["leaves"]
+        self._stamp = self._manifest_stamp()
+
+    # -- Mapping
+
+    def __getitem__(self, key: Key) -> Any:
+        node = self._entries[key]
+        return self._build(node, self._read_numpy(self._leaf_names(node)))
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries  # Mapping's default would read the entry
+
+    def __repr__(self) -> str:
+        return f"LazyCheckpoint({str(self.path)!r}, {len(self)} entries, {len(self._leaves)} arrays)"
+
+    # -- metadata without reading arrays
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return copy.deepcopy(self._manifest["metadata"])
+
+    def shape_dtype(self, key: Key) -> tuple[tuple[int, ...], np.dtype]:
+        """Shape and dtype of an array entry, from the manifest (no data is read).
+
+        Args:
+            key: a top-level key whose value is an array.
+
+        Returns:
+            ``(shape, numpy dtype)``.
+
+        Raises:
+            KeyError: no such key. TypeError: the entry is not an array.
+        """
+        node = self._entries[key]
+        if node["type"] != "array":
+            raise TypeError(
+                f"Entry {key!r} of {self.path} is a {node['type']}, not an array; read it with ckpt[{key!r}]."
+            )
+        leaf = self._leaves[node["leaf"]]
+        return tuple(leaf["shape"]), np.dtype(leaf["dtype"])
+
+    # -- reading
+
+    def to_dict(self) -> dict[Key, Any]:
+        """Reads every entry (one Orbax call) and returns the original structure with numpy arrays."""
+        arrays = self._read_numpy(list(self._leaves))
+        return {key: self._build(node, arrays) for key, node in self._entries.items()}
+
+    def restore(
+        self,
+        targets: Mapping[Key, Any],
+        dtypes: Mapping[Key, Any] | None = None,
+    ) -> dict[Key, Any]:
+        """Reads only the given keys, each straight into its sharding (no other array is read).
+
+        Args:
+            targets: ``{key: where}`` with ``where`` a ``jax.sharding.Sharding``, ``None`` (the
+                first device), or a ``jax.Array``/``jax.ShapeDtypeStruct`` whose sharding (and dtype,
+                unless ``dtypes`` names one) is used and whose shape must match. For a nested entry
+                the sharding applies to each of its arrays.
+            dtypes: optional ``{key: dtype}`` to cast to while reading.
+
+        Returns:
+            ``{key: jax.Array}`` in the order of ``targets`` (nested entries keep their
+            structure; Python scalars come back as they were saved).
+
+        Raises:
+            KeyError: a key is not in the checkpoint. ValueError: a shape or sharding does not fit.
+            CheckpointCorruptedError: the data cannot be read.
+        """
+        if not isinstance(targets, Mapping):
+            raise TypeError(f"targets must be a mapping {{key: Sharding | None}}, got {type(targets).__qualname__}; "
+                            "for the default device use {key: None for key in keys}.")
+        dtypes = dict(dtypes or {})
+        unknown = [key for key in list(targets) + list(dtypes) if key not in self._entries]
+        if unknown:
+            sample = ", ".join(repr(k) for k in list(self._entries)[:5])
+            raise KeyError(f"{unknown[:5]} not in the checkpoint at {self.path} ({len(self)} keys, e.g. {sample}).")
+        args: dict[str, ocp.ArrayRestoreArgs] = {}
+        for key, where in targets.items():
+            node = self._entries[key]
+            dtype = dtypes.get(key)
+            if where is not None and not isinstance(where, jax.sharding.Sharding):
+                if not hasattr(where, "sharding") or not hasattr(where, "shape"):
+                    raise TypeError(f"restore target for {key!r} must be a jax.sharding.Sharding, None, or a "
+                                    f"jax.Array/ShapeDtypeStruct; got {type(where).__qualname__}.")
+                if node["type"] != "array":
+                    raise TypeError(f"Entry {key!r} is a {node['type']}: give a Sharding or None, not an array.")
+                stored = tuple(self._leaves[node["leaf"]]["shape"])
+                if tuple(where.shape) != stored:
+                    raise ValueError(f"Shape mismatch for {key!r}: the checkpoint at {self.path} has {stored}, "
+                                     f"the target has {tuple(where.shape)}.")
+                dtype = where.dtype if dtype is None else dtype
+                where = where.sharding
+            sharding = where if where is not None else jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            for name in self._leaf_names(node):
+                shape = tuple(self._leaves[name]["shape"])
+                check = getattr(sharding, "check_compatible_aval", None)
+                if check is not None:
+                    try:
+                        check(shape)
+                    except ValueError as error:
+                        raise ValueError(f"Cannot restore {key!r} (shape {shape}) into {sharding}: {error}") from None
+                args[name] = ocp.ArrayRestoreArgs(
+                    restore_type=jax.Array,
+                    sharding=sharding,
+                    dtype=None if dtype is None else _as_numpy_dtype(dtype),
+                    global_shape=shape,
+                )
+        arrays = self._read(args, cast=True)
+        return {key: self._build(self._entries[key], arrays) for key in targets}
+
+    # -- internals
+
+    def _manifest_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            stat = os.stat(self.path / MANIFEST_NAME)
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+    def _leaf_names(self, node: dict) -> list[str]:
+        if node["type"] == "array":
+            return [node["leaf"]]
+        if node["type"] == "dict":
+            return [name for _, child in node["items"] for name in self._leaf_names(child)]
+        if node["type"] in ("list", "tuple"):
+            return [name for child in node["items"] for name in self._leaf_names(child)]
+        return []
+
+    def _build(self, node: dict, arrays: Mapping[str, Any]) -> Any:
+        kind = node["type"]
+        if kind == "array":
+            return arrays[node["leaf"]]
+        if kind == "scalar":
+            return node["value"]
+        if kind == "none":
+            return None
+        if kind == "dict":
+            return {key: self._build(child, arrays) for key, child in node["items"]}
+        children = [self._build(child, arrays) for child in node["items"]]
+        return children if kind == "list" else tuple(children)
+
+    def _read_numpy(self, names: list[str]) -> dict[str, np.ndarray]:
+        return self._read({name: ocp.RestoreArgs(restore_type=np.ndarray) for name in names}, cast=False)
+
+    def _read(self, args: dict[str, ocp.RestoreArgs], cast: bool) -> dict[str, Any]:
+        if not args:
+            return {}
+        if self._manifest_stamp() != self._stamp:
+            raise RuntimeError(f"The checkpoint at {self.path} was replaced or removed after load(); "
+                               "call torchlike.load() again to read the current one.")
+        directory = self.path / self._manifest["arrays"]
+        request = ocp.args.PyTreeRestore(
+            item={name: 0 for name in args}, restore_args=dict(args), partial_restore=len(args) < len(self._leaves)
+        )
+        try:
+            with ocp.PyTreeCheckpointer() as checkpointer:
+                restored = checkpointer.restore(directory, args=request)
+        except Exception as error:  # Orbax/TensorStore raise many types for damaged data
+            keys = [_format_key_path(tuple(self._leaves[name]["path"])) for name in list(args)[:3]]
+            # TensorStore appends its whole JSON spec to the message: keep the part a person reads.
+            reason = str(error).split(" [tensorstore_spec=", 1)[0][:500]
+            raise CheckpointCorruptedError(
+                f"The checkpoint at {self.path} is damaged: reading {', '.join(keys)}"
+                f"{' ...' if len(args) > 3 else ''} from {directory} failed ({type(error).__name__}: "
+                f"{reason}); {_FIX}."
+            ) from error
+        for name in args:
+            leaf = self._leaves[name]
+            value = restored.get(name) if isinstance(restored, Mapping) else None
+            shape = None if value is None else tuple(value.shape)
+            if shape != tuple(leaf["shape"]) or (not cast and np.dtype(value.dtype) != np.dtype(leaf["dtype"])):
+                found = "nothing" if value is None else f"shape {shape}, dtype {value.dtype}"
+                raise CheckpointCorruptedError(
+                    f"The checkpoint at {self.path} is damaged: {_format_key_path(tuple(leaf['path']))} should be "
+                    f"shape {tuple(leaf['shape'])}, dtype {leaf['dtype']} but the array data has {found}; {_FIX}."
+                )
+        return restored
