@@ -85,7 +85,8 @@ def find_weight_files(model_dir: str | os.PathLike) -> list[Path]:
     )
 
 
-def _torch_to_numpy(tensor) -> np.ndarray:
+def torch_to_numpy(tensor) -> np.ndarray:
+    """A torch tensor as a numpy array (bfloat16 kept as ``ml_dtypes.bfloat16``)."""
     import torch
 
     tensor = tensor.detach().cpu().contiguous()
@@ -97,7 +98,7 @@ def _torch_to_numpy(tensor) -> np.ndarray:
 def iter_torch_state_dict(state_dict) -> Iterator[tuple[str, np.ndarray]]:
     """Yields ``(name, numpy array)`` from a torch state dict (bf16 kept as bf16)."""
     for name, tensor in state_dict.items():
-        yield name, _torch_to_numpy(tensor)
+        yield name, torch_to_numpy(tensor)
 
 
 def iter_checkpoint_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray, Path]]:

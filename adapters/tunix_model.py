@@ -166,6 +166,18 @@ def _to_hf_on_device(layout, stack_index: int | None):
     return jax.jit(to_hf)
 
 
+def place_hf_tensor(rule, array, part_shape: tuple[int, ...], dtype, sharding) -> jax.Array:
+    """One HF-layout tensor converted to its NNX layout and ``dtype``, placed in ``sharding``."""
+    if not rule.layout.moves_axes and array.dtype == np.dtype(dtype):
+        return jax.device_put(array, sharding)
+    return _to_nnx_on_device(rule.layout, tuple(part_shape), np.dtype(dtype), sharding)(jax.device_put(array))
+
+
+def stack_on_device(parts: list, sharding) -> jax.Array:
+    """Stacks NNX-layout parts on a new leading axis, in ``sharding`` (Gemma's fused k/v weight)."""
+    return _stack_on_device(sharding)(*parts)
+
+
 def _natural_key(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 

@@ -136,6 +136,59 @@ class CausalLM:
         for _, array in self.named_parameters():
             yield array
 
+    def state_dict(self):
+        """The parameters as a flat dict: ``{"layers.0.attn.q_proj.w": jax.Array, ...}``.
+
+        Keys are the NNX module paths joined by dots, every part a string; arrays are the
+        model's own (native layout, no copies). LoRA factors appear as ``..._lora_a``/``_lora_b``.
+        The dict's ``metadata`` (family, dtype, LoRA rank/alpha) is stored by :func:`torchlike.save`.
+
+        Returns:
+            :class:`torchlike.state_dict.StateDict` (a ``dict``).
+        """
+        from .state_dict import state_dict
+
+        return state_dict(self)
+
+    def load_state_dict(
+        self,
+        state_dict: Any,
+        strict: bool = True,
+        assign: bool = False,
+        key_map: dict[str, str] | None = None,
+        merge_lora: bool = False,
+        ignore_mismatched_sizes: bool = False,
+    ):
+        """Copies parameters from ``state_dict`` into this model, as ``torch.nn.Module.load_state_dict``.
+
+        The surgery is automatic: LoRA keys the checkpoint lacks are reported missing; LoRA keys the
+        model lacks are reported unexpected (or folded into the weights with ``merge_lora=True``);
+        int key parts, nested dicts and ``model.``/``base_model.model.`` prefixes are normalised;
+        Hugging Face names (a ``transformers`` torch ``state_dict()`` or a safetensors dict) are
+        translated through the family table; values are cast to the model's dtype and placed in
+        its sharding. A lazy :func:`torchlike.load` checkpoint restores only the keys used.
+
+        Args:
+            state_dict: a mapping of names to arrays (jax, numpy or torch) or :func:`torchlike.load`'s result.
+            strict: raise ``RuntimeError`` (torch's message layout) on missing or unexpected keys.
+            assign: keep the checkpoint's dtype instead of casting to the model's.
+            key_map: ``{regex: replacement}`` renames applied to checkpoint keys first.
+            merge_lora: fold LoRA factors the model lacks into their base weights, with the scale
+                stored in the checkpoint's metadata.
+            ignore_mismatched_sizes: skip shape mismatches (listed in ``mismatched_keys``) instead of raising.
+
+        Returns:
+            ``IncompatibleKeys(missing_keys, unexpected_keys)`` with an extra ``mismatched_keys`` attribute.
+
+        Raises:
+            RuntimeError: a shape mismatch (even with ``strict=False``, as torch), or with ``strict=True``
+                missing/unexpected keys.
+        """
+        from .state_dict import load_state_dict
+
+        return load_state_dict(self, state_dict, strict=strict, assign=assign, key_map=key_map,
+                               merge_lora=merge_lora, ignore_mismatched_sizes=ignore_mismatched_sizes)
+
     def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
         """Counts parameters.
 

@@ -130,6 +130,8 @@ class LoraConfig:
             raise FileNotFoundError(f"{path} not found: an adapter directory needs adapter_config.json "
                                     "(written by PeftModel.save_pretrained).")
         data = json.loads(path.read_text())
+        # Initialisation only matters for a new adapter; a loaded one takes the saved factors.
+        data["init_lora_weights"] = True
         known = {f.name for f in fields(cls)}
         peft_defaults_we_ignore = {"auto_mapping", "megatron_config", "megatron_core", "loftq_config",
                                    "use_qalora", "qalora_group_size", "layer_replication", "runtime_config",
