@@ -44,12 +44,30 @@ def check_load_on_mesh(checkpoint: Path) -> dict:
             "export_equal": bool(export_equal)}
 
 
+def check_restore_into_mesh_sharding(checkpoint: Path) -> dict:
+    """torchlike.save of a sharded model's state_dict, then load_state_dict into a freshly sharded model."""
+    mesh = torchlike.make_mesh((4, 2))
+    source = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=mesh)
+    target = torchlike.AutoModelForCausalLM.from_config(source.config, mesh=mesh, seed=1)
+    with tempfile.TemporaryDirectory() as folder:
+        torchlike.save(source.state_dict(), Path(folder) / "ckpt")
+        result = target.load_state_dict(torchlike.load(Path(folder) / "ckpt"))
+    restored, expected = target.state_dict(), source.state_dict()
+    return {
+        "all_matched": result.missing_keys == [] and result.unexpected_keys == [],
+        "same_sharding": all(restored[k].sharding == expected[k].sharding for k in expected),
+        "sharded_on_8": all(len(restored[k].sharding.device_set) == 8 for k in expected),
+        "values_equal": all(np.array_equal(np.asarray(restored[k]), np.asarray(expected[k])) for k in expected),
+    }
+
+
 def main() -> None:
     out_path, *cases = sys.argv[1:]
     results = {"device_count": jax.device_count()}
     for case in cases:
         name, directory = case.split("=", 1)
         results[name] = check_load_on_mesh(Path(directory))
+    results["restore"] = check_restore_into_mesh_sharding(Path(cases[0].split("=", 1)[1]))
     Path(out_path).write_text(json.dumps(results))
 
 

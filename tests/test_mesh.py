@@ -53,3 +53,8 @@ def test_parameters_are_sharded_over_fsdp_and_tp(mesh_results, case):
 @pytest.mark.parametrize("case", MESH_CASES)
 def test_export_from_sharded_parameters_is_bit_exact(mesh_results, case):
     assert mesh_results[case]["export_equal"]
+
+
+def test_load_state_dict_restores_straight_into_the_mesh_sharding(mesh_results):
+    assert mesh_results["restore"] == {"all_matched": True, "same_sharding": True, "sharded_on_8": True,
+                                       "values_equal": True}
