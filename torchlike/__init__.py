@@ -16,10 +16,14 @@ _EXPORTS = {
     "CausalLMOutput": "torchlike.modeling",
     "AutoTokenizer": "torchlike.tokenization",
     "make_mesh": "torchlike.modeling",
+    "save": "torchlike.serialization",
+    "load": "torchlike.serialization",
+    "LazyCheckpoint": "torchlike.serialization",
 }
 
 if TYPE_CHECKING:
     from .modeling import AutoModelForCausalLM, CausalLM, CausalLMOutput, make_mesh
+    from .serialization import LazyCheckpoint, load, save
     from .tokenization import AutoTokenizer
 
 
@@ -32,4 +36,14 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["AutoModelForCausalLM", "AutoTokenizer", "CausalLM", "CausalLMOutput", "__version__", "make_mesh"]
+__all__ = [
+    "AutoModelForCausalLM",
+    "AutoTokenizer",
+    "CausalLM",
+    "CausalLMOutput",
+    "LazyCheckpoint",
+    "__version__",
+    "load",
+    "make_mesh",
+    "save",
+]
