@@ -80,34 +80,26 @@ HIDDEN, INTERMEDIATE, VOCAB, HEADS, KV_HEADS, HEAD_DIM, LORA_RANK = 896, 4864, 1
 # --------------------------------------------------------------------------- the tree
 
 
-def qwen2_shapes(layers: int) -> dict[str, tuple[int, ...]]:
-    """NNX-style state dict names and shapes of a Qwen2-0.5B-like model with ``layers`` layers and LoRA on q/v."""
-    q_out, kv_out = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
-    shapes: dict[str, tuple[int, ...]] = {"embedder.input_embedding": (VOCAB, HIDDEN)}
-    for i in range(layers):
-        p = f"layers.{i}."
-        shapes.update({
-            p + "attn.q_proj.w": (HIDDEN, q_out), p + "attn.q_proj.b": (q_out,),
-            p + "attn.k_proj.w": (HIDDEN, kv_out), p + "attn.k_proj.b": (kv_out,),
-            p + "attn.v_proj.w": (HIDDEN, kv_out), p + "attn.v_proj.b": (kv_out,),
-            p + "attn.o_proj.w": (q_out, HIDDEN),
-            p + "mlp.gate_proj.w": (HIDDEN, INTERMEDIATE), p + "mlp.up_proj.w": (HIDDEN, INTERMEDIATE),
-            p + "mlp.down_proj.w": (INTERMEDIATE, HIDDEN),
-            p + "input_layernorm.scale": (HIDDEN,), p + "post_attention_layernorm.scale": (HIDDEN,),
-            p + "attn.q_proj.w_lora_a": (HIDDEN, LORA_RANK), p + "attn.q_proj.w_lora_b": (LORA_RANK, q_out),
-            p + "attn.v_proj.w_lora_a": (HIDDEN, LORA_RANK), p + "attn.v_proj.w_lora_b": (LORA_RANK, kv_out),
-        })
-    shapes["final_norm.scale"] = (HIDDEN,)
-    return shapes
+def make_model(layers: int, seed: int = 0):
+    """A real torchlike Qwen2-0.5B-shaped model (``layers`` layers, bf16, random weights) with LoRA on q/v."""
+    import transformers
+
+    from torchlike.peft import LoraConfig, get_peft_model
+
+    config = transformers.Qwen2Config(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, vocab_size=VOCAB,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                                      num_hidden_layers=layers, tie_word_embeddings=True)
+    base = torchlike.AutoModelForCausalLM.from_config(config, dtype="bfloat16", seed=seed)
+    return get_peft_model(base, LoraConfig(r=LORA_RANK, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
 
 
-def make_tree(layers: int, seed: int = 0) -> dict[str, jax.Array]:
-    rng = np.random.default_rng(seed)
-    device = jax.devices()[0]
-    return {
-        name: jax.device_put(rng.standard_normal(shape, dtype=np.float32).astype(ml_dtypes.bfloat16), device)
-        for name, shape in qwen2_shapes(layers).items()
-    }
+def make_tree(model) -> dict[str, jax.Array]:
+    """The model's state dict (the arrays themselves), with random LoRA B so nothing is all-zero."""
+    rng = np.random.default_rng(1)
+    tree = dict(model.state_dict())
+    for name in lora_keys(tree):
+        tree[name] = jax.device_put(rng.standard_normal(tree[name].shape, np.float32).astype(ml_dtypes.bfloat16))
+    return tree
 
 
 def lora_keys(tree: dict[str, Any]) -> list[str]:
@@ -326,7 +318,8 @@ def main(argv: list[str] | None = None, extra_phases: Callable[[Path], list[Phas
 
     work = Path(tempfile.mkdtemp(prefix="checkpoint_io_", dir=args.workdir))
     try:
-        tree = make_tree(args.layers)
+        model = make_model(args.layers)
+        tree = make_tree(model)
         nbytes = tree_bytes(tree)
         subset = lora_keys(tree)
         subset_bytes = sum(tree_bytes({k: tree[k]}) for k in subset)
@@ -334,6 +327,8 @@ def main(argv: list[str] | None = None, extra_phases: Callable[[Path], list[Phas
               f"({len(subset) / len(tree):.0%} of keys, {subset_bytes / nbytes:.2%} of bytes)", flush=True)
         warm_up(work)
         phases, torchlike_dir = build_phases(tree, work)
+        phases.append(load_state_dict_phase(
+            torchlike_dir, lambda ckpt: (model.load_state_dict(ckpt, strict=False), list(model.state_dict().values()))))
         if extra_phases is not None:
             phases += extra_phases(torchlike_dir)
         run(phases, args.repeats)
