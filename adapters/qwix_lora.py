@@ -179,7 +179,9 @@ def _hf_factors(a: np.ndarray, b: np.ndarray, stack: tuple[int, int] | None) -> 
     return a.reshape(-1, rank).T, b.reshape(rank, -1).T
 
 
-def peft_state(family: Family, module: nnx.Module, prefix: str = "base_model.model.") -> Iterator[tuple[str, np.ndarray]]:
+def peft_state(
+    family: Family, module: nnx.Module, prefix: str = "base_model.model."
+) -> Iterator[tuple[str, np.ndarray]]:
     """Yields ``(PEFT key, array)`` pairs: ``base_model.model.<hf module>.lora_A.weight`` and ``.lora_B.weight``."""
     for module_path, (weight, a, b) in lora_factors(module).items():
         a, b = np.asarray(jax.device_get(a)), np.asarray(jax.device_get(b))
@@ -252,7 +254,8 @@ def merge_factors(family: Family, weight_path: str, weight, a, b, scale: float) 
         raise ValueError(f"{weight_path} has no entry in the {family.name} table; cannot merge LoRA into it.")
     for _hf_name, rule in rules:
         lora_a, lora_b = _hf_factors(a32, b32, rule.stack)
-        delta = rule.layout.to_nnx((lora_b @ lora_a) * np.float32(scale), total.shape[1:] if rule.stack else total.shape)
+        part_shape = total.shape[1:] if rule.stack else total.shape
+        delta = rule.layout.to_nnx((lora_b @ lora_a) * np.float32(scale), part_shape)
         if rule.stack:
             total[rule.stack[0]] += delta
         else:

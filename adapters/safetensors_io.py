@@ -41,6 +41,18 @@ class CheckpointFileError(ValueError):
     """A checkpoint file is missing, truncated or corrupted (the message names the file)."""
 
 
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:
+    """An uninitialised array whose data starts on an ``alignment``-byte boundary.
+
+    On the CPU backend ``jax.device_put`` adopts such a buffer without copying it, so a tensor
+    read from disk is not copied again on its way into the model.
+    """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + alignment, np.uint8)
+    offset = -raw.ctypes.data % alignment
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """Where one tensor lives inside a safetensors file."""
@@ -53,7 +65,7 @@ class TensorInfo:
 
 
 class SafetensorsReader:
-    """Memory-mapped, validated view of one ``.safetensors`` file.
+    """Validated, tensor-by-tensor reader of one ``.safetensors`` file.
 
     Args:
         path: the file to open.
@@ -112,7 +124,7 @@ class SafetensorsReader:
         resident set, so streaming a checkpoint costs one tensor of memory beyond the model.
         """
         info = self.tensors[name]
-        array = np.empty(info.shape, info.dtype)
+        array = aligned_empty(info.shape, info.dtype)
         view = memoryview(array.reshape(-1).view(np.uint8))
         done = 0
         while done < len(view):

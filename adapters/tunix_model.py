@@ -6,6 +6,7 @@ which HF tensor each one is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import warnings
@@ -16,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax._src import core as jax_core
+from jax._src.interpreters import partial_eval
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from . import qwix_lora
@@ -35,9 +38,31 @@ def _path_name(path: tuple) -> str:
     return ".".join(str(part) for part in path)
 
 
+@contextlib.contextmanager
+def _cheap_tracer_attribute_errors():
+    """Makes ``getattr(tracer, "sharding", None)`` cheap while a model is built under ``eval_shape``.
+
+    Flax's ``Variable.set_value`` probes ``value.sharding`` on every RNG split; on a tracer jax
+    raises AttributeError with a message whose "origin" part walks the whole jaxpr traced so
+    far, so building an N-layer model costs O(N^2) (10 s for 80 layers here). Only that
+    message text is dropped, and only during the build.
+    """
+    classes = [cls for cls in (getattr(jax_core, "Tracer", None), getattr(partial_eval, "DynamicJaxprTracer", None))
+               if cls is not None and "_origin_msg" in vars(cls)]
+    originals = {cls: vars(cls)["_origin_msg"] for cls in classes}
+    for cls in classes:
+        cls._origin_msg = lambda self: ""
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls._origin_msg = original
+
+
 def build_abstract_model(family: Family, hf_config, dtype) -> nnx.Module:
     """The Tunix module for ``hf_config`` with shapes only (no memory allocated)."""
-    return nnx.eval_shape(lambda: family.build_model(hf_config, dtype, nnx.Rngs(0)))
+    with _cheap_tracer_attribute_errors():
+        return nnx.eval_shape(lambda: family.build_model(hf_config, dtype, nnx.Rngs(0)))
 
 
 def _sharding_for(spec, mesh: Mesh | None):
@@ -129,6 +154,7 @@ def load_weights(
             value = jax.device_put(array, sharding)
         variable.set_value(value)
         filled.add(nnx_path)
+        del array, value  # release this tensor's host buffer before the next one is read
 
     missing = [name for name in variables if name not in filled]
     if missing:
@@ -147,18 +173,18 @@ def load_weights(
     return nnx.merge(graphdef, state)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _to_nnx_on_device(layout, nnx_shape: tuple[int, ...], dtype: np.dtype, sharding):
     """A jitted HF -> NNX layout transform and cast, compiled once per (layout, shape, dtype, sharding)."""
     return jax.jit(lambda hf: layout.to_nnx(hf, nnx_shape).astype(dtype), out_shardings=sharding)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _stack_on_device(sharding):
     return jax.jit(lambda *parts: jnp.stack(parts), out_shardings=sharding)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _to_hf_on_device(layout, stack_index: int | None):
     def to_hf(array):
         return layout.to_hf(array if stack_index is None else array[stack_index])

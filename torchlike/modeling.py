@@ -19,6 +19,7 @@ import numpy as np
 from .adapters import hf_checkpoint, hf_hub, tunix_model
 from .adapters.families import Family, family_for_config
 from .adapters.mesh import make_mesh
+from .compilation import enable_compilation_cache
 from .dtypes import dtype_name, resolve_dtype
 
 __all__ = ["AutoModelForCausalLM", "CausalLM", "CausalLMOutput", "make_mesh"]
@@ -376,6 +377,7 @@ class AutoModelForCausalLM:
         if model_args:
             raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
         _check_loading_options(trust_remote_code, attn_implementation, device_map, kwargs)
+        enable_compilation_cache()
         if dtype is None and torch_dtype is not None:
             dtype = torch_dtype
         if _is_transformers_model(pretrained_model_name_or_path):
@@ -403,6 +405,7 @@ class AutoModelForCausalLM:
             mesh: optional device mesh.
             seed: random seed.
         """
+        enable_compilation_cache()
         family = family_for_config(config, source="config")
         target_dtype = resolve_dtype(dtype, getattr(config, "dtype", None))
         abstract = tunix_model.build_abstract_model(family, config, target_dtype)

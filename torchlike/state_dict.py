@@ -228,8 +228,9 @@ def load_state_dict(
                 loaded[target] = tunix_model.place_hf_tensor(rule, array, tuple(current.shape),
                                                              dtype or array.dtype, sharding)
     if lazy_targets:
-        restored = state_dict.restore({key: slot.get().sharding for key, (_, slot) in lazy_targets.items()},
-                                      None if assign else {key: slot.get().dtype for key, (_, slot) in lazy_targets.items()})
+        shardings = {key: slot.get().sharding for key, (_, slot) in lazy_targets.items()}
+        dtypes = None if assign else {key: slot.get().dtype for key, (_, slot) in lazy_targets.items()}
+        restored = state_dict.restore(shardings, dtypes)
         for key, (target, _) in lazy_targets.items():
             loaded[target] = restored[key]
 
@@ -244,7 +245,8 @@ def load_state_dict(
         for weight_path, factors in lora_factors.items():
             if set(factors) != {"a", "b"}:
                 raise ValueError(f"merge_lora=True: {weight_path} has only lora_{''.join(factors)} in the checkpoint.")
-            values = {f: _as_array(state_dict[key] if lazy else value, name) for f, (key, value, name) in factors.items()}
+            values = {factor: _as_array(state_dict[key] if lazy else value, name)
+                      for factor, (key, value, name) in factors.items()}
             base = loaded.get(weight_path, slots[weight_path].get())
             loaded[weight_path] = qwix_lora.merge_factors(family, weight_path, base, values["a"], values["b"], scale)
             merged_into.append(weight_path)
@@ -257,7 +259,8 @@ def load_state_dict(
     missing = [name for name in slots if name not in loaded and name not in mismatched]
     if strict:
         if unexpected:
-            error_msgs.insert(0, "Unexpected key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in unexpected)))
+            quoted = ", ".join(f'"{k}"' for k in unexpected)
+            error_msgs.insert(0, f"Unexpected key(s) in state_dict: {quoted}. ")
         if missing:
             error_msgs.insert(0, "Missing key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in missing)))
     if error_msgs:

@@ -1,4 +1,4 @@
-"""``get_peft_model`` and ``PeftModel``: a LoRA-adapted :class:`~torchlike.CausalLM`, saved and loaded in PEFT's format."""
+"""``get_peft_model`` and ``PeftModel``: a LoRA-adapted ``CausalLM``, saved and loaded in PEFT's format."""
 
 from __future__ import annotations
 
@@ -78,7 +78,8 @@ class PeftModel(CausalLM):
     def print_trainable_parameters(self) -> None:
         """Prints ``trainable params: N || all params: M || trainable%: P`` as ``peft`` does."""
         trainable, total = self.get_nb_trainable_parameters()
-        print(f"trainable params: {trainable:,d} || all params: {total:,d} || trainable%: {100 * trainable / total:.4f}")
+        percent = 100 * trainable / total
+        print(f"trainable params: {trainable:,d} || all params: {total:,d} || trainable%: {percent:.4f}")
 
     def merge_and_unload(self) -> CausalLM:
         """A plain :class:`~torchlike.CausalLM` whose weights are ``W + scale * B @ A``.

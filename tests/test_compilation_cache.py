@@ -1,0 +1,38 @@
+"""The persistent compilation cache is on by default, can be moved, and can be turned off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = """
+import sys, jax, torchlike
+from tests import tiny
+model = torchlike.AutoModelForCausalLM.from_config(tiny.CASES["qwen2"]())
+model([[1, 2, 3]]).logits.block_until_ready()
+print(jax.config.jax_compilation_cache_dir)
+"""
+
+
+def _run(env_update: dict, tmp_path: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "TORCHLIKE_COMPILATION_CACHE")}
+    env.update(env_update, HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    completed = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return completed.stdout.strip().splitlines()[-1]
+
+
+def test_cache_defaults_to_the_user_cache_dir_and_fills_up(tmp_path):
+    assert _run({}, tmp_path) == str(tmp_path / "xdg" / "torchlike" / "jax")
+    assert any((tmp_path / "xdg" / "torchlike" / "jax").iterdir())
+
+
+def test_environment_variable_moves_or_disables_the_cache(tmp_path):
+    assert _run({"TORCHLIKE_COMPILATION_CACHE": str(tmp_path / "mine")}, tmp_path) == str(tmp_path / "mine")
+    assert any((tmp_path / "mine").iterdir())
+    assert _run({"TORCHLIKE_COMPILATION_CACHE": "0"}, tmp_path) == "None"
+    assert not (tmp_path / "xdg" / "torchlike").exists()
