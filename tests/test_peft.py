@@ -188,3 +188,21 @@ def test_qlora_on_qwen2_keeps_attention_in_full_precision_with_a_warning(qwen2_p
     assert "layers.0.attn.q_proj.w" in names and "layers.0.attn.q_proj.w_lora_a" in names
     ids, mask, _ = tiny.padded_batch()
     assert np.isfinite(np.asarray(model(ids, mask).logits)).all()
+
+
+def test_bitsandbytes_4bit_request_at_load_time_becomes_nf4_qlora(tiny_checkpoints):
+    with pytest.warns(UserWarning, match="quantization requested \\(nf4\\)"):
+        base = torchlike.AutoModelForCausalLM.from_pretrained(
+            tiny_checkpoints.path("gemma3"), quantization_config=transformers.BitsAndBytesConfig(load_in_4bit=True))
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["up_proj"], quantization_tile_size=16))
+    assert model.active_peft_config.quantize_base == "nf4"
+    assert any(name.startswith("layers.0.mlp.up_proj.kernel.") for name in model.state_dict())
+
+
+def test_quantisation_without_a_qwix_equivalent_is_refused_or_mapped_with_a_warning(qwen2_path):
+    with pytest.raises(ValueError, match="quant_method='gptq' is not supported"):
+        torchlike.AutoModelForCausalLM.from_pretrained(qwen2_path, quantization_config={"quant_method": "gptq"})
+    with pytest.warns(UserWarning, match="bnb_4bit_quant_type='fp4' has no Qwix equivalent"):
+        model = torchlike.AutoModelForCausalLM.from_pretrained(
+            qwen2_path, quantization_config={"load_in_4bit": True, "bnb_4bit_quant_type": "fp4"})
+    assert model.quantization == "nf4"

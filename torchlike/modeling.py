@@ -364,6 +364,9 @@ class AutoModelForCausalLM:
             trust_remote_code: must be ``False``: remote code cannot run on the JAX model.
             attn_implementation: accepted for TRL scripts; the Tunix attention is always used.
             device_map: accepted for TRL scripts when ``None``/``"auto"``/``"cpu"``; use ``mesh``.
+            quantization_config, load_in_4bit, load_in_8bit: QLoRA as in TRL scripts: recorded on the
+                model (``nf4``/``int8``) and applied by Qwix to the adapted modules when
+                ``torchlike.peft.get_peft_model`` adds the adapter.
             torch_dtype: deprecated alias of ``dtype``.
             kwargs: config overrides, e.g. ``num_hidden_layers=2``, as in ``transformers``.
 
@@ -377,11 +380,14 @@ class AutoModelForCausalLM:
         if model_args:
             raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
         _check_loading_options(trust_remote_code, attn_implementation, device_map, kwargs)
+        quantization = requested_quantization(kwargs)
         enable_compilation_cache()
         if dtype is None and torch_dtype is not None:
             dtype = torch_dtype
         if _is_transformers_model(pretrained_model_name_or_path):
-            return _from_transformers_model(pretrained_model_name_or_path, dtype, mesh)
+            model = _from_transformers_model(pretrained_model_name_or_path, dtype, mesh)
+            model.quantization = _announce_quantization(quantization)
+            return model
         model_dir = hf_hub.resolve_model_dir(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
                                              token=token, local_files_only=local_files_only)
         config = _read_config(model_dir, kwargs)
@@ -392,7 +398,9 @@ class AutoModelForCausalLM:
             family, config, hf_checkpoint.iter_checkpoint_tensors(files), target_dtype, mesh=mesh,
             source=str(model_dir),
         )
-        return CausalLM(module, config, family, _read_generation_config(model_dir, config), mesh, str(model_dir))
+        model = CausalLM(module, config, family, _read_generation_config(model_dir, config), mesh, str(model_dir))
+        model.quantization = _announce_quantization(quantization)
+        return model
 
     @classmethod
     def from_config(cls, config: Any, dtype: Any = None, mesh: Any = None, seed: int = 0) -> CausalLM:
@@ -439,11 +447,45 @@ def _check_loading_options(trust_remote_code, attn_implementation, device_map, k
     if device_map not in (None, "auto", "cpu"):
         warnings.warn(f"device_map={device_map!r} has no effect: place the model with mesh=make_mesh(...).",
                       stacklevel=3)
-    for refused in ("quantization_config", "load_in_4bit", "load_in_8bit"):
-        if kwargs.get(refused):
-            raise ValueError(f"{refused} is not supported by from_pretrained; quantised (QLoRA) base weights are "
-                             "set with torchlike.peft.LoraConfig on top of a full-precision load.")
-        kwargs.pop(refused, None)
+
+
+def requested_quantization(kwargs: dict) -> str | None:
+    """The Qwix weight type asked for by ``quantization_config`` (a ``BitsAndBytesConfig`` or dict) or
+    ``load_in_4bit``/``load_in_8bit``; pops those keys from ``kwargs``.
+
+    Raises:
+        ValueError: a quantisation method that has no Qwix equivalent (GPTQ, AWQ...). bitsandbytes'
+            ``fp4`` becomes ``nf4`` with a warning.
+    """
+    config = kwargs.pop("quantization_config", None)
+    load_in_4bit, load_in_8bit = kwargs.pop("load_in_4bit", False), kwargs.pop("load_in_8bit", False)
+    if config is not None:
+        if isinstance(config, dict):
+            fields = config
+        else:
+            fields = config.to_dict() if hasattr(config, "to_dict") else vars(config)
+        method = str(fields.get("quant_method", "bitsandbytes")).lower()
+        if "bitsandbytes" not in method.replace("_", ""):
+            raise ValueError(f"quantization_config with quant_method={method!r} is not supported; use "
+                             "BitsAndBytesConfig(load_in_4bit=True) (nf4) or load_in_8bit=True, applied by Qwix.")
+        load_in_4bit = load_in_4bit or bool(fields.get("load_in_4bit"))
+        load_in_8bit = load_in_8bit or bool(fields.get("load_in_8bit"))
+        quant_type = fields.get("bnb_4bit_quant_type", "nf4")
+        if load_in_4bit and quant_type != "nf4":
+            warnings.warn(f"bnb_4bit_quant_type={quant_type!r} has no Qwix equivalent; the 4-bit base weights use "
+                          "nf4 (QLoRA's usual type). Pass bnb_4bit_quant_type='nf4' to silence this.", stacklevel=4)
+    if load_in_4bit:
+        return "nf4"
+    return "int8" if load_in_8bit else None
+
+
+def _announce_quantization(quantization: str | None) -> str | None:
+    if quantization:
+        warnings.warn(f"quantization requested ({quantization}): the weights load in full precision and Qwix "
+                      "quantises the adapted modules' base weights when a LoRA adapter is added (QLoRA, "
+                      "torchlike.peft.get_peft_model). A model without an adapter stays in full precision.",
+                      stacklevel=3)
+    return quantization
 
 
 def _is_transformers_model(obj: Any) -> bool:
