@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
@@ -270,10 +269,10 @@ class Trainer:
         return strategy == "steps" and self.args.save_steps and step % int(self.args.save_steps) == 0
 
     def _save_checkpoint(self, step: int) -> Path:
+        from flax import nnx
+
         from . import serialization
         from .state_dict import state_dict
-
-        from flax import nnx
 
         folder = Path(self.args.output_dir) / f"checkpoint-{step}"
         folder.mkdir(parents=True, exist_ok=True)
