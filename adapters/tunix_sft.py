@@ -58,6 +58,11 @@ def causal_lm_loss(family: Family) -> Callable:
     return loss
 
 
+TRACE_COUNTS: dict[str, int] = {"train_step": 0, "eval_step": 0}
+"""How many times each step function was traced (each trace is a new XLA program); tests and
+debugging read it to check that shapes stay fixed."""
+
+
 def _cast_floating(state, dtype):
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
 
@@ -94,6 +99,7 @@ def make_train_step(
 
     @nnx.jit
     def step(module, optimizer, micro_batches, rng):
+        TRACE_COUNTS["train_step"] += 1  # runs at trace time only
         if lora:
             qwix_lora.set_dropout_rng(module, rng)
         count = jax.tree.leaves(micro_batches)[0].shape[0]
@@ -117,6 +123,7 @@ def make_eval_step(loss_sum: Callable, compute_dtype=None) -> Callable:
 
     @nnx.jit
     def step(module, batch):
+        TRACE_COUNTS["eval_step"] += 1  # runs at trace time only
         if compute_dtype is not None:
             graphdef, state = nnx.split(module)
             module = nnx.merge(graphdef, _cast_floating(state, compute_dtype))

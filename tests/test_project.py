@@ -47,3 +47,14 @@ def test_demo_runs_on_the_embedded_default_and_the_export_agrees(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "(OK)" in completed.stdout
     assert (tmp_path / "x" / "model.safetensors").is_file()
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"torchlike." + ".".join(p.parent.relative_to(ROOT / "torchlike").parts) if p.parent != ROOT / "torchlike"
+             else "torchlike" for p in (ROOT / "torchlike").rglob("__init__.py")}
+    found |= {"torchlike.adapters" + "".join("." + part for part in p.parent.relative_to(ROOT / "adapters").parts)
+              for p in (ROOT / "adapters").rglob("__init__.py")}
+    assert found == listed

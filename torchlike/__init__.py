@@ -19,12 +19,17 @@ _EXPORTS = {
     "save": "torchlike.serialization",
     "load": "torchlike.serialization",
     "LazyCheckpoint": "torchlike.serialization",
+    "Trainer": "torchlike.trainer",
+    "TrainOutput": "torchlike.trainer",
+    "TrainingArguments": "torchlike.training_args",
 }
 
 if TYPE_CHECKING:
     from .modeling import AutoModelForCausalLM, CausalLM, CausalLMOutput, make_mesh
     from .serialization import LazyCheckpoint, load, save
     from .tokenization import AutoTokenizer
+    from .trainer import Trainer, TrainOutput
+    from .training_args import TrainingArguments
 
 
 def __getattr__(name: str):
@@ -42,6 +47,9 @@ __all__ = [
     "CausalLM",
     "CausalLMOutput",
     "LazyCheckpoint",
+    "TrainOutput",
+    "Trainer",
+    "TrainingArguments",
     "__version__",
     "load",
     "make_mesh",

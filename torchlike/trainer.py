@@ -140,7 +140,8 @@ class Trainer:
         return np.random.default_rng(seed + epoch).permutation(len(self.train_dataset))
 
     def _global_batch_size(self) -> int:
-        return self.args.per_device_train_batch_size * max(1, jax.process_count() * 0 + 1)
+        # One data-parallel replica for now: the device-mesh placement of batches comes with mesh_shape support.
+        return self.args.per_device_train_batch_size
 
     def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict[str, np.ndarray]]:
         """Micro-batch groups ``[A, B, ...]`` for one epoch; the last partial batch is padded with

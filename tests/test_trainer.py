@@ -1,0 +1,177 @@
+"""Trainer / SFT numerics against the real TRL, accumulation, LoRA, traces and resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torchlike
+from tests import tiny
+from torchlike.adapters import tunix_sft
+from torchlike.peft import LoraConfig, get_peft_model
+
+LENGTH = 24
+
+
+def padded_examples(count: int, seed: int = 0, full: bool = False) -> list[dict]:
+    """Examples of unequal lengths, right-padded to LENGTH, loss on every real token."""
+    rng = np.random.default_rng(seed)
+    examples = []
+    for _ in range(count):
+        size = LENGTH if full else int(rng.integers(6, LENGTH + 1))
+        ids = np.zeros(LENGTH, np.int32)
+        ids[:size] = rng.integers(3, tiny.VOCAB, size)
+        mask = (np.arange(LENGTH) < size).astype(np.int32)
+        examples.append({"input_ids": ids, "attention_mask": mask, "loss_mask": mask.copy()})
+    return examples
+
+
+def arguments(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=6, learning_rate=1e-3,
+                  lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to="none", seed=0,
+                  bf16=False, gradient_checkpointing=False, max_grad_norm=1.0, weight_decay=0.0)
+    values.update(overrides)
+    return torchlike.TrainingArguments(**values)
+
+
+def sequential(trainer, count):
+    trainer._get_train_sampler = lambda epoch: np.arange(count)
+    return trainer
+
+
+def logged_losses(trainer) -> list[float]:
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_sft_losses_match_trl_for_20_steps(tiny_checkpoints, tmp_path):
+    import datasets
+    import transformers
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    path = tiny_checkpoints.path("qwen2")
+    examples = padded_examples(80, seed=1, full=True)
+    settings = dict(per_device_train_batch_size=4, max_steps=20, learning_rate=1e-3, lr_scheduler_type="linear",
+                    warmup_steps=3, max_grad_norm=1.0, weight_decay=0.01, logging_steps=1, seed=0, bf16=False,
+                    gradient_checkpointing=False)
+    reference = trl.SFTTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), max_length=LENGTH, use_cpu=True, report_to="none",
+                           save_strategy="no", **settings),
+        train_dataset=datasets.Dataset.from_dict({"input_ids": [e["input_ids"].tolist() for e in examples]}),
+        processing_class=transformers.AutoTokenizer.from_pretrained(tiny.build_tokenizer(tmp_path / "tok")))
+    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
+    reference.train()
+    expected = logged_losses(reference)
+
+    trainer = sequential(torchlike.Trainer(
+        model=torchlike.AutoModelForCausalLM.from_pretrained(path),
+        args=torchlike.TrainingArguments(output_dir=str(tmp_path / "ours"), save_strategy="no", report_to="none",
+                                         **settings),
+        train_dataset=examples), len(examples))
+    trainer.train()
+    ours = logged_losses(trainer)
+    assert len(ours) == len(expected) == 20
+    np.testing.assert_allclose(ours, expected, rtol=1e-2)
+
+
+def test_gradient_accumulation_4x2_equals_batch_8_on_padded_examples(tiny_checkpoints, tmp_path):
+    path = tiny_checkpoints.path("qwen2")
+    examples = padded_examples(16, seed=2)
+
+    def train(**overrides):
+        model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(path),
+                               LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+        # SGD keeps the update linear in the gradient; Adam would turn float noise in near-zero
+        # gradient entries into lr-sized steps and hide what this test checks.
+        args = arguments(tmp_path, max_steps=2, learning_rate=1e-1, optim="sgd", max_grad_norm=0.0, **overrides)
+        trainer = sequential(torchlike.Trainer(model=model, args=args, train_dataset=examples), 16)
+        trainer.train()
+        return model.state_dict()
+
+    whole = train(per_device_train_batch_size=8)
+    accumulated = train(per_device_train_batch_size=2, gradient_accumulation_steps=4)
+    assert max(float(np.abs(np.asarray(whole[k]) - np.asarray(accumulated[k])).max()) for k in whole) <= 1e-5
+
+
+def test_lora_sft_lowers_the_loss_and_changes_only_lora_parameters(tiny_checkpoints, tmp_path):
+    model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    before = {k: np.asarray(v) for k, v in model.state_dict().items()}
+    examples = padded_examples(8, seed=3)
+    trainer = sequential(torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=15, learning_rate=5e-3),
+                                           train_dataset=examples), 8)
+    trainer.train()
+    losses = logged_losses(trainer)
+    assert losses[-1] < losses[0] - 0.5
+    changed = {k for k, v in model.state_dict().items() if not np.array_equal(np.asarray(v), before[k])}
+    assert changed and all("_lora_" in k for k in changed)
+
+
+def test_second_epoch_and_last_partial_batch_add_no_trace(tiny_checkpoints, tmp_path):
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    examples = padded_examples(10, seed=4)  # 10 = 2 full batches of 4 + a partial one of 2
+    trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=-1, num_train_epochs=2),
+                                train_dataset=examples)
+    before = tunix_sft.TRACE_COUNTS["train_step"]
+    trainer.train()
+    assert trainer.state.global_step == 6
+    assert tunix_sft.TRACE_COUNTS["train_step"] - before == 1
+
+
+def test_resume_from_a_checkpoint_continues_exactly(tiny_checkpoints, tmp_path):
+    path = tiny_checkpoints.path("qwen2")
+    examples = padded_examples(24, seed=5)
+
+    def trainer_for(output, **overrides):
+        model = torchlike.AutoModelForCausalLM.from_pretrained(path)
+        args = arguments(tmp_path, output_dir=str(tmp_path / output), max_steps=10, save_strategy="steps",
+                         save_steps=5, lr_scheduler_type="linear", weight_decay=0.01, **overrides)
+        return torchlike.Trainer(model=model, args=args, train_dataset=examples)
+
+    straight = trainer_for("straight")
+    straight.train()
+
+    class StopAtFive:
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 5
+
+    interrupted = trainer_for("resumed")
+    interrupted.callbacks.append(StopAtFive())
+    interrupted.train()
+    assert interrupted.state.global_step == 5
+    resumed = trainer_for("resumed")
+    resumed.train(resume_from_checkpoint=True)
+
+    assert logged_losses(resumed) == logged_losses(straight)
+    for name, value in straight.model.state_dict().items():
+        np.testing.assert_array_equal(np.asarray(resumed.model.state_dict()[name]), np.asarray(value))
+
+
+def test_plain_nnx_module_trains_with_a_jax_native_loss_fn(tmp_path):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    class Regressor(nnx.Module):
+        def __init__(self):
+            self.linear = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+
+    def loss_fn(model, batch):
+        error = model.linear(batch["x"])[:, 0] - batch["y"]
+        return (error ** 2).sum(), jnp.asarray(error.shape[0], jnp.float32)
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 4)).astype(np.float32)
+    data = [{"x": row, "y": np.float32(row @ np.array([1.0, -2.0, 0.5, 3.0]))} for row in x]
+    module = Regressor()
+    trainer = torchlike.Trainer(model=module, args=arguments(tmp_path, max_steps=60, learning_rate=0.1),
+                                train_dataset=data, loss_fn=loss_fn)
+    trainer.train()
+    losses = logged_losses(trainer)
+    assert losses[-1] < 0.05 * losses[0]
+
+
+def test_torch_loss_hook_is_refused_with_the_jax_alternative(tmp_path):
+    with pytest.raises(ValueError, match="loss_fn\\(model, batch\\)"):
+        torchlike.Trainer(model=None, args=arguments(tmp_path), compute_loss_func=lambda *a, **k: 0.0)

@@ -1,0 +1,87 @@
+"""``SFTTrainer``: TRL's supervised fine-tuning trainer, with TRL's constructor, on torchlike's ``Trainer``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..trainer import Trainer
+from .sft_data import collate_sft_batch, pad_token_id_for, prepare_sft_examples
+
+__all__ = ["SFTTrainer"]
+
+
+class SFTTrainer(Trainer):
+    """``trl.SFTTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
+
+    Args:
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+            ``args.model_init_kwargs`` (``dtype`` as a string, torch dtype or ``"auto"``).
+        args: :class:`~torchlike.trl.SFTConfig` (default: one with ``output_dir="<model>-SFT"``).
+        data_collator: replaces the fixed-shape padding collator.
+        train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in a TRL
+            SFT format (``text``, ``prompt``/``completion``, ``messages``, pre-tokenised ``input_ids``).
+        processing_class: the tokenizer (default: loaded from the model's path).
+        peft_config: a :class:`~torchlike.peft.LoraConfig`: train a LoRA adapter (QLoRA when the model
+            was loaded with ``quantization_config`` or the config sets ``quantize_base``).
+        quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
+        formatting_func: ``example -> str``, as in TRL.
+        compute_loss_func, compute_metrics, optimizer_cls_and_kwargs, preprocess_logits_for_metrics:
+            torch-specific hooks; refused with a message when set.
+    """
+
+    def __init__(self, model: Any, args: Any = None, data_collator: Callable | None = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, compute_loss_func: Callable | None = None,
+                 compute_metrics: Callable | None = None, callbacks: list | None = None,
+                 optimizers: tuple = (None, None), optimizer_cls_and_kwargs: tuple | None = None,
+                 preprocess_logits_for_metrics: Callable | None = None, quantization_config: Any = None,
+                 peft_config: Any = None, formatting_func: Callable | None = None):
+        from .. import AutoModelForCausalLM, AutoTokenizer
+        from ..peft import get_peft_model
+        from .fields import check_unsupported
+        from .sft_config import SFTConfig
+
+        for name, value in (("optimizer_cls_and_kwargs", optimizer_cls_and_kwargs),
+                            ("preprocess_logits_for_metrics", preprocess_logits_for_metrics)):
+            if value is not None:
+                raise ValueError(f"{name} is a torch hook and cannot run on JAX; pass optimizers=(optax "
+                                 "transformation, None) for a custom optimizer.")
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
+            args = SFTConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-SFT")
+        check_unsupported(args)
+        if isinstance(model, str):
+            init_kwargs = dict(args.model_init_kwargs or {})
+            if quantization_config is not None:
+                init_kwargs["quantization_config"] = quantization_config
+            model = AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
+        if peft_config is not None:
+            model = get_peft_model(model, peft_config)
+        self.pad_token_id = pad_token_id_for(processing_class, args.eos_token)
+
+        def prepare(dataset):
+            if dataset is None:
+                return None
+            return prepare_sft_examples(
+                dataset, processing_class, dataset_text_field=args.dataset_text_field, max_length=args.max_length,
+                truncation_mode=args.truncation_mode, completion_only_loss=args.completion_only_loss,
+                assistant_only_loss=args.assistant_only_loss, eos_token=args.eos_token,
+                formatting_func=formatting_func)
+
+        train_examples = prepare(train_dataset)
+        vocab_size = getattr(model.config, "vocab_size", None)
+        largest = max([self.pad_token_id, *(max(e["input_ids"], default=0) for e in train_examples or [])])
+        if vocab_size is not None and largest >= vocab_size:
+            raise ValueError(f"token id {largest} is outside the model's vocab_size={vocab_size} (the tokenizer has "
+                             f"{len(processing_class)} tokens; pad token {processing_class.pad_token!r}). Use the "
+                             "tokenizer that belongs to the model, or set tokenizer.pad_token to a token the "
+                             "model knows.")
+        # One padded length for every batch, so XLA compiles the step once.
+        length = args.max_length or max(len(example["input_ids"]) for example in train_examples or [{"input_ids": [0]}])
+        collator = data_collator or (lambda rows: collate_sft_batch(rows, self.pad_token_id, length))
+        super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
+                         eval_dataset=prepare(eval_dataset), processing_class=processing_class,
+                         compute_loss_func=compute_loss_func, compute_metrics=compute_metrics, callbacks=callbacks,
+                         optimizers=optimizers)
