@@ -135,7 +135,10 @@ class Trainer:
         return None
 
     def _get_train_sampler(self, epoch: int) -> np.ndarray:
-        """Example order for ``epoch``: a seeded shuffle, as transformers' ``RandomSampler``."""
+        """Example order for ``epoch``: a seeded shuffle, as transformers' ``RandomSampler``, or dataset
+        order with ``train_sampling_strategy="sequential"``."""
+        if getattr(self.args, "train_sampling_strategy", "random") == "sequential":
+            return np.arange(len(self.train_dataset))
         seed = getattr(self.args, "data_seed", None) or self.args.seed
         return np.random.default_rng(seed + epoch).permutation(len(self.train_dataset))
 
