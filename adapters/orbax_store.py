@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 
+from .hf_checkpoint import torch_to_numpy
 from .safetensors_io import CheckpointFileError
 
 FORMAT = "torchlike-orbax-1"
@@ -76,16 +76,6 @@ def _format_key_path(keys: tuple[Key, ...]) -> str:
     return "".join(f"[{key!r}]" for key in keys) or "<top level>"
 
 
-def _torch_to_numpy(tensor: Any) -> np.ndarray:
-    import torch
-
-    tensor = tensor.detach().cpu().contiguous()
-    if tensor.dtype == torch.bfloat16:
-        # numpy has no bfloat16: reinterpret the bits as ml_dtypes.bfloat16 (no rounding).
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
-
-
 def _as_array(value: Any, keys: tuple[Key, ...]) -> jax.Array | np.ndarray | None:
     """The value as something Orbax can write (jax.Array kept as is: sharded arrays stay sharded), else None."""
     if isinstance(value, jax.Array):
@@ -93,7 +83,7 @@ def _as_array(value: Any, keys: tuple[Key, ...]) -> jax.Array | np.ndarray | Non
     elif isinstance(value, (np.ndarray, np.generic)):
         array = np.asarray(value)
     elif type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
-        array = _torch_to_numpy(value)
+        array = torch_to_numpy(value)
     else:
         return None
     dtype = np.dtype(array.dtype)

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import re
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import jax
@@ -238,13 +238,6 @@ def materialize_hf_tensor(sources: dict[str, tuple], spec: TensorSpec) -> np.nda
     if rule.stack or rule.layout.moves_axes:
         array = _to_hf_on_device(rule.layout, rule.stack[0] if rule.stack else None)(array)
     return np.ascontiguousarray(jax.device_get(array))
-
-
-def iter_hf_tensors(family: Family, module: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
-    """Yields ``(hf_name, numpy array)`` for every parameter, one at a time."""
-    specs, sources = export_plan(family, module)
-    for spec in specs:
-        yield spec.name, materialize_hf_tensor(sources, spec)
 
 
 def causal_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:

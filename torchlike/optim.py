@@ -7,26 +7,12 @@ rate the torch scheduler gives after ``k`` calls to ``scheduler.step()``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import jax.numpy as jnp
 import optax
 
-ADAMW_VARIANTS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_torch_xla", "adamw_apex_fused",
-                  "adamw_anyprecision", "adamw")
-SCHEDULES = ("linear", "cosine", "constant", "constant_with_warmup")
-
-
-def warmup_steps_for(args, total_steps: int) -> int:
-    """transformers' rule: ``warmup_steps`` if set (a float below 1 is a ratio of the total), else ``warmup_ratio``."""
-    steps = getattr(args, "warmup_steps", 0) or 0
-    if 0 < steps < 1:
-        return math.ceil(total_steps * steps)
-    if steps:
-        return int(steps)
-    ratio = getattr(args, "warmup_ratio", None) or 0.0
-    return math.ceil(total_steps * ratio)
+from .training_args import LR_SCHEDULERS, OPTIMIZERS
 
 
 def learning_rate_schedule(args, total_steps: int) -> Callable[[int], float]:
@@ -36,10 +22,10 @@ def learning_rate_schedule(args, total_steps: int) -> Callable[[int], float]:
         ValueError: an unsupported schedule, listing the supported ones.
     """
     name = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
-    if name not in SCHEDULES:
-        raise ValueError(f"lr_scheduler_type={name!r} is not supported; use one of {list(SCHEDULES)}.")
+    if name not in LR_SCHEDULERS:
+        raise ValueError(f"lr_scheduler_type={name!r} is not supported; use one of {list(LR_SCHEDULERS)}.")
     peak = float(args.learning_rate)
-    warmup = warmup_steps_for(args, total_steps)
+    warmup = args.get_warmup_steps(total_steps)
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
@@ -70,8 +56,8 @@ def _decay_mask(params):
 
 
 def build_optimizer(args, total_steps: int) -> tuple[optax.GradientTransformation, Callable[[int], float]]:
-    """The optax chain for ``args``: global-norm clipping (``max_grad_norm > 0``) then AdamW (or SGD /
-    Adafactor) with the learning-rate schedule.
+    """The optax chain for ``args``: global-norm clipping (``max_grad_norm > 0``) then AdamW (or SGD)
+    with the learning-rate schedule; ``optim`` names map as in ``training_args.OPTIMIZERS``.
 
     Returns:
         ``(transformation, schedule)``.
@@ -81,16 +67,14 @@ def build_optimizer(args, total_steps: int) -> tuple[optax.GradientTransformatio
     """
     schedule = learning_rate_schedule(args, total_steps)
     optim = str(getattr(args.optim, "value", args.optim))
-    if optim in ADAMW_VARIANTS:
+    kind = OPTIMIZERS.get(optim)
+    if kind == "adamw":
         core = optax.adamw(schedule, b1=args.adam_beta1, b2=args.adam_beta2, eps=args.adam_epsilon,
                            weight_decay=args.weight_decay, mask=_decay_mask if args.weight_decay else None)
-    elif optim == "sgd":
+    elif kind == "sgd":
         core = optax.chain(optax.add_decayed_weights(args.weight_decay, _decay_mask), optax.sgd(schedule))
-    elif optim == "adafactor":
-        core = optax.adafactor(schedule, weight_decay_rate=args.weight_decay or None)
     else:
-        raise ValueError(f"optim={optim!r} is not supported on JAX; use one of {list(ADAMW_VARIANTS)}, 'sgd' or "
-                         "'adafactor'.")
+        raise ValueError(f"optim={optim!r} is not supported on JAX; use one of {list(OPTIMIZERS)}.")
     if args.max_grad_norm and args.max_grad_norm > 0:
         return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), core), schedule
     return core, schedule
