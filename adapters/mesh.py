@@ -6,25 +6,32 @@ embedding gather; Tunix's parameter specs name the axes ``fsdp`` and ``tp``.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Sequence
 
 import jax
-from jax.sharding import AxisType, Mesh
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 AXIS_NAMES = ("fsdp", "tp")
 
 
-def make_mesh(shape: Sequence[int] | None = None, axis_names: Sequence[str] = AXIS_NAMES) -> Mesh:
-    """A mesh over all devices (default: every device on ``fsdp``, ``tp=1``).
+def make_mesh(shape: Sequence[int] | None = None, axis_names: Sequence[str] = AXIS_NAMES,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh over all devices of all processes (default: every device on ``fsdp``, ``tp=1``).
 
     Args:
         shape: sizes per axis, e.g. ``(4, 2)``; their product must equal the device count.
         axis_names: axis names, ``("fsdp", "tp")`` by default.
+        devices: the devices to use (default ``jax.devices()``, after starting the distributed
+            runtime when the process was launched as one of several: :func:`initialize_distributed`).
 
     Returns:
         A ``jax.sharding.Mesh`` with Auto axis types.
     """
-    devices = jax.devices()
+    initialize_distributed()
+    devices = list(devices) if devices is not None else jax.devices()
     if shape is None:
         shape = (len(devices),) + (1,) * (len(axis_names) - 1)
     shape = tuple(int(s) for s in shape)
@@ -37,4 +44,153 @@ def make_mesh(shape: Sequence[int] | None = None, axis_names: Sequence[str] = AX
     if count != len(devices):
         raise ValueError(f"mesh shape {shape} needs {count} devices but {len(devices)} are available; "
                          f"pick sizes whose product is {len(devices)}.")
-    return jax.make_mesh(shape, tuple(axis_names), axis_types=(AxisType.Auto,) * len(shape))
+    return jax.make_mesh(shape, tuple(axis_names), axis_types=(AxisType.Auto,) * len(shape), devices=devices)
+
+
+# ---------------------------------------------------------------- several processes
+
+def initialize_distributed() -> bool:
+    """Starts JAX's distributed runtime when this process was launched as one of several.
+
+    Launch settings, in this order:
+
+    - ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0) with ``JAX_NUM_PROCESSES`` and
+      ``JAX_PROCESS_ID``: a job started by hand or by any launcher (CPU hosts use gloo collectives);
+    - ``TORCHLIKE_DISTRIBUTED=1``: let JAX detect the cluster itself (TPU pod slices, SLURM, Open MPI).
+
+    Idempotent; must run before JAX touches a device (``jax.devices()``, any array), which is why
+    ``TrainingArguments``, ``from_pretrained`` and ``make_mesh`` call it first.
+
+    Returns:
+        ``True`` when the runtime is (now) initialised, ``False`` for a single-process run.
+
+    Raises:
+        RuntimeError: the settings ask for several processes but JAX already started on one.
+    """
+    import os
+
+    from jax._src import distributed, xla_bridge
+
+    if distributed.global_state.client is not None:
+        return True
+    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    auto = os.environ.get("TORCHLIKE_DISTRIBUTED", "").strip().lower() in {"1", "true", "yes", "on"}
+    if not address and not auto:
+        return False
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError(
+            "JAX_COORDINATOR_ADDRESS / TORCHLIKE_DISTRIBUTED ask for a multi-process run, but JAX already started "
+            "on this process alone. Create TrainingArguments (or call torchlike.make_mesh) before any other JAX "
+            "work in the script.")
+    kwargs = {}
+    if address:
+        missing = [name for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if name not in os.environ]
+        if missing:
+            raise RuntimeError(f"JAX_COORDINATOR_ADDRESS={address!r} is set but {' and '.join(missing)} "
+                               "is not; set both (process count, and this process's index from 0).")
+        kwargs = {"coordinator_address": address, "num_processes": int(os.environ["JAX_NUM_PROCESSES"]),
+                  "process_id": int(os.environ["JAX_PROCESS_ID"])}
+    jax.distributed.initialize(**kwargs)
+    return True
+
+
+# ---------------------------------------------------------------- data parallelism
+
+MODEL_PARALLEL_AXES = ("tp",)
+
+
+def data_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The axes a batch is split over: every mesh axis but the tensor-parallel ``tp``."""
+    return tuple(name for name in mesh.axis_names if name not in MODEL_PARALLEL_AXES)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    """How many batch shards the mesh holds (the product of :func:`data_axes` sizes, over all processes)."""
+    size = 1
+    for name in data_axes(mesh):
+        size *= mesh.shape[name]
+    return size
+
+
+def batch_sharding(mesh: Mesh, batch_axis: int = 0) -> NamedSharding:
+    """Rows (axis ``batch_axis``) split over the data axes, everything else replicated."""
+    return NamedSharding(mesh, PartitionSpec(*([None] * batch_axis), data_axes(mesh)))
+
+
+def local_rows(sharding: NamedSharding, global_shape: tuple[int, ...], batch_axis: int = 0) -> slice:
+    """The contiguous rows of a global batch that this process's devices hold (all rows on one process)."""
+    index_map = sharding.addressable_devices_indices_map(global_shape)
+    starts, stops = [], []
+    for index in index_map.values():
+        rows = index[batch_axis]
+        starts.append(rows.start or 0)
+        stops.append(global_shape[batch_axis] if rows.stop is None else rows.stop)
+    covered = slice(min(starts), max(stops))
+    if sum(stop - start for start, stop in set(zip(starts, stops, strict=True))) != covered.stop - covered.start:
+        raise ValueError(f"this process's devices hold non-contiguous batch rows of the mesh {sharding.mesh.shape}; "
+                         "order mesh devices by process (the default of make_mesh).")
+    return covered
+
+
+def place_batch(local: dict[str, np.ndarray], sharding: NamedSharding, global_rows: int,
+                batch_axis: int = 0) -> dict[str, jax.Array]:
+    """Puts this process's rows of a batch on the mesh as global arrays of ``global_rows`` rows.
+
+    Args:
+        local: arrays holding the rows :func:`local_rows` names (every row with one process).
+        sharding: from :func:`batch_sharding`.
+        global_rows: the batch size across all processes.
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(local, sharding)
+    placed = {}
+    for key, value in local.items():
+        shape = list(value.shape)
+        shape[batch_axis] = global_rows
+        placed[key] = jax.make_array_from_process_local_data(sharding, value, tuple(shape))
+    return placed
+
+
+def to_host(tree):
+    """Host (numpy) copies of a tree of arrays; replicated values of a multi-process mesh read locally."""
+    def fetch(value):
+        if isinstance(value, jax.Array) and not value.is_fully_addressable:
+            if not value.is_fully_replicated:
+                raise ValueError("to_host reads replicated values only; gather sharded ones first.")
+            return np.asarray(value.addressable_data(0))
+        return np.asarray(value)
+
+    return jax.tree.map(fetch, tree)
+
+
+def shard_module(module, mesh: Mesh) -> None:
+    """Moves every variable of an NNX ``module`` onto ``mesh`` in place, following its partition
+    metadata (Tunix's ``fsdp``/``tp`` specs; replicated where a variable has none)."""
+    from flax import nnx
+
+    state = nnx.state(module)
+    specs = nnx.get_partition_spec(state)
+
+    def target(spec):
+        spec = spec.get_value() if isinstance(spec, nnx.Variable) else spec
+        names = set(mesh.axis_names)
+        if not isinstance(spec, PartitionSpec) or any(
+                axis is not None and not set((axis,) if isinstance(axis, str) else axis) <= names for axis in spec):
+            spec = PartitionSpec()
+        return NamedSharding(mesh, spec)
+
+    shardings = jax.tree.map(target, specs, is_leaf=lambda x: isinstance(x, (PartitionSpec, nnx.Variable)))
+    nnx.update(module, jax.device_put(state, shardings))
+
+
+@contextlib.contextmanager
+def entered(mesh: Mesh):
+    """Enters ``mesh`` the way Tunix's models read it (``pxla.thread_resources``, the ``with mesh:``
+    context jax 0.10 deprecates; ``jax.set_mesh`` does not set it), without the deprecation warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*with mesh:.*", category=DeprecationWarning)
+        mesh.__enter__()
+    try:
+        yield mesh
+    finally:
+        mesh.__exit__(None, None, None)

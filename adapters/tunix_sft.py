@@ -72,8 +72,9 @@ def make_train_step(
     trainable: Any,
     compute_dtype=None,
     lora: bool = False,
+    seed: int = 0,
 ) -> Callable:
-    """A jitted ``step(module, optimizer, micro_batches, rng) -> metrics``.
+    """A jitted ``step(module, optimizer, micro_batches, step_index) -> metrics``.
 
     Args:
         loss_sum: ``(module, batch) -> (summed loss, item count)``.
@@ -81,6 +82,8 @@ def make_train_step(
         compute_dtype: run the forward/backward pass with parameters cast to this dtype
             (bf16/fp16 mixed precision); the optimizer keeps the full-precision weights.
         lora: run LoRA ops in training mode (dropout on).
+        seed: the dropout RNG of step ``i`` is ``fold_in(key(seed), i)``, so a resumed run draws
+            the same masks (the key is made inside the program: no host-side key crosses processes).
 
     The returned step takes ``micro_batches`` with a leading accumulation axis ``[A, B, T]``,
     sums the gradients of the summed loss over the ``A`` micro-batches and divides by the total
@@ -98,10 +101,10 @@ def make_train_step(
     grad_fn = nnx.value_and_grad(forward, argnums=nnx.DiffState(0, trainable), has_aux=True)
 
     @nnx.jit
-    def step(module, optimizer, micro_batches, rng):
+    def step(module, optimizer, micro_batches, step_index):
         TRACE_COUNTS["train_step"] += 1  # runs at trace time only
         if lora:
-            qwix_lora.set_dropout_rng(module, rng)
+            qwix_lora.set_dropout_rng(module, jax.random.fold_in(jax.random.key(seed), step_index))
         count = jax.tree.leaves(micro_batches)[0].shape[0]
         total_loss, total_items, grads = 0.0, 0.0, None
         for index in range(count):
@@ -131,6 +134,3 @@ def make_eval_step(loss_sum: Callable, compute_dtype=None) -> Callable:
 
     return step
 
-
-def make_optimizer(module: nnx.Module, transformation: optax.GradientTransformation, trainable) -> nnx.Optimizer:
-    return nnx.Optimizer(module, transformation, wrt=trainable)

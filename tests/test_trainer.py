@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import TrainerCallback
 
 import torchlike
 from tests import tiny
@@ -133,12 +134,12 @@ def test_resume_from_a_checkpoint_continues_exactly(tiny_checkpoints, tmp_path):
     straight = trainer_for("straight")
     straight.train()
 
-    class StopAtFive:
+    class StopAtFive(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             control.should_training_stop = state.global_step == 5
 
     interrupted = trainer_for("resumed")
-    interrupted.callbacks.append(StopAtFive())
+    interrupted.add_callback(StopAtFive())
     interrupted.train()
     assert interrupted.state.global_step == 5
     resumed = trainer_for("resumed")

@@ -2,7 +2,10 @@
 
 The loop is ours (Tunix's ``PeftTrainer`` restores on construction, checkpoints on a timer, does
 not save the data position and averages micro-batch means); each step is a jitted function from
-``adapters.tunix_sft`` on the Tunix module, with Qwix LoRA when the model has an adapter.
+``adapters.tunix_sft`` on the Tunix module, with Qwix LoRA when the model has an adapter. The
+flow around it is transformers' own: its ``CallbackHandler`` with ``DefaultFlowCallback`` decides
+when to log, evaluate, save and stop, its ``ProgressCallback`` draws the tqdm bar and its
+reporting integrations (TensorBoard, W&B) receive the logs.
 """
 
 from __future__ import annotations
@@ -10,15 +13,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import shutil
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from .adapters import mesh as mesh_lib
 from .adapters import tunix_sft
 from .optim import build_optimizer
 
@@ -35,30 +41,106 @@ class TrainOutput:
 
 
 def _stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+    return {key: np.stack([np.asarray(row[key]) for row in rows]) for key in rows[0]}
+
+
+def _enum_value(value):
+    return str(getattr(value, "value", value))
+
+
+def _prefetched(batches: Iterator, depth: int) -> Iterator:
+    """Runs ``batches`` (collation and device placement) ``depth`` items ahead in a thread, so the
+    device never waits on Python between steps. ``depth <= 0`` runs it inline."""
+    if depth <= 0:
+        yield from batches
+        return
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    finished = object()
+
+    def produce():
+        try:
+            for item in batches:
+                while not stop.is_set():
+                    try:
+                        ready.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ready.put(finished)
+        except BaseException as error:  # handed to the training thread, which re-raises it
+            ready.put(error)
+
+    worker = threading.Thread(target=produce, name="torchlike-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is finished:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+class _ProgressWithLoss:
+    """transformers' ``ProgressCallback`` showing the latest loss and learning rate on the bar."""
+
+    def __new__(cls):
+        from transformers.trainer_callback import ProgressCallback
+
+        class ProgressWithLoss(ProgressCallback):
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                bar = getattr(self, "training_bar", None)
+                if bar is not None and logs and "loss" in logs:
+                    bar.set_postfix(loss=f"{logs['loss']:.4g}", lr=f"{logs.get('learning_rate', float('nan')):.3g}",
+                                    refresh=False)
+                return super().on_log(args, state, control, logs=logs, **kwargs)
+
+        return ProgressWithLoss()
 
 
 class Trainer:
-    """A ``transformers.Trainer`` for torchlike models and plain Flax NNX modules.
+    """A ``transformers.Trainer`` for torchlike models and plain Flax NNX modules, on a JAX device mesh.
 
     Args:
         model: a :class:`~torchlike.CausalLM` / ``PeftModel`` (causal-LM loss with a loss mask), or
             any ``flax.nnx.Module`` with ``loss_fn``.
-        args: :class:`~torchlike.TrainingArguments` (or ``SFTConfig``).
+        args: :class:`~torchlike.TrainingArguments` (or ``SFTConfig``). ``mesh_shape`` /
+            ``mesh_axis_names`` pick the device mesh (default: the model's mesh, else every device on
+            ``fsdp``); ``per_device_train_batch_size`` times the data-parallel size (the product of
+            the mesh's non-``tp`` axes, over all processes) is the global batch.
         data_collator: ``list[example] -> dict[str, np.ndarray]`` with fixed shapes; default: stack.
         train_dataset, eval_dataset: sequences of examples (dicts of arrays or token lists).
         processing_class: the tokenizer (saved with ``save_model``).
         compute_loss_func: transformers-style ``(outputs, labels, num_items_in_batch=None) -> loss``;
-            not supported yet on JAX (use ``loss_fn``), refused with a message.
-        callbacks: ``transformers.TrainerCallback`` objects, called at the usual events.
+            torch outputs do not exist on JAX, so it is refused with a message (use ``loss_fn``).
+        callbacks: ``transformers.TrainerCallback`` objects (or classes), called at the usual events.
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         loss_fn: JAX-native ``loss_fn(model, batch) -> (summed loss, item count)``; the step divides
-            by the total item count across accumulated micro-batches.
+            by the total item count across accumulated micro-batches. Rows that pad the last batch
+            are all zeros: give them no weight (e.g. through a mask), or set ``dataloader_drop_last``.
+
+    Example:
+
+    ```python
+    >>> from torchlike import AutoModelForCausalLM, Trainer, TrainingArguments
+    >>> model = AutoModelForCausalLM.from_pretrained("path/to/qwen2", dtype="float32")
+    >>> rows = [{"input_ids": ids, "attention_mask": [1] * len(ids), "loss_mask": [1] * len(ids)} for ids in data]
+    >>> trainer = Trainer(model, TrainingArguments("out", max_steps=10), train_dataset=rows)
+    >>> trainer.train().training_loss
+    ```
     """
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, compute_loss_func=None, compute_metrics=None, callbacks=None,
                  optimizers=(None, None), loss_fn: Callable | None = None, **unsupported):
+        from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, PrinterCallback
+
         if unsupported:
             raise TypeError(f"Trainer got unsupported arguments {sorted(unsupported)}.")
         if compute_loss_func is not None:
@@ -70,25 +152,58 @@ class Trainer:
             from .training_args import TrainingArguments
 
             args = TrainingArguments(output_dir="trainer_output")
+        from .trl.fields import check_unsupported
+
+        check_unsupported(args)
+        if getattr(args, "compilation_cache_dir", None):
+            from .compilation import enable_compilation_cache
+
+            enable_compilation_cache(args.compilation_cache_dir)
         self.args = args
         self.model = model
         self.data_collator = data_collator or _stack
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.processing_class = processing_class
-        self.callbacks = list(callbacks or [])
         self._custom_optimizer = optimizers[0] if optimizers else None
         self._loss_fn = loss_fn
+        self.optimizer = None
+        self.lr_scheduler = None
+        self.mesh = self._resolve_mesh()
         self.state = self._new_state()
         self.control = self._new_control()
-        self._call_event("on_init_end")
+        from transformers.integrations import get_reporting_integration_callbacks
+
+        progress = PrinterCallback if getattr(args, "disable_tqdm", False) else _ProgressWithLoss()
+        defaults = [DefaultFlowCallback, *get_reporting_integration_callbacks(list(args.report_to or [])), progress]
+        self.callback_handler = CallbackHandler([*defaults, *(callbacks or [])], model, processing_class, None, None)
+        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+
+    # ------------------------------------------------------------------ callbacks (transformers API)
+    @property
+    def callbacks(self) -> list:
+        return self.callback_handler.callbacks
+
+    def add_callback(self, callback) -> None:
+        """Adds a ``TrainerCallback`` (instance or class)."""
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback):
+        """Removes and returns a callback (instance or class)."""
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        """Removes a callback (instance or class)."""
+        self.callback_handler.remove_callback(callback)
 
     # ------------------------------------------------------------------ plumbing
     @staticmethod
     def _new_state():
         from transformers import TrainerState
 
-        return TrainerState()
+        state = TrainerState()
+        state.is_world_process_zero = state.is_local_process_zero = jax.process_index() == 0
+        return state
 
     @staticmethod
     def _new_control():
@@ -96,14 +211,11 @@ class Trainer:
 
         return TrainerControl()
 
-    def _call_event(self, event: str, **kwargs) -> None:
-        for callback in self.callbacks:
-            handler = getattr(callback, event, None)
-            if handler is not None:
-                result = handler(self.args, self.state, self.control, model=self.model,
-                                 processing_class=self.processing_class, **kwargs)
-                if result is not None:
-                    self.control = result
+    def _event(self, event: str, **kwargs) -> None:
+        self.callback_handler.model = self.model
+        self.callback_handler.optimizer = self.optimizer
+        self.callback_handler.lr_scheduler = self.lr_scheduler
+        self.control = getattr(self.callback_handler, event)(self.args, self.state, self.control, **kwargs)
 
     @property
     def _module(self):
@@ -134,6 +246,33 @@ class Trainer:
             return jnp.float16
         return None
 
+    def _resolve_mesh(self):
+        """The mesh to train on: ``args.mesh_shape`` when set, else the model's own mesh, else every
+        device on ``fsdp``; the model is moved onto it when it lives elsewhere."""
+        args = self.args
+        shape = getattr(args, "mesh_shape", None)
+        model_mesh = getattr(self.model, "mesh", None)
+        if shape is None and model_mesh is not None:
+            return model_mesh
+        devices = jax.devices("cpu") if getattr(args, "use_cpu", False) else None
+        names = tuple(getattr(args, "mesh_axis_names", None) or mesh_lib.AXIS_NAMES)
+        mesh = mesh_lib.make_mesh(shape, names, devices)
+        same = model_mesh is not None and model_mesh.shape == mesh.shape and \
+            list(model_mesh.devices.flat) == list(mesh.devices.flat)
+        # Even on one device: parameters, optimizer state and batches share one sharding, so the
+        # step's outputs come back with its inputs' shardings and the program is traced once.
+        if self.model is not None and not same:
+            mesh_lib.shard_module(self._module, mesh)
+            if hasattr(self.model, "mesh"):
+                self.model.mesh = mesh
+        return mesh
+
+    def _data_parallel_size(self) -> int:
+        return mesh_lib.data_parallel_size(self.mesh)
+
+    def _global_batch_size(self) -> int:
+        return self.args.per_device_train_batch_size * self._data_parallel_size()
+
     def _get_train_sampler(self, epoch: int) -> np.ndarray:
         """Example order for ``epoch``: a seeded shuffle, as transformers' ``RandomSampler``, or dataset
         order with ``train_sampling_strategy="sequential"``."""
@@ -142,35 +281,70 @@ class Trainer:
         seed = getattr(self.args, "data_seed", None) or self.args.seed
         return np.random.default_rng(seed + epoch).permutation(len(self.train_dataset))
 
-    def _global_batch_size(self) -> int:
-        # One data-parallel replica for now: the device-mesh placement of batches comes with mesh_shape support.
-        return self.args.per_device_train_batch_size
+    def _collate_rows(self, dataset, indices: np.ndarray, what: str) -> dict[str, np.ndarray]:
+        """Collates ``dataset[i]`` for ``indices``; ``-1`` entries become all-zero rows (masks 0), so a
+        partial batch keeps the compiled shape."""
+        real = indices >= 0
+        if not real.any():
+            fill = np.zeros_like(indices)
+        else:
+            fill = np.where(real, indices, indices[real][0])
+        batch = self.data_collator([dataset[int(i)] for i in fill])
+        for key, value in batch.items():
+            value = np.asarray(value)
+            if value.shape[:1] != (len(indices),):
+                raise ValueError(
+                    f"the {what} data_collator returned {value.shape[:1] or 'no'} rows for {key!r} but was given "
+                    f"{len(indices)} examples; the global batch must split evenly over the data-parallel size "
+                    f"{self._data_parallel_size()} (mesh {dict(self.mesh.shape)}), so the collator must return one "
+                    "row per example.")
+            if not real.all():
+                value = value.copy()
+                value[~real] = 0
+            batch[key] = value
+        return batch
 
-    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict[str, np.ndarray]]:
-        """Micro-batch groups ``[A, B, ...]`` for one epoch; the last partial batch is padded with
-        rows whose masks are zero, so it trains without a new compilation."""
+    def _steps_per_epoch(self) -> int:
+        per_step = self._global_batch_size() * self.args.gradient_accumulation_steps
+        if getattr(self.args, "dataloader_drop_last", False):
+            steps = len(self.train_dataset) // per_step
+            if steps == 0:
+                raise ValueError(f"dataloader_drop_last=True drops every batch: the dataset has "
+                                 f"{len(self.train_dataset)} examples and one step takes {per_step} "
+                                 "(global batch x gradient_accumulation_steps).")
+            return steps
+        return math.ceil(len(self.train_dataset) / per_step)
+
+    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict[str, jax.Array]]:
+        """This process's share of the micro-batch groups ``[A, B, ...]`` of one epoch, placed on the
+        mesh (rows over the data axes). The last partial batch is padded with rows whose masks are
+        zero, so it trains without a new compilation."""
         batch_size = self._global_batch_size()
         accumulation = self.args.gradient_accumulation_steps
         order = self._get_train_sampler(epoch)
         per_step = batch_size * accumulation
-        steps = math.ceil(len(order) / per_step)
-        for step in range(skip, steps):
-            indices = order[step * per_step:(step + 1) * per_step]
-            examples = [self.train_dataset[int(i)] for i in indices]
-            batch = self.data_collator(examples)
-            missing = per_step - len(examples)
-            if missing:
-                batch = {key: np.concatenate([value, np.zeros((missing, *value.shape[1:]), value.dtype)])
-                         for key, value in batch.items()}
-            yield {key: value.reshape(accumulation, batch_size, *value.shape[1:]) for key, value in batch.items()}
-
-    def _steps_per_epoch(self) -> int:
-        return math.ceil(len(self.train_dataset) / (self._global_batch_size() * self.args.gradient_accumulation_steps))
+        sharding = mesh_lib.batch_sharding(self.mesh, batch_axis=1)
+        rows = mesh_lib.local_rows(sharding, (accumulation, batch_size), batch_axis=1)
+        for step in range(skip, self._steps_per_epoch()):
+            indices = np.full(per_step, -1)
+            chosen = order[step * per_step:(step + 1) * per_step]
+            indices[:len(chosen)] = chosen
+            local = indices.reshape(accumulation, batch_size)[:, rows].reshape(-1)
+            batch = self._collate_rows(self.train_dataset, local, "training")
+            batch = {key: value.reshape(accumulation, rows.stop - rows.start, *value.shape[1:])
+                     for key, value in batch.items()}
+            yield mesh_lib.place_batch(batch, sharding, batch_size, batch_axis=1)
 
     def _total_steps(self) -> int:
         if self.args.max_steps and self.args.max_steps > 0:
             return int(self.args.max_steps)
         return int(math.ceil(self.args.num_train_epochs * self._steps_per_epoch()))
+
+    def _interval(self, value, total_steps: int) -> int:
+        """transformers' reading of ``*_steps``: a float below 1 is a fraction of the run."""
+        if value is None:
+            return 0
+        return int(math.ceil(total_steps * value)) if 0 < value < 1 else int(value)
 
     # ------------------------------------------------------------------ training
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
@@ -181,123 +355,176 @@ class Trainer:
                 path: restores parameters, optimizer state, step and data position, then continues.
 
         Returns:
-            :class:`TrainOutput` with the final step and mean training loss.
+            :class:`TrainOutput` with the final step, the mean training loss and run metrics.
         """
         from flax import nnx
 
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset.")
+        args = self.args
         total_steps = self._total_steps()
         transformation, schedule = (self._custom_optimizer, None) if self._custom_optimizer else \
-            build_optimizer(self.args, total_steps)
-        if getattr(self.args, "gradient_checkpointing", False):
+            build_optimizer(args, total_steps)
+        self.lr_scheduler = schedule
+        if getattr(args, "gradient_checkpointing", False):
             tunix_sft.enable_rematerialisation(self._module)
         trainable = self._trainable()
         self.optimizer = nnx.Optimizer(self._module, transformation, wrt=trainable)
-        step_fn = tunix_sft.make_train_step(self._loss(), trainable, self._compute_dtype(), lora=self._is_lora())
+        mesh_lib.shard_module(self.optimizer, self.mesh)  # moments follow the parameters; scalars replicated
+        step_fn = tunix_sft.make_train_step(self._loss(), trainable, self._compute_dtype(), lora=self._is_lora(),
+                                            seed=args.seed)
+        steps_per_epoch = self._steps_per_epoch()
         self.state = self._new_state()
         self.state.max_steps = total_steps
-        self.state.logging_steps = self.args.logging_steps
-        self.state.save_steps = self.args.save_steps
-        start_step = 0
-        if resume_from_checkpoint:
-            start_step = self._resume(resume_from_checkpoint)
-        rng = jax.random.key(self.args.seed)
-        steps_per_epoch = self._steps_per_epoch()
-        self._call_event("on_train_begin")
-        losses, window, started = [], [], time.perf_counter()
+        self.state.num_train_epochs = math.ceil(total_steps / steps_per_epoch)
+        self.state.train_batch_size = self._global_batch_size()
+        self.state.logging_steps = self._interval(args.logging_steps, total_steps)
+        self.state.eval_steps = self._interval(getattr(args, "eval_steps", None) or args.logging_steps, total_steps)
+        self.state.save_steps = self._interval(args.save_steps, total_steps)
+        start_step = self._resume(resume_from_checkpoint) if resume_from_checkpoint else 0
         step = start_step
         epoch = step // steps_per_epoch
-        while step < total_steps and not self.control.should_training_stop:
-            self._call_event("on_epoch_begin")
-            for batch in self._batches(epoch, skip=step - epoch * steps_per_epoch):
-                self._call_event("on_step_begin")
-                metrics = step_fn(self._module, self.optimizer, batch, jax.random.fold_in(rng, step))
-                step += 1
-                self.state.global_step = step
-                self.state.epoch = epoch + (step - epoch * steps_per_epoch) / steps_per_epoch
-                window.append(metrics)
-                self._call_event("on_step_end")
-                if step % self.args.logging_steps == 0 or step == total_steps:
-                    values = jax.device_get(window)
-                    loss = float(np.mean([v["loss"] for v in values]))
-                    losses.extend(float(v["loss"]) for v in values)
-                    lr = float(schedule(step - 1)) if schedule else float("nan")
-                    self.log({"loss": loss, "grad_norm": float(values[-1]["grad_norm"]), "learning_rate": lr})
-                    window = []
-                if self._should_save(step):
-                    self._save_checkpoint(step)
-                if step >= total_steps or self.control.should_training_stop:
-                    break
-            epoch += 1
-            self._call_event("on_epoch_end")
-        values = jax.device_get(window)
-        losses.extend(float(v["loss"]) for v in values)
+        self._event("on_train_begin")
+        if getattr(args, "eval_on_start", False) and self.eval_dataset is not None:
+            self.evaluate()
+        self._logged_losses: list[float] = []
+        window: list = []
+        started = time.perf_counter()
+        with mesh_lib.entered(self.mesh):
+            while step < total_steps and not self.control.should_training_stop:
+                self._event("on_epoch_begin")
+                batches = self._batches(epoch, skip=step - epoch * steps_per_epoch)
+                for batch in _prefetched(batches, int(getattr(args, "prefetch_batches", 0) or 0)):
+                    self._event("on_step_begin")
+                    window.append(step_fn(self._module, self.optimizer, batch, np.int32(step)))
+                    step += 1
+                    self.state.global_step = step
+                    self.state.epoch = epoch + (step - epoch * steps_per_epoch) / steps_per_epoch
+                    self._event("on_step_end")
+                    window = self._log_save_evaluate(window, schedule)
+                    if self.control.should_epoch_stop or self.control.should_training_stop:
+                        break
+                epoch += 1
+                self._event("on_epoch_end")
+                window = self._log_save_evaluate(window, schedule)
+        self._record_losses(window)
         runtime = time.perf_counter() - started
+        steps_run = step - start_step
+        losses = self._logged_losses
         metrics = {"train_runtime": runtime, "train_loss": float(np.mean(losses)) if losses else float("nan"),
-                   "train_steps_per_second": (step - start_step) / max(runtime, 1e-9)}
+                   "train_steps_per_second": steps_run / max(runtime, 1e-9),
+                   "train_samples_per_second": steps_run * self.state.train_batch_size
+                   * args.gradient_accumulation_steps / max(runtime, 1e-9)}
         self.log(metrics)
-        self._call_event("on_train_end")
+        self._event("on_train_end")
         return TrainOutput(step, metrics["train_loss"], metrics)
+
+    def _record_losses(self, window: list) -> list[dict]:
+        """Moves the step metrics in ``window`` to the host (the only host synchronisation of the
+        loop) and keeps their losses for ``train_loss``; ``logging_nan_inf_filter`` replaces a
+        nan/inf loss by the mean of the finite ones, as transformers does."""
+        values = mesh_lib.to_host(window)
+        for value in values:
+            loss = float(value["loss"])
+            if getattr(self.args, "logging_nan_inf_filter", True) and not math.isfinite(loss):
+                finite = [v for v in self._logged_losses if math.isfinite(v)]
+                loss = float(np.mean(finite)) if finite else loss
+            self._logged_losses.append(loss)
+        return values
+
+    def _log_save_evaluate(self, window: list, schedule) -> list:
+        if self.control.should_log and window:
+            values = self._record_losses(window)
+            losses = self._logged_losses[-len(values):]
+            step = self.state.global_step
+            self.log({"loss": float(np.mean(losses)), "grad_norm": float(values[-1]["grad_norm"]),
+                      "learning_rate": float(schedule(step - 1)) if schedule else float("nan"),
+                      "num_tokens": float(sum(float(v["num_tokens"]) for v in values))})
+            window = []
+        if self.control.should_evaluate and self.eval_dataset is not None:
+            self.evaluate()
+        if self.control.should_save:
+            self._save_checkpoint(self.state.global_step)
+        return window
 
     def log(self, logs: dict[str, float]) -> None:
         """Records ``logs`` in ``state.log_history`` (with epoch and step) and calls ``on_log``."""
-        entry = {**logs, "epoch": self.state.epoch, "step": self.state.global_step}
-        self.state.log_history.append(entry)
-        self._call_event("on_log", logs=logs)
+        if self.state.epoch is not None:
+            logs = {**logs, "epoch": self.state.epoch}
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self._event("on_log", logs=logs)
 
     def evaluate(self, eval_dataset=None) -> dict[str, float]:
-        """Mean loss over ``eval_dataset`` (adapters in eval mode, no dropout): ``{"eval_loss": ...}``."""
+        """Mean loss over ``eval_dataset`` (adapters in eval mode, no dropout): ``{"eval_loss": ...}``.
+
+        Args:
+            eval_dataset: examples to score (default: the trainer's ``eval_dataset``).
+
+        Returns:
+            ``{"eval_loss": summed loss / loss items, "eval_runtime": seconds}``.
+        """
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("evaluate() needs an eval_dataset.")
         step_fn = tunix_sft.make_eval_step(self._loss(), self._compute_dtype())
-        size = self.args.per_device_eval_batch_size
-        total, items = 0.0, 0.0
-        for start in range(0, len(dataset), size):
-            rows = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
-            batch = self.data_collator(rows)
-            if len(rows) < size:
-                batch = {k: np.concatenate([v, np.zeros((size - len(rows), *v.shape[1:]), v.dtype)])
-                         for k, v in batch.items()}
-            loss, count = jax.device_get(step_fn(self._module, batch))
-            total, items = total + float(loss), items + float(count)
-        metrics = {"eval_loss": total / max(items, 1.0)}
+        size = self.args.per_device_eval_batch_size * self._data_parallel_size()
+        sharding = mesh_lib.batch_sharding(self.mesh)
+        rows = mesh_lib.local_rows(sharding, (size,))
+        started = time.perf_counter()
+        totals = []
+        with mesh_lib.entered(self.mesh):
+            for start in range(0, len(dataset), size):
+                indices = np.full(size, -1)
+                chosen = np.arange(start, min(start + size, len(dataset)))
+                indices[:len(chosen)] = chosen
+                batch = self._collate_rows(dataset, indices[rows], "evaluation")
+                totals.append(step_fn(self._module, mesh_lib.place_batch(batch, sharding, size)))
+        values = mesh_lib.to_host(totals)
+        loss = sum(float(v[0]) for v in values)
+        items = sum(float(v[1]) for v in values)
+        metrics = {"eval_loss": loss / max(items, 1.0), "eval_runtime": time.perf_counter() - started}
         self.log(metrics)
-        self._call_event("on_evaluate", metrics=metrics)
+        self._event("on_evaluate", metrics=metrics)
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
-    def _should_save(self, step: int) -> bool:
-        strategy = str(getattr(self.args.save_strategy, "value", self.args.save_strategy))
-        return strategy == "steps" and self.args.save_steps and step % int(self.args.save_steps) == 0
+    def _checkpoints(self) -> list[Path]:
+        return sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
 
     def _save_checkpoint(self, step: int) -> Path:
+        """Writes ``output_dir/checkpoint-<step>``: ``model`` (parameters, or LoRA and base), ``optimizer``
+        (unless ``save_only_model``) via ``torchlike.save``, and transformers' ``trainer_state.json``.
+        The step fixes the data position and the dropout RNG, so resuming continues exactly."""
         from flax import nnx
 
         from . import serialization
         from .state_dict import state_dict
 
+        if jax.process_count() > 1:
+            raise NotImplementedError(
+                f"checkpoints from {jax.process_count()} processes are not supported yet (torchlike.save writes "
+                "from one process); set save_strategy='no' for multi-process runs.")
         folder = Path(self.args.output_dir) / f"checkpoint-{step}"
         folder.mkdir(parents=True, exist_ok=True)
         params = state_dict(self.model) if hasattr(self.model, "family") else {
             ".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(self._module, nnx.Param))}
         serialization.save(params, folder / "model")
-        optimizer_state = {".".join(map(str, p)): v.get_value()
-                           for p, v in nnx.to_flat_state(nnx.state(self.optimizer, nnx.OptState))}
-        serialization.save(optimizer_state, folder / "optimizer")
-        (folder / "trainer_state.json").write_text(json.dumps(
-            {"global_step": step, "epoch": self.state.epoch, "log_history": self.state.log_history}, indent=2))
+        if not getattr(self.args, "save_only_model", False):
+            optimizer_state = {".".join(map(str, p)): v.get_value()
+                               for p, v in nnx.to_flat_state(nnx.state(self.optimizer, nnx.OptState))}
+            serialization.save(optimizer_state, folder / "optimizer")
+        self.state.save_to_json(str(folder / "trainer_state.json"))
         self._rotate_checkpoints()
-        self._call_event("on_save")
+        self._event("on_save")
+        if getattr(self.args, "push_to_hub", False) and _enum_value(self.args.hub_strategy) == "every_save":
+            self.push_to_hub(commit_message=f"Training in progress, step {step}")
         return folder
 
     def _rotate_checkpoints(self) -> None:
         limit = self.args.save_total_limit
         if not limit:
             return
-        folders = sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-        for old in folders[:-limit]:
+        for old in self._checkpoints()[:-limit]:
             shutil.rmtree(old, ignore_errors=True)
 
     def _resume(self, checkpoint: str | bool) -> int:
@@ -306,21 +533,30 @@ class Trainer:
         from . import serialization
 
         if checkpoint is True:
-            folders = sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+            folders = self._checkpoints()
             if not folders:
                 raise FileNotFoundError(f"resume_from_checkpoint=True but {self.args.output_dir} has no checkpoint-* "
                                         "folder; train without it or pass a checkpoint path.")
             checkpoint = folders[-1]
         folder = Path(checkpoint)
+        if not (folder / "trainer_state.json").is_file():
+            raise FileNotFoundError(f"{folder} is not a torchlike checkpoint (no trainer_state.json); pass an "
+                                    "output_dir/checkpoint-<step> folder written by Trainer.")
         saved = json.loads((folder / "trainer_state.json").read_text())
         if hasattr(self.model, "load_state_dict"):
             self.model.load_state_dict(serialization.load(folder / "model"))
-        optimizer_vars = dict(nnx.to_flat_state(nnx.state(self.optimizer, nnx.OptState)))
-        stored = serialization.load(folder / "optimizer")
-        by_name = {".".join(map(str, p)): v for p, v in optimizer_vars.items()}
-        restored = stored.restore({name: var.get_value() for name, var in by_name.items() if name in stored})
-        for name, value in restored.items():
-            by_name[name].set_value(value)
+        if (folder / "optimizer").exists():
+            by_name = {".".join(map(str, p)): v
+                       for p, v in nnx.to_flat_state(nnx.state(self.optimizer, nnx.OptState))}
+            stored = serialization.load(folder / "optimizer")
+            restored = stored.restore({name: var.get_value() for name, var in by_name.items() if name in stored})
+            for name, value in restored.items():
+                by_name[name].set_value(value)
+        else:
+            import warnings
+
+            warnings.warn(f"{folder} holds no optimizer state (saved with save_only_model=True): the optimizer "
+                          "restarts from zero moments.", UserWarning, stacklevel=3)
         self.state.global_step = saved["global_step"]
         self.state.log_history = saved["log_history"]
         return int(saved["global_step"])
@@ -332,10 +568,25 @@ class Trainer:
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
 
-    def push_to_hub(self, commit_message: str = "End of training", **kwargs) -> str:
-        """Saves to ``output_dir`` and uploads it to ``args.hub_model_id`` (default: the folder name)."""
+    def push_to_hub(self, commit_message: str = "End of training", blocking: bool = True, token: str | None = None,
+                    revision: str | None = None, **model_card_kwargs) -> str:
+        """Saves to ``output_dir`` and uploads it to ``args.hub_model_id`` (default: the folder name).
+
+        Args:
+            commit_message: the Hub commit message.
+            blocking: accepted for transformers scripts; the upload always completes before returning.
+            token, revision: override ``args.hub_token`` / ``args.hub_revision``.
+            model_card_kwargs: transformers' model-card fields (``dataset_name``, ``tags``...); torchlike
+                writes no model card, so they are accepted and not used.
+
+        Returns:
+            The commit URL.
+        """
         from .adapters.hf_hub import upload_folder
 
         self.save_model()
         repo_id = getattr(self.args, "hub_model_id", None) or Path(self.args.output_dir).name
-        return upload_folder(self.args.output_dir, repo_id, commit_message=commit_message, **kwargs)
+        return upload_folder(self.args.output_dir, repo_id, commit_message=commit_message,
+                             private=getattr(self.args, "hub_private_repo", None),
+                             token=token or getattr(self.args, "hub_token", None),
+                             revision=revision or getattr(self.args, "hub_revision", None))

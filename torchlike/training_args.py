@@ -350,6 +350,10 @@ class TrainingArguments:
     prefetch_batches: int = 2
 
     def __post_init__(self) -> None:
+        from .adapters.mesh import initialize_distributed
+
+        # Scripts create their arguments first: start JAX's multi-process runtime before anything touches a device.
+        initialize_distributed()
         # Defaults and normalisation, in transformers' order.
         if self.output_dir is None:
             self.output_dir = "trainer_output"

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..adapters import hf_checkpoint, qwix_lora
+from ..adapters.mesh import entered
 from ..adapters.safetensors_io import SafetensorsReader, write_safetensors
 from ..modeling import CausalLM
 from .config import ADAPTER_WEIGHTS_NAME, LoraConfig
@@ -201,7 +202,7 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
                 "quantise the Tunix attention einsum for this family. Their LoRA adapters are applied as usual.",
                 stacklevel=2,
             )
-    context = model.mesh if model.mesh is not None else contextlib.nullcontext()
+    context = entered(model.mesh) if model.mesh is not None else contextlib.nullcontext()
     with context:
         module = qwix_lora.apply_lora(model.module, targets, rank=peft_config.r, scale=peft_config.scale,
                                       dropout=float(peft_config.lora_dropout), weight_qtype=quantization,
