@@ -114,7 +114,7 @@ def make_train_step(
             grads = micro_grads if grads is None else jax.tree.map(jnp.add, grads, micro_grads)
         scale = 1.0 / jnp.maximum(total_items, 1.0)
         grads = jax.tree.map(lambda g: g * scale, grads)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         optimizer.update(module, grads)
         return {"loss": total_loss * scale, "grad_norm": grad_norm, "num_tokens": total_items}
 

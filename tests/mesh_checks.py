@@ -18,7 +18,7 @@ import transformers
 from safetensors.torch import load_file
 
 import torchlike
-from tests import tiny
+from tests import sft_worker, tiny
 
 
 def check_load_on_mesh(checkpoint: Path) -> dict:
@@ -67,7 +67,10 @@ def main() -> None:
     for case in cases:
         name, directory = case.split("=", 1)
         results[name] = check_load_on_mesh(Path(directory))
-    results["restore"] = check_restore_into_mesh_sharding(Path(cases[0].split("=", 1)[1]))
+    first = Path(cases[0].split("=", 1)[1])
+    results["restore"] = check_restore_into_mesh_sharding(first)
+    results["sft"] = sft_worker.train_losses(first, sft_worker.MESH_SHAPE, per_device=2)
+    results["sft_lora"] = sft_worker.train_losses(first, sft_worker.MESH_SHAPE, per_device=2, lora=True)
     Path(out_path).write_text(json.dumps(results))
 
 

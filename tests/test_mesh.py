@@ -1,14 +1,19 @@
-"""Loading on a simulated 8-device mesh (fsdp=4 x tp=2): same logits, parameters really sharded."""
+"""On a simulated 8-device mesh (fsdp=4 x tp=2): same logits, parameters really sharded, SFT losses equal to one
+device's; and two processes of 4 devices joined by jax.distributed train like one process of 8."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from tests import sft_worker
 
 MESH_CASES = ["qwen2", "qwen3_tied", "llama32", "gemma3"]
 # (query projection path, its full shape, its shard shape on fsdp=4 x tp=2)
@@ -58,3 +63,55 @@ def test_export_from_sharded_parameters_is_bit_exact(mesh_results, case):
 def test_load_state_dict_restores_straight_into_the_mesh_sharding(mesh_results):
     assert mesh_results["restore"] == {"all_matched": True, "same_sharding": True, "sharded_on_8": True,
                                        "values_equal": True}
+
+
+@pytest.fixture(scope="session")
+def one_device_sft(tiny_checkpoints):
+    """The same SFT runs on this process's single device, global batch 8."""
+    path = tiny_checkpoints.path(MESH_CASES[0])
+    return {"full": sft_worker.train_losses(path, None, per_device=8),
+            "lora": sft_worker.train_losses(path, None, per_device=8, lora=True)}
+
+
+def test_sft_on_fsdp4_tp2_gives_the_losses_of_one_device(mesh_results, one_device_sft):
+    eight, one = mesh_results["sft"], one_device_sft["full"]
+    assert eight["global_batch"] == one["global_batch"] == 8  # 2 per device x data-parallel 4
+    np.testing.assert_allclose(eight["losses"], one["losses"], rtol=1e-4)
+    assert eight["traces"] == 1
+
+
+def test_lora_sft_on_fsdp4_tp2_gives_the_losses_of_one_device(mesh_results, one_device_sft):
+    np.testing.assert_allclose(mesh_results["sft_lora"]["losses"], one_device_sft["lora"]["losses"], rtol=1e-4)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def two_process_sft(tiny_checkpoints, tmp_path_factory):
+    """Two processes x 4 CPU devices, joined by jax.distributed (gloo collectives) into one 8-device mesh."""
+    folder = tmp_path_factory.mktemp("distributed")
+    port = _free_port()
+    workers = []
+    for index in range(2):
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index))
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.sft_worker", str(folder / f"{index}.json"),
+             str(tiny_checkpoints.path(MESH_CASES[0]))],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [worker.communicate(timeout=600)[0] for worker in workers]
+    for worker, output in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, output[-4000:]
+    return [json.loads((folder / f"{index}.json").read_text()) for index in range(2)]
+
+
+def test_two_processes_of_four_devices_train_like_one_process_of_eight(two_process_sft, mesh_results):
+    assert [(r["process_index"], r["process_count"], r["local_devices"], r["devices"]) for r in two_process_sft] == \
+        [(0, 2, 4, 8), (1, 2, 4, 8)]
+    for result in two_process_sft:
+        assert result["global_batch"] == 8
+        np.testing.assert_allclose(result["losses"], mesh_results["sft"]["losses"], rtol=1e-4)

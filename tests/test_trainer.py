@@ -12,21 +12,6 @@ from tests import tiny
 from torchlike.adapters import tunix_sft
 from torchlike.peft import LoraConfig, get_peft_model
 
-LENGTH = 24
-
-
-def padded_examples(count: int, seed: int = 0, full: bool = False) -> list[dict]:
-    """Examples of unequal lengths, right-padded to LENGTH, loss on every real token."""
-    rng = np.random.default_rng(seed)
-    examples = []
-    for _ in range(count):
-        size = LENGTH if full else int(rng.integers(6, LENGTH + 1))
-        ids = np.zeros(LENGTH, np.int32)
-        ids[:size] = rng.integers(3, tiny.VOCAB, size)
-        mask = (np.arange(LENGTH) < size).astype(np.int32)
-        examples.append({"input_ids": ids, "attention_mask": mask, "loss_mask": mask.copy()})
-    return examples
-
 
 def arguments(tmp_path, **overrides):
     values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=6, learning_rate=1e-3,
@@ -52,14 +37,14 @@ def test_sft_losses_match_trl_for_20_steps(tiny_checkpoints, tmp_path):
     from torch.utils.data import SequentialSampler
 
     path = tiny_checkpoints.path("qwen2")
-    examples = padded_examples(80, seed=1, full=True)
+    examples = tiny.padded_examples(80, seed=1, full=True)
     settings = dict(per_device_train_batch_size=4, max_steps=20, learning_rate=1e-3, lr_scheduler_type="linear",
                     warmup_steps=3, max_grad_norm=1.0, weight_decay=0.01, logging_steps=1, seed=0, bf16=False,
                     gradient_checkpointing=False)
     reference = trl.SFTTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), max_length=LENGTH, use_cpu=True, report_to="none",
-                           save_strategy="no", **settings),
+        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), max_length=tiny.EXAMPLE_LENGTH, use_cpu=True,
+                           report_to="none", save_strategy="no", **settings),
         train_dataset=datasets.Dataset.from_dict({"input_ids": [e["input_ids"].tolist() for e in examples]}),
         processing_class=transformers.AutoTokenizer.from_pretrained(tiny.build_tokenizer(tmp_path / "tok")))
     reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
@@ -79,7 +64,7 @@ def test_sft_losses_match_trl_for_20_steps(tiny_checkpoints, tmp_path):
 
 def test_gradient_accumulation_4x2_equals_batch_8_on_padded_examples(tiny_checkpoints, tmp_path):
     path = tiny_checkpoints.path("qwen2")
-    examples = padded_examples(16, seed=2)
+    examples = tiny.padded_examples(16, seed=2)
 
     def train(**overrides):
         model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(path),
@@ -100,7 +85,7 @@ def test_lora_sft_lowers_the_loss_and_changes_only_lora_parameters(tiny_checkpoi
     model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
                            LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
     before = {k: np.asarray(v) for k, v in model.state_dict().items()}
-    examples = padded_examples(8, seed=3)
+    examples = tiny.padded_examples(8, seed=3)
     trainer = sequential(torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=15, learning_rate=5e-3),
                                            train_dataset=examples), 8)
     trainer.train()
@@ -112,7 +97,7 @@ def test_lora_sft_lowers_the_loss_and_changes_only_lora_parameters(tiny_checkpoi
 
 def test_second_epoch_and_last_partial_batch_add_no_trace(tiny_checkpoints, tmp_path):
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
-    examples = padded_examples(10, seed=4)  # 10 = 2 full batches of 4 + a partial one of 2
+    examples = tiny.padded_examples(10, seed=4)  # 10 = 2 full batches of 4 + a partial one of 2
     trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=-1, num_train_epochs=2),
                                 train_dataset=examples)
     before = tunix_sft.TRACE_COUNTS["train_step"]
@@ -123,7 +108,7 @@ def test_second_epoch_and_last_partial_batch_add_no_trace(tiny_checkpoints, tmp_
 
 def test_resume_from_a_checkpoint_continues_exactly(tiny_checkpoints, tmp_path):
     path = tiny_checkpoints.path("qwen2")
-    examples = padded_examples(24, seed=5)
+    examples = tiny.padded_examples(24, seed=5)
 
     def trainer_for(output, **overrides):
         model = torchlike.AutoModelForCausalLM.from_pretrained(path)

@@ -113,3 +113,19 @@ def build_tokenizer(directory: Path) -> Path:
                                                 unk_token="<unk>")
     fast.save_pretrained(directory)
     return Path(directory)
+
+
+EXAMPLE_LENGTH = 24
+
+
+def padded_examples(count: int, seed: int = 0, full: bool = False) -> list[dict]:
+    """Examples of unequal lengths, right-padded to EXAMPLE_LENGTH, loss on every real token."""
+    rng = np.random.default_rng(seed)
+    examples = []
+    for _ in range(count):
+        size = EXAMPLE_LENGTH if full else int(rng.integers(6, EXAMPLE_LENGTH + 1))
+        ids = np.zeros(EXAMPLE_LENGTH, np.int32)
+        ids[:size] = rng.integers(3, VOCAB, size)
+        mask = (np.arange(EXAMPLE_LENGTH) < size).astype(np.int32)
+        examples.append({"input_ids": ids, "attention_mask": mask, "loss_mask": mask.copy()})
+    return examples
