@@ -1,0 +1,195 @@
+"""The transformers flow around the train step: when the Trainer logs, evaluates, saves and reports, the data
+it feeds (drop_last, prefetch, collator rows), and SFT's completion-only loss against a hand-computed NLL."""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers import TrainerCallback
+
+import torchlike
+from tests import tiny
+from tests.test_trainer import arguments, logged_losses
+from torchlike.trl import SFTConfig
+from torchlike.trl.sft_trainer import SFTTrainer
+
+
+def trainer_for(tiny_checkpoints, tmp_path, examples=None, **overrides):
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    examples = tiny.padded_examples(12, seed=11) if examples is None else examples
+    args = arguments(tmp_path, train_sampling_strategy="sequential", disable_tqdm=True, **overrides)
+    return torchlike.Trainer(model=model, args=args, train_dataset=examples, eval_dataset=examples[:6])
+
+
+class EventRecorder(TrainerCallback):
+    def __init__(self):
+        self.events = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            return lambda args, state, control, **kwargs: self.events.append((name, state.global_step))
+        return super().__getattribute__(name)
+
+
+def test_eval_strategy_steps_with_eval_on_start_evaluates_at_0_2_4_6(tiny_checkpoints, tmp_path):
+    trainer = trainer_for(tiny_checkpoints, tmp_path, eval_strategy="steps", eval_steps=2, eval_on_start=True)
+    trainer.train()
+    evaluations = [(entry["step"], entry["eval_loss"]) for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert [step for step, _ in evaluations] == [0, 2, 4, 6]
+    assert evaluations[-1][1] == pytest.approx(trainer.evaluate()["eval_loss"], rel=1e-6)
+    assert evaluations[-1][1] < evaluations[0][1]
+
+
+def test_callbacks_see_transformers_events_in_order(tiny_checkpoints, tmp_path):
+    recorder = EventRecorder()
+    trainer = trainer_for(tiny_checkpoints, tmp_path, max_steps=2, save_strategy="steps", save_steps=2,
+                          eval_strategy="steps", eval_steps=2)
+    trainer.add_callback(recorder)
+    trainer.train()
+    names = [name for name, _ in recorder.events]
+    assert names[0] == "on_train_begin" and names[-1] == "on_train_end"
+    assert names.count("on_step_end") == 2 and names.count("on_save") == 1 and names.count("on_evaluate") == 1
+    assert names.index("on_step_begin") < names.index("on_step_end") < names.index("on_log")
+
+
+def test_logging_first_step_logs_step_1_then_every_logging_steps(tiny_checkpoints, tmp_path):
+    trainer = trainer_for(tiny_checkpoints, tmp_path, logging_steps=5, logging_first_step=True, max_steps=6)
+    trainer.train()
+    assert [entry["step"] for entry in trainer.state.log_history if "loss" in entry] == [1, 5]
+    assert [entry["step"] for entry in trainer.state.log_history if "train_loss" in entry] == [6]
+
+
+def test_logged_loss_is_the_mean_over_the_logging_window(tiny_checkpoints, tmp_path):
+    every = trainer_for(tiny_checkpoints, tmp_path / "a", logging_steps=1)
+    every.train()
+    windowed = trainer_for(tiny_checkpoints, tmp_path / "b", logging_steps=3)
+    windowed.train()
+    losses = logged_losses(every)
+    assert logged_losses(windowed) == pytest.approx([np.mean(losses[:3]), np.mean(losses[3:])], rel=1e-6)
+
+
+def test_report_to_tensorboard_writes_the_logged_losses(tiny_checkpoints, tmp_path):
+    trainer = trainer_for(tiny_checkpoints, tmp_path, report_to="tensorboard")
+    trainer.train()
+    event_files = list(Path(trainer.args.output_dir).rglob("events.out.tfevents.*"))
+    assert event_files, "TensorBoard wrote no event file"
+    scalars = read_tensorboard_scalars(event_files[0])
+    assert scalars["train/loss"] == pytest.approx(logged_losses(trainer), rel=1e-5)
+
+
+def read_tensorboard_scalars(path: Path) -> dict[str, list[float]]:
+    """Scalars of a TensorBoard event file (TFRecord framing: length, crc, payload, crc)."""
+    from tensorboardX.proto import event_pb2
+
+    data, scalars, offset = path.read_bytes(), {}, 0
+    while offset < len(data):
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+        offset += 12 + length + 4
+        for value in event.summary.value:
+            scalars.setdefault(value.tag, []).append(value.simple_value)
+    return scalars
+
+
+def test_save_only_model_writes_no_optimizer_state_and_resume_warns(tiny_checkpoints, tmp_path):
+    trainer = trainer_for(tiny_checkpoints, tmp_path, max_steps=2, save_strategy="steps", save_steps=2,
+                          save_only_model=True)
+    trainer.train()
+    folder = Path(trainer.args.output_dir) / "checkpoint-2"
+    assert (folder / "model").exists() and not (folder / "optimizer").exists()
+    assert (folder / "trainer_state.json").is_file()
+    again = trainer_for(tiny_checkpoints, tmp_path, max_steps=3, save_strategy="no")
+    with pytest.warns(UserWarning, match="no optimizer state"):
+        again.train(resume_from_checkpoint=str(folder))
+    assert again.state.global_step == 3
+
+
+def test_dataloader_drop_last_drops_the_partial_batch(tiny_checkpoints, tmp_path):
+    examples = tiny.padded_examples(10, seed=4)  # batches of 4: two full, one of 2
+    kept = trainer_for(tiny_checkpoints, tmp_path, examples, max_steps=-1, num_train_epochs=1)
+    kept.train()
+    dropped = trainer_for(tiny_checkpoints, tmp_path, examples, max_steps=-1, num_train_epochs=1,
+                          dataloader_drop_last=True)
+    dropped.train()
+    assert (kept.state.global_step, dropped.state.global_step) == (3, 2)
+    assert logged_losses(dropped) == pytest.approx(logged_losses(kept)[:2], rel=1e-6)
+
+
+def test_prefetching_batches_gives_the_same_losses(tiny_checkpoints, tmp_path):
+    inline = trainer_for(tiny_checkpoints, tmp_path / "a", prefetch_batches=0)
+    inline.train()
+    ahead = trainer_for(tiny_checkpoints, tmp_path / "b", prefetch_batches=3)
+    ahead.train()
+    assert logged_losses(ahead) == logged_losses(inline)
+
+
+def test_a_collator_returning_the_wrong_row_count_names_the_data_parallel_size(tiny_checkpoints, tmp_path):
+    trainer = trainer_for(tiny_checkpoints, tmp_path)
+    trainer.data_collator = lambda rows: {k: np.stack([r[k] for r in rows[:-1]]) for k in rows[0]}
+    with pytest.raises(ValueError, match="returned \\(3,\\) rows.*data-parallel size 1"):
+        trainer.train()
+
+
+def test_nan_losses_are_filtered_from_the_logged_mean_as_transformers_does(tmp_path):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    class Scale(nnx.Module):
+        def __init__(self):
+            self.weight = nnx.Param(jnp.ones(()))
+
+    def loss_fn(model, batch):
+        return (model.weight * batch["x"]).sum(), jnp.asarray(batch["x"].shape[0], jnp.float32)
+
+    data = [{"x": np.float32(v)} for v in (1.0, 2.0, 3.0, np.nan)]
+    results = {}
+    for nan_filter in (True, False):
+        args = arguments(tmp_path, per_device_train_batch_size=1, max_steps=4, logging_steps=4, optim="sgd",
+                         learning_rate=0.0, train_sampling_strategy="sequential", logging_nan_inf_filter=nan_filter,
+                         disable_tqdm=True)
+        trainer = torchlike.Trainer(model=Scale(), args=args, train_dataset=data, loss_fn=loss_fn)
+        trainer.train()
+        results[nan_filter] = logged_losses(trainer)[0]
+    assert results[True] == pytest.approx(2.0) and math.isnan(results[False])  # (1 + 2 + 3 + mean(1, 2, 3)) / 4
+
+
+def test_hub_strategy_every_save_pushes_the_model_at_each_save(tiny_checkpoints, tmp_path, monkeypatch):
+    from torchlike.adapters import hf_hub
+
+    pushes = []
+    monkeypatch.setattr(hf_hub, "upload_folder", lambda folder, repo_id, commit_message, **kwargs: pushes.append(
+        (repo_id, commit_message, sorted(p.name for p in Path(folder).iterdir() if p.suffix == ".safetensors"))))
+    trainer = trainer_for(tiny_checkpoints, tmp_path, max_steps=4, save_strategy="steps", save_steps=2,
+                          push_to_hub=True, hub_model_id="me/tiny", hub_strategy="every_save")
+    trainer.train()
+    assert pushes == [("me/tiny", "Training in progress, step 2", ["model.safetensors"]),
+                      ("me/tiny", "Training in progress, step 4", ["model.safetensors"])]
+
+
+def test_completion_only_loss_equals_the_hand_computed_masked_nll(tiny_checkpoints, tokenizer_dir, tmp_path):
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+    data = [{"prompt": "the quick brown", "completion": " fox jumps"}, {"prompt": "one", "completion": " two three"},
+            {"prompt": "hello world, this", "completion": " is tiny"}, {"prompt": "lazy", "completion": " dog"}]
+    args = SFTConfig(output_dir=str(tmp_path / "out"), max_length=24, per_device_train_batch_size=4, max_steps=1,
+                     logging_steps=1, report_to="none", save_strategy="no", bf16=False, disable_tqdm=True)
+    trainer = SFTTrainer(model=str(tiny_checkpoints.path("qwen2")), args=args, train_dataset=data,
+                         processing_class=tokenizer)
+    trainer.train()
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype=torch.float32)
+    total, count = 0.0, 0
+    for row in data:
+        prompt = tokenizer(row["prompt"])["input_ids"]
+        ids = tokenizer(row["prompt"] + row["completion"])["input_ids"] + [tokenizer.eos_token_id]
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids])).logits[0].double()
+        nll = -torch.log_softmax(logits[:-1], dim=-1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        total += float(nll[len(prompt) - 1:].sum())  # targets are the completion tokens and the eos
+        count += len(ids) - len(prompt)
+    assert logged_losses(trainer)[0] == pytest.approx(total / count, rel=1e-5)
