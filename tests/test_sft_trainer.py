@@ -45,3 +45,18 @@ def test_torch_only_hooks_are_refused(tiny_checkpoints, tokenizer_dir, tmp_path)
         SFTTrainer(model=str(tiny_checkpoints.path("qwen2")), args=config(tmp_path), train_dataset=DATA,
                    processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
                    optimizer_cls_and_kwargs=(object, {}))
+
+
+def test_shuffle_dataset_shuffles_the_prepared_examples_once_by_seed(tiny_checkpoints, tokenizer_dir, tmp_path):
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+    data = [{"prompt": f"{'one ' * (i + 1)}", "completion": " two"} for i in range(8)]
+
+    def prepared(**overrides):
+        trainer = SFTTrainer(model=str(tiny_checkpoints.path("qwen2")), args=config(tmp_path, **overrides),
+                             train_dataset=data, processing_class=tokenizer)
+        return [len(example["input_ids"]) for example in trainer.train_dataset]
+
+    in_order = prepared()
+    shuffled = prepared(shuffle_dataset=True, seed=3)
+    assert in_order == sorted(in_order) and shuffled != in_order and sorted(shuffled) == in_order
+    assert prepared(shuffle_dataset=True, seed=3) == shuffled

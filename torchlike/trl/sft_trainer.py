@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..trainer import Trainer
 from .sft_data import collate_sft_batch, pad_token_id_for, prepare_sft_examples
 
@@ -71,6 +73,9 @@ class SFTTrainer(Trainer):
                 formatting_func=formatting_func)
 
         train_examples = prepare(train_dataset)
+        if args.shuffle_dataset and train_examples:
+            order = np.random.default_rng(args.seed).permutation(len(train_examples))
+            train_examples = [train_examples[int(i)] for i in order]
         vocab_size = getattr(model.config, "vocab_size", None)
         largest = max([self.pad_token_id, *(max(e["input_ids"], default=0) for e in train_examples or [])])
         if vocab_size is not None and largest >= vocab_size:
