@@ -35,25 +35,77 @@ def enable_rematerialisation(module: nnx.Module) -> int:
 
 
 def causal_lm_loss(family: Family) -> Callable:
-    """``loss(module, batch) -> (summed token NLL, number of loss tokens)``.
+    """``loss(module, batch, num_items_in_batch) -> (summed token NLL, number of loss tokens, {})``.
 
     ``batch`` holds ``input_ids``, ``attention_mask`` and ``loss_mask`` of shape ``[B, T]``; the
     label of position ``t`` is ``input_ids[t]``, predicted from position ``t - 1``, counted when
     ``loss_mask[t]`` and ``attention_mask[t]`` are both 1 (TRL's ``completion_mask`` alignment).
     """
 
-    def loss(module, batch):
-        mask = batch["attention_mask"].astype(bool)
-        positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
-        length = mask.shape[-1]
-        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        attention = causal[None] & mask[:, None, :]
-        logits = family.forward(module, batch["input_ids"].astype(jnp.int32), positions, attention)
+    def loss(module, batch, num_items_in_batch=None):
+        logits = causal_lm_logits(family, module, batch)
         log_probs = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
         targets = batch["input_ids"][:, 1:].astype(jnp.int32)
         picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
         weights = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).astype(jnp.float32)
-        return -(picked * weights).sum(), weights.sum()
+        return -(picked * weights).sum(), weights.sum(), {}
+
+    return loss
+
+
+def causal_lm_logits(family: Family, module: nnx.Module, batch: dict) -> jax.Array:
+    """Logits ``[B, T, V]`` of a padded ``input_ids``/``attention_mask`` batch (positions count real tokens)."""
+    mask = batch["attention_mask"].astype(bool)
+    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
+    length = mask.shape[-1]
+    attention = jnp.tril(jnp.ones((length, length), dtype=bool))[None] & mask[:, None, :]
+    return family.forward(module, batch["input_ids"].astype(jnp.int32), positions, attention)
+
+
+def mean_loss(loss_fn: Callable) -> Callable:
+    """Wraps a JAX-native ``loss_fn(model, batch) -> loss | (loss, aux)`` (a mean over its batch, ``aux`` a
+    dict of scalars): each micro-batch weighs 1, so accumulation averages the micro-batch losses."""
+
+    def loss(module, batch, num_items_in_batch=None):
+        out = loss_fn(module, batch)
+        value, aux = out if isinstance(out, tuple) else (out, {})
+        if not isinstance(aux, dict):
+            raise TypeError(f"loss_fn returned (loss, {type(aux).__name__}); the second element must be a dict of "
+                            "scalar metrics, e.g. {'accuracy': acc}.")
+        return value, jnp.float32(1.0), aux
+
+    return loss
+
+
+def label_count(shift: bool) -> Callable:
+    """``count(batch) -> labels != -100`` over ``labels[..., 1:]`` when ``shift`` (causal LMs, as transformers
+    counts ``num_items_in_batch``), or over all labels; a ``shift_labels`` column is used as is."""
+
+    def count(batch):
+        if "shift_labels" in batch:
+            labels = batch["shift_labels"]
+        else:
+            labels = batch["labels"][..., 1:] if shift else batch["labels"]
+        return (labels != -100).sum().astype(jnp.float32)
+
+    return count
+
+
+def transformers_loss(compute_loss_func: Callable, call_model: Callable, count: Callable) -> Callable:
+    """A transformers ``compute_loss_func(outputs, labels, num_items_in_batch)`` as a step loss.
+
+    ``outputs = call_model(module, inputs)`` where ``inputs`` is the batch without ``labels``/``shift_labels``;
+    the function receives the item count of the whole accumulated step, so (as in transformers) its value is
+    already normalised and the micro-batch values add up: each is returned scaled back by that count, with its
+    own count as weight.
+    """
+
+    def loss(module, batch, num_items_in_batch=None):
+        inputs = {key: value for key, value in batch.items() if key not in ("labels", "shift_labels")}
+        items = count(batch)
+        total = items if num_items_in_batch is None else num_items_in_batch
+        value = compute_loss_func(call_model(module, inputs), batch["labels"], num_items_in_batch=total)
+        return value * total, items, {}
 
     return loss
 
@@ -68,35 +120,42 @@ def _cast_floating(state, dtype):
 
 
 def make_train_step(
-    loss_sum: Callable,
+    loss: Callable,
     trainable: Any,
     compute_dtype=None,
     lora: bool = False,
     seed: int = 0,
+    count_items: Callable | None = None,
 ) -> Callable:
     """A jitted ``step(module, optimizer, micro_batches, step_index) -> metrics``.
 
     Args:
-        loss_sum: ``(module, batch) -> (summed loss, item count)``.
+        loss: ``(module, batch, num_items_in_batch) -> (value, weight, aux)``: the step's loss is
+            ``sum(values) / sum(weights)`` over the micro-batches (summed NLL / token count for
+            :func:`causal_lm_loss`), ``aux`` a dict of scalars averaged over micro-batches.
         trainable: the NNX filter of the parameters to update (``nnx.LoRAParam`` or ``nnx.Param``).
         compute_dtype: run the forward/backward pass with parameters cast to this dtype
-            (bf16/fp16 mixed precision); the optimizer keeps the full-precision weights.
+            (bf16 mixed precision); the optimizer keeps the full-precision weights.
         lora: run LoRA ops in training mode (dropout on).
         seed: the dropout RNG of step ``i`` is ``fold_in(key(seed), i)``, so a resumed run draws
             the same masks (the key is made inside the program: no host-side key crosses processes).
+        count_items: ``batch -> item count``; when given, the step passes the count over all its
+            micro-batches to ``loss`` as ``num_items_in_batch`` (transformers' convention).
 
-    The returned step takes ``micro_batches`` with a leading accumulation axis ``[A, B, T]``,
-    sums the gradients of the summed loss over the ``A`` micro-batches and divides by the total
-    item count, as transformers does with ``num_items_in_batch``.
+    The returned step takes ``micro_batches`` with a leading accumulation axis ``[A, B, T]`` and
+    sums the gradients of the values over the ``A`` micro-batches before dividing by the total
+    weight, as transformers does with ``num_items_in_batch``.
     """
-    def forward(module, batch):
+    def forward(module, batch, num_items):
         if compute_dtype is not None:
             graphdef, state = nnx.split(module)
             module = nnx.merge(graphdef, _cast_floating(state, compute_dtype))
         if lora:
             with qwix_lora.lora_mode(qwix_lora.TRAIN):
-                return loss_sum(module, batch)
-        return loss_sum(module, batch)
+                value, weight, aux = loss(module, batch, num_items)
+        else:
+            value, weight, aux = loss(module, batch, num_items)
+        return value, (weight, aux)
 
     grad_fn = nnx.value_and_grad(forward, argnums=nnx.DiffState(0, trainable), has_aux=True)
 
@@ -106,23 +165,27 @@ def make_train_step(
         if lora:
             qwix_lora.set_dropout_rng(module, jax.random.fold_in(jax.random.key(seed), step_index))
         count = jax.tree.leaves(micro_batches)[0].shape[0]
-        total_loss, total_items, grads = 0.0, 0.0, None
-        for index in range(count):
-            batch = jax.tree.map(lambda x, i=index: x[i], micro_batches)
-            (loss, items), micro_grads = grad_fn(module, batch)
-            total_loss, total_items = total_loss + loss, total_items + items
+        batches = [jax.tree.map(lambda x, i=index: x[i], micro_batches) for index in range(count)]
+        num_items = sum(count_items(batch) for batch in batches) if count_items is not None else None
+        total_value, total_weight, aux_sum, grads = 0.0, 0.0, {}, None
+        for batch in batches:
+            (value, (weight, aux)), micro_grads = grad_fn(module, batch, num_items)
+            total_value, total_weight = total_value + value, total_weight + weight
+            aux_sum = {key: aux_sum.get(key, 0.0) + aux[key] for key in aux}
             grads = micro_grads if grads is None else jax.tree.map(jnp.add, grads, micro_grads)
-        scale = 1.0 / jnp.maximum(total_items, 1.0)
+        scale = 1.0 / jnp.maximum(total_weight, 1e-9)
         grads = jax.tree.map(lambda g: g * scale, grads)
         grad_norm = optax.tree.norm(grads)
         optimizer.update(module, grads)
-        return {"loss": total_loss * scale, "grad_norm": grad_norm, "num_tokens": total_items}
+        return {"loss": total_value * scale, "grad_norm": grad_norm, "weight": total_weight,
+                **{key: value / count for key, value in aux_sum.items()}}
 
     return step
 
 
-def make_eval_step(loss_sum: Callable, compute_dtype=None) -> Callable:
-    """A jitted ``step(module, batch) -> (summed loss, item count)`` (adapters in eval mode, no dropout)."""
+def make_eval_step(loss: Callable, compute_dtype=None, count_items: Callable | None = None) -> Callable:
+    """A jitted ``step(module, batch) -> (value, weight, aux)`` with ``loss`` as in :func:`make_train_step`
+    (adapters in eval mode, no dropout)."""
 
     @nnx.jit
     def step(module, batch):
@@ -130,7 +193,6 @@ def make_eval_step(loss_sum: Callable, compute_dtype=None) -> Callable:
         if compute_dtype is not None:
             graphdef, state = nnx.split(module)
             module = nnx.merge(graphdef, _cast_floating(state, compute_dtype))
-        return loss_sum(module, batch)
+        return loss(module, batch, count_items(batch) if count_items is not None else None)
 
     return step
-

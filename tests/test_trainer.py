@@ -145,7 +145,7 @@ def test_plain_nnx_module_trains_with_a_jax_native_loss_fn(tmp_path):
 
     def loss_fn(model, batch):
         error = model.linear(batch["x"])[:, 0] - batch["y"]
-        return (error ** 2).sum(), jnp.asarray(error.shape[0], jnp.float32)
+        return (error ** 2).mean(), {"max_error": jnp.abs(error).max()}
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 4)).astype(np.float32)
@@ -156,8 +156,35 @@ def test_plain_nnx_module_trains_with_a_jax_native_loss_fn(tmp_path):
     trainer.train()
     losses = logged_losses(trainer)
     assert losses[-1] < 0.05 * losses[0]
+    max_errors = [entry["max_error"] for entry in trainer.state.log_history if "max_error" in entry]
+    assert len(max_errors) == len(losses) and max_errors[-1] < max_errors[0]
 
 
-def test_torch_loss_hook_is_refused_with_the_jax_alternative(tmp_path):
-    with pytest.raises(ValueError, match="loss_fn\\(model, batch\\)"):
-        torchlike.Trainer(model=None, args=arguments(tmp_path), compute_loss_func=lambda *a, **k: 0.0)
+def test_compute_loss_func_and_loss_fn_together_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="either compute_loss_func .* or loss_fn"):
+        torchlike.Trainer(model=None, args=arguments(tmp_path), compute_loss_func=lambda *a, **k: 0.0,
+                          loss_fn=lambda model, batch: 0.0)
+
+
+def test_compute_loss_func_on_a_causal_lm_matches_the_built_in_loss(tiny_checkpoints, tmp_path):
+    import jax.numpy as jnp
+    import optax
+
+    def causal_lm_loss(outputs, labels, num_items_in_batch=None):
+        logits, targets = outputs.logits[:, :-1], labels[:, 1:]
+        valid = targets != -100
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.where(valid, targets, 0))
+        return jnp.where(valid, nll, 0.0).sum() / num_items_in_batch
+
+    examples = tiny.padded_examples(16, seed=6)
+    labelled = [{"input_ids": e["input_ids"], "attention_mask": e["attention_mask"],
+                 "labels": np.where(e["attention_mask"] == 1, e["input_ids"], -100)} for e in examples]
+    runs = []
+    for rows, hook in ((examples, None), (labelled, causal_lm_loss)):
+        model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+        trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=2, gradient_accumulation_steps=2,
+                                                                train_sampling_strategy="sequential"),
+                                    train_dataset=rows, compute_loss_func=hook)
+        trainer.train()
+        runs.append(logged_losses(trainer))
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)

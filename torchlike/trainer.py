@@ -117,13 +117,17 @@ class Trainer:
         data_collator: ``list[example] -> dict[str, np.ndarray]`` with fixed shapes; default: stack.
         train_dataset, eval_dataset: sequences of examples (dicts of arrays or token lists).
         processing_class: the tokenizer (saved with ``save_model``).
-        compute_loss_func: transformers-style ``(outputs, labels, num_items_in_batch=None) -> loss``;
-            torch outputs do not exist on JAX, so it is refused with a message (use ``loss_fn``).
+        compute_loss_func: transformers' ``(outputs, labels, num_items_in_batch=None) -> loss``, written with
+            ``jax.numpy``: batches need a ``labels`` column; ``outputs`` is ``model(**other columns)`` for a plain
+            NNX module, or a :class:`~torchlike.CausalLMOutput` with ``logits`` for a torchlike model;
+            ``num_items_in_batch`` counts ``labels != -100`` over the whole accumulated step (``labels[..., 1:]``
+            for torchlike causal LMs, as transformers does), so the returned loss is already normalised.
         callbacks: ``transformers.TrainerCallback`` objects (or classes), called at the usual events.
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
-        loss_fn: JAX-native ``loss_fn(model, batch) -> (summed loss, item count)``; the step divides
-            by the total item count across accumulated micro-batches. Rows that pad the last batch
-            are all zeros: give them no weight (e.g. through a mask), or set ``dataloader_drop_last``.
+        loss_fn: JAX-native ``loss_fn(model, batch) -> loss | (loss, aux)``: the mean loss of the
+            micro-batch (accumulated micro-batches are averaged) and optionally a dict of scalar
+            metrics, logged like ``loss``. Rows that pad the last batch are all zeros: give them no
+            weight (e.g. through a mask), or set ``dataloader_drop_last``.
 
     Example:
 
@@ -143,9 +147,9 @@ class Trainer:
 
         if unsupported:
             raise TypeError(f"Trainer got unsupported arguments {sorted(unsupported)}.")
-        if compute_loss_func is not None:
-            raise ValueError("compute_loss_func (torch outputs/labels) cannot run on JAX; pass "
-                             "loss_fn(model, batch) -> (summed loss, item count) instead.")
+        if compute_loss_func is not None and loss_fn is not None:
+            raise ValueError("pass either compute_loss_func (transformers' convention) or loss_fn (JAX-native), "
+                             "not both.")
         if compute_metrics is not None:
             raise ValueError("compute_metrics is not supported yet; evaluate() reports eval_loss.")
         if args is None:
@@ -167,6 +171,7 @@ class Trainer:
         self.processing_class = processing_class
         self._custom_optimizer = optimizers[0] if optimizers else None
         self._loss_fn = loss_fn
+        self._compute_loss_func = compute_loss_func
         self.optimizer = None
         self.lr_scheduler = None
         self.mesh = self._resolve_mesh()
@@ -229,13 +234,27 @@ class Trainer:
 
         return nnx.LoRAParam if self._is_lora() else nnx.Param
 
-    def _loss(self):
-        if self._loss_fn is not None:
-            return self._loss_fn
+    def _loss(self) -> tuple[Callable, Callable | None]:
+        """The step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)`` and, for
+        ``compute_loss_func``, the item counter that gives ``num_items_in_batch``."""
         family = getattr(self.model, "family", None)
+        if self._compute_loss_func is not None:
+            if family is not None:
+                from .modeling import CausalLMOutput
+
+                def call_model(module, inputs):
+                    return CausalLMOutput(logits=tunix_sft.causal_lm_logits(family, module, inputs))
+            else:
+                def call_model(module, inputs):
+                    return module(**inputs)
+            count = tunix_sft.label_count(shift=family is not None)
+            return tunix_sft.transformers_loss(self._compute_loss_func, call_model, count), count
+        if self._loss_fn is not None:
+            return tunix_sft.mean_loss(self._loss_fn), None
         if family is None:
-            raise ValueError("a plain NNX module needs loss_fn=(model, batch) -> (summed loss, item count).")
-        return tunix_sft.causal_lm_loss(family)
+            raise ValueError("a plain NNX module needs loss_fn=(model, batch) -> loss | (loss, aux), or "
+                             "compute_loss_func=(outputs, labels, num_items_in_batch) -> loss.")
+        return tunix_sft.causal_lm_loss(family), None
 
     def _compute_dtype(self):
         import jax.numpy as jnp
@@ -371,8 +390,9 @@ class Trainer:
         trainable = self._trainable()
         self.optimizer = nnx.Optimizer(self._module, transformation, wrt=trainable)
         mesh_lib.shard_module(self.optimizer, self.mesh)  # moments follow the parameters; scalars replicated
-        step_fn = tunix_sft.make_train_step(self._loss(), trainable, self._compute_dtype(), lora=self._is_lora(),
-                                            seed=args.seed)
+        loss, count_items = self._loss()
+        step_fn = tunix_sft.make_train_step(loss, trainable, self._compute_dtype(), lora=self._is_lora(),
+                                            seed=args.seed, count_items=count_items)
         steps_per_epoch = self._steps_per_epoch()
         self.state = self._new_state()
         self.state.max_steps = total_steps
@@ -437,9 +457,10 @@ class Trainer:
             values = self._record_losses(window)
             losses = self._logged_losses[-len(values):]
             step = self.state.global_step
+            extra = {key: float(np.mean([float(v[key]) for v in values]))
+                     for key in values[-1] if key not in ("loss", "grad_norm", "weight")}
             self.log({"loss": float(np.mean(losses)), "grad_norm": float(values[-1]["grad_norm"]),
-                      "learning_rate": float(schedule(step - 1)) if schedule else float("nan"),
-                      "num_tokens": float(sum(float(v["num_tokens"]) for v in values))})
+                      "learning_rate": float(schedule(step - 1)) if schedule else float("nan"), **extra})
             window = []
         if self.control.should_evaluate and self.eval_dataset is not None:
             self.evaluate()
@@ -466,7 +487,8 @@ class Trainer:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("evaluate() needs an eval_dataset.")
-        step_fn = tunix_sft.make_eval_step(self._loss(), self._compute_dtype())
+        loss, count_items = self._loss()
+        step_fn = tunix_sft.make_eval_step(loss, self._compute_dtype(), count_items)
         size = self.args.per_device_eval_batch_size * self._data_parallel_size()
         sharding = mesh_lib.batch_sharding(self.mesh)
         rows = mesh_lib.local_rows(sharding, (size,))
@@ -483,6 +505,8 @@ class Trainer:
         loss = sum(float(v[0]) for v in values)
         items = sum(float(v[1]) for v in values)
         metrics = {"eval_loss": loss / max(items, 1.0), "eval_runtime": time.perf_counter() - started}
+        for key in values[0][2] if values else ():
+            metrics[f"eval_{key}"] = float(np.mean([float(v[2][key]) for v in values]))
         self.log(metrics)
         self._event("on_evaluate", metrics=metrics)
         return metrics
