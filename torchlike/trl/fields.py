@@ -9,8 +9,10 @@
 - ``"refused"``: only the default is supported; any other value raises ``ValueError`` with the reason, because
   ignoring it would change the results the user expects.
 
-``check_unsupported(args)`` applies the table to a config; trainers call it when they start. A test holds the table
-against the fields of the real ``trl.SFTConfig`` and ``transformers.TrainingArguments``.
+``check_unsupported(args)`` applies the table to a config; trainers call it when they start. A config class may name
+its own rows in a ``_FIELD_SUPPORT`` class attribute (``GRPOConfig``, ``DPOConfig``: see ``torchlike.trl.rl_fields``),
+which are laid over this table. A test holds the table against the fields of the real ``trl.SFTConfig`` and
+``transformers.TrainingArguments``.
 """
 
 from __future__ import annotations
@@ -320,6 +322,18 @@ def _shown(name: str, value: Any) -> str:
     return "'<hidden>'" if name == "hub_token" else repr(value)
 
 
+def field_table(config_class: type) -> dict[str, FieldSupport]:
+    """The rows that apply to a config class: ``FIELD_SUPPORT`` with the class's own ``_FIELD_SUPPORT`` laid over it.
+
+    Args:
+        config_class: ``TrainingArguments`` or a subclass.
+
+    Returns:
+        Field name -> ``FieldSupport``.
+    """
+    return {**FIELD_SUPPORT, **getattr(config_class, "_FIELD_SUPPORT", {})}
+
+
 def check_unsupported(args: Any) -> None:
     """Warn about ignored fields and reject refused fields that ``args`` sets to a non-default value.
 
@@ -333,13 +347,14 @@ def check_unsupported(args: Any) -> None:
         ValueError: a refused field is set; the message names each one with its value, the reason and the fix.
     """
     defaults = _defaults(type(args))
+    table = field_table(type(args))
     refused = []
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
         default = defaults.get(f.name)
         if not _differs(value, default):
             continue
-        support = FIELD_SUPPORT.get(f.name)
+        support = table.get(f.name)
         if support is None:
             warnings.warn(f"{f.name}={_shown(f.name, value)} is not in torchlike's field table "
                           "(torchlike.trl.fields.FIELD_SUPPORT), so nothing reads it; please report this.",

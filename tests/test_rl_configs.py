@@ -1,0 +1,378 @@
+"""GRPOConfig / DPOConfig match TRL 1.16 field for field, every field is classified, and bad settings are explained."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import transformers
+import trl
+
+from torchlike.adapters import rl_math
+from torchlike.trl import DPOConfig, GRPOConfig, SFTConfig, dpo_config, grpo_config
+from torchlike.trl.fields import FIELD_SUPPORT, check_unsupported, field_table
+from torchlike.trl.rl_fields import DPO_FIELD_SUPPORT, GRPO_FIELD_SUPPORT
+
+TORCHLIKE_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches"}
+# GRPO's max_prompt_length: removed from TRL in 0.28, still accepted by torchlike (with a FutureWarning).
+TORCHLIKE_GRPO_FIELDS = TORCHLIKE_FIELDS | {"max_prompt_length"}
+# Values transformers derives in __post_init__ that torchlike leaves alone (as for SFTConfig): no Accelerate config,
+# and no DataLoader whose pin_memory use_cpu=True would turn off.
+POST_INIT_DIFFERENCES = {"accelerator_config", "dataloader_pin_memory"}
+TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+
+CASES = [(trl.GRPOConfig, GRPOConfig, GRPO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
+         (trl.DPOConfig, DPOConfig, DPO_FIELD_SUPPORT, TORCHLIKE_FIELDS)]
+CASE_IDS = ["GRPOConfig", "DPOConfig"]
+
+
+def _raw_default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _plain(value):
+    inner = getattr(value, "value", None)
+    return inner if isinstance(inner, str) else value
+
+
+def _quiet(factory, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return factory(**kwargs)
+
+
+# --- the field walk ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("reference", "ours", "table", "extra"), CASES, ids=CASE_IDS)
+def test_every_trl_field_exists_with_the_same_raw_default_and_is_classified(reference, ours, table, extra):
+    our_fields = {f.name: f for f in dataclasses.fields(ours)}
+    assert set(our_fields) == {f.name for f in dataclasses.fields(reference)} | extra
+    applied = field_table(ours)
+    for f in dataclasses.fields(reference):
+        assert _plain(_raw_default(our_fields[f.name])) == _plain(_raw_default(f)), f.name
+        assert f.name in applied, f"{reference.__name__}.{f.name} is not classified"
+        if f.name not in TRAINING_ARGUMENTS_FIELDS:
+            assert f.name in table, f"{reference.__name__}.{f.name} must be decided in its own table"
+
+
+@pytest.mark.parametrize(("reference", "ours", "table", "extra"), CASES, ids=CASE_IDS)
+def test_the_table_has_no_stale_name_and_real_reasons(reference, ours, table, extra):
+    assert set(table) <= {f.name for f in dataclasses.fields(ours)}
+    for name, support in table.items():
+        assert support.status in ("honoured", "ignored", "refused"), name
+        assert len(support.reason) > 20, f"{name} needs a real reason"
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+                                         "num_generations": 4, "scale_rewards": False, "pad_to_multiple_of": "64"},
+                                    {"per_device_train_batch_size": 2, "generation_batch_size": 8,
+                                     "num_generations": 4, "eval_strategy": "steps", "per_device_eval_batch_size": 4,
+                                     "num_generations_eval": 2, "scale_rewards": True}])
+def test_grpo_values_after_post_init_match_trl(tmp_path, kwargs):
+    theirs = _quiet(trl.GRPOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
+    ours = _quiet(GRPOConfig, output_dir=str(tmp_path), use_cpu=True, mesh_shape=(1, 1), **kwargs)
+    for f in dataclasses.fields(trl.GRPOConfig):
+        if f.name not in POST_INIT_DIFFERENCES:
+            assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"loss_type": "ipo", "pad_to_multiple_of": "8", "beta": 0.5},
+                                    {"loss_type": ["sigmoid", "bco_pair", "sft"], "loss_weights": [0.8, 0.2, 1.0]}])
+def test_dpo_values_after_post_init_match_trl(tmp_path, kwargs):
+    theirs = _quiet(trl.DPOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
+    ours = _quiet(DPOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
+    for f in dataclasses.fields(trl.DPOConfig):
+        if f.name not in POST_INIT_DIFFERENCES:
+            assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
+
+
+def test_trl_default_changes_are_spelled_out():
+    for config in (GRPOConfig(), DPOConfig()):
+        assert (config.learning_rate, config.logging_steps, config.gradient_checkpointing, config.bf16) == (
+            1e-6, 10, True, True)
+    assert GRPOConfig().remove_unused_columns is False and DPOConfig().disable_dropout is True
+
+
+def test_accepted_values_are_the_ones_rl_math_computes():
+    assert grpo_config.LOSS_TYPES == rl_math.GRPO_LOSS_TYPES
+    assert grpo_config.IMPORTANCE_SAMPLING_LEVELS == rl_math.IMPORTANCE_SAMPLING_LEVELS
+    assert grpo_config.SCALE_REWARDS == rl_math.SCALE_REWARDS
+    assert grpo_config.MULTI_OBJECTIVE_AGGREGATIONS == rl_math.MULTI_OBJECTIVE_AGGREGATIONS
+    assert dpo_config.LOSS_TYPES == rl_math.DPO_LOSS_TYPES
+    assert dpo_config.F_DIVERGENCE_TYPES == rl_math.F_DIVERGENCE_TYPES
+    assert set(dpo_config.F_DIVERGENCE_LOSS_TYPES) == rl_math.F_DIVERGENCE_LOSS_TYPES
+
+
+ISSUE_HONOURED_GRPO = ["num_generations", "num_generations_eval", "max_completion_length", "temperature", "top_p",
+                       "top_k", "min_p", "repetition_penalty", "generation_kwargs", "chat_template_kwargs", "beta",
+                       "epsilon", "epsilon_high", "importance_sampling_level", "num_iterations", "loss_type",
+                       "scale_rewards", "reward_weights", "mask_truncated_completions", "generation_batch_size",
+                       "steps_per_generation", "log_completions", "max_prompt_length"]
+ISSUE_HONOURED_DPO = ["beta", "loss_type", "label_smoothing", "max_length", "truncation_mode", "loss_weights"]
+
+
+def test_the_fields_the_issue_requires_are_honoured():
+    assert [name for name in ISSUE_HONOURED_GRPO if GRPO_FIELD_SUPPORT[name].status != "honoured"] == []
+    assert [name for name in ISSUE_HONOURED_DPO if DPO_FIELD_SUPPORT[name].status != "honoured"] == []
+
+
+def test_rl_rows_override_sft_rows_only_for_their_configs():
+    assert field_table(GRPOConfig)["loss_type"] is GRPO_FIELD_SUPPORT["loss_type"]
+    assert field_table(DPOConfig)["loss_type"] is DPO_FIELD_SUPPORT["loss_type"]
+    assert field_table(SFTConfig) == FIELD_SUPPORT
+
+
+# --- ignored fields warn, refused fields raise, defaults are silent -----------------------------------------------
+
+# A non-default value for every ignored or refused field of the RL tables (with what it needs to construct).
+NON_DEFAULT = {
+    "trust_remote_code": {"trust_remote_code": True},
+    "router_aux_loss_coef": {"router_aux_loss_coef": 0.01},
+    "cast_lm_head_to_fp32": {"cast_lm_head_to_fp32": True},
+    "ds3_gather_for_generation": {"ds3_gather_for_generation": False},
+    "cache_implementation": {"cache_implementation": "static"},
+    "use_vllm": {"use_vllm": True},
+    "vllm_mode": {"vllm_mode": "server"},
+    "vllm_model_impl": {"vllm_model_impl": "transformers"},
+    "vllm_enable_sleep_mode": {"vllm_enable_sleep_mode": True},
+    "vllm_structured_outputs_regex": {"vllm_structured_outputs_regex": r"\d+"},
+    "vllm_server_base_url": {"vllm_server_base_url": "http://server:8000"},
+    "vllm_server_host": {"vllm_server_host": "10.0.0.1"},
+    "vllm_server_port": {"vllm_server_port": 8001},
+    "vllm_server_timeout": {"vllm_server_timeout": 10.0},
+    "vllm_group_port": {"vllm_group_port": 5000},
+    "vllm_gpu_memory_utilization": {"vllm_gpu_memory_utilization": 0.5},
+    "vllm_max_model_length": {"vllm_max_model_length": 2048},
+    "vllm_tensor_parallel_size": {"vllm_tensor_parallel_size": 2},
+    "vllm_importance_sampling_correction": {"vllm_importance_sampling_correction": False},
+    "vllm_importance_sampling_mode": {"vllm_importance_sampling_mode": "token_mask"},
+    "vllm_importance_sampling_clip_max": {"vllm_importance_sampling_clip_max": 2.0},
+    "vllm_importance_sampling_clip_min": {"vllm_importance_sampling_clip_min": 0.5},
+    "vllm_importance_sampling_cap": {"vllm_importance_sampling_cap": 2.0},
+    "sync_ref_model": {"sync_ref_model": True},
+    "ref_model_mixup_alpha": {"ref_model_mixup_alpha": 0.9},
+    "ref_model_sync_steps": {"ref_model_sync_steps": 64},
+    "top_entropy_quantile": {"top_entropy_quantile": 0.2},
+    "entropy_coef": {"entropy_coef": 0.01},
+    "use_adaptive_entropy": {"use_adaptive_entropy": True},
+    "entropy_coef_min": {"entropy_coef_min": 0.1},
+    "entropy_coef_max": {"entropy_coef_max": 0.5},
+    "entropy_coef_delta": {"entropy_coef_delta": 0.01},
+    "entropy_target": {"entropy_target": 1.0},
+    "max_tool_calling_iterations": {"max_tool_calling_iterations": 3},
+    "log_multimodal": {"log_multimodal": False},
+    "log_unique_prompts": {"log_unique_prompts": True},
+    "log_completions_hub_repo": {"log_completions_hub_repo": "me/completions", "log_completions": True},
+    "use_transformers_continuous_batching": {"use_transformers_continuous_batching": True},
+    "transformers_continuous_batching_config": {"transformers_continuous_batching_config": {"max_batch_tokens": 8}},
+    "use_transformers_paged": {"use_transformers_paged": True},
+    "padding_free": {"padding_free": True},
+    "precompute_ref_log_probs": {"precompute_ref_log_probs": True},
+    "precompute_ref_batch_size": {"precompute_ref_batch_size": 16},
+    "use_weighting": {"use_weighting": True},
+    "activation_offloading": {"activation_offloading": True},
+}
+
+
+def _with_status(table, status):
+    return [name for name, support in table.items() if support.status == status]
+
+
+def _rows(status):
+    return ([(GRPOConfig, name) for name in _with_status(GRPO_FIELD_SUPPORT, status)]
+            + [(DPOConfig, name) for name in _with_status(DPO_FIELD_SUPPORT, status)])
+
+
+def _applied(config_class, **kwargs):
+    """Build a config and run check_unsupported, returning the UserWarnings it emits."""
+    config = _quiet(config_class, output_dir="out", **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_unsupported(config)
+    return [str(w.message) for w in caught if w.category is UserWarning]
+
+
+def test_every_ignored_or_refused_rl_field_has_a_sample_value():
+    assert set(NON_DEFAULT) == {name for _, name in _rows("ignored") + _rows("refused")}
+
+
+@pytest.mark.parametrize(("config_class", "name"), _rows("ignored"))
+def test_setting_an_ignored_rl_field_warns_naming_it(config_class, name):
+    messages = [m for m in _applied(config_class, **NON_DEFAULT[name]) if m.startswith(f"{name}=")]
+    assert len(messages) == 1, messages
+    assert "is ignored: " in messages[0] and field_table(config_class)[name].reason in messages[0]
+
+
+@pytest.mark.parametrize(("config_class", "name"), _rows("refused"))
+def test_setting_a_refused_rl_field_raises_naming_it(config_class, name):
+    with pytest.raises(ValueError) as error:
+        _applied(config_class, **NON_DEFAULT[name])
+    message = str(error.value)
+    assert f"{name}=" in message and field_table(config_class)[name].reason in message and "the default" in message
+
+
+@pytest.mark.parametrize("config_class", [GRPOConfig, DPOConfig])
+def test_defaults_neither_warn_nor_raise(config_class):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_unsupported(config_class())
+
+
+def test_honoured_grpo_settings_never_warn():
+    assert _applied(GRPOConfig, num_generations=4, per_device_train_batch_size=4, temperature=0.7, top_p=0.9,
+                    top_k=50, min_p=0.05, repetition_penalty=1.1, generation_kwargs={"suppress_tokens": [1]},
+                    chat_template_kwargs={"enable_thinking": False}, beta=0.04, epsilon_high=0.28, delta=1.5,
+                    importance_sampling_level="sequence", loss_type="grpo", scale_rewards="batch",
+                    reward_weights=[1.0, 0.5], mask_truncated_completions=True, steps_per_generation=2,
+                    num_iterations=2, log_completions=True, shuffle_dataset=False, disable_dropout=True) == []
+
+
+def test_use_vllm_warns_that_the_jax_sampler_generates():
+    (message,) = _applied(GRPOConfig, use_vllm=True)
+    assert message.startswith("use_vllm=True is ignored") and "JAX sampler" in message
+
+
+# --- GRPO batch semantics and validation ---------------------------------------------------------------------------
+
+def test_generation_batch_defaults_to_one_accumulation_window():
+    config = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=3, num_generations=6,
+                        mesh_shape=(1, 1))
+    assert (config.steps_per_generation, config.generation_batch_size) == (3, 12)
+    config = GRPOConfig(per_device_train_batch_size=4, generation_batch_size=16, num_generations=8, mesh_shape=(1, 1))
+    assert config.steps_per_generation == 4
+
+
+def test_the_global_batch_counts_data_parallel_shards_but_not_tp():
+    config = GRPOConfig(per_device_train_batch_size=2, num_generations=8, mesh_shape=(4, 1))
+    assert config.generation_batch_size == 8
+    with pytest.raises(ValueError, match=r"generation_batch_size \(4 = per_device_train_batch_size=2 x 2 "):
+        GRPOConfig(per_device_train_batch_size=2, num_generations=8, mesh_shape=(2, 2))
+
+
+@pytest.mark.parametrize("num_generations", [1, 0, None])
+def test_fewer_than_two_generations_are_refused(num_generations):
+    with pytest.raises(ValueError, match=r"at least 2 generations per prompt.*Set num_generations to 2 or more"):
+        GRPOConfig(num_generations=num_generations)
+
+
+def test_indivisible_generation_batch_names_the_values_that_work():
+    with pytest.raises(ValueError) as error:
+        GRPOConfig(per_device_train_batch_size=3, gradient_accumulation_steps=2, num_generations=8, mesh_shape=(1, 1))
+    message = str(error.value)
+    assert "generation_batch_size (6 = per_device_train_batch_size=3 x 1 data-parallel shard(s) x " in message
+    assert "must be divisible by num_generations (8)" in message
+    assert "Valid num_generations for this batch: 2, 3, 6" in message
+    assert "per_device_train_batch_size=4 or steps_per_generation=8" in message
+
+
+def test_indivisible_explicit_generation_batch_names_the_next_valid_one():
+    with pytest.raises(ValueError, match=r"generation_batch_size \(12\) must be divisible by num_generations \(8\).*"
+                                         r"2, 3, 4, 6, 12.*set generation_batch_size=16"):
+        GRPOConfig(per_device_train_batch_size=4, generation_batch_size=12, num_generations=8, mesh_shape=(1, 1))
+    with pytest.raises(ValueError, match=r"generation_batch_size \(10\) must be divisible by the global batch size "
+                                         r"\(4 = .*Valid values near it: 8, 12"):
+        GRPOConfig(per_device_train_batch_size=4, generation_batch_size=10, num_generations=2, mesh_shape=(1, 1))
+    with pytest.raises(ValueError, match="can not be both configured"):
+        GRPOConfig(generation_batch_size=8, steps_per_generation=1)
+
+
+def test_indivisible_eval_batch_names_the_values_that_work():
+    with pytest.raises(ValueError, match=r"global eval batch size \(6 = per_device_eval_batch_size=6 .*\(4\)\. Valid "
+                                         r"num_generations_eval for this batch: 2, 3, 6; or set "
+                                         r"per_device_eval_batch_size=8"):
+        GRPOConfig(per_device_train_batch_size=4, num_generations=4, eval_strategy="steps",
+                   per_device_eval_batch_size=6, mesh_shape=(1, 1))
+
+
+@pytest.mark.parametrize(("kwargs", "needles"), [
+    ({"loss_type": "ppo"}, ["loss_type='ppo'", "'grpo', 'dr_grpo', 'dapo', 'bnpo', 'cispo', 'sapo', 'luspo', 'vespo'"]),
+    ({"importance_sampling_level": "word"}, ["importance_sampling_level='word'", "'token', 'sequence'"]),
+    ({"scale_rewards": "global"}, ["scale_rewards='global'", "'group', 'batch', 'none'"]),
+    ({"multi_objective_aggregation": "max"}, ["multi_objective_aggregation='max'", "'normalize_then_sum'"]),
+    ({"temperature": 0.0}, ["temperature=0.0 must be positive"]),
+    ({"max_completion_length": None}, ["max_completion_length=None must be a positive integer"]),
+    ({"auto_find_batch_size": True}, ["auto_find_batch_size is not supported by GRPO"]),
+    ({"log_completions_hub_repo": "me/c"}, ["log_completions is False"]),
+    ({"vllm_importance_sampling_clip_min": 4.0}, ["must be less than vllm_importance_sampling_clip_max (3.0)"]),
+])
+def test_bad_grpo_values_are_explained(kwargs, needles):
+    with pytest.raises(ValueError) as error:
+        GRPOConfig(**kwargs)
+    for needle in needles:
+        assert needle in str(error.value)
+
+
+def test_scale_rewards_booleans_map_like_trl():
+    assert GRPOConfig(scale_rewards=True).scale_rewards == "group"
+    assert GRPOConfig(scale_rewards=False).scale_rewards == "none"
+
+
+def test_max_prompt_length_is_accepted_with_a_deprecation_warning():
+    with pytest.warns(FutureWarning, match="max_prompt_length was removed from TRL's GRPOConfig in 0.28"):
+        assert GRPOConfig(max_prompt_length=256).max_prompt_length == 256
+    with pytest.raises(TypeError):  # TRL 1.16 no longer knows it
+        trl.GRPOConfig(max_prompt_length=256)
+
+
+def test_grpo_deprecations_are_mapped_like_trl():
+    with pytest.warns(FutureWarning, match="use_transformers_paged"):
+        assert GRPOConfig(use_transformers_paged=True).use_transformers_continuous_batching is True
+    with pytest.warns(FutureWarning, match="vllm_importance_sampling_cap"):
+        assert GRPOConfig(vllm_importance_sampling_cap=2.0).vllm_importance_sampling_clip_max == 2.0
+
+
+# --- DPO validation ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "needles"), [
+    ({"loss_type": "orpo"}, ["loss_type='orpo'", "'sigmoid', 'hinge', 'ipo'", "'sigmoid_norm'"]),
+    ({"loss_type": ["sigmoid", "dpop"]}, ["loss_type='dpop'"]),
+    ({"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0]}, ["Got 1 weights for 2 loss types"]),
+    ({"loss_type": "exo_pair"}, ["'exo_pair'", "greater than 0.0"]),
+    ({"loss_type": "nca_pair", "f_divergence_type": "js_divergence"}, ["only supported for the loss types"]),
+    ({"f_divergence_type": "tv"}, ["f_divergence_type='tv'", "'alpha_divergence'"]),
+    ({"ld_alpha": 1.5}, ["ld_alpha=1.5 must be in [0.0, 1.0]"]),
+    ({"truncation_mode": "middle"}, ["truncation_mode='middle'", "'keep_start', 'keep_end'"]),
+    ({"max_length": 0}, ["max_length=0"]),
+])
+def test_bad_dpo_values_are_explained(kwargs, needles):
+    with pytest.raises(ValueError) as error:
+        DPOConfig(**kwargs)
+    for needle in needles:
+        assert needle in str(error.value)
+
+
+def test_dpo_loss_type_string_becomes_a_list():
+    assert DPOConfig(loss_type="ipo").loss_type == ["ipo"]
+
+
+def test_dpo_deprecations_and_removals_are_mapped_like_trl():
+    with pytest.warns(FutureWarning, match="pad_token is deprecated"):
+        DPOConfig(pad_token="<pad>")
+    with pytest.warns(FutureWarning, match="keep_end"):
+        DPOConfig(truncation_mode="keep_end")
+    with pytest.warns(UserWarning, match=r"\[0.0, 0.5\) for the 'robust' loss"):
+        DPOConfig(loss_type="robust", label_smoothing=0.6)
+    for name in ("max_prompt_length", "max_completion_length"):
+        with pytest.raises(TypeError):
+            trl.DPOConfig(**{name: 128})
+        with pytest.raises(TypeError, match=f"{name}.*max_length now bounds prompt"):
+            DPOConfig(**{name: 128})
+
+
+# --- command lines ---------------------------------------------------------------------------------------------------
+
+def test_command_lines_parse_like_trl_scripts():
+    (grpo,) = transformers.HfArgumentParser(GRPOConfig).parse_args_into_dataclasses([
+        "--output_dir", "out", "--num_generations", "4", "--per_device_train_batch_size", "4",
+        "--reward_weights", "1.0", "0.5", "--loss_type", "grpo", "--max_completion_length", "64",
+        "--generation_kwargs", '{"suppress_tokens": [1]}', "--mesh_shape", "1,1", "--pad_to_multiple_of", "16"])
+    assert (grpo.num_generations, grpo.reward_weights, grpo.loss_type) == (4, [1.0, 0.5], "grpo")
+    assert grpo.generation_kwargs == {"suppress_tokens": [1]} and grpo.pad_to_multiple_of == 16
+    (dpo,) = transformers.HfArgumentParser(DPOConfig).parse_args_into_dataclasses([
+        "--output_dir", "out", "--loss_type", "sigmoid", "bco_pair", "--loss_weights", "0.8", "0.2", "--beta", "0.2"])
+    assert (dpo.loss_type, dpo.loss_weights, dpo.beta) == (["sigmoid", "bco_pair"], [0.8, 0.2], 0.2)
