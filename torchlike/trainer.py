@@ -259,11 +259,7 @@ class Trainer:
     def _compute_dtype(self):
         import jax.numpy as jnp
 
-        if getattr(self.args, "bf16", False):
-            return jnp.bfloat16
-        if getattr(self.args, "fp16", False):
-            return jnp.float16
-        return None
+        return jnp.bfloat16 if getattr(self.args, "bf16", False) else None  # fp16 is refused by the field table
 
     def _resolve_mesh(self):
         """The mesh to train on: ``args.mesh_shape`` when set, else the model's own mesh, else every

@@ -75,7 +75,8 @@ def warn_from_config(message: str, category: type[Warning]) -> None:
         message: the warning text.
         category: the warning class.
     """
-    own_files = (__file__, "<string>", os.path.join(os.path.dirname(__file__), "trl", "sft_config.py"))
+    own_files = (__file__, "<string>", *(os.path.join(os.path.dirname(__file__), "trl", name) for name in
+                                        ("sft_config.py", "grpo_config.py", "dpo_config.py", "base_config.py")))
     frame, level = sys._getframe(1), 2
     while frame is not None and frame.f_code.co_filename in own_files:
         frame, level = frame.f_back, level + 1
@@ -205,7 +206,8 @@ class TrainingArguments:
         lr_scheduler_type (`str`, defaults to ``"linear"``): one of ``LR_SCHEDULERS``.
         warmup_steps (`int` or `float`, defaults to 0): warmup steps, or a ratio of the total steps when below 1.
         optim (`str`, defaults to ``"adamw_torch_fused"``): a key of ``OPTIMIZERS``.
-        bf16 / fp16 (`bool`): compute in bfloat16 / float16 (parameters keep their dtype); bf16 runs on CPU too.
+        bf16 (`bool`): compute in bfloat16 (parameters keep their dtype); runs on CPU too. ``fp16`` is refused by
+            the trainers (no loss scaling): use ``bf16``.
         gradient_checkpointing (`bool`): rematerialise each layer's activations in the backward pass.
         logging_* / eval_* / save_* strategies: one of ``"no"``, ``"steps"``, ``"epoch"``.
         report_to (`str` or `list[str]`, defaults to ``"none"``): ``"none"``, ``"all"`` or some of ``REPORTERS``;

@@ -104,8 +104,8 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
     "label_smoothing_factor": _refused("Label smoothing is not implemented; the loss would be plain cross-entropy."),
     "bf16": _honoured("Compute (activations, matmuls) in bfloat16 while parameters and optimizer state keep their "
                       "dtype, like torch autocast; runs on CPU too."),
-    "fp16": _honoured("Compute in float16 while parameters keep their dtype, with dynamic loss scaling like torch's "
-                      "GradScaler."),
+    "fp16": _refused("float16 training needs loss scaling, which torchlike does not implement; use bf16=True "
+                     "(bfloat16 has float32's range, so it needs none, and it is the native TPU type)."),
     "bf16_full_eval": _ignored("Evaluation uses the training compute dtype (bf16/fp16); parameters are not cast to "
                                "bfloat16 for evaluation."),
     "fp16_full_eval": _ignored("Evaluation uses the training compute dtype (bf16/fp16); parameters are not cast to "
@@ -153,7 +153,8 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
     "trackio_static_space_id": _ignored(_NO_TRACKIO),
     "eval_strategy": _honoured("When evaluate() runs during training: 'no', 'steps' or 'epoch'."),
     "eval_steps": _honoured("Optimizer steps between evaluations (defaults to logging_steps, a ratio when below 1)."),
-    "eval_delay": _ignored("torchlike evaluates at every eval_steps/epoch from the start of training."),
+    "eval_delay": _honoured("No evaluation before this many steps (or epochs with eval_strategy='epoch'), as "
+                            "transformers' DefaultFlowCallback decides."),
     "per_device_eval_batch_size": _honoured("Examples per data-parallel shard in evaluation; the last partial batch "
                                             "is padded and masked."),
     "prediction_loss_only": _ignored("evaluate() calls compute_metrics whenever one is given."),
