@@ -151,6 +151,14 @@ def place_batch(local: dict[str, np.ndarray], sharding: NamedSharding, global_ro
     return placed
 
 
+def barrier(name: str) -> None:
+    """Waits until every JAX process reaches the barrier ``name`` (nothing to wait for on one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def to_host(tree):
     """Host (numpy) copies of a tree of arrays; replicated values of a multi-process mesh read locally."""
     def fetch(value):

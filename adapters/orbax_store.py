@@ -42,6 +42,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from .hf_checkpoint import torch_to_numpy
+from .mesh import barrier
 from .safetensors_io import CheckpointFileError
 
 FORMAT = "torchlike-orbax-1"
@@ -235,13 +236,24 @@ def _discard(directory: Path, stage: str | None = None) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _check_single_process() -> None:
+def _is_primary() -> bool:
+    return jax.process_index() == 0
+
+
+def _barrier(name: str) -> None:
+    """Waits for every JAX process (multi-host saves: the primary renames only after all have written,
+    and nobody returns before the rename). The directory must be on storage every host sees."""
+    barrier(f"torchlike.save:{name}")
+
+
+def _shared_token() -> str:
+    """A random token for this save, the same on every process (chosen by process 0)."""
+    token = np.frombuffer(secrets.token_bytes(8), dtype=np.uint8)
     if jax.process_count() > 1:
-        raise NotImplementedError(
-            f"torchlike.save/load run on one process; this job has {jax.process_count()} JAX processes. "
-            "The atomic swap needs a barrier between hosts that is not implemented yet: use "
-            "orbax.checkpoint.CheckpointManager for multi-host jobs."
-        )
+        from jax.experimental import multihost_utils
+
+        token = np.asarray(multihost_utils.broadcast_one_to_all(token), dtype=np.uint8)
+    return token.tobytes().hex()
 
 
 def _check_replaceable(path: Path) -> None:
@@ -281,7 +293,6 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
             message names its key path), or ``metadata`` is not JSON-serialisable.
         FileExistsError: ``path`` is a file or a non-empty directory that is not a torchlike checkpoint.
     """
-    _check_single_process()
     if not isinstance(tree, Mapping):
         raise TypeError(f"Expected a dict-like object (e.g. model.state_dict()), got {type(tree).__qualname__}.")
     path = Path(os.path.abspath(os.fspath(path)))
@@ -289,7 +300,7 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
     encoder = _Encoder()
     entries = encoder.items(tree, ())
     flat = all(node["type"] in ("array", "scalar", "none") for _, node in entries)
-    token = secrets.token_hex(8)
+    token = _shared_token()
     manifest = {
         "format": FORMAT,
         "token": token,
@@ -308,19 +319,35 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
 
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(path.name + NEW_TAG + token)
-    staging.mkdir()
+    if _is_primary():
+        staging.mkdir()
+    _barrier(f"{token}:staging")
     try:
         if encoder.arrays:
             with ocp.PyTreeCheckpointer() as checkpointer:
-                # Synchronous: returns once Orbax has written and committed arrays/.
+                # Synchronous: returns once Orbax has written and committed arrays/ (on every process).
                 checkpointer.save(staging / ARRAYS_DIR, args=ocp.args.PyTreeSave(item=encoder.arrays))
         _stage("orbax-written")
-        _write_json_atomically(staging / MANIFEST_NAME, manifest)  # the commit marker
+        if _is_primary():
+            _write_json_atomically(staging / MANIFEST_NAME, manifest)  # the commit marker
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if _is_primary():
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     _stage("staged")
+    if not _is_primary():
+        _barrier(f"{token}:swapped")
+        return path
+    try:
+        _swap_into_place(staging, path, token)
+    finally:
+        _barrier(f"{token}:swapped")
+    return path
 
+
+def _swap_into_place(staging: Path, path: Path, token: str) -> None:
+    """Moves the complete ``staging`` directory to ``path``; an old checkpoint there is kept beside it
+    until the new one is in place."""
     backup = None
     if os.path.lexists(path):
         backup = path.with_name(path.name + OLD_TAG + token)
@@ -339,7 +366,6 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
     for _, leftover in _siblings(path):
         _discard(leftover)
     _stage("done")
-    return path
 
 
 # ----------------------------------------------------------------------------- load
@@ -441,7 +467,6 @@ def open_checkpoint(path: str | os.PathLike) -> LazyCheckpoint:
         FileNotFoundError: nothing complete at ``path`` or beside it (the message lists leftovers).
         CheckpointCorruptedError: the directory is damaged or is not a torchlike checkpoint.
     """
-    _check_single_process()
     path = Path(os.path.abspath(os.fspath(path)))
     directory, manifest = _resolve(path)
     _check_array_data(directory, manifest)

@@ -69,7 +69,9 @@ def main() -> None:
         results[name] = check_load_on_mesh(Path(directory))
     first = Path(cases[0].split("=", 1)[1])
     results["restore"] = check_restore_into_mesh_sharding(first)
-    results["sft"] = sft_worker.train_losses(first, sft_worker.MESH_SHAPE, per_device=2)
+    results["sft_output_dir"] = str(Path(out_path).parent / "sft_one_process")
+    results["sft"] = sft_worker.train_losses(first, sft_worker.MESH_SHAPE, per_device=2,
+                                             output_dir=results["sft_output_dir"])
     results["sft_lora"] = sft_worker.train_losses(first, sft_worker.MESH_SHAPE, per_device=2, lora=True)
     Path(out_path).write_text(json.dumps(results))
 

@@ -1,8 +1,8 @@
 """One short SFT run on a device mesh, shared by the 8-device checks and the 2-process test.
 
 Usage (one of several processes): JAX_COORDINATOR_ADDRESS=... JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=i \
-    python -m tests.sft_worker OUT.json CHECKPOINT_DIR
-Writes this process's logged losses as JSON.
+    python -m tests.sft_worker OUT.json CHECKPOINT_DIR OUTPUT_DIR
+Writes this process's logged losses as JSON, and a training checkpoint at step 2 into OUTPUT_DIR (shared).
 """
 
 from __future__ import annotations
@@ -16,18 +16,21 @@ MESH_SHAPE = (4, 2)
 STEPS = 4
 
 
-def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_device: int, lora: bool = False) -> dict:
+def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_device: int, lora: bool = False,
+                 output_dir: str | None = None) -> dict:
     """Losses of ``STEPS`` SFT steps on ``tiny.padded_examples`` with a global batch of
-    ``per_device x data-parallel size`` rows, plus the train-step trace count."""
+    ``per_device x data-parallel size`` rows, plus the train-step trace count. With ``output_dir``,
+    a checkpoint is saved there at step 2."""
     import torchlike
     from tests import tiny
     from torchlike.adapters import tunix_sft
     from torchlike.peft import LoraConfig, get_peft_model
 
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as scratch:
         args = torchlike.TrainingArguments(
-            output_dir=out, per_device_train_batch_size=per_device, max_steps=STEPS, learning_rate=1e-3,
-            lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to="none", seed=0, bf16=False,
+            output_dir=output_dir or scratch, per_device_train_batch_size=per_device, max_steps=STEPS,
+            learning_rate=1e-3, lr_scheduler_type="constant", logging_steps=1, report_to="none", seed=0, bf16=False,
+            save_strategy="steps" if output_dir else "no", save_steps=2, save_total_limit=1,
             gradient_checkpointing=False, weight_decay=0.0, train_sampling_strategy="sequential", disable_tqdm=True,
             mesh_shape=mesh_shape)
         mesh = torchlike.make_mesh(mesh_shape) if mesh_shape else None
@@ -45,8 +48,8 @@ def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_devic
 def main() -> None:
     import jax
 
-    out_path, checkpoint = sys.argv[1:]
-    result = train_losses(Path(checkpoint), MESH_SHAPE, per_device=2)
+    out_path, checkpoint, output_dir = sys.argv[1:]
+    result = train_losses(Path(checkpoint), MESH_SHAPE, per_device=2, output_dir=output_dir)
     result.update(process_index=jax.process_index(), process_count=jax.process_count(),
                   local_devices=jax.local_device_count(), devices=jax.device_count())
     Path(out_path).write_text(json.dumps(result))

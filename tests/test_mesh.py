@@ -101,17 +101,34 @@ def two_process_sft(tiny_checkpoints, tmp_path_factory):
                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index))
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "tests.sft_worker", str(folder / f"{index}.json"),
-             str(tiny_checkpoints.path(MESH_CASES[0]))],
+             str(tiny_checkpoints.path(MESH_CASES[0])), str(folder / "sft_two_processes")],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [worker.communicate(timeout=600)[0] for worker in workers]
     for worker, output in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, output[-4000:]
-    return [json.loads((folder / f"{index}.json").read_text()) for index in range(2)]
+    return {"results": [json.loads((folder / f"{index}.json").read_text()) for index in range(2)],
+            "output_dir": folder / "sft_two_processes"}
 
 
 def test_two_processes_of_four_devices_train_like_one_process_of_eight(two_process_sft, mesh_results):
-    assert [(r["process_index"], r["process_count"], r["local_devices"], r["devices"]) for r in two_process_sft] == \
+    results = two_process_sft["results"]
+    assert [(r["process_index"], r["process_count"], r["local_devices"], r["devices"]) for r in results] == \
         [(0, 2, 4, 8), (1, 2, 4, 8)]
-    for result in two_process_sft:
+    for result in results:
         assert result["global_batch"] == 8
         np.testing.assert_allclose(result["losses"], mesh_results["sft"]["losses"], rtol=1e-4)
+
+
+def test_two_processes_write_one_checkpoint_equal_to_one_process_of_eight(two_process_sft, mesh_results):
+    import torchlike
+
+    two = Path(two_process_sft["output_dir"]) / "checkpoint-4"
+    one = Path(mesh_results["sft_output_dir"]) / "checkpoint-4"
+    assert not (two.parent / "checkpoint-2").exists()  # save_total_limit=1 rotated it away
+    assert json.loads((two / "trainer_state.json").read_text())["global_step"] == 4
+    for part in ("model", "optimizer"):
+        restored_two, restored_one = torchlike.load(two / part), torchlike.load(one / part)
+        assert sorted(restored_two.keys()) == sorted(restored_one.keys())
+        for key in restored_one.keys():
+            np.testing.assert_allclose(np.asarray(restored_two[key]), np.asarray(restored_one[key]), rtol=1e-4,
+                                       atol=1e-6, err_msg=f"{part}/{key}")

@@ -520,10 +520,6 @@ class Trainer:
         from . import serialization
         from .state_dict import state_dict
 
-        if jax.process_count() > 1:
-            raise NotImplementedError(
-                f"checkpoints from {jax.process_count()} processes are not supported yet (torchlike.save writes "
-                "from one process); set save_strategy='no' for multi-process runs.")
         folder = Path(self.args.output_dir) / f"checkpoint-{step}"
         folder.mkdir(parents=True, exist_ok=True)
         params = state_dict(self.model) if hasattr(self.model, "family") else {
@@ -533,8 +529,10 @@ class Trainer:
             optimizer_state = {".".join(map(str, p)): v.get_value()
                                for p, v in nnx.to_flat_state(nnx.state(self.optimizer, nnx.OptState))}
             serialization.save(optimizer_state, folder / "optimizer")
-        self.state.save_to_json(str(folder / "trainer_state.json"))
-        self._rotate_checkpoints()
+        if self.state.is_world_process_zero:  # every process wrote its shards above; one writes the rest
+            self.state.save_to_json(str(folder / "trainer_state.json"))
+            self._rotate_checkpoints()
+        mesh_lib.barrier(f"checkpoint-{step}")
         self._event("on_save")
         if getattr(self.args, "push_to_hub", False) and _enum_value(self.args.hub_strategy) == "every_save":
             self.push_to_hub(commit_message=f"Training in progress, step {step}")
@@ -583,6 +581,11 @@ class Trainer:
 
     def save_model(self, output_dir: str | os.PathLike | None = None) -> None:
         """Writes the model in Hugging Face format (a PEFT adapter for LoRA models) plus the tokenizer."""
+        if jax.process_count() > 1:
+            raise NotImplementedError(
+                "save_model() from several processes is not supported yet. Save a checkpoint (save_strategy), then "
+                "export from one process: model.load_state_dict(torchlike.load('<checkpoint>/model')); "
+                "model.save_pretrained(dir).")
         output_dir = output_dir or self.args.output_dir
         self.model.save_pretrained(output_dir)
         if self.processing_class is not None:
