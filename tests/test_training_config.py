@@ -105,6 +105,7 @@ NON_DEFAULT = {
     "label_smoothing_factor": 0.1,
     "bf16_full_eval": True,
     "fp16": True,
+    "dataset_num_proc": 2,
     "fp16_full_eval": True,
     "tf32": True,
     "gradient_checkpointing_kwargs": {"use_reentrant": False},

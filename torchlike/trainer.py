@@ -140,6 +140,9 @@ class Trainer:
     ```
     """
 
+    #: Whether batches may be prepared ahead in a thread (not when preparing a batch reads the weights).
+    _allow_prefetch = True
+
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, compute_loss_func=None, compute_metrics=None, callbacks=None,
                  optimizers=(None, None), loss_fn: Callable | None = None, **unsupported):
@@ -228,6 +231,10 @@ class Trainer:
 
     def _is_lora(self) -> bool:
         return hasattr(self.model, "peft_config")
+
+    def _lora_dropout(self) -> bool:
+        """Whether LoRA dropout is on in the train step (always for LoRA models here)."""
+        return self._is_lora()
 
     def _trainable(self):
         from flax import nnx
@@ -387,7 +394,7 @@ class Trainer:
         self.optimizer = nnx.Optimizer(self._module, transformation, wrt=trainable)
         mesh_lib.shard_module(self.optimizer, self.mesh)  # moments follow the parameters; scalars replicated
         loss, count_items = self._loss()
-        step_fn = tunix_sft.make_train_step(loss, trainable, self._compute_dtype(), lora=self._is_lora(),
+        step_fn = tunix_sft.make_train_step(loss, trainable, self._compute_dtype(), lora=self._lora_dropout(),
                                             seed=args.seed, count_items=count_items)
         steps_per_epoch = self._steps_per_epoch()
         self.state = self._new_state()
@@ -410,7 +417,8 @@ class Trainer:
             while step < total_steps and not self.control.should_training_stop:
                 self._event("on_epoch_begin")
                 batches = self._batches(epoch, skip=step - epoch * steps_per_epoch)
-                for batch in _prefetched(batches, int(getattr(args, "prefetch_batches", 0) or 0)):
+                depth = int(getattr(args, "prefetch_batches", 0) or 0) if self._allow_prefetch else 0
+                for batch in _prefetched(batches, depth):
                     self._event("on_step_begin")
                     window.append(step_fn(self._module, self.optimizer, batch, np.int32(step)))
                     step += 1

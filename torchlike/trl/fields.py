@@ -260,7 +260,8 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
     "dataset_text_field": _honoured("Column holding the text of language-modelling datasets."),
     "dataset_kwargs": _honoured("{'skip_prepare_dataset': True} uses the dataset as given (already tokenised); "
                                 "other keys warn, as TRL ignores them."),
-    "dataset_num_proc": _honoured("Processes for datasets.Dataset.map while tokenising."),
+    "dataset_num_proc": _ignored("SFT examples are tokenised in one process, one at a time (streaming datasets too); "
+                                "the result is the same as with several."),
     "eos_token": _honoured("Token appended at the end of each example/turn (default: the tokenizer's eos_token)."),
     "max_length": _honoured("Examples are truncated to max_length tokens and batches padded to it (None: no "
                             "truncation, padding to a small set of length buckets)."),

@@ -143,8 +143,8 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "use_bias_correction_kl": _honoured("Multiply the per-token KL by the importance ratio (True, the default, as in "
                                         "TRL)."),
     # --- logging ---
-    "log_completions": _honoured("Every logging_steps, log a sample of prompts, completions, rewards and advantages "
-                                 "(printed, and a table for wandb)."),
+    "log_completions": _honoured("Print the prompts, completions, rewards and advantages of every generation batch "
+                                 "(num_completions_to_print rows); there is no wandb completions table."),
     "log_multimodal": _ignored("torchlike's GRPO is text-only; there is no image content to log."),
     "num_completions_to_print": _honoured("How many of the logged completions are printed (None: all)."),
     "log_unique_prompts": _ignored("torchlike logs one row per completion; showing each prompt once is not "
@@ -172,20 +172,26 @@ DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "router_aux_loss_coef": FIELD_SUPPORT["router_aux_loss_coef"],
     "disable_dropout": _honoured(_NO_DROPOUT),
     # --- data ---
-    "dataset_num_proc": FIELD_SUPPORT["dataset_num_proc"],
-    "max_length": _honoured("Prompt + completion sequences longer than this are truncated (None: no truncation; "
-                            "batches are padded to a small set of length buckets)."),
+    "dataset_num_proc": _honoured("Processes for datasets.Dataset.map while tokenising the preference pairs."),
+    "max_length": _honoured("Prompt + completion sequences longer than this are truncated (None: no truncation); "
+                            "with keep_start, pairs whose prompt alone fills it are dropped with a warning. Every "
+                            "batch is padded to the longest prepared sequence, so XLA compiles the step once."),
     "truncation_mode": _honoured("'keep_start' keeps the first max_length tokens; the deprecated 'keep_end' keeps the "
                                  "last ones (with TRL's FutureWarning)."),
     "padding_free": _ignored("TRL 1.16 itself warns and pads instead; torchlike pads to fixed shapes so XLA compiles "
                              "once."),
     "pad_to_multiple_of": _honoured(_PAD_MULTIPLE),
-    "precompute_ref_log_probs": _ignored("The reference log-probabilities are computed in the train step; precomputing "
-                                         "them would only save memory and gives the same values."),
-    "precompute_ref_batch_size": _ignored("Only read with precompute_ref_log_probs=True, which torchlike ignores."),
+    "precompute_ref_log_probs": _ignored("torchlike always computes the reference log-probabilities once, before "
+                                         "training, and stores them with each example; the reference is frozen and "
+                                         "has no dropout, so these are the values TRL computes in each step."),
+    "precompute_ref_batch_size": _ignored("The reference pass before training runs in batches of "
+                                          "per_device_train_batch_size (per_device_eval_batch_size for evaluation "
+                                          "data)."),
     # --- loss ---
     "loss_type": _honoured("All of TRL's 15 loss types, alone or combined, computed as TRL 1.16 does "
-                           "(torchlike.adapters.rl_math.dpo_loss)."),
+                           "(torchlike.adapters.rl_math.dpo_loss). aot and aot_unpaired sort within a batch, so "
+                           "the rows padding a partial last batch enter the sort (a warning suggests "
+                           "dataloader_drop_last)."),
     "loss_weights": _honoured("Weight of each loss type when several are combined (default 1.0 each)."),
     "ld_alpha": _honoured("LD-DPO: log-probabilities of the tokens past the shorter response of a pair are weighted "
                           "by ld_alpha."),

@@ -63,6 +63,7 @@ __all__ = [
     "ACCEPTED_FORMATS",
     "SFTDataWarning",
     "bucket_length",
+    "chat_template_kwargs_for",
     "collate_sft_batch",
     "hf_labels",
     "iter_sft_examples",
@@ -379,9 +380,7 @@ class _Preparer:
         return self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
 
     def _template_kwargs(self, example: Mapping[str, Any]) -> dict[str, Any]:
-        tools = example.get("tools")
-        tools = json.loads(tools) if isinstance(tools, str) else tools
-        return {"tools": tools, **self.chat_template_kwargs, **(example.get("chat_template_kwargs") or {})}
+        return chat_template_kwargs_for(example, self.chat_template_kwargs)
 
     def _check_layout(self, example: Mapping[str, Any], index: int) -> None:
         fmt = _detect_format(example, self.dataset_text_field)
@@ -522,6 +521,23 @@ class _Preparer:
             return input_ids, loss_mask
         window = slice(None, self.max_length) if self.truncation_mode == "keep_start" else slice(-self.max_length, None)
         return input_ids[window], loss_mask[window]
+
+
+def chat_template_kwargs_for(example: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``apply_chat_template`` on one example, built as TRL builds them.
+
+    Args:
+        example (`dict`): The raw example; its optional ``tools`` column (a list, or JSON text) and
+            ``chat_template_kwargs`` column (a dict) are read.
+        defaults (`dict`, *optional*): Keyword arguments for every example; the row's ``chat_template_kwargs``
+            override them.
+
+    Returns:
+        `dict`: ``{"tools": ..., **defaults, **example["chat_template_kwargs"]}``.
+    """
+    tools = example.get("tools")
+    tools = json.loads(tools) if isinstance(tools, str) else tools
+    return {"tools": tools, **(defaults or {}), **(example.get("chat_template_kwargs") or {})}
 
 
 def _check_length(values: list[int], input_ids: list[int], name: str, index: int) -> None:

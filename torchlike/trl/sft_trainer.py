@@ -18,7 +18,7 @@ class SFTTrainer(Trainer):
 
     Args:
         model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
-            ``args.model_init_kwargs`` (``dtype`` as a string, torch dtype or ``"auto"``).
+            ``args.model_init_kwargs`` (``dtype`` as a string, torch dtype or ``"auto"``; float32 by default, as TRL).
         args: :class:`~torchlike.trl.SFTConfig` (default: one with ``output_dir="<model>-SFT"``).
         data_collator: replaces the fixed-shape padding collator.
         train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in a TRL
@@ -53,7 +53,7 @@ class SFTTrainer(Trainer):
             args = SFTConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-SFT")
         check_unsupported(args)
         if isinstance(model, str):
-            init_kwargs = dict(args.model_init_kwargs or {})
+            init_kwargs = {"dtype": "float32", **dict(args.model_init_kwargs or {})}  # TRL's default dtype
             if quantization_config is not None:
                 init_kwargs["quantization_config"] = quantization_config
             model = AutoModelForCausalLM.from_pretrained(model, **init_kwargs)

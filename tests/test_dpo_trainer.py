@@ -1,0 +1,216 @@
+"""DPOTrainer end to end: TRL's numbers step for step, preference formats, references (LoRA base, explicit, initial)."""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import torchlike
+from torchlike.peft import LoraConfig, get_peft_model
+from torchlike.trl import DPOConfig, DPOTrainer
+from torchlike.trl.dpo_data import PreferenceDataWarning, collate_preference_batch, prepare_preference_examples
+from torchlike.trl.dpo_trainer import preference_loss
+
+DATA = [{"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog"},
+        {"prompt": "one two", "chosen": " three four five", "rejected": " hello world, this is a tiny tokenizer"},
+        {"prompt": "hello world, this is", "chosen": " a tiny tokenizer", "rejected": " one two three four"},
+        {"prompt": "seven eight", "chosen": " nine ten", "rejected": " the lazy fox"}] * 4
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+
+
+def message(role, text):
+    return {"role": role, "content": text}
+
+
+FORMATS = {
+    "standard, explicit prompt": [{"prompt": "the quick brown", "chosen": " fox jumps", "rejected": " dog"},
+                                  {"prompt": "one two", "chosen": " three</s>", "rejected": " four five"}],
+    "standard, implicit prompt": [{"chosen": "the quick brown fox jumps", "rejected": "the quick brown dog"},
+                                  {"chosen": "one two three", "rejected": "one two four five"}],
+    "conversational, explicit prompt": [{"prompt": [message("user", "the quick brown")],
+                                         "chosen": [message("assistant", "fox")],
+                                         "rejected": [message("assistant", "dog")]}],
+    "conversational, implicit prompt": [{"chosen": [message("user", "one two"), message("assistant", "three")],
+                                         "rejected": [message("user", "one two"), message("assistant", "four")]}],
+}
+
+
+def config(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path / "out"), max_length=20, per_device_train_batch_size=4, max_steps=6,
+                  learning_rate=1e-3, logging_steps=1, report_to="none", save_strategy="no", bf16=False,
+                  gradient_checkpointing=False, train_sampling_strategy="sequential")
+    values.update(overrides)
+    return DPOConfig(**values)
+
+
+def tokenizer_for(tokenizer_dir):
+    return torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def logged(trainer, key):
+    return [entry[key] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def sequence_log_prob(model, prompt_ids, response_ids):
+    """log p(response | prompt) from the model's own forward pass."""
+    ids = list(prompt_ids) + list(response_ids)
+    log_probs = jax.nn.log_softmax(jnp.asarray(model([ids]).logits[0], jnp.float32), axis=-1)
+    return float(sum(log_probs[t - 1, ids[t]] for t in range(len(prompt_ids), len(ids))))
+
+
+def test_dpo_losses_and_metrics_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path):
+    import datasets
+    import torch
+    import transformers
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    path = tiny_checkpoints.path("qwen2")
+    # Gradient accumulation and max_length=20 (several sequences are truncated) are part of what is compared.
+    settings = dict(max_length=20, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=5,
+                    learning_rate=1e-3, logging_steps=1, seed=0, bf16=False, gradient_checkpointing=False, beta=0.1,
+                    report_to="none", save_strategy="no")
+    reference = trl.DPOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(DATA),
+        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
+    reference.train()
+    ours = DPOTrainer(model=str(path), args=DPOConfig(output_dir=str(tmp_path / "ours"),
+                                                      train_sampling_strategy="sequential", **settings),
+                      train_dataset=DATA, processing_class=tokenizer_for(tokenizer_dir))
+    ours.train()
+
+    assert len(logged(ours, "loss")) == len(logged(reference, "loss")) == 5
+    np.testing.assert_allclose(logged(ours, "loss"), logged(reference, "loss"), rtol=1e-2)
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected", "entropy",
+                "logits/chosen", "logits/rejected", "mean_token_accuracy", "grad_norm"):
+        np.testing.assert_allclose(logged(ours, key), logged(reference, key), rtol=1e-2, atol=1e-3, err_msg=key)
+    assert logged(ours, "num_tokens") == logged(reference, "num_tokens")
+    # Step 1 compares equal weights, so chosen > rejected is decided by float noise; later steps are clear-cut.
+    assert logged(ours, "rewards/accuracies")[1:] == logged(reference, "rewards/accuracies")[1:]
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_each_preference_format_is_tokenised_as_trl_does(tokenizer_dir, tmp_path, name):
+    import datasets
+    import trl
+
+    tokenizer = tokenizer_for(tokenizer_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    args = trl.DPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    # TRL's own preparation; it reads nothing from the trainer but the tokenizer.
+    theirs = trl.DPOTrainer._prepare_dataset(types.SimpleNamespace(_tokenizer=tokenizer),
+                                             datasets.Dataset.from_list(FORMATS[name]), tokenizer, args, "train")
+    ours = prepare_preference_examples(FORMATS[name], tokenizer, max_length=args.max_length)
+    assert ours == [{key: row[key] for key in ("prompt_ids", "chosen_ids", "rejected_ids")} for row in theirs]
+
+
+def test_preference_data_missing_rejected_names_the_columns_and_the_formats(tiny_checkpoints, tokenizer_dir,
+                                                                            tmp_path):
+    data = [{"prompt": "the quick brown", "chosen": " fox", "score": 1.0}]
+    with pytest.raises(ValueError) as error:
+        DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), args=config(tmp_path), train_dataset=data,
+                   processing_class=tokenizer_for(tokenizer_dir))
+    message = str(error.value)
+    assert "no 'rejected' column" in message and "['prompt', 'chosen', 'score']" in message
+    assert "explicit prompt" in message and "implicit prompt" in message and "conversational" in message
+
+
+def test_prompts_that_fill_max_length_are_dropped_with_a_warning(tokenizer_dir):
+    data = [{"prompt": "one two three four five six seven eight nine ten", "chosen": " a", "rejected": " b"},
+            {"prompt": "one", "chosen": " two", "rejected": " three"}]
+    with pytest.warns(PreferenceDataWarning, match="Example 0 is dropped: its prompt has"):
+        examples = prepare_preference_examples(data, tokenizer_for(tokenizer_dir), max_length=8)
+    assert len(examples) == 1
+
+
+def test_rows_padding_a_partial_batch_leave_the_loss_and_metrics_unchanged(tiny_checkpoints, tokenizer_dir):
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    examples = prepare_preference_examples(DATA[:2], tokenizer_for(tokenizer_dir), max_length=20)
+    for offset, example in enumerate(examples):  # a reference different from the policy, so the loss is not log 2
+        example.update(ref_chosen_logps=-40.0 - offset, ref_rejected_logps=-45.0 + 3 * offset)
+    loss = preference_loss(model.family, beta=0.1, loss_type=["sigmoid", "ipo", "sft"])
+    exact = collate_preference_batch(examples, 0, 24, max_length=20)
+    # The Trainer fills a partial batch with all-zero rows.
+    padded = {key: np.concatenate([value, np.zeros_like(value)]) for key, value in exact.items()}
+    value, weight, metrics = loss(model.module, {key: jnp.asarray(v) for key, v in exact.items()})
+    padded_value, padded_weight, padded_metrics = loss(model.module, {key: jnp.asarray(v) for key, v in padded.items()})
+    np.testing.assert_allclose(float(padded_value), float(value), rtol=1e-6)
+    assert float(weight) == float(padded_weight) == 1.0
+    for key in metrics:
+        np.testing.assert_allclose(float(padded_metrics[key]), float(metrics[key]), rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
+
+
+def test_lora_dpo_without_ref_model_scores_against_the_base_weights_and_trains_only_lora(tiny_checkpoints,
+                                                                                         tokenizer_dir, tmp_path):
+    base = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    tokenizer = tokenizer_for(tokenizer_dir)
+    first = prepare_preference_examples(DATA[:1], tokenizer, max_length=20)[0]
+    # Stored reference: the base weights (keep_start truncation to 20 tokens, as the trainer does).
+    expected = sequence_log_prob(base, first["prompt_ids"], first["chosen_ids"][:20 - len(first["prompt_ids"])])
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    before = {key: np.asarray(value) for key, value in model.state_dict().items()}
+    trainer = DPOTrainer(model=model, args=config(tmp_path, max_steps=8, learning_rate=1e-2), train_dataset=DATA,
+                         processing_class=tokenizer)
+    assert trainer.ref_model is None
+    np.testing.assert_allclose(trainer.train_dataset[0]["ref_chosen_logps"], expected, rtol=1e-5)
+    trainer.train()
+    losses = logged(trainer, "loss")
+    assert np.isclose(losses[0], np.log(2), atol=1e-4) and losses[-1] < losses[0] - 0.2
+    changed = {key for key, value in model.state_dict().items() if not np.array_equal(np.asarray(value), before[key])}
+    assert changed and all("_lora_" in key for key in changed)
+    # The base weights are still the reference, so new data can be scored after training.
+    metrics = trainer.evaluate(DATA[:4])
+    assert metrics["eval_rewards/margins"] > 0 and np.isfinite(metrics["eval_loss"])
+
+
+def test_an_explicit_ref_model_is_the_reference_and_stays_frozen(tiny_checkpoints, tokenizer_dir, tmp_path):
+    ref_model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen3"))
+    ref_before = {key: np.asarray(value) for key, value in ref_model.state_dict().items()}
+    trainer = DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), ref_model=ref_model,
+                         args=config(tmp_path, max_steps=2), train_dataset=DATA[:8],
+                         processing_class=tokenizer_for(tokenizer_dir))
+    example = trainer.train_dataset[1]
+    kept = 20 - len(example["prompt_ids"])  # keep_start truncation to max_length
+    expected = sequence_log_prob(ref_model, example["prompt_ids"], example["rejected_ids"][:kept])
+    np.testing.assert_allclose(example["ref_rejected_logps"], expected, rtol=1e-5)
+    trainer.train()
+    first_loss = logged(trainer, "loss")[0]
+    assert np.isfinite(first_loss) and not np.isclose(first_loss, np.log(2), atol=1e-3)  # policy != reference
+    assert all(np.array_equal(np.asarray(value), ref_before[key]) for key, value in ref_model.state_dict().items())
+
+
+def test_new_eval_data_after_full_fine_tuning_without_ref_model_is_refused(tiny_checkpoints, tokenizer_dir, tmp_path):
+    trainer = DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), args=config(tmp_path, max_steps=1),
+                         train_dataset=DATA[:4], eval_dataset=DATA[4:8], processing_class=tokenizer_for(tokenizer_dir))
+    trainer.train()
+    assert np.isfinite(trainer.evaluate()["eval_loss"])  # eval_dataset was scored by the reference at construction
+    with pytest.raises(ValueError, match="the reference is the initial model"):
+        trainer.evaluate(DATA[8:12])
+
+
+def test_the_same_object_as_model_and_ref_model_is_refused(tiny_checkpoints, tokenizer_dir, tmp_path):
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    with pytest.raises(ValueError, match="cannot be the same object"):
+        DPOTrainer(model=model, ref_model=model, args=config(tmp_path), train_dataset=DATA,
+                   processing_class=tokenizer_for(tokenizer_dir))
+
+
+def test_dataset_num_proc_tokenises_in_processes_with_the_same_result(tokenizer_dir):
+    import datasets
+
+    tokenizer = tokenizer_for(tokenizer_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # datasets' multiprocessing notices
+        parallel = prepare_preference_examples(datasets.Dataset.from_list(DATA[:4]), tokenizer, max_length=20,
+                                               num_proc=2)
+    assert parallel == prepare_preference_examples(DATA[:4], tokenizer, max_length=20)

@@ -1,0 +1,288 @@
+"""Preference data for DPO: TRL 1.16's preference formats turned into prompt/chosen/rejected token ids, then
+fixed-shape pair batches.
+
+This module reimplements what ``trl.DPOTrainer._prepare_dataset`` and ``DataCollatorForPreference`` do (TRL is not a
+runtime dependency), with one change a JAX step needs: every batch is padded to one length, so XLA compiles once.
+
+Formats (decided from the first example; every later example must have the same layout):
+
+- ``prompt``, ``chosen``, ``rejected`` strings: standard, explicit prompt. ``eos`` is appended to ``chosen`` and
+  ``rejected`` when missing; ``prompt``, ``prompt + chosen`` and ``prompt + rejected`` are tokenised.
+- ``prompt``, ``chosen``, ``rejected`` message lists: conversational, explicit prompt. The chat template renders the
+  prompt (with ``add_generation_prompt=True``) and the prompt followed by each response (an optional ``tools`` column
+  and ``chat_template_kwargs`` column are passed to it).
+- ``chosen``, ``rejected`` only: implicit prompt, split off as TRL's ``extract_prompt`` does (the longest common
+  prefix of characters, or of messages for conversations).
+
+The completion starts where the tokenised prompt and prompt + response diverge (tokens can merge across the boundary;
+a warning says so once). Sequences longer than ``max_length`` are cut per sequence (``truncation_mode``), and with
+``"keep_start"`` an example whose prompt alone fills ``max_length`` is dropped, as in TRL (here with a warning).
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .sft_data import _columns, _common_prefix_length, _describe, _is_message_list, chat_template_kwargs_for
+
+__all__ = [
+    "ACCEPTED_FORMATS",
+    "PreferenceDataWarning",
+    "collate_preference_batch",
+    "extract_prompt",
+    "padded_length",
+    "prepare_preference_examples",
+]
+
+ACCEPTED_FORMATS = (
+    "standard, explicit prompt: 'prompt', 'chosen' and 'rejected' strings",
+    "conversational, explicit prompt: 'prompt', 'chosen' and 'rejected' lists of {'role', 'content'} messages",
+    "standard, implicit prompt: 'chosen' and 'rejected' strings that start with the same prompt",
+    "conversational, implicit prompt: 'chosen' and 'rejected' conversations that start with the same messages",
+)
+
+_RESPONSES = ("chosen", "rejected")
+_MAX_DROP_WARNINGS = 5
+
+
+class PreferenceDataWarning(UserWarning):
+    """Warnings about preference data preparation: dropped examples, prompt/completion token boundaries."""
+
+
+def extract_prompt(example: Mapping[str, Any]) -> dict[str, Any]:
+    """Splits the shared prompt off an implicit-prompt preference example, as TRL 1.16's ``extract_prompt``.
+
+    The prompt is the longest common prefix of ``chosen`` and ``rejected`` (characters for strings, messages for
+    conversations), minus a trailing space (which stays with the responses). As in TRL, at least the last element of
+    the shorter response stays in the responses when one response is a prefix of the other.
+
+    Args:
+        example (`dict`): With ``chosen`` and ``rejected`` (both strings or both message lists).
+
+    Returns:
+        `dict`: ``{"prompt", "chosen", "rejected"}`` with the prompt removed from the responses.
+    """
+    chosen, rejected = example["chosen"], example["rejected"]
+    shortest = min(len(chosen), len(rejected))
+    shared = _common_prefix_length(chosen, rejected)
+    if shared < shortest:
+        split = shared - 1 if shared > 0 and chosen[shared - 1] == " " else shared
+    else:  # TRL's loop ends without a mismatch on the last index of the shorter response
+        split = max(shortest - 1, 0)
+    return {"prompt": chosen[:split], "chosen": chosen[split:], "rejected": rejected[split:]}
+
+
+def _missing_columns_error(columns: Sequence[str], detail: str) -> ValueError:
+    formats = "\n".join(f"  - {fmt}" for fmt in ACCEPTED_FORMATS)
+    return ValueError(f"The DPO dataset {detail}. Found columns: {list(columns)}. Accepted preference formats:\n"
+                      f"{formats}")
+
+
+class _PreferenceTokenizer:
+    """Settings resolved once per dataset; turns one raw example into ``prompt_ids``/``chosen_ids``/``rejected_ids``."""
+
+    def __init__(self, tokenizer: Any, first: Mapping[str, Any], columns: Sequence[str]):
+        missing = [key for key in _RESPONSES if key not in first]
+        if missing:
+            raise _missing_columns_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column")
+        self.tokenizer = tokenizer
+        self.explicit_prompt = "prompt" in first
+        self.conversational = _is_message_list(first["chosen"])
+        self.prefix_warned = False
+        if self.conversational and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"The DPO dataset is conversational (message lists), but the tokenizer "
+                             f"({type(tokenizer).__name__}) has no chat template to render it. Set one with "
+                             "`tokenizer.chat_template = '<jinja template>'`, e.g. the template of the model family "
+                             "you train.")
+        if not self.conversational and not tokenizer.eos_token:
+            raise ValueError(f"The tokenizer ({type(tokenizer).__name__}) has no eos_token, and standard "
+                             "(non-conversational) DPO responses get one appended so the model learns to stop. Set "
+                             "tokenizer.eos_token.")
+
+    def _check_layout(self, example: Mapping[str, Any], index: int) -> None:
+        keys = (("prompt",) if self.explicit_prompt else ()) + _RESPONSES
+        missing = [key for key in keys if key not in example]
+        if missing:
+            raise _missing_columns_error(list(example), f"example {index} has no {missing} (the first example has "
+                                                        f"{list(keys)})")
+        matches = _is_message_list if self.conversational else (lambda value: isinstance(value, str))
+        if not all(matches(example[key]) for key in keys):
+            expected = "lists of {'role', 'content'} messages" if self.conversational else "strings"
+            found = ", ".join(f"{key} is {_describe(example[key])}" for key in keys)
+            raise ValueError(f"Example {index}: {', '.join(keys)} should all be {expected}, like the first "
+                             f"example; found {found}.")
+
+    def _ids(self, messages_or_text: Any, template_kwargs: Mapping[str, Any], **kwargs: Any) -> list[int]:
+        if self.conversational:
+            out = self.tokenizer.apply_chat_template(messages_or_text, tokenize=True, return_dict=True,
+                                                     **template_kwargs, **kwargs)
+        else:
+            out = self.tokenizer(text=messages_or_text)
+        return list(out["input_ids"])
+
+    def __call__(self, raw: Mapping[str, Any], index: int) -> dict[str, list[int]]:
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"Example {index} should be a dict of columns; found {_describe(raw)}.")
+        self._check_layout(raw, index)
+        example = dict(raw) if self.explicit_prompt else {**raw, **extract_prompt(raw)}
+        prompt = example["prompt"]
+        template_kwargs = chat_template_kwargs_for(example) if self.conversational else {}
+        if not self.conversational:
+            eos = self.tokenizer.eos_token
+            example.update({key: example[key] if example[key].endswith(eos) else example[key] + eos
+                            for key in _RESPONSES})
+        prompt_ids = self._ids(prompt, template_kwargs, add_generation_prompt=True) if self.conversational \
+            else self._ids(prompt, template_kwargs)
+        full = {key: self._ids(prompt + example[key], template_kwargs) for key in _RESPONSES}
+        prompt_length = min(_common_prefix_length(prompt_ids, full[key]) for key in _RESPONSES)
+        if prompt_length < len(prompt_ids) and not self.prefix_warned:
+            self.prefix_warned = True
+            warnings.warn(
+                f"Example {index}: the tokenised prompt is not a prefix of the tokenised prompt + response (tokens "
+                "merge across the boundary, or the chat template renders the prompt alone differently); the "
+                "completion starts where they diverge, and the prompt's tail "
+                f"{self.tokenizer.decode(prompt_ids[prompt_length:])!r} is not in the training sequence. End prompts "
+                "on a token boundary to avoid it. Shown once; it likely applies to other examples.",
+                PreferenceDataWarning, stacklevel=4)
+        return {"prompt_ids": prompt_ids[:prompt_length],
+                **{f"{key}_ids": full[key][prompt_length:] for key in _RESPONSES}}
+
+
+def _tokenized(dataset: Any, examples: Iterable[Mapping[str, Any]], tokenize: _PreferenceTokenizer,
+               num_proc: int | None) -> Iterable[Mapping[str, Any]]:
+    """The tokenised ``examples``; through ``datasets.Dataset.map(num_proc=...)`` when asked and ``dataset`` is one."""
+    if num_proc and num_proc > 1 and hasattr(dataset, "map") and hasattr(dataset, "column_names"):
+        return dataset.map(lambda raw, index: tokenize(raw, index), with_indices=True, num_proc=num_proc,
+                           remove_columns=list(dataset.column_names))
+    return (tokenize(raw, index) for index, raw in enumerate(examples))
+
+
+def prepare_preference_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int | None,
+                                truncation_mode: str = "keep_start", num_proc: int | None = None
+                                ) -> list[dict[str, list[int]]]:
+    """Tokenises a preference dataset the way ``trl.DPOTrainer`` (1.16) prepares it.
+
+    Args:
+        dataset (`datasets.Dataset`, `datasets.IterableDataset` or an iterable of dicts): Preference examples in one
+            of ``ACCEPTED_FORMATS``. They are never modified.
+        tokenizer (`transformers.PreTrainedTokenizerBase`): Tokenises strings with ``tokenizer(text=...)`` (special
+            tokens included, as TRL does) and message lists with ``tokenizer.apply_chat_template``.
+        max_length (`int` or `None`): With ``truncation_mode="keep_start"``, examples whose prompt alone has
+            ``max_length`` tokens or more are dropped (truncation would leave no response token).
+        truncation_mode (`str`, *optional*, defaults to `"keep_start"`): ``"keep_start"`` or ``"keep_end"``.
+        num_proc (`int`, *optional*): Tokenise in this many processes (``datasets.Dataset.map``) when ``dataset`` is
+            a ``datasets.Dataset``.
+
+    Returns:
+        `list[dict]`: ``{"prompt_ids", "chosen_ids", "rejected_ids"}`` (lists of ints) per kept example; the
+        sequences scored are ``prompt_ids + chosen_ids`` and ``prompt_ids + rejected_ids``.
+
+    Raises:
+        ValueError: an empty dataset, missing ``chosen``/``rejected`` columns (the message lists the columns found
+            and the accepted formats), mixed layouts, conversational data without a chat template, or every example
+            dropped.
+    """
+    iterator = iter(dataset)
+    try:
+        first = next(iterator)
+    except StopIteration:
+        raise ValueError(f"The DPO dataset is empty ({type(dataset).__name__} with no examples); pass at least one "
+                         "preference example.") from None
+    if not isinstance(first, Mapping):
+        raise TypeError(f"Example 0 should be a dict of columns; found {_describe(first)}.")
+    tokenize = _PreferenceTokenizer(tokenizer, first, _columns(dataset, first))
+    kept, dropped = [], 0
+    for index, example in enumerate(_tokenized(dataset, itertools.chain([first], iterator), tokenize, num_proc)):
+        prompt = len(example["prompt_ids"])
+        if max_length is not None and truncation_mode == "keep_start" and prompt >= max_length:
+            dropped += 1
+            if dropped <= _MAX_DROP_WARNINGS:
+                warnings.warn(f"Example {index} is dropped: its prompt has {prompt} tokens, so truncation to "
+                              f"max_length={max_length} (keep_start) leaves no response token. Raise max_length or "
+                              "shorten the prompt.", PreferenceDataWarning, stacklevel=2)
+            continue
+        kept.append({key: list(example[key]) for key in ("prompt_ids", "chosen_ids", "rejected_ids")})
+    if not kept:
+        raise ValueError(f"All {dropped} examples of the DPO dataset were dropped: every prompt fills "
+                         f"max_length={max_length}. Raise max_length above the prompt lengths or shorten the prompts.")
+    return kept
+
+
+def _window(max_length: int | None, truncation_mode: str) -> slice:
+    if max_length is None:
+        return slice(None)
+    return slice(None, max_length) if truncation_mode == "keep_start" else slice(-max_length, None)
+
+
+def _sequence(example: Mapping[str, Any], response: str, window: slice) -> tuple[list[int], list[int]]:
+    """``(prompt + response ids, completion mask)`` of one response, truncated as TRL's collator does."""
+    prompt, completion = list(example["prompt_ids"]), list(example[f"{response}_ids"])
+    return (prompt + completion)[window], ([0] * len(prompt) + [1] * len(completion))[window]
+
+
+def padded_length(examples: Iterable[Mapping[str, Any]], max_length: int | None, truncation_mode: str = "keep_start",
+                  pad_to_multiple_of: int | None = None) -> int:
+    """The one length every batch is padded to: the longest truncated sequence, rounded up to a multiple.
+
+    Args:
+        examples (`Iterable[dict]`): Outputs of [`prepare_preference_examples`].
+        max_length (`int` or `None`): Truncation length (``None``: none).
+        truncation_mode (`str`, *optional*, defaults to `"keep_start"`): As in preparation.
+        pad_to_multiple_of (`int`, *optional*): Round the length up to a multiple of it.
+
+    Returns:
+        `int`: The padded length for [`collate_preference_batch`].
+    """
+    window = _window(max_length, truncation_mode)
+    longest = max((len(_sequence(example, response, window)[0]) for example in examples for response in _RESPONSES),
+                  default=1)
+    if pad_to_multiple_of:
+        longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    return longest
+
+
+def collate_preference_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, length: int,
+                             max_length: int | None = None, truncation_mode: str = "keep_start"
+                             ) -> dict[str, np.ndarray]:
+    """Truncates and right-pads prepared pairs to a fixed batch, as TRL's ``DataCollatorForPreference`` with a fixed
+    length.
+
+    TRL stacks the chosen sequences on top of the rejected ones (``2B`` rows); here each pair is one row with
+    ``chosen_*`` and ``rejected_*`` columns, so the rows of a batch split evenly over data-parallel devices.
+
+    Args:
+        examples (`Sequence[dict]`): Outputs of [`prepare_preference_examples`], optionally with float
+            ``ref_chosen_logps``/``ref_rejected_logps``.
+        pad_token_id (`int`): Fills ``*_input_ids`` past each sequence.
+        length (`int`): The padded length (see [`padded_length`]).
+        max_length (`int` or `None`, *optional*): Each ``prompt + response`` is truncated to it first.
+        truncation_mode (`str`, *optional*, defaults to `"keep_start"`): ``"keep_start"`` or ``"keep_end"``.
+
+    Returns:
+        `dict[str, np.ndarray]`: for ``chosen`` and ``rejected``, int32 ``[B, length]`` arrays ``*_input_ids``,
+        ``*_attention_mask`` (1 on real tokens) and ``*_completion_mask`` (1 on response tokens); plus float32
+        ``[B]`` ``ref_chosen_logps``/``ref_rejected_logps`` when the examples have them.
+    """
+    window = _window(max_length, truncation_mode)
+    batch: dict[str, np.ndarray] = {}
+    for response in _RESPONSES:
+        input_ids = np.full((len(examples), length), pad_token_id, dtype=np.int32)
+        attention_mask = np.zeros((len(examples), length), dtype=np.int32)
+        completion_mask = np.zeros((len(examples), length), dtype=np.int32)
+        for row, example in enumerate(examples):
+            ids, mask = _sequence(example, response, window)
+            if len(ids) > length:
+                raise ValueError(f"Example {row} of the batch has a {len(ids)}-token {response} sequence, more than "
+                                 f"the padded length {length}; compute the length with padded_length(...).")
+            input_ids[row, :len(ids)], attention_mask[row, :len(ids)], completion_mask[row, :len(ids)] = ids, 1, mask
+        batch.update({f"{response}_input_ids": input_ids, f"{response}_attention_mask": attention_mask,
+                      f"{response}_completion_mask": completion_mask})
+    for key in ("ref_chosen_logps", "ref_rejected_logps"):
+        if examples and key in examples[0]:
+            batch[key] = np.asarray([example[key] for example in examples], dtype=np.float32)
+    return batch

@@ -1,0 +1,389 @@
+"""``DPOTrainer``: TRL 1.16's Direct Preference Optimization trainer and constructor on torchlike's ``Trainer``.
+
+Each step scores the chosen and rejected sequences of a batch in one forward pass and applies TRL's DPO loss
+(``adapters.rl_math.dpo_loss``: every loss type, f-divergences, LD-DPO) with TRL's metrics. The reference
+log-probabilities are computed once, before training, by a jitted forward of the reference (``ref_model``; else the
+base weights with the LoRA adapter off when the adapter is new; else the initial weights) and stored with each
+example. TRL computes them in every step by default; the values are the same, since the reference is frozen and has no
+dropout, and no second copy of the model is kept for full fine-tuning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..adapters import mesh as mesh_lib
+from ..adapters import qwix_lora, rl_math, tunix_sft
+from ..trainer import Trainer
+from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
+from .sft_data import pad_token_id_for
+
+__all__ = ["DPOTrainer", "preference_loss"]
+
+#: Loss types that read the whole batch (``aot`` sorts within it, ``sft`` is a token mean) rather than one pair.
+_BATCH_LOSS_TYPES = ("aot", "aot_unpaired", "sft")
+_REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
+
+
+def _pair_token_log_probs(family, module, batch: dict) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """One forward pass over the chosen rows stacked on the rejected rows (``2B``, TRL's layout).
+
+    Returns:
+        ``(logits [2B, T-1, V], targets [2B, T-1], mask [2B, T-1], per-token log-probabilities [2B, T-1])`` where
+        position ``t`` predicts token ``t + 1`` and ``mask`` is the shifted completion mask.
+    """
+    def stacked(name: str) -> jax.Array:
+        return jnp.concatenate([batch[f"chosen_{name}"], batch[f"rejected_{name}"]])
+
+    input_ids = stacked("input_ids")
+    logits = tunix_sft.causal_lm_logits(family, module, {"input_ids": input_ids,
+                                                         "attention_mask": stacked("attention_mask")})[:, :-1]
+    targets, mask = input_ids[:, 1:], stacked("completion_mask")[:, 1:]
+    return logits, targets, mask, rl_math.token_log_probs(logits, targets, mask)
+
+
+def _sequence_log_probs(per_token: jax.Array, mask: jax.Array, ld_alpha: float | None) -> tuple[jax.Array, jax.Array]:
+    """``(chosen [B], rejected [B])`` summed completion log-probabilities (LD-DPO weighted with ``ld_alpha``)."""
+    chosen, rejected = jnp.split(per_token, 2)
+    if ld_alpha is None:
+        return chosen.sum(-1), rejected.sum(-1)
+    chosen_mask, rejected_mask = jnp.split(mask, 2)
+    return rl_math.length_desensitised_log_probs(chosen, rejected, chosen_mask, rejected_mask, ld_alpha)
+
+
+def _masked_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
+    return (values * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+
+
+def _token_metrics(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """TRL's per-token metrics: completion-token means of the entropy, of the logits' vocabulary mean (chosen and
+    rejected) and of whether the chosen token is the most likely one."""
+    logits = jax.lax.stop_gradient(logits)
+    mask = mask.astype(jnp.float32)
+    chosen_mask, rejected_mask = jnp.split(mask, 2)
+    mean_logits = logits.astype(jnp.float32).mean(-1)
+    chosen_logits, rejected_logits = jnp.split(mean_logits, 2)
+    is_top1 = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return {
+        "entropy": _masked_mean(rl_math.token_entropies(logits, mask), mask),
+        "logits/chosen": _masked_mean(chosen_logits, chosen_mask),
+        "logits/rejected": _masked_mean(rejected_logits, rejected_mask),
+        "mean_token_accuracy": _masked_mean(jnp.split(is_top1, 2)[0], chosen_mask),
+    }
+
+
+def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weights: Sequence[float] | None = None,
+                    label_smoothing: float = 0.0, f_divergence_type: str = "reverse_kl",
+                    f_alpha_divergence_coef: float = 0.5, discopop_tau: float = 0.05,
+                    ld_alpha: float | None = None) -> Callable:
+    """The DPO step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)`` (``Trainer._loss``).
+
+    ``value`` is TRL's ``DPOTrainer`` loss of the micro-batch: ``sum_i loss_weights[i] * mean over pairs of
+    loss_type[i]``. Rows that pad a partial batch (all-zero masks) are left out of the means; ``weight`` is 1 when
+    the micro-batch holds a pair, so accumulated micro-batches are averaged, as TRL divides by the accumulation steps.
+    ``metrics`` are TRL's: ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracies``, ``rewards/margins``,
+    ``logps/chosen``, ``logps/rejected``, ``entropy``, ``logits/chosen``, ``logits/rejected``,
+    ``mean_token_accuracy``, and ``num_tokens`` (the micro-batch's tokens; ``DPOTrainer.log`` makes it a running
+    total).
+
+    Args:
+        family: the model's adapter family (its forward pass).
+        beta, loss_type, loss_weights, label_smoothing, f_divergence_type, f_alpha_divergence_coef, discopop_tau,
+            ld_alpha: the ``DPOConfig`` fields of the same names.
+
+    The batch holds ``collate_preference_batch``'s columns with ``ref_chosen_logps``/``ref_rejected_logps``.
+    """
+    weights = list(loss_weights) if loss_weights is not None else [1.0] * len(loss_type)
+    settings = dict(beta=beta, label_smoothing=label_smoothing, f_divergence_type=f_divergence_type,
+                    f_alpha_divergence_coef=f_alpha_divergence_coef, discopop_tau=discopop_tau)
+    per_pair = [(name, weight) for name, weight in zip(loss_type, weights, strict=True)
+                if name not in _BATCH_LOSS_TYPES]
+    whole_batch = [(name, weight) for name, weight in zip(loss_type, weights, strict=True)
+                   if name in _BATCH_LOSS_TYPES]
+    # dpo_loss returns the metrics too; a zero-weight sigmoid yields them when every loss type reads the whole batch.
+    pair_types, pair_weights = zip(*(per_pair or [("sigmoid", 0.0)]), strict=True)
+
+    def one_pair(chosen, rejected, ref_chosen, ref_rejected, chosen_length, rejected_length):
+        return rl_math.dpo_loss(chosen[None], rejected[None], ref_chosen[None], ref_rejected[None],
+                                loss_type=list(pair_types), loss_weights=list(pair_weights),
+                                chosen_lengths=chosen_length[None], rejected_lengths=rejected_length[None], **settings)
+
+    def loss(module, batch, num_items_in_batch=None):
+        logits, targets, mask, per_token = _pair_token_log_probs(family, module, batch)
+        chosen, rejected = _sequence_log_probs(per_token, mask, ld_alpha)
+        ref_chosen, ref_rejected = batch["ref_chosen_logps"], batch["ref_rejected_logps"]
+        real = batch["chosen_attention_mask"].any(-1).astype(jnp.float32)  # 0 on rows padding a partial batch
+        # TRL's ipo and sigmoid_norm divide by the unshifted completion lengths, its sft by the scored tokens.
+        chosen_length, rejected_length = (batch[f"{key}_completion_mask"].sum(-1) for key in ("chosen", "rejected"))
+        pair_losses, pair_metrics = jax.vmap(one_pair)(chosen, rejected, ref_chosen, ref_rejected, chosen_length,
+                                                       rejected_length)
+        value = _masked_mean(pair_losses, real)
+        if whole_batch:  # exact with padding rows for sft (they add no token); aot sorts them in (see the warning)
+            names, batch_weights = zip(*whole_batch, strict=True)
+            chosen_mask, rejected_mask = jnp.split(mask, 2)
+            value += rl_math.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, loss_type=list(names),
+                                      loss_weights=list(batch_weights), chosen_lengths=chosen_mask.sum(-1),
+                                      rejected_lengths=rejected_mask.sum(-1),
+                                      sft_chosen_logps=jnp.split(per_token, 2)[0].sum(-1), **settings)[0]
+        metrics = {key: _masked_mean(values, real) for key, values in pair_metrics.items()}
+        tokens = (batch["chosen_attention_mask"].sum() + batch["rejected_attention_mask"].sum()).astype(jnp.float32)
+        return value, (real.sum() > 0).astype(jnp.float32), {**metrics, **_token_metrics(logits, targets, mask),
+                                                             "num_tokens": tokens}
+
+    return loss
+
+
+def _load_model(model: Any, args: Any, quantization_config: Any) -> Any:
+    """``model`` as a torchlike model: a path or hub id is loaded with ``args.model_init_kwargs`` (float32 unless
+    they set ``dtype``, as in TRL)."""
+    from .. import AutoModelForCausalLM
+
+    if isinstance(model, str):
+        init_kwargs = dict(args.model_init_kwargs or {})
+        if quantization_config is not None:
+            if "quantization_config" in init_kwargs:
+                raise ValueError("quantization_config was given both to the trainer and in args.model_init_kwargs; "
+                                 "set it in one place, preferably the trainer argument.")
+            init_kwargs["quantization_config"] = quantization_config
+        init_kwargs.setdefault("dtype", "float32")
+        return AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+    if quantization_config is not None:
+        raise ValueError("quantization_config only applies when the model is loaded from a path or hub id (a str); "
+                         "the model passed is already loaded. Pass its path, or omit quantization_config.")
+    if args.model_init_kwargs is not None:
+        warnings.warn("args.model_init_kwargs is ignored: the model is already loaded (pass a path or hub id to "
+                      "load it with these arguments).", UserWarning, stacklevel=3)
+    _check_causal_lm(model, "model")
+    return model
+
+
+def _check_causal_lm(model: Any, name: str) -> None:
+    if getattr(model, "family", None) is None:
+        raise TypeError(f"DPOTrainer's {name} must be a torchlike causal LM; got {type(model).__name__}. Load it "
+                        "with torchlike.AutoModelForCausalLM.from_pretrained(...).")
+
+
+def _lora_is_new(model: Any) -> bool:
+    """Whether ``model`` has a LoRA adapter whose ``B`` factors are all zero (so it equals its base model)."""
+    if not hasattr(model, "peft_config"):
+        return False
+    return all(not np.any(np.asarray(jax.device_get(b))) for _, _, b in qwix_lora.lora_factors(model.module).values())
+
+
+class DPOTrainer(Trainer):
+    """``trl.DPOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
+
+    Args:
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+            ``args.model_init_kwargs`` (float32 unless they set ``dtype``, as in TRL).
+        ref_model: the reference model (a :class:`~torchlike.CausalLM`, used on its own mesh when it has one, else
+            placed on the trainer's). ``None``: with a new LoRA adapter the base weights (adapter off), otherwise the
+            initial weights of ``model``.
+        args: :class:`~torchlike.trl.DPOConfig` (default: one with ``output_dir="<model>-DPO"``).
+        data_collator: replaces the fixed-shape pair collator; it receives prepared examples (``prompt_ids``,
+            ``chosen_ids``, ``rejected_ids``, and ``ref_chosen_logps``/``ref_rejected_logps`` once computed) and
+            must return ``collate_preference_batch``'s columns with one row per example.
+        train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in a TRL
+            preference format (``prompt``/``chosen``/``rejected``, or implicit prompt ``chosen``/``rejected``;
+            strings or message lists). ``train_dataset`` is required.
+        processing_class: the tokenizer (default: loaded from the model's path).
+        compute_metrics: deprecated in TRL; refused with a message when set.
+        callbacks: ``transformers.TrainerCallback`` objects (or classes).
+        optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
+        quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
+        peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter.
+
+    Example:
+
+    ```python
+    >>> from torchlike.trl import DPOConfig, DPOTrainer
+    >>> data = [{"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}] * 64
+    >>> trainer = DPOTrainer(model="path/to/qwen2", args=DPOConfig("out", beta=0.1), train_dataset=data)
+    >>> trainer.train()
+    ```
+    """
+
+    def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Callable | None = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+                 compute_metrics: Callable | None = None, callbacks: list | None = None,
+                 optimizers: tuple = (None, None), quantization_config: Any = None, peft_config: Any = None):
+        from .. import AutoTokenizer
+        from ..peft import get_peft_model
+        from .dpo_config import DPOConfig
+        from .fields import check_unsupported
+
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
+            args = DPOConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-DPO")
+        check_unsupported(args)
+        if train_dataset is None:
+            raise ValueError("DPOTrainer needs a train_dataset of preference pairs ('prompt', 'chosen', 'rejected').")
+        if ref_model is not None and ref_model is model:
+            raise ValueError("model and ref_model cannot be the same object; omit ref_model to use the initial model "
+                             "as the reference.")
+        model = _load_model(model, args, quantization_config)
+        if ref_model is not None:
+            _check_causal_lm(ref_model, "ref_model")
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
+        if peft_config is not None:
+            if hasattr(model, "peft_config"):
+                raise ValueError("A PeftModel was passed together with peft_config; merge and unload the existing "
+                                 "adapter (model.merge_and_unload()) and pass the base model with peft_config, or "
+                                 "omit peft_config to train the existing adapter.")
+            model = get_peft_model(model, peft_config)
+        self.ref_model = ref_model
+        # The reference when there is no ref_model: the base weights stay valid all run long, the initial ones only
+        # until the first step.
+        self._reference = "model" if ref_model is not None else "base" if _lora_is_new(model) else "initial"
+        self.pad_token_id = self._pad_token_id(processing_class, args.pad_token)
+        for config in (model.config, model.generation_config):
+            config.pad_token_id = self.pad_token_id  # TRL mirrors the pad token onto the model
+        self.loss_settings = dict(beta=args.beta, loss_type=list(args.loss_type), loss_weights=args.loss_weights,
+                                  label_smoothing=args.label_smoothing, f_divergence_type=args.f_divergence_type,
+                                  f_alpha_divergence_coef=args.f_alpha_divergence_coef,
+                                  discopop_tau=args.discopop_tau, ld_alpha=args.ld_alpha)
+        train_examples = self._tokenize(train_dataset, processing_class, args, model)
+        eval_examples = self._tokenize(eval_dataset, processing_class, args, model) if eval_dataset is not None \
+            else None
+        # One padded length for training and evaluation, so XLA compiles each step once.
+        self.padded_length = padded_length([*train_examples, *(eval_examples or [])], args.max_length,
+                                           args.truncation_mode, args.pad_to_multiple_of)
+        collator = data_collator or (lambda rows: collate_preference_batch(
+            rows, self.pad_token_id, self.padded_length, args.max_length, args.truncation_mode))
+        super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
+                         eval_dataset=eval_examples, processing_class=processing_class,
+                         compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers)
+        self._add_reference_log_probs(train_examples, args.per_device_train_batch_size)
+        if eval_examples is not None:
+            self._add_reference_log_probs(eval_examples, args.per_device_eval_batch_size)
+        self._warn_if_sorting_loss_sees_padding()
+
+    # ------------------------------------------------------------------ data
+    @staticmethod
+    def _pad_token_id(tokenizer: Any, pad_token: str | None) -> int:
+        """TRL's pad token: ``args.pad_token`` (set on the tokenizer), else the tokenizer's pad or eos token."""
+        if pad_token is None:
+            return pad_token_id_for(tokenizer)
+        if pad_token not in tokenizer.get_vocab():
+            raise ValueError(f"pad_token={pad_token!r} is not in the vocabulary of the tokenizer "
+                             f"({type(tokenizer).__name__}); pass a token it knows, or leave pad_token unset to pad "
+                             "with its pad (or eos) token.")
+        tokenizer.pad_token = pad_token
+        return int(tokenizer.convert_tokens_to_ids(pad_token))
+
+    def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
+        """Prepared examples of ``dataset``, checked against the vocabulary of the models that will read them."""
+        if isinstance(dataset, Mapping):
+            raise TypeError(f"A dict of datasets ({list(dataset)}) is not supported yet; pass one dataset (a "
+                            "datasets.Dataset or a list of examples) and evaluate the others with "
+                            "trainer.evaluate(dataset).")
+        examples = prepare_preference_examples(dataset, tokenizer, max_length=args.max_length,
+                                               truncation_mode=args.truncation_mode, num_proc=args.dataset_num_proc)
+        largest = max([self.pad_token_id, *(max(e[key], default=0) for e in examples
+                                            for key in ("prompt_ids", "chosen_ids", "rejected_ids"))])
+        for which, checked in (("model", model), ("ref_model", self.ref_model)):
+            vocab_size = getattr(getattr(checked, "config", None), "vocab_size", None)
+            if vocab_size is not None and largest >= vocab_size:
+                raise ValueError(f"token id {largest} is outside the {which}'s vocab_size={vocab_size} (the tokenizer "
+                                 f"has {len(tokenizer)} tokens; pad token {tokenizer.pad_token!r}). Use the tokenizer "
+                                 "that belongs to the model, or set tokenizer.pad_token to a token the model knows.")
+        return examples
+
+    def _warn_if_sorting_loss_sees_padding(self) -> None:
+        sorting = sorted(set(self.loss_settings["loss_type"]) & {"aot", "aot_unpaired"})
+        if sorting and len(self.train_dataset) % self._global_batch_size() and not self.args.dataloader_drop_last:
+            warnings.warn(f"loss_type {sorting} sorts the pairs of a batch; the last, partial batch is padded with "
+                          f"empty pairs that enter the sort ({len(self.train_dataset)} examples, batches of "
+                          f"{self._global_batch_size()}). Set dataloader_drop_last=True for TRL's values.",
+                          UserWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ reference
+    def _add_reference_log_probs(self, examples: list[dict], per_device_batch_size: int) -> None:
+        """Adds ``ref_chosen_logps``/``ref_rejected_logps`` to every example: one jitted reference forward per batch
+        (TRL's ``compute_ref_log_probs``), on the reference's mesh."""
+        if self._reference == "initial" and self.state.global_step > 0:
+            raise ValueError("Cannot compute reference log-probabilities for new data after training has started: "
+                             "without ref_model the reference is the initial model, which training has changed "
+                             "(full fine-tuning, or an adapter that was not new). Pass this dataset as eval_dataset "
+                             "when creating the trainer, or pass a ref_model.")
+        reference = self.ref_model if self.ref_model is not None else self.model
+        if reference.mesh is None:
+            mesh_lib.shard_module(reference.module, self.mesh)
+            reference.mesh = self.mesh
+        mesh = reference.mesh
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        mode = qwix_lora.DISABLED if self._reference == "base" else qwix_lora.EVAL
+        family, ld_alpha = reference.family, self.loss_settings["ld_alpha"]
+
+        def reference_log_probs(module, batch, num_items_in_batch=None):
+            with qwix_lora.lora_mode(mode):
+                _, _, mask, per_token = _pair_token_log_probs(family, module, batch)
+            # Replicated, so every process reads all rows.
+            return tuple(jax.lax.with_sharding_constraint(logps, replicated)
+                         for logps in _sequence_log_probs(per_token, mask, ld_alpha))
+
+        step = tunix_sft.make_eval_step(reference_log_probs, self._compute_dtype())
+        size = per_device_batch_size * mesh_lib.data_parallel_size(mesh)
+        sharding = mesh_lib.batch_sharding(mesh)
+        rows = mesh_lib.local_rows(sharding, (size,))
+        outputs = []
+        with mesh_lib.entered(mesh):
+            for start in range(0, len(examples), size):
+                indices = np.full(size, -1)
+                chosen = np.arange(start, min(start + size, len(examples)))
+                indices[:len(chosen)] = chosen
+                batch = self._collate_rows(examples, indices[rows], "reference")
+                outputs.append(step(reference.module, mesh_lib.place_batch(batch, sharding, size)))
+        for start, (chosen_logps, rejected_logps) in zip(range(0, len(examples), size), mesh_lib.to_host(outputs),
+                                                         strict=True):
+            for offset, example in enumerate(examples[start:start + size]):
+                example["ref_chosen_logps"] = float(chosen_logps[offset])
+                example["ref_rejected_logps"] = float(rejected_logps[offset])
+
+    # ------------------------------------------------------------------ Trainer hooks
+    def _loss(self) -> tuple[Callable, None]:
+        return preference_loss(self.model.family, **self.loss_settings), None
+
+    def _lora_dropout(self) -> bool:
+        return self._is_lora() and not self.args.disable_dropout
+
+    def log(self, logs: dict[str, float]) -> None:
+        """Records ``logs`` with ``num_tokens`` as TRL's running total of training tokens.
+
+        The step metrics arrive averaged over micro-batches and over the steps since the previous log, so the tokens
+        of those steps are that mean times both counts; the total so far is read back from ``state.log_history``,
+        which a resumed run restores.
+        """
+        previous = next((entry for entry in reversed(self.state.log_history) if "num_tokens" in entry),
+                        {"step": 0, "num_tokens": 0})
+        if "num_tokens" in logs:
+            steps = self.state.global_step - previous["step"]
+            added = round(logs["num_tokens"] * self.args.gradient_accumulation_steps * steps)
+            logs = {**logs, "num_tokens": previous["num_tokens"] + added}
+        elif "eval_num_tokens" in logs:  # TRL reports the training total in evaluation too
+            logs = {**logs, "eval_num_tokens": previous["num_tokens"]}
+        super().log(logs)
+
+    def evaluate(self, eval_dataset: Any = None) -> dict[str, float]:
+        """Mean DPO loss and TRL's metrics (``eval_rewards/chosen``...) over ``eval_dataset``.
+
+        Args:
+            eval_dataset: raw preference data (prepared and scored by the reference here, as TRL does), or the
+                trainer's prepared ``eval_dataset`` when omitted.
+
+        Returns:
+            ``{"eval_loss": ..., "eval_rewards/chosen": ..., ..., "eval_runtime": seconds}``.
+        """
+        if eval_dataset is not None and not all(key in next(iter(eval_dataset), {}) for key in _REFERENCE_COLUMNS):
+            eval_dataset = self._tokenize(eval_dataset, self.processing_class, self.args, self.model)
+            self.padded_length = max(self.padded_length, padded_length(
+                eval_dataset, self.args.max_length, self.args.truncation_mode, self.args.pad_to_multiple_of))
+            self._add_reference_log_probs(eval_dataset, self.args.per_device_eval_batch_size)
+        return super().evaluate(eval_dataset)
