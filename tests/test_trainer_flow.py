@@ -193,3 +193,14 @@ def test_completion_only_loss_equals_the_hand_computed_masked_nll(tiny_checkpoin
         total += float(nll[len(prompt) - 1:].sum())  # targets are the completion tokens and the eos
         count += len(ids) - len(prompt)
     assert logged_losses(trainer)[0] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_trl_script_attributes_accelerator_hub_model_id_and_end(tiny_checkpoints, tmp_path, capsys):
+    trainer = trainer_for(tiny_checkpoints, tmp_path, max_steps=1, report_to="tensorboard")
+    trainer.train()
+    trainer.accelerator.print("done")
+    assert capsys.readouterr().out.endswith("done\n")
+    assert trainer.accelerator.is_main_process and trainer.accelerator.num_processes == 1
+    assert trainer.hub_model_id == "out"
+    trainer.end()
+    assert all(getattr(callback, "tb_writer", None) is None for callback in trainer.callbacks)

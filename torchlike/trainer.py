@@ -104,6 +104,35 @@ class _ProgressWithLoss:
         return ProgressWithLoss()
 
 
+class Accelerator:
+    """The ``accelerate.Accelerator`` attributes TRL scripts touch (``trainer.accelerator``), for JAX processes."""
+
+    @property
+    def process_index(self) -> int:
+        return jax.process_index()
+
+    @property
+    def num_processes(self) -> int:
+        return jax.process_count()
+
+    @property
+    def is_main_process(self) -> bool:
+        return jax.process_index() == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return jax.process_index() == 0
+
+    def print(self, *args, **kwargs) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        """A barrier across JAX processes."""
+        mesh_lib.barrier("torchlike.accelerator.wait_for_everyone")
+
+
 class Trainer:
     """A ``transformers.Trainer`` for torchlike models and plain Flax NNX modules, on a JAX device mesh.
 
@@ -177,6 +206,7 @@ class Trainer:
         self._compute_loss_func = compute_loss_func
         self.optimizer = None
         self.lr_scheduler = None
+        self.accelerator = Accelerator()
         self.mesh = self._resolve_mesh()
         self.state = self._new_state()
         self.control = self._new_control()
@@ -186,6 +216,20 @@ class Trainer:
         defaults = [DefaultFlowCallback, *get_reporting_integration_callbacks(list(args.report_to or [])), progress]
         self.callback_handler = CallbackHandler([*defaults, *(callbacks or [])], model, processing_class, None, None)
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+
+    @property
+    def hub_model_id(self) -> str:
+        """The Hub repository ``push_to_hub`` uploads to: ``args.hub_model_id`` or the name of ``output_dir``."""
+        return getattr(self.args, "hub_model_id", None) or Path(self.args.output_dir).name
+
+    def end(self) -> None:
+        """Closes the reporting integrations' writers (transformers 5.18's ``Trainer.end``); there is no torch
+        process group to destroy."""
+        for callback in self.callback_handler.callbacks:
+            writer = getattr(callback, "tb_writer", None)
+            if writer is not None:
+                writer.close()
+                callback.tb_writer = None
 
     # ------------------------------------------------------------------ callbacks (transformers API)
     @property
@@ -616,8 +660,7 @@ class Trainer:
         from .adapters.hf_hub import upload_folder
 
         self.save_model()
-        repo_id = getattr(self.args, "hub_model_id", None) or Path(self.args.output_dir).name
-        return upload_folder(self.args.output_dir, repo_id, commit_message=commit_message,
+        return upload_folder(self.args.output_dir, self.hub_model_id, commit_message=commit_message,
                              private=getattr(self.args, "hub_private_repo", None),
                              token=token or getattr(self.args, "hub_token", None),
                              revision=revision or getattr(self.args, "hub_revision", None))
