@@ -10,6 +10,7 @@ stay Tunix's.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,8 @@ from flax import nnx
 
 from . import qwix_lora
 from .families import Family
+
+logger = logging.getLogger(__name__)
 
 
 def enable_rematerialisation(module: nnx.Module) -> int:
@@ -112,7 +115,16 @@ def transformers_loss(compute_loss_func: Callable, call_model: Callable, count: 
 
 TRACE_COUNTS: dict[str, int] = {"train_step": 0, "eval_step": 0}
 """How many times each step function was traced (each trace is a new XLA program); tests and
-debugging read it to check that shapes stay fixed."""
+debugging read it to check that shapes stay fixed. Each trace is also reported on the
+``torchlike.adapters.tunix_sft`` logger at INFO level with the batch shapes and dtypes that caused
+it (``logging.getLogger("torchlike").setLevel(logging.INFO)`` shows them)."""
+
+
+def _record_trace(name: str, batch) -> None:
+    TRACE_COUNTS[name] += 1
+    if logger.isEnabledFor(logging.INFO):
+        shapes = ", ".join(f"{key} {tuple(value.shape)} {value.dtype}" for key, value in sorted(batch.items()))
+        logger.info("tracing %s (new XLA program %d): %s", name, TRACE_COUNTS[name], shapes)
 
 
 def _cast_floating(state, dtype):
@@ -161,7 +173,7 @@ def make_train_step(
 
     @nnx.jit
     def step(module, optimizer, micro_batches, step_index):
-        TRACE_COUNTS["train_step"] += 1  # runs at trace time only
+        _record_trace("train_step", micro_batches)  # runs at trace time only
         if lora:
             qwix_lora.set_dropout_rng(module, jax.random.fold_in(jax.random.key(seed), step_index))
         count = jax.tree.leaves(micro_batches)[0].shape[0]
@@ -189,7 +201,7 @@ def make_eval_step(loss: Callable, compute_dtype=None, count_items: Callable | N
 
     @nnx.jit
     def step(module, batch):
-        TRACE_COUNTS["eval_step"] += 1  # runs at trace time only
+        _record_trace("eval_step", batch)  # runs at trace time only
         if compute_dtype is not None:
             graphdef, state = nnx.split(module)
             module = nnx.merge(graphdef, _cast_floating(state, compute_dtype))

@@ -188,3 +188,15 @@ def test_compute_loss_func_on_a_causal_lm_matches_the_built_in_loss(tiny_checkpo
         trainer.train()
         runs.append(logged_losses(trainer))
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
+
+
+def test_each_new_trace_is_logged_with_its_shapes(tiny_checkpoints, tmp_path, caplog):
+    import logging
+
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=2, gradient_accumulation_steps=2),
+                                train_dataset=tiny.padded_examples(16, seed=9))
+    with caplog.at_level(logging.INFO, logger="torchlike.adapters.tunix_sft"):
+        trainer.train()
+    traces = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tracing train_step")]
+    assert len(traces) == 1 and f"input_ids (2, 4, {tiny.EXAMPLE_LENGTH}) int32" in traces[0]
