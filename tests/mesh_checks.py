@@ -1,6 +1,7 @@
 """Checks that need 8 (simulated) devices, run together in one subprocess by tests/test_mesh.py.
 
-Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.mesh_checks OUT.json CASE=DIR ...
+Usage: XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+    python -m tests.mesh_checks OUT.json TOKENIZER_DIR CASE=DIR ...
 Writes a JSON dict of measurements; the parent test asserts on them.
 """
 
@@ -61,8 +62,36 @@ def check_restore_into_mesh_sharding(checkpoint: Path) -> dict:
     }
 
 
+def check_grpo_lora_and_resume(checkpoint: Path, tokenizer_dir: Path, folder: Path) -> dict:
+    """GRPO with LoRA on fsdp=4 x tp=2, saving every step; then a run resumed from checkpoint-1."""
+    from torchlike.peft import LoraConfig
+    from torchlike.trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+    prompts = [{"prompt": p} for p in ("the quick brown", "one two three", "hello world", "lazy dog")]
+
+    def length_reward(completions, **kwargs):
+        return [-abs(len(completion) - 20) / 20 for completion in completions]
+
+    def run(output: Path, resume: str | None = None) -> list[float]:
+        model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=torchlike.make_mesh((4, 2)))
+        args = GRPOConfig(output_dir=str(output), per_device_train_batch_size=2, num_generations=4,
+                          max_completion_length=8, max_steps=3, learning_rate=1e-2, logging_steps=1,
+                          save_strategy="steps", save_steps=1, report_to="none", bf16=False,
+                          gradient_checkpointing=False, disable_tqdm=True)
+        trainer = GRPOTrainer(model, reward_funcs=length_reward, args=args, train_dataset=prompts,
+                              processing_class=tokenizer, peft_config=LoraConfig(r=4, lora_alpha=8,
+                                                                                  target_modules="all-linear"))
+        trainer.train(resume_from_checkpoint=resume)
+        return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+    straight = run(folder / "grpo_straight")
+    resumed = run(folder / "grpo_resumed", resume=str(folder / "grpo_straight" / "checkpoint-1"))
+    return {"straight": straight, "resumed": resumed}
+
+
 def main() -> None:
-    out_path, *cases = sys.argv[1:]
+    out_path, tokenizer_dir, *cases = sys.argv[1:]
     results = {"device_count": jax.device_count()}
     for case in cases:
         name, directory = case.split("=", 1)
@@ -72,6 +101,7 @@ def main() -> None:
     results["sft_output_dir"] = str(Path(out_path).parent / "sft_one_process")
     results["sft"] = sft_worker.train_losses(first, sft_worker.MESH_SHAPE, per_device=2,
                                              output_dir=results["sft_output_dir"])
+    results["grpo_lora"] = check_grpo_lora_and_resume(first, Path(tokenizer_dir), Path(out_path).parent)
     results["sft_lora"] = sft_worker.train_losses(first, sft_worker.MESH_SHAPE, per_device=2, lora=True)
     Path(out_path).write_text(json.dumps(results))
 

@@ -23,13 +23,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def mesh_results(tiny_checkpoints, tmp_path_factory):
+def mesh_results(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
     """Runs every 8-device check in one subprocess (XLA fixes the device count at start-up)."""
     out = tmp_path_factory.mktemp("mesh") / "results.json"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     cases = [f"{case}={tiny_checkpoints.path(case)}" for case in MESH_CASES]
-    completed = subprocess.run([sys.executable, "-m", "tests.mesh_checks", str(out), *cases], cwd=ROOT, env=env,
-                               capture_output=True, text=True, timeout=900)
+    completed = subprocess.run([sys.executable, "-m", "tests.mesh_checks", str(out), str(tokenizer_dir), *cases],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert completed.returncode == 0, completed.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -132,3 +132,9 @@ def test_two_processes_write_one_checkpoint_equal_to_one_process_of_eight(two_pr
         for key in restored_one.keys():
             np.testing.assert_allclose(np.asarray(restored_two[key]), np.asarray(restored_one[key]), rtol=1e-4,
                                        atol=1e-6, err_msg=f"{part}/{key}")
+
+
+def test_grpo_with_lora_runs_on_fsdp4_tp2_and_resumes_exactly(mesh_results):
+    straight, resumed = mesh_results["grpo_lora"]["straight"], mesh_results["grpo_lora"]["resumed"]
+    assert len(straight) == 3 and np.isfinite(straight).all()
+    assert resumed == pytest.approx(straight, rel=1e-5)  # step 1 from the checkpoint's log, steps 2-3 re-run

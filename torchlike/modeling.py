@@ -18,7 +18,7 @@ import numpy as np
 
 from .adapters import hf_checkpoint, hf_hub, tunix_model
 from .adapters.families import Family, family_for_config
-from .adapters.mesh import make_mesh
+from .adapters.mesh import entered, initialize_distributed, make_mesh
 from .compilation import enable_compilation_cache
 from .dtypes import dtype_name, resolve_dtype
 
@@ -107,11 +107,92 @@ class CausalLM:
         mask = np.ones_like(ids) if attention_mask is None else to_numpy_2d(attention_mask, "attention_mask")
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask shape {mask.shape} does not match input_ids shape {ids.shape}.")
-        with self.mesh if self.mesh is not None else contextlib.nullcontext():
+        with entered(self.mesh) if self.mesh is not None else contextlib.nullcontext():
             logits = tunix_model.forward_logits(self.family, self.module, ids, mask, lora=self._lora_mode)
         return CausalLMOutput(logits=logits)
 
     forward = __call__
+
+    def generate(
+        self,
+        inputs: Any = None,
+        attention_mask: Any = None,
+        *,
+        max_new_tokens: int | None = None,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        seed: int | None = None,
+        generation_config: Any = None,
+        tokenizer: Any = None,
+        processing_class: Any = None,
+        input_ids: Any = None,
+        prompts: Any = None,
+        output_logprobs: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Generates continuations with a KV cache, with ``transformers.generate``'s meaning for every knob.
+
+        Unset arguments (``None``) come from ``generation_config``, then from ``self.generation_config``,
+        then from ``transformers``' defaults (greedy, 20 new tokens, ``top_k=50`` when sampling).
+        Logits go through the repetition penalty, then (sampling only) temperature, top-k, top-p and
+        min-p, in ``transformers``' order; greedy is the argmax after the penalty. Rows stop at an
+        end token and are padded after it. One compiled program serves every call whose batch size,
+        prompt-length bucket and new-token bucket (powers of two from 16) and switches match; see
+        ``torchlike.generation.TRACE_COUNTS``.
+
+        Args:
+            inputs: token ids ``(batch, prompt)`` (list, numpy, jax or torch), left- or right-padded,
+                or a string / list of strings when a tokenizer is given. ``input_ids``/``prompts`` are aliases.
+            attention_mask: 1 for tokens, 0 for padding; inferred from ``pad_token_id`` when omitted.
+            max_new_tokens: the most tokens to add (``max_length`` is also accepted, as total length).
+            do_sample: sample (``True``) or decode greedily (``False``).
+            temperature: divides the scores when sampling (``> 0``).
+            top_p: nucleus sampling threshold in ``(0, 1]``.
+            top_k: keep the ``k`` best tokens when sampling; ``0`` disables.
+            min_p: drop tokens below ``min_p`` times the best token's probability.
+            repetition_penalty: ``transformers``' ``RepetitionPenaltyLogitsProcessor`` over the prompt
+                (padding included) and the tokens generated so far; ``1.0`` is off.
+            eos_token_id: an id or list of ids that end a row (``[]``: none, run to ``max_new_tokens``).
+            pad_token_id: written after a row ended (default: the first end token).
+            seed: sampling seed; ``None`` draws a fresh one per call, so two calls differ.
+            generation_config: a ``transformers.GenerationConfig`` for this call.
+            tokenizer: tokenizes text prompts (``processing_class`` is an alias).
+            output_logprobs: with ``return_dict_in_generate=True``, also return each new token's
+                log-prob under ``log_softmax(logits / temperature)`` (what GRPO needs).
+            kwargs: ``max_length``, ``num_return_sequences``, ``return_dict_in_generate``, ``num_beams``
+                (1 only), ``use_cache`` (``True`` only).
+
+        Returns:
+            The prompt (left-padded) followed by the new tokens, ``(batch * num_return_sequences,
+            prompt + new)`` int64: a ``torch.Tensor`` when ``inputs`` was one, else a numpy array.
+            With ``return_dict_in_generate=True``, a
+            :class:`~torchlike.generation.GenerateDecoderOnlyOutput` (``sequences``, ``logprobs``).
+
+        Example:
+            >>> batch = tokenizer(["Hi", "Tell me a story"], return_tensors="np", padding=True, padding_side="left")
+            >>> out = model.generate(**batch, max_new_tokens=32, do_sample=True, temperature=0.7, top_p=0.9)
+            >>> tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        """
+        from .generation import generate
+
+        given = [value for value in (inputs, input_ids, prompts) if value is not None]
+        if len(given) > 1:
+            raise ValueError("pass the prompts once: as inputs, input_ids or prompts.")
+        if tokenizer is not None and processing_class is not None:
+            raise ValueError("pass either tokenizer or processing_class, not both.")
+        return generate(
+            self, given[0] if given else None, attention_mask, generation_config=generation_config,
+            tokenizer=tokenizer if tokenizer is not None else processing_class, seed=seed,
+            output_logprobs=output_logprobs, max_new_tokens=max_new_tokens, do_sample=do_sample,
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty,
+            eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs,
+        )
 
     @property
     def dtype(self) -> np.dtype:
@@ -379,6 +460,7 @@ class AutoModelForCausalLM:
         """
         if model_args:
             raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
+        initialize_distributed()  # before any device is touched, when launched as one of several processes
         _check_loading_options(trust_remote_code, attn_implementation, device_map, kwargs)
         quantization = requested_quantization(kwargs)
         enable_compilation_cache()

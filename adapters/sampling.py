@@ -1,0 +1,475 @@
+"""Token generation for Tunix decoders: one jitted program (prefill into a KV cache, then a
+``lax.while_loop`` of cached one-token steps) with ``transformers``' logits processing.
+
+The logits processors are small pure functions on ``[..., vocab]`` arrays, applied in the order
+``transformers.generate`` applies them (repetition penalty, then temperature, top-k, top-p,
+min-p), so a GRPO rollout can reuse them one by one or through :func:`choose_tokens`.
+
+Tunix's own ``Sampler`` is not used: it has no repetition penalty or min-p, needs a fixed
+``kv_cache_size`` (its cache index wraps silently), reuses one PRNG key per rollout and returns
+NaN log-probs for temperature 0. Here the cache is sized from the bucketed prompt and
+new-token lengths, greedy is an argmax, and every call takes its own key.
+
+Only the shapes and the switches in :class:`SamplingParams` that change the program's structure
+are compiled in; temperature, top-p, min-p, the penalty, the number of new tokens, the end
+tokens and the seed are traced values, so calls that differ only in those reuse one program.
+Prompt and new-token lengths are rounded up to buckets (:func:`bucket_length`) for the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from . import qwix_lora
+
+logger = logging.getLogger(__name__)
+
+TRACE_COUNTS: dict[str, int] = {"generate": 0}
+"""How many times the generation program was traced (each trace is a new XLA program). Tests
+and debugging read it; the ``torchlike.adapters.sampling`` logger also reports each trace at
+INFO level with the shapes that caused it."""
+
+_MIN_BUCKET = 16
+_FINE_BUCKET_FROM = 1024
+_FINE_BUCKET_STEP = 512
+
+
+def bucket_length(length: int) -> int:
+    """The compiled length for ``length`` tokens: a power of two (at least 16) up to 1024, then
+    the next multiple of 512, so the padding stays under half the length and the number of
+    programs stays small (a prompt of 40 and one of 60 share the 64 program).
+    """
+    if length < 1:
+        raise ValueError(f"length must be positive, got {length}")
+    if length <= _FINE_BUCKET_FROM:
+        return max(_MIN_BUCKET, 1 << (length - 1).bit_length())
+    return -(-length // _FINE_BUCKET_STEP) * _FINE_BUCKET_STEP
+
+
+def cache_size(prompt_length: int, max_new_tokens: int) -> int:
+    """KV cache slots for a batch: the bucketed prompt plus the bucketed new tokens.
+
+    The last new token is never fed back, so ``prompt_length + max_new_tokens - 1`` slots are
+    needed; both buckets are at least their lengths, so the cache can never be too small (Tunix
+    writes at ``end_index % size`` and would otherwise overwrite the prompt without a word).
+    """
+    return bucket_length(prompt_length) + bucket_length(max_new_tokens)
+
+
+# --------------------------------------------------------------------------- logits processors
+
+
+def apply_repetition_penalty(logits: jax.Array, seen: jax.Array, penalty: jax.Array | float) -> jax.Array:
+    """``transformers``' ``RepetitionPenaltyLogitsProcessor``: scores of tokens already in the
+    sequence become ``score / penalty`` when positive and ``score * penalty`` when negative.
+
+    Args:
+        logits: ``[B, V]`` float32 scores.
+        seen: ``[B, V]`` bool, True for every token id present in the row so far (prompt included,
+            padding included, as ``transformers`` gathers over the whole ``input_ids``).
+        penalty: ``> 0``; ``1.0`` is no penalty, ``> 1`` discourages repeats.
+
+    Returns:
+        ``[B, V]`` penalised scores.
+    """
+    penalised = jnp.where(logits < 0, logits * penalty, logits / penalty)
+    return jnp.where(seen, penalised, logits)
+
+
+def apply_temperature(logits: jax.Array, temperature: jax.Array | float) -> jax.Array:
+    """``transformers``' ``TemperatureLogitsWarper``: ``logits / temperature`` (``temperature > 0``)."""
+    return logits / temperature
+
+
+def top_k_candidates(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
+    """``transformers``' ``TopKLogitsWarper`` as a gather: the ``top_k`` best scores and their ids.
+
+    Sampling from the ``k`` candidates is sampling from the full vocabulary with the others at
+    ``-inf``, and the later warpers (top-p, min-p) then sort ``k`` values instead of ``V``. The one
+    difference: exact ties at the k-th score keep exactly ``k`` tokens (``transformers`` keeps all ties).
+
+    Args:
+        logits: ``[B, V]`` scores.
+        top_k: a positive Python int (static: it sets the candidate shape); clipped to ``V``.
+
+    Returns:
+        ``(scores [B, k], token ids [B, k])``, best first.
+    """
+    return jax.lax.top_k(logits, min(int(top_k), logits.shape[-1]))
+
+
+def top_p_filter(logits: jax.Array, top_p: jax.Array | float) -> jax.Array:
+    """``transformers``' ``TopPLogitsWarper``: keeps the smallest set of best tokens whose
+    probability sums to at least ``top_p`` (always at least one); the rest become ``-inf``.
+
+    Tokens are sorted ascending and removed while the cumulative probability is
+    ``<= 1 - top_p``, exactly as ``transformers`` does; the kept set is then every score at or
+    above the lowest kept score.
+
+    Args:
+        logits: ``[..., N]`` scores (the full vocabulary or top-k candidates).
+        top_p: in ``(0, 1]``.
+    """
+    ascending = jnp.sort(logits, axis=-1)
+    cumulative = jnp.cumsum(jax.nn.softmax(ascending, axis=-1), axis=-1)
+    removed = (cumulative <= 1 - top_p).at[..., -1].set(False)
+    first_kept = jnp.sum(removed, axis=-1, keepdims=True)
+    threshold = jnp.take_along_axis(ascending, first_kept, axis=-1)
+    return jnp.where(logits < threshold, -jnp.inf, logits)
+
+
+def min_p_filter(logits: jax.Array, min_p: jax.Array | float) -> jax.Array:
+    """``transformers``' ``MinPLogitsWarper``: removes tokens whose probability is below
+    ``min_p`` times the best token's, i.e. ``logit < max_logit + log(min_p)``; the best token
+    always stays.
+
+    Args:
+        logits: ``[..., N]`` scores.
+        min_p: in ``[0, 1]``; ``0`` keeps everything.
+    """
+    best = jnp.max(logits, axis=-1, keepdims=True)
+    return jnp.where(logits < best + jnp.log(min_p), -jnp.inf, logits)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The decoding knobs with their ``transformers`` meaning.
+
+    Args:
+        do_sample: sample (``True``) or take the argmax after the repetition penalty (``False``,
+            greedy; temperature/top-k/top-p/min-p are then ignored, as in ``transformers``).
+        temperature: ``> 0``, divides the scores before sampling.
+        top_k: keep the ``k`` best tokens; ``None`` or ``0`` disables.
+        top_p: nucleus sampling threshold in ``(0, 1]``; ``None`` or ``1.0`` disables.
+        min_p: in ``[0, 1]``; ``None`` or ``0`` disables.
+        repetition_penalty: ``> 0``; ``None`` or ``1.0`` disables.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+    @property
+    def uses_penalty(self) -> bool:
+        return self.repetition_penalty is not None and self.repetition_penalty != 1.0
+
+    def program_switches(self) -> tuple:
+        """The parts that change the compiled program (everything else is a traced value)."""
+        if not self.do_sample:
+            return (False, 0, False, False, self.uses_penalty)
+        return (True, int(self.top_k or 0), self.top_p is not None and self.top_p < 1.0,
+                bool(self.min_p), self.uses_penalty)
+
+    def traced_values(self) -> SamplingValues:
+        return SamplingValues(
+            temperature=jnp.float32(self.temperature if self.do_sample else 1.0),
+            top_p=jnp.float32(1.0 if self.top_p is None else self.top_p),
+            min_p=jnp.float32(self.min_p or 0.0),
+            repetition_penalty=jnp.float32(self.repetition_penalty or 1.0),
+        )
+
+
+class SamplingValues(NamedTuple):
+    """The float knobs of :class:`SamplingParams` as traced float32 scalars."""
+
+    temperature: jax.Array
+    top_p: jax.Array
+    min_p: jax.Array
+    repetition_penalty: jax.Array
+
+
+def choose_tokens(
+    logits: jax.Array,
+    key: jax.Array,
+    switches: tuple,
+    values: SamplingValues,
+    seen: jax.Array | None = None,
+) -> jax.Array:
+    """Picks the next token of every row the way ``transformers.generate`` does.
+
+    Repetition penalty, then (sampling only) temperature, top-k, top-p, min-p, then a categorical
+    draw; greedy is the argmax of the penalised scores.
+
+    Args:
+        logits: ``[B, V]`` float32 model scores for the next position.
+        key: a PRNG key (unused when greedy).
+        switches: :meth:`SamplingParams.program_switches` (static).
+        values: :meth:`SamplingParams.traced_values`.
+        seen: ``[B, V]`` bool of tokens already in each row; required when the penalty is on.
+
+    Returns:
+        ``[B]`` int32 token ids.
+    """
+    do_sample, top_k, use_top_p, use_min_p, use_penalty = switches
+    scores = apply_repetition_penalty(logits, seen, values.repetition_penalty) if use_penalty else logits
+    if not do_sample:
+        return first_argmax(scores)
+    scores = apply_temperature(scores, values.temperature)
+    candidate_ids = None
+    if top_k:
+        scores, candidate_ids = top_k_candidates(scores, top_k)
+    if use_top_p:
+        scores = top_p_filter(scores, values.top_p)
+    if use_min_p:
+        scores = min_p_filter(scores, values.min_p)
+    picked = jax.random.categorical(key, scores, axis=-1)
+    if candidate_ids is not None:
+        picked = jnp.take_along_axis(candidate_ids, picked[:, None], axis=-1)[:, 0]
+    return picked.astype(jnp.int32)
+
+
+def first_argmax(scores: jax.Array) -> jax.Array:
+    """``argmax`` over the last axis (the first index on ties, as ``torch.argmax``): ``[B]`` int32.
+
+    Written as a max and a min because ``jnp.argmax`` lowers to a variadic reduction that XLA's
+    CPU backend runs about 6x slower, a visible share of a small model's decode step.
+    """
+    best = jnp.max(scores, axis=-1, keepdims=True)
+    index = jnp.arange(scores.shape[-1], dtype=jnp.int32)
+    first = jnp.min(jnp.where(scores == best, index, scores.shape[-1] - 1), axis=-1)
+    return first.astype(jnp.int32)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: jax.Array | float = 1.0) -> jax.Array:
+    """``log_softmax(logits / temperature)[tokens]``: ``[B]`` float32.
+
+    The raw model distribution at the sampling temperature (no penalty or filtering), which is
+    what TRL's GRPO recomputes for the old and reference policies, so the two are comparable.
+    """
+    log_probs = jax.nn.log_softmax(logits / temperature, axis=-1)
+    return jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
+
+
+def mark_seen(seen: jax.Array, tokens: jax.Array) -> jax.Array:
+    """``seen [B, V]`` with ``tokens [B]`` added (the repetition penalty's memory)."""
+    return seen.at[jnp.arange(tokens.shape[0]), tokens].set(True)
+
+
+# --------------------------------------------------------------------------- the decode engine
+
+
+def init_cache(module: nnx.Module, batch_size: int, size: int) -> dict[str, dict[str, jax.Array]]:
+    """An empty Tunix KV cache: ``{"layer_i": {"k", "v": [B, size, kv_heads, head_dim], "end_index": [B]}}``.
+
+    Every Tunix decoder (Qwen2/3, Llama 3, Gemma 3) reads this layout and writes at
+    ``end_index[0]``; the cache dtype is the embedding's, which is what the projections produce.
+    """
+    config = module.config
+    shape = (batch_size, size, config.num_kv_heads, config.head_dim)
+    dtype = module.embedder.input_embedding.get_value().dtype
+    return {
+        f"layer_{index}": {
+            "k": jnp.zeros(shape, dtype),
+            "v": jnp.zeros(shape, dtype),
+            "end_index": jnp.zeros((batch_size,), jnp.int32),
+        }
+        for index in range(config.num_layers)
+    }
+
+
+@dataclass(frozen=True)
+class _Program:
+    """The static part of one compiled generation program."""
+
+    new_tokens_bucket: int
+    switches: tuple
+    lora: str
+    return_logprobs: bool
+
+
+class DecodeResult(NamedTuple):
+    """What :func:`generate_tokens` returns (numpy, on the host).
+
+    Attributes:
+        tokens: ``[B, steps]`` int32 new tokens; a row that ended (end token) is padded after it.
+        logprobs: ``[B, steps]`` float32 log-probs of the new tokens (see :func:`token_logprobs`;
+            0 after a row ended), or ``None`` when not asked for.
+        cache_size: KV cache slots used (bucketed prompt + bucketed new tokens).
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray | None
+    cache_size: int
+
+
+def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted, max_new_tokens, values, end_ids,
+                    pad_id, key):
+    TRACE_COUNTS["generate"] += 1  # runs at trace time only
+    batch, prompt_bucket = prompt_ids.shape
+    new_bucket = program.new_tokens_bucket
+    logger.info("tracing the generation program: batch %d, prompt bucket %d, new-token bucket %d, switches %s",
+                batch, prompt_bucket, new_bucket, program.switches)
+    graphdef, state = nnx.split(module)
+    uses_penalty = program.switches[-1]
+    temperature = values.temperature if program.switches[0] else 1.0
+
+    def forward(tokens, positions, cache, attention):
+        # Merged at trace time only; Tunix decoders all take (tokens, positions, cache, mask) positionally.
+        logits, cache = nnx.merge(graphdef, state)(tokens, positions, cache, attention)
+        return logits.astype(jnp.float32), cache
+
+    prompt_mask = prompt_mask.astype(bool)
+    positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0).astype(jnp.int32)
+    lengths = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
+    # Cache slots: the prompt bucket, then one slot per new token; a new token's key is valid once written.
+    generated_slots = jnp.arange(new_bucket)[None, :]
+
+    def keys_up_to(step):
+        return jnp.concatenate([prompt_mask, jnp.broadcast_to(generated_slots < step, (batch, new_bucket))], axis=-1)
+
+    cache = init_cache(module, batch, prompt_bucket + new_bucket)
+    # All prompt tokens but the last fill the cache; their logits are unused, so XLA drops Tunix's LM
+    # head there (transformers too computes only the last position's logits). The last token then
+    # goes through the same one-token step as the decode loop.
+    head = prompt_bucket - 1
+    causal = jnp.arange(prompt_bucket + new_bucket)[None, :] <= jnp.arange(head)[:, None]
+    _, cache = forward(prompt_ids[:, :head], positions[:, :head], cache, causal[None] & keys_up_to(0)[:, None, :])
+    logits, cache = forward(prompt_ids[:, head:], positions[:, head:], cache, keys_up_to(0)[:, None, :])
+
+    seen = None
+    if uses_penalty:
+        rows = jnp.broadcast_to(jnp.arange(batch)[:, None], prompt_ids.shape)
+        seen = jnp.zeros((batch, logits.shape[-1]), bool).at[rows, prompt_ids].max(counted.astype(bool))
+
+    def advance(step, logits, done, seen, tokens_out, logprobs_out):
+        """Chooses token ``step`` from ``logits`` and records it (pad for rows already ended)."""
+        token = choose_tokens(logits, jax.random.fold_in(key, step), program.switches, values, seen)
+        token = jnp.where(done, pad_id, token)
+        tokens_out = tokens_out.at[:, step].set(token)
+        if program.return_logprobs:
+            logprob = jnp.where(done, 0.0, token_logprobs(logits, token, temperature))
+            logprobs_out = logprobs_out.at[:, step].set(logprob)
+        done = done | jnp.isin(token, end_ids)
+        if seen is not None:
+            seen = mark_seen(seen, token)
+        return token, done, seen, tokens_out, logprobs_out
+
+    tokens_out = jnp.full((batch, new_bucket), pad_id, jnp.int32)
+    logprobs_out = jnp.zeros((batch, new_bucket) if program.return_logprobs else (batch, 0), jnp.float32)
+    token, done, seen, tokens_out, logprobs_out = advance(
+        0, logits[:, -1], jnp.zeros((batch,), bool), seen, tokens_out, logprobs_out)
+
+    def keep_going(carry):
+        step, _, _, done, _, _, _ = carry
+        return (step < max_new_tokens) & ~jnp.all(done)
+
+    def one_step(carry):
+        step, cache, token, done, seen, tokens_out, logprobs_out = carry
+        # New token step-1 goes into slot prompt_bucket + step - 1 (Tunix writes at its end_index).
+        position = (lengths + step - 1)[:, None]
+        logits, cache = forward(token[:, None], position, cache, keys_up_to(step)[:, None, :])
+        token, done, seen, tokens_out, logprobs_out = advance(step, logits[:, 0], done, seen, tokens_out,
+                                                              logprobs_out)
+        return step + 1, cache, token, done, seen, tokens_out, logprobs_out
+
+    carry = (jnp.int32(1), cache, token, done, seen, tokens_out, logprobs_out)
+    steps, _, _, _, _, tokens_out, logprobs_out = jax.lax.while_loop(keep_going, one_step, carry)
+    return tokens_out, logprobs_out, steps
+
+
+_compiled_decode = nnx.jit(_decode_program, static_argnums=(0,))
+
+
+def _end_token_array(eos_token_ids: Sequence[int]) -> np.ndarray:
+    """End ids padded with -1 (never a token) to a multiple of 8, so one or three end tokens share a program."""
+    ids = list(eos_token_ids)
+    width = max(8, -(-len(ids) // 8) * 8)
+    return np.asarray(ids + [-1] * (width - len(ids)), np.int32)
+
+
+def generate_tokens(
+    module: nnx.Module,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    max_new_tokens: int,
+    params: SamplingParams,
+    eos_token_ids: Sequence[int] = (),
+    pad_token_id: int = 0,
+    seed: int = 0,
+    lora: str = qwix_lora.EVAL,
+    return_logprobs: bool = False,
+) -> DecodeResult:
+    """Generates up to ``max_new_tokens`` tokens for a left-padded batch with a Tunix decoder.
+
+    The prompt is left-padded further to its bucket (padding is masked and positions count
+    real tokens only, so this changes nothing), the cache holds :func:`cache_size` slots, and
+    one compiled program runs the prefill and the decode loop. The loop stops early once every
+    row has produced an end token.
+
+    Args:
+        module: a Tunix decoder (Qwen2, Qwen3, Llama 3, Gemma 3), LoRA-adapted or not.
+        input_ids: ``[B, P]`` int token ids, left-padded.
+        attention_mask: ``[B, P]`` 1 for real tokens, 0 for (left) padding.
+        max_new_tokens: the most tokens to add per row (``>= 1``).
+        params: the decoding knobs.
+        eos_token_ids: ids that end a row (the token itself is kept; ``pad_token_id`` follows).
+        pad_token_id: the id written after a row ended.
+        seed: the PRNG seed for sampling.
+        lora: :func:`qwix_lora.lora_mode` for the adapter (``"eval"`` or ``"disabled"``).
+        return_logprobs: also return each new token's log-prob (see :func:`token_logprobs`).
+
+    Returns:
+        :class:`DecodeResult` whose ``tokens`` have as many columns as steps were run (fewer than
+        ``max_new_tokens`` when every row ended early, as ``transformers`` returns).
+    """
+    ids = np.asarray(input_ids, np.int32)
+    mask = np.asarray(attention_mask, np.int32)
+    batch, length = ids.shape
+    prompt_bucket = bucket_length(length)
+    extra = prompt_bucket - length
+    padded_ids = np.pad(ids, ((0, 0), (extra, 0)), constant_values=pad_token_id)
+    padded_mask = np.pad(mask, ((0, 0), (extra, 0)))
+    # The repetition penalty sees the caller's ids, padding included (as transformers), not the bucket's.
+    counted = np.pad(np.ones_like(ids), ((0, 0), (extra, 0)))
+    program = _Program(bucket_length(max_new_tokens), params.program_switches(), lora, return_logprobs)
+    with qwix_lora.lora_mode(lora):
+        tokens, logprobs, steps = _compiled_decode(
+            program, module, padded_ids, padded_mask, counted, np.int32(max_new_tokens),
+            params.traced_values(), _end_token_array(eos_token_ids),
+            np.int32(pad_token_id), jax.random.key(seed),
+        )
+    steps = int(steps)
+    return DecodeResult(
+        tokens=np.asarray(tokens)[:, :steps],
+        logprobs=np.asarray(logprobs)[:, :steps] if return_logprobs else None,
+        cache_size=cache_size(length, max_new_tokens),
+    )
+
+
+def random_seed() -> int:
+    """A fresh seed from the OS, so calls without an explicit seed never repeat each other."""
+    return secrets.randbelow(2**31)
+
+
+__all__ = [
+    "TRACE_COUNTS",
+    "DecodeResult",
+    "SamplingParams",
+    "SamplingValues",
+    "apply_repetition_penalty",
+    "apply_temperature",
+    "bucket_length",
+    "cache_size",
+    "choose_tokens",
+    "first_argmax",
+    "generate_tokens",
+    "init_cache",
+    "mark_seen",
+    "min_p_filter",
+    "random_seed",
+    "top_k_candidates",
+    "token_logprobs",
+    "top_p_filter",
+]

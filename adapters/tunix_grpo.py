@@ -1,0 +1,113 @@
+"""GRPO on Tunix modules: completion log-probs of a prompt+completion batch and the jitted step loss.
+
+The rollout (generation) is :mod:`adapters.sampling`; advantages and the loss formulas are
+:mod:`adapters.rl_math` (TRL's numerics on Tunix's common ops). This module joins them to the
+Tunix forward pass with fixed shapes: prompts left-padded to ``P`` tokens, completions
+right-padded to ``C = max_completion_length``, so one program serves every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from flax import nnx
+
+from . import qwix_lora, rl_math
+from .families import Family
+from .tunix_sft import causal_lm_logits
+
+#: Loss types whose micro-batch loss is a sum over tokens divided by the generation batch's token count
+#: (TRL's ``num_items_in_batch`` normaliser); the others are per-micro-batch means.
+TOKEN_SUM_LOSSES = ("dapo", "cispo", "vespo")
+
+
+def completion_log_probs(family: Family, module: nnx.Module, batch: dict, temperature: float) -> jax.Array:
+    """``[B, C]`` log-probs of the completion tokens, TRL's ``_get_per_token_logps_and_entropies``.
+
+    ``batch["input_ids"]`` is ``[B, P + C]`` (prompt left-padded, completion right-padded) with its
+    ``attention_mask``; ``batch["completion_mask"]`` is ``[B, C]``. Logits are divided by the sampling
+    ``temperature`` before the log-softmax, as TRL does.
+    """
+    completion_length = batch["completion_mask"].shape[1]
+    logits = causal_lm_logits(family, module, batch)[:, -completion_length - 1:-1]
+    tokens = batch["input_ids"][:, -completion_length:]
+    return rl_math.token_log_probs(logits, tokens, batch["completion_mask"], temperature)
+
+
+def make_log_prob_pass(family: Family, temperature: float, lora: str = qwix_lora.EVAL) -> Callable:
+    """A jitted ``(module, batch) -> [B, C]`` log-prob pass (no dropout): old-policy log-probs with the
+    adapter on (``lora="eval"``), or reference log-probs of the base weights (``lora="disabled"``)."""
+
+    @nnx.jit
+    def log_probs(module, batch):
+        with qwix_lora.lora_mode(lora):
+            return completion_log_probs(family, module, batch, temperature)
+
+    return log_probs
+
+
+@dataclass(frozen=True)
+class GRPOLossSettings:
+    """The static settings of :func:`rl_math.grpo_loss` (``GRPOConfig`` fields)."""
+
+    loss_type: str
+    beta: float
+    epsilon_low: float
+    epsilon_high: float
+    delta: float | None
+    importance_sampling_level: str
+    max_completion_length: int
+    temperature: float
+    use_bias_correction_kl: bool
+    off_policy_mask_threshold: float | None
+    sapo_temperature_pos: float
+    sapo_temperature_neg: float
+    vespo_k_pos: float
+    vespo_lambda_pos: float
+    vespo_k_neg: float
+    vespo_lambda_neg: float
+
+
+def grpo_step_loss(family: Family, settings: GRPOLossSettings) -> Callable:
+    """``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)`` for ``make_train_step``.
+
+    ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]``, ``completion_mask`` ``[B, C]``,
+    ``advantages`` ``[B]``, optionally ``old_logps``/``ref_logps`` ``[B, C]``, and per-row constants
+    ``num_items`` (the token normaliser of :data:`TOKEN_SUM_LOSSES`) and ``step_weight`` (``1`` for
+    per-micro-batch means, which accumulation then averages as TRL divides by the accumulation
+    steps; ``1 / accumulation`` for token sums, which TRL adds up).
+    """
+
+    def loss(module, batch, num_items_in_batch=None):
+        logps = completion_log_probs(family, module, batch, settings.temperature)
+        value, metrics = rl_math.grpo_loss(
+            logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], batch["completion_mask"],
+            loss_type=settings.loss_type, beta=settings.beta, epsilon_low=settings.epsilon_low,
+            epsilon_high=settings.epsilon_high, delta=settings.delta,
+            importance_sampling_level=settings.importance_sampling_level,
+            max_completion_length=settings.max_completion_length,
+            num_items_in_batch=batch["num_items"][0] if settings.loss_type in TOKEN_SUM_LOSSES else None,
+            use_bias_correction_kl=settings.use_bias_correction_kl,
+            off_policy_mask_threshold=settings.off_policy_mask_threshold,
+            sapo_temperature_pos=settings.sapo_temperature_pos, sapo_temperature_neg=settings.sapo_temperature_neg,
+            vespo_k_pos=settings.vespo_k_pos, vespo_lambda_pos=settings.vespo_lambda_pos,
+            vespo_k_neg=settings.vespo_k_neg, vespo_lambda_neg=settings.vespo_lambda_neg)
+        return value, batch["step_weight"][0], metrics
+
+    return loss
+
+
+def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """TRL's completion mask: 1 up to and including the first end token of each row, 0 after.
+
+    Returns:
+        ``(mask [B, C] int32, ended [B] bool)``.
+    """
+    is_end = np.isin(tokens, np.asarray(eos_token_ids, dtype=tokens.dtype))
+    ended = is_end.any(axis=1)
+    first_end = np.where(ended, is_end.argmax(axis=1), tokens.shape[1])
+    mask = (np.arange(tokens.shape[1])[None, :] <= first_end[:, None]).astype(np.int32)
+    return mask, ended

@@ -1,0 +1,292 @@
+"""``CausalLM.generate``: ``transformers``' generation arguments resolved and checked, then decoded by
+:mod:`torchlike.adapters.sampling`.
+
+Settings resolve as in ``transformers``: arguments of the call, then a ``generation_config`` passed
+to the call, then the model's ``generation_config`` (``generation_config.json``), then
+``transformers``' defaults (greedy, ``max_length=20``, ``top_k=50`` when sampling).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .adapters import sampling
+from .adapters.mesh import entered
+from .adapters.sampling import TRACE_COUNTS, bucket_length, cache_size
+
+__all__ = ["TRACE_COUNTS", "GenerateDecoderOnlyOutput", "bucket_length", "cache_size", "generate",
+           "resolve_generation_settings"]
+
+TRANSFORMERS_DEFAULTS: dict[str, Any] = {
+    "max_new_tokens": None,
+    "max_length": 20,
+    "do_sample": False,
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "min_p": None,
+    "repetition_penalty": 1.0,
+    "eos_token_id": None,
+    "pad_token_id": None,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "return_dict_in_generate": False,
+}
+"""``transformers``' global defaults (``GenerationConfig._get_default_generation_params``) for the
+settings ``generate`` implements."""
+
+# Processors transformers would apply that torchlike does not, with their "off" values.
+_NOT_IMPLEMENTED: dict[str, Any] = {
+    "no_repeat_ngram_size": 0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "bad_words_ids": None,
+    "suppress_tokens": None, "begin_suppress_tokens": None, "min_new_tokens": None, "min_length": 0,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "sequence_bias": None, "top_h": None,
+    "encoder_repetition_penalty": 1.0, "exponential_decay_length_penalty": None, "guidance_scale": None,
+    "stop_strings": None, "penalty_alpha": None,
+}
+
+
+@dataclass
+class GenerateDecoderOnlyOutput:
+    """What :meth:`CausalLM.generate` returns with ``return_dict_in_generate=True``.
+
+    Args:
+        sequences: ``[batch * num_return_sequences, prompt + new]`` token ids (prompt included).
+        logprobs: ``[batch * num_return_sequences, new]`` float32 log-probs of the new tokens under
+            ``log_softmax(logits / temperature)`` (0 after a row ended), when ``output_logprobs=True``.
+    """
+
+    sequences: Any
+    logprobs: np.ndarray | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+def resolve_generation_settings(model_generation_config: Any, generation_config: Any = None,
+                                **overrides: Any) -> tuple[dict[str, Any], bool]:
+    """The settings ``generate`` runs with, in ``transformers``' order of precedence.
+
+    Args:
+        model_generation_config: the model's ``transformers.GenerationConfig``.
+        generation_config: a ``GenerationConfig`` passed to the call (its unset fields fall back to
+            the model's).
+        overrides: settings passed to the call; ``None`` means "not given".
+
+    Returns:
+        ``(settings, max_length_was_set)``: a dict with every key of :data:`TRANSFORMERS_DEFAULTS`,
+        and whether ``max_length`` came from the caller or a config rather than the default.
+
+    Raises:
+        ValueError: a config asks for a processor torchlike does not implement.
+    """
+    settings = dict(TRANSFORMERS_DEFAULTS)
+    max_length_was_set = False
+    for source in (model_generation_config, generation_config):
+        if source is None:
+            continue
+        for name in TRANSFORMERS_DEFAULTS:
+            value = getattr(source, name, None)
+            if value is not None:
+                settings[name] = value
+                max_length_was_set |= name == "max_length"
+        unsupported = {name: getattr(source, name, off) for name, off in _NOT_IMPLEMENTED.items()
+                       if getattr(source, name, off) not in (None, off)}
+        if unsupported:
+            warnings.warn(f"generation_config sets {unsupported}, which torchlike's generate does not apply "
+                          "(implemented: repetition_penalty, temperature, top_k, top_p, min_p).", stacklevel=4)
+    for name, value in overrides.items():
+        if value is not None:
+            settings[name] = value
+            max_length_was_set |= name == "max_length"
+    return settings, max_length_was_set
+
+
+def _check_settings(settings: dict[str, Any]) -> None:
+    """Raises ``ValueError`` naming the bad value and the fix (transformers' ranges)."""
+    if settings["num_beams"] != 1:
+        raise ValueError(f"num_beams={settings['num_beams']}: beam search is not supported; use num_beams=1 "
+                         "(greedy or sampling).")
+    count = settings["num_return_sequences"]
+    if not isinstance(count, int | np.integer) or count < 1:
+        raise ValueError(f"num_return_sequences must be a positive integer, got {count!r}.")
+    temperature = settings["temperature"]
+    if settings["do_sample"] and not temperature > 0:
+        raise ValueError(f"temperature must be > 0 when do_sample=True, got {temperature!r}. For greedy decoding "
+                         "pass do_sample=False.")
+    top_p = settings["top_p"]
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}; 1.0 turns nucleus sampling off.")
+    top_k = settings["top_k"]
+    if top_k is not None and (not isinstance(top_k, int | np.integer) or top_k < 0):
+        raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}; 0 turns top-k filtering off.")
+    min_p = settings["min_p"]
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p!r}.")
+    penalty = settings["repetition_penalty"]
+    if penalty is not None and not penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1.0 is no penalty, > 1 discourages repeats), "
+                         f"got {penalty!r}.")
+
+
+def _token_ids(value: Any, name: str, vocab_size: int) -> list[int]:
+    """An id or a list of ids as a list, each checked against the vocabulary."""
+    if value is None:
+        return []
+    ids = [value] if isinstance(value, int | np.integer) else list(value)
+    for token in ids:
+        if not isinstance(token, int | np.integer) or not 0 <= token < vocab_size:
+            raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {value!r}.")
+    return [int(token) for token in ids]
+
+
+def _tokenize(prompts: Sequence[str], tokenizer: Any, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts tokenized one by one and left-padded with ``pad_token_id`` (no tokenizer pad token needed)."""
+    if tokenizer is None:
+        raise ValueError("generate() got text prompts but no tokenizer: pass tokenizer=AutoTokenizer.from_pretrained("
+                         "...) (or processing_class=...), or pass input_ids and attention_mask.")
+    rows = [list(tokenizer(prompt)["input_ids"]) for prompt in prompts]
+    if any(not row for row in rows):
+        raise ValueError("generate() got an empty prompt (no tokens after tokenization).")
+    width = max(len(row) for row in rows)
+    ids = np.full((len(rows), width), pad_token_id, np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row):] = row
+        mask[index, width - len(row):] = 1
+    return ids, mask
+
+
+def _left_aligned(ids: np.ndarray, mask: np.ndarray, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows with padding on the right moved to left padding: decoding continues from the last slot."""
+    is_left_padded = np.all(np.diff(mask, axis=-1) >= 0, axis=-1)
+    if is_left_padded.all():
+        return ids, mask
+    warnings.warn("generate() got right-padded rows; they were moved to left padding (a decoder-only model continues "
+                  "from the last position), so the returned prompts are left-padded. Tokenize with "
+                  "padding_side='left' to silence this.", stacklevel=4)
+    ids, mask = ids.copy(), mask.copy()
+    for row in np.flatnonzero(~is_left_padded):
+        real = ids[row][mask[row] == 1]
+        ids[row] = pad_token_id
+        ids[row, ids.shape[1] - len(real):] = real
+        mask[row] = 0
+        mask[row, ids.shape[1] - len(real):] = 1
+    return ids, mask
+
+
+def _prompt_arrays(inputs: Any, attention_mask: Any, tokenizer: Any, pad_token_id: int | None,
+                   eos_token_ids: list[int], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    from .modeling import to_numpy_2d
+
+    fill = 0 if pad_token_id is None else pad_token_id
+    if inputs is None:
+        raise ValueError("generate() needs prompts: input_ids (with attention_mask) or text with a tokenizer.")
+    if isinstance(inputs, str) or (isinstance(inputs, list | tuple) and inputs and isinstance(inputs[0], str)):
+        if attention_mask is not None:
+            raise ValueError("attention_mask cannot be given with text prompts; the tokenizer makes it.")
+        ids, mask = _tokenize([inputs] if isinstance(inputs, str) else list(inputs), tokenizer, fill)
+    else:
+        ids = to_numpy_2d(inputs, "input_ids", dtype=np.int64)
+        if ids.size == 0:
+            raise ValueError("input_ids is empty; generate needs at least one prompt token per row.")
+        if attention_mask is not None:
+            mask = to_numpy_2d(attention_mask, "attention_mask", dtype=np.int64)
+        elif pad_token_id is not None and pad_token_id not in eos_token_ids and (ids == pad_token_id).any():
+            mask = (ids != pad_token_id).astype(np.int64)  # transformers infers the mask the same way
+        else:
+            mask = np.ones_like(ids)
+        if mask.shape != ids.shape:
+            raise ValueError(f"attention_mask shape {mask.shape} does not match input_ids shape {ids.shape}.")
+    if not np.isin(mask, (0, 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token).")
+    if not mask.any(axis=-1).all():
+        raise ValueError(f"rows {np.flatnonzero(~mask.any(axis=-1)).tolist()} of attention_mask are all padding; "
+                         "every prompt needs at least one token.")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(f"input_ids hold ids outside the vocabulary [0, {vocab_size}): min {ids.min()}, max "
+                         f"{ids.max()}. Pad with the tokenizer's pad_token_id, not -100.")
+    return _left_aligned(ids, mask, fill)
+
+
+def generate(
+    model: Any,
+    inputs: Any = None,
+    attention_mask: Any = None,
+    *,
+    generation_config: Any = None,
+    tokenizer: Any = None,
+    seed: int | None = None,
+    output_logprobs: bool = False,
+    use_cache: bool | None = None,
+    **settings: Any,
+) -> Any:
+    """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
+    if use_cache is False:
+        raise ValueError("use_cache=False is not supported: generation always decodes over a KV cache.")
+    unknown = sorted(set(settings) - set(TRANSFORMERS_DEFAULTS))
+    if unknown:
+        raise TypeError(f"generate() got unsupported arguments {unknown}; supported: "
+                        f"{sorted(TRANSFORMERS_DEFAULTS)}, generation_config, tokenizer, seed, output_logprobs.")
+    if seed is not None and not isinstance(seed, int | np.integer):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}.")
+    resolved, max_length_was_set = resolve_generation_settings(model.generation_config, generation_config, **settings)
+    _check_settings(resolved)
+    vocab_size = int(model.config.vocab_size)
+    eos_token_ids = _token_ids(resolved["eos_token_id"], "eos_token_id", vocab_size)
+    pad_token_id = resolved["pad_token_id"]
+    if pad_token_id is None and eos_token_ids:
+        pad_token_id = eos_token_ids[0]  # transformers' fallback for open-ended generation
+    if pad_token_id is not None:
+        _token_ids(pad_token_id, "pad_token_id", vocab_size)
+
+    returns_torch = hasattr(inputs, "detach") and hasattr(inputs, "cpu")
+    ids, mask = _prompt_arrays(inputs, attention_mask, tokenizer, pad_token_id, eos_token_ids, vocab_size)
+    prompt_length = ids.shape[1]
+    limit = getattr(model.config, "max_position_embeddings", None)
+    max_new_tokens = resolved["max_new_tokens"]
+    if max_new_tokens is None:
+        max_length = resolved["max_length"]
+        if not max_length_was_set:  # transformers: by default 20 new tokens, within max_position_embeddings
+            max_length = prompt_length + max_length if limit is None else min(prompt_length + max_length, limit)
+        max_new_tokens = max_length - prompt_length
+        if max_new_tokens < 1:
+            raise ValueError(f"max_length={max_length} leaves no room after the {prompt_length}-token prompt; pass "
+                             "max_new_tokens instead.")
+    if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
+    if limit is not None and prompt_length + max_new_tokens > limit:
+        warnings.warn(f"prompt ({prompt_length}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                      f"max_position_embeddings ({limit}); positions past it were not trained.", stacklevel=3)
+
+    copies = int(resolved["num_return_sequences"])
+    if copies > 1:
+        ids, mask = np.repeat(ids, copies, axis=0), np.repeat(mask, copies, axis=0)
+    def optional(cast, name):
+        return None if resolved[name] is None else cast(resolved[name])
+
+    params = sampling.SamplingParams(
+        do_sample=bool(resolved["do_sample"]), temperature=float(resolved["temperature"]),
+        top_k=optional(int, "top_k"), top_p=optional(float, "top_p"), min_p=optional(float, "min_p"),
+        repetition_penalty=optional(float, "repetition_penalty"),
+    )
+    with entered(model.mesh) if model.mesh is not None else contextlib.nullcontext():
+        result = sampling.generate_tokens(
+            model.module, ids, mask, int(max_new_tokens), params, eos_token_ids=eos_token_ids,
+            pad_token_id=0 if pad_token_id is None else int(pad_token_id),
+            seed=sampling.random_seed() if seed is None else int(seed), lora=model._lora_mode,
+            return_logprobs=output_logprobs,
+        )
+    sequences = np.concatenate([ids, result.tokens.astype(np.int64)], axis=1)
+    if returns_torch:
+        import torch
+
+        sequences = torch.from_numpy(sequences)
+    if resolved["return_dict_in_generate"]:
+        return GenerateDecoderOnlyOutput(sequences=sequences, logprobs=result.logprobs)
+    return sequences

@@ -1,0 +1,432 @@
+"""``GRPOTrainer``: TRL's Group Relative Policy Optimization trainer, with TRL's constructor, on torchlike's Trainer.
+
+One generation batch (``per_device_train_batch_size x data-parallel size x steps_per_generation`` completions,
+``num_generations`` per prompt) is sampled with torchlike's JAX sampler (``adapters.sampling``: temperature, top-p,
+top-k, min-p, decode-time repetition penalty, KV cache sized from the prompt and ``max_completion_length``), scored
+by the reward functions called TRL's way, turned into advantages (``adapters.rl_math``, TRL's estimator), then split
+into ``steps_per_generation`` micro-batches that the jitted step consumes ``gradient_accumulation_steps`` at a time,
+``num_iterations`` times over. When one generation batch serves several optimizer steps, the log-probs of the policy
+that sampled it are kept for the ratio and clipping, as TRL does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..adapters import mesh as mesh_lib
+from ..adapters import qwix_lora, rl_math, sampling, tunix_grpo
+from ..trainer import Trainer
+
+__all__ = ["GRPOTrainer"]
+
+#: ``generation_kwargs`` keys the sampler understands (``transformers.GenerationConfig`` names).
+SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _column_names(dataset: Any) -> list[str]:
+    names = getattr(dataset, "column_names", None)
+    if names is not None:
+        return list(names)
+    first = next(iter(dataset), None)
+    return sorted(first) if isinstance(first, dict) else []
+
+
+def _is_conversational(prompt: Any) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+def _reward_name(function: Callable) -> str:
+    return getattr(function, "__name__", None) or type(function).__name__
+
+
+class GRPOTrainer(Trainer):
+    """``trl.GRPOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
+
+    Args:
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+            ``args.model_init_kwargs`` (float32 unless ``dtype`` is given, as in TRL).
+        reward_funcs: a function or a list of them, called as
+            ``f(prompts=..., completions=..., completion_ids=..., trainer_state=..., <dataset columns>=..., **)``
+            and returning one ``float`` or ``None`` per completion (``async def`` functions too).
+            Reward models given by id are not supported.
+        args: :class:`~torchlike.trl.GRPOConfig` (default: ``GRPOConfig("<model>-GRPO")``).
+        train_dataset: rows with a ``prompt`` (text, or chat messages rendered with the chat template and
+            ``add_generation_prompt=True``) and any other columns the reward functions read.
+        eval_dataset: the same format; ``evaluate()`` samples ``num_generations_eval`` completions per prompt
+            and reports their rewards.
+        processing_class: the tokenizer (default: loaded from the model's path).
+        reward_processing_classes: only for reward models, which are not supported: must be ``None``.
+        callbacks, optimizers: as for :class:`~torchlike.Trainer`.
+        quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
+        peft_config: a :class:`~torchlike.peft.LoraConfig`; the reference model (``beta != 0``) is then
+            the base weights with the adapter disabled.
+        tools, rollout_func, environment_factory: TRL's experimental agent hooks; refused.
+    """
+
+    _allow_prefetch = False  # a rollout must see the weights of the steps before it
+
+    def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
+                 callbacks: list | None = None, optimizers: tuple = (None, None), quantization_config: Any = None,
+                 peft_config: Any = None, tools: list | None = None, rollout_func: Callable | None = None,
+                 environment_factory: Any = None):
+        from .. import AutoModelForCausalLM, AutoTokenizer
+        from ..peft import get_peft_model
+        from .grpo_config import GRPOConfig
+
+        for name, value in (("tools", tools), ("rollout_func", rollout_func),
+                            ("environment_factory", environment_factory)):
+            if value is not None:
+                raise ValueError(f"{name} (TRL's experimental agent/rollout hook) is not supported by torchlike's "
+                                 "GRPOTrainer; write the behaviour into your reward functions instead.")
+        if reward_processing_classes is not None:
+            raise ValueError("reward_processing_classes is only used by reward models, which torchlike does not "
+                             "support; pass reward functions instead.")
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
+            args = GRPOConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-GRPO")
+        if isinstance(model, str):
+            init_kwargs = {"dtype": "float32", **dict(args.model_init_kwargs or {})}
+            if quantization_config is not None:
+                init_kwargs["quantization_config"] = quantization_config
+            model = AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
+        if peft_config is not None:
+            if hasattr(model, "peft_config"):
+                raise ValueError("peft_config was given but the model already has a LoRA adapter; pass one or the "
+                                 "other.")
+            model = get_peft_model(model, peft_config)
+        self.args = args
+        self.reward_funcs = self._check_reward_functions(reward_funcs)
+        weights = args.reward_weights
+        if weights is not None and len(weights) != len(self.reward_funcs):
+            raise ValueError(f"reward_weights has {len(weights)} entries but there are {len(self.reward_funcs)} "
+                             "reward functions; give one weight per function.")
+        self.sampling = self._sampling_params(args)
+        self.tokenizer = processing_class
+        self.pad_token_id = processing_class.pad_token_id if processing_class.pad_token_id is not None \
+            else processing_class.eos_token_id
+        eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
+        train_rows = self._prepare(train_dataset, "train_dataset")
+        eval_rows = self._prepare(eval_dataset, "eval_dataset")
+        lengths = [len(row["prompt_ids"]) for row in (train_rows or []) + (eval_rows or [])]
+        self.prompt_length = sampling.bucket_length(max(lengths, default=1))
+        vocab = getattr(model.config, "vocab_size", None)
+        largest = max([self.pad_token_id, *self.eos_token_ids, *(max(r["prompt_ids"], default=0)
+                                                                   for r in (train_rows or []))])
+        if vocab is not None and largest >= vocab:
+            raise ValueError(f"token id {largest} is outside the model's vocab_size={vocab}; use the tokenizer that "
+                             "belongs to the model.")
+        super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
+                         processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
+        if jax.process_count() > 1:
+            raise NotImplementedError("GRPO rollouts run on one process for now; launch a single process (it may "
+                                      "drive every device of the host through the mesh).")
+        self._reference = None
+        if args.beta != 0.0 and not self._is_lora():
+            from flax import nnx
+
+            self._reference = nnx.clone(self._module)  # the frozen initial policy, as TRL's ref_model copy
+        self._pending_metrics: dict[str, list[float]] = {}
+        self._generation_count = 0
+
+    # ------------------------------------------------------------------ set-up
+    @staticmethod
+    def _check_reward_functions(reward_funcs: Any) -> list[Callable]:
+        if reward_funcs is None:
+            raise ValueError("GRPOTrainer needs reward_funcs: a function (or list of them) returning one float or "
+                             "None per completion.")
+        functions = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        for function in functions:
+            if isinstance(function, str) or not callable(function):
+                raise ValueError(f"reward function {function!r} is a model id or not callable: reward models are not "
+                                 "supported by torchlike; pass a Python function f(prompts, completions, **kwargs).")
+            parameters = inspect.signature(function).parameters.values()
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+                raise TypeError(f"reward function {_reward_name(function)!r} must accept **kwargs: it is called with "
+                                "keyword arguments prompts, completions, completion_ids, trainer_state and every "
+                                "dataset column, e.g. def reward(completions, **kwargs).")
+        return functions
+
+    @staticmethod
+    def _sampling_params(args) -> sampling.SamplingParams:
+        settings = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p,
+                    "top_k": args.top_k or None, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty}
+        extra = dict(args.generation_kwargs or {})
+        unknown = sorted(set(extra) - set(SAMPLING_KEYS))
+        if unknown:
+            raise ValueError(f"generation_kwargs {unknown} are not supported by torchlike's sampler; it takes "
+                             f"{', '.join(SAMPLING_KEYS)} (max_completion_length sets the length).")
+        settings.update(extra)
+        return sampling.SamplingParams(**settings)
+
+    def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
+        """Rows as dicts with ``prompt_ids`` (chat template applied to conversational prompts, left-truncated to
+        ``max_prompt_length``) next to the original columns."""
+        if dataset is None:
+            return None
+        if hasattr(dataset, "keys") and not hasattr(dataset, "column_names"):
+            raise ValueError(f"{name} is a dict of datasets; pass one dataset.")
+        columns = _column_names(dataset)
+        if "prompt" not in columns:
+            raise ValueError(f"{name} has no 'prompt' column (found {columns}); GRPO datasets need 'prompt' as text "
+                             "or as a list of chat messages, plus any columns your reward functions read.")
+        rows = []
+        for index, row in enumerate(dataset):
+            row = dict(row)
+            prompt = row["prompt"]
+            if _is_conversational(prompt):
+                if getattr(self.tokenizer, "chat_template", None) is None:
+                    raise ValueError(f"{name} row {index} has a conversational prompt but the tokenizer has no chat "
+                                     "template; set tokenizer.chat_template or use text prompts.")
+                ids = self.tokenizer.apply_chat_template(
+                    prompt, add_generation_prompt=True, tokenize=True, return_dict=True,
+                    **dict(self.args.chat_template_kwargs or {}))["input_ids"]
+            elif isinstance(prompt, str):
+                ids = self.tokenizer(prompt)["input_ids"]
+            else:
+                raise ValueError(f"{name} row {index}: 'prompt' must be a string or a list of chat messages, got "
+                                 f"{type(prompt).__name__}.")
+            limit = getattr(self.args, "max_prompt_length", None)
+            if limit:
+                ids = ids[-limit:]  # TRL truncated prompts on the left
+            row["prompt_ids"] = list(ids)
+            rows.append(row)
+        if not rows:
+            raise ValueError(f"{name} is empty.")
+        return rows
+
+    # ------------------------------------------------------------------ batches
+    def _generation_sizes(self) -> tuple[int, int, int]:
+        """(completions per micro-batch, completions per generation batch, prompts per generation batch)."""
+        micro = self._global_batch_size()
+        generation = micro * self.args.steps_per_generation
+        return micro, generation, generation // self.args.num_generations
+
+    def _micro_batches_per_epoch(self) -> int:
+        _, _, prompts = self._generation_sizes()
+        generations = len(self.train_dataset) // prompts
+        if generations == 0:
+            raise ValueError(f"train_dataset has {len(self.train_dataset)} prompts but one generation batch needs "
+                             f"{prompts} ({self._generation_sizes()[1]} completions / num_generations="
+                             f"{self.args.num_generations}); add prompts or lower per_device_train_batch_size / "
+                             "steps_per_generation.")
+        return generations * self.args.num_iterations * self.args.steps_per_generation
+
+    def _get_train_sampler(self, epoch: int) -> np.ndarray:
+        """Prompt order for ``epoch``: seeded shuffle with ``shuffle_dataset`` (TRL's default), else dataset order."""
+        if not self.args.shuffle_dataset:
+            return np.arange(len(self.train_dataset))
+        return np.random.default_rng(self.args.seed + epoch).permutation(len(self.train_dataset))
+
+    def _steps_per_epoch(self) -> int:
+        return max(1, self._micro_batches_per_epoch() // self.args.gradient_accumulation_steps)
+
+    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
+        accumulation = self.args.gradient_accumulation_steps
+        micro_size, _, prompts = self._generation_sizes()
+        per_generation = self.args.num_iterations * self.args.steps_per_generation
+        order = self._get_train_sampler(epoch)
+        first = skip * accumulation
+        if first % per_generation:
+            warnings.warn("resuming in the middle of a generation batch: it is sampled again with the restored "
+                          "weights, so these steps differ from the uninterrupted run.", UserWarning, stacklevel=2)
+        sharding = mesh_lib.batch_sharding(self.mesh, batch_axis=1)
+        group: list[dict] = []
+        buffered, buffered_index = None, -1
+        for micro in range(first, self._steps_per_epoch() * accumulation):
+            generation_index, within = divmod(micro, per_generation)
+            if generation_index != buffered_index:
+                chosen = order[generation_index * prompts:(generation_index + 1) * prompts]
+                buffered = self._rollout([self.train_dataset[int(i)] for i in chosen], epoch, generation_index)
+                buffered_index = generation_index
+            part = within % self.args.steps_per_generation
+            group.append({key: value[part * micro_size:(part + 1) * micro_size] for key, value in buffered.items()})
+            if len(group) == accumulation:
+                stacked = {key: np.stack([g[key] for g in group]) for key in group[0]}
+                group = []
+                yield mesh_lib.place_batch(stacked, sharding, micro_size, batch_axis=1)
+
+    def _loss(self):
+        settings = tunix_grpo.GRPOLossSettings(
+            loss_type=self.args.loss_type, beta=self.args.beta, epsilon_low=self.args.epsilon,
+            epsilon_high=self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon,
+            delta=self.args.delta, importance_sampling_level=self.args.importance_sampling_level,
+            max_completion_length=self.args.max_completion_length, temperature=self.sampling.temperature,
+            use_bias_correction_kl=self.args.use_bias_correction_kl,
+            off_policy_mask_threshold=self.args.off_policy_mask_threshold,
+            sapo_temperature_pos=self.args.sapo_temperature_pos, sapo_temperature_neg=self.args.sapo_temperature_neg,
+            vespo_k_pos=self.args.vespo_k_pos, vespo_lambda_pos=self.args.vespo_lambda_pos,
+            vespo_k_neg=self.args.vespo_k_neg, vespo_lambda_neg=self.args.vespo_lambda_neg)
+        return tunix_grpo.grpo_step_loss(self.model.family, settings), None
+
+    def _lora_dropout(self) -> bool:
+        return self._is_lora() and not self.args.disable_dropout
+
+    # ------------------------------------------------------------------ rollouts
+    def _rollout(self, prompt_rows: list[dict], epoch: int, generation_index: int, num_generations: int | None = None,
+                 train: bool = True) -> dict[str, np.ndarray]:
+        """Samples ``num_generations`` completions per prompt, scores them and returns the training rows
+        (shuffled, TRL's ``shuffle_sequence_dict``), keeping the metrics for the next log."""
+        args = self.args
+        num_generations = num_generations or args.num_generations
+        rows = [row for row in prompt_rows for _ in range(num_generations)]
+        prompt_ids, prompt_mask = self._left_padded([row["prompt_ids"] for row in rows])
+        seed = int(np.random.SeedSequence([args.seed, epoch, generation_index, int(train)]).generate_state(1)[0])
+        length = args.max_completion_length
+        result = sampling.generate_tokens(
+            self._module, prompt_ids, prompt_mask, length, self.sampling, eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=qwix_lora.EVAL)
+        tokens = np.full((len(rows), length), self.pad_token_id, np.int32)
+        tokens[:, :result.tokens.shape[1]] = result.tokens
+        completion_mask, ended = tunix_grpo.completion_mask(tokens, self.eos_token_ids)
+        completion_ids = [list(t[:int(m.sum())]) for t, m in zip(tokens, completion_mask, strict=True)]
+        rewards = self._rewards(rows, completion_ids)
+        advantages, reward_metrics = rl_math.grpo_advantages(
+            rewards, num_generations, reward_weights=args.reward_weights, scale_rewards=args.scale_rewards,
+            multi_objective_aggregation=args.multi_objective_aggregation)
+        lengths = completion_mask.sum(axis=1)
+        prefix = "" if train else "eval_"
+        metrics = {"reward": reward_metrics["reward"], "reward_std": reward_metrics["reward_std"],
+                   "frac_reward_zero_std": reward_metrics["frac_reward_zero_std"],
+                   "completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
+                   "completions/max_length": lengths.max(), "completions/clipped_ratio": 1.0 - ended.mean()}
+        for index, function in enumerate(self.reward_funcs):
+            name = _reward_name(function)
+            metrics[f"rewards/{name}/mean"] = reward_metrics["rewards_per_func/mean"][index]
+            metrics[f"rewards/{name}/std"] = reward_metrics["rewards_per_func/std"][index]
+        for key, value in metrics.items():
+            self._pending_metrics.setdefault(prefix + key, []).append(float(value))
+        if args.log_completions and train and self.state.is_world_process_zero:
+            self._print_completions(rows, completion_ids, rewards, np.asarray(advantages))
+        if not train:
+            return {"reward": np.asarray(rewards)}
+        if args.mask_truncated_completions:
+            completion_mask = completion_mask * ended[:, None].astype(np.int32)
+        batch = {"input_ids": np.concatenate([prompt_ids, tokens], axis=1),
+                 "attention_mask": np.concatenate([prompt_mask, completion_mask], axis=1),
+                 "completion_mask": completion_mask, "advantages": np.asarray(advantages, np.float32)}
+        accumulation = args.gradient_accumulation_steps
+        normaliser = max(float(completion_mask.sum()), 1.0) * accumulation / args.steps_per_generation
+        batch["num_items"] = np.full(len(rows), normaliser, np.float32)
+        token_sum = args.loss_type in tunix_grpo.TOKEN_SUM_LOSSES
+        batch["step_weight"] = np.full(len(rows), 1.0 / accumulation if token_sum else 1.0, np.float32)
+        if args.steps_per_generation * args.num_iterations > accumulation:  # TRL's condition for old log-probs
+            batch["old_logps"] = self._log_probs(batch, qwix_lora.EVAL, self._module)
+        if args.beta != 0.0:
+            reference = self._reference if self._reference is not None else self._module
+            batch["ref_logps"] = self._log_probs(batch, qwix_lora.DISABLED, reference)
+        order = np.random.default_rng(seed).permutation(len(rows))
+        self._last_rollout = {key: value[order] for key, value in batch.items()}  # kept for inspection and tests
+        return self._last_rollout
+
+    def _left_padded(self, sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.full((len(sequences), self.prompt_length), self.pad_token_id, np.int32)
+        mask = np.zeros((len(sequences), self.prompt_length), np.int32)
+        for row, sequence in enumerate(sequences):
+            sequence = sequence[-self.prompt_length:]
+            ids[row, self.prompt_length - len(sequence):] = sequence
+            mask[row, self.prompt_length - len(sequence):] = 1
+        return ids, mask
+
+    def _log_probs(self, batch: dict[str, np.ndarray], lora: str, module) -> np.ndarray:
+        """Per-token log-probs of the completions, one micro-batch at a time (the training shape)."""
+        key = (lora, id(module))
+        passes = self.__dict__.setdefault("_log_prob_passes", {})
+        if key not in passes:
+            passes[key] = tunix_grpo.make_log_prob_pass(self.model.family, self.sampling.temperature, lora)
+        size = self._global_batch_size()
+        inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "completion_mask")}
+        sharding = mesh_lib.batch_sharding(self.mesh)
+        parts = []
+        with mesh_lib.entered(self.mesh):
+            for start in range(0, len(batch["input_ids"]), size):
+                chunk = {name: value[start:start + size] for name, value in inputs.items()}
+                parts.append(passes[key](module, mesh_lib.place_batch(chunk, sharding, size)))
+        return np.concatenate([np.asarray(part) for part in mesh_lib.to_host(parts)]).astype(np.float32)
+
+    def _rewards(self, rows: list[dict], completion_ids: list[list[int]]) -> np.ndarray:
+        """``[N, F]`` rewards, calling each function TRL's way; ``None`` becomes NaN."""
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        conversational = _is_conversational(rows[0]["prompt"])
+        completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+        columns = {} if self.args.remove_unused_columns else {
+            key: [row[key] for row in rows] for key in rows[0]
+            if key not in ("prompt", "completion", "completion_ids", "prompt_ids")}
+        kwargs = {"prompts": [row["prompt"] for row in rows], "completions": completions,
+                  "completion_ids": completion_ids, "trainer_state": self.state,
+                  "log_metric": lambda name, value: self._pending_metrics.setdefault(name, []).append(float(value)),
+                  "log_extra": lambda column, values: None, **columns}
+        results = [function(**kwargs) for function in self.reward_funcs]
+        pending = [index for index, result in enumerate(results) if inspect.isawaitable(result)]
+        if pending:
+            async def gather():
+                return await asyncio.gather(*(results[index] for index in pending))
+
+            for index, value in zip(pending, asyncio.run(gather()), strict=True):
+                results[index] = value
+        table = np.full((len(rows), len(self.reward_funcs)), np.nan, np.float32)
+        for index, (function, values) in enumerate(zip(self.reward_funcs, results, strict=True)):
+            values = list(values) if values is not None else None
+            if values is None or len(values) != len(rows):
+                raise ValueError(f"reward function {_reward_name(function)!r} returned "
+                                 f"{'None' if values is None else len(values)} values for {len(rows)} completions; "
+                                 "return one float (or None to skip) per completion.")
+            table[:, index] = [np.nan if value is None else float(value) for value in values]
+        if np.isnan(table).all(axis=1).any():
+            warnings.warn("every reward function returned None for some completions; their advantage is 0.",
+                          UserWarning, stacklevel=2)
+        return table
+
+    def _print_completions(self, rows, completion_ids, rewards, advantages) -> None:
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        shown = len(rows) if self.args.num_completions_to_print is None else self.args.num_completions_to_print
+        print(f"step {self.state.global_step}: prompt | completion | rewards | advantage")
+        for row, text, reward, advantage in list(zip(rows, texts, rewards, advantages, strict=True))[:shown]:
+            print(f"  {row['prompt']!r} | {text!r} | {np.round(reward, 4).tolist()} | {advantage:.4f}")
+
+    # ------------------------------------------------------------------ logging and evaluation
+    def log(self, logs: dict[str, float]) -> None:
+        """Adds the rollout metrics gathered since the last training log (means) to a training log."""
+        if "loss" in logs and self._pending_metrics:
+            train_metrics = {k: v for k, v in self._pending_metrics.items() if not k.startswith("eval_")}
+            logs = {**logs, **{key: float(np.nanmean(values)) for key, values in train_metrics.items()}}
+            for key in train_metrics:
+                del self._pending_metrics[key]
+        super().log(logs)
+
+    def evaluate(self, eval_dataset=None) -> dict[str, float]:
+        """Samples ``num_generations_eval`` completions for every eval prompt and reports their rewards
+        (``eval_reward``, ``eval_rewards/<function>/mean``, completion lengths).
+
+        Args:
+            eval_dataset: rows with a ``prompt`` (default: the trainer's ``eval_dataset``).
+
+        Returns:
+            The metrics, also logged.
+        """
+        rows = self._prepare(eval_dataset, "eval_dataset") if eval_dataset is not None else self.eval_dataset
+        if rows is None:
+            raise ValueError("evaluate() needs an eval_dataset.")
+        generations = self.args.num_generations_eval or self.args.num_generations
+        prompts = max(1, self._global_batch_size() // generations)
+        with mesh_lib.entered(self.mesh):
+            for index, start in enumerate(range(0, len(rows), prompts)):
+                self._rollout(rows[start:start + prompts], self.state.global_step, index, generations, train=False)
+        metrics = {key: float(np.nanmean(values)) for key, values in self._pending_metrics.items()
+                   if key.startswith("eval_")}
+        for key in metrics:
+            del self._pending_metrics[key]
+        self.log(metrics)
+        self._event("on_evaluate", metrics=metrics)
+        return metrics
