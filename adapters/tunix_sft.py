@@ -186,7 +186,7 @@ def make_train_step(
             aux_sum = {key: aux_sum.get(key, 0.0) + aux[key] for key in aux}
             grads = micro_grads if grads is None else jax.tree.map(jnp.add, grads, micro_grads)
         scale = 1.0 / jnp.maximum(total_weight, 1e-9)
-        grads = jax.tree.map(lambda g: g * scale, grads)
+        grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)  # bf16 grads stay bf16: no dtype drift
         grad_norm = optax.tree.norm(grads)
         optimizer.update(module, grads)
         return {"loss": total_value * scale, "grad_norm": grad_norm, "weight": total_weight,

@@ -82,6 +82,7 @@ def test_sft_on_fsdp4_tp2_gives_the_losses_of_one_device(mesh_results, one_devic
 
 def test_lora_sft_on_fsdp4_tp2_gives_the_losses_of_one_device(mesh_results, one_device_sft):
     np.testing.assert_allclose(mesh_results["sft_lora"]["losses"], one_device_sft["lora"]["losses"], rtol=1e-4)
+    assert mesh_results["sft_lora"]["traces"] == one_device_sft["lora"]["traces"] == 1
 
 
 def _free_port() -> int:

@@ -200,3 +200,28 @@ def test_each_new_trace_is_logged_with_its_shapes(tiny_checkpoints, tmp_path, ca
         trainer.train()
     traces = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tracing train_step")]
     assert len(traces) == 1 and f"input_ids (2, 4, {tiny.EXAMPLE_LENGTH}) int32" in traces[0]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_lora_step_is_traced_once_with_or_without_dropout(tiny_checkpoints, tmp_path, dropout):
+    model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
+                           LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules="all-linear"))
+    trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=3),
+                                train_dataset=tiny.padded_examples(12, seed=2))
+    before = tunix_sft.TRACE_COUNTS["train_step"]
+    trainer.train()
+    assert tunix_sft.TRACE_COUNTS["train_step"] - before == 1
+
+
+def test_bf16_parameters_keep_bf16_optimizer_state_and_one_trace(tiny_checkpoints, tmp_path):
+    from flax import nnx
+
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype="bfloat16")
+    trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=3, bf16=True),
+                                train_dataset=tiny.padded_examples(12, seed=2))
+    before = tunix_sft.TRACE_COUNTS["train_step"]
+    trainer.train()
+    assert tunix_sft.TRACE_COUNTS["train_step"] - before == 1
+    moments = [v.get_value() for _, v in nnx.to_flat_state(nnx.state(trainer.optimizer, nnx.OptState))
+               if v.get_value().ndim > 1]
+    assert moments and all(m.dtype == np.dtype("bfloat16") for m in moments)

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from .adapters import mesh as mesh_lib
-from .adapters import tunix_sft
+from .adapters import qwix_lora, tunix_sft
 from .optim import build_optimizer
 
 __all__ = ["Trainer", "TrainOutput"]
@@ -277,8 +277,8 @@ class Trainer:
         return hasattr(self.model, "peft_config")
 
     def _lora_dropout(self) -> bool:
-        """Whether LoRA dropout is on in the train step (always for LoRA models here)."""
-        return self._is_lora()
+        """Whether LoRA dropout is on in the train step (a LoRA model with ``lora_dropout > 0``)."""
+        return self._is_lora() and float(self.model.active_peft_config.lora_dropout or 0.0) > 0.0
 
     def _trainable(self):
         from flax import nnx
@@ -440,6 +440,10 @@ class Trainer:
         loss, count_items = self._loss()
         step_fn = tunix_sft.make_train_step(loss, trainable, self._compute_dtype(), lora=self._lora_dropout(),
                                             seed=args.seed, count_items=count_items)
+        if self._lora_dropout():
+            # The dropout RNG nodes exist before the first trace, so the step's graph never changes shape.
+            qwix_lora.set_dropout_rng(self._module, jax.random.key(args.seed))
+            mesh_lib.shard_module(self._module, self.mesh)
         steps_per_epoch = self._steps_per_epoch()
         self.state = self._new_state()
         self.state.max_steps = total_steps

@@ -352,7 +352,7 @@ class DPOTrainer(Trainer):
         return preference_loss(self.model.family, **self.loss_settings), None
 
     def _lora_dropout(self) -> bool:
-        return self._is_lora() and not self.args.disable_dropout
+        return super()._lora_dropout() and not self.args.disable_dropout
 
     def log(self, logs: dict[str, float]) -> None:
         """Records ``logs`` with ``num_tokens`` as TRL's running total of training tokens.

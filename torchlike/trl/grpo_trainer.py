@@ -271,7 +271,7 @@ class GRPOTrainer(Trainer):
         return tunix_grpo.grpo_step_loss(self.model.family, settings), None
 
     def _lora_dropout(self) -> bool:
-        return self._is_lora() and not self.args.disable_dropout
+        return super()._lora_dropout() and not self.args.disable_dropout
 
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, prompt_rows: list[dict], epoch: int, generation_index: int, num_generations: int | None = None,
