@@ -1,6 +1,7 @@
-"""torchlike.trl: TRL's trainers and configs (``from trl import ...`` -> ``from torchlike.trl import ...``).
+"""torchlike.trl: TRL's trainers, configs and script helpers (``from trl import X`` -> ``from torchlike.trl import X``).
 
-Configs import eagerly (they are light); trainers load on first use.
+Configs import eagerly (they are light); trainers and the script helpers (which import transformers) load on first
+use. Reward functions live in ``torchlike.trl.rewards``, as in ``trl.rewards``.
 """
 
 from importlib import import_module
@@ -10,12 +11,32 @@ from torchlike.trl.dpo_config import DPOConfig
 from torchlike.trl.grpo_config import GRPOConfig
 from torchlike.trl.sft_config import SFTConfig
 
-_TRAINERS = {"SFTTrainer": "sft_trainer", "GRPOTrainer": "grpo_trainer", "DPOTrainer": "dpo_trainer"}
+_SCRIPT_UTILS = ("DatasetConfig", "DatasetMixtureConfig", "ModelConfig", "ScriptArguments", "TrlParser", "get_dataset",
+                 "get_kbit_device_map", "get_peft_config", "get_quantization_config", "init_zero_verbose")
+_LAZY = {"SFTTrainer": "sft_trainer", "GRPOTrainer": "grpo_trainer", "DPOTrainer": "dpo_trainer",
+         **dict.fromkeys(_SCRIPT_UTILS, "script_utils")}
 
-__all__ = ["DPOConfig", "DPOTrainer", "GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer"]
+__all__ = [
+    "DPOConfig",
+    "DPOTrainer",
+    "DatasetConfig",
+    "DatasetMixtureConfig",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "ModelConfig",
+    "SFTConfig",
+    "SFTTrainer",
+    "ScriptArguments",
+    "TrlParser",
+    "get_dataset",
+    "get_kbit_device_map",
+    "get_peft_config",
+    "get_quantization_config",
+    "init_zero_verbose",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _TRAINERS:
-        return getattr(import_module(f"torchlike.trl.{_TRAINERS[name]}"), name)
+    if name in _LAZY:
+        return getattr(import_module(f"torchlike.trl.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'torchlike.trl' has no attribute {name!r}")

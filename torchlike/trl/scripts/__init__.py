@@ -1,0 +1,5 @@
+"""torchlike's training scripts, TRL's ``trl/scripts/{sft,grpo,dpo}.py`` on torchlike: ``torchlike sft|grpo|dpo``.
+
+Each module has ``make_parser(prog)`` and ``main(script_args, training_args, model_args, dataset_args)`` and runs as
+``python -m torchlike.trl.scripts.<name>``; what they share lives in :mod:`torchlike.trl.scripts.common`.
+"""

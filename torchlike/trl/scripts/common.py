@@ -1,0 +1,121 @@
+"""What every training script does around its trainer, as TRL 1.16's scripts do: the model loading arguments,
+the dataset (a mixture from ``--config`` or ``--dataset_name``), then train, save and push."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchlike.trl.script_utils import (
+    DatasetMixtureConfig,
+    ModelConfig,
+    ScriptArguments,
+    get_dataset,
+    get_peft_config,
+    get_quantization_config,
+)
+
+if TYPE_CHECKING:
+    from datasets import DatasetDict, IterableDatasetDict
+
+__all__ = ["load_script_dataset", "run_training_script"]
+
+logger = logging.getLogger(__name__)
+
+#: ``datasets`` builder for a single local data file, by suffix.
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text",
+                 ".arrow": "arrow"}
+
+
+def load_script_dataset(script_args: ScriptArguments,
+                        dataset_args: DatasetMixtureConfig) -> DatasetDict | IterableDatasetDict:
+    """The training data as TRL's scripts choose it: the ``datasets`` mixture when given, else ``dataset_name``.
+
+    ``dataset_name`` may be a hub id, a local directory (``datasets`` finds ``train.jsonl``, ``test.jsonl``... in
+    it), or, beyond TRL, one local data file (``.jsonl``, ``.json``, ``.csv``, ``.parquet``, ``.txt``, ``.arrow``),
+    loaded as the ``train`` split.
+
+    Args:
+        script_args: ``dataset_name``, ``dataset_config``, ``dataset_streaming``.
+        dataset_args: the mixture from the config file's ``datasets:`` section.
+
+    Returns:
+        A ``DatasetDict`` (``IterableDatasetDict`` when streaming).
+
+    Raises:
+        ValueError: neither a mixture nor ``dataset_name``, or a file of unknown type.
+        FileNotFoundError: ``dataset_name`` is not local and the Hub could not provide it (offline, or no such
+            dataset); says what to pass instead.
+    """
+    import datasets
+
+    if dataset_args.datasets:
+        if script_args.dataset_name:
+            logger.warning("Both `datasets` and `dataset_name` are provided. The `datasets` argument will be used to "
+                           "load the dataset and `dataset_name` will be ignored.")
+        return get_dataset(dataset_args)
+    name = script_args.dataset_name
+    if not name:
+        raise ValueError("Either `datasets` or `dataset_name` must be provided.")
+    path = Path(name).expanduser()
+    if path.is_file():
+        builder = FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(f"--dataset_name {name}: cannot tell the format of a '{path.suffix}' file; use one of "
+                             f"{sorted(FILE_BUILDERS)} or a directory of such files.")
+        return datasets.load_dataset(builder, data_files={"train": str(path)},
+                                     streaming=script_args.dataset_streaming)
+    try:
+        return datasets.load_dataset(name, name=script_args.dataset_config, streaming=script_args.dataset_streaming)
+    except (ConnectionError, FileNotFoundError) as error:
+        if path.exists():
+            raise
+        raise FileNotFoundError(
+            f"--dataset_name {name!r} is not a local file or directory, and the Hub could not provide it ({error}). "
+            f"Pass a local data file ({', '.join(sorted(FILE_BUILDERS))}), a directory holding train.jsonl (and "
+            "test.jsonl...), or a Hub dataset id with network access or a cached copy.") from error
+
+
+def run_training_script(trainer_class: type, script_args: ScriptArguments, training_args: Any,
+                        model_args: ModelConfig, dataset_args: DatasetMixtureConfig, **trainer_kwargs: Any) -> Any:
+    """TRL's ``main`` of a training script: build the trainer from the parsed arguments, train, save, push.
+
+    ``training_args.model_init_kwargs`` gets the model's revision, ``trust_remote_code``, attention implementation
+    and dtype, with the user's own ``model_init_kwargs`` winning, as in TRL.
+
+    Args:
+        trainer_class: ``SFTTrainer``, ``GRPOTrainer`` or ``DPOTrainer``.
+        script_args: the dataset arguments.
+        training_args: the trainer's config (``SFTConfig``...).
+        model_args: the model, LoRA and quantisation arguments.
+        dataset_args: the dataset mixture.
+        **trainer_kwargs: further trainer arguments (``reward_funcs`` for GRPO).
+
+    Returns:
+        The trained trainer.
+    """
+    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
+                             attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = model_init_kwargs
+
+    dataset = load_script_dataset(script_args, dataset_args)
+    trainer = trainer_class(
+        model=model_args.model_name_or_path,
+        args=training_args,
+        train_dataset=dataset[script_args.dataset_train_split],
+        eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
+        quantization_config=get_quantization_config(model_args),
+        peft_config=get_peft_config(model_args),
+        **trainer_kwargs,
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.accelerator.print("✅ Training completed.")
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"💾 Model saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        trainer.accelerator.print(f"🤗 Model pushed to the Hub in https://huggingface.co/{trainer.hub_model_id}.")
+    trainer.end()
+    return trainer
