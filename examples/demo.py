@@ -1,101 +1,99 @@
-"""torchlike end to end on an embedded default: load a Hugging Face checkpoint into JAX, score text,
-save it back in HF format and reload the export with transformers.
+"""torchlike end to end, in a few minutes on a CPU: build a tiny model and tokenizer, SFT it, GRPO it on a
+verifiable arithmetic task (the reward rises), save and reload it with ``state_dict``, add LoRA and load the
+checkpoint leniently, export it to Hugging Face format and reload the export with ``transformers`` to show the same
+generations. A summary with the numbers ends the run.
 
-With no arguments it builds a tiny random Qwen2 and a tokenizer on the spot (no downloads).
-Pass ``--model DIR_OR_HUB_ID`` to run the same steps on a real checkpoint.
+With no arguments the model is the embedded default: a tiny random Qwen2 and a BPE tokenizer built on the spot (no
+downloads). ``--model DIR_OR_HUB_ID`` runs the same steps on a real checkpoint. Each step is one of the examples
+beside this file (``grpo_countdown.py``, ``lora_lenient_load.py``, ``export_for_vllm.py``), strung together.
+``--quick`` trains 3 steps per stage (what CI runs): it shows the plumbing, not the learning.
 
-    python examples/demo.py [--model Qwen/Qwen2.5-0.5B] [--out DIR]
+    python examples/demo.py [--model Qwen/Qwen2.5-0.5B] [--max-steps 200 | --quick] [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 import time
-from pathlib import Path
+from typing import Any
 
-import numpy as np
+import countdown
+import jax
+from embedded import ExampleParser, early_and_late, logged, max_logit_difference, workspace
+from export_for_vllm import compare_with_transformers
+from grpo_countdown import LEARNING_RATES, WARM_UP_LEARNING_RATES, train_grpo, warm_up
+from lora_lenient_load import add_lora_and_load
 
 import torchlike
 
-TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world, this is a tiny test"]
 
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = ExampleParser(__doc__, default_steps=200)
+    parser.add_argument("--quick", action="store_true", help="3 steps per stage, small batches (what CI runs)")
+    args = parser.parse_args(argv)
+    steps = 3 if args.quick else args.max_steps
+    real_model = bool(args.model)
+    started = time.perf_counter()
 
-def build_embedded_default(directory: Path) -> Path:
-    """Writes a tiny random Qwen2 (hidden 64, 2 layers) and a freshly trained BPE tokenizer to ``directory``."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=256, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(TEXTS * 50, trainer)
-    hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                                                        unk_token="<unk>", pad_token="<pad>")
-    config = transformers.Qwen2Config(vocab_size=len(hf_tokenizer), hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=128, tie_word_embeddings=True,
-                                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(directory)
-    hf_tokenizer.save_pretrained(directory)
-    return directory
-
-
-def sequence_log_likelihood(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Sum of log p(token_t | tokens_<t) over the real tokens of each row."""
-    logits = logits.astype(np.float64)
-    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-        - logits.max(-1, keepdims=True)
-    picked = np.take_along_axis(log_probs[:, :-1], ids[:, 1:, None], axis=-1)[..., 0]
-    return (picked * mask[:, 1:]).sum(-1)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="checkpoint directory or hub id (default: a tiny model built here)")
-    parser.add_argument("--out", help="where to write the HF export (default: a temporary directory)")
-    args = parser.parse_args()
-
-    with tempfile.TemporaryDirectory() as scratch:
-        source = args.model or build_embedded_default(Path(scratch) / "tiny-qwen2")
-        out = Path(args.out or Path(scratch) / "export")
-
-        start = time.perf_counter()
-        tokenizer = torchlike.AutoTokenizer.from_pretrained(source)
-        model = torchlike.AutoModelForCausalLM.from_pretrained(source, dtype="float32")
-        load_seconds = time.perf_counter() - start
-        print(model)
-
-        batch = tokenizer(TEXTS, padding=True, return_tensors="np")
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        scores = sequence_log_likelihood(np.asarray(model(ids, attention_mask=mask).logits), ids, mask)
-
-        model.save_pretrained(out, tokenizer=tokenizer)
-
+    with workspace(args.model, args.out) as (source, out):
         import torch
         import transformers
 
-        reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-        with torch.no_grad():
-            position_ids = torch.tensor(np.maximum(np.cumsum(mask, -1) - 1, 0))
-            reference = reloaded(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                                 position_ids=position_ids).logits.numpy()
-        reference_scores = sequence_log_likelihood(reference, ids, mask)
+        tokenizer = torchlike.AutoTokenizer.from_pretrained(source)
+        model = torchlike.AutoModelForCausalLM.from_pretrained(source, dtype="float32")
+        print(model)
+        problems = countdown.make_problems(4000, seed=10)
+        evaluation = countdown.make_problems(64 if args.quick else 128, seed=99)
+        accuracy = [countdown.greedy_accuracy(model, tokenizer, evaluation)]
+        sft_losses = warm_up(model, tokenizer, problems, steps, WARM_UP_LEARNING_RATES[real_model], out / "sft")
+        accuracy.append(countdown.greedy_accuracy(model, tokenizer, evaluation))
+        grpo = train_grpo(model, tokenizer, problems, steps, LEARNING_RATES[real_model], out / "grpo",
+                          batch_size=8 if args.quick else 64, num_generations=4 if args.quick else 8)
+        accuracy.append(countdown.greedy_accuracy(model, tokenizer, evaluation))
 
-        print("\nsummary")
-        print(f"  model             {source} ({model.num_parameters():,} parameters, {model.dtype})")
-        print(f"  load into JAX     {load_seconds:.2f} s")
-        for text, ours, theirs in zip(TEXTS, scores, reference_scores, strict=True):
-            print(f"  log p({text[:24]!r}...)  torchlike {ours:9.4f}   transformers(export) {theirs:9.4f}")
-        difference = float(np.abs(scores - reference_scores).max())
-        print(f"  export            {out} -> {sorted(p.name for p in out.iterdir())}")
-        print(f"  max |Δ log p|     {difference:.2e}  ({'OK' if difference < 1e-3 else 'MISMATCH'})")
-        if difference >= 1e-3:
-            raise SystemExit("the transformers reload of the export disagrees with torchlike")
+        batch = tokenizer([p["prompt"] for p in evaluation[:16]], return_tensors="pt", padding=True)
+        torchlike.save(model.state_dict(), out / "checkpoint")
+        reloaded = torchlike.AutoModelForCausalLM.from_pretrained(source, dtype="float32")
+        strict_result = reloaded.load_state_dict(torchlike.load(out / "checkpoint"))
+        reload_difference = max_logit_difference(model, reloaded, batch)
+
+        adapted, lenient_result = add_lora_and_load(source, out / "checkpoint")
+        lenient_difference = max_logit_difference(model, adapted, batch)
+
+        model.save_pretrained(out / "hf-export", tokenizer=tokenizer)
+        exported = transformers.AutoModelForCausalLM.from_pretrained(out / "hf-export", dtype=torch.float32)
+        export_check = compare_with_transformers(model, exported, tokenizer, evaluation[:16])
+        export_files = sorted(path.name for path in (out / "hf-export").iterdir())
+
+    rewards = logged(grpo, "reward")
+    correct = logged(grpo, "rewards/equation_reward/mean")
+    (reward_early, reward_late), (correct_early, correct_late) = early_and_late(rewards), early_and_late(correct)
+    agrees = export_check["same_generations"] == 16 and export_check["max_abs_logit_diff"] < 1e-3
+    print("\nsummary")
+    print(f"  model            {source} ({model.num_parameters():,} parameters, {model.dtype}, "
+          f"{jax.default_backend()}); total {time.perf_counter() - started:.0f} s")
+    print(f"  1 SFT            {steps} steps, loss {sft_losses[0]:.3f} -> {sft_losses[-1]:.3f}; "
+          f"greedy accuracy {accuracy[0]:.3f} -> {accuracy[1]:.3f}   ({len(evaluation)} problems)")
+    print(f"  2 GRPO           {steps} steps of {grpo.args.per_device_train_batch_size} completions; first -> last "
+          f"quarter: reward {reward_early:.3f} -> {reward_late:.3f}, sampled accuracy {correct_early:.3f} -> "
+          f"{correct_late:.3f}; greedy accuracy {accuracy[1]:.3f} -> {accuracy[2]:.3f}")
+    print(f"                   reward every {grpo.args.logging_steps} steps: {' '.join(f'{r:.2f}' for r in rewards)}")
+    print(f"  3 state_dict     torchlike.save -> fresh model.load_state_dict: {strict_result}, "
+          f"max |Δ logits| {reload_difference:.1e}")
+    print(f"  4 LoRA, lenient  get_peft_model + load_state_dict(strict=False): {len(lenient_result.missing_keys)} "
+          f"missing (the LoRA keys), {len(lenient_result.unexpected_keys)} unexpected, "
+          f"max |Δ logits| {lenient_difference:.1e}")
+    print(f"  5 HF export      {out / 'hf-export'} -> {export_files}")
+    print(f"                   transformers reload: same greedy answers {export_check['same_generations']}/16, "
+          f"max |Δ logits| {export_check['max_abs_logit_diff']:.1e}  ({'OK' if agrees else 'MISMATCH'})")
+    for problem, completion in list(zip(evaluation, export_check["generations"], strict=False))[:3]:
+        print(f"                   {problem['prompt']!r} -> {completion!r}")
+    if not agrees:
+        raise SystemExit("the transformers reload of the export disagrees with torchlike")
+    return {"sft_losses": sft_losses, "rewards": rewards, "correct": correct, "greedy_accuracy": accuracy,
+            "reward_early_late": (reward_early, reward_late), "correct_early_late": (correct_early, correct_late),
+            "reload_max_abs_diff": reload_difference, "lenient_missing": lenient_result.missing_keys,
+            "lenient_unexpected": lenient_result.unexpected_keys, "lenient_max_abs_diff": lenient_difference,
+            "export": export_check}
 
 
 if __name__ == "__main__":

@@ -41,12 +41,19 @@ def test_adapters_install_as_torchlike_adapters_not_a_top_level_package(tmp_path
     assert Path(installed).parent == ROOT / "adapters"
 
 
-def test_demo_runs_on_the_embedded_default_and_the_export_agrees(tmp_path):
-    completed = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--out", str(tmp_path / "x")],
-                               capture_output=True, text=True, timeout=600, cwd=tmp_path)
+def test_demo_runs_every_stage_on_the_embedded_default_and_the_export_agrees(tmp_path):
+    completed = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--quick", "--out",
+                                str(tmp_path / "x")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "(OK)" in completed.stdout
-    assert (tmp_path / "x" / "model.safetensors").is_file()
+    summary = completed.stdout.split("\nsummary\n", 1)[1]
+    assert re.search(r"1 SFT +3 steps, loss [\d.]+ -> [\d.]+", summary)
+    assert re.search(r"reward every 1 steps: [\d.]+ [\d.]+ [\d.]+\n", summary)
+    reload = re.search(r"load_state_dict: <All keys matched successfully>, max \|Δ logits\| (\S+)\n", summary)
+    lenient = re.search(r"\(strict=False\): \d+ missing \(the LoRA keys\), 0 unexpected, max \|Δ logits\| (\S+)\n",
+                        summary)
+    assert float(reload[1]) <= 1e-6 and float(lenient[1]) <= 1e-6
+    assert "same greedy answers 16/16" in summary and "(OK)" in summary
+    assert (tmp_path / "x" / "hf-export" / "model.safetensors").is_file()
 
 
 def test_every_package_folder_is_listed_for_the_wheel():
