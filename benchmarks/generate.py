@@ -2,10 +2,11 @@
 
 What it measures
 ----------------
-A random float32 Qwen2 (default 4 layers, hidden 256, 4 heads / 2 KV heads, vocabulary 32000,
-built with ``transformers.Qwen2Config`` and saved to a temporary directory) is loaded by both
-libraries. A batch of 8 left-padded prompts of unequal length (widest 64 tokens) gets 128 new
-tokens, with no end token so every row runs the full length, at equal settings:
+A random Qwen2 (preset ``cpu``, the default: float32, 4 layers, hidden 256, 4 heads / 2 KV heads,
+vocabulary 32000; preset ``gpu``: the Qwen2-0.5B shape in bfloat16, on the GPU), built with
+``transformers.Qwen2Config`` and saved to a temporary directory, is loaded by both libraries. A
+batch of 8 left-padded prompts of unequal length (widest 64 tokens) gets 128 new tokens (``gpu``:
+960, so a row reaches 1024), with no end token so every row runs the full length, at equal settings:
 
 ``greedy``
     ``do_sample=False``.
@@ -26,6 +27,7 @@ Run (from the repository root; about a minute on 2 cores)::
     .venv/bin/python benchmarks/generate.py
     .venv/bin/python benchmarks/generate.py --layers 8 --hidden 512 --batch 16 --repeats 5
     .venv/bin/python benchmarks/generate.py --single-thread   # one core each
+    .venv/bin/python benchmarks/generate.py --preset gpu      # Qwen2-0.5B shape, bf16, 64 + 960 tokens
 
 Results are printed and written to ``benchmarks/results/generate.json`` (``--output``).
 This is a script, never part of the test suite.
@@ -46,6 +48,12 @@ from typing import Any
 import numpy as np
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "generate.json"
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": dict(layers=4, hidden=256, intermediate=None, heads=4, kv_heads=2, vocab=32000, batch=8, prompt=64,
+                new_tokens=128, dtype="float32", device="cpu"),
+    "gpu": dict(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab=151936, batch=8, prompt=64,
+                new_tokens=960, dtype="bfloat16", device="gpu"),
+}
 MODES: dict[str, dict[str, Any]] = {
     "greedy": {"do_sample": False},
     "sampling": {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 0.95, "repetition_penalty": 1.1},
@@ -57,14 +65,14 @@ def build_checkpoint(directory: Path, args: argparse.Namespace) -> None:
     import transformers
 
     config = transformers.Qwen2Config(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate or 4 * args.hidden,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = None  # every row runs max_new_tokens on both sides
-    model.save_pretrained(directory)
+    model.to(getattr(torch, args.dtype)).save_pretrained(directory)
 
 
 def prompts(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
@@ -97,22 +105,25 @@ def interleaved(runs: dict[str, Any], repeats: int) -> dict[str, tuple[float, li
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                        help="model shape, dtype and device; the options below override it")
+    for name in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab", "batch", "prompt", "new-tokens"):
+        parser.add_argument(f"--{name}", type=int, help="default: the preset's")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the preset's")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--single-thread", action="store_true",
                         help="one thread each (torch.set_num_threads(1), XLA without its Eigen pool): steadier "
                              "on a machine shared with other processes")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     if args.single_thread:  # before jax is imported: XLA reads its flags once
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                                    "intra_op_parallelism_threads=1").strip()
 
+    import jax
     import torch
     import transformers
 
@@ -121,22 +132,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.single_thread:
         torch.set_num_threads(1)
     ids, mask = prompts(args)
+    torch_device = "cuda" if args.device == "gpu" and torch.cuda.is_available() else "cpu"
+    if args.device == "gpu" and torch_device == "cpu":
+        print("WARNING: --preset gpu but torch has no CUDA: transformers runs on the CPU; compare with care.")
     generated = args.batch * args.new_tokens
     results: dict[str, Any] = {
         "settings": {key: value for key, value in vars(args).items() if key != "output"},
-        "machine": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+        "machine": {"platform": platform.platform(), "torch_threads": torch.get_num_threads(),
+                    "torch_device": torch_device, "jax_backend": jax.default_backend()},
         "modes": {},
     }
     with tempfile.TemporaryDirectory() as folder:
         build_checkpoint(Path(folder), args)
-        reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-        model = torchlike.AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
+        reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, args.dtype))
+        reference = reference.to(torch_device).eval()
+        model = torchlike.AutoModelForCausalLM.from_pretrained(folder, dtype=args.dtype)
 
     for mode, knobs in MODES.items():
         def run_transformers(knobs=knobs):
             with torch.no_grad():
-                return reference.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), pad_token_id=0,
-                                          max_new_tokens=args.new_tokens, **knobs).numpy()
+                return reference.generate(torch.tensor(ids, device=torch_device),
+                                          attention_mask=torch.tensor(mask, device=torch_device), pad_token_id=0,
+                                          max_new_tokens=args.new_tokens, **knobs).cpu().numpy()
 
         def run_torchlike(knobs=knobs):
             return model.generate(ids, mask, pad_token_id=0, max_new_tokens=args.new_tokens, seed=0, **knobs)

@@ -1,0 +1,530 @@
+"""GRPO seconds per step (rollout + update): torchlike against ``trl.GRPOTrainer`` (torch) and a raw Tunix loop.
+
+What it measures
+----------------
+One random Qwen2 (``transformers.Qwen2Config``, tied embeddings, ``torch.manual_seed(0)`` init, saved in the preset's
+dtype) with a word-level tokenizer built on the spot (``<pad>``, ``</s>``, ``<s>``, ``<unk>``, then one word ``t<id>``
+per remaining id, split on whitespace, ``<s>`` prepended to every prompt), so every sampled id decodes to a word and
+the prompt ids are the same on every side. 16 text prompts of 6-12 random words
+(``numpy.random.default_rng(0)``). One reward function, ``length_reward(completions, **kwargs)``: minus the distance
+of a completion's word count from half of ``max_completion_length``. Every side runs GRPO with the same settings:
+``num_generations`` 4, 8 completions per step (2 prompts x 4), one optimizer step per rollout (``num_iterations`` 1,
+no gradient accumulation), ``max_completion_length`` tokens (EOS, one id in ``vocab``, ends some completions early;
+the mean completion length of each side is reported to show how alike the sides' work was), temperature 1.0,
+top-p 1.0, no top-k, beta 0 (no reference model), epsilon 0.2, token-mean loss (TRL's default ``loss_type="dapo"``;
+Tunix ``loss_agg_mode="token-mean"``), AdamW lr 1e-5, betas 0.9/0.999, eps 1e-8, no weight decay, constant schedule,
+no clipping, no gradient checkpointing, full fine-tuning, the preset's dtype:
+
+``torchlike``
+    ``torchlike.trl.GRPOTrainer(model=<dir>, args=GRPOConfig(model_init_kwargs={"dtype": ...}, ...))`` on a list of
+    ``{"prompt": text}`` rows; its persistent XLA compilation cache points at a fresh, empty directory, so the first
+    step compiles (cold).
+``trl``
+    ``trl.GRPOTrainer`` on ``transformers.AutoModelForCausalLM`` (sdpa) from the same directory, a ``datasets.Dataset``
+    of the same prompts, ``trl.GRPOConfig(use_cpu=<cpu preset>, bf16=<bf16 preset>, gradient_checkpointing=False,
+    report_to="none", ...)``; generation with ``model.generate`` (``use_vllm=False``).
+``tunix``
+    The Tunix Qwen2 from ``tunix.models.qwen2.params.create_model_from_safe_tensors`` (same weights), the HF tokenizer
+    (Tunix wraps it in its ``TokenizerAdapter``), ``RLCluster`` on a ``tunix.utils.mesh.create_mesh((1, 1),
+    ("fsdp", "tp"))`` mesh entered with ``with mesh:``, the vanilla rollout with ``RolloutConfig(kv_cache_size=prompt +
+    completion + 64, seed=None)``, ``GRPOLearner(GRPOConfig(num_generations=4, beta=0, loss_agg_mode="token-mean"))``
+    fed batch dicts ``{"prompts": np.array([2 prompts])}``, no reference model, no checkpointing. Tunix's sampler
+    re-creates the same PRNG key on every rollout (``seed=None`` or an int; a key array breaks on the second rollout),
+    so a prompt that recurs gets the same completions: it does not change the work per step.
+
+How it is timed
+---------------
+Wall-clock marks at three step boundaries, each after waiting for the work dispatched so far
+(``jax.block_until_ready`` on the policy's state; ``torch.cuda.synchronize`` for torch on a GPU): the end of step 1,
+the end of the last warmup step and the end of the last step. The HF-style trainers mark in
+``TrainerCallback.on_step_end``; Tunix marks after each ``GRPOLearner._run_global_step`` (rollout, advantages and the
+actor update of one step). Reported per side:
+
+- ``setup s``: building the trainer (torchlike and TRL: ``GRPOTrainer(...)`` with model loading; Tunix: model loading,
+  ``RLCluster`` and ``GRPOLearner``);
+- ``first s``: from the ``train()`` call to the end of step 1 (tracing and compilation of the sampler and the train
+  step included);
+- ``warmup s``: from ``train()`` to the end of the last warmup step (a program compiled again on step 2 shows here);
+- ``mean s``: (end of last step - end of last warmup step) / ``steps``, the steady state;
+- ``median s``: the median time between consecutive step ends after the warmup. Every side waits for its previous
+  update before the next rollout, so each interval is one step; the median ignores the few steps that another process
+  on a shared machine stretched (torch's spinning threads suffer most: a TRL mean can be many times its median);
+- ``vs trl`` / ``vs tunix``: a side's median over theirs, and ``vs trl mean`` the same with means (lower is faster;
+  goal for torchlike: <= 0.5 x TRL);
+- ``late compiles`` (JAX sides): XLA compilations over 0.1 s after the warmup (should be 0);
+- ``tokens``: mean completion length (words, i.e. generated tokens before EOS) over the measured steps.
+
+Each side runs in its own Python process, one after the other; ``--repeats N`` does that N times and reports, per
+side, the repeat with the shortest step (all repeats are in the JSON). A side whose packages are missing is skipped with
+a message (``--sides`` picks sides); a side that fails is reported with its error.
+
+Run (from the repository root; about a minute for the cpu preset on 2 cores)::
+
+    .venv/bin/python benchmarks/grpo_step.py
+    .venv/bin/python benchmarks/grpo_step.py --steps 20 --repeats 3
+    .venv/bin/python benchmarks/grpo_step.py --sides torchlike,tunix --steps 3
+    .venv/bin/python benchmarks/grpo_step.py --preset gpu        # Qwen2-0.5B shape, bf16, prompt + completion ~1024
+
+Presets: ``cpu`` (2 layers, hidden 128, intermediate 256, 4/2 heads, vocab 384, fp32, completions of up to 64 tokens,
+2 warmup + 10 measured steps) and ``gpu`` (Qwen2-0.5B shape: 24 layers, hidden 896, intermediate 4864, 14/2 heads,
+vocab 151936, rope theta 1e6, random weights stored and trained in bf16, completions of up to 960 tokens after prompts
+padded to 64, 2 + 5 steps). ``--layers/--hidden/--intermediate/--vocab/--completion/--dtype/--steps/--warmup``
+override a preset. ``--torch-threads N`` sets TRL's torch threads: torch's default (one per core) spins its threads,
+which on a machine where other processes hold the cores can slow TRL several-fold; the threads used are reported.
+
+The table is printed and everything is written to ``benchmarks/results/grpo_step.json`` (``--output``).
+This is a script, never part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.sft_step import (  # noqa: E402  (after the path set-up above)
+    StepClock,
+    best_of,
+    child_environment,
+    error_summary,
+    hf_callback,
+    machine_info,
+    record_compilations,
+    tunix_model,
+)
+
+RESULT_MARKER = "GRPO_STEP_RESULT "
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "grpo_step.json"
+SIDES = ("torchlike", "trl", "tunix")
+SPECIAL_TOKENS = ("<pad>", "</s>", "<s>", "<unk>")  # ids 0 (pad), 1 (eos), 2 (bos), 3 (unk)
+PROMPT_WORDS = (6, 12)
+LEARNING_RATE = 1e-5
+EPSILON = 0.2
+LATE_COMPILE_S = 0.1  # compilations shorter than this after warmup are small helpers, not a re-traced step
+NEVER = 10**9
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": dict(layers=2, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=384, rope_theta=1e4,
+                completion=64, prompt_bucket=16, batch=8, generations=4, prompts=16, dtype="float32", warmup=2,
+                steps=10, device="cpu"),
+    "gpu": dict(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab=151936, rope_theta=1e6,
+                completion=960, prompt_bucket=64, batch=8, generations=4, prompts=16, dtype="bfloat16", warmup=2,
+                steps=5, device="gpu"),
+}
+SIDE_PACKAGES: dict[str, tuple[str, ...]] = {
+    "torchlike": ("torchlike", "jax", "flax", "tunix", "qwix", "transformers"),
+    "trl": ("torch", "transformers", "trl", "datasets"),
+    "tunix": ("tunix", "jax", "flax", "optax", "transformers"),
+}
+
+
+def missing_packages(side: str) -> list[str]:
+    """The packages ``side`` needs that this Python cannot import."""
+    return [name for name in SIDE_PACKAGES[side] if importlib.util.find_spec(name) is None]
+
+
+# --------------------------------------------------------------------------- model, tokenizer, prompts, reward
+
+
+def write_inputs(work: Path, spec: dict[str, Any]) -> None:
+    """Writes the HF checkpoint (``work/model``), the tokenizer (``work/tokenizer``) and ``work/prompts.json``."""
+    import numpy as np
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    config = transformers.Qwen2Config(
+        vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
+        num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"], num_key_value_heads=spec["kv_heads"],
+        max_position_embeddings=max(2048, 2 * (spec["prompt_bucket"] + spec["completion"])),
+        rope_theta=spec["rope_theta"], rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
+        bos_token_id=2, architectures=["Qwen2ForCausalLM"])
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).to(getattr(torch, spec["dtype"]))
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = 1, 0
+    model.save_pretrained(work / "model")
+    del model
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"t{index}": index for index in range(len(SPECIAL_TOKENS), spec["vocab"])})
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)])
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="</s>",
+                                                     bos_token="<s>", unk_token="<unk>")
+    # Apart from config.json: next to it, transformers 5 rebuilds it as a Qwen2Tokenizer (byte-level BPE).
+    tokenizer.save_pretrained(work / "tokenizer")
+    rng = np.random.default_rng(0)
+    longest = min(PROMPT_WORDS[1], spec["prompt_bucket"] - 1)  # + BOS still fits the prompt bucket
+    prompts = [" ".join(f"t{i}" for i in rng.integers(len(SPECIAL_TOKENS), spec["vocab"],
+                                                          int(rng.integers(PROMPT_WORDS[0], longest + 1))))
+               for _ in range(spec["prompts"])]
+    (work / "prompts.json").write_text(json.dumps(prompts))
+
+
+def load_prompts(work: Path) -> list[str]:
+    return json.loads((work / "prompts.json").read_text())
+
+
+def completion_words(completion: str) -> int:
+    """Generated tokens before EOS: every id decodes to one whitespace-separated word (specials left out)."""
+    return sum(1 for word in completion.split() if word not in SPECIAL_TOKENS)
+
+
+def make_length_reward(spec: dict[str, Any], lengths: list[list[int]]) -> Callable[..., list[float]]:
+    """The reward (closer to half of ``max_completion_length`` words is better); records each call's word counts."""
+    target = spec["completion"] // 2
+
+    def length_reward(completions, **kwargs):
+        counts = [completion_words(text) for text in completions]
+        lengths.append(counts)
+        return [-abs(count - target) / target for count in counts]
+
+    return length_reward
+
+
+def length_summary(lengths: list[list[int]], warmup: int) -> dict[str, Any]:
+    """Mean completion length over the measured steps (rollouts after ``warmup``) and over all of them."""
+    measured = [count for counts in lengths[warmup:] for count in counts]
+    every = [count for counts in lengths for count in counts]
+    return {"completion_tokens_mean": sum(measured) / len(measured) if measured else None,
+            "completion_tokens_mean_all": sum(every) / len(every) if every else None,
+            "completion_tokens_max": max(every, default=None), "rollouts": len(lengths)}
+
+
+# --------------------------------------------------------------------------- sides (child process)
+
+
+def hf_style_config(config_class: Any, work: Path, spec: dict[str, Any], side: str) -> Any:
+    """The GRPOConfig both HF-style trainers get (``torchlike.trl.GRPOConfig`` or ``trl.GRPOConfig``)."""
+    extra = {"model_init_kwargs": {"dtype": spec["dtype"]}} if side == "torchlike" else {"dataloader_num_workers": 0}
+    return config_class(
+        output_dir=str(work / f"out-{side}"), per_device_train_batch_size=spec["batch"],
+        num_generations=spec["generations"], max_completion_length=spec["completion"],
+        max_steps=spec["warmup"] + spec["steps"], learning_rate=LEARNING_RATE, lr_scheduler_type="constant",
+        weight_decay=0.0, max_grad_norm=0.0, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=EPSILON,
+        loss_type="dapo", num_iterations=1, gradient_accumulation_steps=1, bf16=spec["dtype"] == "bfloat16",
+        gradient_checkpointing=False, logging_steps=1, report_to="none", save_strategy="no",
+        use_cpu=spec["device"] == "cpu", seed=0, disable_tqdm=True, **extra)
+
+
+def run_torchlike(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    import jax
+    from flax import nnx
+
+    import torchlike
+    from torchlike.trl import GRPOConfig, GRPOTrainer
+
+    lengths: list[list[int]] = []
+    trainer: Any = None
+
+    def sync() -> None:
+        jax.block_until_ready(nnx.state(getattr(trainer.model, "module", trainer.model)))
+
+    clock = StepClock(sync, spec["warmup"], spec["warmup"] + spec["steps"])
+    started = time.perf_counter()
+    trainer = GRPOTrainer(model=str(work / "model"), reward_funcs=make_length_reward(spec, lengths),
+                          args=hf_style_config(GRPOConfig, work, spec, "torchlike"),
+                          train_dataset=[{"prompt": prompt} for prompt in load_prompts(work)],
+                          processing_class=torchlike.AutoTokenizer.from_pretrained(work / "tokenizer"),
+                          callbacks=[hf_callback(clock)])
+    setup = time.perf_counter() - started
+    clock.start()
+    trainer.train()
+    return {**clock.result(spec["batch"], spec["completion"]), **length_summary(lengths, spec["warmup"]),
+            "setup_s": setup, "backend": jax.default_backend()}
+
+
+def run_trl(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    if spec.get("torch_threads"):
+        torch.set_num_threads(spec["torch_threads"])
+    lengths: list[list[int]] = []
+    on_cpu = spec["device"] == "cpu"
+    synchronize = torch.cuda.synchronize if torch.cuda.is_available() and not on_cpu else (lambda: None)
+    clock = StepClock(synchronize, spec["warmup"], spec["warmup"] + spec["steps"])
+    started = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(work / "model", dtype=getattr(torch, spec["dtype"]))
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[make_length_reward(spec, lengths)],
+                              args=hf_style_config(trl.GRPOConfig, work, spec, "trl"),
+                              train_dataset=datasets.Dataset.from_dict({"prompt": load_prompts(work)}),
+                              processing_class=transformers.AutoTokenizer.from_pretrained(work / "tokenizer"),
+                              callbacks=[hf_callback(clock)])
+    setup = time.perf_counter() - started
+    clock.start()
+    trainer.train()
+    return {**clock.result(spec["batch"], spec["completion"]), **length_summary(lengths, spec["warmup"]),
+            "setup_s": setup, "backend": str(trainer.args.device), "torch_threads": torch.get_num_threads()}
+
+
+def run_tunix(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    import jax
+    import numpy as np
+    import optax
+    import transformers
+    from flax import nnx
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.grpo import grpo_learner
+    from tunix.rl.rollout import base_rollout
+    from tunix.utils import mesh as mesh_lib
+
+    lengths: list[list[int]] = []
+    total = spec["warmup"] + spec["steps"]
+    prompts_per_step = spec["batch"] // spec["generations"]
+    started = time.perf_counter()
+    mesh = mesh_lib.create_mesh((1, 1), ("fsdp", "tp"))
+    with mesh:  # tunix 0.1.7 reads the legacy mesh context (jax.set_mesh is invisible to it)
+        actor = tunix_model(work, spec)
+        training = rl_cluster_lib.RLTrainingConfig(
+            actor_optimizer=optax.adamw(LEARNING_RATE, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0),
+            eval_every_n_steps=NEVER, max_steps=total, checkpoint_root_directory=None)
+        rollout = base_rollout.RolloutConfig(
+            max_tokens_to_generate=spec["completion"], max_prompt_length=spec["prompt_bucket"],
+            # Not derived by Tunix: the sampler refuses prompt + completion >= kv_cache_size.
+            kv_cache_size=spec["prompt_bucket"] + spec["completion"] + 64, temperature=1.0, top_p=1.0, top_k=None,
+            seed=None)
+        cluster = rl_cluster_lib.RLCluster(
+            actor=actor, reference=None,
+            tokenizer=transformers.AutoTokenizer.from_pretrained(work / "tokenizer"),
+            cluster_config=rl_cluster_lib.ClusterConfig(
+                role_to_mesh={role: mesh for role in (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE,
+                                                      rl_cluster_lib.Role.ROLLOUT)},
+                rollout_engine="vanilla", offload_to_cpu=False, training_config=training, rollout_config=rollout))
+        learner = grpo_learner.GRPOLearner(
+            rl_cluster=cluster, reward_fns=[make_length_reward(spec, lengths)],
+            algo_config=grpo_learner.GRPOConfig(num_generations=spec["generations"], num_iterations=1, beta=0.0,
+                                                epsilon=EPSILON, loss_agg_mode="token-mean"))
+        setup = time.perf_counter() - started
+        clock = StepClock(lambda: jax.block_until_ready(nnx.state(cluster.actor_trainer.model)), spec["warmup"],
+                          total)
+        run_global_step = learner._run_global_step  # one rollout + actor update; the only per-step seam
+        done = 0
+
+        def timed_global_step(*args: Any, **kwargs: Any) -> None:
+            nonlocal done
+            run_global_step(*args, **kwargs)
+            done += 1
+            clock.steps_done(done)
+
+        learner._run_global_step = timed_global_step
+
+        def batches() -> Iterator[dict[str, np.ndarray]]:
+            prompts = load_prompts(work)
+            for step in range(total):  # numpy arrays, not lists: Tunix repeats each value num_generations times
+                start = (step * prompts_per_step) % len(prompts)
+                yield {"prompts": np.array([prompts[(start + i) % len(prompts)] for i in range(prompts_per_step)])}
+
+        clock.start()
+        learner.train(batches())
+    return {**clock.result(spec["batch"], spec["completion"]), **length_summary(lengths, spec["warmup"]),
+            "setup_s": setup, "backend": jax.default_backend()}
+
+
+RUNNERS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
+    "torchlike": run_torchlike, "trl": run_trl, "tunix": run_tunix}
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """Runs one side and prints its result line (JAX sides: with the compilations after the warmup)."""
+    work = Path(args.work)
+    spec = json.loads((work / "spec.json").read_text())
+    compilations = record_compilations() if args.child != "trl" else None
+    started = time.perf_counter()
+    record = RUNNERS[args.child](work, spec)
+    if compilations is not None:
+        warmed_at = record["train_called_at"] + (record.get("warmup_end_s") or float("inf"))
+        during = [seconds for end, seconds in compilations if end >= record["train_called_at"]]
+        record.update(late_compilations=[seconds for end, seconds in compilations
+                                         if end > warmed_at and seconds >= LATE_COMPILE_S],
+                      compile_s_in_train=sum(during), compilations_in_train=len(during))
+    record.pop("tokens_per_s", None)  # StepClock's SFT figure; GRPO steps are compared by seconds
+    # A step's rollout waits for the previous update, so the loop's step intervals are whole steps here.
+    record["median_step_s"] = record.pop("host_step_s")
+    record.update(side=args.child, child_seconds=time.perf_counter() - started)
+    print(RESULT_MARKER + json.dumps(record), flush=True)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_side(work: Path, spec: dict[str, Any], side: str, repeat: int) -> dict[str, Any]:
+    """Runs one side in a fresh interpreter (torchlike on an empty compilation cache); its record or ``error``."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--work", str(work)]
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    process = subprocess.run(command, capture_output=True, text=True,
+                             env=child_environment(work, spec, f"{side}-{repeat}"))
+    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+    if process.returncode != 0 or not lines:
+        return {"side": side, "error": f"exit {process.returncode}: {process.stderr[-3000:]}",
+                "load_before": load_before}
+    record = json.loads(lines[-1][len(RESULT_MARKER):])
+    record.update(process_seconds=time.perf_counter() - started, load_before=load_before)
+    return record
+
+
+def add_ratios(rows: dict[str, dict[str, Any]]) -> None:
+    """Adds each side's median (``vs_<baseline>``) and mean (``vs_<baseline>_mean``) seconds per step over TRL's and
+    over raw Tunix's, in place (lower is faster)."""
+    for record in rows.values():
+        for baseline in ("trl", "tunix"):
+            for key, suffix in (("median_step_s", ""), ("step_s", "_mean")):
+                base, mine = rows.get(baseline, {}).get(key), record.get(key)
+                record[f"vs_{baseline}{suffix}"] = mine / base if mine and base else None
+
+
+def format_table(rows: dict[str, dict[str, Any]]) -> str:
+    def number(value: Any, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    header = (f"{'side':<10}{'setup s':>8}{'first s':>9}{'warmup s':>9}{'mean s':>9}{'median s':>9}{'late comp':>10}"
+              f"{'tokens':>8}{'vs trl':>8}{'vs tunix':>9}{'vs trl mean':>12}")
+    lines = [header, "-" * len(header)]
+    for side, r in rows.items():
+        if "skipped" in r or "error" in r:
+            reason = r.get("skipped") or error_summary(r["error"])
+            lines.append(f"{side:<10}  {'skipped' if 'skipped' in r else 'FAILED'}: {reason[:160]}")
+            continue
+        late = None if "late_compilations" not in r else len(r["late_compilations"])
+        lines.append(
+            f"{side:<10}{number(r.get('setup_s'), '.2f'):>8}{number(r.get('first_step_s'), '.2f'):>9}"
+            f"{number(r.get('warmup_end_s'), '.2f'):>9}{number(r.get('step_s'), '.4f'):>9}"
+            f"{number(r.get('median_step_s'), '.4f'):>9}{number(late, 'd'):>10}"
+            f"{number(r.get('completion_tokens_mean'), '.1f'):>8}"
+            f"{number(r.get('vs_trl'), '.2f'):>8}{number(r.get('vs_tunix'), '.2f'):>9}"
+            f"{number(r.get('vs_trl_mean'), '.2f'):>12}")
+    return "\n".join(lines)
+
+
+def resolve_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The preset with the command line's overrides applied."""
+    spec = dict(PRESETS[args.preset])
+    for key in ("layers", "hidden", "intermediate", "vocab", "completion", "dtype", "warmup", "steps", "device",
+                "torch_threads"):
+        if getattr(args, key) is not None:
+            spec[key] = getattr(args, key)
+    if spec["hidden"] % spec["heads"]:
+        raise SystemExit(f"hidden={spec['hidden']} must divide by heads={spec['heads']}; pass another --hidden.")
+    if spec["warmup"] < 1 or spec["steps"] < 1:
+        raise SystemExit(f"--warmup ({spec['warmup']}) and --steps ({spec['steps']}) must be at least 1.")
+    if spec["vocab"] <= len(SPECIAL_TOKENS) + 1:
+        raise SystemExit(f"--vocab {spec['vocab']} leaves no words after the {len(SPECIAL_TOKENS)} special tokens.")
+    return spec
+
+
+def print_progress(record: dict[str, Any], repeat: int, repeats: int) -> None:
+    where = f"  [{repeat + 1}/{repeats}] {record['side']:<10}"
+    if "error" in record:
+        print(f"{where}FAILED: {error_summary(record['error'])}", flush=True)
+        return
+    print(f"{where}setup {record['setup_s']:.2f}s, first step {record['first_step_s']:.2f}s, "
+          f"{record['step_s']:.4f} s/step (median {record['median_step_s']:.4f}), "
+          f"{record['completion_tokens_mean']:.1f} tokens per completion "
+          f"(on {record.get('backend')}, process {record['process_seconds']:.0f}s, load {record['load_before']:.1f})",
+          flush=True)
+
+
+def run_driver(args: argparse.Namespace) -> None:
+    spec = resolve_spec(args)
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown:
+        raise SystemExit(f"--sides: unknown {unknown}; choose from {','.join(SIDES)}.")
+    work = Path(tempfile.mkdtemp(prefix="grpo_step_", dir=args.workdir))
+    try:
+        print(f"spec: {spec}", flush=True)
+        started = time.perf_counter()
+        write_inputs(work, spec)
+        (work / "spec.json").write_text(json.dumps(spec))
+        print(f"checkpoint, tokenizer and {spec['prompts']} prompts written in {time.perf_counter() - started:.1f}s",
+              flush=True)
+        skipped: dict[str, dict[str, Any]] = {}
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for side in sides:
+            missing = missing_packages(side)
+            if missing:
+                skipped[side] = {"side": side, "skipped": f"missing package(s) {', '.join(missing)}"}
+                print(f"  {side:<10}skipped: {skipped[side]['skipped']}", flush=True)
+        for repeat in range(args.repeats):
+            for side in sides:
+                if side not in skipped:
+                    record = run_side(work, spec, side, repeat)
+                    runs.setdefault(side, []).append(record)
+                    print_progress(record, repeat, args.repeats)
+        rows = {side: skipped[side] if side in skipped else best_of(runs[side]) for side in sides}
+        for record in rows.values():
+            record.pop("first_step_warm_s", None)  # best_of's SFT-only field
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    add_ratios(rows)
+    table = format_table(rows)
+    machine = machine_info()
+    print()
+    print(f"machine: {machine.get('cpu_model', '?')}, {machine['cpu_count']} CPUs, {machine['platform']}")
+    print(f"{spec['layers']} layers, hidden {spec['hidden']}, vocab {spec['vocab']}, {spec['dtype']}, "
+          f"{spec['batch']} completions/step ({spec['generations']} per prompt), up to {spec['completion']} tokens, "
+          f"{spec['warmup']} warmup + {spec['steps']} measured steps, device {spec['device']}")
+    print(table)
+    backends = {side: r.get("backend") for side, r in rows.items() if r.get("backend")}
+    threads = rows.get("trl", {}).get("torch_threads")
+    print("backends: " + ", ".join(f"{side}: {backend}" for side, backend in backends.items())
+          + (f"; TRL torch threads: {threads}" if threads else ""))
+    if spec["device"] == "gpu" and any("cpu" in str(backend) for backend in backends.values()):
+        print("WARNING: --device gpu but some side ran on the CPU (no CUDA jaxlib / torch build?): compare with care.")
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    result = {"command": [sys.executable, *sys.argv], "preset": args.preset, "spec": spec, "machine": machine,
+              "learning_rate": LEARNING_RATE, "results": rows, "table": table}
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {output}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of " + ",".join(SIDES))
+    parser.add_argument("--steps", type=int, help="measured steps after warmup")
+    parser.add_argument("--warmup", type=int, help="steps before the measured window (the first ones compile)")
+    for name in ("layers", "hidden", "intermediate", "vocab"):
+        parser.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
+    parser.add_argument("--completion", type=int, help="max_completion_length")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="weights and compute dtype")
+    parser.add_argument("--device", choices=("cpu", "gpu"), help="cpu forces JAX_PLATFORMS=cpu and use_cpu=True")
+    parser.add_argument("--torch-threads", type=int,
+                        help="torch.set_num_threads for TRL (default: torch's own, one per core); on a machine other "
+                             "processes keep busy, 1 can be much faster than 2")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per side, interleaved; the one with the shortest step is reported")
+    parser.add_argument("--workdir", help="where the temporary checkpoint goes (default: the system temp dir)")
+    parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="JSON results file")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        run_child(args)
+    else:
+        run_driver(args)
+
+
+if __name__ == "__main__":
+    main()
