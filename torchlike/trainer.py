@@ -542,18 +542,8 @@ class Trainer:
         loss, count_items = self._loss()
         step_fn = tunix_sft.make_eval_step(loss, self._compute_dtype(), count_items)
         size = self.args.per_device_eval_batch_size * self._data_parallel_size()
-        sharding = mesh_lib.batch_sharding(self.mesh)
-        rows = mesh_lib.local_rows(sharding, (size,))
         started = time.perf_counter()
-        totals = []
-        with mesh_lib.entered(self.mesh):
-            for start in range(0, len(dataset), size):
-                indices = np.full(size, -1)
-                chosen = np.arange(start, min(start + size, len(dataset)))
-                indices[:len(chosen)] = chosen
-                batch = self._collate_rows(dataset, indices[rows], "evaluation")
-                totals.append(step_fn(self._module, mesh_lib.place_batch(batch, sharding, size)))
-        values = mesh_lib.to_host(totals)
+        values = self._run_in_batches(dataset, step_fn, self._module, self.mesh, size, "evaluation")
         loss = sum(float(v[0]) for v in values)
         items = sum(float(v[1]) for v in values)
         metrics = {"eval_loss": loss / max(items, 1.0), "eval_runtime": time.perf_counter() - started}
@@ -562,6 +552,21 @@ class Trainer:
         self.log(metrics)
         self._event("on_evaluate", metrics=metrics)
         return metrics
+
+    def _run_in_batches(self, examples, step: Callable, module, mesh, size: int, what: str) -> list:
+        """``step(module, batch)`` over ``examples`` in global batches of ``size`` rows placed on ``mesh`` (the last
+        one padded with masked rows, so one program serves all), results on the host."""
+        sharding = mesh_lib.batch_sharding(mesh)
+        rows = mesh_lib.local_rows(sharding, (size,))
+        outputs = []
+        with mesh_lib.entered(mesh):
+            for start in range(0, len(examples), size):
+                indices = np.full(size, -1)
+                chosen = np.arange(start, min(start + size, len(examples)))
+                indices[:len(chosen)] = chosen
+                batch = self._collate_rows(examples, indices[rows], what)
+                outputs.append(step(module, mesh_lib.place_batch(batch, sharding, size)))
+        return mesh_lib.to_host(outputs)
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoints(self) -> list[Path]:

@@ -139,36 +139,6 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
     return loss
 
 
-def _load_model(model: Any, args: Any, quantization_config: Any) -> Any:
-    """``model`` as a torchlike model: a path or hub id is loaded with ``args.model_init_kwargs`` (float32 unless
-    they set ``dtype``, as in TRL)."""
-    from .. import AutoModelForCausalLM
-
-    if isinstance(model, str):
-        init_kwargs = dict(args.model_init_kwargs or {})
-        if quantization_config is not None:
-            if "quantization_config" in init_kwargs:
-                raise ValueError("quantization_config was given both to the trainer and in args.model_init_kwargs; "
-                                 "set it in one place, preferably the trainer argument.")
-            init_kwargs["quantization_config"] = quantization_config
-        init_kwargs.setdefault("dtype", "float32")
-        return AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
-    if quantization_config is not None:
-        raise ValueError("quantization_config only applies when the model is loaded from a path or hub id (a str); "
-                         "the model passed is already loaded. Pass its path, or omit quantization_config.")
-    if args.model_init_kwargs is not None:
-        warnings.warn("args.model_init_kwargs is ignored: the model is already loaded (pass a path or hub id to "
-                      "load it with these arguments).", UserWarning, stacklevel=3)
-    _check_causal_lm(model, "model")
-    return model
-
-
-def _check_causal_lm(model: Any, name: str) -> None:
-    if getattr(model, "family", None) is None:
-        raise TypeError(f"DPOTrainer's {name} must be a torchlike causal LM; got {type(model).__name__}. Load it "
-                        "with torchlike.AutoModelForCausalLM.from_pretrained(...).")
-
-
 def _lora_is_new(model: Any) -> bool:
     """Whether ``model`` has a LoRA adapter whose ``B`` factors are all zero (so it equals its base model)."""
     if not hasattr(model, "peft_config"):
@@ -217,19 +187,19 @@ class DPOTrainer(Trainer):
         from ..peft import get_peft_model
         from .dpo_config import DPOConfig
         from .fields import check_unsupported
+        from .trainer_setup import check_causal_lm, default_output_dir, load_model
 
         if args is None:
-            name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
-            args = DPOConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-DPO")
+            args = DPOConfig(output_dir=default_output_dir(model, "DPO"))
         check_unsupported(args)
         if train_dataset is None:
             raise ValueError("DPOTrainer needs a train_dataset of preference pairs ('prompt', 'chosen', 'rejected').")
         if ref_model is not None and ref_model is model:
             raise ValueError("model and ref_model cannot be the same object; omit ref_model to use the initial model "
                              "as the reference.")
-        model = _load_model(model, args, quantization_config)
+        model = load_model(model, args, quantization_config, "DPOTrainer")
         if ref_model is not None:
-            _check_causal_lm(ref_model, "ref_model")
+            check_causal_lm(ref_model, "ref_model", "DPOTrainer")
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
         if peft_config is not None:
@@ -331,18 +301,8 @@ class DPOTrainer(Trainer):
 
         step = tunix_sft.make_eval_step(reference_log_probs, self._compute_dtype())
         size = per_device_batch_size * mesh_lib.data_parallel_size(mesh)
-        sharding = mesh_lib.batch_sharding(mesh)
-        rows = mesh_lib.local_rows(sharding, (size,))
-        outputs = []
-        with mesh_lib.entered(mesh):
-            for start in range(0, len(examples), size):
-                indices = np.full(size, -1)
-                chosen = np.arange(start, min(start + size, len(examples)))
-                indices[:len(chosen)] = chosen
-                batch = self._collate_rows(examples, indices[rows], "reference")
-                outputs.append(step(reference.module, mesh_lib.place_batch(batch, sharding, size)))
-        for start, (chosen_logps, rejected_logps) in zip(range(0, len(examples), size), mesh_lib.to_host(outputs),
-                                                         strict=True):
+        outputs = self._run_in_batches(examples, step, reference.module, mesh, size, "reference")
+        for start, (chosen_logps, rejected_logps) in zip(range(0, len(examples), size), outputs, strict=True):
             for offset, example in enumerate(examples[start:start + size]):
                 example["ref_chosen_logps"] = float(chosen_logps[offset])
                 example["ref_rejected_logps"] = float(rejected_logps[offset])

@@ -77,9 +77,10 @@ class GRPOTrainer(Trainer):
                  callbacks: list | None = None, optimizers: tuple = (None, None), quantization_config: Any = None,
                  peft_config: Any = None, tools: list | None = None, rollout_func: Callable | None = None,
                  environment_factory: Any = None):
-        from .. import AutoModelForCausalLM, AutoTokenizer
+        from .. import AutoTokenizer
         from ..peft import get_peft_model
         from .grpo_config import GRPOConfig
+        from .trainer_setup import default_output_dir, load_model
 
         for name, value in (("tools", tools), ("rollout_func", rollout_func),
                             ("environment_factory", environment_factory)):
@@ -90,13 +91,8 @@ class GRPOTrainer(Trainer):
             raise ValueError("reward_processing_classes is only used by reward models, which torchlike does not "
                              "support; pass reward functions instead.")
         if args is None:
-            name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
-            args = GRPOConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-GRPO")
-        if isinstance(model, str):
-            init_kwargs = {"dtype": "float32", **dict(args.model_init_kwargs or {})}
-            if quantization_config is not None:
-                init_kwargs["quantization_config"] = quantization_config
-            model = AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+            args = GRPOConfig(output_dir=default_output_dir(model, "GRPO"))
+        model = load_model(model, args, quantization_config, "GRPOTrainer")
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
         if peft_config is not None:

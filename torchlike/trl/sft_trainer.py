@@ -38,10 +38,11 @@ class SFTTrainer(Trainer):
                  optimizers: tuple = (None, None), optimizer_cls_and_kwargs: tuple | None = None,
                  preprocess_logits_for_metrics: Callable | None = None, quantization_config: Any = None,
                  peft_config: Any = None, formatting_func: Callable | None = None):
-        from .. import AutoModelForCausalLM, AutoTokenizer
+        from .. import AutoTokenizer
         from ..peft import get_peft_model
         from .fields import check_unsupported
         from .sft_config import SFTConfig
+        from .trainer_setup import default_output_dir, load_model
 
         for name, value in (("optimizer_cls_and_kwargs", optimizer_cls_and_kwargs),
                             ("preprocess_logits_for_metrics", preprocess_logits_for_metrics)):
@@ -49,14 +50,9 @@ class SFTTrainer(Trainer):
                 raise ValueError(f"{name} is a torch hook and cannot run on JAX; pass optimizers=(optax "
                                  "transformation, None) for a custom optimizer.")
         if args is None:
-            name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
-            args = SFTConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-SFT")
+            args = SFTConfig(output_dir=default_output_dir(model, "SFT"))
         check_unsupported(args)
-        if isinstance(model, str):
-            init_kwargs = {"dtype": "float32", **dict(args.model_init_kwargs or {})}  # TRL's default dtype
-            if quantization_config is not None:
-                init_kwargs["quantization_config"] = quantization_config
-            model = AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+        model = load_model(model, args, quantization_config, "SFTTrainer")
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
         if peft_config is not None:
