@@ -9,41 +9,19 @@ import pytest
 import transformers
 import trl
 
+from tests.test_training_config import POST_INIT_DIFFERENCES, TORCHLIKE_FIELDS, _plain, _quiet, _raw_default
 from torchlike.adapters import rl_math
 from torchlike.trl import DPOConfig, GRPOConfig, SFTConfig, dpo_config, grpo_config
 from torchlike.trl.fields import FIELD_SUPPORT, check_unsupported, field_table
 from torchlike.trl.rl_fields import DPO_FIELD_SUPPORT, GRPO_FIELD_SUPPORT
 
-TORCHLIKE_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches"}
 # GRPO's max_prompt_length: removed from TRL in 0.28, still accepted by torchlike (with a FutureWarning).
 TORCHLIKE_GRPO_FIELDS = TORCHLIKE_FIELDS | {"max_prompt_length"}
-# Values transformers derives in __post_init__ that torchlike leaves alone (as for SFTConfig): no Accelerate config,
-# and no DataLoader whose pin_memory use_cpu=True would turn off.
-POST_INIT_DIFFERENCES = {"accelerator_config", "dataloader_pin_memory"}
 TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 
 CASES = [(trl.GRPOConfig, GRPOConfig, GRPO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
          (trl.DPOConfig, DPOConfig, DPO_FIELD_SUPPORT, TORCHLIKE_FIELDS)]
 CASE_IDS = ["GRPOConfig", "DPOConfig"]
-
-
-def _raw_default(f: dataclasses.Field):
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
-
-
-def _plain(value):
-    inner = getattr(value, "value", None)
-    return inner if isinstance(inner, str) else value
-
-
-def _quiet(factory, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return factory(**kwargs)
 
 
 # --- the field walk ------------------------------------------------------------------------------------------------
