@@ -278,3 +278,68 @@ def merged_weights(family: Family, module: nnx.Module, scale: float) -> dict[str
         path = f"{module_path}.{weight_name}"
         merged[path] = merge_factors(family, path, weight_value, a, b, scale)
     return merged
+
+
+def _delta_einsum(child: nnx.Module, weight: str) -> str | None:
+    """The einsum that forms ``weight``'s LoRA delta in the weight's own layout from ``A`` and ``B``
+    (``"ir,ro->io"`` for an ``nnx.Linear`` kernel ``[in, out]``; for a Tunix ``Einsum`` module, ``A``'s and
+    ``B``'s specs from Qwix's LoRA einsum into the module's weight spec), or ``None`` when it is not known."""
+    lora_einsum = getattr(child, weight + "_lora_einsum_str", None)
+    if lora_einsum is None:
+        return "ir,ro->io" if isinstance(child, nnx.Linear) and weight == "kernel" else None
+    einsum = getattr(child, "einsum_str", None)
+    if not isinstance(einsum, str) or "->" not in einsum or einsum.count(",") != 1:
+        return None
+    kernel_spec = einsum.split("->")[0].split(",")[1].strip()
+    inputs = [part.strip() for part in lora_einsum.split("->")[0].split(",")]
+    if len(inputs) != 3:
+        return None
+    a_spec, b_spec = inputs[1], inputs[2]
+    outer = a_spec[:-1] + b_spec[1:]
+    if a_spec[-1:] != b_spec[:1] or sorted(kernel_spec) != sorted(outer) or len(set(outer)) != len(outer):
+        return None
+    return f"{a_spec},{b_spec}->{kernel_spec}"
+
+
+def _lora_pairs(module: nnx.Module) -> Iterator[tuple[nnx.Module, str, nnx.Variable, nnx.Variable]]:
+    """``(module, weight name, A variable, B variable)`` for every LoRA pair."""
+    for _, child in nnx.iter_modules(module):
+        for name, value in list(vars(child).items()):
+            if name.endswith("_lora_a") and isinstance(value, nnx.LoRAParam):
+                weight = name.removesuffix("_lora_a")
+                yield child, weight, value, getattr(child, weight + "_lora_b")
+
+
+def mergeable(module: nnx.Module) -> bool:
+    """Whether every LoRA pair of ``module`` can be trained through :func:`with_merged_factors`: the base
+    weight is a plain (not quantised) array and the layout of its delta is known (:func:`_delta_einsum`)."""
+    found = False
+    for child, weight, a, b in _lora_pairs(module):
+        found = True
+        kernel = getattr(child, weight, None)
+        kernel_value = kernel.get_value() if isinstance(kernel, nnx.Variable) else None
+        spec = _delta_einsum(child, weight)
+        if not isinstance(kernel_value, jax.Array) or spec is None:
+            return False
+        delta = jax.eval_shape(lambda x, y, spec=spec: jax.numpy.einsum(spec, x, y), a.get_value(), b.get_value())
+        if delta.shape != kernel_value.shape:
+            return False
+    return found
+
+
+def with_merged_factors(module: nnx.Module, scale: float) -> nnx.Module:
+    """A functional copy of ``module`` whose adapted weights are ``W + scale * A @ B`` (to be run under
+    ``lora_mode("disabled")``, so Qwix adds no delta on top); differentiable in ``A`` and ``B``.
+
+    One matmul per adapted layer instead of Qwix's three (``x @ W``, ``x @ A``, ``(x A) @ B``): the same
+    outputs, and gradients ``dA = scale * dW @ B^T``, ``dB = scale * A^T @ dW`` from the layer's weight
+    gradient. Fewer, larger ops, at the cost of forming ``dW``; only for modules where :func:`mergeable`.
+    """
+    graphdef, state = nnx.split(module)
+    merged = nnx.merge(graphdef, jax.tree.map(lambda leaf: leaf, state))  # fresh Variables: ``module`` is untouched
+    for child, weight_name, a, b in _lora_pairs(merged):
+        weight = getattr(child, weight_name)
+        kernel = weight.get_value()
+        delta = jax.numpy.einsum(_delta_einsum(child, weight_name), a.get_value(), b.get_value()) * scale
+        weight.set_value(kernel + delta.astype(kernel.dtype))
+    return merged

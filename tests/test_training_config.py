@@ -14,7 +14,8 @@ from torchlike.training_args import TrainingArguments
 from torchlike.trl import SFTConfig
 from torchlike.trl.fields import FIELD_SUPPORT, check_unsupported, fields_with_status
 
-TORCHLIKE_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches"}
+TORCHLIKE_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches",
+                    "lora_step"}
 
 # Values transformers derives in __post_init__ that torchlike deliberately leaves alone.
 POST_INIT_DIFFERENCES = {

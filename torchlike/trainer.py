@@ -280,6 +280,31 @@ class Trainer:
         """Whether LoRA dropout is on in the train step (a LoRA model with ``lora_dropout > 0``)."""
         return self._is_lora() and float(self.model.active_peft_config.lora_dropout or 0.0) > 0.0
 
+    def _merged_lora_scale(self) -> float | None:
+        """The LoRA scale when the train step runs on merged weights (``args.lora_step``), else ``None``.
+
+        ``"auto"`` merges on CPU meshes, where Qwix's three small matmuls per adapted layer cost more than
+        forming the layer's weight gradient; ``"merged"`` asks for it everywhere. Neither applies to LoRA
+        dropout or to weights that cannot be merged (QLoRA's quantised base, fused layouts).
+        """
+        choice = getattr(self.args, "lora_step", "auto")
+        if not self._is_lora() or choice == "factored":
+            return None
+        if self._lora_dropout():
+            if choice == "merged":
+                raise ValueError(f"lora_step='merged' cannot apply lora_dropout="
+                                 f"{self.model.active_peft_config.lora_dropout}; set lora_dropout=0.0 or "
+                                 "lora_step='auto'.")
+            return None
+        if not qwix_lora.mergeable(self._module):
+            if choice == "merged":
+                raise ValueError("lora_step='merged': this model's adapted weights cannot be merged (quantised base "
+                                 "weights of QLoRA, or a fused layout); use lora_step='auto' or 'factored'.")
+            return None
+        if choice == "auto" and {device.platform for device in self.mesh.devices.flat} != {"cpu"}:
+            return None
+        return float(self.model.active_peft_config.scale)
+
     def _trainable(self):
         from flax import nnx
 
@@ -439,7 +464,8 @@ class Trainer:
         mesh_lib.shard_module(self.optimizer, self.mesh)  # moments follow the parameters; scalars replicated
         loss, count_items = self._loss()
         step_fn = tunix_sft.make_train_step(loss, trainable, self._compute_dtype(), lora=self._lora_dropout(),
-                                            seed=args.seed, count_items=count_items)
+                                            seed=args.seed, count_items=count_items,
+                                            merged_lora_scale=self._merged_lora_scale())
         if self._lora_dropout():
             # The dropout RNG nodes exist before the first trace, so the step's graph never changes shape.
             qwix_lora.set_dropout_rng(self._module, jax.random.key(args.seed))

@@ -224,6 +224,12 @@ class TrainingArguments:
             (``torchlike.compilation.enable_compilation_cache``); ``None`` keeps torchlike's default cache.
         prefetch_batches (`int`, defaults to 2): torchlike only. Batches a background thread prepares and puts on
             the devices ahead of the train step; 0 prepares each batch in the training loop.
+        lora_step (`str`, defaults to ``"auto"``): torchlike only. How a LoRA train step runs the adapted layers:
+            ``"factored"`` as Qwix does, ``x @ W + s * (x @ A) @ B`` (fewest FLOPs); ``"merged"`` on the weights
+            ``W + s * A @ B`` formed once per step (one matmul per layer, the gradients of ``A`` and ``B`` taken
+            from the layer's weight gradient: fewer, larger ops, faster where small ops are costly); ``"auto"``
+            merges on CPU meshes and factors elsewhere. Both give the same losses and gradients; LoRA dropout and
+            QLoRA's quantised weights always use ``"factored"``.
     """
 
     # Dict-valued fields that may arrive as JSON text from a command line (transformers' ``_VALID_DICT_FIELDS``).
@@ -350,6 +356,7 @@ class TrainingArguments:
     mesh_axis_names: tuple[str, ...] | str | None = ("fsdp", "tp")
     compilation_cache_dir: str | None = None
     prefetch_batches: int = 2
+    lora_step: str = "auto"
 
     def __post_init__(self) -> None:
         from .adapters.mesh import initialize_distributed
@@ -464,6 +471,8 @@ class TrainingArguments:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer.")
         self._validate_mesh()
+        if self.lora_step not in ("auto", "merged", "factored"):
+            raise ValueError(f"lora_step={self.lora_step!r} must be 'auto', 'merged' or 'factored'.")
         if not isinstance(self.prefetch_batches, int) or self.prefetch_batches < 0:
             raise ValueError(f"prefetch_batches={self.prefetch_batches!r} must be an integer >= 0 (0 prepares each "
                              "batch in the training loop).")

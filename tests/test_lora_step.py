@@ -1,0 +1,107 @@
+"""The merged LoRA train step (``lora_step``): the same losses and factors as Qwix's factored step."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import torchlike
+from tests import tiny
+from tests.test_peft import randomize_lora_
+from torchlike.adapters import qwix_lora, tunix_sft
+from torchlike.peft import LoraConfig, get_peft_model
+from torchlike.trl import SFTConfig
+from torchlike.trl.sft_trainer import SFTTrainer
+
+
+def lora_model(path, **config):
+    model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(path),
+                           LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": "all-linear", **config}))
+    randomize_lora_(model, seed=5)  # B != 0, so the delta (and dA) are not trivially zero
+    return model
+
+
+def run_steps(model, merged_scale, steps=3):
+    """Losses, grad norms and final factors of ``steps`` SGD steps on one padded batch."""
+    optimizer = nnx.Optimizer(model.module, optax.sgd(0.2), wrt=nnx.LoRAParam)
+    step = tunix_sft.make_train_step(tunix_sft.causal_lm_loss(model.family), nnx.LoRAParam,
+                                     merged_lora_scale=merged_scale)
+    ids, mask, _ = tiny.padded_batch()
+    batch = {"input_ids": ids[None], "attention_mask": mask[None], "loss_mask": mask[None]}
+    metrics = [jax.device_get(step(model.module, optimizer, batch, np.int32(i))) for i in range(steps)]
+    factors = {path: np.asarray(v.get_value()) for path, v in nnx.to_flat_state(nnx.state(model.module, nnx.LoRAParam))}
+    return [float(m["loss"]) for m in metrics], [float(m["grad_norm"]) for m in metrics], factors
+
+
+@pytest.mark.parametrize("case", ["qwen2", "gemma3_mha"])  # Linear + einsum kernels; Gemma's fused, reordered kv
+def test_merged_step_gives_the_losses_gradients_and_factors_of_the_factored_step(case, tiny_checkpoints):
+    path = tiny_checkpoints.path(case)
+    factored_model, merged_model = lora_model(path), lora_model(path)
+    assert qwix_lora.mergeable(merged_model.module)
+    factored = run_steps(factored_model, None)
+    merged = run_steps(merged_model, merged_model.active_peft_config.scale)
+    np.testing.assert_allclose(merged[0], factored[0], rtol=2e-5)
+    np.testing.assert_allclose(merged[1], factored[1], rtol=2e-4)
+    assert factored[0][-1] < factored[0][0]  # the steps did train
+    for key, value in factored[2].items():  # fp32 sums in another order: differences far below the updates
+        np.testing.assert_allclose(merged[2][key], value, rtol=0, atol=2e-4 * np.abs(value).max(), err_msg=str(key))
+
+
+def test_the_merged_step_leaves_the_base_weights_and_the_eval_outputs_consistent(tiny_checkpoints):
+    model = lora_model(tiny_checkpoints.path("qwen2"))
+    base_before = {k: np.asarray(v.get_value()) for k, v in nnx.to_flat_state(nnx.state(model.module, nnx.Param))
+                   if not isinstance(v, nnx.LoRAParam)}
+    run_steps(model, model.active_peft_config.scale, steps=2)
+    for key, value in nnx.to_flat_state(nnx.state(model.module, nnx.Param)):
+        if key in base_before:
+            np.testing.assert_array_equal(np.asarray(value.get_value()), base_before[key], err_msg=str(key))
+    # The factored (eval) forward and the merged weights agree after training.
+    ids, mask, _ = tiny.padded_batch()
+    merged_module = qwix_lora.with_merged_factors(model.module, model.active_peft_config.scale)
+    tokens, positions, attention = torchlike.adapters.tunix_model.causal_inputs(ids, mask)
+    with qwix_lora.lora_mode(qwix_lora.DISABLED):
+        merged_logits = np.asarray(model.family.forward(merged_module, tokens, positions, attention))
+    np.testing.assert_allclose(merged_logits[mask.astype(bool)], np.asarray(model(ids, mask).logits)[mask.astype(bool)],
+                               rtol=1e-4, atol=1e-4)
+
+
+def sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path, lora_step="auto", **lora):
+    return SFTTrainer(model=str(tiny_checkpoints.path("qwen2")),
+                      args=SFTConfig(output_dir=str(tmp_path / "out"), max_length=32, per_device_train_batch_size=4,
+                                     max_steps=4, learning_rate=1e-2, logging_steps=1, report_to="none",
+                                     save_strategy="no", lora_step=lora_step),
+                      train_dataset=[{"prompt": "the quick brown", "completion": " fox jumps over"}] * 8,
+                      processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
+                      peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **lora))
+
+
+def test_lora_step_auto_merges_on_cpu_and_factored_or_dropout_do_not(tiny_checkpoints, tokenizer_dir, tmp_path):
+    assert sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path)._merged_lora_scale() == 2.0
+    assert sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path, "factored")._merged_lora_scale() is None
+    assert sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path, lora_dropout=0.1)._merged_lora_scale() is None
+    with pytest.raises(ValueError, match=r"lora_step='merged' cannot apply lora_dropout=0.1"):
+        sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path, "merged", lora_dropout=0.1)._merged_lora_scale()
+    with pytest.raises(ValueError, match=r"lora_step='fused' must be 'auto', 'merged' or 'factored'"):
+        SFTConfig(output_dir=str(tmp_path), lora_step="fused")
+
+
+def test_lora_sft_gives_the_same_losses_with_merged_and_factored_steps(tiny_checkpoints, tokenizer_dir, tmp_path):
+    runs = {}
+    for choice in ("merged", "factored"):
+        trainer = sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path / choice, choice)
+        trainer.train()
+        runs[choice] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(runs["merged"]) == 4 and runs["merged"][-1] < runs["merged"][0]
+    assert runs["merged"][0] == pytest.approx(runs["factored"][0], rel=1e-6)
+    # Later steps: AdamW's g / sqrt(v) turns fp32 rounding in near-zero gradients into +-lr updates.
+    np.testing.assert_allclose(runs["merged"], runs["factored"], rtol=3e-3)
+
+
+def test_quantised_base_weights_are_not_mergeable(tiny_checkpoints):
+    with pytest.warns(UserWarning):
+        model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
+                               LoraConfig(r=4, target_modules="all-linear", quantize_base="int8"))
+    assert not qwix_lora.mergeable(model.module)
