@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from . import qwix_lora
+from .tracing import traced_cheaply
 
 logger = logging.getLogger(__name__)
 
@@ -379,7 +380,7 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
     return tokens_out, logprobs_out, steps
 
 
-_compiled_decode = nnx.jit(_decode_program, static_argnums=(0,))
+_compiled_decode = traced_cheaply(nnx.jit(_decode_program, static_argnums=(0,)))
 
 
 def _end_token_array(eos_token_ids: Sequence[int]) -> np.ndarray:

@@ -17,6 +17,7 @@ from flax import nnx
 
 from . import qwix_lora, rl_math
 from .families import Family
+from .tracing import traced_cheaply
 from .tunix_sft import causal_lm_logits
 
 #: Loss types whose micro-batch loss is a sum over tokens divided by the generation batch's token count
@@ -46,7 +47,7 @@ def make_log_prob_pass(family: Family, temperature: float, lora: str = qwix_lora
         with qwix_lora.lora_mode(lora):
             return completion_log_probs(family, module, batch, temperature)
 
-    return log_probs
+    return traced_cheaply(log_probs)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ which HF tensor each one is.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 import warnings
@@ -17,13 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax._src import core as jax_core
-from jax._src.interpreters import partial_eval
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from . import qwix_lora
 from .families import Family
 from .hf_checkpoint import TensorSpec
+from .tracing import fast_tracing
 
 
 class WeightShapeError(ValueError):
@@ -38,30 +36,9 @@ def _path_name(path: tuple) -> str:
     return ".".join(str(part) for part in path)
 
 
-@contextlib.contextmanager
-def _cheap_tracer_attribute_errors():
-    """Makes ``getattr(tracer, "sharding", None)`` cheap while a model is built under ``eval_shape``.
-
-    Flax's ``Variable.set_value`` probes ``value.sharding`` on every RNG split; on a tracer jax
-    raises AttributeError with a message whose "origin" part walks the whole jaxpr traced so
-    far, so building an N-layer model costs O(N^2) (10 s for 80 layers here). Only that
-    message text is dropped, and only during the build.
-    """
-    classes = [cls for cls in (getattr(jax_core, "Tracer", None), getattr(partial_eval, "DynamicJaxprTracer", None))
-               if cls is not None and "_origin_msg" in vars(cls)]
-    originals = {cls: vars(cls)["_origin_msg"] for cls in classes}
-    for cls in classes:
-        cls._origin_msg = lambda self: ""
-    try:
-        yield
-    finally:
-        for cls, original in originals.items():
-            cls._origin_msg = original
-
-
 def build_abstract_model(family: Family, hf_config, dtype) -> nnx.Module:
     """The Tunix module for ``hf_config`` with shapes only (no memory allocated)."""
-    with _cheap_tracer_attribute_errors():
+    with fast_tracing():
         return nnx.eval_shape(lambda: family.build_model(hf_config, dtype, nnx.Rngs(0)))
 
 
@@ -268,4 +245,5 @@ def forward_logits(
             :func:`qwix_lora.lora_mode`.
     """
     tokens, positions, attention = causal_inputs(input_ids, attention_mask)
-    return _jitted_forward(family.forward, lora, module, tokens, positions, attention)
+    with fast_tracing():
+        return _jitted_forward(family.forward, lora, module, tokens, positions, attention)

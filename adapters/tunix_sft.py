@@ -21,6 +21,7 @@ from flax import nnx
 
 from . import qwix_lora
 from .families import Family
+from .tracing import traced_cheaply
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ def make_train_step(
         return {"loss": total_value * scale, "grad_norm": grad_norm, "weight": total_weight,
                 **{key: value / count for key, value in aux_sum.items()}}
 
-    return step
+    return traced_cheaply(step)
 
 
 def make_eval_step(loss: Callable, compute_dtype=None, count_items: Callable | None = None) -> Callable:
@@ -217,4 +218,4 @@ def make_eval_step(loss: Callable, compute_dtype=None, count_items: Callable | N
             module = nnx.merge(graphdef, _cast_floating(state, compute_dtype))
         return loss(module, batch, count_items(batch) if count_items is not None else None)
 
-    return step
+    return traced_cheaply(step)
