@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+# Before XLA starts its threads: CPU train steps reuse their host buffers instead of page-faulting.
+from .adapters import host_memory as _host_memory  # noqa: E402
+
+_host_memory.keep_freed_host_memory()
+
 _EXPORTS = {
     "AutoModelForCausalLM": "torchlike.modeling",
     "CausalLM": "torchlike.modeling",
