@@ -48,7 +48,8 @@ def test_torchlike_without_a_command_prints_help(capsys):
 def test_torchlike_env_prints_versions_and_devices(capsys):
     assert main(["env"]) == 0
     out = capsys.readouterr().out
-    for label in ("torchlike version", "JAX version", "Transformers version", "JAX devices: "):
+    for label in ("torchlike version", "JAX version", "Transformers version", "JAX devices: ", "Compilation cache: ",
+                  "Host allocator (CPU): "):
         assert label in out
 
 

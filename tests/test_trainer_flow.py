@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +128,15 @@ def test_prefetching_batches_gives_the_same_losses(tiny_checkpoints, tmp_path):
     ahead = trainer_for(tiny_checkpoints, tmp_path / "b", prefetch_batches=3)
     ahead.train()
     assert logged_losses(ahead) == logged_losses(inline)
+
+
+def test_stopping_before_the_data_ends_leaves_no_prefetch_thread_running(tiny_checkpoints, tmp_path):
+    # A thread still placing a batch when the interpreter exits aborts the process ("exception not rethrown").
+    trainer = trainer_for(tiny_checkpoints, tmp_path, tiny.padded_examples(40, seed=2), max_steps=2,
+                          prefetch_batches=3)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert not [thread for thread in threading.enumerate() if thread.name == "torchlike-prefetch"]
 
 
 def test_a_collator_returning_the_wrong_row_count_names_the_data_parallel_size(tiny_checkpoints, tmp_path):

@@ -57,6 +57,9 @@ def environment_report() -> dict[str, str]:
 
     import torchlike
 
+    from .adapters import host_memory
+    from .compilation import enable_compilation_cache
+
     devices = Counter(f"{device.device_kind} ({device.platform})" for device in jax.devices())
     info = {
         "Platform": platform.platform(),
@@ -66,6 +69,8 @@ def environment_report() -> dict[str, str]:
         "JAX backend": jax.default_backend(),
         "JAX devices": ", ".join(f"{count} x {kind}" for kind, count in devices.items()),
         "JAX processes": str(jax.process_count()),
+        "Compilation cache": str(enable_compilation_cache() or "off"),
+        "Host allocator (CPU)": host_memory.status,
     }
     return info
 

@@ -58,20 +58,24 @@ def _prefetched(batches: Iterator, depth: int) -> Iterator:
     stop = threading.Event()
     finished = object()
 
+    def offer(item) -> bool:
+        """Queues ``item`` unless the consumer stopped; returns whether it was queued."""
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce():
         try:
             for item in batches:
-                while not stop.is_set():
-                    try:
-                        ready.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not offer(item):
                     return
-            ready.put(finished)
+            offer(finished)
         except BaseException as error:  # handed to the training thread, which re-raises it
-            ready.put(error)
+            offer(error)
 
     worker = threading.Thread(target=produce, name="torchlike-prefetch", daemon=True)
     worker.start()
@@ -84,7 +88,10 @@ def _prefetched(batches: Iterator, depth: int) -> Iterator:
                 raise item
             yield item
     finally:
+        # Training stopped early (max_steps, should_training_stop, an error): let the worker finish the batch
+        # it is placing, so no thread is inside JAX when the interpreter exits (that aborts the process).
         stop.set()
+        worker.join(timeout=60)
 
 
 class _ProgressWithLoss:
