@@ -292,7 +292,7 @@ class Trainer:
 
         ``"auto"`` merges on CPU meshes, where Qwix's three small matmuls per adapted layer cost more than
         forming the layer's weight gradient; ``"merged"`` asks for it everywhere. Neither applies to LoRA
-        dropout or to weights that cannot be merged (QLoRA's quantised base, fused layouts).
+        dropout or to weights that cannot be merged (QLoRA's quantised base, a layout the adapter does not know).
         """
         choice = getattr(self.args, "lora_step", "auto")
         if not self._is_lora() or choice == "factored":
@@ -305,8 +305,9 @@ class Trainer:
             return None
         if not qwix_lora.mergeable(self._module):
             if choice == "merged":
-                raise ValueError("lora_step='merged': this model's adapted weights cannot be merged (quantised base "
-                                 "weights of QLoRA, or a fused layout); use lora_step='auto' or 'factored'.")
+                raise ValueError("lora_step='merged': this model's adapted weights cannot be merged (quantised "
+                                 "base weights of QLoRA, or a weight layout torchlike cannot merge into); use "
+                                 "lora_step='auto' or 'factored'.")
             return None
         if choice == "auto" and {device.platform for device in self.mesh.devices.flat} != {"cpu"}:
             return None
