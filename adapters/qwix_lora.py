@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,11 +21,13 @@ import jax
 import numpy as np
 import qwix
 from flax import nnx
+from qwix._src.utils import flax_util
 
 from .families import Family
 
-TRAIN, EVAL, DISABLED = "train", "eval", "disabled"
+TRAIN, EVAL, DISABLED, MERGED = "train", "eval", "disabled", "merged"
 _MODE: contextvars.ContextVar[str] = contextvars.ContextVar("torchlike_lora_mode", default=EVAL)
+_MERGED_SCALE: contextvars.ContextVar[float] = contextvars.ContextVar("torchlike_lora_merged_scale", default=1.0)
 
 
 @contextlib.contextmanager
@@ -38,6 +41,89 @@ def lora_mode(mode: str) -> Iterator[None]:
         yield
     finally:
         _MODE.reset(token)
+
+
+@contextlib.contextmanager
+def merged_lora(scale: float) -> Iterator[None]:
+    """Within the block, adapted layers run as :func:`lora_linear` on merged weights with LoRA scale ``scale``
+    (layers of another layout keep Qwix's factored ops); no dropout."""
+    mode, factor = _MODE.set(MERGED), _MERGED_SCALE.set(float(scale))
+    try:
+        yield
+    finally:
+        _MERGED_SCALE.reset(factor)
+        _MODE.reset(mode)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def lora_linear(scale: float, x, w, a, b):
+    """``x @ (W + scale * A @ B)`` for ``x [T, I]``, ``W [I, O]``, ``A [I, r]``, ``B [r, O]``: a LoRA layer as
+    one matmul.
+
+    The backward pass gives ``dx = dy @ W'^T`` and the factors' gradients from thin products,
+    ``dA = scale * ((dy @ B^T)^T @ x)^T`` and ``dB = scale * (x @ A)^T @ dy``, written so that only
+    ``[T, r]`` operands are transposed (XLA:CPU materialises the transpose of a dot's operand
+    contracted on its first axis). It never forms the layer's ``[I, O]`` weight gradient: ``W`` is frozen
+    and gets a zero cotangent (so this is for LoRA training only). Forward plus
+    backward of one ``[2048, 256] x [256, 512]`` layer on 2 CPU cores: 2.0-2.1 ms, against 3.2-3.3 ms
+    through differentiated merged weights and 3.3-3.4 ms for full fine-tuning's ``dx, dW``.
+    """
+    return x @ _merged_weight(scale, w, a, b)
+
+
+def _merged_weight(scale, w, a, b):
+    return w + (scale * (a @ b)).astype(w.dtype)
+
+
+def _lora_linear_forward(scale, x, w, a, b):
+    merged = _merged_weight(scale, w, a, b)
+    return x @ merged, (x, merged, a, b)
+
+
+def _lora_linear_backward(scale, residuals, dy):
+    x, merged, a, b = residuals
+    dy = dy.astype(x.dtype)
+    through_b = dy @ b.T
+    da = (scale * (through_b.T @ x)).T
+    db = scale * ((x @ a).T @ dy)
+    return dy @ merged.T, jax.numpy.zeros_like(merged), da.astype(a.dtype), db.astype(b.dtype)
+
+
+lora_linear.defvjp(_lora_linear_forward, _lora_linear_backward)
+
+
+def _contracted_dims(base: tuple, x, w) -> int | None:
+    """How many trailing dims of ``x`` the layer contracts with the leading dims of ``w`` (so the layer is
+    ``x.reshape(-1, I) @ w.reshape(I, O)``), or ``None`` for another layout."""
+    kind, spec = base
+    if kind == "dot_general":
+        return 1 if spec == (((x.ndim - 1,), (0,)), ((), ())) and w.ndim == 2 else None
+    inputs, _, out = spec.replace(" ", "").partition("->")
+    x_spec, _, w_spec = inputs.partition(",")
+    contract = "".join(c for c in w_spec if c in x_spec)
+    batch = "".join(c for c in x_spec if c not in w_spec)
+    remain = "".join(c for c in w_spec if c not in x_spec)
+    ok = "." not in spec and x_spec == batch + contract and w_spec == contract + remain and out == batch + remain
+    return len(contract) if ok and contract else None
+
+
+def _merged_call(base: tuple, x, rhs):
+    """:func:`lora_linear` for the current module's adapted weight ``rhs``, or ``None`` when ``rhs`` is not one
+    or its layer has another layout (the caller then runs Qwix's factored ops)."""
+    module = flax_util.get_current_module()
+    name = flax_util.find_param(rhs)
+    lora_a = getattr(module, f"{name}_lora_a", None) if name else None
+    if not isinstance(lora_a, nnx.LoRAParam):
+        return None
+    contracted = _contracted_dims(base, x, rhs)
+    a, b = lora_a.get_value(), getattr(module, f"{name}_lora_b").get_value()
+    if contracted is None or a.shape[:-1] != rhs.shape[:contracted] or b.shape[1:] != rhs.shape[contracted:]:
+        return None
+    inner, outer = int(np.prod(rhs.shape[:contracted])), int(np.prod(rhs.shape[contracted:]))
+    rank = a.shape[-1]
+    out = lora_linear(_MERGED_SCALE.get(), x.reshape(-1, inner), rhs.reshape(inner, outer), a.reshape(inner, rank),
+                      b.reshape(rank, outer))
+    return out.reshape(*x.shape[:x.ndim - contracted], *rhs.shape[contracted:])
 
 
 class ModeAwareLoraProvider(qwix.LoraProvider):
@@ -57,6 +143,23 @@ class ModeAwareLoraProvider(qwix.LoraProvider):
             if mode != TRAIN and rule.dropout > 0:
                 rule = dataclasses.replace(rule, dropout=0.0)
         return rule, op_id
+
+    def einsum(self, einsum_str, *operands, **kwargs):
+        if _MODE.get() == MERGED and len(operands) == 2 and not kwargs:
+            out = _merged_call(("einsum", einsum_str), *operands)
+            if out is not None:
+                return out
+        return super().einsum(einsum_str, *operands, **kwargs)
+
+    def dot_general(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+                    out_sharding=None):
+        if _MODE.get() == MERGED and precision is None and preferred_element_type is None and out_sharding is None:
+            numbers = tuple(tuple(tuple(axes) for axes in pair) for pair in dimension_numbers)
+            out = _merged_call(("dot_general", numbers), lhs, rhs)
+            if out is not None:
+                return out
+        return super().dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                                   out_sharding=out_sharding)
 
 
 @dataclass(frozen=True)
@@ -311,8 +414,8 @@ def _lora_pairs(module: nnx.Module) -> Iterator[tuple[nnx.Module, str, nnx.Varia
 
 
 def mergeable(module: nnx.Module) -> bool:
-    """Whether every LoRA pair of ``module`` can be trained through :func:`with_merged_factors`: the base
-    weight is a plain (not quantised) array and the layout of its delta is known (:func:`_delta_einsum`)."""
+    """Whether every LoRA pair of ``module`` can be trained under :func:`merged_lora`: the base weight is a
+    plain (not quantised) array and the layout of its delta is known (:func:`_delta_einsum`)."""
     found = False
     for child, weight, a, b in _lora_pairs(module):
         found = True
@@ -325,21 +428,3 @@ def mergeable(module: nnx.Module) -> bool:
         if delta.shape != kernel_value.shape:
             return False
     return found
-
-
-def with_merged_factors(module: nnx.Module, scale: float) -> nnx.Module:
-    """A functional copy of ``module`` whose adapted weights are ``W + scale * A @ B`` (to be run under
-    ``lora_mode("disabled")``, so Qwix adds no delta on top); differentiable in ``A`` and ``B``.
-
-    One matmul per adapted layer instead of Qwix's three (``x @ W``, ``x @ A``, ``(x A) @ B``): the same
-    outputs, and gradients ``dA = scale * dW @ B^T``, ``dB = scale * A^T @ dW`` from the layer's weight
-    gradient. Fewer, larger ops, at the cost of forming ``dW``; only for modules where :func:`mergeable`.
-    """
-    graphdef, state = nnx.split(module)
-    merged = nnx.merge(graphdef, jax.tree.map(lambda leaf: leaf, state))  # fresh Variables: ``module`` is untouched
-    for child, weight_name, a, b in _lora_pairs(merged):
-        weight = getattr(child, weight_name)
-        kernel = weight.get_value()
-        delta = jax.numpy.einsum(_delta_einsum(child, weight_name), a.get_value(), b.get_value()) * scale
-        weight.set_value(kernel + delta.astype(kernel.dtype))
-    return merged

@@ -9,6 +9,7 @@ stay Tunix's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -155,9 +156,9 @@ def make_train_step(
             the same masks (the key is made inside the program: no host-side key crosses processes).
         count_items: ``batch -> item count``; when given, the step passes the count over all its
             micro-batches to ``loss`` as ``num_items_in_batch`` (transformers' convention).
-        merged_lora_scale: train the LoRA factors through merged weights ``W + scale * A @ B``
-            (:func:`qwix_lora.with_merged_factors`: one matmul per adapted layer) instead of Qwix's
-            factored ops; the caller checks :func:`qwix_lora.mergeable` and that LoRA dropout is off.
+        merged_lora_scale: run adapted layers as one matmul on ``W + scale * A @ B`` with the factors'
+            gradients from thin products (:func:`qwix_lora.lora_linear`) instead of Qwix's three
+            matmuls; the caller checks :func:`qwix_lora.mergeable` and that LoRA dropout is off.
 
     The returned step takes ``micro_batches`` with a leading accumulation axis ``[A, B, T]`` and
     sums the gradients of the values over the ``A`` micro-batches before dividing by the total
@@ -167,17 +168,15 @@ def make_train_step(
         raise ValueError("merged LoRA weights cannot apply LoRA dropout; use the factored step when lora_dropout > 0.")
 
     def forward(module, batch, num_items):
-        if merged_lora_scale is not None:
-            module = qwix_lora.with_merged_factors(module, merged_lora_scale)
         if compute_dtype is not None:
             graphdef, state = nnx.split(module)
             module = nnx.merge(graphdef, _cast_floating(state, compute_dtype))
-        mode = qwix_lora.DISABLED if merged_lora_scale is not None else qwix_lora.TRAIN if lora else None
-        if mode is None:
-            value, weight, aux = loss(module, batch, num_items)
+        if merged_lora_scale is not None:
+            context = qwix_lora.merged_lora(merged_lora_scale)
         else:
-            with qwix_lora.lora_mode(mode):
-                value, weight, aux = loss(module, batch, num_items)
+            context = qwix_lora.lora_mode(qwix_lora.TRAIN) if lora else contextlib.nullcontext()
+        with context:
+            value, weight, aux = loss(module, batch, num_items)
         return value, (weight, aux)
 
     grad_fn = nnx.value_and_grad(forward, argnums=nnx.DiffState(0, trainable), has_aux=True)

@@ -58,14 +58,51 @@ def test_the_merged_step_leaves_the_base_weights_and_the_eval_outputs_consistent
     for key, value in nnx.to_flat_state(nnx.state(model.module, nnx.Param)):
         if key in base_before:
             np.testing.assert_array_equal(np.asarray(value.get_value()), base_before[key], err_msg=str(key))
-    # The factored (eval) forward and the merged weights agree after training.
+    # The merged forward and Qwix's factored (eval) forward agree after training.
     ids, mask, _ = tiny.padded_batch()
-    merged_module = qwix_lora.with_merged_factors(model.module, model.active_peft_config.scale)
     tokens, positions, attention = torchlike.adapters.tunix_model.causal_inputs(ids, mask)
-    with qwix_lora.lora_mode(qwix_lora.DISABLED):
-        merged_logits = np.asarray(model.family.forward(merged_module, tokens, positions, attention))
-    np.testing.assert_allclose(merged_logits[mask.astype(bool)], np.asarray(model(ids, mask).logits)[mask.astype(bool)],
-                               rtol=1e-4, atol=1e-4)
+    with qwix_lora.merged_lora(model.active_peft_config.scale):
+        merged_logits = np.asarray(model.family.forward(model.module, tokens, positions, attention))
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(merged_logits[valid], np.asarray(model(ids, mask).logits)[valid], rtol=1e-4, atol=1e-4)
+
+
+def _dot_generals(jaxpr):
+    """Every dot_general equation of ``jaxpr`` and of the jaxprs nested in its equations."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            yield eqn
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    yield from _dot_generals(inner)
+
+
+@pytest.mark.parametrize("mode, weight_gradients", [("merged", False), ("factored", False), ("full", True)])
+def test_the_merged_step_takes_factor_gradients_without_weight_gradients(mode, weight_gradients, tiny_checkpoints):
+    """Full fine-tuning forms each layer's [in, out] gradient summed over the tokens; the merged step's custom
+    VJP (like Qwix's factored ops) takes the factors' gradients from thin products instead."""
+    model = lora_model(tiny_checkpoints.path("qwen2"))
+    ids, mask, _ = tiny.padded_batch()
+    tokens, positions, attention = torchlike.adapters.tunix_model.causal_inputs(ids, mask)
+    graphdef, params, rest = nnx.split(model.module, nnx.Param if mode == "full" else nnx.LoRAParam, ...)
+
+    def loss(params):
+        module = nnx.merge(graphdef, params, rest)
+        with qwix_lora.merged_lora(2.0) if mode == "merged" else qwix_lora.lora_mode(qwix_lora.EVAL):
+            return model.family.forward(module, tokens, positions, attention).sum()
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(params).jaxpr
+    kernels = {tuple(sorted(v.get_value().shape)) for _, v in nnx.to_flat_state(nnx.state(model.module, nnx.Param))
+               if not isinstance(v, nnx.LoRAParam) and v.get_value().ndim >= 2}
+
+    def contracted(eqn) -> int:
+        return int(np.prod([eqn.invars[0].aval.shape[axis] for axis in eqn.params["dimension_numbers"][0][0]]))
+
+    over_tokens = [eqn for eqn in _dot_generals(jaxpr) if tuple(sorted(eqn.outvars[0].aval.shape)) in kernels
+                   and contracted(eqn) >= tokens.shape[1]]
+    assert bool(over_tokens) == weight_gradients
 
 
 def sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path, lora_step="auto", **lora):
@@ -105,3 +142,23 @@ def test_quantised_base_weights_are_not_mergeable(tiny_checkpoints):
         model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
                                LoraConfig(r=4, target_modules="all-linear", quantize_base="int8"))
     assert not qwix_lora.mergeable(model.module)
+
+
+def test_lora_linear_gradients_equal_autodiff_of_the_merged_product():
+    keys = jax.random.split(jax.random.key(3), 5)
+    x, w = jax.random.normal(keys[0], (12, 8)), jax.random.normal(keys[1], (8, 6))
+    a, b = jax.random.normal(keys[2], (8, 3)), jax.random.normal(keys[3], (3, 6))
+    probe = jax.random.normal(keys[4], (12, 6))
+
+    def ours(x, a, b):
+        return (qwix_lora.lora_linear(1.5, x, w, a, b) * probe).sum()
+
+    def reference(x, a, b):
+        return ((x @ (w + 1.5 * a @ b)) * probe).sum()
+
+    np.testing.assert_allclose(ours(x, a, b), reference(x, a, b), rtol=1e-6)
+    for got, want in zip(jax.grad(ours, argnums=(0, 1, 2))(x, a, b), jax.grad(reference, argnums=(0, 1, 2))(x, a, b),
+                         strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # The base weight is frozen: its cotangent is zero, never the [in, out] product over the tokens.
+    assert not np.any(jax.grad(lambda w_: (qwix_lora.lora_linear(1.5, x, w_, a, b) * probe).sum())(w))

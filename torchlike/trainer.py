@@ -290,8 +290,9 @@ class Trainer:
     def _merged_lora_scale(self) -> float | None:
         """The LoRA scale when the train step runs on merged weights (``args.lora_step``), else ``None``.
 
-        ``"auto"`` merges on CPU meshes, where Qwix's three small matmuls per adapted layer cost more than
-        forming the layer's weight gradient; ``"merged"`` asks for it everywhere. Neither applies to LoRA
+        ``"auto"`` merges on CPU meshes, where XLA materialises transposed activations for Qwix's three
+        matmuls per adapted layer (:func:`qwix_lora.lora_linear` avoids them); ``"merged"`` asks for it
+        everywhere. Neither applies to LoRA
         dropout or to weights that cannot be merged (QLoRA's quantised base, a layout the adapter does not know).
         """
         choice = getattr(self.args, "lora_step", "auto")

@@ -249,8 +249,8 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
     "prefetch_batches": _honoured("torchlike: batches prepared and put on the devices ahead of the train step by a "
                                   "background thread (0: prepared in the loop)."),
     "lora_step": _honoured("torchlike: how a LoRA train step runs the adapted layers: 'factored' (Qwix's x@W + "
-                           "s*(x@A)@B), 'merged' (one matmul on W + s*A@B formed each step) or 'auto' (merged on "
-                           "CPU meshes); same losses and gradients."),
+                           "s*(x@A)@B), 'merged' (one matmul on W + s*A@B formed each step, factor gradients from "
+                           "thin products) or 'auto' (merged on CPU meshes); same losses and gradients."),
     # --- trl.SFTConfig 1.16 ---
     "model_init_kwargs": _honoured("Keyword arguments for torchlike.AutoModelForCausalLM.from_pretrained when model is"
                                    " a string (dtype as a string, a torch dtype or 'auto')."),
