@@ -105,11 +105,11 @@ def test_the_merged_step_takes_factor_gradients_without_weight_gradients(mode, w
     assert bool(over_tokens) == weight_gradients
 
 
-def sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path, lora_step="auto", **lora):
+def sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path, lora_step="auto", bf16=False, **lora):
     return SFTTrainer(model=str(tiny_checkpoints.path("qwen2")),
                       args=SFTConfig(output_dir=str(tmp_path / "out"), max_length=32, per_device_train_batch_size=4,
                                      max_steps=4, learning_rate=1e-2, logging_steps=1, report_to="none",
-                                     save_strategy="no", lora_step=lora_step),
+                                     save_strategy="no", lora_step=lora_step, bf16=bf16),
                       train_dataset=[{"prompt": "the quick brown", "completion": " fox jumps over"}] * 8,
                       processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
                       peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **lora))
@@ -125,10 +125,12 @@ def test_lora_step_auto_merges_on_cpu_and_factored_or_dropout_do_not(tiny_checkp
         SFTConfig(output_dir=str(tmp_path), lora_step="fused")
 
 
-def test_lora_sft_gives_the_same_losses_with_merged_and_factored_steps(tiny_checkpoints, tokenizer_dir, tmp_path):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_lora_sft_gives_the_same_losses_with_merged_and_factored_steps(bf16, tiny_checkpoints, tokenizer_dir,
+                                                                      tmp_path):
     runs = {}
     for choice in ("merged", "factored"):
-        trainer = sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path / choice, choice)
+        trainer = sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path / choice, choice, bf16=bf16)
         trainer.train()
         runs[choice] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(runs["merged"]) == 4 and runs["merged"][-1] < runs["merged"][0]
