@@ -132,6 +132,8 @@ class ModeAwareLoraProvider(qwix.LoraProvider):
     Qwix looks the rule up twice per op: once for the (optional) base-weight quantisation
     and once, with ``repeated_call=True``, for the LoRA delta. Only the second lookup is
     changed, so QLoRA's quantised base weights keep working when the adapter is disabled.
+    Under :func:`merged_lora` an adapted layer of the plain ``x @ W`` layout runs as
+    :func:`lora_linear` instead of Qwix's base op plus delta.
     """
 
     def _get_current_rule_and_op_id(self, op_name, *, only_rule=False, repeated_call=False):
