@@ -385,48 +385,14 @@ def merged_weights(family: Family, module: nnx.Module, scale: float) -> dict[str
     return merged
 
 
-def _delta_einsum(child: nnx.Module, weight: str) -> str | None:
-    """The einsum that forms ``weight``'s LoRA delta in the weight's own layout from ``A`` and ``B``
-    (``"ir,ro->io"`` for an ``nnx.Linear`` kernel ``[in, out]``; for a Tunix ``Einsum`` module, ``A``'s and
-    ``B``'s specs from Qwix's LoRA einsum into the module's weight spec), or ``None`` when it is not known."""
-    lora_einsum = getattr(child, weight + "_lora_einsum_str", None)
-    if lora_einsum is None:
-        return "ir,ro->io" if isinstance(child, nnx.Linear) and weight == "kernel" else None
-    einsum = getattr(child, "einsum_str", None)
-    if not isinstance(einsum, str) or "->" not in einsum or einsum.count(",") != 1:
-        return None
-    kernel_spec = einsum.split("->")[0].split(",")[1].strip()
-    inputs = [part.strip() for part in lora_einsum.split("->")[0].split(",")]
-    if len(inputs) != 3:
-        return None
-    a_spec, b_spec = inputs[1], inputs[2]
-    outer = a_spec[:-1] + b_spec[1:]
-    if a_spec[-1:] != b_spec[:1] or sorted(kernel_spec) != sorted(outer) or len(set(outer)) != len(outer):
-        return None
-    return f"{a_spec},{b_spec}->{kernel_spec}"
-
-
-def _lora_pairs(module: nnx.Module) -> Iterator[tuple[nnx.Module, str, nnx.Variable, nnx.Variable]]:
-    """``(module, weight name, A variable, B variable)`` for every LoRA pair."""
-    for _, child in nnx.iter_modules(module):
-        for name, value in list(vars(child).items()):
-            if name.endswith("_lora_a") and isinstance(value, nnx.LoRAParam):
-                weight = name.removesuffix("_lora_a")
-                yield child, weight, value, getattr(child, weight + "_lora_b")
-
-
 def mergeable(module: nnx.Module) -> bool:
-    """Whether every LoRA pair of ``module`` can be trained under :func:`merged_lora`: the base weight is a
-    plain (not quantised) array and the layout of its delta is known (:func:`_delta_einsum`)."""
-    found = False
-    for child, weight, a, b in _lora_pairs(module):
-        found = True
-        kernel = getattr(child, weight, None)
-        kernel_value = kernel.get_value() if isinstance(kernel, nnx.Variable) else None
-        spec = _delta_einsum(child, weight)
-        if not isinstance(kernel_value, jax.Array) or spec is None:
+    """Whether ``module`` has LoRA pairs and every adapted base weight is a plain (not quantised) array, so
+    :func:`merged_lora` can form ``W + s * A @ B``; layers whose layout :func:`lora_linear` does not cover
+    fall back to Qwix's factored ops inside the merged step."""
+    children = {".".join(str(p) for p in path): child for path, child in nnx.iter_modules(module)}
+    pairs = lora_factors(module)
+    for module_path, (weight, _a, _b) in pairs.items():
+        kernel = getattr(children[module_path], weight, None)
+        if not isinstance(kernel, nnx.Variable) or not isinstance(kernel.get_value(), jax.Array):
             return False
-        delta = jax.eval_shape(lambda x, y, spec=spec: jax.numpy.einsum(spec, x, y), a.get_value(), b.get_value())
-        if delta.shape != kernel_value.shape:
-            return False
-    return found
+    return bool(pairs)

@@ -293,7 +293,7 @@ class Trainer:
         ``"auto"`` merges on CPU meshes, where XLA materialises transposed activations for Qwix's three
         matmuls per adapted layer (:func:`qwix_lora.lora_linear` avoids them); ``"merged"`` asks for it
         everywhere. Neither applies to LoRA
-        dropout or to weights that cannot be merged (QLoRA's quantised base, a layout the adapter does not know).
+        dropout or to QLoRA's quantised base weights, which cannot be merged.
         """
         choice = getattr(self.args, "lora_step", "auto")
         if not self._is_lora() or choice == "factored":
@@ -306,9 +306,8 @@ class Trainer:
             return None
         if not qwix_lora.mergeable(self._module):
             if choice == "merged":
-                raise ValueError("lora_step='merged': this model's adapted weights cannot be merged (quantised "
-                                 "base weights of QLoRA, or a weight layout torchlike cannot merge into); use "
-                                 "lora_step='auto' or 'factored'.")
+                raise ValueError("lora_step='merged': this model's adapted base weights are quantised (QLoRA) and "
+                                 "cannot be merged; use lora_step='auto' or 'factored'.")
             return None
         if choice == "auto" and {device.platform for device in self.mesh.devices.flat} != {"cpu"}:
             return None
