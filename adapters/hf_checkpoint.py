@@ -5,8 +5,34 @@ Reading handles ``model.safetensors``, sharded safetensors with
 only through ``torch.load(weights_only=True)``). Writing produces the layout
 ``transformers`` and vLLM load: ``model.safetensors`` when everything fits in one shard,
 otherwise ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``,
-each file carrying ``{"format": "pt"}`` metadata, staged and moved into place so a crash
-never leaves a directory that looks complete.
+each file carrying ``{"format": "pt"}`` metadata.
+
+Publishing is atomic, by the rename protocol of ``directory_swap``: a save to ``DIR``
+(a model or a PEFT adapter, with its config and tokenizer files) writes everything into the
+sibling ``DIR.torchlike-new-TOKEN``, fsyncs it, then renames ``DIR`` to
+``DIR.torchlike-old-TOKEN`` and the new folder to ``DIR`` (``TOKEN`` is ``model-<random hex>``
+or ``adapter-<random hex>``: the kind of weights the save writes). A process killed at any moment
+leaves at ``DIR`` the complete old checkpoint or the complete new one, never a mix; only the
+window between the two renames leaves ``DIR`` missing until torchlike finishes the swap. The
+crash points, in order (``EXPORT_STAGES``; each is tested by killing the process there):
+
+- ``shard-written``: the new folder is being written beside the untouched old ``DIR`` (the
+  same holds until the first rename). The next save deletes the leftover.
+- ``old-moved``: ``DIR`` is missing; the old and the new folder sit beside it under the same
+  token, which proves the new one complete. ``finish_interrupted_save`` (called by
+  torchlike's ``from_pretrained`` and ``save_pretrained``) renames the new one into place.
+- ``swapped``: the new checkpoint is in place; the backup still holds the user's files.
+- ``carried-over``: the user's files are in the new ``DIR``; the backup is left to delete
+  (it is renamed to ``DIR.torchlike-trash-TOKEN``, then deleted).
+
+Files the user keeps in ``DIR`` that this save does not write (a ``README.md``, logs,
+``checkpoint-*`` folders, tokenizer files of an earlier save) are moved from the backup into
+the new ``DIR`` after the swap, as ``transformers`` keeps them; weight files of an earlier save
+(``model*.safetensors``, ``pytorch_model*.bin`` and their indexes for a model,
+``adapter_model.*`` for an adapter, as the token says) are dropped, so no stale shard sits
+beside the new ones; an adapter saved into a model's folder keeps the model.
+A crash before they are moved leaves them in the backup, and the next ``from_pretrained`` or
+``save_pretrained`` moves them. One writer per directory at a time.
 """
 
 from __future__ import annotations
@@ -14,8 +40,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +49,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from . import directory_swap
 from .safetensors_io import CheckpointFileError, SafetensorsReader, write_safetensors
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -31,6 +58,16 @@ TORCH_WEIGHTS_NAME = "pytorch_model.bin"
 TORCH_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 _SHARD_NAME = re.compile(
     r"^(model|pytorch_model|adapter_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?$")
+
+# Called with a stage name at each crash point of a save (see ``EXPORT_STAGES``). Only the crash
+# tests set it: they kill the process there to check that what is left loads.
+_crash_test_hook: Callable[[str], None] | None = None
+EXPORT_STAGES = ("shard-written", "old-moved", "swapped", "carried-over")
+
+
+def _stage(name: str) -> None:
+    if _crash_test_hook is not None:
+        _crash_test_hook(name)
 
 
 @dataclass(frozen=True)
@@ -171,12 +208,7 @@ def write_checkpoint(
     max_shard_size: int | str = "5GB",
     extra_files: Callable[[Path], None] | None = None,
 ) -> list[Path]:
-    """Writes an HF safetensors checkpoint shard by shard, atomically.
-
-    Files are written into a staging folder first. If ``save_directory`` did not exist the
-    folder is renamed into place in one step; otherwise each file is moved in with the
-    weights first and ``config.json`` last, and stale weight files from an earlier save
-    are removed, as ``transformers`` does.
+    """Writes an HF safetensors checkpoint shard by shard and publishes it atomically (``write_directory``).
 
     Args:
         save_directory: destination directory.
@@ -203,6 +235,7 @@ def write_checkpoint(
                 ((s.name, materialize(s)) for s in shard),
                 metadata,
             )
+            _stage("shard-written")
         if len(shards) > 1:
             index = {
                 "metadata": {"total_size": sum(s.nbytes for s in specs)},
@@ -212,56 +245,123 @@ def write_checkpoint(
         if extra_files is not None:
             extra_files(staging)
 
-    return write_directory(save_directory, fill)
+    return write_directory(save_directory, fill, weights="model")
 
 
-def write_directory(save_directory: str | os.PathLike, fill: Callable[[Path], None]) -> list[Path]:
-    """Runs ``fill(staging_folder)`` and moves what it wrote into ``save_directory`` atomically.
+def write_directory(save_directory: str | os.PathLike, fill: Callable[[Path], None], *, weights: str) -> list[Path]:
+    """Runs ``fill(staging_folder)`` and swaps the folder into place at ``save_directory``.
 
-    A new directory appears in one rename. Into an existing directory, weight files move first
-    and ``config.json``/``adapter_config.json`` last (so a reader that finds the config finds
-    its weights); weight files of an earlier save that this one did not write are removed.
-    On any error the staging folder is deleted and ``save_directory`` is untouched.
+    See the module docstring for the protocol: ``save_directory`` holds the old checkpoint or the
+    new one at every moment; the user's other files in it are carried over, stale weight files
+    are not. A symlinked ``save_directory`` stays a link: its target is replaced. On any error
+    before the swap the staging folder is deleted and ``save_directory`` is untouched.
+
+    Args:
+        save_directory: destination directory (created with its parents if missing).
+        fill: writes the new checkpoint's files into the folder it is given.
+        weights: what ``fill`` writes, ``"model"`` or ``"adapter"``: an earlier save's weight files
+            of that kind are stale. It is part of the save's token, so a crash cannot lose it.
 
     Returns:
         The paths written, inside ``save_directory``.
+
+    Raises:
+        NotADirectoryError: ``save_directory`` is a file.
+        OSError: ``save_directory`` is a mount point, or a rename failed; the message says what to do.
     """
-    target = check_output_dir(save_directory)
+    target = Path(os.path.realpath(check_output_dir(Path(save_directory).expanduser())))
+    if os.path.ismount(target):
+        raise OSError(
+            f"save_pretrained: {target} is a mount point, which cannot be renamed; torchlike replaces a "
+            "checkpoint by renaming its folder. Save into a subdirectory of it instead, e.g. "
+            f"{target / 'model'}."
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    finish_interrupted_save(target)
+    if weights not in ("model", "adapter"):
+        raise ValueError(f"weights={weights!r}: expected 'model' or 'adapter'.")
+    token = f"{weights}-{secrets.token_hex(8)}"
+    staging = directory_swap.sibling(target, directory_swap.NEW_TAG, token)
+    staging.mkdir()
     try:
         fill(staging)
-        return _publish(staging, target)
+        _fsync_files(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _publish(staging: Path, target: Path) -> list[Path]:
-    written = sorted(p.name for p in staging.iterdir())
-    if not target.exists():
-        os.replace(staging, target)
-        return [target / name for name in written]
-    written_kinds = {match[1] for match in map(_SHARD_NAME.match, written) if match}
-    for old in target.iterdir():
-        match = _SHARD_NAME.match(old.name)
-        if old.is_file() and match and match[1] in written_kinds and old.name not in written:
-            old.unlink()
-    # Weights first, then the index, then the other files, config.json last: a reader that
-    # finds config.json finds the weights it points to.
-    def publish_order(name: str) -> tuple[int, str]:
-        if name.endswith(".safetensors"):
-            return (0, name)
-        if name == SAFE_WEIGHTS_INDEX_NAME:
-            return (1, name)
-        return (3 if name in ("config.json", "adapter_config.json") else 2, name)
-
-    for name in sorted(written, key=publish_order):
-        destination = target / name
-        if destination.is_dir():
-            shutil.rmtree(destination)
-        os.replace(staging / name, destination)
-    staging.rmdir()
+    written = sorted(os.listdir(staging))
+    # A process's working directory follows the folder, which becomes the backup: bring it to the new one.
+    working_here = os.getcwd() == str(target)
+    try:
+        backup = directory_swap.swap_into_place(staging, target, token, _stage)
+    except OSError as error:
+        raise OSError(f"save_pretrained could not move the new checkpoint into {target}: {error}. {target} is "
+                      f"unchanged (or, if it is missing, complete beside it and restored by the next "
+                      f"from_pretrained). Check that {target.parent} is writable.") from error
+    if working_here:
+        os.chdir(target)
+    if backup is not None:
+        _finish_backup(backup, target)
+    # Staging folders of earlier interrupted saves: this save supersedes them.
+    for kind, leftover in directory_swap.siblings(target):
+        if kind == "new":
+            _discard(leftover, target)
     return [target / name for name in written]
 
 
+def finish_interrupted_save(save_directory: str | os.PathLike) -> None:
+    """Completes a ``write_directory`` that a crash interrupted (see the module docstring).
+
+    When ``save_directory`` is missing and a complete new checkpoint sits beside it (a crash
+    between the two renames), it is moved into place; the user's files are moved out of any
+    backup and the backup deleted. Staging folders without a backup are left alone (a save may
+    still be writing them). Cheap when there is nothing to do: one listing of the parent folder.
+
+    Raises:
+        OSError: the checkpoint could not be moved into place; the message says how to do it by hand.
+    """
+    target = Path(os.path.realpath(Path(save_directory).expanduser()))
+    directory_swap.finish_interrupted_swap(target, _finish_backup)
+
+
+def _weight_kind(name: str) -> str | None:
+    """``"model"`` or ``"adapter"`` for a weight file or index name, else None."""
+    match = _SHARD_NAME.match(name)
+    if match is None:
+        return None
+    return "adapter" if match[1] == "adapter_model" else "model"
+
+
+def _finish_backup(backup: Path, target: Path) -> None:
+    """Moves the user's files from the backup of a swap into the new checkpoint ``target``, then deletes the backup.
+
+    Every entry the new checkpoint lacks is moved, except weight files of the kind (model or
+    adapter) the save wrote, named in the backup's token: those are stale.
+    """
+    written = backup.name.removeprefix(target.name + directory_swap.OLD_TAG).split("-", 1)[0]
+    present = set(os.listdir(target))
+    for entry in sorted(os.listdir(backup)):
+        if entry not in present and _weight_kind(entry) != written:
+            os.rename(backup / entry, target / entry)
+    _stage("carried-over")
+    _discard(backup, target)
+
+
+def _discard(directory: Path, target: Path) -> None:
+    """Deletes a staging folder or backup of ``target``, first renaming it to trash so that no
+    half-deleted one is ever taken for a checkpoint."""
+    trash = directory_swap.sibling(target, directory_swap.TRASH_TAG, secrets.token_hex(8))
+    try:
+        os.rename(directory, trash)
+    except OSError:
+        return  # already gone, or not ours to delete; the next save tries again
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync_files(folder: Path) -> None:
+    """Flushes every file of the staging folder to disk, so the swap never publishes data still in flight."""
+    for child in folder.iterdir():
+        if child.is_file():
+            with open(child, "rb") as file:
+                os.fsync(file.fileno())
+    directory_swap.fsync_dir(folder)

@@ -15,13 +15,14 @@ Orbax joins nested key paths with ``"."``, so a flat key ``"a.b"`` and a nested
 ``{"a": {"b": ...}}`` would land on the same name; the opaque leaf names make that
 impossible and the manifest gives the original keys (``int`` or ``str``) back.
 
-Overwriting is atomic. ``save`` writes the new checkpoint into the sibling
-``PATH.torchlike-new-TOKEN``, then renames ``PATH`` to ``PATH.torchlike-old-TOKEN``, the new
-one to ``PATH``, and deletes the backup (its manifest first, so a half-deleted backup never
-looks complete). ``load`` accepts any state a crash can leave: when ``PATH`` is missing it
-finishes the swap from the complete sibling (the new one first, else the backup), and it
-drops a backup whose swap is known to have finished. A directory counts as complete only
-when its manifest is there. One writer per path at a time (concurrent readers are fine).
+Overwriting is atomic, by the rename protocol of ``directory_swap``. ``save`` writes the new
+checkpoint into the sibling ``PATH.torchlike-new-TOKEN``, then renames ``PATH`` to
+``PATH.torchlike-old-TOKEN``, the new one to ``PATH``, and deletes the backup (its manifest
+first, so a half-deleted backup never looks complete). ``load`` accepts any state a crash can
+leave: when ``PATH`` is missing it finishes the swap from the complete sibling (the new one
+first, else the backup), and it drops a backup whose swap is known to have finished. A
+directory counts as complete only when its manifest is there. One writer per path at a time
+(concurrent readers are fine).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from .directory_swap import NEW_TAG, OLD_TAG, fsync_dir, sibling, siblings, swap_into_place
 from .hf_checkpoint import torch_to_numpy
 from .mesh import barrier
 from .safetensors_io import CheckpointFileError
@@ -48,8 +50,6 @@ from .safetensors_io import CheckpointFileError
 FORMAT = "torchlike-orbax-1"
 MANIFEST_NAME = "manifest.json"
 ARRAYS_DIR = "arrays"
-NEW_TAG = ".torchlike-new-"
-OLD_TAG = ".torchlike-old-"
 _LEAF_PREFIX = "leaf_"
 _FIX = "re-save it or restore it from a backup"
 
@@ -142,19 +142,6 @@ class _Encoder:
 # ----------------------------------------------------------------------------- files and directories
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # some filesystems cannot open directories; the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_json_atomically(path: Path, data: dict) -> None:
     partial = path.with_name(path.name + ".partial")
     with open(partial, "w") as file:
@@ -162,7 +149,7 @@ def _write_json_atomically(path: Path, data: dict) -> None:
         file.flush()
         os.fsync(file.fileno())
     os.replace(partial, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _read_manifest(directory: Path) -> dict:
@@ -209,20 +196,6 @@ def _complete_manifest(directory: Path) -> dict | None:
         return _read_manifest(directory)
     except (FileNotFoundError, CheckpointCorruptedError):
         return None
-
-
-def _siblings(path: Path) -> list[tuple[str, Path]]:
-    """Leftovers of saves to ``path``: ("new" | "old", directory), in name order."""
-    found = []
-    try:
-        children = sorted(path.parent.iterdir())
-    except FileNotFoundError:
-        return []
-    for child in children:
-        for kind, tag in (("new", NEW_TAG), ("old", OLD_TAG)):
-            if child.name.startswith(path.name + tag):
-                found.append((kind, child))
-    return found
 
 
 def _discard(directory: Path, stage: str | None = None) -> None:
@@ -318,7 +291,7 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
                         f"values): {error}") from None
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(path.name + NEW_TAG + token)
+    staging = sibling(path, NEW_TAG, token)
     if _is_primary():
         staging.mkdir()
     _barrier(f"{token}:staging")
@@ -348,22 +321,11 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
 def _swap_into_place(staging: Path, path: Path, token: str) -> None:
     """Moves the complete ``staging`` directory to ``path``; an old checkpoint there is kept beside it
     until the new one is in place."""
-    backup = None
-    if os.path.lexists(path):
-        backup = path.with_name(path.name + OLD_TAG + token)
-        try:
-            os.rename(path, backup)
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)  # the old checkpoint is untouched
-            raise
-        _stage("old-moved")
-    os.rename(staging, path)
-    _fsync_dir(path.parent)
-    _stage("swapped")
+    backup = swap_into_place(staging, path, token, _stage)
     if backup is not None:
         _discard(backup, stage="backup-unmarked")
     # Leftovers of earlier interrupted saves are older than what was just written.
-    for _, leftover in _siblings(path):
+    for _, leftover in siblings(path):
         _discard(leftover)
     _stage("done")
 
@@ -372,12 +334,12 @@ def _swap_into_place(staging: Path, path: Path, token: str) -> None:
 
 
 def _describe_siblings(path: Path) -> str:
-    siblings = _siblings(path)
-    if not siblings:
+    leftovers = siblings(path)
+    if not leftovers:
         return ""
     described = ", ".join(
         f"{directory.name} ({'complete' if _complete_manifest(directory) else 'incomplete'})"
-        for _, directory in siblings
+        for _, directory in leftovers
     )
     return f" Leftovers of interrupted saves sit beside it: {described}."
 
@@ -395,13 +357,13 @@ def _resolve(path: Path) -> tuple[Path, dict]:
     if manifest is not None:
         _check_array_data(path, manifest)
         # The swap of this save finished; only the deletion of its backup may be missing.
-        backup = path.with_name(path.name + OLD_TAG + str(manifest.get("token")))
+        backup = sibling(path, OLD_TAG, str(manifest.get("token")))
         if backup.is_dir():
             _discard(backup)
         return path, manifest
 
     candidates = []
-    for kind, directory in _siblings(path):
+    for kind, directory in siblings(path):
         sibling_manifest = _complete_manifest(directory)
         if sibling_manifest is not None:
             # A finished new checkpoint beats a backup; among equals, the newest wins.
@@ -431,7 +393,7 @@ def _resolve(path: Path) -> tuple[Path, dict]:
     _, _, directory, sibling_manifest = candidates[0]
     try:
         os.rename(directory, path)  # finish the interrupted swap
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError:
         # Read-only filesystem, or another reader finished the swap first.
         winner = _complete_manifest(path)

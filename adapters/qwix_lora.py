@@ -189,37 +189,76 @@ def adaptable_modules(family: Family, module: nnx.Module) -> list[LoraTarget]:
     return list(found.values())
 
 
+def default_target_modules(family: Family) -> list[str]:
+    """The HF module names PEFT adapts when ``target_modules`` is ``None`` (its per-``model_type`` table).
+
+    Raises:
+        ValueError: the family has no default, naming the family and the valid names.
+    """
+    if not family.default_lora_targets:
+        raise ValueError(f"the {family.name} family has no default LoRA target_modules; set "
+                         f"LoraConfig(target_modules=...) (or --lora_target_modules) to e.g. "
+                         f"{sorted(family.lora_targets)} or 'all-linear'.")
+    return list(family.default_lora_targets)
+
+
+def _names(hf_module: str, target_modules: list[str] | str) -> bool:
+    """Whether PEFT's ``target_modules`` names ``hf_module``: a listed name equals it or is its last
+    dotted part(s); a string is a regex matched against the full name."""
+    if isinstance(target_modules, str):
+        return target_modules == "all-linear" or re.fullmatch(target_modules, hf_module) is not None
+    return any(hf_module == name or hf_module.endswith("." + name) for name in target_modules)
+
+
 def select_targets(family: Family, module: nnx.Module, target_modules) -> list[LoraTarget]:
     """The modules PEFT would adapt for ``target_modules``.
 
     Args:
         target_modules: a list of HF module names (a module matches when its name equals an
             entry or ends with ``"." + entry``), a regex string (``re.fullmatch`` on the full HF
-            module name), or ``"all-linear"`` (every linear layer except the LM head).
+            module name), ``"all-linear"`` (every linear layer except the LM head), or ``None``
+            (the family's :func:`default_target_modules`).
 
     Raises:
         ValueError: nothing matched, naming the valid module names.
     """
+    if target_modules is None:
+        target_modules = default_target_modules(family)
     candidates = adaptable_modules(family, module)
     known = sorted(family.lora_targets)
-    if target_modules is None:
-        raise ValueError(f"LoraConfig.target_modules is required for the {family.name} family; use e.g. "
-                         f"{known} or 'all-linear'.")
-    if isinstance(target_modules, str):
-        if target_modules == "all-linear":
-            return candidates
-        pattern = re.compile(target_modules)
-        chosen = [t for t in candidates if any(pattern.fullmatch(name) for name in t.hf_modules)]
-    else:
-        names = list(target_modules)
-        unknown = [n for n in names if not any(m == n or m.endswith("." + n) for t in candidates for m in t.hf_modules)]
+    if not isinstance(target_modules, str):
+        unknown = [n for n in target_modules if not any(_names(m, [n]) for t in candidates for m in t.hf_modules)]
         if unknown:
             raise ValueError(f"target_modules {unknown} match no module of this {family.name} model; valid names: "
                              f"{known} (or full names like 'model.layers.0.self_attn.q_proj', a regex, 'all-linear').")
-        chosen = [t for t in candidates if any(m == n or m.endswith("." + n) for n in names for m in t.hf_modules)]
+    chosen = [t for t in candidates if any(_names(m, target_modules) for m in t.hf_modules)]
     if not chosen:
         raise ValueError(f"target_modules={target_modules!r} matches no module; valid names: {known}.")
     return chosen
+
+
+def unnamed_fused_modules(targets: list[LoraTarget], target_modules: list[str] | str) -> list[str]:
+    """The HF modules that ``targets`` adapt although ``target_modules`` does not name them: partners the
+    Tunix model fuses with a named module into one (Gemma 3's ``k_proj``/``v_proj`` share ``kv_einsum``),
+    so one LoRA pair serves both.
+
+    Returns:
+        Sorted names. For a list, each is spelled like the entry that named its partner (``"k_proj"``
+        beside ``"v_proj"``, a full name beside a full name), so adding them names exactly these
+        modules; for a regex, full module names.
+    """
+    found = set()
+    for target in targets:
+        named = [m for m in target.hf_modules if _names(m, target_modules)]
+        for module in target.hf_modules:
+            if module in named:
+                continue
+            if isinstance(target_modules, str):
+                found.add(module)
+                continue
+            entry = next(n for n in target_modules if _names(named[0], [n]))
+            found.add(".".join(module.split(".")[-len(entry.split(".")):]))
+    return sorted(found)
 
 
 def apply_lora(
@@ -303,6 +342,9 @@ _PEFT_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<facto
 def load_peft_state(family: Family, module: nnx.Module, tensors: dict[str, np.ndarray], source: str) -> list[str]:
     """Sets the LoRA factors from PEFT-layout tensors; returns the PEFT keys that matched no module.
 
+    A module stacked in Tunix (Gemma's ``kv_einsum``) may get factors for only some of its parts
+    (PEFT's default targets ``v_proj`` but not ``k_proj``): the other parts' ``B`` stays zero.
+
     Raises:
         ValueError: a factor's shape disagrees (names the key, both shapes, the likely cause), or
             a module stacked in Tunix (Gemma's ``kv_einsum``) got different ``lora_A`` for its parts.
@@ -320,8 +362,11 @@ def load_peft_state(family: Family, module: nnx.Module, tensors: dict[str, np.nd
         child = targets[module_path]
         new_a, new_b = np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)
         seen_a = None
-        for hf_name, rule in family.nnx_to_hf(f"{module_path}.{weight}"):
-            factors = by_module.pop(hf_name.removesuffix(".weight"), None)
+        parts = [(rule, by_module.pop(hf_name.removesuffix(".weight"), None), hf_name)
+                 for hf_name, rule in family.nnx_to_hf(f"{module_path}.{weight}")]
+        for rule, factors, hf_name in parts:
+            if factors is None and rule.stack and any(other for _, other, _ in parts):
+                continue  # a fused partner the adapter does not adapt: its part of B stays zero
             if factors is None or set(factors) != {"A", "B"}:
                 raise ValueError(f"{source}: no lora_A/lora_B pair for {hf_name.removesuffix('.weight')}; the adapter "
                                  "was trained with other target_modules.")

@@ -27,16 +27,38 @@ from .tracing import traced_cheaply
 logger = logging.getLogger(__name__)
 
 
-def enable_rematerialisation(module: nnx.Module) -> int:
-    """Turns on per-decoder-layer rematerialisation (``gradient_checkpointing``); returns the layers changed."""
-    changed = 0
+@contextlib.contextmanager
+def rematerialised(module: nnx.Module):
+    """Rematerialises each decoder layer of a Tunix ``module`` (``gradient_checkpointing``) inside the block.
+
+    Meant to be entered while a train step is traced, so rematerialisation applies only where gradients are taken:
+    the sampler, log-prob and eval passes run the same module without it (``nnx.remat`` inside the sampler's
+    ``while_loop`` fails, and costs recomputation where nothing is differentiated). Decoder layers whose config has
+    a ``remat_config`` get ``DECODER``; modules that hold a ``remat_config`` of their own (Gemma's attention
+    blocks) get ``BLOCK``. The previous settings are restored on exit, so the module's structure is unchanged.
+
+    Raises:
+        ValueError: the module has no layer Tunix can rematerialise.
+    """
+    restore: list[Callable[[], None]] = []
     for _, child in nnx.iter_modules(module):
         config = getattr(child, "config", None)
         remat = getattr(config, "remat_config", None)
         if remat is not None and hasattr(type(remat), "DECODER") and type(child).__name__ == "DecoderLayer":
             child.config = dataclasses.replace(config, remat_config=type(remat).DECODER)
-            changed += 1
-    return changed
+            restore.append(lambda child=child, config=config: setattr(child, "config", config))
+        own = getattr(child, "remat_config", None)
+        if own is not None and hasattr(type(own), "BLOCK"):
+            child.remat_config = type(own).BLOCK
+            restore.append(lambda child=child, own=own: setattr(child, "remat_config", own))
+    if not restore:
+        raise ValueError(f"gradient_checkpointing=True but {type(module).__name__} has no layer that Tunix can "
+                         "rematerialise; set gradient_checkpointing=False for this model.")
+    try:
+        yield
+    finally:
+        for undo in reversed(restore):
+            undo()
 
 
 def causal_lm_loss(family: Family) -> Callable:
@@ -82,34 +104,44 @@ def mean_loss(loss_fn: Callable) -> Callable:
     return loss
 
 
-def label_count(shift: bool) -> Callable:
+def label_count(shift: bool, label_name: str = "labels") -> Callable:
     """``count(batch) -> labels != -100`` over ``labels[..., 1:]`` when ``shift`` (causal LMs, as transformers
-    counts ``num_items_in_batch``), or over all labels; a ``shift_labels`` column is used as is."""
+    counts ``num_items_in_batch``), or over all labels; a ``shift_labels`` column is used as is. ``label_name`` is
+    the batch key of the labels (``TrainingArguments.label_names[0]``)."""
 
     def count(batch):
         if "shift_labels" in batch:
             labels = batch["shift_labels"]
         else:
-            labels = batch["labels"][..., 1:] if shift else batch["labels"]
+            labels = batch[label_name][..., 1:] if shift else batch[label_name]
         return (labels != -100).sum().astype(jnp.float32)
 
     return count
 
 
-def transformers_loss(compute_loss_func: Callable, call_model: Callable, count: Callable) -> Callable:
+def transformers_loss(compute_loss_func: Callable, call_model: Callable, count: Callable,
+                      label_names: tuple[str, ...] = ("labels",)) -> Callable:
     """A transformers ``compute_loss_func(outputs, labels, num_items_in_batch)`` as a step loss.
 
-    ``outputs = call_model(module, inputs)`` where ``inputs`` is the batch without ``labels``/``shift_labels``;
-    the function receives the item count of the whole accumulated step, so (as in transformers) its value is
-    already normalised and the micro-batch values add up: each is returned scaled back by that count, with its
-    own count as weight.
+    ``outputs = call_model(module, inputs)`` where ``inputs`` is the batch without its label columns
+    (``label_names``) and ``shift_labels``; ``labels`` is the one label column, or a tuple of them in
+    ``label_names`` order. The function receives the item count of the whole accumulated step, so (as in
+    transformers) its value is already normalised and the micro-batch values add up: each is returned scaled back
+    by that count, with its own count as weight.
     """
 
     def loss(module, batch, num_items_in_batch=None):
-        inputs = {key: value for key, value in batch.items() if key not in ("labels", "shift_labels")}
+        missing = [name for name in label_names if name not in batch]
+        if missing:
+            raise KeyError(f"compute_loss_func needs the label column(s) {missing} (args.label_names="
+                           f"{list(label_names)}) but the batch has {sorted(batch)}; set label_names to the "
+                           "columns that hold the labels.")
+        inputs = {key: value for key, value in batch.items() if key not in (*label_names, "shift_labels")}
+        labels = tuple(batch[name] for name in label_names)
         items = count(batch)
         total = items if num_items_in_batch is None else num_items_in_batch
-        value = compute_loss_func(call_model(module, inputs), batch["labels"], num_items_in_batch=total)
+        value = compute_loss_func(call_model(module, inputs), labels[0] if len(labels) == 1 else labels,
+                                  num_items_in_batch=total)
         return value * total, items, {}
 
     return loss
@@ -141,6 +173,7 @@ def make_train_step(
     seed: int = 0,
     count_items: Callable | None = None,
     merged_lora_scale: float | None = None,
+    rematerialise: bool = False,
 ) -> Callable:
     """A jitted ``step(module, optimizer, micro_batches, step_index) -> metrics``.
 
@@ -159,6 +192,8 @@ def make_train_step(
         merged_lora_scale: run adapted layers as one matmul on ``W + scale * A @ B`` with the factors'
             gradients from thin products (:func:`qwix_lora.lora_linear`) instead of Qwix's three
             matmuls; the caller checks :func:`qwix_lora.mergeable` and that LoRA dropout is off.
+        rematerialise: recompute each decoder layer's activations in the backward pass
+            (``gradient_checkpointing``; :func:`rematerialised`), in this step only.
 
     The returned step takes ``micro_batches`` with a leading accumulation axis ``[A, B, T]`` and
     sums the gradients of the values over the ``A`` micro-batches before dividing by the total
@@ -175,7 +210,7 @@ def make_train_step(
             context = qwix_lora.merged_lora(merged_lora_scale)
         else:
             context = qwix_lora.lora_mode(qwix_lora.TRAIN) if lora else contextlib.nullcontext()
-        with context:
+        with rematerialised(module) if rematerialise else contextlib.nullcontext(), context:
             value, weight, aux = loss(module, batch, num_items)
         return value, (weight, aux)
 

@@ -44,6 +44,26 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path):
         torchlike.AutoModelForCausalLM.from_pretrained(tmp_path)
 
 
+def test_mamba_checkpoint_names_its_architecture_and_the_file(tmp_path):
+    config = transformers.MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1)
+    transformers.MambaForCausalLM(config).save_pretrained(tmp_path)
+    expected = (rf"{tmp_path}/config\.json: architecture \['MambaForCausalLM'\] \(model_type='mamba'\) is not "
+                r"supported\. Supported architectures: Qwen2ForCausalLM, .*Gemma3ForCausalLM")
+    with pytest.raises(UnknownArchitectureError, match=expected):
+        torchlike.AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_another_architectures_config_with_fields_its_class_refuses_still_names_the_architecture(checkpoint_copy):
+    # A Qwen2 config.json relabelled as Mamba keeps its layer_types, which MambaConfig cannot set.
+    config = json.loads((checkpoint_copy / "config.json").read_text())
+    assert "layer_types" in config
+    config.update(model_type="mamba", architectures=["MambaForCausalLM"])
+    (checkpoint_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnknownArchitectureError, match=r"config\.json: architecture \['MambaForCausalLM'\] "
+                                                       r"\(model_type='mamba'\) is not supported\. Supported"):
+        torchlike.AutoModelForCausalLM.from_pretrained(checkpoint_copy)
+
+
 def test_unknown_model_type_lists_the_supported_ones(checkpoint_copy):
     config = json.loads((checkpoint_copy / "config.json").read_text())
     config.update(model_type="my_custom_lm", architectures=["MyCustomLM"])

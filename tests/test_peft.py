@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -10,10 +11,13 @@ import peft
 import pytest
 import transformers
 from flax import nnx
+from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+from safetensors import safe_open
 
 import torchlike
 from tests import tiny
 from torchlike.adapters import qwix_lora, tunix_model
+from torchlike.adapters.families import all_families
 from torchlike.peft import LoraConfig, PeftModel, get_peft_model
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -149,6 +153,68 @@ def test_target_modules_accept_names_regex_and_all_linear(qwen2_path, targets, e
     assert adapted == expected
     if isinstance(targets, str) and targets.startswith("model"):
         assert all(name.startswith("layers.1.") for name, _ in model.named_parameters() if "_lora_" in name)
+
+
+def _peft_default_adapter(path, tmp_path):
+    """``peft.get_peft_model`` with ``target_modules`` left to PEFT's per-architecture default, saved."""
+    reference = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(path, dtype="float32"),
+                                    peft.LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False))
+    reference.save_pretrained(tmp_path / "peft")
+    return reference.eval(), tmp_path / "peft"
+
+
+def _adapter_keys(directory) -> set[str]:
+    with safe_open(directory / "adapter_model.safetensors", "np") as handle:
+        return set(handle.keys())
+
+
+@pytest.mark.parametrize("case", ["qwen2", "qwen3", "llama3"])
+def test_target_modules_default_to_the_modules_peft_adapts(case, tiny_checkpoints, tmp_path):
+    path = tiny_checkpoints.path(case)
+    _, peft_dir = _peft_default_adapter(path, tmp_path)
+    config = LoraConfig(r=4, task_type="CAUSAL_LM")
+    model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(path), config)
+    model.save_pretrained(tmp_path / "ours")
+    assert config.target_modules == ["q_proj", "v_proj"]
+    assert _adapter_keys(tmp_path / "ours") == _adapter_keys(peft_dir)
+    ours = json.loads((tmp_path / "ours" / "adapter_config.json").read_text())["target_modules"]
+    theirs = json.loads((peft_dir / "adapter_config.json").read_text())["target_modules"]
+    assert sorted(ours) == sorted(theirs)
+
+
+def test_gemma3_default_targets_also_adapt_k_proj_fused_with_v_proj(tiny_checkpoints, tmp_path):
+    path = tiny_checkpoints.path("gemma3")
+    _, peft_dir = _peft_default_adapter(path, tmp_path)
+    with pytest.warns(UserWarning, match=r"gemma3: adapting \['k_proj'\] too.*one LoRA pair serves both"):
+        model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(path), LoraConfig(r=4))
+    model.save_pretrained(tmp_path / "ours")
+    k_proj = {f"base_model.model.model.layers.{layer}.self_attn.k_proj.lora_{factor}.weight"
+              for layer in range(2) for factor in "AB"}
+    assert _adapter_keys(tmp_path / "ours") == _adapter_keys(peft_dir) | k_proj
+    saved = json.loads((tmp_path / "ours" / "adapter_config.json").read_text())
+    assert saved["target_modules"] == ["k_proj", "q_proj", "v_proj"]
+
+
+def test_a_real_peft_gemma3_adapter_with_default_targets_loads_with_the_same_logits(tiny_checkpoints, tmp_path):
+    path = tiny_checkpoints.path("gemma3")
+    reference, peft_dir = _peft_default_adapter(path, tmp_path)
+    with pytest.warns(UserWarning, match="adapting \\['k_proj'\\] too"):
+        model = PeftModel.from_pretrained(torchlike.AutoModelForCausalLM.from_pretrained(path), peft_dir)
+    ids, mask, positions = tiny.padded_batch()
+    assert valid_max_diff(model(ids, mask).logits, tiny.hf_logits(reference, ids, mask, positions), mask) <= 1e-4
+
+
+def test_every_family_default_target_modules_is_peft_default_for_its_model_type():
+    for family in all_families():
+        for model_type in family.model_types:
+            assert list(family.default_lora_targets) == PEFT_DEFAULTS[model_type], (family.name, model_type)
+
+
+def test_a_family_without_default_targets_asks_for_target_modules():
+    family = dataclasses.replace(all_families()[0], default_lora_targets=())
+    with pytest.raises(ValueError, match=r"the qwen2 family has no default LoRA target_modules; set "
+                                         r"LoraConfig\(target_modules=\.\.\.\).*'all-linear'"):
+        qwix_lora.default_target_modules(family)
 
 
 def test_unknown_target_module_names_list_the_valid_ones(qwen2_path):

@@ -12,7 +12,7 @@ import trl
 from tests.test_training_config import POST_INIT_DIFFERENCES, TORCHLIKE_FIELDS, _plain, _quiet, _raw_default
 from torchlike.adapters import rl_math
 from torchlike.trl import DPOConfig, GRPOConfig, SFTConfig, dpo_config, grpo_config
-from torchlike.trl.fields import FIELD_SUPPORT, check_unsupported, field_table
+from torchlike.trl.fields import FIELD_SUPPORT, SFT_FIELD_SUPPORT, check_unsupported, field_table
 from torchlike.trl.rl_fields import DPO_FIELD_SUPPORT, GRPO_FIELD_SUPPORT
 
 # GRPO's max_prompt_length: removed from TRL in 0.28, still accepted by torchlike (with a FutureWarning).
@@ -102,7 +102,8 @@ def test_the_fields_the_issue_requires_are_honoured():
 def test_rl_rows_override_sft_rows_only_for_their_configs():
     assert field_table(GRPOConfig)["loss_type"] is GRPO_FIELD_SUPPORT["loss_type"]
     assert field_table(DPOConfig)["loss_type"] is DPO_FIELD_SUPPORT["loss_type"]
-    assert field_table(SFTConfig) == FIELD_SUPPORT
+    assert field_table(SFTConfig) == {**FIELD_SUPPORT, **SFT_FIELD_SUPPORT}
+    assert field_table(GRPOConfig)["remove_unused_columns"] is GRPO_FIELD_SUPPORT["remove_unused_columns"]
 
 
 # --- ignored fields warn, refused fields raise, defaults are silent -----------------------------------------------
@@ -150,6 +151,8 @@ NON_DEFAULT = {
     "transformers_continuous_batching_config": {"transformers_continuous_batching_config": {"max_batch_tokens": 8}},
     "use_transformers_paged": {"use_transformers_paged": True},
     "padding_free": {"padding_free": True},
+    "data_seed": {"data_seed": 3},
+    "remove_unused_columns": {"remove_unused_columns": False},
     "precompute_ref_log_probs": {"precompute_ref_log_probs": True},
     "precompute_ref_batch_size": {"precompute_ref_batch_size": 16},
     "use_weighting": {"use_weighting": True},

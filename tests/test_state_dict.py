@@ -153,8 +153,40 @@ def test_key_map_renames_checkpoint_keys(base, zeros):
 def test_key_map_that_maps_two_keys_to_one_is_refused(base):
     state = {"layers.0.input_layernorm.w": np.ones(64, np.float32),
              "layers.0.post_attention_layernorm.w": np.ones(64, np.float32)}
-    with pytest.raises(ValueError, match="both map to 'layers.0.input_layernorm.w' after key_map"):
+    expected = (r"checkpoint keys 'layers\.0\.input_layernorm\.w' \(as is\) and "
+                r"'layers\.0\.post_attention_layernorm\.w' \(key_map\) both map to 'layers\.0\.input_layernorm\.w'.*"
+                r"Drop one of them from the state dict, or change key_map")
+    with pytest.raises(ValueError, match=expected):
         base.load_state_dict(state, strict=False, key_map={"post_attention": "input"})
+
+
+def test_key_map_onto_the_hf_name_of_a_loaded_parameter_is_refused(base):
+    before = np.asarray(base.state_dict()["layers.0.attn.q_proj.w"])
+    state = {"model.layers.0.self_attn.q_proj.weight": np.ones((64, 64), np.float32),
+             "layers.0.attn.query.weight": np.zeros((64, 64), np.float32)}
+    expected = (r"'model\.layers\.0\.self_attn\.q_proj\.weight' \(HF name translated\) and "
+                r"'layers\.0\.attn\.query\.weight' \(key_map then HF name translated\) both map to "
+                r"'layers\.0\.attn\.q_proj\.w'")
+    with pytest.raises(ValueError, match=expected):
+        base.load_state_dict(state, strict=False,
+                             key_map={r"^layers\.0\.attn\.query": "model.layers.0.self_attn.q_proj"})
+    np.testing.assert_array_equal(np.asarray(base.state_dict()["layers.0.attn.q_proj.w"]), before)
+
+
+def test_a_prefixed_and_an_hf_named_copy_of_one_parameter_are_refused(base):
+    state = {"model.layers.0.attn.q_proj.w": np.ones((64, 4, 16), np.float32),
+             "model.layers.0.self_attn.q_proj.weight": np.ones((64, 64), np.float32)}
+    with pytest.raises(ValueError, match=r"'model\.layers\.0\.attn\.q_proj\.w' \(prefix 'model\.' stripped\) and "
+                                         r"'model\.layers\.0\.self_attn\.q_proj\.weight' \(HF name translated\) "
+                                         r"both map to 'layers\.0\.attn\.q_proj\.w'"):
+        base.load_state_dict(state, strict=False)
+
+
+def test_two_copies_of_a_lora_factor_the_model_lacks_are_refused(base):
+    factor = np.zeros((64, 4), np.float32)
+    state = {"layers.0.attn.q_proj.w_lora_a": factor, "base_model.model.layers.0.attn.q_proj.w_lora_a": factor}
+    with pytest.raises(ValueError, match=r"both map to 'layers\.0\.attn\.q_proj\.w_lora_a'"):
+        base.load_state_dict(state, strict=False)
 
 
 def test_shape_mismatch_raises_even_when_not_strict_and_names_the_lora_rank(base, tmp_path):

@@ -146,7 +146,22 @@ def test_a_collator_returning_the_wrong_row_count_names_the_data_parallel_size(t
         trainer.train()
 
 
-def test_nan_losses_are_filtered_from_the_logged_mean_as_transformers_does(tmp_path):
+def transformers_logged_losses(step_losses: list[float], logging_steps: int, nan_filter: bool) -> list[float]:
+    """transformers' _inner_training_loop / _maybe_log_save_evaluate by hand: tr_loss sums the window's step losses; a
+    nan/inf one adds tr_loss / (1 + global_step - globalstep_last_logged) instead; each log is tr_loss / steps."""
+    logs, tr_loss, last_logged = [], 0.0, 0
+    for global_step, loss in enumerate(step_losses):  # global_step: steps done before this one
+        if nan_filter and not math.isfinite(loss):
+            tr_loss += tr_loss / (1 + global_step - last_logged)
+        else:
+            tr_loss += loss
+        if (global_step + 1) % logging_steps == 0:
+            logs.append(tr_loss / (global_step + 1 - last_logged))
+            tr_loss, last_logged = 0.0, global_step + 1
+    return logs
+
+
+def test_nan_and_inf_step_losses_are_replaced_by_transformers_window_rule(tmp_path):
     import jax.numpy as jnp
     from flax import nnx
 
@@ -154,19 +169,25 @@ def test_nan_losses_are_filtered_from_the_logged_mean_as_transformers_does(tmp_p
         def __init__(self):
             self.weight = nnx.Param(jnp.ones(()))
 
-    def loss_fn(model, batch):
-        return (model.weight * batch["x"]).mean()
+    def loss_fn(model, batch):  # the step loss is the row's x; the gradient (0) stays finite
+        return batch["x"].mean() + 0.0 * model.weight
 
-    data = [{"x": np.float32(v)} for v in (1.0, 2.0, 3.0, np.nan)]
-    results = {}
+    # Windows of 3 steps: a nan mid-window, an inf mid-window, a nan first in its window.
+    step_losses = [1.0, np.nan, 3.0, 4.0, np.inf, 6.0, np.nan, 8.0, 9.0]
+    data = [{"x": np.float32(v)} for v in step_losses]
     for nan_filter in (True, False):
-        args = arguments(tmp_path, per_device_train_batch_size=1, max_steps=4, logging_steps=4, optim="sgd",
+        args = arguments(tmp_path, per_device_train_batch_size=1, max_steps=9, logging_steps=3, optim="sgd",
                          learning_rate=0.0, train_sampling_strategy="sequential", logging_nan_inf_filter=nan_filter,
                          disable_tqdm=True)
         trainer = torchlike.Trainer(model=Scale(), args=args, train_dataset=data, loss_fn=loss_fn)
-        trainer.train()
-        results[nan_filter] = logged_losses(trainer)[0]
-    assert results[True] == pytest.approx(2.0) and math.isnan(results[False])  # (1 + 2 + 3 + mean(1, 2, 3)) / 4
+        result = trainer.train()
+        expected = transformers_logged_losses(step_losses, 3, nan_filter)
+        if nan_filter:
+            assert expected == pytest.approx([(1 + 0.5 + 3) / 3, (4 + 2 + 6) / 3, (0 + 8 + 9) / 3])
+            assert logged_losses(trainer) == pytest.approx(expected)
+            assert result.training_loss == pytest.approx(np.mean(expected))
+        else:
+            assert all(not math.isfinite(loss) for loss in logged_losses(trainer))
 
 
 def test_hub_strategy_every_save_pushes_the_model_at_each_save(tiny_checkpoints, tmp_path, monkeypatch):
@@ -180,6 +201,45 @@ def test_hub_strategy_every_save_pushes_the_model_at_each_save(tiny_checkpoints,
     trainer.train()
     assert pushes == [("me/tiny", "Training in progress, step 2", ["model.safetensors"]),
                       ("me/tiny", "Training in progress, step 4", ["model.safetensors"])]
+
+
+def test_hub_strategy_end_pushes_from_save_model_only(tiny_checkpoints, tmp_path, monkeypatch):
+    from torchlike.adapters import hf_hub
+
+    pushes = []
+    monkeypatch.setattr(hf_hub, "upload_folder", lambda folder, repo_id, commit_message, **kwargs: pushes.append(
+        (repo_id, commit_message, sorted(p.name for p in Path(folder).iterdir() if p.suffix == ".safetensors"))))
+    trainer = trainer_for(tiny_checkpoints, tmp_path, max_steps=4, save_strategy="steps", save_steps=2,
+                          push_to_hub=True, hub_model_id="me/tiny", hub_strategy="end")
+    trainer.train()
+    assert pushes == []  # no push at the checkpoint saves
+    trainer.save_model()  # as transformers: save_model pushes when push_to_hub is set
+    assert pushes == [("me/tiny", "Model save", ["model.safetensors"])]
+    trainer.push_to_hub()  # pushes once more, without a second push from its own save_model
+    assert [message for _, message, _ in pushes] == ["Model save", "End of training"]
+
+
+def test_logging_dir_receives_the_tensorboard_event_files(tiny_checkpoints, tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    trainer = trainer_for(tiny_checkpoints, tmp_path, max_steps=2, report_to="tensorboard",
+                          logging_dir=str(tmp_path / "tensorboard"))
+    trainer.train()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert not list(Path(trainer.args.output_dir).rglob("events.out.tfevents.*"))
+
+
+def test_data_seed_orders_the_data_and_seed_then_does_not(tmp_path):
+    rows = [{"x": np.float32(i)} for i in range(32)]
+
+    def order(**seeds):
+        trainer = torchlike.Trainer(model=None, args=arguments(tmp_path, **seeds), train_dataset=rows,
+                                    loss_fn=lambda model, batch: 0.0)
+        return [trainer._get_train_sampler(epoch).tolist() for epoch in (0, 1)]
+
+    assert order(seed=1, data_seed=7) == order(seed=2, data_seed=7)
+    assert order(seed=1, data_seed=7) != order(seed=1, data_seed=8)
+    assert order(seed=1, data_seed=0) == order(seed=2, data_seed=0)  # 0 is a seed, not "unset"
+    assert order(seed=1) != order(seed=2)  # without data_seed, seed orders the data
 
 
 def test_completion_only_loss_equals_the_hand_computed_masked_nll(tiny_checkpoints, tokenizer_dir, tmp_path):

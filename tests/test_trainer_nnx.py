@@ -111,3 +111,45 @@ def test_a_plain_module_without_a_loss_is_refused_with_both_conventions(tmp_path
                                 train_dataset=[{"inputs": counting_sequences(1, 0)[0]}])
     with pytest.raises(ValueError, match="loss_fn=.*compute_loss_func="):
         trainer.train()
+
+
+def test_label_names_name_the_label_column_given_to_compute_loss_func(tmp_path):
+    rows = padded_label_rows(16, seed=2)
+    renamed = [{"inputs": row["inputs"], "targets": row["labels"]} for row in rows]
+    runs = []
+    for data, label_names in ((rows, None), (renamed, ["targets"])):
+        args = arguments(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=2,
+                         optim="sgd", learning_rate=0.1, train_sampling_strategy="sequential", label_names=label_names)
+        trainer = torchlike.Trainer(model=MiniGPT(seed=3), args=args, train_dataset=data,
+                                    compute_loss_func=causal_lm_loss)
+        trainer.train()
+        runs.append(logged_losses(trainer))
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
+
+
+def test_remove_unused_columns_gives_the_collator_only_what_the_model_and_loss_read(tmp_path):
+    rows = [{**row, "source": "counting", "length": np.int32(LENGTH)} for row in padded_label_rows(8, seed=4)]
+    seen = {}
+    for remove in (True, False):
+        def collate(examples, remove=remove):
+            seen[remove] = sorted(examples[0])
+            return {key: np.stack([example[key] for example in examples]) for key in ("inputs", "labels")}
+
+        args = arguments(tmp_path, max_steps=1, remove_unused_columns=remove)
+        trainer = torchlike.Trainer(model=MiniGPT(), args=args, train_dataset=rows, data_collator=collate,
+                                    compute_loss_func=causal_lm_loss)
+        trainer.train()
+    # MiniGPT.__call__(inputs) plus the label column, as transformers keeps the forward's arguments and label_names.
+    assert seen == {True: ["inputs", "labels"], False: ["inputs", "labels", "length", "source"]}
+
+
+def test_a_jax_native_loss_fn_gets_every_column(tmp_path):
+    def loss_fn(model, batch):
+        logits = model(batch["tokens"])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], batch["tokens"][:, 1:]).mean()
+        return loss * batch["weight"].mean()
+
+    data = [{"tokens": row, "weight": np.float32(1.0)} for row in counting_sequences(8, seed=0)]
+    trainer = torchlike.Trainer(model=MiniGPT(), args=arguments(tmp_path, max_steps=1), train_dataset=data,
+                                loss_fn=loss_fn)
+    assert trainer.train().global_step == 1

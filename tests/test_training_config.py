@@ -12,7 +12,7 @@ import trl
 import torchlike.training_args as training_args
 from torchlike.training_args import TrainingArguments
 from torchlike.trl import SFTConfig
-from torchlike.trl.fields import FIELD_SUPPORT, check_unsupported, fields_with_status
+from torchlike.trl.fields import FIELD_SUPPORT, SFT_FIELD_SUPPORT, check_unsupported, fields_with_status
 
 TORCHLIKE_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches",
                     "lora_step"}
@@ -214,6 +214,14 @@ def test_the_example_message_and_all_refusals_at_once():
         "background prefetch thread (see prefetch_batches)."]
     with pytest.raises(ValueError, match=r"(?s)2 argument\(s\).*neftune_noise_alpha=5\.0.*packing=True.*packing=False"):
         _applied(neftune_noise_alpha=5.0, packing=True)
+
+
+def test_sft_config_lays_its_own_remove_unused_columns_row_over_the_table():
+    messages = _applied(remove_unused_columns=False)
+    assert len(messages) == 1 and SFT_FIELD_SUPPORT["remove_unused_columns"].reason in messages[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_unsupported(TrainingArguments(remove_unused_columns=False))  # honoured by the base Trainer
 
 
 def test_empty_containers_count_as_the_default():

@@ -95,29 +95,48 @@ def test_porting_trl_script_changes_only_its_trl_import_lines(name, expected_cha
         assert old.lstrip().startswith("from trl") and new == old.replace("from trl", "from torchlike.trl", 1)
 
 
+def script_arguments(name: str, model_dir: Path, tmp_path: Path) -> list[str]:
+    """A tiny ``sft``/``grpo`` run's command line: dataset written under ``tmp_path``, output in ``tmp_path/out``."""
+    if name == "sft":
+        dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", prompt_completion_rows()).parent
+        specific = ["--per_device_train_batch_size", "2", "--max_length", "32"]
+    else:
+        rows = [{"prompt": " ".join(WORDS[i:i + 3])} for i in range(8)]
+        dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", rows).parent
+        specific = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8",
+                    "--reward_funcs", "tests.script_rewards.completion_length_reward", "think_format_reward"]
+    return ["--model_name_or_path", str(model_dir), "--dataset_name", str(dataset_dir),
+            "--output_dir", str(tmp_path / "out"), *specific, *TINY_RUN]
+
+
 def test_trl_sft_script_trains_and_saves_from_its_command_line(script_model, tmp_path, monkeypatch, capsys):
     script, _ = port_trl_script("sft", tmp_path)
-    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", prompt_completion_rows()).parent
-    output_dir = tmp_path / "out"
-    run_script(script, ["--model_name_or_path", str(script_model), "--dataset_name", str(dataset_dir),
-                        "--output_dir", str(output_dir), "--per_device_train_batch_size", "2",
-                        "--max_length", "32", *TINY_RUN], monkeypatch)
+    run_script(script, script_arguments("sft", script_model, tmp_path), monkeypatch)
     assert "Training completed" in capsys.readouterr().out
-    assert_hf_loadable(output_dir)
+    assert_hf_loadable(tmp_path / "out")
 
 
 def test_trl_grpo_script_trains_with_registry_and_dotted_path_rewards(script_model, tmp_path, monkeypatch, capsys):
     script, _ = port_trl_script("grpo", tmp_path)
-    rows = [{"prompt": " ".join(WORDS[i:i + 3])} for i in range(8)]
-    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", rows).parent
-    output_dir = tmp_path / "out"
-    run_script(script, ["--model_name_or_path", str(script_model), "--dataset_name", str(dataset_dir),
-                        "--output_dir", str(output_dir), "--per_device_train_batch_size", "4",
-                        "--num_generations", "2", "--max_completion_length", "8",
-                        "--reward_funcs", "tests.script_rewards.completion_length_reward", "think_format_reward",
-                        *TINY_RUN], monkeypatch)
+    run_script(script, script_arguments("grpo", script_model, tmp_path), monkeypatch)
     assert "Training completed" in capsys.readouterr().out
-    assert_hf_loadable(output_dir)
+    assert_hf_loadable(tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", ["sft", "grpo"])
+def test_trl_script_use_peft_without_target_modules_adapts_peft_defaults(name, script_model, tmp_path, monkeypatch,
+                                                                         capsys):
+    import peft
+
+    script, _ = port_trl_script(name, tmp_path)
+    run_script(script, [*script_arguments(name, script_model, tmp_path), "--use_peft", "--lora_r", "8"], monkeypatch)
+    assert "Training completed" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert (sorted(saved["target_modules"]), saved["r"]) == (["q_proj", "v_proj"], 8)
+    base = transformers.AutoModelForCausalLM.from_pretrained(script_model)
+    adapted = peft.PeftModel.from_pretrained(base, tmp_path / "out")
+    lora_modules = {param.split(".")[-4] for param, _ in adapted.named_parameters() if "lora_" in param}
+    assert lora_modules == {"q_proj", "v_proj"}
 
 
 def test_trl_dpo_script_trains_from_a_yaml_config(script_model, tmp_path, monkeypatch, capsys):

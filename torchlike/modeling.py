@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -265,6 +266,8 @@ class CausalLM:
         Raises:
             RuntimeError: a shape mismatch (even with ``strict=False``, as torch), or with ``strict=True``
                 missing/unexpected keys.
+            ValueError: two checkpoint keys load into the same parameter (after ``key_map``, prefix
+                stripping or HF-name translation), naming both keys and the parameter.
         """
         from .state_dict import load_state_dict
 
@@ -314,8 +317,11 @@ class CausalLM:
         one ``model.safetensors`` when it fits in ``max_shard_size``, otherwise
         ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``; every file
         carries ``{"format": "pt"}`` metadata. Shards are written one at a time (one tensor on
-        the host at a time) into a staging folder and moved into place at the end, so a crash
-        never leaves a directory that looks complete.
+        the host at a time) into a staging folder beside ``save_directory``, tokenizer files
+        included, which then replaces ``save_directory`` by renames: a crash at any moment leaves
+        the complete old checkpoint or the complete new one there (the next ``from_pretrained``
+        or ``save_pretrained`` finishes a swap the crash interrupted). Other files in
+        ``save_directory`` (a README, logs) are kept; weight files of an earlier save are removed.
 
         Args:
             save_directory: output directory (created if missing; must not be a file).
@@ -470,6 +476,7 @@ class AutoModelForCausalLM:
             model = _from_transformers_model(pretrained_model_name_or_path, dtype, mesh)
             model.quantization = _announce_quantization(quantization)
             return model
+        hf_checkpoint.finish_interrupted_save(pretrained_model_name_or_path)
         model_dir = hf_hub.resolve_model_dir(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
                                              token=token, local_files_only=local_files_only)
         config = _read_config(model_dir, kwargs)
@@ -600,6 +607,10 @@ def _read_config(model_dir: Path, overrides: dict):
         raw = json.loads(config_path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{config_path} is not valid JSON ({error}); fix or re-download it.") from None
+    # Decide on the raw JSON: building another architecture's transformers config can fail first, on
+    # fields its class does not accept (a Qwen-style layer_types on MambaConfig).
+    family_for_config(SimpleNamespace(architectures=raw.get("architectures"), model_type=raw.get("model_type")),
+                      source=str(config_path))
     if raw.get("model_type") not in CONFIG_MAPPING:
         raise UnknownArchitectureError(
             f"{config_path}: model_type {raw.get('model_type')!r} (architectures {raw.get('architectures')}) is not "

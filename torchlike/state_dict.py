@@ -94,6 +94,16 @@ def _apply_key_map(name: str, key_map: Mapping[str, str] | None) -> str:
     return name
 
 
+def _route(original_name: str, renamed: str, matched: str, translated: bool = False) -> str:
+    """How a checkpoint key reached the model: ``key_map``, a stripped prefix, the family's HF-name table, or as is."""
+    steps = ["key_map"] if renamed != original_name else []
+    if matched != renamed:
+        steps.append(f"prefix {renamed[:len(renamed) - len(matched)]!r} stripped")
+    if translated:
+        steps.append("HF name translated")
+    return " then ".join(steps) or "as is"
+
+
 def _as_array(value: Any, key: str):
     if hasattr(value, "detach") and hasattr(value, "cpu"):
         value = hf_checkpoint.torch_to_numpy(value)
@@ -138,27 +148,31 @@ def load_state_dict(
     sources: dict[str, _Source] = {}
     lora_factors: dict[str, dict[str, tuple[Any, str]]] = {}
     unexpected: list[str] = []
-    claimed: dict[str, str] = {}
+    claimed: dict[str, dict[Any, tuple[str, str]]] = {}
 
-    def claim(target: str, original_name: str) -> None:
-        if target in claimed:
-            raise ValueError(f"checkpoint keys {claimed[target]!r} and {original_name!r} both map to {target!r}"
-                             f"{' after key_map' if key_map else ''}; fix key_map (or drop one key) so each "
-                             "model parameter has one source.")
-        claimed[target] = original_name
+    def claim(target: str, part: Any, original_name: str, route: str) -> None:
+        """Records that ``original_name`` (reached by ``route``) loads into ``part`` of ``target`` (``None``: all
+        of it, a stack index: one of the tensors stacked into it); two sources for one place are refused."""
+        parts = claimed.setdefault(target, {})
+        clash = parts.get(part) or parts.get(None) or (next(iter(parts.values())) if part is None and parts else None)
+        if clash:
+            raise ValueError(f"checkpoint keys {clash[0]!r} ({clash[1]}) and {original_name!r} ({route}) both map to "
+                             f"{target!r}, so one would silently overwrite the other. Drop one of them from the "
+                             "state dict, or change key_map so each model parameter has a single source.")
+        parts[part] = (original_name, route)
 
     for key, original_name, value in _flatten(state_dict, lazy):
         name = _apply_key_map(original_name, key_map)
         candidates = [name] + [name[len(p):] for p in _PREFIXES if name.startswith(p)]
         direct = next((c for c in candidates if c in slots), None)
         if direct is not None:
-            claim(direct, original_name)
+            claim(direct, None, original_name, _route(original_name, name, direct))
             sources[direct] = _Source([key], [original_name], parts=[value])
             continue
-        translated = next((found for c in candidates if (found := family.hf_to_nnx(c)) and found[0] in slots), None)
-        if translated is not None:
-            target, rule = translated
-            claim(f"{target}#{rule.stack}", original_name)
+        from_hf = next(((c, *found) for c in candidates if (found := family.hf_to_nnx(c)) and found[0] in slots), None)
+        if from_hf is not None:
+            hf_name, target, rule = from_hf
+            claim(target, rule.stack, original_name, _route(original_name, name, hf_name, translated=True))
             source = sources.setdefault(target, _Source([], [], rule=rule))
             source.keys.append(key)
             source.names.append(original_name)
@@ -168,6 +182,7 @@ def load_state_dict(
                                                and _LORA_KEY.match(c)["weight"] in slots), None)
         if lora:
             factor = _LORA_KEY.match(lora)
+            claim(lora, None, original_name, _route(original_name, name, lora))
             lora_factors.setdefault(factor["weight"], {})[factor["factor"]] = (key, value, original_name)
             continue
         unexpected.append(original_name)

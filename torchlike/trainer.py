@@ -10,6 +10,7 @@ reporting integrations (TensorBoard, W&B) receive the logs.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -17,7 +18,7 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +95,21 @@ def _prefetched(batches: Iterator, depth: int) -> Iterator:
         worker.join(timeout=60)
 
 
+def _point_tensorboard_at(callbacks: list, logging_dir: str | None) -> None:
+    """Makes the ``TensorBoardCallback`` among ``callbacks`` write to ``logging_dir`` when it is given.
+
+    transformers 5.12's callback reads only ``$TENSORBOARD_LOGGING_DIR`` (else ``output_dir/runs/<time>_<host>``) and
+    no longer ``args.logging_dir``, which it deprecates; torchlike still honours the argument, ahead of the variable.
+    """
+    from transformers.integrations import TensorBoardCallback
+
+    if logging_dir is None:
+        return
+    for callback in callbacks:
+        if isinstance(callback, TensorBoardCallback):
+            callback.logging_dir = os.path.expanduser(os.fspath(logging_dir))
+
+
 class _ProgressWithLoss:
     """transformers' ``ProgressCallback`` showing the latest loss and learning rate on the bar."""
 
@@ -151,13 +167,17 @@ class Trainer:
             ``fsdp``); ``per_device_train_batch_size`` times the data-parallel size (the product of
             the mesh's non-``tp`` axes, over all processes) is the global batch.
         data_collator: ``list[example] -> dict[str, np.ndarray]`` with fixed shapes; default: stack.
-        train_dataset, eval_dataset: sequences of examples (dicts of arrays or token lists).
+        train_dataset, eval_dataset: sequences of examples (dicts of arrays or token lists). With
+            ``remove_unused_columns`` (the default) the collator sees only the columns the loss reads: ``input_ids``,
+            ``attention_mask`` and ``loss_mask`` for a torchlike model, the model's inputs and ``label_names`` with
+            ``compute_loss_func``, every column with ``loss_fn``.
         processing_class: the tokenizer (saved with ``save_model``).
         compute_loss_func: transformers' ``(outputs, labels, num_items_in_batch=None) -> loss``, written with
-            ``jax.numpy``: batches need a ``labels`` column; ``outputs`` is ``model(**other columns)`` for a plain
-            NNX module, or a :class:`~torchlike.CausalLMOutput` with ``logits`` for a torchlike model;
-            ``num_items_in_batch`` counts ``labels != -100`` over the whole accumulated step (``labels[..., 1:]``
-            for torchlike causal LMs, as transformers does), so the returned loss is already normalised.
+            ``jax.numpy``: ``labels`` is the batch's ``args.label_names`` column (default ``labels``; a tuple for
+            several names); ``outputs`` is ``model(**other columns)`` for a plain NNX module, or a
+            :class:`~torchlike.CausalLMOutput` with ``logits`` for a torchlike model; ``num_items_in_batch`` counts
+            ``labels != -100`` over the whole accumulated step (``labels[..., 1:]`` for torchlike causal LMs, as
+            transformers does), so the returned loss is already normalised.
         callbacks: ``transformers.TrainerCallback`` objects (or classes), called at the usual events.
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         loss_fn: JAX-native ``loss_fn(model, batch) -> loss | (loss, aux)``: the mean loss of the
@@ -220,7 +240,9 @@ class Trainer:
         from transformers.integrations import get_reporting_integration_callbacks
 
         progress = PrinterCallback if getattr(args, "disable_tqdm", False) else _ProgressWithLoss()
-        defaults = [DefaultFlowCallback, *get_reporting_integration_callbacks(list(args.report_to or [])), progress]
+        reporters = [reporter() for reporter in get_reporting_integration_callbacks(list(args.report_to or []))]
+        _point_tensorboard_at(reporters, args.logging_dir)
+        defaults = [DefaultFlowCallback, *reporters, progress]
         self.callback_handler = CallbackHandler([*defaults, *(callbacks or [])], model, processing_class, None, None)
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
@@ -331,14 +353,42 @@ class Trainer:
             else:
                 def call_model(module, inputs):
                     return module(**inputs)
-            count = tunix_sft.label_count(shift=family is not None)
-            return tunix_sft.transformers_loss(self._compute_loss_func, call_model, count), count
+            label_names = self._label_names()
+            count = tunix_sft.label_count(shift=family is not None, label_name=label_names[0])
+            return tunix_sft.transformers_loss(self._compute_loss_func, call_model, count, label_names), count
         if self._loss_fn is not None:
             return tunix_sft.mean_loss(self._loss_fn), None
         if family is None:
             raise ValueError("a plain NNX module needs loss_fn=(model, batch) -> loss | (loss, aux), or "
                              "compute_loss_func=(outputs, labels, num_items_in_batch) -> loss.")
         return tunix_sft.causal_lm_loss(family), None
+
+    def _label_names(self) -> tuple[str, ...]:
+        """The batch columns that hold the labels: ``args.label_names``, by default ``("labels",)``."""
+        return tuple(self.args.label_names or ("labels",))
+
+    def _signature_columns(self) -> set[str] | None:
+        """The example columns the training loss reads, which ``remove_unused_columns=True`` keeps (transformers'
+        ``_set_signature_columns_if_needed``); ``None`` keeps every column.
+
+        A torchlike causal LM with the built-in loss reads ``input_ids``, ``attention_mask`` and ``loss_mask``; with
+        ``compute_loss_func`` the model reads ``input_ids`` and ``attention_mask`` (a plain NNX module: the
+        parameters of its ``__call__``) and the loss the label columns. A JAX-native ``loss_fn`` may read any column,
+        so every column is kept for it, as for a module whose ``__call__`` takes ``**kwargs``.
+        """
+        if not self.args.remove_unused_columns or self._loss_fn is not None:
+            return None
+        family = getattr(self.model, "family", None)
+        if self._compute_loss_func is None:
+            return {"input_ids", "attention_mask", "loss_mask"} if family is not None else None
+        if family is not None:
+            inputs = {"input_ids", "attention_mask"}
+        else:
+            parameters = inspect.signature(self._module.__call__).parameters.values()
+            if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+                return None
+            inputs = {parameter.name for parameter in parameters}
+        return inputs | set(self._label_names()) | {"shift_labels"}
 
     def _compute_dtype(self):
         import jax.numpy as jnp
@@ -373,11 +423,11 @@ class Trainer:
         return self.args.per_device_train_batch_size * self._data_parallel_size()
 
     def _get_train_sampler(self, epoch: int) -> np.ndarray:
-        """Example order for ``epoch``: a seeded shuffle, as transformers' ``RandomSampler``, or dataset
-        order with ``train_sampling_strategy="sequential"``."""
-        if getattr(self.args, "train_sampling_strategy", "random") == "sequential":
+        """Example order for ``epoch``: a shuffle seeded by ``data_seed`` (``seed`` when it is ``None``), as
+        transformers' ``RandomSampler``, or dataset order with ``train_sampling_strategy="sequential"``."""
+        if self.args.train_sampling_strategy == "sequential":
             return np.arange(len(self.train_dataset))
-        seed = getattr(self.args, "data_seed", None) or self.args.seed
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         return np.random.default_rng(seed + epoch).permutation(len(self.train_dataset))
 
     def _collate_rows(self, dataset, indices: np.ndarray, what: str) -> dict[str, np.ndarray]:
@@ -388,7 +438,7 @@ class Trainer:
             fill = np.zeros_like(indices)
         else:
             fill = np.where(real, indices, indices[real][0])
-        batch = self.data_collator([dataset[int(i)] for i in fill])
+        batch = self.data_collator(self._used_columns([dataset[int(i)] for i in fill]))
         for key, value in batch.items():
             value = np.asarray(value)
             if value.shape[:1] != (len(indices),):
@@ -402,6 +452,18 @@ class Trainer:
                 value[~real] = 0
             batch[key] = value
         return batch
+
+    def _used_columns(self, examples: list) -> list:
+        """``examples`` reduced to :meth:`_signature_columns` (``remove_unused_columns``), as transformers'
+        ``RemoveColumnsCollator`` does before the data collator."""
+        kept = self._signature_columns()
+        if kept is None or not examples or not isinstance(examples[0], Mapping):
+            return examples
+        if not kept & set(examples[0]):
+            raise ValueError(f"No column of the dataset is read by the training loss: it has {sorted(examples[0])}, "
+                             f"the loss reads {sorted(kept)}. Rename the columns, set label_names, or set "
+                             "remove_unused_columns=False to give the data collator every column.")
+        return [{key: value for key, value in example.items() if key in kept} for example in examples]
 
     def _steps_per_epoch(self) -> int:
         per_step = self._global_batch_size() * self.args.gradient_accumulation_steps
@@ -465,15 +527,14 @@ class Trainer:
         transformation, schedule = (self._custom_optimizer, None) if self._custom_optimizer else \
             build_optimizer(args, total_steps)
         self.lr_scheduler = schedule
-        if getattr(args, "gradient_checkpointing", False):
-            tunix_sft.enable_rematerialisation(self._module)
         trainable = self._trainable()
         self.optimizer = nnx.Optimizer(self._module, transformation, wrt=trainable)
         mesh_lib.shard_module(self.optimizer, self.mesh)  # moments follow the parameters; scalars replicated
         loss, count_items = self._loss()
         step_fn = tunix_sft.make_train_step(loss, trainable, self._compute_dtype(), lora=self._lora_dropout(),
                                             seed=args.seed, count_items=count_items,
-                                            merged_lora_scale=self._merged_lora_scale())
+                                            merged_lora_scale=self._merged_lora_scale(),
+                                            rematerialise=args.gradient_checkpointing)
         if self._lora_dropout():
             # The dropout RNG nodes exist before the first trace, so the step's graph never changes shape.
             qwix_lora.set_dropout_rng(self._module, jax.random.key(args.seed))
@@ -526,15 +587,21 @@ class Trainer:
         return TrainOutput(step, metrics["train_loss"], metrics)
 
     def _record_losses(self, window: list) -> list[dict]:
-        """Moves the step metrics in ``window`` to the host (the only host synchronisation of the
-        loop) and keeps their losses for ``train_loss``; ``logging_nan_inf_filter`` replaces a
-        nan/inf loss by the mean of the finite ones, as transformers does."""
+        """Moves the step metrics of one logging window to the host (the only host synchronisation of
+        the loop) and keeps their losses for the logs and ``train_loss``.
+
+        With ``logging_nan_inf_filter``, a nan/inf step loss is replaced as transformers' training loop
+        does: by the sum of the window's earlier (already filtered) losses divided by one plus their
+        count, ``tr_loss / (1 + global_step - _globalstep_last_logged)``; the update itself is not
+        skipped. transformers applies the rule per micro-batch; here the unit is the optimizer step.
+        """
         values = mesh_lib.to_host(window)
-        for value in values:
+        window_sum = 0.0
+        for earlier, value in enumerate(values):
             loss = float(value["loss"])
-            if getattr(self.args, "logging_nan_inf_filter", True) and not math.isfinite(loss):
-                finite = [v for v in self._logged_losses if math.isfinite(v)]
-                loss = float(np.mean(finite)) if finite else loss
+            if self.args.logging_nan_inf_filter and not math.isfinite(loss):
+                loss = window_sum / (1 + earlier)
+            window_sum += loss
             self._logged_losses.append(loss)
         return values
 
@@ -674,8 +741,16 @@ class Trainer:
         self.state.log_history = saved["log_history"]
         return int(saved["global_step"])
 
-    def save_model(self, output_dir: str | os.PathLike | None = None) -> None:
-        """Writes the model in Hugging Face format (a PEFT adapter for LoRA models) plus the tokenizer."""
+    def save_model(self, output_dir: str | os.PathLike | None = None, _internal_call: bool = False) -> None:
+        """Writes the model in Hugging Face format (a PEFT adapter for LoRA models) plus the tokenizer.
+
+        With ``args.push_to_hub``, it then pushes to the Hub (commit "Model save"), as transformers does whatever
+        ``hub_strategy`` is: with ``hub_strategy="end"`` this is the push at the end of a script.
+
+        Args:
+            output_dir: where to write (default ``args.output_dir``).
+            _internal_call: set by :meth:`push_to_hub`, which pushes itself.
+        """
         if jax.process_count() > 1:
             raise NotImplementedError(
                 "save_model() from several processes is not supported yet. Save a checkpoint (save_strategy), then "
@@ -685,6 +760,8 @@ class Trainer:
         self.model.save_pretrained(output_dir)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save")
 
     def push_to_hub(self, commit_message: str = "End of training", blocking: bool = True, token: str | None = None,
                     revision: str | None = None, **model_card_kwargs) -> str:
@@ -702,7 +779,7 @@ class Trainer:
         """
         from .adapters.hf_hub import upload_folder
 
-        self.save_model()
+        self.save_model(_internal_call=True)
         return upload_folder(self.args.output_dir, self.hub_model_id, commit_message=commit_message,
                              private=getattr(self.args, "hub_private_repo", None),
                              token=token or getattr(self.args, "hub_token", None),

@@ -159,6 +159,9 @@ class Family:
             (rotary buffers, a tied ``lm_head.weight``).
         lora_targets: HF module name (``"q_proj"``) -> NNX module path regex, used to
             translate PEFT ``target_modules``.
+        default_lora_targets: the HF module names adapted when ``LoraConfig.target_modules`` is
+            ``None``: PEFT's ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`` entry for the
+            family's ``model_type``; empty when PEFT has none (the user must name the targets).
         build_model: ``(hf_config, dtype, rngs) -> nnx.Module``; raises
             :class:`UnsupportedConfigError` for features the Tunix model lacks.
         forward: ``(module, tokens, positions, attention_mask) -> logits`` with
@@ -175,6 +178,7 @@ class Family:
     forward: Callable[..., Any]
     ignored_hf_keys: tuple[str, ...] = ()
     lora_targets: Mapping[str, str] = field(default_factory=dict)
+    default_lora_targets: tuple[str, ...] = ()
     quantization_excluded: tuple[str, ...] = ()
 
     def hf_to_nnx(self, hf_name: str) -> tuple[str, WeightRule] | None:

@@ -281,4 +281,5 @@ FAMILY = Family(
     forward=forward,
     ignored_hf_keys=IGNORED_KEYS,
     lora_targets=LORA_TARGETS,
+    default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma3_text"
 )

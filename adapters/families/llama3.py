@@ -51,4 +51,5 @@ FAMILY = Family(
     forward=decoder_forward,
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     lora_targets=DECODER_LORA_TARGETS,
+    default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "llama"
 )

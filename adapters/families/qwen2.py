@@ -61,6 +61,7 @@ FAMILY = Family(
     forward=decoder_forward,
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     lora_targets=DECODER_LORA_TARGETS,
+    default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "qwen2"
     # Tunix's attention Einsum calls jnp.astype on the weight, which fails on Qwix's quantised WithAux.
     quantization_excluded=("q_proj", "k_proj", "v_proj", "o_proj"),
 )

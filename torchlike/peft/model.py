@@ -105,8 +105,12 @@ class PeftModel(CausalLM):
         """Writes the adapter in PEFT's layout: ``adapter_config.json`` and ``adapter_model.safetensors``
         with keys ``base_model.model.<module>.lora_A.weight`` ``(r, in)`` and ``.lora_B.weight`` ``(out, r)``.
 
+        The files (and a tokenizer's, given as ``tokenizer=``) are written into a staging folder that
+        replaces ``save_directory`` by renames, as :meth:`CausalLM.save_pretrained` does: a crash
+        leaves the old adapter or the new one, and other files in the directory are kept.
+
         Args:
-            save_directory: output directory (created if missing), written atomically.
+            save_directory: output directory (created if missing).
             safe_serialization: must be ``True`` (safetensors only).
             is_main_process: only the main process writes.
         """
@@ -130,7 +134,7 @@ class PeftModel(CausalLM):
             if kwargs.get("tokenizer") is not None:
                 kwargs["tokenizer"].save_pretrained(folder)
 
-        hf_checkpoint.write_directory(save_directory, fill)
+        hf_checkpoint.write_directory(save_directory, fill, weights="adapter")
 
     @classmethod
     def from_pretrained(cls, model: CausalLM, model_id: str | os.PathLike, adapter_name: str = "default",
@@ -149,6 +153,7 @@ class PeftModel(CausalLM):
         """
         from ..adapters.hf_hub import resolve_model_dir
 
+        hf_checkpoint.finish_interrupted_save(model_id)
         directory = resolve_model_dir(model_id, revision=kwargs.get("revision"), token=kwargs.get("token"))
         config = config or LoraConfig.from_pretrained(directory)
         config.inference_mode = not is_trainable
@@ -165,10 +170,13 @@ class PeftModel(CausalLM):
         return peft_model
 
 
-def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str = "default", **kwargs: Any) -> PeftModel:
+def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str = "default", *, seed: int = 0,
+                   **kwargs: Any) -> PeftModel:
     """Adds a fresh LoRA adapter to ``model`` (``peft.get_peft_model``).
 
-    ``target_modules`` are translated through the family table to the Tunix module paths.
+    ``target_modules`` are translated through the family table to the Tunix module paths;
+    ``None`` becomes the family's default (PEFT's per-``model_type`` table, ``["q_proj", "v_proj"]``
+    for the supported families) and is written back to ``peft_config``, as ``peft`` does.
     With ``peft_config.quantize_base`` (or a model loaded with ``quantization_config``), the
     adapted modules' base weights are quantised by Qwix (QLoRA).
 
@@ -176,6 +184,9 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
         model: a :class:`~torchlike.CausalLM`.
         peft_config: a :class:`LoraConfig`.
         adapter_name: the adapter's name (one adapter per model).
+        seed: torchlike only. Seeds the random initialisation of the LoRA ``A`` factors (``B`` starts at zero);
+            PEFT draws them from torch's global generator, which ``transformers.set_seed`` seeds. The trainers pass
+            ``args.seed`` when they create the adapter from ``peft_config``, as TRL seeds before creating it.
 
     Returns:
         A :class:`PeftModel` whose outputs equal ``model``'s until the adapter is trained.
@@ -187,7 +198,10 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
     unsupported = sorted(k for k, v in kwargs.items() if v not in (None, False, True))
     if unsupported:
         raise TypeError(f"get_peft_model got unsupported arguments {unsupported}.")
+    if peft_config.target_modules is None:
+        peft_config.target_modules = qwix_lora.default_target_modules(model.family)
     targets = qwix_lora.select_targets(model.family, model.module, peft_config.target_modules)
+    _name_fused_partners(model.family.name, targets, peft_config)
     quantization = peft_config.quantize_base or getattr(model, "quantization", None)
     plain: list[qwix_lora.LoraTarget] = []
     if quantization:
@@ -206,5 +220,23 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
     with context:
         module = qwix_lora.apply_lora(model.module, targets, rank=peft_config.r, scale=peft_config.scale,
                                       dropout=float(peft_config.lora_dropout), weight_qtype=quantization,
-                                      tile_size=peft_config.quantization_tile_size, unquantized_targets=plain)
+                                      tile_size=peft_config.quantization_tile_size, seed=seed,
+                                      unquantized_targets=plain)
     return PeftModel(model, module, peft_config, adapter_name=adapter_name, is_trainable=not peft_config.inference_mode)
+
+
+def _name_fused_partners(family_name: str, targets: list[qwix_lora.LoraTarget], peft_config: LoraConfig) -> None:
+    """Adds to a list of ``target_modules`` the modules adapted only because the Tunix model fuses them
+    with a named one, so ``adapter_config.json`` names every module whose factors the adapter holds
+    (``peft`` would otherwise skip them on load); a regex is kept and only warned about."""
+    partners = qwix_lora.unnamed_fused_modules(targets, peft_config.target_modules)
+    if not partners:
+        return
+    if isinstance(peft_config.target_modules, str):
+        warnings.warn(f"{family_name}: target_modules={peft_config.target_modules!r} also adapts {partners}, which "
+                      "the Tunix model fuses with a targeted module (one LoRA pair serves both); peft skips their "
+                      "factors when it loads the exported adapter unless the regex matches them too.", stacklevel=3)
+        return
+    peft_config.target_modules = sorted({*peft_config.target_modules, *partners})
+    warnings.warn(f"{family_name}: adapting {partners} too: the Tunix model fuses them with a targeted module, so "
+                  f"one LoRA pair serves both; target_modules is now {peft_config.target_modules}.", stacklevel=3)

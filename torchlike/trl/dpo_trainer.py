@@ -207,7 +207,7 @@ class DPOTrainer(Trainer):
                 raise ValueError("A PeftModel was passed together with peft_config; merge and unload the existing "
                                  "adapter (model.merge_and_unload()) and pass the base model with peft_config, or "
                                  "omit peft_config to train the existing adapter.")
-            model = get_peft_model(model, peft_config)
+            model = get_peft_model(model, peft_config, seed=args.seed)  # TRL seeds before creating the adapter
         self.ref_model = ref_model
         # The reference when there is no ref_model: the base weights stay valid all run long, the initial ones only
         # until the first step.
@@ -313,6 +313,10 @@ class DPOTrainer(Trainer):
 
     def _lora_dropout(self) -> bool:
         return super()._lora_dropout() and not self.args.disable_dropout
+
+    def _signature_columns(self) -> None:
+        """Every column: the prepared examples hold only the pair's token ids and reference log-probabilities."""
+        return None
 
     def log(self, logs: dict[str, float]) -> None:
         """Records ``logs`` with ``num_tokens`` as TRL's running total of training tokens.

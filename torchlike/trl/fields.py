@@ -62,8 +62,8 @@ _XLA_COMPILES = "XLA always compiles the train step; there is no torch.compile t
 _NO_TRACKIO = "torchlike does not report to trackio (report_to accepts 'tensorboard' and 'wandb')."
 _NO_BEST_MODEL = ("torchlike does not track the best checkpoint by an eval metric (no load_best_model_at_end, no "
                   "save_strategy='best'), so checkpoint rotation and the final model would not be what you expect.")
-_METRICS_INPUT = ("torchlike calls compute_metrics once with an EvalPrediction of the concatenated predictions and "
-                  "labels, so a compute_metrics written for this setting would receive something else.")
+_ONLY_FOR_METRICS = ("Only changes what compute_metrics receives; torchlike's trainers do not take compute_metrics yet "
+                     "(evaluate() reports the loss), so it has no effect.")
 
 FIELD_SUPPORT: dict[str, FieldSupport] = {
     # --- transformers.TrainingArguments 5.12.1 ---
@@ -106,10 +106,10 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
                       "dtype, like torch autocast; runs on CPU too."),
     "fp16": _refused("float16 training needs loss scaling, which torchlike does not implement; use bf16=True "
                      "(bfloat16 has float32's range, so it needs none, and it is the native TPU type)."),
-    "bf16_full_eval": _ignored("Evaluation uses the training compute dtype (bf16/fp16); parameters are not cast to "
-                               "bfloat16 for evaluation."),
-    "fp16_full_eval": _ignored("Evaluation uses the training compute dtype (bf16/fp16); parameters are not cast to "
-                               "float16 for evaluation."),
+    "bf16_full_eval": _ignored("Evaluation computes in the training compute dtype (bfloat16 with bf16=True); the "
+                               "parameters are not cast to bfloat16 for evaluation."),
+    "fp16_full_eval": _ignored("Evaluation computes in the training compute dtype (bfloat16 with bf16=True, else the "
+                               "parameters' dtype); the parameters are not cast to float16 for evaluation."),
     "tf32": _ignored("TF32 is a torch/CUDA matmul switch; XLA chooses matmul precision itself (set "
                      "jax_default_matmul_precision to control it)."),
     "gradient_checkpointing": _honoured("Rematerialisation (jax.checkpoint) of each decoder layer in the backward "
@@ -136,9 +136,10 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
     "logging_first_step": _honoured("Also log after the first optimizer step."),
     "log_on_each_node": _ignored("torchlike logs (progress bar, log_history reporting) from process 0 only, as with "
                                  "log_on_each_node=False."),
-    "logging_nan_inf_filter": _honoured("A nan/inf step loss is replaced in the logged mean by the mean of the steps "
-                                        "since the last log, as transformers does (the update itself is not "
-                                        "skipped)."),
+    "logging_nan_inf_filter": _honoured("A nan/inf step loss is replaced, in the logged loss and train_loss, by "
+                                        "transformers' value: the sum of the logging window's earlier losses "
+                                        "divided by one plus their count (the update itself is not skipped; the "
+                                        "unit is the optimizer step, where transformers filters micro-batches)."),
     "include_num_input_tokens_seen": _ignored("torchlike does not log num_input_tokens_seen yet."),
     "log_level": _ignored("torchlike logs through Python's 'torchlike' logger; set its level with "
                           "logging.getLogger('torchlike').setLevel(...)."),
@@ -157,14 +158,16 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
                             "transformers' DefaultFlowCallback decides."),
     "per_device_eval_batch_size": _honoured("Examples per data-parallel shard in evaluation; the last partial batch "
                                             "is padded and masked."),
-    "prediction_loss_only": _ignored("evaluate() calls compute_metrics whenever one is given."),
+    "prediction_loss_only": _ignored("evaluate() only ever computes the loss (torchlike's trainers do not take "
+                                     "compute_metrics yet), which is what prediction_loss_only=True asks for."),
     "eval_on_start": _honoured("Run one evaluation before the first training step."),
-    "eval_do_concat_batches": _refused(_METRICS_INPUT),
-    "eval_use_gather_object": _ignored("Predictions are gathered by JAX across devices and processes; there is no "
-                                       "torch.distributed gather to configure."),
-    "eval_accumulation_steps": _ignored("Predictions are moved to host memory after every evaluation batch."),
-    "include_for_metrics": _refused(_METRICS_INPUT),
-    "batch_eval_metrics": _refused(_METRICS_INPUT),
+    "eval_do_concat_batches": _ignored(_ONLY_FOR_METRICS),
+    "eval_use_gather_object": _ignored("Evaluation gathers no predictions, only each batch's loss sum and item count, "
+                                       "which JAX reduces across devices and processes."),
+    "eval_accumulation_steps": _ignored("Evaluation keeps no predictions on the devices, only each batch's loss sum "
+                                        "and item count (scalars), so there is nothing to move to the host early."),
+    "include_for_metrics": _ignored(_ONLY_FOR_METRICS),
+    "batch_eval_metrics": _ignored(_ONLY_FOR_METRICS),
     "save_only_model": _honoured("Checkpoints hold only the model (or LoRA) parameters, without optimizer state, "
                                  "RNG and data position, so they cannot be resumed from."),
     "save_strategy": _honoured("When to write output_dir/checkpoint-<step>: 'no', 'steps' or 'epoch'."),
@@ -174,13 +177,15 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
     "save_total_limit": _honoured("Keep at most this many checkpoint-<step> folders, deleting the oldest."),
     "enable_jit_checkpoint": _ignored("torchlike does not checkpoint on SIGTERM; use save_strategy/save_steps."),
     "push_to_hub": _honoured("Push the Hugging Face-format model (save_model's output) to hub_model_id with "
-                             "huggingface_hub."),
+                             "huggingface_hub: from save_model() (commit 'Model save', as transformers) and, with "
+                             "hub_strategy='every_save', at each checkpoint save."),
     "hub_token": _honoured("Token for the Hub pushes."),
     "hub_private_repo": _honoured("Create the Hub repository as private."),
     "hub_model_id": _honoured("Hub repository to push to (defaults to the name of output_dir)."),
-    "hub_strategy": _honoured("'every_save': push the model at each save and at the end; 'end': at the end only. "
-                              "Checkpoint pushes are rejected by the config (checkpoints are Orbax, not Hugging "
-                              "Face format)."),
+    "hub_strategy": _honoured("'every_save': push the model at each checkpoint save; 'end': not then. Either way "
+                              "save_model() pushes when push_to_hub is set, as in transformers, which is the push at "
+                              "the end of a script. Checkpoint pushes are rejected by the config (checkpoints are "
+                              "Orbax, not Hugging Face format)."),
     "hub_always_push": _ignored("torchlike pushes synchronously, so a push is never skipped while an earlier one "
                                 "runs."),
     "hub_revision": _refused("Pushing to a branch other than the repository's default is not implemented; the "
@@ -194,9 +199,11 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
                                                         "callbacks start fresh on resume."),
     "full_determinism": _ignored("XLA runs the same program in the same order for a given seed; on GPUs add "
                                  "--xla_gpu_deterministic_ops=true to XLA_FLAGS for bitwise determinism."),
-    "seed": _honoured("Seeds parameter initialisation (new LoRA weights, ...), dropout and, without data_seed, the "
-                      "data order."),
-    "data_seed": _honoured("Seeds the training data order (train_sampling_strategy='random')."),
+    "seed": _honoured("Seeds the LoRA weights a trainer creates from peft_config (TRL seeds before creating the "
+                      "adapter), LoRA dropout, GRPO's sampling, SFT's shuffle_dataset and, without data_seed, the "
+                      "training data order."),
+    "data_seed": _honoured("Seeds the training data order (train_sampling_strategy='random') in place of seed, as "
+                           "transformers' sampler does."),
     "use_cpu": _honoured("Builds the device mesh from jax.devices('cpu') instead of the default backend."),
     "accelerator_config": _ignored("torchlike does not use Accelerate: batches are sharded over the mesh's data axes"
                                    " (split_batches, dispatch_batches, even_batches... have no effect)."),
@@ -207,10 +214,15 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
     "dataloader_pin_memory": _ignored(_NO_DATALOADER),
     "dataloader_persistent_workers": _ignored(_NO_DATALOADER),
     "dataloader_prefetch_factor": _ignored(_NO_DATALOADER),
-    "remove_unused_columns": _honoured("Drop dataset columns the model/collator does not use (SFT keeps the columns "
-                                       "of its dataset formats)."),
-    "label_names": _honoured("Batch keys that hold the labels (default ['labels']), passed to compute_loss_func and "
-                             "compute_metrics."),
+    "remove_unused_columns": _honoured("Each example keeps only the columns the loss reads before the data "
+                                       "collator, as transformers' RemoveColumnsCollator: input_ids, attention_mask "
+                                       "and loss_mask for a torchlike model's own loss; with compute_loss_func the "
+                                       "model's inputs (a plain NNX module: its __call__ parameters) and label_names."
+                                       " A JAX-native loss_fn may read any column, so it gets them all."),
+    "label_names": _honoured("Batch columns that hold the labels (default ['labels']): with compute_loss_func they are "
+                             "left out of the model's inputs and passed as its labels (one array, or a tuple for "
+                             "several), the first counted for num_items_in_batch; remove_unused_columns keeps them. "
+                             "transformers hands compute_loss_func only a 'labels' column, which is the default."),
     "train_sampling_strategy": _honoured("'random' (default): reshuffle every epoch, seeded by data_seed or seed, "
                                          "like transformers' RandomSampler; 'sequential': dataset order. "
                                          "'group_by_length' is rejected by the config."),
@@ -236,8 +248,9 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
                                         "checkpoint in output_dir) or a path and continues exactly."),
     "warmup_ratio": _honoured("Deprecated in transformers 5: copied into warmup_steps (a ratio) with a "
                               "FutureWarning."),
-    "logging_dir": _honoured("TensorBoard log directory (default: $TENSORBOARD_LOGGING_DIR, else "
-                             "output_dir/runs/<time>_<host>). transformers 5 deprecates it; torchlike still reads it."),
+    "logging_dir": _honoured("Where report_to='tensorboard' writes its event files (default: "
+                             "$TENSORBOARD_LOGGING_DIR, else output_dir/runs/<time>_<host>). transformers 5 deprecates "
+                             "it and its TensorBoardCallback no longer reads it; torchlike still does."),
     "local_rank": _ignored("Set by torch launchers; torchlike reads the process index from jax.distributed."),
     # --- torchlike ---
     "mesh_shape": _honoured("torchlike: sizes of the device-mesh axes (e.g. (4, 2) for fsdp x tp); None puts every "
@@ -258,11 +271,14 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
                                   "built from torchlike's own model families)."),
     "router_aux_loss_coef": _refused("torchlike's model families are dense; there is no Mixture-of-Experts router "
                                      "loss to weight."),
-    "chat_template_path": _honoured("A tokenizer directory/id or .jinja file whose chat template replaces the "
-                                    "tokenizer's."),
+    "chat_template_path": _honoured("A .jinja/.j2 file whose text becomes the processing_class's chat template, or "
+                                    "a tokenizer directory/id whose chat template and eos token are copied; a "
+                                    "tokenizer with tokens the processing_class lacks is refused (TRL adds them and "
+                                    "resizes the embeddings, which torchlike does not)."),
     "dataset_text_field": _honoured("Column holding the text of language-modelling datasets."),
-    "dataset_kwargs": _honoured("{'skip_prepare_dataset': True} uses the dataset as given (already tokenised); "
-                                "other keys warn, as TRL ignores them."),
+    "dataset_kwargs": _honoured("{'skip_prepare_dataset': True} uses the dataset as given: input_ids, the loss on "
+                                "labels != -100 (every token without labels), no truncation; other keys warn, as "
+                                "TRL ignores them."),
     "dataset_num_proc": _ignored("SFT examples are tokenised in one process, one at a time (streaming datasets too); "
                                 "the result is the same as with several."),
     "eos_token": _honoured("Token appended at the end of each example/turn (default: the tokenizer's eos_token)."),
@@ -275,8 +291,9 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
     "packing_strategy": _ignored("Only used with packing=True, which torchlike does not support yet."),
     "padding_free": _refused("Padding-free batches (all examples flattened into one sequence) are not supported: "
                              "torchlike pads to fixed shapes so XLA compiles once."),
-    "pad_to_multiple_of": _honoured("Padded lengths are rounded up to a multiple of it ('auto' becomes None, as in "
-                                    "TRL off Neuron)."),
+    "pad_to_multiple_of": _honoured("The fixed padded length of the batches (max_length, or the longest example) is "
+                                    "rounded up to a multiple of it, as TRL's collator rounds each batch's length "
+                                    "('auto' becomes None, as in TRL off Neuron)."),
     "eval_packing": _honoured("None (same as packing) or False: evaluation data is not packed; True is rejected by "
                               "the config."),
     "completion_only_loss": _honoured("Loss only on completion tokens (None: yes for prompt/completion datasets, no "
@@ -287,7 +304,16 @@ FIELD_SUPPORT: dict[str, FieldSupport] = {
                            "'dft' is rejected by the config."),
     "activation_offloading": _ignored("Activations stay on the device; gradient_checkpointing (on by default) is "
                                       "torchlike's way to cut activation memory."),
-    "pad_token": _honoured("Deprecated in TRL: sets processing_class.pad_token before tokenising (FutureWarning)."),
+    "pad_token": _honoured("Deprecated in TRL (FutureWarning): with the default data collator, sets "
+                           "processing_class.pad_token, the padding id of the batches; it must be in the vocabulary."),
+}
+
+#: ``SFTConfig``'s own rows, laid over ``FIELD_SUPPORT`` for it (``SFTConfig._FIELD_SUPPORT``).
+SFT_FIELD_SUPPORT: dict[str, FieldSupport] = {
+    "remove_unused_columns": _ignored("SFT examples reach the data collator as the prepared columns (input_ids, "
+                                      "loss_mask, seq_len), as with TRL's default True; False, which in TRL also "
+                                      "passes the dataset's other columns to a custom data_collator, changes nothing "
+                                      "(the default collator never reads them)."),
 }
 
 

@@ -12,6 +12,7 @@ that sampled it are kept for the ratio and clipping, as TRL does.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import warnings
 from collections.abc import Callable, Iterable
@@ -67,7 +68,14 @@ class GRPOTrainer(Trainer):
         quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
         peft_config: a :class:`~torchlike.peft.LoraConfig`; the reference model (``beta != 0``) is then
             the base weights with the adapter disabled.
-        tools, rollout_func, environment_factory: TRL's experimental agent hooks; refused.
+        tools: TRL's experimental tool calling; refused.
+        rollout_func: TRL's ``rollout_func(prompts, trainer) -> dict``, replacing the sampler: it gets the prompts of a
+            generation batch (each repeated ``num_generations`` times, conversational prompts untemplated) and returns
+            ``prompt_ids`` and ``completion_ids`` (one token list per prompt; a completion is trained as given, its
+            last token deciding whether it ended, as TRL does), ``logprobs`` (accepted, not used: there is no separate
+            inference engine to correct for) and any extra per-completion lists, which reach the reward functions
+            as keyword arguments.
+        environment_factory: TRL's experimental environments; refused.
     """
 
     _allow_prefetch = False  # a rollout must see the weights of the steps before it
@@ -82,11 +90,14 @@ class GRPOTrainer(Trainer):
         from .grpo_config import GRPOConfig
         from .trainer_setup import default_output_dir, load_model
 
-        for name, value in (("tools", tools), ("rollout_func", rollout_func),
-                            ("environment_factory", environment_factory)):
+        for name, value in (("tools", tools), ("environment_factory", environment_factory)):
             if value is not None:
-                raise ValueError(f"{name} (TRL's experimental agent/rollout hook) is not supported by torchlike's "
-                                 "GRPOTrainer; write the behaviour into your reward functions instead.")
+                raise ValueError(f"{name} (TRL's experimental agent hook) is not supported by torchlike's "
+                                 "GRPOTrainer; write the behaviour into your reward functions or a rollout_func.")
+        if rollout_func is not None and not callable(rollout_func):
+            raise TypeError(f"rollout_func must be callable as rollout_func(prompts, trainer); got "
+                            f"{type(rollout_func).__name__}.")
+        self.rollout_func = rollout_func
         if reward_processing_classes is not None:
             raise ValueError("reward_processing_classes is only used by reward models, which torchlike does not "
                              "support; pass reward functions instead.")
@@ -277,17 +288,21 @@ class GRPOTrainer(Trainer):
         args = self.args
         num_generations = num_generations or args.num_generations
         rows = [row for row in prompt_rows for _ in range(num_generations)]
-        prompt_ids, prompt_mask = self._left_padded([row["prompt_ids"] for row in rows])
         seed = int(np.random.SeedSequence([args.seed, epoch, generation_index, int(train)]).generate_state(1)[0])
-        length = args.max_completion_length
-        result = sampling.generate_tokens(
-            self._module, prompt_ids, prompt_mask, length, self.sampling, eos_token_ids=self.eos_token_ids,
-            pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=qwix_lora.EVAL)
-        tokens = np.full((len(rows), length), self.pad_token_id, np.int32)
-        tokens[:, :result.tokens.shape[1]] = result.tokens
-        completion_mask, ended = tunix_grpo.completion_mask(tokens, self.eos_token_ids)
+        if self.rollout_func is not None:
+            prompt_ids, prompt_mask, tokens, completion_mask, ended, extra = self._custom_rollout(rows)
+        else:
+            prompt_ids, prompt_mask = self._left_padded([row["prompt_ids"] for row in rows], self.prompt_length)
+            length = args.max_completion_length
+            result = sampling.generate_tokens(
+                self._module, prompt_ids, prompt_mask, length, self.sampling, eos_token_ids=self.eos_token_ids,
+                pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=qwix_lora.EVAL)
+            tokens = np.full((len(rows), length), self.pad_token_id, np.int32)
+            tokens[:, :result.tokens.shape[1]] = result.tokens
+            completion_mask, ended = tunix_grpo.completion_mask(tokens, self.eos_token_ids)
+            extra = {}
         completion_ids = [list(t[:int(m.sum())]) for t, m in zip(tokens, completion_mask, strict=True)]
-        rewards = self._rewards(rows, completion_ids)
+        rewards = self._rewards(rows, completion_ids, extra)
         advantages, reward_metrics = rl_math.grpo_advantages(
             rewards, num_generations, reward_weights=args.reward_weights, scale_rewards=args.scale_rewards,
             multi_objective_aggregation=args.multi_objective_aggregation)
@@ -317,22 +332,59 @@ class GRPOTrainer(Trainer):
         batch["num_items"] = np.full(len(rows), normaliser, np.float32)
         token_sum = args.loss_type in tunix_grpo.TOKEN_SUM_LOSSES
         batch["step_weight"] = np.full(len(rows), 1.0 / accumulation if token_sum else 1.0, np.float32)
-        if args.steps_per_generation * args.num_iterations > accumulation:  # TRL's condition for old log-probs
+        if accumulation % (args.steps_per_generation * args.num_iterations) != 0:  # TRL's rule for old log-probs
             batch["old_logps"] = self._log_probs(batch, qwix_lora.EVAL, self._module)
         if args.beta != 0.0:
             reference = self._reference if self._reference is not None else self._module
             batch["ref_logps"] = self._log_probs(batch, qwix_lora.DISABLED, reference)
-        order = np.random.default_rng(seed).permutation(len(rows))
-        self._last_rollout = {key: value[order] for key, value in batch.items()}  # kept for inspection and tests
+        self._last_rollout = self._shuffled(batch, seed)  # kept for inspection and tests
         return self._last_rollout
 
-    def _left_padded(self, sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.full((len(sequences), self.prompt_length), self.pad_token_id, np.int32)
-        mask = np.zeros((len(sequences), self.prompt_length), np.int32)
+    @staticmethod
+    def _shuffled(batch: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+        """The rows of a generation batch in a seeded random order (TRL's ``shuffle_sequence_dict``), so the
+        micro-batches it is split into mix prompts."""
+        order = np.random.default_rng(seed).permutation(len(batch["input_ids"]))
+        return {key: value[order] for key, value in batch.items()}
+
+    def _custom_rollout(self, rows: list[dict]) -> tuple:
+        """Runs ``rollout_func`` on the prompts of ``rows``: ``(prompt_ids, prompt_mask, tokens, completion_mask,
+        ended, extra columns)`` with completions taken as given and ``ended`` by TRL's rule (the last token is an
+        end or pad token)."""
+        output = self.rollout_func([copy.deepcopy(row["prompt"]) for row in rows], self)
+        missing = sorted({"prompt_ids", "completion_ids", "logprobs"} - set(output))
+        if missing:
+            raise ValueError(f"rollout_func must return keys {missing} in its output dict.")
+        prompts, completions = list(output["prompt_ids"]), [list(ids) for ids in output["completion_ids"]]
+        for name, values in (("prompt_ids", prompts), ("completion_ids", completions)):
+            if len(values) != len(rows):
+                raise ValueError(f"rollout_func returned {len(values)} {name} for {len(rows)} prompts (each prompt "
+                                 "repeated num_generations times); return one list of token ids per prompt.")
+        length = self.args.max_completion_length
+        longest = max(len(ids) for ids in completions)
+        if longest > length:
+            raise ValueError(f"rollout_func returned a completion of {longest} tokens, longer than "
+                             f"max_completion_length={length}; truncate it or raise max_completion_length.")
+        prompt_length = max(self.prompt_length, sampling.bucket_length(max(len(ids) for ids in prompts)))
+        prompt_ids, prompt_mask = self._left_padded(prompts, prompt_length)
+        tokens = np.full((len(rows), length), self.pad_token_id, np.int32)
+        completion_mask = np.zeros((len(rows), length), np.int32)
+        for row, ids in enumerate(completions):
+            tokens[row, :len(ids)] = ids
+            completion_mask[row, :len(ids)] = 1
+        stops = {*self.eos_token_ids, self.pad_token_id}
+        ended = np.array([not ids or ids[-1] in stops for ids in completions])
+        extra = {key: value if isinstance(value, list) else [value] * len(rows)
+                 for key, value in output.items() if key not in ("prompt_ids", "completion_ids", "logprobs")}
+        return prompt_ids, prompt_mask, tokens, completion_mask, ended, extra
+
+    def _left_padded(self, sequences: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.full((len(sequences), length), self.pad_token_id, np.int32)
+        mask = np.zeros((len(sequences), length), np.int32)
         for row, sequence in enumerate(sequences):
-            sequence = sequence[-self.prompt_length:]
-            ids[row, self.prompt_length - len(sequence):] = sequence
-            mask[row, self.prompt_length - len(sequence):] = 1
+            sequence = list(sequence)[-length:]
+            ids[row, length - len(sequence):] = sequence
+            mask[row, length - len(sequence):] = 1
         return ids, mask
 
     def _log_probs(self, batch: dict[str, np.ndarray], lora: str, module) -> np.ndarray:
@@ -351,14 +403,16 @@ class GRPOTrainer(Trainer):
                 parts.append(passes[key](module, mesh_lib.place_batch(chunk, sharding, size)))
         return np.concatenate([np.asarray(part) for part in mesh_lib.to_host(parts)]).astype(np.float32)
 
-    def _rewards(self, rows: list[dict], completion_ids: list[list[int]]) -> np.ndarray:
-        """``[N, F]`` rewards, calling each function TRL's way; ``None`` becomes NaN."""
+    def _rewards(self, rows: list[dict], completion_ids: list[list[int]], extra: dict[str, list]) -> np.ndarray:
+        """``[N, F]`` rewards, calling each function TRL's way (dataset columns and ``rollout_func``'s ``extra``
+        fields as keyword arguments); ``None`` becomes NaN."""
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         conversational = _is_conversational(rows[0]["prompt"])
         completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
         columns = {} if self.args.remove_unused_columns else {
             key: [row[key] for row in rows] for key in rows[0]
             if key not in ("prompt", "completion", "completion_ids", "prompt_ids")}
+        columns.update(extra)
         kwargs = {"prompts": [row["prompt"] for row in rows], "completions": completions,
                   "completion_ids": completion_ids, "trainer_state": self.state,
                   "log_metric": lambda name, value: self._pending_metrics.setdefault(name, []).append(float(value)),

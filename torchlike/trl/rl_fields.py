@@ -37,6 +37,8 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                              "one accumulation window."),
     "remove_unused_columns": _honoured("False (GRPO's default): every dataset column except prompt reaches the reward "
                                        "functions as a keyword list; True keeps only prompt."),
+    "data_seed": _ignored("TRL's GRPO sampler shuffles the prompts with seed and never reads data_seed; torchlike "
+                          "does the same."),
     # --- model ---
     "model_init_kwargs": FIELD_SUPPORT["model_init_kwargs"],
     "trust_remote_code": FIELD_SUPPORT["trust_remote_code"],
@@ -52,7 +54,7 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                        "KV cache, and it is the dr_grpo loss's constant."),
     "ds3_gather_for_generation": _ignored("A DeepSpeed ZeRO-3 setting; torchlike's parameters are sharded by JAX over "
                                           "the mesh and the sampler reads them where they are."),
-    "shuffle_dataset": _honoured("Shuffle the prompts every epoch (seeded by data_seed or seed), as TRL's sampler "
+    "shuffle_dataset": _honoured("Shuffle the prompts every epoch, seeded by seed (not data_seed), as TRL's sampler "
                                  "does; False keeps dataset order."),
     "pad_to_multiple_of": _honoured(_PAD_MULTIPLE),
     # --- generation ---
@@ -166,6 +168,10 @@ DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                              "sequence); times args.data_parallel_size it is the global micro-batch."),
     "gradient_accumulation_steps": _honoured("Micro-batches per optimizer step; as in TRL, the loss is the mean of the "
                                              "micro-batches' losses (each a mean over its pairs)."),
+    "remove_unused_columns": _ignored("DPO examples reach the data collator as the prepared columns (token ids and "
+                                      "reference log-probabilities), as with TRL's default True; False, which in TRL "
+                                      "also passes the dataset's other columns to a custom data_collator, changes "
+                                      "nothing (the default collator never reads them)."),
     # --- model ---
     "model_init_kwargs": FIELD_SUPPORT["model_init_kwargs"],
     "trust_remote_code": FIELD_SUPPORT["trust_remote_code"],

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchlike.training_args import TrainingArguments, check_choice, reject_removed_arguments, warn_from_config
+from torchlike.trl.fields import SFT_FIELD_SUPPORT
 
 #: ``truncation_mode`` values (``"keep_end"`` is deprecated in TRL and warns).
 TRUNCATION_MODES: tuple[str, ...] = ("keep_start", "keep_end")
@@ -67,6 +68,7 @@ class SFTConfig(TrainingArguments):
     """
 
     _VALID_DICT_FIELDS = (*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs", "dataset_kwargs")
+    _FIELD_SUPPORT = SFT_FIELD_SUPPORT
 
     # --- TrainingArguments defaults TRL changes ---
     logging_steps: float = 10

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -67,9 +68,11 @@ __all__ = [
     "collate_sft_batch",
     "hf_labels",
     "iter_sft_examples",
+    "load_chat_template",
     "pad_batch_rows",
     "pad_token_id_for",
     "prepare_sft_examples",
+    "unprepared_sft_examples",
 ]
 
 ACCEPTED_FORMATS = (
@@ -485,18 +488,7 @@ class _Preparer:
     def _pretokenized(self, example: Mapping[str, Any], index: int) -> tuple[list[int], list[int]]:
         input_ids = _as_int_list(example["input_ids"], "input_ids", index)
         if example.get("labels") is not None:
-            labels = _as_int_list(example["labels"], "labels", index)
-            _check_length(labels, input_ids, "labels", index)
-            loss_mask = [int(label != -100) for label in labels]
-            wrong = [t for t, (label, tok) in enumerate(zip(labels, input_ids, strict=True)) if -100 != label != tok]
-            if wrong:
-                raise ValueError(
-                    f"Example {index}: 'labels' differ from 'input_ids' at positions {wrong[:8]} (other than -100). "
-                    "torchlike keeps labels as a loss mask over input_ids, in the Hugging Face convention where "
-                    "labels[t] is input_ids[t] or -100 and the model shifts them. Pass unshifted labels, or a "
-                    "'completion_mask' / 'assistant_masks' column instead."
-                )
-            return input_ids, loss_mask
+            return input_ids, _labels_as_loss_mask(example["labels"], input_ids, index)
         masks = []
         if example.get("completion_mask") is not None:
             if self.completion_only_loss:
@@ -538,6 +530,21 @@ def chat_template_kwargs_for(example: Mapping[str, Any], defaults: Mapping[str, 
     tools = example.get("tools")
     tools = json.loads(tools) if isinstance(tools, str) else tools
     return {"tools": tools, **(defaults or {}), **(example.get("chat_template_kwargs") or {})}
+
+
+def _labels_as_loss_mask(labels: Any, input_ids: list[int], index: int) -> list[int]:
+    """Hugging Face ``labels`` (``input_ids[t]`` or -100, unshifted) as a loss mask: 1 where ``labels != -100``."""
+    labels = _as_int_list(labels, "labels", index)
+    _check_length(labels, input_ids, "labels", index)
+    wrong = [t for t, (label, tok) in enumerate(zip(labels, input_ids, strict=True)) if -100 != label != tok]
+    if wrong:
+        raise ValueError(
+            f"Example {index}: 'labels' differ from 'input_ids' at positions {wrong[:8]} (other than -100). "
+            "torchlike keeps labels as a loss mask over input_ids, in the Hugging Face convention where "
+            "labels[t] is input_ids[t] or -100 and the model shifts them. Pass unshifted labels, or a "
+            "'completion_mask' / 'assistant_masks' column instead."
+        )
+    return [int(label != -100) for label in labels]
 
 
 def _check_length(values: list[int], input_ids: list[int], name: str, index: int) -> None:
@@ -722,6 +729,77 @@ def prepare_sft_examples(
             chat_template_kwargs=chat_template_kwargs,
         )
     )
+
+
+def unprepared_sft_examples(dataset: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of an already prepared dataset, used as given (``SFTConfig.dataset_kwargs={"skip_prepare_dataset":
+    True}``, TRL 1.16's rule): ``input_ids`` as they are, the loss on ``labels != -100`` (on every token without
+    ``labels``); nothing is tokenised, truncated, appended or dropped.
+
+    Args:
+        dataset (`datasets.Dataset` or an iterable of dicts): Rows with ``input_ids`` and optionally ``labels``.
+
+    Returns:
+        `list[dict]`: ``{"input_ids": list[int], "loss_mask": list[int], "seq_len": int}`` per row, as
+        [`prepare_sft_examples`] returns them.
+
+    Raises:
+        ValueError: a row without ``input_ids``, or with ``completion_mask`` / ``assistant_masks`` but no ``labels``
+            (TRL refuses these too: the masks would be ignored and the loss would cover every token).
+    """
+    examples = []
+    for index, row in enumerate(dataset):
+        if row.get("input_ids") is None:
+            raise ValueError(f"Example {index} has no 'input_ids' (columns {list(row)}), but "
+                             "dataset_kwargs={'skip_prepare_dataset': True} uses the dataset as given, so it must be "
+                             "tokenised already. Drop skip_prepare_dataset to let SFTTrainer prepare it.")
+        input_ids = _as_int_list(row["input_ids"], "input_ids", index)
+        if row.get("labels") is not None:
+            loss_mask = _labels_as_loss_mask(row["labels"], input_ids, index)
+        elif row.get("completion_mask") is not None or row.get("assistant_masks") is not None:
+            raise ValueError(f"Example {index} has mask columns but no 'labels', and skip_prepare_dataset=True skips "
+                             "building labels from them, so the loss would cover the full sequence. Add a 'labels' "
+                             "column (-100 on tokens without loss) or drop skip_prepare_dataset.")
+        else:
+            loss_mask = [1] * len(input_ids)
+        examples.append({"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": len(input_ids)})
+    if not examples:
+        raise ValueError(f"The SFT dataset is empty ({type(dataset).__name__} with no examples); pass at least one "
+                         "example.")
+    return examples
+
+
+def load_chat_template(tokenizer: Any, path: str) -> None:
+    """Replaces ``tokenizer``'s chat template as ``SFTConfig.chat_template_path`` asks (TRL 1.16's rule).
+
+    A ``.jinja``/``.j2`` file is the template itself. Anything else is a tokenizer directory or hub id whose chat
+    template and eos token are copied (TRL's ``clone_chat_template``).
+
+    Args:
+        tokenizer (`transformers.PreTrainedTokenizerBase`): The tokenizer to change, in place.
+        path (`str`): The template file, or the tokenizer to copy it from.
+
+    Raises:
+        ValueError: the source tokenizer has tokens ``tokenizer`` lacks. TRL adds them and resizes the model's
+            embeddings; torchlike does not resize embeddings.
+    """
+    if os.path.isfile(path) and path.endswith((".jinja", ".j2")):
+        with open(path, encoding="utf-8") as template:
+            tokenizer.chat_template = template.read()
+        return
+    from ..tokenization import AutoTokenizer
+
+    source = AutoTokenizer.from_pretrained(path)
+    vocabulary = tokenizer.get_vocab()
+    missing = [token.content for token in source.added_tokens_decoder.values() if token.content not in vocabulary]
+    if missing:
+        raise ValueError(
+            f"chat_template_path={path!r}: that tokenizer has tokens {missing[:8]} which {type(tokenizer).__name__} "
+            "lacks. TRL adds them and resizes the model's embeddings, which torchlike does not do. Save the template "
+            "as a .jinja file written with the tokens this tokenizer has, and pass its path."
+        )
+    tokenizer.chat_template = source.get_chat_template()
+    tokenizer.eos_token = source.eos_token
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 
 from ..trainer import Trainer
-from .sft_data import collate_sft_batch, pad_token_id_for, prepare_sft_examples
+from .sft_data import (
+    collate_sft_batch,
+    load_chat_template,
+    pad_token_id_for,
+    prepare_sft_examples,
+    unprepared_sft_examples,
+)
 
 __all__ = ["SFTTrainer"]
 
@@ -56,12 +62,22 @@ class SFTTrainer(Trainer):
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
         if peft_config is not None:
-            model = get_peft_model(model, peft_config)
+            model = get_peft_model(model, peft_config, seed=args.seed)  # TRL seeds before creating the adapter
+        if args.chat_template_path is not None:
+            load_chat_template(processing_class, args.chat_template_path)
+        if data_collator is None and args.pad_token is not None:
+            if args.pad_token not in processing_class.get_vocab():
+                raise ValueError(f"pad_token={args.pad_token!r} is not in the vocabulary of the processing_class "
+                                 f"({type(processing_class).__name__}); pass a token it has.")
+            processing_class.pad_token = args.pad_token
         self.pad_token_id = pad_token_id_for(processing_class, args.eos_token)
+        skip_prepare = bool((args.dataset_kwargs or {}).get("skip_prepare_dataset", False))
 
         def prepare(dataset):
             if dataset is None:
                 return None
+            if skip_prepare:
+                return unprepared_sft_examples(dataset)
             return prepare_sft_examples(
                 dataset, processing_class, dataset_text_field=args.dataset_text_field, max_length=args.max_length,
                 truncation_mode=args.truncation_mode, completion_only_loss=args.completion_only_loss,
@@ -79,10 +95,17 @@ class SFTTrainer(Trainer):
                              f"{len(processing_class)} tokens; pad token {processing_class.pad_token!r}). Use the "
                              "tokenizer that belongs to the model, or set tokenizer.pad_token to a token the "
                              "model knows.")
-        # One padded length for every batch, so XLA compiles the step once.
-        length = args.max_length or max(len(example["input_ids"]) for example in train_examples or [{"input_ids": [0]}])
+        # One padded length for every batch, so XLA compiles the step once: max_length, or the longest example when
+        # there is none or the dataset was not prepared (and so not truncated), rounded up as pad_to_multiple_of asks.
+        length = max(args.max_length or 0, *(len(example["input_ids"]) for example in train_examples or []), 1)
+        if args.pad_to_multiple_of:
+            length = -(-length // args.pad_to_multiple_of) * args.pad_to_multiple_of
         collator = data_collator or (lambda rows: collate_sft_batch(rows, self.pad_token_id, length))
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
                          eval_dataset=prepare(eval_dataset), processing_class=processing_class,
                          compute_loss_func=compute_loss_func, compute_metrics=compute_metrics, callbacks=callbacks,
                          optimizers=optimizers)
+
+    def _signature_columns(self) -> None:
+        """Every column: the prepared examples hold only SFT's columns (``input_ids``, ``loss_mask``, ``seq_len``)."""
+        return None

@@ -1,0 +1,150 @@
+"""GRPOTrainer equals the real ``trl.GRPOTrainer`` step for step.
+
+Both trainers get the same completions for the same prompts through TRL's ``rollout_func`` (one function given to
+both), and both keep the rows of a generation batch in order (TRL's ``shuffle_sequence_dict`` and torchlike's
+``_shuffled`` replaced by the identity), so the comparison is free of sampling noise: per-step loss, grad norm,
+rewards, advantages and the parameters after the run must agree.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import torchlike
+from tests import tiny
+from torchlike.trl import GRPOConfig, GRPOTrainer
+
+PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog", "four five", "tiny test", "seven eight",
+           "the fox", "nine ten", "over the", "jumps over", "brown fox", "a tiny", "for tests", "this is", "world"]
+COMPLETION_LENGTH = 8
+EOS = 2
+
+# Each case varies what TRL's loss and batching depend on; together they cover every loss_type, every scale_rewards
+# mode, gradient accumulation, steps_per_generation != gradient_accumulation_steps (dividing or not), num_iterations,
+# a KL reference and mask_truncated_completions.
+CASES = {
+    "dapo, accumulation 2": dict(loss_type="dapo", gradient_accumulation_steps=2),
+    "grpo, 3 steps per generation of 2 (old log-probs)": dict(loss_type="grpo", gradient_accumulation_steps=3,
+                                                             steps_per_generation=2, scale_rewards="batch"),
+    "bnpo, generation every 4 micro-batches, accumulation 2": dict(loss_type="bnpo", gradient_accumulation_steps=2,
+                                                                    steps_per_generation=4, scale_rewards="none"),
+    "dr_grpo, 2 iterations": dict(loss_type="dr_grpo", num_iterations=2),
+    "cispo, beta 0.04 with a reference": dict(loss_type="cispo", beta=0.04, gradient_accumulation_steps=2),
+    "sapo, truncated completions masked": dict(loss_type="sapo", mask_truncated_completions=True),
+    "luspo, one generation per micro-batch": dict(loss_type="luspo", gradient_accumulation_steps=2,
+                                                 steps_per_generation=1),
+    "vespo, 2 iterations, accumulation 2": dict(loss_type="vespo", num_iterations=2, gradient_accumulation_steps=2,
+                                               epsilon_high=0.28),
+}
+
+
+def scripted_rollout(prompts, trainer):
+    """TRL's ``rollout_func``: a fixed completion per (prompt, index in its group) of varying length, some ending
+    with EOS, some cut at ``max_completion_length``, some stopping without EOS."""
+    tokenizer = trainer.processing_class
+    generations = trainer.args.num_generations
+    prompt_ids, completion_ids = [], []
+    for index, prompt in enumerate(prompts):
+        rng = np.random.default_rng([zlib.crc32(prompt.encode()), index % generations])
+        length = int(rng.integers(2, COMPLETION_LENGTH + 1))
+        ids = rng.integers(3, tiny.VOCAB, size=length).tolist()
+        if rng.random() < 0.5 and length < COMPLETION_LENGTH:
+            ids[-1] = EOS
+        prompt_ids.append(tokenizer(prompt)["input_ids"])
+        completion_ids.append(ids)
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
+            "logprobs": [[0.0] * len(ids) for ids in completion_ids]}
+
+
+def token_reward(completion_ids, **kwargs):
+    return [float((sum(ids) * 7919) % 13) / 13 for ids in completion_ids]
+
+
+def length_reward(completion_ids, **kwargs):
+    return [len(ids) / COMPLETION_LENGTH for ids in completion_ids]
+
+
+def settings(**case):
+    values = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=COMPLETION_LENGTH,
+                  max_steps=3, learning_rate=1e-2, adam_epsilon=1e-4, logging_steps=1, seed=0, report_to="none", save_strategy="no",
+                  bf16=False, shuffle_dataset=False, reward_weights=[1.0, 0.5], weight_decay=0.01,
+                  max_grad_norm=0.5)
+    values.update(case)
+    return values
+
+
+def logged(history, key):
+    return [entry[key] for entry in history if "loss" in entry and key in entry]
+
+
+def run_trl(path, tokenizer_path, output_dir, monkeypatch, **case):
+    import datasets
+    import transformers
+    import trl
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
+    advantages = []
+    trainer = trl.GRPOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        reward_funcs=[token_reward, length_reward],
+        args=trl.GRPOConfig(output_dir=str(output_dir), use_cpu=True, **settings(**case)),
+        train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path),
+        rollout_func=scripted_rollout)
+    score = trainer._generate_and_score_completions
+
+    def recording(inputs):
+        output = score(inputs)
+        advantages.append(output["advantages"].numpy().copy())
+        return output
+
+    trainer._generate_and_score_completions = recording
+    trainer.train()
+    params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
+    return trainer.state.log_history, advantages, params
+
+
+def run_torchlike(path, tokenizer_path, output_dir, **case):
+    advantages = []
+    trainer = GRPOTrainer(model=str(path), reward_funcs=[token_reward, length_reward],
+                          args=GRPOConfig(output_dir=str(output_dir), **settings(**case)),
+                          train_dataset=[{"prompt": p} for p in PROMPTS],
+                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path),
+                          rollout_func=scripted_rollout)
+
+    def in_order(batch, seed):
+        advantages.append(batch["advantages"].copy())
+        return batch
+
+    trainer._shuffled = in_order
+    trainer.train()
+    trainer.model.save_pretrained(output_dir / "model")
+    from safetensors.numpy import load_file
+
+    return trainer.state.log_history, advantages, load_file(output_dir / "model" / "model.safetensors")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_grpo_matches_trl_step_for_step_on_the_same_completions(tiny_checkpoints, tokenizer_dir, tmp_path,
+                                                                 monkeypatch, case):
+    path = tiny_checkpoints.path("qwen2")
+    expected_history, expected_advantages, expected_params = run_trl(path, tokenizer_dir, tmp_path / "trl",
+                                                                     monkeypatch, **CASES[case])
+    history, advantages, params = run_torchlike(path, tokenizer_dir, tmp_path / "ours", **CASES[case])
+
+    assert len(logged(history, "loss")) == len(logged(expected_history, "loss")) == 3
+    for key in ("loss", "grad_norm", "reward", "reward_std"):
+        np.testing.assert_allclose(logged(history, key), logged(expected_history, key), rtol=1e-4, atol=1e-6,
+                                   err_msg=key)
+    assert len(advantages) == len(expected_advantages)
+    for ours, theirs in zip(advantages, expected_advantages, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
+    assert set(params) == set(expected_params)
+    for name, value in expected_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)
