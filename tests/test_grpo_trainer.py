@@ -204,3 +204,16 @@ def test_remove_unused_columns_keeps_only_the_prompt_for_rewards(tiny_checkpoint
     make_trainer(tiny_checkpoints, tokenizer, tmp_path, reward_funcs=reward, dataset=dataset, max_steps=1,
                  remove_unused_columns=True).train()
     assert "target" not in seen and "prompts" in seen
+
+
+def test_pad_to_multiple_of_widens_prompts_and_completions_without_changing_the_losses(tiny_checkpoints, tokenizer,
+                                                                                      tmp_path):
+    plain = make_trainer(tiny_checkpoints, tokenizer, tmp_path / "plain", max_steps=2)
+    plain.train()
+    padded = make_trainer(tiny_checkpoints, tokenizer, tmp_path / "padded", max_steps=2, pad_to_multiple_of=24)
+    padded.train()
+    rollout = padded._last_rollout
+    assert rollout["completion_mask"].shape[1] == 24 and rollout["input_ids"].shape[1] % 24 == 0
+    assert rollout["input_ids"].shape[1] > plain._last_rollout["input_ids"].shape[1]
+    assert rollout["completion_mask"].sum() == plain._last_rollout["completion_mask"].sum()
+    np.testing.assert_allclose(logged(padded, "loss"), logged(plain, "loss"), rtol=1e-5, atol=1e-7)

@@ -69,10 +69,13 @@ def length_reward(completion_ids, **kwargs):
 
 
 def settings(**case):
+    # bf16 off: the comparison is in float32 on both sides. A learning rate large enough that the policy moves
+    # within a generation batch (so old log-probs matter), and an Adam epsilon above float noise, so entries whose
+    # gradient is ~0 do not take lr-sized steps of either sign.
     values = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=COMPLETION_LENGTH,
-                  max_steps=3, learning_rate=1e-2, adam_epsilon=1e-4, logging_steps=1, seed=0, report_to="none", save_strategy="no",
-                  bf16=False, shuffle_dataset=False, reward_weights=[1.0, 0.5], weight_decay=0.01,
-                  max_grad_norm=0.5)
+                  max_steps=3, learning_rate=1e-2, adam_epsilon=1e-4, weight_decay=0.01, max_grad_norm=0.5,
+                  logging_steps=1, seed=0, report_to="none", save_strategy="no", bf16=False, shuffle_dataset=False,
+                  reward_weights=[1.0, 0.5])
     values.update(case)
     return values
 

@@ -35,6 +35,19 @@ def normalise_pad_to_multiple_of(value: Any) -> int | None:
     return value
 
 
+def round_up_to_multiple(length: int, multiple: int | None) -> int:
+    """``length`` rounded up to a multiple of ``multiple`` (as is when ``multiple`` is ``None``).
+
+    Args:
+        length: a padded length.
+        multiple: a normalised ``pad_to_multiple_of`` (see :func:`normalise_pad_to_multiple_of`).
+
+    Returns:
+        The smallest multiple of ``multiple`` that is at least ``length``.
+    """
+    return -(-length // multiple) * multiple if multiple else length
+
+
 @dataclass
 class TRLConfig(TrainingArguments):
     """``TrainingArguments`` with TRL 1.16's changed defaults: ``logging_steps=10``, ``gradient_checkpointing=True``,

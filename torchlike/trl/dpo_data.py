@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .base_config import round_up_to_multiple
 from .sft_data import _columns, _common_prefix_length, _describe, _is_message_list, chat_template_kwargs_for
 
 __all__ = [
@@ -241,9 +242,7 @@ def padded_length(examples: Iterable[Mapping[str, Any]], max_length: int | None,
     window = _window(max_length, truncation_mode)
     longest = max((len(_sequence(example, response, window)[0]) for example in examples for response in _RESPONSES),
                   default=1)
-    if pad_to_multiple_of:
-        longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    return longest
+    return round_up_to_multiple(longest, pad_to_multiple_of)
 
 
 def collate_preference_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, length: int,

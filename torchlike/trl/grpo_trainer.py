@@ -24,6 +24,7 @@ import numpy as np
 from ..adapters import mesh as mesh_lib
 from ..adapters import qwix_lora, rl_math, sampling, tunix_grpo
 from ..trainer import Trainer
+from .base_config import round_up_to_multiple
 
 __all__ = ["GRPOTrainer"]
 
@@ -110,7 +111,7 @@ class GRPOTrainer(Trainer):
             if hasattr(model, "peft_config"):
                 raise ValueError("peft_config was given but the model already has a LoRA adapter; pass one or the "
                                  "other.")
-            model = get_peft_model(model, peft_config)
+            model = get_peft_model(model, peft_config, seed=args.seed)
         self.args = args
         self.reward_funcs = self._check_reward_functions(reward_funcs)
         weights = args.reward_weights
@@ -127,7 +128,7 @@ class GRPOTrainer(Trainer):
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = self._prepare(eval_dataset, "eval_dataset")
         lengths = [len(row["prompt_ids"]) for row in (train_rows or []) + (eval_rows or [])]
-        self.prompt_length = sampling.bucket_length(max(lengths, default=1))
+        self.prompt_length = self._padded(sampling.bucket_length(max(lengths, default=1)))
         vocab = getattr(model.config, "vocab_size", None)
         largest = max([self.pad_token_id, *self.eos_token_ids, *(max(r["prompt_ids"], default=0)
                                                                    for r in (train_rows or []))])
@@ -297,9 +298,10 @@ class GRPOTrainer(Trainer):
             result = sampling.generate_tokens(
                 self._module, prompt_ids, prompt_mask, length, self.sampling, eos_token_ids=self.eos_token_ids,
                 pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=qwix_lora.EVAL)
-            tokens = np.full((len(rows), length), self.pad_token_id, np.int32)
+            tokens = np.full((len(rows), self._padded(length)), self.pad_token_id, np.int32)
             tokens[:, :result.tokens.shape[1]] = result.tokens
-            completion_mask, ended = tunix_grpo.completion_mask(tokens, self.eos_token_ids)
+            completion_mask, ended = tunix_grpo.completion_mask(tokens[:, :length], self.eos_token_ids)
+            completion_mask = np.pad(completion_mask, ((0, 0), (0, tokens.shape[1] - length)))
             extra = {}
         completion_ids = [list(t[:int(m.sum())]) for t, m in zip(tokens, completion_mask, strict=True)]
         rewards = self._rewards(rows, completion_ids, extra)
@@ -365,10 +367,10 @@ class GRPOTrainer(Trainer):
         if longest > length:
             raise ValueError(f"rollout_func returned a completion of {longest} tokens, longer than "
                              f"max_completion_length={length}; truncate it or raise max_completion_length.")
-        prompt_length = max(self.prompt_length, sampling.bucket_length(max(len(ids) for ids in prompts)))
+        prompt_length = max(self.prompt_length, self._padded(sampling.bucket_length(max(len(ids) for ids in prompts))))
         prompt_ids, prompt_mask = self._left_padded(prompts, prompt_length)
-        tokens = np.full((len(rows), length), self.pad_token_id, np.int32)
-        completion_mask = np.zeros((len(rows), length), np.int32)
+        tokens = np.full((len(rows), self._padded(length)), self.pad_token_id, np.int32)
+        completion_mask = np.zeros(tokens.shape, np.int32)
         for row, ids in enumerate(completions):
             tokens[row, :len(ids)] = ids
             completion_mask[row, :len(ids)] = 1
@@ -377,6 +379,10 @@ class GRPOTrainer(Trainer):
         extra = {key: value if isinstance(value, list) else [value] * len(rows)
                  for key, value in output.items() if key not in ("prompt_ids", "completion_ids", "logprobs")}
         return prompt_ids, prompt_mask, tokens, completion_mask, ended, extra
+
+    def _padded(self, length: int) -> int:
+        """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
+        return round_up_to_multiple(length, self.args.pad_to_multiple_of)
 
     def _left_padded(self, sequences: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
         ids = np.full((len(sequences), length), self.pad_token_id, np.int32)

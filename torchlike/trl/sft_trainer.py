@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..trainer import Trainer
+from .base_config import round_up_to_multiple
 from .sft_data import (
     collate_sft_batch,
     load_chat_template,
@@ -95,14 +96,15 @@ class SFTTrainer(Trainer):
                              f"{len(processing_class)} tokens; pad token {processing_class.pad_token!r}). Use the "
                              "tokenizer that belongs to the model, or set tokenizer.pad_token to a token the "
                              "model knows.")
-        # One padded length for every batch, so XLA compiles the step once: max_length, or the longest example when
-        # there is none or the dataset was not prepared (and so not truncated), rounded up as pad_to_multiple_of asks.
-        length = max(args.max_length or 0, *(len(example["input_ids"]) for example in train_examples or []), 1)
-        if args.pad_to_multiple_of:
-            length = -(-length // args.pad_to_multiple_of) * args.pad_to_multiple_of
+        eval_examples = prepare(eval_dataset)
+        # One padded length for every batch, so XLA compiles the step once: the longest prepared example (already
+        # truncated to max_length; TRL pads each batch to its longest), rounded up as pad_to_multiple_of asks.
+        length = max([len(example["input_ids"]) for example in (train_examples or []) + (eval_examples or [])],
+                     default=1)
+        length = round_up_to_multiple(length, args.pad_to_multiple_of)
         collator = data_collator or (lambda rows: collate_sft_batch(rows, self.pad_token_id, length))
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
-                         eval_dataset=prepare(eval_dataset), processing_class=processing_class,
+                         eval_dataset=eval_examples, processing_class=processing_class,
                          compute_loss_func=compute_loss_func, compute_metrics=compute_metrics, callbacks=callbacks,
                          optimizers=optimizers)
 
