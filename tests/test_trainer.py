@@ -30,38 +30,6 @@ def logged_losses(trainer) -> list[float]:
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
-def test_sft_losses_match_trl_for_20_steps(tiny_checkpoints, tmp_path):
-    import datasets
-    import transformers
-    import trl
-    from torch.utils.data import SequentialSampler
-
-    path = tiny_checkpoints.path("qwen2")
-    examples = tiny.padded_examples(80, seed=1, full=True)
-    settings = dict(per_device_train_batch_size=4, max_steps=20, learning_rate=1e-3, lr_scheduler_type="linear",
-                    warmup_steps=3, max_grad_norm=1.0, weight_decay=0.01, logging_steps=1, seed=0, bf16=False,
-                    gradient_checkpointing=False)
-    reference = trl.SFTTrainer(
-        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), max_length=tiny.EXAMPLE_LENGTH, use_cpu=True,
-                           report_to="none", save_strategy="no", **settings),
-        train_dataset=datasets.Dataset.from_dict({"input_ids": [e["input_ids"].tolist() for e in examples]}),
-        processing_class=transformers.AutoTokenizer.from_pretrained(tiny.build_tokenizer(tmp_path / "tok")))
-    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
-    reference.train()
-    expected = logged_losses(reference)
-
-    trainer = sequential(torchlike.Trainer(
-        model=torchlike.AutoModelForCausalLM.from_pretrained(path),
-        args=torchlike.TrainingArguments(output_dir=str(tmp_path / "ours"), save_strategy="no", report_to="none",
-                                         **settings),
-        train_dataset=examples), len(examples))
-    trainer.train()
-    ours = logged_losses(trainer)
-    assert len(ours) == len(expected) == 20
-    np.testing.assert_allclose(ours, expected, rtol=1e-2)
-
-
 def test_gradient_accumulation_4x2_equals_batch_8_on_padded_examples(tiny_checkpoints, tmp_path):
     path = tiny_checkpoints.path("qwen2")
     examples = tiny.padded_examples(16, seed=2)
