@@ -757,9 +757,8 @@ class Trainer:
                 "export from one process: model.load_state_dict(torchlike.load('<checkpoint>/model')); "
                 "model.save_pretrained(dir).")
         output_dir = output_dir or self.args.output_dir
-        self.model.save_pretrained(output_dir)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
+        # The tokenizer's files go into the same staged folder, so the swap publishes model and tokenizer together.
+        self.model.save_pretrained(output_dir, tokenizer=self.processing_class)
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save")
 
