@@ -217,3 +217,43 @@ def test_pad_to_multiple_of_widens_prompts_and_completions_without_changing_the_
     assert rollout["input_ids"].shape[1] > plain._last_rollout["input_ids"].shape[1]
     assert rollout["completion_mask"].sum() == plain._last_rollout["completion_mask"].sum()
     np.testing.assert_allclose(logged(padded, "loss"), logged(plain, "loss"), rtol=1e-5, atol=1e-7)
+
+
+def scripted(completion_ids, **extra):
+    """A ``rollout_func`` returning ``completion_ids`` for every prompt, with ``extra`` fields."""
+
+    def rollout(prompts, trainer):
+        return {"prompt_ids": [trainer.processing_class(p)["input_ids"] for p in prompts],
+                "completion_ids": [list(completion_ids)] * len(prompts), "logprobs": None, **extra}
+
+    return rollout
+
+
+def test_rollout_func_replaces_the_sampler_and_its_extra_fields_reach_the_rewards(tiny_checkpoints, tokenizer,
+                                                                                  tmp_path):
+    seen = {}
+
+    def reward(completion_ids, source, **kwargs):
+        seen.update(completion_ids=completion_ids, source=source)
+        return [0.0] * len(completion_ids)
+
+    trainer = GRPOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=reward, args=config(tmp_path),
+                          train_dataset=[{"prompt": p} for p in PROMPTS], processing_class=tokenizer,
+                          rollout_func=scripted([5, 6, 7, 2], source="scripted"))
+    trainer.train()
+    assert seen["completion_ids"] == [[5, 6, 7, 2]] * 8 and seen["source"] == ["scripted"] * 8
+    assert logged(trainer, "completions/clipped_ratio") == [0.0, 0.0]  # each ends with EOS
+
+
+@pytest.mark.parametrize(("rollout", "needle"), [
+    (lambda prompts, trainer: {"prompt_ids": [], "completion_ids": []}, "must return keys \\['logprobs'\\]"),
+    (scripted(list(range(3, 20))), "completion of 17 tokens, longer than max_completion_length=12"),
+    (lambda prompts, trainer: {"prompt_ids": [[3]], "completion_ids": [[4]], "logprobs": None},
+     "returned 1 prompt_ids for 8 prompts"),
+])
+def test_a_bad_rollout_func_result_is_refused(tiny_checkpoints, tokenizer, tmp_path, rollout, needle):
+    trainer = GRPOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=length_reward,
+                          args=config(tmp_path), train_dataset=[{"prompt": p} for p in PROMPTS],
+                          processing_class=tokenizer, rollout_func=rollout)
+    with pytest.raises(ValueError, match=needle):
+        trainer.train()
