@@ -18,7 +18,7 @@ from flax import nnx
 from . import qwix_lora, rl_math
 from .families import Family
 from .tracing import traced_cheaply
-from .tunix_sft import causal_lm_logits
+from .tunix_sft import cast_floating, causal_lm_logits
 
 #: Loss types whose micro-batch loss is a sum over tokens divided by the generation batch's token count
 #: (TRL's ``num_items_in_batch`` normaliser); the others are per-micro-batch means.
@@ -38,12 +38,18 @@ def completion_log_probs(family: Family, module: nnx.Module, batch: dict, temper
     return rl_math.token_log_probs(logits, tokens, batch["completion_mask"], temperature)
 
 
-def make_log_prob_pass(family: Family, temperature: float, lora: str = qwix_lora.EVAL) -> Callable:
+def make_log_prob_pass(family: Family, temperature: float, lora: str = qwix_lora.EVAL,
+                       compute_dtype=None) -> Callable:
     """A jitted ``(module, batch) -> [B, C]`` log-prob pass (no dropout): old-policy log-probs with the
-    adapter on (``lora="eval"``), or reference log-probs of the base weights (``lora="disabled"``)."""
+    adapter on (``lora="eval"``), or reference log-probs of the base weights (``lora="disabled"``).
+
+    ``compute_dtype`` is the train step's (``bf16``): the stored log-probs then come from the same computation as
+    the step's own, so an unchanged policy has a ratio of 1 and no KL to itself, as under TRL's autocast.
+    """
 
     @nnx.jit
     def log_probs(module, batch):
+        module = cast_floating(module, compute_dtype)
         with qwix_lora.lora_mode(lora):
             return completion_log_probs(family, module, batch, temperature)
 

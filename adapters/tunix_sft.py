@@ -161,8 +161,15 @@ def _record_trace(name: str, batch) -> None:
         logger.info("tracing %s (new XLA program %d): %s", name, TRACE_COUNTS[name], shapes)
 
 
-def _cast_floating(state, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+def cast_floating(module: nnx.Module, dtype) -> nnx.Module:
+    """A copy of ``module`` whose floating-point state is cast to ``dtype`` (``module`` itself when ``dtype`` is
+    ``None``): bf16 compute on full-precision parameters, like torch autocast. Inside a jitted function the cast is
+    part of the program, so gradients flow back to the original parameters in their own dtype."""
+    if dtype is None:
+        return module
+    graphdef, state = nnx.split(module)
+    return nnx.merge(graphdef, jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state))
 
 
 def make_train_step(
@@ -203,9 +210,7 @@ def make_train_step(
         raise ValueError("merged LoRA weights cannot apply LoRA dropout; use the factored step when lora_dropout > 0.")
 
     def forward(module, batch, num_items):
-        if compute_dtype is not None:
-            graphdef, state = nnx.split(module)
-            module = nnx.merge(graphdef, _cast_floating(state, compute_dtype))
+        module = cast_floating(module, compute_dtype)
         if merged_lora_scale is not None:
             context = qwix_lora.merged_lora(merged_lora_scale)
         else:
@@ -247,9 +252,7 @@ def make_eval_step(loss: Callable, compute_dtype=None, count_items: Callable | N
     @nnx.jit
     def step(module, batch):
         _record_trace("eval_step", batch)  # runs at trace time only
-        if compute_dtype is not None:
-            graphdef, state = nnx.split(module)
-            module = nnx.merge(graphdef, _cast_floating(state, compute_dtype))
+        module = cast_floating(module, compute_dtype)
         return loss(module, batch, count_items(batch) if count_items is not None else None)
 
     return traced_cheaply(step)

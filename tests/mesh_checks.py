@@ -77,8 +77,7 @@ def check_grpo_lora_and_resume(checkpoint: Path, tokenizer_dir: Path, folder: Pa
         model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=torchlike.make_mesh((4, 2)))
         args = GRPOConfig(output_dir=str(output), per_device_train_batch_size=2, num_generations=4,
                           max_completion_length=8, max_steps=3, learning_rate=1e-2, logging_steps=1,
-                          save_strategy="steps", save_steps=1, report_to="none", bf16=False,
-                          gradient_checkpointing=False, disable_tqdm=True)
+                          save_strategy="steps", save_steps=1, report_to="none", disable_tqdm=True)
         trainer = GRPOTrainer(model, reward_funcs=length_reward, args=args, train_dataset=prompts,
                               processing_class=tokenizer, peft_config=LoraConfig(r=4, lora_alpha=8,
                                                                                   target_modules="all-linear"))

@@ -28,8 +28,8 @@ def test_torchlike_sft_trains_on_a_jsonl_file_and_writes_an_hf_loadable_director
     completed = subprocess.run(
         [str(CONSOLE_SCRIPT), "sft", "--model_name_or_path", str(model_dir), "--dataset_name", str(data_file),
          "--output_dir", str(output_dir), "--per_device_train_batch_size", "2", "--max_length", "32",
-         "--max_steps", "2", "--report_to", "none", "--save_strategy", "no", "--bf16", "false",
-         "--logging_steps", "1", "--dtype", "auto", "--use_peft", "--lora_r", "4",
+         "--max_steps", "2", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1",
+         "--dtype", "auto", "--use_peft", "--lora_r", "4",
          "--lora_target_modules", "q_proj", "v_proj"],
         capture_output=True, text=True, timeout=300, env={**os.environ, **OFFLINE}, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -83,7 +83,7 @@ def test_dataset_missing_offline_fails_fast_saying_what_to_pass(tmp_path, monkey
     start = time.perf_counter()
     with pytest.raises(FileNotFoundError, match="not a local file or directory.*train.jsonl"):
         main(["sft", "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", "no-org/no-such-dataset",
-              "--output_dir", str(tmp_path / "out"), "--bf16", "false"])
+              "--output_dir", str(tmp_path / "out")])
     assert time.perf_counter() - start < 5
 
 
@@ -91,7 +91,7 @@ def test_data_file_of_unknown_type_is_refused(tmp_path):
     data = tmp_path / "data.xml"
     data.write_text("<rows/>")
     with pytest.raises(ValueError, match="cannot tell the format"):
-        main(["sft", "--model_name_or_path", str(tmp_path), "--dataset_name", str(data), "--bf16", "false",
+        main(["sft", "--model_name_or_path", str(tmp_path), "--dataset_name", str(data),
               "--output_dir", str(tmp_path / "out")])
 
 

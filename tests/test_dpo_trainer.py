@@ -64,38 +64,75 @@ def sequence_log_prob(model, prompt_ids, response_ids):
     return float(sum(log_probs[t - 1, ids[t]] for t in range(len(prompt_ids), len(ids))))
 
 
-def test_dpo_losses_and_metrics_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path):
+def comparison_settings(loss_type: str) -> dict:
+    """Settings both trainers get: gradient accumulation, truncation to max_length=20 (several sequences are cut), a
+    warmup, weight decay and clipping (max_grad_norm below every step's norm) are part of what is compared.
+
+    bf16 off: the comparison is in float32 on both sides (gradient checkpointing stays at its default, on). The
+    learning rate is large enough that each step after the first (warmup starts at lr 0) moves the weights clearly,
+    and Adam's epsilon lies above float noise, so entries whose gradient is ~0 do not take lr-sized steps of either
+    sign.
+    """
+    return dict(max_length=20, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=5,
+                learning_rate=1e-2, warmup_steps=2, weight_decay=0.1, max_grad_norm=0.05, adam_epsilon=1e-4,
+                logging_steps=1, seed=0, bf16=False, beta=0.1, loss_type=[loss_type], report_to="none",
+                save_strategy="no")
+
+
+def run_trl_dpo(path, tokenizer_path, output_dir, settings):
+    """``trl.DPOTrainer`` on DATA in order: its log history and final parameters (HF names)."""
     import datasets
     import torch
     import transformers
     import trl
     from torch.utils.data import SequentialSampler
 
-    path = tiny_checkpoints.path("qwen2")
-    # Gradient accumulation and max_length=20 (several sequences are truncated) are part of what is compared.
-    settings = dict(max_length=20, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=5,
-                    learning_rate=1e-3, logging_steps=1, seed=0, bf16=False, gradient_checkpointing=False, beta=0.1,
-                    report_to="none", save_strategy="no")
-    reference = trl.DPOTrainer(
+    trainer = trl.DPOTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        args=trl.DPOConfig(output_dir=str(output_dir), use_cpu=True, **settings),
         train_dataset=datasets.Dataset.from_list(DATA),
-        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
-    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
-    reference.train()
-    ours = DPOTrainer(model=str(path), args=DPOConfig(output_dir=str(tmp_path / "ours"),
-                                                      train_sampling_strategy="sequential", **settings),
-                      train_dataset=DATA, processing_class=tokenizer_for(tokenizer_dir))
-    ours.train()
+        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path))
+    trainer._get_train_sampler = lambda *args, **kwargs: SequentialSampler(trainer.train_dataset)
+    trainer.train()
+    params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
+    return trainer.state.log_history, params
 
-    assert len(logged(ours, "loss")) == len(logged(reference, "loss")) == 5
-    np.testing.assert_allclose(logged(ours, "loss"), logged(reference, "loss"), rtol=1e-2)
-    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected", "entropy",
-                "logits/chosen", "logits/rejected", "mean_token_accuracy", "grad_norm"):
-        np.testing.assert_allclose(logged(ours, key), logged(reference, key), rtol=1e-2, atol=1e-3, err_msg=key)
-    assert logged(ours, "num_tokens") == logged(reference, "num_tokens")
-    # Step 1 compares equal weights, so chosen > rejected is decided by float noise; later steps are clear-cut.
-    assert logged(ours, "rewards/accuracies")[1:] == logged(reference, "rewards/accuracies")[1:]
+
+def run_torchlike_dpo(path, tokenizer_path, output_dir, settings):
+    """torchlike's DPOTrainer on DATA in order: its log history and final parameters as exported (HF names)."""
+    from safetensors.numpy import load_file
+
+    trainer = DPOTrainer(model=str(path), args=DPOConfig(output_dir=str(output_dir),
+                                                         train_sampling_strategy="sequential", **settings),
+                         train_dataset=DATA, processing_class=tokenizer_for(tokenizer_path))
+    trainer.train()
+    trainer.model.save_pretrained(output_dir / "model")
+    return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_dpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path, loss_type):
+    path, settings = tiny_checkpoints.path("qwen2"), comparison_settings(loss_type)
+    expected_history, expected_params = run_trl_dpo(path, tokenizer_dir, tmp_path / "trl", settings)
+    history, params = run_torchlike_dpo(path, tokenizer_dir, tmp_path / "ours", settings)
+    expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
+    ours = {entry["step"]: entry for entry in history if "loss" in entry}
+
+    assert list(ours) == list(expected) == [1, 2, 3, 4, 5]
+    assert all(entry["grad_norm"] > settings["max_grad_norm"] for entry in expected.values())  # clipping is on
+    for key in ("loss", "grad_norm", "learning_rate", "rewards/chosen", "rewards/rejected", "rewards/margins",
+                "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "entropy",
+                "mean_token_accuracy"):
+        np.testing.assert_allclose([ours[step][key] for step in ours], [expected[step][key] for step in expected],
+                                   rtol=1e-4, atol=1e-6, err_msg=key)
+    assert [entry["num_tokens"] for entry in ours.values()] == [entry["num_tokens"] for entry in expected.values()]
+    # Steps 1 and 2 score the initial weights (warmup starts at lr 0), so chosen > rejected is decided by float noise.
+    assert [ours[step]["rewards/accuracies"] for step in (3, 4, 5)] == \
+        [expected[step]["rewards/accuracies"] for step in (3, 4, 5)]
+    assert set(params) == set(expected_params)
+    # atol for entries near 0 (the float noise of a run is ~1e-6 there); weight decay alone moves entries by ~1e-3.
+    for name, value in expected_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
 
 
 @pytest.mark.parametrize("name", list(FORMATS))

@@ -27,7 +27,7 @@ def length_reward(completions, **kwargs):
 def config(tmp_path, **overrides):
     values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
                   max_completion_length=12, max_steps=2, learning_rate=1e-3, logging_steps=1, report_to="none",
-                  save_strategy="no", bf16=False, gradient_checkpointing=False, disable_tqdm=True)
+                  save_strategy="no", disable_tqdm=True)
     values.update(overrides)
     return GRPOConfig(**values)
 

@@ -117,7 +117,7 @@ def trl_prepare(hf_model, tmp_path):
         from trl import SFTConfig, SFTTrainer
 
         config.setdefault("max_length", 1024)
-        args = SFTConfig(output_dir=str(tmp_path / "trl"), report_to="none", use_cpu=True, bf16=False, **config,
+        args = SFTConfig(output_dir=str(tmp_path / "trl"), report_to="none", use_cpu=True, **config,
                          **(trl_only or {}))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -247,7 +247,8 @@ def test_completion_only_loss_equals_the_hand_computed_masked_nll(tiny_checkpoin
     data = [{"prompt": "the quick brown", "completion": " fox jumps"}, {"prompt": "one", "completion": " two three"},
             {"prompt": "hello world, this", "completion": " is tiny"}, {"prompt": "lazy", "completion": " dog"}]
     args = SFTConfig(output_dir=str(tmp_path / "out"), max_length=24, per_device_train_batch_size=4, max_steps=1,
-                     logging_steps=1, report_to="none", save_strategy="no", bf16=False, disable_tqdm=True)
+                     logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
+                     bf16=False)  # compared with torch in float32 at rel=1e-5
     trainer = SFTTrainer(model=str(tiny_checkpoints.path("qwen2")), args=args, train_dataset=data,
                          processing_class=tokenizer)
     trainer.train()

@@ -21,9 +21,8 @@ from torchlike import trl as torchlike_trl
 
 TRL_SCRIPTS = Path(importlib.util.find_spec("trl").submodule_search_locations[0]) / "scripts"
 WORDS = "the quick brown fox jumps over the lazy dog one two three four five six seven eight nine ten".split()
-# Settings that keep a script run tiny (two optimizer steps, short sequences, no checkpoint or report).
-TINY_RUN = ["--max_steps", "2", "--report_to", "none", "--save_strategy", "no", "--bf16", "false",
-            "--gradient_checkpointing", "false", "--logging_steps", "1"]
+# Settings that keep a script run tiny (two optimizer steps, no checkpoint or report); the rest are TRL's defaults.
+TINY_RUN = ["--max_steps", "2", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1"]
 _TRL_IMPORT = re.compile(r"^(\s*)from trl(?=[.\s])")
 
 
@@ -148,8 +147,7 @@ def test_trl_dpo_script_trains_from_a_yaml_config(script_model, tmp_path, monkey
     config = {"env": {"TORCHLIKE_SCRIPT_TEST_ENV": "from-yaml"}, "model_name_or_path": str(script_model),
               "dataset_name": str(dataset_dir), "output_dir": str(tmp_path / "overridden"),
               "per_device_train_batch_size": 2, "max_length": 32, "max_steps": 2, "report_to": "none",
-              "save_strategy": "no", "bf16": False, "gradient_checkpointing": False, "logging_steps": 1,
-              "beta": 0.2}
+              "save_strategy": "no", "logging_steps": 1, "beta": 0.2}
     config_path = tmp_path / "dpo.yaml"
     config_path.write_text(yaml.safe_dump(config))
     monkeypatch.delenv("TORCHLIKE_SCRIPT_TEST_ENV", raising=False)

@@ -98,17 +98,60 @@ def hf_logits(model, ids, mask, positions) -> np.ndarray:
     return out.logits.float().numpy()
 
 
-def build_tokenizer(directory: Path) -> Path:
-    """A small BPE tokenizer trained on the spot, saved as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+TOKENIZER_CORPUS = ["the quick brown fox jumps over the lazy dog", "one two three four five six seven eight nine ten",
+                    "hello world, this is a tiny tokenizer for tests"]
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet()[:60])
-    corpus = ["the quick brown fox jumps over the lazy dog", "one two three four five six seven eight nine ten",
-              "hello world, this is a tiny tokenizer for tests"] * 20
-    tokenizer.train_from_iterator(corpus, trainer)
+
+def _byte_pair_merges(words: dict[str, int], alphabet: list[str], size: int) -> tuple[list[str], list[tuple]]:
+    """Byte-pair encoding trained deterministically: the most frequent pair is merged first, ties broken by the
+    pair's text (the ``tokenizers`` trainer breaks ties by hash order, so its vocabulary changes from run to run)."""
+    vocab, merges = list(alphabet), []
+    splits = {word: list(word) for word in words}
+    while len(vocab) < size:
+        pairs: dict[tuple[str, str], int] = {}
+        for word, count in words.items():
+            for pair in zip(splits[word], splits[word][1:]):
+                pairs[pair] = pairs.get(pair, 0) + count
+        if not pairs:
+            break
+        left, right = min(pairs, key=lambda pair: (-pairs[pair], pair))
+        merges.append((left, right))
+        vocab.append(left + right)
+        for word, parts in splits.items():
+            merged, index = [], 0
+            while index < len(parts):
+                if parts[index] == left and index + 1 < len(parts) and parts[index + 1] == right:
+                    merged.append(left + right)
+                    index += 2
+                else:
+                    merged.append(parts[index])
+                    index += 1
+            splits[word] = merged
+    return vocab, merges
+
+
+def build_tokenizer(directory: Path) -> Path:
+    """A small byte-level BPE tokenizer (the same on every build), saved as a transformers fast tokenizer."""
+    import string
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    words: dict[str, int] = {}
+    for text in TOKENIZER_CORPUS:
+        for word, _ in pre_tokenizer.pre_tokenize_str(text):
+            words[word] = words.get(word, 0) + 1
+    # Byte-level symbols of the corpus plus lowercase letters, digits and common punctuation, so other short texts
+    # tokenise without <unk>.
+    extra = "".join(symbol for symbol, _ in pre_tokenizer.pre_tokenize_str(
+        string.ascii_lowercase + string.digits + ",.!?:;'-"))
+    alphabet = sorted(set("".join(words)) | set(extra) | {pre_tokenizer.pre_tokenize_str(" a")[0][0][0]})
+    vocab, merges = _byte_pair_merges(words, alphabet, VOCAB - len(SPECIAL_TOKENS))
+    tokenizer = Tokenizer(models.BPE(vocab={token: index for index, token in enumerate(SPECIAL_TOKENS + vocab)},
+                                     merges=merges, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
                                                 unk_token="<unk>")
     fast.save_pretrained(directory)

@@ -398,7 +398,8 @@ class GRPOTrainer(Trainer):
         key = (lora, id(module))
         passes = self.__dict__.setdefault("_log_prob_passes", {})
         if key not in passes:
-            passes[key] = tunix_grpo.make_log_prob_pass(self.model.family, self.sampling.temperature, lora)
+            passes[key] = tunix_grpo.make_log_prob_pass(self.model.family, self.sampling.temperature, lora,
+                                                        self._compute_dtype())
         size = self._global_batch_size()
         inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "completion_mask")}
         sharding = mesh_lib.batch_sharding(self.mesh)
