@@ -1,7 +1,7 @@
 """Device meshes the Tunix models accept: axes ``fsdp`` x ``tp`` with Auto axis types.
 
-``jax.make_mesh`` in jax 0.10 defaults to Explicit axes, which breaks the Tunix models'
-embedding gather; Tunix's parameter specs name the axes ``fsdp`` and ``tp``.
+``jax.make_mesh`` defaults to Explicit axes, which break the Tunix models' embedding gather
+(``adapters.upstream``); Tunix's parameter specs name the axes ``fsdp`` and ``tp``.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def shard_module(module, mesh: Mesh) -> None:
 @contextlib.contextmanager
 def entered(mesh: Mesh):
     """Enters ``mesh`` the way Tunix's models read it (``pxla.thread_resources``, the ``with mesh:``
-    context jax 0.10 deprecates; ``jax.set_mesh`` does not set it), without the deprecation warning."""
+    context JAX deprecates; ``jax.set_mesh`` does not set it), without the deprecation warning."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*with mesh:.*", category=DeprecationWarning)
         mesh.__enter__()

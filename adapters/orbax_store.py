@@ -23,6 +23,9 @@ leave: when ``PATH`` is missing it finishes the swap from the complete sibling (
 first, else the backup), and it drops a backup whose swap is known to have finished. A
 directory counts as complete only when its manifest is there. One writer per path at a time
 (concurrent readers are fine).
+
+One protocol in one file (the layout, its crash points and the recovery that reads them), which is why it is longer
+than most modules.
 """
 
 from __future__ import annotations

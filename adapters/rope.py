@@ -1,7 +1,7 @@
 """Rotary position embeddings computed from a Hugging Face ``rope_parameters`` dict.
 
-Tunix 0.1.7 hard-codes ``rope_theta=1e6`` inside Qwen3 and Llama 3 attention (the
-config's value is ignored) and implements no ``rope_scaling``. Here the inverse
+Tunix's decoders do not apply a checkpoint's rope as given (``adapters.upstream`` lists which
+ignore ``rope_theta`` and that none implements ``rope_scaling``). Here the inverse
 frequencies are computed the way ``transformers``' ``ROPE_INIT_FUNCTIONS`` does for the
 supported types, and :func:`with_rope` swaps them into an unchanged copy of the Tunix
 method, so the rest of Tunix's attention code is used as shipped.

@@ -52,8 +52,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) 
     read from disk is not copied again on its way into the model. Arrays of 2 MiB or more get
     their own anonymous mapping marked ``MADV_HUGEPAGE`` (Linux, transparent huge pages in
     ``madvise`` or ``always`` mode): the kernel then fills them 2 MiB at a time instead of
-    faulting in 4 KiB pages one by one, which made reading a 0.5 GB checkpoint from the page cache
-    2-5x faster here (0.41-0.62 s -> 0.09-0.18 s). The mapping lives as long as the array.
+    faulting in 4 KiB pages one by one (``benchmarks/hf_io.py`` measures checkpoint reads). The mapping
+    lives as long as the array.
     """
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     if nbytes >= HUGE_PAGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE") and mmap.PAGESIZE % alignment == 0:

@@ -10,15 +10,16 @@ Tunix's own ``Sampler`` is not used: it has no repetition penalty or min-p, need
 NaN log-probs for temperature 0. Here the cache is sized from the bucketed prompt and
 new-token lengths, greedy is an argmax, and every call takes its own key.
 
-Only the shapes and the switches in :class:`SamplingParams` that change the program's structure
-are compiled in; temperature, top-p, min-p, the penalty, the number of new tokens, the end
-tokens and the seed are traced values, so calls that differ only in those reuse one program.
+The settings are one :class:`SamplingSettings` value (``transformers.GenerationConfig``'s names,
+defaults and ranges) that ``generate`` and GRPO both build. Only the shapes and its
+:class:`SamplingSwitches` (which processors run) are compiled in; temperature, top-p, min-p, the
+penalty, the number of new tokens, the end tokens and the seed are traced values, so calls that
+differ only in those reuse one program.
 Prompt and new-token lengths are rounded up to buckets (:func:`bucket_length`) for the same reason.
 """
 
 from __future__ import annotations
 
-import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,15 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import qwix_lora
-from .tracing import traced_cheaply
-
-logger = logging.getLogger(__name__)
-
-TRACE_COUNTS: dict[str, int] = {"generate": 0}
-"""How many times the generation program was traced (each trace is a new XLA program). Tests
-and debugging read it; the ``torchlike.adapters.sampling`` logger also reports each trace at
-INFO level with the shapes that caused it."""
+from .lora import runtime as lora_runtime
+from .runtime.tracing import record_trace, traced_cheaply
+from .sampling_settings import UNSUPPORTED_GENERATION_SETTINGS, SamplingSettings, SamplingSwitches, SamplingValues
+from .tunix_model import positions_from_mask
 
 _MIN_BUCKET = 16
 _FINE_BUCKET_FROM = 1024
@@ -141,60 +137,10 @@ def min_p_filter(logits: jax.Array, min_p: jax.Array | float) -> jax.Array:
     return jnp.where(logits < best + jnp.log(min_p), -jnp.inf, logits)
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """The decoding knobs with their ``transformers`` meaning.
-
-    Args:
-        do_sample: sample (``True``) or take the argmax after the repetition penalty (``False``,
-            greedy; temperature/top-k/top-p/min-p are then ignored, as in ``transformers``).
-        temperature: ``> 0``, divides the scores before sampling.
-        top_k: keep the ``k`` best tokens; ``None`` or ``0`` disables.
-        top_p: nucleus sampling threshold in ``(0, 1]``; ``None`` or ``1.0`` disables.
-        min_p: in ``[0, 1]``; ``None`` or ``0`` disables.
-        repetition_penalty: ``> 0``; ``None`` or ``1.0`` disables.
-    """
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-
-    @property
-    def uses_penalty(self) -> bool:
-        return self.repetition_penalty is not None and self.repetition_penalty != 1.0
-
-    def program_switches(self) -> tuple:
-        """The parts that change the compiled program (everything else is a traced value)."""
-        if not self.do_sample:
-            return (False, 0, False, False, self.uses_penalty)
-        return (True, int(self.top_k or 0), self.top_p is not None and self.top_p < 1.0,
-                bool(self.min_p), self.uses_penalty)
-
-    def traced_values(self) -> SamplingValues:
-        return SamplingValues(
-            temperature=jnp.float32(self.temperature if self.do_sample else 1.0),
-            top_p=jnp.float32(1.0 if self.top_p is None else self.top_p),
-            min_p=jnp.float32(self.min_p or 0.0),
-            repetition_penalty=jnp.float32(self.repetition_penalty or 1.0),
-        )
-
-
-class SamplingValues(NamedTuple):
-    """The float knobs of :class:`SamplingParams` as traced float32 scalars."""
-
-    temperature: jax.Array
-    top_p: jax.Array
-    min_p: jax.Array
-    repetition_penalty: jax.Array
-
-
 def choose_tokens(
     logits: jax.Array,
     key: jax.Array,
-    switches: tuple,
+    switches: SamplingSwitches,
     values: SamplingValues,
     seen: jax.Array | None = None,
 ) -> jax.Array:
@@ -206,24 +152,25 @@ def choose_tokens(
     Args:
         logits: ``[B, V]`` float32 model scores for the next position.
         key: a PRNG key (unused when greedy).
-        switches: :meth:`SamplingParams.program_switches` (static).
-        values: :meth:`SamplingParams.traced_values`.
+        switches: :meth:`SamplingSettings.switches` (static).
+        values: :meth:`SamplingSettings.traced_values`.
         seen: ``[B, V]`` bool of tokens already in each row; required when the penalty is on.
 
     Returns:
         ``[B]`` int32 token ids.
     """
-    do_sample, top_k, use_top_p, use_min_p, use_penalty = switches
-    scores = apply_repetition_penalty(logits, seen, values.repetition_penalty) if use_penalty else logits
-    if not do_sample:
+    scores = logits
+    if switches.repetition_penalty:
+        scores = apply_repetition_penalty(scores, seen, values.repetition_penalty)
+    if not switches.do_sample:
         return first_argmax(scores)
     scores = apply_temperature(scores, values.temperature)
     candidate_ids = None
-    if top_k:
-        scores, candidate_ids = top_k_candidates(scores, top_k)
-    if use_top_p:
+    if switches.top_k:
+        scores, candidate_ids = top_k_candidates(scores, switches.top_k)
+    if switches.top_p:
         scores = top_p_filter(scores, values.top_p)
-    if use_min_p:
+    if switches.min_p:
         scores = min_p_filter(scores, values.min_p)
     picked = jax.random.categorical(key, scores, axis=-1)
     if candidate_ids is not None:
@@ -235,7 +182,7 @@ def first_argmax(scores: jax.Array) -> jax.Array:
     """``argmax`` over the last axis (the first index on ties, as ``torch.argmax``): ``[B]`` int32.
 
     Written as a max and a min because ``jnp.argmax`` lowers to a variadic reduction that XLA's
-    CPU backend runs about 6x slower, a visible share of a small model's decode step.
+    CPU backend runs much slower, a visible share of a small model's decode step.
     """
     best = jnp.max(scores, axis=-1, keepdims=True)
     index = jnp.arange(scores.shape[-1], dtype=jnp.int32)
@@ -285,7 +232,7 @@ class _Program:
     """The static part of one compiled generation program."""
 
     new_tokens_bucket: int
-    switches: tuple
+    switches: SamplingSwitches
     lora: str
     return_logprobs: bool
 
@@ -307,14 +254,12 @@ class DecodeResult(NamedTuple):
 
 def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted, max_new_tokens, values, end_ids,
                     pad_id, key):
-    TRACE_COUNTS["generate"] += 1  # runs at trace time only
     batch, prompt_bucket = prompt_ids.shape
     new_bucket = program.new_tokens_bucket
-    logger.info("tracing the generation program: batch %d, prompt bucket %d, new-token bucket %d, switches %s",
-                batch, prompt_bucket, new_bucket, program.switches)
+    record_trace("generate", {"batch": batch, "prompt bucket": prompt_bucket, "new-token bucket": new_bucket,
+                              "switches": program.switches})
     graphdef, state = nnx.split(module)
-    uses_penalty = program.switches[-1]
-    temperature = values.temperature if program.switches[0] else 1.0
+    temperature = values.temperature if program.switches.do_sample else 1.0
 
     def forward(tokens, positions, cache, attention):
         # Merged at trace time only; Tunix decoders all take (tokens, positions, cache, mask) positionally.
@@ -322,7 +267,7 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
         return logits.astype(jnp.float32), cache
 
     prompt_mask = prompt_mask.astype(bool)
-    positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0).astype(jnp.int32)
+    positions = positions_from_mask(prompt_mask)
     lengths = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
     # Cache slots: the prompt bucket, then one slot per new token; a new token's key is valid once written.
     generated_slots = jnp.arange(new_bucket)[None, :]
@@ -340,7 +285,7 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
     logits, cache = forward(prompt_ids[:, head:], positions[:, head:], cache, keys_up_to(0)[:, None, :])
 
     seen = None
-    if uses_penalty:
+    if program.switches.repetition_penalty:
         rows = jnp.broadcast_to(jnp.arange(batch)[:, None], prompt_ids.shape)
         seen = jnp.zeros((batch, logits.shape[-1]), bool).at[rows, prompt_ids].max(counted.astype(bool))
 
@@ -395,11 +340,11 @@ def generate_tokens(
     input_ids: np.ndarray,
     attention_mask: np.ndarray,
     max_new_tokens: int,
-    params: SamplingParams,
+    settings: SamplingSettings,
     eos_token_ids: Sequence[int] = (),
     pad_token_id: int = 0,
     seed: int = 0,
-    lora: str = qwix_lora.EVAL,
+    lora: str = lora_runtime.EVAL,
     return_logprobs: bool = False,
 ) -> DecodeResult:
     """Generates up to ``max_new_tokens`` tokens for a left-padded batch with a Tunix decoder.
@@ -414,11 +359,11 @@ def generate_tokens(
         input_ids: ``[B, P]`` int token ids, left-padded.
         attention_mask: ``[B, P]`` 1 for real tokens, 0 for (left) padding.
         max_new_tokens: the most tokens to add per row (``>= 1``).
-        params: the decoding knobs.
+        settings: how each next token is chosen.
         eos_token_ids: ids that end a row (the token itself is kept; ``pad_token_id`` follows).
         pad_token_id: the id written after a row ended.
         seed: the PRNG seed for sampling.
-        lora: :func:`qwix_lora.lora_mode` for the adapter (``"eval"`` or ``"disabled"``).
+        lora: :func:`lora_runtime.lora_mode` for the adapter (``"eval"`` or ``"disabled"``).
         return_logprobs: also return each new token's log-prob (see :func:`token_logprobs`).
 
     Returns:
@@ -434,11 +379,12 @@ def generate_tokens(
     padded_mask = np.pad(mask, ((0, 0), (extra, 0)))
     # The repetition penalty sees the caller's ids, padding included (as transformers), not the bucket's.
     counted = np.pad(np.ones_like(ids), ((0, 0), (extra, 0)))
-    program = _Program(bucket_length(max_new_tokens), params.program_switches(), lora, return_logprobs)
-    with qwix_lora.lora_mode(lora):
+    program = _Program(bucket_length(max_new_tokens), settings.switches(), lora, return_logprobs)
+    with lora_runtime.lora_mode(lora):
         tokens, logprobs, steps = _compiled_decode(
             program, module, padded_ids, padded_mask, counted, np.int32(max_new_tokens),
-            params.traced_values(), _end_token_array(eos_token_ids),
+            SamplingValues(*(np.float32(value) for value in settings.traced_values())),
+            _end_token_array(eos_token_ids),
             np.int32(pad_token_id), jax.random.key(seed),
         )
     steps = int(steps)
@@ -455,9 +401,10 @@ def random_seed() -> int:
 
 
 __all__ = [
-    "TRACE_COUNTS",
     "DecodeResult",
-    "SamplingParams",
+    "UNSUPPORTED_GENERATION_SETTINGS",
+    "SamplingSettings",
+    "SamplingSwitches",
     "SamplingValues",
     "apply_repetition_penalty",
     "apply_temperature",

@@ -15,10 +15,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from . import qwix_lora, rl_math
+from . import rl_math
 from .families import Family
-from .tracing import traced_cheaply
-from .tunix_sft import cast_floating, causal_lm_logits
+from .lora import runtime as lora_runtime
+from .runtime.tracing import traced_cheaply
+from .train_step import cast_floating
+from .tunix_model import causal_lm_logits
 
 #: Loss types whose micro-batch loss is a sum over tokens divided by the generation batch's token count
 #: (TRL's ``num_items_in_batch`` normaliser); the others are per-micro-batch means.
@@ -38,7 +40,7 @@ def completion_log_probs(family: Family, module: nnx.Module, batch: dict, temper
     return rl_math.token_log_probs(logits, tokens, batch["completion_mask"], temperature)
 
 
-def make_log_prob_pass(family: Family, temperature: float, lora: str = qwix_lora.EVAL,
+def make_log_prob_pass(family: Family, temperature: float, lora: str = lora_runtime.EVAL,
                        compute_dtype=None) -> Callable:
     """A jitted ``(module, batch) -> [B, C]`` log-prob pass (no dropout): old-policy log-probs with the
     adapter on (``lora="eval"``), or reference log-probs of the base weights (``lora="disabled"``).
@@ -50,7 +52,7 @@ def make_log_prob_pass(family: Family, temperature: float, lora: str = qwix_lora
     @nnx.jit
     def log_probs(module, batch):
         module = cast_floating(module, compute_dtype)
-        with qwix_lora.lora_mode(lora):
+        with lora_runtime.lora_mode(lora):
             return completion_log_probs(family, module, batch, temperature)
 
     return traced_cheaply(log_probs)

@@ -1,7 +1,7 @@
-"""Build Tunix NNX models from HF weights (tensor by tensor, sharded on a mesh) and read them back out.
+"""Tunix NNX models in and out: built from HF weights (tensor by tensor, sharded on a mesh), read back out, run.
 
-This is the one place that walks a Tunix module's parameters; the family table says
-which HF tensor each one is.
+The family table says which HF tensor each parameter is. The forward helpers give Tunix's decoders what they
+take for a padded batch: positions that count real tokens and a causal mask that hides padding.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
-from . import qwix_lora
 from .families import Family
 from .hf_checkpoint import TensorSpec
-from .tracing import fast_tracing
+from .lora.runtime import lora_mode
+from .nnx_state import flat_variables
+from .runtime.tracing import fast_tracing
 
 
 class WeightShapeError(ValueError):
@@ -30,10 +31,6 @@ class WeightShapeError(ValueError):
 
 class MissingWeightsError(ValueError):
     """The checkpoint lacks tensors the model needs."""
-
-
-def _path_name(path: tuple) -> str:
-    return ".".join(str(part) for part in path)
 
 
 def build_abstract_model(family: Family, hf_config, dtype) -> nnx.Module:
@@ -89,9 +86,9 @@ def load_weights(
     """
     abstract = build_abstract_model(family, hf_config, dtype)
     graphdef, state = nnx.split(abstract)
-    specs = {path: spec.get_value() if isinstance(spec, nnx.Variable) else spec
-             for path, spec in nnx.to_flat_state(nnx.get_partition_spec(state))}
-    variables = {_path_name(path): (path, var) for path, var in nnx.to_flat_state(state)}
+    specs = {name: spec.get_value() if isinstance(spec, nnx.Variable) else spec
+             for name, spec in flat_variables(nnx.get_partition_spec(state), ...).items()}
+    variables = flat_variables(state, ...)
     pending_stacks: dict[str, list] = {}
     filled: set[str] = set()
     unexpected: list[str] = []
@@ -106,7 +103,7 @@ def load_weights(
             unexpected.append(hf_name)
             continue
         nnx_path, rule = found
-        path, variable = variables[nnx_path]
+        variable = variables[nnx_path]
         target_shape = tuple(variable.get_value().shape)
         part_shape = target_shape[1:] if rule.stack else target_shape
         expected = rule.layout.hf_shape(part_shape)
@@ -116,7 +113,7 @@ def load_weights(
                 f"{expected} (for {nnx_path}, NNX shape {target_shape}). Check {_config_hint(nnx_path)} "
                 "in config.json against the weights, or pass the matching config."
             )
-        sharding = _sharding_for(specs.get(path), mesh)
+        sharding = _sharding_for(specs.get(nnx_path), mesh)
         if rule.stack:
             index, count = rule.stack
             parts = pending_stacks.setdefault(nnx_path, [None] * count)
@@ -192,11 +189,9 @@ def export_plan(family: Family, module: nnx.Module) -> tuple[list[TensorSpec], d
         ``(specs, sources)`` where ``specs`` are in natural HF-name order and
         ``sources[hf_name] = (array, rule)``.
     """
-    state = nnx.state(module, nnx.Param)
     sources: dict[str, tuple] = {}
     specs: list[TensorSpec] = []
-    for path, variable in nnx.to_flat_state(state):
-        nnx_path = _path_name(path)
+    for nnx_path, variable in flat_variables(module).items():
         targets = family.nnx_to_hf(nnx_path)
         if not targets:
             raise ValueError(f"parameter {nnx_path!r} has no Hugging Face name in the {family.name} table.")
@@ -217,21 +212,51 @@ def materialize_hf_tensor(sources: dict[str, tuple], spec: TensorSpec) -> np.nda
     return np.ascontiguousarray(jax.device_get(array))
 
 
-def causal_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Tunix inputs for a padded batch: positions count only real tokens (``cumsum(mask) - 1``,
-    as ``transformers.generate`` does) and the ``[B, T, T]`` mask is causal and hides padding keys.
+def _array_module(array):
+    """numpy for a numpy array (host-side inputs), ``jax.numpy`` otherwise (traced values)."""
+    return np if isinstance(array, np.ndarray) else jnp
+
+
+def positions_from_mask(mask):
+    """Position ids ``[B, T]`` int32 of a padded batch: each token's count of real tokens before it
+    (``cumsum(mask) - 1``, as ``transformers.generate`` does), 0 before a row's first real token.
+
+    Args:
+        mask: ``[B, T]`` bool or 0/1, numpy (the result is numpy) or JAX.
     """
-    mask = np.asarray(attention_mask, dtype=bool)
-    positions = np.maximum(np.cumsum(mask, axis=-1) - 1, 0).astype(np.int32)
+    xp = _array_module(mask)
+    return xp.maximum(xp.cumsum(mask, axis=-1) - 1, 0).astype(xp.int32)
+
+
+def causal_attention(mask):
+    """The ``[B, T, T]`` bool (query, key) mask of a padded batch: causal, padding keys hidden.
+
+    Args:
+        mask: ``[B, T]`` bool, numpy (the result is numpy) or JAX.
+    """
+    xp = _array_module(mask)
     length = mask.shape[-1]
-    causal = np.tril(np.ones((length, length), dtype=bool))
-    attention = causal[None, :, :] & mask[:, None, :]
-    return jnp.asarray(input_ids, jnp.int32), jnp.asarray(positions), jnp.asarray(attention)
+    return xp.tril(xp.ones((length, length), dtype=bool))[None] & mask[:, None, :]
+
+
+def causal_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Tunix inputs ``(tokens, positions, attention)`` for a padded batch, prepared on the host
+    (:func:`positions_from_mask`, :func:`causal_attention`)."""
+    mask = np.asarray(attention_mask, dtype=bool)
+    return (jnp.asarray(input_ids, jnp.int32), jnp.asarray(positions_from_mask(mask)),
+            jnp.asarray(causal_attention(mask)))
+
+
+def causal_lm_logits(family: Family, module: nnx.Module, batch: dict) -> jax.Array:
+    """Logits ``[B, T, V]`` of a padded ``input_ids``/``attention_mask`` batch, for use inside a jitted step."""
+    mask = batch["attention_mask"].astype(bool)
+    return family.forward(module, batch["input_ids"].astype(jnp.int32), positions_from_mask(mask),
+                          causal_attention(mask))
 
 
 @nnx.jit(static_argnums=(0, 1))
 def _jitted_forward(forward, lora, module, tokens, positions, attention):
-    with qwix_lora.lora_mode(lora):
+    with lora_mode(lora):
         return forward(module, tokens, positions, attention)
 
 
@@ -242,7 +267,7 @@ def forward_logits(
 
     Args:
         lora: ``"eval"`` (adapter on, no dropout) or ``"disabled"`` (base model only); see
-            :func:`qwix_lora.lora_mode`.
+            :func:`adapters.lora.runtime.lora_mode`.
     """
     tokens, positions, attention = causal_inputs(input_ids, attention_mask)
     with fast_tracing():

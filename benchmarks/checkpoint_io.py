@@ -82,13 +82,12 @@ HIDDEN, INTERMEDIATE, VOCAB, HEADS, KV_HEADS, HEAD_DIM, LORA_RANK = 896, 4864, 1
 
 def make_model(layers: int, seed: int = 0):
     """A real torchlike Qwen2-0.5B-shaped model (``layers`` layers, bf16, random weights) with LoRA on q/v."""
-    import transformers
-
     from torchlike.peft import LoraConfig, get_peft_model
+    from torchlike.testing import tiny_config
 
-    config = transformers.Qwen2Config(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, vocab_size=VOCAB,
-                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                                      num_hidden_layers=layers, tie_word_embeddings=True)
+    config = tiny_config("qwen2", hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, vocab_size=VOCAB,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                         num_hidden_layers=layers, tie_word_embeddings=True)
     base = torchlike.AutoModelForCausalLM.from_config(config, dtype="bfloat16", seed=seed)
     return get_peft_model(base, LoraConfig(r=LORA_RANK, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
 

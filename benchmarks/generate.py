@@ -4,7 +4,8 @@ What it measures
 ----------------
 A random Qwen2 (preset ``cpu``, the default: float32, 4 layers, hidden 256, 4 heads / 2 KV heads,
 vocabulary 32000; preset ``gpu``: the Qwen2-0.5B shape in bfloat16, on the GPU), built with
-``transformers.Qwen2Config`` and saved to a temporary directory, is loaded by both libraries. A
+``torchlike.testing`` (``tiny_config`` at that shape, ``random_model`` with seed 0) and saved to a
+temporary directory, is loaded by both libraries. A
 batch of 8 left-padded prompts of unequal length (widest 64 tokens) gets 128 new tokens (``gpu``:
 960, so a row reaches 1024), with no end token so every row runs the full length, at equal settings:
 
@@ -61,18 +62,15 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def build_checkpoint(directory: Path, args: argparse.Namespace) -> None:
-    import torch
-    import transformers
+    from torchlike.testing import random_model, tiny_config
 
-    config = transformers.Qwen2Config(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate or 4 * args.hidden,
+    config = tiny_config(
+        "qwen2", vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate or 4 * args.hidden,
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
+        max_position_embeddings=4096, tie_word_embeddings=False)
+    model = random_model(config, dtype=args.dtype)
     model.generation_config.eos_token_id = None  # every row runs max_new_tokens on both sides
-    model.to(getattr(torch, args.dtype)).save_pretrained(directory)
+    model.save_pretrained(directory)
 
 
 def prompts(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:

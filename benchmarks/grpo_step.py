@@ -2,18 +2,21 @@
 
 What it measures
 ----------------
-One random Qwen2 (``transformers.Qwen2Config``, tied embeddings, ``torch.manual_seed(0)`` init, saved in the preset's
-dtype) with a word-level tokenizer built on the spot (``<pad>``, ``</s>``, ``<s>``, ``<unk>``, then one word ``t<id>``
-per remaining id, split on whitespace, ``<s>`` prepended to every prompt), so every sampled id decodes to a word and
-the prompt ids are the same on every side. 16 text prompts of 6-12 random words
-(``numpy.random.default_rng(0)``). One reward function, ``length_reward(completions, **kwargs)``: minus the distance
-of a completion's word count from half of ``max_completion_length``. Every side runs GRPO with the same settings:
+One random Qwen2 (``torchlike.testing.tiny_config("qwen2", ...)`` at the preset's shape, tied embeddings,
+``torchlike.testing.random_model`` with seed 0, saved in the preset's dtype) with ``build_word_tokenizer``'s word-level
+tokenizer (``<pad>``, ``<s>``, ``</s>``, ``<unk>``, then one word ``t<id>`` per remaining id, split on whitespace,
+``<s>`` prepended to every prompt), so every sampled id decodes to a word and the prompt ids are the same on every
+side. 16 text prompts of 6-12 random words (``numpy.random.default_rng(0)``). One reward function,
+``length_reward(completions, **kwargs)``: minus the distance of a completion's word count from half of
+``max_completion_length``. Every side runs GRPO with the same settings:
 ``num_generations`` 4, 8 completions per step (2 prompts x 4), one optimizer step per rollout (``num_iterations`` 1,
 no gradient accumulation), ``max_completion_length`` tokens (EOS, one id in ``vocab``, ends some completions early;
 the mean completion length of each side is reported to show how alike the sides' work was), temperature 1.0,
 top-p 1.0, no top-k, beta 0 (no reference model), epsilon 0.2, token-mean loss (TRL's default ``loss_type="dapo"``;
 Tunix ``loss_agg_mode="token-mean"``), AdamW lr 1e-5, betas 0.9/0.999, eps 1e-8, no weight decay, constant schedule,
-no clipping, no gradient checkpointing, full fine-tuning, the preset's dtype:
+no clipping, full fine-tuning, gradient checkpointing (TRL's default: torchlike and TRL leave
+``gradient_checkpointing`` at ``True``, raw Tunix rematerialises each decoder layer), the preset's dtype (``bf16`` is
+set to whether it is bfloat16: the cpu preset is a float32 comparison):
 
 ``torchlike``
     ``torchlike.trl.GRPOTrainer(model=<dir>, args=GRPOConfig(model_init_kwargs={"dtype": ...}, ...))`` on a list of
@@ -21,10 +24,11 @@ no clipping, no gradient checkpointing, full fine-tuning, the preset's dtype:
     step compiles (cold).
 ``trl``
     ``trl.GRPOTrainer`` on ``transformers.AutoModelForCausalLM`` (sdpa) from the same directory, a ``datasets.Dataset``
-    of the same prompts, ``trl.GRPOConfig(use_cpu=<cpu preset>, bf16=<bf16 preset>, gradient_checkpointing=False,
-    report_to="none", ...)``; generation with ``model.generate`` (``use_vllm=False``).
+    of the same prompts, ``trl.GRPOConfig(use_cpu=<cpu preset>, bf16=<bf16 preset>, report_to="none", ...)``;
+    generation with ``model.generate`` (``use_vllm=False``).
 ``tunix``
-    The Tunix Qwen2 from ``tunix.models.qwen2.params.create_model_from_safe_tensors`` (same weights), the HF tokenizer
+    The Tunix Qwen2 from ``tunix.models.qwen2.params.create_model_from_safe_tensors`` (same weights,
+    ``ModelConfig(remat_config=RematConfig.DECODER)``; the rollout runs the same module), the HF tokenizer
     (Tunix wraps it in its ``TokenizerAdapter``), ``RLCluster`` on a ``tunix.utils.mesh.create_mesh((1, 1),
     ("fsdp", "tp"))`` mesh entered with ``with mesh:``, the vanilla rollout with ``RolloutConfig(kv_cache_size=prompt +
     completion + 64, seed=None)``, ``GRPOLearner(GRPOConfig(num_generations=4, beta=0, loss_agg_mode="token-mean"))``
@@ -79,9 +83,11 @@ This is a script, never part of the test suite.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,7 +114,10 @@ from benchmarks.sft_step import (  # noqa: E402  (after the path set-up above)
 RESULT_MARKER = "GRPO_STEP_RESULT "
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "grpo_step.json"
 SIDES = ("torchlike", "trl", "tunix")
-SPECIAL_TOKENS = ("<pad>", "</s>", "<s>", "<unk>")  # ids 0 (pad), 1 (eos), 2 (bos), 3 (unk)
+# build_word_tokenizer's words: ids 0-3 are its special tokens, id i >= 4 is the word t<i>. Not imported from
+# torchlike.testing here: importing torchlike tunes the allocator, and the TRL child imports this module.
+FIRST_WORD_ID = 4
+WORD = re.compile(r"t\d+")
 PROMPT_WORDS = (6, 12)
 LEARNING_RATE = 1e-5
 EPSILON = 0.2
@@ -140,33 +149,24 @@ def missing_packages(side: str) -> list[str]:
 def write_inputs(work: Path, spec: dict[str, Any]) -> None:
     """Writes the HF checkpoint (``work/model``), the tokenizer (``work/tokenizer``) and ``work/prompts.json``."""
     import numpy as np
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    config = transformers.Qwen2Config(
-        vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
+    from torchlike.testing import build_word_tokenizer, random_model, tiny_config
+
+    config = tiny_config(
+        "qwen2", vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
         num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"], num_key_value_heads=spec["kv_heads"],
         max_position_embeddings=max(2048, 2 * (spec["prompt_bucket"] + spec["completion"])),
-        rope_theta=spec["rope_theta"], rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
-        bos_token_id=2, architectures=["Qwen2ForCausalLM"])
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).to(getattr(torch, spec["dtype"]))
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = 1, 0
+        rope_theta=spec["rope_theta"], tie_word_embeddings=True)
+    model = random_model(config, dtype=spec["dtype"])
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(work / "model")
     del model
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"t{index}": index for index in range(len(SPECIAL_TOKENS), spec["vocab"])})
-    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    words.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)])
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="</s>",
-                                                     bos_token="<s>", unk_token="<unk>")
     # Apart from config.json: next to it, transformers 5 rebuilds it as a Qwen2Tokenizer (byte-level BPE).
-    tokenizer.save_pretrained(work / "tokenizer")
+    build_word_tokenizer(work / "tokenizer", spec["vocab"])
     rng = np.random.default_rng(0)
     longest = min(PROMPT_WORDS[1], spec["prompt_bucket"] - 1)  # + BOS still fits the prompt bucket
-    prompts = [" ".join(f"t{i}" for i in rng.integers(len(SPECIAL_TOKENS), spec["vocab"],
+    prompts = [" ".join(f"t{i}" for i in rng.integers(FIRST_WORD_ID, spec["vocab"],
                                                           int(rng.integers(PROMPT_WORDS[0], longest + 1))))
                for _ in range(spec["prompts"])]
     (work / "prompts.json").write_text(json.dumps(prompts))
@@ -178,7 +178,7 @@ def load_prompts(work: Path) -> list[str]:
 
 def completion_words(completion: str) -> int:
     """Generated tokens before EOS: every id decodes to one whitespace-separated word (specials left out)."""
-    return sum(1 for word in completion.split() if word not in SPECIAL_TOKENS)
+    return sum(1 for word in completion.split() if WORD.fullmatch(word))
 
 
 def make_length_reward(spec: dict[str, Any], lengths: list[list[int]]) -> Callable[..., list[float]]:
@@ -214,8 +214,8 @@ def hf_style_config(config_class: Any, work: Path, spec: dict[str, Any], side: s
         max_steps=spec["warmup"] + spec["steps"], learning_rate=LEARNING_RATE, lr_scheduler_type="constant",
         weight_decay=0.0, max_grad_norm=0.0, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=EPSILON,
         loss_type="dapo", num_iterations=1, gradient_accumulation_steps=1, bf16=spec["dtype"] == "bfloat16",
-        gradient_checkpointing=False, logging_steps=1, report_to="none", save_strategy="no",
-        use_cpu=spec["device"] == "cpu", seed=0, disable_tqdm=True, **extra)
+        logging_steps=1, report_to="none", save_strategy="no", use_cpu=spec["device"] == "cpu", seed=0,
+        disable_tqdm=True, **extra)
 
 
 def run_torchlike(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
@@ -271,6 +271,16 @@ def run_trl(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
             "setup_s": setup, "backend": str(trainer.args.device), "torch_threads": torch.get_num_threads()}
 
 
+def rematerialise_decoder_layers(model: Any) -> None:
+    """Switches each decoder layer of a Tunix Qwen2 to ``RematConfig.DECODER`` for the train steps traced from now
+    on. Called after ``RLCluster`` has built the rollout: Tunix's sampler keeps the graph it was given, and fails with
+    ``nnx.remat`` inside its decode loop; the other sides also rematerialise only where gradients are taken."""
+    from tunix.models.qwen2 import model as qwen2_model
+
+    for layer in model.layers:
+        layer.config = dataclasses.replace(layer.config, remat_config=qwen2_model.RematConfig.DECODER)
+
+
 def run_tunix(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
     import jax
     import numpy as np
@@ -288,7 +298,7 @@ def run_tunix(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     mesh = mesh_lib.create_mesh((1, 1), ("fsdp", "tp"))
     with mesh:  # tunix 0.1.7 reads the legacy mesh context (jax.set_mesh is invisible to it)
-        actor = tunix_model(work, spec)
+        actor = tunix_model(work, spec, rematerialise=False)  # the sampler takes the model's graph as it is now
         training = rl_cluster_lib.RLTrainingConfig(
             actor_optimizer=optax.adamw(LEARNING_RATE, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0),
             eval_every_n_steps=NEVER, max_steps=total, checkpoint_root_directory=None)
@@ -304,6 +314,7 @@ def run_tunix(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
                 role_to_mesh={role: mesh for role in (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE,
                                                       rl_cluster_lib.Role.ROLLOUT)},
                 rollout_engine="vanilla", offload_to_cpu=False, training_config=training, rollout_config=rollout))
+        rematerialise_decoder_layers(cluster.actor_trainer.model)
         learner = grpo_learner.GRPOLearner(
             rl_cluster=cluster, reward_fns=[make_length_reward(spec, lengths)],
             algo_config=grpo_learner.GRPOConfig(num_generations=spec["generations"], num_iterations=1, beta=0.0,
@@ -421,8 +432,8 @@ def resolve_spec(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"hidden={spec['hidden']} must divide by heads={spec['heads']}; pass another --hidden.")
     if spec["warmup"] < 1 or spec["steps"] < 1:
         raise SystemExit(f"--warmup ({spec['warmup']}) and --steps ({spec['steps']}) must be at least 1.")
-    if spec["vocab"] <= len(SPECIAL_TOKENS) + 1:
-        raise SystemExit(f"--vocab {spec['vocab']} leaves no words after the {len(SPECIAL_TOKENS)} special tokens.")
+    if spec["vocab"] <= FIRST_WORD_ID + 1:
+        raise SystemExit(f"--vocab {spec['vocab']} leaves no words after the {FIRST_WORD_ID} special tokens.")
     return spec
 
 

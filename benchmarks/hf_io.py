@@ -2,7 +2,7 @@
 
 What it measures
 ----------------
-A random bf16 Qwen2-shaped checkpoint (``transformers.Qwen2Config``, untied embeddings,
+A random bf16 Qwen2-shaped checkpoint (``torchlike.testing.tiny_config("qwen2", ...)``, untied embeddings,
 default about 0.5 GB; the real byte count is printed) is written with
 ``safetensors.torch.save_file`` (``{"format": "pt"}`` metadata; ``--shards N`` writes N
 files plus ``model.safetensors.index.json``). Then, each in a fresh Python process:
@@ -83,7 +83,7 @@ _STATUS_KEYS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 
 def qwen2_config(size_mb: float) -> Any:
     """A Qwen2 config whose untied bf16 weights come to about ``size_mb`` MB (1e6 bytes)."""
-    from transformers import Qwen2Config
+    from torchlike.testing import tiny_config
 
     hidden, intermediate, heads, kv_heads = 1024, 2816, 16, 8
     head_dim = hidden // heads
@@ -99,7 +99,8 @@ def qwen2_config(size_mb: float) -> Any:
         + 2 * hidden  # two norms
     )
     layers = max(1, round((target - 2 * vocab * hidden * 2 - hidden * 2) / (layer_params * 2)))
-    return Qwen2Config(
+    return tiny_config(
+        "qwen2",
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,

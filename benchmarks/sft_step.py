@@ -2,30 +2,35 @@
 
 What it measures
 ----------------
-One random Qwen2 (``transformers.Qwen2Config``, tied embeddings, ``torch.manual_seed(0)`` init,
-``save_pretrained`` to a temporary directory, in the preset's dtype) and one tokenizer-free data set
-of ``batch * (warmup + steps)`` rows ``{"input_ids": [...]}``, each exactly ``seq`` random ids in
-``[5, vocab)`` (``numpy.random.default_rng(0)``), so no side pads, truncates or appends EOS. Every
-side trains on them with AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, no weight decay, constant
-schedule, no clipping, no dropout, no gradient checkpointing), in full fine-tuning (``full``) and
-LoRA (``lora``: r=16, alpha=32 on q/k/v/o/gate/up/down, LoRA dropout 0) modes:
+One random Qwen2 (``torchlike.testing.tiny_config("qwen2", ...)`` at the preset's shape, tied
+embeddings, ``torchlike.testing.random_model`` with seed 0, ``save_pretrained`` to a temporary
+directory in the preset's dtype, with ``build_word_tokenizer``'s word-level tokenizer) and one
+tokenizer-free data set of ``batch * (warmup + steps)`` rows ``{"input_ids": [...]}``, each exactly
+``seq`` random ids in ``[5, vocab)`` (``numpy.random.default_rng(0)``), so no side pads, truncates or
+appends EOS. Every side trains on them with AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, no weight
+decay, constant schedule, no clipping, no dropout), with gradient checkpointing (TRL's default:
+torchlike and TRL leave ``gradient_checkpointing`` at ``True``, raw Tunix rematerialises each
+decoder layer) and in the preset's dtype (``bf16`` is set to whether it is bfloat16: the cpu preset
+is a float32 comparison), in full fine-tuning (``full``) and LoRA (``lora``: r=16, alpha=32 on
+q/k/v/o/gate/up/down, LoRA dropout 0) modes:
 
 ``torchlike``
     ``torchlike.trl.SFTTrainer(model=<dir>, args=SFTConfig(model_init_kwargs={"dtype": ...},
-    max_length=seq, bf16=<dtype is bf16>, gradient_checkpointing=False, logging_steps=<huge>, ...))``,
+    max_length=seq, bf16=<dtype is bf16>, logging_steps=<huge>, ...))``,
     ``peft_config=torchlike.peft.LoraConfig(...)`` for LoRA. The persistent XLA compilation cache
     (on by default in torchlike) points at a fresh, empty directory, so the first step compiles;
     a second, untimed-but-for-its-first-step run on the now warm cache gives ``first step (warm)``.
 ``trl``
     ``trl.SFTTrainer`` on ``transformers.AutoModelForCausalLM`` (sdpa) loaded from the same directory,
-    ``trl.SFTConfig(bf16=..., gradient_checkpointing=False, use_cpu=<cpu preset>,
-    dataloader_num_workers=0, ...)``, ``peft_config=peft.LoraConfig(...)`` for LoRA.
+    ``trl.SFTConfig(bf16=..., use_cpu=<cpu preset>, dataloader_num_workers=0, ...)``,
+    ``peft_config=peft.LoraConfig(...)`` for LoRA.
 ``tunix``
     A hand-written loop: the Tunix Qwen2 from ``tunix.models.qwen2.params.create_model_from_safe_tensors``
-    (same weights), LoRA through ``qwix.LoraProvider`` + ``qwix.apply_lora_to_model`` as Tunix's
-    examples do, ``tunix.PeftTrainer(model, optax.adamw(...), TrainingConfig(eval_every_n_steps=<huge>,
+    (same weights, ``ModelConfig(remat_config=RematConfig.DECODER)``), LoRA through
+    ``qwix.LoraProvider`` + ``qwix.apply_lora_to_model`` as Tunix's examples do,
+    ``tunix.PeftTrainer(model, optax.adamw(...), TrainingConfig(eval_every_n_steps=<huge>,
     max_steps=...))`` with the default loss and a ``gen_model_input_fn`` building ``positions`` and
-    the causal ``attention_mask`` (``tunix.sft.utils``), no checkpointing.
+    the causal ``attention_mask`` (``tunix.sft.utils``), no checkpoint saving.
 
 How it is timed
 ---------------
@@ -128,28 +133,17 @@ def missing_packages(side: str, mode: str) -> list[str]:
 
 
 def write_inputs(work: Path, spec: dict[str, Any]) -> None:
-    """Writes the HF checkpoint + a WordLevel tokenizer to ``work/model`` and the token ids to ``work/ids.npy``."""
+    """Writes the HF checkpoint + a word-level tokenizer to ``work/model`` and the token ids to ``work/ids.npy``."""
     import numpy as np
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, models
 
-    config = transformers.Qwen2Config(
-        vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
+    from torchlike.testing import build_word_tokenizer, random_model, tiny_config
+
+    config = tiny_config(
+        "qwen2", vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
         num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"], num_key_value_heads=spec["kv_heads"],
-        max_position_embeddings=max(spec["seq"], 2048), rope_theta=spec["rope_theta"], rms_norm_eps=1e-6,
-        tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=1, architectures=["Qwen2ForCausalLM"])
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).to(getattr(torch, spec["dtype"]))
-    model.save_pretrained(work / "model")
-    del model
-    specials = ["<pad>", "</s>", "<s>", "<unk>"]
-    vocab = {token: index for index, token in enumerate(specials)}
-    vocab.update({f"t{index}": index for index in range(len(specials), spec["vocab"])})
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")), pad_token="<pad>",
-        eos_token="</s>", bos_token="<s>", unk_token="<unk>")
-    tokenizer.save_pretrained(work / "model")
+        max_position_embeddings=max(spec["seq"], 2048), rope_theta=spec["rope_theta"], tie_word_embeddings=True)
+    random_model(config, dtype=spec["dtype"]).save_pretrained(work / "model")
+    build_word_tokenizer(work / "model", spec["vocab"])
     rows = spec["batch"] * (spec["warmup"] + spec["steps"])
     ids = np.random.default_rng(0).integers(5, spec["vocab"], size=(rows, spec["seq"]), dtype=np.int64)
     np.save(work / "ids.npy", ids)
@@ -261,8 +255,7 @@ def run_torchlike(work: Path, spec: dict[str, Any], mode: str, first_only: bool,
         output_dir=str(work / "out-torchlike"), model_init_kwargs={"dtype": spec["dtype"]}, max_length=spec["seq"],
         per_device_train_batch_size=spec["batch"], max_steps=total, learning_rate=LEARNING_RATE,
         lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0, bf16=spec["dtype"] == "bfloat16",
-        gradient_checkpointing=False, logging_steps=NEVER, report_to="none", save_strategy="no",
-        use_cpu=spec["device"] == "cpu", seed=0)
+        logging_steps=NEVER, report_to="none", save_strategy="no", use_cpu=spec["device"] == "cpu", seed=0)
     peft_config = None
     if mode == "lora":
         peft_config = LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=list(LORA_TARGETS),
@@ -295,9 +288,8 @@ def run_trl(work: Path, spec: dict[str, Any], mode: str, first_only: bool, profi
     args = trl.SFTConfig(
         output_dir=str(work / "out-trl"), max_length=spec["seq"], per_device_train_batch_size=spec["batch"],
         max_steps=total, learning_rate=LEARNING_RATE, lr_scheduler_type="constant", weight_decay=0.0,
-        max_grad_norm=0.0, bf16=spec["dtype"] == "bfloat16", gradient_checkpointing=False, logging_steps=NEVER,
-        report_to="none", save_strategy="no", use_cpu=on_cpu, dataloader_num_workers=0, seed=0,
-        packing=False, padding_free=False)
+        max_grad_norm=0.0, bf16=spec["dtype"] == "bfloat16", logging_steps=NEVER, report_to="none",
+        save_strategy="no", use_cpu=on_cpu, dataloader_num_workers=0, seed=0, packing=False, padding_free=False)
     model = transformers.AutoModelForCausalLM.from_pretrained(work / "model", dtype=getattr(torch, spec["dtype"]))
     peft_config = None
     if mode == "lora":
@@ -319,8 +311,10 @@ def run_trl(work: Path, spec: dict[str, Any], mode: str, first_only: bool, profi
             "torch_threads": torch.get_num_threads()}
 
 
-def tunix_model(work: Path, spec: dict[str, Any]) -> Any:
-    """The Tunix Qwen2 with the checkpoint's weights, loaded by Tunix's own safetensors loader."""
+def tunix_model(work: Path, spec: dict[str, Any], rematerialise: bool = True) -> Any:
+    """The Tunix Qwen2 with the checkpoint's weights, loaded by Tunix's own safetensors loader; with
+    ``rematerialise``, each decoder layer is recomputed in the backward pass (``RematConfig.DECODER``, what
+    ``gradient_checkpointing`` does on the other sides)."""
     import jax.numpy as jnp
     from tunix.models.qwen2 import model as qwen2_model
     from tunix.models.qwen2 import params as qwen2_params
@@ -330,7 +324,8 @@ def tunix_model(work: Path, spec: dict[str, Any]) -> Any:
         num_layers=spec["layers"], vocab_size=spec["vocab"], embed_dim=spec["hidden"],
         hidden_dim=spec["intermediate"], num_heads=spec["heads"], head_dim=spec["hidden"] // spec["heads"],
         num_kv_heads=spec["kv_heads"], rope_theta=int(spec["rope_theta"]), norm_eps=1e-6, use_tied_embedding=True,
-        dtype=dtype, param_dtype=dtype, use_flash_attention=False)
+        dtype=dtype, param_dtype=dtype, use_flash_attention=False,
+        remat_config=qwen2_model.RematConfig.DECODER if rematerialise else qwen2_model.RematConfig.NONE)
     return qwen2_params.create_model_from_safe_tensors(str(work / "model"), config, mesh=None, dtype=dtype)
 
 

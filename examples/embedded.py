@@ -1,6 +1,6 @@
-"""What every example shares: the embedded default (a tiny random Qwen2 and a BPE tokenizer trained on the spot,
-no downloads), the ``--model/--max-steps/--out`` command line, trainer settings for short runs, and the comparison
-of two models' logits (torchlike or transformers, called the same way)."""
+"""What every example shares: the embedded default (a tiny random Qwen2 and a byte-level BPE tokenizer built on the
+spot with ``torchlike.testing``, no downloads), the ``--model/--max-steps/--out`` command line, trainer settings for
+short runs, and the comparison of two models' logits (torchlike or transformers, called the same way)."""
 
 from __future__ import annotations
 
@@ -15,44 +15,27 @@ import numpy as np
 from countdown import answer_text, make_problems
 
 import torchlike
+from torchlike.testing import build_tokenizer, random_model, tiny_config
 
 ENGLISH = ["the quick brown fox jumps over the lazy dog", "hello world, this is a tiny model",
            "one two three four five six seven eight nine ten"]
-
-
-def build_tokenizer(directory: Path) -> Any:
-    """A byte-level BPE tokenizer (any text encodes) whose merges come from the arithmetic task and a little
-    English; pad ``<pad>``, bos ``<s>``, eos ``</s>``. Saved to ``directory`` and returned."""
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    corpus = [p["prompt"] + answer_text(p["solution"]) for p in make_problems(400, seed=1)]
-    corpus += [p["prompt"] + answer_text(p["solution"]) for p in make_problems(400, numbers_per_problem=3, seed=2)]
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(corpus + ENGLISH * 20, trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                                                unk_token="<unk>", pad_token="<pad>")
-    fast.save_pretrained(directory)
-    return fast
+TOKENIZER_SIZE = 320
 
 
 def build_embedded_default(directory: Path, hidden_size: int = 128, num_layers: int = 2) -> Path:
     """Writes a tiny random Qwen2 (``hidden_size``, ``num_layers`` layers, tied embeddings) and its tokenizer to
-    ``directory`` in Hugging Face format, and returns ``directory``."""
-    import transformers
+    ``directory`` in Hugging Face format, and returns ``directory``.
 
-    tokenizer = build_tokenizer(directory)
-    config = transformers.Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id)
-    model = torchlike.AutoModelForCausalLM.from_config(config, dtype="float32", seed=0)
-    model.save_pretrained(directory, tokenizer=tokenizer)
+    The tokenizer is a byte-level BPE (any text encodes) whose merges come from the arithmetic task and a little
+    English; pad ``<pad>``, bos ``<s>``, eos ``</s>``.
+    """
+    corpus = [p["prompt"] + answer_text(p["solution"]) for p in make_problems(400, seed=1)]
+    corpus += [p["prompt"] + answer_text(p["solution"]) for p in make_problems(400, numbers_per_problem=3, seed=2)]
+    build_tokenizer(directory, corpus + ENGLISH * 20, vocab_size=TOKENIZER_SIZE, any_text=True, pad_token="<pad>")
+    config = tiny_config("qwen2", vocab_size=len(torchlike.AutoTokenizer.from_pretrained(directory)),
+                         hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                         tie_word_embeddings=True)
+    random_model(config).save_pretrained(directory)
     return directory
 
 

@@ -9,7 +9,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import torchlike  # noqa: F401  (before JAX starts, as a user's script does)
-from torchlike.adapters import host_memory
+from torchlike.adapters.runtime import host_memory
 
 step = jax.jit(lambda x, w: (x @ w) @ w.T)  # x @ w: a [4096, 4096] float32 temporary
 x, w = jnp.ones((4096, 64), jnp.float32), jnp.ones((64, 4096), jnp.float32) / 64

@@ -23,7 +23,7 @@ def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_devic
     a checkpoint is saved there at step 2."""
     import torchlike
     from tests import tiny
-    from torchlike.adapters import tunix_sft
+    from torchlike.adapters.runtime import tracing
     from torchlike.peft import LoraConfig, get_peft_model
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -37,11 +37,11 @@ def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_devic
         model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=mesh)
         if lora:
             model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-        traces = tunix_sft.TRACE_COUNTS["train_step"]
+        traces = tracing.TRACE_COUNTS["train_step"]
         trainer = torchlike.Trainer(model=model, args=args, train_dataset=tiny.padded_examples(40, seed=7))
         trainer.train()
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-        return {"losses": losses, "traces": tunix_sft.TRACE_COUNTS["train_step"] - traces,
+        return {"losses": losses, "traces": tracing.TRACE_COUNTS["train_step"] - traces,
                 "global_batch": trainer.state.train_batch_size}
 
 

@@ -12,7 +12,7 @@ from flax import nnx
 
 import torchlike
 from tests import tiny
-from torchlike.adapters import tunix_sft
+from torchlike.adapters import train_step
 from torchlike.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
 SFT_DATA = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy dog"},
@@ -64,13 +64,13 @@ def test_each_trainer_trains_to_completion_with_its_default_config(name, tiny_ch
 @pytest.mark.parametrize("name", ["SFTTrainer", "DPOTrainer", "GRPOTrainer"])
 def test_gradient_checkpointing_changes_no_loss(name, tiny_checkpoints, tokenizer_dir, tmp_path, monkeypatch):
     entered = []
-    rematerialised = tunix_sft.rematerialised
+    rematerialised = train_step.rematerialised
 
     def recording(module):
         entered.append(type(module).__name__)
         return rematerialised(module)
 
-    monkeypatch.setattr(tunix_sft, "rematerialised", recording)
+    monkeypatch.setattr(train_step, "rematerialised", recording)
     losses = {}
     for checkpointing in (True, False):
         trainer = run(name, tiny_checkpoints, tokenizer_dir, tmp_path / str(checkpointing), max_steps=3,
@@ -107,8 +107,8 @@ def test_rematerialised_wraps_every_layer_while_entered_and_restores_the_module(
     def loss_jaxpr(remat: bool):
         def loss(params):
             module = nnx.merge(graphdef, params, rest)
-            with tunix_sft.rematerialised(module) if remat else contextlib.nullcontext():
-                return tunix_sft.causal_lm_loss(model.family)(module, batch)[0]
+            with train_step.rematerialised(module) if remat else contextlib.nullcontext():
+                return train_step.causal_lm_loss(model.family)(module, batch)[0]
 
         return jax.make_jaxpr(jax.grad(loss))(params).jaxpr
 

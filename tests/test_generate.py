@@ -11,6 +11,7 @@ import transformers
 import torchlike
 from tests import tiny
 from torchlike.adapters import sampling
+from torchlike.adapters.runtime import tracing
 from torchlike.generation import GenerateDecoderOnlyOutput
 
 PROMPT_WIDTH = 20
@@ -191,28 +192,28 @@ def test_a_second_call_with_the_same_shapes_does_not_trace_again(varied):
     _, model = varied
     ids, mask = left_padded_prompts()
     model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_p=0.9, repetition_penalty=1.1, seed=0)
-    before = dict(sampling.TRACE_COUNTS)
+    before = dict(tracing.TRACE_COUNTS)
     model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_p=0.9, repetition_penalty=1.1, seed=0)
-    assert sampling.TRACE_COUNTS == before
+    assert tracing.TRACE_COUNTS == before
 
 
 def test_other_values_and_lengths_in_the_same_buckets_reuse_the_program(varied):
     _, model = varied
     ids, mask = left_padded_prompts()
     model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_p=0.9, repetition_penalty=1.1, seed=0)
-    before = dict(sampling.TRACE_COUNTS)
+    before = dict(tracing.TRACE_COUNTS)
     longer_ids, longer_mask = left_padded_prompts(lengths=(25, 9, 30), width=30)  # bucket 32, like width 20
     model.generate(longer_ids, longer_mask, max_new_tokens=11, do_sample=True, top_p=0.5, temperature=0.3,
                    repetition_penalty=1.7, seed=9, eos_token_id=[2, 3, 4])
-    assert sampling.TRACE_COUNTS == before
+    assert tracing.TRACE_COUNTS == before
 
 
 def test_each_new_program_is_counted_and_logged(varied, caplog):
     _, model = varied
-    before = sampling.TRACE_COUNTS["generate"]
-    with caplog.at_level("INFO", logger=sampling.__name__):
+    before = tracing.TRACE_COUNTS["generate"]
+    with caplog.at_level("INFO", logger=tracing.__name__):
         model.generate([[5, 6, 7]], max_new_tokens=2, do_sample=False)  # batch 1: a shape no other test uses
-    assert sampling.TRACE_COUNTS["generate"] == before + 1
+    assert tracing.TRACE_COUNTS["generate"] == before + 1
     assert "tracing the generation program: batch 1, prompt bucket 16, new-token bucket 16" in caplog.text
 
 
@@ -220,6 +221,14 @@ def test_the_kv_cache_can_never_be_too_small():
     for prompt in range(1, 3000, 7):
         for new in (1, 2, 15, 16, 17, 100, 1023, 1024, 1025, 4097):
             assert sampling.cache_size(prompt, new) >= prompt + new
+
+
+def test_sampling_settings_are_generation_config_fields_with_its_defaults():
+    config = transformers.GenerationConfig()
+    defaults = config._get_default_generation_params()
+    for name, value in sampling.SamplingSettings.defaults().items():
+        assert name in config.to_dict()
+        assert defaults.get(name) == value, name
 
 
 def test_prompts_and_new_tokens_at_bucket_edges_match_transformers(varied):

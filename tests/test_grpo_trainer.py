@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import torchlike
-from torchlike.adapters import qwix_lora, sampling, tunix_sft
+from torchlike.adapters.lora import runtime as lora_runtime
+from torchlike.adapters.runtime import tracing
 from torchlike.peft import LoraConfig
 from torchlike.trl import GRPOConfig, GRPOTrainer
 
@@ -123,7 +124,7 @@ def test_later_steps_of_a_generation_batch_use_the_old_policy_log_probs(tiny_che
                            learning_rate=1e-2)
     trainer.train()
     rollout = trainer._last_rollout
-    current = trainer._log_probs(rollout, qwix_lora.EVAL, trainer._module)
+    current = trainer._log_probs(rollout, lora_runtime.EVAL, trainer._module)
     mask = rollout["completion_mask"].astype(bool)
     ratio = np.exp(current - rollout["old_logps"])[mask]
     assert np.abs(ratio - 1.0).max() > 1e-3  # the second step of this generation batch is off-policy
@@ -153,11 +154,11 @@ def test_evaluate_reports_rewards_of_sampled_completions(tiny_checkpoints, token
 def test_a_second_generation_batch_adds_no_trace(tiny_checkpoints, tokenizer, tmp_path):
     trainer = make_trainer(tiny_checkpoints, tokenizer, tmp_path, max_steps=1)
     trainer.train()
-    generate, train = sampling.TRACE_COUNTS["generate"], tunix_sft.TRACE_COUNTS["train_step"]
+    generate, train = tracing.TRACE_COUNTS["generate"], tracing.TRACE_COUNTS["train_step"]
     again = make_trainer(tiny_checkpoints, tokenizer, tmp_path, max_steps=3)
     again.train()
-    assert sampling.TRACE_COUNTS["generate"] == generate
-    assert tunix_sft.TRACE_COUNTS["train_step"] - train == 1  # a new trainer compiles its step once
+    assert tracing.TRACE_COUNTS["generate"] == generate
+    assert tracing.TRACE_COUNTS["train_step"] - train == 1  # a new trainer compiles its step once
 
 
 def test_log_completions_prints_prompts_completions_and_rewards(tiny_checkpoints, tokenizer, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""torchlike keeps freed host buffers mapped on CPU-only JAX (adapters.host_memory), unless told not to."""
+"""torchlike keeps freed host buffers mapped on CPU-only JAX (adapters.runtime.host_memory), unless told not to."""
 
 from __future__ import annotations
 

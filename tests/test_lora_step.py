@@ -11,7 +11,8 @@ from flax import nnx
 import torchlike
 from tests import tiny
 from tests.test_peft import randomize_lora_
-from torchlike.adapters import qwix_lora, tunix_sft
+from torchlike.adapters import train_step
+from torchlike.adapters.lora import runtime as lora_runtime
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import SFTConfig
 from torchlike.trl.sft_trainer import SFTTrainer
@@ -27,7 +28,7 @@ def lora_model(path, **config):
 def run_steps(model, merged_scale, steps=3):
     """Losses, grad norms and final factors of ``steps`` SGD steps on one padded batch."""
     optimizer = nnx.Optimizer(model.module, optax.sgd(0.2), wrt=nnx.LoRAParam)
-    step = tunix_sft.make_train_step(tunix_sft.causal_lm_loss(model.family), nnx.LoRAParam,
+    step = train_step.make_train_step(train_step.causal_lm_loss(model.family), nnx.LoRAParam,
                                      merged_lora_scale=merged_scale)
     ids, mask, _ = tiny.padded_batch()
     batch = {"input_ids": ids[None], "attention_mask": mask[None], "loss_mask": mask[None]}
@@ -40,7 +41,7 @@ def run_steps(model, merged_scale, steps=3):
 def test_merged_step_gives_the_losses_gradients_and_factors_of_the_factored_step(case, tiny_checkpoints):
     path = tiny_checkpoints.path(case)
     factored_model, merged_model = lora_model(path), lora_model(path)
-    assert qwix_lora.mergeable(merged_model.module)
+    assert lora_runtime.mergeable(merged_model.module)
     factored = run_steps(factored_model, None)
     merged = run_steps(merged_model, merged_model.active_peft_config.scale)
     np.testing.assert_allclose(merged[0], factored[0], rtol=2e-5)
@@ -61,7 +62,7 @@ def test_the_merged_step_leaves_the_base_weights_and_the_eval_outputs_consistent
     # The merged forward and Qwix's factored (eval) forward agree after training.
     ids, mask, _ = tiny.padded_batch()
     tokens, positions, attention = torchlike.adapters.tunix_model.causal_inputs(ids, mask)
-    with qwix_lora.merged_lora(model.active_peft_config.scale):
+    with lora_runtime.merged_lora(model.active_peft_config.scale):
         merged_logits = np.asarray(model.family.forward(model.module, tokens, positions, attention))
     valid = mask.astype(bool)
     np.testing.assert_allclose(merged_logits[valid], np.asarray(model(ids, mask).logits)[valid], rtol=1e-4, atol=1e-4)
@@ -90,7 +91,7 @@ def test_the_merged_step_takes_factor_gradients_without_weight_gradients(mode, w
 
     def loss(params):
         module = nnx.merge(graphdef, params, rest)
-        with qwix_lora.merged_lora(2.0) if mode == "merged" else qwix_lora.lora_mode(qwix_lora.EVAL):
+        with lora_runtime.merged_lora(2.0) if mode == "merged" else lora_runtime.lora_mode(lora_runtime.EVAL):
             return model.family.forward(module, tokens, positions, attention).sum()
 
     jaxpr = jax.make_jaxpr(jax.grad(loss))(params).jaxpr
@@ -143,7 +144,7 @@ def test_quantised_base_weights_are_not_mergeable(tiny_checkpoints):
     with pytest.warns(UserWarning):
         model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
                                LoraConfig(r=4, target_modules="all-linear", quantize_base="int8"))
-    assert not qwix_lora.mergeable(model.module)
+    assert not lora_runtime.mergeable(model.module)
 
 
 def test_lora_linear_gradients_equal_autodiff_of_the_merged_product():
@@ -153,7 +154,7 @@ def test_lora_linear_gradients_equal_autodiff_of_the_merged_product():
     probe = jax.random.normal(keys[4], (12, 6))
 
     def ours(x, a, b):
-        return (qwix_lora.lora_linear(1.5, x, w, a, b) * probe).sum()
+        return (lora_runtime.lora_linear(1.5, x, w, a, b) * probe).sum()
 
     def reference(x, a, b):
         return ((x @ (w + 1.5 * a @ b)) * probe).sum()
@@ -163,4 +164,4 @@ def test_lora_linear_gradients_equal_autodiff_of_the_merged_product():
                          strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # The base weight is frozen: its cotangent is zero, never the [in, out] product over the tokens.
-    assert not np.any(jax.grad(lambda w_: (qwix_lora.lora_linear(1.5, x, w_, a, b) * probe).sum())(w))
+    assert not np.any(jax.grad(lambda w_: (lora_runtime.lora_linear(1.5, x, w_, a, b) * probe).sum())(w))

@@ -16,8 +16,10 @@ from safetensors import safe_open
 
 import torchlike
 from tests import tiny
-from torchlike.adapters import qwix_lora, tunix_model
+from torchlike.adapters import tunix_model
 from torchlike.adapters.families import all_families
+from torchlike.adapters.lora import runtime as lora_runtime
+from torchlike.adapters.lora import targets as lora_targets
 from torchlike.peft import LoraConfig, PeftModel, get_peft_model
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -135,8 +137,8 @@ def test_lora_dropout_is_active_only_in_training_steps(qwen2_path):
     first, second = np.asarray(model(ids, mask).logits), np.asarray(model(ids, mask).logits)
     np.testing.assert_array_equal(first, second)  # eval: deterministic, no dropout
     tokens, positions, attention = tunix_model.causal_inputs(ids, mask)
-    qwix_lora.set_dropout_rng(model.module, jax.random.key(0))
-    with qwix_lora.lora_mode(qwix_lora.TRAIN):
+    lora_runtime.set_dropout_rng(model.module, jax.random.key(0))
+    with lora_runtime.lora_mode(lora_runtime.TRAIN):
         trained = np.asarray(model.family.forward(model.module, tokens, positions, attention))
     assert valid_max_diff(trained, first, mask) > 1e-3
 
@@ -214,7 +216,7 @@ def test_a_family_without_default_targets_asks_for_target_modules():
     family = dataclasses.replace(all_families()[0], default_lora_targets=())
     with pytest.raises(ValueError, match=r"the qwen2 family has no default LoRA target_modules; set "
                                          r"LoraConfig\(target_modules=\.\.\.\).*'all-linear'"):
-        qwix_lora.default_target_modules(family)
+        lora_targets.default_target_modules(family)
 
 
 def test_unknown_target_module_names_list_the_valid_ones(qwen2_path):

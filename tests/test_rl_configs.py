@@ -9,11 +9,20 @@ import pytest
 import transformers
 import trl
 
-from tests.test_training_config import POST_INIT_DIFFERENCES, TORCHLIKE_FIELDS, _plain, _quiet, _raw_default
+from tests.test_training_config import (
+    FIELD_SUPPORT,
+    POST_INIT_DIFFERENCES,
+    SFT_FIELD_SUPPORT,
+    TORCHLIKE_FIELDS,
+    _plain,
+    _quiet,
+    _raw_default,
+)
 from torchlike.adapters import rl_math
+from torchlike.field_support import check_unsupported, field_table
 from torchlike.trl import DPOConfig, GRPOConfig, SFTConfig, dpo_config, grpo_config
-from torchlike.trl.fields import FIELD_SUPPORT, SFT_FIELD_SUPPORT, check_unsupported, field_table
-from torchlike.trl.rl_fields import DPO_FIELD_SUPPORT, GRPO_FIELD_SUPPORT
+from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
+from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 
 # GRPO's max_prompt_length: removed from TRL in 0.28, still accepted by torchlike (with a FutureWarning).
 TORCHLIKE_GRPO_FIELDS = TORCHLIKE_FIELDS | {"max_prompt_length"}

@@ -91,9 +91,10 @@ def test_pad_to_multiple_of_rounds_the_padded_length_up(tiny_checkpoints, tokeni
         return trainer.data_collator(trainer.train_dataset[:2])["input_ids"].shape[1]
 
     longest = max(len(e["input_ids"]) for e in sft_trainer(tiny_checkpoints, tokenizer, tmp_path).train_dataset)
-    assert padded_length(max_length=30) == 30
-    assert padded_length(max_length=30, pad_to_multiple_of=16) == 32
-    assert padded_length(max_length=None, pad_to_multiple_of=8) == -(-longest // 8) * 8 != longest
+    assert padded_length() == longest  # the longest prepared example, not max_length (TRL pads to the longest)
+    assert padded_length(pad_to_multiple_of=8) == -(-longest // 8) * 8 != longest
+    assert padded_length(max_length=longest - 3) == longest - 3  # examples truncated to max_length
+    assert padded_length(max_length=None, pad_to_multiple_of=8) == -(-longest // 8) * 8
 
 
 def test_chat_template_path_takes_a_jinja_file_or_a_tokenizer(tiny_checkpoints, tokenizer_dir, tmp_path):

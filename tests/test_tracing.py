@@ -1,4 +1,4 @@
-"""adapters.tracing: traces run without garbage-collection passes and the collector comes back after."""
+"""adapters.runtime.tracing: traces run without garbage-collection passes and the collector comes back after."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from torchlike.adapters import tracing
+from torchlike.adapters.runtime import tracing
 
 
 def test_a_traced_call_runs_with_the_collector_paused_and_restores_it():

@@ -8,7 +8,7 @@ from transformers import TrainerCallback
 
 import torchlike
 from tests import tiny
-from torchlike.adapters import tunix_sft
+from torchlike.adapters.runtime import tracing
 from torchlike.peft import LoraConfig, get_peft_model
 
 
@@ -67,10 +67,10 @@ def test_second_epoch_and_last_partial_batch_add_no_trace(tiny_checkpoints, tmp_
     examples = tiny.padded_examples(10, seed=4)  # 10 = 2 full batches of 4 + a partial one of 2
     trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=-1, num_train_epochs=2),
                                 train_dataset=examples)
-    before = tunix_sft.TRACE_COUNTS["train_step"]
+    before = tracing.TRACE_COUNTS["train_step"]
     trainer.train()
     assert trainer.state.global_step == 6
-    assert tunix_sft.TRACE_COUNTS["train_step"] - before == 1
+    assert tracing.TRACE_COUNTS["train_step"] - before == 1
 
 
 def test_resume_from_a_checkpoint_continues_exactly(tiny_checkpoints, tmp_path):
@@ -163,7 +163,7 @@ def test_each_new_trace_is_logged_with_its_shapes(tiny_checkpoints, tmp_path, ca
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
     trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=2, gradient_accumulation_steps=2),
                                 train_dataset=tiny.padded_examples(16, seed=9))
-    with caplog.at_level(logging.INFO, logger="torchlike.adapters.tunix_sft"):
+    with caplog.at_level(logging.INFO, logger="torchlike.adapters.runtime.tracing"):
         trainer.train()
     traces = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tracing train_step")]
     assert len(traces) == 1 and f"input_ids (2, 4, {tiny.EXAMPLE_LENGTH}) int32" in traces[0]
@@ -175,9 +175,9 @@ def test_a_lora_step_is_traced_once_with_or_without_dropout(tiny_checkpoints, tm
                            LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules="all-linear"))
     trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=3),
                                 train_dataset=tiny.padded_examples(12, seed=2))
-    before = tunix_sft.TRACE_COUNTS["train_step"]
+    before = tracing.TRACE_COUNTS["train_step"]
     trainer.train()
-    assert tunix_sft.TRACE_COUNTS["train_step"] - before == 1
+    assert tracing.TRACE_COUNTS["train_step"] - before == 1
 
 
 def test_bf16_parameters_keep_bf16_optimizer_state_and_one_trace(tiny_checkpoints, tmp_path):
@@ -186,9 +186,9 @@ def test_bf16_parameters_keep_bf16_optimizer_state_and_one_trace(tiny_checkpoint
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype="bfloat16")
     trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=3, bf16=True),
                                 train_dataset=tiny.padded_examples(12, seed=2))
-    before = tunix_sft.TRACE_COUNTS["train_step"]
+    before = tracing.TRACE_COUNTS["train_step"]
     trainer.train()
-    assert tunix_sft.TRACE_COUNTS["train_step"] - before == 1
+    assert tracing.TRACE_COUNTS["train_step"] - before == 1
     moments = [v.get_value() for _, v in nnx.to_flat_state(nnx.state(trainer.optimizer, nnx.OptState))
                if v.get_value().ndim > 1]
     assert moments and all(m.dtype == np.dtype("bfloat16") for m in moments)

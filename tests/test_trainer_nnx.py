@@ -153,3 +153,29 @@ def test_a_jax_native_loss_fn_gets_every_column(tmp_path):
     trainer = torchlike.Trainer(model=MiniGPT(), args=arguments(tmp_path, max_steps=1), train_dataset=data,
                                 loss_fn=loss_fn)
     assert trainer.train().global_step == 1
+
+
+def test_resuming_a_plain_module_restores_its_parameters_and_continues_exactly(tmp_path):
+    def loss_fn(model, batch):
+        logits = model(batch["inputs"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], batch["inputs"][:, 1:]).mean()
+
+    data = [{"inputs": row} for row in counting_sequences(32, seed=0)]
+    args = arguments(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, learning_rate=3e-3)
+    module = MiniGPT(seed=0)
+    trainer = torchlike.Trainer(model=module, args=args, train_dataset=data, loss_fn=loss_fn)
+    trainer.train()
+    assert trainer.model is module  # the object the user passed, trained in place
+
+    resumed = torchlike.Trainer(model=MiniGPT(seed=5), args=args, train_dataset=data, loss_fn=loss_fn)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert logged_losses(resumed)[-2:] == logged_losses(trainer)[-2:]
+    for (path, first), (_, second) in zip(nnx.to_flat_state(nnx.state(module, nnx.Param)),
+                                          nnx.to_flat_state(nnx.state(resumed.model, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(second.get_value(), first.get_value(), err_msg=str(path))
+
+
+def test_save_model_on_a_plain_module_says_how_to_keep_its_parameters(tmp_path):
+    trainer = torchlike.Trainer(model=MiniGPT(), args=arguments(tmp_path), loss_fn=lambda model, batch: 0.0)
+    with pytest.raises(NotImplementedError, match="plain MiniGPT.*save_strategy"):
+        trainer.save_model()

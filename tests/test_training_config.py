@@ -10,9 +10,22 @@ import transformers
 import trl
 
 import torchlike.training_args as training_args
+from torchlike.field_support import check_unsupported
+from torchlike.field_support import fields_with_status as table_fields_with_status
 from torchlike.training_args import TrainingArguments
+from torchlike.training_args_fields import TRAINING_ARGUMENTS_FIELD_SUPPORT
 from torchlike.trl import SFTConfig
-from torchlike.trl.fields import FIELD_SUPPORT, SFT_FIELD_SUPPORT, check_unsupported, fields_with_status
+from torchlike.trl.sft_fields import SFT_FIELD_SUPPORT as SFT_ROWS
+
+#: The TrainingArguments rows SFTConfig lays its own over.
+SFT_FIELD_SUPPORT = {name: row for name, row in SFT_ROWS.items() if name in TRAINING_ARGUMENTS_FIELD_SUPPORT}
+#: Every field of TrainingArguments and of trl.SFTConfig, each with its base row.
+FIELD_SUPPORT = {**TRAINING_ARGUMENTS_FIELD_SUPPORT,
+                 **{name: row for name, row in SFT_ROWS.items() if name not in SFT_FIELD_SUPPORT}}
+
+
+def fields_with_status(status: str) -> list[str]:
+    return table_fields_with_status(FIELD_SUPPORT, status)
 
 TORCHLIKE_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches",
                     "lora_step"}

@@ -319,7 +319,7 @@ def test_get_peft_config_refuses_what_torchlike_lora_cannot_do():
 
 
 def test_get_quantization_config_asks_for_what_from_pretrained_reads():
-    from torchlike.modeling import requested_quantization
+    from torchlike.quantization import requested_quantization
 
     four_bit = torchlike_trl.get_quantization_config(torchlike_trl.ModelConfig(load_in_4bit=True, dtype="auto"))
     eight_bit = torchlike_trl.get_quantization_config(torchlike_trl.ModelConfig(load_in_8bit=True))

@@ -1,4 +1,5 @@
-"""Tiny random HF models (hidden 64, 2 layers) and a tokenizer, built with transformers and tokenizers."""
+"""The test cases: tiny random HF models by name (built with ``torchlike.testing``), a padded batch and padded
+training examples."""
 
 from __future__ import annotations
 
@@ -10,55 +11,28 @@ import numpy as np
 import torch
 import transformers
 
+from torchlike.testing import VOCAB_SIZE as VOCAB
+from torchlike.testing import build_tokenizer as build_tokenizer  # the tests' tokenizer: tiny.build_tokenizer
+from torchlike.testing import random_model, tiny_config
+
 CACHE_ROOT = os.environ.get("TORCHLIKE_TEST_CACHE", os.path.join(tempfile.gettempdir(), "torchlike-test-cache"))
-VOCAB = 128
 
-COMMON = dict(
-    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6,
-    bos_token_id=1, eos_token_id=2, pad_token_id=0,
-)
-
-LLAMA32_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-
+# gemma3: a window (8) shorter than padded_batch's rows (24), one layer of each type; gemma3_mha: Tunix fuses qkv.
 CASES = {
-    "qwen2": lambda: transformers.Qwen2Config(**COMMON, rope_theta=10000.0, tie_word_embeddings=False),
-    "qwen2_tied": lambda: transformers.Qwen2Config(**COMMON, rope_theta=10000.0, tie_word_embeddings=True),
-    "qwen3": lambda: transformers.Qwen3Config(**COMMON, rope_theta=10000.0, tie_word_embeddings=False),
-    "qwen3_tied": lambda: transformers.Qwen3Config(**COMMON, rope_theta=1000000.0, tie_word_embeddings=True),
-    "llama3": lambda: transformers.LlamaConfig(**COMMON, rope_theta=500000.0, tie_word_embeddings=False),
-    "llama32": lambda: transformers.LlamaConfig(**COMMON, rope_parameters=LLAMA32_ROPE, tie_word_embeddings=True),
-    # Gemma 3 text: a window (8) shorter than padded_batch's rows (24), one layer of each type,
-    # and a linear-scaled global rope as the 4B+ checkpoints have. gemma3_mha: Tunix fuses qkv.
-    "gemma3": lambda kv_heads=2: transformers.Gemma3TextConfig(
-        **{**COMMON, "num_key_value_heads": kv_heads}, sliding_window=8, query_pre_attn_scalar=16,
-        layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True,
-        rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
-        }),
-    "gemma3_mha": lambda: CASES["gemma3"](kv_heads=4),
+    "qwen2": lambda: tiny_config("qwen2"),
+    "qwen2_tied": lambda: tiny_config("qwen2", tie_word_embeddings=True),
+    "qwen3": lambda: tiny_config("qwen3"),
+    "qwen3_tied": lambda: tiny_config("qwen3", rope_theta=1000000.0, tie_word_embeddings=True),
+    "llama3": lambda: tiny_config("llama3"),
+    "llama32": lambda: tiny_config("llama32"),
+    "gemma3": lambda: tiny_config("gemma3"),
+    "gemma3_mha": lambda: tiny_config("gemma3", num_key_value_heads=4),
 }
 
 
-def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter random (biases and norms too), so no mapping error can hide behind zeros or ones."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.08 * torch.randn(param.shape, generator=generator))
-    return model
-
-
 def build_hf_model(config, seed: int = 0, dtype=torch.float32) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    randomize_(model, seed)
-    return model.to(dtype).eval()
+    """The reference model of a case: every parameter random (biases and norms too), eager attention."""
+    return random_model(config, seed=seed, dtype=dtype, every_parameter=True, attn_implementation="eager")
 
 
 class CheckpointFactory:
@@ -96,66 +70,6 @@ def hf_logits(model, ids, mask, positions) -> np.ndarray:
         out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
                     position_ids=torch.tensor(positions))
     return out.logits.float().numpy()
-
-
-TOKENIZER_CORPUS = ["the quick brown fox jumps over the lazy dog", "one two three four five six seven eight nine ten",
-                    "hello world, this is a tiny tokenizer for tests"]
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
-
-
-def _byte_pair_merges(words: dict[str, int], alphabet: list[str], size: int) -> tuple[list[str], list[tuple]]:
-    """Byte-pair encoding trained deterministically: the most frequent pair is merged first, ties broken by the
-    pair's text (the ``tokenizers`` trainer breaks ties by hash order, so its vocabulary changes from run to run)."""
-    vocab, merges = list(alphabet), []
-    splits = {word: list(word) for word in words}
-    while len(vocab) < size:
-        pairs: dict[tuple[str, str], int] = {}
-        for word, count in words.items():
-            for pair in zip(splits[word], splits[word][1:]):
-                pairs[pair] = pairs.get(pair, 0) + count
-        if not pairs:
-            break
-        left, right = min(pairs, key=lambda pair: (-pairs[pair], pair))
-        merges.append((left, right))
-        vocab.append(left + right)
-        for word, parts in splits.items():
-            merged, index = [], 0
-            while index < len(parts):
-                if parts[index] == left and index + 1 < len(parts) and parts[index + 1] == right:
-                    merged.append(left + right)
-                    index += 2
-                else:
-                    merged.append(parts[index])
-                    index += 1
-            splits[word] = merged
-    return vocab, merges
-
-
-def build_tokenizer(directory: Path) -> Path:
-    """A small byte-level BPE tokenizer (the same on every build), saved as a transformers fast tokenizer."""
-    import string
-
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    words: dict[str, int] = {}
-    for text in TOKENIZER_CORPUS:
-        for word, _ in pre_tokenizer.pre_tokenize_str(text):
-            words[word] = words.get(word, 0) + 1
-    # Byte-level symbols of the corpus plus lowercase letters, digits and common punctuation, so other short texts
-    # tokenise without <unk>.
-    extra = "".join(symbol for symbol, _ in pre_tokenizer.pre_tokenize_str(
-        string.ascii_lowercase + string.digits + ",.!?:;'-"))
-    alphabet = sorted(set("".join(words)) | set(extra) | {pre_tokenizer.pre_tokenize_str(" a")[0][0][0]})
-    vocab, merges = _byte_pair_merges(words, alphabet, VOCAB - len(SPECIAL_TOKENS))
-    tokenizer = Tokenizer(models.BPE(vocab={token: index for index, token in enumerate(SPECIAL_TOKENS + vocab)},
-                                     merges=merges, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizer
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                                                unk_token="<unk>")
-    fast.save_pretrained(directory)
-    return Path(directory)
 
 
 EXAMPLE_LENGTH = 24

@@ -8,10 +8,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
-
 # Before XLA starts its threads: CPU train steps reuse their host buffers instead of page-faulting.
-from .adapters import host_memory as _host_memory  # noqa: E402
+from .adapters.runtime import host_memory as _host_memory  # noqa: E402
+from .version import __version__  # noqa: E402
 
 _host_memory.keep_freed_host_memory()
 
@@ -24,8 +23,8 @@ _EXPORTS = {
     "save": "torchlike.serialization",
     "load": "torchlike.serialization",
     "LazyCheckpoint": "torchlike.serialization",
-    "Trainer": "torchlike.trainer",
-    "TrainOutput": "torchlike.trainer",
+    "Trainer": "torchlike.training",
+    "TrainOutput": "torchlike.training",
     "TrainingArguments": "torchlike.training_args",
 }
 
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from .modeling import AutoModelForCausalLM, CausalLM, CausalLMOutput, make_mesh
     from .serialization import LazyCheckpoint, load, save
     from .tokenization import AutoTokenizer
-    from .trainer import Trainer, TrainOutput
+    from .training import Trainer, TrainOutput
     from .training_args import TrainingArguments
 
 

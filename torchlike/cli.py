@@ -57,8 +57,8 @@ def environment_report() -> dict[str, str]:
 
     import torchlike
 
-    from .adapters import host_memory
-    from .compilation import enable_compilation_cache
+    from .adapters.runtime import host_memory
+    from .adapters.runtime.compilation import enable_compilation_cache
 
     devices = Counter(f"{device.device_kind} ({device.platform})" for device in jax.devices())
     info = {

@@ -18,7 +18,8 @@ import numpy as np
 
 from .adapters import sampling
 from .adapters.mesh import entered
-from .adapters.sampling import TRACE_COUNTS, bucket_length, cache_size
+from .adapters.runtime.tracing import TRACE_COUNTS
+from .adapters.sampling import bucket_length, cache_size
 
 __all__ = ["TRACE_COUNTS", "GenerateDecoderOnlyOutput", "bucket_length", "cache_size", "generate",
            "resolve_generation_settings"]
@@ -26,12 +27,7 @@ __all__ = ["TRACE_COUNTS", "GenerateDecoderOnlyOutput", "bucket_length", "cache_
 TRANSFORMERS_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": None,
     "max_length": 20,
-    "do_sample": False,
-    "temperature": 1.0,
-    "top_k": 50,
-    "top_p": 1.0,
-    "min_p": None,
-    "repetition_penalty": 1.0,
+    **sampling.SamplingSettings.defaults(),
     "eos_token_id": None,
     "pad_token_id": None,
     "num_beams": 1,
@@ -39,16 +35,8 @@ TRANSFORMERS_DEFAULTS: dict[str, Any] = {
     "return_dict_in_generate": False,
 }
 """``transformers``' global defaults (``GenerationConfig._get_default_generation_params``) for the
-settings ``generate`` implements."""
-
-# Processors transformers would apply that torchlike does not, with their "off" values.
-_NOT_IMPLEMENTED: dict[str, Any] = {
-    "no_repeat_ngram_size": 0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "bad_words_ids": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "min_new_tokens": None, "min_length": 0,
-    "forced_bos_token_id": None, "forced_eos_token_id": None, "sequence_bias": None, "top_h": None,
-    "encoder_repetition_penalty": 1.0, "exponential_decay_length_penalty": None, "guidance_scale": None,
-    "stop_strings": None, "penalty_alpha": None,
-}
+settings ``generate`` implements: the sampler's (:class:`~torchlike.adapters.sampling.SamplingSettings`)
+and the length, end, padding, search and output settings ``generate`` handles itself."""
 
 
 @dataclass
@@ -95,11 +83,12 @@ def resolve_generation_settings(model_generation_config: Any, generation_config:
             if value is not None:
                 settings[name] = value
                 max_length_was_set |= name == "max_length"
-        unsupported = {name: getattr(source, name, off) for name, off in _NOT_IMPLEMENTED.items()
+        unsupported = {name: getattr(source, name, off)
+                       for name, off in sampling.UNSUPPORTED_GENERATION_SETTINGS.items()
                        if getattr(source, name, off) not in (None, off)}
         if unsupported:
             warnings.warn(f"generation_config sets {unsupported}, which torchlike's generate does not apply "
-                          "(implemented: repetition_penalty, temperature, top_k, top_p, min_p).", stacklevel=4)
+                          f"(implemented: {', '.join(sampling.SamplingSettings.names())}).", stacklevel=4)
     for name, value in overrides.items():
         if value is not None:
             settings[name] = value
@@ -107,31 +96,15 @@ def resolve_generation_settings(model_generation_config: Any, generation_config:
     return settings, max_length_was_set
 
 
-def _check_settings(settings: dict[str, Any]) -> None:
-    """Raises ``ValueError`` naming the bad value and the fix (transformers' ranges)."""
+def _check_search_settings(settings: dict[str, Any]) -> None:
+    """Raises ``ValueError`` naming the bad value and the fix for ``num_beams`` and ``num_return_sequences``
+    (the sampling settings check themselves in :class:`~torchlike.adapters.sampling.SamplingSettings`)."""
     if settings["num_beams"] != 1:
         raise ValueError(f"num_beams={settings['num_beams']}: beam search is not supported; use num_beams=1 "
                          "(greedy or sampling).")
     count = settings["num_return_sequences"]
     if not isinstance(count, int | np.integer) or count < 1:
         raise ValueError(f"num_return_sequences must be a positive integer, got {count!r}.")
-    temperature = settings["temperature"]
-    if settings["do_sample"] and not temperature > 0:
-        raise ValueError(f"temperature must be > 0 when do_sample=True, got {temperature!r}. For greedy decoding "
-                         "pass do_sample=False.")
-    top_p = settings["top_p"]
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}; 1.0 turns nucleus sampling off.")
-    top_k = settings["top_k"]
-    if top_k is not None and (not isinstance(top_k, int | np.integer) or top_k < 0):
-        raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}; 0 turns top-k filtering off.")
-    min_p = settings["min_p"]
-    if min_p is not None and not 0 <= min_p <= 1:
-        raise ValueError(f"min_p must be in [0, 1], got {min_p!r}.")
-    penalty = settings["repetition_penalty"]
-    if penalty is not None and not penalty > 0:
-        raise ValueError(f"repetition_penalty must be > 0 (1.0 is no penalty, > 1 discourages repeats), "
-                         f"got {penalty!r}.")
 
 
 def _token_ids(value: Any, name: str, vocab_size: int) -> list[int]:
@@ -182,7 +155,7 @@ def _left_aligned(ids: np.ndarray, mask: np.ndarray, pad_token_id: int) -> tuple
 
 def _prompt_arrays(inputs: Any, attention_mask: Any, tokenizer: Any, pad_token_id: int | None,
                    eos_token_ids: list[int], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    from .modeling import to_numpy_2d
+    from .arrays import to_numpy_2d
 
     fill = 0 if pad_token_id is None else pad_token_id
     if inputs is None:
@@ -236,7 +209,8 @@ def generate(
     if seed is not None and not isinstance(seed, int | np.integer):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__}.")
     resolved, max_length_was_set = resolve_generation_settings(model.generation_config, generation_config, **settings)
-    _check_settings(resolved)
+    _check_search_settings(resolved)
+    sampling_settings = sampling.SamplingSettings.from_mapping(resolved)
     vocab_size = int(model.config.vocab_size)
     eos_token_ids = _token_ids(resolved["eos_token_id"], "eos_token_id", vocab_size)
     pad_token_id = resolved["pad_token_id"]
@@ -267,17 +241,9 @@ def generate(
     copies = int(resolved["num_return_sequences"])
     if copies > 1:
         ids, mask = np.repeat(ids, copies, axis=0), np.repeat(mask, copies, axis=0)
-    def optional(cast, name):
-        return None if resolved[name] is None else cast(resolved[name])
-
-    params = sampling.SamplingParams(
-        do_sample=bool(resolved["do_sample"]), temperature=float(resolved["temperature"]),
-        top_k=optional(int, "top_k"), top_p=optional(float, "top_p"), min_p=optional(float, "min_p"),
-        repetition_penalty=optional(float, "repetition_penalty"),
-    )
     with entered(model.mesh) if model.mesh is not None else contextlib.nullcontext():
         result = sampling.generate_tokens(
-            model.module, ids, mask, int(max_new_tokens), params, eos_token_ids=eos_token_ids,
+            model.module, ids, mask, int(max_new_tokens), sampling_settings, eos_token_ids=eos_token_ids,
             pad_token_id=0 if pad_token_id is None else int(pad_token_id),
             seed=sampling.random_seed() if seed is None else int(seed), lora=model._lora_mode,
             return_logprobs=output_logprobs,

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import tempfile
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import jax
 import numpy as np
 
-from .adapters import hf_checkpoint, hf_hub, tunix_model
+from .adapters import hf_checkpoint, hf_hub, nnx_state, tunix_model
 from .adapters.families import Family, family_for_config
 from .adapters.mesh import entered, initialize_distributed, make_mesh
-from .compilation import enable_compilation_cache
+from .adapters.runtime.compilation import enable_compilation_cache
+from .arrays import to_numpy_2d
+from .checkpoint_config import check_loading_options, first_tensor_dtype, read_config, read_generation_config
 from .dtypes import dtype_name, resolve_dtype
+from .module_tree import module_tree_lines
+from .quantization import announce_quantization, requested_quantization
 
 __all__ = ["AutoModelForCausalLM", "CausalLM", "CausalLMOutput", "make_mesh"]
 
@@ -40,25 +41,6 @@ class CausalLMOutput:
 
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
-
-
-def to_numpy_2d(values: Any, name: str, dtype=np.int32) -> np.ndarray:
-    """Lists, numpy, jax or torch tensors as a 2-D numpy array (a 1-D input becomes a batch of one)."""
-    if values is None:
-        return None
-    if hasattr(values, "detach") and hasattr(values, "cpu"):  # torch.Tensor, without importing torch
-        values = values.detach().cpu().numpy()
-    try:
-        array = np.asarray(values)
-    except ValueError:
-        raise ValueError(f"{name} must be rectangular (pad the rows to one length and pass attention_mask).") from None
-    if array.dtype == object:
-        raise ValueError(f"{name} must be rectangular (pad the rows to one length and pass attention_mask).")
-    if array.ndim == 1:
-        array = array[None, :]
-    if array.ndim != 2:
-        raise ValueError(f"{name} must have shape (batch, sequence); got {array.shape}.")
-    return array.astype(dtype)
 
 
 class CausalLM:
@@ -144,7 +126,8 @@ class CausalLM:
         Logits go through the repetition penalty, then (sampling only) temperature, top-k, top-p and
         min-p, in ``transformers``' order; greedy is the argmax after the penalty. Rows stop at an
         end token and are padded after it. One compiled program serves every call whose batch size,
-        prompt-length bucket and new-token bucket (powers of two from 16) and switches match; see
+        prompt-length bucket and new-token bucket (powers of two from 16) and sampling switches
+        (``torchlike.adapters.sampling.SamplingSwitches``: which processors run) match; see
         ``torchlike.generation.TRACE_COUNTS``.
 
         Args:
@@ -209,10 +192,8 @@ class CausalLM:
 
     def named_parameters(self) -> Iterator[tuple[str, jax.Array]]:
         """Yields ``(dotted NNX path, jax.Array)`` for every parameter, as ``torch`` does."""
-        from flax import nnx
-
-        for path, variable in nnx.to_flat_state(nnx.state(self.module, nnx.Param)):
-            yield ".".join(str(part) for part in path), variable.get_value()
+        for name, variable in nnx_state.flat_variables(self.module).items():
+            yield name, variable.get_value()
 
     def parameters(self) -> Iterator[jax.Array]:
         """Yields every parameter array."""
@@ -299,7 +280,7 @@ class CausalLM:
 
     def __repr__(self) -> str:
         header = f"CausalLM({self.family.name}, dtype={self.dtype.name}, parameters={self.num_parameters():,})"
-        return "\n".join([header, *("  " + line for line in _module_tree(self.module))])
+        return "\n".join([header, *("  " + line for line in module_tree_lines(self.module))])
 
     def save_pretrained(
         self,
@@ -380,38 +361,6 @@ class CausalLM:
                                         token=token, revision=revision, create_pr=create_pr)
 
 
-def _module_tree(module, name: str | None = None) -> list[str]:
-    """``torch``-style module tree lines; identical consecutive list entries collapse to ``(0-N): K x Layer``."""
-    from flax import nnx
-
-    children, shapes = [], []
-    for attribute, value in vars(module).items():
-        if isinstance(value, nnx.Module):
-            children.append((attribute, value))
-        elif isinstance(value, nnx.Param):
-            shapes.append(f"{attribute}={tuple(value.get_value().shape)}")
-    prefix = f"({name}): " if name is not None else ""
-    head = f"{prefix}{type(module).__name__}({', '.join(shapes)}"
-    if not children:
-        return [head + ")"]
-    rendered = [(attribute, _module_tree(child, attribute)) for attribute, child in children]
-    lines, index = [head + ("" if not shapes else ",")], 0
-    while index < len(rendered):
-        attribute, child_lines = rendered[index]
-        run = index
-        while (run + 1 < len(rendered) and str(rendered[run + 1][0]).isdigit()
-               and rendered[run + 1][1][1:] == child_lines[1:]):
-            run += 1
-        if run > index:
-            body = child_lines[0].split(": ", 1)[1]
-            child_lines = [f"({attribute}-{rendered[run][0]}): {run - index + 1} x {body}", *child_lines[1:]]
-        lines.extend("  " + line for line in child_lines)
-        index = run + 1
-    lines.append(")")
-    return lines
-
-
-_ACCEPTED_ATTENTION = (None, "eager", "sdpa")
 
 
 class AutoModelForCausalLM:
@@ -467,28 +416,28 @@ class AutoModelForCausalLM:
         if model_args:
             raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
         initialize_distributed()  # before any device is touched, when launched as one of several processes
-        _check_loading_options(trust_remote_code, attn_implementation, device_map, kwargs)
+        check_loading_options(trust_remote_code, attn_implementation, device_map)
         quantization = requested_quantization(kwargs)
         enable_compilation_cache()
         if dtype is None and torch_dtype is not None:
             dtype = torch_dtype
         if _is_transformers_model(pretrained_model_name_or_path):
             model = _from_transformers_model(pretrained_model_name_or_path, dtype, mesh)
-            model.quantization = _announce_quantization(quantization)
+            model.quantization = announce_quantization(quantization)
             return model
         hf_checkpoint.finish_interrupted_save(pretrained_model_name_or_path)
         model_dir = hf_hub.resolve_model_dir(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
                                              token=token, local_files_only=local_files_only)
-        config = _read_config(model_dir, kwargs)
+        config = read_config(model_dir, kwargs)
         family = family_for_config(config, source=str(model_dir / "config.json"))
         files = hf_checkpoint.find_weight_files(model_dir)
-        target_dtype = resolve_dtype(dtype, getattr(config, "dtype", None) or _first_tensor_dtype(files))
+        target_dtype = resolve_dtype(dtype, getattr(config, "dtype", None) or first_tensor_dtype(files))
         module = tunix_model.load_weights(
             family, config, hf_checkpoint.iter_checkpoint_tensors(files), target_dtype, mesh=mesh,
             source=str(model_dir),
         )
-        model = CausalLM(module, config, family, _read_generation_config(model_dir, config), mesh, str(model_dir))
-        model.quantization = _announce_quantization(quantization)
+        model = CausalLM(module, config, family, read_generation_config(model_dir, config), mesh, str(model_dir))
+        model.quantization = announce_quantization(quantization)
         return model
 
     @classmethod
@@ -526,57 +475,6 @@ class AutoModelForCausalLM:
         return CausalLM(module, config, family, None, mesh, "")
 
 
-def _check_loading_options(trust_remote_code, attn_implementation, device_map, kwargs) -> None:
-    if trust_remote_code:
-        raise ValueError("trust_remote_code=True is not supported: remote modelling code is PyTorch and cannot run "
-                         "on the JAX model. Supported architectures load without it; drop the argument.")
-    if attn_implementation not in _ACCEPTED_ATTENTION:
-        warnings.warn(f"attn_implementation={attn_implementation!r} has no effect: torchlike uses the Tunix JAX "
-                      "attention (XLA-compiled).", stacklevel=3)
-    if device_map not in (None, "auto", "cpu"):
-        warnings.warn(f"device_map={device_map!r} has no effect: place the model with mesh=make_mesh(...).",
-                      stacklevel=3)
-
-
-def requested_quantization(kwargs: dict) -> str | None:
-    """The Qwix weight type asked for by ``quantization_config`` (a ``BitsAndBytesConfig`` or dict) or
-    ``load_in_4bit``/``load_in_8bit``; pops those keys from ``kwargs``.
-
-    Raises:
-        ValueError: a quantisation method that has no Qwix equivalent (GPTQ, AWQ...). bitsandbytes'
-            ``fp4`` becomes ``nf4`` with a warning.
-    """
-    config = kwargs.pop("quantization_config", None)
-    load_in_4bit, load_in_8bit = kwargs.pop("load_in_4bit", False), kwargs.pop("load_in_8bit", False)
-    if config is not None:
-        if isinstance(config, dict):
-            fields = config
-        else:
-            fields = config.to_dict() if hasattr(config, "to_dict") else vars(config)
-        method = str(fields.get("quant_method", "bitsandbytes")).lower()
-        if "bitsandbytes" not in method.replace("_", ""):
-            raise ValueError(f"quantization_config with quant_method={method!r} is not supported; use "
-                             "BitsAndBytesConfig(load_in_4bit=True) (nf4) or load_in_8bit=True, applied by Qwix.")
-        load_in_4bit = load_in_4bit or bool(fields.get("load_in_4bit"))
-        load_in_8bit = load_in_8bit or bool(fields.get("load_in_8bit"))
-        quant_type = fields.get("bnb_4bit_quant_type", "nf4")
-        if load_in_4bit and quant_type != "nf4":
-            warnings.warn(f"bnb_4bit_quant_type={quant_type!r} has no Qwix equivalent; the 4-bit base weights use "
-                          "nf4 (QLoRA's usual type). Pass bnb_4bit_quant_type='nf4' to silence this.", stacklevel=4)
-    if load_in_4bit:
-        return "nf4"
-    return "int8" if load_in_8bit else None
-
-
-def _announce_quantization(quantization: str | None) -> str | None:
-    if quantization:
-        warnings.warn(f"quantization requested ({quantization}): the weights load in full precision and Qwix "
-                      "quantises the adapted modules' base weights when a LoRA adapter is added (QLoRA, "
-                      "torchlike.peft.get_peft_model). A model without an adapter stays in full precision.",
-                      stacklevel=3)
-    return quantization
-
-
 def _is_transformers_model(obj: Any) -> bool:
     return any(cls.__name__ == "PreTrainedModel" for cls in type(obj).__mro__)
 
@@ -592,53 +490,3 @@ def _from_transformers_model(pt_model, dtype, mesh) -> CausalLM:
     module = tunix_model.load_weights(family, config, tensors, target_dtype, mesh=mesh, source=type(pt_model).__name__)
     generation_config = copy.deepcopy(getattr(pt_model, "generation_config", None))
     return CausalLM(module, config, family, generation_config, mesh, getattr(config, "_name_or_path", ""))
-
-
-def _read_config(model_dir: Path, overrides: dict):
-    from transformers import CONFIG_MAPPING, AutoConfig
-
-    from .adapters.families import UnknownArchitectureError, supported_architectures
-
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: a checkpoint directory needs config.json (write it with "
-                                "config.save_pretrained(dir) or model.save_pretrained(dir)).")
-    try:
-        raw = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{config_path} is not valid JSON ({error}); fix or re-download it.") from None
-    # Decide on the raw JSON: building another architecture's transformers config can fail first, on
-    # fields its class does not accept (a Qwen-style layer_types on MambaConfig).
-    family_for_config(SimpleNamespace(architectures=raw.get("architectures"), model_type=raw.get("model_type")),
-                      source=str(config_path))
-    if raw.get("model_type") not in CONFIG_MAPPING:
-        raise UnknownArchitectureError(
-            f"{config_path}: model_type {raw.get('model_type')!r} (architectures {raw.get('architectures')}) is not "
-            f"supported. Supported architectures: {', '.join(supported_architectures())}."
-        )
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    for key, value in overrides.items():
-        if not hasattr(config, key):
-            raise TypeError(f"from_pretrained got an unexpected keyword argument {key!r} (not an option and not a "
-                            f"field of {type(config).__name__}).")
-        setattr(config, key, value)
-    return config
-
-
-def _read_generation_config(model_dir: Path, config):
-    from transformers import GenerationConfig
-
-    if (model_dir / "generation_config.json").is_file():
-        return GenerationConfig.from_pretrained(model_dir)
-    return GenerationConfig.from_model_config(config)
-
-
-def _first_tensor_dtype(files: list[Path]):
-    if files and files[0].suffix == ".safetensors":
-        from .adapters.safetensors_io import SafetensorsReader
-
-        with SafetensorsReader(files[0]) as reader:
-            # bfloat16 (ml_dtypes) has numpy kind "V"; integer buffers never set the model dtype.
-            floating = [info.dtype for info in reader.tensors.values() if info.dtype.kind in "fV"]
-            return floating[0] if floating else None
-    return None

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 import optax
 
+from .adapters.nnx_state import dotted_path
 from .training_args import LR_SCHEDULERS, OPTIMIZERS
 
 
@@ -49,7 +50,7 @@ def _decay_mask(params):
     import jax
 
     def decays(path, _):
-        name = ".".join(str(getattr(p, "key", getattr(p, "name", p))) for p in path).lower()
+        name = dotted_path(path).lower()
         return not ("norm" in name or name.endswith("bias") or "_bias" in name)
 
     return jax.tree_util.tree_map_with_path(decays, params)

@@ -42,7 +42,7 @@ def save(obj: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any] | No
         torchlike.save(model.state_dict(), "ckpt", metadata={"step": 100})
         state = torchlike.load("ckpt")
     """
-    from . import __version__
+    from .version import __version__
 
     # A model.state_dict() carries its family and LoRA rank/alpha; explicit metadata wins.
     carried = getattr(obj, "metadata", None) or {}

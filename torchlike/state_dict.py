@@ -18,8 +18,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from .adapters import hf_checkpoint, qwix_lora, tunix_model
-from .adapters.nnx_state import ParameterSlot, parameter_slots
+from .adapters import hf_checkpoint, tunix_model
+from .adapters.lora.merge import merge_factors
+from .adapters.nnx_state import ParameterSlot, dotted_path, parameter_slots
 
 __all__ = ["IncompatibleKeys", "StateDict", "load_state_dict", "state_dict"]
 
@@ -78,7 +79,7 @@ def _flatten(mapping: Mapping, lazy: bool) -> list[tuple[Any, str, Any]]:
     """``(original key, dotted string name, value or None when lazy)``, recursing into nested dicts."""
     entries = []
     for key in mapping.keys():
-        name = ".".join(str(part) for part in key) if isinstance(key, tuple) else str(key)
+        name = dotted_path(key) if isinstance(key, tuple) else str(key)
         value = None if lazy else mapping[key]
         if isinstance(value, Mapping):
             entries.extend((f"{key}.{sub_key}", f"{name}.{sub_name}", sub_value)
@@ -263,7 +264,7 @@ def load_state_dict(
             values = {factor: _as_array(state_dict[key] if lazy else value, name)
                       for factor, (key, value, name) in factors.items()}
             base = loaded.get(weight_path, slots[weight_path].get())
-            loaded[weight_path] = qwix_lora.merge_factors(family, weight_path, base, values["a"], values["b"], scale)
+            loaded[weight_path] = merge_factors(family, weight_path, base, values["a"], values["b"], scale)
             merged_into.append(weight_path)
         unused_lora = []
     unexpected.extend(unused_lora)

@@ -5,8 +5,11 @@ four torchlike fields (device mesh, compilation cache, batch prefetch). ``__post
 transformers does (``output_dir=None`` -> ``"trainer_output"``, ``report_to="none"`` -> ``[]``, JSON strings for dict
 fields, ``warmup_ratio`` folded into ``warmup_steps``...) and rejects enumeration values torchlike cannot run, naming
 the field, the value and the accepted values. Which fields the trainer honours, ignores (with a warning) or refuses
-(with an error) is listed in ``torchlike.trl.fields.FIELD_SUPPORT``; the trainer calls
-``torchlike.trl.fields.check_unsupported(args)``.
+(with an error) is listed in ``torchlike.training_args_fields``; the trainer calls
+``torchlike.field_support.check_unsupported(args)``.
+
+Its length is transformers' ``TrainingArguments`` itself: about a hundred documented fields, kept in one dataclass so
+that it matches transformers field for field.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from .training_args_fields import TRAINING_ARGUMENTS_FIELD_SUPPORT
 
 logger = logging.getLogger("torchlike")
 
@@ -69,16 +74,17 @@ _REMOVED_ARGUMENTS: dict[str, str] = {
 
 
 def warn_from_config(message: str, category: type[Warning]) -> None:
-    """``warnings.warn`` attributed to the first caller outside the config classes (the user's ``SFTConfig(...)``).
+    """``warnings.warn`` attributed to the first caller outside the config classes (the user's ``SFTConfig(...)``):
+    frames of this module, of dataclass-generated ``__init__`` code and of any ``TrainingArguments`` method are
+    skipped, so subclasses in other modules need no registration.
 
     Args:
         message: the warning text.
         category: the warning class.
     """
-    own_files = (__file__, "<string>", *(os.path.join(os.path.dirname(__file__), "trl", name) for name in
-                                        ("sft_config.py", "grpo_config.py", "dpo_config.py", "base_config.py")))
     frame, level = sys._getframe(1), 2
-    while frame is not None and frame.f_code.co_filename in own_files:
+    while frame is not None and (frame.f_code.co_filename in (__file__, "<string>")
+                                 or isinstance(frame.f_locals.get("self"), TrainingArguments)):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
 
@@ -191,7 +197,7 @@ class TrainingArguments:
 
     Every field has transformers' name and default (see the transformers documentation for each); a test holds them
     against the installed transformers. What torchlike does with each field is in
-    ``torchlike.trl.fields.FIELD_SUPPORT``: *honoured* fields mean what they mean in transformers, *ignored* ones
+    ``torchlike.training_args_fields``: *honoured* fields mean what they mean in transformers, *ignored* ones
     warn when set, *refused* ones raise when set. The main honoured ones:
 
     Args:
@@ -221,16 +227,20 @@ class TrainingArguments:
             (``"fsdp,tp"`` from a command line; ``None`` means the default); batches are sharded over every axis
             except ``"tp"``.
         compilation_cache_dir (`str`, *optional*): torchlike only. Directory of JAX's persistent compilation cache
-            (``torchlike.compilation.enable_compilation_cache``); ``None`` keeps torchlike's default cache.
+            (``torchlike.adapters.runtime.compilation.enable_compilation_cache``); ``None`` keeps torchlike's default
+            cache.
         prefetch_batches (`int`, defaults to 2): torchlike only. Batches a background thread prepares and puts on
             the devices ahead of the train step; 0 prepares each batch in the training loop.
         lora_step (`str`, defaults to ``"auto"``): torchlike only. How a LoRA train step runs the adapted layers:
             ``"factored"`` as Qwix does, ``x @ W + s * (x @ A) @ B``; ``"merged"`` as one matmul on ``W + s * A @ B``
             formed once per step, the gradients of ``A`` and ``B`` taken from thin products written so that XLA
-            transposes no activation (0.71x the full fine-tuning step on 2 CPU cores, where Qwix's ops took
-            1.18-1.27x); ``"auto"`` merges on CPU meshes and factors elsewhere (not measured on accelerators yet).
+            transposes no activation (XLA:CPU materialises transposed activations for Qwix's three matmuls);
+            ``"auto"`` merges on CPU meshes and factors elsewhere.
             Both give the same losses and gradients; LoRA dropout and QLoRA's quantised weights always factor.
     """
+
+    #: What torchlike does with each field (see :mod:`torchlike.field_support`).
+    _FIELD_SUPPORT = TRAINING_ARGUMENTS_FIELD_SUPPORT
 
     # Dict-valued fields that may arrive as JSON text from a command line (transformers' ``_VALID_DICT_FIELDS``).
     _VALID_DICT_FIELDS = ("accelerator_config", "fsdp_config", "deepspeed", "gradient_checkpointing_kwargs",

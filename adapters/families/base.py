@@ -237,6 +237,11 @@ DECODER_LORA_TARGETS: Mapping[str, str] = {
 DECODER_IGNORED_KEYS: tuple[str, ...] = (r"model\.rotary_emb\..*", r"model\.layers\.\d+\.self_attn\.rotary_emb\..*")
 
 
+def head_dim_of(hf_config) -> int:
+    """The attention head size: ``config.head_dim`` when set, else ``hidden_size // num_attention_heads``."""
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
 def decoder_forward(module, tokens, positions, attention_mask):
     """Calls a Tunix decoder as ``module(tokens, positions, cache=None, attention_mask)``; returns float32 logits."""
     logits, _ = module(tokens, positions, None, attention_mask)

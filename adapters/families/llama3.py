@@ -12,9 +12,9 @@ from .base import (
     Family,
     check_decoder_config,
     decoder_forward,
+    head_dim_of,
     require,
 )
-from .qwen2 import head_dim_of
 
 
 def build_model(hf_config, dtype, rngs):

@@ -13,6 +13,7 @@ from .base import (
     WeightRule,
     check_decoder_config,
     decoder_forward,
+    head_dim_of,
     require,
 )
 
@@ -21,10 +22,6 @@ WEIGHTS = DECODER_WEIGHTS + (
     WeightRule("model.layers.{layer}.self_attn.k_proj.bias", "layers.{layer}.attn.k_bias"),
     WeightRule("model.layers.{layer}.self_attn.v_proj.bias", "layers.{layer}.attn.v_bias"),
 )
-
-
-def head_dim_of(hf_config) -> int:
-    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
 def build_model(hf_config, dtype, rngs):
@@ -62,6 +59,6 @@ FAMILY = Family(
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     lora_targets=DECODER_LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "qwen2"
-    # Tunix's attention Einsum calls jnp.astype on the weight, which fails on Qwix's quantised WithAux.
+    # Tunix's attention Einsum cannot take Qwix's quantised weights (see adapters.upstream).
     quantization_excluded=("q_proj", "k_proj", "v_proj", "o_proj"),
 )

@@ -13,9 +13,9 @@ from .base import (
     WeightRule,
     check_decoder_config,
     decoder_forward,
+    head_dim_of,
     require,
 )
-from .qwen2 import head_dim_of
 
 WEIGHTS = DECODER_WEIGHTS + (
     WeightRule("model.layers.{layer}.self_attn.q_norm.weight", "layers.{layer}.attn.q_norm.w"),
@@ -24,7 +24,7 @@ WEIGHTS = DECODER_WEIGHTS + (
 
 
 def build_model(hf_config, dtype, rngs):
-    """A Tunix ``Qwen3`` whose attention uses the checkpoint's rope (Tunix 0.1.7 fixes theta at 1e6)."""
+    """A Tunix ``Qwen3`` whose attention uses the checkpoint's rope (see ``adapters.upstream``)."""
     check_decoder_config(hf_config, "qwen3")
     require(not getattr(hf_config, "attention_bias", False), "qwen3: attention_bias=True is not supported.")
     require(not getattr(hf_config, "use_sliding_window", False),
@@ -62,6 +62,6 @@ FAMILY = Family(
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     lora_targets=DECODER_LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "qwen3"
-    # Tunix's attention Einsum calls jnp.astype on the weight, which fails on Qwix's quantised WithAux.
+    # Tunix's attention Einsum cannot take Qwix's quantised weights (see adapters.upstream).
     quantization_excluded=("q_proj", "k_proj", "v_proj", "o_proj"),
 )

@@ -11,8 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters import hf_checkpoint, qwix_lora
+from ..adapters import hf_checkpoint
+from ..adapters.lora import merge as lora_merge
+from ..adapters.lora import peft_format
+from ..adapters.lora import runtime as lora_runtime
+from ..adapters.lora import targets as lora_targets
 from ..adapters.mesh import entered
+from ..adapters.nnx_state import replace_parameters
 from ..adapters.safetensors_io import SafetensorsReader, write_safetensors
 from ..modeling import CausalLM
 from .config import ADAPTER_WEIGHTS_NAME, LoraConfig
@@ -55,7 +60,7 @@ class PeftModel(CausalLM):
     @contextlib.contextmanager
     def disable_adapter(self) -> Iterator[None]:
         """Within the block, forward passes use the base weights only (as ``peft``'s context manager)."""
-        previous, self._lora_mode = self._lora_mode, qwix_lora.DISABLED
+        previous, self._lora_mode = self._lora_mode, lora_runtime.DISABLED
         try:
             yield
         finally:
@@ -88,16 +93,8 @@ class PeftModel(CausalLM):
         The delta is computed in float32 and cast once to the weight dtype; the result keeps
         the weights' sharding and shares every untouched array with the base model.
         """
-        from flax import nnx
-
-        merged = qwix_lora.merged_weights(self.family, self.module, self.active_peft_config.scale)
-        graphdef, state = nnx.split(self.base_model.module)
-        flat = dict(nnx.to_flat_state(state))
-        for path, variable in flat.items():
-            name = ".".join(str(part) for part in path)
-            if name in merged:
-                flat[path] = variable.replace(merged[name])
-        module = nnx.merge(graphdef, nnx.from_flat_state(flat))
+        merged = lora_merge.merged_weights(self.family, self.module, self.active_peft_config.scale)
+        module = replace_parameters(self.base_model.module, merged)
         return CausalLM(module, self.config, self.family, self.generation_config, self.mesh, self.name_or_path)
 
     def save_pretrained(self, save_directory: str | os.PathLike, safe_serialization: bool = True,
@@ -125,7 +122,7 @@ class PeftModel(CausalLM):
         config = self.active_peft_config
         if config.base_model_name_or_path is None and self.name_or_path:
             config.base_model_name_or_path = self.name_or_path
-        tensors = list(qwix_lora.peft_state(self.family, self.module))
+        tensors = list(peft_format.peft_state(self.family, self.module))
 
         def fill(folder: Path) -> None:
             write_safetensors(folder / ADAPTER_WEIGHTS_NAME, [(k, v.dtype, v.shape) for k, v in tensors],
@@ -164,7 +161,7 @@ class PeftModel(CausalLM):
             raise FileNotFoundError(f"{weights} not found: an adapter directory needs {ADAPTER_WEIGHTS_NAME}.")
         with SafetensorsReader(weights) as reader:
             tensors = {name: np.array(reader.get(name)) for name in reader.keys()}
-        unused = qwix_lora.load_peft_state(model.family, peft_model.module, tensors, str(weights))
+        unused = peft_format.load_peft_state(model.family, peft_model.module, tensors, str(weights))
         if unused:
             warnings.warn(f"{weights}: entries not used by the adapter: {unused[:8]}", stacklevel=2)
         return peft_model
@@ -199,11 +196,11 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
     if unsupported:
         raise TypeError(f"get_peft_model got unsupported arguments {unsupported}.")
     if peft_config.target_modules is None:
-        peft_config.target_modules = qwix_lora.default_target_modules(model.family)
-    targets = qwix_lora.select_targets(model.family, model.module, peft_config.target_modules)
+        peft_config.target_modules = lora_targets.default_target_modules(model.family)
+    targets = lora_targets.select_targets(model.family, model.module, peft_config.target_modules)
     _name_fused_partners(model.family.name, targets, peft_config)
     quantization = peft_config.quantize_base or getattr(model, "quantization", None)
-    plain: list[qwix_lora.LoraTarget] = []
+    plain: list[lora_targets.LoraTarget] = []
     if quantization:
         peft_config.quantize_base = quantization
         excluded = set(model.family.quantization_excluded)
@@ -212,24 +209,24 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
         if plain:
             warnings.warn(
                 f"QLoRA: the {model.family.name} attention projections keep full-precision base weights "
-                f"({sorted({m.rsplit('.', 1)[-1] for t in plain for m in t.hf_modules})}): Qwix 0.1.8 cannot "
-                "quantise the Tunix attention einsum for this family. Their LoRA adapters are applied as usual.",
+                f"({sorted({m.rsplit('.', 1)[-1] for t in plain for m in t.hf_modules})}): the Tunix attention "
+                "einsum of this family cannot take Qwix's quantised weights. Their LoRA adapters are applied as usual.",
                 stacklevel=2,
             )
     context = entered(model.mesh) if model.mesh is not None else contextlib.nullcontext()
     with context:
-        module = qwix_lora.apply_lora(model.module, targets, rank=peft_config.r, scale=peft_config.scale,
-                                      dropout=float(peft_config.lora_dropout), weight_qtype=quantization,
-                                      tile_size=peft_config.quantization_tile_size, seed=seed,
-                                      unquantized_targets=plain)
+        module = lora_runtime.apply_lora(model.module, targets, rank=peft_config.r, scale=peft_config.scale,
+                                         dropout=float(peft_config.lora_dropout), weight_qtype=quantization,
+                                         tile_size=peft_config.quantization_tile_size, seed=seed,
+                                         unquantized_targets=plain)
     return PeftModel(model, module, peft_config, adapter_name=adapter_name, is_trainable=not peft_config.inference_mode)
 
 
-def _name_fused_partners(family_name: str, targets: list[qwix_lora.LoraTarget], peft_config: LoraConfig) -> None:
+def _name_fused_partners(family_name: str, targets: list[lora_targets.LoraTarget], peft_config: LoraConfig) -> None:
     """Adds to a list of ``target_modules`` the modules adapted only because the Tunix model fuses them
     with a named one, so ``adapter_config.json`` names every module whose factors the adapter holds
     (``peft`` would otherwise skip them on load); a regex is kept and only warned about."""
-    partners = qwix_lora.unnamed_fused_modules(targets, peft_config.target_modules)
+    partners = lora_targets.unnamed_fused_modules(targets, peft_config.target_modules)
     if not partners:
         return
     if isinstance(peft_config.target_modules, str):

@@ -4,7 +4,7 @@ It has every field of ``trl.DPOConfig`` with TRL's name and default (and TRL's c
 ``learning_rate=1e-6``, ``logging_steps=10``, ``gradient_checkpointing=True``, ``bf16`` on unless ``fp16``), normalises
 values as TRL's ``__post_init__`` does, and checks at construction what TRL's trainer checks when it starts (loss
 types, the f-divergence, ``exo_pair``'s label smoothing). What the trainer does with each field is in
-``torchlike.trl.rl_fields.DPO_FIELD_SUPPORT``.
+``torchlike.trl.dpo_fields.DPO_FIELD_SUPPORT``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from torchlike.training_args import TrainingArguments, check_choice, reject_removed_arguments, warn_from_config
 from torchlike.trl.base_config import TRLConfig, normalise_pad_to_multiple_of
-from torchlike.trl.rl_fields import DPO_FIELD_SUPPORT
+from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
 
 #: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.rl_math.dpo_loss`` computes them).
 LOSS_TYPES: tuple[str, ...] = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard",

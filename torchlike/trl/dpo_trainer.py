@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..adapters import mesh as mesh_lib
-from ..adapters import qwix_lora, rl_math, tunix_sft
-from ..trainer import Trainer
+from ..adapters import rl_math, train_step, tunix_model
+from ..adapters.lora import runtime as lora_runtime
+from ..training import Trainer
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
 from .sft_data import pad_token_id_for
 
@@ -42,8 +43,8 @@ def _pair_token_log_probs(family, module, batch: dict) -> tuple[jax.Array, jax.A
         return jnp.concatenate([batch[f"chosen_{name}"], batch[f"rejected_{name}"]])
 
     input_ids = stacked("input_ids")
-    logits = tunix_sft.causal_lm_logits(family, module, {"input_ids": input_ids,
-                                                         "attention_mask": stacked("attention_mask")})[:, :-1]
+    logits = tunix_model.causal_lm_logits(family, module, {"input_ids": input_ids,
+                                                           "attention_mask": stacked("attention_mask")})[:, :-1]
     targets, mask = input_ids[:, 1:], stacked("completion_mask")[:, 1:]
     return logits, targets, mask, rl_math.token_log_probs(logits, targets, mask)
 
@@ -143,7 +144,8 @@ def _lora_is_new(model: Any) -> bool:
     """Whether ``model`` has a LoRA adapter whose ``B`` factors are all zero (so it equals its base model)."""
     if not hasattr(model, "peft_config"):
         return False
-    return all(not np.any(np.asarray(jax.device_get(b))) for _, _, b in qwix_lora.lora_factors(model.module).values())
+    factors = lora_runtime.lora_factors(model.module)
+    return all(not np.any(np.asarray(jax.device_get(b))) for _, _, b in factors.values())
 
 
 class DPOTrainer(Trainer):
@@ -184,9 +186,9 @@ class DPOTrainer(Trainer):
                  compute_metrics: Callable | None = None, callbacks: list | None = None,
                  optimizers: tuple = (None, None), quantization_config: Any = None, peft_config: Any = None):
         from .. import AutoTokenizer
+        from ..field_support import check_unsupported
         from ..peft import get_peft_model
         from .dpo_config import DPOConfig
-        from .fields import check_unsupported
         from .trainer_setup import check_causal_lm, default_output_dir, load_model
 
         if args is None:
@@ -289,17 +291,17 @@ class DPOTrainer(Trainer):
             reference.mesh = self.mesh
         mesh = reference.mesh
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        mode = qwix_lora.DISABLED if self._reference == "base" else qwix_lora.EVAL
+        mode = lora_runtime.DISABLED if self._reference == "base" else lora_runtime.EVAL
         family, ld_alpha = reference.family, self.loss_settings["ld_alpha"]
 
         def reference_log_probs(module, batch, num_items_in_batch=None):
-            with qwix_lora.lora_mode(mode):
+            with lora_runtime.lora_mode(mode):
                 _, _, mask, per_token = _pair_token_log_probs(family, module, batch)
             # Replicated, so every process reads all rows.
             return tuple(jax.lax.with_sharding_constraint(logps, replicated)
                          for logps in _sequence_log_probs(per_token, mask, ld_alpha))
 
-        step = tunix_sft.make_eval_step(reference_log_probs, self._compute_dtype())
+        step = train_step.make_eval_step(reference_log_probs, self._compute_dtype())
         size = per_device_batch_size * mesh_lib.data_parallel_size(mesh)
         outputs = self._run_in_batches(examples, step, reference.module, mesh, size, "reference")
         for start, (chosen_logps, rejected_logps) in zip(range(0, len(examples), size), outputs, strict=True):

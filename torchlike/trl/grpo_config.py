@@ -4,7 +4,7 @@ It has every field of ``trl.GRPOConfig`` with TRL's name and default (and TRL's 
 defaults: ``learning_rate=1e-6``, ``logging_steps=10``, ``gradient_checkpointing=True``, ``bf16`` on unless ``fp16``,
 ``remove_unused_columns=False``), plus ``max_prompt_length``, which TRL removed in 0.28 and torchlike still accepts.
 ``__post_init__`` resolves and checks the generation batch as TRL does, with errors that list the values that work.
-What the trainer does with each field is in ``torchlike.trl.rl_fields.GRPO_FIELD_SUPPORT``.
+What the trainer does with each field is in ``torchlike.trl.grpo_fields.GRPO_FIELD_SUPPORT``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from torchlike.training_args import TrainingArguments, check_choice, warn_from_config
 from torchlike.trl.base_config import TRLConfig, normalise_pad_to_multiple_of
-from torchlike.trl.rl_fields import GRPO_FIELD_SUPPORT
+from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 
 #: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.rl_math.grpo_loss`` computes them).
 LOSS_TYPES: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")

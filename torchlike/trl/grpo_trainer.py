@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import inspect
 import warnings
 from collections.abc import Callable, Iterable
@@ -22,15 +23,13 @@ import jax
 import numpy as np
 
 from ..adapters import mesh as mesh_lib
-from ..adapters import qwix_lora, rl_math, sampling, tunix_grpo
-from ..trainer import Trainer
+from ..adapters import rl_math, sampling, tunix_grpo
+from ..adapters.lora import runtime as lora_runtime
+from ..training import Trainer
+from ..training.batches import sampler_order
 from .base_config import round_up_to_multiple
 
 __all__ = ["GRPOTrainer"]
-
-#: ``generation_kwargs`` keys the sampler understands (``transformers.GenerationConfig`` names).
-SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
 
 def _column_names(dataset: Any) -> list[str]:
     names = getattr(dataset, "column_names", None)
@@ -118,7 +117,7 @@ class GRPOTrainer(Trainer):
         if weights is not None and len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} entries but there are {len(self.reward_funcs)} "
                              "reward functions; give one weight per function.")
-        self.sampling = self._sampling_params(args)
+        self.sampling = self._sampling_settings(args)
         self.tokenizer = processing_class
         self.pad_token_id = processing_class.pad_token_id if processing_class.pad_token_id is not None \
             else processing_class.eos_token_id
@@ -167,16 +166,18 @@ class GRPOTrainer(Trainer):
         return functions
 
     @staticmethod
-    def _sampling_params(args) -> sampling.SamplingParams:
-        settings = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p,
-                    "top_k": args.top_k or None, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty}
+    def _sampling_settings(args) -> sampling.SamplingSettings:
+        """The config's sampling fields (those named as in ``transformers.GenerationConfig``), sampling on as in
+        TRL, then ``generation_kwargs`` over them."""
+        names = sampling.SamplingSettings.names()
         extra = dict(args.generation_kwargs or {})
-        unknown = sorted(set(extra) - set(SAMPLING_KEYS))
+        unknown = sorted(set(extra) - set(names))
         if unknown:
             raise ValueError(f"generation_kwargs {unknown} are not supported by torchlike's sampler; it takes "
-                             f"{', '.join(SAMPLING_KEYS)} (max_completion_length sets the length).")
-        settings.update(extra)
-        return sampling.SamplingParams(**settings)
+                             f"{', '.join(names)} (max_completion_length sets the length).")
+        config_fields = {field.name for field in dataclasses.fields(args)}
+        from_config = {name: getattr(args, name) for name in names if name in config_fields}
+        return sampling.SamplingSettings.from_mapping({**from_config, "do_sample": True, **extra})
 
     def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
         """Rows as dicts with ``prompt_ids`` (chat template applied to conversational prompts, left-truncated to
@@ -233,9 +234,8 @@ class GRPOTrainer(Trainer):
 
     def _get_train_sampler(self, epoch: int) -> np.ndarray:
         """Prompt order for ``epoch``: seeded shuffle with ``shuffle_dataset`` (TRL's default), else dataset order."""
-        if not self.args.shuffle_dataset:
-            return np.arange(len(self.train_dataset))
-        return np.random.default_rng(self.args.seed + epoch).permutation(len(self.train_dataset))
+        return sampler_order(len(self.train_dataset), epoch, sequential=not self.args.shuffle_dataset,
+                             seed=self.args.seed)
 
     def _steps_per_epoch(self) -> int:
         return max(1, self._micro_batches_per_epoch() // self.args.gradient_accumulation_steps)
@@ -297,7 +297,7 @@ class GRPOTrainer(Trainer):
             length = args.max_completion_length
             result = sampling.generate_tokens(
                 self._module, prompt_ids, prompt_mask, length, self.sampling, eos_token_ids=self.eos_token_ids,
-                pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=qwix_lora.EVAL)
+                pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=lora_runtime.EVAL)
             tokens = np.full((len(rows), self._padded(length)), self.pad_token_id, np.int32)
             tokens[:, :result.tokens.shape[1]] = result.tokens
             completion_mask, ended = tunix_grpo.completion_mask(tokens[:, :length], self.eos_token_ids)
@@ -335,10 +335,10 @@ class GRPOTrainer(Trainer):
         token_sum = args.loss_type in tunix_grpo.TOKEN_SUM_LOSSES
         batch["step_weight"] = np.full(len(rows), 1.0 / accumulation if token_sum else 1.0, np.float32)
         if accumulation % (args.steps_per_generation * args.num_iterations) != 0:  # TRL's rule for old log-probs
-            batch["old_logps"] = self._log_probs(batch, qwix_lora.EVAL, self._module)
+            batch["old_logps"] = self._log_probs(batch, lora_runtime.EVAL, self._module)
         if args.beta != 0.0:
             reference = self._reference if self._reference is not None else self._module
-            batch["ref_logps"] = self._log_probs(batch, qwix_lora.DISABLED, reference)
+            batch["ref_logps"] = self._log_probs(batch, lora_runtime.DISABLED, reference)
         self._last_rollout = self._shuffled(batch, seed)  # kept for inspection and tests
         return self._last_rollout
 

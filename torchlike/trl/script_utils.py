@@ -6,6 +6,9 @@ spelling for optional numbers. ``ScriptArguments``, ``ModelConfig``, ``DatasetCo
 have TRL 1.16's fields and defaults, so ``trl/scripts/sft.py``, ``grpo.py`` and ``dpo.py`` parse the same command
 lines. ``get_peft_config`` builds a :class:`torchlike.peft.LoraConfig`; ``get_quantization_config`` a
 ``transformers.BitsAndBytesConfig`` that ``torchlike.AutoModelForCausalLM.from_pretrained`` turns into Qwix QLoRA.
+
+Its length is TRL's own script surface (several argument dataclasses with their documented fields), kept in one
+place so a ported script's imports resolve to one module.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 It adds TRL's SFT fields and TRL's changed defaults (``learning_rate=2e-5``, ``logging_steps=10``,
 ``gradient_checkpointing=True``, ``bf16=None`` -> ``True`` unless ``fp16``) to ``torchlike.TrainingArguments``, and
 normalises values as TRL's ``__post_init__`` does. Unlike TRL, the bf16 default also works on a CPU. What the trainer
-does with each field is in ``torchlike.trl.fields.FIELD_SUPPORT``.
+does with each field is in ``torchlike.trl.sft_fields.SFT_FIELD_SUPPORT``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchlike.training_args import TrainingArguments, check_choice, reject_removed_arguments, warn_from_config
-from torchlike.trl.fields import SFT_FIELD_SUPPORT
+from torchlike.trl.sft_fields import SFT_FIELD_SUPPORT
 
 #: ``truncation_mode`` values (``"keep_end"`` is deprecated in TRL and warns).
 TRUNCATION_MODES: tuple[str, ...] = ("keep_start", "keep_end")
@@ -48,7 +48,7 @@ class SFTConfig(TrainingArguments):
         dataset_num_proc (`int`, *optional*): processes for ``datasets.Dataset.map`` during preparation.
         eos_token (`str`, *optional*): end-of-sequence/turn token appended to examples; the tokenizer's by default.
         max_length (`int` or `None`, defaults to 1024): examples longer than this are truncated; ``None`` keeps
-            them whole (batches are then padded to a small set of length buckets).
+            them whole. Batches are padded to the longest prepared example.
         truncation_mode (`str`, defaults to ``"keep_start"``): ``"keep_start"`` or the deprecated ``"keep_end"``.
         shuffle_dataset (`bool`, defaults to `False`): shuffle the prepared dataset once, seeded by ``seed``.
         packing (`bool`, defaults to `False`): must stay ``False`` for now.

@@ -46,6 +46,10 @@ Where this differs from TRL 1.16 (each a case where TRL silently does something 
   with an [`SFTDataWarning`] naming the example, its length and where its loss tokens started; TRL drops them
   silently, and only when ``max_length`` is set. A dataset where every example is dropped is an error.
 - ``packing`` is not handled here.
+
+Longer than most modules because it covers every dataset format TRL's ``SFTTrainer`` accepts (text,
+prompt/completion, messages, conversational prompt/completion, ShareGPT, pre-tokenised) with TRL's exact
+tokenisation rules; each format is one short function.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trainer import Trainer
+from ..training import Trainer
 from .base_config import round_up_to_multiple
 from .sft_data import (
     collate_sft_batch,
@@ -46,8 +46,8 @@ class SFTTrainer(Trainer):
                  preprocess_logits_for_metrics: Callable | None = None, quantization_config: Any = None,
                  peft_config: Any = None, formatting_func: Callable | None = None):
         from .. import AutoTokenizer
+        from ..field_support import check_unsupported
         from ..peft import get_peft_model
-        from .fields import check_unsupported
         from .sft_config import SFTConfig
         from .trainer_setup import default_output_dir, load_model
 

@@ -1,16 +1,14 @@
 """Host memory for XLA on CPU: keep freed buffers mapped, so a train step does not page-fault.
 
-XLA's CPU runtime allocates each execution's temporaries as one buffer (325 MiB for the
-benchmark's 4-layer SFT step) and frees it afterwards. glibc serves allocations over 32 MiB with
-``mmap`` and gives them back with ``munmap``, and threads other than the main one allocate from
-arenas whose heaps cannot hold such a buffer, so every step maps fresh memory and touches it page
-by page: 71,000 minor page faults and 0.10-0.12 s of kernel time per 0.25 s step on 2 cores.
-With big allocations served from one heap (``M_MMAP_MAX=0``, ``M_ARENA_MAX=1``: every thread
-allocates from the main arena, which can grow past the 64 MiB of a thread arena) and up to 2 GiB
-of freed memory kept (``M_TRIM_THRESHOLD``), the step mostly reuses its buffer: 21,000 faults,
-0.02 s of kernel time, 0.21 s per step (-20%). The costs: one arena, so threads that allocate at
-the same moment wait for each other (XLA allocates a few large buffers per step), and up to 2 GiB
-of freed host memory stays with the process instead of returning to the system.
+XLA's CPU runtime allocates each execution's temporaries as one large buffer and frees it afterwards.
+glibc serves allocations over 32 MiB with ``mmap`` and gives them back with ``munmap``, and threads other
+than the main one allocate from arenas whose heaps cannot hold such a buffer, so every step maps fresh
+memory and touches it page by page, in kernel time. With big allocations served from one heap
+(``M_MMAP_MAX=0``, ``M_ARENA_MAX=1``: every thread allocates from the main arena, which can grow past the
+64 MiB of a thread arena) and up to 2 GiB of freed memory kept (``M_TRIM_THRESHOLD``), the step mostly
+reuses its buffer (README's "Speed" section gives the measured gain). The costs: one arena, so threads
+that allocate at the same moment wait for each other (XLA allocates a few large buffers per step), and up
+to 2 GiB of freed host memory stays with the process instead of returning to the system.
 
 The settings must be made before XLA starts its threads, so :func:`keep_freed_host_memory` runs
 when ``torchlike`` is imported, and only where it helps and is safe: Linux with glibc, a CPU-only

@@ -1,17 +1,18 @@
-"""Training steps on Tunix NNX modules: causal-LM loss with a loss mask, gradient accumulation
-normalised by the total number of loss tokens, LoRA-only or full updates, rematerialisation.
+"""The jitted train and eval steps on Tunix NNX modules, with their losses, used by SFT, DPO and GRPO.
+
+The causal-LM loss with a loss mask, gradient accumulation normalised by the total number of loss tokens,
+LoRA-only or full updates, mixed precision (:func:`cast_floating`) and rematerialisation (:func:`rematerialised`).
 
 Tunix's ``PeftTrainer`` averages per-micro-batch means through ``optax.MultiSteps``; transformers
 and TRL divide the summed loss by the number of loss tokens across all micro-batches. This
 module owns the step so the numerics match TRL, while the model, its forward pass and Qwix LoRA
-stay Tunix's.
+stay Tunix's (``adapters.upstream`` lists what each step works around).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,11 +21,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from . import qwix_lora
 from .families import Family
-from .tracing import traced_cheaply
-
-logger = logging.getLogger(__name__)
+from .lora import runtime as lora_runtime
+from .runtime.tracing import record_trace, traced_cheaply
+from .tunix_model import causal_lm_logits
 
 
 @contextlib.contextmanager
@@ -35,7 +35,8 @@ def rematerialised(module: nnx.Module):
     the sampler, log-prob and eval passes run the same module without it (``nnx.remat`` inside the sampler's
     ``while_loop`` fails, and costs recomputation where nothing is differentiated). Decoder layers whose config has
     a ``remat_config`` get ``DECODER``; modules that hold a ``remat_config`` of their own (Gemma's attention
-    blocks) get ``BLOCK``. The previous settings are restored on exit, so the module's structure is unchanged.
+    blocks) get ``BLOCK``. The previous settings are restored on exit, so the module's structure is unchanged. It
+    reads Tunix's ``remat_config`` fields, listed in ``adapters.upstream``.
 
     Raises:
         ValueError: the module has no layer Tunix can rematerialise.
@@ -78,15 +79,6 @@ def causal_lm_loss(family: Family) -> Callable:
         return -(picked * weights).sum(), weights.sum(), {}
 
     return loss
-
-
-def causal_lm_logits(family: Family, module: nnx.Module, batch: dict) -> jax.Array:
-    """Logits ``[B, T, V]`` of a padded ``input_ids``/``attention_mask`` batch (positions count real tokens)."""
-    mask = batch["attention_mask"].astype(bool)
-    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
-    length = mask.shape[-1]
-    attention = jnp.tril(jnp.ones((length, length), dtype=bool))[None] & mask[:, None, :]
-    return family.forward(module, batch["input_ids"].astype(jnp.int32), positions, attention)
 
 
 def mean_loss(loss_fn: Callable) -> Callable:
@@ -147,20 +139,6 @@ def transformers_loss(compute_loss_func: Callable, call_model: Callable, count: 
     return loss
 
 
-TRACE_COUNTS: dict[str, int] = {"train_step": 0, "eval_step": 0}
-"""How many times each step function was traced (each trace is a new XLA program); tests and
-debugging read it to check that shapes stay fixed. Each trace is also reported on the
-``torchlike.adapters.tunix_sft`` logger at INFO level with the batch shapes and dtypes that caused
-it (``logging.getLogger("torchlike").setLevel(logging.INFO)`` shows them)."""
-
-
-def _record_trace(name: str, batch) -> None:
-    TRACE_COUNTS[name] += 1
-    if logger.isEnabledFor(logging.INFO):
-        shapes = ", ".join(f"{key} {tuple(value.shape)} {value.dtype}" for key, value in sorted(batch.items()))
-        logger.info("tracing %s (new XLA program %d): %s", name, TRACE_COUNTS[name], shapes)
-
-
 def cast_floating(module: nnx.Module, dtype) -> nnx.Module:
     """A copy of ``module`` whose floating-point state is cast to ``dtype`` (``module`` itself when ``dtype`` is
     ``None``): bf16 compute on full-precision parameters, like torch autocast. Inside a jitted function the cast is
@@ -197,8 +175,8 @@ def make_train_step(
         count_items: ``batch -> item count``; when given, the step passes the count over all its
             micro-batches to ``loss`` as ``num_items_in_batch`` (transformers' convention).
         merged_lora_scale: run adapted layers as one matmul on ``W + scale * A @ B`` with the factors'
-            gradients from thin products (:func:`qwix_lora.lora_linear`) instead of Qwix's three
-            matmuls; the caller checks :func:`qwix_lora.mergeable` and that LoRA dropout is off.
+            gradients from thin products (:func:`lora_runtime.lora_linear`) instead of Qwix's three
+            matmuls; the caller checks :func:`lora_runtime.mergeable` and that LoRA dropout is off.
         rematerialise: recompute each decoder layer's activations in the backward pass
             (``gradient_checkpointing``; :func:`rematerialised`), in this step only.
 
@@ -212,9 +190,9 @@ def make_train_step(
     def forward(module, batch, num_items):
         module = cast_floating(module, compute_dtype)
         if merged_lora_scale is not None:
-            context = qwix_lora.merged_lora(merged_lora_scale)
+            context = lora_runtime.merged_lora(merged_lora_scale)
         else:
-            context = qwix_lora.lora_mode(qwix_lora.TRAIN) if lora else contextlib.nullcontext()
+            context = lora_runtime.lora_mode(lora_runtime.TRAIN) if lora else contextlib.nullcontext()
         with rematerialised(module) if rematerialise else contextlib.nullcontext(), context:
             value, weight, aux = loss(module, batch, num_items)
         return value, (weight, aux)
@@ -223,9 +201,9 @@ def make_train_step(
 
     @nnx.jit
     def step(module, optimizer, micro_batches, step_index):
-        _record_trace("train_step", micro_batches)  # runs at trace time only
+        record_trace("train_step", dict(sorted(micro_batches.items())))
         if lora:
-            qwix_lora.set_dropout_rng(module, jax.random.fold_in(jax.random.key(seed), step_index))
+            lora_runtime.set_dropout_rng(module, jax.random.fold_in(jax.random.key(seed), step_index))
         count = jax.tree.leaves(micro_batches)[0].shape[0]
         batches = [jax.tree.map(lambda x, i=index: x[i], micro_batches) for index in range(count)]
         num_items = sum(count_items(batch) for batch in batches) if count_items is not None else None
@@ -251,7 +229,7 @@ def make_eval_step(loss: Callable, compute_dtype=None, count_items: Callable | N
 
     @nnx.jit
     def step(module, batch):
-        _record_trace("eval_step", batch)  # runs at trace time only
+        record_trace("eval_step", dict(sorted(batch.items())))
         module = cast_floating(module, compute_dtype)
         return loss(module, batch, count_items(batch) if count_items is not None else None)
 

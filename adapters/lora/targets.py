@@ -1,0 +1,113 @@
+"""LoRA target selection: which modules of a Tunix model PEFT's ``target_modules`` names, and PEFT's defaults.
+
+A target is an adaptable module (a linear layer the family table names, e.g. ``q_proj``) with the HF module
+names it serves: one, or several where Tunix fuses projections (Gemma 3's ``kv_einsum`` holds ``k_proj`` and
+``v_proj``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from flax import nnx
+
+from ..families import Family
+from ..nnx_state import flat_variables
+
+
+@dataclass(frozen=True)
+class LoraTarget:
+    """One adaptable module: its NNX path (``/``-joined, as Qwix matches) and the HF module names it serves."""
+
+    nnx_module: str
+    weight: str
+    hf_modules: tuple[str, ...]
+
+
+def adaptable_modules(family: Family, module: nnx.Module) -> list[LoraTarget]:
+    """Every linear module LoRA can target, with its HF module name(s) (``model.layers.0.self_attn.q_proj``)."""
+    found: dict[str, LoraTarget] = {}
+    for nnx_path in flat_variables(module):
+        parent, _, weight = nnx_path.rpartition(".")
+        for hf_name, _rule in family.nnx_to_hf(nnx_path):
+            hf_module = hf_name.removesuffix(".weight")
+            if hf_module.rsplit(".", 1)[-1] not in family.lora_targets or not hf_name.endswith(".weight"):
+                continue
+            module_path = parent.replace(".", "/")
+            previous = found.get(module_path)
+            modules = (previous.hf_modules if previous else ()) + (hf_module,)
+            found[module_path] = LoraTarget(module_path, weight, modules)
+    return list(found.values())
+
+
+def default_target_modules(family: Family) -> list[str]:
+    """The HF module names PEFT adapts when ``target_modules`` is ``None`` (its per-``model_type`` table).
+
+    Raises:
+        ValueError: the family has no default, naming the family and the valid names.
+    """
+    if not family.default_lora_targets:
+        raise ValueError(f"the {family.name} family has no default LoRA target_modules; set "
+                         f"LoraConfig(target_modules=...) (or --lora_target_modules) to e.g. "
+                         f"{sorted(family.lora_targets)} or 'all-linear'.")
+    return list(family.default_lora_targets)
+
+
+def _names(hf_module: str, target_modules: list[str] | str) -> bool:
+    """Whether PEFT's ``target_modules`` names ``hf_module``: a listed name equals it or is its last
+    dotted part(s); a string is a regex matched against the full name."""
+    if isinstance(target_modules, str):
+        return target_modules == "all-linear" or re.fullmatch(target_modules, hf_module) is not None
+    return any(hf_module == name or hf_module.endswith("." + name) for name in target_modules)
+
+
+def select_targets(family: Family, module: nnx.Module, target_modules) -> list[LoraTarget]:
+    """The modules PEFT would adapt for ``target_modules``.
+
+    Args:
+        target_modules: a list of HF module names (a module matches when its name equals an
+            entry or ends with ``"." + entry``), a regex string (``re.fullmatch`` on the full HF
+            module name), ``"all-linear"`` (every linear layer except the LM head), or ``None``
+            (the family's :func:`default_target_modules`).
+
+    Raises:
+        ValueError: nothing matched, naming the valid module names.
+    """
+    if target_modules is None:
+        target_modules = default_target_modules(family)
+    candidates = adaptable_modules(family, module)
+    known = sorted(family.lora_targets)
+    if not isinstance(target_modules, str):
+        unknown = [n for n in target_modules if not any(_names(m, [n]) for t in candidates for m in t.hf_modules)]
+        if unknown:
+            raise ValueError(f"target_modules {unknown} match no module of this {family.name} model; valid names: "
+                             f"{known} (or full names like 'model.layers.0.self_attn.q_proj', a regex, 'all-linear').")
+    chosen = [t for t in candidates if any(_names(m, target_modules) for m in t.hf_modules)]
+    if not chosen:
+        raise ValueError(f"target_modules={target_modules!r} matches no module; valid names: {known}.")
+    return chosen
+
+
+def unnamed_fused_modules(targets: list[LoraTarget], target_modules: list[str] | str) -> list[str]:
+    """The HF modules that ``targets`` adapt although ``target_modules`` does not name them: partners the
+    Tunix model fuses with a named module into one (Gemma 3's ``k_proj``/``v_proj`` share ``kv_einsum``),
+    so one LoRA pair serves both.
+
+    Returns:
+        Sorted names. For a list, each is spelled like the entry that named its partner (``"k_proj"``
+        beside ``"v_proj"``, a full name beside a full name), so adding them names exactly these
+        modules; for a regex, full module names.
+    """
+    found = set()
+    for target in targets:
+        named = [m for m in target.hf_modules if _names(m, target_modules)]
+        for module in target.hf_modules:
+            if module in named:
+                continue
+            if isinstance(target_modules, str):
+                found.add(module)
+                continue
+            entry = next(n for n in target_modules if _names(named[0], [n]))
+            found.add(".".join(module.split(".")[-len(entry.split(".")):]))
+    return sorted(found)

@@ -1,0 +1,122 @@
+"""The upstream bugs and gaps torchlike works around: one row each, with the versions the workaround was checked on.
+
+Each :class:`Workaround` names the distribution, the versions it was checked against (a PEP 440 specifier),
+what upstream does or lacks, and where torchlike works around it. ``tests/test_upstream.py`` fails when an
+installed version leaves a row's range, so whoever moves a pin in ``pyproject.toml`` re-checks that row: if
+upstream fixed it, drop the workaround and the row; if not, widen the range. Docstrings elsewhere describe
+the behaviour and point here instead of naming versions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Workaround:
+    """One upstream bug or gap and the code that works around it.
+
+    Args:
+        package: the distribution name, as ``pip`` and ``importlib.metadata`` spell it.
+        versions: the PEP 440 specifier of the versions the workaround was checked on (``"<=0.1.7"``).
+        problem: what upstream does or lacks.
+        where: ``"path/to/file.py:name"`` of each function, class or table that works around it.
+    """
+
+    package: str
+    versions: str
+    problem: str
+    where: tuple[str, ...]
+
+
+WORKAROUNDS: tuple[Workaround, ...] = (
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "Qwen3 and Llama 3 attention hard-code rope_theta=1e6 (the config's value is ignored) and no decoder "
+        "implements rope_scaling; the rope functions are swapped into unchanged copies of Tunix's methods.",
+        ("adapters/rope.py:with_rope", "adapters/families/qwen2.py:build_model",
+         "adapters/families/qwen3.py:build_model", "adapters/families/llama3.py:build_model"),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "Qwen2/Qwen3 attention Einsum calls jnp.astype on its weight, which fails on Qwix's quantised WithAux: "
+        "QLoRA keeps those projections in full precision.",
+        ("adapters/families/qwen2.py:quantization_excluded", "adapters/families/qwen3.py:quantization_excluded",
+         "torchlike/peft/model.py:get_peft_model"),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "Gemma3 builds a fused qkv_einsum when num_kv_heads == num_heads and fixes the 5:1 sliding/global layer "
+        "pattern; the layers are rebuilt to follow config.layer_types with separate q/kv weights.",
+        ("adapters/families/gemma3.py:_split_fused_qkv", "adapters/families/gemma3.py:build_model"),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "The vanilla Sampler has no repetition penalty or min-p, needs a fixed kv_cache_size (its index wraps "
+        "silently), reuses one PRNG key per rollout and returns NaN log-probs at temperature 0; generation "
+        "runs its own decode loop on Tunix's KV cache.",
+        ("adapters/sampling.py:generate_tokens",),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "PeftTrainer averages per-micro-batch means (optax.MultiSteps), restores on construction, checkpoints "
+        "on a timer and does not save the data position; the step and the loop are torchlike's.",
+        ("adapters/train_step.py:make_train_step", "torchlike/training/trainer.py:Trainer"),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "A decoder's remat_config is fixed when the model is built, and nnx.remat inside the sampler's "
+        "while_loop fails; DecoderLayer configs and Gemma's block remat_config are switched per traced train "
+        "step.",
+        ("adapters/train_step.py:rematerialised",),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "GRPO and DPO losses differ from TRL's (advantage epsilon, log-ratio clipping, missing loss types and "
+        "normalisations, cDPO label smoothing); only Tunix's common ops are used.",
+        ("adapters/rl_math.py:grpo_advantages", "adapters/rl_math.py:grpo_loss", "adapters/rl_math.py:dpo_loss"),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "The models read the mesh from pxla.thread_resources (the `with mesh:` context), which jax.set_mesh "
+        "does not set.",
+        ("adapters/mesh.py:entered",),
+    ),
+    Workaround(
+        "qwix", "<=0.1.8",
+        "LoRA dropout is on in every pass, the adapter cannot be bypassed and adapted layers always run as "
+        "three matmuls; a provider subclass overrides the private rule lookup and op hooks and reads "
+        "qwix._src.utils.flax_util.",
+        ("adapters/lora/runtime.py:ModeAwareLoraProvider",),
+    ),
+    Workaround(
+        "jax", "==0.10.*",
+        "jax.make_mesh defaults to Explicit axis types, which break the Tunix models' embedding gather, and "
+        "deprecates the `with mesh:` context Tunix needs; meshes get Auto axes and the warning is silenced.",
+        ("adapters/mesh.py:make_mesh", "adapters/mesh.py:entered"),
+    ),
+    Workaround(
+        "jax", "==0.10.*",
+        "A tracer's AttributeError message walks every equation traced so far (its origin); the private "
+        "Tracer._origin_msg is blanked while torchlike traces.",
+        ("adapters/runtime/tracing.py:cheap_tracer_attribute_errors",),
+    ),
+    Workaround(
+        "jax", "==0.10.*",
+        "No public way to ask whether the distributed runtime or a backend has started; jax._src.distributed "
+        "and jax._src.xla_bridge are read.",
+        ("adapters/mesh.py:initialize_distributed", "adapters/runtime/host_memory.py:_reason_to_skip"),
+    ),
+    Workaround(
+        "flax", "==0.12.*",
+        "Building a model probes value.sharding with getattr on tracers, so each probe pays the tracer "
+        "AttributeError message above: O(N^2) in the number of layers under eval_shape.",
+        ("adapters/runtime/tracing.py:cheap_tracer_attribute_errors", "adapters/tunix_model.py:build_abstract_model"),
+    ),
+    Workaround(
+        "transformers", "==5.12.*",
+        "TensorBoardCallback reads only $TENSORBOARD_LOGGING_DIR, not TrainingArguments.logging_dir; the "
+        "callback is pointed at logging_dir.",
+        ("torchlike/training/callbacks.py:point_tensorboard_at",),
+    ),
+)

@@ -1,0 +1,113 @@
+"""The import rules of ARCHITECTURE.md, read from the source: the facade imports no backend, ``adapters/`` never
+imports the facade, and no module of either imports itself through a cycle (imports inside functions count too)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = ("tunix", "qwix", "orbax", "safetensors")
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by its installed name (``adapters/`` installs as ``torchlike.adapters``)."""
+    modules = {}
+    for folder, package in (("torchlike", "torchlike"), ("adapters", "torchlike.adapters")):
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [part for part in path.relative_to(ROOT / folder).with_suffix("").parts if part != "__init__"]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def imported_names(module: str, path: Path) -> set[str]:
+    """The absolute names ``module`` imports anywhere in its source (``from x import y`` gives ``x.y``)."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module
+            names.update(f"{prefix}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (a name resolves to its longest prefix that is a module)."""
+    modules = module_files()
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for name in imported_names(module, path):
+            while name and name not in modules and "." in name:
+                name = name.rsplit(".", 1)[0]
+            if name in modules and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def is_adapter(module: str) -> bool:
+    return module == "torchlike.adapters" or module.startswith("torchlike.adapters.")
+
+
+def test_the_facade_imports_no_backend():
+    crossings = sorted((module, name) for module, path in module_files().items() if not is_adapter(module)
+                       for name in imported_names(module, path) if name.split(".")[0] in BACKENDS)
+    assert crossings == [], f"facade modules importing a backend (move the code to adapters/): {crossings}"
+
+
+def test_adapters_never_import_the_facade():
+    crossings = sorted((module, target) for module, targets in import_graph().items() if is_adapter(module)
+                       for target in targets if not is_adapter(target))
+    assert crossings == [], f"adapters importing the facade (pass what they need as arguments): {crossings}"
+
+
+def test_no_module_imports_itself_through_a_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_checks_see_a_cycle_and_resolve_relative_imports(tmp_path):
+    """The helpers above catch what they are meant to, on a made-up graph and a made-up module."""
+    graph = {"torchlike.a": {"torchlike.b"}, "torchlike.b": {"torchlike.a"}, "torchlike.adapters.c": set()}
+    assert cycles(graph) == [["torchlike.a", "torchlike.b"]]
+    source = tmp_path / "runtime.py"
+    source.write_text("import tunix.models\nfrom ..nnx_state import flat\n\ndef f():\n    from . import merge\n")
+    assert imported_names("torchlike.adapters.lora.runtime", source) == {
+        "tunix.models", "torchlike.adapters.nnx_state.flat", "torchlike.adapters.lora.merge"}

@@ -1,0 +1,148 @@
+"""Examples to fixed-shape global batches on the mesh: the default collator, the epoch order, column selection,
+padding of the last batch, and each process's share of the rows.
+
+Every batch of a run has the same shape, so XLA compiles the step once: a partial batch is filled with rows whose
+values (masks included) are all zero. Collation runs on each process for the rows it holds
+(``adapters.mesh.local_rows``), and the global batch is assembled on the mesh from those shares.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from ..adapters import mesh as mesh_lib
+
+__all__ = ["collate_rows", "epoch_batches", "keep_columns", "run_in_batches", "sampler_order", "stack_rows",
+           "steps_per_epoch"]
+
+
+def stack_rows(rows: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The default data collator: each column of ``rows`` stacked along a new first axis."""
+    return {key: np.stack([np.asarray(row[key]) for row in rows]) for key in rows[0]}
+
+
+def sampler_order(length: int, epoch: int, sequential: bool, seed: int) -> np.ndarray:
+    """Example order for ``epoch``: dataset order when ``sequential``, else a permutation seeded by ``seed + epoch``
+    (transformers' ``RandomSampler`` draws a new order each epoch)."""
+    if sequential:
+        return np.arange(length)
+    return np.random.default_rng(seed + epoch).permutation(length)
+
+
+def keep_columns(examples: list, kept: set[str] | None) -> list:
+    """``examples`` reduced to the columns in ``kept`` (``None``: all), as transformers' ``RemoveColumnsCollator``
+    does before the data collator; examples that are not mappings pass through.
+
+    Raises:
+        ValueError: no column of the examples is kept.
+    """
+    if kept is None or not examples or not isinstance(examples[0], Mapping):
+        return examples
+    if not kept & set(examples[0]):
+        raise ValueError(f"No column of the dataset is read by the training loss: it has {sorted(examples[0])}, "
+                         f"the loss reads {sorted(kept)}. Rename the columns, set label_names, or set "
+                         "remove_unused_columns=False to give the data collator every column.")
+    return [{key: value for key, value in example.items() if key in kept} for example in examples]
+
+
+def collate_rows(collate: Callable[[list], dict], dataset: Sequence, indices: np.ndarray, mesh: Mesh,
+                 what: str) -> dict[str, np.ndarray]:
+    """Collates ``dataset[i]`` for ``indices``; ``-1`` entries become all-zero rows (masks 0), so a partial batch
+    keeps the compiled shape.
+
+    Args:
+        collate: ``list[example] -> {column: array}`` with one row per example.
+        dataset: indexable examples.
+        indices: example indices, ``-1`` for a padding row.
+        mesh: the training mesh (named in the error below).
+        what: the batches' purpose (``"training"``, ``"evaluation"``...), for the error message.
+
+    Raises:
+        ValueError: the collator returned another number of rows than it was given examples.
+    """
+    real = indices >= 0
+    fill = np.where(real, indices, indices[real][0]) if real.any() else np.zeros_like(indices)
+    batch = collate([dataset[int(i)] for i in fill])
+    for key, value in batch.items():
+        value = np.asarray(value)
+        if value.shape[:1] != (len(indices),):
+            raise ValueError(
+                f"the {what} data_collator returned {value.shape[:1] or 'no'} rows for {key!r} but was given "
+                f"{len(indices)} examples; the global batch must split evenly over the data-parallel size "
+                f"{mesh_lib.data_parallel_size(mesh)} (mesh {dict(mesh.shape)}), so the collator must return one "
+                "row per example.")
+        if not real.all():
+            value = value.copy()
+            value[~real] = 0
+        batch[key] = value
+    return batch
+
+
+def steps_per_epoch(length: int, per_step: int, drop_last: bool) -> int:
+    """Optimizer steps in one pass over ``length`` examples taking ``per_step`` each (global batch x accumulation);
+    the last partial step counts unless ``drop_last``.
+
+    Raises:
+        ValueError: ``drop_last`` leaves no step.
+    """
+    if not drop_last:
+        return math.ceil(length / per_step)
+    steps = length // per_step
+    if steps == 0:
+        raise ValueError(f"dataloader_drop_last=True drops every batch: the dataset has {length} examples and one "
+                         f"step takes {per_step} (global batch x gradient_accumulation_steps).")
+    return steps
+
+
+def epoch_batches(dataset: Sequence, order: np.ndarray, collate: Callable[[list], dict], mesh: Mesh,
+                  batch_size: int, accumulation: int, steps: int, skip: int = 0) -> Iterator[dict[str, jax.Array]]:
+    """This process's share of the micro-batch groups ``[A, B, ...]`` of one epoch, placed on the mesh.
+
+    Args:
+        dataset: indexable examples.
+        order: the epoch's example order (:func:`sampler_order`).
+        collate: ``list[example] -> {column: array}``.
+        mesh: rows are split over its data axes.
+        batch_size: the global micro-batch size.
+        accumulation: micro-batches per optimizer step.
+        steps: optimizer steps in the epoch (:func:`steps_per_epoch`).
+        skip: steps already done (a resumed run), whose batches are not built.
+
+    Yields:
+        ``{column: jax.Array}`` shaped ``[accumulation, batch_size, ...]``, one per optimizer step; the last partial
+        step is padded with all-zero rows.
+    """
+    per_step = batch_size * accumulation
+    sharding = mesh_lib.batch_sharding(mesh, batch_axis=1)
+    rows = mesh_lib.local_rows(sharding, (accumulation, batch_size), batch_axis=1)
+    for step in range(skip, steps):
+        indices = np.full(per_step, -1)
+        chosen = order[step * per_step:(step + 1) * per_step]
+        indices[:len(chosen)] = chosen
+        local = indices.reshape(accumulation, batch_size)[:, rows].reshape(-1)
+        batch = collate_rows(collate, dataset, local, mesh, "training")
+        batch = {key: value.reshape(accumulation, rows.stop - rows.start, *value.shape[1:])
+                 for key, value in batch.items()}
+        yield mesh_lib.place_batch(batch, sharding, batch_size, batch_axis=1)
+
+
+def run_in_batches(examples: Sequence, step: Callable, module, mesh: Mesh, size: int, collate: Callable[[list], dict],
+                   what: str) -> list:
+    """``step(module, batch)`` over ``examples`` in global batches of ``size`` rows placed on ``mesh`` (the last one
+    padded with all-zero rows, so one program serves all); the results, in order, on the host."""
+    sharding = mesh_lib.batch_sharding(mesh)
+    rows = mesh_lib.local_rows(sharding, (size,))
+    outputs = []
+    with mesh_lib.entered(mesh):
+        for start in range(0, len(examples), size):
+            indices = np.full(size, -1)
+            chosen = np.arange(start, min(start + size, len(examples)))
+            indices[:len(chosen)] = chosen
+            batch = collate_rows(collate, examples, indices[rows], mesh, what)
+            outputs.append(step(module, mesh_lib.place_batch(batch, sharding, size)))
+    return mesh_lib.to_host(outputs)

@@ -1,0 +1,75 @@
+"""Which loss the train step runs, and so which example columns it reads.
+
+Three conventions, in this order: transformers' ``compute_loss_func(outputs, labels, num_items_in_batch)``, a
+JAX-native ``loss_fn(model, batch)``, and, for a torchlike causal LM given neither, the built-in next-token loss over
+``loss_mask``. Each becomes a step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)`` from
+``adapters.train_step``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+from ..adapters import train_step, tunix_model
+from .model_interface import TrainableModel
+
+__all__ = ["select_loss", "signature_columns"]
+
+
+def select_loss(model: TrainableModel, compute_loss_func: Callable | None, loss_fn: Callable | None,
+                label_names: tuple[str, ...]) -> tuple[Callable, Callable | None]:
+    """The step loss for ``model`` and, for ``compute_loss_func``, the item counter that gives ``num_items_in_batch``.
+
+    Args:
+        model: the trained model; its ``family`` gives the built-in loss (and the logits ``compute_loss_func`` sees).
+        compute_loss_func: transformers' loss on the model's outputs, or ``None``.
+        loss_fn: a JAX-native ``(module, batch) -> loss | (loss, aux)``, or ``None``.
+        label_names: the batch columns holding the labels (``args.label_names``).
+
+    Raises:
+        ValueError: a plain NNX module was given neither loss.
+    """
+    family = model.family
+    if compute_loss_func is not None:
+        if family is not None:
+            from ..modeling import CausalLMOutput
+
+            def call_model(module, inputs):
+                return CausalLMOutput(logits=tunix_model.causal_lm_logits(family, module, inputs))
+        else:
+            def call_model(module, inputs):
+                return module(**inputs)
+        count = train_step.label_count(shift=family is not None, label_name=label_names[0])
+        return train_step.transformers_loss(compute_loss_func, call_model, count, label_names), count
+    if loss_fn is not None:
+        return train_step.mean_loss(loss_fn), None
+    if family is None:
+        raise ValueError("a plain NNX module needs loss_fn=(model, batch) -> loss | (loss, aux), or "
+                         "compute_loss_func=(outputs, labels, num_items_in_batch) -> loss.")
+    return train_step.causal_lm_loss(family), None
+
+
+def signature_columns(model: TrainableModel | None, compute_loss_func: Callable | None, loss_fn: Callable | None,
+                      label_names: tuple[str, ...]) -> set[str] | None:
+    """The example columns the training loss reads, which ``remove_unused_columns=True`` keeps (transformers'
+    ``_set_signature_columns_if_needed``); ``None`` keeps every column.
+
+    A torchlike causal LM with the built-in loss reads ``input_ids``, ``attention_mask`` and ``loss_mask``; with
+    ``compute_loss_func`` the model reads ``input_ids`` and ``attention_mask`` (a plain NNX module: the parameters of
+    its ``__call__``) and the loss the label columns. A JAX-native ``loss_fn`` may read any column, so every column is
+    kept for it, as for a module whose ``__call__`` takes ``**kwargs``.
+    """
+    if loss_fn is not None:
+        return None
+    family = model.family if model is not None else None
+    if compute_loss_func is None:
+        return {"input_ids", "attention_mask", "loss_mask"} if family is not None else None
+    if family is not None:
+        inputs = {"input_ids", "attention_mask"}
+    else:
+        parameters = inspect.signature(model.module.__call__).parameters.values()
+        if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            return None
+        inputs = {parameter.name for parameter in parameters}
+    return inputs | set(label_names) | {"shift_labels"}

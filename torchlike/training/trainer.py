@@ -1,0 +1,417 @@
+"""``Trainer``: the transformers training loop on a JAX device mesh, over Tunix models and optax — the recipe.
+
+The loop is ours (Tunix's ``PeftTrainer`` lacks transformers' checkpoint timing, data position and loss
+normalisation: ``adapters.upstream``); each step is a jitted ``adapters.train_step`` function on the model's NNX
+module. The flow around it is transformers' own: ``DefaultFlowCallback`` decides when to log, evaluate, save and
+stop, ``ProgressCallback`` draws the bar and the reporting integrations receive the logs. The components it wires
+sit beside it, one job per module (the package docstring lists them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from ..adapters import mesh as mesh_lib
+from ..adapters import train_step
+from ..adapters.lora import runtime as lora_runtime
+from ..optim import build_optimizer
+from . import batches, checkpoints, hub, step_logs
+from .accelerator import Accelerator
+from .callbacks import default_callbacks, new_control, new_state, run_state
+from .device_mesh import resolve_mesh
+from .lora_step import dropout_in_step, merged_lora_scale
+from .losses import select_loss, signature_columns
+from .model_interface import active_lora_config, as_trainable_model
+from .prefetch import prefetched
+
+__all__ = ["TrainOutput", "Trainer"]
+
+
+@dataclass
+class TrainOutput:
+    """What ``train()`` returns (transformers' field names)."""
+
+    global_step: int
+    training_loss: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Trainer:
+    """A ``transformers.Trainer`` for torchlike models and plain Flax NNX modules, on a JAX device mesh.
+
+    Args:
+        model: a :class:`~torchlike.CausalLM` / ``PeftModel`` (causal-LM loss with a loss mask), or
+            any ``flax.nnx.Module`` with ``loss_fn``.
+        args: :class:`~torchlike.TrainingArguments` (or ``SFTConfig``). ``mesh_shape`` /
+            ``mesh_axis_names`` pick the device mesh (default: the model's mesh, else every device on
+            ``fsdp``); ``per_device_train_batch_size`` times the data-parallel size (the product of
+            the mesh's non-``tp`` axes, over all processes) is the global batch.
+        data_collator: ``list[example] -> dict[str, np.ndarray]`` with fixed shapes; default: stack.
+        train_dataset, eval_dataset: sequences of examples (dicts of arrays or token lists). With
+            ``remove_unused_columns`` (the default) the collator sees only the columns the loss reads: ``input_ids``,
+            ``attention_mask`` and ``loss_mask`` for a torchlike model, the model's inputs and ``label_names`` with
+            ``compute_loss_func``, every column with ``loss_fn``.
+        processing_class: the tokenizer (saved with ``save_model``).
+        compute_loss_func: transformers' ``(outputs, labels, num_items_in_batch=None) -> loss``, written with
+            ``jax.numpy``: ``labels`` is the batch's ``args.label_names`` column (default ``labels``; a tuple for
+            several names); ``outputs`` is ``model(**other columns)`` for a plain NNX module, or a
+            :class:`~torchlike.CausalLMOutput` with ``logits`` for a torchlike model; ``num_items_in_batch`` counts
+            ``labels != -100`` over the whole accumulated step (``labels[..., 1:]`` for torchlike causal LMs, as
+            transformers does), so the returned loss is already normalised.
+        callbacks: ``transformers.TrainerCallback`` objects (or classes), called at the usual events.
+        optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
+        loss_fn: JAX-native ``loss_fn(model, batch) -> loss | (loss, aux)``: the mean loss of the
+            micro-batch (accumulated micro-batches are averaged) and optionally a dict of scalar
+            metrics, logged like ``loss``. Rows that pad the last batch are all zeros: give them no
+            weight (e.g. through a mask), or set ``dataloader_drop_last``.
+
+    Example:
+
+    ```python
+    >>> from torchlike import AutoModelForCausalLM, Trainer, TrainingArguments
+    >>> model = AutoModelForCausalLM.from_pretrained("path/to/qwen2", dtype="float32")
+    >>> rows = [{"input_ids": ids, "attention_mask": [1] * len(ids), "loss_mask": [1] * len(ids)} for ids in data]
+    >>> trainer = Trainer(model, TrainingArguments("out", max_steps=10), train_dataset=rows)
+    >>> trainer.train().training_loss
+    ```
+    """
+
+    #: Whether batches may be prepared ahead in a thread (not when preparing a batch reads the weights).
+    _allow_prefetch = True
+
+    def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, compute_loss_func=None, compute_metrics=None, callbacks=None,
+                 optimizers=(None, None), loss_fn: Callable | None = None, **unsupported):
+        from transformers.trainer_callback import CallbackHandler
+
+        from ..field_support import check_unsupported
+
+        if unsupported:
+            raise TypeError(f"Trainer got unsupported arguments {sorted(unsupported)}.")
+        if compute_loss_func is not None and loss_fn is not None:
+            raise ValueError("pass either compute_loss_func (transformers' convention) or loss_fn (JAX-native), "
+                             "not both.")
+        if compute_metrics is not None:
+            raise ValueError("compute_metrics is not supported yet; evaluate() reports eval_loss.")
+        if args is None:
+            from ..training_args import TrainingArguments
+
+            args = TrainingArguments(output_dir="trainer_output")
+        check_unsupported(args)
+        if args.compilation_cache_dir:
+            from ..adapters.runtime.compilation import enable_compilation_cache
+
+            enable_compilation_cache(args.compilation_cache_dir)
+        self.args = args
+        self.model = model  # what the user passed, as in transformers
+        self._trainable_model = as_trainable_model(model)  # what the loop reads: module, family, mesh, state_dict
+        self.data_collator = data_collator or batches.stack_rows
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.processing_class = processing_class
+        self._custom_optimizer = optimizers[0] if optimizers else None
+        self._loss_fn = loss_fn
+        self._compute_loss_func = compute_loss_func
+        self.optimizer = None
+        self.lr_scheduler = None
+        self.accelerator = Accelerator()
+        self.mesh = resolve_mesh(args, self._trainable_model)
+        self.state = new_state()
+        self.control = new_control()
+        self.callback_handler = CallbackHandler([*default_callbacks(args), *(callbacks or [])], model,
+                                                processing_class, None, None)
+        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+
+    @property
+    def hub_model_id(self) -> str:
+        """The Hub repository ``push_to_hub`` uploads to: ``args.hub_model_id`` or the name of ``output_dir``."""
+        return hub.repo_id(self.args)
+
+    def end(self) -> None:
+        """Closes the reporting integrations' writers (transformers' ``Trainer.end``); there is no torch process
+        group to destroy."""
+        for callback in self.callback_handler.callbacks:
+            writer = getattr(callback, "tb_writer", None)  # only TensorBoardCallback has one
+            if writer is not None:
+                writer.close()
+                callback.tb_writer = None
+
+    # ------------------------------------------------------------------ callbacks (transformers API)
+    @property
+    def callbacks(self) -> list:
+        return self.callback_handler.callbacks
+
+    def add_callback(self, callback) -> None:
+        """Adds a ``TrainerCallback`` (instance or class)."""
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback):
+        """Removes and returns a callback (instance or class)."""
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        """Removes a callback (instance or class)."""
+        self.callback_handler.remove_callback(callback)
+
+    def _event(self, event: str, **kwargs) -> None:
+        self.callback_handler.model = self.model
+        self.callback_handler.optimizer = self.optimizer
+        self.callback_handler.lr_scheduler = self.lr_scheduler
+        self.control = getattr(self.callback_handler, event)(self.args, self.state, self.control, **kwargs)
+
+    # ------------------------------------------------------------------ the step (hooks the TRL trainers override)
+    @property
+    def _module(self):
+        """The NNX module the step trains."""
+        return self._trainable_model.module
+
+    def _is_lora(self) -> bool:
+        return active_lora_config(self._trainable_model) is not None
+
+    def _lora_dropout(self) -> bool:
+        """Whether LoRA dropout is on in the train step."""
+        return dropout_in_step(active_lora_config(self._trainable_model))
+
+    def _merged_lora_scale(self) -> float | None:
+        """The LoRA scale when the train step runs on merged weights (``args.lora_step``), else ``None``."""
+        return merged_lora_scale(self.args.lora_step, active_lora_config(self._trainable_model), self._module,
+                                 self.mesh, self._lora_dropout())
+
+    def _trainable(self):
+        """The NNX variable type the optimizer updates: the LoRA factors of an adapter, else every parameter."""
+        from flax import nnx
+
+        return nnx.LoRAParam if self._is_lora() else nnx.Param
+
+    def _loss(self) -> tuple[Callable, Callable | None]:
+        """The step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)`` and, for
+        ``compute_loss_func``, the item counter that gives ``num_items_in_batch``."""
+        return select_loss(self._trainable_model, self._compute_loss_func, self._loss_fn, self._label_names())
+
+    def _label_names(self) -> tuple[str, ...]:
+        """The batch columns that hold the labels: ``args.label_names``, by default ``("labels",)``."""
+        return tuple(self.args.label_names or ("labels",))
+
+    def _signature_columns(self) -> set[str] | None:
+        """The example columns the loss reads, which ``remove_unused_columns=True`` keeps; ``None`` keeps all."""
+        if not self.args.remove_unused_columns:
+            return None
+        return signature_columns(self._trainable_model, self._compute_loss_func, self._loss_fn, self._label_names())
+
+    def _compute_dtype(self):
+        import jax.numpy as jnp
+
+        return jnp.bfloat16 if self.args.bf16 else None  # fp16 is refused by the field table
+
+    # ------------------------------------------------------------------ data (hooks the TRL trainers override)
+    def _global_batch_size(self) -> int:
+        return self.args.per_device_train_batch_size * mesh_lib.data_parallel_size(self.mesh)
+
+    def _get_train_sampler(self, epoch: int) -> np.ndarray:
+        """Example order for ``epoch``: a shuffle seeded by ``data_seed`` (``seed`` when it is ``None``), as
+        transformers' ``RandomSampler``, or dataset order with ``train_sampling_strategy="sequential"``."""
+        args = self.args
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        return batches.sampler_order(len(self.train_dataset), epoch, args.train_sampling_strategy == "sequential",
+                                     seed)
+
+    def _collate(self, examples: list) -> dict[str, np.ndarray]:
+        """The data collator on ``examples`` reduced to :meth:`_signature_columns` (``remove_unused_columns``)."""
+        return self.data_collator(batches.keep_columns(examples, self._signature_columns()))
+
+    def _steps_per_epoch(self) -> int:
+        return batches.steps_per_epoch(len(self.train_dataset),
+                                       self._global_batch_size() * self.args.gradient_accumulation_steps,
+                                       self.args.dataloader_drop_last)
+
+    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict[str, jax.Array]]:
+        """This process's share of the micro-batch groups of one epoch, placed on the mesh (rows over the data axes),
+        from step ``skip`` on; the last partial batch is padded, so it trains without a new compilation."""
+        return batches.epoch_batches(self.train_dataset, self._get_train_sampler(epoch), self._collate, self.mesh,
+                                     self._global_batch_size(), self.args.gradient_accumulation_steps,
+                                     self._steps_per_epoch(), skip)
+
+    def _run_in_batches(self, examples, step: Callable, module, mesh, size: int, what: str) -> list:
+        """``step(module, batch)`` over ``examples`` in padded global batches of ``size`` rows on ``mesh``."""
+        return batches.run_in_batches(examples, step, module, mesh, size, self._collate, what)
+
+    def _total_steps(self) -> int:
+        if self.args.max_steps and self.args.max_steps > 0:
+            return int(self.args.max_steps)
+        return int(math.ceil(self.args.num_train_epochs * self._steps_per_epoch()))
+
+    # ------------------------------------------------------------------ training
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+        """Runs the training loop.
+
+        Args:
+            resume_from_checkpoint: ``True`` (the latest ``output_dir/checkpoint-*``) or a checkpoint
+                path: restores parameters, optimizer state, step and data position, then continues.
+
+        Returns:
+            :class:`TrainOutput` with the final step, the mean training loss and run metrics.
+        """
+        from flax import nnx
+
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train() needs a train_dataset.")
+        args = self.args
+        total_steps = self._total_steps()
+        transformation, schedule = (self._custom_optimizer, None) if self._custom_optimizer else \
+            build_optimizer(args, total_steps)
+        self.lr_scheduler = schedule
+        trainable = self._trainable()
+        self.optimizer = nnx.Optimizer(self._module, transformation, wrt=trainable)
+        mesh_lib.shard_module(self.optimizer, self.mesh)  # moments follow the parameters; scalars replicated
+        loss, count_items = self._loss()
+        step_fn = train_step.make_train_step(loss, trainable, self._compute_dtype(), lora=self._lora_dropout(),
+                                             seed=args.seed, count_items=count_items,
+                                             merged_lora_scale=self._merged_lora_scale(),
+                                             rematerialise=args.gradient_checkpointing)
+        if self._lora_dropout():
+            # The dropout RNG nodes exist before the first trace, so the step's graph never changes shape.
+            lora_runtime.set_dropout_rng(self._module, jax.random.key(args.seed))
+            mesh_lib.shard_module(self._module, self.mesh)
+        steps_per_epoch = self._steps_per_epoch()
+        self.state = run_state(args, total_steps, steps_per_epoch, self._global_batch_size())
+        start_step = self._resume(resume_from_checkpoint) if resume_from_checkpoint else 0
+        step = start_step
+        epoch = step // steps_per_epoch
+        self._event("on_train_begin")
+        if args.eval_on_start and self.eval_dataset is not None:
+            self.evaluate()
+        self._logged_losses: list[float] = []
+        window: list = []
+        started = time.perf_counter()
+        with mesh_lib.entered(self.mesh):
+            while step < total_steps and not self.control.should_training_stop:
+                self._event("on_epoch_begin")
+                epoch_batches = self._batches(epoch, skip=step - epoch * steps_per_epoch)
+                for batch in prefetched(epoch_batches, args.prefetch_batches if self._allow_prefetch else 0):
+                    self._event("on_step_begin")
+                    window.append(step_fn(self._module, self.optimizer, batch, np.int32(step)))
+                    step += 1
+                    self.state.global_step = step
+                    self.state.epoch = epoch + (step - epoch * steps_per_epoch) / steps_per_epoch
+                    self._event("on_step_end")
+                    window = self._log_save_evaluate(window, schedule)
+                    if self.control.should_epoch_stop or self.control.should_training_stop:
+                        break
+                epoch += 1
+                self._event("on_epoch_end")
+                window = self._log_save_evaluate(window, schedule)
+        self._record_losses(window)
+        metrics = step_logs.run_metrics(self._logged_losses, time.perf_counter() - started, step - start_step,
+                                        self.state.train_batch_size * args.gradient_accumulation_steps)
+        self.log(metrics)
+        self._event("on_train_end")
+        return TrainOutput(step, metrics["train_loss"], metrics)
+
+    def _record_losses(self, window: list) -> list[dict]:
+        """Moves the step metrics of one logging window to the host (the only host synchronisation of the loop) and
+        keeps their losses, filtered as :func:`.step_logs.filtered_losses` says, for the logs and ``train_loss``."""
+        values = mesh_lib.to_host(window)
+        self._logged_losses.extend(step_logs.filtered_losses(values, self.args.logging_nan_inf_filter))
+        return values
+
+    def _log_save_evaluate(self, window: list, schedule) -> list:
+        if self.control.should_log and window:
+            values = self._record_losses(window)
+            learning_rate = float(schedule(self.state.global_step - 1)) if schedule else float("nan")
+            self.log(step_logs.window_logs(values, self._logged_losses[-len(values):], learning_rate))
+            window = []
+        if self.control.should_evaluate and self.eval_dataset is not None:
+            self.evaluate()
+        if self.control.should_save:
+            self._save_checkpoint(self.state.global_step)
+        return window
+
+    def log(self, logs: dict[str, float]) -> None:
+        """Records ``logs`` in ``state.log_history`` (with epoch and step) and calls ``on_log``."""
+        if self.state.epoch is not None:
+            logs = {**logs, "epoch": self.state.epoch}
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self._event("on_log", logs=logs)
+
+    def evaluate(self, eval_dataset=None) -> dict[str, float]:
+        """Mean loss over ``eval_dataset`` (adapters in eval mode, no dropout): ``{"eval_loss": ...}``.
+
+        Args:
+            eval_dataset: examples to score (default: the trainer's ``eval_dataset``).
+
+        Returns:
+            ``{"eval_loss": summed loss / loss items, "eval_runtime": seconds}``.
+        """
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("evaluate() needs an eval_dataset.")
+        loss, count_items = self._loss()
+        step_fn = train_step.make_eval_step(loss, self._compute_dtype(), count_items)
+        size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
+        started = time.perf_counter()
+        values = self._run_in_batches(dataset, step_fn, self._module, self.mesh, size, "evaluation")
+        metrics = step_logs.evaluation_metrics(values, time.perf_counter() - started)
+        self.log(metrics)
+        self._event("on_evaluate", metrics=metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints and the Hub
+    def _save_checkpoint(self, step: int) -> Path:
+        """Writes ``output_dir/checkpoint-<step>``, then pushes it with ``hub_strategy="every_save"``."""
+        args = self.args
+        folder = checkpoints.write_checkpoint(args.output_dir, step, self._trainable_model, self.optimizer,
+                                              self.state, args.save_only_model, args.save_total_limit)
+        self._event("on_save")
+        if args.push_to_hub and args.hub_strategy == "every_save":
+            self.push_to_hub(commit_message=f"Training in progress, step {step}")
+        return folder
+
+    def _resume(self, checkpoint: str | bool) -> int:
+        """Restores the checkpoint ``resume_from_checkpoint`` names; returns its step."""
+        folder = checkpoints.find_checkpoint(self.args.output_dir, checkpoint)
+        saved = checkpoints.restore_checkpoint(folder, self._trainable_model, self.optimizer)
+        self.state.global_step = saved["global_step"]
+        self.state.log_history = saved["log_history"]
+        return int(saved["global_step"])
+
+    def save_model(self, output_dir: str | os.PathLike | None = None, _internal_call: bool = False) -> None:
+        """Writes the model in Hugging Face format (a PEFT adapter for LoRA models) plus the tokenizer.
+
+        With ``args.push_to_hub``, it then pushes to the Hub (commit "Model save"), as transformers does whatever
+        ``hub_strategy`` is: with ``hub_strategy="end"`` this is the push at the end of a script.
+
+        Args:
+            output_dir: where to write (default ``args.output_dir``).
+            _internal_call: set by :meth:`push_to_hub`, which pushes itself.
+
+        Raises:
+            NotImplementedError: a plain NNX module (no Hugging Face format), or several processes.
+        """
+        hub.export_model(self._trainable_model, output_dir or self.args.output_dir, self.processing_class)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save")
+
+    def push_to_hub(self, commit_message: str = "End of training", blocking: bool = True, token: str | None = None,
+                    revision: str | None = None, **model_card_kwargs) -> str:
+        """Saves to ``output_dir`` and uploads it to ``args.hub_model_id`` (default: the folder name).
+
+        Args:
+            commit_message: the Hub commit message.
+            blocking: accepted for transformers scripts; the upload always completes before returning.
+            token, revision: override ``args.hub_token`` / ``args.hub_revision``.
+            model_card_kwargs: transformers' model-card fields (``dataset_name``, ``tags``...); torchlike
+                writes no model card, so they are accepted and not used.
+
+        Returns:
+            The commit URL.
+        """
+        self.save_model(_internal_call=True)
+        return hub.upload_output_dir(self.args, commit_message, token=token, revision=revision)

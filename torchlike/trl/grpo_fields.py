@@ -1,0 +1,165 @@
+"""What torchlike does with each field ``trl.GRPOConfig`` adds to ``TrainingArguments``, and with the
+``TrainingArguments`` fields whose meaning GRPO changes.
+
+``GRPOConfig._FIELD_SUPPORT`` is this table, laid over ``TrainingArguments``' (see
+:mod:`torchlike.field_support`); fields with the same meaning as in ``SFTConfig`` reuse its rows. A test holds it
+against the fields of the real ``trl.GRPOConfig``.
+"""
+
+from __future__ import annotations
+
+from ..adapters.sampling_settings import SamplingSettings
+from ..field_support import FieldSupport, honoured, ignored, refused
+from .sft_fields import SFT_FIELD_SUPPORT
+
+_NO_VLLM = ("vLLM is a CUDA/PyTorch engine torchlike does not use: completions come from torchlike's JAX sampler on "
+            "the training mesh (like vllm_mode='colocate') with the same sampling settings.")
+_ONLY_WITH_VLLM = "Only read with use_vllm=True; torchlike generates with its own JAX sampler."
+_NO_SAMPLER_MISMATCH = ("Corrects the gap between vLLM's and the trainer's log-probabilities; torchlike samples and "
+                        "scores with the same JAX model, so there is no gap to correct.")
+_NO_TORCH_GENERATION = "A transformers (PyTorch) generation engine; torchlike generates with its own JAX sampler."
+_NO_REF_SYNC = ("Updating the reference model from the policy during training (TR-DPO) is not implemented; the "
+                "reference would stay the initial model.")
+_ONLY_WITH_REF_SYNC = "Only read with sync_ref_model=True, which torchlike does not support yet."
+_NO_ADAPTIVE_ENTROPY = "Only read with use_adaptive_entropy=True, which torchlike does not support yet."
+_NO_DROPOUT = ("Always in effect when True: torchlike's model families have no dropout layers, and LoRA dropout is "
+               "switched off, so the log-probabilities are deterministic.")
+_SAMPLING = "applied at every decoding step by torchlike's sampler, as transformers' generate does."
+_PAD_MULTIPLE = ("Padded lengths are rounded up to a multiple of it ('auto' becomes None, as in TRL off Neuron; "
+                 "torchlike already pads to a few fixed shapes).")
+
+GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
+    # --- TrainingArguments fields whose meaning GRPO changes ---
+    "per_device_train_batch_size": honoured("Completions (not prompts) per data-parallel shard, as in TRL; times "
+                                            "args.data_parallel_size it is the global micro-batch."),
+    "gradient_accumulation_steps": honoured("Micro-batches per optimizer step. As in TRL, the grpo, bnpo, dr_grpo, "
+                                            "sapo and luspo losses are divided by it, and dapo, cispo and vespo "
+                                            "divide their token sum by the generation batch's loss tokens scaled to "
+                                            "one accumulation window."),
+    "remove_unused_columns": honoured("False (GRPO's default): every dataset column except prompt reaches the reward "
+                                      "functions as a keyword list; True keeps only prompt."),
+    "data_seed": ignored("TRL's GRPO sampler shuffles the prompts with seed and never reads data_seed; torchlike "
+                         "does the same."),
+    # --- model ---
+    "model_init_kwargs": SFT_FIELD_SUPPORT["model_init_kwargs"],
+    "trust_remote_code": SFT_FIELD_SUPPORT["trust_remote_code"],
+    "router_aux_loss_coef": SFT_FIELD_SUPPORT["router_aux_loss_coef"],
+    "disable_dropout": honoured(_NO_DROPOUT),
+    "cast_lm_head_to_fp32": refused("Casting only the LM head to float32 is not implemented; with bf16=False the whole"
+                                    " model computes in float32."),
+    # --- data ---
+    "num_generations": honoured("Completions sampled per prompt (at least 2); advantages are taken within each group "
+                                "of num_generations."),
+    "num_generations_eval": honoured("Completions per prompt in evaluation (None: num_generations)."),
+    "max_completion_length": honoured("Generation stops after this many tokens; with the prompt length it sizes the "
+                                      "KV cache, and it is the dr_grpo loss's constant."),
+    "ds3_gather_for_generation": ignored("A DeepSpeed ZeRO-3 setting; torchlike's parameters are sharded by JAX over "
+                                         "the mesh and the sampler reads them where they are."),
+    "shuffle_dataset": honoured("Shuffle the prompts every epoch, seeded by seed (not data_seed), as TRL's sampler "
+                                "does; False keeps dataset order."),
+    "pad_to_multiple_of": honoured(_PAD_MULTIPLE),
+    # --- generation ---
+    "generation_batch_size": honoured("Completions generated at once (default per_device_train_batch_size x "
+                                      "data-parallel shards x steps_per_generation); must be divisible by "
+                                      "num_generations."),
+    "steps_per_generation": honoured("Micro-steps each generation batch feeds (default gradient_accumulation_steps); "
+                                     "the old-policy log-probabilities are stored when the policy can change before "
+                                     "a batch is used (more steps than one accumulation window, or "
+                                     "num_iterations > 1)."),
+    "temperature": honoured("Sampling temperature; the training log-probabilities are those of softmax(logits / "
+                            "temperature), as in TRL."),
+    "top_p": honoured("Nucleus sampling threshold, " + _SAMPLING),
+    "top_k": honoured("Top-k filtering (0 disables it), " + _SAMPLING),
+    "min_p": honoured("Minimum probability relative to the most likely token, " + _SAMPLING),
+    "repetition_penalty": honoured("Penalty on tokens already in the prompt or completion, " + _SAMPLING),
+    "generation_kwargs": honoured("Further sampling settings for torchlike's sampler, by GenerationConfig name ("
+                                  + ", ".join(SamplingSettings.names()) + "; other keys raise); they override the "
+                                  "fields above, as in TRL."),
+    "chat_template_kwargs": honoured("Keyword arguments for apply_chat_template on conversational prompts (e.g. "
+                                     "enable_thinking)."),
+    "cache_implementation": ignored("torchlike's sampler always uses its own preallocated KV cache, sized from the "
+                                    "prompt and completion lengths."),
+    # --- vLLM ---
+    "use_vllm": ignored(_NO_VLLM),
+    "vllm_mode": ignored(_ONLY_WITH_VLLM),
+    "vllm_model_impl": ignored(_ONLY_WITH_VLLM),
+    "vllm_enable_sleep_mode": ignored(_ONLY_WITH_VLLM),
+    "vllm_structured_outputs_regex": refused("Regex-constrained generation is not implemented in torchlike's sampler;"
+                                             " completions would not follow the pattern."),
+    "vllm_server_base_url": ignored(_ONLY_WITH_VLLM),
+    "vllm_server_host": ignored(_ONLY_WITH_VLLM),
+    "vllm_server_port": ignored(_ONLY_WITH_VLLM),
+    "vllm_server_timeout": ignored(_ONLY_WITH_VLLM),
+    "vllm_group_port": ignored(_ONLY_WITH_VLLM),
+    "vllm_gpu_memory_utilization": ignored(_ONLY_WITH_VLLM),
+    "vllm_max_model_length": ignored(_ONLY_WITH_VLLM),
+    "vllm_tensor_parallel_size": ignored(_ONLY_WITH_VLLM + " Use mesh_shape to shard the model."),
+    "vllm_importance_sampling_correction": ignored(_NO_SAMPLER_MISMATCH),
+    "vllm_importance_sampling_mode": ignored(_NO_SAMPLER_MISMATCH),
+    "vllm_importance_sampling_clip_max": ignored(_NO_SAMPLER_MISMATCH),
+    "vllm_importance_sampling_clip_min": ignored(_NO_SAMPLER_MISMATCH),
+    "vllm_importance_sampling_cap": ignored(_NO_SAMPLER_MISMATCH + " (Deprecated in TRL for "
+                                                                    "vllm_importance_sampling_clip_max.)"),
+    # --- algorithm ---
+    "beta": honoured("KL coefficient: beta != 0 keeps a frozen reference model (the base model with LoRA off for "
+                     "PEFT) and adds beta x the k3 KL estimate per token."),
+    "num_iterations": honoured("Optimizer passes over each generation batch (mu); later passes clip the ratio "
+                               "against the stored old-policy log-probabilities."),
+    "epsilon": honoured("Lower clip of the importance ratio, 1 - epsilon."),
+    "delta": honoured("Upper bound on the unclipped ratio (two-sided clipping, INTELLECT-2); None disables it."),
+    "epsilon_high": honoured("Upper clip of the ratio, 1 + epsilon_high (None: epsilon); for cispo the cap on the "
+                             "ratio itself."),
+    "sapo_temperature_neg": honoured("Gate temperature of loss_type='sapo' for negative advantages."),
+    "sapo_temperature_pos": honoured("Gate temperature of loss_type='sapo' for positive advantages."),
+    "vespo_k_pos": honoured("Gamma-weight exponent of loss_type='vespo' for non-negative advantages."),
+    "vespo_lambda_pos": honoured("Gamma-weight rate of loss_type='vespo' for non-negative advantages."),
+    "vespo_k_neg": honoured("Gamma-weight exponent of loss_type='vespo' for negative advantages."),
+    "vespo_lambda_neg": honoured("Gamma-weight rate of loss_type='vespo' for negative advantages."),
+    "importance_sampling_level": honoured("'token': one ratio per token; 'sequence': one per sequence, the masked "
+                                          "mean log-ratio (GSPO)."),
+    "reward_weights": honoured("Weight of each reward function in the NaN-skipping sum of rewards (default 1.0 "
+                               "each); None rewards are left out."),
+    "multi_objective_aggregation": honoured("'sum_then_normalize': weighted sum, then group advantages; "
+                                            "'normalize_then_sum': normalise each reward in its group, then sum "
+                                            "(GDPO)."),
+    "scale_rewards": honoured("'group', 'batch' or 'none' (True/False as in TRL): the standard deviation the "
+                              "group-centred rewards are divided by (plus 1e-4)."),
+    "loss_type": honoured("All of TRL's: grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo, computed as TRL 1.16 "
+                          "does (torchlike.adapters.rl_math.grpo_loss)."),
+    "mask_truncated_completions": honoured("Completions cut at max_completion_length without an EOS are left out of "
+                                           "the loss."),
+    "sync_ref_model": refused(_NO_REF_SYNC),
+    "ref_model_mixup_alpha": ignored(_ONLY_WITH_REF_SYNC),
+    "ref_model_sync_steps": ignored(_ONLY_WITH_REF_SYNC),
+    "top_entropy_quantile": refused("Restricting the loss to high-entropy tokens is not implemented; every completion "
+                                    "token would count."),
+    "entropy_coef": refused("The entropy bonus is not implemented; the loss would have none."),
+    "use_adaptive_entropy": refused("Adaptive entropy control is not implemented; the loss would have no entropy "
+                                    "bonus."),
+    "entropy_coef_min": ignored(_NO_ADAPTIVE_ENTROPY),
+    "entropy_coef_max": ignored(_NO_ADAPTIVE_ENTROPY),
+    "entropy_coef_delta": ignored(_NO_ADAPTIVE_ENTROPY),
+    "entropy_target": ignored(_NO_ADAPTIVE_ENTROPY),
+    "max_tool_calling_iterations": ignored("Only read when the trainer is given tools, which torchlike's GRPOTrainer "
+                                           "does not take."),
+    "off_policy_mask_threshold": honoured("Sequences with a negative advantage whose mean log(pi_old / pi) exceeds it "
+                                          "are dropped from the loss (DeepSeek-V3.2)."),
+    "use_bias_correction_kl": honoured("Multiply the per-token KL by the importance ratio (True, the default, as in "
+                                       "TRL)."),
+    # --- logging ---
+    "log_completions": honoured("Print the prompts, completions, rewards and advantages of every generation batch "
+                                "(num_completions_to_print rows); there is no wandb completions table."),
+    "log_multimodal": ignored("torchlike's GRPO is text-only; there is no image content to log."),
+    "num_completions_to_print": honoured("How many of the logged completions are printed (None: all)."),
+    "log_unique_prompts": ignored("torchlike logs one row per completion; showing each prompt once is not "
+                                  "implemented."),
+    "log_completions_hub_repo": ignored("Completions are not uploaded to a Hub dataset; they are in the logs (see "
+                                        "log_completions)."),
+    # --- transformers generation engines ---
+    "use_transformers_continuous_batching": ignored(_NO_TORCH_GENERATION),
+    "transformers_continuous_batching_config": ignored(_NO_TORCH_GENERATION),
+    "use_transformers_paged": ignored(_NO_TORCH_GENERATION),
+    # --- removed from TRL, kept by torchlike ---
+    "max_prompt_length": honoured("Removed in TRL 0.28 but still accepted (with a FutureWarning): a prompt longer "
+                                  "than this keeps its last max_prompt_length tokens, as TRL used to do."),
+}
