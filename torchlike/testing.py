@@ -1,6 +1,6 @@
 """Tiny random Hugging Face checkpoints built on the spot, for tests, examples and benchmarks (no downloads).
 
-Three builders, each the one home of its kind:
+One home for each kind of builder:
 
 - :func:`tiny_config`: a ``transformers`` config of a supported family, hidden 64 and 2 layers unless overridden;
 - :func:`random_model`: a ``transformers`` model with random weights from a seed, ready for ``save_pretrained``;
