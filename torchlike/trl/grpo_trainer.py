@@ -2,11 +2,12 @@
 
 One generation batch (``per_device_train_batch_size x data-parallel size x steps_per_generation`` completions,
 ``num_generations`` per prompt) is sampled with torchlike's JAX sampler (``adapters.sampling``: temperature, top-p,
-top-k, min-p, decode-time repetition penalty, KV cache sized from the prompt and ``max_completion_length``), scored
-by the reward functions called TRL's way, turned into advantages (``adapters.rl_math``, TRL's estimator), then split
-into ``steps_per_generation`` micro-batches that the jitted step consumes ``gradient_accumulation_steps`` at a time,
-``num_iterations`` times over. When one generation batch serves several optimizer steps, the log-probs of the policy
-that sampled it are kept for the ratio and clipping, as TRL does.
+top-k, min-p, decode-time repetition penalty, KV cache sized from the prompt and ``max_completion_length``) or taken
+from the user's ``rollout_func``, scored by the reward functions called TRL's way, turned into advantages
+(``adapters.rl_math``, TRL's estimator), then split into ``steps_per_generation`` micro-batches that the jitted step
+consumes ``gradient_accumulation_steps`` at a time, ``num_iterations`` times over. When generation and optimizer
+steps do not line up (TRL's rule: ``gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0``), the
+log-probs of the policy that sampled the batch are kept for the ratio and clipping, as TRL does.
 """
 
 from __future__ import annotations
