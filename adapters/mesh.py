@@ -188,7 +188,23 @@ def shard_module(module, mesh: Mesh) -> None:
         return NamedSharding(mesh, spec)
 
     shardings = jax.tree.map(target, specs, is_leaf=lambda x: isinstance(x, (PartitionSpec, nnx.Variable)))
-    nnx.update(module, jax.device_put(state, shardings))
+    # The shardings tree ends where each variable begins; a variable's leaves share its sharding.
+    placed = jax.tree.map(lambda sharding, variable: jax.tree.map(lambda value: place_array(value, sharding), variable),
+                          shardings, state, is_leaf=lambda x: isinstance(x, NamedSharding))
+    nnx.update(module, placed)
+
+
+def place_array(value, sharding: NamedSharding) -> jax.Array:
+    """``value`` placed with ``sharding``, also when the sharding spans other processes' devices.
+
+    ``jax.device_put`` only reaches this process's devices. A value held whole by each process (a model every
+    process loaded from the same checkpoint, or initialised from the same seed, as a launcher runs one script per
+    host) is assembled into the global array from this process's copy: each process fills its own shards.
+    """
+    if sharding.is_fully_addressable or not getattr(value, "is_fully_addressable", True):
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 @contextlib.contextmanager

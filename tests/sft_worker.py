@@ -17,10 +17,11 @@ STEPS = 4
 
 
 def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_device: int, lora: bool = False,
-                 output_dir: str | None = None) -> dict:
+                 output_dir: str | None = None, load_on_mesh: bool = True) -> dict:
     """Losses of ``STEPS`` SFT steps on ``tiny.padded_examples`` with a global batch of
     ``per_device x data-parallel size`` rows, plus the train-step trace count. With ``output_dir``,
-    a checkpoint is saved there at step 2."""
+    a checkpoint is saved there at step 2. ``load_on_mesh=False`` loads the model without a mesh and
+    leaves its placement to the Trainer (``mesh_shape`` in the arguments), as TRL scripts do."""
     import torchlike
     from tests import tiny
     from torchlike.adapters.runtime import tracing
@@ -34,7 +35,7 @@ def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_devic
             gradient_checkpointing=False, weight_decay=0.0, train_sampling_strategy="sequential", disable_tqdm=True,
             mesh_shape=mesh_shape)
         mesh = torchlike.make_mesh(mesh_shape) if mesh_shape else None
-        model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=mesh)
+        model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=mesh if load_on_mesh else None)
         if lora:
             model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
         traces = tracing.TRACE_COUNTS["train_step"]
@@ -49,7 +50,8 @@ def main() -> None:
     import jax
 
     out_path, checkpoint, output_dir = sys.argv[1:]
-    result = train_losses(Path(checkpoint), MESH_SHAPE, per_device=2, output_dir=output_dir)
+    # Loaded as TRL scripts load it (no mesh): the Trainer places it on the mesh that spans both processes.
+    result = train_losses(Path(checkpoint), MESH_SHAPE, per_device=2, output_dir=output_dir, load_on_mesh=False)
     result.update(process_index=jax.process_index(), process_count=jax.process_count(),
                   local_devices=jax.local_device_count(), devices=jax.device_count())
     Path(out_path).write_text(json.dumps(result))

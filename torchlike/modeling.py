@@ -395,7 +395,8 @@ class AutoModelForCausalLM:
             dtype: parameter dtype: ``None``/``"auto"`` (the checkpoint's), a string
                 (``"bfloat16"``), a numpy/jax dtype or a ``torch.dtype``.
             mesh: a ``jax.sharding.Mesh`` with axes ``fsdp``/``tp`` (see :func:`make_mesh`);
-                parameters are placed sharded as they are read.
+                parameters are placed sharded as they are read. When the script runs as one of several
+                processes (``jax.distributed``), ``None`` means every device of every process on ``fsdp``.
             revision, cache_dir, token, local_files_only: hub download options.
             trust_remote_code: must be ``False``: remote code cannot run on the JAX model.
             attn_implementation: accepted for TRL scripts; the Tunix attention is always used.
@@ -416,6 +417,10 @@ class AutoModelForCausalLM:
         if model_args:
             raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
         initialize_distributed()  # before any device is touched, when launched as one of several processes
+        if mesh is None and jax.process_count() > 1:
+            # One process cannot hold a model for the others: load straight onto the mesh of every device
+            # (the default a Trainer would pick), each process filling its own shards.
+            mesh = make_mesh()
         check_loading_options(trust_remote_code, attn_implementation, device_map)
         quantization = requested_quantization(kwargs)
         enable_compilation_cache()
