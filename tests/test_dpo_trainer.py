@@ -43,8 +43,8 @@ FORMATS = {
 
 def config(tmp_path, **overrides):
     values = dict(output_dir=str(tmp_path / "out"), max_length=20, per_device_train_batch_size=4, max_steps=6,
-                  learning_rate=1e-3, logging_steps=1, report_to="none", save_strategy="no", bf16=False,
-                  gradient_checkpointing=False, train_sampling_strategy="sequential")
+                  learning_rate=1e-3, logging_steps=1, report_to="none", save_strategy="no",
+                  train_sampling_strategy="sequential")
     values.update(overrides)
     return DPOConfig(**values)
 
@@ -196,8 +196,9 @@ def test_lora_dpo_without_ref_model_scores_against_the_base_weights_and_trains_o
     expected = sequence_log_prob(base, first["prompt_ids"], first["chosen_ids"][:20 - len(first["prompt_ids"])])
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     before = {key: np.asarray(value) for key, value in model.state_dict().items()}
-    trainer = DPOTrainer(model=model, args=config(tmp_path, max_steps=8, learning_rate=1e-2), train_dataset=DATA,
-                         processing_class=tokenizer)
+    # bf16 off: the stored reference log-probs are compared with a float32 forward pass at rtol 1e-5.
+    trainer = DPOTrainer(model=model, args=config(tmp_path, max_steps=8, learning_rate=1e-2, bf16=False),
+                         train_dataset=DATA, processing_class=tokenizer)
     assert trainer.ref_model is None
     np.testing.assert_allclose(trainer.train_dataset[0]["ref_chosen_logps"], expected, rtol=1e-5)
     trainer.train()
@@ -214,8 +215,8 @@ def test_an_explicit_ref_model_is_the_reference_and_stays_frozen(tiny_checkpoint
     ref_model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen3"))
     ref_before = {key: np.asarray(value) for key, value in ref_model.state_dict().items()}
     trainer = DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), ref_model=ref_model,
-                         args=config(tmp_path, max_steps=2), train_dataset=DATA[:8],
-                         processing_class=tokenizer_for(tokenizer_dir))
+                         args=config(tmp_path, max_steps=2, bf16=False),  # compared in float32 below
+                         train_dataset=DATA[:8], processing_class=tokenizer_for(tokenizer_dir))
     example = trainer.train_dataset[1]
     kept = 20 - len(example["prompt_ids"])  # keep_start truncation to max_length
     expected = sequence_log_prob(ref_model, example["prompt_ids"], example["rejected_ids"][:kept])
