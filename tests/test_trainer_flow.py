@@ -190,12 +190,18 @@ def test_nan_and_inf_step_losses_are_replaced_by_transformers_window_rule(tmp_pa
             assert all(not math.isfinite(loss) for loss in logged_losses(trainer))
 
 
-def test_hub_strategy_every_save_pushes_the_model_at_each_save(tiny_checkpoints, tmp_path, monkeypatch):
+def recorded_pushes(monkeypatch) -> list[tuple[str, str, list[str]]]:
+    """Replaces the Hub upload (the network) by a record of ``(repo_id, commit message, safetensors files)``."""
     from torchlike.adapters import hf_hub
 
     pushes = []
     monkeypatch.setattr(hf_hub, "upload_folder", lambda folder, repo_id, commit_message, **kwargs: pushes.append(
         (repo_id, commit_message, sorted(p.name for p in Path(folder).iterdir() if p.suffix == ".safetensors"))))
+    return pushes
+
+
+def test_hub_strategy_every_save_pushes_the_model_at_each_save(tiny_checkpoints, tmp_path, monkeypatch):
+    pushes = recorded_pushes(monkeypatch)
     trainer = trainer_for(tiny_checkpoints, tmp_path, max_steps=4, save_strategy="steps", save_steps=2,
                           push_to_hub=True, hub_model_id="me/tiny", hub_strategy="every_save")
     trainer.train()
@@ -204,11 +210,7 @@ def test_hub_strategy_every_save_pushes_the_model_at_each_save(tiny_checkpoints,
 
 
 def test_hub_strategy_end_pushes_from_save_model_only(tiny_checkpoints, tmp_path, monkeypatch):
-    from torchlike.adapters import hf_hub
-
-    pushes = []
-    monkeypatch.setattr(hf_hub, "upload_folder", lambda folder, repo_id, commit_message, **kwargs: pushes.append(
-        (repo_id, commit_message, sorted(p.name for p in Path(folder).iterdir() if p.suffix == ".safetensors"))))
+    pushes = recorded_pushes(monkeypatch)
     trainer = trainer_for(tiny_checkpoints, tmp_path, max_steps=4, save_strategy="steps", save_steps=2,
                           push_to_hub=True, hub_model_id="me/tiny", hub_strategy="end")
     trainer.train()

@@ -9,6 +9,7 @@ sit beside it, one job per module (the package docstring lists them).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -223,9 +224,15 @@ class Trainer:
         return batches.sampler_order(len(self.train_dataset), epoch, args.train_sampling_strategy == "sequential",
                                      seed)
 
+    @functools.cached_property
+    def _kept_columns(self) -> set[str] | None:
+        """:meth:`_signature_columns`, worked out once per trainer (transformers'
+        ``_set_signature_columns_if_needed``), not once per batch."""
+        return self._signature_columns()
+
     def _collate(self, examples: list) -> dict[str, np.ndarray]:
         """The data collator on ``examples`` reduced to :meth:`_signature_columns` (``remove_unused_columns``)."""
-        return self.data_collator(batches.keep_columns(examples, self._signature_columns()))
+        return self.data_collator(batches.keep_columns(examples, self._kept_columns))
 
     def _steps_per_epoch(self) -> int:
         return batches.steps_per_epoch(len(self.train_dataset),
