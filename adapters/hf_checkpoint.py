@@ -49,7 +49,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from . import directory_swap
+from . import directory_swap, multihost
 from .safetensors_io import CheckpointFileError, SafetensorsReader, write_safetensors
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -214,7 +214,9 @@ def write_checkpoint(
         save_directory: destination directory.
         specs: the HF name, dtype and shape of every tensor, in file order.
         materialize: returns the numpy array for one spec (called once per tensor, just
-            before it is written, so at most one tensor is held on the host at a time).
+            before it is written, so at most one tensor is held on the host at a time). With several
+            JAX processes every process calls ``write_checkpoint`` and ``materialize`` (which may gather
+            a sharded tensor); process 0 alone writes, the others wait (:func:`multihost.on_primary`).
         max_shard_size: largest shard in bytes or as a string (``"5GB"``).
         extra_files: writes the non-weight files (config, tokenizer...) into the staging folder.
 
@@ -245,11 +247,18 @@ def write_checkpoint(
         if extra_files is not None:
             extra_files(staging)
 
-    return write_directory(save_directory, fill, weights="model")
+    def take_part() -> None:  # the other processes: the same gathers, in the order process 0 writes them
+        for shard in plan_shards(specs, parse_size(max_shard_size)):
+            for spec in shard:
+                materialize(spec)
+
+    return multihost.on_primary(lambda: _write_directory(save_directory, fill, weights="model"),
+                                f"write the checkpoint {save_directory}", take_part) or []
 
 
 def write_directory(save_directory: str | os.PathLike, fill: Callable[[Path], None], *, weights: str) -> list[Path]:
-    """Runs ``fill(staging_folder)`` and swaps the folder into place at ``save_directory``.
+    """Runs ``fill(staging_folder)`` and swaps the folder into place at ``save_directory``; with several JAX
+    processes, process 0 does so while the others wait, and all return once it is published (``[]`` on the others).
 
     See the module docstring for the protocol: ``save_directory`` holds the old checkpoint or the
     new one at every moment; the user's other files in it are carried over, stale weight files
@@ -269,6 +278,12 @@ def write_directory(save_directory: str | os.PathLike, fill: Callable[[Path], No
         NotADirectoryError: ``save_directory`` is a file.
         OSError: ``save_directory`` is a mount point, or a rename failed; the message says what to do.
     """
+    return multihost.on_primary(lambda: _write_directory(save_directory, fill, weights=weights),
+                                f"write {save_directory}") or []
+
+
+def _write_directory(save_directory: str | os.PathLike, fill: Callable[[Path], None], *, weights: str) -> list[Path]:
+    """:func:`write_directory` on the process that writes."""
     target = Path(os.path.realpath(check_output_dir(Path(save_directory).expanduser())))
     if os.path.ismount(target):
         raise OSError(

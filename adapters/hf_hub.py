@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+from . import multihost
+
 _CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
 
 
@@ -75,11 +77,17 @@ def upload_folder(
     revision: str | None = None,
     create_pr: bool = False,
 ) -> str:
-    """Creates ``repo_id`` if needed and uploads ``folder`` in one commit; returns the commit URL."""
+    """Creates ``repo_id`` if needed and uploads ``folder`` in one commit; returns the commit URL.
+
+    With several JAX processes, process 0 uploads while the others wait; they return ``""``.
+    """
     from huggingface_hub import HfApi
 
-    api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
-                             revision=revision, create_pr=create_pr, repo_type="model")
-    return str(getattr(info, "commit_url", info))
+    def upload() -> str:
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
+                                 revision=revision, create_pr=create_pr, repo_type="model")
+        return str(getattr(info, "commit_url", info))
+
+    return multihost.on_primary(upload, f"upload {folder} to {repo_id}") or ""

@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from .multihost import gather_to_host
+
 AXIS_NAMES = ("fsdp", "tp")
 
 
@@ -160,15 +162,9 @@ def barrier(name: str) -> None:
 
 
 def to_host(tree):
-    """Host (numpy) copies of a tree of arrays; replicated values of a multi-process mesh read locally."""
-    def fetch(value):
-        if isinstance(value, jax.Array) and not value.is_fully_addressable:
-            if not value.is_fully_replicated:
-                raise ValueError("to_host reads replicated values only; gather sharded ones first.")
-            return np.asarray(value.addressable_data(0))
-        return np.asarray(value)
-
-    return jax.tree.map(fetch, tree)
+    """Host (numpy) copies of a tree of arrays; values sharded over several processes' devices are gathered, so
+    every process must call this with the same tree (:func:`multihost.gather_to_host`)."""
+    return jax.tree.map(gather_to_host, tree)
 
 
 def shard_module(module, mesh: Mesh) -> None:
@@ -203,6 +199,9 @@ def place_array(value, sharding: NamedSharding) -> jax.Array:
     """
     if sharding.is_fully_addressable or not getattr(value, "is_fully_addressable", True):
         return jax.device_put(value, sharding)
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):  # e.g. a dropout stream's key: place its data
+        return jax.random.wrap_key_data(place_array(jax.random.key_data(value), sharding),
+                                        impl=jax.random.key_impl(value))
     host = np.asarray(value)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 

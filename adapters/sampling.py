@@ -29,8 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from .lora import runtime as lora_runtime
+from .mesh import place_array
+from .multihost import gather_to_host
 from .runtime.tracing import record_trace, traced_cheaply
 from .sampling_settings import UNSUPPORTED_GENERATION_SETTINGS, SamplingSettings, SamplingSwitches, SamplingValues
 from .tunix_model import positions_from_mask
@@ -71,8 +74,9 @@ def apply_repetition_penalty(logits: jax.Array, seen: jax.Array, penalty: jax.Ar
 
     Args:
         logits: ``[B, V]`` float32 scores.
-        seen: ``[B, V]`` bool, True for every token id present in the row so far (prompt included,
-            padding included, as ``transformers`` gathers over the whole ``input_ids``).
+        seen: ``[B, V]`` bool, True for every token id present in the row so far: the prompt from
+            the caller's first column, or from the row's first real token where ``transformers`` leaves
+            left padding out (see :func:`generate_tokens`), then every new token.
         penalty: ``> 0``; ``1.0`` is no penalty, ``> 1`` discourages repeats.
 
     Returns:
@@ -346,6 +350,8 @@ def generate_tokens(
     seed: int = 0,
     lora: str = lora_runtime.EVAL,
     return_logprobs: bool = False,
+    repetition_penalty_skips_left_padding: bool = False,
+    batch_sharding: NamedSharding | None = None,
 ) -> DecodeResult:
     """Generates up to ``max_new_tokens`` tokens for a left-padded batch with a Tunix decoder.
 
@@ -365,6 +371,13 @@ def generate_tokens(
         seed: the PRNG seed for sampling.
         lora: :func:`lora_runtime.lora_mode` for the adapter (``"eval"`` or ``"disabled"``).
         return_logprobs: also return each new token's log-prob (see :func:`token_logprobs`).
+        repetition_penalty_skips_left_padding: which prompt ids the repetition penalty counts, as the
+            ``transformers.generate`` being mirrored does: ``False``, every id of ``input_ids``, padding
+            included; ``True``, the ids from each row's first real token on (its ``prompt_ignore_length`` is
+            the index of the first 1 in ``attention_mask``). The caller decides from the installed version.
+        batch_sharding: spreads the rows over the mesh's data axes (``mesh.batch_sharding``), so each device
+            decodes its own rows, also across processes (each process passes the whole batch and receives every
+            row); ``None`` leaves the placement to JAX (the batch replicated).
 
     Returns:
         :class:`DecodeResult` whose ``tokens`` have as many columns as steps were run (fewer than
@@ -377,9 +390,12 @@ def generate_tokens(
     extra = prompt_bucket - length
     padded_ids = np.pad(ids, ((0, 0), (extra, 0)), constant_values=pad_token_id)
     padded_mask = np.pad(mask, ((0, 0), (extra, 0)))
-    # The repetition penalty sees the caller's ids, padding included (as transformers), not the bucket's.
-    counted = np.pad(np.ones_like(ids), ((0, 0), (extra, 0)))
+    # The repetition penalty sees the caller's ids, never the bucket's padding.
+    counted = np.pad(penalised_prompt_positions(mask, repetition_penalty_skips_left_padding), ((0, 0), (extra, 0)))
     program = _Program(bucket_length(max_new_tokens), settings.switches(), lora, return_logprobs)
+    if batch_sharding is not None:
+        padded_ids, padded_mask, counted = (place_array(rows, batch_sharding)
+                                            for rows in (padded_ids, padded_mask, counted))
     with lora_runtime.lora_mode(lora):
         tokens, logprobs, steps = _compiled_decode(
             program, module, padded_ids, padded_mask, counted, np.int32(max_new_tokens),
@@ -387,12 +403,31 @@ def generate_tokens(
             _end_token_array(eos_token_ids),
             np.int32(pad_token_id), jax.random.key(seed),
         )
-    steps = int(steps)
+    steps = int(gather_to_host(steps))
     return DecodeResult(
-        tokens=np.asarray(tokens)[:, :steps],
-        logprobs=np.asarray(logprobs)[:, :steps] if return_logprobs else None,
+        tokens=gather_to_host(tokens)[:, :steps],
+        logprobs=gather_to_host(logprobs)[:, :steps] if return_logprobs else None,
         cache_size=cache_size(length, max_new_tokens),
     )
+
+
+def penalised_prompt_positions(attention_mask: np.ndarray, skip_left_padding: bool) -> np.ndarray:
+    """The prompt positions whose ids the repetition penalty counts, as ``transformers.generate`` counts them.
+
+    Args:
+        attention_mask: ``[B, P]`` 1 for real tokens, 0 for padding.
+        skip_left_padding: leave out each row's positions before its first real token (``generate`` passes
+            ``prompt_ignore_length = argmax(attention_mask != 0)`` to ``RepetitionPenaltyLogitsProcessor``, so
+            a row without a real token keeps them all); otherwise every position counts, padding included.
+
+    Returns:
+        ``[B, P]`` int32, 1 where the id counts.
+    """
+    mask = np.asarray(attention_mask)
+    if not skip_left_padding:
+        return np.ones(mask.shape, np.int32)
+    real = mask != 0
+    return ((np.cumsum(real, axis=-1) > 0) | ~real.any(axis=-1, keepdims=True)).astype(np.int32)
 
 
 def random_seed() -> int:
@@ -416,6 +451,7 @@ __all__ = [
     "init_cache",
     "mark_seen",
     "min_p_filter",
+    "penalised_prompt_positions",
     "random_seed",
     "top_k_candidates",
     "token_logprobs",

@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from . import chunked_logprobs
 from .families import Family
 from .lora import runtime as lora_runtime
 from .runtime.tracing import record_trace, traced_cheaply
-from .tunix_model import causal_lm_logits
 
 
 @contextlib.contextmanager
@@ -62,19 +62,17 @@ def rematerialised(module: nnx.Module):
             undo()
 
 
-def causal_lm_loss(family: Family) -> Callable:
+def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
     """``loss(module, batch, num_items_in_batch) -> (summed token NLL, number of loss tokens, {})``.
 
     ``batch`` holds ``input_ids``, ``attention_mask`` and ``loss_mask`` of shape ``[B, T]``; the
     label of position ``t`` is ``input_ids[t]``, predicted from position ``t - 1``, counted when
-    ``loss_mask[t]`` and ``attention_mask[t]`` are both 1 (TRL's ``completion_mask`` alignment).
+    ``loss_mask[t]`` and ``attention_mask[t]`` are both 1 (TRL's ``completion_mask`` alignment). The log-probs
+    are computed ``block_size`` positions at a time (:func:`chunked_logprobs.next_token_scores`).
     """
 
     def loss(module, batch, num_items_in_batch=None):
-        logits = causal_lm_logits(family, module, batch)
-        log_probs = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-        targets = batch["input_ids"][:, 1:].astype(jnp.int32)
-        picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+        picked = chunked_logprobs.next_token_scores(family, module, batch, block_size=block_size).log_probs
         weights = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).astype(jnp.float32)
         return -(picked * weights).sum(), weights.sum(), {}
 

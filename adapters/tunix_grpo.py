@@ -12,48 +12,51 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import rl_math
+from . import chunked_logprobs, rl_math
 from .families import Family
 from .lora import runtime as lora_runtime
 from .runtime.tracing import traced_cheaply
 from .train_step import cast_floating
-from .tunix_model import causal_lm_logits
 
 #: Loss types whose micro-batch loss is a sum over tokens divided by the generation batch's token count
 #: (TRL's ``num_items_in_batch`` normaliser); the others are per-micro-batch means.
 TOKEN_SUM_LOSSES = ("dapo", "cispo", "vespo")
 
 
-def completion_log_probs(family: Family, module: nnx.Module, batch: dict, temperature: float) -> jax.Array:
+def completion_log_probs(family: Family, module: nnx.Module, batch: dict, temperature: float,
+                         block_size: chunked_logprobs.BlockSize = "auto") -> jax.Array:
     """``[B, C]`` log-probs of the completion tokens, TRL's ``_get_per_token_logps_and_entropies``.
 
     ``batch["input_ids"]`` is ``[B, P + C]`` (prompt left-padded, completion right-padded) with its
     ``attention_mask``; ``batch["completion_mask"]`` is ``[B, C]``. Logits are divided by the sampling
-    ``temperature`` before the log-softmax, as TRL does.
+    ``temperature`` before the log-softmax, as TRL does; they are computed ``block_size`` completion positions at a
+    time (:func:`chunked_logprobs.next_token_scores`). Positions outside the completion mask get 0.0.
     """
-    completion_length = batch["completion_mask"].shape[1]
-    logits = causal_lm_logits(family, module, batch)[:, -completion_length - 1:-1]
-    tokens = batch["input_ids"][:, -completion_length:]
-    return rl_math.token_log_probs(logits, tokens, batch["completion_mask"], temperature)
+    mask = batch["completion_mask"]
+    scores = chunked_logprobs.next_token_scores(family, module, batch, last=mask.shape[1], temperature=temperature,
+                                                block_size=block_size)
+    return jnp.where(mask.astype(bool), scores.log_probs, 0.0)
 
 
 def make_log_prob_pass(family: Family, temperature: float, lora: str = lora_runtime.EVAL,
-                       compute_dtype=None) -> Callable:
+                       compute_dtype=None, block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
     """A jitted ``(module, batch) -> [B, C]`` log-prob pass (no dropout): old-policy log-probs with the
     adapter on (``lora="eval"``), or reference log-probs of the base weights (``lora="disabled"``).
 
     ``compute_dtype`` is the train step's (``bf16``): the stored log-probs then come from the same computation as
     the step's own, so an unchanged policy has a ratio of 1 and no KL to itself, as under TRL's autocast.
+    ``block_size`` as in :func:`completion_log_probs`.
     """
 
     @nnx.jit
     def log_probs(module, batch):
         module = cast_floating(module, compute_dtype)
         with lora_runtime.lora_mode(lora):
-            return completion_log_probs(family, module, batch, temperature)
+            return completion_log_probs(family, module, batch, temperature, block_size)
 
     return traced_cheaply(log_probs)
 
@@ -80,18 +83,20 @@ class GRPOLossSettings:
     vespo_lambda_neg: float
 
 
-def grpo_step_loss(family: Family, settings: GRPOLossSettings) -> Callable:
+def grpo_step_loss(family: Family, settings: GRPOLossSettings,
+                   block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
     """``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)`` for ``make_train_step``.
 
     ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]``, ``completion_mask`` ``[B, C]``,
     ``advantages`` ``[B]``, optionally ``old_logps``/``ref_logps`` ``[B, C]``, and per-row constants
     ``num_items`` (the token normaliser of :data:`TOKEN_SUM_LOSSES`) and ``step_weight`` (``1`` for
     per-micro-batch means, which accumulation then averages as TRL divides by the accumulation
-    steps; ``1 / accumulation`` for token sums, which TRL adds up).
+    steps; ``1 / accumulation`` for token sums, which TRL adds up). ``block_size`` as in
+    :func:`completion_log_probs`.
     """
 
     def loss(module, batch, num_items_in_batch=None):
-        logps = completion_log_probs(family, module, batch, settings.temperature)
+        logps = completion_log_probs(family, module, batch, settings.temperature, block_size)
         value, metrics = rl_math.grpo_loss(
             logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], batch["completion_mask"],
             loss_type=settings.loss_type, beta=settings.beta, epsilon_low=settings.epsilon_low,

@@ -7,6 +7,7 @@ take for a padded batch: positions that count real tokens and a causal mask that
 from __future__ import annotations
 
 import functools
+import json
 import re
 import warnings
 from collections.abc import Iterable
@@ -21,8 +22,9 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from .families import Family
 from .hf_checkpoint import TensorSpec
 from .lora.runtime import lora_mode
+from .multihost import gather_to_host
 from .nnx_state import flat_variables
-from .runtime.tracing import fast_tracing
+from .runtime.tracing import fast_tracing, record_trace
 
 
 class WeightShapeError(ValueError):
@@ -33,10 +35,45 @@ class MissingWeightsError(ValueError):
     """The checkpoint lacks tensors the model needs."""
 
 
+ABSTRACT_MODELS_KEPT = 8
+_abstract_models: dict[tuple, tuple[nnx.GraphDef, nnx.State, dict]] = {}
+"""Built abstract models by (family, config, dtype): ``(graphdef, state, partition specs)``, newest last."""
+
+
+def _config_key(hf_config) -> str:
+    fields = hf_config.to_dict()
+    fields.pop("_name_or_path", None)  # where the config was read from does not change the model
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def abstract_model_parts(family: Family, hf_config, dtype) -> tuple[nnx.GraphDef, nnx.State, dict]:
+    """``(graphdef, state, partition specs)`` of the Tunix module for ``hf_config``, shapes only.
+
+    Tracing the constructor under ``nnx.eval_shape`` and splitting the module cost time linear in the
+    layer count, so the result is kept per process for the last few (family, config, dtype)
+    (:data:`ABSTRACT_MODELS_KEPT`). Each call returns fresh variables (``set_value`` on one changes
+    no other model); the graphdef is shared, as it is immutable.
+    """
+    key = (family.name, family.build_model, _config_key(hf_config), np.dtype(dtype).name)
+    parts = _abstract_models.pop(key, None)
+    if parts is None:
+        with fast_tracing():
+            abstract = nnx.eval_shape(lambda: family.build_model(hf_config, dtype, nnx.Rngs(0)))
+        graphdef, state = nnx.split(abstract)
+        specs = {name: spec.get_value() if isinstance(spec, nnx.Variable) else spec
+                 for name, spec in flat_variables(nnx.get_partition_spec(state), ...).items()}
+        parts = (graphdef, state, specs)
+    _abstract_models[key] = parts
+    while len(_abstract_models) > ABSTRACT_MODELS_KEPT:
+        del _abstract_models[next(iter(_abstract_models))]
+    graphdef, state, specs = parts
+    return graphdef, jax.tree.map(lambda leaf: leaf, state), specs
+
+
 def build_abstract_model(family: Family, hf_config, dtype) -> nnx.Module:
-    """The Tunix module for ``hf_config`` with shapes only (no memory allocated)."""
-    with fast_tracing():
-        return nnx.eval_shape(lambda: family.build_model(hf_config, dtype, nnx.Rngs(0)))
+    """The Tunix module for ``hf_config`` with shapes only (no memory allocated); a new module each call."""
+    graphdef, state, _ = abstract_model_parts(family, hf_config, dtype)
+    return nnx.merge(graphdef, state)
 
 
 def _sharding_for(spec, mesh: Mesh | None):
@@ -84,10 +121,7 @@ def load_weights(
         WeightShapeError: a tensor's shape disagrees with config.json (names key, file, shapes).
         MissingWeightsError: parameters with no tensor in the checkpoint.
     """
-    abstract = build_abstract_model(family, hf_config, dtype)
-    graphdef, state = nnx.split(abstract)
-    specs = {name: spec.get_value() if isinstance(spec, nnx.Variable) else spec
-             for name, spec in flat_variables(nnx.get_partition_spec(state), ...).items()}
+    graphdef, state, specs = abstract_model_parts(family, hf_config, dtype)
     variables = flat_variables(state, ...)
     pending_stacks: dict[str, list] = {}
     filled: set[str] = set()
@@ -149,13 +183,23 @@ def load_weights(
 
 @functools.cache
 def _to_nnx_on_device(layout, nnx_shape: tuple[int, ...], dtype: np.dtype, sharding):
-    """A jitted HF -> NNX layout transform and cast, compiled once per (layout, shape, dtype, sharding)."""
-    return jax.jit(lambda hf: layout.to_nnx(hf, nnx_shape).astype(dtype), out_shardings=sharding)
+    """A jitted HF -> NNX layout transform and cast, compiled once per (layout, shape, dtype, sharding) in a
+    process (and found in the persistent compilation cache by the next process)."""
+
+    def to_nnx(hf):
+        record_trace("weight_transform", {"layout": type(layout).__name__, "hf": hf, "dtype": dtype})
+        return layout.to_nnx(hf, nnx_shape).astype(dtype)
+
+    return jax.jit(to_nnx, out_shardings=sharding)
 
 
 @functools.cache
 def _stack_on_device(sharding):
-    return jax.jit(lambda *parts: jnp.stack(parts), out_shardings=sharding)
+    def stack(*parts):
+        record_trace("weight_transform", {"layout": "stack", "parts": len(parts), "part": parts[0]})
+        return jnp.stack(parts)
+
+    return jax.jit(stack, out_shardings=sharding)
 
 
 @functools.cache
@@ -205,11 +249,12 @@ def export_plan(family: Family, module: nnx.Module) -> tuple[list[TensorSpec], d
 
 
 def materialize_hf_tensor(sources: dict[str, tuple], spec: TensorSpec) -> np.ndarray:
-    """Copies one parameter to the host and converts it to the HF layout."""
+    """Copies one parameter to the host and converts it to the HF layout (gathered from every process when it is
+    sharded over several: each process must call this for the same tensors in the same order)."""
     array, rule = sources[spec.name]
     if rule.stack or rule.layout.moves_axes:
         array = _to_hf_on_device(rule.layout, rule.stack[0] if rule.stack else None)(array)
-    return np.ascontiguousarray(jax.device_get(array))
+    return np.ascontiguousarray(gather_to_host(array))
 
 
 def _array_module(array):

@@ -90,19 +90,19 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         ("adapters/lora/runtime.py:ModeAwareLoraProvider",),
     ),
     Workaround(
-        "jax", "==0.10.*",
+        "jax", ">=0.10.2,<0.13",
         "jax.make_mesh defaults to Explicit axis types, which break the Tunix models' embedding gather, and "
         "deprecates the `with mesh:` context Tunix needs; meshes get Auto axes and the warning is silenced.",
         ("adapters/mesh.py:make_mesh", "adapters/mesh.py:entered"),
     ),
     Workaround(
-        "jax", "==0.10.*",
+        "jax", ">=0.10.2,<0.13",
         "A tracer's AttributeError message walks every equation traced so far (its origin); the private "
         "Tracer._origin_msg is blanked while torchlike traces.",
         ("adapters/runtime/tracing.py:cheap_tracer_attribute_errors",),
     ),
     Workaround(
-        "jax", "==0.10.*",
+        "jax", ">=0.10.2,<0.13",
         "No public way to ask whether the distributed runtime or a backend has started; jax._src.distributed "
         "and jax._src.xla_bridge are read.",
         ("adapters/mesh.py:initialize_distributed", "adapters/runtime/host_memory.py:_reason_to_skip"),
@@ -114,7 +114,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         ("adapters/runtime/tracing.py:cheap_tracer_attribute_errors", "adapters/tunix_model.py:build_abstract_model"),
     ),
     Workaround(
-        "transformers", "==5.12.*",
+        "transformers", ">=5.12,<5.25",
         "TensorBoardCallback reads only $TENSORBOARD_LOGGING_DIR, not TrainingArguments.logging_dir; the "
         "callback is pointed at logging_dir.",
         ("torchlike/training/callbacks.py:point_tensorboard_at",),

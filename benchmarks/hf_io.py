@@ -24,7 +24,9 @@ files plus ``model.safetensors.index.json``). Then, each in a fresh Python proce
     fsync); afterwards, untimed, the written tensors are compared bit for bit with the input.
 
 Reported: seconds (best of ``--repeats``), throughput = model bytes / seconds (GB = 1e9 B),
-the ratio torchlike throughput / raw throughput (goal >= 0.8), and the peak RSS increase
+the ratio torchlike throughput / raw throughput (goal >= 0.8), the summary line
+``import / raw = X`` (torchlike import seconds / ``import-raw`` seconds, goal <= 1.2; also given
+against ``import-raw-numpy``), and the peak RSS increase
 during the operation over the RSS just before it (after all imports and a JAX warm-up; for
 export, after the model is loaded), as a multiple of the model bytes (goal <= 1.3). The peak
 comes from ``VmHWM`` after resetting it through ``/proc/self/clear_refs`` (when permitted) and
@@ -36,7 +38,8 @@ Run (from the repository root; a few minutes at 0.5 GB on 2 cores)::
 
     .venv/bin/python benchmarks/hf_io.py
     .venv/bin/python benchmarks/hf_io.py --size-mb 2000 --shards 4 --repeats 3
-    .venv/bin/python benchmarks/hf_io.py --profile     # + cProfile of the torchlike phases
+    .venv/bin/python benchmarks/hf_io.py --profile     # + cProfile of the torchlike phases (main thread)
+    .venv/bin/python benchmarks/hf_io.py --size-mb 4000 --shards 4 --phases import-raw import-raw-numpy import-torchlike
 
 The table is printed and everything is written to ``benchmarks/results/hf_io.json``
 (``--output``). One phase alone, as the driver runs it::
@@ -73,6 +76,7 @@ EXPORT_PHASES = ("export-raw", "export-torchlike")
 PHASES = IMPORT_PHASES + EXPORT_PHASES
 GOAL_THROUGHPUT_RATIO = 0.8
 GOAL_RSS_MULTIPLE = 1.3
+GOAL_IMPORT_SECONDS_RATIO = 1.2
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "hf_io.json"
 INDEX_NAME = "model.safetensors.index.json"
 _STATUS_KEYS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
@@ -605,7 +609,15 @@ def summarize(runs: dict[str, list[dict[str, Any]]], model_bytes: int) -> dict[s
         "export_vs_raw_save_file": ratio("export-torchlike", "export-raw"),
         "export_vs_raw_save_file_fsync": ratio("export-torchlike", "export-raw", "gb_per_s_fsync"),
     }
+    for baseline, key in (("import-raw", "import_seconds_vs_raw_flax"),
+                          ("import-raw-numpy", "import_seconds_vs_raw_numpy_device_put")):
+        if "import-torchlike" in summary and baseline in summary:
+            ratios[key] = summary["import-torchlike"]["seconds"] / summary[baseline]["seconds"]
+        else:
+            ratios[key] = None
     goals = {}
+    if ratios["import_seconds_vs_raw_flax"] is not None:
+        goals["import_seconds_ratio"] = ratios["import_seconds_vs_raw_flax"] <= GOAL_IMPORT_SECONDS_RATIO
     if ratios["import_vs_raw_flax"] is not None:
         goals["import_throughput_ratio"] = ratios["import_vs_raw_flax"] >= GOAL_THROUGHPUT_RATIO
     if ratios["export_vs_raw_save_file"] is not None:
@@ -649,7 +661,14 @@ def format_table(summary: dict[str, Any], model_bytes: int) -> str:
     for name, value in ratios.items():
         if value is not None:
             lines.append(f"ratio {name}: {value:.2f}")
+    if ratios["import_seconds_vs_raw_flax"] is not None:
+        against_numpy = ratios["import_seconds_vs_raw_numpy_device_put"]
+        lines.append(
+            f"import / raw = {ratios['import_seconds_vs_raw_flax']:.2f} (goal <= {GOAL_IMPORT_SECONDS_RATIO})"
+            + ("" if against_numpy is None else f"; against import-raw-numpy: {against_numpy:.2f}")
+        )
     targets = {
+        "import_seconds_ratio": f"<= {GOAL_IMPORT_SECONDS_RATIO}",
         "import_throughput_ratio": f">= {GOAL_THROUGHPUT_RATIO}",
         "export_throughput_ratio": f">= {GOAL_THROUGHPUT_RATIO}",
         "import_rss": f"<= {GOAL_RSS_MULTIPLE}x",
@@ -705,7 +724,7 @@ def run_driver(args: argparse.Namespace) -> None:
             )
     profiles: dict[str, str] = {}
     if args.profile:
-        for phase in ("import-torchlike", "export-torchlike"):
+        for phase in (phase for phase in ("import-torchlike", "export-torchlike") if phase in phases):
             profiles[phase] = run_phase(phase, args, directory, work, profile=True)["profile"]
 
     summary = summarize(runs, model_bytes)
@@ -733,6 +752,7 @@ def run_driver(args: argparse.Namespace) -> None:
         "goals_targets": {
             "throughput_ratio_min": GOAL_THROUGHPUT_RATIO,
             "rss_multiple_max": GOAL_RSS_MULTIPLE,
+            "import_seconds_ratio_max": GOAL_IMPORT_SECONDS_RATIO,
         },
         **summary,
         "runs": runs,

@@ -19,7 +19,7 @@ import transformers
 from safetensors.torch import load_file
 
 import torchlike
-from tests import sft_worker, tiny
+from tests import distributed_worker, tiny
 
 
 def check_load_on_mesh(checkpoint: Path) -> dict:
@@ -63,30 +63,12 @@ def check_restore_into_mesh_sharding(checkpoint: Path) -> dict:
 
 
 def check_grpo_lora_and_resume(checkpoint: Path, tokenizer_dir: Path, folder: Path) -> dict:
-    """GRPO with LoRA on fsdp=4 x tp=2, saving every step; then a run resumed from checkpoint-1."""
-    from torchlike.peft import LoraConfig
-    from torchlike.trl import GRPOConfig, GRPOTrainer
-
-    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
-    prompts = [{"prompt": p} for p in ("the quick brown", "one two three", "hello world", "lazy dog")]
-
-    def length_reward(completions, **kwargs):
-        return [-abs(len(completion) - 20) / 20 for completion in completions]
-
-    def run(output: Path, resume: str | None = None) -> list[float]:
-        model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=torchlike.make_mesh((4, 2)))
-        args = GRPOConfig(output_dir=str(output), per_device_train_batch_size=2, num_generations=4,
-                          max_completion_length=8, max_steps=3, learning_rate=1e-2, logging_steps=1,
-                          save_strategy="steps", save_steps=1, report_to="none", disable_tqdm=True)
-        trainer = GRPOTrainer(model, reward_funcs=length_reward, args=args, train_dataset=prompts,
-                              processing_class=tokenizer, peft_config=LoraConfig(r=4, lora_alpha=8,
-                                                                                  target_modules="all-linear"))
-        trainer.train(resume_from_checkpoint=resume)
-        return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-
-    straight = run(folder / "grpo_straight")
-    resumed = run(folder / "grpo_resumed", resume=str(folder / "grpo_straight" / "checkpoint-1"))
-    return {"straight": straight, "resumed": resumed}
+    """GRPO with LoRA on fsdp=4 x tp=2 (the 2-process test's reference); then a run resumed from checkpoint-2."""
+    straight = distributed_worker.grpo_lora_run(checkpoint, tokenizer_dir, folder / "grpo_straight")
+    resumed = distributed_worker.grpo_lora_run(checkpoint, tokenizer_dir, folder / "grpo_resumed",
+                                               resume=str(folder / "grpo_straight" / "checkpoint-2"))
+    return {"straight": straight["losses"], "resumed": resumed["losses"],
+            "scored_per_call": straight["scored_per_call"]}
 
 
 def main() -> None:
@@ -98,10 +80,10 @@ def main() -> None:
     first = Path(cases[0].split("=", 1)[1])
     results["restore"] = check_restore_into_mesh_sharding(first)
     results["sft_output_dir"] = str(Path(out_path).parent / "sft_one_process")
-    results["sft"] = sft_worker.train_losses(first, sft_worker.MESH_SHAPE, per_device=2,
+    results["sft"] = distributed_worker.train_losses(first, distributed_worker.MESH_SHAPE, per_device=2,
                                              output_dir=results["sft_output_dir"])
     results["grpo_lora"] = check_grpo_lora_and_resume(first, Path(tokenizer_dir), Path(out_path).parent)
-    results["sft_lora"] = sft_worker.train_losses(first, sft_worker.MESH_SHAPE, per_device=2, lora=True)
+    results["sft_lora"] = distributed_worker.train_losses(first, distributed_worker.MESH_SHAPE, per_device=2, lora=True)
     Path(out_path).write_text(json.dumps(results))
 
 

@@ -1,5 +1,6 @@
 """``CausalLM.generate`` against ``transformers.generate``: greedy and repetition penalty token for
-token on left-padded batches, sampling knobs and seeds, the KV cache size, traces, and errors."""
+token on left-padded batches (the padding counted by the penalty as the installed transformers counts
+it), sampling knobs and seeds, the KV cache size, traces, and errors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import torch
 import transformers
 
 import torchlike
+import torchlike.generation
 from tests import tiny
+from torchlike import version
 from torchlike.adapters import sampling
 from torchlike.adapters.runtime import tracing
 from torchlike.generation import GenerateDecoderOnlyOutput
@@ -29,9 +32,10 @@ def left_padded_prompts(lengths=(20, 13, 17), width=PROMPT_WIDTH, seed=1) -> tup
     return ids, mask
 
 
-def hf_generate(model, ids, mask, **kwargs) -> np.ndarray:
+def hf_generate(model, ids, mask, pad_token_id=0, **kwargs) -> np.ndarray:
     with torch.no_grad():
-        out = model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), pad_token_id=0, **kwargs)
+        out = model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), pad_token_id=pad_token_id,
+                             **kwargs)
     return out.numpy()
 
 
@@ -91,6 +95,26 @@ def test_repetition_penalty_matches_transformers_token_for_token(varied):
     ours = model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=False, repetition_penalty=1.3)
     np.testing.assert_array_equal(ours, expected)
     assert not np.array_equal(ours, plain)
+
+
+def test_left_padding_counts_in_the_repetition_penalty_as_in_the_installed_transformers(varied, monkeypatch):
+    # transformers 5.23 stopped counting each row's left padding; the pad id is chosen so that it matters: a token
+    # the padded row 1 generates early without the penalty, and which its real prompt tokens never hold.
+    reference, model = varied
+    ids, mask = left_padded_prompts()
+    free = model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=False)[1, PROMPT_WIDTH:]
+    pad = next(int(token) for token in free if token not in ids[1][mask[1] == 1])
+    ids = np.where(mask == 1, ids, pad)
+    expected = hf_generate(reference, ids, mask, pad_token_id=pad, max_new_tokens=NEW_TOKENS, do_sample=False,
+                           repetition_penalty=1.3)
+    ours = model.generate(ids, mask, pad_token_id=pad, max_new_tokens=NEW_TOKENS, do_sample=False,
+                          repetition_penalty=1.3)
+    np.testing.assert_array_equal(ours, expected)
+    installed_rule = version.repetition_penalty_skips_left_padding()
+    monkeypatch.setattr(torchlike.generation, "repetition_penalty_skips_left_padding", lambda: not installed_rule)
+    other_rule = model.generate(ids, mask, pad_token_id=pad, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                repetition_penalty=1.3)
+    assert not np.array_equal(other_rule, expected)  # the batch tells the two rules apart
 
 
 def test_each_row_stops_at_its_own_end_token_and_is_padded_after_it(varied):
@@ -156,6 +180,20 @@ def test_logits_processors_match_transformers():
 
     same(sampling.apply_repetition_penalty(logits, seen, 1.3), hf.RepetitionPenaltyLogitsProcessor(1.3)(history,
                                                                                                           scores))
+    # generate's rule from transformers 5.23: each row's left padding (the first 1 of its mask) is not counted.
+    mask = np.ones((4, 12), np.int64)
+    for row, padding in enumerate((0, 3, 11, 12)):  # the last row has no real token: transformers counts it all
+        mask[row, :padding] = 0
+    counted = sampling.penalised_prompt_positions(mask, skip_left_padding=True).astype(bool)
+    assert counted.sum(axis=1).tolist() == [12, 9, 1, 12]
+    np.testing.assert_array_equal(sampling.penalised_prompt_positions(mask, skip_left_padding=False), 1)
+    if version.repetition_penalty_skips_left_padding():
+        ignored = torch.tensor(mask != 0).int().argmax(dim=1)
+        seen_after_padding = np.zeros((4, tiny.VOCAB), bool)
+        for row in range(4):
+            seen_after_padding[row, history[row].numpy()[counted[row]]] = True
+        same(sampling.apply_repetition_penalty(logits, seen_after_padding, 1.3),
+             hf.RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=ignored)(history, scores.clone()))
     same(sampling.apply_temperature(logits, 0.7), hf.TemperatureLogitsWarper(0.7)(history, scores))
     same(sampling.top_p_filter(logits, 0.8), hf.TopPLogitsWarper(0.8)(history, scores))
     same(sampling.min_p_filter(logits, 0.1), hf.MinPLogitsWarper(0.1)(history, scores))

@@ -151,6 +151,21 @@ def test_evaluate_reports_rewards_of_sampled_completions(tiny_checkpoints, token
     assert metrics["eval_rewards/length_reward/mean"] == pytest.approx(metrics["eval_reward"])
 
 
+def test_two_eval_datasets_report_each_under_its_name_as_evaluating_each_alone(tiny_checkpoints, tokenizer,
+                                                                               tmp_path):
+    first, second = [{"prompt": p} for p in PROMPTS[:4]], [{"prompt": p} for p in PROMPTS[4:]]
+    trainer = GRPOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=length_reward,
+                          args=config(tmp_path), train_dataset=[{"prompt": p} for p in PROMPTS],
+                          eval_dataset={"first": first, "second": second}, processing_class=tokenizer)
+    both = trainer.evaluate()
+    alone = {name: trainer.evaluate(eval_dataset=rows) for name, rows in (("first", first), ("second", second))}
+    for name in ("first", "second"):
+        assert both[f"eval_{name}_reward"] == pytest.approx(alone[name]["eval_reward"], rel=1e-6)
+        assert both[f"eval_{name}_completions/mean_length"] == alone[name]["eval_completions/mean_length"]
+    # A name picks one of the trainer's datasets; the prefix stays "eval", as in transformers.
+    assert trainer.evaluate(eval_dataset="second")["eval_reward"] == both["eval_second_reward"]
+
+
 def test_a_second_generation_batch_adds_no_trace(tiny_checkpoints, tokenizer, tmp_path):
     trainer = make_trainer(tiny_checkpoints, tokenizer, tmp_path, max_steps=1)
     trainer.train()

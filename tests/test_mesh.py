@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import sft_worker
+from tests import distributed_worker
+from tests.test_trl_scripts import assert_hf_loadable, build_script_model_dir, port_trl_script, script_arguments
 
 MESH_CASES = ["qwen2", "qwen3_tied", "llama32", "gemma3"]
 # (query projection path, its full shape, its shard shape on fsdp=4 x tp=2)
@@ -69,8 +70,8 @@ def test_load_state_dict_restores_straight_into_the_mesh_sharding(mesh_results):
 def one_device_sft(tiny_checkpoints):
     """The same SFT runs on this process's single device, global batch 8."""
     path = tiny_checkpoints.path(MESH_CASES[0])
-    return {"full": sft_worker.train_losses(path, None, per_device=8),
-            "lora": sft_worker.train_losses(path, None, per_device=8, lora=True)}
+    return {"full": distributed_worker.train_losses(path, None, per_device=8),
+            "lora": distributed_worker.train_losses(path, None, per_device=8, lora=True)}
 
 
 def test_sft_on_fsdp4_tp2_gives_the_losses_of_one_device(mesh_results, one_device_sft):
@@ -92,38 +93,51 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def two_process_sft(tiny_checkpoints, tmp_path_factory):
-    """Two processes x 4 CPU devices, joined by jax.distributed (gloo collectives) into one 8-device mesh."""
+def two_processes(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
+    """Two processes x 4 CPU devices, joined by jax.distributed (gloo collectives) into one 8-device mesh, run
+    SFT, GRPO with LoRA, and TRL's ``sft.py`` and ``grpo.py`` (imports rewritten) into one shared folder."""
     folder = tmp_path_factory.mktemp("distributed")
+    model_dir = build_script_model_dir(tiny_checkpoints.path(MESH_CASES[0]), tokenizer_dir, folder / "script-model")
+    scripts = {}
+    for name, per_device in (("sft", "1"), ("grpo", "2"), ("dpo", "1")):
+        script, _ = port_trl_script(name, folder)
+        extra = ["--use_peft", "--lora_r", "4"] if name in ("grpo", "dpo") else []
+        scripts[name] = (str(script), [*script_arguments(name, model_dir, folder / name), *extra,
+                                       "--per_device_train_batch_size", per_device,
+                                       "--save_strategy", "steps", "--save_steps", "2"])
+    jobs = folder / "jobs.json"
+    jobs.write_text(json.dumps({"checkpoint": str(tiny_checkpoints.path(MESH_CASES[0])),
+                                "tokenizer_dir": str(tokenizer_dir), "output_dir": str(folder),
+                                "scripts": scripts}))
     port = _free_port()
     workers = []
     for index in range(2):
         env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index))
         workers.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.sft_worker", str(folder / f"{index}.json"),
-             str(tiny_checkpoints.path(MESH_CASES[0])), str(folder / "sft_two_processes")],
+            [sys.executable, "-m", "tests.distributed_worker", str(folder / f"{index}.json"), str(jobs)],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [worker.communicate(timeout=600)[0] for worker in workers]
+    outputs = [worker.communicate(timeout=900)[0] for worker in workers]
     for worker, output in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, output[-4000:]
     return {"results": [json.loads((folder / f"{index}.json").read_text()) for index in range(2)],
-            "output_dir": folder / "sft_two_processes"}
+            "folder": folder, "model_dir": model_dir, "outputs": outputs,
+            "checkpoint": tiny_checkpoints.path(MESH_CASES[0])}
 
 
-def test_two_processes_of_four_devices_train_like_one_process_of_eight(two_process_sft, mesh_results):
-    results = two_process_sft["results"]
+def test_two_processes_of_four_devices_train_like_one_process_of_eight(two_processes, mesh_results):
+    results = two_processes["results"]
     assert [(r["process_index"], r["process_count"], r["local_devices"], r["devices"]) for r in results] == \
         [(0, 2, 4, 8), (1, 2, 4, 8)]
     for result in results:
-        assert result["global_batch"] == 8
-        np.testing.assert_allclose(result["losses"], mesh_results["sft"]["losses"], rtol=1e-4)
+        assert result["sft"]["global_batch"] == 8
+        np.testing.assert_allclose(result["sft"]["losses"], mesh_results["sft"]["losses"], rtol=1e-4)
 
 
-def test_two_processes_write_one_checkpoint_equal_to_one_process_of_eight(two_process_sft, mesh_results):
+def test_two_processes_write_one_checkpoint_equal_to_one_process_of_eight(two_processes, mesh_results):
     import torchlike
 
-    two = Path(two_process_sft["output_dir"]) / "checkpoint-4"
+    two = two_processes["folder"] / "sft_two_processes" / "checkpoint-4"
     one = Path(mesh_results["sft_output_dir"]) / "checkpoint-4"
     assert not (two.parent / "checkpoint-2").exists()  # save_total_limit=1 rotated it away
     assert json.loads((two / "trainer_state.json").read_text())["global_step"] == 4
@@ -135,7 +149,89 @@ def test_two_processes_write_one_checkpoint_equal_to_one_process_of_eight(two_pr
                                        atol=1e-6, err_msg=f"{part}/{key}")
 
 
+def test_grpo_with_lora_on_two_processes_gives_the_losses_of_one_process_of_eight(two_processes, mesh_results):
+    for result in two_processes["results"]:
+        # Absolute 1e-5: the first step on a generation batch has a loss near 0 (the advantages sum to 0, the
+        # ratio is 1), whose relative error is bf16 rounding noise of the KL term.
+        np.testing.assert_allclose(result["grpo_lora"]["losses"], mesh_results["grpo_lora"]["straight"],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_grpo_rewards_are_computed_by_each_process_for_its_own_half(two_processes, mesh_results):
+    whole = mesh_results["grpo_lora"]["scored_per_call"]
+    # One process of 8 scores each generation batch whole: 2 rows per device x 4 data-parallel devices.
+    assert whole == [2 * 4] * (distributed_worker.STEPS // 2)
+    for result in two_processes["results"]:
+        assert result["grpo_lora"]["scored_per_call"] == [count // 2 for count in whole]
+
+
+def _export_of(checkpoint_model: Path, model_dir: Path, out: Path, lora: dict | None = None, **load) -> Path:
+    """The single-process export of a training checkpoint's weights: the model loaded as the run loaded it, the
+    checkpoint's state dict loaded into it, then ``save_pretrained``."""
+    import torchlike
+    from torchlike.peft import LoraConfig, get_peft_model
+
+    model = torchlike.AutoModelForCausalLM.from_pretrained(model_dir, **load)
+    if lora is not None:
+        model = get_peft_model(model, LoraConfig(**lora))
+    result = model.load_state_dict(torchlike.load(checkpoint_model))
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    model.save_pretrained(out)
+    return out
+
+
+def _same_files(written: Path, expected: Path, names: list[str]) -> None:
+    for name in names:
+        assert (written / name).read_bytes() == (expected / name).read_bytes(), name
+
+
+def test_grpo_save_model_from_two_processes_equals_a_one_process_export_byte_for_byte(two_processes, tmp_path):
+    import peft
+    import transformers
+
+    run = two_processes["folder"] / "grpo_lora"
+    base_dir = two_processes["checkpoint"]
+    expected = _export_of(run / "checkpoint-4" / "model", base_dir, tmp_path / "one", lora=distributed_worker.GRPO_LORA)
+    _same_files(run / "final", expected, ["adapter_model.safetensors", "adapter_config.json"])
+    adapted = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base_dir), run / "final")
+    assert any("lora_A" in name for name, _ in adapted.named_parameters())
+
+
+def test_trl_sft_script_on_two_processes_saves_what_one_process_exports(two_processes, tmp_path):
+    import transformers
+
+    out = two_processes["folder"] / "sft" / "out"
+    expected = _export_of(out / "checkpoint-2" / "model", two_processes["model_dir"], tmp_path / "one")
+    _same_files(out, expected, ["model.safetensors", "config.json", "generation_config.json"])
+    assert_hf_loadable(out)
+    assert "Training completed" in two_processes["outputs"][0]
+    assert transformers.AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
+
+
+def test_trl_grpo_script_with_peft_on_two_processes_saves_what_one_process_exports(two_processes, tmp_path):
+    import peft
+    import transformers
+
+    out = two_processes["folder"] / "grpo" / "out"
+    saved = json.loads((out / "adapter_config.json").read_text())
+    lora = {"r": saved["r"], "lora_alpha": saved["lora_alpha"], "target_modules": saved["target_modules"],
+            "lora_dropout": saved["lora_dropout"]}
+    expected = _export_of(out / "checkpoint-2" / "model", two_processes["model_dir"], tmp_path / "one", lora=lora)
+    _same_files(out, expected, ["adapter_model.safetensors"])
+    base = transformers.AutoModelForCausalLM.from_pretrained(two_processes["model_dir"])
+    assert any("lora_B" in name for name, _ in peft.PeftModel.from_pretrained(base, out).named_parameters())
+
+
+def test_trl_dpo_script_with_peft_on_two_processes_saves_what_one_process_exports(two_processes, tmp_path):
+    out = two_processes["folder"] / "dpo" / "out"
+    saved = json.loads((out / "adapter_config.json").read_text())
+    lora = {"r": saved["r"], "lora_alpha": saved["lora_alpha"], "target_modules": saved["target_modules"],
+            "lora_dropout": saved["lora_dropout"]}
+    expected = _export_of(out / "checkpoint-2" / "model", two_processes["model_dir"], tmp_path / "one", lora=lora)
+    _same_files(out, expected, ["adapter_model.safetensors"])
+
+
 def test_grpo_with_lora_runs_on_fsdp4_tp2_and_resumes_exactly(mesh_results):
     straight, resumed = mesh_results["grpo_lora"]["straight"], mesh_results["grpo_lora"]["resumed"]
-    assert len(straight) == 3 and np.isfinite(straight).all()
-    assert resumed == pytest.approx(straight, rel=1e-5)  # step 1 from the checkpoint's log, steps 2-3 re-run
+    assert len(straight) == distributed_worker.STEPS and np.isfinite(straight).all()
+    assert resumed == pytest.approx(straight, rel=1e-5)  # steps 1-2 from the checkpoint's log, steps 3-4 re-run

@@ -150,3 +150,30 @@ def test_auto_tokenizer_is_the_transformers_tokenizer_with_pad_falling_back_to_e
     assert isinstance(tokenizer, transformers.PreTrainedTokenizerBase)
     assert tokenizer.pad_token == tokenizer.eos_token == "</s>"
     assert json.loads((tokenizer_dir / "tokenizer_config.json").read_text()).get("pad_token") is None
+
+
+def test_get_parameter_returns_the_named_parameter_as_torch_does(qwen2):
+    name, array = next(qwen2.named_parameters())
+    assert qwen2.get_parameter(name) is array
+    with pytest.raises(AttributeError, match=r"no parameter 'layers.0.attn.q_proj.ww'.*did you mean.*q_proj.w"):
+        qwen2.get_parameter("layers.0.attn.q_proj.ww")
+
+
+def test_get_submodule_walks_the_dotted_module_path(qwen2):
+    assert qwen2.get_submodule("") is qwen2.module
+    layer = qwen2.get_submodule("layers.1")
+    assert layer is qwen2.module.layers[1]
+    assert qwen2.get_parameter("layers.1.attn.q_proj.w") is layer.attn.q_proj.w.get_value()
+    with pytest.raises(AttributeError, match="no submodule 'layers.7'"):
+        qwen2.get_submodule("layers.7")
+
+
+def test_model_tags_are_added_once_in_order_as_transformers_does(tiny_checkpoints):
+    ours = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    assert ours.model_tags is None and theirs.model_tags is None
+    for model in (ours, theirs):
+        model.add_model_tags(["trl", "sft"])
+        model.add_model_tags("trl")
+        model.add_model_tags(["grpo"])
+    assert ours.model_tags == theirs.model_tags == ["trl", "sft", "grpo"]

@@ -1,15 +1,21 @@
-"""TrainingArguments / SFTConfig match transformers 5.12 and TRL 1.16 field for field, and every field is mapped."""
+"""TrainingArguments / SFTConfig match the installed transformers (5.12 to 5.24) and TRL 1.16 field for field, keep the
+fields other versions have, and every field is mapped."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
 
+import numpy as np
 import pytest
 import transformers
 import trl
 
+import torchlike
 import torchlike.training_args as training_args
+from tests import tiny
+from torchlike import version
+from torchlike.adapters import train_step
 from torchlike.field_support import check_unsupported
 from torchlike.field_support import fields_with_status as table_fields_with_status
 from torchlike.training_args import TrainingArguments
@@ -27,8 +33,18 @@ FIELD_SUPPORT = {**TRAINING_ARGUMENTS_FIELD_SUPPORT,
 def fields_with_status(status: str) -> list[str]:
     return table_fields_with_status(FIELD_SUPPORT, status)
 
-TORCHLIKE_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches",
-                    "lora_step"}
+#: torchlike's own fields.
+OWN_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches", "lora_step"}
+#: transformers.TrainingArguments fields that some supported version has and another lacks: 5.15 removed the first
+#: two and added the next two, 5.23 added the last two (``gradient_checkpointing*`` became their aliases).
+OTHER_VERSIONS_FIELDS = {"warmup_ratio", "logging_dir", "dataloader_in_order", "dataloader_multiprocessing_context",
+                         "activation_checkpointing", "activation_checkpointing_kwargs"}
+#: The fields torchlike's configs have beyond the installed transformers.TrainingArguments: its own, and those only
+#: other supported transformers versions have.
+TORCHLIKE_FIELDS = OWN_FIELDS | (OTHER_VERSIONS_FIELDS
+                                 - {f.name for f in dataclasses.fields(transformers.TrainingArguments)})
+#: Raw defaults torchlike takes from transformers 5.23, with the older versions' value (both resolve to it).
+NEWER_RAW_DEFAULTS = {"gradient_checkpointing": False}
 
 # Values transformers derives in __post_init__ that torchlike deliberately leaves alone.
 POST_INIT_DIFFERENCES = {
@@ -70,7 +86,11 @@ def test_every_reference_field_exists_with_the_same_raw_default(reference, ours)
     for f in dataclasses.fields(reference):
         assert f.name in FIELD_SUPPORT, f"{reference.__name__}.{f.name} is missing from FIELD_SUPPORT"
         assert f.name in our_fields, f"{reference.__name__}.{f.name} is missing from torchlike's {ours.__name__}"
-        assert _plain(_raw_default(our_fields[f.name])) == _plain(_raw_default(f)), f.name
+        ours_default, theirs_default = _plain(_raw_default(our_fields[f.name])), _plain(_raw_default(f))
+        if f.name in NEWER_RAW_DEFAULTS and not version.gradient_checkpointing_is_deprecated():
+            assert (ours_default, theirs_default) in ((None, NEWER_RAW_DEFAULTS[f.name]), (theirs_default,) * 2)
+        else:
+            assert ours_default == theirs_default, f.name
 
 
 def test_sft_config_values_after_post_init_match_trl(tmp_path):
@@ -103,6 +123,15 @@ def test_field_table_has_every_field_and_no_stale_name():
     assert set(FIELD_SUPPORT) == ours
     assert {f.name for f in dataclasses.fields(TrainingArguments)} == (
         {f.name for f in dataclasses.fields(transformers.TrainingArguments)} | TORCHLIKE_FIELDS)
+
+
+def test_the_version_facts_match_the_installed_transformers_fields():
+    installed = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    removed_in_5_15 = version.warmup_ratio_and_logging_dir_are_removed()
+    renamed_in_5_23 = version.gradient_checkpointing_is_deprecated()
+    assert ({"warmup_ratio", "logging_dir"}.isdisjoint(installed)) is removed_in_5_15
+    assert ({"dataloader_in_order", "dataloader_multiprocessing_context"} <= installed) is removed_in_5_15
+    assert ({"activation_checkpointing", "activation_checkpointing_kwargs"} <= installed) is renamed_in_5_23
     for name, support in FIELD_SUPPORT.items():
         assert support.status in ("honoured", "ignored", "refused"), name
         assert len(support.reason) > 20, f"{name} needs a real reason"
@@ -122,7 +151,7 @@ NON_DEFAULT = {
     "dataset_num_proc": 2,
     "fp16_full_eval": True,
     "tf32": True,
-    "gradient_checkpointing_kwargs": {"use_reentrant": False},
+    "activation_checkpointing_kwargs": {"use_reentrant": False},
     "torch_compile": True,
     "torch_compile_backend": "inductor",
     "torch_compile_mode": "max-autotune",
@@ -140,12 +169,8 @@ NON_DEFAULT = {
     "trackio_space_id": "me/space",
     "trackio_bucket_id": "bucket",
     "trackio_static_space_id": "me/static",
-    "prediction_loss_only": True,
-    "eval_do_concat_batches": False,
     "eval_use_gather_object": True,
     "eval_accumulation_steps": 4,
-    "include_for_metrics": ["inputs"],
-    "batch_eval_metrics": True,
     "save_on_each_node": True,
     "enable_jit_checkpoint": True,
     "hub_always_push": True,
@@ -162,6 +187,8 @@ NON_DEFAULT = {
     "dataloader_pin_memory": False,
     "dataloader_persistent_workers": True,
     "dataloader_prefetch_factor": 2,
+    "dataloader_multiprocessing_context": "spawn",
+    "dataloader_in_order": False,
     "length_column_name": "n_tokens",
     "ddp_find_unused_parameters": False,
     "ddp_bucket_cap_mb": 25,
@@ -241,6 +268,11 @@ def test_empty_containers_count_as_the_default():
     assert _applied(lr_scheduler_kwargs={}, gradient_checkpointing_kwargs={}) == []
 
 
+def test_an_alias_warns_once_under_the_name_it_resolves_to():
+    messages = _applied(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert len(messages) == 1 and messages[0].startswith("activation_checkpointing_kwargs=")
+
+
 def test_honoured_fields_never_warn():
     messages = _applied(per_device_train_batch_size=2, gradient_accumulation_steps=4, learning_rate=1e-4,
                         lr_scheduler_type="cosine", warmup_steps=0.1, weight_decay=0.01, max_grad_norm=0.5,
@@ -308,8 +340,6 @@ def test_derived_values_follow_transformers():
     assert args.warmup_steps == 0.1 and args.get_warmup_steps(95) == 10
     assert args.include_num_input_tokens_seen == "all" and args.lr_scheduler_kwargs == {"num_cycles": 1}
     assert TrainingArguments(warmup_steps=3).get_warmup_steps(95) == 3
-    with pytest.warns(FutureWarning, match="warmup_ratio is deprecated"):
-        TrainingArguments(warmup_ratio=0.1)
     with pytest.raises(ValueError, match="logging_steps=2.5"):
         TrainingArguments(logging_steps=2.5)
 
@@ -382,3 +412,99 @@ def test_trl_bf16_default_is_accepted_on_cpu():
     assert config.bf16 is True and config.fp16 is False and config.use_cpu is False
     assert SFTConfig(fp16=True).bf16 is False
     assert SFTConfig(bf16=False).bf16 is False
+
+
+# --- (h): the names transformers renamed, added and removed between 5.12 and 5.24 ------------------------------
+
+@pytest.mark.parametrize(("kwargs", "resolved"), [
+    ({}, False),
+    ({"activation_checkpointing": True}, True),
+    ({"gradient_checkpointing": True}, True),
+    ({"gradient_checkpointing": True, "activation_checkpointing": False}, False),  # the new name wins
+    ({"gradient_checkpointing": False, "activation_checkpointing": True}, True),
+])
+def test_activation_checkpointing_and_its_alias_resolve_to_one_value(kwargs, resolved):
+    args = _quiet(TrainingArguments, **kwargs)
+    assert args.activation_checkpointing is resolved and args.gradient_checkpointing is resolved
+    if version.gradient_checkpointing_is_deprecated():  # transformers has both names: the same resolution
+        theirs = _quiet(transformers.TrainingArguments, output_dir="out", **kwargs)
+        assert (theirs.activation_checkpointing, theirs.gradient_checkpointing) == (resolved, resolved)
+    kwargs_args = _quiet(TrainingArguments, gradient_checkpointing_kwargs='{"use_reentrant": "false"}')
+    assert kwargs_args.activation_checkpointing_kwargs == kwargs_args.gradient_checkpointing_kwargs == {
+        "use_reentrant": False}
+
+
+def test_the_old_checkpointing_names_warn_where_transformers_deprecates_them():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        TrainingArguments(gradient_checkpointing=True)
+        TrainingArguments(gradient_checkpointing_kwargs={"use_reentrant": False})
+        TrainingArguments(activation_checkpointing=True, activation_checkpointing_kwargs={"use_reentrant": False})
+        SFTConfig()  # TRL's own default (gradient_checkpointing=True) is not something the user gave
+    messages = [str(w.message) for w in caught if w.category is FutureWarning]
+    if version.gradient_checkpointing_is_deprecated():
+        assert messages == [
+            "`gradient_checkpointing` is deprecated and will be removed in v6. Use `activation_checkpointing` instead.",
+            "`gradient_checkpointing_kwargs` is deprecated and will be removed in v6. Use "
+            "`activation_checkpointing_kwargs` instead."]
+        with pytest.warns(FutureWarning) as theirs:
+            transformers.TrainingArguments(output_dir="out", gradient_checkpointing=True)
+        assert messages[0] in [str(w.message) for w in theirs]
+    else:
+        assert messages == []
+
+
+@pytest.mark.parametrize(("name", "value", "replacement"), [("warmup_ratio", 0.1, "warmup_steps"),
+                                                             ("logging_dir", "tb", "TENSORBOARD_LOGGING_DIR")])
+def test_warmup_ratio_and_logging_dir_still_work_with_a_future_warning(name, value, replacement):
+    removed = version.warmup_ratio_and_logging_dir_are_removed()
+    with pytest.warns(FutureWarning, match=f"{name}: " + ("transformers 5.15 removed it" if removed else
+                                                          "it is deprecated in transformers 5")) as record:
+        args = TrainingArguments(**{name: value})
+    assert replacement in str(record[0].message) and getattr(args, name) == value
+    if removed:  # transformers itself no longer takes it
+        with pytest.raises(TypeError, match=name):
+            transformers.TrainingArguments(output_dir="out", **{name: value})
+
+
+def test_the_fields_transformers_5_15_added_are_accepted_and_ignored():
+    assert (TrainingArguments().dataloader_in_order, TrainingArguments().dataloader_multiprocessing_context) == (
+        True, None)
+    assert [message.split(" is ignored")[0] for message in _applied(dataloader_in_order=False,
+                                                                    dataloader_multiprocessing_context="spawn")] == [
+        "dataloader_multiprocessing_context='spawn'", "dataloader_in_order=False"]
+
+
+def test_command_lines_take_either_checkpointing_name():
+    parser = transformers.HfArgumentParser(TrainingArguments)
+    for argv in (["--activation_checkpointing"], ["--gradient_checkpointing", "true"],
+                 ["--activation_checkpointing", "true", "--gradient_checkpointing", "false"]):
+        (args,) = _quiet(parser.parse_args_into_dataclasses, args=["--output_dir", "out", *argv])
+        assert args.activation_checkpointing is True and args.gradient_checkpointing is True
+    (args,) = parser.parse_args_into_dataclasses(["--output_dir", "out"])
+    assert args.activation_checkpointing is False
+
+
+def test_the_train_step_rematerialises_under_either_name(tiny_checkpoints, tmp_path, monkeypatch):
+    entered = []
+    rematerialised = train_step.rematerialised
+
+    def recording(module):
+        entered.append(type(module).__name__)
+        return rematerialised(module)
+
+    monkeypatch.setattr(train_step, "rematerialised", recording)
+    losses = {}
+    runs = {"activation": {"activation_checkpointing": True}, "gradient": {"gradient_checkpointing": True},
+            "new name wins": {"activation_checkpointing": False, "gradient_checkpointing": True}}
+    for name, settings in runs.items():
+        args = _quiet(TrainingArguments, output_dir=str(tmp_path / name), report_to="none", max_steps=2,
+                      logging_steps=1, learning_rate=1e-3, per_device_train_batch_size=4, **settings)
+        model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+        trainer = torchlike.Trainer(model=model, args=args, train_dataset=tiny.padded_examples(8, seed=1))
+        trainer.train()
+        losses[name] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        assert bool(entered) == args.activation_checkpointing, name
+        entered.clear()
+    np.testing.assert_allclose(losses["activation"], losses["gradient"], rtol=1e-6)
+    np.testing.assert_allclose(losses["activation"], losses["new name wins"], rtol=1e-5)

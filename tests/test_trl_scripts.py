@@ -50,6 +50,11 @@ def prompt_completion_rows(count: int = 8) -> list[dict]:
             for i in range(count)]
 
 
+def preference_rows(count: int = 8) -> list[dict]:
+    return [{"prompt": " ".join(WORDS[i:i + 3]), "chosen": " " + WORDS[i + 3], "rejected": " " + WORDS[i + 5]}
+            for i in range(count)]
+
+
 def port_trl_script(name: str, destination: Path) -> tuple[Path, list[tuple[str, str]]]:
     """Copy TRL's installed ``scripts/<name>.py``, rewriting ``from trl`` to ``from torchlike.trl``.
 
@@ -95,9 +100,13 @@ def test_porting_trl_script_changes_only_its_trl_import_lines(name, expected_cha
 
 
 def script_arguments(name: str, model_dir: Path, tmp_path: Path) -> list[str]:
-    """A tiny ``sft``/``grpo`` run's command line: dataset written under ``tmp_path``, output in ``tmp_path/out``."""
+    """A tiny ``sft``/``grpo``/``dpo`` run's command line: dataset written under ``tmp_path``, output in
+    ``tmp_path/out``."""
     if name == "sft":
         dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", prompt_completion_rows()).parent
+        specific = ["--per_device_train_batch_size", "2", "--max_length", "32"]
+    elif name == "dpo":
+        dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", preference_rows()).parent
         specific = ["--per_device_train_batch_size", "2", "--max_length", "32"]
     else:
         rows = [{"prompt": " ".join(WORDS[i:i + 3])} for i in range(8)]
@@ -140,9 +149,7 @@ def test_trl_script_use_peft_without_target_modules_adapts_peft_defaults(name, s
 
 def test_trl_dpo_script_trains_from_a_yaml_config(script_model, tmp_path, monkeypatch, capsys):
     script, _ = port_trl_script("dpo", tmp_path)
-    rows = [{"prompt": " ".join(WORDS[i:i + 3]), "chosen": " " + WORDS[i + 3], "rejected": " " + WORDS[i + 5]}
-            for i in range(8)]
-    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", rows).parent
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", preference_rows()).parent
     output_dir = tmp_path / "out"
     config = {"env": {"TORCHLIKE_SCRIPT_TEST_ENV": "from-yaml"}, "model_name_or_path": str(script_model),
               "dataset_name": str(dataset_dir), "output_dir": str(tmp_path / "overridden"),

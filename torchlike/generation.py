@@ -3,7 +3,8 @@
 
 Settings resolve as in ``transformers``: arguments of the call, then a ``generation_config`` passed
 to the call, then the model's ``generation_config`` (``generation_config.json``), then
-``transformers``' defaults (greedy, ``max_length=20``, ``top_k=50`` when sampling).
+``transformers``' defaults (greedy, ``max_length=20``, ``top_k=50`` when sampling). The repetition penalty
+counts the prompt's ids as the installed ``transformers`` does (:mod:`torchlike.version`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .adapters import sampling
 from .adapters.mesh import entered
 from .adapters.runtime.tracing import TRACE_COUNTS
 from .adapters.sampling import bucket_length, cache_size
+from .version import repetition_penalty_skips_left_padding
 
 __all__ = ["TRACE_COUNTS", "GenerateDecoderOnlyOutput", "bucket_length", "cache_size", "generate",
            "resolve_generation_settings"]
@@ -247,6 +249,7 @@ def generate(
             pad_token_id=0 if pad_token_id is None else int(pad_token_id),
             seed=sampling.random_seed() if seed is None else int(seed), lora=model._lora_mode,
             return_logprobs=output_logprobs,
+            repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
         )
     sequences = np.concatenate([ids, result.tokens.astype(np.int64)], axis=1)
     if returns_torch:

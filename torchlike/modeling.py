@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -23,6 +24,9 @@ from .checkpoint_config import check_loading_options, first_tensor_dtype, read_c
 from .dtypes import dtype_name, resolve_dtype
 from .module_tree import module_tree_lines
 from .quantization import announce_quantization, requested_quantization
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 __all__ = ["AutoModelForCausalLM", "CausalLM", "CausalLMOutput", "make_mesh"]
 
@@ -66,6 +70,7 @@ class CausalLM:
         self.name_or_path = name_or_path
         self._lora_mode = "eval"
         self.quantization: str | None = None
+        self.model_tags: list[str] | None = None
         if generation_config is None:
             from transformers import GenerationConfig
 
@@ -195,6 +200,46 @@ class CausalLM:
         for name, variable in nnx_state.flat_variables(self.module).items():
             yield name, variable.get_value()
 
+    def get_parameter(self, target: str) -> jax.Array:
+        """The parameter named ``target``, as ``torch.nn.Module.get_parameter``.
+
+        Args:
+            target: a dotted path as :meth:`named_parameters` and :meth:`state_dict` name it
+                (``"layers.0.attn.q_proj.w"``).
+
+        Raises:
+            AttributeError: no such parameter; the message lists the closest names.
+        """
+        variables = nnx_state.flat_variables(self.module)
+        if target not in variables:
+            close = difflib.get_close_matches(target, list(variables), n=3, cutoff=0.5)
+            raise AttributeError(f"{type(self).__name__} has no parameter {target!r}"
+                                 f"{f'; did you mean {close}' if close else ''}? Names are those of "
+                                 "named_parameters() (Tunix module paths, not Hugging Face weight names).")
+        return variables[target].get_value()
+
+    def get_submodule(self, target: str) -> nnx.Module:
+        """The NNX submodule at the dotted path ``target`` (``""`` is the whole Tunix module), as
+        ``torch.nn.Module.get_submodule``.
+
+        Raises:
+            AttributeError: no such submodule; the message lists the closest paths.
+        """
+        modules = nnx_state.modules_by_path(self.module)
+        if target not in modules:
+            close = difflib.get_close_matches(target, [path for path in modules if path], n=3, cutoff=0.5)
+            raise AttributeError(f"{type(self).__name__} has no submodule {target!r}"
+                                 f"{f'; did you mean {close}' if close else ''}?")
+        return modules[target]
+
+    def add_model_tags(self, tags: list[str] | str) -> None:
+        """Adds ``tags`` to ``model_tags`` (each once, in order), as ``transformers.PreTrainedModel`` does; TRL's
+        trainers tag the models they train."""
+        self.model_tags = list(self.model_tags or [])
+        for tag in [tags] if isinstance(tags, str) else tags:
+            if tag not in self.model_tags:
+                self.model_tags.append(tag)
+
     def parameters(self) -> Iterator[jax.Array]:
         """Yields every parameter array."""
         for _, array in self.named_parameters():
@@ -309,7 +354,9 @@ class CausalLM:
             max_shard_size: largest shard, in bytes or as ``"5GB"``/``"200MB"``.
             safe_serialization: must be ``True``; torchlike writes safetensors only.
             tokenizer: a ``transformers`` tokenizer whose files are saved alongside.
-            is_main_process: only the main process writes (multi-host runs).
+            is_main_process: ``False`` writes nothing (transformers' meaning, for scripts that call this on every
+                process). With several JAX processes every process must call ``save_pretrained`` (each takes part
+                in gathering the sharded tensors, one at a time) and process 0 writes while the others wait.
             push_to_hub: also upload the directory with :meth:`push_to_hub` (``repo_id`` in
                 ``push_kwargs``, default the directory name).
         """
@@ -317,7 +364,7 @@ class CausalLM:
             raise ValueError("safe_serialization=False is not supported: torchlike writes safetensors only, "
                              "which transformers and vLLM load. Drop the argument.")
         hf_checkpoint.check_output_dir(save_directory)
-        if not is_main_process:
+        if not is_main_process and jax.process_count() == 1:
             return
         specs, sources = tunix_model.export_plan(self.family, self.module)
 

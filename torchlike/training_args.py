@@ -1,10 +1,15 @@
-"""``TrainingArguments``: transformers 5.12's training configuration, field for field, validated for torchlike.
+"""``TrainingArguments``: transformers' training configuration (5.12 to 5.24), field for field, validated for torchlike.
 
-The dataclass has every field of ``transformers.TrainingArguments`` (5.12.1) with the same name and default, then
-four torchlike fields (device mesh, compilation cache, batch prefetch). ``__post_init__`` normalises values the way
-transformers does (``output_dir=None`` -> ``"trainer_output"``, ``report_to="none"`` -> ``[]``, JSON strings for dict
-fields, ``warmup_ratio`` folded into ``warmup_steps``...) and rejects enumeration values torchlike cannot run, naming
-the field, the value and the accepted values. Which fields the trainer honours, ignores (with a warning) or refuses
+The dataclass has every field ``transformers.TrainingArguments`` has had from 5.12 to 5.24 with the same name and
+default, then torchlike's own fields (device mesh, compilation cache, batch prefetch, LoRA step). A script written for
+any of those versions runs unchanged: the fields 5.15 added (``dataloader_in_order``,
+``dataloader_multiprocessing_context``) and 5.23 added (``activation_checkpointing*``) are accepted whatever is
+installed, and the ones 5.15 removed (``warmup_ratio``, ``logging_dir``) still work, with a ``FutureWarning``.
+Deprecations warn as the installed transformers does (:mod:`torchlike.version`). ``__post_init__`` normalises values
+the way transformers does (``output_dir=None`` -> ``"trainer_output"``, ``report_to="none"`` -> ``[]``, JSON strings
+for dict fields, ``gradient_checkpointing`` resolved with ``activation_checkpointing``, ``warmup_ratio`` folded into
+``warmup_steps``...) and rejects enumeration values torchlike cannot run, naming the field, the value and the
+accepted values. Which fields the trainer honours, ignores (with a warning) or refuses
 (with an error) is listed in ``torchlike.training_args_fields``; the trainer calls
 ``torchlike.field_support.check_unsupported(args)``.
 
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .training_args_fields import TRAINING_ARGUMENTS_FIELD_SUPPORT
+from .version import gradient_checkpointing_is_deprecated, warmup_ratio_and_logging_dir_are_removed
 
 logger = logging.getLogger("torchlike")
 
@@ -193,7 +199,8 @@ def reject_removed_arguments(cls: type, removed: dict[str, str]) -> type:
 
 @dataclass
 class TrainingArguments:
-    """The training configuration of ``transformers.TrainingArguments`` 5.12.1, run on JAX by torchlike's trainers.
+    """The training configuration of ``transformers.TrainingArguments`` (5.12 to 5.24), run on JAX by torchlike's
+    trainers.
 
     Every field has transformers' name and default (see the transformers documentation for each); a test holds them
     against the installed transformers. What torchlike does with each field is in
@@ -214,7 +221,8 @@ class TrainingArguments:
         optim (`str`, defaults to ``"adamw_torch_fused"``): a key of ``OPTIMIZERS``.
         bf16 (`bool`): compute in bfloat16 (parameters keep their dtype); runs on CPU too. ``fp16`` is refused by
             the trainers (no loss scaling): use ``bf16``.
-        gradient_checkpointing (`bool`): rematerialise each layer's activations in the backward pass.
+        activation_checkpointing (`bool`): rematerialise each layer's activations in the backward pass.
+            ``gradient_checkpointing`` is the same switch (transformers 5.23 renamed it and warns for the old name).
         logging_* / eval_* / save_* strategies: one of ``"no"``, ``"steps"``, ``"epoch"``.
         report_to (`str` or `list[str]`, defaults to ``"none"``): ``"none"``, ``"all"`` or some of ``REPORTERS``;
             normalised to a list (``[]`` for none).
@@ -243,10 +251,10 @@ class TrainingArguments:
     _FIELD_SUPPORT = TRAINING_ARGUMENTS_FIELD_SUPPORT
 
     # Dict-valued fields that may arrive as JSON text from a command line (transformers' ``_VALID_DICT_FIELDS``).
-    _VALID_DICT_FIELDS = ("accelerator_config", "fsdp_config", "deepspeed", "gradient_checkpointing_kwargs",
-                          "lr_scheduler_kwargs")
+    _VALID_DICT_FIELDS = ("accelerator_config", "fsdp_config", "deepspeed", "activation_checkpointing_kwargs",
+                          "gradient_checkpointing_kwargs", "lr_scheduler_kwargs")
 
-    # --- transformers 5.12.1 fields, in transformers' order ---
+    # --- transformers 5.12 to 5.24 fields, in transformers' order ---
     output_dir: str | None = None
     per_device_train_batch_size: int = 8
     num_train_epochs: float = 3.0
@@ -271,7 +279,11 @@ class TrainingArguments:
     bf16_full_eval: bool = False
     fp16_full_eval: bool = False
     tf32: bool | None = None
-    gradient_checkpointing: bool = False
+    # transformers 5.23: ``bool | None`` and a bare ``--activation_checkpointing`` means True, as in transformers.
+    activation_checkpointing: bool | None = field(default=None, metadata={"nargs": "?", "const": True})
+    activation_checkpointing_kwargs: dict[str, Any] | str | None = None
+    # Aliases of the two above (transformers 5.12's names; the default was False, resolved to that in __post_init__).
+    gradient_checkpointing: bool | None = field(default=None, metadata={"nargs": "?", "const": True})
     gradient_checkpointing_kwargs: dict[str, Any] | str | None = None
     torch_compile: bool = False
     torch_compile_backend: str | None = None
@@ -337,6 +349,8 @@ class TrainingArguments:
     dataloader_pin_memory: bool = True
     dataloader_persistent_workers: bool = False
     dataloader_prefetch_factor: int | None = None
+    dataloader_multiprocessing_context: str | None = None
+    dataloader_in_order: bool = True
     remove_unused_columns: bool = True
     label_names: list[str] | None = None
     train_sampling_strategy: str = "random"
@@ -356,6 +370,7 @@ class TrainingArguments:
     do_eval: bool = False
     do_predict: bool = False
     resume_from_checkpoint: str | None = None
+    # Removed by transformers 5.15; still accepted (with a FutureWarning).
     warmup_ratio: float | None = None
     logging_dir: str | None = None
     local_rank: int = -1
@@ -379,16 +394,21 @@ class TrainingArguments:
         self.output_dir = os.path.expanduser(os.fspath(self.output_dir))
         for name in self._VALID_DICT_FIELDS:
             setattr(self, name, _parse_json_dict(name, getattr(self, name)))
+        self._resolve_checkpointing_aliases()
         if self.disable_tqdm is None:
             self.disable_tqdm = logger.getEffectiveLevel() > logging.WARNING
+        removed = ("transformers 5.15 removed it" if warmup_ratio_and_logging_dir_are_removed()
+                   else "it is deprecated in transformers 5")
         if self.warmup_ratio is not None:
             if not 0 <= self.warmup_ratio < 1:
                 raise ValueError(f"warmup_ratio={self.warmup_ratio!r} must be in [0, 1). Prefer warmup_steps, which "
                                  "takes a ratio when below 1 (e.g. warmup_steps=0.1).")
-            warn_from_config(f"warmup_ratio is deprecated in transformers 5; using warmup_steps={self.warmup_ratio} "
-                             "(a value below 1 is a ratio of the total steps). Pass warmup_steps instead.",
-                             FutureWarning)
+            warn_from_config(f"warmup_ratio: {removed}; using warmup_steps={self.warmup_ratio} (a value below 1 is a "
+                             "ratio of the total steps). Pass warmup_steps instead.", FutureWarning)
             self.warmup_steps = self.warmup_ratio
+        if self.logging_dir is not None:
+            warn_from_config(f"logging_dir: {removed}; torchlike still writes the TensorBoard event files there. Set "
+                             "$TENSORBOARD_LOGGING_DIR instead.", FutureWarning)
         if isinstance(self.include_num_input_tokens_seen, bool):
             self.include_num_input_tokens_seen = "all" if self.include_num_input_tokens_seen else "no"
         if isinstance(self.debug, str):
@@ -433,6 +453,26 @@ class TrainingArguments:
                 raise ValueError(f"eval_strategy='steps' needs eval_steps or logging_steps above 0; got "
                                  f"eval_steps={self.eval_steps!r}, logging_steps={self.logging_steps!r}.")
         self._validate()
+
+    def _resolve_checkpointing_aliases(self) -> None:
+        """transformers 5.23's rule: ``gradient_checkpointing*`` count only when ``activation_checkpointing*`` is not
+        set, and then mirror it (unset is ``False``), so either name reads the resolved value.
+
+        Where the installed transformers deprecates the old names, giving one warns as transformers does; a TRL
+        config's own default for it (``gradient_checkpointing=True``) does not count as given.
+        """
+        raw_defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+            value = getattr(self, old)
+            if getattr(self, new) is None and value is not None:
+                if gradient_checkpointing_is_deprecated() and value != raw_defaults[old]:
+                    warn_from_config(f"`{old}` is deprecated and will be removed in v6. Use `{new}` instead.",
+                                     FutureWarning)
+                setattr(self, new, value)
+            setattr(self, old, getattr(self, new))
+        if self.activation_checkpointing is None:
+            self.activation_checkpointing = self.gradient_checkpointing = False
 
     def _normalise_report_to(self, value: Any) -> list[str]:
         """``report_to`` as a list of integrations: ``"none"`` -> ``[]``, ``"all"`` -> the installed ones."""

@@ -1,4 +1,5 @@
-"""What torchlike does with each field of ``TrainingArguments``: transformers 5.12's fields and torchlike's own.
+"""What torchlike does with each field of ``TrainingArguments``: transformers' fields (5.12 to 5.24) and torchlike's
+own.
 
 ``TrainingArguments._FIELD_SUPPORT`` is this table (see :mod:`torchlike.field_support`).
 """
@@ -17,11 +18,9 @@ _XLA_COMPILES = "XLA always compiles the train step; there is no torch.compile t
 _NO_TRACKIO = "torchlike does not report to trackio (report_to accepts 'tensorboard' and 'wandb')."
 _NO_BEST_MODEL = ("torchlike does not track the best checkpoint by an eval metric (no load_best_model_at_end, no "
                   "save_strategy='best'), so checkpoint rotation and the final model would not be what you expect.")
-_ONLY_FOR_METRICS = ("Only changes what compute_metrics receives; torchlike's trainers do not take compute_metrics yet "
-                     "(evaluate() reports the loss), so it has no effect.")
 
 TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
-    # --- transformers.TrainingArguments 5.12.1 ---
+    # --- transformers.TrainingArguments 5.12 to 5.24 ---
     "output_dir": honoured("Checkpoints go to output_dir/checkpoint-<step> (torchlike.save) and save_model() writes "
                            "the Hugging Face-format model there; 'trainer_output' when not given."),
     "per_device_train_batch_size": honoured("Examples per data-parallel shard; times args.data_parallel_size "
@@ -67,16 +66,24 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
                               "parameters' dtype); the parameters are not cast to float16 for evaluation."),
     "tf32": ignored("TF32 is a torch/CUDA matmul switch; XLA chooses matmul precision itself (set "
                     "jax_default_matmul_precision to control it)."),
-    "gradient_checkpointing": honoured("Rematerialisation (jax.checkpoint) of each decoder layer in the backward "
-                                       "pass."),
-    "gradient_checkpointing_kwargs": ignored("torch checkpoint options (use_reentrant, ...) have no JAX counterpart;"
-                                             " torchlike rematerialises each decoder layer with jax.checkpoint's "
-                                             "default policy."),
+    "activation_checkpointing": honoured("Rematerialisation (jax.checkpoint) of each decoder layer in the backward "
+                                         "pass."),
+    "activation_checkpointing_kwargs": ignored("torch checkpoint options (use_reentrant, every_n_layers, offload, "
+                                               "...) have no JAX counterpart; torchlike rematerialises each decoder "
+                                               "layer with jax.checkpoint's default policy."),
+    "gradient_checkpointing": honoured("transformers 5.12's name for activation_checkpointing, used when that is not "
+                                       "set (a FutureWarning where the installed transformers deprecates it); both "
+                                       "then hold the same value."),
+    "gradient_checkpointing_kwargs": honoured("transformers 5.12's name for activation_checkpointing_kwargs, copied "
+                                              "there when that is not set (a FutureWarning where the installed "
+                                              "transformers deprecates it); that field's row applies."),
     "torch_compile": ignored(_XLA_COMPILES),
     "torch_compile_backend": ignored(_XLA_COMPILES),
     "torch_compile_mode": ignored(_XLA_COMPILES),
-    "use_liger_kernel": ignored("Liger kernels are Triton code for torch models; XLA fuses the JAX model itself "
-                                "(the loss is the same)."),
+    "use_liger_kernel": ignored("Liger kernels are Triton code for torch models. What Liger's fused linear "
+                                "cross-entropy saves, torchlike always does: the loss computes logits a block of "
+                                "positions at a time under rematerialisation, so no [batch, seq, vocab] float32 "
+                                "copy is held (the loss is the same)."),
     "liger_kernel_config": ignored("Liger kernels are Triton code for torch models; XLA fuses the JAX model itself."),
     "use_cache": ignored("The training forward pass never builds a KV cache in torchlike."),
     "neftune_noise_alpha": refused("NEFTune embedding noise is not implemented; training would run without it."),
@@ -113,16 +120,20 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
                            "transformers' DefaultFlowCallback decides."),
     "per_device_eval_batch_size": honoured("Examples per data-parallel shard in evaluation; the last partial batch "
                                            "is padded and masked."),
-    "prediction_loss_only": ignored("evaluate() only ever computes the loss (torchlike's trainers do not take "
-                                    "compute_metrics yet), which is what prediction_loss_only=True asks for."),
+    "prediction_loss_only": honoured("True: evaluate() computes only the loss and does not call compute_metrics, "
+                                     "as in transformers."),
     "eval_on_start": honoured("Run one evaluation before the first training step."),
-    "eval_do_concat_batches": ignored(_ONLY_FOR_METRICS),
-    "eval_use_gather_object": ignored("Evaluation gathers no predictions, only each batch's loss sum and item count, "
-                                      "which JAX reduces across devices and processes."),
-    "eval_accumulation_steps": ignored("Evaluation keeps no predictions on the devices, only each batch's loss sum "
-                                       "and item count (scalars), so there is nothing to move to the host early."),
-    "include_for_metrics": ignored(_ONLY_FOR_METRICS),
-    "batch_eval_metrics": ignored(_ONLY_FOR_METRICS),
+    "eval_do_concat_batches": honoured("False: compute_metrics receives lists of per-batch arrays instead of arrays "
+                                       "concatenated over the batches (padded with -100)."),
+    "eval_use_gather_object": ignored("Evaluation outputs are arrays, which JAX gathers across devices and "
+                                      "processes; there are no Python objects to gather."),
+    "eval_accumulation_steps": ignored("Predictions move to the host after every evaluation batch, so the devices "
+                                       "never hold more than one batch of logits; compute_metrics receives the same "
+                                       "arrays for any value."),
+    "include_for_metrics": honoured("'inputs' adds the input ids and 'loss' each example's batch loss to the "
+                                    "EvalPrediction compute_metrics receives."),
+    "batch_eval_metrics": honoured("compute_metrics is called on every evaluation batch (torch tensors) with "
+                                   "compute_result=True on the last, whose result evaluate() reports."),
     "save_only_model": honoured("Checkpoints hold only the model (or LoRA) parameters, without optimizer state, "
                                 "RNG and data position, so they cannot be resumed from."),
     "save_strategy": honoured("When to write output_dir/checkpoint-<step>: 'no', 'steps' or 'epoch'."),
@@ -169,6 +180,8 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "dataloader_pin_memory": ignored(_NO_DATALOADER),
     "dataloader_persistent_workers": ignored(_NO_DATALOADER),
     "dataloader_prefetch_factor": ignored(_NO_DATALOADER),
+    "dataloader_multiprocessing_context": ignored(_NO_DATALOADER),
+    "dataloader_in_order": ignored(_NO_DATALOADER + " Batches always arrive in order."),
     "remove_unused_columns": honoured("Each example keeps only the columns the loss reads before the data "
                                       "collator, as transformers' RemoveColumnsCollator: input_ids, attention_mask "
                                       "and loss_mask for a torchlike model's own loss; with compute_loss_func the "
@@ -201,11 +214,12 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "resume_from_checkpoint": honoured("Kept for your script, as in transformers: pass it to "
                                        "trainer.train(resume_from_checkpoint=...), which takes True (the latest "
                                        "checkpoint in output_dir) or a path and continues exactly."),
-    "warmup_ratio": honoured("Deprecated in transformers 5: copied into warmup_steps (a ratio) with a "
-                             "FutureWarning."),
+    "warmup_ratio": honoured("Deprecated in transformers 5 and removed in 5.15: copied into warmup_steps (a ratio) "
+                             "with a FutureWarning."),
     "logging_dir": honoured("Where report_to='tensorboard' writes its event files (default: "
-                            "$TENSORBOARD_LOGGING_DIR, else output_dir/runs/<time>_<host>). transformers 5 deprecates "
-                            "it and its TensorBoardCallback no longer reads it; torchlike still does."),
+                            "$TENSORBOARD_LOGGING_DIR, else output_dir/runs/<time>_<host>), with a FutureWarning. "
+                            "transformers 5 deprecates it, its TensorBoardCallback no longer reads it and 5.15 "
+                            "removed it; torchlike still does."),
     "local_rank": ignored("Set by torch launchers; torchlike reads the process index from jax.distributed."),
     # --- torchlike ---
     "mesh_shape": honoured("torchlike: sizes of the device-mesh axes (e.g. (4, 2) for fsdp x tp); None puts every "

@@ -8,8 +8,9 @@ construction.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +167,11 @@ class Family:
             :class:`UnsupportedConfigError` for features the Tunix model lacks.
         forward: ``(module, tokens, positions, attention_mask) -> logits`` with
             ``attention_mask`` a boolean ``[B, T, T]`` (query, key) mask.
+        hidden_states: ``(module, tokens, positions, attention_mask) -> [B, T, H]``: ``forward`` up to the
+            output head (embeddings, decoder layers, final norm), in the module's compute dtype.
+        logits_from_hidden: ``(module, hidden) -> float32 logits [..., V]``: the output head, so that
+            ``logits_from_hidden(module, hidden_states(...))`` equals ``forward(...)``; it may run on a block of
+            positions at a time (``adapters.chunked_logprobs``).
         quantization_excluded: HF module names whose base weights Qwix cannot quantise in
             this family's Tunix model (QLoRA keeps them in full precision).
     """
@@ -176,6 +182,8 @@ class Family:
     weights: tuple[WeightRule, ...]
     build_model: Callable[..., Any]
     forward: Callable[..., Any]
+    hidden_states: Callable[..., Any]
+    logits_from_hidden: Callable[..., Any]
     ignored_hf_keys: tuple[str, ...] = ()
     lora_targets: Mapping[str, str] = field(default_factory=dict)
     default_lora_targets: tuple[str, ...] = ()
@@ -246,6 +254,48 @@ def decoder_forward(module, tokens, positions, attention_mask):
     """Calls a Tunix decoder as ``module(tokens, positions, cache=None, attention_mask)``; returns float32 logits."""
     logits, _ = module(tokens, positions, None, attention_mask)
     return logits.astype(jnp.float32)
+
+
+def decoder_hidden_states(module, tokens, positions, attention_mask):
+    """The output of a Tunix decoder's ``final_norm`` (the head's input), ``[B, T, H]``.
+
+    Runs the module's own ``__call__``, as :func:`decoder_forward` does, so that Qwix's LoRA interception (which
+    wraps only the top-level ``__call__``) and the rope patches apply, and records what ``final_norm`` returns. The
+    logits the call also computes are unused: XLA removes them from a jitted program.
+    """
+    with _recorded_outputs(module.final_norm) as outputs:
+        module(tokens, positions, None, attention_mask)
+    return outputs[-1]
+
+
+def head_logits(module, hidden, tied: bool):
+    """A Tunix decoder's output head on final-norm ``hidden`` states: its embedding's ``decode`` when the
+    embeddings are tied, else its ``lm_head``; cast to float32 as :func:`decoder_forward` does."""
+    head = module.embedder.decode if tied else module.lm_head
+    return head(hidden).astype(jnp.float32)
+
+
+@contextlib.contextmanager
+def _recorded_outputs(submodule) -> Iterator[list]:
+    """Within the block, every return value of ``submodule(...)`` is appended to the yielded list.
+
+    The instance gets a subclass of its own class for the duration (Python looks ``__call__`` up on the type; Qwix
+    swaps a module's class the same way), so the module tree and its parameters are untouched.
+    """
+    outputs: list = []
+    original = type(submodule)
+
+    def call(self, *args, **kwargs):
+        output = original.__call__(self, *args, **kwargs)
+        outputs.append(output)
+        return output
+
+    recording = type(original.__name__, (original,), {"__call__": call, "__module__": original.__module__})
+    object.__setattr__(submodule, "__class__", recording)
+    try:
+        yield outputs
+    finally:
+        object.__setattr__(submodule, "__class__", original)
 
 
 def check_decoder_config(hf_config, family: str) -> None:

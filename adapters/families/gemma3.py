@@ -19,6 +19,8 @@ from .base import (
     Family,
     UnsupportedConfigError,
     WeightRule,
+    decoder_hidden_states,
+    head_logits,
     require,
 )
 
@@ -272,6 +274,12 @@ def forward(
     return logits.astype(jnp.float32)
 
 
+def logits_from_hidden(module: tunix_gemma3.Gemma3, hidden: jax.Array) -> jax.Array:
+    """Tunix Gemma3's output head on final-norm hidden states: the tied embedding's ``decode`` (Tunix's Gemma3 has
+    no final-logit soft-capping; ``_check_config`` refuses checkpoints that set it), float32."""
+    return head_logits(module, hidden, tied=True)
+
+
 FAMILY = Family(
     name="gemma3",
     model_types=("gemma3_text",),
@@ -279,6 +287,8 @@ FAMILY = Family(
     weights=WEIGHTS,
     build_model=build_model,
     forward=forward,
+    hidden_states=decoder_hidden_states,
+    logits_from_hidden=logits_from_hidden,
     ignored_hf_keys=IGNORED_KEYS,
     lora_targets=LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma3_text"

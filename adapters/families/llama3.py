@@ -12,7 +12,9 @@ from .base import (
     Family,
     check_decoder_config,
     decoder_forward,
+    decoder_hidden_states,
     head_dim_of,
+    head_logits,
     require,
 )
 
@@ -42,6 +44,12 @@ def build_model(hf_config, dtype, rngs):
     return model
 
 
+
+def logits_from_hidden(module, hidden):
+    """Tunix Llama3's output head on final-norm hidden states (its ``__call__`` after ``final_norm``), float32."""
+    return head_logits(module, hidden, tied=module.config.weight_tying)
+
+
 FAMILY = Family(
     name="llama3",
     model_types=("llama",),
@@ -49,6 +57,8 @@ FAMILY = Family(
     weights=DECODER_WEIGHTS,
     build_model=build_model,
     forward=decoder_forward,
+    hidden_states=decoder_hidden_states,
+    logits_from_hidden=logits_from_hidden,
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     lora_targets=DECODER_LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "llama"

@@ -13,7 +13,9 @@ from .base import (
     WeightRule,
     check_decoder_config,
     decoder_forward,
+    decoder_hidden_states,
     head_dim_of,
+    head_logits,
     require,
 )
 
@@ -52,6 +54,12 @@ def build_model(hf_config, dtype, rngs):
     return model
 
 
+
+def logits_from_hidden(module, hidden):
+    """Tunix Qwen3's output head on final-norm hidden states (its ``__call__`` after ``final_norm``), float32."""
+    return head_logits(module, hidden, tied=module.config.use_tied_embedding)
+
+
 FAMILY = Family(
     name="qwen3",
     model_types=("qwen3",),
@@ -59,6 +67,8 @@ FAMILY = Family(
     weights=WEIGHTS,
     build_model=build_model,
     forward=decoder_forward,
+    hidden_states=decoder_hidden_states,
+    logits_from_hidden=logits_from_hidden,
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     lora_targets=DECODER_LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "qwen3"

@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from ..families import Family
+from ..multihost import gather_to_host
 from ..nnx_state import modules_by_path
 from .runtime import lora_factors
 
@@ -30,9 +31,10 @@ def hf_factors(a: np.ndarray, b: np.ndarray, stack: tuple[int, int] | None) -> t
 def peft_state(
     family: Family, module: nnx.Module, prefix: str = "base_model.model."
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """Yields ``(PEFT key, array)`` pairs: ``base_model.model.<hf module>.lora_A.weight`` and ``.lora_B.weight``."""
+    """Yields ``(PEFT key, array)`` pairs: ``base_model.model.<hf module>.lora_A.weight`` and ``.lora_B.weight``
+    (factors sharded over several processes are gathered: every process must iterate it)."""
     for module_path, (weight, a, b) in lora_factors(module).items():
-        a, b = np.asarray(jax.device_get(a)), np.asarray(jax.device_get(b))
+        a, b = gather_to_host(a), gather_to_host(b)
         for hf_name, rule in family.nnx_to_hf(f"{module_path}.{weight}"):
             hf_module = hf_name.removesuffix(".weight")
             lora_a, lora_b = hf_factors(a, b, rule.stack)

@@ -36,9 +36,11 @@ PROGRAMS: dict[str, str] = {
     "train_step": "train_step",
     "eval_step": "eval_step",
     "generate": "the generation program",
+    "weight_transform": "a weight's HF -> NNX layout transform",
 }
 """The jitted programs whose traces are counted, each with the name its log lines give it: the train and eval
-steps (``adapters.train_step``) and the generation program (``adapters.sampling``)."""
+steps (``adapters.train_step``), the generation program (``adapters.sampling``) and the layout transforms that
+place checkpoint weights (``adapters.tunix_model``, one per weight shape, layout, dtype and sharding)."""
 
 TRACE_COUNTS: dict[str, int] = dict.fromkeys(PROGRAMS, 0)
 """How many times each program of :data:`PROGRAMS` was traced."""

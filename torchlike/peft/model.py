@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from ..adapters import hf_checkpoint
@@ -109,7 +110,8 @@ class PeftModel(CausalLM):
         Args:
             save_directory: output directory (created if missing).
             safe_serialization: must be ``True`` (safetensors only).
-            is_main_process: only the main process writes.
+            is_main_process: ``False`` writes nothing (transformers' meaning). With several JAX processes every
+                process must call this (each takes part in gathering the factors) and process 0 writes.
         """
         if not safe_serialization:
             raise ValueError("safe_serialization=False is not supported: adapters are written as safetensors.")
@@ -117,7 +119,7 @@ class PeftModel(CausalLM):
         if unknown:
             raise TypeError(f"PeftModel.save_pretrained got unexpected arguments {unknown}.")
         hf_checkpoint.check_output_dir(save_directory)
-        if not is_main_process:
+        if not is_main_process and jax.process_count() == 1:
             return
         config = self.active_peft_config
         if config.base_model_name_or_path is None and self.name_or_path:

@@ -7,6 +7,7 @@
 - ``losses``: which step loss runs and which example columns it reads;
 - ``lora_step``: LoRA dropout and merged or factored adapted layers in the step;
 - ``batches``: examples to fixed-shape global batches on the mesh;
+- ``evaluation``: what ``compute_metrics`` receives, built as transformers' ``evaluation_loop`` builds it;
 - ``prefetch``: batches prepared ahead in a thread;
 - ``step_logs``: step and evaluation outputs as log entries;
 - ``checkpoints``: ``checkpoint-<step>`` folders written, rotated and restored;

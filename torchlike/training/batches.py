@@ -9,7 +9,7 @@ values (masks included) are all zero. Collation runs on each process for the row
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -17,8 +17,8 @@ from jax.sharding import Mesh
 
 from ..adapters import mesh as mesh_lib
 
-__all__ = ["collate_rows", "epoch_batches", "keep_columns", "run_in_batches", "sampler_order", "stack_rows",
-           "steps_per_epoch"]
+__all__ = ["as_sequence", "check_single_dataset", "collate_rows", "each_dataset", "epoch_batches", "keep_columns",
+           "map_datasets", "ordered_batches", "run_in_batches", "sampler_order", "stack_rows", "steps_per_epoch"]
 
 
 def stack_rows(rows: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -131,18 +131,65 @@ def epoch_batches(dataset: Sequence, order: np.ndarray, collate: Callable[[list]
         yield mesh_lib.place_batch(batch, sharding, batch_size, batch_axis=1)
 
 
+def ordered_batches(examples: Sequence, mesh: Mesh, size: int, collate: Callable[[list], dict],
+                    what: str) -> Iterator[tuple[dict[str, jax.Array], int]]:
+    """``examples`` in order, as global batches of ``size`` rows placed on ``mesh``; the last one is padded with
+    all-zero rows, so one compiled program serves every batch.
+
+    Yields:
+        ``(batch, rows)``: the placed batch and how many of its leading rows are real examples.
+    """
+    sharding = mesh_lib.batch_sharding(mesh)
+    local = mesh_lib.local_rows(sharding, (size,))
+    for start in range(0, len(examples), size):
+        indices = np.full(size, -1)
+        chosen = np.arange(start, min(start + size, len(examples)))
+        indices[:len(chosen)] = chosen
+        batch = collate_rows(collate, examples, indices[local], mesh, what)
+        yield mesh_lib.place_batch(batch, sharding, size), len(chosen)
+
+
 def run_in_batches(examples: Sequence, step: Callable, module, mesh: Mesh, size: int, collate: Callable[[list], dict],
                    what: str) -> list:
-    """``step(module, batch)`` over ``examples`` in global batches of ``size`` rows placed on ``mesh`` (the last one
-    padded with all-zero rows, so one program serves all); the results, in order, on the host."""
-    sharding = mesh_lib.batch_sharding(mesh)
-    rows = mesh_lib.local_rows(sharding, (size,))
-    outputs = []
+    """``step(module, batch)`` over :func:`ordered_batches` of ``examples``; the results, in order, on the host."""
     with mesh_lib.entered(mesh):
-        for start in range(0, len(examples), size):
-            indices = np.full(size, -1)
-            chosen = np.arange(start, min(start + size, len(examples)))
-            indices[:len(chosen)] = chosen
-            batch = collate_rows(collate, examples, indices[rows], mesh, what)
-            outputs.append(step(module, mesh_lib.place_batch(batch, sharding, size)))
+        outputs = [step(module, batch) for batch, _ in ordered_batches(examples, mesh, size, collate, what)]
     return mesh_lib.to_host(outputs)
+
+
+def as_sequence(dataset: Iterable) -> Sequence:
+    """``dataset`` as an indexable sequence: a list of its examples when it has no length or indexing (a
+    ``datasets.IterableDataset``, a generator), else the dataset itself."""
+    if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
+        return dataset
+    return list(dataset)
+
+
+def check_single_dataset(dataset: object, name: str) -> None:
+    """Refuses a dict of datasets where transformers takes one dataset (``train_dataset``).
+
+    Raises:
+        TypeError: ``dataset`` is a mapping (a dict of datasets, a ``datasets.DatasetDict``).
+    """
+    if isinstance(dataset, Mapping):
+        raise TypeError(f"{name} is one dataset, but a {type(dataset).__name__} of datasets ({list(dataset)}) was "
+                        f"passed; pick one split (e.g. {name}=dataset['train']). Only eval_dataset takes a dict: "
+                        "each of its datasets is evaluated with its own metric names (eval_<name>_loss).")
+
+
+def each_dataset(datasets: object) -> list:
+    """The datasets of ``eval_dataset``: the values of a dict of datasets, ``[datasets]`` for one, ``[]`` for
+    ``None``."""
+    if datasets is None:
+        return []
+    return list(datasets.values()) if isinstance(datasets, Mapping) else [datasets]
+
+
+def map_datasets(datasets: object, function: Callable) -> object:
+    """``function`` applied to each dataset of a dict of datasets (a dict of the results, same keys), or to a single
+    dataset; ``None`` stays ``None``. This is how the trainers prepare ``eval_dataset``, which may be either."""
+    if datasets is None:
+        return None
+    if isinstance(datasets, Mapping):
+        return {name: function(dataset) for name, dataset in datasets.items()}
+    return function(datasets)

@@ -6,8 +6,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import jax
-
 __all__ = ["export_model", "repo_id", "upload_output_dir"]
 
 
@@ -15,15 +13,12 @@ def export_model(model: Any, output_dir: str | os.PathLike, tokenizer: Any) -> N
     """Writes ``model`` with ``save_pretrained`` (full weights, or a PEFT adapter) and the tokenizer's files.
 
     The tokenizer's files go into the same staged folder, so the swap publishes model and tokenizer together.
+    With several JAX processes every process calls this (as every process runs a script's last line,
+    ``trainer.save_model()``): the tensors are gathered one at a time and process 0 writes.
 
     Raises:
-        NotImplementedError: several processes (export from one, from a checkpoint), or a plain NNX module.
+        NotImplementedError: a plain NNX module (no Hugging Face format).
     """
-    if jax.process_count() > 1:
-        raise NotImplementedError(
-            "save_model() from several processes is not supported yet. Save a checkpoint (save_strategy), then "
-            "export from one process: model.load_state_dict(torchlike.load('<checkpoint>/model')); "
-            "model.save_pretrained(dir).")
     model.save_pretrained(output_dir, tokenizer=tokenizer)
 
 

@@ -14,7 +14,22 @@ from collections.abc import Callable
 from ..adapters import train_step, tunix_model
 from .model_interface import TrainableModel
 
-__all__ = ["select_loss", "signature_columns"]
+__all__ = ["select_loss", "select_outputs", "signature_columns"]
+
+
+def _model_call(model: TrainableModel) -> Callable:
+    """``call(module, inputs) -> outputs``: a :class:`~torchlike.CausalLMOutput` with ``logits`` for a torchlike causal
+    LM (``inputs`` without ``input_ids``/``attention_mask`` are not read), ``module(**inputs)`` for a plain NNX
+    module."""
+    family = model.family
+    if family is None:
+        return lambda module, inputs: module(**inputs)
+    from ..modeling import CausalLMOutput
+
+    def call(module, inputs):
+        return CausalLMOutput(logits=tunix_model.causal_lm_logits(family, module, inputs))
+
+    return call
 
 
 def select_loss(model: TrainableModel, compute_loss_func: Callable | None, loss_fn: Callable | None,
@@ -32,14 +47,7 @@ def select_loss(model: TrainableModel, compute_loss_func: Callable | None, loss_
     """
     family = model.family
     if compute_loss_func is not None:
-        if family is not None:
-            from ..modeling import CausalLMOutput
-
-            def call_model(module, inputs):
-                return CausalLMOutput(logits=tunix_model.causal_lm_logits(family, module, inputs))
-        else:
-            def call_model(module, inputs):
-                return module(**inputs)
+        call_model = _model_call(model)
         count = train_step.label_count(shift=family is not None, label_name=label_names[0])
         return train_step.transformers_loss(compute_loss_func, call_model, count, label_names), count
     if loss_fn is not None:
@@ -48,6 +56,36 @@ def select_loss(model: TrainableModel, compute_loss_func: Callable | None, loss_
         raise ValueError("a plain NNX module needs loss_fn=(model, batch) -> loss | (loss, aux), or "
                          "compute_loss_func=(outputs, labels, num_items_in_batch) -> loss.")
     return train_step.causal_lm_loss(family), None
+
+
+def select_outputs(model: TrainableModel, loss_fn: Callable | None,
+                   label_names: tuple[str, ...]) -> Callable[[object, dict], object]:
+    """``outputs(module, batch)``: the predictions transformers' ``prediction_step`` hands ``compute_metrics`` (the
+    model's outputs but the loss).
+
+    A torchlike causal LM gives its logits ``[B, T, V]``, a plain NNX module ``module(**inputs)`` on the batch without
+    its label columns: each value but ``"loss"`` of a returned dict, in order (one value on its own), else what it
+    returned.
+
+    Raises:
+        ValueError: a JAX-native ``loss_fn``, which does not expose the model's outputs.
+    """
+    if loss_fn is not None:
+        raise ValueError("compute_metrics receives the model's outputs, which a JAX-native loss_fn does not expose; "
+                         "return the metrics from loss_fn as (loss, {name: value}) instead (they are logged as "
+                         "eval_<name>), or use compute_loss_func=(outputs, labels, num_items_in_batch) -> loss.")
+    call = _model_call(model)
+    if model.family is not None:
+        return lambda module, batch: call(module, {key: batch[key] for key in ("input_ids", "attention_mask")}).logits
+
+    def outputs(module, batch):
+        found = call(module, {key: value for key, value in batch.items() if key not in (*label_names, "shift_labels")})
+        if isinstance(found, dict):
+            found = tuple(value for key, value in found.items() if key != "loss")
+            return found[0] if len(found) == 1 else found
+        return found
+
+    return outputs
 
 
 def signature_columns(model: TrainableModel | None, compute_loss_func: Callable | None, loss_fn: Callable | None,

@@ -13,7 +13,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +28,9 @@ from . import batches, checkpoints, hub, step_logs
 from .accelerator import Accelerator
 from .callbacks import default_callbacks, new_control, new_state, run_state
 from .device_mesh import resolve_mesh
+from .evaluation import PredictionGatherer, prefixed_metrics, with_predictions
 from .lora_step import dropout_in_step, merged_lora_scale
-from .losses import select_loss, signature_columns
+from .losses import select_loss, select_outputs, signature_columns
 from .model_interface import active_lora_config, as_trainable_model
 from .prefetch import prefetched
 
@@ -56,10 +57,13 @@ class Trainer:
             ``fsdp``); ``per_device_train_batch_size`` times the data-parallel size (the product of
             the mesh's non-``tp`` axes, over all processes) is the global batch.
         data_collator: ``list[example] -> dict[str, np.ndarray]`` with fixed shapes; default: stack.
-        train_dataset, eval_dataset: sequences of examples (dicts of arrays or token lists). With
+        train_dataset: a sequence of examples (dicts of arrays or token lists). With
             ``remove_unused_columns`` (the default) the collator sees only the columns the loss reads: ``input_ids``,
             ``attention_mask`` and ``loss_mask`` for a torchlike model, the model's inputs and ``label_names`` with
             ``compute_loss_func``, every column with ``loss_fn``.
+        eval_dataset: examples as ``train_dataset`` (a ``datasets.IterableDataset`` is read into a list), or a dict of
+            them (a ``datasets.DatasetDict``): each is evaluated on its own, its metrics named
+            ``eval_<name>_<metric>``.
         processing_class: the tokenizer (saved with ``save_model``).
         compute_loss_func: transformers' ``(outputs, labels, num_items_in_batch=None) -> loss``, written with
             ``jax.numpy``: ``labels`` is the batch's ``args.label_names`` column (default ``labels``; a tuple for
@@ -67,12 +71,20 @@ class Trainer:
             :class:`~torchlike.CausalLMOutput` with ``logits`` for a torchlike model; ``num_items_in_batch`` counts
             ``labels != -100`` over the whole accumulated step (``labels[..., 1:]`` for torchlike causal LMs, as
             transformers does), so the returned loss is already normalised.
+        compute_metrics: transformers' ``EvalPrediction -> dict`` (with a ``compute_result`` argument under
+            ``batch_eval_metrics``): ``predictions`` are the model's outputs (a causal LM's logits ``[N, T, V]``),
+            ``label_ids`` the ``label_names`` columns or, for a torchlike causal LM, ``input_ids`` where ``loss_mask``
+            is 1 and ``-100`` elsewhere; numpy arrays, sequences padded with ``-100`` across batches (see
+            :mod:`.evaluation`). Its metrics are logged with the ``eval_`` prefix. Not with ``loss_fn``.
         callbacks: ``transformers.TrainerCallback`` objects (or classes), called at the usual events.
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         loss_fn: JAX-native ``loss_fn(model, batch) -> loss | (loss, aux)``: the mean loss of the
             micro-batch (accumulated micro-batches are averaged) and optionally a dict of scalar
             metrics, logged like ``loss``. Rows that pad the last batch are all zeros: give them no
             weight (e.g. through a mask), or set ``dataloader_drop_last``.
+        preprocess_logits_for_metrics: transformers' ``(logits, labels) -> predictions``, run on each evaluation batch
+            before it is kept for ``compute_metrics``; it receives CPU torch tensors, as transformers gives it the
+            model's tensors.
 
     Example:
 
@@ -90,7 +102,8 @@ class Trainer:
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, compute_loss_func=None, compute_metrics=None, callbacks=None,
-                 optimizers=(None, None), loss_fn: Callable | None = None, **unsupported):
+                 optimizers=(None, None), loss_fn: Callable | None = None,
+                 preprocess_logits_for_metrics: Callable | None = None, **unsupported):
         from transformers.trainer_callback import CallbackHandler
 
         from ..field_support import check_unsupported
@@ -100,8 +113,6 @@ class Trainer:
         if compute_loss_func is not None and loss_fn is not None:
             raise ValueError("pass either compute_loss_func (transformers' convention) or loss_fn (JAX-native), "
                              "not both.")
-        if compute_metrics is not None:
-            raise ValueError("compute_metrics is not supported yet; evaluate() reports eval_loss.")
         if args is None:
             from ..training_args import TrainingArguments
 
@@ -115,8 +126,11 @@ class Trainer:
         self.model = model  # what the user passed, as in transformers
         self._trainable_model = as_trainable_model(model)  # what the loop reads: module, family, mesh, state_dict
         self.data_collator = data_collator or batches.stack_rows
+        batches.check_single_dataset(train_dataset, "train_dataset")
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.processing_class = processing_class
         self._custom_optimizer = optimizers[0] if optimizers else None
         self._loss_fn = loss_fn
@@ -125,6 +139,8 @@ class Trainer:
         self.lr_scheduler = None
         self.accelerator = Accelerator()
         self.mesh = resolve_mesh(args, self._trainable_model)
+        if compute_metrics is not None and self._trainable_model is not None:
+            select_outputs(self._trainable_model, loss_fn, self._label_names())  # refuses what cannot give outputs
         self.state = new_state()
         self.control = new_control()
         self.callback_handler = CallbackHandler([*default_callbacks(args), *(callbacks or [])], model,
@@ -348,26 +364,97 @@ class Trainer:
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self._event("on_log", logs=logs)
 
-    def evaluate(self, eval_dataset=None) -> dict[str, float]:
-        """Mean loss over ``eval_dataset`` (adapters in eval mode, no dropout): ``{"eval_loss": ...}``.
+    def evaluate(self, eval_dataset=None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluates ``eval_dataset`` (adapters in eval mode, no dropout), as transformers' ``Trainer.evaluate``.
 
         Args:
-            eval_dataset: examples to score (default: the trainer's ``eval_dataset``).
+            eval_dataset: examples to score (prepared like the trainer's, see :meth:`_prepare_eval_dataset`), a dict
+                of them (each evaluated with the prefix ``f"{metric_key_prefix}_{name}"``), the name of one of the
+                trainer's eval datasets, or ``None`` for the trainer's ``eval_dataset``.
+            ignore_keys: accepted for transformers scripts; outputs are the logits, so there is nothing to ignore.
+            metric_key_prefix: the metric names' prefix.
 
         Returns:
-            ``{"eval_loss": summed loss / loss items, "eval_runtime": seconds}``.
+            ``{"eval_loss": summed loss / loss items, "eval_<metric>": ...}`` with ``compute_metrics``' metrics, the
+            loss's own metrics and ``eval_runtime``, ``eval_samples_per_second``, ``eval_steps_per_second``; with a
+            dict of datasets, the union of each one's.
         """
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        from transformers.trainer_utils import speed_metrics
+
+        override = eval_dataset is not None
+        dataset = eval_dataset if override else self.eval_dataset
         if dataset is None:
-            raise ValueError("evaluate() needs an eval_dataset.")
-        loss, count_items = self._loss()
-        step_fn = train_step.make_eval_step(loss, self._compute_dtype(), count_items)
+            raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to the trainer.")
+        if isinstance(dataset, Mapping):
+            metrics = {}
+            for name, one in dataset.items():
+                metrics.update(self.evaluate(one if override else name, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
+        if isinstance(dataset, str):
+            if not isinstance(self.eval_dataset, Mapping) or dataset not in self.eval_dataset:
+                names = list(self.eval_dataset) if isinstance(self.eval_dataset, Mapping) else None
+                raise KeyError(f"evaluate(eval_dataset={dataset!r}) names one of the trainer's eval datasets, but "
+                               f"its eval_dataset is {'a dict of ' + str(names) if names else 'not a dict'}; pass "
+                               "one of those names, or the dataset itself.")
+            dataset = self.eval_dataset[dataset]
+        examples = self._prepare_eval_dataset(dataset)
+        started = time.time()
+        metrics = self._evaluation_loop(examples, metric_key_prefix)
         size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
-        started = time.perf_counter()
-        values = self._run_in_batches(dataset, step_fn, self._module, self.mesh, size, "evaluation")
-        metrics = step_logs.evaluation_metrics(values, time.perf_counter() - started)
+        metrics.update(speed_metrics(metric_key_prefix, started, num_samples=len(examples),
+                                     num_steps=math.ceil(len(examples) / size)))
         self.log(metrics)
         self._event("on_evaluate", metrics=metrics)
+        return metrics
+
+    def _prepare_eval_dataset(self, dataset) -> Sequence:
+        """One evaluation dataset as the indexable examples the collator reads (a ``datasets.IterableDataset`` read
+        into a list). The TRL trainers prepare raw data here as they prepare ``train_dataset``; the hook must leave
+        data it already prepared as it is, since ``evaluate()`` passes every dataset through it."""
+        return batches.as_sequence(dataset)
+
+    def _metrics_length(self, lengths: np.ndarray) -> int | None:
+        """The positions transformers' collator would have padded an evaluation batch to, given each row's real
+        tokens: predictions and labels are cut there before ``compute_metrics`` sees them. ``None`` keeps the
+        batch as the data collator made it (the base Trainer: the collator is the user's, as in transformers)."""
+        return None
+
+    def _step_metric_prefix(self, metric_key_prefix: str) -> str:
+        """The prefix of the metrics the step loss returns (``aux``): the evaluation's own prefix."""
+        return metric_key_prefix
+
+    def _evaluation_loop(self, examples: Sequence, metric_key_prefix: str) -> dict[str, float]:
+        """transformers' ``evaluation_loop`` over ``examples``: the loss (summed over loss items), the loss's own
+        metrics and, with ``compute_metrics`` (unless ``args.prediction_loss_only``), its metrics, all prefixed."""
+        loss, count_items = self._loss()
+        gatherer = None
+        if self.compute_metrics is not None and not self.args.prediction_loss_only:
+            gatherer = PredictionGatherer(self.args, self.compute_metrics, self.preprocess_logits_for_metrics)
+            whole_batch = gatherer.per_batch and "inputs" in gatherer.include
+            loss = with_predictions(loss, select_outputs(self._trainable_model, self._loss_fn, self._label_names()),
+                                    self._label_names(), whole_batch)
+        step_fn = train_step.make_eval_step(loss, self._compute_dtype(), count_items)
+        size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
+        values, done = [], 0
+        with mesh_lib.entered(self.mesh):
+            for batch, rows in batches.ordered_batches(examples, self.mesh, size, self._collate, "evaluation"):
+                outputs = step_fn(self._module, batch)
+                values.append(outputs[:3])
+                done += rows
+                if gatherer is not None:
+                    value, weight, _, found = mesh_lib.to_host(outputs)
+                    lengths = found.get("lengths")
+                    length = self._metrics_length(np.asarray(lengths)[:rows]) if lengths is not None else None
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        batch_loss = float(value) / float(weight)
+                    gatherer.add(found, batch_loss, rows, length, last=done == len(examples))
+        metrics = prefixed_metrics(gatherer.metrics(), metric_key_prefix) if gatherer is not None else {}
+        loss_metrics = step_logs.evaluation_metrics(mesh_lib.to_host(values), runtime=0.0)
+        metrics[f"{metric_key_prefix}_loss"] = loss_metrics.pop("eval_loss")
+        loss_metrics.pop("eval_runtime")  # evaluate() adds transformers' speed metrics
+        step_prefix = self._step_metric_prefix(metric_key_prefix)
+        metrics.update({f"{step_prefix}_{key.removeprefix('eval_')}": value for key, value in loss_metrics.items()})
         return metrics
 
     # ------------------------------------------------------------------ checkpoints and the Hub
@@ -400,7 +487,7 @@ class Trainer:
             _internal_call: set by :meth:`push_to_hub`, which pushes itself.
 
         Raises:
-            NotImplementedError: a plain NNX module (no Hugging Face format), or several processes.
+            NotImplementedError: a plain NNX module (no Hugging Face format).
         """
         hub.export_model(self._trainable_model, output_dir or self.args.output_dir, self.processing_class)
         if self.args.push_to_hub and not _internal_call:

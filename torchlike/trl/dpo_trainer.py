@@ -11,17 +11,18 @@ dropout, and no second copy of the model is kept for full fine-tuning.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..adapters import chunked_logprobs, multihost, rl_math, train_step
 from ..adapters import mesh as mesh_lib
-from ..adapters import rl_math, train_step, tunix_model
 from ..adapters.lora import runtime as lora_runtime
 from ..training import Trainer
+from ..training.batches import check_single_dataset, each_dataset, map_datasets
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
 from .sft_data import pad_token_id_for
 
@@ -32,21 +33,24 @@ _BATCH_LOSS_TYPES = ("aot", "aot_unpaired", "sft")
 _REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
 
 
-def _pair_token_log_probs(family, module, batch: dict) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def _pair_token_log_probs(family, module, batch: dict, with_metrics: bool = False,
+                          block_size: chunked_logprobs.BlockSize = "auto"
+                          ) -> tuple[chunked_logprobs.TokenScores, jax.Array]:
     """One forward pass over the chosen rows stacked on the rejected rows (``2B``, TRL's layout).
 
     Returns:
-        ``(logits [2B, T-1, V], targets [2B, T-1], mask [2B, T-1], per-token log-probabilities [2B, T-1])`` where
-        position ``t`` predicts token ``t + 1`` and ``mask`` is the shifted completion mask.
+        ``(scores, mask)``: the per-token scores ``[2B, T-1]`` of ``chunked_logprobs.next_token_scores`` (the
+        metrics' too with ``with_metrics``), position ``t`` predicting token ``t + 1``, with their log-probabilities
+        zeroed outside ``mask``, the shifted completion mask.
     """
     def stacked(name: str) -> jax.Array:
         return jnp.concatenate([batch[f"chosen_{name}"], batch[f"rejected_{name}"]])
 
-    input_ids = stacked("input_ids")
-    logits = tunix_model.causal_lm_logits(family, module, {"input_ids": input_ids,
-                                                           "attention_mask": stacked("attention_mask")})[:, :-1]
-    targets, mask = input_ids[:, 1:], stacked("completion_mask")[:, 1:]
-    return logits, targets, mask, rl_math.token_log_probs(logits, targets, mask)
+    scores = chunked_logprobs.next_token_scores(
+        family, module, {"input_ids": stacked("input_ids"), "attention_mask": stacked("attention_mask")},
+        with_metrics=with_metrics, block_size=block_size)
+    mask = stacked("completion_mask")[:, 1:]
+    return scores._replace(log_probs=jnp.where(mask.astype(bool), scores.log_probs, 0.0)), mask
 
 
 def _sequence_log_probs(per_token: jax.Array, mask: jax.Array, ld_alpha: float | None) -> tuple[jax.Array, jax.Array]:
@@ -62,27 +66,24 @@ def _masked_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
     return (values * weights).sum() / jnp.maximum(weights.sum(), 1.0)
 
 
-def _token_metrics(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+def _token_metrics(scores: chunked_logprobs.TokenScores, mask: jax.Array) -> dict[str, jax.Array]:
     """TRL's per-token metrics: completion-token means of the entropy, of the logits' vocabulary mean (chosen and
     rejected) and of whether the chosen token is the most likely one."""
-    logits = jax.lax.stop_gradient(logits)
     mask = mask.astype(jnp.float32)
     chosen_mask, rejected_mask = jnp.split(mask, 2)
-    mean_logits = logits.astype(jnp.float32).mean(-1)
-    chosen_logits, rejected_logits = jnp.split(mean_logits, 2)
-    is_top1 = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    chosen_logits, rejected_logits = jnp.split(scores.logit_means, 2)
     return {
-        "entropy": _masked_mean(rl_math.token_entropies(logits, mask), mask),
+        "entropy": _masked_mean(scores.entropies, mask),
         "logits/chosen": _masked_mean(chosen_logits, chosen_mask),
         "logits/rejected": _masked_mean(rejected_logits, rejected_mask),
-        "mean_token_accuracy": _masked_mean(jnp.split(is_top1, 2)[0], chosen_mask),
+        "mean_token_accuracy": _masked_mean(jnp.split(scores.top1, 2)[0], chosen_mask),
     }
 
 
 def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weights: Sequence[float] | None = None,
                     label_smoothing: float = 0.0, f_divergence_type: str = "reverse_kl",
                     f_alpha_divergence_coef: float = 0.5, discopop_tau: float = 0.05,
-                    ld_alpha: float | None = None) -> Callable:
+                    ld_alpha: float | None = None, block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
     """The DPO step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)`` (``Trainer._loss``).
 
     ``value`` is TRL's ``DPOTrainer`` loss of the micro-batch: ``sum_i loss_weights[i] * mean over pairs of
@@ -97,6 +98,8 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
         family: the model's adapter family (its forward pass).
         beta, loss_type, loss_weights, label_smoothing, f_divergence_type, f_alpha_divergence_coef, discopop_tau,
             ld_alpha: the ``DPOConfig`` fields of the same names.
+        block_size: positions per block of the log-prob computation (``adapters.chunked_logprobs.BlockSize``:
+            ``"auto"``, a number, or ``None`` for the whole sequence at once).
 
     The batch holds ``collate_preference_batch``'s columns with ``ref_chosen_logps``/``ref_rejected_logps``.
     """
@@ -116,7 +119,8 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
                                 chosen_lengths=chosen_length[None], rejected_lengths=rejected_length[None], **settings)
 
     def loss(module, batch, num_items_in_batch=None):
-        logits, targets, mask, per_token = _pair_token_log_probs(family, module, batch)
+        scores, mask = _pair_token_log_probs(family, module, batch, with_metrics=True, block_size=block_size)
+        per_token = scores.log_probs
         chosen, rejected = _sequence_log_probs(per_token, mask, ld_alpha)
         ref_chosen, ref_rejected = batch["ref_chosen_logps"], batch["ref_rejected_logps"]
         real = batch["chosen_attention_mask"].any(-1).astype(jnp.float32)  # 0 on rows padding a partial batch
@@ -134,7 +138,7 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
                                       sft_chosen_logps=jnp.split(per_token, 2)[0].sum(-1), **settings)[0]
         metrics = {key: _masked_mean(values, real) for key, values in pair_metrics.items()}
         tokens = (batch["chosen_attention_mask"].sum() + batch["rejected_attention_mask"].sum()).astype(jnp.float32)
-        return value, (real.sum() > 0).astype(jnp.float32), {**metrics, **_token_metrics(logits, targets, mask),
+        return value, (real.sum() > 0).astype(jnp.float32), {**metrics, **_token_metrics(scores, mask),
                                                              "num_tokens": tokens}
 
     return loss
@@ -145,7 +149,7 @@ def _lora_is_new(model: Any) -> bool:
     if not hasattr(model, "peft_config"):
         return False
     factors = lora_runtime.lora_factors(model.module)
-    return all(not np.any(np.asarray(jax.device_get(b))) for _, _, b in factors.values())
+    return all(not np.any(multihost.gather_to_host(b)) for _, _, b in factors.values())
 
 
 class DPOTrainer(Trainer):
@@ -163,9 +167,11 @@ class DPOTrainer(Trainer):
             must return ``collate_preference_batch``'s columns with one row per example.
         train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in a TRL
             preference format (``prompt``/``chosen``/``rejected``, or implicit prompt ``chosen``/``rejected``;
-            strings or message lists). ``train_dataset`` is required.
+            strings or message lists). ``train_dataset`` is required; ``eval_dataset`` may be a dict of datasets (a
+            ``datasets.DatasetDict``), each prepared and scored by the reference alike and evaluated with its own
+            loss name (``eval_<name>_loss``; TRL's own metrics stay ``eval_rewards/chosen``..., as TRL logs them).
         processing_class: the tokenizer (default: loaded from the model's path).
-        compute_metrics: deprecated in TRL; refused with a message when set.
+        compute_metrics: deprecated in TRL (its logits take an extra forward pass); refused with a message when set.
         callbacks: ``transformers.TrainerCallback`` objects (or classes).
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
@@ -196,6 +202,11 @@ class DPOTrainer(Trainer):
         check_unsupported(args)
         if train_dataset is None:
             raise ValueError("DPOTrainer needs a train_dataset of preference pairs ('prompt', 'chosen', 'rejected').")
+        check_single_dataset(train_dataset, "train_dataset")
+        if compute_metrics is not None:
+            raise ValueError("compute_metrics is deprecated in TRL's DPOTrainer and not supported by torchlike's: "
+                             "evaluate() reports TRL's preference metrics (eval_rewards/accuracies, eval_logps/chosen, "
+                             "...); compute others from trainer.evaluate()'s result or a callback's on_evaluate.")
         if ref_model is not None and ref_model is model:
             raise ValueError("model and ref_model cannot be the same object; omit ref_model to use the initial model "
                              "as the reference.")
@@ -222,10 +233,11 @@ class DPOTrainer(Trainer):
                                   f_alpha_divergence_coef=args.f_alpha_divergence_coef,
                                   discopop_tau=args.discopop_tau, ld_alpha=args.ld_alpha)
         train_examples = self._tokenize(train_dataset, processing_class, args, model)
-        eval_examples = self._tokenize(eval_dataset, processing_class, args, model) if eval_dataset is not None \
-            else None
+        eval_examples = map_datasets(eval_dataset, lambda dataset: self._tokenize(dataset, processing_class, args,
+                                                                                  model))
+        every_eval_example = [example for examples in each_dataset(eval_examples) for example in examples]
         # One padded length for training and evaluation, so XLA compiles each step once.
-        self.padded_length = padded_length([*train_examples, *(eval_examples or [])], args.max_length,
+        self.padded_length = padded_length([*train_examples, *every_eval_example], args.max_length,
                                            args.truncation_mode, args.pad_to_multiple_of)
         collator = data_collator or (lambda rows: collate_preference_batch(
             rows, self.pad_token_id, self.padded_length, args.max_length, args.truncation_mode))
@@ -233,8 +245,8 @@ class DPOTrainer(Trainer):
                          eval_dataset=eval_examples, processing_class=processing_class,
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers)
         self._add_reference_log_probs(train_examples, args.per_device_train_batch_size)
-        if eval_examples is not None:
-            self._add_reference_log_probs(eval_examples, args.per_device_eval_batch_size)
+        for examples in each_dataset(eval_examples):
+            self._add_reference_log_probs(examples, args.per_device_eval_batch_size)
         self._warn_if_sorting_loss_sees_padding()
 
     # ------------------------------------------------------------------ data
@@ -252,10 +264,6 @@ class DPOTrainer(Trainer):
 
     def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
         """Prepared examples of ``dataset``, checked against the vocabulary of the models that will read them."""
-        if isinstance(dataset, Mapping):
-            raise TypeError(f"A dict of datasets ({list(dataset)}) is not supported yet; pass one dataset (a "
-                            "datasets.Dataset or a list of examples) and evaluate the others with "
-                            "trainer.evaluate(dataset).")
         examples = prepare_preference_examples(dataset, tokenizer, max_length=args.max_length,
                                                truncation_mode=args.truncation_mode, num_proc=args.dataset_num_proc)
         largest = max([self.pad_token_id, *(max(e[key], default=0) for e in examples
@@ -296,10 +304,10 @@ class DPOTrainer(Trainer):
 
         def reference_log_probs(module, batch, num_items_in_batch=None):
             with lora_runtime.lora_mode(mode):
-                _, _, mask, per_token = _pair_token_log_probs(family, module, batch)
+                scores, mask = _pair_token_log_probs(family, module, batch)
             # Replicated, so every process reads all rows.
             return tuple(jax.lax.with_sharding_constraint(logps, replicated)
-                         for logps in _sequence_log_probs(per_token, mask, ld_alpha))
+                         for logps in _sequence_log_probs(scores.log_probs, mask, ld_alpha))
 
         step = train_step.make_eval_step(reference_log_probs, self._compute_dtype())
         size = per_device_batch_size * mesh_lib.data_parallel_size(mesh)
@@ -337,19 +345,18 @@ class DPOTrainer(Trainer):
             logs = {**logs, "eval_num_tokens": previous["num_tokens"]}
         super().log(logs)
 
-    def evaluate(self, eval_dataset: Any = None) -> dict[str, float]:
-        """Mean DPO loss and TRL's metrics (``eval_rewards/chosen``...) over ``eval_dataset``.
+    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+        """Raw preference data prepared and scored by the reference (TRL's ``evaluate`` does too); examples that
+        carry reference log-probabilities already (the trainer's ``eval_dataset``) as they are."""
+        if all(key in next(iter(dataset), {}) for key in _REFERENCE_COLUMNS):
+            return super()._prepare_eval_dataset(dataset)
+        examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
+        self.padded_length = max(self.padded_length, padded_length(
+            examples, self.args.max_length, self.args.truncation_mode, self.args.pad_to_multiple_of))
+        self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
+        return examples
 
-        Args:
-            eval_dataset: raw preference data (prepared and scored by the reference here, as TRL does), or the
-                trainer's prepared ``eval_dataset`` when omitted.
-
-        Returns:
-            ``{"eval_loss": ..., "eval_rewards/chosen": ..., ..., "eval_runtime": seconds}``.
-        """
-        if eval_dataset is not None and not all(key in next(iter(eval_dataset), {}) for key in _REFERENCE_COLUMNS):
-            eval_dataset = self._tokenize(eval_dataset, self.processing_class, self.args, self.model)
-            self.padded_length = max(self.padded_length, padded_length(
-                eval_dataset, self.args.max_length, self.args.truncation_mode, self.args.pad_to_multiple_of))
-            self._add_reference_log_probs(eval_dataset, self.args.per_device_eval_batch_size)
-        return super().evaluate(eval_dataset)
+    def _step_metric_prefix(self, metric_key_prefix: str) -> str:
+        """``"eval"``: TRL logs its metrics (``rewards/chosen``...) as ``eval_<metric>`` whatever the dataset, so with a
+        dict of eval datasets only the loss, runtime and speed carry the dataset's name."""
+        return "eval"

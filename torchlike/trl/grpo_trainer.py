@@ -20,14 +20,14 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import jax
 import numpy as np
 
 from ..adapters import mesh as mesh_lib
-from ..adapters import rl_math, sampling, tunix_grpo
+from ..adapters import multihost, rl_math, sampling, tunix_grpo
 from ..adapters.lora import runtime as lora_runtime
-from ..training import Trainer
+from ..training import Trainer, batches
 from ..training.batches import sampler_order
+from ..version import repetition_penalty_skips_left_padding
 from .base_config import round_up_to_multiple
 
 __all__ = ["GRPOTrainer"]
@@ -126,8 +126,9 @@ class GRPOTrainer(Trainer):
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
         train_rows = self._prepare(train_dataset, "train_dataset")
-        eval_rows = self._prepare(eval_dataset, "eval_dataset")
-        lengths = [len(row["prompt_ids"]) for row in (train_rows or []) + (eval_rows or [])]
+        eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
+        lengths = [len(row["prompt_ids"]) for rows in [train_rows or [], *batches.each_dataset(eval_rows)]
+                   for row in rows]
         self.prompt_length = self._padded(sampling.bucket_length(max(lengths, default=1)))
         vocab = getattr(model.config, "vocab_size", None)
         largest = max([self.pad_token_id, *self.eos_token_ids, *(max(r["prompt_ids"], default=0)
@@ -137,9 +138,6 @@ class GRPOTrainer(Trainer):
                              "belongs to the model.")
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
-        if jax.process_count() > 1:
-            raise NotImplementedError("GRPO rollouts run on one process for now; launch a single process (it may "
-                                      "drive every device of the host through the mesh).")
         self._reference = None
         if args.beta != 0.0 and not self._is_lora():
             from flax import nnx
@@ -284,7 +282,7 @@ class GRPOTrainer(Trainer):
 
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, prompt_rows: list[dict], epoch: int, generation_index: int, num_generations: int | None = None,
-                 train: bool = True) -> dict[str, np.ndarray]:
+                 train: bool = True, metric_key_prefix: str = "eval") -> dict[str, np.ndarray]:
         """Samples ``num_generations`` completions per prompt, scores them and returns the training rows
         (shuffled, TRL's ``shuffle_sequence_dict``), keeping the metrics for the next log."""
         args = self.args
@@ -296,21 +294,31 @@ class GRPOTrainer(Trainer):
         else:
             prompt_ids, prompt_mask = self._left_padded([row["prompt_ids"] for row in rows], self.prompt_length)
             length = args.max_completion_length
+            # Each device decodes its own rows (those of its process's share of the batch) when they divide evenly.
+            spread = len(rows) % mesh_lib.data_parallel_size(self.mesh) == 0
             result = sampling.generate_tokens(
                 self._module, prompt_ids, prompt_mask, length, self.sampling, eos_token_ids=self.eos_token_ids,
-                pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=lora_runtime.EVAL)
+                pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=lora_runtime.EVAL,
+                repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
+                batch_sharding=mesh_lib.batch_sharding(self.mesh) if spread else None)
             tokens = np.full((len(rows), self._padded(length)), self.pad_token_id, np.int32)
             tokens[:, :result.tokens.shape[1]] = result.tokens
             completion_mask, ended = tunix_grpo.completion_mask(tokens[:, :length], self.eos_token_ids)
             completion_mask = np.pad(completion_mask, ((0, 0), (0, tokens.shape[1] - length)))
             extra = {}
         completion_ids = [list(t[:int(m.sum())]) for t, m in zip(tokens, completion_mask, strict=True)]
-        rewards = self._rewards(rows, completion_ids, extra)
+        # Each process scores its own rows; every process then holds the whole table, as one process would.
+        own = multihost.process_rows(len(rows))
+        own_rewards = self._rewards(rows[own], completion_ids[own], {key: value[own] for key, value in extra.items()})
+        rewards = np.concatenate(multihost.allgather_objects(own_rewards))
+        if np.isnan(rewards).all(axis=1).any():
+            warnings.warn("every reward function returned None for some completions; their advantage is 0.",
+                          UserWarning, stacklevel=2)
         advantages, reward_metrics = rl_math.grpo_advantages(
             rewards, num_generations, reward_weights=args.reward_weights, scale_rewards=args.scale_rewards,
             multi_objective_aggregation=args.multi_objective_aggregation)
         lengths = completion_mask.sum(axis=1)
-        prefix = "" if train else "eval_"
+        prefix = "" if train else f"{metric_key_prefix}_"
         metrics = {"reward": reward_metrics["reward"], "reward_std": reward_metrics["reward_std"],
                    "frac_reward_zero_std": reward_metrics["frac_reward_zero_std"],
                    "completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
@@ -353,16 +361,24 @@ class GRPOTrainer(Trainer):
     def _custom_rollout(self, rows: list[dict]) -> tuple:
         """Runs ``rollout_func`` on the prompts of ``rows``: ``(prompt_ids, prompt_mask, tokens, completion_mask,
         ended, extra columns)`` with completions taken as given and ``ended`` by TRL's rule (the last token is an
-        end or pad token)."""
-        output = self.rollout_func([copy.deepcopy(row["prompt"]) for row in rows], self)
+        end or pad token). With several processes each calls it for its own rows (as TRL calls it per process)
+        and the results are gathered."""
+        own_rows = rows[multihost.process_rows(len(rows))]
+        output = self.rollout_func([copy.deepcopy(row["prompt"]) for row in own_rows], self)
         missing = sorted({"prompt_ids", "completion_ids", "logprobs"} - set(output))
         if missing:
             raise ValueError(f"rollout_func must return keys {missing} in its output dict.")
         prompts, completions = list(output["prompt_ids"]), [list(ids) for ids in output["completion_ids"]]
         for name, values in (("prompt_ids", prompts), ("completion_ids", completions)):
-            if len(values) != len(rows):
-                raise ValueError(f"rollout_func returned {len(values)} {name} for {len(rows)} prompts (each prompt "
-                                 "repeated num_generations times); return one list of token ids per prompt.")
+            if len(values) != len(own_rows):
+                raise ValueError(f"rollout_func returned {len(values)} {name} for {len(own_rows)} prompts (each "
+                                 "prompt repeated num_generations times); return one list of token ids per prompt.")
+        extra = {key: value if isinstance(value, list) else [value] * len(own_rows)
+                 for key, value in output.items() if key not in ("prompt_ids", "completion_ids", "logprobs")}
+        pieces = multihost.allgather_objects((prompts, completions, extra))
+        prompts = [ids for piece in pieces for ids in piece[0]]
+        completions = [ids for piece in pieces for ids in piece[1]]
+        extra = {key: [value for piece in pieces for value in piece[2][key]] for key in extra}
         length = self.args.max_completion_length
         longest = max(len(ids) for ids in completions)
         if longest > length:
@@ -377,8 +393,6 @@ class GRPOTrainer(Trainer):
             completion_mask[row, :len(ids)] = 1
         stops = {*self.eos_token_ids, self.pad_token_id}
         ended = np.array([not ids or ids[-1] in stops for ids in completions])
-        extra = {key: value if isinstance(value, list) else [value] * len(rows)
-                 for key, value in output.items() if key not in ("prompt_ids", "completion_ids", "logprobs")}
         return prompt_ids, prompt_mask, tokens, completion_mask, ended, extra
 
     def _padded(self, length: int) -> int:
@@ -414,6 +428,8 @@ class GRPOTrainer(Trainer):
     def _rewards(self, rows: list[dict], completion_ids: list[list[int]], extra: dict[str, list]) -> np.ndarray:
         """``[N, F]`` rewards, calling each function TRL's way (dataset columns and ``rollout_func``'s ``extra``
         fields as keyword arguments); ``None`` becomes NaN."""
+        if not rows:  # a process with no rows of a small (last) eval batch
+            return np.empty((0, len(self.reward_funcs)), np.float32)
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         conversational = _is_conversational(rows[0]["prompt"])
         completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
@@ -441,9 +457,6 @@ class GRPOTrainer(Trainer):
                                  f"{'None' if values is None else len(values)} values for {len(rows)} completions; "
                                  "return one float (or None to skip) per completion.")
             table[:, index] = [np.nan if value is None else float(value) for value in values]
-        if np.isnan(table).all(axis=1).any():
-            warnings.warn("every reward function returned None for some completions; their advantage is 0.",
-                          UserWarning, stacklevel=2)
         return table
 
     def _print_completions(self, rows, completion_ids, rewards, advantages) -> None:
@@ -463,28 +476,25 @@ class GRPOTrainer(Trainer):
                 del self._pending_metrics[key]
         super().log(logs)
 
-    def evaluate(self, eval_dataset=None) -> dict[str, float]:
+    def _prepare_eval_dataset(self, dataset) -> list[dict]:
+        """Raw eval rows prepared as the train rows are (rows prepared at construction are kept as they are)."""
+        rows = batches.as_sequence(dataset)
+        if len(rows) and isinstance(rows[0], dict) and "prompt_ids" in rows[0]:
+            return rows
+        return self._prepare(rows, "eval_dataset")
+
+    def _evaluation_loop(self, examples: list[dict], metric_key_prefix: str) -> dict[str, float]:
         """Samples ``num_generations_eval`` completions for every eval prompt and reports their rewards
-        (``eval_reward``, ``eval_rewards/<function>/mean``, completion lengths).
-
-        Args:
-            eval_dataset: rows with a ``prompt`` (default: the trainer's ``eval_dataset``).
-
-        Returns:
-            The metrics, also logged.
-        """
-        rows = self._prepare(eval_dataset, "eval_dataset") if eval_dataset is not None else self.eval_dataset
-        if rows is None:
-            raise ValueError("evaluate() needs an eval_dataset.")
+        (``eval_reward``, ``eval_rewards/<function>/mean``, completion lengths); there is no eval loss."""
         generations = self.args.num_generations_eval or self.args.num_generations
         prompts = max(1, self._global_batch_size() // generations)
         with mesh_lib.entered(self.mesh):
-            for index, start in enumerate(range(0, len(rows), prompts)):
-                self._rollout(rows[start:start + prompts], self.state.global_step, index, generations, train=False)
+            for index, start in enumerate(range(0, len(examples), prompts)):
+                self._rollout(examples[start:start + prompts], self.state.global_step, index, generations,
+                              train=False, metric_key_prefix=metric_key_prefix)
+        prefix = f"{metric_key_prefix}_"
         metrics = {key: float(np.nanmean(values)) for key, values in self._pending_metrics.items()
-                   if key.startswith("eval_")}
+                   if key.startswith(prefix)}
         for key in metrics:
             del self._pending_metrics[key]
-        self.log(metrics)
-        self._event("on_evaluate", metrics=metrics)
         return metrics

@@ -66,11 +66,13 @@ import numpy as np
 
 __all__ = [
     "ACCEPTED_FORMATS",
+    "PREPARED_COLUMNS",
     "SFTDataWarning",
     "bucket_length",
     "chat_template_kwargs_for",
     "collate_sft_batch",
     "hf_labels",
+    "is_prepared",
     "iter_sft_examples",
     "load_chat_template",
     "pad_batch_rows",
@@ -88,6 +90,8 @@ ACCEPTED_FORMATS = (
     "any columns together with formatting_func(example) -> str",
 )
 
+#: The columns of a prepared example ([`iter_sft_examples`]).
+PREPARED_COLUMNS = ("input_ids", "loss_mask", "seq_len")
 _TRUNCATION_MODES = ("keep_start", "keep_end")
 _MAX_DROP_WARNINGS = 5
 _GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -733,6 +737,18 @@ def prepare_sft_examples(
             chat_template_kwargs=chat_template_kwargs,
         )
     )
+
+
+def is_prepared(dataset: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether ``dataset`` holds prepared examples already (its first example has [`PREPARED_COLUMNS`]), such as
+    ``SFTTrainer.eval_dataset``: ``SFTTrainer.evaluate`` uses those as they are (TRL's ``_prepare_dataset`` skips
+    data it prepared likewise).
+
+    Args:
+        dataset (`datasets.Dataset`, `datasets.IterableDataset` or an iterable of dicts): Examples, raw or prepared.
+    """
+    first = next(iter(dataset), None)
+    return isinstance(first, Mapping) and all(column in first for column in PREPARED_COLUMNS)
 
 
 def unprepared_sft_examples(dataset: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 
 from ..training import Trainer
+from ..training.batches import check_single_dataset, each_dataset, map_datasets
 from .base_config import round_up_to_multiple
 from .sft_data import (
     collate_sft_batch,
+    is_prepared,
     load_chat_template,
     pad_token_id_for,
     prepare_sft_examples,
@@ -29,14 +31,21 @@ class SFTTrainer(Trainer):
         args: :class:`~torchlike.trl.SFTConfig` (default: one with ``output_dir="<model>-SFT"``).
         data_collator: replaces the fixed-shape padding collator.
         train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in a TRL
-            SFT format (``text``, ``prompt``/``completion``, ``messages``, pre-tokenised ``input_ids``).
+            SFT format (``text``, ``prompt``/``completion``, ``messages``, pre-tokenised ``input_ids``);
+            ``eval_dataset`` may be a dict of them (a ``datasets.DatasetDict``), each prepared alike and evaluated
+            with its own metric names (``eval_<name>_loss``).
         processing_class: the tokenizer (default: loaded from the model's path).
         peft_config: a :class:`~torchlike.peft.LoraConfig`: train a LoRA adapter (QLoRA when the model
             was loaded with ``quantization_config`` or the config sets ``quantize_base``).
         quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
         formatting_func: ``example -> str``, as in TRL.
-        compute_loss_func, compute_metrics, optimizer_cls_and_kwargs, preprocess_logits_for_metrics:
-            torch-specific hooks; refused with a message when set.
+        compute_loss_func: transformers' ``(outputs, labels, num_items_in_batch) -> loss`` on the batch's
+            ``labels`` (see :class:`~torchlike.Trainer`).
+        compute_metrics, preprocess_logits_for_metrics: as in TRL: ``compute_metrics`` receives an
+            ``EvalPrediction`` of the logits ``[N, T, V]`` and TRL's collator ``labels`` (``-100`` off the loss and on
+            padding), each batch cut to the length TRL pads it to (its longest example, rounded up to
+            ``pad_to_multiple_of``) and padded with ``-100`` across batches (see :class:`~torchlike.Trainer`).
+        optimizer_cls_and_kwargs: a torch optimizer class; refused with a message when set.
     """
 
     def __init__(self, model: Any, args: Any = None, data_collator: Callable | None = None, train_dataset: Any = None,
@@ -51,11 +60,10 @@ class SFTTrainer(Trainer):
         from .sft_config import SFTConfig
         from .trainer_setup import default_output_dir, load_model
 
-        for name, value in (("optimizer_cls_and_kwargs", optimizer_cls_and_kwargs),
-                            ("preprocess_logits_for_metrics", preprocess_logits_for_metrics)):
-            if value is not None:
-                raise ValueError(f"{name} is a torch hook and cannot run on JAX; pass optimizers=(optax "
-                                 "transformation, None) for a custom optimizer.")
+        if optimizer_cls_and_kwargs is not None:
+            raise ValueError("optimizer_cls_and_kwargs is a torch hook and cannot run on JAX; pass optimizers=(optax "
+                             "transformation, None) for a custom optimizer.")
+        check_single_dataset(train_dataset, "train_dataset")
         if args is None:
             args = SFTConfig(output_dir=default_output_dir(model, "SFT"))
         check_unsupported(args)
@@ -96,18 +104,42 @@ class SFTTrainer(Trainer):
                              f"{len(processing_class)} tokens; pad token {processing_class.pad_token!r}). Use the "
                              "tokenizer that belongs to the model, or set tokenizer.pad_token to a token the "
                              "model knows.")
-        eval_examples = prepare(eval_dataset)
-        # One padded length for every batch, so XLA compiles the step once: the longest prepared example (already
-        # truncated to max_length; TRL pads each batch to its longest), rounded up as pad_to_multiple_of asks.
-        length = max([len(example["input_ids"]) for example in (train_examples or []) + (eval_examples or [])],
-                     default=1)
-        length = round_up_to_multiple(length, args.pad_to_multiple_of)
-        collator = data_collator or (lambda rows: collate_sft_batch(rows, self.pad_token_id, length))
+        self._prepare_sft_dataset = prepare
+        eval_examples = map_datasets(eval_dataset, prepare)
+        self.padded_length = 1
+        self._pads_like_trl = data_collator is None
+        collator = data_collator or (lambda rows: collate_sft_batch(rows, self.pad_token_id, self.padded_length))
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
                          eval_dataset=eval_examples, processing_class=processing_class,
                          compute_loss_func=compute_loss_func, compute_metrics=compute_metrics, callbacks=callbacks,
-                         optimizers=optimizers)
+                         optimizers=optimizers, preprocess_logits_for_metrics=preprocess_logits_for_metrics)
+        self._pad_to_fit([*(train_examples or []), *(example for examples in each_dataset(eval_examples)
+                                                      for example in examples)])
+
+    def _pad_to_fit(self, examples: list[dict]) -> None:
+        """Grows the one padded length of every batch (so XLA compiles each step once) to fit ``examples``: the
+        longest prepared example (already truncated to max_length; TRL pads each batch to its longest), rounded up as
+        pad_to_multiple_of asks."""
+        longest = max((len(example["input_ids"]) for example in examples), default=1)
+        self.padded_length = max(self.padded_length, round_up_to_multiple(longest, self.args.pad_to_multiple_of))
 
     def _signature_columns(self) -> None:
         """Every column: the prepared examples hold only SFT's columns (``input_ids``, ``loss_mask``, ``seq_len``)."""
         return None
+
+    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+        """Raw data prepared like ``train_dataset`` (TRL's ``evaluate`` does too); prepared examples as they are."""
+        if is_prepared(dataset):
+            return super()._prepare_eval_dataset(dataset)
+        examples = self._prepare_sft_dataset(dataset)
+        self._pad_to_fit(examples)
+        return examples
+
+    def _metrics_length(self, lengths: np.ndarray) -> int | None:
+        """TRL's collator pads each batch to its longest example, rounded up to ``pad_to_multiple_of``; torchlike
+        pads every batch to one length. ``compute_metrics`` sees TRL's length (a custom ``data_collator``: the
+        batch as it made it)."""
+        if not self._pads_like_trl:
+            return None
+        return round_up_to_multiple(int(lengths.max()), self.args.pad_to_multiple_of)
+

@@ -1,0 +1,153 @@
+"""Per-token log-probabilities of given target tokens from a decoder's hidden states, a block of positions at a time.
+
+SFT's token NLL, DPO's sequence log-probabilities and GRPO's completion log-probabilities all need
+``log_softmax(logits)[target]`` at each position (DPO also logs per-position entropies), never the ``[B, T, V]``
+logits themselves. At a real vocabulary (Qwen2.5: 151,936 tokens) one float32 copy of those logits is gigabytes, and
+autodiff keeps several.
+Here the decoder runs once up to its final norm (``Family.hidden_states``); then a ``lax.scan`` over blocks of
+positions applies the output head (``Family.logits_from_hidden``) and reduces each block to per-token values,
+under ``jax.checkpoint``, so the backward pass recomputes one block's logits at a time. Peak memory then scales
+with one block's logits, not the sequence's, in the forward and the backward pass; the values are those of the
+whole-sequence computation (the same functions on the same rows). What remains is what every path holds, such as
+the head weight's ``[V, H]`` gradient, so the saving is large when the scored positions ``B * T`` far exceed the
+hidden size ``H``.
+
+Like Liger's fused linear cross entropy (TRL's ``use_liger_kernel``), this trades a second head matmul in the
+backward pass for that memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from . import rl_math
+from .families import Family
+from .tunix_model import causal_attention, positions_from_mask
+
+#: Bytes of float32 logits one block may hold, over the whole batch: ``"auto"`` blocks have
+#: ``LOGITS_BLOCK_BYTES // (4 * batch * vocab)`` positions. Autodiff keeps a few such copies (logits, softmax, their
+#: cotangents) for the block being processed; small vocabularies and sequences fit in one block (no chunking).
+LOGITS_BLOCK_BYTES = 256 * 2**20
+
+BlockSize = int | str | None
+"""``"auto"`` (from :data:`LOGITS_BLOCK_BYTES`), a number of positions per block, or ``None`` (the whole sequence at
+once: the unchunked computation, without rematerialisation)."""
+
+
+class TokenScores(NamedTuple):
+    """Per-position values for the target tokens, each ``[B, T]`` float32.
+
+    ``log_probs`` is differentiable; the metrics are ``None`` unless asked for, and carry no gradient.
+    """
+
+    log_probs: jax.Array
+    entropies: jax.Array | None = None
+    logit_means: jax.Array | None = None
+    top1: jax.Array | None = None
+
+
+def block_length(block_size: BlockSize, batch: int, length: int, vocab: int | None) -> int:
+    """Positions per block for a ``[batch, length]`` target array over ``vocab`` tokens.
+
+    Blocks are made equal (``ceil(length / count)`` positions for the fewest blocks of at most the requested size),
+    so at most one block's worth minus one of positions is padding.
+
+    Raises:
+        ValueError: ``block_size`` is not ``"auto"``, ``None`` or a positive integer.
+    """
+    if block_size is None:
+        return length
+    if block_size == "auto":
+        block_size = max(1, LOGITS_BLOCK_BYTES // (4 * batch * vocab))
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be 'auto', None or a positive number of positions, got {block_size!r}.")
+    count = -(-length // block_size)
+    return -(-length // count)
+
+
+def token_scores(hidden: jax.Array, targets: jax.Array, head: Callable[[jax.Array], jax.Array], *,
+                 temperature: float = 1.0, block_size: BlockSize = "auto", with_metrics: bool = False
+                 ) -> TokenScores:
+    """Scores ``targets`` under ``softmax(head(hidden) / temperature)``, a block of positions at a time.
+
+    ``log_probs[b, t] = log_softmax(head(hidden[b, t]) / temperature)[targets[b, t]]`` (TRL's
+    ``selective_log_softmax``, :func:`rl_math.token_log_probs`). With ``with_metrics``: ``entropies`` of that
+    distribution (:func:`rl_math.token_entropies`), ``logit_means`` (the mean of the raw logits over the vocabulary)
+    and ``top1`` (1.0 where the target is the most likely token).
+
+    Args:
+        hidden: ``[B, T, H]`` head inputs; position ``t`` scores ``targets[:, t]``.
+        targets: ``[B, T]`` token ids.
+        head: ``hidden [B, t, H] -> float32 logits [B, t, V]``.
+        temperature: > 0.
+        block_size: see :data:`BlockSize`. The last block is padded; its padding positions are dropped from the
+            outputs, so they reach no loss and no gradient.
+        with_metrics: also compute the metrics.
+
+    Returns:
+        :class:`TokenScores`.
+    """
+    batch, length = targets.shape
+    vocab = jax.eval_shape(head, hidden[:, :1]).shape[-1] if block_size == "auto" else None
+    block = block_length(block_size, batch, length, vocab)
+    targets = targets.astype(jnp.int32)
+
+    def score(hidden_block, target_block):
+        return _scores(head(hidden_block), target_block, temperature, with_metrics)
+
+    if block >= length:
+        return TokenScores(*score(hidden, targets))
+    count = -(-length // block)
+    padding = count * block - length
+    hidden = jnp.pad(hidden, ((0, 0), (0, padding), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, padding)))
+    blocks = (hidden.reshape(batch, count, block, hidden.shape[-1]).swapaxes(0, 1),
+              targets.reshape(batch, count, block).swapaxes(0, 1))
+    rematerialised = jax.checkpoint(score, prevent_cse=False)
+    _, scores = jax.lax.scan(lambda carry, xs: (carry, rematerialised(*xs)), None, blocks)
+    return TokenScores(*(values.swapaxes(0, 1).reshape(batch, count * block)[:, :length] for values in scores))
+
+
+def _scores(logits: jax.Array, targets: jax.Array, temperature: float, with_metrics: bool) -> tuple[jax.Array, ...]:
+    log_probs = rl_math.token_log_probs(logits, targets, None, temperature)
+    if not with_metrics:
+        return (log_probs,)
+    logits = jax.lax.stop_gradient(logits)
+    return (log_probs, rl_math.token_entropies(logits, None, temperature), logits.mean(-1),
+            (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+
+
+def hidden_states(family: Family, module: nnx.Module, batch: dict) -> jax.Array:
+    """``[B, T, H]`` final-norm hidden states of a padded ``input_ids``/``attention_mask`` batch (the inputs of
+    ``tunix_model.causal_lm_logits``'s head)."""
+    mask = batch["attention_mask"].astype(bool)
+    return family.hidden_states(module, batch["input_ids"].astype(jnp.int32), positions_from_mask(mask),
+                                causal_attention(mask))
+
+
+def next_token_scores(family: Family, module: nnx.Module, batch: dict, *, last: int | None = None,
+                      temperature: float = 1.0, block_size: BlockSize = "auto",
+                      with_metrics: bool = False) -> TokenScores:
+    """Scores of each next token of a padded causal-LM batch: position ``t`` scores ``input_ids[:, t + 1]``.
+
+    Args:
+        family, module: the model.
+        batch: ``input_ids`` and ``attention_mask`` ``[B, T]``.
+        last: score only the last ``last`` tokens (GRPO's completions); ``None``: tokens ``1 .. T - 1``.
+        temperature, block_size, with_metrics: as in :func:`token_scores`.
+
+    Returns:
+        :class:`TokenScores` of shape ``[B, T - 1]`` (``[B, last]`` with ``last``).
+    """
+    hidden = hidden_states(family, module, batch)
+    targets = batch["input_ids"][:, 1:]
+    hidden = hidden[:, :-1]
+    if last is not None:
+        hidden, targets = hidden[:, -last:], targets[:, -last:]
+    return token_scores(hidden, targets, lambda block: family.logits_from_hidden(module, block),
+                        temperature=temperature, block_size=block_size, with_metrics=with_metrics)
