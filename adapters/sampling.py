@@ -215,7 +215,7 @@ def mark_seen(seen: jax.Array, tokens: jax.Array) -> jax.Array:
 def init_cache(module: nnx.Module, batch_size: int, size: int) -> dict[str, dict[str, jax.Array]]:
     """An empty Tunix KV cache: ``{"layer_i": {"k", "v": [B, size, kv_heads, head_dim], "end_index": [B]}}``.
 
-    Every Tunix decoder (Qwen2/3, Llama 3, Gemma 3) reads this layout and writes at
+    Every Tunix decoder (Qwen2/3, Llama 3, Gemma 2/3) reads this layout and writes at
     ``end_index[0]``; the cache dtype is the embedding's, which is what the projections produce.
     """
     config = module.config
@@ -361,7 +361,7 @@ def generate_tokens(
     row has produced an end token.
 
     Args:
-        module: a Tunix decoder (Qwen2, Qwen3, Llama 3, Gemma 3), LoRA-adapted or not.
+        module: a Tunix decoder (Qwen2, Qwen3, Llama 3, Gemma 2, Gemma 3), LoRA-adapted or not.
         input_ids: ``[B, P]`` int token ids, left-padded.
         attention_mask: ``[B, P]`` 1 for real tokens, 0 for (left) padding.
         max_new_tokens: the most tokens to add per row (``>= 1``).

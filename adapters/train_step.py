@@ -62,21 +62,58 @@ def rematerialised(module: nnx.Module):
             undo()
 
 
-def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
-    """``loss(module, batch, num_items_in_batch) -> (summed token NLL, number of loss tokens, {})``.
+#: ``loss_type`` values of :func:`causal_lm_loss` (TRL's ``SFTConfig.loss_type``).
+CAUSAL_LM_LOSS_TYPES = ("nll", "dft")
 
-    ``batch`` holds ``input_ids``, ``attention_mask`` and ``loss_mask`` of shape ``[B, T]``; the
-    label of position ``t`` is ``input_ids[t]``, predicted from position ``t - 1``, counted when
-    ``loss_mask[t]`` and ``attention_mask[t]`` are both 1 (TRL's ``completion_mask`` alignment). The log-probs
-    are computed ``block_size`` positions at a time (:func:`chunked_logprobs.next_token_scores`).
+
+def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "auto", loss_type: str = "nll"
+                   ) -> Callable:
+    """``loss(module, batch, num_items_in_batch) -> (summed token loss, number of loss tokens, {})``.
+
+    ``batch`` holds ``input_ids``, ``attention_mask`` and ``loss_mask`` of shape ``[B, T]`` (and ``position_ids``
+    for packed rows, :func:`tunix_model.batch_positions_and_attention`); the label of position ``t`` is
+    ``input_ids[t]``, predicted from position ``t - 1``, counted when ``loss_mask[t]`` and ``attention_mask[t]`` are
+    both 1 (TRL's ``completion_mask`` alignment). The log-probs are computed ``block_size`` positions at a time
+    (:func:`chunked_logprobs.next_token_scores`).
+
+    The token loss is, for ``loss_type="nll"``, ``-log p`` and, for ``"dft"`` (Dynamic Fine-Tuning, TRL's
+    ``SFTTrainer.compute_loss``), ``-log p * stop_gradient(p)``: each token's NLL weighted by its own probability.
+
+    Raises:
+        ValueError: an unknown ``loss_type``.
     """
+    if loss_type not in CAUSAL_LM_LOSS_TYPES:
+        raise ValueError(f"loss_type={loss_type!r}: expected one of {list(CAUSAL_LM_LOSS_TYPES)}.")
 
     def loss(module, batch, num_items_in_batch=None):
         picked = chunked_logprobs.next_token_scores(family, module, batch, block_size=block_size).log_probs
         weights = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).astype(jnp.float32)
-        return -(picked * weights).sum(), weights.sum(), {}
+        token_loss = -picked
+        if loss_type == "dft":
+            token_loss = token_loss * jax.lax.stop_gradient(jnp.exp(picked))
+        return (token_loss * weights).sum(), weights.sum(), {}
 
     return loss
+
+
+_micro_batch_keys: list[jax.Array] = []
+
+
+def training_key() -> jax.Array | None:
+    """The random key of the micro-batch whose loss a train step (:func:`make_train_step`) is tracing, ``None``
+    anywhere else (eval steps, log-prob passes, the sampler): a loss that perturbs only in training
+    (``adapters.neftune``) reads it. Step ``i``'s micro-batch ``m`` gets
+    ``split(fold_in(key(seed), i), A)[m]``, so a resumed run draws what an uninterrupted one does."""
+    return _micro_batch_keys[-1] if _micro_batch_keys else None
+
+
+@contextlib.contextmanager
+def _micro_batch_key(key: jax.Array):
+    _micro_batch_keys.append(key)
+    try:
+        yield
+    finally:
+        _micro_batch_keys.pop()
 
 
 def mean_loss(loss_fn: Callable) -> Callable:
@@ -169,7 +206,8 @@ def make_train_step(
             (bf16 mixed precision); the optimizer keeps the full-precision weights.
         lora: run LoRA ops in training mode (dropout on).
         seed: the dropout RNG of step ``i`` is ``fold_in(key(seed), i)``, so a resumed run draws
-            the same masks (the key is made inside the program: no host-side key crosses processes).
+            the same masks (the key is made inside the program: no host-side key crosses processes); the
+            losses' keys (:func:`training_key`) derive from it too.
         count_items: ``batch -> item count``; when given, the step passes the count over all its
             micro-batches to ``loss`` as ``num_items_in_batch`` (transformers' convention).
         merged_lora_scale: run adapted layers as one matmul on ``W + scale * A @ B`` with the factors'
@@ -206,8 +244,10 @@ def make_train_step(
         batches = [jax.tree.map(lambda x, i=index: x[i], micro_batches) for index in range(count)]
         num_items = sum(count_items(batch) for batch in batches) if count_items is not None else None
         total_value, total_weight, aux_sum, grads = 0.0, 0.0, {}, None
-        for batch in batches:
-            (value, (weight, aux)), micro_grads = grad_fn(module, batch, num_items)
+        keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), step_index), count)
+        for index, batch in enumerate(batches):
+            with _micro_batch_key(keys[index]):
+                (value, (weight, aux)), micro_grads = grad_fn(module, batch, num_items)
             total_value, total_weight = total_value + value, total_weight + weight
             aux_sum = {key: aux_sum.get(key, 0.0) + aux[key] for key in aux}
             grads = micro_grads if grads is None else jax.tree.map(jnp.add, grads, micro_grads)

@@ -273,15 +273,44 @@ def positions_from_mask(mask):
     return xp.maximum(xp.cumsum(mask, axis=-1) - 1, 0).astype(xp.int32)
 
 
-def causal_attention(mask):
-    """The ``[B, T, T]`` bool (query, key) mask of a padded batch: causal, padding keys hidden.
+def causal_attention(mask, segment_ids=None):
+    """The ``[B, T, T]`` bool (query, key) mask of a padded batch: causal, padding keys hidden, and, with
+    ``segment_ids``, block-diagonal: a query sees only keys of its own segment (packed sequences).
 
     Args:
         mask: ``[B, T]`` bool, numpy (the result is numpy) or JAX.
+        segment_ids: ``[B, T]`` ints, equal within one packed sequence (:func:`segment_ids_from_positions`), or
+            ``None`` for one sequence per row.
     """
     xp = _array_module(mask)
     length = mask.shape[-1]
-    return xp.tril(xp.ones((length, length), dtype=bool))[None] & mask[:, None, :]
+    attention = xp.tril(xp.ones((length, length), dtype=bool))[None] & mask[:, None, :]
+    if segment_ids is not None:
+        attention = attention & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    return attention
+
+
+def segment_ids_from_positions(position_ids):
+    """Segment ids ``[B, T]`` int32 of packed rows: a new segment starts wherever the position id is 0 (how
+    transformers finds packed sequences from ``position_ids``, ``find_packed_sequence_indices``).
+
+    Args:
+        position_ids: ``[B, T]`` ints restarting at 0 at each packed sequence; numpy or JAX.
+    """
+    xp = _array_module(position_ids)
+    return xp.cumsum(position_ids == 0, axis=-1).astype(xp.int32)
+
+
+def batch_positions_and_attention(batch: dict):
+    """``(positions [B, T], attention [B, T, T])`` for a batch with ``attention_mask``: positions counted from the
+    mask and plain causal attention (:func:`positions_from_mask`, :func:`causal_attention`), or, when the batch has
+    ``position_ids`` (packed rows), those positions and attention kept inside each packed sequence
+    (:func:`segment_ids_from_positions`), so no token sees another sequence of its row."""
+    mask = batch["attention_mask"].astype(bool)
+    if "position_ids" not in batch:
+        return positions_from_mask(mask), causal_attention(mask)
+    position_ids = batch["position_ids"].astype(jnp.int32)
+    return position_ids, causal_attention(mask, segment_ids_from_positions(position_ids))
 
 
 def causal_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -293,10 +322,10 @@ def causal_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[ja
 
 
 def causal_lm_logits(family: Family, module: nnx.Module, batch: dict) -> jax.Array:
-    """Logits ``[B, T, V]`` of a padded ``input_ids``/``attention_mask`` batch, for use inside a jitted step."""
-    mask = batch["attention_mask"].astype(bool)
-    return family.forward(module, batch["input_ids"].astype(jnp.int32), positions_from_mask(mask),
-                          causal_attention(mask))
+    """Logits ``[B, T, V]`` of a padded ``input_ids``/``attention_mask`` batch (packed rows when it has
+    ``position_ids``: :func:`batch_positions_and_attention`), for use inside a jitted step."""
+    positions, attention = batch_positions_and_attention(batch)
+    return family.forward(module, batch["input_ids"].astype(jnp.int32), positions, attention)
 
 
 @nnx.jit(static_argnums=(0, 1))

@@ -52,6 +52,16 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         "google-tunix", "<=0.1.7",
+        "Gemma (1/2) attention hard-codes rope_theta=10000, scales queries by head_dim**-0.5 (ignoring "
+        "query_pre_attn_scalar), compares cache slots with token positions for the sliding window (wrong on "
+        "left-padded rows and in the sampler's decode) and builds a fused qkv_einsum when num_kv_heads == "
+        "num_heads; the attention is subclassed with the window on cache slots, the query scalar and "
+        "adapters.rope, and the q/kv weights are split.",
+        ("adapters/families/gemma2.py:Gemma2Attention", "adapters/families/gemma2.py:build_model",
+         "adapters/families/gemma2.py:_split_fused_qkv"),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
         "The vanilla Sampler has no repetition penalty or min-p, needs a fixed kv_cache_size (its index wraps "
         "silently), reuses one PRNG key per rollout and returns NaN log-probs at temperature 0; generation "
         "runs its own decode loop on Tunix's KV cache.",

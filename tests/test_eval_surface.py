@@ -240,7 +240,7 @@ def test_sft_compute_metrics_receives_trl_logits_and_labels(sft_pair):
     np.testing.assert_array_equal(ours["label_ids"], theirs["label_ids"])
     np.testing.assert_array_equal(ours["inputs"], theirs["inputs"])
     assert ours["label_ids"].dtype == theirs["label_ids"].dtype
-    lengths = [example["seq_len"] for example in sft_pair[1].eval_dataset]
+    lengths = [len(example["input_ids"]) for example in sft_pair[1].eval_dataset]
     assert_same_logits(ours["predictions"], theirs["predictions"], lengths)
     np.testing.assert_allclose(ours["losses"], theirs["losses"], rtol=1e-4)
     assert metrics["eval_rows"] == 10 and metrics["eval_first_label"] == int(theirs["label_ids"][0, -1])
@@ -252,7 +252,7 @@ def test_preprocess_logits_for_metrics_runs_per_batch_on_torch_tensors(sft_pair)
     theirs, ours = theirs[0], ours[0]
     assert ours["predictions"].shape == theirs["predictions"].shape == ours["label_ids"].shape
     np.testing.assert_array_equal(ours["predictions"] == -100, theirs["predictions"] == -100)
-    lengths = [example["seq_len"] for example in sft_pair[1].eval_dataset]
+    lengths = [len(example["input_ids"]) for example in sft_pair[1].eval_dataset]
     real = np.arange(ours["predictions"].shape[1])[None, :] < np.asarray(lengths)[:, None]
     assert (ours["predictions"][real] == theirs["predictions"][real]).mean() > 0.99  # argmax of near-equal logits
 

@@ -134,6 +134,17 @@ def test_from_config_builds_a_random_model_transformers_can_load(tmp_path):
     assert np.abs(np.asarray(model(ids, mask).logits)[valid] - expected[valid]).max() <= 1e-4
 
 
+@pytest.mark.parametrize("case, neutral", [("qwen2", 1.0), ("gemma2", 0.0), ("gemma3", 0.0)])
+def test_from_config_gives_norms_their_neutral_weight(case, neutral):
+    """transformers initialises RMS norms to the identity: weight 1, or 0 where the norm scales by (1 + weight)."""
+    config = tiny.CASES[case]()
+    model = torchlike.AutoModelForCausalLM.from_config(config)
+    reference = transformers.AutoModelForCausalLM.from_config(config)
+    norms = {name: array for name, array in model.named_parameters() if "norm" in name}
+    assert norms and all(np.all(np.asarray(array) == neutral) for array in norms.values())
+    assert all(torch.all(value == neutral) for name, value in reference.named_parameters() if "norm" in name)
+
+
 def test_hub_id_offline_says_it_was_not_found_and_how_to_pass_a_path(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(OSError, match="not a local directory.*offline.*Pass the path"):

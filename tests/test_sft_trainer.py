@@ -88,7 +88,7 @@ def test_pad_to_multiple_of_rounds_the_padded_length_up(tiny_checkpoints, tokeni
 
     def padded_length(**overrides):
         trainer = sft_trainer(tiny_checkpoints, tokenizer, tmp_path, **overrides)
-        return trainer.data_collator(trainer.train_dataset[:2])["input_ids"].shape[1]
+        return trainer.data_collator([trainer.train_dataset[i] for i in range(2)])["input_ids"].shape[1]
 
     longest = max(len(e["input_ids"]) for e in sft_trainer(tiny_checkpoints, tokenizer, tmp_path).train_dataset)
     assert padded_length() == longest  # the longest prepared example, not max_length (TRL pads to the longest)
@@ -126,7 +126,7 @@ def test_pad_token_sets_the_padding_id_of_the_batches(tiny_checkpoints, tokenize
         trainer = sft_trainer(tiny_checkpoints, tokenizer, tmp_path, pad_token="<unk>")
     unk = tokenizer.convert_tokens_to_ids("<unk>")
     assert tokenizer.pad_token == "<unk>" and trainer.pad_token_id == unk
-    batch = trainer.data_collator(trainer.train_dataset[:2])
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
     assert (batch["input_ids"][batch["attention_mask"] == 0] == unk).all()
     with pytest.warns(FutureWarning), pytest.raises(ValueError, match="pad_token='<nope>' is not in the vocabulary"):
         sft_trainer(tiny_checkpoints, tokenizer, tmp_path, pad_token="<nope>")
@@ -138,10 +138,12 @@ def test_skip_prepare_dataset_uses_the_rows_as_given(tiny_checkpoints, tokenizer
             {"input_ids": [5, 6, 7]}]
     trainer = sft_trainer(tiny_checkpoints, tokenizer, tmp_path, rows, max_length=32,
                           dataset_kwargs={"skip_prepare_dataset": True})
-    assert trainer.train_dataset == [
-        {"input_ids": list(range(3, 43)), "loss_mask": [0] * 30 + [1] * 10, "seq_len": 40},  # not truncated to 32
-        {"input_ids": [5, 6, 7], "loss_mask": [1, 1, 1], "seq_len": 3}]  # no eos appended, loss on every token
-    assert trainer.data_collator(trainer.train_dataset)["input_ids"].shape == (2, 40)
+    assert trainer.train_dataset is rows  # the data as given, as in TRL
+    batch = trainer.data_collator(rows)
+    assert batch["input_ids"].shape == (2, 40)  # not truncated to 32
+    np.testing.assert_array_equal(batch["loss_mask"][0], [0] * 30 + [1] * 10)
+    np.testing.assert_array_equal(batch["loss_mask"][1, :3], [1, 1, 1])  # no eos appended, loss on every token
+    assert batch["attention_mask"][1].sum() == 3
     with pytest.raises(ValueError, match="mask columns but no 'labels'"):
         sft_trainer(tiny_checkpoints, tokenizer, tmp_path, [{"input_ids": [5, 6], "completion_mask": [0, 1]}],
                     dataset_kwargs={"skip_prepare_dataset": True})

@@ -18,6 +18,7 @@ from torchlike.testing import random_model, tiny_config
 CACHE_ROOT = os.environ.get("TORCHLIKE_TEST_CACHE", os.path.join(tempfile.gettempdir(), "torchlike-test-cache"))
 
 # gemma3: a window (8) shorter than padded_batch's rows (24), one layer of each type; gemma3_mha: Tunix fuses qkv.
+# gemma2: a window of 4, both soft-caps binding, query_pre_attn_scalar != head_dim; gemma2_mha: Tunix fuses qkv.
 CASES = {
     "qwen2": lambda: tiny_config("qwen2"),
     "qwen2_tied": lambda: tiny_config("qwen2", tie_word_embeddings=True),
@@ -27,6 +28,8 @@ CASES = {
     "llama32": lambda: tiny_config("llama32"),
     "gemma3": lambda: tiny_config("gemma3"),
     "gemma3_mha": lambda: tiny_config("gemma3", num_key_value_heads=4),
+    "gemma2": lambda: tiny_config("gemma2"),
+    "gemma2_mha": lambda: tiny_config("gemma2", num_key_value_heads=4),
 }
 
 

@@ -58,7 +58,7 @@ class CausalLM:
         module: the Tunix ``flax.nnx.Module``.
         config: the ``transformers`` config (``PretrainedConfig``).
         generation_config: ``transformers.GenerationConfig`` (from ``generation_config.json``).
-        family: the adapter family table (``qwen2``, ``qwen3``, ``llama3``, ``gemma3``).
+        family: the adapter family table (``qwen2``, ``qwen3``, ``llama3``, ``gemma2``, ``gemma3``).
         mesh: the ``jax.sharding.Mesh`` the parameters live on, or ``None``.
     """
 
@@ -411,7 +411,7 @@ class CausalLM:
 
 
 class AutoModelForCausalLM:
-    """Loads Hugging Face causal LMs (Qwen2, Qwen3, Llama 3.x, Gemma 3 text) as :class:`CausalLM`."""
+    """Loads Hugging Face causal LMs (Qwen2, Qwen3, Llama 3.x, Gemma 2, Gemma 3 text) as :class:`CausalLM`."""
 
     def __init__(self, *args, **kwargs):
         raise OSError("Use AutoModelForCausalLM.from_pretrained(...) or .from_config(...).")
@@ -514,8 +514,7 @@ class AutoModelForCausalLM:
         def random_tensors():
             for spec in specs:
                 if spec.name.endswith("norm.weight"):
-                    # Gemma-style norms scale by (1 + w): their neutral value is 0, others 1.
-                    value = 0.0 if family.name == "gemma3" else 1.0
+                    value = 0.0 if family.norms_scale_by_one_plus_weight else 1.0  # the neutral norm weight
                     yield spec.name, np.full(spec.shape, value, np.float32), "random init"
                 elif spec.name.endswith(".bias"):
                     yield spec.name, np.zeros(spec.shape, np.float32), "random init"

@@ -51,6 +51,12 @@ _FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
         })),
+    # Gemma 2: sliding and full attention layers taking turns (transformers' default layer_types), a window (4)
+    # shorter than a typical test row, attention and final soft-caps small enough to bind on random weights, and
+    # queries scaled by a query_pre_attn_scalar other than head_dim (as Gemma 2 27B is).
+    "gemma2": ("Gemma2Config", dict(
+        sliding_window=4, tie_word_embeddings=True, attn_logit_softcapping=5.0, final_logit_softcapping=5.0,
+        query_pre_attn_scalar=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
 }
 FAMILIES = tuple(_FAMILIES)
 
@@ -68,7 +74,7 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
         overrides: any config field, e.g. ``hidden_size=256, num_hidden_layers=4`` for a larger model.
 
     Returns:
-        A ``Qwen2Config``, ``Qwen3Config``, ``LlamaConfig`` or ``Gemma3TextConfig``.
+        A ``Qwen2Config``, ``Qwen3Config``, ``LlamaConfig``, ``Gemma2Config`` or ``Gemma3TextConfig``.
     """
     import transformers
 

@@ -38,10 +38,12 @@ logger = logging.getLogger("torchlike")
 
 # --- Accepted enumeration values ---------------------------------------------------------------------------------
 
-#: ``lr_scheduler_type`` values torchlike builds as optax schedules (transformers' shapes, see ``get_warmup_steps``).
-LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup")
-_KNOWN_LR_SCHEDULERS = ("cosine_with_restarts", "polynomial", "inverse_sqrt", "reduce_lr_on_plateau",
-                        "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay", "greedy")
+#: ``lr_scheduler_type`` values torchlike runs: transformers' schedules that are a function of the step alone
+#: (``get_scheduler`` gives each step's rate, see ``torchlike.optim``).
+LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts",
+                                  "polynomial", "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr",
+                                  "warmup_stable_decay")
+_METRIC_DRIVEN_LR_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
 #: ``optim`` values torchlike accepts, mapped to the optax optimizer that reproduces them. All the full-precision
 #: torch AdamW variants (plain, fused, XLA, NPU, AnyPrecision with its default fp32 states, bitsandbytes' paged 32-bit)
@@ -59,8 +61,10 @@ OPTIMIZERS: dict[str, str] = {
 _LOW_BIT_OPTIMIZERS = ("adamw_torch_4bit", "adamw_torch_8bit", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit")
 _REMOVED_OPTIMIZERS = {"adamw_hf": "adamw_torch", "adamw_apex_fused": "adamw_torch"}
 
-#: ``logging_strategy`` / ``eval_strategy`` / ``save_strategy`` values.
+#: ``logging_strategy`` / ``eval_strategy`` values.
 INTERVAL_STRATEGIES: tuple[str, ...] = ("no", "steps", "epoch")
+#: ``save_strategy`` values: ``"best"`` saves after each evaluation that improves ``metric_for_best_model``.
+SAVE_STRATEGIES: tuple[str, ...] = (*INTERVAL_STRATEGIES, "best")
 #: ``hub_strategy`` values (pushes are of the Hugging Face-format model that ``save_model`` writes).
 HUB_STRATEGIES: tuple[str, ...] = ("end", "every_save")
 #: ``train_sampling_strategy`` values.
@@ -223,7 +227,14 @@ class TrainingArguments:
             the trainers (no loss scaling): use ``bf16``.
         activation_checkpointing (`bool`): rematerialise each layer's activations in the backward pass.
             ``gradient_checkpointing`` is the same switch (transformers 5.23 renamed it and warns for the old name).
-        logging_* / eval_* / save_* strategies: one of ``"no"``, ``"steps"``, ``"epoch"``.
+        logging_* / eval_* / save_* strategies: one of ``"no"``, ``"steps"``, ``"epoch"`` (``save_strategy`` also
+            ``"best"``: a checkpoint after each evaluation that improves ``metric_for_best_model``).
+        lr_scheduler_kwargs (`dict`, *optional*): the schedule's own keywords, as transformers' ``get_scheduler``
+            takes them (``num_cycles``, ``min_lr`` / ``min_lr_rate``, ``power`` / ``lr_end``, ``timescale``,
+            ``num_decay_steps`` / ``num_stable_steps`` / ``warmup_type`` / ``decay_type`` / ``min_lr_ratio``).
+        load_best_model_at_end (`bool`), metric_for_best_model (`str`), greater_is_better (`bool`): track the best
+            evaluation as transformers does (``state.best_metric``, ``state.best_model_checkpoint``, kept by
+            ``save_total_limit``) and load that checkpoint's weights when training ends.
         report_to (`str` or `list[str]`, defaults to ``"none"``): ``"none"``, ``"all"`` or some of ``REPORTERS``;
             normalised to a list (``[]`` for none).
         use_cpu (`bool`): build the mesh from ``jax.devices("cpu")`` instead of the default backend.
@@ -419,10 +430,7 @@ class TrainingArguments:
         # Enumerations.
         self.eval_strategy = check_choice("eval_strategy", self.eval_strategy, INTERVAL_STRATEGIES)
         self.logging_strategy = check_choice("logging_strategy", self.logging_strategy, INTERVAL_STRATEGIES)
-        self.save_strategy = check_choice(
-            "save_strategy", self.save_strategy, INTERVAL_STRATEGIES,
-            {"best": "saving the best checkpoint needs metric tracking (load_best_model_at_end, metric_for_best_model)"
-                     ", which torchlike does not do."})
+        self.save_strategy = check_choice("save_strategy", self.save_strategy, SAVE_STRATEGIES)
         self.hub_strategy = check_choice(
             "hub_strategy", self.hub_strategy, HUB_STRATEGIES,
             dict.fromkeys(("checkpoint", "all_checkpoints"),
@@ -430,8 +438,9 @@ class TrainingArguments:
                           "not Hugging Face models, so torchlike pushes only the model that save_model() writes."))
         self.lr_scheduler_type = check_choice(
             "lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS,
-            dict.fromkeys(_KNOWN_LR_SCHEDULERS, "torchlike builds only transformers' linear, cosine, constant and "
-                                                "constant_with_warmup schedules."))
+            dict.fromkeys(_METRIC_DRIVEN_LR_SCHEDULERS,
+                          "it changes the learning rate from evaluation metrics during training, and torchlike's "
+                          "compiled train step reads a learning rate fixed per step before training starts."))
         self.optim = check_choice("optim", self.optim, tuple(OPTIMIZERS), {
             **dict.fromkeys(_LOW_BIT_OPTIMIZERS, "low-bit optimizer states are not implemented; 'adamw_torch' gives "
                                                  "the full-precision update (optax.adamw) with fp32 states."),
@@ -452,6 +461,10 @@ class TrainingArguments:
             else:
                 raise ValueError(f"eval_strategy='steps' needs eval_steps or logging_steps above 0; got "
                                  f"eval_steps={self.eval_steps!r}, logging_steps={self.logging_steps!r}.")
+        if self.load_best_model_at_end and self.metric_for_best_model is None:
+            self.metric_for_best_model = "loss"
+        if self.greater_is_better is None and self.metric_for_best_model is not None:
+            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         self._validate()
 
     def _resolve_checkpointing_aliases(self) -> None:
@@ -511,6 +524,7 @@ class TrainingArguments:
                 raise ValueError(f"save_strategy='steps' needs save_steps above 0; got {self.save_steps!r}. Use "
                                  "save_strategy='no' to save only at the end.")
             self.save_steps = _whole_steps("save_steps", self.save_steps)
+        self._validate_best_model()
         if self.fp16 and self.bf16:
             raise ValueError("fp16=True and bf16=True were both set; choose at most one compute dtype.")
         if self.warmup_steps < 0:
@@ -526,6 +540,27 @@ class TrainingArguments:
         if not isinstance(self.prefetch_batches, int) or self.prefetch_batches < 0:
             raise ValueError(f"prefetch_batches={self.prefetch_batches!r} must be an integer >= 0 (0 prepares each "
                              "batch in the training loop).")
+
+    def _validate_best_model(self) -> None:
+        """transformers' rule: the best checkpoint can only be loaded at the end if one is saved after each
+        evaluation that may find it (``save_strategy="best"`` saves exactly then)."""
+        if not self.load_best_model_at_end or self.save_strategy == "best":
+            return
+        if self.eval_strategy != self.save_strategy:
+            raise ValueError("load_best_model_at_end=True needs the save and eval strategies to match (or "
+                             f"save_strategy='best'); got eval_strategy={self.eval_strategy!r} and "
+                             f"save_strategy={self.save_strategy!r}.")
+        if self.eval_strategy != "steps":
+            return
+        save, evaluate = self.save_steps, self.eval_steps
+        if (save < 1) != (evaluate < 1):
+            raise ValueError("load_best_model_at_end=True needs save_steps to be a multiple of eval_steps, which "
+                             f"cannot be guaranteed when one is a ratio and the other a number of steps; got "
+                             f"save_steps={save!r} and eval_steps={evaluate!r}.")
+        if round(save * 1_000_000) % round(evaluate * 1_000_000) != 0:  # transformers' integer test, ratios too
+            raise ValueError(f"load_best_model_at_end=True needs save_steps to be a round multiple of eval_steps, so "
+                             f"that every checkpoint follows an evaluation; got save_steps={save!r} and "
+                             f"eval_steps={evaluate!r}.")
 
     def _validate_mesh(self) -> None:
         if self.mesh_axis_names is None:

@@ -16,8 +16,6 @@ _USE_MESH = ("torchlike shards parameters and batches over its JAX device mesh i
              "mesh_axis_names (parameters are sharded over the 'fsdp' axis by default).")
 _XLA_COMPILES = "XLA always compiles the train step; there is no torch.compile to configure."
 _NO_TRACKIO = "torchlike does not report to trackio (report_to accepts 'tensorboard' and 'wandb')."
-_NO_BEST_MODEL = ("torchlike does not track the best checkpoint by an eval metric (no load_best_model_at_end, no "
-                  "save_strategy='best'), so checkpoint rotation and the final model would not be what you expect.")
 
 TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
     # --- transformers.TrainingArguments 5.12 to 5.24 ---
@@ -30,11 +28,18 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                  "part-way, as in transformers)."),
     "max_steps": honoured("Total optimizer steps; overrides num_train_epochs when > 0."),
     "learning_rate": honoured("Peak learning rate of the optax schedule."),
-    "lr_scheduler_type": honoured("optax schedule with transformers' shape: linear, cosine (half cycle to 0), "
-                                  "constant (no warmup, as transformers) or constant_with_warmup; others are "
-                                  "rejected by the config."),
-    "lr_scheduler_kwargs": refused("torchlike's schedules take no extra parameters yet (cosine is transformers' "
-                                   "default half cycle)."),
+    "lr_scheduler_type": honoured("Each step's learning rate is the one transformers' get_scheduler gives (computed "
+                                  "once on the host, read from a table by the train step): linear, cosine, "
+                                  "cosine_with_restarts, polynomial, constant, constant_with_warmup, inverse_sqrt, "
+                                  "cosine_with_min_lr, cosine_warmup_with_min_lr, warmup_stable_decay. "
+                                  "reduce_lr_on_plateau and greedy are rejected by the config: they change the rate "
+                                  "from evaluation metrics, and the train step's rates are fixed before training."),
+    "lr_scheduler_kwargs": honoured("Passed to transformers' get_scheduler as scheduler_specific_kwargs, which checks "
+                                    "them: num_cycles (cosine, cosine_with_restarts), power / lr_end (polynomial), "
+                                    "timescale (inverse_sqrt), min_lr / min_lr_rate (cosine_with_min_lr), "
+                                    "warmup_lr_rate, num_stable_steps / num_decay_steps / warmup_type / decay_type / "
+                                    "min_lr_ratio (warmup_stable_decay); constant and constant_with_warmup ignore "
+                                    "them, as in transformers."),
     "warmup_steps": honoured("Linear warmup from 0: whole steps when >= 1, a ratio of the total steps (rounded up) "
                              "when below 1, as transformers' get_warmup_steps."),
     "optim": honoured("The torch AdamW variants map to optax.adamw (same update), 'sgd' to optax.sgd; others are "
@@ -136,11 +141,15 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                    "compute_result=True on the last, whose result evaluate() reports."),
     "save_only_model": honoured("Checkpoints hold only the model (or LoRA) parameters, without optimizer state, "
                                 "RNG and data position, so they cannot be resumed from."),
-    "save_strategy": honoured("When to write output_dir/checkpoint-<step>: 'no', 'steps' or 'epoch'."),
+    "save_strategy": honoured("When to write output_dir/checkpoint-<step>: 'no', 'steps', 'epoch' or 'best' (after "
+                              "each evaluation that improves metric_for_best_model, as transformers decides)."),
     "save_steps": honoured("Optimizer steps between checkpoints (a ratio of the total steps when below 1)."),
     "save_on_each_node": refused("Orbax writes one checkpoint collectively from all processes, so output_dir must "
                                  "be storage that every host can reach; per-node copies are not written."),
-    "save_total_limit": honoured("Keep at most this many checkpoint-<step> folders, deleting the oldest."),
+    "save_total_limit": honoured("Keep at most this many checkpoint-<step> folders, deleting the oldest but never "
+                                 "the newest nor state.best_model_checkpoint; with 1, training ends with only the "
+                                 "best one kept, as in transformers (folders are ordered by step, where transformers "
+                                 "orders them by modification time)."),
     "enable_jit_checkpoint": ignored("torchlike does not checkpoint on SIGTERM; use save_strategy/save_steps."),
     "push_to_hub": honoured("Push the Hugging Face-format model (save_model's output) to hub_model_id with "
                             "huggingface_hub: from save_model() (commit 'Model save', as transformers) and, with "
@@ -156,13 +165,24 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                "runs."),
     "hub_revision": refused("Pushing to a branch other than the repository's default is not implemented; the "
                             "model would land on the default branch."),
-    "load_best_model_at_end": refused(_NO_BEST_MODEL),
-    "metric_for_best_model": refused(_NO_BEST_MODEL),
-    "greater_is_better": refused(_NO_BEST_MODEL),
+    "load_best_model_at_end": honoured("When training ends, the model takes the weights stored in "
+                                       "state.best_model_checkpoint (the optimizer state is left as it is, as in "
+                                       "transformers); needs matching eval and save strategies, or "
+                                       "save_strategy='best'."),
+    "metric_for_best_model": honoured("The evaluation metric (eval_ prefixed when it is not) each evaluation during "
+                                      "training compares with state.best_metric, as transformers' "
+                                      "_determine_best_metric; a new best sets best_metric, best_global_step and "
+                                      "best_model_checkpoint. 'loss' with load_best_model_at_end. "
+                                      "EarlyStoppingCallback reads it."),
+    "greater_is_better": honoured("Whether a larger metric_for_best_model is better; by default True unless the "
+                                  "metric's name ends with 'loss', as in transformers."),
     "ignore_data_skip": refused("Resuming restores the exact data position saved in the checkpoint; starting the "
                                 "epoch's data over is not implemented."),
-    "restore_callback_states_from_checkpoint": ignored("torchlike checkpoints do not hold callback states; "
-                                                       "callbacks start fresh on resume."),
+    "restore_callback_states_from_checkpoint": honoured("Checkpoints hold each ExportableState callback's state (and "
+                                                        "the control's) in trainer_state.json's stateful_callbacks, "
+                                                        "as transformers writes them; with True, resuming rebuilds "
+                                                        "those callbacks from it (e.g. EarlyStoppingCallback's "
+                                                        "patience counter)."),
     "full_determinism": ignored("XLA runs the same program in the same order for a given seed; on GPUs add "
                                 "--xla_gpu_deterministic_ops=true to XLA_FLAGS for bitwise determinism."),
     "seed": honoured("Seeds the LoRA weights a trainer creates from peft_config (TRL seeds before creating the "

@@ -6,7 +6,7 @@ import importlib
 
 from .base import Family, UnsupportedConfigError
 
-_FAMILY_MODULES = ("qwen2", "qwen3", "llama3", "gemma3")
+_FAMILY_MODULES = ("qwen2", "qwen3", "llama3", "gemma2", "gemma3")
 
 
 class UnknownArchitectureError(ValueError):

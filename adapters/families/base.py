@@ -174,6 +174,8 @@ class Family:
             positions at a time (``adapters.chunked_logprobs``).
         quantization_excluded: HF module names whose base weights Qwix cannot quantise in
             this family's Tunix model (QLoRA keeps them in full precision).
+        norms_scale_by_one_plus_weight: the RMS norms multiply by ``1 + weight`` (Gemma), so their neutral weight
+            is 0 rather than 1.
     """
 
     name: str
@@ -188,6 +190,7 @@ class Family:
     lora_targets: Mapping[str, str] = field(default_factory=dict)
     default_lora_targets: tuple[str, ...] = ()
     quantization_excluded: tuple[str, ...] = ()
+    norms_scale_by_one_plus_weight: bool = False
 
     def hf_to_nnx(self, hf_name: str) -> tuple[str, WeightRule] | None:
         """The NNX path and rule for an HF tensor name, or ``None`` if no rule matches."""

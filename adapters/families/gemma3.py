@@ -292,4 +292,5 @@ FAMILY = Family(
     ignored_hf_keys=IGNORED_KEYS,
     lora_targets=LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma3_text"
+    norms_scale_by_one_plus_weight=True,
 )

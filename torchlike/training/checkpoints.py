@@ -3,7 +3,8 @@
 A folder holds ``model`` (the model's ``state_dict()``: every parameter, or the LoRA factors with the base) and,
 unless ``save_only_model``, ``optimizer`` (the optimizer state by dotted path), both written by ``torchlike.save``,
 plus transformers' ``trainer_state.json``. The step in the state fixes the data position and the dropout RNG, so a
-resumed run continues exactly where the saved one was.
+resumed run continues exactly where the saved one was. As in transformers, rotation by ``save_total_limit`` never
+deletes the newest folder nor ``state.best_model_checkpoint``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from .. import serialization
 from ..adapters import mesh as mesh_lib
 from ..adapters import nnx_state
 
-__all__ = ["checkpoint_folders", "find_checkpoint", "restore_checkpoint", "restore_variables", "write_checkpoint"]
+__all__ = ["checkpoint_folders", "delete_all_but", "find_checkpoint", "restore_checkpoint", "restore_model",
+           "restore_variables", "rotate_checkpoints", "write_checkpoint"]
 
 PREFIX = "checkpoint-"
 
@@ -36,8 +38,11 @@ def write_checkpoint(output_dir: str | Path, step: int, model: Any, optimizer: A
                      save_only_model: bool, save_total_limit: int | None) -> Path:
     """Writes ``output_dir/checkpoint-<step>`` and deletes the oldest folders beyond ``save_total_limit``.
 
-    Every process writes its shards of the arrays; process 0 alone writes ``trainer_state.json`` and rotates, and
-    all of them meet at a barrier before returning, so the folder is complete everywhere when this returns.
+    As transformers' ``Trainer._save_checkpoint``: once the model is written, ``state.best_model_checkpoint`` becomes
+    the folder of ``state.best_global_step`` when that folder exists (this one, when this step is the best), before
+    ``trainer_state.json`` is written; rotation keeps that folder. Every process writes its shards of the arrays;
+    process 0 alone writes ``trainer_state.json`` and rotates, and all of them meet at a barrier before returning,
+    so the folder is complete everywhere when this returns.
 
     Args:
         output_dir: the trainer's ``output_dir``.
@@ -60,13 +65,51 @@ def write_checkpoint(output_dir: str | Path, step: int, model: Any, optimizer: A
         optimizer_state = {name: variable.get_value()
                            for name, variable in nnx_state.flat_variables(optimizer, nnx.OptState).items()}
         serialization.save(optimizer_state, folder / "optimizer")
+    if state.best_global_step:
+        mesh_lib.barrier(f"{PREFIX}{step}-model")  # every process has written its shards before the folder counts
+        best = Path(output_dir) / f"{PREFIX}{state.best_global_step}"
+        if best.exists():
+            state.best_model_checkpoint = str(best)
     if state.is_world_process_zero:
         state.save_to_json(str(folder / "trainer_state.json"))
-        if save_total_limit:
-            for old in checkpoint_folders(output_dir)[:-save_total_limit]:
-                shutil.rmtree(old, ignore_errors=True)
+        rotate_checkpoints(output_dir, save_total_limit, state.best_model_checkpoint)
     mesh_lib.barrier(f"{PREFIX}{step}")
     return folder
+
+
+def rotate_checkpoints(output_dir: str | Path, save_total_limit: int | None, best_model_checkpoint: str | None) -> None:
+    """Deletes the oldest ``checkpoint-<step>`` folders until ``save_total_limit`` remain, never the newest one (to
+    resume from) nor ``best_model_checkpoint``, as transformers' ``rotate_checkpoints`` (which orders the folders by
+    modification time where the file system keeps it; torchlike orders them by step).
+
+    Args:
+        output_dir: the trainer's ``output_dir``.
+        save_total_limit: how many folders to keep (``None`` or ``<= 0``: all).
+        best_model_checkpoint: ``state.best_model_checkpoint``, or ``None``.
+    """
+    if not save_total_limit or save_total_limit <= 0:
+        return
+    folders = checkpoint_folders(output_dir)
+    if len(folders) <= save_total_limit:
+        return
+    protected = {folders[-1].resolve()}
+    if best_model_checkpoint is not None:
+        protected.add(Path(best_model_checkpoint).resolve())
+    remaining = len(folders)
+    for folder in folders:
+        if remaining <= max(save_total_limit, len(protected)):
+            break
+        if folder.resolve() not in protected:
+            shutil.rmtree(folder, ignore_errors=True)
+            remaining -= 1
+
+
+def delete_all_but(output_dir: str | Path, kept: str | Path) -> None:
+    """Deletes every ``checkpoint-<step>`` folder of ``output_dir`` except ``kept``: what transformers does with the
+    checkpoints other than the best one when training ends with ``save_total_limit=1``."""
+    for folder in checkpoint_folders(output_dir):
+        if folder.resolve() != Path(kept).resolve():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def find_checkpoint(output_dir: str | Path, checkpoint: str | Path | bool) -> Path:
@@ -103,13 +146,19 @@ def restore_checkpoint(folder: Path, model: Any, optimizer: Any) -> dict[str, An
     from flax import nnx
 
     saved = json.loads((folder / "trainer_state.json").read_text())
-    model.load_state_dict(serialization.load(folder / "model"))
+    restore_model(folder, model)
     if (folder / "optimizer").exists():
         restore_variables(nnx_state.flat_variables(optimizer, nnx.OptState), serialization.load(folder / "optimizer"))
     else:
         warnings.warn(f"{folder} holds no optimizer state (saved with save_only_model=True): the optimizer "
                       "restarts from zero moments.", UserWarning, stacklevel=4)
     return saved
+
+
+def restore_model(folder: str | Path, model: Any) -> None:
+    """Loads the model entry of checkpoint ``folder`` into ``model`` (``load_best_model_at_end``): the weights become
+    exactly the stored ones; the optimizer state is left alone, as transformers' ``_load_best_model`` does."""
+    model.load_state_dict(serialization.load(Path(folder) / "model"))
 
 
 def restore_variables(variables: Mapping[str, Any], stored: Mapping[str, Any]) -> None:

@@ -76,7 +76,9 @@ def select_outputs(model: TrainableModel, loss_fn: Callable | None,
                          "eval_<name>), or use compute_loss_func=(outputs, labels, num_items_in_batch) -> loss.")
     call = _model_call(model)
     if model.family is not None:
-        return lambda module, batch: call(module, {key: batch[key] for key in ("input_ids", "attention_mask")}).logits
+        # Packed rows carry position_ids, which keep each sequence's attention to itself.
+        inputs = ("input_ids", "attention_mask", "position_ids")
+        return lambda module, batch: call(module, {key: batch[key] for key in inputs if key in batch}).logits
 
     def outputs(module, batch):
         found = call(module, {key: value for key, value in batch.items() if key not in (*label_names, "shift_labels")})

@@ -10,6 +10,7 @@ sit beside it, one job per module (the package docstring lists them).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import time
@@ -26,7 +27,14 @@ from ..adapters.lora import runtime as lora_runtime
 from ..optim import build_optimizer
 from . import batches, checkpoints, hub, step_logs
 from .accelerator import Accelerator
-from .callbacks import default_callbacks, new_control, new_state, run_state
+from .callbacks import (
+    default_callbacks,
+    new_control,
+    new_state,
+    record_callback_states,
+    restore_callback_states,
+    run_state,
+)
 from .device_mesh import resolve_mesh
 from .evaluation import PredictionGatherer, prefixed_metrics, with_predictions
 from .lora_step import dropout_in_step, merged_lora_scale
@@ -35,6 +43,13 @@ from .model_interface import active_lora_config, as_trainable_model
 from .prefetch import prefetched
 
 __all__ = ["TrainOutput", "Trainer"]
+
+logger = logging.getLogger("torchlike")
+
+#: The ``TrainerState`` fields a resumed run takes from the checkpoint's ``trainer_state.json``; the others (step
+#: intervals, ``max_steps``...) come from the resuming run's arguments.
+_RESUMED_STATE_FIELDS = ("global_step", "log_history", "best_metric", "best_global_step", "best_model_checkpoint",
+                         "stateful_callbacks")
 
 
 @dataclass
@@ -76,7 +91,10 @@ class Trainer:
             ``label_ids`` the ``label_names`` columns or, for a torchlike causal LM, ``input_ids`` where ``loss_mask``
             is 1 and ``-100`` elsewhere; numpy arrays, sequences padded with ``-100`` across batches (see
             :mod:`.evaluation`). Its metrics are logged with the ``eval_`` prefix. Not with ``loss_fn``.
-        callbacks: ``transformers.TrainerCallback`` objects (or classes), called at the usual events.
+        callbacks: ``transformers.TrainerCallback`` objects (or classes), called at the usual events. transformers'
+            ``EarlyStoppingCallback`` works as there: each evaluation during training is compared with
+            ``args.metric_for_best_model`` (``state.best_metric``, ``state.best_model_checkpoint``), and its patience
+            counter is saved with each checkpoint.
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         loss_fn: JAX-native ``loss_fn(model, batch) -> loss | (loss, aux)``: the mean loss of the
             micro-batch (accumulated micro-batches are averaged) and optionally a dict of scalar
@@ -118,6 +136,9 @@ class Trainer:
 
             args = TrainingArguments(output_dir="trainer_output")
         check_unsupported(args)
+        if (args.save_strategy == "best" or args.load_best_model_at_end) and args.metric_for_best_model is None:
+            raise ValueError("`args.metric_for_best_model` must be provided when using 'best' save_strategy or if "
+                             "`args.load_best_model_at_end` is set to `True`.")
         if args.compilation_cache_dir:
             from ..adapters.runtime.compilation import enable_compilation_cache
 
@@ -279,13 +300,18 @@ class Trainer:
             resume_from_checkpoint: ``True`` (the latest ``output_dir/checkpoint-*``) or a checkpoint
                 path: restores parameters, optimizer state, step and data position, then continues.
 
+        With ``args.load_best_model_at_end`` the model ends with the weights of ``state.best_model_checkpoint``.
+
         Returns:
             :class:`TrainOutput` with the final step, the mean training loss and run metrics.
+
+        Raises:
+            ValueError: no ``train_dataset`` (transformers' message).
         """
         from flax import nnx
 
         if self.train_dataset is None:
-            raise ValueError("Trainer.train() needs a train_dataset.")
+            raise ValueError("Trainer: training requires a train_dataset.")
         args = self.args
         total_steps = self._total_steps()
         transformation, schedule = (self._custom_optimizer, None) if self._custom_optimizer else \
@@ -304,7 +330,8 @@ class Trainer:
             lora_runtime.set_dropout_rng(self._module, jax.random.key(args.seed))
             mesh_lib.shard_module(self._module, self.mesh)
         steps_per_epoch = self._steps_per_epoch()
-        self.state = run_state(args, total_steps, steps_per_epoch, self._global_batch_size())
+        self.state = run_state(args, total_steps, steps_per_epoch, self._global_batch_size(),
+                               self.callback_handler.callbacks, self.control)
         start_step = self._resume(resume_from_checkpoint) if resume_from_checkpoint else 0
         step = start_step
         epoch = step // steps_per_epoch
@@ -335,8 +362,21 @@ class Trainer:
         metrics = step_logs.run_metrics(self._logged_losses, time.perf_counter() - started, step - start_step,
                                         self.state.train_batch_size * args.gradient_accumulation_steps)
         self.log(metrics)
+        self._finish_best_model()
         self._event("on_train_end")
         return TrainOutput(step, metrics["train_loss"], metrics)
+
+    def _finish_best_model(self) -> None:
+        """What transformers does with the best checkpoint when training ends: with ``load_best_model_at_end`` the
+        model takes its weights; with ``save_total_limit=1`` every other checkpoint folder is deleted."""
+        best = self.state.best_model_checkpoint
+        if best is None:
+            return
+        if self.args.load_best_model_at_end:
+            logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
+            checkpoints.restore_model(best, self._trainable_model)
+        if self.args.save_total_limit == 1 and self.state.is_world_process_zero:
+            checkpoints.delete_all_but(self.args.output_dir, best)
 
     def _record_losses(self, window: list) -> list[dict]:
         """Moves the step metrics of one logging window to the host (the only host synchronisation of the loop) and
@@ -348,14 +388,46 @@ class Trainer:
     def _log_save_evaluate(self, window: list, schedule) -> list:
         if self.control.should_log and window:
             values = self._record_losses(window)
-            learning_rate = float(schedule(self.state.global_step - 1)) if schedule else float("nan")
+            learning_rate = schedule.learning_rate(self.state.global_step - 1) if schedule else float("nan")
             self.log(step_logs.window_logs(values, self._logged_losses[-len(values):], learning_rate))
             window = []
         if self.control.should_evaluate and self.eval_dataset is not None:
-            self.evaluate()
+            is_new_best = self._determine_best_metric(self.evaluate())
+            if self.args.save_strategy == "best":
+                self.control.should_save = is_new_best
         if self.control.should_save:
             self._save_checkpoint(self.state.global_step)
         return window
+
+    def _determine_best_metric(self, metrics: dict[str, float]) -> bool:
+        """transformers' ``Trainer._determine_best_metric``: whether ``metrics`` (an evaluation's) beat
+        ``state.best_metric`` on ``args.metric_for_best_model`` (``eval_`` prefixed when it is not), strictly, in the
+        direction ``args.greater_is_better`` gives. A new best is recorded in ``state.best_metric`` and, when
+        checkpoints are saved, ``state.best_global_step`` (whose folder becomes ``state.best_model_checkpoint`` once
+        written).
+
+        Raises:
+            KeyError: the metric is not among ``metrics``.
+        """
+        args = self.args
+        if args.metric_for_best_model is None:
+            return False
+        name = args.metric_for_best_model
+        if not name.startswith("eval_"):
+            name = f"eval_{name}"
+        if name not in metrics:
+            raise KeyError(f"The `metric_for_best_model` training argument is set to '{name}', which is not found in "
+                           f"the evaluation metrics. The available evaluation metrics are: {list(metrics.keys())}. "
+                           "Consider changing the `metric_for_best_model` via the TrainingArguments.")
+        better = np.greater if args.greater_is_better else np.less
+        if self.state.best_metric is None:
+            self.state.best_metric = float("-inf") if args.greater_is_better else float("inf")
+        if not better(metrics[name], self.state.best_metric):
+            return False
+        self.state.best_metric = metrics[name]
+        if args.save_strategy in ("steps", "epoch", "best"):
+            self.state.best_global_step = self.state.global_step
+        return True
 
     def log(self, logs: dict[str, float]) -> None:
         """Records ``logs`` in ``state.log_history`` (with epoch and step) and calls ``on_log``."""
@@ -461,6 +533,7 @@ class Trainer:
     def _save_checkpoint(self, step: int) -> Path:
         """Writes ``output_dir/checkpoint-<step>``, then pushes it with ``hub_strategy="every_save"``."""
         args = self.args
+        record_callback_states(self.state, self.callback_handler.callbacks, self.control)
         folder = checkpoints.write_checkpoint(args.output_dir, step, self._trainable_model, self.optimizer,
                                               self.state, args.save_only_model, args.save_total_limit)
         self._event("on_save")
@@ -469,11 +542,18 @@ class Trainer:
         return folder
 
     def _resume(self, checkpoint: str | bool) -> int:
-        """Restores the checkpoint ``resume_from_checkpoint`` names; returns its step."""
+        """Restores the checkpoint ``resume_from_checkpoint`` names; returns its step.
+
+        The state takes the saved step, logs, best-model record and callback states, as transformers loads
+        ``trainer_state.json``; with ``args.restore_callback_states_from_checkpoint`` the stateful callbacks (e.g.
+        ``EarlyStoppingCallback``'s patience counter) and the control are rebuilt from them."""
         folder = checkpoints.find_checkpoint(self.args.output_dir, checkpoint)
         saved = checkpoints.restore_checkpoint(folder, self._trainable_model, self.optimizer)
-        self.state.global_step = saved["global_step"]
-        self.state.log_history = saved["log_history"]
+        for name in _RESUMED_STATE_FIELDS:
+            if name in saved:
+                setattr(self.state, name, saved[name])
+        if self.args.restore_callback_states_from_checkpoint:
+            self.control = restore_callback_states(self.callback_handler, self.state.stateful_callbacks, self.control)
         return int(saved["global_step"])
 
     def save_model(self, output_dir: str | os.PathLike | None = None, _internal_call: bool = False) -> None:

@@ -16,9 +16,9 @@ from torchlike.trl.sft_fields import SFT_FIELD_SUPPORT
 
 #: ``truncation_mode`` values (``"keep_end"`` is deprecated in TRL and warns).
 TRUNCATION_MODES: tuple[str, ...] = ("keep_start", "keep_end")
-#: ``loss_type`` values torchlike computes (``"chunked_nll"`` is TRL's deprecated alias of ``"nll"``).
-LOSS_TYPES: tuple[str, ...] = ("nll",)
-#: ``packing_strategy`` values TRL knows (packing itself is refused for now, see ``FIELD_SUPPORT``).
+#: ``loss_type`` values (``"chunked_nll"`` is TRL's deprecated alias of ``"nll"``).
+LOSS_TYPES: tuple[str, ...] = ("nll", "dft")
+#: ``packing_strategy`` values (``"bfd-requeue"`` is TRL's deprecated name of ``"bfd_split"``).
 PACKING_STRATEGIES: tuple[str, ...] = ("bfd", "bfd_split", "wrapped")
 
 _REMOVED_SFT_ARGUMENTS: dict[str, str] = {
@@ -51,18 +51,23 @@ class SFTConfig(TrainingArguments):
             them whole. Batches are padded to the longest prepared example.
         truncation_mode (`str`, defaults to ``"keep_start"``): ``"keep_start"`` or the deprecated ``"keep_end"``.
         shuffle_dataset (`bool`, defaults to `False`): shuffle the prepared dataset once, seeded by ``seed``.
-        packing (`bool`, defaults to `False`): must stay ``False`` for now.
-        packing_strategy (`str`, defaults to ``"bfd"``): only read with ``packing=True``.
-        padding_free (`bool`, defaults to `False`): must stay ``False`` for now.
+        packing (`bool`, defaults to `False`): pack examples into rows of ``max_length`` tokens; each packed
+            sequence keeps its own positions and attends only to itself.
+        packing_strategy (`str`, defaults to ``"bfd"``): ``"bfd"`` (best fit decreasing, long sequences truncated),
+            ``"bfd_split"`` (long sequences split) or ``"wrapped"`` (concatenate and cut; sequences see each other
+            unless ``padding_free``); only read with ``packing=True``.
+        padding_free (`bool`, defaults to `False`): TRL's padding-free batches (forced on by ``"bfd"`` packing): each
+            sequence has its own positions and the first token of each is not a target; without packing TRL
+            requires ``max_length=None``.
         pad_to_multiple_of (`int`, `"auto"` or `None`): round padded lengths up to a multiple of this; ``"auto"``
             becomes ``None`` as in TRL off Neuron (torchlike pads to fixed shapes either way).
-        eval_packing (`bool`, *optional*): ``None`` (same as ``packing``) or ``False``.
+        eval_packing (`bool`, *optional*): pack the evaluation data; ``None``: as ``packing``.
         completion_only_loss (`bool`, *optional*): loss on completion tokens only; ``None`` means yes for
             prompt-completion data, no for language-modelling data.
         assistant_only_loss (`bool`, defaults to `False`): loss on assistant turns only (conversational data and a
             chat template with ``{% generation %}`` markers).
-        loss_type (`str`, defaults to ``"nll"``): ``"nll"`` (``"chunked_nll"`` is TRL's deprecated alias);
-            ``"dft"`` is not supported.
+        loss_type (`str`, defaults to ``"nll"``): ``"nll"`` (``"chunked_nll"`` is TRL's deprecated alias) or ``"dft"``
+            (Dynamic Fine-Tuning: each token's NLL weighted by its detached probability).
         activation_offloading (`bool`, defaults to `False`): not implemented; use ``gradient_checkpointing``.
         pad_token (`str`, *optional*): deprecated in TRL; sets the tokenizer's pad token.
     """
@@ -133,8 +138,7 @@ class SFTConfig(TrainingArguments):
             warn_from_config("loss_type='chunked_nll' is deprecated in TRL (removal in v2.0.0); using "
                              "loss_type='nll', which computes the same loss.", FutureWarning)
             self.loss_type = "nll"
-        self.loss_type = check_choice("loss_type", self.loss_type, LOSS_TYPES, {
-            "dft": "Dynamic Fine-Tuning (DFT) is not implemented yet."})
+        self.loss_type = check_choice("loss_type", self.loss_type, LOSS_TYPES)
         self.truncation_mode = check_choice("truncation_mode", self.truncation_mode, TRUNCATION_MODES)
         if self.truncation_mode == "keep_end":
             warn_from_config("truncation_mode='keep_end' is deprecated in TRL (removal in v2.0.0); use "
@@ -144,9 +148,6 @@ class SFTConfig(TrainingArguments):
                              FutureWarning)
             self.packing_strategy = "bfd_split"
         self.packing_strategy = check_choice("packing_strategy", self.packing_strategy, PACKING_STRATEGIES)
-        if self.eval_packing:
-            raise ValueError("eval_packing=True is not supported by torchlike: packing is not implemented yet. Set "
-                             "eval_packing=False or leave it None.")
         if self.pad_token is not None:
             warn_from_config("pad_token is deprecated in TRL (removal in v2.0.0): set tokenizer.pad_token and pass "
                              "the tokenizer as processing_class instead.", FutureWarning)

@@ -45,7 +45,7 @@ Where this differs from TRL 1.16 (each a case where TRL silently does something 
 - Examples left with no loss token (a prompt that fills ``max_length``, a pre-tokenised all-zero mask) are dropped
   with an [`SFTDataWarning`] naming the example, its length and where its loss tokens started; TRL drops them
   silently, and only when ``max_length`` is set. A dataset where every example is dropped is an error.
-- ``packing`` is not handled here.
+- Packing ([`pack_sft_rows`]) drops examples left with no loss token before packing, as above; TRL packs them.
 
 Longer than most modules because it covers every dataset format TRL's ``SFTTrainer`` accepts (text,
 prompt/completion, messages, conversational prompt/completion, ShareGPT, pre-tokenised) with TRL's exact
@@ -54,6 +54,7 @@ tokenisation rules; each format is one short function.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
@@ -68,6 +69,8 @@ __all__ = [
     "ACCEPTED_FORMATS",
     "PREPARED_COLUMNS",
     "SFTDataWarning",
+    "PACKING_STRATEGIES",
+    "SFTRows",
     "bucket_length",
     "chat_template_kwargs_for",
     "collate_sft_batch",
@@ -75,8 +78,10 @@ __all__ = [
     "is_prepared",
     "iter_sft_examples",
     "load_chat_template",
+    "pack_sft_rows",
     "pad_batch_rows",
     "pad_token_id_for",
+    "prepare_sft_dataset",
     "prepare_sft_examples",
     "unprepared_sft_examples",
 ]
@@ -651,6 +656,20 @@ def iter_sft_examples(
             ``assistant_only_loss`` without ``{% generation %}`` markers, or every example dropped because
             truncation left it no loss token.
     """
+    for _, _, example in _indexed_examples(
+            dataset, tokenizer, dataset_text_field=dataset_text_field, max_length=max_length,
+            truncation_mode=truncation_mode, completion_only_loss=completion_only_loss,
+            assistant_only_loss=assistant_only_loss, eos_token=eos_token, formatting_func=formatting_func,
+            chat_template_kwargs=chat_template_kwargs):
+        yield example
+
+
+def _indexed_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, dataset_text_field: str,
+                      max_length: int | None, truncation_mode: str, completion_only_loss: bool | None,
+                      assistant_only_loss: bool, eos_token: str | None, formatting_func: Callable[[dict], str] | None,
+                      chat_template_kwargs: Mapping[str, Any] | None
+                      ) -> Iterator[tuple[Mapping[str, Any], _Preparer, dict[str, Any]]]:
+    """[`iter_sft_examples`]'s work: ``(raw example, the preparer, prepared example)`` per kept example."""
     _validate_args(max_length, truncation_mode)
     iterator = iter(dataset)
     try:
@@ -684,7 +703,7 @@ def iter_sft_examples(
                               "one.", SFTDataWarning, stacklevel=2)
             continue
         kept += 1
-        yield {"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": len(input_ids)}
+        yield raw, preparer, {"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": len(input_ids)}
     if kept == 0:
         raise ValueError(
             f"All {seen} examples of the SFT dataset were dropped: none kept a loss token after truncation to "
@@ -739,16 +758,243 @@ def prepare_sft_examples(
     )
 
 
+#: How many examples TRL packs together at most: ``pack_dataset`` packs each batch of ``datasets.Dataset.map``
+#: (1000 examples) on its own.
+PACKING_BATCH = 1000
+#: ``SFTConfig.packing_strategy`` values.
+PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
+
+
+def prepare_sft_dataset(
+    dataset: Iterable[Mapping[str, Any]],
+    tokenizer: Any,
+    *,
+    dataset_text_field: str = "text",
+    max_length: int | None = 1024,
+    truncation_mode: str = "keep_start",
+    completion_only_loss: bool | None = None,
+    assistant_only_loss: bool = False,
+    eos_token: str | None = None,
+    formatting_func: Callable[[dict], str] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    packing: bool = False,
+    packing_strategy: str = "bfd",
+    shuffle_seed: int | None = None,
+) -> Any:
+    """The prepared dataset ``trl.SFTTrainer._prepare_dataset`` (1.16) makes: a ``datasets.Dataset`` with TRL's
+    columns, which ``SFTTrainer.train_dataset`` shows.
+
+    Without packing: the dataset's own columns (ShareGPT ``conversations`` renamed ``messages``, ``text`` added by
+    ``formatting_func``, eos appended to standard ``text``/``completion`` strings, the mask columns the labels were
+    built from removed) plus ``input_ids`` and ``labels`` (``-100`` off the loss), truncated to ``max_length``, one row
+    per kept example ([`iter_sft_examples`]). With packing: only ``input_ids``, ``labels`` and, for the ``"bfd"``
+    strategies, ``seq_lengths`` ([`pack_sft_rows`]); examples are not truncated before packing (TRL's rule).
+
+    Args:
+        dataset, tokenizer, dataset_text_field, max_length, truncation_mode, completion_only_loss,
+        assistant_only_loss, eos_token, formatting_func, chat_template_kwargs: as in [`iter_sft_examples`].
+        packing (`bool`, *optional*, defaults to `False`): pack the examples into rows of ``max_length`` tokens.
+        packing_strategy (`str`, *optional*, defaults to `"bfd"`): see [`pack_sft_rows`].
+        shuffle_seed (`int`, *optional*): shuffle the examples with this seed (``SFTConfig.shuffle_dataset``): before
+            packing and after, as TRL does.
+
+    Returns:
+        `datasets.Dataset`.
+    """
+    import datasets
+
+    if packing and max_length is None:
+        raise ValueError("When packing is enabled, `max_length` can't be `None`.")
+    rows = []
+    for raw, preparer, example in _indexed_examples(
+            dataset, tokenizer, dataset_text_field=dataset_text_field,
+            max_length=None if packing else max_length, truncation_mode=truncation_mode,
+            completion_only_loss=completion_only_loss, assistant_only_loss=assistant_only_loss, eos_token=eos_token,
+            formatting_func=formatting_func, chat_template_kwargs=chat_template_kwargs):
+        labels = [token if bit else -100 for token, bit in zip(example["input_ids"], example["loss_mask"], strict=True)]
+        row = {} if packing else _trl_columns(raw, preparer)
+        row.update(input_ids=example["input_ids"], labels=labels)
+        rows.append(row)
+    rng = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
+    if rng is not None:
+        rows = [rows[int(i)] for i in rng.permutation(len(rows))]
+    if packing:
+        rows = pack_sft_rows(rows, max_length, packing_strategy)
+        if rng is not None:
+            rows = [rows[int(i)] for i in rng.permutation(len(rows))]
+    return datasets.Dataset.from_list(rows)
+
+
+def _trl_columns(raw: Mapping[str, Any], preparer: _Preparer) -> dict[str, Any]:
+    """The columns TRL keeps from a raw example beside ``input_ids`` and ``labels``."""
+    row = dict(raw)
+    if preparer.tokenized:
+        if "labels" in row:
+            return row
+        row.pop("assistant_masks", None)
+        if preparer.completion_only_loss:
+            row.pop("completion_mask", None)
+        return row
+    if preparer.formatting_func is not None:
+        row["text"] = preparer.formatting_func(dict(raw))
+    elif _is_sharegpt(row):
+        row = _to_chatml(row)
+    if not preparer.conversational and preparer.eos:
+        for key in (preparer.dataset_text_field, "completion"):
+            if isinstance(row.get(key), str):
+                if not row[key].endswith(preparer.eos):
+                    row[key] = row[key] + preparer.eos
+                break
+    return row
+
+
+def pack_sft_rows(rows: Sequence[Mapping[str, Any]], max_length: int, strategy: str = "bfd") -> list[dict[str, Any]]:
+    """Packs ``input_ids``/``labels`` rows into rows of at most ``max_length`` tokens, as TRL 1.16's ``pack_dataset``
+    does (each group of [`PACKING_BATCH`] rows on its own, like its batched ``map``).
+
+    - ``"bfd"`` (Best Fit Decreasing): sequences longer than ``max_length`` are truncated, then placed, longest first,
+      in the fullest row they fit in; ``seq_lengths`` lists each row's sequences.
+    - ``"bfd_split"``: as ``"bfd"``, but a long sequence is split into ``max_length`` pieces that are packed too.
+    - ``"wrapped"``: every sequence concatenated and cut every ``max_length`` tokens (no ``seq_lengths``: TRL treats
+      each cut as one sequence).
+
+    Args:
+        rows (`Sequence[dict]`): ``{"input_ids": list[int], "labels": list[int]}`` per example.
+        max_length (`int`): The packed length.
+        strategy (`str`, *optional*, defaults to `"bfd"`): One of [`PACKING_STRATEGIES`].
+
+    Returns:
+        `list[dict]`: ``{"input_ids", "labels"[, "seq_lengths"]}`` per packed row.
+    """
+    if strategy not in PACKING_STRATEGIES:
+        raise ValueError(f"Invalid packing strategy '{strategy}', must be one of {PACKING_STRATEGIES}.")
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length={max_length!r}: packing needs a positive number of tokens per row.")
+    packed: list[dict[str, Any]] = []
+    for start in range(0, len(rows), PACKING_BATCH):
+        group = [(list(row["input_ids"]), list(row["labels"])) for row in rows[start:start + PACKING_BATCH]]
+        packed.extend(_pack_wrapped(group, max_length) if strategy == "wrapped"
+                      else _pack_best_fit(group, max_length, split=strategy == "bfd_split"))
+    return packed
+
+
+def _pack_wrapped(group: list[tuple[list[int], list[int]]], max_length: int) -> list[dict[str, Any]]:
+    ids = [token for row_ids, _ in group for token in row_ids]
+    labels = [label for _, row_labels in group for label in row_labels]
+    return [{"input_ids": ids[start:start + max_length], "labels": labels[start:start + max_length]}
+            for start in range(0, len(ids), max_length)]
+
+
+def _pack_best_fit(group: list[tuple[list[int], list[int]]], max_length: int, split: bool) -> list[dict[str, Any]]:
+    sequences = []
+    for ids, labels in group:
+        if not ids:
+            continue
+        if split:
+            sequences.extend((ids[at:at + max_length], labels[at:at + max_length])
+                             for at in range(0, len(ids), max_length))
+        else:
+            sequences.append((ids[:max_length], labels[:max_length]))
+    lengths = np.array([len(ids) for ids, _ in sequences], dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    bins: list[list[int]] = []
+    free = _FreeSpaces(max_length)
+    by_space: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+    for index in order:
+        length = int(lengths[index])
+        space = free.best_fit(length)
+        if space < max_length:
+            chosen = by_space[space].popleft()
+            if not by_space[space]:
+                free.remove(space)
+        else:
+            chosen = []
+            bins.append(chosen)
+        chosen.append(int(index))
+        space -= length
+        by_space[space].append(chosen)
+        if space > 0:
+            free.add(space)
+    packed = []
+    for chosen in bins:
+        packed.append({"input_ids": [token for i in chosen for token in sequences[i][0]],
+                       "labels": [label for i in chosen for label in sequences[i][1]],
+                       "seq_lengths": [int(lengths[i]) for i in chosen]})
+    return packed
+
+
+class _FreeSpaces:
+    """The free spaces of the open rows, in ``1..max_length``, with the smallest one that fits a length found in
+    ``O(log max_length)`` (TRL's ``_SegmentTree``: a max-tree over space values; ``max_length`` is always free, as a
+    new row)."""
+
+    def __init__(self, max_length: int):
+        self.size = 1 << (max_length - 1).bit_length()
+        self.tree = [0] * (2 * self.size)
+        self.add(max_length)
+
+    def _set(self, space: int, value: int) -> None:
+        node = self.size + space - 1
+        self.tree[node] = value
+        while node > 1:
+            node >>= 1
+            self.tree[node] = max(self.tree[2 * node], self.tree[2 * node + 1])
+
+    def add(self, space: int) -> None:
+        self._set(space, space)
+
+    def remove(self, space: int) -> None:
+        self._set(space, 0)
+
+    def best_fit(self, length: int) -> int:
+        node = 1
+        while node < self.size:
+            node = 2 * node if self.tree[2 * node] >= length else 2 * node + 1
+        return self.tree[node]
+
+
+class SFTRows(Sequence):
+    """Row access for the collator to a prepared SFT dataset's token columns, without copying them: row ``i`` is
+    ``{"input_ids": array, "labels": array[, "seq_lengths": array]}`` (numpy views into the Arrow buffers of a
+    ``datasets.Dataset``; rows of any other sequence as they are).
+
+    Args:
+        dataset (`datasets.Dataset` or `Sequence[dict]`): A prepared dataset ([`prepare_sft_dataset`]).
+    """
+
+    _COLUMNS = ("input_ids", "labels", "seq_lengths")
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+        self._columns: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+        if hasattr(dataset, "data") and hasattr(dataset, "flatten_indices"):
+            if getattr(dataset, "_indices", None) is not None:
+                dataset = dataset.flatten_indices()
+            self._columns = {}
+            for name in self._COLUMNS:
+                if name in dataset.column_names:
+                    column = dataset.data.column(name).combine_chunks()
+                    self._columns[name] = (column.offsets.to_numpy(), column.values.to_numpy())
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        if self._columns is None:
+            return self.dataset[index]
+        return {name: values[offsets[index]:offsets[index + 1]] for name, (offsets, values) in self._columns.items()}
+
+
 def is_prepared(dataset: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether ``dataset`` holds prepared examples already (its first example has [`PREPARED_COLUMNS`]), such as
-    ``SFTTrainer.eval_dataset``: ``SFTTrainer.evaluate`` uses those as they are (TRL's ``_prepare_dataset`` skips
-    data it prepared likewise).
+    """Whether ``dataset`` holds prepared examples already (its first example has ``input_ids`` and ``labels`` or a
+    ``loss_mask``), such as ``SFTTrainer.eval_dataset``: ``SFTTrainer.evaluate`` uses those as they are (TRL's
+    ``_prepare_dataset`` skips data it prepared likewise).
 
     Args:
         dataset (`datasets.Dataset`, `datasets.IterableDataset` or an iterable of dicts): Examples, raw or prepared.
     """
     first = next(iter(dataset), None)
-    return isinstance(first, Mapping) and all(column in first for column in PREPARED_COLUMNS)
+    return isinstance(first, Mapping) and "input_ids" in first and ("labels" in first or "loss_mask" in first)
 
 
 def unprepared_sft_examples(dataset: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -883,20 +1129,27 @@ def bucket_length(max_len_in_batch: int, max_length: int | None, buckets: Sequen
     )
 
 
-def collate_sft_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, length: int) -> dict[str, np.ndarray]:
+def collate_sft_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, length: int,
+                      position_ids: bool = False) -> dict[str, np.ndarray]:
     """Right-pads prepared examples to a fixed ``[len(examples), length]`` batch.
 
     Args:
-        examples (`Sequence[dict]`): Outputs of [`prepare_sft_examples`] / [`iter_sft_examples`].
+        examples (`Sequence[dict]`): ``input_ids`` with ``loss_mask`` ([`prepare_sft_examples`]) or ``labels``
+            (``-100`` off the loss, [`prepare_sft_dataset`]), optionally ``seq_lengths`` (packed rows).
         pad_token_id (`int`): Fills ``input_ids`` past each sequence (see [`pad_token_id_for`]).
         length (`int`): The padded length, e.g. ``max_length`` or [`bucket_length`]'s choice.
+        position_ids (`bool`, *optional*, defaults to `False`): TRL's padding-free batches: add ``position_ids``
+            restarting at 0 at each sequence of ``seq_lengths`` (the whole row is one sequence without it; 0 on
+            padding), and take the first token of each sequence off the loss (TRL's collator sets its label to
+            ``-100``), so no sequence is scored from another's tokens.
 
     Returns:
         `dict[str, np.ndarray]`, all int32 of shape ``[B, length]``:
         - ``input_ids``: token ids, ``pad_token_id`` on padding;
         - ``attention_mask``: 1 on real tokens, 0 on padding;
         - ``loss_mask``: 1 where ``input_ids[b, t]`` is a prediction target (scored from the logits at ``t - 1``),
-          0 on padding and on prompt / non-assistant tokens. ``loss_mask.sum()`` is the number of loss tokens.
+          0 on padding and on prompt / non-assistant tokens. ``loss_mask.sum()`` is the number of loss tokens;
+        - ``position_ids`` with ``position_ids=True``.
     """
     if length < 1:
         raise ValueError(f"length should be a positive number of tokens; found {length}.")
@@ -904,8 +1157,10 @@ def collate_sft_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, 
     input_ids = np.full((batch, length), pad_token_id, dtype=np.int32)
     attention_mask = np.zeros((batch, length), dtype=np.int32)
     loss_mask = np.zeros((batch, length), dtype=np.int32)
+    positions = np.zeros((batch, length), dtype=np.int32) if position_ids else None
     for row, example in enumerate(examples):
-        ids, mask = example["input_ids"], example["loss_mask"]
+        ids = example["input_ids"]
+        mask = _loss_mask_of(example)
         n = len(ids)
         if n > length:
             raise ValueError(
@@ -917,7 +1172,25 @@ def collate_sft_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, 
         input_ids[row, :n] = ids
         attention_mask[row, :n] = 1
         loss_mask[row, :n] = mask
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        if positions is not None:
+            seq_lengths = example.get("seq_lengths")
+            seq_lengths = [n] if seq_lengths is None else [int(count) for count in seq_lengths]
+            starts = np.cumsum([0, *seq_lengths[:-1]])
+            positions[row, :n] = np.arange(n) - np.repeat(starts, seq_lengths)
+            loss_mask[row, starts] = 0
+    collated = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    if positions is not None:
+        collated["position_ids"] = positions
+    return collated
+
+
+def _loss_mask_of(example: Mapping[str, Any]) -> Any:
+    """``loss_mask``, else ``labels != -100``, else every token (TRL's collator copies ``input_ids`` as labels)."""
+    if "loss_mask" in example:
+        return example["loss_mask"]
+    if example.get("labels") is not None:
+        return np.asarray(example["labels"]) != -100
+    return np.ones(len(example["input_ids"]), dtype=bool)
 
 
 def pad_batch_rows(batch: Mapping[str, np.ndarray], batch_size: int, pad_token_id: int = 0) -> dict[str, np.ndarray]:

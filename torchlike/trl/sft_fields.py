@@ -33,28 +33,42 @@ SFT_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "truncation_mode": honoured("'keep_start' keeps the first max_length tokens; the deprecated 'keep_end' keeps the"
                                 " last ones (with TRL's FutureWarning)."),
     "shuffle_dataset": honoured("Shuffle the prepared training dataset once before training, seeded by seed."),
-    "packing": refused("Packing several examples into one max_length sequence is not supported yet."),
-    "packing_strategy": ignored("Only used with packing=True, which torchlike does not support yet."),
-    "padding_free": refused("Padding-free batches (all examples flattened into one sequence) are not supported: "
-                            "torchlike pads to fixed shapes so XLA compiles once."),
+    "packing": honoured("Examples are packed into rows of max_length tokens (not truncated first, as in TRL); each "
+                        "packed sequence gets position ids restarting at 0 and attention kept inside it, so the "
+                        "loss equals the unpacked one; trainer.train_dataset shows TRL's packed columns (input_ids, "
+                        "labels, seq_lengths). Generation and log-prob passes are never packed."),
+    "packing_strategy": honoured("'bfd' (best fit decreasing, longer sequences truncated; TRL's default, which "
+                                 "turns padding_free on), 'bfd_split' (longer sequences split into pieces) or "
+                                 "'wrapped' (concatenated and cut every max_length tokens, sequences attending to "
+                                 "each other unless padding_free), packed in groups of 1000 examples as TRL's "
+                                 "pack_dataset does."),
+    "padding_free": honoured("TRL's padding-free batches, kept as fixed-shape rows so XLA compiles once: each "
+                             "sequence has its own position ids and attention, and its first token is not a target "
+                             "(TRL sets that label to -100); without packing TRL's rule applies (max_length must be "
+                             "None) and the loss equals padded training."),
     "pad_to_multiple_of": honoured("The fixed padded length of the batches (the longest prepared example) is "
                                    "rounded up to a multiple of it, as TRL's collator rounds each batch's length "
                                    "('auto' becomes None, as in TRL off Neuron)."),
-    "eval_packing": honoured("None (same as packing) or False: evaluation data is not packed; True is rejected by "
-                             "the config."),
+    "eval_packing": honoured("Whether evaluation data is packed (None: as packing), with the packing_strategy of "
+                             "training."),
     "completion_only_loss": honoured("Loss only on completion tokens (None: yes for prompt/completion datasets, no "
                                      "for language-modelling ones), with a loss mask distinct from padding."),
     "assistant_only_loss": honoured("Loss only on assistant turns of conversational data, from the chat template's "
                                     "{% generation %} markers."),
-    "loss_type": honoured("'nll' (token-mean negative log-likelihood; 'chunked_nll' is its deprecated alias); "
-                          "'dft' is rejected by the config."),
+    "loss_type": honoured("'nll' (token-mean negative log-likelihood; 'chunked_nll' is its deprecated alias) or "
+                          "'dft' (Dynamic Fine-Tuning: each token's NLL weighted by its detached probability, TRL's "
+                          "formula); 'dft' with compute_loss_func is refused, as in TRL."),
     "activation_offloading": ignored("Activations stay on the device; gradient_checkpointing (on by default) is "
                                      "torchlike's way to cut activation memory."),
     "pad_token": honoured("Deprecated in TRL (FutureWarning): with the default data collator, sets "
                           "processing_class.pad_token, the padding id of the batches; it must be in the vocabulary."),
     # --- TrainingArguments fields whose meaning SFT changes ---
+    "neftune_noise_alpha": honoured("NEFTune: uniform noise of magnitude alpha / sqrt(L * hidden_size) on the input "
+                                    "embeddings in training steps only (L: the batch's length as TRL pads it, the "
+                                    "flattened length with padding_free), as transformers' hook; evaluation and "
+                                    "generation see none."),
     "remove_unused_columns": ignored("SFT examples reach the data collator as the prepared columns (input_ids, "
-                                     "loss_mask, seq_len), as with TRL's default True; False, which in TRL also "
+                                     "labels, seq_lengths), as with TRL's default True; False, which in TRL also "
                                      "passes the dataset's other columns to a custom data_collator, changes nothing "
                                      "(the default collator never reads them)."),
 }

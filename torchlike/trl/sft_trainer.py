@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
+from ..adapters import neftune, train_step
 from ..training import Trainer
-from ..training.batches import check_single_dataset, each_dataset, map_datasets
+from ..training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
+from ..training_args import TrainingArguments
 from .base_config import round_up_to_multiple
 from .sft_data import (
+    SFTRows,
     collate_sft_batch,
     is_prepared,
     load_chat_template,
     pad_token_id_for,
-    prepare_sft_examples,
+    prepare_sft_dataset,
     unprepared_sft_examples,
 )
 
 __all__ = ["SFTTrainer"]
+
+
+def _column_names(dataset: Any) -> list[str]:
+    """A dataset's columns (``column_names``, or the keys of a list's first row) without consuming an iterator."""
+    names = getattr(dataset, "column_names", None)
+    if names is not None:
+        return list(names)
+    return list(dataset[0]) if isinstance(dataset, list) and dataset and isinstance(dataset[0], dict) else []
 
 
 class SFTTrainer(Trainer):
@@ -28,12 +40,15 @@ class SFTTrainer(Trainer):
     Args:
         model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (``dtype`` as a string, torch dtype or ``"auto"``; float32 by default, as TRL).
-        args: :class:`~torchlike.trl.SFTConfig` (default: one with ``output_dir="<model>-SFT"``).
+        args: :class:`~torchlike.trl.SFTConfig` (default: one with ``output_dir="<model>-SFT"``); a
+            :class:`~torchlike.TrainingArguments` becomes ``SFTConfig(**args.to_dict())`` (its values kept), as in TRL.
         data_collator: replaces the fixed-shape padding collator.
         train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in a TRL
             SFT format (``text``, ``prompt``/``completion``, ``messages``, pre-tokenised ``input_ids``);
             ``eval_dataset`` may be a dict of them (a ``datasets.DatasetDict``), each prepared alike and evaluated
-            with its own metric names (``eval_<name>_loss``).
+            with its own metric names (``eval_<name>_loss``). ``trainer.train_dataset`` / ``eval_dataset`` are the
+            prepared ``datasets.Dataset`` TRL makes (its columns plus ``input_ids`` and ``labels``; packed:
+            ``input_ids``, ``labels``, ``seq_lengths``), or the data as given with ``skip_prepare_dataset``.
         processing_class: the tokenizer (default: loaded from the model's path).
         peft_config: a :class:`~torchlike.peft.LoraConfig`: train a LoRA adapter (QLoRA when the model
             was loaded with ``quantization_config`` or the config sets ``quantize_base``).
@@ -47,6 +62,8 @@ class SFTTrainer(Trainer):
             ``pad_to_multiple_of``) and padded with ``-100`` across batches (see :class:`~torchlike.Trainer`).
         optimizer_cls_and_kwargs: a torch optimizer class; refused with a message when set.
     """
+
+    _tag_names = ["trl", "sft"]
 
     def __init__(self, model: Any, args: Any = None, data_collator: Callable | None = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, compute_loss_func: Callable | None = None,
@@ -63,10 +80,31 @@ class SFTTrainer(Trainer):
         if optimizer_cls_and_kwargs is not None:
             raise ValueError("optimizer_cls_and_kwargs is a torch hook and cannot run on JAX; pass optimizers=(optax "
                              "transformation, None) for a custom optimizer.")
-        check_single_dataset(train_dataset, "train_dataset")
         if args is None:
             args = SFTConfig(output_dir=default_output_dir(model, "SFT"))
+        elif isinstance(args, TrainingArguments) and not isinstance(args, SFTConfig):
+            values = args.to_dict()
+            values["hub_token"] = args.hub_token  # to_dict hides the hub_token
+            args = SFTConfig(**values)
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required")
+        check_single_dataset(train_dataset, "train_dataset")
         check_unsupported(args)
+        if {"image", "images"} & set(_column_names(train_dataset)):
+            raise ValueError("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the "
+                             "provided model does not seem to be a vision-language model. Please check your model "
+                             "and dataset. (torchlike trains text-only causal LMs.)")
+        self.padding_free = args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"})
+        if self.padding_free and data_collator is not None:
+            raise ValueError("Passing a custom data collator is not supported when using padding-free.")
+        if self.padding_free and not args.packing and args.max_length is not None:
+            raise ValueError("When `padding_free=True` without packing, `max_length` is not enforced. Either enable "
+                             "packing (e.g., `packing=True, packing_strategy='bfd'`), provide already truncated "
+                             "inputs, or set `max_length=None`.")
+        if args.loss_type == "dft" and compute_loss_func is not None:
+            raise ValueError("You passed a `compute_loss_func` together with `loss_type='dft'` to the `SFTTrainer`. "
+                             "When using `loss_type='dft'`, the loss function is internally set to the DFT loss, so "
+                             "passing a `compute_loss_func` is not allowed.")
         model = load_model(model, args, quantization_config, "SFTTrainer")
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
@@ -81,65 +119,95 @@ class SFTTrainer(Trainer):
             processing_class.pad_token = args.pad_token
         self.pad_token_id = pad_token_id_for(processing_class, args.eos_token)
         skip_prepare = bool((args.dataset_kwargs or {}).get("skip_prepare_dataset", False))
+        eval_packing = args.packing if args.eval_packing is None else args.eval_packing
 
-        def prepare(dataset):
+        def prepare(dataset, packing: bool = eval_packing):
             if dataset is None:
                 return None
             if skip_prepare:
-                return unprepared_sft_examples(dataset)
-            return prepare_sft_examples(
+                examples = unprepared_sft_examples(dataset)  # checks the rows as TRL does
+                return dataset if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") else examples
+            return prepare_sft_dataset(
                 dataset, processing_class, dataset_text_field=args.dataset_text_field, max_length=args.max_length,
                 truncation_mode=args.truncation_mode, completion_only_loss=args.completion_only_loss,
                 assistant_only_loss=args.assistant_only_loss, eos_token=args.eos_token,
-                formatting_func=formatting_func)
+                formatting_func=formatting_func, packing=packing, packing_strategy=args.packing_strategy,
+                shuffle_seed=args.seed if args.shuffle_dataset else None)
 
-        train_examples = prepare(train_dataset)
-        if args.shuffle_dataset and train_examples:
-            order = np.random.default_rng(args.seed).permutation(len(train_examples))
-            train_examples = [train_examples[int(i)] for i in order]
+        train_prepared = prepare(train_dataset, args.packing)
         vocab_size = getattr(model.config, "vocab_size", None)
-        largest = max([self.pad_token_id, *(max(e["input_ids"], default=0) for e in train_examples or [])])
+        largest = max([self.pad_token_id, *(int(np.max(row["input_ids"], initial=0))
+                                            for row in SFTRows(train_prepared))])
         if vocab_size is not None and largest >= vocab_size:
             raise ValueError(f"token id {largest} is outside the model's vocab_size={vocab_size} (the tokenizer has "
                              f"{len(processing_class)} tokens; pad token {processing_class.pad_token!r}). Use the "
                              "tokenizer that belongs to the model, or set tokenizer.pad_token to a token the "
                              "model knows.")
         self._prepare_sft_dataset = prepare
-        eval_examples = map_datasets(eval_dataset, prepare)
+        eval_prepared = map_datasets(eval_dataset, prepare)
         self.padded_length = 1
         self._pads_like_trl = data_collator is None
-        collator = data_collator or (lambda rows: collate_sft_batch(rows, self.pad_token_id, self.padded_length))
-        super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
-                         eval_dataset=eval_examples, processing_class=processing_class,
+        collator = data_collator or (lambda rows: collate_sft_batch(rows, self.pad_token_id, self.padded_length,
+                                                                    position_ids=self.padding_free))
+        super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_prepared,
+                         eval_dataset=eval_prepared, processing_class=processing_class,
                          compute_loss_func=compute_loss_func, compute_metrics=compute_metrics, callbacks=callbacks,
                          optimizers=optimizers, preprocess_logits_for_metrics=preprocess_logits_for_metrics)
-        self._pad_to_fit([*(train_examples or []), *(example for examples in each_dataset(eval_examples)
-                                                      for example in examples)])
+        self._pad_to_fit(SFTRows(train_prepared))
+        for dataset in each_dataset(eval_prepared):
+            self._pad_to_fit(SFTRows(dataset))
+        # TRL 1.16: the MoE load-balancing loss is on when the model returns router logits and the coefficient
+        # (args.router_aux_loss_coef, else the config's) is not 0; torchlike's families are dense.
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        coefficient = args.router_aux_loss_coef
+        self.router_aux_loss_coef = (getattr(text_config, "router_aux_loss_coef", 0.0) if coefficient is None
+                                     else coefficient)
+        self.aux_loss_enabled = hasattr(text_config, "output_router_logits") and self.router_aux_loss_coef != 0.0
+        if hasattr(model, "add_model_tags"):
+            model.add_model_tags(self._tag_names)
 
-    def _pad_to_fit(self, examples: list[dict]) -> None:
-        """Grows the one padded length of every batch (so XLA compiles each step once) to fit ``examples``: the
-        longest prepared example (already truncated to max_length; TRL pads each batch to its longest), rounded up as
-        pad_to_multiple_of asks."""
-        longest = max((len(example["input_ids"]) for example in examples), default=1)
+    def _pad_to_fit(self, rows: Iterable[dict]) -> None:
+        """Grows the one padded length of every batch (so XLA compiles each step once) to fit ``rows``: the longest
+        prepared example or packed row (already truncated to max_length; TRL pads each batch to its longest), rounded
+        up as pad_to_multiple_of asks."""
+        longest = max((len(row["input_ids"]) for row in rows), default=1)
         self.padded_length = max(self.padded_length, round_up_to_multiple(longest, self.args.pad_to_multiple_of))
 
     def _signature_columns(self) -> None:
-        """Every column: the prepared examples hold only SFT's columns (``input_ids``, ``loss_mask``, ``seq_len``)."""
+        """Every column: the collator reads only SFT's (``input_ids``, ``labels``, ``seq_lengths``)."""
         return None
 
-    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+    def _batches(self, epoch: int, skip: int = 0):
+        """The base Trainer's batches, read through :class:`~torchlike.trl.sft_data.SFTRows`: the collator gets each
+        row's token columns as views of the prepared dataset, not the whole row converted from Arrow."""
+        return epoch_batches(SFTRows(self.train_dataset), self._get_train_sampler(epoch), self._collate, self.mesh,
+                             self._global_batch_size(), self.args.gradient_accumulation_steps,
+                             self._steps_per_epoch(), skip)
+
+    def _loss(self) -> tuple[Callable, Callable | None]:
+        """The base Trainer's loss, with TRL's ``loss_type="dft"`` for the built-in loss, and NEFTune noise on the
+        input embeddings in training steps when ``neftune_noise_alpha`` is set (``adapters.neftune``)."""
+        loss, count_items = super()._loss()
+        if self.args.loss_type == "dft" and self._compute_loss_func is None:
+            loss = train_step.causal_lm_loss(self._trainable_model.family, loss_type="dft")
+        if self.args.neftune_noise_alpha:
+            length = functools.partial(neftune.batch_length, padding_free=self.padding_free,
+                                       pad_to_multiple_of=self.args.pad_to_multiple_of)
+            loss = neftune.with_neftune(loss, self.args.neftune_noise_alpha, length)
+        return loss, count_items
+
+    def _prepare_eval_dataset(self, dataset: Any) -> SFTRows:
         """Raw data prepared like ``train_dataset`` (TRL's ``evaluate`` does too); prepared examples as they are."""
-        if is_prepared(dataset):
-            return super()._prepare_eval_dataset(dataset)
-        examples = self._prepare_sft_dataset(dataset)
-        self._pad_to_fit(examples)
-        return examples
+        if not is_prepared(dataset):
+            dataset = self._prepare_sft_dataset(dataset)
+        rows = SFTRows(dataset)
+        self._pad_to_fit(rows)
+        return rows
 
     def _metrics_length(self, lengths: np.ndarray) -> int | None:
         """TRL's collator pads each batch to its longest example, rounded up to ``pad_to_multiple_of``; torchlike
         pads every batch to one length. ``compute_metrics`` sees TRL's length (a custom ``data_collator``: the
-        batch as it made it)."""
-        if not self._pads_like_trl:
+        batch as it made it; padding-free batches: torchlike's rows, which TRL flattens into one)."""
+        if not self._pads_like_trl or self.padding_free:
             return None
         return round_up_to_multiple(int(lengths.max()), self.args.pad_to_multiple_of)
-

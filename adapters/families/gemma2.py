@@ -1,0 +1,213 @@
+"""Gemma 2 (``Gemma2ForCausalLM``) <-> ``tunix.models.gemma``, with HF's window, query scaling and rope."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from tunix.models.gemma import model as tunix_gemma
+
+from ..rope import apply_rope, rope_inverse_frequencies, with_rope
+from .base import (
+    DECODER_IGNORED_KEYS,
+    HEADS_FIRST_INPUT_PROJECTION,
+    OUTPUT_PROJECTION,
+    TRANSPOSED,
+    Family,
+    WeightRule,
+    decoder_forward,
+    decoder_hidden_states,
+    require,
+)
+
+_LAYER = "model.layers.{layer}"
+_NNX_LAYER = "layers.{layer}"
+
+# build_model splits Tunix's fused qkv_einsum (num_kv_heads == num_heads) into q_einsum/kv_einsum,
+# so this one table covers every config.
+WEIGHTS: tuple[WeightRule, ...] = (
+    # Tunix's Embedder scales by sqrt(embed_dim) at lookup, as HF's Gemma2TextScaledWordEmbedding
+    # does, so the table itself is stored unscaled on both sides.
+    WeightRule("model.embed_tokens.weight", "embedder.input_embedding"),
+    WeightRule(f"{_LAYER}.self_attn.q_proj.weight", f"{_NNX_LAYER}.attn.q_einsum.w", HEADS_FIRST_INPUT_PROJECTION),
+    WeightRule(f"{_LAYER}.self_attn.k_proj.weight", f"{_NNX_LAYER}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
+               stack=(0, 2)),
+    WeightRule(f"{_LAYER}.self_attn.v_proj.weight", f"{_NNX_LAYER}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
+               stack=(1, 2)),
+    WeightRule(f"{_LAYER}.self_attn.o_proj.weight", f"{_NNX_LAYER}.attn.attn_vec_einsum.w", OUTPUT_PROJECTION),
+    # Both sides apply RMSNorm weights as (1 + w), so the norms copy as they are.
+    WeightRule(f"{_LAYER}.input_layernorm.weight", f"{_NNX_LAYER}.pre_attention_norm.scale"),
+    WeightRule(f"{_LAYER}.post_attention_layernorm.weight", f"{_NNX_LAYER}.post_attn_norm.scale"),
+    WeightRule(f"{_LAYER}.pre_feedforward_layernorm.weight", f"{_NNX_LAYER}.pre_ffw_norm.scale"),
+    WeightRule(f"{_LAYER}.post_feedforward_layernorm.weight", f"{_NNX_LAYER}.post_ffw_norm.scale"),
+    WeightRule(f"{_LAYER}.mlp.gate_proj.weight", f"{_NNX_LAYER}.mlp.gate_proj.kernel", TRANSPOSED),
+    WeightRule(f"{_LAYER}.mlp.up_proj.weight", f"{_NNX_LAYER}.mlp.up_proj.kernel", TRANSPOSED),
+    WeightRule(f"{_LAYER}.mlp.down_proj.weight", f"{_NNX_LAYER}.mlp.down_proj.kernel", TRANSPOSED),
+    WeightRule("model.norm.weight", "final_norm.scale"),
+)
+
+# Tunix's Gemma decodes with the input embedding (no lm_head) and build_model requires tied
+# embeddings, so a saved lm_head.weight is a copy of embed_tokens.
+IGNORED_KEYS: tuple[str, ...] = DECODER_IGNORED_KEYS + (r"lm_head\.weight",)
+
+# k_proj and v_proj share one kv_einsum in Tunix: targeting either adapts both.
+LORA_TARGETS: Mapping[str, str] = {
+    "q_proj": r"layers/\d+/attn/q_einsum",
+    "k_proj": r"layers/\d+/attn/kv_einsum",
+    "v_proj": r"layers/\d+/attn/kv_einsum",
+    "o_proj": r"layers/\d+/attn/attn_vec_einsum",
+    "gate_proj": r"layers/\d+/mlp/gate_proj",
+    "up_proj": r"layers/\d+/mlp/up_proj",
+    "down_proj": r"layers/\d+/mlp/down_proj",
+}
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def sliding_window_mask(query_count: int, key_count: int, first_query_index: jax.Array | int,
+                        window: int) -> jax.Array:
+    """``[1, T, S]`` bool: key slot ``k`` is inside query ``t``'s window when ``k > first_query_index + t - window``.
+
+    transformers' ``sliding_window_overlay`` on cache slots (array indices, padding included): a query sees itself
+    and the ``window - 1`` slots before it; the causal and padding masks do the rest.
+    """
+    query_index = first_query_index + jnp.arange(query_count)
+    return (jnp.arange(key_count)[None, :] > query_index[:, None] - window)[None]
+
+
+class Gemma2Attention(tunix_gemma.Attention):
+    """Tunix's Gemma attention with transformers' sliding window and query scaling.
+
+    Attributes set by :func:`build_model`:
+        sliding_window: the window of a ``sliding_attention`` layer, ``None`` for ``full_attention``.
+        query_pre_attn_scalar: queries are scaled by ``query_pre_attn_scalar**-0.5``.
+    """
+
+    sliding_window: int | None = None
+    query_pre_attn_scalar: float = 1.0
+
+    def __call__(self, x, segment_pos, cache, attn_mask):
+        # Tunix compares cache slots with token positions, which differ on left-padded rows, so it sees
+        # every layer as GLOBAL and the window is applied to the mask here, in cache slots as transformers does.
+        if self.sliding_window is not None:
+            # Tunix writes the new keys at slot end_index (the same for every row).
+            first = cache["end_index"][0] if cache is not None else 0
+            attn_mask = attn_mask & sliding_window_mask(x.shape[1], attn_mask.shape[-1], first, self.sliding_window)
+        return super().__call__(x, segment_pos, cache, attn_mask)
+
+    @property
+    def head_dim(self):
+        # Tunix's block reads head_dim for rope (swapped for apply_rope, which ignores it) and to scale the queries
+        # by head_dim**-0.5; transformers scales by query_pre_attn_scalar**-0.5. Shapes come from the weights.
+        return self.query_pre_attn_scalar
+
+
+def _check_config(hf_config) -> None:
+    """Refuses what the Tunix Gemma model does not implement (it would give wrong logits)."""
+    # Tunix's RMSNorm hard-codes eps=1e-6.
+    require(float(hf_config.rms_norm_eps) == 1e-6,
+            f"gemma2: rms_norm_eps={hf_config.rms_norm_eps} is not supported (Tunix fixes 1e-6).")
+    # Tunix's FeedForward uses nnx.gelu, whose default is the tanh approximation.
+    activation = getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh"
+    require(activation == "gelu_pytorch_tanh",
+            f"gemma2: hidden_activation={activation!r} is not supported (only 'gelu_pytorch_tanh').")
+    require(not getattr(hf_config, "attention_bias", False), "gemma2: attention_bias=True is not supported.")
+    require(not getattr(hf_config, "use_bidirectional_attention", False),
+            "gemma2: use_bidirectional_attention=True is not supported (causal attention only).")
+    require(bool(getattr(hf_config, "tie_word_embeddings", True)),
+            "gemma2: tie_word_embeddings=False is not supported (Tunix's Gemma has no lm_head; it decodes with the "
+            "input embedding).")
+    layer_types = list(hf_config.layer_types)
+    require(len(layer_types) == hf_config.num_hidden_layers,
+            f"gemma2: layer_types has {len(layer_types)} entries for {hf_config.num_hidden_layers} layers.")
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    require(not unknown, f"gemma2: layer_types {unknown} are not supported (only {sorted(LAYER_TYPES)}).")
+    require("sliding_attention" not in layer_types or hf_config.sliding_window is not None,
+            "gemma2: sliding_attention layers need config.sliding_window.")
+    require(hf_config.head_dim % 2 == 0, f"gemma2: head_dim={hf_config.head_dim} must be even for rope.")
+
+
+def _split_fused_qkv(attention: tunix_gemma.Attention, config: tunix_gemma.ModelConfig, rngs: nnx.Rngs) -> None:
+    """Replaces Tunix's fused ``qkv_einsum`` (num_kv_heads == heads) by ``q_einsum``/``kv_einsum``.
+
+    The loader maps each HF tensor to one NNX path, so one table cannot send ``q_proj`` to ``q_einsum`` for GQA and
+    to ``qkv_einsum[0]`` for MHA. Tunix's attention takes the unfused path whenever ``qkv_einsum`` is absent, and
+    with K == N its non-GQA einsums compute the same thing, so the parameter tree is the only difference.
+    """
+    shd = config.shd_config
+    attention.q_einsum = tunix_gemma.Einsum(
+        einsum_str="BTD,NDH->BTNH", shape=(config.num_heads, config.embed_dim, config.head_dim), rngs=rngs,
+        sharding=shd.q_weight_ndh)
+    attention.kv_einsum = tunix_gemma.Einsum(
+        einsum_str="BSD,CKDH->CBSKH", shape=(2, config.num_kv_heads, config.embed_dim, config.head_dim), rngs=rngs,
+        sharding=shd.kv_weight_cndh)
+    del attention.qkv_einsum
+
+
+def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma.Gemma:
+    """A Tunix ``Gemma`` whose layers follow ``config.layer_types``, ``sliding_window``, ``query_pre_attn_scalar``
+    and ``rope_parameters``, with both soft-caps (see ``adapters.upstream``).
+
+    ``dtype`` is applied when the weights are filled: Tunix's Gemma has no parameter dtype of its own and computes
+    in its parameters' dtype.
+
+    Raises:
+        UnsupportedConfigError: for another norm eps or activation, untied embeddings, attention bias,
+            bidirectional attention or unknown layer types.
+        UnsupportedRopeScalingError: for rope types ``adapters.rope`` does not implement.
+    """
+    _check_config(hf_config)
+    config = tunix_gemma.ModelConfig(
+        num_layers=hf_config.num_hidden_layers,
+        num_embed=hf_config.vocab_size,
+        embed_dim=hf_config.hidden_size,
+        hidden_dim=hf_config.intermediate_size,
+        num_heads=hf_config.num_attention_heads,
+        head_dim=hf_config.head_dim,
+        num_kv_heads=hf_config.num_key_value_heads,
+        final_logit_softcap=hf_config.final_logit_softcapping,
+        use_post_attn_norm=True,
+        use_post_ffw_norm=True,
+        # Every layer is GLOBAL to Tunix: Gemma2Attention applies the sliding window itself.
+        attention_types=(tunix_gemma.AttentionType.GLOBAL,) * hf_config.num_hidden_layers,
+        attn_logits_soft_cap=hf_config.attn_logit_softcapping,
+    )
+    model = tunix_gemma.Gemma(config, rngs=rngs)
+    inv_freq = rope_inverse_frequencies(hf_config.rope_parameters, hf_config.head_dim)
+    attention_class = with_rope(Gemma2Attention, "block", "apply_rope", apply_rope, inv_freq)
+    for layer, layer_type in zip(model.layers, hf_config.layer_types, strict=True):
+        attention = layer.attn
+        if attention.use_qkv_einsum:
+            _split_fused_qkv(attention, config, rngs)
+        attention.__class__ = attention_class
+        attention.sliding_window = hf_config.sliding_window if layer_type == "sliding_attention" else None
+        attention.query_pre_attn_scalar = float(hf_config.query_pre_attn_scalar)
+    return model
+
+
+def logits_from_hidden(module: tunix_gemma.Gemma, hidden: jax.Array) -> jax.Array:
+    """Tunix Gemma's output head on final-norm hidden states: the tied embedding's ``decode``, then the final
+    soft-cap ``tanh(logits / cap) * cap`` in the same order and dtype as its ``__call__``; float32."""
+    logits = module.embedder.decode(hidden)
+    cap = module.final_logits_softcap
+    if cap is not None:
+        logits = jnp.tanh(logits / cap) * cap
+    return logits.astype(jnp.float32)
+
+
+FAMILY = Family(
+    name="gemma2",
+    model_types=("gemma2",),
+    architectures=("Gemma2ForCausalLM",),
+    weights=WEIGHTS,
+    build_model=build_model,
+    forward=decoder_forward,
+    hidden_states=decoder_hidden_states,
+    logits_from_hidden=logits_from_hidden,
+    ignored_hf_keys=IGNORED_KEYS,
+    lora_targets=LORA_TARGETS,
+    default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma2"
+    norms_scale_by_one_plus_weight=True,
+)
