@@ -27,7 +27,7 @@ from flax import nnx
 
 from . import rl_math
 from .families import Family
-from .tunix_model import causal_attention, positions_from_mask
+from .tunix_model import batch_positions_and_attention
 
 #: Bytes of float32 logits one block may hold, over the whole batch: ``"auto"`` blocks have
 #: ``LOGITS_BLOCK_BYTES // (4 * batch * vocab)`` positions. Autodiff keeps a few such copies (logits, softmax, their
@@ -42,13 +42,15 @@ once: the unchunked computation, without rematerialisation)."""
 class TokenScores(NamedTuple):
     """Per-position values for the target tokens, each ``[B, T]`` float32.
 
-    ``log_probs`` is differentiable; the metrics are ``None`` unless asked for, and carry no gradient.
+    ``log_probs`` and ``entropies`` are differentiable (GRPO's entropy bonus); the other fields carry no gradient.
+    Fields not asked for are ``None``.
     """
 
     log_probs: jax.Array
     entropies: jax.Array | None = None
     logit_means: jax.Array | None = None
     top1: jax.Array | None = None
+    log_sum_sq_probs: jax.Array | None = None
 
 
 def block_length(block_size: BlockSize, batch: int, length: int, vocab: int | None) -> int:
@@ -71,14 +73,15 @@ def block_length(block_size: BlockSize, batch: int, length: int, vocab: int | No
 
 
 def token_scores(hidden: jax.Array, targets: jax.Array, head: Callable[[jax.Array], jax.Array], *,
-                 temperature: float = 1.0, block_size: BlockSize = "auto", with_metrics: bool = False
-                 ) -> TokenScores:
+                 temperature: float = 1.0, block_size: BlockSize = "auto", with_metrics: bool = False,
+                 with_log_sum_sq_probs: bool = False) -> TokenScores:
     """Scores ``targets`` under ``softmax(head(hidden) / temperature)``, a block of positions at a time.
 
     ``log_probs[b, t] = log_softmax(head(hidden[b, t]) / temperature)[targets[b, t]]`` (TRL's
     ``selective_log_softmax``, :func:`rl_math.token_log_probs`). With ``with_metrics``: ``entropies`` of that
     distribution (:func:`rl_math.token_entropies`), ``logit_means`` (the mean of the raw logits over the vocabulary)
-    and ``top1`` (1.0 where the target is the most likely token).
+    and ``top1`` (1.0 where the target is the most likely token). With ``with_log_sum_sq_probs``:
+    ``log(sum_v p_v**2)`` (:func:`rl_math.token_log_sum_squared_probs`, WPO's weights).
 
     Args:
         hidden: ``[B, T, H]`` head inputs; position ``t`` scores ``targets[:, t]``.
@@ -88,6 +91,7 @@ def token_scores(hidden: jax.Array, targets: jax.Array, head: Callable[[jax.Arra
         block_size: see :data:`BlockSize`. The last block is padded; its padding positions are dropped from the
             outputs, so they reach no loss and no gradient.
         with_metrics: also compute the metrics.
+        with_log_sum_sq_probs: also compute ``log_sum_sq_probs``.
 
     Returns:
         :class:`TokenScores`.
@@ -98,10 +102,10 @@ def token_scores(hidden: jax.Array, targets: jax.Array, head: Callable[[jax.Arra
     targets = targets.astype(jnp.int32)
 
     def score(hidden_block, target_block):
-        return _scores(head(hidden_block), target_block, temperature, with_metrics)
+        return _scores(head(hidden_block), target_block, temperature, with_metrics, with_log_sum_sq_probs)
 
     if block >= length:
-        return TokenScores(*score(hidden, targets))
+        return score(hidden, targets)
     count = -(-length // block)
     padding = count * block - length
     hidden = jnp.pad(hidden, ((0, 0), (0, padding), (0, 0)))
@@ -110,36 +114,39 @@ def token_scores(hidden: jax.Array, targets: jax.Array, head: Callable[[jax.Arra
               targets.reshape(batch, count, block).swapaxes(0, 1))
     rematerialised = jax.checkpoint(score, prevent_cse=False)
     _, scores = jax.lax.scan(lambda carry, xs: (carry, rematerialised(*xs)), None, blocks)
-    return TokenScores(*(values.swapaxes(0, 1).reshape(batch, count * block)[:, :length] for values in scores))
+    return jax.tree.map(lambda values: values.swapaxes(0, 1).reshape(batch, count * block)[:, :length], scores)
 
 
-def _scores(logits: jax.Array, targets: jax.Array, temperature: float, with_metrics: bool) -> tuple[jax.Array, ...]:
-    log_probs = rl_math.token_log_probs(logits, targets, None, temperature)
-    if not with_metrics:
-        return (log_probs,)
-    logits = jax.lax.stop_gradient(logits)
-    return (log_probs, rl_math.token_entropies(logits, None, temperature), logits.mean(-1),
-            (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+def _scores(logits: jax.Array, targets: jax.Array, temperature: float, with_metrics: bool,
+            with_log_sum_sq_probs: bool) -> TokenScores:
+    scores = TokenScores(rl_math.token_log_probs(logits, targets, None, temperature))
+    detached = jax.lax.stop_gradient(logits)
+    if with_metrics:
+        scores = scores._replace(entropies=rl_math.token_entropies(logits, None, temperature),
+                                 logit_means=detached.mean(-1),
+                                 top1=(jnp.argmax(detached, axis=-1) == targets).astype(jnp.float32))
+    if with_log_sum_sq_probs:
+        scores = scores._replace(log_sum_sq_probs=rl_math.token_log_sum_squared_probs(detached, temperature))
+    return scores
 
 
 def hidden_states(family: Family, module: nnx.Module, batch: dict) -> jax.Array:
-    """``[B, T, H]`` final-norm hidden states of a padded ``input_ids``/``attention_mask`` batch (the inputs of
-    ``tunix_model.causal_lm_logits``'s head)."""
-    mask = batch["attention_mask"].astype(bool)
-    return family.hidden_states(module, batch["input_ids"].astype(jnp.int32), positions_from_mask(mask),
-                                causal_attention(mask))
+    """``[B, T, H]`` final-norm hidden states of a padded ``input_ids``/``attention_mask`` batch, packed rows when
+    it has ``position_ids`` (the inputs of ``tunix_model.causal_lm_logits``'s head)."""
+    positions, attention = batch_positions_and_attention(batch)
+    return family.hidden_states(module, batch["input_ids"].astype(jnp.int32), positions, attention)
 
 
 def next_token_scores(family: Family, module: nnx.Module, batch: dict, *, last: int | None = None,
                       temperature: float = 1.0, block_size: BlockSize = "auto",
-                      with_metrics: bool = False) -> TokenScores:
+                      with_metrics: bool = False, with_log_sum_sq_probs: bool = False) -> TokenScores:
     """Scores of each next token of a padded causal-LM batch: position ``t`` scores ``input_ids[:, t + 1]``.
 
     Args:
         family, module: the model.
-        batch: ``input_ids`` and ``attention_mask`` ``[B, T]``.
+        batch: ``input_ids`` and ``attention_mask`` ``[B, T]``, optionally ``position_ids`` (packed rows).
         last: score only the last ``last`` tokens (GRPO's completions); ``None``: tokens ``1 .. T - 1``.
-        temperature, block_size, with_metrics: as in :func:`token_scores`.
+        temperature, block_size, with_metrics, with_log_sum_sq_probs: as in :func:`token_scores`.
 
     Returns:
         :class:`TokenScores` of shape ``[B, T - 1]`` (``[B, last]`` with ``last``).
@@ -150,4 +157,5 @@ def next_token_scores(family: Family, module: nnx.Module, batch: dict, *, last: 
     if last is not None:
         hidden, targets = hidden[:, -last:], targets[:, -last:]
     return token_scores(hidden, targets, lambda block: family.logits_from_hidden(module, block),
-                        temperature=temperature, block_size=block_size, with_metrics=with_metrics)
+                        temperature=temperature, block_size=block_size, with_metrics=with_metrics,
+                        with_log_sum_sq_probs=with_log_sum_sq_probs)

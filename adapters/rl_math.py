@@ -300,6 +300,22 @@ def token_entropies(logits: jax.Array, mask: jax.Array | None = None, temperatur
     return entropies if mask is None else jnp.where(mask.astype(bool), entropies, 0.0)
 
 
+def token_log_sum_squared_probs(logits: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """``log(sum_v p_v**2)`` of each next-token distribution, ``p = softmax(logits / temperature)``: the
+    ``log_sum_sq_probs`` of TRL's fused LM head, which WPO weighting (``DPOConfig.use_weighting``) subtracts from each
+    token's log-probability.
+
+    Args:
+        logits: ``[B, T, V]``.
+        temperature: the sampling temperature, > 0.
+
+    Returns:
+        ``[B, T]`` float32.
+    """
+    log_p = jax.nn.log_softmax(_scaled_logits(logits, temperature), axis=-1)
+    return jax.nn.logsumexp(2.0 * log_p, axis=-1)
+
+
 def sequence_log_probs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, temperature: float = 1.0) -> jax.Array:
     """Log-probability of each sequence: ``sum_t mask[b, t] * token_log_probs(logits, tokens)[b, t]``.
 
@@ -344,6 +360,26 @@ def length_desensitised_log_probs(chosen_per_token_logps: jax.Array, rejected_pe
     return weighted(chosen_per_token_logps, chosen_mask), weighted(rejected_per_token_logps, rejected_mask)
 
 
+def wpo_weights(per_token_logps: jax.Array, log_sum_squared_probs: jax.Array, completion_mask: jax.Array
+                ) -> jax.Array:
+    """WPO's sequence weights (``DPOConfig.use_weighting``, Eq. 2 of the WPO paper), as ``DPOTrainer._compute_loss``.
+
+    ``w = exp(sum_t m_t (logp_t - log sum_v p_v**2) / max(sum_t m_t, 1))``, without gradient; TRL multiplies each
+    pair's loss by ``w_chosen * w_rejected``.
+
+    Args:
+        per_token_logps: ``[N, T]`` log-probabilities of the completion tokens (plain, not LD-DPO weighted).
+        log_sum_squared_probs: ``[N, T]`` (:func:`token_log_sum_squared_probs`).
+        completion_mask: ``[N, T]``, 1 on the completion tokens.
+
+    Returns:
+        ``[N]`` float32.
+    """
+    mask = completion_mask.astype(jnp.float32)
+    aligned = jax.lax.stop_gradient((per_token_logps.astype(jnp.float32) - log_sum_squared_probs) * mask)
+    return jnp.exp(aligned.sum(-1) / jnp.maximum(mask.sum(-1), 1.0))
+
+
 # --- GRPO loss (GRPOTrainer._compute_loss) ------------------------------------------------------------------------
 
 def _off_policy_mask(advantages: jax.Array, per_token_logps: jax.Array, sampling_per_token_logps: jax.Array,
@@ -365,6 +401,50 @@ def _vespo_gamma_weights(advantages: jax.Array, log_ratio: jax.Array, mask: jax.
     lam = jnp.maximum(jnp.where(non_negative, lambda_pos, lambda_neg), 1e-4)
     phi = jnp.exp(lam + k * log_w - lam * jnp.exp(log_w))
     return jax.lax.stop_gradient(jnp.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def high_entropy_mask(per_token_entropy: jax.Array, completion_mask: jax.Array, quantile: float) -> jax.Array:
+    """The tokens whose entropy reaches the batch's ``quantile``, as ``GRPOTrainer.get_high_entropy_mask``.
+
+    ``cutoff = quantile_q(entropies over the masked tokens)`` (linear interpolation, ``torch.quantile``'s method);
+    ``keep = (entropy * mask >= cutoff) & mask``. TRL calls it with ``q = 1 - top_entropy_quantile`` on the batch of
+    every process, which is one SPMD batch here. No masked token: nothing is kept.
+
+    Args:
+        per_token_entropy: ``[B, T]``.
+        completion_mask: ``[B, T]``, 1 on the tokens that count.
+        quantile: ``q`` in ``[0, 1]``.
+
+    Returns:
+        ``[B, T]`` bool, without gradient.
+    """
+    entropies = jax.lax.stop_gradient(per_token_entropy.astype(jnp.float32))
+    valid = completion_mask.astype(bool)
+    cutoff = jnp.nanquantile(jnp.where(valid, entropies, jnp.nan), quantile)
+    return (entropies * valid >= cutoff) & valid
+
+
+def entropy_bonus(per_token_entropy: jax.Array, completion_mask: jax.Array,
+                  entropy_mask: jax.Array | None = None) -> jax.Array:
+    """The mean entropy ``H`` of GRPO's entropy bonus, as ``GRPOTrainer._compute_loss`` (``entropy_coef``).
+
+    ``H = sum(entropy * m) / max(sum(m), 1)`` with ``m = completion_mask`` (times ``entropy_mask`` when
+    ``top_entropy_quantile < 1``). TRL's training loss is ``policy loss - entropy_coef * H / k`` with ``k`` the
+    gradient accumulation steps, for every loss type (the bonus is not rescaled by a loss type's normalisation).
+    Differentiable through ``per_token_entropy``.
+
+    Args:
+        per_token_entropy: ``[B, T]``.
+        completion_mask: ``[B, T]``.
+        entropy_mask: ``[B, T]`` (:func:`high_entropy_mask`), or ``None``.
+
+    Returns:
+        A float32 scalar.
+    """
+    mask = completion_mask.astype(jnp.float32)
+    if entropy_mask is not None:
+        mask = mask * entropy_mask.astype(jnp.float32)
+    return (per_token_entropy.astype(jnp.float32) * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
 def grpo_loss(
@@ -391,6 +471,7 @@ def grpo_loss(
     vespo_k_neg: float = 3.0,
     vespo_lambda_neg: float = 2.0,
     per_token_entropy: jax.Array | None = None,
+    entropy_mask: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO loss of one batch of completions and TRL's loss metrics, as ``GRPOTrainer._compute_loss``.
 
@@ -406,8 +487,9 @@ def grpo_loss(
       ratio ``exp(sum_t log_ratio)`` and ``(k, lambda)`` the ``vespo_*_pos`` values where ``A >= 0``, else ``*_neg``.
 
     Then ``l *= keep`` (``off_policy_mask_threshold``: a sequence with ``A < 0`` whose mean ``logp_old - logp`` exceeds
-    the threshold is dropped), and with ``beta != 0``, ``l += beta * kl``, ``kl = exp(r - logp) - (r - logp) - 1``
-    (``r = ref_per_token_logps``), times ``w`` when ``use_bias_correction_kl``. Aggregation over ``mask``:
+    the threshold is dropped), ``l *= entropy_mask`` (``top_entropy_quantile``), and with ``beta != 0``,
+    ``l += beta * kl``, ``kl = exp(r - logp) - (r - logp) - 1`` (``r = ref_per_token_logps``), times ``w`` when
+    ``use_bias_correction_kl``. Aggregation over ``mask``:
 
     - ``grpo``, ``sapo``: ``mean_b(sum_t l m / max(sum_t m, 1))`` (all ``B`` rows, empty ones count 0);
     - ``bnpo``: ``sum l m / max(sum m, 1)``;
@@ -445,6 +527,8 @@ def grpo_loss(
         sapo_temperature_pos, sapo_temperature_neg: SAPO gate temperatures.
         vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: VESPO Gamma-weight parameters.
         per_token_entropy: ``[B, T]``; when given, its masked mean is returned as ``metrics["entropy"]``.
+        entropy_mask: ``[B, T]`` (:func:`high_entropy_mask`); only these tokens get the policy loss (the KL term
+            keeps every token, as in TRL). ``None`` keeps all. The entropy bonus is :func:`entropy_bonus`.
 
     Returns:
         ``(loss, metrics)``, float32. ``metrics`` has TRL's names: ``"kl"`` (``beta != 0``), ``"entropy"`` (when
@@ -501,6 +585,8 @@ def grpo_loss(
     if off_policy_mask_threshold is not None:
         per_token_loss = per_token_loss * _off_policy_mask(advantages, logps, old_logps, mask,
                                                            off_policy_mask_threshold)
+    if entropy_mask is not None:
+        per_token_loss = per_token_loss * entropy_mask.astype(jnp.float32)
     if beta != 0.0:
         per_token_loss = per_token_loss + beta * per_token_kl
     per_token_loss = jnp.broadcast_to(per_token_loss, mask.shape)

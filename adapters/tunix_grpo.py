@@ -27,36 +27,60 @@ from .train_step import cast_floating
 TOKEN_SUM_LOSSES = ("dapo", "cispo", "vespo")
 
 
-def completion_log_probs(family: Family, module: nnx.Module, batch: dict, temperature: float,
-                         block_size: chunked_logprobs.BlockSize = "auto") -> jax.Array:
-    """``[B, C]`` log-probs of the completion tokens, TRL's ``_get_per_token_logps_and_entropies``.
+def completion_scores(family: Family, module: nnx.Module, batch: dict, temperature: float,
+                      block_size: chunked_logprobs.BlockSize = "auto", *, with_entropies: bool = False,
+                      compute_dtype=None, lm_head_in_float32: bool = False) -> chunked_logprobs.TokenScores:
+    """``[B, C]`` log-probs (and entropies) of the completion tokens, TRL's ``_get_per_token_logps_and_entropies``.
 
     ``batch["input_ids"]`` is ``[B, P + C]`` (prompt left-padded, completion right-padded) with its
     ``attention_mask``; ``batch["completion_mask"]`` is ``[B, C]``. Logits are divided by the sampling
     ``temperature`` before the log-softmax, as TRL does; they are computed ``block_size`` completion positions at a
     time (:func:`chunked_logprobs.next_token_scores`). Positions outside the completion mask get 0.0.
+
+    Args:
+        with_entropies: also the (differentiable) entropies of the next-token distributions.
+        compute_dtype: the decoder runs with its parameters cast to it (``None``: as they are).
+        lm_head_in_float32: TRL's ``cast_lm_head_to_fp32``: the output head multiplies the float32 hidden states by
+            the module's own (full-precision) head weights in float32, whatever ``compute_dtype`` is.
     """
     mask = batch["completion_mask"]
-    scores = chunked_logprobs.next_token_scores(family, module, batch, last=mask.shape[1], temperature=temperature,
-                                                block_size=block_size)
-    return jnp.where(mask.astype(bool), scores.log_probs, 0.0)
+    length = mask.shape[1]
+    decoder = cast_floating(module, compute_dtype)
+    if lm_head_in_float32:
+        hidden = chunked_logprobs.hidden_states(family, decoder, batch)[:, :-1][:, -length:].astype(jnp.float32)
+        scores = chunked_logprobs.token_scores(
+            hidden, batch["input_ids"][:, 1:][:, -length:], lambda block: family.logits_from_hidden(module, block),
+            temperature=temperature, block_size=block_size, with_metrics=with_entropies)
+    else:
+        scores = chunked_logprobs.next_token_scores(family, decoder, batch, last=length, temperature=temperature,
+                                                    block_size=block_size, with_metrics=with_entropies)
+    valid = mask.astype(bool)
+    return scores._replace(log_probs=jnp.where(valid, scores.log_probs, 0.0),
+                           entropies=None if scores.entropies is None else jnp.where(valid, scores.entropies, 0.0))
+
+
+def completion_log_probs(family: Family, module: nnx.Module, batch: dict, temperature: float,
+                         block_size: chunked_logprobs.BlockSize = "auto") -> jax.Array:
+    """``[B, C]`` log-probs of the completion tokens (:func:`completion_scores`'s ``log_probs``)."""
+    return completion_scores(family, module, batch, temperature, block_size).log_probs
 
 
 def make_log_prob_pass(family: Family, temperature: float, lora: str = lora_runtime.EVAL,
-                       compute_dtype=None, block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+                       compute_dtype=None, block_size: chunked_logprobs.BlockSize = "auto",
+                       lm_head_in_float32: bool = False) -> Callable:
     """A jitted ``(module, batch) -> [B, C]`` log-prob pass (no dropout): old-policy log-probs with the
     adapter on (``lora="eval"``), or reference log-probs of the base weights (``lora="disabled"``).
 
     ``compute_dtype`` is the train step's (``bf16``): the stored log-probs then come from the same computation as
     the step's own, so an unchanged policy has a ratio of 1 and no KL to itself, as under TRL's autocast.
-    ``block_size`` as in :func:`completion_log_probs`.
+    ``block_size`` and ``lm_head_in_float32`` as in :func:`completion_scores`.
     """
 
     @nnx.jit
     def log_probs(module, batch):
-        module = cast_floating(module, compute_dtype)
         with lora_runtime.lora_mode(lora):
-            return completion_log_probs(family, module, batch, temperature, block_size)
+            return completion_scores(family, module, batch, temperature, block_size, compute_dtype=compute_dtype,
+                                     lm_head_in_float32=lm_head_in_float32).log_probs
 
     return traced_cheaply(log_probs)
 
@@ -81,6 +105,12 @@ class GRPOLossSettings:
     vespo_lambda_pos: float
     vespo_k_neg: float
     vespo_lambda_neg: float
+    top_entropy_quantile: float = 1.0
+    entropy_coef: float = 0.0
+    #: With ``lm_head_in_float32`` the loss casts the decoder to this dtype itself (the train step then casts
+    #: nothing), so the head reads the full-precision weights; otherwise ``None`` (the train step casts).
+    compute_dtype: object = None
+    lm_head_in_float32: bool = False
 
 
 def grpo_step_loss(family: Family, settings: GRPOLossSettings,
@@ -93,12 +123,24 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
     per-micro-batch means, which accumulation then averages as TRL divides by the accumulation
     steps; ``1 / accumulation`` for token sums, which TRL adds up). ``block_size`` as in
     :func:`completion_log_probs`.
+
+    With ``top_entropy_quantile < 1`` the policy loss counts only the tokens of :func:`rl_math.high_entropy_mask`;
+    with ``entropy_coef != 0`` the value is ``policy loss - entropy_coef * H * step_weight``
+    (:func:`rl_math.entropy_bonus`), which is TRL's ``- entropy_coef * H / accumulation`` for every loss type once the
+    step divides by the summed weights. ``metrics`` then add TRL's ``policy_loss`` and ``entropy_coef``; ``entropy``
+    is always there.
     """
 
     def loss(module, batch, num_items_in_batch=None):
-        logps = completion_log_probs(family, module, batch, settings.temperature, block_size)
+        mask = batch["completion_mask"]
+        scores = completion_scores(family, module, batch, settings.temperature, block_size, with_entropies=True,
+                                   compute_dtype=settings.compute_dtype,
+                                   lm_head_in_float32=settings.lm_head_in_float32)
+        entropy_mask = None
+        if settings.top_entropy_quantile < 1.0:
+            entropy_mask = rl_math.high_entropy_mask(scores.entropies, mask, 1.0 - settings.top_entropy_quantile)
         value, metrics = rl_math.grpo_loss(
-            logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], batch["completion_mask"],
+            scores.log_probs, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"], mask,
             loss_type=settings.loss_type, beta=settings.beta, epsilon_low=settings.epsilon_low,
             epsilon_high=settings.epsilon_high, delta=settings.delta,
             importance_sampling_level=settings.importance_sampling_level,
@@ -108,8 +150,15 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
             off_policy_mask_threshold=settings.off_policy_mask_threshold,
             sapo_temperature_pos=settings.sapo_temperature_pos, sapo_temperature_neg=settings.sapo_temperature_neg,
             vespo_k_pos=settings.vespo_k_pos, vespo_lambda_pos=settings.vespo_lambda_pos,
-            vespo_k_neg=settings.vespo_k_neg, vespo_lambda_neg=settings.vespo_lambda_neg)
-        return value, batch["step_weight"][0], metrics
+            vespo_k_neg=settings.vespo_k_neg, vespo_lambda_neg=settings.vespo_lambda_neg,
+            per_token_entropy=scores.entropies, entropy_mask=entropy_mask)
+        step_weight = batch["step_weight"][0]
+        if settings.entropy_coef != 0.0:
+            metrics["policy_loss"] = value
+            metrics["entropy_coef"] = jnp.float32(settings.entropy_coef)
+            value = value - settings.entropy_coef * rl_math.entropy_bonus(scores.entropies, mask,
+                                                                          entropy_mask) * step_weight
+        return value, step_weight, metrics
 
     return loss
 

@@ -75,7 +75,7 @@ def scan_count(loss, module, batch) -> int:
     return count(jax.make_jaxpr(lambda state: loss(nnx.merge(graphdef, state), batch)[0])(state).jaxpr)
 
 
-@pytest.mark.parametrize("case", ["qwen2", "qwen2_tied", "qwen3", "llama3", "llama32", "gemma3"])
+@pytest.mark.parametrize("case", ["qwen2", "qwen2_tied", "qwen3", "llama3", "llama32", "gemma2", "gemma3"])
 def test_trunk_then_head_is_the_family_forward_pass(case):
     name, _, tied = case.partition("_")
     family, module = build(name, **({"tie_word_embeddings": True} if tied else {}))

@@ -110,9 +110,23 @@ def run_torchlike_dpo(path, tokenizer_path, output_dir, settings):
     return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_dpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path, loss_type):
-    path, settings = tiny_checkpoints.path("qwen2"), comparison_settings(loss_type)
+# Each case is compared step for step; use_weighting (WPO) and sync_ref_model (the reference mixed with the policy
+# after steps 2 and 4, so steps 3 and 5 score against an updated reference) change the loss TRL computes.
+COMPARISON_CASES = {
+    "sigmoid": dict(loss_type="sigmoid"),
+    "ipo": dict(loss_type="ipo"),
+    "sigmoid + ipo, WPO weighting": dict(loss_type="sigmoid", extra=dict(
+        use_weighting=True, loss_type=["sigmoid", "ipo"], loss_weights=[1.0, 0.5])),
+    "sigmoid, reference synced every 2 steps": dict(loss_type="sigmoid", extra=dict(
+        sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.5)),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPARISON_CASES))
+def test_dpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path, case):
+    options = dict(COMPARISON_CASES[case])
+    settings = {**comparison_settings(options.pop("loss_type")), **options.pop("extra", {}), **options}
+    path = tiny_checkpoints.path("qwen2")
     expected_history, expected_params = run_trl_dpo(path, tokenizer_dir, tmp_path / "trl", settings)
     history, params = run_torchlike_dpo(path, tokenizer_dir, tmp_path / "ours", settings)
     expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}

@@ -187,7 +187,7 @@ def test_log_completions_prints_prompts_completions_and_rewards(tiny_checkpoints
 @pytest.mark.parametrize(("kwargs", "error", "needle"), [
     ({"reward_funcs": lambda completions: [0.0] * len(completions)}, TypeError, "must accept \\*\\*kwargs"),
     ({"reward_funcs": "OpenAssistant/reward-model"}, ValueError, "reward models are not supported"),
-    ({"reward_funcs": None}, ValueError, "needs reward_funcs"),
+    ({"reward_funcs": None}, ValueError, "No reward source provided"),
     ({"dataset": [{"question": "q"}] * 8}, ValueError, "no 'prompt' column \\(found \\['question'\\]\\)"),
     ({"generation_kwargs": {"num_beams": 4}}, ValueError, "generation_kwargs \\['num_beams'\\]"),
     ({"reward_weights": [1.0, 2.0]}, ValueError, "reward_weights has 2 entries"),

@@ -25,7 +25,7 @@ EOS = 2
 
 # Each case varies what TRL's loss and batching depend on; together they cover every loss_type, every scale_rewards
 # mode, gradient accumulation, steps_per_generation != gradient_accumulation_steps (dividing or not), num_iterations,
-# a KL reference and mask_truncated_completions.
+# a KL reference, mask_truncated_completions and the entropy bonus with and without the high-entropy token mask.
 CASES = {
     "dapo, accumulation 2": dict(loss_type="dapo", gradient_accumulation_steps=2),
     "grpo, 3 steps per generation of 2 (old log-probs)": dict(loss_type="grpo", gradient_accumulation_steps=3,
@@ -39,6 +39,10 @@ CASES = {
                                                  steps_per_generation=1),
     "vespo, 2 iterations, accumulation 2": dict(loss_type="vespo", num_iterations=2, gradient_accumulation_steps=2,
                                                epsilon_high=0.28),
+    "dapo, entropy bonus on the top 40% entropy tokens, accumulation 2": dict(
+        loss_type="dapo", gradient_accumulation_steps=2, entropy_coef=0.05, top_entropy_quantile=0.4),
+    "grpo, entropy bonus, 3 steps per generation of 2": dict(loss_type="grpo", gradient_accumulation_steps=3,
+                                                            steps_per_generation=2, entropy_coef=0.1),
 }
 
 
@@ -142,7 +146,10 @@ def test_grpo_matches_trl_step_for_step_on_the_same_completions(tiny_checkpoints
     history, advantages, params = run_torchlike(path, tokenizer_dir, tmp_path / "ours", **CASES[case])
 
     assert len(logged(history, "loss")) == len(logged(expected_history, "loss")) == 3
-    for key in ("loss", "grad_norm", "reward", "reward_std"):
+    for key in ("loss", "grad_norm", "reward", "reward_std", "entropy", "policy_loss", "entropy_coef"):
+        if key not in expected_history[0]:
+            assert key not in history[0], key
+            continue
         np.testing.assert_allclose(logged(history, key), logged(expected_history, key), rtol=1e-4, atol=1e-6,
                                    err_msg=key)
     assert len(advantages) == len(expected_advantages)

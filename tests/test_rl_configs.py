@@ -121,7 +121,6 @@ def test_rl_rows_override_sft_rows_only_for_their_configs():
 NON_DEFAULT = {
     "trust_remote_code": {"trust_remote_code": True},
     "router_aux_loss_coef": {"router_aux_loss_coef": 0.01},
-    "cast_lm_head_to_fp32": {"cast_lm_head_to_fp32": True},
     "ds3_gather_for_generation": {"ds3_gather_for_generation": False},
     "cache_implementation": {"cache_implementation": "static"},
     "use_vllm": {"use_vllm": True},
@@ -142,11 +141,6 @@ NON_DEFAULT = {
     "vllm_importance_sampling_clip_max": {"vllm_importance_sampling_clip_max": 2.0},
     "vllm_importance_sampling_clip_min": {"vllm_importance_sampling_clip_min": 0.5},
     "vllm_importance_sampling_cap": {"vllm_importance_sampling_cap": 2.0},
-    "sync_ref_model": {"sync_ref_model": True},
-    "ref_model_mixup_alpha": {"ref_model_mixup_alpha": 0.9},
-    "ref_model_sync_steps": {"ref_model_sync_steps": 64},
-    "top_entropy_quantile": {"top_entropy_quantile": 0.2},
-    "entropy_coef": {"entropy_coef": 0.01},
     "use_adaptive_entropy": {"use_adaptive_entropy": True},
     "entropy_coef_min": {"entropy_coef_min": 0.1},
     "entropy_coef_max": {"entropy_coef_max": 0.5},
@@ -164,7 +158,6 @@ NON_DEFAULT = {
     "remove_unused_columns": {"remove_unused_columns": False},
     "precompute_ref_log_probs": {"precompute_ref_log_probs": True},
     "precompute_ref_batch_size": {"precompute_ref_batch_size": 16},
-    "use_weighting": {"use_weighting": True},
     "activation_offloading": {"activation_offloading": True},
 }
 

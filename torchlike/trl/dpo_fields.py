@@ -8,7 +8,7 @@ rows. A test holds it against the fields of the real ``trl.DPOConfig``.
 
 from __future__ import annotations
 
-from ..field_support import FieldSupport, honoured, ignored, refused
+from ..field_support import FieldSupport, honoured, ignored
 from .grpo_fields import GRPO_FIELD_SUPPORT
 from .sft_fields import SFT_FIELD_SUPPORT
 
@@ -38,8 +38,10 @@ DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                             "once."),
     "pad_to_multiple_of": GRPO_FIELD_SUPPORT["pad_to_multiple_of"],
     "precompute_ref_log_probs": ignored("torchlike always computes the reference log-probabilities once, before "
-                                        "training, and stores them with each example; the reference is frozen and "
-                                        "has no dropout, so these are the values TRL computes in each step."),
+                                        "training, and stores them with each example (for each batch with "
+                                        "sync_ref_model); the reference is frozen and has no dropout, so these are "
+                                        "the values TRL computes in each step. As in TRL, True is refused with an "
+                                        "IterableDataset and with sync_ref_model."),
     "precompute_ref_batch_size": ignored("The reference pass before training runs in batches of "
                                          "per_device_train_batch_size (per_device_eval_batch_size for evaluation "
                                          "data)."),
@@ -57,11 +59,18 @@ DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "label_smoothing": honoured("eps of the robust, exo_pair, aot and aot_unpaired losses (TRL 1.16's sigmoid loss "
                                 "does not read it)."),
     "beta": honoured("The DPO temperature beta (tau for ipo); rewards/* metrics are beta x log-ratios."),
-    "use_weighting": refused("WPO weighting needs each token's sum of squared probabilities, which torchlike does not "
-                             "compute yet; the pairs would be weighted equally."),
+    "use_weighting": honoured("WPO: each pair's loss is multiplied by w_chosen x w_rejected, w = exp(mean over the "
+                              "completion tokens of log p - log sum_v p_v^2), without gradient, as TRL "
+                              "(torchlike.adapters.rl_math.wpo_weights); refused with aot and aot_unpaired, as in "
+                              "TRL."),
     "discopop_tau": honoured("Temperature of loss_type='discopop'."),
     "activation_offloading": SFT_FIELD_SUPPORT["activation_offloading"],
-    "sync_ref_model": GRPO_FIELD_SUPPORT["sync_ref_model"],
+    "sync_ref_model": honoured("Every ref_model_sync_steps optimizer steps the reference (ref_model, else a copy of "
+                               "the initial model) becomes ref_model_mixup_alpha x policy + (1 - "
+                               "ref_model_mixup_alpha) x reference (TRL's SyncRefModelCallback, TR-DPO); the "
+                               "reference log-probabilities are then computed for each batch from the current "
+                               "reference. As in TRL, refused with a LoRA adapter and with "
+                               "precompute_ref_log_probs=True."),
     "ref_model_mixup_alpha": GRPO_FIELD_SUPPORT["ref_model_mixup_alpha"],
     "ref_model_sync_steps": GRPO_FIELD_SUPPORT["ref_model_sync_steps"],
     # --- deprecated ---

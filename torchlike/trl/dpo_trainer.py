@@ -25,6 +25,7 @@ from ..training import Trainer
 from ..training.batches import check_single_dataset, each_dataset, map_datasets
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
 from .sft_data import pad_token_id_for
+from .trainer_setup import SyncRefModelCallback, check_reference_sync, check_text_dataset
 
 __all__ = ["DPOTrainer", "preference_loss"]
 
@@ -34,21 +35,21 @@ _REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
 
 
 def _pair_token_log_probs(family, module, batch: dict, with_metrics: bool = False,
-                          block_size: chunked_logprobs.BlockSize = "auto"
+                          block_size: chunked_logprobs.BlockSize = "auto", with_log_sum_sq_probs: bool = False
                           ) -> tuple[chunked_logprobs.TokenScores, jax.Array]:
     """One forward pass over the chosen rows stacked on the rejected rows (``2B``, TRL's layout).
 
     Returns:
         ``(scores, mask)``: the per-token scores ``[2B, T-1]`` of ``chunked_logprobs.next_token_scores`` (the
-        metrics' too with ``with_metrics``), position ``t`` predicting token ``t + 1``, with their log-probabilities
-        zeroed outside ``mask``, the shifted completion mask.
+        metrics' too with ``with_metrics``, ``log_sum_sq_probs`` with ``with_log_sum_sq_probs``), position ``t``
+        predicting token ``t + 1``, with their log-probabilities zeroed outside ``mask``, the shifted completion mask.
     """
     def stacked(name: str) -> jax.Array:
         return jnp.concatenate([batch[f"chosen_{name}"], batch[f"rejected_{name}"]])
 
     scores = chunked_logprobs.next_token_scores(
         family, module, {"input_ids": stacked("input_ids"), "attention_mask": stacked("attention_mask")},
-        with_metrics=with_metrics, block_size=block_size)
+        with_metrics=with_metrics, block_size=block_size, with_log_sum_sq_probs=with_log_sum_sq_probs)
     mask = stacked("completion_mask")[:, 1:]
     return scores._replace(log_probs=jnp.where(mask.astype(bool), scores.log_probs, 0.0)), mask
 
@@ -83,12 +84,15 @@ def _token_metrics(scores: chunked_logprobs.TokenScores, mask: jax.Array) -> dic
 def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weights: Sequence[float] | None = None,
                     label_smoothing: float = 0.0, f_divergence_type: str = "reverse_kl",
                     f_alpha_divergence_coef: float = 0.5, discopop_tau: float = 0.05,
-                    ld_alpha: float | None = None, block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+                    ld_alpha: float | None = None, use_weighting: bool = False,
+                    block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
     """The DPO step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)`` (``Trainer._loss``).
 
     ``value`` is TRL's ``DPOTrainer`` loss of the micro-batch: ``sum_i loss_weights[i] * mean over pairs of
-    loss_type[i]``. Rows that pad a partial batch (all-zero masks) are left out of the means; ``weight`` is 1 when
-    the micro-batch holds a pair, so accumulated micro-batches are averaged, as TRL divides by the accumulation steps.
+    loss_type[i]``, each pair's losses times its WPO weight ``w_chosen * w_rejected`` with ``use_weighting``
+    (``rl_math.wpo_weights``). Rows that pad a partial batch (all-zero masks) are left out of the means; ``weight``
+    is 1 when the micro-batch holds a pair, so accumulated micro-batches are averaged, as TRL divides by the
+    accumulation steps.
     ``metrics`` are TRL's: ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracies``, ``rewards/margins``,
     ``logps/chosen``, ``logps/rejected``, ``entropy``, ``logits/chosen``, ``logits/rejected``,
     ``mean_token_accuracy``, and ``num_tokens`` (the micro-batch's tokens; ``DPOTrainer.log`` makes it a running
@@ -97,7 +101,7 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
     Args:
         family: the model's adapter family (its forward pass).
         beta, loss_type, loss_weights, label_smoothing, f_divergence_type, f_alpha_divergence_coef, discopop_tau,
-            ld_alpha: the ``DPOConfig`` fields of the same names.
+            ld_alpha, use_weighting: the ``DPOConfig`` fields of the same names.
         block_size: positions per block of the log-prob computation (``adapters.chunked_logprobs.BlockSize``:
             ``"auto"``, a number, or ``None`` for the whole sequence at once).
 
@@ -119,7 +123,8 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
                                 chosen_lengths=chosen_length[None], rejected_lengths=rejected_length[None], **settings)
 
     def loss(module, batch, num_items_in_batch=None):
-        scores, mask = _pair_token_log_probs(family, module, batch, with_metrics=True, block_size=block_size)
+        scores, mask = _pair_token_log_probs(family, module, batch, with_metrics=True, block_size=block_size,
+                                             with_log_sum_sq_probs=use_weighting)
         per_token = scores.log_probs
         chosen, rejected = _sequence_log_probs(per_token, mask, ld_alpha)
         ref_chosen, ref_rejected = batch["ref_chosen_logps"], batch["ref_rejected_logps"]
@@ -128,14 +133,21 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
         chosen_length, rejected_length = (batch[f"{key}_completion_mask"].sum(-1) for key in ("chosen", "rejected"))
         pair_losses, pair_metrics = jax.vmap(one_pair)(chosen, rejected, ref_chosen, ref_rejected, chosen_length,
                                                        rejected_length)
-        value = _masked_mean(pair_losses, real)
+        pair_weights = jnp.ones_like(real)
+        if use_weighting:
+            chosen_weights, rejected_weights = jnp.split(rl_math.wpo_weights(per_token, scores.log_sum_sq_probs,
+                                                                             mask), 2)
+            pair_weights = chosen_weights * rejected_weights
+        value = _masked_mean(pair_losses * pair_weights, real)
         if whole_batch:  # exact with padding rows for sft (they add no token); aot sorts them in (see the warning)
             names, batch_weights = zip(*whole_batch, strict=True)
             chosen_mask, rejected_mask = jnp.split(mask, 2)
+            # sft's loss is one value for every pair, so its weighted mean is that value times the mean weight.
             value += rl_math.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, loss_type=list(names),
                                       loss_weights=list(batch_weights), chosen_lengths=chosen_mask.sum(-1),
                                       rejected_lengths=rejected_mask.sum(-1),
-                                      sft_chosen_logps=jnp.split(per_token, 2)[0].sum(-1), **settings)[0]
+                                      sft_chosen_logps=jnp.split(per_token, 2)[0].sum(-1),
+                                      **settings)[0] * _masked_mean(pair_weights, real)
         metrics = {key: _masked_mean(values, real) for key, values in pair_metrics.items()}
         tokens = (batch["chosen_attention_mask"].sum() + batch["rejected_attention_mask"].sum()).astype(jnp.float32)
         return value, (real.sum() > 0).astype(jnp.float32), {**metrics, **_token_metrics(scores, mask),
@@ -201,8 +213,9 @@ class DPOTrainer(Trainer):
             args = DPOConfig(output_dir=default_output_dir(model, "DPO"))
         check_unsupported(args)
         if train_dataset is None:
-            raise ValueError("DPOTrainer needs a train_dataset of preference pairs ('prompt', 'chosen', 'rejected').")
+            raise ValueError("`train_dataset` is required: preference pairs ('prompt', 'chosen', 'rejected').")
         check_single_dataset(train_dataset, "train_dataset")
+        self._check_settings(args, train_dataset, eval_dataset)
         if compute_metrics is not None:
             raise ValueError("compute_metrics is deprecated in TRL's DPOTrainer and not supported by torchlike's: "
                              "evaluate() reports TRL's preference metrics (eval_rewards/accuracies, eval_logps/chosen, "
@@ -221,6 +234,7 @@ class DPOTrainer(Trainer):
                                  "adapter (model.merge_and_unload()) and pass the base model with peft_config, or "
                                  "omit peft_config to train the existing adapter.")
             model = get_peft_model(model, peft_config, seed=args.seed)  # TRL seeds before creating the adapter
+        check_reference_sync(args, model, "DPOTrainer")
         self.ref_model = ref_model
         # The reference when there is no ref_model: the base weights stay valid all run long, the initial ones only
         # until the first step.
@@ -231,7 +245,8 @@ class DPOTrainer(Trainer):
         self.loss_settings = dict(beta=args.beta, loss_type=list(args.loss_type), loss_weights=args.loss_weights,
                                   label_smoothing=args.label_smoothing, f_divergence_type=args.f_divergence_type,
                                   f_alpha_divergence_coef=args.f_alpha_divergence_coef,
-                                  discopop_tau=args.discopop_tau, ld_alpha=args.ld_alpha)
+                                  discopop_tau=args.discopop_tau, ld_alpha=args.ld_alpha,
+                                  use_weighting=args.use_weighting)
         train_examples = self._tokenize(train_dataset, processing_class, args, model)
         eval_examples = map_datasets(eval_dataset, lambda dataset: self._tokenize(dataset, processing_class, args,
                                                                                   model))
@@ -244,12 +259,37 @@ class DPOTrainer(Trainer):
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
                          eval_dataset=eval_examples, processing_class=processing_class,
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers)
-        self._add_reference_log_probs(train_examples, args.per_device_train_batch_size)
+        model.add_model_tags(["trl", "dpo"])
+        self._synced_reference = None
+        if args.sync_ref_model:
+            self._start_reference_sync()
+        else:  # with sync_ref_model each batch is scored by the current reference instead
+            self._add_reference_log_probs(train_examples, args.per_device_train_batch_size)
         for examples in each_dataset(eval_examples):
             self._add_reference_log_probs(examples, args.per_device_eval_batch_size)
         self._warn_if_sorting_loss_sees_padding()
 
     # ------------------------------------------------------------------ data
+    @staticmethod
+    def _check_settings(args: Any, train_dataset: Any, eval_dataset: Any) -> None:
+        """TRL's checks of the datasets and reference settings, with its wording."""
+        import datasets
+
+        if args.precompute_ref_log_probs and any(isinstance(dataset, datasets.IterableDataset) for dataset in
+                                                 [train_dataset, *each_dataset(eval_dataset)]):
+            raise ValueError("`precompute_ref_log_probs=True` is not supported with IterableDataset. Please use a "
+                             "map-style Dataset or set `precompute_ref_log_probs=False`.")
+        check_text_dataset(train_dataset)
+        if args.sync_ref_model and args.precompute_ref_log_probs:
+            raise ValueError("You cannot use `sync_ref_model=True` together with `precompute_ref_log_probs=True`. "
+                             "`precompute_ref_log_probs=True` assumes a fixed reference model, but with "
+                             "`sync_ref_model=True` the reference model is periodically updated during training, "
+                             "making any precomputed reference log-probs stale. Set `precompute_ref_log_probs=False` "
+                             "or disable `sync_ref_model`.")
+        if args.use_weighting and {"aot", "aot_unpaired"} & set(args.loss_type):
+            raise NotImplementedError("WPO-style weighting is not implemented for 'aot' or 'aot_unpaired' because "
+                                      "those losses sort samples, which would misalign per-pair weights.")
+
     @staticmethod
     def _pad_token_id(tokenizer: Any, pad_token: str | None) -> int:
         """TRL's pad token: ``args.pad_token`` (set on the tokenizer), else the tokenizer's pad or eos token."""
@@ -285,37 +325,86 @@ class DPOTrainer(Trainer):
                           UserWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ reference
-    def _add_reference_log_probs(self, examples: list[dict], per_device_batch_size: int) -> None:
-        """Adds ``ref_chosen_logps``/``ref_rejected_logps`` to every example: one jitted reference forward per batch
-        (TRL's ``compute_ref_log_probs``), on the reference's mesh."""
-        if self._reference == "initial" and self.state.global_step > 0:
-            raise ValueError("Cannot compute reference log-probabilities for new data after training has started: "
-                             "without ref_model the reference is the initial model, which training has changed "
-                             "(full fine-tuning, or an adapter that was not new). Pass this dataset as eval_dataset "
-                             "when creating the trainer, or pass a ref_model.")
+    def _reference_source(self) -> tuple[Any, Any, str]:
+        """``(module, model, lora mode)`` of the reference: the module the sync updates with ``sync_ref_model``, else
+        ``ref_model``'s or the model's own (the adapter off for a new adapter), placed on a mesh."""
         reference = self.ref_model if self.ref_model is not None else self.model
         if reference.mesh is None:
             mesh_lib.shard_module(reference.module, self.mesh)
             reference.mesh = self.mesh
-        mesh = reference.mesh
+        if self._synced_reference is not None:
+            return self._synced_reference, reference, lora_runtime.EVAL
+        return reference.module, reference, lora_runtime.DISABLED if self._reference == "base" else lora_runtime.EVAL
+
+    def _reference_pass(self, family: Any, mode: str, mesh: Any) -> Callable:
+        """``(module, batch) -> (chosen [B], rejected [B])`` summed reference log-probabilities, replicated so
+        every process reads all rows."""
+        ld_alpha = self.loss_settings["ld_alpha"]
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        mode = lora_runtime.DISABLED if self._reference == "base" else lora_runtime.EVAL
-        family, ld_alpha = reference.family, self.loss_settings["ld_alpha"]
 
         def reference_log_probs(module, batch, num_items_in_batch=None):
             with lora_runtime.lora_mode(mode):
                 scores, mask = _pair_token_log_probs(family, module, batch)
-            # Replicated, so every process reads all rows.
             return tuple(jax.lax.with_sharding_constraint(logps, replicated)
                          for logps in _sequence_log_probs(scores.log_probs, mask, ld_alpha))
 
-        step = train_step.make_eval_step(reference_log_probs, self._compute_dtype())
-        size = per_device_batch_size * mesh_lib.data_parallel_size(mesh)
-        outputs = self._run_in_batches(examples, step, reference.module, mesh, size, "reference")
+        return reference_log_probs
+
+    def _add_reference_log_probs(self, examples: list[dict], per_device_batch_size: int) -> None:
+        """Adds ``ref_chosen_logps``/``ref_rejected_logps`` to every example: one jitted reference forward per batch
+        (TRL's ``compute_ref_log_probs``), on the reference's mesh."""
+        if self._reference == "initial" and self._synced_reference is None and self.state.global_step > 0:
+            raise ValueError("Cannot compute reference log-probabilities for new data after training has started: "
+                             "without ref_model the reference is the initial model, which training has changed "
+                             "(full fine-tuning, or an adapter that was not new). Pass this dataset as eval_dataset "
+                             "when creating the trainer, or pass a ref_model.")
+        module, reference, mode = self._reference_source()
+        step = train_step.make_eval_step(self._reference_pass(reference.family, mode, reference.mesh),
+                                        self._compute_dtype())
+        size = per_device_batch_size * mesh_lib.data_parallel_size(reference.mesh)
+        outputs = self._run_in_batches(examples, step, module, reference.mesh, size, "reference")
         for start, (chosen_logps, rejected_logps) in zip(range(0, len(examples), size), outputs, strict=True):
             for offset, example in enumerate(examples[start:start + size]):
                 example["ref_chosen_logps"] = float(chosen_logps[offset])
                 example["ref_rejected_logps"] = float(rejected_logps[offset])
+
+    def _start_reference_sync(self) -> None:
+        """``sync_ref_model``: the reference (``ref_model``'s module, else a copy of the initial model) becomes a
+        module TRL's ``SyncRefModelCallback`` mixes the policy into; each training batch is scored by it as it is
+        used (so batches are not prepared ahead), and each evaluation again."""
+        from flax import nnx
+
+        module, reference, _ = self._reference_source()  # places ref_model on the trainer's mesh when it has none
+        self._synced_reference = module if self.ref_model is not None else nnx.clone(self._module)
+        self.add_callback(SyncRefModelCallback(self._synced_reference, lambda: self._module))
+        self._allow_prefetch = False
+        pass_ = self._reference_pass(reference.family, lora_runtime.EVAL, reference.mesh)
+        compute_dtype = self._compute_dtype()
+
+        @nnx.jit
+        def group_log_probs(module, micro_batches):
+            module = train_step.cast_floating(module, compute_dtype)
+            count = jax.tree.leaves(micro_batches)[0].shape[0]
+            outputs = [pass_(module, {key: value[index] for key, value in micro_batches.items()})
+                       for index in range(count)]
+            return tuple(jnp.stack(values) for values in zip(*outputs, strict=True))
+
+        self._group_reference_log_probs = group_log_probs
+
+    def _batches(self, epoch: int, skip: int = 0):
+        """The Trainer's batches; with ``sync_ref_model``, each scored by the current reference when it is used."""
+        for group in super()._batches(epoch, skip):
+            if self._synced_reference is not None:
+                chosen, rejected = self._group_reference_log_probs(self._synced_reference, group)
+                group = {**group, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
+            yield group
+
+    def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
+        """The Trainer's evaluation; with ``sync_ref_model`` the examples are first scored by the current
+        reference, as TRL's reference forward in each evaluation step."""
+        if self._synced_reference is not None:
+            self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
+        return super()._evaluation_loop(examples, metric_key_prefix)
 
     # ------------------------------------------------------------------ Trainer hooks
     def _loss(self) -> tuple[Callable, None]:

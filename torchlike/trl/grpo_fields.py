@@ -18,9 +18,10 @@ _ONLY_WITH_VLLM = "Only read with use_vllm=True; torchlike generates with its ow
 _NO_SAMPLER_MISMATCH = ("Corrects the gap between vLLM's and the trainer's log-probabilities; torchlike samples and "
                         "scores with the same JAX model, so there is no gap to correct.")
 _NO_TORCH_GENERATION = "A transformers (PyTorch) generation engine; torchlike generates with its own JAX sampler."
-_NO_REF_SYNC = ("Updating the reference model from the policy during training (TR-DPO) is not implemented; the "
-                "reference would stay the initial model.")
-_ONLY_WITH_REF_SYNC = "Only read with sync_ref_model=True, which torchlike does not support yet."
+_REF_SYNC = ("Every ref_model_sync_steps optimizer steps the reference becomes ref_model_mixup_alpha x policy + (1 - "
+             "ref_model_mixup_alpha) x reference (TRL's SyncRefModelCallback, TR-DPO; "
+             "torchlike.adapters.reference_sync). As in TRL, refused with a LoRA adapter (the reference is the adapter "
+             "switched off)")
 _NO_ADAPTIVE_ENTROPY = "Only read with use_adaptive_entropy=True, which torchlike does not support yet."
 _NO_DROPOUT = ("Always in effect when True: torchlike's model families have no dropout layers, and LoRA dropout is "
                "switched off, so the log-probabilities are deterministic.")
@@ -45,8 +46,11 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "trust_remote_code": SFT_FIELD_SUPPORT["trust_remote_code"],
     "router_aux_loss_coef": SFT_FIELD_SUPPORT["router_aux_loss_coef"],
     "disable_dropout": honoured(_NO_DROPOUT),
-    "cast_lm_head_to_fp32": refused("Casting only the LM head to float32 is not implemented; with bf16=False the whole"
-                                    " model computes in float32."),
+    "cast_lm_head_to_fp32": honoured("With bf16 the decoder computes in bfloat16 and the output head multiplies its "
+                                     "float32 hidden states by the float32 head weights (training, old-policy and "
+                                     "reference log-probabilities), as TRL's fp32 head outside autocast; with "
+                                     "bf16=False everything is float32 already. (TRL refuses it with LoRA on lm_head, "
+                                     "which torchlike's LoRA cannot target.)"),
     # --- data ---
     "num_generations": honoured("Completions sampled per prompt (at least 2); advantages are taken within each group "
                                 "of num_generations."),
@@ -128,14 +132,17 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                           "does (torchlike.adapters.rl_math.grpo_loss)."),
     "mask_truncated_completions": honoured("Completions cut at max_completion_length without an EOS are left out of "
                                            "the loss."),
-    "sync_ref_model": refused(_NO_REF_SYNC),
-    "ref_model_mixup_alpha": ignored(_ONLY_WITH_REF_SYNC),
-    "ref_model_sync_steps": ignored(_ONLY_WITH_REF_SYNC),
-    "top_entropy_quantile": refused("Restricting the loss to high-entropy tokens is not implemented; every completion "
-                                    "token would count."),
-    "entropy_coef": refused("The entropy bonus is not implemented; the loss would have none."),
-    "use_adaptive_entropy": refused("Adaptive entropy control is not implemented; the loss would have no entropy "
-                                    "bonus."),
+    "sync_ref_model": honoured(_REF_SYNC + " and with beta=0 (no reference)."),
+    "ref_model_mixup_alpha": honoured("The policy's share in each reference update (sync_ref_model)."),
+    "ref_model_sync_steps": honoured("Optimizer steps between reference updates (sync_ref_model)."),
+    "top_entropy_quantile": honoured("Below 1.0 the policy loss counts only the completion tokens whose entropy "
+                                     "reaches the batch's (1 - top_entropy_quantile) quantile, as TRL's "
+                                     "get_high_entropy_mask (torchlike.adapters.rl_math.high_entropy_mask)."),
+    "entropy_coef": honoured("The loss subtracts entropy_coef x the mean completion-token entropy (over the "
+                             "top_entropy_quantile tokens), divided by the accumulation steps for every loss type, as "
+                             "TRL; logs policy_loss and entropy_coef."),
+    "use_adaptive_entropy": refused("Adaptive entropy control is not implemented; entropy_coef would stay at its "
+                                    "initial value."),
     "entropy_coef_min": ignored(_NO_ADAPTIVE_ENTROPY),
     "entropy_coef_max": ignored(_NO_ADAPTIVE_ENTROPY),
     "entropy_coef_delta": ignored(_NO_ADAPTIVE_ENTROPY),

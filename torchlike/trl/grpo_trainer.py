@@ -29,8 +29,13 @@ from ..training import Trainer, batches
 from ..training.batches import sampler_order
 from ..version import repetition_penalty_skips_left_padding
 from .base_config import round_up_to_multiple
+from .trainer_setup import SyncRefModelCallback, check_reference_sync, check_text_dataset
 
 __all__ = ["GRPOTrainer"]
+
+#: TRL's loss types that sum per-token terms, for which a sequence-level ratio weights sequences by their length.
+_TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
+
 
 def _column_names(dataset: Any) -> list[str]:
     names = getattr(dataset, "column_names", None)
@@ -114,6 +119,12 @@ class GRPOTrainer(Trainer):
             model = get_peft_model(model, peft_config, seed=args.seed)
         self.args = args
         self.reward_funcs = self._check_reward_functions(reward_funcs)
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required unless an `environment_factory` is provided. (torchlike "
+                             "does not support environment_factory: pass a dataset with a 'prompt' column.)")
+        for dataset in [train_dataset, *batches.each_dataset(eval_dataset)]:
+            check_text_dataset(dataset)
+        self._check_algorithm(args, model)
         weights = args.reward_weights
         if weights is not None and len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} entries but there are {len(self.reward_funcs)} "
@@ -143,16 +154,21 @@ class GRPOTrainer(Trainer):
             from flax import nnx
 
             self._reference = nnx.clone(self._module)  # the frozen initial policy, as TRL's ref_model copy
+        if args.sync_ref_model:
+            self.add_callback(SyncRefModelCallback(self._reference, lambda: self._module))
+        model.add_model_tags(["trl", "grpo"])
         self._pending_metrics: dict[str, list[float]] = {}
         self._generation_count = 0
 
     # ------------------------------------------------------------------ set-up
     @staticmethod
     def _check_reward_functions(reward_funcs: Any) -> list[Callable]:
-        if reward_funcs is None:
-            raise ValueError("GRPOTrainer needs reward_funcs: a function (or list of them) returning one float or "
-                             "None per completion.")
-        functions = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        functions = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) \
+            else [reward_funcs]
+        if not functions:
+            raise ValueError("No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose "
+                             "environment defines a `get_reward` method. (torchlike takes reward functions: one "
+                             "float or None per completion.)")
         for function in functions:
             if isinstance(function, str) or not callable(function):
                 raise ValueError(f"reward function {function!r} is a model id or not callable: reward models are not "
@@ -163,6 +179,37 @@ class GRPOTrainer(Trainer):
                                 "keyword arguments prompts, completions, completion_ids, trainer_state and every "
                                 "dataset column, e.g. def reward(completions, **kwargs).")
         return functions
+
+    @staticmethod
+    def _check_algorithm(args: Any, model: Any) -> None:
+        """TRL's checks of the algorithm settings against each other and the model, with its wording."""
+        if args.loss_type == "luspo" and args.importance_sampling_level != "sequence":
+            warnings.warn("When using `'luspo'` loss, `importance_sampling_level` should be set to `'sequence'` to "
+                          "mirror the paper's setup.", UserWarning, stacklevel=3)
+        if args.loss_type == "vespo" and args.importance_sampling_level != "token":
+            warnings.warn("VESPO computes sequence-level importance weights internally. `importance_sampling_level` "
+                          "should be set to `'token'` (the default).", UserWarning, stacklevel=3)
+        if args.importance_sampling_level == "sequence" and args.loss_type in _TOKEN_SUMMED_LOSSES:
+            warnings.warn(f"When using `importance_sampling_level='sequence'`, the `'{args.loss_type}'` loss sums "
+                          "per-token contributions, which effectively weights each sequence by its completion length "
+                          "instead of optimizing the per-sequence objective. To reproduce the GSPO paper's setup, set "
+                          "`loss_type='grpo'` (see https://huggingface.co/docs/trl/main/en/paper_index"
+                          "#group-sequence-policy-optimization).", UserWarning, stacklevel=3)
+        if args.sync_ref_model and args.beta == 0.0:
+            raise ValueError("You passed `sync_ref_model=True` while `beta=0.0`, which means the reference model is "
+                             "not used during training. Consequently, GRPOTrainer does not create a `ref_model` "
+                             "instance, and there is nothing to synchronize. Please set `sync_ref_model=False`, or set "
+                             "`beta` to a non-zero value.")
+        check_reference_sync(args, model, "GRPOTrainer")
+
+    def _compute_dtype(self):
+        """The train step's dtype; ``None`` with ``cast_lm_head_to_fp32``, where the GRPO loss casts the decoder to
+        bf16 itself and keeps the head in float32 (:attr:`_decoder_dtype`)."""
+        return None if self.args.cast_lm_head_to_fp32 else self._decoder_dtype
+
+    @property
+    def _decoder_dtype(self):
+        return super()._compute_dtype()
 
     @staticmethod
     def _sampling_settings(args) -> sampling.SamplingSettings:
@@ -274,7 +321,10 @@ class GRPOTrainer(Trainer):
             off_policy_mask_threshold=self.args.off_policy_mask_threshold,
             sapo_temperature_pos=self.args.sapo_temperature_pos, sapo_temperature_neg=self.args.sapo_temperature_neg,
             vespo_k_pos=self.args.vespo_k_pos, vespo_lambda_pos=self.args.vespo_lambda_pos,
-            vespo_k_neg=self.args.vespo_k_neg, vespo_lambda_neg=self.args.vespo_lambda_neg)
+            vespo_k_neg=self.args.vespo_k_neg, vespo_lambda_neg=self.args.vespo_lambda_neg,
+            top_entropy_quantile=self.args.top_entropy_quantile, entropy_coef=self.args.entropy_coef,
+            compute_dtype=self._decoder_dtype if self.args.cast_lm_head_to_fp32 else None,
+            lm_head_in_float32=self.args.cast_lm_head_to_fp32)
         return tunix_grpo.grpo_step_loss(self.model.family, settings), None
 
     def _lora_dropout(self) -> bool:
@@ -311,9 +361,15 @@ class GRPOTrainer(Trainer):
         own = multihost.process_rows(len(rows))
         own_rewards = self._rewards(rows[own], completion_ids[own], {key: value[own] for key, value in extra.items()})
         rewards = np.concatenate(multihost.allgather_objects(own_rewards))
-        if np.isnan(rewards).all(axis=1).any():
-            warnings.warn("every reward function returned None for some completions; their advantage is 0.",
-                          UserWarning, stacklevel=2)
+        unscorable = np.flatnonzero(np.isnan(rewards).all(axis=1))
+        if unscorable.size:
+            row = rows[unscorable[0]]
+            details = {key: value for key, value in row.items() if key not in ("prompt", "prompt_ids")}
+            details.update(prompt=row["prompt"], completion=self.tokenizer.decode(completion_ids[unscorable[0]],
+                                                                                  skip_special_tokens=True))
+            warnings.warn(f"All reward functions returned None for the following kwargs:\n{details}\nPlease ensure "
+                          "that at least one reward function returns a valid reward. (Such completions get advantage "
+                          "0, as in TRL.)", UserWarning, stacklevel=2)
         advantages, reward_metrics = rl_math.grpo_advantages(
             rewards, num_generations, reward_weights=args.reward_weights, scale_rewards=args.scale_rewards,
             multi_objective_aggregation=args.multi_objective_aggregation)
@@ -414,7 +470,8 @@ class GRPOTrainer(Trainer):
         passes = self.__dict__.setdefault("_log_prob_passes", {})
         if key not in passes:
             passes[key] = tunix_grpo.make_log_prob_pass(self.model.family, self.sampling.temperature, lora,
-                                                        self._compute_dtype())
+                                                        self._decoder_dtype,
+                                                        lm_head_in_float32=self.args.cast_lm_head_to_fp32)
         size = self._global_batch_size()
         inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "completion_mask")}
         sharding = mesh_lib.batch_sharding(self.mesh)
@@ -468,8 +525,10 @@ class GRPOTrainer(Trainer):
 
     # ------------------------------------------------------------------ logging and evaluation
     def log(self, logs: dict[str, float]) -> None:
-        """Adds the rollout metrics gathered since the last training log (means) to a training log."""
-        if "loss" in logs and self._pending_metrics:
+        """Adds the rollout metrics gathered since the last training log (means) to a training log, including the
+        run's closing summary (``train_runtime``...) when rollouts happened after the last logging step, as TRL's
+        ``log`` does."""
+        if not any(key.startswith("eval_") for key in logs) and self._pending_metrics:
             train_metrics = {k: v for k, v in self._pending_metrics.items() if not k.startswith("eval_")}
             logs = {**logs, **{key: float(np.nanmean(values)) for key, values in train_metrics.items()}}
             for key in train_metrics:

@@ -22,16 +22,9 @@ from .sft_data import (
     prepare_sft_dataset,
     unprepared_sft_examples,
 )
+from .trainer_setup import check_text_dataset
 
 __all__ = ["SFTTrainer"]
-
-
-def _column_names(dataset: Any) -> list[str]:
-    """A dataset's columns (``column_names``, or the keys of a list's first row) without consuming an iterator."""
-    names = getattr(dataset, "column_names", None)
-    if names is not None:
-        return list(names)
-    return list(dataset[0]) if isinstance(dataset, list) and dataset and isinstance(dataset[0], dict) else []
 
 
 class SFTTrainer(Trainer):
@@ -90,10 +83,7 @@ class SFTTrainer(Trainer):
             raise ValueError("`train_dataset` is required")
         check_single_dataset(train_dataset, "train_dataset")
         check_unsupported(args)
-        if {"image", "images"} & set(_column_names(train_dataset)):
-            raise ValueError("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the "
-                             "provided model does not seem to be a vision-language model. Please check your model "
-                             "and dataset. (torchlike trains text-only causal LMs.)")
+        check_text_dataset(train_dataset)
         self.padding_free = args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"})
         if self.padding_free and data_collator is not None:
             raise ValueError("Passing a custom data collator is not supported when using padding-free.")
