@@ -192,3 +192,29 @@ def test_bf16_parameters_keep_bf16_optimizer_state_and_one_trace(tiny_checkpoint
     moments = [v.get_value() for _, v in nnx.to_flat_state(nnx.state(trainer.optimizer, nnx.OptState))
                if v.get_value().ndim > 1]
     assert moments and all(m.dtype == np.dtype("bfloat16") for m in moments)
+
+
+def test_neftune_in_the_base_trainer_perturbs_training_steps_only(tiny_checkpoints, tmp_path):
+    path, examples = tiny_checkpoints.path("qwen2"), tiny.padded_examples(8, seed=4)
+
+    def run(alpha):
+        args = arguments(tmp_path, max_steps=2, neftune_noise_alpha=alpha)
+        trainer = sequential(torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(path), args=args,
+                                               train_dataset=examples, eval_dataset=examples), 8)
+        before = trainer.evaluate()["eval_loss"]
+        trainer.train()
+        return before, logged_losses(trainer)
+
+    clean_eval, clean = run(None)
+    noisy_eval, noisy = run(5.0)
+    assert noisy_eval == clean_eval  # evaluation sees no noise
+    assert abs(noisy[0] - clean[0]) > 1e-4  # the first training step already does
+    assert run(5.0)[1] == noisy  # the noise is seeded
+
+
+def test_neftune_needs_a_causal_lm(tmp_path):
+    from flax import nnx
+
+    with pytest.raises(ValueError, match="neftune_noise_alpha=5.0 .* plain Linear"):
+        torchlike.Trainer(model=nnx.Linear(2, 2, rngs=nnx.Rngs(0)), args=arguments(tmp_path, neftune_noise_alpha=5.0),
+                          train_dataset=[{"x": [0.0, 1.0]}], loss_fn=lambda model, batch: model(batch["x"]).sum())

@@ -157,7 +157,6 @@ NON_DEFAULT = {
     "use_liger_kernel": True,
     "liger_kernel_config": {"rope": True},
     "use_cache": True,
-    "neftune_noise_alpha": 5.0,
     "torch_empty_cache_steps": 10,
     "auto_find_batch_size": True,
     "log_on_each_node": False,

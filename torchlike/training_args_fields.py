@@ -91,7 +91,10 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                 "copy is held (the loss is the same)."),
     "liger_kernel_config": ignored("Liger kernels are Triton code for torch models; XLA fuses the JAX model itself."),
     "use_cache": ignored("The training forward pass never builds a KV cache in torchlike."),
-    "neftune_noise_alpha": refused("NEFTune embedding noise is not implemented; training would run without it."),
+    "neftune_noise_alpha": honoured("NEFTune: uniform noise of magnitude alpha / sqrt(L * hidden_size) on a causal "
+                                    "LM's input embeddings in training steps only (L: the longest row's real tokens, "
+                                    "the width a pad-to-longest collator gives), as transformers' hook; evaluation "
+                                    "and generation see none. Refused for a plain NNX module."),
     "torch_empty_cache_steps": ignored("JAX manages device memory itself; there is no torch allocator cache to "
                                        "empty."),
     "auto_find_batch_size": refused("torchlike does not retry with a smaller batch after running out of memory; "

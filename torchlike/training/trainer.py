@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from ..adapters import mesh as mesh_lib
-from ..adapters import train_step
+from ..adapters import neftune, train_step
 from ..adapters.lora import runtime as lora_runtime
 from ..optim import build_optimizer
 from . import batches, checkpoints, hub, step_logs
@@ -162,6 +162,10 @@ class Trainer:
         self.mesh = resolve_mesh(args, self._trainable_model)
         if compute_metrics is not None and self._trainable_model is not None:
             select_outputs(self._trainable_model, loss_fn, self._label_names())  # refuses what cannot give outputs
+        if args.neftune_noise_alpha and self._trainable_model is not None and self._trainable_model.family is None:
+            raise ValueError(f"neftune_noise_alpha={args.neftune_noise_alpha} adds noise to a causal LM's input "
+                             f"embeddings, but the model is a plain {type(self._module).__name__} with no known "
+                             "embedding layer; add the noise in your model, or unset neftune_noise_alpha.")
         self.state = new_state()
         self.control = new_control()
         self.callback_handler = CallbackHandler([*default_callbacks(args), *(callbacks or [])], model,
@@ -231,8 +235,21 @@ class Trainer:
 
     def _loss(self) -> tuple[Callable, Callable | None]:
         """The step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)`` and, for
-        ``compute_loss_func``, the item counter that gives ``num_items_in_batch``."""
+        ``compute_loss_func``, the item counter that gives ``num_items_in_batch``; with ``neftune_noise_alpha``,
+        NEFTune noise on the input embeddings in training steps (``adapters.neftune``), as transformers' hook."""
+        loss, count_items = self._step_loss()
+        if self.args.neftune_noise_alpha:
+            loss = neftune.with_neftune(loss, self.args.neftune_noise_alpha, self._neftune_length())
+        return loss, count_items
+
+    def _step_loss(self) -> tuple[Callable, Callable | None]:
+        """:meth:`_loss` before NEFTune: the built-in loss, ``compute_loss_func`` or ``loss_fn``."""
         return select_loss(self._trainable_model, self._compute_loss_func, self._loss_fn, self._label_names())
+
+    def _neftune_length(self) -> Callable:
+        """``batch -> L``, the length in NEFTune's magnitude ``alpha / sqrt(L * hidden)``: the longest row's real
+        tokens, the width a pad-to-longest collator (transformers' default) gives the batch."""
+        return neftune.batch_length
 
     def _label_names(self) -> tuple[str, ...]:
         """The batch columns that hold the labels: ``args.label_names``, by default ``("labels",)``."""

@@ -8,11 +8,15 @@ rows. A test holds it against the fields of the real ``trl.DPOConfig``.
 
 from __future__ import annotations
 
-from ..field_support import FieldSupport, honoured, ignored
+from ..field_support import FieldSupport, honoured, ignored, refused
 from .grpo_fields import GRPO_FIELD_SUPPORT
 from .sft_fields import SFT_FIELD_SUPPORT
 
 DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
+    "neftune_noise_alpha": refused("TRL's hook sits on the embedding layer the policy shares with generation and "
+                                   "the reference pass, so it perturbs those too; torchlike adds NEFTune noise in "
+                                   "train steps only, so it refuses the field here (SFTTrainer and Trainer "
+                                   "honour it)."),
     # --- TrainingArguments fields whose meaning DPO changes ---
     "per_device_train_batch_size": honoured("Preference pairs per data-parallel shard (each a chosen and a rejected "
                                             "sequence); times args.data_parallel_size it is the global micro-batch."),

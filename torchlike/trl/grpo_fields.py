@@ -30,6 +30,10 @@ _PAD_MULTIPLE = ("Padded lengths are rounded up to a multiple of it ('auto' beco
                  "torchlike already pads to a few fixed shapes).")
 
 GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
+    "neftune_noise_alpha": refused("TRL's hook sits on the embedding layer the policy shares with generation and "
+                                   "the reference pass, so it perturbs those too; torchlike adds NEFTune noise in "
+                                   "train steps only, so it refuses the field here (SFTTrainer and Trainer "
+                                   "honour it)."),
     # --- TrainingArguments fields whose meaning GRPO changes ---
     "per_device_train_batch_size": honoured("Completions (not prompts) per data-parallel shard, as in TRL; times "
                                             "args.data_parallel_size it is the global micro-batch."),

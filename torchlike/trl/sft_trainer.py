@@ -174,17 +174,19 @@ class SFTTrainer(Trainer):
                              self._global_batch_size(), self.args.gradient_accumulation_steps,
                              self._steps_per_epoch(), skip)
 
-    def _loss(self) -> tuple[Callable, Callable | None]:
-        """The base Trainer's loss, with TRL's ``loss_type="dft"`` for the built-in loss, and NEFTune noise on the
-        input embeddings in training steps when ``neftune_noise_alpha`` is set (``adapters.neftune``)."""
-        loss, count_items = super()._loss()
+    def _step_loss(self) -> tuple[Callable, Callable | None]:
+        """The base Trainer's loss, with TRL's ``loss_type="dft"`` for the built-in loss (NEFTune is added by the base
+        :meth:`Trainer._loss`)."""
+        loss, count_items = super()._step_loss()
         if self.args.loss_type == "dft" and self._compute_loss_func is None:
             loss = train_step.causal_lm_loss(self._trainable_model.family, loss_type="dft")
-        if self.args.neftune_noise_alpha:
-            length = functools.partial(neftune.batch_length, padding_free=self.padding_free,
-                                       pad_to_multiple_of=self.args.pad_to_multiple_of)
-            loss = neftune.with_neftune(loss, self.args.neftune_noise_alpha, length)
         return loss, count_items
+
+    def _neftune_length(self) -> Callable:
+        """TRL's collator's batch length: the longest row, or every token of a padding-free batch (one flattened row),
+        rounded up to ``pad_to_multiple_of``."""
+        return functools.partial(neftune.batch_length, padding_free=self.padding_free,
+                                 pad_to_multiple_of=self.args.pad_to_multiple_of)
 
     def _prepare_eval_dataset(self, dataset: Any) -> SFTRows:
         """Raw data prepared like ``train_dataset`` (TRL's ``evaluate`` does too); prepared examples as they are."""
