@@ -266,3 +266,21 @@ def test_dataset_num_proc_tokenises_in_processes_with_the_same_result(tokenizer_
         parallel = prepare_preference_examples(datasets.Dataset.from_list(DATA[:4]), tokenizer, max_length=20,
                                                num_proc=2)
     assert parallel == prepare_preference_examples(DATA[:4], tokenizer, max_length=20)
+
+
+def test_train_dataset_is_a_dataset_with_trls_token_columns(tiny_checkpoints, tokenizer_dir, tmp_path):
+    import datasets
+    import trl
+
+    tokenizer = tokenizer_for(tokenizer_dir)
+    trainer = DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), args=config(tmp_path, max_steps=1),
+                         train_dataset=DATA[:4], processing_class=tokenizer)
+    theirs = trl.DPOTrainer._prepare_dataset(types.SimpleNamespace(_tokenizer=tokenizer),
+                                             datasets.Dataset.from_list(DATA[:4]), tokenizer,
+                                             trl.DPOConfig(output_dir=str(tmp_path), use_cpu=True), "train")
+    ours = trainer.train_dataset
+    assert isinstance(ours, datasets.Dataset) and len(ours) == 4
+    assert {"prompt_ids", "chosen_ids", "rejected_ids", "ref_chosen_logps", "ref_rejected_logps"} <= \
+        set(ours.column_names)
+    for column in ("prompt_ids", "chosen_ids", "rejected_ids"):
+        assert ours[column] == theirs[column]

@@ -273,3 +273,16 @@ def test_a_bad_rollout_func_result_is_refused(tiny_checkpoints, tokenizer, tmp_p
                           processing_class=tokenizer, rollout_func=rollout)
     with pytest.raises(ValueError, match=needle):
         trainer.train()
+
+
+def test_a_dataset_train_dataset_stays_a_dataset_with_its_columns(tiny_checkpoints, tokenizer, tmp_path):
+    import datasets
+
+    data = datasets.Dataset.from_list([{"prompt": p, "answer": str(i)} for i, p in enumerate(PROMPTS)])
+    trainer = GRPOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=length_reward,
+                          args=config(tmp_path, max_steps=1), train_dataset=data, processing_class=tokenizer)
+    assert isinstance(trainer.train_dataset, datasets.Dataset)
+    assert trainer.train_dataset.column_names == ["prompt", "answer", "prompt_ids"]
+    assert trainer.train_dataset["answer"] == data["answer"]
+    assert trainer.train_dataset[0]["prompt_ids"] == tokenizer(PROMPTS[0])["input_ids"]
+    trainer.train()

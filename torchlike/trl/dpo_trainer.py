@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import datasets
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -268,13 +269,14 @@ class DPOTrainer(Trainer):
         for examples in each_dataset(eval_examples):
             self._add_reference_log_probs(examples, args.per_device_eval_batch_size)
         self._warn_if_sorting_loss_sees_padding()
+        # What TRL users read: a datasets.Dataset with TRL's columns (prompt_ids, chosen_ids, rejected_ids and the
+        # precomputed ref_chosen_logps / ref_rejected_logps).
+        self.train_dataset = datasets.Dataset.from_list(train_examples)
 
     # ------------------------------------------------------------------ data
     @staticmethod
     def _check_settings(args: Any, train_dataset: Any, eval_dataset: Any) -> None:
         """TRL's checks of the datasets and reference settings, with its wording."""
-        import datasets
-
         if args.precompute_ref_log_probs and any(isinstance(dataset, datasets.IterableDataset) for dataset in
                                                  [train_dataset, *each_dataset(eval_dataset)]):
             raise ValueError("`precompute_ref_log_probs=True` is not supported with IterableDataset. Please use a "

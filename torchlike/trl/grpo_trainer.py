@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import datasets
 import numpy as np
 
 from ..adapters import mesh as mesh_lib
@@ -149,6 +150,8 @@ class GRPOTrainer(Trainer):
                              "belongs to the model.")
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
+        if isinstance(train_dataset, datasets.Dataset):  # TRL keeps the user's Dataset: its columns, plus prompt_ids
+            self.train_dataset = datasets.Dataset.from_list(train_rows)
         self._reference = None
         if args.beta != 0.0 and not self._is_lora():
             from flax import nnx
