@@ -163,6 +163,28 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
     return loss
 
 
+def rloo_step_loss(family: Family, temperature: float, epsilon_low: float, epsilon_high: float,
+                   block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+    """RLOO's ``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)`` for ``make_train_step``.
+
+    ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]``, ``completion_mask`` ``[B, C]``, ``advantages``
+    ``[B]`` and ``old_logps`` ``[B]`` (the sampling policy's summed completion log-probabilities). The value is
+    :func:`rl_math.rloo_loss` of the micro-batch, a mean over its sequences (weight 1: accumulated micro-batches are
+    averaged, as TRL's Trainer divides by the accumulation steps); ``metrics`` add TRL's ``entropy``, the mean over
+    completion tokens.
+    """
+
+    def loss(module, batch, num_items_in_batch=None):
+        mask = batch["completion_mask"]
+        scores = completion_scores(family, module, batch, temperature, block_size, with_entropies=True)
+        value, metrics = rl_math.rloo_loss(scores.log_probs.sum(-1), batch["old_logps"], batch["advantages"],
+                                           epsilon_low, epsilon_high)
+        metrics["entropy"] = scores.entropies.sum() / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+        return value, jnp.float32(1.0), metrics
+
+    return loss
+
+
 def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """TRL's completion mask: 1 up to and including the first end token of each row, 0 after.
 

@@ -20,17 +20,19 @@ from tests.test_training_config import (
 )
 from torchlike.adapters import rl_math
 from torchlike.field_support import check_unsupported, field_table
-from torchlike.trl import DPOConfig, GRPOConfig, SFTConfig, dpo_config, grpo_config
+from torchlike.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig, dpo_config, grpo_config
 from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
 from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
+from torchlike.trl.rloo_fields import RLOO_FIELD_SUPPORT
 
 # GRPO's max_prompt_length: removed from TRL in 0.28, still accepted by torchlike (with a FutureWarning).
 TORCHLIKE_GRPO_FIELDS = TORCHLIKE_FIELDS | {"max_prompt_length"}
 TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 
 CASES = [(trl.GRPOConfig, GRPOConfig, GRPO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
+         (trl.RLOOConfig, RLOOConfig, RLOO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
          (trl.DPOConfig, DPOConfig, DPO_FIELD_SUPPORT, TORCHLIKE_FIELDS)]
-CASE_IDS = ["GRPOConfig", "DPOConfig"]
+CASE_IDS = ["GRPOConfig", "RLOOConfig", "DPOConfig"]
 
 
 # --- the field walk ------------------------------------------------------------------------------------------------
@@ -66,6 +68,27 @@ def test_grpo_values_after_post_init_match_trl(tmp_path, kwargs):
     for f in dataclasses.fields(trl.GRPOConfig):
         if f.name not in POST_INIT_DIFFERENCES:
             assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+                                         "num_generations": 4, "normalize_advantages": True,
+                                         "reward_clip_range": (-1.0, 1.0)},
+                                    {"per_device_train_batch_size": 2, "generation_batch_size": 8, "beta": 0.0}])
+def test_rloo_values_after_post_init_match_trl(tmp_path, kwargs):
+    theirs = _quiet(trl.RLOOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
+    ours = _quiet(RLOOConfig, output_dir=str(tmp_path), use_cpu=True, mesh_shape=(1, 1), **kwargs)
+    for f in dataclasses.fields(trl.RLOOConfig):
+        if f.name not in POST_INIT_DIFFERENCES:
+            assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
+
+
+def test_rloo_refuses_what_trl_refuses_naming_rloo():
+    with pytest.raises(ValueError, match="RLOO requires at least 2 generations"):
+        RLOOConfig("out", num_generations=1)
+    with pytest.raises(ValueError, match="auto_find_batch_size is not supported by RLOO"):
+        RLOOConfig("out", auto_find_batch_size=True)
+    with pytest.raises(ValueError, match="reward_clip_range"):
+        RLOOConfig("out", reward_clip_range=(1.0, -1.0))
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"loss_type": "ipo", "pad_to_multiple_of": "8", "beta": 0.5},
@@ -169,6 +192,7 @@ def _with_status(table, status):
 
 def _rows(status):
     return ([(GRPOConfig, name) for name in _with_status(GRPO_FIELD_SUPPORT, status)]
+            + [(RLOOConfig, name) for name in _with_status(RLOO_FIELD_SUPPORT, status)]
             + [(DPOConfig, name) for name in _with_status(DPO_FIELD_SUPPORT, status)])
 
 
@@ -200,7 +224,7 @@ def test_setting_a_refused_rl_field_raises_naming_it(config_class, name):
     assert f"{name}=" in message and field_table(config_class)[name].reason in message and "the default" in message
 
 
-@pytest.mark.parametrize("config_class", [GRPOConfig, DPOConfig])
+@pytest.mark.parametrize("config_class", [GRPOConfig, RLOOConfig, DPOConfig])
 def test_defaults_neither_warn_nor_raise(config_class):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -222,13 +222,13 @@ def test_grpo_sync_ref_model_mixes_the_policy_into_the_reference_every_sync_step
                                                                                    tmp_path):
     trainer = _grpo(tiny_checkpoints, tokenizer_dir, tmp_path, beta=0.04, sync_ref_model=True, ref_model_sync_steps=2,
                     ref_model_mixup_alpha=0.3)
-    initial = _params(trainer._reference)
+    initial = _params(trainer.reference.module)
     policy = _PolicyAtStep(lambda: trainer._module)
     trainer.add_callback(policy)
     trainer.train()
 
     # Synced after step 2 only (step 3 is not a multiple of 2): 0.3 x policy(step 2) + 0.7 x initial.
-    _assert_params_equal(_params(trainer._reference), _expected_mix(initial, policy.steps[2], 0.3))
+    _assert_params_equal(_params(trainer.reference.module), _expected_mix(initial, policy.steps[2], 0.3))
 
 
 def test_dpo_sync_ref_model_mixes_the_policy_into_the_reference_every_sync_steps(tiny_checkpoints, tokenizer_dir,
@@ -238,12 +238,12 @@ def test_dpo_sync_ref_model_mixes_the_policy_into_the_reference_every_sync_steps
                      ref_model_sync_steps=2, ref_model_mixup_alpha=0.6)
     trainer = DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), args=args, train_dataset=PAIRS,
                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
-    initial = _params(trainer._synced_reference)
+    initial = _params(trainer.reference.module)
     policy = _PolicyAtStep(lambda: trainer._module)
     trainer.add_callback(policy)
     trainer.train()
 
-    _assert_params_equal(_params(trainer._synced_reference), _expected_mix(initial, policy.steps[2], 0.6))
+    _assert_params_equal(_params(trainer.reference.module), _expected_mix(initial, policy.steps[2], 0.6))
 
 
 # --- GRPO logs ----------------------------------------------------------------------------------------------------

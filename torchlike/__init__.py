@@ -16,6 +16,9 @@ _host_memory.keep_freed_host_memory()
 
 _EXPORTS = {
     "AutoModelForCausalLM": "torchlike.modeling",
+    "AutoModelForSequenceClassification": "torchlike.sequence_classification",
+    "SequenceClassifier": "torchlike.sequence_classification",
+    "SequenceClassifierOutput": "torchlike.sequence_classification",
     "CausalLM": "torchlike.modeling",
     "CausalLMOutput": "torchlike.modeling",
     "AutoTokenizer": "torchlike.tokenization",
@@ -30,6 +33,11 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from .modeling import AutoModelForCausalLM, CausalLM, CausalLMOutput, make_mesh
+    from .sequence_classification import (
+        AutoModelForSequenceClassification,
+        SequenceClassifier,
+        SequenceClassifierOutput,
+    )
     from .serialization import LazyCheckpoint, load, save
     from .tokenization import AutoTokenizer
     from .training import Trainer, TrainOutput
@@ -47,10 +55,13 @@ def __getattr__(name: str):
 
 __all__ = [
     "AutoModelForCausalLM",
+    "AutoModelForSequenceClassification",
     "AutoTokenizer",
     "CausalLM",
     "CausalLMOutput",
     "LazyCheckpoint",
+    "SequenceClassifier",
+    "SequenceClassifierOutput",
     "TrainOutput",
     "Trainer",
     "TrainingArguments",

@@ -15,9 +15,14 @@ QUANTIZATION_TYPES = ("nf4", "int4", "int8", "fp8")
 
 
 class TaskType:
-    """PEFT's task names (only causal language modelling is served here)."""
+    """PEFT's task names served here: causal language modelling and sequence classification."""
 
     CAUSAL_LM = "CAUSAL_LM"
+    SEQ_CLS = "SEQ_CLS"
+
+
+CLASSIFIER_MODULE_NAMES = ("classifier", "score")
+"""The heads PEFT adds to ``modules_to_save`` for ``SEQ_CLS`` (torchlike's classifiers name theirs ``score``)."""
 
 
 @dataclass
@@ -31,7 +36,11 @@ class LoraConfig:
         target_modules: HF module names (``["q_proj", "v_proj"]``), a regex matched against the
             full module name (``r".*\\.(q|v)_proj"``), or ``"all-linear"``.
         bias: only ``"none"``.
-        task_type: ``"CAUSAL_LM"`` (or ``None``).
+        task_type: ``"CAUSAL_LM"`` (or ``None``), or ``"SEQ_CLS"`` for a
+            :class:`~torchlike.SequenceClassifier`: ``get_peft_model`` then adds ``"classifier"`` and ``"score"``
+            to ``modules_to_save``, as ``peft`` does.
+        modules_to_save: modules trained in full beside the adapter and saved in it; only the classifier head
+            (``"score"``; ``"classifier"`` is accepted and matches nothing, as in ``peft``).
         use_rslora: scale by ``lora_alpha / sqrt(r)`` (rank-stabilised LoRA).
         init_lora_weights: ``True``: ``B = 0`` so the adapted model starts equal to the base.
         inference_mode: recorded in ``adapter_config.json``, as PEFT does.
@@ -43,8 +52,8 @@ class LoraConfig:
             contraction dimension of every adapted weight).
 
     Raises:
-        ValueError: for PEFT options this backend does not implement (``use_dora``,
-            ``modules_to_save``, biases, per-layer patterns...), saying what to use instead.
+        ValueError: for PEFT options this backend does not implement (``use_dora``, ``modules_to_save``
+            other than the classifier head, biases, per-layer patterns...), saying what to use instead.
     """
 
     r: int = 8
@@ -79,8 +88,9 @@ class LoraConfig:
             raise ValueError(f"LoraConfig.lora_dropout must be in [0, 1), got {self.lora_dropout!r}.")
         refusals = {
             "use_dora": (self.use_dora, "DoRA is not implemented on Qwix; use plain LoRA (use_dora=False)."),
-            "modules_to_save": (self.modules_to_save, "fully training extra modules is not supported next to "
-                                "LoRA yet; drop modules_to_save or fine-tune the full model."),
+            "modules_to_save": (bool(set(self.modules_to_save or ()) - set(CLASSIFIER_MODULE_NAMES)),
+                                "only a sequence classifier's head ('score') can be trained in full next to LoRA; "
+                                "drop the other modules or fine-tune the full model."),
             "bias": (self.bias != "none", "only bias='none' is supported (Qwix LoRA adapts weights only)."),
             "fan_in_fan_out": (self.fan_in_fan_out, "fan_in_fan_out is for GPT-2 Conv1D layers, which the "
                                "supported families do not have."),
@@ -94,8 +104,8 @@ class LoraConfig:
                              "per-module ranks/alphas are not supported; one r and lora_alpha apply to all targets."),
             "exclude_modules": (self.exclude_modules is not None,
                                 "express exclusions in a target_modules regex instead."),
-            "task_type": (self.task_type not in (None, TaskType.CAUSAL_LM),
-                          "only CAUSAL_LM models are served by torchlike."),
+            "task_type": (self.task_type not in (None, TaskType.CAUSAL_LM, TaskType.SEQ_CLS),
+                          "only CAUSAL_LM and SEQ_CLS models are served by torchlike."),
             "peft_type": (self.peft_type != "LORA", "only LoRA adapters are supported."),
             "quantize_base": (self.quantize_base not in (None, *QUANTIZATION_TYPES),
                               f"use one of {QUANTIZATION_TYPES}."),

@@ -1,4 +1,5 @@
-"""``get_peft_model`` and ``PeftModel``: a LoRA-adapted ``CausalLM``, saved and loaded in PEFT's format."""
+"""``get_peft_model`` and ``PeftModel``: a LoRA-adapted ``CausalLM`` or ``SequenceClassifier``, saved and loaded in
+PEFT's format."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ import numpy as np
 
 from ..adapters import hf_checkpoint
 from ..adapters.lora import merge as lora_merge
+from ..adapters.lora import modules_to_save as saved_modules
 from ..adapters.lora import peft_format
 from ..adapters.lora import runtime as lora_runtime
 from ..adapters.lora import targets as lora_targets
 from ..adapters.mesh import entered
-from ..adapters.nnx_state import replace_parameters
+from ..adapters.nnx_state import flat_variables, replace_parameters
 from ..adapters.safetensors_io import SafetensorsReader, write_safetensors
 from ..modeling import CausalLM
-from .config import ADAPTER_WEIGHTS_NAME, LoraConfig
+from ..sequence_classification import SequenceClassifier
+from .config import ADAPTER_WEIGHTS_NAME, CLASSIFIER_MODULE_NAMES, LoraConfig, TaskType
 
-__all__ = ["PeftModel", "get_peft_model"]
+__all__ = ["PeftModel", "PeftModelForSequenceClassification", "get_peft_model"]
 
 
 class PeftModel(CausalLM):
@@ -67,15 +70,26 @@ class PeftModel(CausalLM):
         finally:
             self._lora_mode = previous
 
+    @property
+    def modules_to_save(self) -> list[str]:
+        """The top-level modules trained in full beside the adapter and saved in it (``["score"]`` for a
+        ``SEQ_CLS`` classifier): the entries of ``modules_to_save`` this model has."""
+        return saved_modules.present_modules(self.module, self.active_peft_config.modules_to_save or ())
+
+    @property
+    def trainable_filter(self):
+        """The NNX filter of the parameters training updates: ``nnx.LoRAParam``, or with :attr:`modules_to_save`
+        the LoRA factors and those modules' parameters (pass it as ``nnx.Optimizer(..., wrt=)`` and to
+        ``nnx.DiffState``)."""
+        return saved_modules.trainable_filter(self.modules_to_save)
+
     def get_nb_trainable_parameters(self) -> tuple[int, int]:
-        """``(trainable parameters, all parameters)`` counting the adapter as trainable."""
-        total = trainable = 0
-        for name, array in self.named_parameters():
-            size = int(np.prod(array.shape))
-            total += size
-            if "_lora_" in name and self.is_trainable:
-                trainable += size
-        return trainable, total
+        """``(trainable parameters, all parameters)``: the adapter and :attr:`modules_to_save` are trainable."""
+        total = sum(int(np.prod(array.shape)) for _, array in self.named_parameters())
+        if not self.is_trainable:
+            return 0, total
+        trainable = flat_variables(self.module, self.trainable_filter).values()
+        return sum(int(np.prod(variable.get_value().shape)) for variable in trainable), total
 
     def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
         if only_trainable:
@@ -89,19 +103,24 @@ class PeftModel(CausalLM):
         print(f"trainable params: {trainable:,d} || all params: {total:,d} || trainable%: {percent:.4f}")
 
     def merge_and_unload(self) -> CausalLM:
-        """A plain :class:`~torchlike.CausalLM` whose weights are ``W + scale * B @ A``.
+        """The base model's class (a plain :class:`~torchlike.CausalLM` or
+        :class:`~torchlike.SequenceClassifier`) with weights ``W + scale * B @ A`` and the trained
+        :attr:`modules_to_save`.
 
         The delta is computed in float32 and cast once to the weight dtype; the result keeps
         the weights' sharding and shares every untouched array with the base model.
         """
         merged = lora_merge.merged_weights(self.family, self.module, self.active_peft_config.scale)
+        merged.update(saved_modules.current_values(self.module, self.modules_to_save))
         module = replace_parameters(self.base_model.module, merged)
-        return CausalLM(module, self.config, self.family, self.generation_config, self.mesh, self.name_or_path)
+        return type(self.base_model)(module, self.config, self.family, self.generation_config, self.mesh,
+                                     self.name_or_path)
 
     def save_pretrained(self, save_directory: str | os.PathLike, safe_serialization: bool = True,
                         is_main_process: bool = True, **kwargs: Any) -> None:
         """Writes the adapter in PEFT's layout: ``adapter_config.json`` and ``adapter_model.safetensors``
-        with keys ``base_model.model.<module>.lora_A.weight`` ``(r, in)`` and ``.lora_B.weight`` ``(out, r)``.
+        with keys ``base_model.model.<module>.lora_A.weight`` ``(r, in)`` and ``.lora_B.weight`` ``(out, r)``,
+        plus the :attr:`modules_to_save` under their Hugging Face names (``base_model.model.score.weight``).
 
         The files (and a tokenizer's, given as ``tokenizer=``) are written into a staging folder that
         replaces ``save_directory`` by renames, as :meth:`CausalLM.save_pretrained` does: a crash
@@ -125,6 +144,7 @@ class PeftModel(CausalLM):
         if config.base_model_name_or_path is None and self.name_or_path:
             config.base_model_name_or_path = self.name_or_path
         tensors = list(peft_format.peft_state(self.family, self.module))
+        tensors += saved_modules.module_tensors(self.family, self.module, self.modules_to_save)
 
         def fill(folder: Path) -> None:
             write_safetensors(folder / ADAPTER_WEIGHTS_NAME, [(k, v.dtype, v.shape) for k, v in tensors],
@@ -142,7 +162,8 @@ class PeftModel(CausalLM):
         to ``model``.
 
         Args:
-            model: the base :class:`~torchlike.CausalLM`.
+            model: the base :class:`~torchlike.CausalLM` (a :class:`~torchlike.SequenceClassifier` for a
+                ``SEQ_CLS`` adapter, whose saved ``score`` head replaces the model's).
             model_id: adapter directory or hub id.
             is_trainable: ``False`` (default, as in ``peft``) marks the adapter frozen.
             config: overrides the saved ``adapter_config.json``.
@@ -163,10 +184,19 @@ class PeftModel(CausalLM):
             raise FileNotFoundError(f"{weights} not found: an adapter directory needs {ADAPTER_WEIGHTS_NAME}.")
         with SafetensorsReader(weights) as reader:
             tensors = {name: np.array(reader.get(name)) for name in reader.keys()}
+        for key in saved_modules.load_module_tensors(model.family, peft_model.module, peft_model.modules_to_save,
+                                                     tensors, str(weights)):
+            del tensors[key]
         unused = peft_format.load_peft_state(model.family, peft_model.module, tensors, str(weights))
         if unused:
             warnings.warn(f"{weights}: entries not used by the adapter: {unused[:8]}", stacklevel=2)
         return peft_model
+
+
+class PeftModelForSequenceClassification(PeftModel, SequenceClassifier):
+    """A :class:`~torchlike.SequenceClassifier` with a LoRA adapter (``peft.PeftModelForSequenceClassification``):
+    forward passes return the pooled scores, the ``score`` head is trained in full beside the adapter
+    (``modules_to_save``) and saved in it as ``base_model.model.score.weight``."""
 
 
 def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str = "default", *, seed: int = 0,
@@ -176,11 +206,14 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
     ``target_modules`` are translated through the family table to the Tunix module paths;
     ``None`` becomes the family's default (PEFT's per-``model_type`` table, ``["q_proj", "v_proj"]``
     for the supported families) and is written back to ``peft_config``, as ``peft`` does.
+    With ``task_type="SEQ_CLS"`` (a :class:`~torchlike.SequenceClassifier`), ``"classifier"`` and ``"score"`` are
+    added to ``modules_to_save``, as ``peft`` does: the ``score`` head is then trained in full and saved with the
+    adapter (:attr:`PeftModel.trainable_filter` selects it with the LoRA factors).
     With ``peft_config.quantize_base`` (or a model loaded with ``quantization_config``), the
     adapted modules' base weights are quantised by Qwix (QLoRA).
 
     Args:
-        model: a :class:`~torchlike.CausalLM`.
+        model: a :class:`~torchlike.CausalLM` or :class:`~torchlike.SequenceClassifier`.
         peft_config: a :class:`LoraConfig`.
         adapter_name: the adapter's name (one adapter per model).
         seed: torchlike only. Seeds the random initialisation of the LoRA ``A`` factors (``B`` starts at zero);
@@ -188,7 +221,11 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
             ``args.seed`` when they create the adapter from ``peft_config``, as TRL seeds before creating it.
 
     Returns:
-        A :class:`PeftModel` whose outputs equal ``model``'s until the adapter is trained.
+        A :class:`PeftModel` (:class:`PeftModelForSequenceClassification` for a classifier) whose outputs equal
+        ``model``'s until the adapter is trained.
+
+    Raises:
+        ValueError: ``SEQ_CLS`` on a model without a ``score`` head, or ``modules_to_save`` naming ``score`` there.
     """
     if isinstance(model, PeftModel):
         raise ValueError("the model already has a LoRA adapter; call merge_and_unload() first or use the base model.")
@@ -197,6 +234,7 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
     unsupported = sorted(k for k, v in kwargs.items() if v not in (None, False, True))
     if unsupported:
         raise TypeError(f"get_peft_model got unsupported arguments {unsupported}.")
+    _add_classifier_modules(model, peft_config)
     if peft_config.target_modules is None:
         peft_config.target_modules = lora_targets.default_target_modules(model.family)
     targets = lora_targets.select_targets(model.family, model.module, peft_config.target_modules)
@@ -221,7 +259,24 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
                                          dropout=float(peft_config.lora_dropout), weight_qtype=quantization,
                                          tile_size=peft_config.quantization_tile_size, seed=seed,
                                          unquantized_targets=plain)
-    return PeftModel(model, module, peft_config, adapter_name=adapter_name, is_trainable=not peft_config.inference_mode)
+    peft_class = PeftModelForSequenceClassification if isinstance(model, SequenceClassifier) else PeftModel
+    return peft_class(model, module, peft_config, adapter_name=adapter_name,
+                      is_trainable=not peft_config.inference_mode)
+
+
+def _add_classifier_modules(model: CausalLM, peft_config: LoraConfig) -> None:
+    """PEFT's ``SEQ_CLS`` rule: ``"classifier"`` and ``"score"`` join ``modules_to_save``; and a check that a
+    ``score`` named there exists."""
+    classifier = isinstance(model, SequenceClassifier)
+    if peft_config.task_type == TaskType.SEQ_CLS:
+        if not classifier:
+            raise ValueError("LoraConfig(task_type='SEQ_CLS') needs a sequence classifier; load the model with "
+                             "AutoModelForSequenceClassification.from_pretrained, or use task_type='CAUSAL_LM'.")
+        names = list(peft_config.modules_to_save or [])
+        peft_config.modules_to_save = names + [name for name in CLASSIFIER_MODULE_NAMES if name not in names]
+    if "score" in (peft_config.modules_to_save or ()) and not classifier:
+        raise ValueError(f"modules_to_save={peft_config.modules_to_save} names 'score', which this "
+                         f"{type(model).__name__} does not have (only sequence classifiers have a score head).")
 
 
 def _name_fused_partners(family_name: str, targets: list[lora_targets.LoraTarget], peft_config: LoraConfig) -> None:

@@ -135,7 +135,8 @@ class Trainer:
             from ..training_args import TrainingArguments
 
             args = TrainingArguments(output_dir="trainer_output")
-        check_unsupported(args)
+        if getattr(self, "_checked_args", None) is not args:  # a TRL trainer checks its config first, once
+            check_unsupported(args)
         if (args.save_strategy == "best" or args.load_best_model_at_end) and args.metric_for_best_model is None:
             raise ValueError("`args.metric_for_best_model` must be provided when using 'best' save_strategy or if "
                              "`args.load_best_model_at_end` is set to `True`.")

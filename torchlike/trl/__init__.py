@@ -9,12 +9,15 @@ from typing import Any
 
 from torchlike.trl.dpo_config import DPOConfig
 from torchlike.trl.grpo_config import GRPOConfig
+from torchlike.trl.kto_config import KTOConfig
+from torchlike.trl.rloo_config import RLOOConfig
 from torchlike.trl.sft_config import SFTConfig
 
 _SCRIPT_UTILS = ("DatasetConfig", "DatasetMixtureConfig", "ModelConfig", "ScriptArguments", "TrlParser", "get_dataset",
                  "get_kbit_device_map", "get_peft_config", "get_quantization_config", "init_zero_verbose")
 _LAZY = {"SFTTrainer": "sft_trainer", "GRPOTrainer": "grpo_trainer", "DPOTrainer": "dpo_trainer",
-         **dict.fromkeys(_SCRIPT_UTILS, "script_utils")}
+         "RLOOTrainer": "rloo_trainer",
+         "KTOTrainer": "kto_trainer", **dict.fromkeys(_SCRIPT_UTILS, "script_utils")}
 
 __all__ = [
     "DPOConfig",
@@ -23,7 +26,11 @@ __all__ = [
     "DatasetMixtureConfig",
     "GRPOConfig",
     "GRPOTrainer",
+    "KTOConfig",
+    "KTOTrainer",
     "ModelConfig",
+    "RLOOConfig",
+    "RLOOTrainer",
     "SFTConfig",
     "SFTTrainer",
     "ScriptArguments",

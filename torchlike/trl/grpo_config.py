@@ -40,42 +40,16 @@ def _smallest_multiplier(current: int, other: int, num_generations: int) -> int:
 
 
 @dataclass
-class GRPOConfig(TRLConfig):
-    """Configuration of ``torchlike.trl.GRPOTrainer``, with TRL 1.16 ``GRPOConfig``'s fields and defaults.
+class OnlineRLConfig(TRLConfig):
+    """The fields ``trl.GRPOConfig`` and ``trl.RLOOConfig`` share (TRL's names and defaults; the model, data,
+    generation, vLLM, reference-sync and logging fields), and TRL's generation-batch rules.
 
-    All ``TrainingArguments`` fields apply; ``per_device_train_batch_size`` counts completions, not prompts, as in TRL.
-    The main GRPO fields (see TRL's documentation for the rest, and ``GRPO_FIELD_SUPPORT`` for what each does here):
-
-    Args:
-        num_generations (`int`, defaults to 8): completions per prompt, at least 2.
-        num_generations_eval (`int`, *optional*): completions per prompt in evaluation (``None``: ``num_generations``).
-        max_completion_length (`int`, defaults to 512): tokens generated per completion at most.
-        generation_batch_size (`int`, *optional*): completions generated at once; by default
-            ``per_device_train_batch_size x data_parallel_size x steps_per_generation``. Must be divisible by
-            ``num_generations`` and by the global batch. Exclusive with ``steps_per_generation``.
-        steps_per_generation (`int`, *optional*): micro-steps per generation batch (``None``:
-            ``gradient_accumulation_steps``).
-        temperature, top_p, top_k, min_p, repetition_penalty, generation_kwargs, chat_template_kwargs: sampling.
-        beta (`float`, defaults to 0.0): KL coefficient; 0 needs no reference model.
-        num_iterations (`int`, defaults to 1): optimizer passes per generation batch.
-        epsilon (`float`, defaults to 0.2), epsilon_high (`float`, *optional*), delta (`float`, *optional*): clipping.
-        importance_sampling_level (`str`, defaults to ``"token"``): ``"token"`` or ``"sequence"`` (GSPO).
-        reward_weights (`list[float]`, *optional*): one weight per reward function.
-        scale_rewards (`str` or `bool`, defaults to ``"group"``): ``"group"``, ``"batch"``, ``"none"``; ``True``
-            becomes ``"group"`` and ``False`` ``"none"``.
-        loss_type (`str`, defaults to ``"dapo"``): one of ``LOSS_TYPES``.
-        mask_truncated_completions (`bool`, defaults to `False`): leave completions without EOS out of the loss.
-        log_completions (`bool`, defaults to `False`): log sample completions every ``logging_steps``.
-        max_prompt_length (`int`, *optional*): torchlike only; removed from TRL in 0.28 and accepted here with a
-            ``FutureWarning``: longer prompts keep their last ``max_prompt_length`` tokens.
-
-    The generation batch is resolved from ``data_parallel_size`` (every JAX device without ``mesh_shape``), so a
-    multi-host script must call ``jax.distributed.initialize()`` before building the config.
+    Subclasses set ``_algorithm`` (``"GRPO"``, ``"RLOO"``: named in messages) and add their algorithm's fields.
     """
 
     _VALID_DICT_FIELDS = (*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs",
                           "transformers_continuous_batching_config", "generation_kwargs", "chat_template_kwargs")
-    _FIELD_SUPPORT = GRPO_FIELD_SUPPORT
+    _algorithm = "GRPO"
 
     # --- TrainingArguments defaults TRL changes ---
     learning_rate: float = 1e-6
@@ -86,7 +60,6 @@ class GRPOConfig(TRLConfig):
     trust_remote_code: bool = False
     router_aux_loss_coef: float | None = None
     disable_dropout: bool = False
-    cast_lm_head_to_fp32: bool = False
 
     # --- data ---
     num_generations: int | None = 8
@@ -127,44 +100,18 @@ class GRPOConfig(TRLConfig):
     beta: float = 0.0
     num_iterations: int = 1
     epsilon: float = 0.2
-    delta: float | None = None
     epsilon_high: float | None = None
-    sapo_temperature_neg: float = 1.05
-    sapo_temperature_pos: float = 1.0
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
-    importance_sampling_level: str = "token"
     reward_weights: list[float] | None = None
-    multi_objective_aggregation: str = "sum_then_normalize"
-    scale_rewards: str = "group"
-    loss_type: str = "dapo"
     mask_truncated_completions: bool = False
     sync_ref_model: bool = False
     ref_model_mixup_alpha: float = 0.6
     ref_model_sync_steps: int = 512
-    top_entropy_quantile: float = 1.0
-    entropy_coef: float = 0.0
-    use_adaptive_entropy: bool = False
-    entropy_coef_min: float = 0.0
-    entropy_coef_max: float = 1.0
-    entropy_coef_delta: float = 0.005
-    entropy_target: float = 0.2
-    max_tool_calling_iterations: int | None = None
-    vllm_importance_sampling_correction: bool = True
-    vllm_importance_sampling_mode: str = "sequence_mask"
-    vllm_importance_sampling_clip_max: float | None = 3.0
-    vllm_importance_sampling_clip_min: float | None = None
-    off_policy_mask_threshold: float | None = None
-    use_bias_correction_kl: bool = True
 
     # --- logging ---
     log_completions: bool = False
     log_multimodal: bool = True
     num_completions_to_print: int | None = None
     log_unique_prompts: bool = False
-    log_completions_hub_repo: str | None = None
 
     # --- transformers generation engines (not used by torchlike) ---
     use_transformers_continuous_batching: bool = False
@@ -172,7 +119,6 @@ class GRPOConfig(TRLConfig):
 
     # --- deprecated in TRL ---
     use_transformers_paged: bool = False
-    vllm_importance_sampling_cap: float | None = None
 
     # --- removed from TRL (0.28), kept by torchlike ---
     max_prompt_length: int | None = None
@@ -184,47 +130,31 @@ class GRPOConfig(TRLConfig):
             warn_from_config("use_transformers_paged is deprecated in TRL (removal in v2.0.0); use "
                              "use_transformers_continuous_batching instead.", FutureWarning)
             self.use_transformers_continuous_batching = True
-        self._check_algorithm()
-        if self.log_completions_hub_repo is not None and not self.log_completions:
-            raise ValueError("log_completions_hub_repo is set, but log_completions is False. Enable log_completions "
-                             "to upload completions to the Hub, or unset log_completions_hub_repo.")
-        if self.auto_find_batch_size:
-            raise ValueError("auto_find_batch_size is not supported by GRPO, because the generation batch must contain "
-                             "full prompt groups of num_generations completions, and reducing the batch size on "
-                             "out-of-memory breaks this invariant. Set auto_find_batch_size=False and lower "
-                             "per_device_train_batch_size instead.")
-        self._resolve_generation_batch()
-        self._check_vllm_importance_sampling()
-        if self.max_prompt_length is not None:
-            if not isinstance(self.max_prompt_length, int) or self.max_prompt_length < 1:
-                raise ValueError(f"max_prompt_length={self.max_prompt_length!r}: expected a positive integer or None.")
-            warn_from_config(f"max_prompt_length was removed from TRL's GRPOConfig in 0.28 (TRL no longer truncates "
-                             f"prompts; filter long ones out of the dataset instead). torchlike still accepts it: "
-                             f"prompts keep their last {self.max_prompt_length} tokens.", FutureWarning)
-
-    def _check_algorithm(self) -> None:
-        if isinstance(self.scale_rewards, bool):
-            self.scale_rewards = "group" if self.scale_rewards else "none"
-        self.scale_rewards = check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
-        self.loss_type = check_choice("loss_type", self.loss_type, LOSS_TYPES)
-        self.importance_sampling_level = check_choice("importance_sampling_level", self.importance_sampling_level,
-                                                      IMPORTANCE_SAMPLING_LEVELS)
-        self.multi_objective_aggregation = check_choice("multi_objective_aggregation",
-                                                        self.multi_objective_aggregation,
-                                                        MULTI_OBJECTIVE_AGGREGATIONS)
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature!r} must be positive: completions are sampled from, and "
                              "scored with, softmax(logits / temperature).")
         if not isinstance(self.max_completion_length, int) or self.max_completion_length < 1:
             raise ValueError(f"max_completion_length={self.max_completion_length!r} must be a positive integer.")
+        if self.auto_find_batch_size:
+            raise ValueError(f"auto_find_batch_size is not supported by {self._algorithm}, because the generation "
+                             "batch must contain full prompt groups of num_generations completions, and reducing the "
+                             "batch size on out-of-memory breaks this invariant. Set auto_find_batch_size=False and "
+                             "lower per_device_train_batch_size instead.")
+        self._resolve_generation_batch()
+        if self.max_prompt_length is not None:
+            if not isinstance(self.max_prompt_length, int) or self.max_prompt_length < 1:
+                raise ValueError(f"max_prompt_length={self.max_prompt_length!r}: expected a positive integer or None.")
+            warn_from_config(f"max_prompt_length was removed from TRL's {self._algorithm}Config in 0.28 (TRL no "
+                             f"longer truncates prompts; filter long ones out of the dataset instead). torchlike still "
+                             f"accepts it: prompts keep their last {self.max_prompt_length} tokens.", FutureWarning)
 
     def _resolve_generation_batch(self) -> None:
         """TRL's generation-batch rules, with messages that name the values that work."""
         num_generations = self.num_generations
         if not isinstance(num_generations, int) or isinstance(num_generations, bool) or num_generations < 2:
-            raise ValueError(f"GRPO requires at least 2 generations per prompt to calculate the advantages. You "
-                             f"provided num_generations={num_generations!r}, which is less than the minimum required. "
-                             "Set num_generations to 2 or more.")
+            raise ValueError(f"{self._algorithm} requires at least 2 generations per prompt to calculate the "
+                             f"advantages. You provided num_generations={num_generations!r}, which is less than the "
+                             "minimum required. Set num_generations to 2 or more.")
         shards = self.data_parallel_size
         global_batch = self.per_device_train_batch_size * shards
         batch_text = (f"per_device_train_batch_size={self.per_device_train_batch_size} x {shards} data-parallel "
@@ -275,6 +205,96 @@ class GRPOConfig(TRLConfig):
                              f"together. Valid num_generations for this batch: "
                              f"{_group_sizes(self.generation_batch_size)}; or keep num_generations={num_generations} "
                              f"and {fix}.")
+
+
+@dataclass
+class GRPOConfig(OnlineRLConfig):
+    """Configuration of ``torchlike.trl.GRPOTrainer``, with TRL 1.16 ``GRPOConfig``'s fields and defaults.
+
+    All ``TrainingArguments`` fields apply; ``per_device_train_batch_size`` counts completions, not prompts, as in TRL.
+    The main GRPO fields (see TRL's documentation for the rest, and ``GRPO_FIELD_SUPPORT`` for what each does here):
+
+    Args:
+        num_generations (`int`, defaults to 8): completions per prompt, at least 2.
+        num_generations_eval (`int`, *optional*): completions per prompt in evaluation (``None``: ``num_generations``).
+        max_completion_length (`int`, defaults to 512): tokens generated per completion at most.
+        generation_batch_size (`int`, *optional*): completions generated at once; by default
+            ``per_device_train_batch_size x data_parallel_size x steps_per_generation``. Must be divisible by
+            ``num_generations`` and by the global batch. Exclusive with ``steps_per_generation``.
+        steps_per_generation (`int`, *optional*): micro-steps per generation batch (``None``:
+            ``gradient_accumulation_steps``).
+        temperature, top_p, top_k, min_p, repetition_penalty, generation_kwargs, chat_template_kwargs: sampling.
+        beta (`float`, defaults to 0.0): KL coefficient; 0 needs no reference model.
+        num_iterations (`int`, defaults to 1): optimizer passes per generation batch.
+        epsilon (`float`, defaults to 0.2), epsilon_high (`float`, *optional*), delta (`float`, *optional*): clipping.
+        importance_sampling_level (`str`, defaults to ``"token"``): ``"token"`` or ``"sequence"`` (GSPO).
+        reward_weights (`list[float]`, *optional*): one weight per reward function.
+        scale_rewards (`str` or `bool`, defaults to ``"group"``): ``"group"``, ``"batch"``, ``"none"``; ``True``
+            becomes ``"group"`` and ``False`` ``"none"``.
+        loss_type (`str`, defaults to ``"dapo"``): one of ``LOSS_TYPES``.
+        mask_truncated_completions (`bool`, defaults to `False`): leave completions without EOS out of the loss.
+        log_completions (`bool`, defaults to `False`): log sample completions every ``logging_steps``.
+        max_prompt_length (`int`, *optional*): torchlike only; removed from TRL in 0.28 and accepted here with a
+            ``FutureWarning``: longer prompts keep their last ``max_prompt_length`` tokens.
+
+    The generation batch is resolved from ``data_parallel_size`` (every JAX device without ``mesh_shape``), so a
+    multi-host script must call ``jax.distributed.initialize()`` before building the config.
+    """
+
+    _FIELD_SUPPORT = GRPO_FIELD_SUPPORT
+
+    # --- GRPO's algorithm fields ---
+    delta: float | None = None
+    sapo_temperature_neg: float = 1.05
+    sapo_temperature_pos: float = 1.0
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    importance_sampling_level: str = "token"
+    multi_objective_aggregation: str = "sum_then_normalize"
+    scale_rewards: str = "group"
+    loss_type: str = "dapo"
+    top_entropy_quantile: float = 1.0
+    entropy_coef: float = 0.0
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2
+    off_policy_mask_threshold: float | None = None
+    use_bias_correction_kl: bool = True
+
+    # --- model, logging, tools ---
+    cast_lm_head_to_fp32: bool = False
+    log_completions_hub_repo: str | None = None
+    max_tool_calling_iterations: int | None = None
+
+    # --- vLLM importance sampling (not used by torchlike) ---
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    vllm_importance_sampling_clip_min: float | None = None
+    vllm_importance_sampling_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_algorithm()
+        if self.log_completions_hub_repo is not None and not self.log_completions:
+            raise ValueError("log_completions_hub_repo is set, but log_completions is False. Enable log_completions "
+                             "to upload completions to the Hub, or unset log_completions_hub_repo.")
+        self._check_vllm_importance_sampling()
+
+    def _check_algorithm(self) -> None:
+        if isinstance(self.scale_rewards, bool):
+            self.scale_rewards = "group" if self.scale_rewards else "none"
+        self.scale_rewards = check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
+        self.loss_type = check_choice("loss_type", self.loss_type, LOSS_TYPES)
+        self.importance_sampling_level = check_choice("importance_sampling_level", self.importance_sampling_level,
+                                                      IMPORTANCE_SAMPLING_LEVELS)
+        self.multi_objective_aggregation = check_choice("multi_objective_aggregation",
+                                                        self.multi_objective_aggregation,
+                                                        MULTI_OBJECTIVE_AGGREGATIONS)
 
     def _check_vllm_importance_sampling(self) -> None:
         """TRL's checks of the (ignored) vLLM importance-sampling fields, so a config TRL rejects is rejected here."""

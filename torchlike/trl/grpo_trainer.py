@@ -26,11 +26,13 @@ import numpy as np
 from ..adapters import mesh as mesh_lib
 from ..adapters import multihost, rl_math, sampling, tunix_grpo
 from ..adapters.lora import runtime as lora_runtime
-from ..training import Trainer, batches
+from ..training import batches
 from ..training.batches import sampler_order
 from ..version import repetition_penalty_skips_left_padding
 from .base_config import round_up_to_multiple
-from .trainer_setup import SyncRefModelCallback, check_reference_sync, check_text_dataset
+from .base_trainer import TRLTrainer, check_text_dataset
+from .grpo_config import GRPOConfig
+from .grpo_data import is_conversational_prompt, left_padded, prepare_prompts
 
 __all__ = ["GRPOTrainer"]
 
@@ -38,23 +40,11 @@ __all__ = ["GRPOTrainer"]
 _TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
 
 
-def _column_names(dataset: Any) -> list[str]:
-    names = getattr(dataset, "column_names", None)
-    if names is not None:
-        return list(names)
-    first = next(iter(dataset), None)
-    return sorted(first) if isinstance(first, dict) else []
-
-
-def _is_conversational(prompt: Any) -> bool:
-    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
-
-
 def _reward_name(function: Callable) -> str:
     return getattr(function, "__name__", None) or type(function).__name__
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(TRLTrainer):
     """``trl.GRPOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
@@ -86,17 +76,15 @@ class GRPOTrainer(Trainer):
     """
 
     _allow_prefetch = False  # a rollout must see the weights of the steps before it
+    _config_class = GRPOConfig
+    _output_suffix = "GRPO"
+    _tag_names = ["trl", "grpo"]
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
                  callbacks: list | None = None, optimizers: tuple = (None, None), quantization_config: Any = None,
                  peft_config: Any = None, tools: list | None = None, rollout_func: Callable | None = None,
                  environment_factory: Any = None):
-        from .. import AutoTokenizer
-        from ..peft import get_peft_model
-        from .grpo_config import GRPOConfig
-        from .trainer_setup import default_output_dir, load_model
-
         for name, value in (("tools", tools), ("environment_factory", environment_factory)):
             if value is not None:
                 raise ValueError(f"{name} (TRL's experimental agent hook) is not supported by torchlike's "
@@ -108,16 +96,8 @@ class GRPOTrainer(Trainer):
         if reward_processing_classes is not None:
             raise ValueError("reward_processing_classes is only used by reward models, which torchlike does not "
                              "support; pass reward functions instead.")
-        if args is None:
-            args = GRPOConfig(output_dir=default_output_dir(model, "GRPO"))
-        model = load_model(model, args, quantization_config, "GRPOTrainer")
-        if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
-        if peft_config is not None:
-            if hasattr(model, "peft_config"):
-                raise ValueError("peft_config was given but the model already has a LoRA adapter; pass one or the "
-                                 "other.")
-            model = get_peft_model(model, peft_config, seed=args.seed)
+        args = self._trl_args(model, args)
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self.args = args
         self.reward_funcs = self._check_reward_functions(reward_funcs)
         if train_dataset is None:
@@ -132,8 +112,7 @@ class GRPOTrainer(Trainer):
                              "reward functions; give one weight per function.")
         self.sampling = self._sampling_settings(args)
         self.tokenizer = processing_class
-        self.pad_token_id = processing_class.pad_token_id if processing_class.pad_token_id is not None \
-            else processing_class.eos_token_id
+        self.pad_token_id = self._pad_token_id(processing_class, None)
         eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
@@ -142,24 +121,15 @@ class GRPOTrainer(Trainer):
         lengths = [len(row["prompt_ids"]) for rows in [train_rows or [], *batches.each_dataset(eval_rows)]
                    for row in rows]
         self.prompt_length = self._padded(sampling.bucket_length(max(lengths, default=1)))
-        vocab = getattr(model.config, "vocab_size", None)
-        largest = max([self.pad_token_id, *self.eos_token_ids, *(max(r["prompt_ids"], default=0)
-                                                                   for r in (train_rows or []))])
-        if vocab is not None and largest >= vocab:
-            raise ValueError(f"token id {largest} is outside the model's vocab_size={vocab}; use the tokenizer that "
-                             "belongs to the model.")
+        self._check_token_ids(max([self.pad_token_id, *self.eos_token_ids, *(max(r["prompt_ids"], default=0)
+                                                                           for r in (train_rows or []))]),
+                              processing_class, {"model": model})
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
         if isinstance(train_dataset, datasets.Dataset):  # TRL keeps the user's Dataset: its columns, plus prompt_ids
             self.train_dataset = datasets.Dataset.from_list(train_rows)
-        self._reference = None
-        if args.beta != 0.0 and not self._is_lora():
-            from flax import nnx
-
-            self._reference = nnx.clone(self._module)  # the frozen initial policy, as TRL's ref_model copy
-        if args.sync_ref_model:
-            self.add_callback(SyncRefModelCallback(self._reference, lambda: self._module))
-        model.add_model_tags(["trl", "grpo"])
+        # The reference (beta != 0): the adapter-off base with LoRA, else a frozen copy of the initial policy.
+        self.reference = self._init_reference(adapter_off=self._is_lora(), copy=True) if args.beta != 0.0 else None
         self._pending_metrics: dict[str, list[float]] = {}
         self._generation_count = 0
 
@@ -183,8 +153,7 @@ class GRPOTrainer(Trainer):
                                 "dataset column, e.g. def reward(completions, **kwargs).")
         return functions
 
-    @staticmethod
-    def _check_algorithm(args: Any, model: Any) -> None:
+    def _check_algorithm(self, args: Any, model: Any) -> None:
         """TRL's checks of the algorithm settings against each other and the model, with its wording."""
         if args.loss_type == "luspo" and args.importance_sampling_level != "sequence":
             warnings.warn("When using `'luspo'` loss, `importance_sampling_level` should be set to `'sequence'` to "
@@ -198,17 +167,24 @@ class GRPOTrainer(Trainer):
                           "instead of optimizing the per-sequence objective. To reproduce the GSPO paper's setup, set "
                           "`loss_type='grpo'` (see https://huggingface.co/docs/trl/main/en/paper_index"
                           "#group-sequence-policy-optimization).", UserWarning, stacklevel=3)
+        self._check_reference_use(args)
+
+    def _check_reference_use(self, args: Any) -> None:
+        """TRL's refusal of ``sync_ref_model`` without a reference (``beta=0``)."""
         if args.sync_ref_model and args.beta == 0.0:
             raise ValueError("You passed `sync_ref_model=True` while `beta=0.0`, which means the reference model is "
-                             "not used during training. Consequently, GRPOTrainer does not create a `ref_model` "
-                             "instance, and there is nothing to synchronize. Please set `sync_ref_model=False`, or set "
-                             "`beta` to a non-zero value.")
-        check_reference_sync(args, model, "GRPOTrainer")
+                             f"not used during training. Consequently, {self._trainer_name} does not create a "
+                             "`ref_model` instance, and there is nothing to synchronize. Please set "
+                             "`sync_ref_model=False`, or set `beta` to a non-zero value.")
 
     def _compute_dtype(self):
         """The train step's dtype; ``None`` with ``cast_lm_head_to_fp32``, where the GRPO loss casts the decoder to
         bf16 itself and keeps the head in float32 (:attr:`_decoder_dtype`)."""
-        return None if self.args.cast_lm_head_to_fp32 else self._decoder_dtype
+        return None if self._lm_head_in_float32 else self._decoder_dtype
+
+    @property
+    def _lm_head_in_float32(self) -> bool:
+        return bool(getattr(self.args, "cast_lm_head_to_fp32", False))  # GRPO's field; RLOO has none
 
     @property
     def _decoder_dtype(self):
@@ -229,40 +205,9 @@ class GRPOTrainer(Trainer):
         return sampling.SamplingSettings.from_mapping({**from_config, "do_sample": True, **extra})
 
     def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
-        """Rows as dicts with ``prompt_ids`` (chat template applied to conversational prompts, left-truncated to
-        ``max_prompt_length``) next to the original columns."""
-        if dataset is None:
-            return None
-        if hasattr(dataset, "keys") and not hasattr(dataset, "column_names"):
-            raise ValueError(f"{name} is a dict of datasets; pass one dataset.")
-        columns = _column_names(dataset)
-        if "prompt" not in columns:
-            raise ValueError(f"{name} has no 'prompt' column (found {columns}); GRPO datasets need 'prompt' as text "
-                             "or as a list of chat messages, plus any columns your reward functions read.")
-        rows = []
-        for index, row in enumerate(dataset):
-            row = dict(row)
-            prompt = row["prompt"]
-            if _is_conversational(prompt):
-                if getattr(self.tokenizer, "chat_template", None) is None:
-                    raise ValueError(f"{name} row {index} has a conversational prompt but the tokenizer has no chat "
-                                     "template; set tokenizer.chat_template or use text prompts.")
-                ids = self.tokenizer.apply_chat_template(
-                    prompt, add_generation_prompt=True, tokenize=True, return_dict=True,
-                    **dict(self.args.chat_template_kwargs or {}))["input_ids"]
-            elif isinstance(prompt, str):
-                ids = self.tokenizer(prompt)["input_ids"]
-            else:
-                raise ValueError(f"{name} row {index}: 'prompt' must be a string or a list of chat messages, got "
-                                 f"{type(prompt).__name__}.")
-            limit = getattr(self.args, "max_prompt_length", None)
-            if limit:
-                ids = ids[-limit:]  # TRL truncated prompts on the left
-            row["prompt_ids"] = list(ids)
-            rows.append(row)
-        if not rows:
-            raise ValueError(f"{name} is empty.")
-        return rows
+        """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`)."""
+        return prepare_prompts(dataset, self.tokenizer, name, getattr(self.args, "max_prompt_length", None),
+                               self.args.chat_template_kwargs)
 
     # ------------------------------------------------------------------ batches
     def _generation_sizes(self) -> tuple[int, int, int]:
@@ -330,9 +275,6 @@ class GRPOTrainer(Trainer):
             lm_head_in_float32=self.args.cast_lm_head_to_fp32)
         return tunix_grpo.grpo_step_loss(self.model.family, settings), None
 
-    def _lora_dropout(self) -> bool:
-        return super()._lora_dropout() and not self.args.disable_dropout
-
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, prompt_rows: list[dict], epoch: int, generation_index: int, num_generations: int | None = None,
                  train: bool = True, metric_key_prefix: str = "eval") -> dict[str, np.ndarray]:
@@ -373,10 +315,14 @@ class GRPOTrainer(Trainer):
             warnings.warn(f"All reward functions returned None for the following kwargs:\n{details}\nPlease ensure "
                           "that at least one reward function returns a valid reward. (Such completions get advantage "
                           "0, as in TRL.)", UserWarning, stacklevel=2)
-        advantages, reward_metrics = rl_math.grpo_advantages(
-            rewards, num_generations, reward_weights=args.reward_weights, scale_rewards=args.scale_rewards,
-            multi_objective_aggregation=args.multi_objective_aggregation)
         lengths = completion_mask.sum(axis=1)
+        if args.mask_truncated_completions:
+            completion_mask = completion_mask * ended[:, None].astype(np.int32)
+        batch = {"input_ids": np.concatenate([prompt_ids, tokens], axis=1),
+                 "attention_mask": np.concatenate([prompt_mask, completion_mask], axis=1),
+                 "completion_mask": completion_mask}
+        advantages, reward_metrics = self._advantages(rewards, num_generations, batch, train)
+        batch["advantages"] = np.asarray(advantages, np.float32)
         prefix = "" if train else f"{metric_key_prefix}_"
         metrics = {"reward": reward_metrics["reward"], "reward_std": reward_metrics["reward_std"],
                    "frac_reward_zero_std": reward_metrics["frac_reward_zero_std"],
@@ -392,23 +338,33 @@ class GRPOTrainer(Trainer):
             self._print_completions(rows, completion_ids, rewards, np.asarray(advantages))
         if not train:
             return {"reward": np.asarray(rewards)}
-        if args.mask_truncated_completions:
-            completion_mask = completion_mask * ended[:, None].astype(np.int32)
-        batch = {"input_ids": np.concatenate([prompt_ids, tokens], axis=1),
-                 "attention_mask": np.concatenate([prompt_mask, completion_mask], axis=1),
-                 "completion_mask": completion_mask, "advantages": np.asarray(advantages, np.float32)}
-        accumulation = args.gradient_accumulation_steps
-        normaliser = max(float(completion_mask.sum()), 1.0) * accumulation / args.steps_per_generation
-        batch["num_items"] = np.full(len(rows), normaliser, np.float32)
-        token_sum = args.loss_type in tunix_grpo.TOKEN_SUM_LOSSES
-        batch["step_weight"] = np.full(len(rows), 1.0 / accumulation if token_sum else 1.0, np.float32)
-        if accumulation % (args.steps_per_generation * args.num_iterations) != 0:  # TRL's rule for old log-probs
-            batch["old_logps"] = self._log_probs(batch, lora_runtime.EVAL, self._module)
-        if args.beta != 0.0:
-            reference = self._reference if self._reference is not None else self._module
-            batch["ref_logps"] = self._log_probs(batch, lora_runtime.DISABLED, reference)
+        self._add_step_columns(batch)
         self._last_rollout = self._shuffled(batch, seed)  # kept for inspection and tests
         return self._last_rollout
+
+    def _advantages(self, rewards: np.ndarray, num_generations: int, batch: dict[str, np.ndarray],
+                    train: bool) -> tuple[np.ndarray, dict]:
+        """``(advantages [N], reward metrics)`` of a generation batch (``rl_math.grpo_advantages``); ``batch`` holds
+        its ``input_ids``, ``attention_mask`` and ``completion_mask``."""
+        args = self.args
+        return rl_math.grpo_advantages(rewards, num_generations, reward_weights=args.reward_weights,
+                                       scale_rewards=args.scale_rewards,
+                                       multi_objective_aggregation=args.multi_objective_aggregation)
+
+    def _add_step_columns(self, batch: dict[str, np.ndarray]) -> None:
+        """Adds what the step loss reads besides the tokens and advantages: the token normaliser and step weight,
+        the sampling policy's log-probs (TRL's rule for when they are kept) and the reference's."""
+        args = self.args
+        accumulation = args.gradient_accumulation_steps
+        completion_mask = batch["completion_mask"]
+        normaliser = max(float(completion_mask.sum()), 1.0) * accumulation / args.steps_per_generation
+        batch["num_items"] = np.full(len(completion_mask), normaliser, np.float32)
+        token_sum = args.loss_type in tunix_grpo.TOKEN_SUM_LOSSES
+        batch["step_weight"] = np.full(len(completion_mask), 1.0 / accumulation if token_sum else 1.0, np.float32)
+        if accumulation % (args.steps_per_generation * args.num_iterations) != 0:  # TRL's rule for old log-probs
+            batch["old_logps"] = self._log_probs(batch, lora_runtime.EVAL, self._module)
+        if self.reference is not None:
+            batch["ref_logps"] = self._log_probs(batch, self.reference.lora, self.reference.module)
 
     @staticmethod
     def _shuffled(batch: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
@@ -459,13 +415,7 @@ class GRPOTrainer(Trainer):
         return round_up_to_multiple(length, self.args.pad_to_multiple_of)
 
     def _left_padded(self, sequences: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.full((len(sequences), length), self.pad_token_id, np.int32)
-        mask = np.zeros((len(sequences), length), np.int32)
-        for row, sequence in enumerate(sequences):
-            sequence = list(sequence)[-length:]
-            ids[row, length - len(sequence):] = sequence
-            mask[row, length - len(sequence):] = 1
-        return ids, mask
+        return left_padded(sequences, length, self.pad_token_id)
 
     def _log_probs(self, batch: dict[str, np.ndarray], lora: str, module) -> np.ndarray:
         """Per-token log-probs of the completions, one micro-batch at a time (the training shape)."""
@@ -474,7 +424,7 @@ class GRPOTrainer(Trainer):
         if key not in passes:
             passes[key] = tunix_grpo.make_log_prob_pass(self.model.family, self.sampling.temperature, lora,
                                                         self._decoder_dtype,
-                                                        lm_head_in_float32=self.args.cast_lm_head_to_fp32)
+                                                        lm_head_in_float32=self._lm_head_in_float32)
         size = self._global_batch_size()
         inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "completion_mask")}
         sharding = mesh_lib.batch_sharding(self.mesh)
@@ -491,7 +441,7 @@ class GRPOTrainer(Trainer):
         if not rows:  # a process with no rows of a small (last) eval batch
             return np.empty((0, len(self.reward_funcs)), np.float32)
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        conversational = _is_conversational(rows[0]["prompt"])
+        conversational = is_conversational_prompt(rows[0]["prompt"])
         completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
         columns = {} if self.args.remove_unused_columns else {
             key: [row[key] for row in rows] for key in rows[0]

@@ -8,18 +8,21 @@ from ..field_support import field_table
 from ..training_args import TrainingArguments
 from .dpo_config import DPOConfig
 from .grpo_config import GRPOConfig
+from .kto_config import KTOConfig
+from .rloo_config import RLOOConfig
 from .sft_config import SFTConfig
 
 
 def unsupported_fields_markdown() -> str:
     """The "not honoured" tables of MIGRATION.md: every ignored or refused field of ``TrainingArguments``,
-    ``SFTConfig``, ``GRPOConfig`` and ``DPOConfig`` with its reason (a test keeps MIGRATION.md equal to it).
+    ``SFTConfig``, ``GRPOConfig``, ``RLOOConfig``, ``DPOConfig`` and ``KTOConfig`` with its reason (a test keeps MIGRATION.md equal
+    to it).
 
     Returns:
         Markdown: one table per config class, rows sorted by status then name.
     """
     sections, shown = [], set()
-    for config_class in (TrainingArguments, SFTConfig, GRPOConfig, DPOConfig):
+    for config_class in (TrainingArguments, SFTConfig, GRPOConfig, RLOOConfig, DPOConfig, KTOConfig):
         names = {field.name for field in dataclasses.fields(config_class)}
         table = field_table(config_class)
         rows = sorted((support.status, name, support.reason) for name, support in table.items()

@@ -123,7 +123,7 @@ def _is_message_list(value: Any, keys: tuple[str, ...] = ("role",)) -> bool:
     )
 
 
-def _is_conversational(example: Mapping[str, Any]) -> bool:
+def is_conversational(example: Mapping[str, Any]) -> bool:
     """TRL's ``is_conversational`` for the SFT keys: the first of prompt/completion/messages is a message list."""
     for key in ("prompt", "completion", "messages"):
         if key in example:
@@ -283,7 +283,7 @@ class _Preparer:
 
         first = self.convert(first_raw)
         self.format = _detect_format(first, dataset_text_field)
-        self.conversational = _is_conversational(first)
+        self.conversational = is_conversational(first)
 
         # The eos string: appended to standard (non-conversational) text and completions.
         vocab = tokenizer.get_vocab()

@@ -9,25 +9,23 @@ from typing import Any
 import numpy as np
 
 from ..adapters import neftune, train_step
-from ..training import Trainer
 from ..training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
-from ..training_args import TrainingArguments
 from .base_config import round_up_to_multiple
+from .base_trainer import TRLTrainer, check_text_dataset
+from .sft_config import SFTConfig
 from .sft_data import (
     SFTRows,
     collate_sft_batch,
     is_prepared,
     load_chat_template,
-    pad_token_id_for,
     prepare_sft_dataset,
     unprepared_sft_examples,
 )
-from .trainer_setup import check_text_dataset
 
 __all__ = ["SFTTrainer"]
 
 
-class SFTTrainer(Trainer):
+class SFTTrainer(TRLTrainer):
     """``trl.SFTTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
@@ -56,6 +54,8 @@ class SFTTrainer(Trainer):
         optimizer_cls_and_kwargs: a torch optimizer class; refused with a message when set.
     """
 
+    _config_class = SFTConfig
+    _output_suffix = "SFT"
     _tag_names = ["trl", "sft"]
 
     def __init__(self, model: Any, args: Any = None, data_collator: Callable | None = None, train_dataset: Any = None,
@@ -64,25 +64,13 @@ class SFTTrainer(Trainer):
                  optimizers: tuple = (None, None), optimizer_cls_and_kwargs: tuple | None = None,
                  preprocess_logits_for_metrics: Callable | None = None, quantization_config: Any = None,
                  peft_config: Any = None, formatting_func: Callable | None = None):
-        from .. import AutoTokenizer
-        from ..field_support import check_unsupported
-        from ..peft import get_peft_model
-        from .sft_config import SFTConfig
-        from .trainer_setup import default_output_dir, load_model
-
         if optimizer_cls_and_kwargs is not None:
             raise ValueError("optimizer_cls_and_kwargs is a torch hook and cannot run on JAX; pass optimizers=(optax "
                              "transformation, None) for a custom optimizer.")
-        if args is None:
-            args = SFTConfig(output_dir=default_output_dir(model, "SFT"))
-        elif isinstance(args, TrainingArguments) and not isinstance(args, SFTConfig):
-            values = args.to_dict()
-            values["hub_token"] = args.hub_token  # to_dict hides the hub_token
-            args = SFTConfig(**values)
+        args = self._trl_args(model, args)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
         check_single_dataset(train_dataset, "train_dataset")
-        check_unsupported(args)
         check_text_dataset(train_dataset)
         self.padding_free = args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"})
         if self.padding_free and data_collator is not None:
@@ -95,19 +83,11 @@ class SFTTrainer(Trainer):
             raise ValueError("You passed a `compute_loss_func` together with `loss_type='dft'` to the `SFTTrainer`. "
                              "When using `loss_type='dft'`, the loss function is internally set to the DFT loss, so "
                              "passing a `compute_loss_func` is not allowed.")
-        model = load_model(model, args, quantization_config, "SFTTrainer")
-        if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
-        if peft_config is not None:
-            model = get_peft_model(model, peft_config, seed=args.seed)  # TRL seeds before creating the adapter
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         if args.chat_template_path is not None:
             load_chat_template(processing_class, args.chat_template_path)
-        if data_collator is None and args.pad_token is not None:
-            if args.pad_token not in processing_class.get_vocab():
-                raise ValueError(f"pad_token={args.pad_token!r} is not in the vocabulary of the processing_class "
-                                 f"({type(processing_class).__name__}); pass a token it has.")
-            processing_class.pad_token = args.pad_token
-        self.pad_token_id = pad_token_id_for(processing_class, args.eos_token)
+        self.pad_token_id = self._pad_token_id(processing_class, args.pad_token if data_collator is None else None,
+                                               args.eos_token)
         skip_prepare = bool((args.dataset_kwargs or {}).get("skip_prepare_dataset", False))
         eval_packing = args.packing if args.eval_packing is None else args.eval_packing
 
@@ -125,14 +105,9 @@ class SFTTrainer(Trainer):
                 shuffle_seed=args.seed if args.shuffle_dataset else None)
 
         train_prepared = prepare(train_dataset, args.packing)
-        vocab_size = getattr(model.config, "vocab_size", None)
         largest = max([self.pad_token_id, *(int(np.max(row["input_ids"], initial=0))
                                             for row in SFTRows(train_prepared))])
-        if vocab_size is not None and largest >= vocab_size:
-            raise ValueError(f"token id {largest} is outside the model's vocab_size={vocab_size} (the tokenizer has "
-                             f"{len(processing_class)} tokens; pad token {processing_class.pad_token!r}). Use the "
-                             "tokenizer that belongs to the model, or set tokenizer.pad_token to a token the "
-                             "model knows.")
+        self._check_token_ids(largest, processing_class, {"model": model})
         self._prepare_sft_dataset = prepare
         eval_prepared = map_datasets(eval_dataset, prepare)
         self.padded_length = 1
@@ -153,8 +128,6 @@ class SFTTrainer(Trainer):
         self.router_aux_loss_coef = (getattr(text_config, "router_aux_loss_coef", 0.0) if coefficient is None
                                      else coefficient)
         self.aux_loss_enabled = hasattr(text_config, "output_router_logits") and self.router_aux_loss_coef != 0.0
-        if hasattr(model, "add_model_tags"):
-            model.add_model_tags(self._tag_names)
 
     def _pad_to_fit(self, rows: Iterable[dict]) -> None:
         """Grows the one padded length of every batch (so XLA compiles each step once) to fit ``rows``: the longest

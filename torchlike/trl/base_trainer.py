@@ -1,0 +1,245 @@
+"""``TRLTrainer``: what every TRL trainer shares, on torchlike's ``Trainer``.
+
+The config (the default ``"<model>-<SUFFIX>"`` one, a ``TrainingArguments`` converted, its fields checked once), the
+model (a path or hub id loaded with ``args.model_init_kwargs``, float32 unless they set ``dtype``, as TRL's
+``create_model_from_path``; a LoRA adapter from ``peft_config``; the trainer's tags), the default tokenizer, the pad
+token, the token-id check against every model's vocabulary, ``disable_dropout``, the reference policy
+(``adapters.reference_policy``: a ``ref_model``, the adapter-off base, a frozen copy or the initial weights) with its
+precomputed log-prob columns, and TR-DPO's reference sync. SFT, DPO and GRPO (and each new TRL trainer) are subclasses
+that add their data preparation and step loss.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ..adapters import mesh as mesh_lib
+from ..adapters import reference_policy, reference_sync, train_step
+from ..training import Trainer
+from ..training_args import TrainingArguments
+from .sft_data import pad_token_id_for
+
+__all__ = ["SyncRefModelCallback", "TRLTrainer", "check_reference_sync", "check_text_dataset", "default_output_dir",
+           "load_model"]
+
+
+def default_output_dir(model: Any, suffix: str) -> str:
+    """TRL's default ``output_dir``: ``"<last part of the model id>-<suffix>"`` (e.g. ``"Qwen2.5-0.5B-SFT"``)."""
+    name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
+    return f"{str(name).rstrip('/').split('/')[-1]}-{suffix}"
+
+
+def check_causal_lm(model: Any, name: str, trainer: str) -> None:
+    """Raises ``TypeError`` unless ``model`` is a torchlike causal LM (``CausalLM`` or ``PeftModel``)."""
+    if getattr(model, "family", None) is None:
+        raise TypeError(f"{trainer}'s {name} must be a torchlike causal LM; got {type(model).__name__}. Load it "
+                        "with torchlike.AutoModelForCausalLM.from_pretrained(...).")
+
+
+def load_model(model: Any, args: Any, quantization_config: Any, trainer: str) -> Any:
+    """``model`` as a torchlike model.
+
+    Args:
+        model: a loaded torchlike model, or a path / hub id.
+        args: the trainer config (its ``model_init_kwargs`` apply to a path or hub id).
+        quantization_config: a ``BitsAndBytesConfig``-like request for a path or hub id.
+        trainer: the trainer's name, for messages.
+
+    Returns:
+        The loaded (or given) model.
+    """
+    from .. import AutoModelForCausalLM
+
+    if isinstance(model, str):
+        init_kwargs = dict(args.model_init_kwargs or {})
+        if quantization_config is not None:
+            if "quantization_config" in init_kwargs:
+                raise ValueError("quantization_config was given both to the trainer and in args.model_init_kwargs; "
+                                 "set it in one place, preferably the trainer argument.")
+            init_kwargs["quantization_config"] = quantization_config
+        init_kwargs.setdefault("dtype", "float32")
+        return AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+    if quantization_config is not None:
+        raise ValueError("quantization_config only applies when the model is loaded from a path or hub id (a str); "
+                         "the model passed is already loaded. Pass its path, or omit quantization_config.")
+    if args.model_init_kwargs is not None:
+        warnings.warn("args.model_init_kwargs is ignored: the model is already loaded (pass a path or hub id to "
+                      "load it with these arguments).", UserWarning, stacklevel=3)
+    check_causal_lm(model, "model", trainer)
+    return model
+
+
+def check_text_dataset(dataset: Any) -> None:
+    """TRL's refusal of vision data (an ``image`` or ``images`` column) for a text model: torchlike's models are
+    text-only."""
+    if dataset is None:
+        return
+    names = getattr(dataset, "column_names", None)
+    if names is None:  # a list of rows; a plain iterator is not read, so that no row is consumed
+        first = dataset[0] if isinstance(dataset, list) and dataset else None
+        names = list(first) if isinstance(first, dict) else []
+    if "image" in names or "images" in names:
+        raise ValueError("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the "
+                         "provided model does not seem to be a vision-language model. Please check your model and "
+                         "dataset. (torchlike's model families are text-only.)")
+
+
+def check_reference_sync(args: Any, model: Any, trainer: str) -> None:
+    """TRL's refusal of ``sync_ref_model`` with a LoRA adapter (the reference is the adapter switched off, so there
+    is no reference model to update)."""
+    if getattr(args, "sync_ref_model", False) and hasattr(model, "peft_config"):
+        raise NotImplementedError(
+            "You passed `sync_ref_model=True` while using a PEFT model, which is currently not supported. With PEFT, "
+            f"{trainer} does not keep a separate reference model in memory; instead, it recovers reference behavior "
+            "by temporarily disabling the adapter. As a result, there is no standalone `ref_model` instance to "
+            "synchronize. Use `sync_ref_model=False`, or opt for full fine-tuning if you need a synced reference "
+            "model.")
+
+
+class SyncRefModelCallback(TrainerCallback):
+    """TRL's ``SyncRefModelCallback`` (TR-DPO): after every ``ref_model_sync_steps``-th optimizer step the reference
+    becomes ``ref_model_mixup_alpha * policy + (1 - ref_model_mixup_alpha) * reference``.
+
+    Args:
+        reference: the reference NNX module, updated in place.
+        policy: returns the NNX module being trained.
+    """
+
+    def __init__(self, reference: Any, policy: Callable[[], Any]):
+        self.reference = reference
+        self.policy = policy
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.ref_model_sync_steps == 0:
+            reference_sync.mix_into(self.reference, self.policy(), args.ref_model_mixup_alpha)
+
+
+class TRLTrainer(Trainer):
+    """The base of torchlike's TRL trainers: a subclass calls :meth:`_trl_args` first, its own input checks, then
+    :meth:`_trl_model`, prepares its data, calls ``Trainer.__init__`` and, when it has a reference policy,
+    :meth:`_init_reference`.
+
+    Subclasses set ``_config_class`` (their config), ``_output_suffix`` (TRL's default ``output_dir`` suffix) and
+    ``_tag_names`` (the tags added to the model card).
+    """
+
+    _config_class: type = TrainingArguments
+    _output_suffix: str = "trainer"
+    _tag_names: list[str] = ["trl"]
+
+    @property
+    def _trainer_name(self) -> str:
+        return type(self).__name__
+
+    def _trl_args(self, model: Any, args: Any) -> Any:
+        """The trainer's config: ``args``; ``None`` becomes TRL's default (``output_dir="<model>-<SUFFIX>"``), a
+        ``TrainingArguments`` of another class the trainer's config with its values (as TRL's ``SFTTrainer``). Its
+        fields are checked here, once (ignored fields warn, refused ones raise), and ``Trainer.__init__`` does not
+        check them again."""
+        from ..field_support import check_unsupported
+
+        config_class = self._config_class
+        if args is None:
+            args = config_class(output_dir=default_output_dir(model, self._output_suffix))
+        elif isinstance(args, TrainingArguments) and not isinstance(args, config_class):
+            values = args.to_dict()
+            values["hub_token"] = args.hub_token  # to_dict hides the hub_token
+            args = config_class(**values)
+        check_unsupported(args)
+        self._checked_args = args
+        return args
+
+    def _trl_model(self, model: Any, args: Any, processing_class: Any, peft_config: Any,
+                   quantization_config: Any) -> tuple[Any, Any]:
+        """``(model, processing_class)``: the model loaded (a path or hub id) or checked, a new LoRA adapter added
+        for ``peft_config`` (seeded with ``args.seed``, as TRL seeds before creating it), ``sync_ref_model`` refused
+        with an adapter, the trainer's tags added, and the tokenizer of the model's path when none is given."""
+        from .. import AutoTokenizer
+        from ..peft import get_peft_model
+
+        model = load_model(model, args, quantization_config, self._trainer_name)
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
+        if peft_config is not None:
+            if hasattr(model, "peft_config"):
+                raise ValueError("You passed a `PeftModel` instance together with a `peft_config` to the trainer. "
+                                 "Please first merge and unload the existing adapter, save the resulting base model, "
+                                 "and then pass that base model along with the new `peft_config` to the trainer. (Or "
+                                 "omit peft_config to train the existing adapter.)")
+            model = get_peft_model(model, peft_config, seed=args.seed)
+        check_reference_sync(args, model, self._trainer_name)
+        model.add_model_tags(self._tag_names)
+        return model, processing_class
+
+    @staticmethod
+    def _pad_token_id(tokenizer: Any, pad_token: str | None, eos_token: str | None = None) -> int:
+        """TRL's pad token: ``pad_token`` (the deprecated config field; set on the tokenizer), else the tokenizer's
+        pad token, else ``eos_token`` or the tokenizer's eos token."""
+        if pad_token is not None:
+            if pad_token not in tokenizer.get_vocab():
+                raise ValueError(f"pad_token={pad_token!r} is not in the vocabulary of the processing_class "
+                                 f"({type(tokenizer).__name__}); pass a token it has, or leave pad_token unset to pad "
+                                 "with its pad (or eos) token.")
+            tokenizer.pad_token = pad_token
+        return pad_token_id_for(tokenizer, eos_token)
+
+    @staticmethod
+    def _check_token_ids(largest: int, tokenizer: Any, models: dict[str, Any]) -> None:
+        """Raises ``ValueError`` when ``largest`` (the largest token id the data or the special tokens use) is
+        outside the vocabulary of one of ``models`` (``{"model": ..., "ref_model": ...}``; ``None`` entries are
+        skipped)."""
+        for which, checked in models.items():
+            vocab_size = getattr(getattr(checked, "config", None), "vocab_size", None)
+            if vocab_size is not None and largest >= vocab_size:
+                raise ValueError(f"token id {largest} is outside the {which}'s vocab_size={vocab_size} (the tokenizer "
+                                 f"has {len(tokenizer)} tokens; pad token {tokenizer.pad_token!r}). Use the tokenizer "
+                                 "that belongs to the model, or set tokenizer.pad_token to a token the model knows.")
+
+    def _lora_dropout(self) -> bool:
+        """LoRA dropout in training steps, unless the config sets TRL's ``disable_dropout``."""
+        return super()._lora_dropout() and not getattr(self.args, "disable_dropout", False)
+
+    # ------------------------------------------------------------------ reference policy
+    def _init_reference(self, ref_model: Any = None, *, adapter_off: bool = False,
+                        copy: bool = False) -> reference_policy.ReferencePolicy:
+        """Sets ``self.reference`` (``adapters.reference_policy.choose``) and, with ``args.sync_ref_model``, TRL's
+        ``SyncRefModelCallback`` on it (a separate ``ref_model`` or a frozen copy of the policy).
+
+        Args:
+            ref_model: a separate reference model (placed on the trainer's mesh when it has none).
+            adapter_off: the reference is the policy's base weights (its LoRA adapter off).
+            copy: keep a frozen copy of the initial policy (also implied by ``sync_ref_model``).
+        """
+        sync = bool(getattr(self.args, "sync_ref_model", False))
+        self.reference = reference_policy.choose(self._module, self._trainable_model.family, self.mesh,
+                                                 ref_model=ref_model, adapter_off=adapter_off and not sync,
+                                                 copy=copy or sync)
+        if sync:
+            self.add_callback(SyncRefModelCallback(self.reference.module, lambda: self._module))
+        return self.reference
+
+    def _add_reference_columns(self, examples: list[dict], reference_pass: Callable, names: tuple[str, ...],
+                               per_device_batch_size: int) -> None:
+        """Adds the columns ``names`` to every example: ``reference_pass(module, batch)`` returns one ``[B]`` array
+        per name, run jitted on the reference's mesh one global batch at a time (TRL's ``compute_ref_log_probs``).
+
+        Raises:
+            ValueError: the reference is the initial policy and training has already changed it.
+        """
+        reference = self.reference
+        if not reference.outlives_training and self.state.global_step > 0:
+            raise ValueError("Cannot compute reference log-probabilities for new data after training has started: "
+                             "without ref_model the reference is the initial model, which training has changed "
+                             "(full fine-tuning, or an adapter that was not new). Pass this dataset as eval_dataset "
+                             "when creating the trainer, or pass a ref_model.")
+        step = train_step.make_eval_step(reference_pass, self._compute_dtype())
+        size = per_device_batch_size * mesh_lib.data_parallel_size(reference.mesh)
+        outputs = self._run_in_batches(examples, step, reference.module, reference.mesh, size, "reference")
+        for start, values in zip(range(0, len(examples), size), outputs, strict=True):
+            for offset, example in enumerate(examples[start:start + size]):
+                for name, column in zip(names, values, strict=True):
+                    example[name] = float(column[offset])

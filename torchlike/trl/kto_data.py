@@ -1,0 +1,348 @@
+"""Unpaired preference data for KTO: TRL 1.16's formats turned into prompt/completion token ids with their KL
+completions, then fixed-shape batches.
+
+This module reimplements what ``trl.KTOTrainer._prepare_dataset`` and ``DataCollatorForUnpairedPreference`` do (TRL is
+not a runtime dependency), with one change a JAX step needs: every batch is padded to one length, so XLA compiles once.
+
+Formats (decided from the first example; every later example must have the same layout):
+
+- ``prompt``, ``completion`` and ``label``: unpaired, standard (strings) or conversational (message lists rendered
+  with the chat template; an optional ``tools`` and ``chat_template_kwargs`` column are passed to it). ``label`` is
+  True (or 1) for a desirable completion, False (or 0) for an undesirable one.
+- ``prompt``, ``chosen``, ``rejected``, or ``chosen`` and ``rejected`` with the prompt implicit (split off as TRL's
+  ``extract_prompt`` does): paired preference data, unpaired as TRL's ``unpair_preference_dataset`` does. That is a
+  ``datasets.map`` with batches of 1000 pairs, so within each block of 1000 pairs come first the chosen completions
+  (label True), then the rejected ones (label False).
+
+Standard completions get ``eos`` appended when missing. The prompt and the prompt + completion are tokenised; the
+completion starts where they diverge (a warning says so once when tokens merge across the boundary). With
+``max_length``, examples whose prompt alone fills it are dropped (with a warning; TRL drops them silently), and the
+collator keeps the first ``max_length`` tokens of each sequence.
+
+KL completions (loss types that estimate the KL term): the prepared examples are cut, in order, into consecutive
+chunks of ``per_device_train_batch_size`` and each example of a chunk takes the completion of the example before it
+(the first takes the last's): ``(x_1, y_n), (x_2, y_1), ..., (x_n, y_{n-1})``. With ``dataset_num_proc`` on a
+``datasets.Dataset`` (or a list), TRL's maps run on contiguous shards, one per process, and these chunks and the
+1000-pair blocks restart at each shard; this is reproduced.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base_config import round_up_to_multiple
+from .dpo_data import _MAX_DROP_WARNINGS, PreferenceDataWarning, _sequence, _window, extract_prompt
+from .sft_data import _columns, _common_prefix_length, _describe, _is_message_list, chat_template_kwargs_for
+
+__all__ = [
+    "ACCEPTED_FORMATS",
+    "check_desirability_balance",
+    "collate_unpaired_batch",
+    "padded_length",
+    "prepare_unpaired_examples",
+]
+
+ACCEPTED_FORMATS = (
+    "unpaired, standard: 'prompt' and 'completion' strings and a boolean 'label' (True: desirable completion)",
+    "unpaired, conversational: 'prompt' and 'completion' lists of {'role', 'content'} messages and a boolean 'label'",
+    "paired preference: 'prompt', 'chosen' and 'rejected' (strings or message lists), or 'chosen' and 'rejected' "
+    "with the prompt implicit; each pair becomes a desirable and an undesirable example",
+)
+
+#: Pairs per ``datasets.map`` batch when TRL unpairs a preference dataset (``datasets``' default ``batch_size``).
+UNPAIR_BLOCK_SIZE = 1000
+_PROMPT_COLUMNS = ("prompt", "completion")
+
+
+def _format_error(columns: Sequence[str], detail: str) -> ValueError:
+    formats = "\n".join(f"  - {fmt}" for fmt in ACCEPTED_FORMATS)
+    return ValueError(f"The KTO dataset {detail}. Found columns: {list(columns)}. Accepted formats:\n{formats}")
+
+
+def _shards(length: int, num_proc: int | None) -> list[range]:
+    """The contiguous row ranges ``datasets.Dataset.map(num_proc=...)`` hands its processes (``Dataset.shard`` with
+    ``contiguous=True``; ``num_proc`` is reduced to the number of rows)."""
+    count = max(1, min(num_proc or 1, length))
+    size, extra = divmod(length, count)
+    starts = [size * index + min(index, extra) for index in range(count + 1)]
+    return [range(start, end) for start, end in zip(starts, starts[1:], strict=False)]
+
+
+def _blocks(length: int, block_size: int, num_proc: int | None) -> Iterable[range]:
+    """The batches of a batched ``datasets.map``: consecutive blocks of ``block_size`` rows within each shard."""
+    for shard in _shards(length, num_proc):
+        for start in range(shard.start, shard.stop, block_size):
+            yield range(start, min(start + block_size, shard.stop))
+
+
+def _unpaired(rows: Sequence[Mapping[str, Any]], num_proc: int | None) -> list[dict[str, Any]]:
+    """TRL's ``unpair_preference_dataset``: per block of pairs, the chosen rows (label True), then the rejected
+    rows (label False); other columns are copied to both."""
+    unpaired = []
+    for block in _blocks(len(rows), UNPAIR_BLOCK_SIZE, num_proc):
+        for response, label in (("chosen", True), ("rejected", False)):
+            for index in block:
+                row = {key: value for key, value in rows[index].items() if key not in ("chosen", "rejected")}
+                unpaired.append({**row, "completion": rows[index][response], "label": label})
+    return unpaired
+
+
+def _label(value: Any, index: int) -> bool:
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"Example {index}: 'label' should be True (desirable completion) or False (undesirable); "
+                     f"found {value!r}.")
+
+
+class _UnpairedTokenizer:
+    """Settings resolved from the first example; turns one unpaired example into ``prompt_ids``/``completion_ids``."""
+
+    def __init__(self, tokenizer: Any, first: Mapping[str, Any]):
+        self.tokenizer = tokenizer
+        self.conversational = _is_message_list(first["prompt"]) or _is_message_list(first["completion"])
+        self.prefix_warned = False
+        if self.conversational and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"The KTO dataset is conversational (message lists), but the tokenizer "
+                             f"({type(tokenizer).__name__}) has no chat template to render it. Set one with "
+                             "`tokenizer.chat_template = '<jinja template>'`, e.g. the template of the model family "
+                             "you train.")
+        if not self.conversational and not tokenizer.eos_token:
+            raise ValueError(f"The tokenizer ({type(tokenizer).__name__}) has no eos_token, and standard "
+                             "(non-conversational) KTO completions get one appended so the model learns to stop. Set "
+                             "tokenizer.eos_token.")
+
+    def check_layout(self, example: Mapping[str, Any], index: int) -> None:
+        missing = [key for key in (*_PROMPT_COLUMNS, "label") if key not in example]
+        if missing:
+            raise _format_error(list(example), f"example {index} has no {missing} (the first example has "
+                                               "'prompt', 'completion' and 'label')")
+        matches = _is_message_list if self.conversational else (lambda value: isinstance(value, str))
+        if not all(matches(example[key]) or (self.conversational and example[key] == []) for key in _PROMPT_COLUMNS):
+            expected = "lists of {'role', 'content'} messages" if self.conversational else "strings"
+            found = ", ".join(f"{key} is {_describe(example[key])}" for key in _PROMPT_COLUMNS)
+            raise ValueError(f"Example {index}: prompt and completion should both be {expected}, like the first "
+                             f"example; found {found}.")
+
+    def _ids(self, value: Any, template_kwargs: Mapping[str, Any], **kwargs: Any) -> list[int]:
+        if self.conversational:
+            out = self.tokenizer.apply_chat_template(value, tokenize=True, return_dict=True, **template_kwargs,
+                                                     **kwargs)
+        else:
+            out = self.tokenizer(text=value)
+        return list(out["input_ids"])
+
+    def __call__(self, example: Mapping[str, Any], index: int) -> dict[str, Any]:
+        prompt, completion = example["prompt"], example["completion"]
+        if self.conversational:
+            template_kwargs = chat_template_kwargs_for(example)
+            prompt_ids = self._ids(prompt, template_kwargs, add_generation_prompt=True)
+        else:
+            template_kwargs = {}
+            eos = self.tokenizer.eos_token
+            completion = completion if completion.endswith(eos) else completion + eos
+            prompt_ids = self._ids(prompt, template_kwargs)
+        full_ids = self._ids(prompt + completion, template_kwargs)
+        prompt_length = _common_prefix_length(prompt_ids, full_ids)
+        if prompt_length < len(prompt_ids) and not self.prefix_warned:
+            self.prefix_warned = True
+            warnings.warn(
+                f"Example {index}: the tokenised prompt is not a prefix of the tokenised prompt + completion (tokens "
+                "merge across the boundary, or the chat template renders the prompt alone differently); the "
+                "completion starts where they diverge, and the prompt's tail "
+                f"{self.tokenizer.decode(prompt_ids[prompt_length:])!r} is not in the training sequence. End prompts "
+                "on a token boundary to avoid it. Shown once; it likely applies to other examples.",
+                PreferenceDataWarning, stacklevel=4)
+        return {"prompt_ids": prompt_ids[:prompt_length], "completion_ids": full_ids[prompt_length:],
+                "label": _label(example["label"], index)}
+
+
+def _unpaired_rows(dataset: Iterable[Mapping[str, Any]], num_proc: int | None) -> list[dict[str, Any]]:
+    """The dataset's rows in TRL's unpaired layout (``prompt``, ``completion``, ``label`` and the other columns)."""
+    rows = list(dataset)
+    if not rows:
+        raise ValueError(f"The KTO dataset is empty ({type(dataset).__name__} with no examples); pass at least one "
+                         "example.")
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise TypeError(f"Example {index} should be a dict of columns; found {_describe(row)}.")
+    first, columns = rows[0], _columns(dataset, rows[0])
+    paired = "chosen" in first and "rejected" in first
+    if "prompt" not in first:
+        if not paired:
+            raise _format_error(columns, "has no 'prompt' column, and its prompt cannot be extracted: that needs "
+                                         "paired 'chosen' and 'rejected' columns")
+        rows = [{**row, **extract_prompt(row)} for row in rows]
+    if paired:
+        return _unpaired(rows, num_proc)
+    missing = [key for key in ("completion", "label") if key not in first]
+    if missing:
+        raise _format_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column")
+    return rows
+
+
+def _with_kl_completions(examples: list[dict[str, Any]], chunk_size: int, num_proc: int | None) -> None:
+    """Adds ``KL_completion_ids`` in place: within each chunk, the completion of the example before (TRL's rotation
+    by one)."""
+    for chunk in _blocks(len(examples), chunk_size, num_proc):
+        completions = [examples[index]["completion_ids"] for index in chunk]
+        for index, completion in zip(chunk, completions[-1:] + completions[:-1], strict=True):
+            examples[index]["KL_completion_ids"] = completion
+
+
+def _tokenized(dataset: Any, rows: list[dict[str, Any]], tokenize: _UnpairedTokenizer,
+               num_proc: int | None) -> Iterable[Mapping[str, Any]]:
+    """The tokenised rows; through ``datasets.Dataset.map(num_proc=...)`` when asked and ``dataset`` is one."""
+    if num_proc and num_proc > 1 and hasattr(dataset, "map") and hasattr(dataset, "column_names"):
+        import datasets
+
+        return datasets.Dataset.from_list(rows).map(lambda row, index: tokenize(row, index), with_indices=True,
+                                                   num_proc=num_proc, remove_columns=list(rows[0]))
+    return (tokenize(row, index) for index, row in enumerate(rows))
+
+
+def prepare_unpaired_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int | None,
+                              kl_chunk_size: int | None, num_proc: int | None = None) -> list[dict[str, Any]]:
+    """Tokenises a KTO dataset the way ``trl.KTOTrainer`` (1.16) prepares it, KL completions included.
+
+    Args:
+        dataset (`datasets.Dataset`, `datasets.IterableDataset` or an iterable of dicts): Examples in one of
+            ``ACCEPTED_FORMATS``. They are never modified.
+        tokenizer (`transformers.PreTrainedTokenizerBase`): Tokenises strings with ``tokenizer(text=...)`` (special
+            tokens included, as TRL does) and message lists with ``tokenizer.apply_chat_template``.
+        max_length (`int` or `None`): Examples whose prompt alone has ``max_length`` tokens or more are dropped
+            (truncation would leave no completion token).
+        kl_chunk_size (`int` or `None`): ``per_device_train_batch_size``, the size of the chunks within which the
+            completions are rotated to build the KL completions (TRL uses the training batch size for evaluation
+            data too); ``None`` when the loss type does not estimate the KL term (no ``KL_completion_ids``).
+        num_proc (`int`, *optional*): ``dataset_num_proc``. On a ``datasets.Dataset`` (or a list) it tokenises in
+            that many processes and, as in TRL, the unpairing blocks and KL chunks restart at each process's shard;
+            an ``IterableDataset`` ignores it, as in TRL.
+
+    Returns:
+        `list[dict]`: ``{"prompt_ids", "completion_ids", "label"}`` (lists of ints, a bool) per kept example, plus
+        ``"KL_completion_ids"`` with ``kl_chunk_size``; the sequences scored are ``prompt_ids + completion_ids`` and
+        ``prompt_ids + KL_completion_ids``.
+
+    Raises:
+        ValueError: an empty dataset, missing columns (a missing ``label`` included; the message lists the columns
+            found and the accepted formats), mixed layouts, labels that are not booleans, conversational data
+            without a chat template, or every example dropped.
+    """
+    import datasets
+
+    if isinstance(dataset, datasets.IterableDataset):
+        num_proc = None  # TRL passes num_proc to map only for a map-style Dataset
+    rows = _unpaired_rows(dataset, num_proc)
+    tokenize = _UnpairedTokenizer(tokenizer, rows[0])
+    for index, row in enumerate(rows):
+        tokenize.check_layout(row, index)
+    kept, dropped = [], 0
+    for index, example in enumerate(_tokenized(dataset, rows, tokenize, num_proc)):
+        prompt = len(example["prompt_ids"])
+        if max_length is not None and prompt >= max_length:
+            dropped += 1
+            if dropped <= _MAX_DROP_WARNINGS:
+                warnings.warn(f"Example {index} is dropped: its prompt has {prompt} tokens, so truncation to "
+                              f"max_length={max_length} leaves no completion token. Raise max_length or shorten the "
+                              "prompt.", PreferenceDataWarning, stacklevel=2)
+            continue
+        kept.append({"prompt_ids": list(example["prompt_ids"]), "completion_ids": list(example["completion_ids"]),
+                     "label": bool(example["label"])})
+    if not kept:
+        raise ValueError(f"All {dropped} examples of the KTO dataset were dropped: every prompt fills "
+                         f"max_length={max_length}. Raise max_length above the prompt lengths or shorten the prompts.")
+    if kl_chunk_size is not None:
+        _with_kl_completions(kept, kl_chunk_size, num_proc)
+    return kept
+
+
+def check_desirability_balance(labels: Sequence[bool], desirable_weight: float, undesirable_weight: float) -> None:
+    """TRL's warning when desirable and undesirable examples are unbalanced and neither weight is in the range Eq. (8)
+    of the KTO paper recommends for that ratio.
+
+    Args:
+        labels (`Sequence[bool]`): The training examples' labels.
+        desirable_weight (`float`), undesirable_weight (`float`): The ``KTOConfig`` fields.
+    """
+    num_desirable = max(sum(bool(label) for label in labels), 1)
+    num_undesirable = max(len(labels) - num_desirable, 1)
+    if num_desirable == num_undesirable:
+        return
+    desirable_low = round(num_undesirable * undesirable_weight / num_desirable, 2)
+    desirable_high = round(num_undesirable * undesirable_weight / num_desirable * 1.33, 2)
+    undesirable_low = round(num_desirable * desirable_weight / num_undesirable / 1.33, 2)
+    undesirable_high = round(num_desirable * desirable_weight / num_undesirable, 2)
+    if not (desirable_low <= desirable_weight <= desirable_high
+            or undesirable_low <= undesirable_weight <= undesirable_high):
+        warnings.warn("You have different amounts of desirable/positive and undesirable/negative examples but the "
+                      "weights on the desirable and undesirable losses don't seem to be in an ideal range. Based on "
+                      f"your data, we recommend EITHER desirable_weight in [{desirable_low}, {desirable_high}] or "
+                      f"undesirable_weight in [{undesirable_low}, {undesirable_high}] (but NOT BOTH). See the "
+                      "documentation on how to optimally set these weights.", UserWarning, stacklevel=2)
+
+
+def _responses(examples: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    return ("completion", "KL_completion") if examples and "KL_completion_ids" in examples[0] else ("completion",)
+
+
+def padded_length(examples: Sequence[Mapping[str, Any]], max_length: int | None,
+                  pad_to_multiple_of: int | None = None) -> int:
+    """The one length every batch is padded to: the longest truncated sequence (completion or KL), rounded up.
+
+    Args:
+        examples (`Sequence[dict]`): Outputs of [`prepare_unpaired_examples`].
+        max_length (`int` or `None`): Truncation length (``None``: none).
+        pad_to_multiple_of (`int`, *optional*): Round the length up to a multiple of it.
+
+    Returns:
+        `int`: The padded length for [`collate_unpaired_batch`].
+    """
+    window = _window(max_length, "keep_start")
+    longest = max((len(_sequence(example, response, window)[0]) for example in examples
+                   for response in _responses(examples)), default=1)
+    return round_up_to_multiple(longest, pad_to_multiple_of)
+
+
+def collate_unpaired_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, length: int,
+                           max_length: int | None = None) -> dict[str, np.ndarray]:
+    """Truncates and right-pads prepared examples to a fixed batch, as TRL's ``DataCollatorForUnpairedPreference``
+    with a fixed length.
+
+    Args:
+        examples (`Sequence[dict]`): Outputs of [`prepare_unpaired_examples`], optionally with float ``ref_logps``
+            and ``ref_KL_logps``.
+        pad_token_id (`int`): Fills ``input_ids`` and ``KL_input_ids`` past each sequence.
+        length (`int`): The padded length (see [`padded_length`]).
+        max_length (`int` or `None`, *optional*): Each sequence keeps its first ``max_length`` tokens.
+
+    Returns:
+        `dict[str, np.ndarray]`: int32 ``[B, length]`` ``input_ids``, ``attention_mask`` (1 on real tokens) and
+        ``completion_mask`` (1 on completion tokens), the same with a ``KL_`` prefix when the examples have KL
+        completions, bool ``[B]`` ``label``, and float32 ``[B]`` ``ref_logps``/``ref_KL_logps`` when the examples
+        have them.
+    """
+    window = _window(max_length, "keep_start")
+    batch: dict[str, np.ndarray] = {}
+    for response in _responses(examples):
+        prefix = response.removesuffix("completion")
+        input_ids = np.full((len(examples), length), pad_token_id, dtype=np.int32)
+        attention_mask = np.zeros((len(examples), length), dtype=np.int32)
+        completion_mask = np.zeros((len(examples), length), dtype=np.int32)
+        for row, example in enumerate(examples):
+            ids, mask = _sequence(example, response, window)
+            if len(ids) > length:
+                raise ValueError(f"Example {row} of the batch has a {len(ids)}-token {response} sequence, more than "
+                                 f"the padded length {length}; compute the length with padded_length(...).")
+            input_ids[row, :len(ids)], attention_mask[row, :len(ids)], completion_mask[row, :len(ids)] = ids, 1, mask
+        batch.update({f"{prefix}input_ids": input_ids, f"{prefix}attention_mask": attention_mask,
+                      f"{prefix}completion_mask": completion_mask})
+    batch["label"] = np.asarray([bool(example["label"]) for example in examples], dtype=bool)
+    for key in ("ref_logps", "ref_KL_logps"):
+        if examples and key in examples[0]:
+            batch[key] = np.asarray([example[key] for example in examples], dtype=np.float32)
+    return batch
+

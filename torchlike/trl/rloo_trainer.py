@@ -1,0 +1,102 @@
+"""``RLOOTrainer``: TRL 1.16's REINFORCE Leave-One-Out trainer, with TRL's constructor, on GRPO's rollout.
+
+Generation, reward functions, ``rollout_func``, the reference policy and the batch schedule are
+:class:`~torchlike.trl.GRPOTrainer`'s. What RLOO changes, as TRL 1.16's ``RLOOTrainer``: the sampling policy's
+summed completion log-probabilities are stored with every generation batch; with ``beta != 0`` each completion's
+reward loses ``beta x sum_t log(pi_old / pi_ref)``; the advantage is the reward minus the mean reward of the other
+completions of its prompt (``adapters.rl_math.rloo_advantages``, optionally normalised over the batch); the loss is a
+PPO-clipped objective on sequence ratios, averaged over sequences (``adapters.tunix_grpo.rloo_step_loss``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..adapters import rl_math, tunix_grpo
+from ..adapters.lora import runtime as lora_runtime
+from .grpo_trainer import GRPOTrainer
+from .rloo_config import RLOOConfig
+
+__all__ = ["RLOOTrainer"]
+
+
+class RLOOTrainer(GRPOTrainer):
+    """``trl.RLOOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
+
+    Args:
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+            ``args.model_init_kwargs`` (float32 unless ``dtype`` is given, as in TRL).
+        reward_funcs: a function or a list of them, called as in :class:`~torchlike.trl.GRPOTrainer`
+            (``f(prompts=..., completions=..., completion_ids=..., <dataset columns>=..., **)``, one ``float`` or
+            ``None`` per completion).
+        args: :class:`~torchlike.trl.RLOOConfig` (default: ``RLOOConfig("<model>-RLOO")``).
+        train_dataset, eval_dataset: rows with a ``prompt`` (text or chat messages) and any other columns the reward
+            functions read.
+        processing_class: the tokenizer (default: loaded from the model's path).
+        reward_processing_classes: only for reward models given by id.
+        callbacks, optimizers: as for :class:`~torchlike.Trainer`.
+        quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
+        peft_config: a :class:`~torchlike.peft.LoraConfig`; the reference (``beta != 0``) is then the base weights
+            with the adapter off.
+        rollout_func: TRL's ``rollout_func(prompts, trainer) -> dict`` (see :class:`~torchlike.trl.GRPOTrainer`).
+
+    Example:
+
+    ```python
+    >>> from torchlike.trl import RLOOConfig, RLOOTrainer
+    >>> def short(completions, **kwargs):
+    ...     return [-len(text) / 100 for text in completions]
+    >>> trainer = RLOOTrainer("path/to/qwen2", reward_funcs=short, train_dataset=[{"prompt": "Hi"}] * 64,
+    ...                       args=RLOOConfig("out", max_completion_length=32))
+    >>> trainer.train()
+    ```
+    """
+
+    _config_class = RLOOConfig
+    _output_suffix = "RLOO"
+    _tag_names = ["trl", "rloo"]
+
+    def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
+                 callbacks: list | None = None, optimizers: tuple = (None, None), quantization_config: Any = None,
+                 peft_config: Any = None, rollout_func: Callable | None = None):
+        super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class,
+                         reward_processing_classes=reward_processing_classes, callbacks=callbacks,
+                         optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config,
+                         rollout_func=rollout_func)
+
+    def _check_algorithm(self, args: Any, model: Any) -> None:
+        self._check_reference_use(args)
+
+    def _loss(self) -> tuple[Callable, None]:
+        epsilon_high = self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon
+        return tunix_grpo.rloo_step_loss(self.model.family, self.sampling.temperature, self.args.epsilon,
+                                         epsilon_high), None
+
+    def _advantages(self, rewards: np.ndarray, num_generations: int, batch: dict[str, np.ndarray],
+                    train: bool) -> tuple[np.ndarray, dict]:
+        """TRL's RLOO advantages. In training the sampling policy's summed log-probabilities are stored in
+        ``batch["old_logps"]`` and, with ``beta != 0``, the KL penalty ``sum_t (log pi_old - log pi_ref)`` enters
+        the rewards (logged as ``kl``, the per-token mean). Evaluation scores the rewards alone."""
+        args = self.args
+        kl = None
+        if train:
+            old = self._log_probs(batch, lora_runtime.EVAL, self._module)  # [N, C], 0 outside the completion
+            batch["old_logps"] = old.sum(axis=1)
+            if self.reference is not None:
+                per_token_kl = (old - self._log_probs(batch, self.reference.lora, self.reference.module))
+                per_token_kl = per_token_kl * batch["completion_mask"]
+                kl = per_token_kl.sum(axis=1)
+                tokens = max(float(batch["completion_mask"].sum()), 1.0)
+                self._pending_metrics.setdefault("kl", []).append(float(kl.sum() / tokens))
+        return rl_math.rloo_advantages(rewards, num_generations, reward_weights=args.reward_weights,
+                                       reward_clip_range=args.reward_clip_range, kl=kl, beta=args.beta,
+                                       normalize_advantages=args.normalize_advantages)
+
+    def _add_step_columns(self, batch: dict[str, np.ndarray]) -> None:
+        """Nothing beyond ``old_logps`` (added with the advantages): RLOO's loss has no token normaliser and no
+        reference term."""
