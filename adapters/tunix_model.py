@@ -1,7 +1,8 @@
 """Tunix NNX models in and out: built from HF weights (tensor by tensor, sharded on a mesh), read back out, run.
 
-The family table says which HF tensor each parameter is. The forward helpers give Tunix's decoders what they
-take for a padded batch: positions that count real tokens and a causal mask that hides padding.
+The family table says which HF tensor each parameter is, and ``weight_plan`` routes and places each one. The forward
+helpers give Tunix's decoders what they take for a padded batch: positions that count real tokens and a causal mask
+that hides padding.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from .hf_checkpoint import TensorSpec
 from .lora.runtime import lora_mode
 from .multihost import gather_to_host
 from .nnx_state import flat_variables
-from .runtime.tracing import fast_tracing, record_trace
+from .runtime.tracing import fast_tracing
+from .weight_plan import Assembly, Target, route
 
 
 class WeightShapeError(ValueError):
@@ -102,9 +104,9 @@ def load_weights(
 ) -> nnx.Module:
     """Creates the Tunix module and fills it from HF tensors, one tensor at a time.
 
-    Each tensor is transformed to the NNX layout, cast to ``dtype`` and placed straight
-    on its device(s) (``NamedSharding`` from the Tunix partition specs when ``mesh`` is
-    given) before the next is read, so the host holds one tensor at a time.
+    Each tensor is routed through the weight plan (:mod:`adapters.weight_plan`), transformed to the NNX layout,
+    cast to ``dtype`` and placed straight on its device(s) (``NamedSharding`` from the Tunix partition specs when
+    ``mesh`` is given) before the next is read, so the host holds one tensor at a time.
 
     Args:
         family: the family table.
@@ -123,45 +125,31 @@ def load_weights(
     """
     graphdef, state, specs = abstract_model_parts(family, hf_config, dtype)
     variables = flat_variables(state, ...)
-    pending_stacks: dict[str, list] = {}
+    targets = {path: Target(tuple(variable.get_value().shape), np.dtype(dtype), _sharding_for(specs.get(path), mesh))
+               for path, variable in variables.items()}
+    assembly = Assembly()
     filled: set[str] = set()
     unexpected: list[str] = []
-    np_dtype = np.dtype(dtype)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
 
     for hf_name, array, file in tensors:
-        found = family.hf_to_nnx(hf_name)
-        if found is None or found[0] not in variables:
+        found = route(family, variables, hf_name)
+        if found is None or found.target not in variables:
             if family.is_ignored(hf_name) or (tied and hf_name == "lm_head.weight"):
                 continue
             unexpected.append(hf_name)
             continue
-        nnx_path, rule = found
-        variable = variables[nnx_path]
-        target_shape = tuple(variable.get_value().shape)
-        part_shape = target_shape[1:] if rule.stack else target_shape
-        expected = rule.layout.hf_shape(part_shape)
-        if tuple(array.shape) != expected:
+        target = targets[found.target]
+        if tuple(array.shape) != found.shape(target.shape):
             raise WeightShapeError(
                 f"{file}: tensor {hf_name!r} has shape {tuple(array.shape)} but config.json implies "
-                f"{expected} (for {nnx_path}, NNX shape {target_shape}). Check {_config_hint(nnx_path)} "
-                "in config.json against the weights, or pass the matching config."
+                f"{found.shape(target.shape)} (for {found.target}, NNX shape {target.shape}). Check "
+                f"{_config_hint(found.target)} in config.json against the weights, or pass the matching config."
             )
-        sharding = _sharding_for(specs.get(nnx_path), mesh)
-        if rule.stack:
-            index, count = rule.stack
-            parts = pending_stacks.setdefault(nnx_path, [None] * count)
-            parts[index] = _to_nnx_on_device(rule.layout, part_shape, np_dtype, None)(jax.device_put(array))
-            if any(part is None for part in parts):
-                continue
-            value = _stack_on_device(sharding)(*pending_stacks.pop(nnx_path))
-        elif rule.layout.moves_axes or array.dtype != np_dtype:
-            # Transposes and casts run on the device: XLA moves bf16 data several times faster than numpy.
-            value = _to_nnx_on_device(rule.layout, part_shape, np_dtype, sharding)(jax.device_put(array))
-        else:
-            value = jax.device_put(array, sharding)
-        variable.set_value(value)
-        filled.add(nnx_path)
+        value = assembly.add(found, array, target)
+        if value is not None:
+            variables[found.target].set_value(value)
+            filled.add(found.target)
         del array, value  # release this tensor's host buffer before the next one is read
 
     missing = [name for name in variables if name not in filled]
@@ -182,44 +170,11 @@ def load_weights(
 
 
 @functools.cache
-def _to_nnx_on_device(layout, nnx_shape: tuple[int, ...], dtype: np.dtype, sharding):
-    """A jitted HF -> NNX layout transform and cast, compiled once per (layout, shape, dtype, sharding) in a
-    process (and found in the persistent compilation cache by the next process)."""
-
-    def to_nnx(hf):
-        record_trace("weight_transform", {"layout": type(layout).__name__, "hf": hf, "dtype": dtype})
-        return layout.to_nnx(hf, nnx_shape).astype(dtype)
-
-    return jax.jit(to_nnx, out_shardings=sharding)
-
-
-@functools.cache
-def _stack_on_device(sharding):
-    def stack(*parts):
-        record_trace("weight_transform", {"layout": "stack", "parts": len(parts), "part": parts[0]})
-        return jnp.stack(parts)
-
-    return jax.jit(stack, out_shardings=sharding)
-
-
-@functools.cache
 def _to_hf_on_device(layout, stack_index: int | None):
     def to_hf(array):
         return layout.to_hf(array if stack_index is None else array[stack_index])
 
     return jax.jit(to_hf)
-
-
-def place_hf_tensor(rule, array, part_shape: tuple[int, ...], dtype, sharding) -> jax.Array:
-    """One HF-layout tensor converted to its NNX layout and ``dtype``, placed in ``sharding``."""
-    if not rule.layout.moves_axes and array.dtype == np.dtype(dtype):
-        return jax.device_put(array, sharding)
-    return _to_nnx_on_device(rule.layout, tuple(part_shape), np.dtype(dtype), sharding)(jax.device_put(array))
-
-
-def stack_on_device(parts: list, sharding) -> jax.Array:
-    """Stacks NNX-layout parts on a new leading axis, in ``sharding`` (Gemma's fused k/v weight)."""
-    return _stack_on_device(sharding)(*parts)
 
 
 def _natural_key(name: str) -> list:

@@ -48,7 +48,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "google-tunix", "<=0.1.7",
         "Gemma3 builds a fused qkv_einsum when num_kv_heads == num_heads and fixes the 5:1 sliding/global layer "
         "pattern; the layers are rebuilt to follow config.layer_types with separate q/kv weights.",
-        ("adapters/families/gemma3.py:_split_fused_qkv", "adapters/families/gemma3.py:build_model"),
+        ("adapters/families/base.py:split_fused_qkv", "adapters/families/gemma3.py:build_model"),
     ),
     Workaround(
         "google-tunix", "<=0.1.7",
@@ -58,7 +58,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "num_heads; the attention is subclassed with the window on cache slots, the query scalar and "
         "adapters.rope, and the q/kv weights are split.",
         ("adapters/families/gemma2.py:Gemma2Attention", "adapters/families/gemma2.py:build_model",
-         "adapters/families/gemma2.py:_split_fused_qkv"),
+         "adapters/families/base.py:split_fused_qkv"),
     ),
     Workaround(
         "google-tunix", "<=0.1.7",

@@ -1,31 +1,28 @@
 """``state_dict()`` / ``load_state_dict()`` with PyTorch's semantics and the tree surgery done for you.
 
 ``load_state_dict`` accepts a torchlike state dict, a lazy checkpoint from :func:`torchlike.load`
-(only the needed arrays are read, straight into the model's sharding), a ``transformers``
-torch ``state_dict()`` or a safetensors dict (translated through the family table), nested
-dicts and int key parts, ``model.``/``base_model.model.`` prefixes, ``key_map`` regex renames,
-LoRA factors the model lacks (reported, or folded in with ``merge_lora=True``) and dtype casts.
+(only the needed arrays are read, straight into the model's sharding), a ``transformers`` torch
+``state_dict()``, a safetensors dict or a PEFT adapter's tensors (translated through the family
+table), nested dicts and int key parts, ``model.``/``base_model.model.`` prefixes, ``key_map`` regex
+renames, LoRA factors the model lacks (reported, or folded in with ``merge_lora=True``) and dtype
+casts. Which key fills which parameter, and how, is ``adapters.weight_plan``'s; this module keeps
+torch's semantics: ``strict``, the ``IncompatibleKeys`` report and torch's message layout.
 """
 
 from __future__ import annotations
 
-import re
 from collections import namedtuple
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 
-from .adapters import hf_checkpoint, tunix_model
+from .adapters import hf_checkpoint, weight_plan
 from .adapters.lora.merge import merge_factors
-from .adapters.nnx_state import ParameterSlot, dotted_path, parameter_slots
+from .adapters.nnx_state import dotted_path, parameter_slots
 
 __all__ = ["IncompatibleKeys", "StateDict", "load_state_dict", "state_dict"]
-
-_PREFIXES = ("base_model.model.", "model.", "module.")
-_LORA_KEY = re.compile(r"^(?P<weight>.+)_lora_(?P<factor>[ab])$")
 
 
 class IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
@@ -65,16 +62,6 @@ def state_dict(model) -> StateDict:
     return StateDict({name: slot.get() for name, slot in parameter_slots(model.module).items()}, metadata=metadata)
 
 
-@dataclass
-class _Source:
-    """Where a model parameter's value comes from in the checkpoint."""
-
-    keys: list[Any]
-    names: list[str]
-    rule: Any = None  # a family WeightRule when the keys are HF names
-    parts: list[Any] = field(default_factory=list)
-
-
 def _flatten(mapping: Mapping, lazy: bool) -> list[tuple[Any, str, Any]]:
     """``(original key, dotted string name, value or None when lazy)``, recursing into nested dicts."""
     entries = []
@@ -89,22 +76,6 @@ def _flatten(mapping: Mapping, lazy: bool) -> list[tuple[Any, str, Any]]:
     return entries
 
 
-def _apply_key_map(name: str, key_map: Mapping[str, str] | None) -> str:
-    for pattern, replacement in (key_map or {}).items():
-        name = re.sub(pattern, replacement, name)
-    return name
-
-
-def _route(original_name: str, renamed: str, matched: str, translated: bool = False) -> str:
-    """How a checkpoint key reached the model: ``key_map``, a stripped prefix, the family's HF-name table, or as is."""
-    steps = ["key_map"] if renamed != original_name else []
-    if matched != renamed:
-        steps.append(f"prefix {renamed[:len(renamed) - len(matched)]!r} stripped")
-    if translated:
-        steps.append("HF name translated")
-    return " then ".join(steps) or "as is"
-
-
 def _as_array(value: Any, key: str):
     if hasattr(value, "detach") and hasattr(value, "cpu"):
         value = hf_checkpoint.torch_to_numpy(value)
@@ -116,7 +87,7 @@ def _as_array(value: Any, key: str):
 
 
 def _shape_hint(name: str, checkpoint_shape: tuple, model_shape: tuple) -> str:
-    lora = _LORA_KEY.match(name)
+    lora = weight_plan.LORA_FACTOR.match(name)
     if lora:
         rank_axis = -1 if lora["factor"] == "a" else 0
         return (f" Likely cause: LoRA rank {checkpoint_shape[rank_axis]} in checkpoint, {model_shape[rank_axis]} in "
@@ -146,128 +117,70 @@ def load_state_dict(
                          "load it into a model of the same family (and size).")
     lazy = hasattr(state_dict, "restore") and hasattr(state_dict, "shape_dtype")
     slots = parameter_slots(model.module)
-    sources: dict[str, _Source] = {}
-    lora_factors: dict[str, dict[str, tuple[Any, str]]] = {}
-    unexpected: list[str] = []
-    claimed: dict[str, dict[Any, tuple[str, str]]] = {}
+    entries = _flatten(state_dict, lazy)
+    values = {key: value for key, _, value in entries}
+    load_plan = weight_plan.plan(family, slots, [(key, name) for key, name, _ in entries], key_map)
+    if state_dict and not load_plan.targets:
+        raise ValueError(f"none of the checkpoint's {len(load_plan.unexpected)} keys match this {family.name} model "
+                         f"(checkpoint keys look like {load_plan.unexpected[:2]}, the model's like "
+                         f"{next(iter(slots))!r}). It may come from another model family; rename keys with "
+                         "key_map={regex: replacement}.")
 
-    def claim(target: str, part: Any, original_name: str, route: str) -> None:
-        """Records that ``original_name`` (reached by ``route``) loads into ``part`` of ``target`` (``None``: all
-        of it, a stack index: one of the tensors stacked into it); two sources for one place are refused."""
-        parts = claimed.setdefault(target, {})
-        clash = parts.get(part) or parts.get(None) or (next(iter(parts.values())) if part is None and parts else None)
-        if clash:
-            raise ValueError(f"checkpoint keys {clash[0]!r} ({clash[1]}) and {original_name!r} ({route}) both map to "
-                             f"{target!r}, so one would silently overwrite the other. Drop one of them from the "
-                             "state dict, or change key_map so each model parameter has a single source.")
-        parts[part] = (original_name, route)
+    def read(source: weight_plan.Source):
+        return _as_array(state_dict[source.key] if lazy else values[source.key], source.name)
 
-    for key, original_name, value in _flatten(state_dict, lazy):
-        name = _apply_key_map(original_name, key_map)
-        candidates = [name] + [name[len(p):] for p in _PREFIXES if name.startswith(p)]
-        direct = next((c for c in candidates if c in slots), None)
-        if direct is not None:
-            claim(direct, None, original_name, _route(original_name, name, direct))
-            sources[direct] = _Source([key], [original_name], parts=[value])
-            continue
-        from_hf = next(((c, *found) for c in candidates if (found := family.hf_to_nnx(c)) and found[0] in slots), None)
-        if from_hf is not None:
-            hf_name, target, rule = from_hf
-            claim(target, rule.stack, original_name, _route(original_name, name, hf_name, translated=True))
-            source = sources.setdefault(target, _Source([], [], rule=rule))
-            source.keys.append(key)
-            source.names.append(original_name)
-            source.parts.append((rule, value))
-            continue
-        lora = _LORA_KEY.match(name) and next((c for c in candidates if _LORA_KEY.match(c)
-                                               and _LORA_KEY.match(c)["weight"] in slots), None)
-        if lora:
-            factor = _LORA_KEY.match(lora)
-            claim(lora, None, original_name, _route(original_name, name, lora))
-            lora_factors.setdefault(factor["weight"], {})[factor["factor"]] = (key, value, original_name)
-            continue
-        unexpected.append(original_name)
-
-    if state_dict and not sources and not lora_factors:
-        example_model = next(iter(slots))
-        raise ValueError(f"none of the checkpoint's {len(unexpected)} keys match this {family.name} model (checkpoint "
-                         f"keys look like {unexpected[:2]}, the model's like {example_model!r}). It may come from "
-                         "another model family; rename keys with key_map={regex: replacement}.")
+    def shape(source: weight_plan.Source) -> tuple:
+        return tuple(state_dict.shape_dtype(source.key)[0] if lazy else read(source).shape)
 
     error_msgs: list[str] = []
     mismatched: list[str] = []
     loaded: dict[str, Any] = {}
-    lazy_targets: dict[Any, tuple[str, ParameterSlot]] = {}
-    for target, source in sources.items():
-        slot = slots[target]
-        current = slot.get()
-        model_shape = tuple(current.shape)
-        if source.rule is None:
-            key = source.keys[0]
-            checkpoint_shape = (tuple(state_dict.shape_dtype(key)[0]) if lazy
-                                else tuple(_as_array(source.parts[0], target).shape))
-        else:
-            part_shape = model_shape[1:] if source.rule.stack else model_shape
-            checkpoint_shape = tuple(_as_array(source.parts[0][1] if not lazy else state_dict[source.keys[0]],
-                                               source.names[0]).shape)
-            model_shape = source.rule.layout.hf_shape(part_shape)
-        if checkpoint_shape != model_shape:
-            if ignore_mismatched_sizes:
-                mismatched.append(target)
-                continue
-            error_msgs.append(f"size mismatch for {target}: copying a param with shape {checkpoint_shape} from "
-                              f"checkpoint, the shape in current model is {model_shape}."
-                              + _shape_hint(target, checkpoint_shape, model_shape))
+    restore: dict[Any, str] = {}
+    lora_factors: dict[str, weight_plan.Source] = {}  # LoRA factors of weights this model does not adapt
+    assembly = weight_plan.Assembly()
+    for target, sources in load_plan.targets.items():
+        if target not in slots:
+            lora_factors[target] = sources[0]
             continue
-        dtype = None if assign else current.dtype
-        sharding = current.sharding
-        if source.rule is None and lazy:
-            lazy_targets[source.keys[0]] = (target, slot)
-        elif source.rule is None:
-            array = _as_array(source.parts[0], target)
-            loaded[target] = jax.device_put(array.astype(dtype) if dtype is not None else array, sharding)
+        current = slots[target].get()
+        wrong = next(((got, want) for source in sources
+                      if (got := shape(source)) != (want := source.shape(current.shape))), None)
+        if wrong and ignore_mismatched_sizes:
+            mismatched.append(target)
+        elif wrong:
+            error_msgs.append(f"size mismatch for {target}: copying a param with shape {wrong[0]} from checkpoint, "
+                              f"the shape in current model is {wrong[1]}." + _shape_hint(target, *wrong))
+        elif lazy and not (sources[0].layout.moves_axes or sources[0].stacked):
+            restore[sources[0].key] = target  # read later, all at once, straight into the model's sharding
         else:
-            arrays = [(rule, _as_array(state_dict[key] if lazy else value, name))
-                      for key, name, (rule, value) in zip(source.keys, source.names, source.parts, strict=True)]
-            if source.rule.stack:
-                count = source.rule.stack[1]
-                if len(arrays) != count:
-                    error_msgs.append(f"{target} is stacked from {count} checkpoint tensors but only "
-                                      f"{source.names} were given.")
-                    continue
-                ordered = sorted(arrays, key=lambda item: item[0].stack[0])
-                parts = [tunix_model.place_hf_tensor(rule, array, tuple(current.shape[1:]), dtype or array.dtype, None)
-                         for rule, array in ordered]
-                loaded[target] = tunix_model.stack_on_device(parts, sharding)
-            else:
-                rule, array = arrays[0]
-                loaded[target] = tunix_model.place_hf_tensor(rule, array, tuple(current.shape),
-                                                             dtype or array.dtype, sharding)
-    if lazy_targets:
-        shardings = {key: slot.get().sharding for key, (_, slot) in lazy_targets.items()}
-        dtypes = None if assign else {key: slot.get().dtype for key, (_, slot) in lazy_targets.items()}
+            place = weight_plan.Target(tuple(current.shape), None if assign else current.dtype, current.sharding)
+            for source in sources:
+                loaded[target] = assembly.add(source, read(source), place)
+            if loaded[target] is None:
+                del loaded[target]
+                error_msgs.append(f"{target} is stacked from {sources[0].stack[1]} checkpoint tensors but only "
+                                  f"{[source.name for source in sources]} were given.")
+    if restore:
+        shardings = {key: slots[target].get().sharding for key, target in restore.items()}
+        dtypes = None if assign else {key: slots[target].get().dtype for key, target in restore.items()}
         restored = state_dict.restore(shardings, dtypes)
-        for key, (target, _) in lazy_targets.items():
-            loaded[target] = restored[key]
+        loaded.update({target: restored[key] for key, target in restore.items()})
 
-    merged_into: list[str] = []
-    unused_lora = [name for factors in lora_factors.values() for (_, _, name) in factors.values()]
+    unused_lora = [source.name for source in lora_factors.values()]
     if lora_factors and merge_lora and not error_msgs:
         scale = (metadata.get("lora") or {}).get("scale")
         if scale is None:
             raise ValueError("merge_lora=True needs the adapter's scale (LoRA r and lora_alpha) in the checkpoint "
                              "metadata, and this checkpoint has none. Save it with "
                              "torchlike.save(peft_model.state_dict(), path), which records them.")
-        for weight_path, factors in lora_factors.items():
-            if set(factors) != {"a", "b"}:
-                raise ValueError(f"merge_lora=True: {weight_path} has only lora_{''.join(factors)} in the checkpoint.")
-            values = {factor: _as_array(state_dict[key] if lazy else value, name)
-                      for factor, (key, value, name) in factors.items()}
+        for weight_path in dict.fromkeys(weight_plan.LORA_FACTOR.match(name)["weight"] for name in lora_factors):
+            a, b = (lora_factors.get(f"{weight_path}_lora_{factor}") for factor in "ab")
+            if a is None or b is None:
+                raise ValueError(f"merge_lora=True: {weight_path} has only lora_{'a' if a else 'b'} in the checkpoint.")
             base = loaded.get(weight_path, slots[weight_path].get())
-            loaded[weight_path] = merge_factors(family, weight_path, base, values["a"], values["b"], scale)
-            merged_into.append(weight_path)
+            loaded[weight_path] = merge_factors(family, weight_path, base, read(a), read(b), scale)
         unused_lora = []
-    unexpected.extend(unused_lora)
+    unexpected = load_plan.unexpected + unused_lora
 
     if not error_msgs:
         for target, array in loaded.items():

@@ -248,6 +248,80 @@ DECODER_LORA_TARGETS: Mapping[str, str] = {
 DECODER_IGNORED_KEYS: tuple[str, ...] = (r"model\.rotary_emb\..*", r"model\.layers\.\d+\.self_attn\.rotary_emb\..*")
 
 
+def gemma_weights(post_attention_norm: str) -> tuple[WeightRule, ...]:
+    """The Gemma decoder table that Gemma 2 and Gemma 3 share; Tunix names the post-attention norm
+    ``post_attn_norm`` (its Gemma) or ``post_attention_norm`` (its Gemma3). The ``q_einsum``/``kv_einsum`` rows hold
+    for every config because each family's ``build_model`` splits a fused ``qkv_einsum`` (:func:`split_fused_qkv`).
+    """
+    layer, nnx_layer = "model.layers.{layer}", "layers.{layer}"
+    return (
+        # Tunix's Embedder scales by sqrt(embed_dim) at lookup, as HF's scaled word embedding does, so the table
+        # itself is stored unscaled on both sides.
+        WeightRule("model.embed_tokens.weight", "embedder.input_embedding"),
+        WeightRule(f"{layer}.self_attn.q_proj.weight", f"{nnx_layer}.attn.q_einsum.w", HEADS_FIRST_INPUT_PROJECTION),
+        WeightRule(f"{layer}.self_attn.k_proj.weight", f"{nnx_layer}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
+                   stack=(0, 2)),
+        WeightRule(f"{layer}.self_attn.v_proj.weight", f"{nnx_layer}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
+                   stack=(1, 2)),
+        WeightRule(f"{layer}.self_attn.o_proj.weight", f"{nnx_layer}.attn.attn_vec_einsum.w", OUTPUT_PROJECTION),
+        # Both sides apply RMSNorm weights as (1 + w), so the norms copy as they are.
+        WeightRule(f"{layer}.input_layernorm.weight", f"{nnx_layer}.pre_attention_norm.scale"),
+        WeightRule(f"{layer}.post_attention_layernorm.weight", f"{nnx_layer}.{post_attention_norm}.scale"),
+        WeightRule(f"{layer}.pre_feedforward_layernorm.weight", f"{nnx_layer}.pre_ffw_norm.scale"),
+        WeightRule(f"{layer}.post_feedforward_layernorm.weight", f"{nnx_layer}.post_ffw_norm.scale"),
+        WeightRule(f"{layer}.mlp.gate_proj.weight", f"{nnx_layer}.mlp.gate_proj.kernel", TRANSPOSED),
+        WeightRule(f"{layer}.mlp.up_proj.weight", f"{nnx_layer}.mlp.up_proj.kernel", TRANSPOSED),
+        WeightRule(f"{layer}.mlp.down_proj.weight", f"{nnx_layer}.mlp.down_proj.kernel", TRANSPOSED),
+        WeightRule("model.norm.weight", "final_norm.scale"),
+    )
+
+
+GEMMA_IGNORED_KEYS: tuple[str, ...] = DECODER_IGNORED_KEYS + (r"lm_head\.weight",)
+"""Tunix's Gemma models decode with the input embedding (no lm_head) and both families require tied embeddings, so a
+saved lm_head.weight is a copy of embed_tokens."""
+
+GEMMA_LORA_TARGETS: Mapping[str, str] = {
+    **DECODER_LORA_TARGETS,
+    "q_proj": r"layers/\d+/attn/q_einsum",
+    # k_proj and v_proj share one kv_einsum in Tunix: targeting either adapts both.
+    "k_proj": r"layers/\d+/attn/kv_einsum",
+    "v_proj": r"layers/\d+/attn/kv_einsum",
+    "o_proj": r"layers/\d+/attn/attn_vec_einsum",
+}
+
+
+def gemma_model_sizes(hf_config) -> dict[str, int]:
+    """The size fields of a Tunix Gemma or Gemma3 ``ModelConfig``, from the HF config."""
+    return {
+        "num_layers": hf_config.num_hidden_layers,
+        "num_embed": hf_config.vocab_size,
+        "embed_dim": hf_config.hidden_size,
+        "hidden_dim": hf_config.intermediate_size,
+        "num_heads": hf_config.num_attention_heads,
+        "head_dim": hf_config.head_dim,
+        "num_kv_heads": hf_config.num_key_value_heads,
+    }
+
+
+def split_fused_qkv(attention, einsum: type, config, rngs, **einsum_options) -> None:
+    """Replaces a Tunix Gemma attention's fused ``qkv_einsum`` (num_kv_heads == heads) by ``q_einsum``/``kv_einsum``.
+
+    The loader maps each HF tensor to one NNX path, so one table cannot send ``q_proj`` to ``q_einsum`` for GQA and
+    to ``qkv_einsum[0]`` for MHA. Tunix's attention takes the unfused path whenever ``qkv_einsum`` is absent, and
+    with K == N its non-GQA einsums compute the same thing, so the parameter tree is the only difference.
+
+    Args:
+        einsum: the Tunix module's ``Einsum`` class; ``einsum_options`` go to it (e.g. ``param_dtype``).
+    """
+    shd = config.shd_config
+    attention.q_einsum = einsum(einsum_str="BTD,NDH->BTNH", shape=(config.num_heads, config.embed_dim, config.head_dim),
+                                rngs=rngs, sharding=shd.q_weight_ndh, **einsum_options)
+    attention.kv_einsum = einsum(einsum_str="BSD,CKDH->CBSKH",
+                                 shape=(2, config.num_kv_heads, config.embed_dim, config.head_dim), rngs=rngs,
+                                 sharding=shd.kv_weight_cndh, **einsum_options)
+    del attention.qkv_einsum
+
+
 def head_dim_of(hf_config) -> int:
     """The attention head size: ``config.head_dim`` when set, else ``hidden_size // num_attention_heads``."""
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads

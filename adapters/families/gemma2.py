@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -11,57 +9,19 @@ from tunix.models.gemma import model as tunix_gemma
 
 from ..rope import apply_rope, rope_inverse_frequencies, with_rope
 from .base import (
-    DECODER_IGNORED_KEYS,
-    HEADS_FIRST_INPUT_PROJECTION,
-    OUTPUT_PROJECTION,
-    TRANSPOSED,
+    GEMMA_IGNORED_KEYS,
+    GEMMA_LORA_TARGETS,
     Family,
     WeightRule,
     decoder_forward,
     decoder_hidden_states,
+    gemma_model_sizes,
+    gemma_weights,
     require,
+    split_fused_qkv,
 )
 
-_LAYER = "model.layers.{layer}"
-_NNX_LAYER = "layers.{layer}"
-
-# build_model splits Tunix's fused qkv_einsum (num_kv_heads == num_heads) into q_einsum/kv_einsum,
-# so this one table covers every config.
-WEIGHTS: tuple[WeightRule, ...] = (
-    # Tunix's Embedder scales by sqrt(embed_dim) at lookup, as HF's Gemma2TextScaledWordEmbedding
-    # does, so the table itself is stored unscaled on both sides.
-    WeightRule("model.embed_tokens.weight", "embedder.input_embedding"),
-    WeightRule(f"{_LAYER}.self_attn.q_proj.weight", f"{_NNX_LAYER}.attn.q_einsum.w", HEADS_FIRST_INPUT_PROJECTION),
-    WeightRule(f"{_LAYER}.self_attn.k_proj.weight", f"{_NNX_LAYER}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
-               stack=(0, 2)),
-    WeightRule(f"{_LAYER}.self_attn.v_proj.weight", f"{_NNX_LAYER}.attn.kv_einsum.w", HEADS_FIRST_INPUT_PROJECTION,
-               stack=(1, 2)),
-    WeightRule(f"{_LAYER}.self_attn.o_proj.weight", f"{_NNX_LAYER}.attn.attn_vec_einsum.w", OUTPUT_PROJECTION),
-    # Both sides apply RMSNorm weights as (1 + w), so the norms copy as they are.
-    WeightRule(f"{_LAYER}.input_layernorm.weight", f"{_NNX_LAYER}.pre_attention_norm.scale"),
-    WeightRule(f"{_LAYER}.post_attention_layernorm.weight", f"{_NNX_LAYER}.post_attn_norm.scale"),
-    WeightRule(f"{_LAYER}.pre_feedforward_layernorm.weight", f"{_NNX_LAYER}.pre_ffw_norm.scale"),
-    WeightRule(f"{_LAYER}.post_feedforward_layernorm.weight", f"{_NNX_LAYER}.post_ffw_norm.scale"),
-    WeightRule(f"{_LAYER}.mlp.gate_proj.weight", f"{_NNX_LAYER}.mlp.gate_proj.kernel", TRANSPOSED),
-    WeightRule(f"{_LAYER}.mlp.up_proj.weight", f"{_NNX_LAYER}.mlp.up_proj.kernel", TRANSPOSED),
-    WeightRule(f"{_LAYER}.mlp.down_proj.weight", f"{_NNX_LAYER}.mlp.down_proj.kernel", TRANSPOSED),
-    WeightRule("model.norm.weight", "final_norm.scale"),
-)
-
-# Tunix's Gemma decodes with the input embedding (no lm_head) and build_model requires tied
-# embeddings, so a saved lm_head.weight is a copy of embed_tokens.
-IGNORED_KEYS: tuple[str, ...] = DECODER_IGNORED_KEYS + (r"lm_head\.weight",)
-
-# k_proj and v_proj share one kv_einsum in Tunix: targeting either adapts both.
-LORA_TARGETS: Mapping[str, str] = {
-    "q_proj": r"layers/\d+/attn/q_einsum",
-    "k_proj": r"layers/\d+/attn/kv_einsum",
-    "v_proj": r"layers/\d+/attn/kv_einsum",
-    "o_proj": r"layers/\d+/attn/attn_vec_einsum",
-    "gate_proj": r"layers/\d+/mlp/gate_proj",
-    "up_proj": r"layers/\d+/mlp/up_proj",
-    "down_proj": r"layers/\d+/mlp/down_proj",
-}
+WEIGHTS: tuple[WeightRule, ...] = gemma_weights(post_attention_norm="post_attn_norm")
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -129,23 +89,6 @@ def _check_config(hf_config) -> None:
     require(hf_config.head_dim % 2 == 0, f"gemma2: head_dim={hf_config.head_dim} must be even for rope.")
 
 
-def _split_fused_qkv(attention: tunix_gemma.Attention, config: tunix_gemma.ModelConfig, rngs: nnx.Rngs) -> None:
-    """Replaces Tunix's fused ``qkv_einsum`` (num_kv_heads == heads) by ``q_einsum``/``kv_einsum``.
-
-    The loader maps each HF tensor to one NNX path, so one table cannot send ``q_proj`` to ``q_einsum`` for GQA and
-    to ``qkv_einsum[0]`` for MHA. Tunix's attention takes the unfused path whenever ``qkv_einsum`` is absent, and
-    with K == N its non-GQA einsums compute the same thing, so the parameter tree is the only difference.
-    """
-    shd = config.shd_config
-    attention.q_einsum = tunix_gemma.Einsum(
-        einsum_str="BTD,NDH->BTNH", shape=(config.num_heads, config.embed_dim, config.head_dim), rngs=rngs,
-        sharding=shd.q_weight_ndh)
-    attention.kv_einsum = tunix_gemma.Einsum(
-        einsum_str="BSD,CKDH->CBSKH", shape=(2, config.num_kv_heads, config.embed_dim, config.head_dim), rngs=rngs,
-        sharding=shd.kv_weight_cndh)
-    del attention.qkv_einsum
-
-
 def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma.Gemma:
     """A Tunix ``Gemma`` whose layers follow ``config.layer_types``, ``sliding_window``, ``query_pre_attn_scalar``
     and ``rope_parameters``, with both soft-caps (see ``adapters.upstream``).
@@ -160,13 +103,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma.Gemma:
     """
     _check_config(hf_config)
     config = tunix_gemma.ModelConfig(
-        num_layers=hf_config.num_hidden_layers,
-        num_embed=hf_config.vocab_size,
-        embed_dim=hf_config.hidden_size,
-        hidden_dim=hf_config.intermediate_size,
-        num_heads=hf_config.num_attention_heads,
-        head_dim=hf_config.head_dim,
-        num_kv_heads=hf_config.num_key_value_heads,
+        **gemma_model_sizes(hf_config),
         final_logit_softcap=hf_config.final_logit_softcapping,
         use_post_attn_norm=True,
         use_post_ffw_norm=True,
@@ -180,7 +117,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma.Gemma:
     for layer, layer_type in zip(model.layers, hf_config.layer_types, strict=True):
         attention = layer.attn
         if attention.use_qkv_einsum:
-            _split_fused_qkv(attention, config, rngs)
+            split_fused_qkv(attention, tunix_gemma.Einsum, config, rngs)
         attention.__class__ = attention_class
         attention.sliding_window = hf_config.sliding_window if layer_type == "sliding_attention" else None
         attention.query_pre_attn_scalar = float(hf_config.query_pre_attn_scalar)
@@ -206,8 +143,8 @@ FAMILY = Family(
     forward=decoder_forward,
     hidden_states=decoder_hidden_states,
     logits_from_hidden=logits_from_hidden,
-    ignored_hf_keys=IGNORED_KEYS,
-    lora_targets=LORA_TARGETS,
+    ignored_hf_keys=GEMMA_IGNORED_KEYS,
+    lora_targets=GEMMA_LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma2"
     norms_scale_by_one_plus_weight=True,
 )

@@ -12,81 +12,25 @@ from tunix.models.gemma3 import model as tunix_gemma3
 
 from ..rope import UnsupportedRopeScalingError
 from .base import (
-    DECODER_IGNORED_KEYS,
-    HEADS_FIRST_INPUT_PROJECTION,
-    OUTPUT_PROJECTION,
-    TRANSPOSED,
+    GEMMA_IGNORED_KEYS,
+    GEMMA_LORA_TARGETS,
     Family,
     UnsupportedConfigError,
     WeightRule,
     decoder_hidden_states,
+    gemma_model_sizes,
+    gemma_weights,
     head_logits,
     require,
+    split_fused_qkv,
 )
 
-_LAYER = "model.layers.{layer}"
-_NNX_LAYER = "layers.{layer}"
-
-# Tunix builds a fused ``qkv_einsum`` when num_kv_heads == num_heads; build_model replaces it by
-# the q_einsum/kv_einsum pair (see _split_fused_qkv), so this one table covers every config.
-WEIGHTS: tuple[WeightRule, ...] = (
-    # Tunix's Embedder scales by sqrt(embed_dim) at lookup, as HF's Gemma3TextScaledWordEmbedding
-    # does, so the table itself is stored unscaled on both sides.
-    WeightRule("model.embed_tokens.weight", "embedder.input_embedding"),
-    WeightRule(
-        f"{_LAYER}.self_attn.q_proj.weight",
-        f"{_NNX_LAYER}.attn.q_einsum.w",
-        HEADS_FIRST_INPUT_PROJECTION,
-    ),
-    WeightRule(
-        f"{_LAYER}.self_attn.k_proj.weight",
-        f"{_NNX_LAYER}.attn.kv_einsum.w",
-        HEADS_FIRST_INPUT_PROJECTION,
-        stack=(0, 2),
-    ),
-    WeightRule(
-        f"{_LAYER}.self_attn.v_proj.weight",
-        f"{_NNX_LAYER}.attn.kv_einsum.w",
-        HEADS_FIRST_INPUT_PROJECTION,
-        stack=(1, 2),
-    ),
-    WeightRule(
-        f"{_LAYER}.self_attn.o_proj.weight",
-        f"{_NNX_LAYER}.attn.attn_vec_einsum.w",
-        OUTPUT_PROJECTION,
-    ),
-    # Both sides apply RMSNorm weights as (1 + w), so the norms copy as they are.
-    WeightRule(f"{_LAYER}.self_attn.q_norm.weight", f"{_NNX_LAYER}.attn._query_norm.scale"),
-    WeightRule(f"{_LAYER}.self_attn.k_norm.weight", f"{_NNX_LAYER}.attn._key_norm.scale"),
-    WeightRule(f"{_LAYER}.input_layernorm.weight", f"{_NNX_LAYER}.pre_attention_norm.scale"),
-    WeightRule(
-        f"{_LAYER}.post_attention_layernorm.weight", f"{_NNX_LAYER}.post_attention_norm.scale"
-    ),
-    WeightRule(f"{_LAYER}.pre_feedforward_layernorm.weight", f"{_NNX_LAYER}.pre_ffw_norm.scale"),
-    WeightRule(f"{_LAYER}.post_feedforward_layernorm.weight", f"{_NNX_LAYER}.post_ffw_norm.scale"),
-    WeightRule(f"{_LAYER}.mlp.gate_proj.weight", f"{_NNX_LAYER}.mlp.gate_proj.kernel", TRANSPOSED),
-    WeightRule(f"{_LAYER}.mlp.up_proj.weight", f"{_NNX_LAYER}.mlp.up_proj.kernel", TRANSPOSED),
-    WeightRule(f"{_LAYER}.mlp.down_proj.weight", f"{_NNX_LAYER}.mlp.down_proj.kernel", TRANSPOSED),
-    WeightRule("model.norm.weight", "final_norm.scale"),
+WEIGHTS: tuple[WeightRule, ...] = gemma_weights(post_attention_norm="post_attention_norm") + (
+    WeightRule("model.layers.{layer}.self_attn.q_norm.weight", "layers.{layer}.attn._query_norm.scale"),
+    WeightRule("model.layers.{layer}.self_attn.k_norm.weight", "layers.{layer}.attn._key_norm.scale"),
 )
 
-# Tunix decodes with the input embedding (no lm_head), and build_model requires tied embeddings,
-# so a saved lm_head.weight is a copy of embed_tokens.
-IGNORED_KEYS: tuple[str, ...] = DECODER_IGNORED_KEYS + (
-    r"model\.rotary_emb_local\..*",
-    r"lm_head\.weight",
-)
-
-# k_proj and v_proj share one kv_einsum in Tunix: targeting either adapts both.
-LORA_TARGETS: Mapping[str, str] = {
-    "q_proj": r"layers/\d+/attn/q_einsum",
-    "k_proj": r"layers/\d+/attn/kv_einsum",
-    "v_proj": r"layers/\d+/attn/kv_einsum",
-    "o_proj": r"layers/\d+/attn/attn_vec_einsum",
-    "gate_proj": r"layers/\d+/mlp/gate_proj",
-    "up_proj": r"layers/\d+/mlp/up_proj",
-    "down_proj": r"layers/\d+/mlp/down_proj",
-}
+IGNORED_KEYS: tuple[str, ...] = GEMMA_IGNORED_KEYS + (r"model\.rotary_emb_local\..*",)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear")
 _ATTENTION_TYPES = {
@@ -194,34 +138,6 @@ def _check_config(hf_config) -> None:
     )
 
 
-def _split_fused_qkv(
-    attention: tunix_gemma3.Attention, config: tunix_gemma3.ModelConfig, rngs: nnx.Rngs
-) -> None:
-    """Replaces Tunix's fused ``qkv_einsum`` (num_kv_heads == heads) by ``q_einsum``/``kv_einsum``.
-
-    The loader maps each HF tensor to one NNX path (the first matching rule), so one table cannot
-    send ``q_proj`` to ``q_einsum`` for GQA and to ``qkv_einsum[0]`` for MHA. Tunix's attention
-    takes the unfused path whenever ``qkv_einsum`` is absent, and with K == N its non-GQA einsums
-    compute the same thing, so the parameter tree is the only difference.
-    """
-    shd = config.shd_config
-    attention.q_einsum = tunix_gemma3.Einsum(
-        einsum_str="BTD,NDH->BTNH",
-        shape=(config.num_heads, config.embed_dim, config.head_dim),
-        rngs=rngs,
-        sharding=shd.q_weight_ndh,
-        param_dtype=config.param_dtype,
-    )
-    attention.kv_einsum = tunix_gemma3.Einsum(
-        einsum_str="BSD,CKDH->CBSKH",
-        shape=(2, config.num_kv_heads, config.embed_dim, config.head_dim),
-        rngs=rngs,
-        sharding=shd.kv_weight_cndh,
-        param_dtype=config.param_dtype,
-    )
-    del attention.qkv_einsum
-
-
 def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma3.Gemma3:
     """A Tunix ``Gemma3`` whose layers follow ``config.layer_types`` and ``config.rope_parameters``.
 
@@ -234,13 +150,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma3.Gemma3:
     local_theta, local_factor = _rope_for(hf_config, "sliding_attention")
     global_theta, global_factor = _rope_for(hf_config, "full_attention")
     config = tunix_gemma3.ModelConfig(
-        num_layers=hf_config.num_hidden_layers,
-        num_embed=hf_config.vocab_size,
-        embed_dim=hf_config.hidden_size,
-        hidden_dim=hf_config.intermediate_size,
-        num_heads=hf_config.num_attention_heads,
-        head_dim=hf_config.head_dim,
-        num_kv_heads=hf_config.num_key_value_heads,
+        **gemma_model_sizes(hf_config),
         # Tunix builds its own 5:1 pattern first, which needs a window even if no HF layer slides.
         sliding_window_size=hf_config.sliding_window or hf_config.max_position_embeddings,
         local_base_frequency=local_theta,
@@ -261,7 +171,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma3.Gemma3:
         attention.attn_type = _ATTENTION_TYPES[layer_type]
         attention.rope_base_frequency, attention.rope_scale_factor = ropes[layer_type]
         if attention.use_qkv_einsum:
-            _split_fused_qkv(attention, config, rngs)
+            split_fused_qkv(attention, tunix_gemma3.Einsum, config, rngs, param_dtype=config.param_dtype)
     return model
 
 
@@ -290,7 +200,7 @@ FAMILY = Family(
     hidden_states=decoder_hidden_states,
     logits_from_hidden=logits_from_hidden,
     ignored_hf_keys=IGNORED_KEYS,
-    lora_targets=LORA_TARGETS,
+    lora_targets=GEMMA_LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma3_text"
     norms_scale_by_one_plus_weight=True,
 )

@@ -1,0 +1,213 @@
+"""The one weight plan: which model slot each source tensor fills, and how it gets there.
+
+Checkpoint files (``tunix_model.load_weights``), state dicts (``torchlike``'s ``load_state_dict``) and PEFT
+adapters (``lora.peft_format.load_peft_state``) all load through it: :func:`route` names the slot part a key fills
+(a :class:`Source`), :func:`plan` routes every key of a source and refuses two for one place, and :class:`Assembly`
+makes slot values (shaped, cast and placed as a :class:`Target` says) from the tensors as they arrive. How several
+tensors make one slot is data on the family table's row (``WeightRule.stack``), so a family that stacks more
+tensors into one parameter (per-expert weights) needs only its rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .families.base import AS_IS, INPUT_PROJECTION, OUTPUT_PROJECTION, Family, Layout
+from .runtime.tracing import record_trace
+
+PREFIXES = ("base_model.model.", "model.", "module.")
+"""Prefixes a source key may carry that the model's names lack (PEFT's wrapper, a wrapping module, DDP)."""
+
+LORA_FACTOR = re.compile(r"^(?P<weight>.+)_lora_(?P<factor>[ab])$")
+PEFT_FACTOR = re.compile(r"^(?P<module>.+)\.lora_(?P<factor>[AB])(?:\.[^.]+)?\.weight$")
+PEFT_LAYOUTS = {"A": OUTPUT_PROJECTION, "B": INPUT_PROJECTION}
+"""PEFT's ``A (r, in)`` is Qwix's ``a (contract..., r)`` flattened and transposed: the output-projection layout;
+``B (out, r)`` is ``b (r, remain...)`` likewise: the input-projection layout."""
+
+
+class Target(NamedTuple):
+    """What a slot's value must be: ``shape``, ``dtype`` (``None``: the source's own) and ``sharding``."""
+
+    shape: tuple[int, ...]
+    dtype: Any = None
+    sharding: Any = None
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source tensor and the slot part it fills.
+
+    Args:
+        key: the source's own key (a state dict's may be a tuple).
+        name: the key as a string, for messages.
+        target: the slot's dotted NNX path.
+        layout: how the tensor's axes become the slot's.
+        stack: ``(index, count)`` when ``count`` tensors make the slot, stacked on ``axis``.
+        axis: the slot's stacking axis; ``None`` when each part is the whole slot (the one ``lora_A`` that the two
+            projections Tunix fuses into one einsum share).
+        route: how the key reached the slot, for messages (``"prefix 'model.' stripped then HF name translated"``).
+    """
+
+    key: Any
+    name: str
+    target: str
+    layout: Layout = AS_IS
+    stack: tuple[int, int] | None = None
+    axis: int | None = 0
+    route: str = "as is"
+
+    @property
+    def stacked(self) -> bool:
+        return self.stack is not None and self.axis is not None
+
+    def part_shape(self, target_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The NNX shape this tensor becomes: the slot's, less the stacking axis."""
+        shape = tuple(target_shape)
+        return shape[:self.axis] + shape[self.axis + 1:] if self.stacked else shape
+
+    def shape(self, target_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape this tensor must have to fill its part of a slot shaped ``target_shape``."""
+        return tuple(self.layout.hf_shape(self.part_shape(target_shape)))
+
+
+def route(family: Family, slots: Container[str], key: Any, name: str | None = None,
+          key_map: Mapping[str, str] | None = None) -> Source | None:
+    """The slot part that source key ``key`` (shown as ``name``) fills, or ``None``.
+
+    ``key_map`` (``{regex: replacement}``) renames ``name`` first; then the key, and the key with a :data:`PREFIXES`
+    entry stripped, is tried as a slot's own name, the NNX LoRA factor of a slot's weight (whose target the model
+    may lack), an HF name in the family table, and a PEFT LoRA factor of a slot.
+    """
+    name = str(key) if name is None else name
+    renamed = name
+    for pattern, replacement in (key_map or {}).items():
+        renamed = re.sub(pattern, replacement, renamed)
+    for candidate in [renamed] + [renamed[len(prefix):] for prefix in PREFIXES if renamed.startswith(prefix)]:
+        found = _translate(family, slots, candidate)
+        if found is not None:
+            target, how, fields = found
+            steps = ["key_map"] if renamed != name else []
+            if candidate != renamed:
+                steps.append(f"prefix {renamed[:len(renamed) - len(candidate)]!r} stripped")
+            return Source(key, name, target, route=" then ".join(steps + how) or "as is", **fields)
+    return None
+
+
+def _translate(family: Family, slots: Container[str], name: str) -> tuple[str, list[str], dict] | None:
+    """``(target, how it was translated, Source fields)`` for a key without prefix, or ``None``."""
+    lora = LORA_FACTOR.match(name)
+    if name in slots or (lora and lora["weight"] in slots):
+        return name, [], {}
+    peft = PEFT_FACTOR.match(name)
+    found = family.hf_to_nnx(f"{peft['module']}.weight" if peft else name)
+    if found is None:
+        return None
+    path, rule = found
+    if not peft:
+        return (path, ["HF name translated"], {"layout": rule.layout, "stack": rule.stack}) if path in slots else None
+    target = f"{path}_lora_{peft['factor'].lower()}"
+    # b (r, remain...) has the weight's stacking axis 0 after the rank; the parts of a fused weight share one a.
+    fields = {"layout": PEFT_LAYOUTS[peft["factor"]], "stack": rule.stack, "axis": 1 if peft["factor"] == "B" else None}
+    return (target, ["PEFT name translated"], fields) if target in slots else None
+
+
+@dataclass
+class LoadPlan:
+    """A source's routed keys by the slot they fill (in the source's order), and the names of those that fill none."""
+
+    targets: dict[str, list[Source]] = field(default_factory=dict)
+    unexpected: list[str] = field(default_factory=list)
+
+
+def plan(family: Family, slots: Container[str], keys: Iterable[tuple[Any, str]],
+         key_map: Mapping[str, str] | None = None) -> LoadPlan:
+    """Routes every ``(key, name)`` of a source (:func:`route`).
+
+    Raises:
+        ValueError: two keys fill one place (the same part of a stacked slot, or any of a whole one), so one would
+            silently overwrite the other.
+    """
+    result = LoadPlan()
+    for key, name in keys:
+        source = route(family, slots, key, name, key_map)
+        if source is None:
+            result.unexpected.append(name)
+            continue
+        sources = result.targets.setdefault(source.target, [])
+        clash = next((other for other in sources if None in (other.stack, source.stack) or other.stack == source.stack),
+                     None)
+        if clash:
+            raise ValueError(f"checkpoint keys {clash.name!r} ({clash.route}) and {name!r} ({source.route}) both map "
+                             f"to {source.target!r}, so one would silently overwrite the other. Drop one of them from "
+                             "the state dict, or change key_map so each model parameter has a single source.")
+        sources.append(source)
+    return result
+
+
+class Assembly:
+    """Slot values made from source tensors as they arrive, so the host holds one tensor at a time.
+
+    A tensor is moved to the NNX layout and cast on the device (XLA moves bf16 data several times faster than
+    numpy). A slot one tensor fills is placed straight in its sharding; a stacked slot's parts wait on the default
+    device until the last arrives, then are stacked into its sharding.
+    """
+
+    def __init__(self):
+        self._pending: dict[str, tuple[Source, Target, dict[int, jax.Array]]] = {}
+
+    def add(self, source: Source, array, target: Target) -> jax.Array | None:
+        """Takes ``source``'s tensor (already checked against :meth:`Source.shape`); returns the slot's value once
+        it is complete, else ``None``."""
+        if not source.stacked:
+            return place(source.layout, array, target.shape, target.dtype, target.sharding)
+        _, _, parts = self._pending.setdefault(source.target, (source, target, {}))
+        parts[source.stack[0]] = place(source.layout, array, source.part_shape(target.shape), target.dtype, None)
+        return self.finish(source.target) if len(parts) == source.stack[1] else None
+
+    def finish(self, path: str) -> jax.Array:
+        """The stacked slot ``path`` from the parts that arrived; a missing part is zeros (a fused partner that a
+        LoRA adapter does not adapt)."""
+        source, target, parts = self._pending.pop(path)
+        first = next(iter(parts.values()))
+        arrays = [parts[index] if index in parts else jnp.zeros(first.shape, first.dtype)
+                  for index in range(source.stack[1])]
+        return _stack_on_device(source.axis, target.sharding)(*arrays)
+
+
+def place(layout: Layout, array, shape: tuple[int, ...], dtype, sharding) -> jax.Array:
+    """``array`` in the NNX layout of ``shape``, cast to ``dtype`` (``None``: its own), placed in ``sharding``."""
+    dtype = np.dtype(array.dtype if dtype is None else dtype)
+    if not layout.moves_axes and array.dtype == dtype:
+        return jax.device_put(array, sharding)
+    if not layout.moves_axes and isinstance(array, jax.Array):
+        return jax.device_put(array.astype(dtype), sharding)  # a model's own array: cast where it lives
+    return _to_nnx_on_device(layout, tuple(shape), dtype, sharding)(jax.device_put(array))
+
+
+@functools.cache
+def _to_nnx_on_device(layout: Layout, nnx_shape: tuple[int, ...], dtype: np.dtype, sharding):
+    """A jitted HF -> NNX layout transform and cast, compiled once per (layout, shape, dtype, sharding) in a
+    process (and found in the persistent compilation cache by the next process)."""
+
+    def to_nnx(hf):
+        record_trace("weight_transform", {"layout": type(layout).__name__, "hf": hf, "dtype": dtype})
+        return layout.to_nnx(hf, nnx_shape).astype(dtype)
+
+    return jax.jit(to_nnx, out_shardings=sharding)
+
+
+@functools.cache
+def _stack_on_device(axis: int, sharding):
+    def stack(*parts):
+        record_trace("weight_transform", {"layout": "stack", "axis": axis, "parts": len(parts), "part": parts[0]})
+        return jnp.stack(parts, axis=axis)
+
+    return jax.jit(stack, out_shardings=sharding)
