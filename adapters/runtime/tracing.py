@@ -40,7 +40,7 @@ PROGRAMS: dict[str, str] = {
 }
 """The jitted programs whose traces are counted, each with the name its log lines give it: the train and eval
 steps (``adapters.train_step``), the generation program (``adapters.sampling``) and the layout transforms that
-place checkpoint weights (``adapters.tunix_model``, one per weight shape, layout, dtype and sharding)."""
+place checkpoint weights (``adapters.weight_plan``, one per weight shape, layout, dtype and sharding)."""
 
 TRACE_COUNTS: dict[str, int] = dict.fromkeys(PROGRAMS, 0)
 """How many times each program of :data:`PROGRAMS` was traced."""

@@ -23,8 +23,8 @@ from ..training import Trainer
 from ..training_args import TrainingArguments
 from .sft_data import pad_token_id_for
 
-__all__ = ["SyncRefModelCallback", "TRLTrainer", "check_reference_sync", "check_text_dataset", "default_output_dir",
-           "load_model"]
+__all__ = ["PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
+           "check_text_dataset", "default_output_dir", "load_model"]
 
 
 def default_output_dir(model: Any, suffix: str) -> str:
@@ -150,7 +150,7 @@ class TRLTrainer(Trainer):
             values["hub_token"] = args.hub_token  # to_dict hides the hub_token
             args = config_class(**values)
         check_unsupported(args)
-        self._checked_args = args
+        self.args = self._checked_args = args
         return args
 
     def _trl_model(self, model: Any, args: Any, processing_class: Any, peft_config: Any,
@@ -243,3 +243,146 @@ class TRLTrainer(Trainer):
             for offset, example in enumerate(examples[start:start + size]):
                 for name, column in zip(names, values, strict=True):
                     example[name] = float(column[offset])
+
+
+class PrecomputedReferenceTrainer(TRLTrainer):
+    """The offline preference trainers (DPO, KTO): the examples are tokenised once, their reference log-probabilities
+    are stored as columns (``_reference_columns``) before training, or, with ``sync_ref_model``, computed for each
+    batch by the reference TRL's ``SyncRefModelCallback`` moves; the logs carry TRL's running ``num_tokens``.
+
+    A subclass provides ``_tokenize(dataset, tokenizer, args, model) -> list[dict]``, ``_padded_length(examples)``,
+    ``_reference_pass()`` (jitted inside: ``(module, batch) -> one [B] array per reference column``) and
+    ``_reference_columns`` (the column names), and calls :meth:`_prepare_examples` and :meth:`_start_reference`.
+    """
+
+    _reference_columns: tuple[str, ...] = ()
+
+    def _check_reference_settings(self, args: Any, model: Any, ref_model: Any, train_dataset: Any,
+                                  eval_dataset: Any) -> None:
+        """TRL's checks of the datasets and the reference settings, with its wording."""
+        import datasets
+
+        from ..training.batches import check_single_dataset, each_dataset
+
+        check_single_dataset(train_dataset, "train_dataset")
+        if args.precompute_ref_log_probs and any(isinstance(dataset, datasets.IterableDataset) for dataset in
+                                                 [train_dataset, *each_dataset(eval_dataset)]):
+            raise ValueError("`precompute_ref_log_probs=True` is not supported with IterableDataset. Please use a "
+                             "map-style Dataset or set `precompute_ref_log_probs=False`.")
+        check_text_dataset(train_dataset)
+        if args.sync_ref_model and args.precompute_ref_log_probs:
+            raise ValueError("You cannot use `sync_ref_model=True` together with `precompute_ref_log_probs=True`. "
+                             "`precompute_ref_log_probs=True` assumes a fixed reference model, but with "
+                             "`sync_ref_model=True` the reference model is periodically updated during training, "
+                             "making any precomputed reference log-probs stale. Set `precompute_ref_log_probs=False` "
+                             "or disable `sync_ref_model`.")
+        if ref_model is not None:
+            if ref_model is model:
+                raise ValueError("`model` and `ref_model` cannot be the same object. In most cases you should omit "
+                                 "`ref_model` and the initial model will be the reference.")
+            check_causal_lm(ref_model, "ref_model", self._trainer_name)
+
+    def _prepare_examples(self, train_dataset: Any, eval_dataset: Any, processing_class: Any,
+                          model: Any) -> tuple[list[dict], Any]:
+        """``(train examples, eval examples)`` tokenised, with ``self.padded_length`` fitting all of them (one padded
+        length for training and evaluation, so XLA compiles each step once)."""
+        from ..training.batches import each_dataset, map_datasets
+
+        args = self.args
+        train_examples = self._tokenize(train_dataset, processing_class, args, model)
+        eval_examples = map_datasets(eval_dataset, lambda dataset: self._tokenize(dataset, processing_class, args,
+                                                                                  model))
+        every_eval_example = [example for examples in each_dataset(eval_examples) for example in examples]
+        self.padded_length = self._padded_length([*train_examples, *every_eval_example])
+        return train_examples, eval_examples
+
+    def _start_reference(self, ref_model: Any, train_examples: list[dict], eval_examples: Any) -> None:
+        """The reference (``ref_model``; else the base weights of a new adapter, valid all run long; else the
+        initial weights, valid until the first step, or a frozen copy with ``sync_ref_model``) and its columns on
+        the examples (with ``sync_ref_model`` the training batches are scored as they are used instead)."""
+        from ..training.batches import each_dataset
+
+        self._init_reference(ref_model, adapter_off=reference_policy.lora_is_new(self._module))
+        if self.args.sync_ref_model:
+            self._start_reference_sync()
+        else:
+            self._add_reference_log_probs(train_examples, self.args.per_device_train_batch_size)
+        for examples in each_dataset(eval_examples):
+            self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
+
+    def _add_reference_log_probs(self, examples: list[dict], per_device_batch_size: int) -> None:
+        """Adds the reference columns to every example (TRL's ``compute_ref_log_probs``)."""
+        self._add_reference_columns(examples, self._reference_pass(), self._reference_columns,
+                                    per_device_batch_size)
+
+    def _start_reference_sync(self) -> None:
+        """``sync_ref_model``: each training batch is scored by the current reference when it is used (so batches
+        are not prepared ahead), and each evaluation again."""
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        self._allow_prefetch = False
+        pass_ = self._reference_pass()
+        compute_dtype = self._compute_dtype()
+
+        @nnx.jit
+        def group_log_probs(module, micro_batches):
+            module = train_step.cast_floating(module, compute_dtype)
+            count = jax.tree.leaves(micro_batches)[0].shape[0]
+            outputs = [pass_(module, {key: value[index] for key, value in micro_batches.items()})
+                       for index in range(count)]
+            return tuple(jnp.stack(values) for values in zip(*outputs, strict=True))
+
+        self._group_reference_log_probs = group_log_probs
+
+    def _batches(self, epoch: int, skip: int = 0):
+        """The Trainer's batches; with ``sync_ref_model``, each scored by the current reference when it is used."""
+        for group in super()._batches(epoch, skip):
+            if self.args.sync_ref_model:
+                scored = self._group_reference_log_probs(self.reference.module, group)
+                group = {**group, **dict(zip(self._reference_columns, scored, strict=True))}
+            yield group
+
+    def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
+        """The Trainer's evaluation; with ``sync_ref_model`` the examples are first scored by the current
+        reference, as TRL's reference forward in each evaluation step."""
+        if self.args.sync_ref_model:
+            self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
+        return super()._evaluation_loop(examples, metric_key_prefix)
+
+    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+        """Raw data prepared and scored by the reference (TRL's ``evaluate`` does too); examples that carry the
+        reference columns already (the trainer's ``eval_dataset``) as they are."""
+        if all(name in next(iter(dataset), {}) for name in self._reference_columns):
+            return super()._prepare_eval_dataset(dataset)
+        examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
+        self.padded_length = max(self.padded_length, self._padded_length(examples))
+        self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
+        return examples
+
+    def _signature_columns(self) -> None:
+        """Every column: the prepared examples hold only token ids, labels and reference log-probabilities."""
+        return None
+
+    def log(self, logs: dict[str, float]) -> None:
+        """Records ``logs`` with ``num_tokens`` as TRL's running total of training tokens.
+
+        The step metrics arrive averaged over micro-batches and over the steps since the previous log, so the tokens
+        of those steps are that mean times both counts; the total so far is read back from ``state.log_history``,
+        which a resumed run restores.
+        """
+        previous = next((entry for entry in reversed(self.state.log_history) if "num_tokens" in entry),
+                        {"step": 0, "num_tokens": 0})
+        if "num_tokens" in logs:
+            steps = self.state.global_step - previous["step"]
+            added = round(logs["num_tokens"] * self.args.gradient_accumulation_steps * steps)
+            logs = {**logs, "num_tokens": previous["num_tokens"] + added}
+        elif "eval_num_tokens" in logs:  # TRL reports the training total in evaluation too
+            logs = {**logs, "eval_num_tokens": previous["num_tokens"]}
+        super().log(logs)
+
+    def _step_metric_prefix(self, metric_key_prefix: str) -> str:
+        """``"eval"``: TRL logs its metrics (``rewards/chosen``...) as ``eval_<metric>`` whatever the dataset, so with a
+        dict of eval datasets only the loss, runtime and speed carry the dataset's name."""
+        return "eval"

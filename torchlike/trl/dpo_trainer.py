@@ -15,22 +15,17 @@ from collections.abc import Callable
 from typing import Any
 
 import datasets
-import jax
-import jax.numpy as jnp
 
-from ..adapters import dpo_loss, reference_policy, train_step
+from ..adapters import dpo_loss
 from ..adapters.dpo_loss import preference_loss
-from ..training.batches import check_single_dataset, each_dataset, map_datasets
-from .base_trainer import TRLTrainer, check_causal_lm, check_text_dataset
+from .base_trainer import PrecomputedReferenceTrainer
 from .dpo_config import DPOConfig
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
 
 __all__ = ["DPOTrainer", "preference_loss"]
 
-_REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
 
-
-class DPOTrainer(TRLTrainer):
+class DPOTrainer(PrecomputedReferenceTrainer):
     """``trl.DPOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
@@ -68,6 +63,7 @@ class DPOTrainer(TRLTrainer):
     _config_class = DPOConfig
     _output_suffix = "DPO"
     _tag_names = ["trl", "dpo"]
+    _reference_columns = ("ref_chosen_logps", "ref_rejected_logps")
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Callable | None = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
@@ -76,17 +72,14 @@ class DPOTrainer(TRLTrainer):
         args = self._trl_args(model, args)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: preference pairs ('prompt', 'chosen', 'rejected').")
-        check_single_dataset(train_dataset, "train_dataset")
-        self._check_settings(args, train_dataset, eval_dataset)
+        self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
+        if args.use_weighting and {"aot", "aot_unpaired"} & set(args.loss_type):
+            raise NotImplementedError("WPO-style weighting is not implemented for 'aot' or 'aot_unpaired' because "
+                                      "those losses sort samples, which would misalign per-pair weights.")
         if compute_metrics is not None:
             raise ValueError("compute_metrics is deprecated in TRL's DPOTrainer and not supported by torchlike's: "
                              "evaluate() reports TRL's preference metrics (eval_rewards/accuracies, eval_logps/chosen, "
                              "...); compute others from trainer.evaluate()'s result or a callback's on_evaluate.")
-        if ref_model is not None and ref_model is model:
-            raise ValueError("model and ref_model cannot be the same object; omit ref_model to use the initial model "
-                             "as the reference.")
-        if ref_model is not None:
-            check_causal_lm(ref_model, "ref_model", "DPOTrainer")
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self.ref_model = ref_model
         self.pad_token_id = self._pad_token_id(processing_class, args.pad_token)
@@ -97,51 +90,19 @@ class DPOTrainer(TRLTrainer):
                                   f_alpha_divergence_coef=args.f_alpha_divergence_coef,
                                   discopop_tau=args.discopop_tau, ld_alpha=args.ld_alpha,
                                   use_weighting=args.use_weighting)
-        train_examples = self._tokenize(train_dataset, processing_class, args, model)
-        eval_examples = map_datasets(eval_dataset, lambda dataset: self._tokenize(dataset, processing_class, args,
-                                                                                  model))
-        every_eval_example = [example for examples in each_dataset(eval_examples) for example in examples]
-        # One padded length for training and evaluation, so XLA compiles each step once.
-        self.padded_length = padded_length([*train_examples, *every_eval_example], args.max_length,
-                                           args.truncation_mode, args.pad_to_multiple_of)
+        train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
         collator = data_collator or (lambda rows: collate_preference_batch(
             rows, self.pad_token_id, self.padded_length, args.max_length, args.truncation_mode))
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
                          eval_dataset=eval_examples, processing_class=processing_class,
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers)
-        # Without ref_model: the base weights of a new adapter (valid all run long), else the initial weights (only
-        # until the first step; a frozen copy with sync_ref_model).
-        self._init_reference(ref_model, adapter_off=reference_policy.lora_is_new(self._module))
-        if args.sync_ref_model:
-            self._start_reference_sync()
-        else:  # with sync_ref_model each batch is scored by the current reference instead
-            self._add_reference_log_probs(train_examples, args.per_device_train_batch_size)
-        for examples in each_dataset(eval_examples):
-            self._add_reference_log_probs(examples, args.per_device_eval_batch_size)
+        self._start_reference(ref_model, train_examples, eval_examples)
         self._warn_if_sorting_loss_sees_padding()
         # What TRL users read: a datasets.Dataset with TRL's columns (prompt_ids, chosen_ids, rejected_ids and the
         # precomputed ref_chosen_logps / ref_rejected_logps).
         self.train_dataset = datasets.Dataset.from_list(train_examples)
 
     # ------------------------------------------------------------------ data
-    @staticmethod
-    def _check_settings(args: Any, train_dataset: Any, eval_dataset: Any) -> None:
-        """TRL's checks of the datasets and reference settings, with its wording."""
-        if args.precompute_ref_log_probs and any(isinstance(dataset, datasets.IterableDataset) for dataset in
-                                                 [train_dataset, *each_dataset(eval_dataset)]):
-            raise ValueError("`precompute_ref_log_probs=True` is not supported with IterableDataset. Please use a "
-                             "map-style Dataset or set `precompute_ref_log_probs=False`.")
-        check_text_dataset(train_dataset)
-        if args.sync_ref_model and args.precompute_ref_log_probs:
-            raise ValueError("You cannot use `sync_ref_model=True` together with `precompute_ref_log_probs=True`. "
-                             "`precompute_ref_log_probs=True` assumes a fixed reference model, but with "
-                             "`sync_ref_model=True` the reference model is periodically updated during training, "
-                             "making any precomputed reference log-probs stale. Set `precompute_ref_log_probs=False` "
-                             "or disable `sync_ref_model`.")
-        if args.use_weighting and {"aot", "aot_unpaired"} & set(args.loss_type):
-            raise NotImplementedError("WPO-style weighting is not implemented for 'aot' or 'aot_unpaired' because "
-                                      "those losses sort samples, which would misalign per-pair weights.")
-
     def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
         """Prepared examples of ``dataset``, checked against the vocabulary of the models that will read them."""
         examples = prepare_preference_examples(dataset, tokenizer, max_length=args.max_length,
@@ -150,6 +111,10 @@ class DPOTrainer(TRLTrainer):
                                             for key in ("prompt_ids", "chosen_ids", "rejected_ids"))])
         self._check_token_ids(largest, tokenizer, {"model": model, "ref_model": self.ref_model})
         return examples
+
+    def _padded_length(self, examples: list[dict]) -> int:
+        args = self.args
+        return padded_length(examples, args.max_length, args.truncation_mode, args.pad_to_multiple_of)
 
     def _warn_if_sorting_loss_sees_padding(self) -> None:
         sorting = sorted(set(self.loss_settings["loss_type"]) & {"aot", "aot_unpaired"})
@@ -165,82 +130,6 @@ class DPOTrainer(TRLTrainer):
         return dpo_loss.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh,
                                        self.loss_settings["ld_alpha"])
 
-    def _add_reference_log_probs(self, examples: list[dict], per_device_batch_size: int) -> None:
-        """Adds ``ref_chosen_logps``/``ref_rejected_logps`` to every example (TRL's ``compute_ref_log_probs``)."""
-        self._add_reference_columns(examples, self._reference_pass(), _REFERENCE_COLUMNS, per_device_batch_size)
-
-    def _start_reference_sync(self) -> None:
-        """``sync_ref_model``: TRL's ``SyncRefModelCallback`` mixes the policy into the reference (``ref_model``'s
-        module, else a copy of the initial model); each training batch is scored by it as it is used (so batches are
-        not prepared ahead), and each evaluation again."""
-        from flax import nnx
-
-        self._allow_prefetch = False
-        pass_ = self._reference_pass()
-        compute_dtype = self._compute_dtype()
-
-        @nnx.jit
-        def group_log_probs(module, micro_batches):
-            module = train_step.cast_floating(module, compute_dtype)
-            count = jax.tree.leaves(micro_batches)[0].shape[0]
-            outputs = [pass_(module, {key: value[index] for key, value in micro_batches.items()})
-                       for index in range(count)]
-            return tuple(jnp.stack(values) for values in zip(*outputs, strict=True))
-
-        self._group_reference_log_probs = group_log_probs
-
-    def _batches(self, epoch: int, skip: int = 0):
-        """The Trainer's batches; with ``sync_ref_model``, each scored by the current reference when it is used."""
-        for group in super()._batches(epoch, skip):
-            if self.args.sync_ref_model:
-                chosen, rejected = self._group_reference_log_probs(self.reference.module, group)
-                group = {**group, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
-            yield group
-
-    def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
-        """The Trainer's evaluation; with ``sync_ref_model`` the examples are first scored by the current
-        reference, as TRL's reference forward in each evaluation step."""
-        if self.args.sync_ref_model:
-            self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
-        return super()._evaluation_loop(examples, metric_key_prefix)
-
     # ------------------------------------------------------------------ Trainer hooks
     def _loss(self) -> tuple[Callable, None]:
         return preference_loss(self.model.family, **self.loss_settings), None
-
-    def _signature_columns(self) -> None:
-        """Every column: the prepared examples hold only the pair's token ids and reference log-probabilities."""
-        return None
-
-    def log(self, logs: dict[str, float]) -> None:
-        """Records ``logs`` with ``num_tokens`` as TRL's running total of training tokens.
-
-        The step metrics arrive averaged over micro-batches and over the steps since the previous log, so the tokens
-        of those steps are that mean times both counts; the total so far is read back from ``state.log_history``,
-        which a resumed run restores.
-        """
-        previous = next((entry for entry in reversed(self.state.log_history) if "num_tokens" in entry),
-                        {"step": 0, "num_tokens": 0})
-        if "num_tokens" in logs:
-            steps = self.state.global_step - previous["step"]
-            added = round(logs["num_tokens"] * self.args.gradient_accumulation_steps * steps)
-            logs = {**logs, "num_tokens": previous["num_tokens"] + added}
-        elif "eval_num_tokens" in logs:  # TRL reports the training total in evaluation too
-            logs = {**logs, "eval_num_tokens": previous["num_tokens"]}
-        super().log(logs)
-
-    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
-        """Raw preference data prepared and scored by the reference (TRL's ``evaluate`` does too); examples that
-        carry reference log-probabilities already (the trainer's ``eval_dataset``) as they are."""
-        if all(key in next(iter(dataset), {}) for key in _REFERENCE_COLUMNS):
-            return super()._prepare_eval_dataset(dataset)
-        examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
-        self.padded_length = max(self.padded_length, padded_length(
-            examples, self.args.max_length, self.args.truncation_mode, self.args.pad_to_multiple_of))
-        self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
-        return examples
-
-    def _step_metric_prefix(self, metric_key_prefix: str) -> str:
-        """``"eval"``: TRL logs its metrics (``rewards/chosen``...) as ``eval_<metric>`` whatever the dataset, so with a
-        dict of eval datasets only the loss, runtime and speed carry the dataset's name."""
-        return "eval"

@@ -98,7 +98,6 @@ class GRPOTrainer(TRLTrainer):
                              "support; pass reward functions instead.")
         args = self._trl_args(model, args)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
-        self.args = args
         self.reward_funcs = self._check_reward_functions(reward_funcs)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required unless an `environment_factory` is provided. (torchlike "

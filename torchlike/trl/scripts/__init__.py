@@ -1,4 +1,4 @@
-"""torchlike's training scripts, TRL's ``trl/scripts/{sft,grpo,dpo}.py`` on torchlike: ``torchlike sft|grpo|dpo``.
+"""torchlike's training scripts, TRL's ``trl/scripts/{sft,grpo,rloo,dpo,kto}.py`` on torchlike: ``torchlike <name>``.
 
 Each module has ``make_parser(prog)`` and ``main(script_args, training_args, model_args, dataset_args)`` and runs as
 ``python -m torchlike.trl.scripts.<name>``; what they share lives in :mod:`torchlike.trl.scripts.common`.
