@@ -367,24 +367,25 @@ class CausalLM:
         if not is_main_process and jax.process_count() == 1:
             return
         specs, sources = tunix_model.export_plan(self.family, self.module)
-
-        def write_metadata(folder: Path) -> None:
-            config = copy.deepcopy(self.config)
-            config.dtype = dtype_name(self.dtype)
-            if not getattr(config, "architectures", None):
-                config.architectures = [self.family.architectures[0]]
-            config.save_pretrained(folder)
-            self.generation_config.save_pretrained(folder)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(folder)
-
         hf_checkpoint.write_checkpoint(
             save_directory, specs, lambda spec: tunix_model.materialize_hf_tensor(sources, spec),
-            max_shard_size=max_shard_size, extra_files=write_metadata,
+            max_shard_size=max_shard_size, extra_files=lambda folder: self._save_metadata(folder, tokenizer),
         )
         if push_to_hub:
             repo_id = push_kwargs.pop("repo_id", Path(save_directory).name)
             hf_hub.upload_folder(save_directory, repo_id, **push_kwargs)
+
+    def _save_metadata(self, folder: Path, tokenizer: Any) -> None:
+        """The files beside the weights: ``config.json`` (this dtype; the family's architecture when the config
+        names none), ``generation_config.json`` and the tokenizer's files."""
+        config = copy.deepcopy(self.config)
+        config.dtype = dtype_name(self.dtype)
+        if not getattr(config, "architectures", None):
+            config.architectures = [self.family.architectures[0]]
+        config.save_pretrained(folder)
+        self.generation_config.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
 
     def push_to_hub(
         self,
@@ -461,18 +462,8 @@ class AutoModelForCausalLM:
             >>> model = AutoModelForCausalLM.from_pretrained("path/to/qwen", dtype="bfloat16")
             >>> model([[1, 2, 3]]).logits.shape
         """
-        if model_args:
-            raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
-        initialize_distributed()  # before any device is touched, when launched as one of several processes
-        if mesh is None and jax.process_count() > 1:
-            # One process cannot hold a model for the others: load straight onto the mesh of every device
-            # (the default a Trainer would pick), each process filling its own shards.
-            mesh = make_mesh()
-        check_loading_options(trust_remote_code, attn_implementation, device_map)
-        quantization = requested_quantization(kwargs)
-        enable_compilation_cache()
-        if dtype is None and torch_dtype is not None:
-            dtype = torch_dtype
+        mesh, quantization, dtype = loading_preamble(model_args, mesh, trust_remote_code, attn_implementation,
+                                                     device_map, dtype, torch_dtype, kwargs)
         if _is_transformers_model(pretrained_model_name_or_path):
             model = _from_transformers_model(pretrained_model_name_or_path, dtype, mesh)
             model.quantization = announce_quantization(quantization)
@@ -524,6 +515,27 @@ class AutoModelForCausalLM:
         module = tunix_model.load_weights(family, config, random_tensors(), target_dtype, mesh=mesh,
                                           source="from_config")
         return CausalLM(module, config, family, None, mesh, "")
+
+
+def loading_preamble(model_args: tuple, mesh: Any, trust_remote_code: bool, attn_implementation: str | None,
+                     device_map: Any, dtype: Any, torch_dtype: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """What every ``from_pretrained`` does first: refuse positional arguments and options JAX cannot honour, join the
+    processes of a ``jax.distributed`` launch (before any device is touched) and load onto every device's mesh
+    there (one process cannot hold a model for the others), enable the compilation cache, and take the
+    quantisation request out of ``kwargs``.
+
+    Returns:
+        ``(mesh, quantization request, dtype)`` (``torch_dtype`` is the deprecated alias of ``dtype``).
+    """
+    if model_args:
+        raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
+    initialize_distributed()
+    if mesh is None and jax.process_count() > 1:
+        mesh = make_mesh()
+    check_loading_options(trust_remote_code, attn_implementation, device_map)
+    quantization = requested_quantization(kwargs)
+    enable_compilation_cache()
+    return mesh, quantization, torch_dtype if dtype is None and torch_dtype is not None else dtype
 
 
 def _is_transformers_model(obj: Any) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,14 +18,13 @@ import numpy as np
 from .adapters import hf_checkpoint, hf_hub, tunix_model
 from .adapters import sequence_classification as classification
 from .adapters.families import family_for_config
-from .adapters.mesh import entered, initialize_distributed, make_mesh
-from .adapters.runtime.compilation import enable_compilation_cache
+from .adapters.mesh import entered
 from .arrays import to_numpy_2d
-from .checkpoint_config import check_loading_options, first_tensor_dtype, read_config
+from .checkpoint_config import first_tensor_dtype, read_config
 from .dtypes import dtype_name, resolve_dtype
-from .modeling import CausalLM
+from .modeling import CausalLM, loading_preamble
 from .module_tree import module_tree_lines
-from .quantization import announce_quantization, requested_quantization
+from .quantization import announce_quantization
 
 __all__ = ["AutoModelForSequenceClassification", "SequenceClassifier", "SequenceClassifierOutput"]
 
@@ -126,54 +124,17 @@ class SequenceClassifier(CausalLM):
                   f"dtype={self.dtype.name}, parameters={self.num_parameters():,})")
         return "\n".join([header, *("  " + line for line in module_tree_lines(self.module))])
 
-    def save_pretrained(
-        self,
-        save_directory: str | os.PathLike,
-        max_shard_size: int | str = "5GB",
-        safe_serialization: bool = True,
-        tokenizer: Any = None,
-        is_main_process: bool = True,
-        push_to_hub: bool = False,
-        **push_kwargs: Any,
-    ) -> None:
-        """Writes ``config.json`` (``architectures`` the family's ``*ForSequenceClassification``), safetensors
-        weights (``model.*`` and ``score.weight``) and tokenizer files, as ``transformers`` does for a classifier
-        (no ``generation_config.json``).
-
-        The layout, sharding and atomic publication are those of :meth:`CausalLM.save_pretrained`; the folder
-        loads in ``transformers.AutoModelForSequenceClassification.from_pretrained``.
-
-        Args:
-            save_directory: output directory (created if missing; must not be a file).
-            max_shard_size: largest shard, in bytes or as ``"5GB"``/``"200MB"``.
-            safe_serialization: must be ``True``; torchlike writes safetensors only.
-            tokenizer: a ``transformers`` tokenizer whose files are saved alongside.
-            is_main_process: ``False`` writes nothing (with several JAX processes, every process must call it).
-            push_to_hub: also upload the directory (``repo_id`` in ``push_kwargs``, default the directory name).
-        """
-        if not safe_serialization:
-            raise ValueError("safe_serialization=False is not supported: torchlike writes safetensors only, "
-                             "which transformers and vLLM load. Drop the argument.")
-        hf_checkpoint.check_output_dir(save_directory)
-        if not is_main_process and jax.process_count() == 1:
-            return
-        specs, sources = tunix_model.export_plan(self.family, self.module)
-
-        def write_metadata(folder: Path) -> None:
-            config = copy.deepcopy(self.config)
-            config.dtype = dtype_name(self.dtype)
-            config.architectures = [self.family.architectures[0]]  # transformers names the saving class
-            config.save_pretrained(folder)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(folder)
-
-        hf_checkpoint.write_checkpoint(
-            save_directory, specs, lambda spec: tunix_model.materialize_hf_tensor(sources, spec),
-            max_shard_size=max_shard_size, extra_files=write_metadata,
-        )
-        if push_to_hub:
-            repo_id = push_kwargs.pop("repo_id", Path(save_directory).name)
-            hf_hub.upload_folder(save_directory, repo_id, **push_kwargs)
+    def _save_metadata(self, folder: Path, tokenizer: Any) -> None:
+        """``config.json`` with ``architectures`` the family's ``*ForSequenceClassification`` (transformers names the
+        saving class) and the tokenizer's files; no ``generation_config.json``, as transformers writes none for a
+        classifier. ``save_pretrained`` is :meth:`CausalLM.save_pretrained` (weights ``model.*`` and
+        ``score.weight``), which loads in ``transformers.AutoModelForSequenceClassification``."""
+        config = copy.deepcopy(self.config)
+        config.dtype = dtype_name(self.dtype)
+        config.architectures = [self.family.architectures[0]]
+        config.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
 
 
 class AutoModelForSequenceClassification:
@@ -234,16 +195,8 @@ class AutoModelForSequenceClassification:
             >>> model(batch["input_ids"], batch["attention_mask"]).logits.shape
             (8, 1)
         """
-        if model_args:
-            raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
-        initialize_distributed()
-        if mesh is None and jax.process_count() > 1:
-            mesh = make_mesh()
-        check_loading_options(trust_remote_code, attn_implementation, device_map)
-        quantization = requested_quantization(kwargs)
-        enable_compilation_cache()
-        if dtype is None and torch_dtype is not None:
-            dtype = torch_dtype
+        mesh, quantization, dtype = loading_preamble(model_args, mesh, trust_remote_code, attn_implementation,
+                                                     device_map, dtype, torch_dtype, kwargs)
         if num_labels is not None:
             kwargs["num_labels"] = num_labels
         source = pretrained_model_name_or_path

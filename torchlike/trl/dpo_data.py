@@ -84,26 +84,72 @@ def _missing_columns_error(columns: Sequence[str], detail: str) -> ValueError:
                       f"{formats}")
 
 
-class _PreferenceTokenizer:
+class PromptResponseTokenizer:
+    """What the offline preference trainers' tokenisers share: the tokenizer checks (a chat template for message
+    lists, an eos token to append to text responses), token ids of text or messages, and the prompt split where the
+    tokenised prompt stops being a prefix of prompt + response (TRL's rule), with one warning per dataset.
+
+    Args:
+        tokenizer: the tokenizer.
+        conversational: the dataset holds message lists.
+        trainer: ``"DPO"``, ``"KTO"``..., for messages.
+    """
+
+    def __init__(self, tokenizer: Any, conversational: bool, trainer: str):
+        self.tokenizer = tokenizer
+        self.conversational = conversational
+        self.prefix_warned = False
+        if conversational and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"The {trainer} dataset is conversational (message lists), but the tokenizer "
+                             f"({type(tokenizer).__name__}) has no chat template to render it. Set one with "
+                             "`tokenizer.chat_template = '<jinja template>'`, e.g. the template of the model family "
+                             "you train.")
+        if not conversational and not tokenizer.eos_token:
+            raise ValueError(f"The tokenizer ({type(tokenizer).__name__}) has no eos_token, and standard "
+                             f"(non-conversational) {trainer} responses get one appended so the model learns to stop. "
+                             "Set tokenizer.eos_token.")
+
+    def _ids(self, messages_or_text: Any, template_kwargs: Mapping[str, Any], **kwargs: Any) -> list[int]:
+        if self.conversational:
+            out = self.tokenizer.apply_chat_template(messages_or_text, tokenize=True, return_dict=True,
+                                                     **template_kwargs, **kwargs)
+        else:
+            out = self.tokenizer(text=messages_or_text)
+        return list(out["input_ids"])
+
+    def _with_eos(self, text: str) -> str:
+        eos = self.tokenizer.eos_token
+        return text if text.endswith(eos) else text + eos
+
+    def _prompt_ids(self, prompt: Any, template_kwargs: Mapping[str, Any]) -> list[int]:
+        if self.conversational:
+            return self._ids(prompt, template_kwargs, add_generation_prompt=True)
+        return self._ids(prompt, template_kwargs)
+
+    def _prompt_length(self, prompt_ids: list[int], full_ids: Iterable[list[int]], index: int) -> int:
+        """Where the prompt ends: the longest prefix ``prompt_ids`` shares with every tokenised prompt + response."""
+        prompt_length = min(_common_prefix_length(prompt_ids, ids) for ids in full_ids)
+        if prompt_length < len(prompt_ids) and not self.prefix_warned:
+            self.prefix_warned = True
+            warnings.warn(
+                f"Example {index}: the tokenised prompt is not a prefix of the tokenised prompt + response (tokens "
+                "merge across the boundary, or the chat template renders the prompt alone differently); the "
+                "completion starts where they diverge, and the prompt's tail "
+                f"{self.tokenizer.decode(prompt_ids[prompt_length:])!r} is not in the training sequence. End prompts "
+                "on a token boundary to avoid it. Shown once; it likely applies to other examples.",
+                PreferenceDataWarning, stacklevel=5)
+        return prompt_length
+
+
+class _PreferenceTokenizer(PromptResponseTokenizer):
     """Settings resolved once per dataset; turns one raw example into ``prompt_ids``/``chosen_ids``/``rejected_ids``."""
 
     def __init__(self, tokenizer: Any, first: Mapping[str, Any], columns: Sequence[str]):
         missing = [key for key in _RESPONSES if key not in first]
         if missing:
             raise _missing_columns_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column")
-        self.tokenizer = tokenizer
         self.explicit_prompt = "prompt" in first
-        self.conversational = _is_message_list(first["chosen"])
-        self.prefix_warned = False
-        if self.conversational and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"The DPO dataset is conversational (message lists), but the tokenizer "
-                             f"({type(tokenizer).__name__}) has no chat template to render it. Set one with "
-                             "`tokenizer.chat_template = '<jinja template>'`, e.g. the template of the model family "
-                             "you train.")
-        if not self.conversational and not tokenizer.eos_token:
-            raise ValueError(f"The tokenizer ({type(tokenizer).__name__}) has no eos_token, and standard "
-                             "(non-conversational) DPO responses get one appended so the model learns to stop. Set "
-                             "tokenizer.eos_token.")
+        super().__init__(tokenizer, _is_message_list(first["chosen"]), "DPO")
 
     def _check_layout(self, example: Mapping[str, Any], index: int) -> None:
         keys = (("prompt",) if self.explicit_prompt else ()) + _RESPONSES
@@ -118,14 +164,6 @@ class _PreferenceTokenizer:
             raise ValueError(f"Example {index}: {', '.join(keys)} should all be {expected}, like the first "
                              f"example; found {found}.")
 
-    def _ids(self, messages_or_text: Any, template_kwargs: Mapping[str, Any], **kwargs: Any) -> list[int]:
-        if self.conversational:
-            out = self.tokenizer.apply_chat_template(messages_or_text, tokenize=True, return_dict=True,
-                                                     **template_kwargs, **kwargs)
-        else:
-            out = self.tokenizer(text=messages_or_text)
-        return list(out["input_ids"])
-
     def __call__(self, raw: Mapping[str, Any], index: int) -> dict[str, list[int]]:
         if not isinstance(raw, Mapping):
             raise TypeError(f"Example {index} should be a dict of columns; found {_describe(raw)}.")
@@ -134,22 +172,10 @@ class _PreferenceTokenizer:
         prompt = example["prompt"]
         template_kwargs = chat_template_kwargs_for(example) if self.conversational else {}
         if not self.conversational:
-            eos = self.tokenizer.eos_token
-            example.update({key: example[key] if example[key].endswith(eos) else example[key] + eos
-                            for key in _RESPONSES})
-        prompt_ids = self._ids(prompt, template_kwargs, add_generation_prompt=True) if self.conversational \
-            else self._ids(prompt, template_kwargs)
+            example.update({key: self._with_eos(example[key]) for key in _RESPONSES})
+        prompt_ids = self._prompt_ids(prompt, template_kwargs)
         full = {key: self._ids(prompt + example[key], template_kwargs) for key in _RESPONSES}
-        prompt_length = min(_common_prefix_length(prompt_ids, full[key]) for key in _RESPONSES)
-        if prompt_length < len(prompt_ids) and not self.prefix_warned:
-            self.prefix_warned = True
-            warnings.warn(
-                f"Example {index}: the tokenised prompt is not a prefix of the tokenised prompt + response (tokens "
-                "merge across the boundary, or the chat template renders the prompt alone differently); the "
-                "completion starts where they diverge, and the prompt's tail "
-                f"{self.tokenizer.decode(prompt_ids[prompt_length:])!r} is not in the training sequence. End prompts "
-                "on a token boundary to avoid it. Shown once; it likely applies to other examples.",
-                PreferenceDataWarning, stacklevel=4)
+        prompt_length = self._prompt_length(prompt_ids, full.values(), index)
         return {"prompt_ids": prompt_ids[:prompt_length],
                 **{f"{key}_ids": full[key][prompt_length:] for key in _RESPONSES}}
 
@@ -245,6 +271,31 @@ def padded_length(examples: Iterable[Mapping[str, Any]], max_length: int | None,
     return round_up_to_multiple(longest, pad_to_multiple_of)
 
 
+def padded_sequences(examples: Sequence[Mapping[str, Any]], responses: Iterable[tuple[str, str]], pad_token_id: int,
+                     length: int, window: Any) -> dict[str, np.ndarray]:
+    """Each example's prompt + response as fixed-width rows: for every ``(response, prefix)``, int32 ``[B, length]``
+    ``<prefix>input_ids`` (padded with ``pad_token_id``), ``<prefix>attention_mask`` and ``<prefix>completion_mask``
+    (1 on the response's tokens), the sequence cut by ``window`` (``_window(max_length, truncation_mode)``).
+
+    Raises:
+        ValueError: a sequence longer than ``length``.
+    """
+    batch: dict[str, np.ndarray] = {}
+    for response, prefix in responses:
+        input_ids = np.full((len(examples), length), pad_token_id, dtype=np.int32)
+        attention_mask = np.zeros((len(examples), length), dtype=np.int32)
+        completion_mask = np.zeros((len(examples), length), dtype=np.int32)
+        for row, example in enumerate(examples):
+            ids, mask = _sequence(example, response, window)
+            if len(ids) > length:
+                raise ValueError(f"Example {row} of the batch has a {len(ids)}-token {response} sequence, more than "
+                                 f"the padded length {length}; compute the length with padded_length(...).")
+            input_ids[row, :len(ids)], attention_mask[row, :len(ids)], completion_mask[row, :len(ids)] = ids, 1, mask
+        batch.update({f"{prefix}input_ids": input_ids, f"{prefix}attention_mask": attention_mask,
+                      f"{prefix}completion_mask": completion_mask})
+    return batch
+
+
 def collate_preference_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, length: int,
                              max_length: int | None = None, truncation_mode: str = "keep_start"
                              ) -> dict[str, np.ndarray]:
@@ -268,19 +319,8 @@ def collate_preference_batch(examples: Sequence[Mapping[str, Any]], pad_token_id
         ``[B]`` ``ref_chosen_logps``/``ref_rejected_logps`` when the examples have them.
     """
     window = _window(max_length, truncation_mode)
-    batch: dict[str, np.ndarray] = {}
-    for response in _RESPONSES:
-        input_ids = np.full((len(examples), length), pad_token_id, dtype=np.int32)
-        attention_mask = np.zeros((len(examples), length), dtype=np.int32)
-        completion_mask = np.zeros((len(examples), length), dtype=np.int32)
-        for row, example in enumerate(examples):
-            ids, mask = _sequence(example, response, window)
-            if len(ids) > length:
-                raise ValueError(f"Example {row} of the batch has a {len(ids)}-token {response} sequence, more than "
-                                 f"the padded length {length}; compute the length with padded_length(...).")
-            input_ids[row, :len(ids)], attention_mask[row, :len(ids)], completion_mask[row, :len(ids)] = ids, 1, mask
-        batch.update({f"{response}_input_ids": input_ids, f"{response}_attention_mask": attention_mask,
-                      f"{response}_completion_mask": completion_mask})
+    batch = padded_sequences(examples, [(response, f"{response}_") for response in _RESPONSES], pad_token_id, length,
+                             window)
     for key in ("ref_chosen_logps", "ref_rejected_logps"):
         if examples and key in examples[0]:
             batch[key] = np.asarray([example[key] for example in examples], dtype=np.float32)

@@ -35,8 +35,16 @@ from typing import Any
 import numpy as np
 
 from .base_config import round_up_to_multiple
-from .dpo_data import _MAX_DROP_WARNINGS, PreferenceDataWarning, _sequence, _window, extract_prompt
-from .sft_data import _columns, _common_prefix_length, _describe, _is_message_list, chat_template_kwargs_for
+from .dpo_data import (
+    _MAX_DROP_WARNINGS,
+    PreferenceDataWarning,
+    PromptResponseTokenizer,
+    _sequence,
+    _window,
+    extract_prompt,
+    padded_sequences,
+)
+from .sft_data import _columns, _describe, _is_message_list, chat_template_kwargs_for
 
 __all__ = [
     "ACCEPTED_FORMATS",
@@ -98,22 +106,11 @@ def _label(value: Any, index: int) -> bool:
                      f"found {value!r}.")
 
 
-class _UnpairedTokenizer:
+class _UnpairedTokenizer(PromptResponseTokenizer):
     """Settings resolved from the first example; turns one unpaired example into ``prompt_ids``/``completion_ids``."""
 
     def __init__(self, tokenizer: Any, first: Mapping[str, Any]):
-        self.tokenizer = tokenizer
-        self.conversational = _is_message_list(first["prompt"]) or _is_message_list(first["completion"])
-        self.prefix_warned = False
-        if self.conversational and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"The KTO dataset is conversational (message lists), but the tokenizer "
-                             f"({type(tokenizer).__name__}) has no chat template to render it. Set one with "
-                             "`tokenizer.chat_template = '<jinja template>'`, e.g. the template of the model family "
-                             "you train.")
-        if not self.conversational and not tokenizer.eos_token:
-            raise ValueError(f"The tokenizer ({type(tokenizer).__name__}) has no eos_token, and standard "
-                             "(non-conversational) KTO completions get one appended so the model learns to stop. Set "
-                             "tokenizer.eos_token.")
+        super().__init__(tokenizer, _is_message_list(first["prompt"]) or _is_message_list(first["completion"]), "KTO")
 
     def check_layout(self, example: Mapping[str, Any], index: int) -> None:
         missing = [key for key in (*_PROMPT_COLUMNS, "label") if key not in example]
@@ -127,35 +124,14 @@ class _UnpairedTokenizer:
             raise ValueError(f"Example {index}: prompt and completion should both be {expected}, like the first "
                              f"example; found {found}.")
 
-    def _ids(self, value: Any, template_kwargs: Mapping[str, Any], **kwargs: Any) -> list[int]:
-        if self.conversational:
-            out = self.tokenizer.apply_chat_template(value, tokenize=True, return_dict=True, **template_kwargs,
-                                                     **kwargs)
-        else:
-            out = self.tokenizer(text=value)
-        return list(out["input_ids"])
-
     def __call__(self, example: Mapping[str, Any], index: int) -> dict[str, Any]:
         prompt, completion = example["prompt"], example["completion"]
-        if self.conversational:
-            template_kwargs = chat_template_kwargs_for(example)
-            prompt_ids = self._ids(prompt, template_kwargs, add_generation_prompt=True)
-        else:
-            template_kwargs = {}
-            eos = self.tokenizer.eos_token
-            completion = completion if completion.endswith(eos) else completion + eos
-            prompt_ids = self._ids(prompt, template_kwargs)
+        template_kwargs = chat_template_kwargs_for(example) if self.conversational else {}
+        if not self.conversational:
+            completion = self._with_eos(completion)
+        prompt_ids = self._prompt_ids(prompt, template_kwargs)
         full_ids = self._ids(prompt + completion, template_kwargs)
-        prompt_length = _common_prefix_length(prompt_ids, full_ids)
-        if prompt_length < len(prompt_ids) and not self.prefix_warned:
-            self.prefix_warned = True
-            warnings.warn(
-                f"Example {index}: the tokenised prompt is not a prefix of the tokenised prompt + completion (tokens "
-                "merge across the boundary, or the chat template renders the prompt alone differently); the "
-                "completion starts where they diverge, and the prompt's tail "
-                f"{self.tokenizer.decode(prompt_ids[prompt_length:])!r} is not in the training sequence. End prompts "
-                "on a token boundary to avoid it. Shown once; it likely applies to other examples.",
-                PreferenceDataWarning, stacklevel=4)
+        prompt_length = self._prompt_length(prompt_ids, [full_ids], index)
         return {"prompt_ids": prompt_ids[:prompt_length], "completion_ids": full_ids[prompt_length:],
                 "label": _label(example["label"], index)}
 
@@ -325,21 +301,9 @@ def collate_unpaired_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: 
         completions, bool ``[B]`` ``label``, and float32 ``[B]`` ``ref_logps``/``ref_KL_logps`` when the examples
         have them.
     """
-    window = _window(max_length, "keep_start")
-    batch: dict[str, np.ndarray] = {}
-    for response in _responses(examples):
-        prefix = response.removesuffix("completion")
-        input_ids = np.full((len(examples), length), pad_token_id, dtype=np.int32)
-        attention_mask = np.zeros((len(examples), length), dtype=np.int32)
-        completion_mask = np.zeros((len(examples), length), dtype=np.int32)
-        for row, example in enumerate(examples):
-            ids, mask = _sequence(example, response, window)
-            if len(ids) > length:
-                raise ValueError(f"Example {row} of the batch has a {len(ids)}-token {response} sequence, more than "
-                                 f"the padded length {length}; compute the length with padded_length(...).")
-            input_ids[row, :len(ids)], attention_mask[row, :len(ids)], completion_mask[row, :len(ids)] = ids, 1, mask
-        batch.update({f"{prefix}input_ids": input_ids, f"{prefix}attention_mask": attention_mask,
-                      f"{prefix}completion_mask": completion_mask})
+    batch = padded_sequences(examples, [(response, response.removesuffix("completion"))
+                                        for response in _responses(examples)], pad_token_id, length,
+                             _window(max_length, "keep_start"))
     batch["label"] = np.asarray([bool(example["label"]) for example in examples], dtype=bool)
     for key in ("ref_logps", "ref_KL_logps"):
         if examples and key in examples[0]:

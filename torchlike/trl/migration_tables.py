@@ -6,23 +6,25 @@ import dataclasses
 
 from ..field_support import field_table
 from ..training_args import TrainingArguments
+from .distillation_config import DistillationConfig
 from .dpo_config import DPOConfig
 from .grpo_config import GRPOConfig
 from .kto_config import KTOConfig
+from .reward_config import RewardConfig
 from .rloo_config import RLOOConfig
 from .sft_config import SFTConfig
 
 
 def unsupported_fields_markdown() -> str:
-    """The "not honoured" tables of MIGRATION.md: every ignored or refused field of ``TrainingArguments``,
-    ``SFTConfig``, ``GRPOConfig``, ``RLOOConfig``, ``DPOConfig`` and ``KTOConfig`` with its reason (a test keeps MIGRATION.md equal
-    to it).
+    """The "not honoured" tables of MIGRATION.md: every ignored or refused field of ``TrainingArguments`` and of
+    each TRL config class, with its reason (a test keeps MIGRATION.md equal to it).
 
     Returns:
         Markdown: one table per config class, rows sorted by status then name.
     """
     sections, shown = [], set()
-    for config_class in (TrainingArguments, SFTConfig, GRPOConfig, RLOOConfig, DPOConfig, KTOConfig):
+    for config_class in (TrainingArguments, SFTConfig, GRPOConfig, RLOOConfig, DPOConfig, KTOConfig,
+                         RewardConfig, DistillationConfig):
         names = {field.name for field in dataclasses.fields(config_class)}
         table = field_table(config_class)
         rows = sorted((support.status, name, support.reason) for name, support in table.items()
