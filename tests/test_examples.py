@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-SCRIPTS = ["demo", "dpo", "export_for_vllm", "grpo_countdown", "lora_lenient_load", "sft_lora"]
+SCRIPTS = ["demo", "dpo", "export_for_vllm", "grpo_countdown", "kto", "lora_lenient_load", "rloo_countdown",
+           "sft_lora"]
 
 
 def example(name: str) -> ModuleType:
@@ -101,6 +102,22 @@ def test_dpo_starts_at_ln2_with_the_adapter_as_reference_and_logs_every_step(tmp
     assert result["losses"][0] == pytest.approx(math.log(2), abs=1e-5)
     assert result["margins"][0] == pytest.approx(0.0, abs=1e-5) and len(result["margins"]) == 3
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(result["adapter_files"])
+
+
+def test_kto_starts_at_one_half_with_the_adapter_as_reference_and_logs_every_step(tmp_path):
+    result = example("kto").main(["--max-steps", "3", "--out", str(tmp_path)])
+    assert result["logging_steps"] == 1 and len(result["losses"]) == 3 and np.isfinite(result["losses"]).all()
+    assert result["losses"][0] == pytest.approx(0.5, abs=1e-5)
+    assert result["chosen_rewards"][0] == pytest.approx(0.0, abs=1e-5) and len(result["chosen_rewards"]) == 3
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(result["adapter_files"])
+
+
+def test_rloo_countdown_logs_rewards_and_kl_every_step_and_saves_the_model(tmp_path):
+    result = example("rloo_countdown").main(["--max-steps", "2", "--warm-up-steps", "2", "--batch-size", "8",
+                                            "--out", str(tmp_path)])
+    assert len(result["rewards"]) == 2 and all(0.0 <= r <= 1.1 for r in result["rewards"])
+    assert result["kl"][0] == pytest.approx(0.0, abs=1e-5) and len(result["kl"]) == 2
+    assert "model.safetensors" in result["model_files"]
 
 
 def test_lora_lenient_load_reports_the_lora_keys_missing_and_restores_the_fine_tune(tmp_path):
