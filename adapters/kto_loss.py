@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from . import chunked_logprobs
 from .families import Family
 from .lora import runtime as lora_runtime
+from .step_metrics import PRESENCE_PREFIX, finish_metrics
 
 __all__ = ["KL_LOSS_TYPES", "KTO_LOSS_TYPES", "KTOLossSettings", "finish_metrics", "kto_loss", "kto_step_loss",
            "kto_token_metrics", "reference_columns", "reference_pass"]
@@ -33,9 +34,6 @@ __all__ = ["KL_LOSS_TYPES", "KTO_LOSS_TYPES", "KTOLossSettings", "finish_metrics
 KTO_LOSS_TYPES: tuple[str, ...] = ("kto", "apo_zero_unpaired")
 #: Loss types that estimate the KL term from mismatched (prompt, completion) pairs (TRL's ``calculate_KL``).
 KL_LOSS_TYPES: tuple[str, ...] = ("kto",)
-#: Prefix of the presence indicator of a metric TRL records only for some micro-batches.
-PRESENCE_PREFIX = "present/"
-
 
 @dataclass(frozen=True)
 class KTOLossSettings:
@@ -181,30 +179,6 @@ def kto_token_metrics(entropies: jax.Array, logit_means: jax.Array, completion_m
         PRESENCE_PREFIX + "logits/chosen": (desirable.sum() > 0).astype(jnp.float32),
         PRESENCE_PREFIX + "logits/rejected": (undesirable.sum() > 0).astype(jnp.float32),
     }
-
-
-def finish_metrics(logs: Mapping[str, float]) -> dict[str, float]:
-    """Logged metrics with TRL's values: each metric that has a ``present/<name>`` indicator (both averaged over the
-    same micro-batches) divided by it, so it is the mean over the micro-batches that recorded it; dropped when none
-    did, as TRL logs nothing then. The indicators are removed. Works on prefixed keys (``eval_present/...``).
-
-    Args:
-        logs: a log entry, e.g. ``{"loss": ..., "rewards/chosen": ..., "present/rewards/chosen": ...}``.
-
-    Returns:
-        The entry without indicators.
-    """
-    finished = dict(logs)
-    for key, presence in logs.items():
-        prefix, marker, name = key.partition(PRESENCE_PREFIX)
-        if not marker:
-            continue
-        del finished[key]
-        if presence > 0:
-            finished[prefix + name] = logs[prefix + name] / presence
-        else:
-            finished.pop(prefix + name, None)
-    return finished
 
 
 def _completion_log_probs(family: Family, module, batch: Mapping[str, jax.Array], prefix: str, with_metrics: bool,

@@ -215,19 +215,24 @@ def mark_seen(seen: jax.Array, tokens: jax.Array) -> jax.Array:
 def init_cache(module: nnx.Module, batch_size: int, size: int) -> dict[str, dict[str, jax.Array]]:
     """An empty Tunix KV cache: ``{"layer_i": {"k", "v": [B, size, kv_heads, head_dim], "end_index": [B]}}``.
 
-    Every Tunix decoder (Qwen2/3, Llama 3, Gemma 2/3) reads this layout and writes at
-    ``end_index[0]``; the cache dtype is the embedding's, which is what the projections produce.
+    Every Tunix decoder (Qwen2/3, Llama 3, Gemma 2/3/4) reads this layout and writes at
+    ``end_index[0]``; the cache dtype is the embedding's, which is what the projections produce. A module
+    with a ``kv_cache_shapes()`` method (Gemma 4: per-layer head sizes, KV-shared layers without a cache)
+    names its layers and their ``(kv_heads, head_dim)``; otherwise every layer has the config's.
     """
     config = module.config
-    shape = (batch_size, size, config.num_kv_heads, config.head_dim)
+    if hasattr(module, "kv_cache_shapes"):
+        layers = module.kv_cache_shapes()
+    else:
+        layers = {f"layer_{index}": (config.num_kv_heads, config.head_dim) for index in range(config.num_layers)}
     dtype = module.embedder.input_embedding.get_value().dtype
     return {
-        f"layer_{index}": {
-            "k": jnp.zeros(shape, dtype),
-            "v": jnp.zeros(shape, dtype),
+        name: {
+            "k": jnp.zeros((batch_size, size, *heads), dtype),
+            "v": jnp.zeros((batch_size, size, *heads), dtype),
             "end_index": jnp.zeros((batch_size,), jnp.int32),
         }
-        for index in range(config.num_layers)
+        for name, heads in layers.items()
     }
 
 

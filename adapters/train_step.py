@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from . import chunked_logprobs
+from . import chunked_logprobs, router_loss
 from .families import Family
 from .lora import runtime as lora_runtime
 from .runtime.tracing import record_trace, traced_cheaply
@@ -66,9 +66,9 @@ def rematerialised(module: nnx.Module):
 CAUSAL_LM_LOSS_TYPES = ("nll", "dft")
 
 
-def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "auto", loss_type: str = "nll"
-                   ) -> Callable:
-    """``loss(module, batch, num_items_in_batch) -> (summed token loss, number of loss tokens, {})``.
+def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "auto", loss_type: str = "nll",
+                   router_aux_loss_coef: float = 0.0) -> Callable:
+    """``loss(module, batch, num_items_in_batch) -> (summed token loss, number of loss tokens, aux)``.
 
     ``batch`` holds ``input_ids``, ``attention_mask`` and ``loss_mask`` of shape ``[B, T]`` (and ``position_ids``
     for packed rows, :func:`tunix_model.batch_positions_and_attention`); the label of position ``t`` is
@@ -79,19 +79,34 @@ def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "aut
     The token loss is, for ``loss_type="nll"``, ``-log p`` and, for ``"dft"`` (Dynamic Fine-Tuning, TRL's
     ``SFTTrainer.compute_loss``), ``-log p * stop_gradient(p)``: each token's NLL weighted by its own probability.
 
+    With ``router_aux_loss_coef`` (a mixture-of-experts family), the batch's load-balancing loss over its real tokens
+    (:func:`router_loss.load_balancing_loss`, logged as ``aux_loss``) is added as ``Qwen3MoeForCausalLM.forward``
+    adds it: ``mean token loss + coef * aux_loss``. It is weighted by the batch's loss tokens, so with gradient
+    accumulation the step adds the token-weighted mean of the micro-batches' aux losses (TRL: their plain mean).
+
     Raises:
-        ValueError: an unknown ``loss_type``.
+        ValueError: an unknown ``loss_type``, or ``router_aux_loss_coef`` for a family without a router.
     """
     if loss_type not in CAUSAL_LM_LOSS_TYPES:
         raise ValueError(f"loss_type={loss_type!r}: expected one of {list(CAUSAL_LM_LOSS_TYPES)}.")
+    if router_aux_loss_coef and family.router_logits is None:
+        raise ValueError(f"router_aux_loss_coef={router_aux_loss_coef}: the {family.name} model has no router (it is "
+                         "not a mixture-of-experts model), so there is no load-balancing loss to weight; set it to 0.")
 
     def loss(module, batch, num_items_in_batch=None):
-        picked = chunked_logprobs.next_token_scores(family, module, batch, block_size=block_size).log_probs
+        def scores(module):
+            return chunked_logprobs.next_token_scores(family, module, batch, block_size=block_size).log_probs
+
+        picked, routing = family.router_logits(scores, module) if router_aux_loss_coef else (scores(module), None)
         weights = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).astype(jnp.float32)
         token_loss = -picked
         if loss_type == "dft":
             token_loss = token_loss * jax.lax.stop_gradient(jnp.exp(picked))
-        return (token_loss * weights).sum(), weights.sum(), {}
+        value, count = (token_loss * weights).sum(), weights.sum()
+        if not router_aux_loss_coef:
+            return value, count, {}
+        aux = router_loss.load_balancing_loss(routing.logits, batch["attention_mask"], routing.top_k)
+        return value + router_aux_loss_coef * aux * count, count, {"aux_loss": aux}
 
     return loss
 

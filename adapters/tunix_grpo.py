@@ -27,6 +27,13 @@ from .train_step import cast_floating
 TOKEN_SUM_LOSSES = ("dapo", "cispo", "vespo")
 
 
+def loss_mask(batch: dict):
+    """The completion tokens the loss counts: ``completion_mask`` times ``tool_mask`` when the batch has one (0 on
+    tokens the model did not write, such as tool results), as TRL's ``_compute_loss``. ``[B, C]``, numpy or JAX."""
+    mask = batch["completion_mask"]
+    return mask * batch["tool_mask"] if "tool_mask" in batch else mask
+
+
 def completion_scores(family: Family, module: nnx.Module, batch: dict, temperature: float,
                       block_size: chunked_logprobs.BlockSize = "auto", *, with_entropies: bool = False,
                       compute_dtype=None, lm_head_in_float32: bool = False) -> chunked_logprobs.TokenScores:
@@ -117,7 +124,8 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
                    block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
     """``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)`` for ``make_train_step``.
 
-    ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]``, ``completion_mask`` ``[B, C]``,
+    ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]``, ``completion_mask`` ``[B, C]``, optionally
+    ``tool_mask`` ``[B, C]`` (the loss then counts :func:`loss_mask`'s tokens only),
     ``advantages`` ``[B]``, optionally ``old_logps``/``ref_logps`` ``[B, C]``, and per-row constants
     ``num_items`` (the token normaliser of :data:`TOKEN_SUM_LOSSES`) and ``step_weight`` (``1`` for
     per-micro-batch means, which accumulation then averages as TRL divides by the accumulation
@@ -132,7 +140,7 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
     """
 
     def loss(module, batch, num_items_in_batch=None):
-        mask = batch["completion_mask"]
+        mask = loss_mask(batch)
         scores = completion_scores(family, module, batch, settings.temperature, block_size, with_entropies=True,
                                    compute_dtype=settings.compute_dtype,
                                    lm_head_in_float32=settings.lm_head_in_float32)
@@ -167,19 +175,20 @@ def rloo_step_loss(family: Family, temperature: float, epsilon_low: float, epsil
                    block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
     """RLOO's ``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)`` for ``make_train_step``.
 
-    ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]``, ``completion_mask`` ``[B, C]``, ``advantages``
-    ``[B]`` and ``old_logps`` ``[B]`` (the sampling policy's summed completion log-probabilities). The value is
-    :func:`rl_math.rloo_loss` of the micro-batch, a mean over its sequences (weight 1: accumulated micro-batches are
-    averaged, as TRL's Trainer divides by the accumulation steps); ``metrics`` add TRL's ``entropy``, the mean over
-    completion tokens.
+    ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]``, ``completion_mask`` ``[B, C]``, optionally
+    ``tool_mask`` ``[B, C]``, ``advantages`` ``[B]`` and ``old_logps`` ``[B]`` (the sampling policy's summed
+    log-probabilities of the :func:`loss_mask` tokens). The value is :func:`rl_math.rloo_loss` of the micro-batch on
+    the summed log-probabilities of the same tokens, a mean over its sequences (weight 1: accumulated micro-batches
+    are averaged, as TRL's Trainer divides by the accumulation steps); ``metrics`` add TRL's ``entropy``, the mean
+    over those tokens.
     """
 
     def loss(module, batch, num_items_in_batch=None):
-        mask = batch["completion_mask"]
+        mask = loss_mask(batch)
         scores = completion_scores(family, module, batch, temperature, block_size, with_entropies=True)
-        value, metrics = rl_math.rloo_loss(scores.log_probs.sum(-1), batch["old_logps"], batch["advantages"],
-                                           epsilon_low, epsilon_high)
-        metrics["entropy"] = scores.entropies.sum() / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+        value, metrics = rl_math.rloo_loss((scores.log_probs * mask).sum(-1), batch["old_logps"],
+                                           batch["advantages"], epsilon_low, epsilon_high)
+        metrics["entropy"] = (scores.entropies * mask).sum() / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
         return value, jnp.float32(1.0), metrics
 
     return loss

@@ -170,9 +170,11 @@ def load_weights(
 
 
 @functools.cache
-def _to_hf_on_device(layout, stack_index: int | None):
-    def to_hf(array):
-        return layout.to_hf(array if stack_index is None else array[stack_index])
+def _to_hf_on_device(layout, stacked: bool):
+    """A jitted NNX -> HF layout transform; a stacked parameter's part index is an argument, so the parts (a
+    mixture-of-experts layer's experts) share one program."""
+    def to_hf(array, index):
+        return layout.to_hf(array[index] if stacked else array)
 
     return jax.jit(to_hf)
 
@@ -208,7 +210,7 @@ def materialize_hf_tensor(sources: dict[str, tuple], spec: TensorSpec) -> np.nda
     sharded over several: each process must call this for the same tensors in the same order)."""
     array, rule = sources[spec.name]
     if rule.stack or rule.layout.moves_axes:
-        array = _to_hf_on_device(rule.layout, rule.stack[0] if rule.stack else None)(array)
+        array = _to_hf_on_device(rule.layout, rule.stack is not None)(array, rule.stack[0] if rule.stack else 0)
     return np.ascontiguousarray(gather_to_host(array))
 
 

@@ -35,13 +35,15 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "Qwen3 and Llama 3 attention hard-code rope_theta=1e6 (the config's value is ignored) and no decoder "
         "implements rope_scaling; the rope functions are swapped into unchanged copies of Tunix's methods.",
         ("adapters/rope.py:with_rope", "adapters/families/qwen2.py:build_model",
-         "adapters/families/qwen3.py:build_model", "adapters/families/llama3.py:build_model"),
+         "adapters/families/qwen3.py:build_model", "adapters/families/llama3.py:build_model",
+         "adapters/families/qwen3_moe.py:build_model"),
     ),
     Workaround(
         "google-tunix", "<=0.1.7",
-        "Qwen2/Qwen3 attention Einsum calls jnp.astype on its weight, which fails on Qwix's quantised WithAux: "
-        "QLoRA keeps those projections in full precision.",
+        "Qwen2/Qwen3 attention Einsum (and every Gemma4 Einsum) calls jnp.astype on its weight, which fails on "
+        "Qwix's quantised WithAux: QLoRA keeps those projections in full precision.",
         ("adapters/families/qwen2.py:quantization_excluded", "adapters/families/qwen3.py:quantization_excluded",
+         "adapters/families/qwen3_moe.py:quantization_excluded", "adapters/families/gemma4.py:quantization_excluded",
          "torchlike/peft/model.py:get_peft_model"),
     ),
     Workaround(
@@ -59,6 +61,31 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "adapters.rope, and the q/kv weights are split.",
         ("adapters/families/gemma2.py:Gemma2Attention", "adapters/families/gemma2.py:build_model",
          "adapters/families/base.py:split_fused_qkv"),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "Gemma4's MoE routes on its input after moe_pre_ffw_norm, where transformers routes on the un-normalised "
+        "residual and normalises only the experts' input; the norm moves into a MoE subclass that applies it to "
+        "the experts' input only.",
+        ("adapters/families/gemma4.py:Gemma4MoE", "adapters/families/gemma4.py:build_model"),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "Gemma4 derives KV sharing from frac_shared_layers, assuming the last unshared layer is global and the one "
+        "before it sliding (and widens the MLPs of the layers it shares), gives num_global_kv_heads to every global "
+        "layer, and holds k_proj in a stacked kv_einsum or a k_einsum depending on the layer; the sharing follows "
+        "config.layer_types and num_kv_shared_layers, and each layer gets separate key/value einsums.",
+        ("adapters/families/gemma4.py:kv_sharing_pattern", "adapters/families/gemma4.py:Gemma4Attention",
+         "adapters/families/gemma4.py:build_model"),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
+        "Qwen3 with num_experts makes every layer sparse with one hidden size (no decoder_sparse_step, "
+        "mlp_only_layers or separate moe_intermediate_size), always renormalises the top-k routing weights "
+        "(norm_topk_prob), runs the TPU-only megablox kernel whenever a mesh is active off CPU, computes every "
+        "expert for every token on CPU and keeps no router logits for the load-balancing loss; dense layers get "
+        "Tunix's MLP and the MoE layer's call is transformers' routing on jax.lax.ragged_dot, sowing its logits.",
+        ("adapters/families/qwen3_moe.py:build_model", "adapters/families/qwen3_moe.py:SparseMoeBlock"),
     ),
     Workaround(
         "google-tunix", "<=0.1.7",

@@ -3,7 +3,8 @@
 What it measures
 ----------------
 A random bf16 Qwen2-shaped checkpoint (``torchlike.testing.tiny_config("qwen2", ...)``, untied embeddings,
-default about 0.5 GB; the real byte count is printed) is written with
+default about 0.5 GB; the real byte count is printed), or with ``--family qwen3_moe`` a Qwen3 MoE one (128 experts
+per layer, each expert three small tensors as on the Hub, so thousands of tensors), is written with
 ``safetensors.torch.save_file`` (``{"format": "pt"}`` metadata; ``--shards N`` writes N
 files plus ``model.safetensors.index.json``). Then, each in a fresh Python process:
 
@@ -40,6 +41,7 @@ Run (from the repository root; a few minutes at 0.5 GB on 2 cores)::
     .venv/bin/python benchmarks/hf_io.py --size-mb 2000 --shards 4 --repeats 3
     .venv/bin/python benchmarks/hf_io.py --profile     # + cProfile of the torchlike phases (main thread)
     .venv/bin/python benchmarks/hf_io.py --size-mb 4000 --shards 4 --phases import-raw import-raw-numpy import-torchlike
+    .venv/bin/python benchmarks/hf_io.py --family qwen3_moe --size-mb 200
 
 The table is printed and everything is written to ``benchmarks/results/hf_io.json``
 (``--output``). One phase alone, as the driver runs it::
@@ -118,8 +120,50 @@ def qwen2_config(size_mb: float) -> Any:
     )
 
 
+def qwen3_moe_config(size_mb: float) -> Any:
+    """A Qwen3 MoE config (every layer sparse: 128 experts of 128, 8 chosen per token) whose untied bf16 weights come
+    to about ``size_mb`` MB."""
+    from torchlike.testing import tiny_config
+
+    hidden, heads, kv_heads, head_dim, experts, expert_size = 1024, 16, 8, 64, 128, 128
+    vocab = 32768
+    target = size_mb * 1e6
+    while vocab > 1024 and 2 * vocab * hidden * 2 > target / 3:  # embeddings <= a third
+        vocab //= 2
+    layer_params = (
+        2 * hidden * heads * head_dim  # q_proj, o_proj
+        + 2 * hidden * kv_heads * head_dim  # k_proj, v_proj
+        + 2 * head_dim + 2 * hidden  # q/k norms, two layer norms
+        + experts * hidden  # router
+        + 3 * experts * hidden * expert_size  # each expert's gate, up, down
+    )
+    layers = max(1, round((target - 2 * vocab * hidden * 2 - hidden * 2) / (layer_params * 2)))
+    return tiny_config(
+        "qwen3_moe",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        num_experts=experts,
+        num_experts_per_tok=8,
+        moe_intermediate_size=expert_size,
+        mlp_only_layers=[],
+        max_position_embeddings=4096,
+        dtype="bfloat16",
+        architectures=["Qwen3MoeForCausalLM"],
+    )
+
+
+FAMILY_CONFIGS = {"qwen2": qwen2_config, "qwen3_moe": qwen3_moe_config}
+
+
 def hf_tensor_shapes(config: Any) -> list[tuple[str, tuple[int, ...]]]:
-    """Names and shapes of a Qwen2ForCausalLM state dict, in HF order."""
+    """Names and shapes of a Qwen2ForCausalLM or Qwen3MoeForCausalLM state dict, in HF order (a Qwen3 MoE's experts
+    as the Hub stores them: three tensors per expert)."""
+    if config.model_type == "qwen3_moe":
+        return _qwen3_moe_tensor_shapes(config)
     hidden, inter = config.hidden_size, config.intermediate_size
     head_dim = hidden // config.num_attention_heads
     q_out = config.num_attention_heads * head_dim
@@ -145,6 +189,32 @@ def hf_tensor_shapes(config: Any) -> list[tuple[str, tuple[int, ...]]]:
     return shapes
 
 
+def _qwen3_moe_tensor_shapes(config: Any) -> list[tuple[str, tuple[int, ...]]]:
+    hidden, inter, head_dim = config.hidden_size, config.moe_intermediate_size, config.head_dim
+    q_out, kv_out = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (config.vocab_size, hidden))]
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes += [
+            (p + "self_attn.q_proj.weight", (q_out, hidden)),
+            (p + "self_attn.k_proj.weight", (kv_out, hidden)),
+            (p + "self_attn.v_proj.weight", (kv_out, hidden)),
+            (p + "self_attn.o_proj.weight", (hidden, q_out)),
+            (p + "self_attn.q_norm.weight", (head_dim,)),
+            (p + "self_attn.k_norm.weight", (head_dim,)),
+            (p + "mlp.gate.weight", (config.num_experts, hidden)),
+        ]
+        for expert in range(config.num_experts):
+            shapes += [
+                (p + f"mlp.experts.{expert}.gate_proj.weight", (inter, hidden)),
+                (p + f"mlp.experts.{expert}.up_proj.weight", (inter, hidden)),
+                (p + f"mlp.experts.{expert}.down_proj.weight", (hidden, inter)),
+            ]
+        shapes += [(p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
+    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (config.vocab_size, hidden))]
+    return shapes
+
+
 def _nbytes(shape: tuple[int, ...]) -> int:
     count = 1
     for dim in shape:
@@ -165,12 +235,14 @@ def split_shards(shapes: list[tuple[str, tuple[int, ...]]], shards: int) -> list
     return groups
 
 
-def write_checkpoint(directory: Path, size_mb: float, shards: int, seed: int = 0) -> dict[str, Any]:
-    """Writes config.json and random bf16 safetensors weights; returns a description."""
+def write_checkpoint(directory: Path, size_mb: float, shards: int, seed: int = 0,
+                     family: str = "qwen2") -> dict[str, Any]:
+    """Writes config.json and random bf16 safetensors weights of ``family`` (:data:`FAMILY_CONFIGS`); returns a
+    description."""
     import torch
     from safetensors.torch import save_file
 
-    config = qwen2_config(size_mb)
+    config = FAMILY_CONFIGS[family](size_mb)
     shapes = hf_tensor_shapes(config)
     groups = split_shards(shapes, max(1, shards))
     directory.mkdir(parents=True, exist_ok=True)
@@ -228,6 +300,8 @@ def describe_checkpoint(directory: Path) -> dict[str, Any]:
         "num_attention_heads",
         "num_key_value_heads",
         "tie_word_embeddings",
+        "num_local_experts",
+        "moe_intermediate_size",
     )
     return {
         "dir": str(directory),
@@ -689,11 +763,12 @@ def run_driver(args: argparse.Namespace) -> None:
     if args.regenerate or not (directory / "config.json").is_file():
         shutil.rmtree(directory, ignore_errors=True)
         print(
-            f"writing a ~{args.size_mb:g} MB random bf16 Qwen2 checkpoint ({args.shards} file(s)) to {directory} ...",
+            f"writing a ~{args.size_mb:g} MB random bf16 {args.family} checkpoint ({args.shards} file(s)) to "
+            f"{directory} ...",
             flush=True,
         )
         started = time.perf_counter()
-        checkpoint = write_checkpoint(directory, args.size_mb, args.shards)
+        checkpoint = write_checkpoint(directory, args.size_mb, args.shards, family=args.family)
         print(f"  written in {time.perf_counter() - started:.1f}s", flush=True)
         created = True
     else:
@@ -773,6 +848,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--size-mb", type=float, default=512.0, help="approximate weight bytes, in MB (1e6)")
     parser.add_argument("--shards", type=int, default=1, help="safetensors files to split the checkpoint into")
+    parser.add_argument("--family", default="qwen2", choices=sorted(FAMILY_CONFIGS),
+                        help="the checkpoint's model family (qwen3_moe: one tensor per expert and projection)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per phase (best time, worst RSS reported)")
     parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES, help="phases to run")
     parser.add_argument("--profile", action="store_true", help="also cProfile one run of each torchlike phase")

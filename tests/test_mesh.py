@@ -16,7 +16,7 @@ import pytest
 from tests import distributed_worker
 from tests.test_trl_scripts import assert_hf_loadable, build_script_model_dir, port_trl_script, script_arguments
 
-MESH_CASES = ["qwen2", "qwen3_tied", "llama32", "gemma3"]
+MESH_CASES = ["qwen2", "qwen3_tied", "llama32", "gemma3", "qwen3_moe"]
 # (query projection path, its full shape, its shard shape on fsdp=4 x tp=2)
 QUERY_PROJECTION = {"gemma3": ("layers.0.attn.q_einsum.w", [4, 64, 16], [2, 16, 16])}
 DECODER_QUERY_PROJECTION = ("layers.0.attn.q_proj.w", [64, 4, 16], [16, 2, 16])
@@ -54,6 +54,17 @@ def test_parameters_are_sharded_over_fsdp_and_tp(mesh_results, case):
     gate = shardings["layers.0.mlp.gate_proj.kernel"]
     assert gate["spec"] == ["fsdp", "tp"] and gate["shard_shapes"] == [[16, 64]]
     assert all(entry["devices"] == 8 for entry in shardings.values())
+
+
+def test_qwen3_moe_experts_are_sharded_over_fsdp_on_the_expert_axis(mesh_results):
+    # 4 experts over fsdp=4 (one per shard), the expert hidden size (32) over tp=2; the router is replicated.
+    shardings = mesh_results["qwen3_moe"]["shardings"]
+    found = {name: (shardings[name]["spec"], shardings[name]["shape"], shardings[name]["shard_shapes"])
+             for name in ("layers.1.mlp.gate_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj")}
+    assert found == {"layers.1.mlp.gate_proj": (["fsdp", None, "tp"], [4, 64, 32], [[1, 64, 16]]),
+                     "layers.1.mlp.up_proj": (["fsdp", None, "tp"], [4, 64, 32], [[1, 64, 16]]),
+                     "layers.1.mlp.down_proj": (["fsdp", "tp"], [4, 32, 64], [[1, 16, 64]])}, found
+    assert shardings["layers.1.mlp.router.kernel"]["shard_shapes"] == [[64, 4]]
 
 
 @pytest.mark.parametrize("case", MESH_CASES)

@@ -170,7 +170,6 @@ NON_DEFAULT = {
     "entropy_coef_max": {"entropy_coef_max": 0.5},
     "entropy_coef_delta": {"entropy_coef_delta": 0.01},
     "entropy_target": {"entropy_target": 1.0},
-    "max_tool_calling_iterations": {"max_tool_calling_iterations": 3},
     "log_multimodal": {"log_multimodal": False},
     "log_unique_prompts": {"log_unique_prompts": True},
     "log_completions_hub_repo": {"log_completions_hub_repo": "me/completions", "log_completions": True},

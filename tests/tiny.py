@@ -19,6 +19,10 @@ CACHE_ROOT = os.environ.get("TORCHLIKE_TEST_CACHE", os.path.join(tempfile.gettem
 
 # gemma3: a window (8) shorter than padded_batch's rows (24), one layer of each type; gemma3_mha: Tunix fuses qkv.
 # gemma2: a window of 4, both soft-caps binding, query_pre_attn_scalar != head_dim; gemma2_mha: Tunix fuses qkv.
+# gemma4: a window of 8, full layers with their own head size and proportional rope; gemma4_moe: 4 experts, top 2,
+# full layers whose keys are their values (one key head); gemma4_ple: per-layer inputs, one key head, and the last two
+# layers sharing the keys and values of the first two, in a layer order Tunix's own sharing pattern gets wrong.
+GEMMA4_PLE_LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
 CASES = {
     "qwen2": lambda: tiny_config("qwen2"),
     "qwen2_tied": lambda: tiny_config("qwen2", tie_word_embeddings=True),
@@ -30,6 +34,13 @@ CASES = {
     "gemma3_mha": lambda: tiny_config("gemma3", num_key_value_heads=4),
     "gemma2": lambda: tiny_config("gemma2"),
     "gemma2_mha": lambda: tiny_config("gemma2", num_key_value_heads=4),
+    "gemma4": lambda: tiny_config("gemma4"),
+    "gemma4_moe": lambda: tiny_config("gemma4", enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                      moe_intermediate_size=32, attention_k_eq_v=True, num_global_key_value_heads=1),
+    "gemma4_ple": lambda: tiny_config("gemma4", num_hidden_layers=4, layer_types=list(GEMMA4_PLE_LAYER_TYPES),
+                                      hidden_size_per_layer_input=8, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                                      num_key_value_heads=1),
+    "qwen3_moe": lambda: tiny_config("qwen3_moe"),
 }
 
 

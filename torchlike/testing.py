@@ -57,6 +57,21 @@ _FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma2": ("Gemma2Config", dict(
         sliding_window=4, tie_word_embeddings=True, attn_logit_softcapping=5.0, final_logit_softcapping=5.0,
         query_pre_attn_scalar=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # Gemma 4 text: sliding and full attention layers taking turns, a window (8) shorter than a typical test row,
+    # full layers with their own head size (32) and proportional rope on a quarter of it, a binding final soft-cap,
+    # no per-layer inputs (transformers' default has them).
+    "gemma4": ("Gemma4TextConfig", dict(
+        sliding_window=8, tie_word_embeddings=True, global_head_dim=32, final_logit_softcapping=5.0,
+        hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB_SIZE,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+        })),
+    # Qwen3 MoE: 3 layers, the first dense (mlp_only_layers), the others 4 experts of 32 with 2 chosen per token and
+    # their weights renormalised; the dense layer's MLP keeps the tiny intermediate size (128).
+    "qwen3_moe": ("Qwen3MoeConfig", dict(
+        rope_theta=10000.0, tie_word_embeddings=False, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0])),
 }
 FAMILIES = tuple(_FAMILIES)
 
@@ -66,15 +81,16 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
 
     The tiny shape: vocabulary 128, hidden 64, intermediate 128, 2 layers, 4 attention heads and 2 key/value heads
     of ``hidden_size // num_attention_heads``, 128 positions, pad/bos/eos ids 0/1/2 (those of
-    :func:`build_tokenizer`). Gemma 3's ``query_pre_attn_scalar`` follows the head size and its ``layer_types``
-    alternate sliding and full attention over the layers.
+    :func:`build_tokenizer`). Gemma 3's ``query_pre_attn_scalar`` follows the head size, and Gemma 3's and Gemma
+    4's ``layer_types`` alternate sliding and full attention over the layers.
 
     Args:
         family: one of :data:`FAMILIES` (``llama32`` is Llama 3.2: Llama 3 with its rope scaling, tied).
         overrides: any config field, e.g. ``hidden_size=256, num_hidden_layers=4`` for a larger model.
 
     Returns:
-        A ``Qwen2Config``, ``Qwen3Config``, ``LlamaConfig``, ``Gemma2Config`` or ``Gemma3TextConfig``.
+        A ``Qwen2Config``, ``Qwen3Config``, ``LlamaConfig``, ``Gemma2Config``, ``Gemma3TextConfig``,
+        ``Gemma4TextConfig`` or ``Qwen3MoeConfig``.
     """
     import transformers
 
@@ -85,6 +101,7 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
     fields.setdefault("head_dim", fields["hidden_size"] // fields["num_attention_heads"])
     if family == "gemma3":
         fields.setdefault("query_pre_attn_scalar", fields["head_dim"])
+    if family in ("gemma3", "gemma4"):
         fields.setdefault("layer_types", [("sliding_attention", "full_attention")[layer % 2]
                                           for layer in range(fields["num_hidden_layers"])])
     return getattr(transformers, class_name)(**fields)

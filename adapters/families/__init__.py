@@ -6,7 +6,7 @@ import importlib
 
 from .base import Family, UnsupportedConfigError
 
-_FAMILY_MODULES = ("qwen2", "qwen3", "llama3", "gemma2", "gemma3")
+_FAMILY_MODULES = ("qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe")
 
 
 class UnknownArchitectureError(ValueError):
@@ -23,7 +23,8 @@ def supported_architectures() -> list[str]:
 
 
 def family_for_config(hf_config, source: str = "config.json") -> Family:
-    """The family for an HF config, matched on ``architectures`` first, then ``model_type``.
+    """The family for an HF config, matched on ``architectures`` first, then ``model_type``, with the table rows the
+    config adds (:meth:`Family.for_config`).
 
     Raises:
         UnknownArchitectureError: listing the supported architectures.
@@ -33,10 +34,10 @@ def family_for_config(hf_config, source: str = "config.json") -> Family:
     families = all_families()
     for family in families:
         if any(arch in family.architectures for arch in architectures):
-            return family
+            return family.for_config(hf_config)
     for family in families:
         if model_type in family.model_types:
-            return family
+            return family.for_config(hf_config)
     raise UnknownArchitectureError(
         f"{source}: architecture {architectures or None} (model_type={model_type!r}) is not supported. "
         f"Supported architectures: {', '.join(supported_architectures())}."

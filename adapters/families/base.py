@@ -9,6 +9,8 @@ construction.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -143,7 +145,12 @@ class WeightRule:
         return _template_regex(self.nnx)
 
 
+_FIRST_DOTTED_NUMBER = re.compile(r"\.\d+\.")
+
+
+@functools.cache
 def _template_regex(template: str) -> re.Pattern:
+    # Cached: a mixture-of-experts table has a row per expert, more templates than re's own cache keeps.
     return re.compile("^" + re.escape(template).replace(r"\{layer\}", r"(?P<layer>\d+)") + "$")
 
 
@@ -176,6 +183,13 @@ class Family:
             this family's Tunix model (QLoRA keeps them in full precision).
         norms_scale_by_one_plus_weight: the RMS norms multiply by ``1 + weight`` (Gemma), so their neutral weight
             is 0 rather than 1.
+        config_weights: ``hf_config -> rows`` the table gains for one config (:meth:`for_config`): a row per expert of
+            a mixture-of-experts model, whose count the config sets.
+        lora_refused: HF module-name regex -> why LoRA cannot adapt the modules it names (stacked experts): a
+            ``target_modules`` naming one of them raises with the reason instead of adapting the others.
+        router_logits: ``(run, module) -> (run(module), RouterRecord)``: runs ``run`` and returns, with its result, an
+            :class:`adapters.router_loss.RouterRecord` of the router logits of the forward passes it ran
+            (mixture-of-experts families; ``None`` for dense ones).
     """
 
     name: str
@@ -191,10 +205,32 @@ class Family:
     default_lora_targets: tuple[str, ...] = ()
     quantization_excluded: tuple[str, ...] = ()
     norms_scale_by_one_plus_weight: bool = False
+    config_weights: Callable[[Any], tuple[WeightRule, ...]] | None = None
+    lora_refused: Mapping[str, str] = field(default_factory=dict)
+    router_logits: Callable[..., Any] | None = None
+
+    def for_config(self, hf_config) -> Family:
+        """This family with the rows ``hf_config`` adds (``config_weights``); the family itself when it adds none."""
+        if self.config_weights is None:
+            return self
+        return dataclasses.replace(self, weights=self.weights + self.config_weights(hf_config), config_weights=None)
+
+    @functools.cached_property
+    def _rows_by_hf_template(self) -> dict[str, WeightRule]:
+        """The first row of each HF template, keyed with ``{layer}`` written ``#``."""
+        rows: dict[str, WeightRule] = {}
+        for rule in self.weights:
+            rows.setdefault(rule.hf.replace("{layer}", "#"), rule)
+        return rows
 
     def hf_to_nnx(self, hf_name: str) -> tuple[str, WeightRule] | None:
-        """The NNX path and rule for an HF tensor name, or ``None`` if no rule matches."""
-        for rule in self.weights:
+        """The NNX path and rule for an HF tensor name, or ``None`` if no rule matches.
+
+        The row whose template is the name with its first dotted number as ``{layer}`` is tried first, so a table
+        with a row per expert is not scanned row by row for each of its thousands of tensors.
+        """
+        likely = self._rows_by_hf_template.get(_FIRST_DOTTED_NUMBER.sub(".#.", hf_name, count=1))
+        for rule in ((likely,) if likely else ()) + self.weights:
             match = rule.hf_regex.match(hf_name)
             if match:
                 return rule.nnx.format(**match.groupdict()), rule

@@ -41,6 +41,23 @@ def adaptable_modules(family: Family, module: nnx.Module) -> list[LoraTarget]:
     return list(found.values())
 
 
+def _check_not_refused(family: Family, module: nnx.Module, target_modules: list[str] | str) -> None:
+    """Raises when ``target_modules`` names a module the family refuses (``Family.lora_refused``), naming it and
+    giving the reason. The modules are those of the table's HF weights and their parents."""
+    if not family.lora_refused:
+        return
+    found = set()
+    for nnx_path in flat_variables(module):
+        for hf_name, _rule in family.nnx_to_hf(nnx_path):
+            parts = hf_name.removesuffix(".weight").split(".")
+            found.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
+    for hf_module in sorted(found):
+        reason = next((why for pattern, why in family.lora_refused.items() if re.fullmatch(pattern, hf_module)), None)
+        if reason is not None and _names(hf_module, target_modules):
+            raise ValueError(f"target_modules={target_modules!r} names {hf_module}, which LoRA cannot adapt in the "
+                             f"{family.name} model: {reason}.")
+
+
 def default_target_modules(family: Family) -> list[str]:
     """The HF module names PEFT adapts when ``target_modules`` is ``None`` (its per-``model_type`` table).
 
@@ -72,10 +89,12 @@ def select_targets(family: Family, module: nnx.Module, target_modules) -> list[L
             (the family's :func:`default_target_modules`).
 
     Raises:
-        ValueError: nothing matched, naming the valid module names.
+        ValueError: nothing matched, naming the valid module names; or ``target_modules`` names a module the family
+            refuses (``Family.lora_refused``), with the reason.
     """
     if target_modules is None:
         target_modules = default_target_modules(family)
+    _check_not_refused(family, module, target_modules)
     candidates = adaptable_modules(family, module)
     known = sorted(family.lora_targets)
     if not isinstance(target_modules, str):

@@ -49,7 +49,7 @@ logger = logging.getLogger("torchlike")
 #: The ``TrainerState`` fields a resumed run takes from the checkpoint's ``trainer_state.json``; the others (step
 #: intervals, ``max_steps``...) come from the resuming run's arguments.
 _RESUMED_STATE_FIELDS = ("global_step", "log_history", "best_metric", "best_global_step", "best_model_checkpoint",
-                         "stateful_callbacks")
+                         "stateful_callbacks", "num_input_tokens_seen")
 
 
 @dataclass
@@ -229,10 +229,12 @@ class Trainer:
                                  self.mesh, self._lora_dropout())
 
     def _trainable(self):
-        """The NNX variable type the optimizer updates: the LoRA factors of an adapter, else every parameter."""
+        """The NNX filter of the parameters the optimizer updates: an adapter's (its LoRA factors, and the
+        ``modules_to_save`` such as a classifier's ``score`` head: ``PeftModel.trainable_filter``), else every
+        parameter."""
         from flax import nnx
 
-        return nnx.LoRAParam if self._is_lora() else nnx.Param
+        return self._trainable_model.trainable_filter if self._is_lora() else nnx.Param
 
     def _loss(self) -> tuple[Callable, Callable | None]:
         """The step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)`` and, for

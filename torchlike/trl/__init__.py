@@ -7,23 +7,27 @@ use. Reward functions live in ``torchlike.trl.rewards``, as in ``trl.rewards``.
 from importlib import import_module
 from typing import Any
 
+from torchlike.trl.distillation_config import DistillationConfig
 from torchlike.trl.dpo_config import DPOConfig
 from torchlike.trl.grpo_config import GRPOConfig
 from torchlike.trl.kto_config import KTOConfig
+from torchlike.trl.reward_config import RewardConfig
 from torchlike.trl.rloo_config import RLOOConfig
 from torchlike.trl.sft_config import SFTConfig
 
 _SCRIPT_UTILS = ("DatasetConfig", "DatasetMixtureConfig", "ModelConfig", "ScriptArguments", "TrlParser", "get_dataset",
                  "get_kbit_device_map", "get_peft_config", "get_quantization_config", "init_zero_verbose")
 _LAZY = {"SFTTrainer": "sft_trainer", "GRPOTrainer": "grpo_trainer", "DPOTrainer": "dpo_trainer",
-         "RLOOTrainer": "rloo_trainer",
-         "KTOTrainer": "kto_trainer", **dict.fromkeys(_SCRIPT_UTILS, "script_utils")}
+         "RLOOTrainer": "rloo_trainer", "DistillationTrainer": "distillation_trainer",
+         "KTOTrainer": "kto_trainer", "RewardTrainer": "reward_trainer", **dict.fromkeys(_SCRIPT_UTILS, "script_utils")}
 
 __all__ = [
     "DPOConfig",
     "DPOTrainer",
     "DatasetConfig",
     "DatasetMixtureConfig",
+    "DistillationConfig",
+    "DistillationTrainer",
     "GRPOConfig",
     "GRPOTrainer",
     "KTOConfig",
@@ -31,6 +35,8 @@ __all__ = [
     "ModelConfig",
     "RLOOConfig",
     "RLOOTrainer",
+    "RewardConfig",
+    "RewardTrainer",
     "SFTConfig",
     "SFTTrainer",
     "ScriptArguments",

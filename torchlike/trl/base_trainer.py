@@ -18,7 +18,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from ..adapters import mesh as mesh_lib
-from ..adapters import reference_policy, reference_sync, train_step
+from ..adapters import reference_policy, reference_sync, step_metrics, train_step
 from ..training import Trainer
 from ..training_args import TrainingArguments
 from .sft_data import pad_token_id_for
@@ -130,6 +130,8 @@ class TRLTrainer(Trainer):
     _config_class: type = TrainingArguments
     _output_suffix: str = "trainer"
     _tag_names: list[str] = ["trl"]
+    #: Whether the step loss reports ``num_tokens`` per micro-batch, which :meth:`log` makes TRL's running total.
+    _counts_step_tokens = False
 
     @property
     def _trainer_name(self) -> str:
@@ -161,7 +163,7 @@ class TRLTrainer(Trainer):
         from .. import AutoTokenizer
         from ..peft import get_peft_model
 
-        model = load_model(model, args, quantization_config, self._trainer_name)
+        model = self._load_model(model, args, quantization_config)
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
         if peft_config is not None:
@@ -171,9 +173,18 @@ class TRLTrainer(Trainer):
                                  "and then pass that base model along with the new `peft_config` to the trainer. (Or "
                                  "omit peft_config to train the existing adapter.)")
             model = get_peft_model(model, peft_config, seed=args.seed)
+            self._check_new_adapter(model)
         check_reference_sync(args, model, self._trainer_name)
         model.add_model_tags(self._tag_names)
         return model, processing_class
+
+    def _load_model(self, model: Any, args: Any, quantization_config: Any) -> Any:
+        """The trainer's model from a path or hub id, or the loaded model checked (:func:`load_model`: a causal
+        LM)."""
+        return load_model(model, args, quantization_config, self._trainer_name)
+
+    def _check_new_adapter(self, model: Any) -> None:
+        """Called with the model once ``peft_config`` has added its adapter (warnings about it go here)."""
 
     @staticmethod
     def _pad_token_id(tokenizer: Any, pad_token: str | None, eos_token: str | None = None) -> int:
@@ -202,6 +213,32 @@ class TRLTrainer(Trainer):
     def _lora_dropout(self) -> bool:
         """LoRA dropout in training steps, unless the config sets TRL's ``disable_dropout``."""
         return super()._lora_dropout() and not getattr(self.args, "disable_dropout", False)
+
+    # ------------------------------------------------------------------ logs
+    def log(self, logs: dict[str, float]) -> None:
+        """Records ``logs`` with TRL's values: each metric that only some micro-batches record as the mean over those
+        (``adapters.step_metrics.finish_metrics``) and, when the step loss counts ``num_tokens`` per micro-batch
+        (``_counts_step_tokens``), ``num_tokens`` as TRL's running total of training tokens.
+
+        The step metrics arrive averaged over micro-batches and over the steps since the previous log, so the tokens
+        of those steps are that mean times both counts; the total so far is read back from ``state.log_history``,
+        which a resumed run restores.
+        """
+        logs = step_metrics.finish_metrics(logs)
+        if self._counts_step_tokens:
+            previous = next((entry for entry in reversed(self.state.log_history) if "num_tokens" in entry),
+                            {"step": 0, "num_tokens": 0})
+            if "num_tokens" in logs:
+                steps = self.state.global_step - previous["step"]
+                added = round(logs["num_tokens"] * self.args.gradient_accumulation_steps * steps)
+                logs = {**logs, "num_tokens": previous["num_tokens"] + added}
+            elif "eval_num_tokens" in logs:  # TRL reports the training total in evaluation too
+                logs = {**logs, "eval_num_tokens": previous["num_tokens"]}
+        super().log(logs)
+
+    def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
+        """The Trainer's evaluation, its metrics finished as :meth:`log` finishes them."""
+        return step_metrics.finish_metrics(super()._evaluation_loop(examples, metric_key_prefix))
 
     # ------------------------------------------------------------------ reference policy
     def _init_reference(self, ref_model: Any = None, *, adapter_off: bool = False,
@@ -256,6 +293,7 @@ class PrecomputedReferenceTrainer(TRLTrainer):
     """
 
     _reference_columns: tuple[str, ...] = ()
+    _counts_step_tokens = True
 
     def _check_reference_settings(self, args: Any, model: Any, ref_model: Any, train_dataset: Any,
                                   eval_dataset: Any) -> None:
@@ -364,23 +402,6 @@ class PrecomputedReferenceTrainer(TRLTrainer):
     def _signature_columns(self) -> None:
         """Every column: the prepared examples hold only token ids, labels and reference log-probabilities."""
         return None
-
-    def log(self, logs: dict[str, float]) -> None:
-        """Records ``logs`` with ``num_tokens`` as TRL's running total of training tokens.
-
-        The step metrics arrive averaged over micro-batches and over the steps since the previous log, so the tokens
-        of those steps are that mean times both counts; the total so far is read back from ``state.log_history``,
-        which a resumed run restores.
-        """
-        previous = next((entry for entry in reversed(self.state.log_history) if "num_tokens" in entry),
-                        {"step": 0, "num_tokens": 0})
-        if "num_tokens" in logs:
-            steps = self.state.global_step - previous["step"]
-            added = round(logs["num_tokens"] * self.args.gradient_accumulation_steps * steps)
-            logs = {**logs, "num_tokens": previous["num_tokens"] + added}
-        elif "eval_num_tokens" in logs:  # TRL reports the training total in evaluation too
-            logs = {**logs, "eval_num_tokens": previous["num_tokens"]}
-        super().log(logs)
 
     def _step_metric_prefix(self, metric_key_prefix: str) -> str:
         """``"eval"``: TRL logs its metrics (``rewards/chosen``...) as ``eval_<metric>`` whatever the dataset, so with a

@@ -151,8 +151,9 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "entropy_coef_max": ignored(_NO_ADAPTIVE_ENTROPY),
     "entropy_coef_delta": ignored(_NO_ADAPTIVE_ENTROPY),
     "entropy_target": ignored(_NO_ADAPTIVE_ENTROPY),
-    "max_tool_calling_iterations": ignored("Only read when the trainer is given tools, which torchlike's GRPOTrainer "
-                                           "does not take."),
+    "max_tool_calling_iterations": honoured("With tools: the most rounds of tool calls and continued generation per "
+                                            "completion (None: until the model stops calling tools or "
+                                            "max_completion_length is reached), as TRL's tool-calling loop."),
     "off_policy_mask_threshold": honoured("Sequences with a negative advantage whose mean log(pi_old / pi) exceeds it "
                                           "are dropped from the loss (DeepSeek-V3.2)."),
     "use_bias_correction_kl": honoured("Multiply the per-token KL by the importance ratio (True, the default, as in "

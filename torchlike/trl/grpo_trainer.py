@@ -3,7 +3,8 @@
 One generation batch (``per_device_train_batch_size x data-parallel size x steps_per_generation`` completions,
 ``num_generations`` per prompt) is sampled with torchlike's JAX sampler (``adapters.sampling``: temperature, top-p,
 top-k, min-p, decode-time repetition penalty, KV cache sized from the prompt and ``max_completion_length``) or taken
-from the user's ``rollout_func``, scored by the reward functions called TRL's way, turned into advantages
+from the user's ``rollout_func``, continued through the model's tool calls when ``tools`` are given
+(:mod:`.tool_calling`), scored by the reward functions called TRL's way, turned into advantages
 (``adapters.rl_math``, TRL's estimator), then split into ``steps_per_generation`` micro-batches that the jitted step
 consumes ``gradient_accumulation_steps`` at a time, ``num_iterations`` times over. When generation and optimizer
 steps do not line up (TRL's rule: ``gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0``), the
@@ -16,6 +17,7 @@ import asyncio
 import copy
 import dataclasses
 import inspect
+import itertools
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -29,6 +31,7 @@ from ..adapters.lora import runtime as lora_runtime
 from ..training import batches
 from ..training.batches import sampler_order
 from ..version import repetition_penalty_skips_left_padding
+from . import reward_models, tool_calling
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer, check_text_dataset
 from .grpo_config import GRPOConfig
@@ -52,26 +55,35 @@ class GRPOTrainer(TRLTrainer):
             ``args.model_init_kwargs`` (float32 unless ``dtype`` is given, as in TRL).
         reward_funcs: a function or a list of them, called as
             ``f(prompts=..., completions=..., completion_ids=..., trainer_state=..., <dataset columns>=..., **)``
-            and returning one ``float`` or ``None`` per completion (``async def`` functions too).
-            Reward models given by id are not supported.
+            and returning one ``float`` or ``None`` per completion (``async def`` functions too), or a reward model:
+            a path / hub id (loaded with ``AutoModelForSequenceClassification.from_pretrained(num_labels=1,
+            **args.model_init_kwargs)``) or a loaded sequence classifier, scoring prompt + completion as TRL does
+            (:mod:`torchlike.trl.reward_models`).
         args: :class:`~torchlike.trl.GRPOConfig` (default: ``GRPOConfig("<model>-GRPO")``).
         train_dataset: rows with a ``prompt`` (text, or chat messages rendered with the chat template and
             ``add_generation_prompt=True``) and any other columns the reward functions read.
         eval_dataset: the same format; ``evaluate()`` samples ``num_generations_eval`` completions per prompt
             and reports their rewards.
         processing_class: the tokenizer (default: loaded from the model's path).
-        reward_processing_classes: only for reward models, which are not supported: must be ``None``.
+        reward_processing_classes: the reward models' tokenizers: one (for a single reward function) or a list
+            with one entry per reward function; ``None`` entries load the reward model's own.
         callbacks, optimizers: as for :class:`~torchlike.Trainer`.
         quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
         peft_config: a :class:`~torchlike.peft.LoraConfig`; the reference model (``beta != 0``) is then
             the base weights with the adapter disabled.
-        tools: TRL's experimental tool calling; refused.
+        tools: functions the model may call (sync or ``async def``; their type hints and docstrings give the JSON
+            schemas the chat template renders), as TRL 1.16 runs them (:mod:`torchlike.trl.tool_calling`): the
+            model's tool calls are parsed from its turns, run, answered with ``tool`` messages, and each sample is
+            continued with the sampler up to ``args.max_tool_calling_iterations`` rounds within
+            ``max_completion_length``; the tool-result tokens are left out of the loss (TRL's ``tool_mask``) and the
+            reward functions receive each completion as its message list. Needs conversational prompts.
         rollout_func: TRL's ``rollout_func(prompts, trainer) -> dict``, replacing the sampler: it gets the prompts of a
             generation batch (each repeated ``num_generations`` times, conversational prompts untemplated) and returns
             ``prompt_ids`` and ``completion_ids`` (one token list per prompt; a completion is trained as given, its
             last token deciding whether it ended, as TRL does), ``logprobs`` (accepted, not used: there is no separate
             inference engine to correct for) and any extra per-completion lists, which reach the reward functions
-            as keyword arguments.
+            as keyword arguments, except ``env_mask`` (one 0/1 per completion token; 0 keeps a token out of the loss,
+            as TRL's ``tool_mask``).
         environment_factory: TRL's experimental environments; refused.
     """
 
@@ -85,20 +97,17 @@ class GRPOTrainer(TRLTrainer):
                  callbacks: list | None = None, optimizers: tuple = (None, None), quantization_config: Any = None,
                  peft_config: Any = None, tools: list | None = None, rollout_func: Callable | None = None,
                  environment_factory: Any = None):
-        for name, value in (("tools", tools), ("environment_factory", environment_factory)):
-            if value is not None:
-                raise ValueError(f"{name} (TRL's experimental agent hook) is not supported by torchlike's "
-                                 "GRPOTrainer; write the behaviour into your reward functions or a rollout_func.")
+        if environment_factory is not None:
+            raise ValueError("environment_factory (TRL's experimental agent hook) is not supported by torchlike's "
+                             "GRPOTrainer; give the environment's methods as tools, or write the behaviour into your "
+                             "reward functions or a rollout_func.")
         if rollout_func is not None and not callable(rollout_func):
             raise TypeError(f"rollout_func must be callable as rollout_func(prompts, trainer); got "
                             f"{type(rollout_func).__name__}.")
         self.rollout_func = rollout_func
-        if reward_processing_classes is not None:
-            raise ValueError("reward_processing_classes is only used by reward models, which torchlike does not "
-                             "support; pass reward functions instead.")
         args = self._trl_args(model, args)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
-        self.reward_funcs = self._check_reward_functions(reward_funcs)
+        self.reward_funcs = self._check_reward_functions(reward_funcs, reward_processing_classes, args, model)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required unless an `environment_factory` is provided. (torchlike "
                              "does not support environment_factory: pass a dataset with a 'prompt' column.)")
@@ -111,12 +120,19 @@ class GRPOTrainer(TRLTrainer):
                              "reward functions; give one weight per function.")
         self.sampling = self._sampling_settings(args)
         self.tokenizer = processing_class
+        self.tools = list(tools or [])
+        self.tool_calling = tool_calling.ToolCalling.create(processing_class, self.tools, args.chat_template_kwargs) \
+            if self.tools else None
         self.pad_token_id = self._pad_token_id(processing_class, None)
         eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
+        if self.tools and not all(is_conversational_prompt(row["prompt"]) for rows in
+                                  [train_rows, *batches.each_dataset(eval_rows)] for row in rows):
+            raise ValueError("tools need conversational prompts (lists of chat messages): the chat template renders "
+                             "the tools' schemas, and the model's turns are parsed as assistant messages.")
         lengths = [len(row["prompt_ids"]) for rows in [train_rows or [], *batches.each_dataset(eval_rows)]
                    for row in rows]
         self.prompt_length = self._padded(sampling.bucket_length(max(lengths, default=1)))
@@ -134,17 +150,21 @@ class GRPOTrainer(TRLTrainer):
 
     # ------------------------------------------------------------------ set-up
     @staticmethod
-    def _check_reward_functions(reward_funcs: Any) -> list[Callable]:
+    def _check_reward_functions(reward_funcs: Any, reward_processing_classes: Any, args: Any,
+                                model: Any) -> list[Callable]:
+        """The reward functions, reward models wrapped as ones (``reward_models.reward_functions``), checked."""
         functions = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) \
             else [reward_funcs]
         if not functions:
             raise ValueError("No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose "
-                             "environment defines a `get_reward` method. (torchlike takes reward functions: one "
-                             "float or None per completion.)")
+                             "environment defines a `get_reward` method. (torchlike takes reward functions and "
+                             "reward models.)")
+        functions = reward_models.reward_functions(functions, reward_processing_classes, args, model)
         for function in functions:
-            if isinstance(function, str) or not callable(function):
-                raise ValueError(f"reward function {function!r} is a model id or not callable: reward models are not "
-                                 "supported by torchlike; pass a Python function f(prompts, completions, **kwargs).")
+            if not callable(function):
+                raise ValueError(f"reward function {function!r} is not callable: pass a Python function "
+                                 "f(prompts, completions, **kwargs), or a reward model (its path or a loaded "
+                                 "sequence classifier).")
             parameters = inspect.signature(function).parameters.values()
             if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
                 raise TypeError(f"reward function {_reward_name(function)!r} must accept **kwargs: it is called with "
@@ -204,9 +224,13 @@ class GRPOTrainer(TRLTrainer):
         return sampling.SamplingSettings.from_mapping({**from_config, "do_sample": True, **extra})
 
     def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
-        """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`)."""
+        """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`); with tools the
+        chat template also renders their schemas, as TRL does."""
+        template_kwargs = dict(self.args.chat_template_kwargs or {})
+        if self.tools:
+            template_kwargs["tools"] = self.tools
         return prepare_prompts(dataset, self.tokenizer, name, getattr(self.args, "max_prompt_length", None),
-                               self.args.chat_template_kwargs)
+                               template_kwargs)
 
     # ------------------------------------------------------------------ batches
     def _generation_sizes(self) -> tuple[int, int, int]:
@@ -288,22 +312,25 @@ class GRPOTrainer(TRLTrainer):
         else:
             prompt_ids, prompt_mask = self._left_padded([row["prompt_ids"] for row in rows], self.prompt_length)
             length = args.max_completion_length
-            # Each device decodes its own rows (those of its process's share of the batch) when they divide evenly.
-            spread = len(rows) % mesh_lib.data_parallel_size(self.mesh) == 0
-            result = sampling.generate_tokens(
-                self._module, prompt_ids, prompt_mask, length, self.sampling, eos_token_ids=self.eos_token_ids,
-                pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=lora_runtime.EVAL,
-                repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
-                batch_sharding=mesh_lib.batch_sharding(self.mesh) if spread else None)
+            sampled = self._sample(prompt_ids, prompt_mask, length, seed)
             tokens = np.full((len(rows), self._padded(length)), self.pad_token_id, np.int32)
-            tokens[:, :result.tokens.shape[1]] = result.tokens
+            tokens[:, :sampled.shape[1]] = sampled
             completion_mask, ended = tunix_grpo.completion_mask(tokens[:, :length], self.eos_token_ids)
             completion_mask = np.pad(completion_mask, ((0, 0), (0, tokens.shape[1] - length)))
             extra = {}
+        # TRL's tool_mask: 0 on tokens the model did not write (tool results, rollout_func's env_mask): not trained.
+        tool_mask, completions, tool_loop = None, None, None
+        if self.tools:
+            tokens, completion_mask, ended, tool_mask, tool_loop = self._call_tools(prompt_ids, prompt_mask, tokens,
+                                                                                    completion_mask, seed)
+            completions = tool_loop.completions
+        elif "env_mask" in extra:
+            tool_mask = self._mask_array(extra.pop("env_mask"), completion_mask, "env_mask")
         completion_ids = [list(t[:int(m.sum())]) for t, m in zip(tokens, completion_mask, strict=True)]
         # Each process scores its own rows; every process then holds the whole table, as one process would.
         own = multihost.process_rows(len(rows))
-        own_rewards = self._rewards(rows[own], completion_ids[own], {key: value[own] for key, value in extra.items()})
+        own_rewards = self._rewards(rows[own], completion_ids[own], {key: value[own] for key, value in extra.items()},
+                                    None if completions is None else completions[own])
         rewards = np.concatenate(multihost.allgather_objects(own_rewards))
         unscorable = np.flatnonzero(np.isnan(rewards).all(axis=1))
         if unscorable.size:
@@ -314,12 +341,14 @@ class GRPOTrainer(TRLTrainer):
             warnings.warn(f"All reward functions returned None for the following kwargs:\n{details}\nPlease ensure "
                           "that at least one reward function returns a valid reward. (Such completions get advantage "
                           "0, as in TRL.)", UserWarning, stacklevel=2)
-        lengths = completion_mask.sum(axis=1)
+        lengths = (completion_mask if tool_mask is None else completion_mask * tool_mask).sum(axis=1)  # model tokens
         if args.mask_truncated_completions:
             completion_mask = completion_mask * ended[:, None].astype(np.int32)
         batch = {"input_ids": np.concatenate([prompt_ids, tokens], axis=1),
                  "attention_mask": np.concatenate([prompt_mask, completion_mask], axis=1),
                  "completion_mask": completion_mask}
+        if tool_mask is not None:
+            batch["tool_mask"] = tool_mask
         advantages, reward_metrics = self._advantages(rewards, num_generations, batch, train)
         batch["advantages"] = np.asarray(advantages, np.float32)
         prefix = "" if train else f"{metric_key_prefix}_"
@@ -327,6 +356,10 @@ class GRPOTrainer(TRLTrainer):
                    "frac_reward_zero_std": reward_metrics["frac_reward_zero_std"],
                    "completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
                    "completions/max_length": lengths.max(), "completions/clipped_ratio": 1.0 - ended.mean()}
+        if tool_loop is not None:
+            metrics["tools/call_frequency"] = tool_loop.call_count / len(rows)
+            metrics["tools/failure_frequency"] = (tool_loop.failure_count / tool_loop.call_count
+                                                  if tool_loop.call_count else 0.0)
         for index, function in enumerate(self.reward_funcs):
             name = _reward_name(function)
             metrics[f"rewards/{name}/mean"] = reward_metrics["rewards_per_func/mean"][index]
@@ -355,7 +388,7 @@ class GRPOTrainer(TRLTrainer):
         the sampling policy's log-probs (TRL's rule for when they are kept) and the reference's."""
         args = self.args
         accumulation = args.gradient_accumulation_steps
-        completion_mask = batch["completion_mask"]
+        completion_mask = tunix_grpo.loss_mask(batch)  # TRL's num_items_in_batch counts the trained tokens
         normaliser = max(float(completion_mask.sum()), 1.0) * accumulation / args.steps_per_generation
         batch["num_items"] = np.full(len(completion_mask), normaliser, np.float32)
         token_sum = args.loss_type in tunix_grpo.TOKEN_SUM_LOSSES
@@ -400,14 +433,72 @@ class GRPOTrainer(TRLTrainer):
                              f"max_completion_length={length}; truncate it or raise max_completion_length.")
         prompt_length = max(self.prompt_length, self._padded(sampling.bucket_length(max(len(ids) for ids in prompts))))
         prompt_ids, prompt_mask = self._left_padded(prompts, prompt_length)
-        tokens = np.full((len(rows), self._padded(length)), self.pad_token_id, np.int32)
+        return (prompt_ids, prompt_mask, *self._completion_arrays(completions), extra)
+
+    def _completion_arrays(self, completions: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens, completion_mask, ended)`` of completions given as token lists (each at most
+        ``max_completion_length``), right-padded to the completion width; ``ended`` by TRL's rule: the last token is
+        an end or pad token."""
+        tokens = np.full((len(completions), self._padded(self.args.max_completion_length)), self.pad_token_id,
+                         np.int32)
         completion_mask = np.zeros(tokens.shape, np.int32)
         for row, ids in enumerate(completions):
             tokens[row, :len(ids)] = ids
             completion_mask[row, :len(ids)] = 1
         stops = {*self.eos_token_ids, self.pad_token_id}
         ended = np.array([not ids or ids[-1] in stops for ids in completions])
-        return prompt_ids, prompt_mask, tokens, completion_mask, ended, extra
+        return tokens, completion_mask, ended
+
+    @staticmethod
+    def _mask_array(masks: list[list[int]], completion_mask: np.ndarray, name: str) -> np.ndarray:
+        """Per-token 0/1 lists (one per completion, as long as it) as an array shaped like ``completion_mask``,
+        padded with 1 as TRL pads ``tool_mask``."""
+        array = np.ones(completion_mask.shape, np.int32)
+        for row, (mask, length) in enumerate(zip(masks, completion_mask.sum(axis=1), strict=True)):
+            if len(mask) != length:
+                raise ValueError(f"{name} of completion {row} has {len(mask)} entries for its {length} tokens; give "
+                                 "one 0/1 per completion token (1: the model's own, trained on).")
+            array[row, :length] = mask
+        return array
+
+    def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> np.ndarray:
+        """``[N, steps]`` tokens sampled by the policy after left-padded prompts (pad after a row's end token)."""
+        # Each device decodes its own rows (those of its process's share of the batch) when they divide evenly.
+        spread = len(prompt_ids) % mesh_lib.data_parallel_size(self.mesh) == 0
+        return sampling.generate_tokens(
+            self._module, prompt_ids, prompt_mask, max_new_tokens, self.sampling, eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=lora_runtime.EVAL,
+            repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
+            batch_sharding=mesh_lib.batch_sharding(self.mesh) if spread else None).tokens
+
+    def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
+                    completion_mask: np.ndarray, seed: int) -> tuple:
+        """Runs TRL's tool-calling loop (:meth:`.tool_calling.ToolCalling.run`) on the first completions, continuing
+        each sample with the policy's sampler. With several processes each runs the tools of its own samples.
+
+        Returns:
+            ``(tokens, completion_mask, ended, tool_mask, loop result)`` of the completions with their tool turns.
+        """
+        prompts = [ids[mask.astype(bool)].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
+        first = [row[:int(mask.sum())].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
+        rounds = itertools.count(1)
+
+        def generate(prompt_id_lists: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+            length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
+            round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
+            sampled = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
+            mask, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
+            return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
+
+        def call_rows(calls: list[list[dict]]) -> list[tuple[list[dict], int]]:
+            own = [self.tool_calling.call(row_calls) for row_calls in calls[multihost.process_rows(len(calls))]]
+            return [result for piece in multihost.allgather_objects(own) for result in piece]
+
+        loop = self.tool_calling.run(prompts, first, generate, max_completion_length=self.args.max_completion_length,
+                                     max_model_length=self.model.config.max_position_embeddings,
+                                     max_iterations=self.args.max_tool_calling_iterations, call_rows=call_rows)
+        tokens, completion_mask, ended = self._completion_arrays(loop.completion_ids)
+        return tokens, completion_mask, ended, self._mask_array(loop.tool_mask, completion_mask, "tool_mask"), loop
 
     def _padded(self, length: int) -> int:
         """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
@@ -434,14 +525,18 @@ class GRPOTrainer(TRLTrainer):
                 parts.append(passes[key](module, mesh_lib.place_batch(chunk, sharding, size)))
         return np.concatenate([np.asarray(part) for part in mesh_lib.to_host(parts)]).astype(np.float32)
 
-    def _rewards(self, rows: list[dict], completion_ids: list[list[int]], extra: dict[str, list]) -> np.ndarray:
+    def _rewards(self, rows: list[dict], completion_ids: list[list[int]], extra: dict[str, list],
+                 completions: list | None = None) -> np.ndarray:
         """``[N, F]`` rewards, calling each function TRL's way (dataset columns and ``rollout_func``'s ``extra``
-        fields as keyword arguments); ``None`` becomes NaN."""
+        fields as keyword arguments); ``None`` becomes NaN. ``completions`` are those the functions receive (with
+        tools: the message lists of the tool loop); by default the decoded ``completion_ids``, as assistant messages
+        for conversational prompts."""
         if not rows:  # a process with no rows of a small (last) eval batch
             return np.empty((0, len(self.reward_funcs)), np.float32)
-        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        conversational = is_conversational_prompt(rows[0]["prompt"])
-        completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+        if completions is None:
+            texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+            conversational = is_conversational_prompt(rows[0]["prompt"])
+            completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
         columns = {} if self.args.remove_unused_columns else {
             key: [row[key] for row in rows] for key in rows[0]
             if key not in ("prompt", "completion", "completion_ids", "prompt_ids")}

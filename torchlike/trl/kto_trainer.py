@@ -125,15 +125,6 @@ class KTOTrainer(PrecomputedReferenceTrainer):
         return kto_loss.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh,
                                        self.loss_settings)
 
-    def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
-        """The base evaluation with TRL's metric values (:func:`adapters.kto_loss.finish_metrics`)."""
-        return kto_loss.finish_metrics(super()._evaluation_loop(examples, metric_key_prefix))
-
     # ------------------------------------------------------------------ Trainer hooks
     def _loss(self) -> tuple[Callable, None]:
         return kto_loss.kto_step_loss(self.model.family, self.loss_settings), None
-
-    def log(self, logs: dict[str, float]) -> None:
-        """Records ``logs`` with TRL's values: each metric TRL records only for some micro-batches as the mean over
-        those (:func:`adapters.kto_loss.finish_metrics`), and ``num_tokens`` as TRL's running total."""
-        super().log(kto_loss.finish_metrics(logs))

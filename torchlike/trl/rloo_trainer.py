@@ -85,13 +85,13 @@ class RLOOTrainer(GRPOTrainer):
         args = self.args
         kl = None
         if train:
-            old = self._log_probs(batch, lora_runtime.EVAL, self._module)  # [N, C], 0 outside the completion
+            mask = tunix_grpo.loss_mask(batch)  # the completion tokens the model wrote (not tool results)
+            old = self._log_probs(batch, lora_runtime.EVAL, self._module) * mask  # [N, C]
             batch["old_logps"] = old.sum(axis=1)
             if self.reference is not None:
-                per_token_kl = (old - self._log_probs(batch, self.reference.lora, self.reference.module))
-                per_token_kl = per_token_kl * batch["completion_mask"]
+                per_token_kl = (old - self._log_probs(batch, self.reference.lora, self.reference.module)) * mask
                 kl = per_token_kl.sum(axis=1)
-                tokens = max(float(batch["completion_mask"].sum()), 1.0)
+                tokens = max(float(mask.sum()), 1.0)
                 self._pending_metrics.setdefault("kl", []).append(float(kl.sum() / tokens))
         return rl_math.rloo_advantages(rewards, num_generations, reward_weights=args.reward_weights,
                                        reward_clip_range=args.reward_clip_range, kl=kl, beta=args.beta,

@@ -1,0 +1,248 @@
+"""Qwen3 mixture-of-experts (``Qwen3MoeForCausalLM``) <-> ``tunix.models.qwen3`` with ``num_experts``: each sparse
+layer's experts stacked into one parameter per projection, transformers' routing, and dense layers where the config
+puts them.
+
+On disk (what ``save_pretrained`` writes and Hub checkpoints hold) each expert is three ``nn.Linear`` weights,
+``model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight``; transformers 5 fuses them into 3-D parameters when it
+loads, and splits them back when it saves. Here expert ``e``'s weight is part ``e`` of the stacked NNX parameter
+``layers.{i}.mlp.{gate,up,down}_proj`` (experts first, as Tunix's ``MoELayer`` holds them): one table row per expert
+and projection, added for the config's ``num_experts`` (:func:`expert_weights`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TypeVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from tunix.models.qwen3 import model as tunix_qwen3
+
+from ..rope import apply_rope, rope_inverse_frequencies, with_rope
+from ..router_loss import RouterRecord
+from .base import (
+    DECODER_IGNORED_KEYS,
+    DECODER_LORA_TARGETS,
+    TRANSPOSED,
+    Family,
+    WeightRule,
+    decoder_forward,
+    decoder_hidden_states,
+    head_dim_of,
+    head_logits,
+    require,
+)
+from .qwen3 import WEIGHTS as QWEN3_WEIGHTS
+
+R = TypeVar("R")
+
+WEIGHTS: tuple[WeightRule, ...] = QWEN3_WEIGHTS + (
+    # The router: HF's gate (E, hidden) <-> Tunix's router kernel (hidden, E).
+    WeightRule("model.layers.{layer}.mlp.gate.weight", "layers.{layer}.mlp.router.kernel", TRANSPOSED),
+)
+"""Qwen3's table (attention, norms, the dense layers' MLP) plus the router; the expert rows depend on the config."""
+
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+LORA_TARGETS = {name: DECODER_LORA_TARGETS[name] for name in ("q_proj", "k_proj", "v_proj", "o_proj")}
+
+LORA_REFUSED = {
+    r"model\.layers\.\d+\.mlp\.(experts(\.\d+)?(\.(gate|up|down)_proj)?|(gate|up|down)_proj)": (
+        "with transformers 5, PEFT turns target_modules naming gate_proj/up_proj/down_proj into target_parameters on "
+        "the fused expert weights (mlp.experts.gate_up_proj and down_proj, stacked into one parameter per projection "
+        "here too), which torchlike does not support; a Qwen3 MoE model takes LoRA on its attention projections "
+        "(q_proj, k_proj, v_proj, o_proj)"),
+    r"model\.layers\.\d+\.mlp\.gate": (
+        "the router (Qwen3MoeTopKRouter) is adapted by PEFT only through target_parameters (mlp.gate.weight), which "
+        "torchlike does not support; a Qwen3 MoE model takes LoRA on its attention projections (q_proj, k_proj, "
+        "v_proj, o_proj)"),
+}
+"""HF module-name patterns LoRA cannot target here, with the reason (``Family.lora_refused``)."""
+
+
+def expert_weights(hf_config) -> tuple[WeightRule, ...]:
+    """One row per expert and projection for ``hf_config.num_experts`` experts: HF's
+    ``mlp.experts.{e}.<projection>.weight (out, in)`` is part ``e`` of NNX ``mlp.<projection> (experts, in, out)``.
+
+    A config read only for its architecture (no ``num_experts``) adds none.
+    """
+    count = getattr(hf_config, "num_experts", None) or 0
+    return tuple(
+        WeightRule(f"model.layers.{{layer}}.mlp.experts.{expert}.{projection}.weight",
+                   f"layers.{{layer}}.mlp.{projection}", TRANSPOSED, stack=(expert, count))
+        for expert in range(count) for projection in EXPERT_PROJECTIONS
+    )
+
+
+def sparse_layers(hf_config) -> list[bool]:
+    """Which layers hold experts, by transformers' rule: layer ``i`` is sparse unless it is in ``mlp_only_layers``,
+    when ``num_experts > 0`` and ``(i + 1) % decoder_sparse_step == 0``."""
+    dense = set(hf_config.mlp_only_layers or ())
+    return [index not in dense and hf_config.num_experts > 0 and (index + 1) % hf_config.decoder_sparse_step == 0
+            for index in range(hf_config.num_hidden_layers)]
+
+
+def routed_experts(x: jax.Array, experts: jax.Array, weights: jax.Array, gate: jax.Array, up: jax.Array,
+                   down: jax.Array) -> jax.Array:
+    """``sum_k weights[..., k] * expert_{experts[..., k]}(x)``, with
+    ``expert_e(x) = (silu(x @ gate[e]) * (x @ up[e])) @ down[e]``.
+
+    Each token is copied once per chosen expert, the copies are sorted by expert and each expert's run is multiplied
+    by its own weights (``jax.lax.ragged_dot``: a grouped matmul where the platform has one), so only the chosen
+    experts are computed, as transformers' ``Qwen3MoeExperts`` loops over the experts hit.
+
+    Args:
+        x: ``[B, T, D]`` in the compute dtype.
+        experts, weights: ``[B, T, K]`` chosen experts and their routing weights (the weights in ``x``'s dtype).
+        gate, up: ``[E, D, F]``; down: ``[E, F, D]``.
+    """
+    hidden_size, top_k, count = x.shape[-1], experts.shape[-1], gate.shape[0]
+    chosen = experts.reshape(-1)
+    order = jnp.argsort(chosen, stable=True)
+    rows = jnp.repeat(x.reshape(-1, hidden_size), top_k, axis=0)[order]
+    group_sizes = jnp.bincount(chosen, length=count).astype(jnp.int32)
+    activations = nnx.silu(jax.lax.ragged_dot(rows, gate, group_sizes)) * jax.lax.ragged_dot(rows, up, group_sizes)
+    outputs = jax.lax.ragged_dot(activations, down, group_sizes)
+    outputs = jnp.zeros_like(outputs).at[order].set(outputs).reshape(*experts.shape, hidden_size)
+    return jnp.einsum("BTKD,BTK->BTD", outputs, weights)
+
+
+class SparseMoeBlock(tunix_qwen3.MoELayer):
+    """Tunix's ``MoELayer`` (its router and stacked expert parameters) computed as transformers'
+    ``Qwen3MoeSparseMoeBlock``: softmax over the router logits in float32, the top ``num_experts_per_tok``, their
+    probabilities renormalised only when ``norm_topk_prob``, then cast to the compute dtype; only the chosen experts
+    run (:func:`routed_experts`), on every platform.
+
+    Attributes set by :func:`build_model`:
+        norm_topk_prob: renormalise the chosen experts' probabilities to sum to 1.
+        records_router_logits: sow the router logits as ``nnx.Intermediate`` ``router_logits``
+            (:func:`run_recording_router_logits` turns it on while it captures them).
+    """
+
+    norm_topk_prob: bool = False
+    records_router_logits: bool = False
+
+    def __call__(self, x):
+        router_logits = self.router(x)
+        if self.records_router_logits:
+            self.sow(nnx.Intermediate, "router_logits", router_logits)
+        probabilities = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+        weights, experts = jax.lax.top_k(probabilities, self.experts_per_tok)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        x = x.astype(self.dtype)
+        return routed_experts(x, experts, weights.astype(router_logits.dtype),
+                              *(parameter.value.astype(self.dtype)
+                                for parameter in (self.gate_proj, self.up_proj, self.down_proj)))
+
+
+def _check_config(hf_config) -> None:
+    """Refuses what the model built here does not implement (it would give wrong logits)."""
+    activation = hf_config.hidden_act
+    require(activation == "silu", f"qwen3_moe: hidden_act={activation!r} is not supported (only 'silu').")
+    require(not hf_config.attention_bias, "qwen3_moe: attention_bias=True is not supported.")
+    require(not hf_config.use_sliding_window,
+            "qwen3_moe: use_sliding_window=True is not supported by the Tunix Qwen3 model.")
+    require(hf_config.num_experts > 0 and any(sparse_layers(hf_config)),
+            "qwen3_moe: the config has no sparse layer (num_experts=0, or every layer in mlp_only_layers); load it as "
+            "a dense model instead.")
+    require(0 < hf_config.num_experts_per_tok <= hf_config.num_experts,
+            f"qwen3_moe: num_experts_per_tok={hf_config.num_experts_per_tok} must be between 1 and num_experts="
+            f"{hf_config.num_experts}.")
+
+
+def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_qwen3.Qwen3:
+    """A Tunix ``Qwen3`` with ``num_experts``: sparse layers are :class:`SparseMoeBlock` (experts of
+    ``moe_intermediate_size``), the others Tunix's dense ``MLP`` of ``intermediate_size``, and the attention uses the
+    checkpoint's rope (see ``adapters.upstream``).
+
+    Raises:
+        UnsupportedConfigError: another activation, attention bias, a sliding window, no sparse layer or a bad
+            ``num_experts_per_tok``.
+        UnsupportedRopeScalingError: for rope types ``adapters.rope`` does not implement.
+    """
+    _check_config(hf_config)
+    head_dim = head_dim_of(hf_config)
+    config = tunix_qwen3.ModelConfig(
+        num_layers=hf_config.num_hidden_layers,
+        vocab_size=hf_config.vocab_size,
+        embed_dim=hf_config.hidden_size,
+        hidden_dim=hf_config.moe_intermediate_size,
+        num_heads=hf_config.num_attention_heads,
+        head_dim=head_dim,
+        num_kv_heads=hf_config.num_key_value_heads,
+        rope_theta=hf_config.rope_parameters["rope_theta"],
+        norm_eps=hf_config.rms_norm_eps,
+        use_tied_embedding=bool(hf_config.tie_word_embeddings),
+        num_experts=hf_config.num_experts,
+        num_experts_per_tok=hf_config.num_experts_per_tok,
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+    # Tunix builds every layer sparse, with one hidden size; dense layers get Tunix's MLP of intermediate_size.
+    dense_config = dataclasses.replace(config, hidden_dim=hf_config.intermediate_size, num_experts=None,
+                                       num_experts_per_tok=None)
+    model = tunix_qwen3.Qwen3(config, rngs=rngs)
+    inv_freq = rope_inverse_frequencies(hf_config.rope_parameters, head_dim)
+    attention_class = with_rope(tunix_qwen3.Attention, "block", "apply_rope", apply_rope, inv_freq)
+    for layer, sparse in zip(model.layers, sparse_layers(hf_config), strict=True):
+        layer.attn.__class__ = attention_class
+        if sparse:
+            layer.mlp.__class__ = SparseMoeBlock
+            layer.mlp.norm_topk_prob = bool(hf_config.norm_topk_prob)
+            layer.mlp.records_router_logits = False
+        else:
+            layer.mlp = tunix_qwen3.MLP(dense_config, rngs=rngs)
+    return model
+
+
+def run_recording_router_logits(run: Callable[[tunix_qwen3.Qwen3], R], module: tunix_qwen3.Qwen3
+                                ) -> tuple[R, RouterRecord]:
+    """``run(module)``, and the router logits of the forward passes it ran, sparse layer by sparse layer.
+
+    The sparse layers sow their logits while ``run`` runs, captured by ``nnx.capture`` (so they come out of
+    ``nnx.remat`` under ``gradient_checkpointing`` too); the module is left as it was.
+    """
+    blocks = [layer.mlp for layer in module.layers if isinstance(layer.mlp, SparseMoeBlock)]
+
+    def recording(module):
+        for block in blocks:
+            block.records_router_logits = True
+        try:
+            return run(module)
+        finally:
+            for block in blocks:
+                block.records_router_logits = False
+
+    result, sown = nnx.capture(recording, nnx.Intermediate)(module)
+    record = RouterRecord(top_k=module.config.num_experts_per_tok)
+    for _, variable in sorted(nnx.to_flat_state(sown), key=lambda item: item[0]):
+        record.logits.extend(variable.get_value())
+    return result, record
+
+
+def logits_from_hidden(module: tunix_qwen3.Qwen3, hidden: jax.Array) -> jax.Array:
+    """Tunix Qwen3's output head on final-norm hidden states (its ``__call__`` after ``final_norm``), float32."""
+    return head_logits(module, hidden, tied=module.config.use_tied_embedding)
+
+
+FAMILY = Family(
+    name="qwen3_moe",
+    model_types=("qwen3_moe",),
+    architectures=("Qwen3MoeForCausalLM",),
+    weights=WEIGHTS,
+    build_model=build_model,
+    forward=decoder_forward,
+    hidden_states=decoder_hidden_states,
+    logits_from_hidden=logits_from_hidden,
+    ignored_hf_keys=DECODER_IGNORED_KEYS,
+    lora_targets=LORA_TARGETS,
+    # PEFT has no default target_modules for model_type "qwen3_moe".
+    # Tunix's attention Einsum cannot take Qwix's quantised weights (see adapters.upstream).
+    quantization_excluded=("q_proj", "k_proj", "v_proj", "o_proj"),
+    config_weights=expert_weights,
+    lora_refused=LORA_REFUSED,
+    router_logits=run_recording_router_logits,
+)

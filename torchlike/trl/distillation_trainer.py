@@ -1,0 +1,348 @@
+"""``DistillationTrainer``: TRL 1.16's on-policy knowledge distillation trainer and constructor on torchlike's Trainer.
+
+Every optimizer step samples one generation batch (``per_device_train_batch_size x data-parallel size x
+gradient_accumulation_steps`` prompts, one completion each) from the student with torchlike's JAX sampler
+(``adapters.sampling``), then trains the student to match a frozen teacher's next-token distribution on those
+completion tokens under TRL's generalized Jensen-Shannon divergence (``adapters.distillation_loss``: ``beta`` 0 is the
+forward KL, 1 the reverse KL), with both models' logits at ``temperature``. The loss is summed over the completion
+tokens of the whole generation batch and divided by their number, as TRL's ``num_items_in_batch``. Student and teacher
+share the trainer's mesh and one jitted step; the teacher gets no gradient and no optimizer state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..adapters import distillation_loss, sampling, train_step, tunix_grpo
+from ..adapters import mesh as mesh_lib
+from ..adapters.lora import runtime as lora_runtime
+from ..training import batches
+from ..training.batches import sampler_order
+from ..version import repetition_penalty_skips_left_padding
+from .base_config import round_up_to_multiple
+from .base_trainer import TRLTrainer, check_causal_lm, check_text_dataset
+from .distillation_config import DistillationConfig
+from .grpo_data import left_padded, prepare_prompts
+from .grpo_trainer import GRPOTrainer
+
+__all__ = ["DistillationTrainer", "check_vocabularies"]
+
+
+def check_vocabularies(student: Any, teacher: Any) -> None:
+    """Raises TRL's ``ValueError`` when the student's and the teacher's ``vocab_size`` differ (the divergence compares
+    the two full next-token distributions)."""
+    student_vocab, teacher_vocab = student.config.vocab_size, teacher.config.vocab_size
+    if student_vocab != teacher_vocab:
+        raise ValueError(f"The student model has vocab_size {student_vocab} but the teacher model has vocab_size "
+                         f"{teacher_vocab}. Distillation compares the teacher's full next-token distribution, which "
+                         "requires a shared vocabulary. Use a teacher with the same vocab_size (torchlike has no "
+                         "cross-tokenizer trainer such as TRL's GOLD).")
+
+
+class DistillationTrainer(TRLTrainer):
+    """``trl.DistillationTrainer`` with TRL 1.16's signature, training a torchlike student on a JAX mesh.
+
+    Args:
+        model: the student: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+            ``args.model_init_kwargs`` (float32 unless they set ``dtype``, as in TRL).
+        teacher_model: the teacher, a loaded :class:`~torchlike.CausalLM` or a path / hub id loaded with
+            ``args.teacher_model_init_kwargs`` (and ``args.teacher_model_revision``); ``None`` loads
+            ``args.teacher_model_name_or_path``. Its ``vocab_size`` must be the student's; its hidden size and family
+            may differ. It is placed on the trainer's mesh.
+        args: :class:`~torchlike.trl.DistillationConfig` (default: one with ``output_dir="<model>-Distillation"``).
+        train_dataset: rows with a ``prompt`` (text, or chat messages rendered with the chat template and
+            ``add_generation_prompt=True``); other columns are not read. A list of dicts or a ``datasets.Dataset``.
+        eval_dataset: the same format (or a dict of such datasets); ``evaluate()`` samples a completion per prompt
+            and reports the mean divergence (``eval_loss``), the student's entropy and the completion lengths.
+        processing_class: the tokenizer (default: loaded from the student's path); without a pad token, its eos
+            token pads.
+        callbacks: ``transformers.TrainerCallback`` objects (or classes).
+        optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
+        quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
+        peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter on the student.
+        tools: TRL's tool calling during generation; refused.
+
+    Raises:
+        ValueError: no teacher, a teacher whose ``vocab_size`` differs from the student's (naming both), the student
+            itself as teacher, ``teacher_model_init_kwargs`` with a loaded teacher, no ``train_dataset``, or ``tools``.
+
+    Example:
+
+    ```python
+    >>> from torchlike.trl import DistillationConfig, DistillationTrainer
+    >>> trainer = DistillationTrainer(model="path/to/Qwen2.5-0.5B-Instruct",
+    ...                               teacher_model="path/to/Qwen2.5-1.5B-Instruct",
+    ...                               args=DistillationConfig("out", beta=0.5, max_completion_length=128),
+    ...                               train_dataset=[{"prompt": "Explain gravity in one sentence."}] * 64)
+    >>> trainer.train()
+    ```
+    """
+
+    _allow_prefetch = False  # each step samples with the weights of the steps before it
+    _config_class = DistillationConfig
+    _output_suffix = "Distillation"
+    _tag_names = ["trl", "distillation"]
+
+    def __init__(self, model: Any, teacher_model: Any = None, args: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, callbacks: list | None = None,
+                 optimizers: tuple = (None, None), quantization_config: Any = None, peft_config: Any = None,
+                 tools: list[Callable] | None = None):
+        if tools:
+            raise ValueError("tools (TRL's tool calling during generation) are not supported by torchlike's "
+                             "DistillationTrainer; completions are sampled in one turn.")
+        args = self._trl_args(model, args)
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required: rows with a 'prompt' column (text or chat messages).")
+        for dataset in [train_dataset, *batches.each_dataset(eval_dataset)]:
+            check_text_dataset(dataset)
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        self.teacher_model = self._load_teacher(teacher_model, args, model)
+        check_vocabularies(model, self.teacher_model)
+        self.sampling = GRPOTrainer._sampling_settings(args)
+        self.tokenizer = processing_class
+        self.pad_token_id = self._pad_token_id(processing_class, None)
+        eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
+        train_rows = self._prepare(train_dataset, "train_dataset")
+        eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
+        prompts = [row["prompt_ids"] for rows in [train_rows, *batches.each_dataset(eval_rows)] for row in rows]
+        self.prompt_length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompts)))
+        largest = max([self.pad_token_id, *self.eos_token_ids, *(max(ids, default=0) for ids in prompts)])
+        self._check_token_ids(largest, processing_class, {"model": model, "teacher_model": self.teacher_model})
+        super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
+                         processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
+        self._place_teacher()
+        self._student_and_teacher = distillation_loss.StudentTeacher(self._trainable_model.module,
+                                                                     self.teacher_model.module)
+        self._pending_metrics: dict[str, list[float]] = {}
+        self._latest_completions: tuple[list[str], list[str]] = ([], [])
+
+    # ------------------------------------------------------------------ set-up
+    def _load_teacher(self, teacher_model: Any, args: Any, model: Any) -> Any:
+        """The teacher as TRL loads it: a string with ``teacher_model_init_kwargs`` (and ``teacher_model_revision``)
+        in the checkpoint's dtype unless they set one; ``None`` reads ``teacher_model_name_or_path``."""
+        from .. import AutoModelForCausalLM
+
+        if teacher_model is None:
+            teacher_model = args.teacher_model_name_or_path
+        if teacher_model is None:
+            raise ValueError("A teacher model is required for distillation training. Pass teacher_model, or set "
+                             "args.teacher_model_name_or_path (`--teacher_model_name_or_path`).")
+        if isinstance(teacher_model, str | os.PathLike):
+            init_kwargs = dict(args.teacher_model_init_kwargs or {})
+            if args.teacher_model_revision is not None:
+                init_kwargs.setdefault("revision", args.teacher_model_revision)
+            return AutoModelForCausalLM.from_pretrained(teacher_model, **init_kwargs)
+        if args.teacher_model_init_kwargs is not None:
+            raise ValueError("You passed teacher_model_init_kwargs to the config, but your teacher_model is already "
+                             "instantiated.")
+        check_causal_lm(teacher_model, "teacher_model", self._trainer_name)
+        if teacher_model is model or teacher_model.module is model.module:
+            raise ValueError("teacher_model is the model being trained; pass a separate teacher (for "
+                             "self-distillation, load the checkpoint a second time).")
+        return teacher_model
+
+    def _place_teacher(self) -> None:
+        """Puts the teacher's weights on the trainer's mesh (the student's), unless they are there already."""
+        teacher, mesh = self.teacher_model, self.mesh
+        placed = teacher.mesh is not None and teacher.mesh.shape == mesh.shape and \
+            list(teacher.mesh.devices.flat) == list(mesh.devices.flat)
+        if not placed:
+            mesh_lib.shard_module(teacher.module, mesh)
+            teacher.mesh = mesh
+
+    def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
+        """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`; TRL's
+        distillation keeps prompts whole)."""
+        return prepare_prompts(dataset, self.tokenizer, name, None, self.args.chat_template_kwargs)
+
+    def _padded(self, length: int) -> int:
+        """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
+        return round_up_to_multiple(length, self.args.pad_to_multiple_of)
+
+    def _seed(self, *parts: int) -> int:
+        """The sampling seed of one generation batch: ``args.seed`` and where the batch sits (so a resumed run samples
+        what an uninterrupted one does with the same weights)."""
+        return int(np.random.SeedSequence([self.args.seed, *parts]).generate_state(1)[0]) % 2**31
+
+    # ------------------------------------------------------------------ the step
+    @property
+    def _module(self):
+        """The NNX module the train and eval steps run on: the student and the teacher together
+        (``adapters.distillation_loss.StudentTeacher``); the optimizer updates the student's part only."""
+        return self._student_and_teacher
+
+    def _trainable(self):
+        """The student's trainable variables (its LoRA factors, or every parameter); never the teacher's."""
+        from flax import nnx
+
+        return nnx.All(super()._trainable(), distillation_loss.is_student)
+
+    def _loss(self) -> tuple[Callable, None]:
+        return distillation_loss.distillation_step_loss(self.model.family, self.teacher_model.family, self.args.beta,
+                                                        self.args.temperature), None
+
+    # ------------------------------------------------------------------ batches
+    def _generation_size(self) -> int:
+        """Prompts per generation batch (TRL's ``per_device_train_batch_size x processes x
+        gradient_accumulation_steps``): one per optimizer step."""
+        return self._global_batch_size() * self.args.gradient_accumulation_steps
+
+    def _get_train_sampler(self, epoch: int) -> np.ndarray:
+        """Prompt order for ``epoch``: seeded shuffle with ``shuffle_dataset`` (TRL's default), else dataset order."""
+        return sampler_order(len(self.train_dataset), epoch, sequential=not self.args.shuffle_dataset,
+                             seed=self.args.seed)
+
+    def _steps_per_epoch(self) -> int:
+        """Whole generation batches per epoch (TRL's sampler drops a partial last one)."""
+        steps = len(self.train_dataset) // self._generation_size()
+        if steps == 0:
+            raise ValueError(f"train_dataset has {len(self.train_dataset)} prompts but one generation batch needs "
+                             f"{self._generation_size()} (per_device_train_batch_size x data-parallel shards x "
+                             "gradient_accumulation_steps); add prompts or lower per_device_train_batch_size / "
+                             "gradient_accumulation_steps.")
+        return steps
+
+    def _batches(self, epoch: int, skip: int = 0):
+        """One generation batch per optimizer step, sampled with the current weights and split into
+        ``gradient_accumulation_steps`` micro-batches (TRL reuses one generation over the accumulation window)."""
+        accumulation = self.args.gradient_accumulation_steps
+        micro = self._global_batch_size()
+        size = self._generation_size()
+        order = self._get_train_sampler(epoch)
+        sharding = mesh_lib.batch_sharding(self.mesh, batch_axis=1)
+        for index in range(skip, self._steps_per_epoch()):
+            rows = [self.train_dataset[int(i)] for i in order[index * size:(index + 1) * size]]
+            batch = self._rollout(rows, self._seed(epoch, index, 1))
+            stacked = {key: value.reshape(accumulation, micro, *value.shape[1:]) for key, value in batch.items()}
+            yield mesh_lib.place_batch(stacked, sharding, micro, batch_axis=1)
+
+    # ------------------------------------------------------------------ generation
+    def _prompt_width(self, prompt_ids: Sequence[Sequence[int]]) -> int:
+        return max(self.prompt_length, self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_ids))))
+
+    def _sample_completions(self, prompt_ids: list[list[int]], seed: int) -> list[list[int]]:
+        """The student's completion of each prompt (TRL's ``_generate_single_turn``): sampled with the config's
+        settings, cut after the first end token (kept), at most ``max_completion_length`` tokens."""
+        ids, mask = left_padded(prompt_ids, self._prompt_width(prompt_ids), self.pad_token_id)
+        spread = len(prompt_ids) % mesh_lib.data_parallel_size(self.mesh) == 0
+        result = sampling.generate_tokens(
+            self._trainable_model.module, ids, mask, self.args.max_completion_length, self.sampling,
+            eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, seed=seed, lora=lora_runtime.EVAL,
+            repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
+            batch_sharding=mesh_lib.batch_sharding(self.mesh) if spread else None)
+        kept, _ = tunix_grpo.completion_mask(result.tokens, self.eos_token_ids)
+        return [row[:int(length)].tolist() for row, length in zip(result.tokens, kept.sum(axis=1), strict=True)]
+
+    def _rollout(self, rows: list[dict], seed: int, prefix: str = "", counted: int | None = None
+                 ) -> dict[str, np.ndarray]:
+        """Samples a completion for each row's prompt and returns the step's columns: ``input_ids`` and
+        ``attention_mask`` ``[N, P + C]`` (prompt left-padded, completion right-padded to
+        ``C = max_completion_length``) and ``completion_mask`` ``[N, C]``. The metrics of the first ``counted`` rows
+        (default all; the rest pad an evaluation batch and are masked out) are kept for the next log."""
+        counted = len(rows) if counted is None else counted
+        prompt_ids = [list(row["prompt_ids"]) for row in rows]
+        completions = self._sample_completions(prompt_ids, seed)
+        limit = self.args.max_completion_length
+        if len(completions) != len(rows) or any(len(ids) > limit for ids in completions):
+            raise ValueError(f"expected one completion of at most max_completion_length={limit} tokens per prompt, "
+                             f"got {len(completions)} for {len(rows)} prompts, the longest "
+                             f"{max(map(len, completions), default=0)} tokens.")
+        prompts, prompt_mask = left_padded(prompt_ids, self._prompt_width(prompt_ids), self.pad_token_id)
+        tokens = np.full((len(rows), self._padded(limit)), self.pad_token_id, np.int32)
+        completion_mask = np.zeros(tokens.shape, np.int32)
+        for row, ids in enumerate(completions[:counted]):
+            tokens[row, :len(ids)] = ids
+            completion_mask[row, :len(ids)] = 1
+        self._record_completions(prompt_ids[:counted], completions[:counted], prefix)
+        return {"input_ids": np.concatenate([prompts, tokens], axis=1),
+                "attention_mask": np.concatenate([prompt_mask, completion_mask], axis=1),
+                "completion_mask": completion_mask}
+
+    def _record_completions(self, prompt_ids: list[list[int]], completions: list[list[int]], prefix: str) -> None:
+        """TRL's generation metrics (``num_tokens``, ``completions/*``) for the next log; in training, also the
+        running token count and, with ``log_completions``, the texts."""
+        lengths = np.array([len(ids) for ids in completions], np.float64)
+        stops = {*self.eos_token_ids, self.pad_token_id}
+        truncated = np.array([not ids or ids[-1] not in stops for ids in completions])
+        terminated = lengths[~truncated] if (~truncated).any() else np.zeros(1)
+        if not prefix:
+            self.state.num_input_tokens_seen += int(sum(map(len, prompt_ids)) + lengths.sum())
+            if self.args.log_completions:
+                decode = self.tokenizer.batch_decode
+                self._latest_completions = (decode(prompt_ids, skip_special_tokens=True),
+                                            decode(completions, skip_special_tokens=True))
+        self._pending_metrics[prefix + "num_tokens"] = [float(self.state.num_input_tokens_seen)]  # TRL's running total
+        metrics = {"completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
+                   "completions/max_length": lengths.max(), "completions/clipped_ratio": truncated.mean(),
+                   "completions/mean_terminated_length": terminated.mean(),
+                   "completions/min_terminated_length": terminated.min(),
+                   "completions/max_terminated_length": terminated.max()}
+        for key, value in metrics.items():
+            self._pending_metrics.setdefault(prefix + key, []).append(float(value))
+
+    # ------------------------------------------------------------------ logging and evaluation
+    def log(self, logs: dict[str, float]) -> None:
+        """Adds the generation metrics gathered since the last training log (means; ``num_tokens`` the latest) to a
+        training log and, with ``log_completions``, prints and saves the latest completions, as TRL's ``log``."""
+        if not any(key.startswith("eval_") for key in logs) and self._pending_metrics:
+            train_metrics = {key: values for key, values in self._pending_metrics.items()
+                             if not key.startswith("eval_")}
+            logs = {**logs, **{key: float(np.mean(values)) for key, values in train_metrics.items()}}
+            for key in train_metrics:
+                del self._pending_metrics[key]
+            if self.args.log_completions and self.state.is_world_process_zero:
+                self._log_completions()
+        super().log(logs)
+
+    def _log_completions(self) -> None:
+        """Prints ``num_completions_to_print`` of the latest generation batch and writes all of it to
+        ``output_dir/completions/completions_<step>.parquet``."""
+        import pandas as pd
+
+        prompts, completions = self._latest_completions
+        shown = len(prompts) if self.args.num_completions_to_print is None else self.args.num_completions_to_print
+        print(f"step {self.state.global_step}: prompt | completion")
+        for prompt, completion in list(zip(prompts, completions, strict=True))[:shown]:
+            print(f"  {prompt!r} | {completion!r}")
+        folder = os.path.join(self.args.output_dir, "completions")
+        os.makedirs(folder, exist_ok=True)
+        table = {"step": [self.state.global_step] * len(prompts), "prompt": prompts, "completion": completions}
+        pd.DataFrame(table).to_parquet(os.path.join(folder, f"completions_{self.state.global_step:05d}.parquet"))
+
+    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+        """Raw eval rows prepared as the train rows are (rows prepared at construction are kept as they are)."""
+        rows = batches.as_sequence(dataset)
+        if len(rows) and isinstance(rows[0], dict) and "prompt_ids" in rows[0]:
+            return rows
+        return self._prepare(rows, "eval_dataset")
+
+    def _evaluation_loop(self, examples: Sequence[dict], metric_key_prefix: str) -> dict[str, float]:
+        """TRL's evaluation: a completion sampled for every prompt, the loss of each batch its mean divergence per
+        completion token, ``eval_loss`` the mean over prompts of their batch's loss, ``eval_entropy`` the mean
+        over batches, and the completion metrics."""
+        size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
+        step = train_step.make_eval_step(self._loss()[0], self._compute_dtype())
+        sharding = mesh_lib.batch_sharding(self.mesh)
+        prefix = f"{metric_key_prefix}_"
+        losses, entropies, counts = [], [], []
+        with mesh_lib.entered(self.mesh):
+            for index, start in enumerate(range(0, len(examples), size)):
+                rows = [examples[i] for i in range(start, min(start + size, len(examples)))]
+                counted = len(rows)
+                rows += [rows[0]] * (size - counted)  # a full batch: one compiled sampler and step
+                batch = self._rollout(rows, self._seed(self.state.global_step, index, 0), prefix, counted)
+                value, weight, aux = mesh_lib.to_host(step(self._module, mesh_lib.place_batch(batch, sharding, size)))
+                losses.append(float(value) / max(float(weight), 1.0))
+                entropies.append(float(aux["entropy"]))
+                counts.append(counted)
+        metrics = {f"{prefix}loss": float(np.average(losses, weights=counts)),
+                   f"{prefix}entropy": float(np.mean(entropies))}
+        for key in [key for key in self._pending_metrics if key.startswith(prefix)]:
+            metrics[key] = float(np.mean(self._pending_metrics.pop(key)))
+        return metrics
