@@ -230,8 +230,6 @@ def test_router_aux_loss_is_refused_for_a_dense_family():
         train_step.causal_lm_loss(family, router_aux_loss_coef=0.01)
 
 
-@pytest.mark.xfail(strict=True, reason="SFTTrainer._step_loss does not yet pass router_aux_loss_coef to "
-                                       "train_step.causal_lm_loss (a line in torchlike/trl/sft_trainer.py)")
 def test_lora_sft_logs_the_loss_with_the_router_aux_loss(checkpoint, reference, tokenizer_dir, tmp_path):
     data = [{"text": "the quick brown fox jumps over the lazy dog"}, {"text": "one two three four five"},
             {"text": "hello world, this is a tiny tokenizer"}, {"text": "six seven eight nine ten"}]
@@ -266,3 +264,11 @@ def test_unsupported_config_is_refused(changes, message, checkpoint, tmp_path):
     path = with_config(checkpoint, tmp_path / "changed", **changes)
     with pytest.raises(UnsupportedConfigError, match=message):
         torchlike.AutoModelForCausalLM.from_pretrained(path)
+
+
+def test_sft_refuses_a_router_loss_coefficient_for_a_dense_model_as_trl_does(tiny_checkpoints, tokenizer_dir,
+                                                                           tmp_path):
+    args = SFTConfig(output_dir=str(tmp_path), router_aux_loss_coef=0.01, report_to="none")
+    with pytest.raises(ValueError, match="not a Mixture-of-Experts model"):
+        SFTTrainer(model=load(tiny_checkpoints.path("qwen3")), args=args, train_dataset=[{"text": "one two"}] * 4,
+                   processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))

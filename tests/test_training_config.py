@@ -197,7 +197,6 @@ NON_DEFAULT = {
     "skip_memory_metrics": False,
     "local_rank": 0,
     "trust_remote_code": True,
-    "router_aux_loss_coef": 0.01,
     "activation_offloading": True,
 }
 

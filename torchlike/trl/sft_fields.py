@@ -9,14 +9,21 @@ from __future__ import annotations
 
 from ..field_support import FieldSupport, honoured, ignored, refused
 
+#: The router loss in the trainers that do not add it (TRL's DPO, GRPO, RLOO and KTO do, for MoE models).
+ROUTER_LOSS_NOT_ADDED = refused("torchlike adds the Mixture-of-Experts load-balancing loss in SFTTrainer only; "
+                                "this trainer's loss would not include it. Leave it None (MoE models then train "
+                                "without the router loss here).")
+
 SFT_FIELD_SUPPORT: dict[str, FieldSupport] = {
     # --- trl.SFTConfig 1.16 ---
     "model_init_kwargs": honoured("Keyword arguments for torchlike.AutoModelForCausalLM.from_pretrained when model is"
                                   " a string (dtype as a string, a torch dtype or 'auto')."),
     "trust_remote_code": refused("Hub modelling code is PyTorch and cannot run on torchlike's JAX models (which are "
                                  "built from torchlike's own model families)."),
-    "router_aux_loss_coef": refused("torchlike's model families are dense; there is no Mixture-of-Experts router "
-                                    "loss to weight."),
+    "router_aux_loss_coef": honoured("Weight of the Mixture-of-Experts load-balancing loss (transformers' "
+                                     "load_balancing_loss_func) added to the loss of a model with a router (Qwen3 "
+                                     "MoE); None takes the model config's; set on a dense model it is refused, as "
+                                     "in TRL."),
     "chat_template_path": honoured("A .jinja/.j2 file whose text becomes the processing_class's chat template, or "
                                    "a tokenizer directory/id whose chat template and eos token are copied; a "
                                    "tokenizer with tokens the processing_class lacks is refused (TRL adds them and "
