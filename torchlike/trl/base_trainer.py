@@ -11,6 +11,7 @@ that add their data preparation and step loss.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -21,9 +22,10 @@ from ..adapters import mesh as mesh_lib
 from ..adapters import reference_policy, reference_sync, step_metrics, train_step
 from ..training import Trainer
 from ..training_args import TrainingArguments
+from .base_config import round_up_to_multiple
 from .sft_data import pad_token_id_for
 
-__all__ = ["PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
+__all__ = ["OnlineTrainer", "PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
            "check_text_dataset", "default_output_dir", "load_model"]
 
 
@@ -407,3 +409,65 @@ class PrecomputedReferenceTrainer(TRLTrainer):
         """``"eval"``: TRL logs its metrics (``rewards/chosen``...) as ``eval_<metric>`` whatever the dataset, so with a
         dict of eval datasets only the loss, runtime and speed carry the dataset's name."""
         return "eval"
+
+
+class OnlineTrainer(TRLTrainer):
+    """The trainers that sample completions from the policy (GRPO, RLOO, Distillation): the sampling settings, pad
+    and end tokens, prompt widths, eval rows prepared like training rows, and the generation metrics gathered between
+    logs (means over the generation batches since the last training log, added to it as TRL's ``log`` does).
+
+    A subclass calls :meth:`_setup_sampling` before preparing its prompts and provides ``_prepare(dataset, name)``.
+    """
+
+    def _setup_sampling(self, args: Any, model: Any, processing_class: Any) -> None:
+        """Sets ``sampling`` (the config's sampling fields, ``generation_kwargs`` over them, sampling on as in TRL),
+        ``tokenizer``, ``pad_token_id`` and ``eos_token_ids`` (the tokenizer's eos first, then the generation
+        config's)."""
+        from ..adapters import sampling
+
+        names = sampling.SamplingSettings.names()
+        extra = dict(args.generation_kwargs or {})
+        unknown = sorted(set(extra) - set(names))
+        if unknown:
+            raise ValueError(f"generation_kwargs {unknown} are not supported by torchlike's sampler; it takes "
+                             f"{', '.join(names)} (max_completion_length sets the length).")
+        config_fields = {field.name for field in dataclasses.fields(args)}
+        from_config = {name: getattr(args, name) for name in names if name in config_fields}
+        self.sampling = sampling.SamplingSettings.from_mapping({**from_config, "do_sample": True, **extra})
+        self.tokenizer = processing_class
+        self.pad_token_id = self._pad_token_id(processing_class, None)
+        eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
+        self._pending_metrics: dict[str, list[float]] = {}
+
+    def _padded(self, length: int) -> int:
+        """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
+        return round_up_to_multiple(length, self.args.pad_to_multiple_of)
+
+    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+        """Raw eval rows prepared as the train rows are (rows prepared at construction are kept as they are)."""
+        from ..training import batches
+
+        rows = batches.as_sequence(dataset)
+        if len(rows) and isinstance(rows[0], dict) and "prompt_ids" in rows[0]:
+            return rows
+        return self._prepare(rows, "eval_dataset")
+
+    def log(self, logs: dict[str, float]) -> None:
+        """Adds the generation metrics gathered since the last training log (NaN-skipping means) to a training log,
+        including the run's closing summary when generation happened after the last logging step, then calls
+        :meth:`_on_train_log`."""
+        import numpy as np
+
+        if not any(key.startswith("eval_") for key in logs) and self._pending_metrics:
+            train_metrics = {key: values for key, values in self._pending_metrics.items()
+                             if not key.startswith("eval_")}
+            logs = {**logs, **{key: float(np.nanmean(values)) for key, values in train_metrics.items()}}
+            for key in train_metrics:
+                del self._pending_metrics[key]
+            self._on_train_log()
+        super().log(logs)
+
+    def _on_train_log(self) -> None:
+        """Called when a training log takes the gathered generation metrics (e.g. to print the latest completions)."""

@@ -23,11 +23,9 @@ from ..adapters.lora import runtime as lora_runtime
 from ..training import batches
 from ..training.batches import sampler_order
 from ..version import repetition_penalty_skips_left_padding
-from .base_config import round_up_to_multiple
-from .base_trainer import TRLTrainer, check_causal_lm, check_text_dataset
+from .base_trainer import OnlineTrainer, check_causal_lm, check_text_dataset
 from .distillation_config import DistillationConfig
 from .grpo_data import left_padded, prepare_prompts
-from .grpo_trainer import GRPOTrainer
 
 __all__ = ["DistillationTrainer", "check_vocabularies"]
 
@@ -43,7 +41,7 @@ def check_vocabularies(student: Any, teacher: Any) -> None:
                          "cross-tokenizer trainer such as TRL's GOLD).")
 
 
-class DistillationTrainer(TRLTrainer):
+class DistillationTrainer(OnlineTrainer):
     """``trl.DistillationTrainer`` with TRL 1.16's signature, training a torchlike student on a JAX mesh.
 
     Args:
@@ -102,12 +100,7 @@ class DistillationTrainer(TRLTrainer):
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self.teacher_model = self._load_teacher(teacher_model, args, model)
         check_vocabularies(model, self.teacher_model)
-        self.sampling = GRPOTrainer._sampling_settings(args)
-        self.tokenizer = processing_class
-        self.pad_token_id = self._pad_token_id(processing_class, None)
-        eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
+        self._setup_sampling(args, model, processing_class)
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
         prompts = [row["prompt_ids"] for rows in [train_rows, *batches.each_dataset(eval_rows)] for row in rows]
@@ -119,7 +112,6 @@ class DistillationTrainer(TRLTrainer):
         self._place_teacher()
         self._student_and_teacher = distillation_loss.StudentTeacher(self._trainable_model.module,
                                                                      self.teacher_model.module)
-        self._pending_metrics: dict[str, list[float]] = {}
         self._latest_completions: tuple[list[str], list[str]] = ([], [])
 
     # ------------------------------------------------------------------ set-up
@@ -160,10 +152,6 @@ class DistillationTrainer(TRLTrainer):
         """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`; TRL's
         distillation keeps prompts whole)."""
         return prepare_prompts(dataset, self.tokenizer, name, None, self.args.chat_template_kwargs)
-
-    def _padded(self, length: int) -> int:
-        """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
-        return round_up_to_multiple(length, self.args.pad_to_multiple_of)
 
     def _seed(self, *parts: int) -> int:
         """The sampling seed of one generation batch: ``args.seed`` and where the batch sits (so a resumed run samples
@@ -287,18 +275,10 @@ class DistillationTrainer(TRLTrainer):
             self._pending_metrics.setdefault(prefix + key, []).append(float(value))
 
     # ------------------------------------------------------------------ logging and evaluation
-    def log(self, logs: dict[str, float]) -> None:
-        """Adds the generation metrics gathered since the last training log (means; ``num_tokens`` the latest) to a
-        training log and, with ``log_completions``, prints and saves the latest completions, as TRL's ``log``."""
-        if not any(key.startswith("eval_") for key in logs) and self._pending_metrics:
-            train_metrics = {key: values for key, values in self._pending_metrics.items()
-                             if not key.startswith("eval_")}
-            logs = {**logs, **{key: float(np.mean(values)) for key, values in train_metrics.items()}}
-            for key in train_metrics:
-                del self._pending_metrics[key]
-            if self.args.log_completions and self.state.is_world_process_zero:
-                self._log_completions()
-        super().log(logs)
+    def _on_train_log(self) -> None:
+        """With ``log_completions``, prints and saves the latest completions, as TRL's ``log``."""
+        if self.args.log_completions and self.state.is_world_process_zero:
+            self._log_completions()
 
     def _log_completions(self) -> None:
         """Prints ``num_completions_to_print`` of the latest generation batch and writes all of it to
@@ -314,13 +294,6 @@ class DistillationTrainer(TRLTrainer):
         os.makedirs(folder, exist_ok=True)
         table = {"step": [self.state.global_step] * len(prompts), "prompt": prompts, "completion": completions}
         pd.DataFrame(table).to_parquet(os.path.join(folder, f"completions_{self.state.global_step:05d}.parquet"))
-
-    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
-        """Raw eval rows prepared as the train rows are (rows prepared at construction are kept as they are)."""
-        rows = batches.as_sequence(dataset)
-        if len(rows) and isinstance(rows[0], dict) and "prompt_ids" in rows[0]:
-            return rows
-        return self._prepare(rows, "eval_dataset")
 
     def _evaluation_loop(self, examples: Sequence[dict], metric_key_prefix: str) -> dict[str, float]:
         """TRL's evaluation: a completion sampled for every prompt, the loss of each batch its mean divergence per

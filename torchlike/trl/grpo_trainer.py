@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import inspect
 import itertools
 import warnings
@@ -32,8 +31,7 @@ from ..training import batches
 from ..training.batches import sampler_order
 from ..version import repetition_penalty_skips_left_padding
 from . import reward_models, tool_calling
-from .base_config import round_up_to_multiple
-from .base_trainer import TRLTrainer, check_text_dataset
+from .base_trainer import OnlineTrainer, check_text_dataset
 from .grpo_config import GRPOConfig
 from .grpo_data import is_conversational_prompt, left_padded, prepare_prompts
 
@@ -47,7 +45,7 @@ def _reward_name(function: Callable) -> str:
     return getattr(function, "__name__", None) or type(function).__name__
 
 
-class GRPOTrainer(TRLTrainer):
+class GRPOTrainer(OnlineTrainer):
     """``trl.GRPOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
@@ -118,15 +116,10 @@ class GRPOTrainer(TRLTrainer):
         if weights is not None and len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} entries but there are {len(self.reward_funcs)} "
                              "reward functions; give one weight per function.")
-        self.sampling = self._sampling_settings(args)
-        self.tokenizer = processing_class
+        self._setup_sampling(args, model, processing_class)
         self.tools = list(tools or [])
         self.tool_calling = tool_calling.ToolCalling.create(processing_class, self.tools, args.chat_template_kwargs) \
             if self.tools else None
-        self.pad_token_id = self._pad_token_id(processing_class, None)
-        eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
         if self.tools and not all(is_conversational_prompt(row["prompt"]) for rows in
@@ -145,7 +138,6 @@ class GRPOTrainer(TRLTrainer):
             self.train_dataset = datasets.Dataset.from_list(train_rows)
         # The reference (beta != 0): the adapter-off base with LoRA, else a frozen copy of the initial policy.
         self.reference = self._init_reference(adapter_off=self._is_lora(), copy=True) if args.beta != 0.0 else None
-        self._pending_metrics: dict[str, list[float]] = {}
         self._generation_count = 0
 
     # ------------------------------------------------------------------ set-up
@@ -208,20 +200,6 @@ class GRPOTrainer(TRLTrainer):
     @property
     def _decoder_dtype(self):
         return super()._compute_dtype()
-
-    @staticmethod
-    def _sampling_settings(args) -> sampling.SamplingSettings:
-        """The config's sampling fields (those named as in ``transformers.GenerationConfig``), sampling on as in
-        TRL, then ``generation_kwargs`` over them."""
-        names = sampling.SamplingSettings.names()
-        extra = dict(args.generation_kwargs or {})
-        unknown = sorted(set(extra) - set(names))
-        if unknown:
-            raise ValueError(f"generation_kwargs {unknown} are not supported by torchlike's sampler; it takes "
-                             f"{', '.join(names)} (max_completion_length sets the length).")
-        config_fields = {field.name for field in dataclasses.fields(args)}
-        from_config = {name: getattr(args, name) for name in names if name in config_fields}
-        return sampling.SamplingSettings.from_mapping({**from_config, "do_sample": True, **extra})
 
     def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
         """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`); with tools the
@@ -330,7 +308,7 @@ class GRPOTrainer(TRLTrainer):
         # Each process scores its own rows; every process then holds the whole table, as one process would.
         own = multihost.process_rows(len(rows))
         own_rewards = self._rewards(rows[own], completion_ids[own], {key: value[own] for key, value in extra.items()},
-                                    None if completions is None else completions[own])
+                                    **({} if completions is None else {"completions": completions[own]}))
         rewards = np.concatenate(multihost.allgather_objects(own_rewards))
         unscorable = np.flatnonzero(np.isnan(rewards).all(axis=1))
         if unscorable.size:
@@ -500,10 +478,6 @@ class GRPOTrainer(TRLTrainer):
         tokens, completion_mask, ended = self._completion_arrays(loop.completion_ids)
         return tokens, completion_mask, ended, self._mask_array(loop.tool_mask, completion_mask, "tool_mask"), loop
 
-    def _padded(self, length: int) -> int:
-        """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
-        return round_up_to_multiple(length, self.args.pad_to_multiple_of)
-
     def _left_padded(self, sequences: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
         return left_padded(sequences, length, self.pad_token_id)
 
@@ -571,24 +545,6 @@ class GRPOTrainer(TRLTrainer):
             print(f"  {row['prompt']!r} | {text!r} | {np.round(reward, 4).tolist()} | {advantage:.4f}")
 
     # ------------------------------------------------------------------ logging and evaluation
-    def log(self, logs: dict[str, float]) -> None:
-        """Adds the rollout metrics gathered since the last training log (means) to a training log, including the
-        run's closing summary (``train_runtime``...) when rollouts happened after the last logging step, as TRL's
-        ``log`` does."""
-        if not any(key.startswith("eval_") for key in logs) and self._pending_metrics:
-            train_metrics = {k: v for k, v in self._pending_metrics.items() if not k.startswith("eval_")}
-            logs = {**logs, **{key: float(np.nanmean(values)) for key, values in train_metrics.items()}}
-            for key in train_metrics:
-                del self._pending_metrics[key]
-        super().log(logs)
-
-    def _prepare_eval_dataset(self, dataset) -> list[dict]:
-        """Raw eval rows prepared as the train rows are (rows prepared at construction are kept as they are)."""
-        rows = batches.as_sequence(dataset)
-        if len(rows) and isinstance(rows[0], dict) and "prompt_ids" in rows[0]:
-            return rows
-        return self._prepare(rows, "eval_dataset")
-
     def _evaluation_loop(self, examples: list[dict], metric_key_prefix: str) -> dict[str, float]:
         """Samples ``num_generations_eval`` completions for every eval prompt and reports their rewards
         (``eval_reward``, ``eval_rewards/<function>/mean``, completion lengths); there is no eval loss."""
