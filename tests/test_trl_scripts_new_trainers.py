@@ -1,5 +1,6 @@
-"""TRL's own ``rloo.py`` and ``kto.py`` (copied from the installed ``trl``, only the import lines rewritten) run to
-completion on a tiny local model, and ``torchlike rloo|kto`` parse every flag TRL's scripts do."""
+"""TRL's own ``rloo.py``, ``kto.py``, ``reward.py`` and ``distillation.py`` (copied from the installed ``trl``, only
+the import lines rewritten) run to completion on tiny local models (the distillation teacher another tiny model of the
+same tokenizer), and ``torchlike rloo|kto|reward|distillation`` parse every flag TRL's scripts do."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from tests.test_trl_scripts import (
     TINY_RUN,
     WORDS,
     assert_hf_loadable,
+    build_script_model_dir,
     port_trl_script,
+    preference_rows,
     run_script,
     write_jsonl,
 )
 from tests.test_trl_scripts import script_model as script_model  # the module-scoped fixture
 
 
-@pytest.mark.parametrize("name", ["rloo", "kto"])
+@pytest.mark.parametrize("name", ["rloo", "kto", "reward", "distillation"])
 def test_porting_new_trl_script_changes_only_its_trl_import_lines(name, tmp_path):
     _, changed = port_trl_script(name, tmp_path)
     assert changed and all(old.lstrip().startswith("from trl") for old, _ in changed)
@@ -53,8 +56,38 @@ def test_trl_kto_script_trains_on_unpaired_data_with_peft(script_model, tmp_path
     assert any("lora_" in name for name, _ in adapted.named_parameters())
 
 
+def test_trl_reward_script_trains_a_classifier_transformers_loads(script_model, tmp_path, monkeypatch, capsys):
+    import transformers
+
+    script, _ = port_trl_script("reward", tmp_path)
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", preference_rows()).parent
+    run_script(script, ["--model_name_or_path", str(script_model), "--dataset_name", str(dataset_dir),
+                        "--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "2",
+                        "--max_length", "32", *TINY_RUN], monkeypatch)
+    assert "Training completed" in capsys.readouterr().out
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert classifier.config.num_labels == 1 and type(classifier).__name__ == "Qwen2ForSequenceClassification"
+
+
+def test_trl_distillation_script_trains_the_student_against_another_teacher(script_model, tiny_checkpoints,
+                                                                           tokenizer_dir, tmp_path, monkeypatch,
+                                                                           capsys):
+    script, _ = port_trl_script("distillation", tmp_path)
+    teacher = build_script_model_dir(tiny_checkpoints.path("llama3"), tokenizer_dir, tmp_path / "teacher")
+    rows = [{"prompt": " ".join(WORDS[i:i + 3])} for i in range(8)]
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", rows).parent
+    run_script(script, ["--model_name_or_path", str(script_model), "--teacher_model_name_or_path", str(teacher),
+                        "--dataset_name", str(dataset_dir), "--output_dir", str(tmp_path / "out"),
+                        "--per_device_train_batch_size", "2", "--max_completion_length", "8", *TINY_RUN],
+               monkeypatch)
+    assert "Training completed" in capsys.readouterr().out
+    assert_hf_loadable(tmp_path / "out")
+
+
 @pytest.mark.parametrize("name, config, arguments", [("rloo", "RLOOConfig", "RLOOScriptArguments"),
-                                                     ("kto", "KTOConfig", "ScriptArguments")])
+                                                     ("kto", "KTOConfig", "ScriptArguments"),
+                                                     ("reward", "RewardConfig", "ScriptArguments"),
+                                                     ("distillation", "DistillationConfig", "ScriptArguments")])
 def test_new_script_parsers_accept_every_flag_trls_do(name, config, arguments):
     import importlib
 

@@ -1,6 +1,6 @@
-"""The ``torchlike`` command, as TRL's ``trl`` command: ``torchlike sft|grpo|rloo|dpo|kto [arguments]
-[--config file.yaml]`` runs a training script in this process; ``torchlike env`` prints the versions and devices
-to quote in a bug report.
+"""The ``torchlike`` command, as TRL's ``trl`` command: ``torchlike sft|grpo|rloo|dpo|kto|reward|distillation
+[arguments] [--config file.yaml]`` runs a training script in this process; ``torchlike env`` prints the versions and
+devices to quote in a bug report.
 
 Unlike ``trl``, there is no ``accelerate launch`` behind the training commands (the JAX mesh takes the place of its
 processes), so every command-line flag and config-file key must be an argument of the script: anything else is an
@@ -19,7 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 __all__ = ["TRAINING_COMMANDS", "environment_report", "main", "run_training_command"]
 
 #: Training subcommands, each run by ``torchlike.trl.scripts.<name>``.
-TRAINING_COMMANDS: tuple[str, ...] = ("dpo", "grpo", "kto", "rloo", "sft")
+TRAINING_COMMANDS: tuple[str, ...] = ("distillation", "dpo", "grpo", "kto", "reward", "rloo", "sft")
 
 # Distributions in the report, in the order printed (label, distribution name).
 _PACKAGES = (

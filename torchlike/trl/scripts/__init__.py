@@ -1,4 +1,5 @@
-"""torchlike's training scripts, TRL's ``trl/scripts/{sft,grpo,rloo,dpo,kto}.py`` on torchlike: ``torchlike <name>``.
+"""torchlike's training scripts, TRL's ``trl/scripts/<name>.py`` on torchlike (sft, grpo, rloo, dpo, kto, reward,
+distillation): ``torchlike <name>``.
 
 Each module has ``make_parser(prog)`` and ``main(script_args, training_args, model_args, dataset_args)`` and runs as
 ``python -m torchlike.trl.scripts.<name>``; what they share lives in :mod:`torchlike.trl.scripts.common`.
