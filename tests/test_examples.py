@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-SCRIPTS = ["demo", "dpo", "export_for_vllm", "grpo_countdown", "kto", "lora_lenient_load", "rloo_countdown",
-           "sft_lora"]
+SCRIPTS = ["demo", "distillation", "dpo", "export_for_vllm", "grpo_countdown", "kto", "lora_lenient_load",
+           "reward_model", "rloo_countdown", "sft_lora"]
 
 
 def example(name: str) -> ModuleType:
@@ -118,6 +118,18 @@ def test_rloo_countdown_logs_rewards_and_kl_every_step_and_saves_the_model(tmp_p
     assert len(result["rewards"]) == 2 and all(0.0 <= r <= 1.1 for r in result["rewards"])
     assert result["kl"][0] == pytest.approx(0.0, abs=1e-5) and len(result["kl"]) == 2
     assert "model.safetensors" in result["model_files"]
+
+
+def test_reward_model_trains_the_score_head_and_its_export_scores_as_in_transformers(tmp_path):
+    result = example("reward_model").main(["--max-steps", "3", "--out", str(tmp_path)])
+    assert len(result["losses"]) == 3 and np.isfinite(result["losses"]).all()
+    assert len(result["accuracies"]) == 3 and 0.0 <= result["accuracy_after"] <= 1.0
+    assert result["export_difference"] < 1e-4
+
+
+def test_distillation_trains_the_student_on_its_own_completions(tmp_path):
+    result = example("distillation").main(["--max-steps", "3", "--warm-up-steps", "2", "--out", str(tmp_path)])
+    assert len(result["losses"]) == 3 and np.isfinite(result["losses"]).all() and min(result["losses"]) >= 0
 
 
 def test_lora_lenient_load_reports_the_lora_keys_missing_and_restores_the_fine_tune(tmp_path):
