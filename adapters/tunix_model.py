@@ -26,7 +26,7 @@ from .lora.runtime import lora_mode
 from .multihost import gather_to_host
 from .nnx_state import flat_variables
 from .runtime.tracing import fast_tracing
-from .weight_plan import Assembly, Target, route
+from .weight_plan import Assembly, Target, routes
 
 
 class WeightShapeError(ValueError):
@@ -133,23 +133,25 @@ def load_weights(
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
 
     for hf_name, array, file in tensors:
-        found = route(family, variables, hf_name)
-        if found is None or found.target not in variables:
+        found = [source for source in routes(family, variables, hf_name) if source.target in variables]
+        if not found:
             if family.is_ignored(hf_name) or (tied and hf_name == "lm_head.weight"):
                 continue
             unexpected.append(hf_name)
             continue
-        target = targets[found.target]
-        if tuple(array.shape) != found.shape(target.shape):
-            raise WeightShapeError(
-                f"{file}: tensor {hf_name!r} has shape {tuple(array.shape)} but config.json implies "
-                f"{found.shape(target.shape)} (for {found.target}, NNX shape {target.shape}). Check "
-                f"{_config_hint(found.target)} in config.json against the weights, or pass the matching config."
-            )
-        value = assembly.add(found, array, target)
-        if value is not None:
-            variables[found.target].set_value(value)
-            filled.add(found.target)
+        for source in found:
+            target = targets[source.target]
+            if tuple(array.shape) != source.shape(target.shape):
+                raise WeightShapeError(
+                    f"{file}: tensor {hf_name!r} has shape {tuple(array.shape)} but config.json implies "
+                    f"{source.shape(target.shape)} (for {source.target}, NNX shape {target.shape}). Check "
+                    f"{_config_hint(source.target)} in config.json against the weights, or pass the matching config."
+                )
+            value = assembly.add(source, array, target)
+            if value is not None:
+                variables[source.target].set_value(value)
+                filled.add(source.target)
+        value = None
         del array, value  # release this tensor's host buffer before the next one is read
 
     missing = [name for name in variables if name not in filled]

@@ -1,7 +1,7 @@
 """The one weight plan: which model slot each source tensor fills, and how it gets there.
 
 Checkpoint files (``tunix_model.load_weights``), state dicts (``torchlike``'s ``load_state_dict``) and PEFT
-adapters (``lora.peft_format.load_peft_state``) all load through it: :func:`route` names the slot part a key fills
+adapters (``lora.peft_format.load_peft_state``) all load through it: :func:`routes` names the slot parts a key fills
 (a :class:`Source`), :func:`plan` routes every key of a source and refuses two for one place, and :class:`Assembly`
 makes slot values (shaped, cast and placed as a :class:`Target` says) from the tensors as they arrive. How several
 tensors make one slot is data on the family table's row (``WeightRule.stack``), so a family that stacks more
@@ -78,9 +78,10 @@ class Source:
         return tuple(self.layout.hf_shape(self.part_shape(target_shape)))
 
 
-def route(family: Family, slots: Container[str], key: Any, name: str | None = None,
-          key_map: Mapping[str, str] | None = None) -> Source | None:
-    """The slot part that source key ``key`` (shown as ``name``) fills, or ``None``.
+def routes(family: Family, slots: Container[str], key: Any, name: str | None = None,
+           key_map: Mapping[str, str] | None = None) -> list[Source]:
+    """The slot parts that source key ``key`` (shown as ``name``) fills: one, or several for a tensor that fills
+    several parameters (a ``load_only`` row's fused tensor); empty when it fills none.
 
     ``key_map`` (``{regex: replacement}``) renames ``name`` first; then the key, and the key with a :data:`PREFIXES`
     entry stripped, is tried as a slot's own name, the NNX LoRA factor of a slot's weight (whose target the model
@@ -92,31 +93,39 @@ def route(family: Family, slots: Container[str], key: Any, name: str | None = No
         renamed = re.sub(pattern, replacement, renamed)
     for candidate in [renamed] + [renamed[len(prefix):] for prefix in PREFIXES if renamed.startswith(prefix)]:
         found = _translate(family, slots, candidate)
-        if found is not None:
-            target, how, fields = found
+        if found:
             steps = ["key_map"] if renamed != name else []
             if candidate != renamed:
                 steps.append(f"prefix {renamed[:len(renamed) - len(candidate)]!r} stripped")
-            return Source(key, name, target, route=" then ".join(steps + how) or "as is", **fields)
-    return None
+            return [Source(key, name, target, route=" then ".join(steps + how) or "as is", **fields)
+                    for target, how, fields in found]
+    return []
 
 
-def _translate(family: Family, slots: Container[str], name: str) -> tuple[str, list[str], dict] | None:
-    """``(target, how it was translated, Source fields)`` for a key without prefix, or ``None``."""
+def route(family: Family, slots: Container[str], key: Any, name: str | None = None,
+          key_map: Mapping[str, str] | None = None) -> Source | None:
+    """The first of :func:`routes`, or ``None`` (a key that fills one slot, as every on-disk HF name does)."""
+    found = routes(family, slots, key, name, key_map)
+    return found[0] if found else None
+
+
+def _translate(family: Family, slots: Container[str], name: str) -> list[tuple[str, list[str], dict]]:
+    """``(target, how it was translated, Source fields)`` of each slot a key without prefix fills."""
     lora = LORA_FACTOR.match(name)
     if name in slots or (lora and lora["weight"] in slots):
-        return name, [], {}
+        return [(name, [], {})]
     peft = PEFT_FACTOR.match(name)
-    found = family.hf_to_nnx(f"{peft['module']}.weight" if peft else name)
-    if found is None:
-        return None
-    path, rule = found
     if not peft:
-        return (path, ["HF name translated"], {"layout": rule.layout, "stack": rule.stack}) if path in slots else None
+        return [(path, ["HF name translated"], {"layout": rule.layout, "stack": rule.stack})
+                for path, rule in family.hf_to_nnx_all(name) if path in slots]
+    found = family.hf_to_nnx(f"{peft['module']}.weight")
+    if found is None:
+        return []
+    path, rule = found
     target = f"{path}_lora_{peft['factor'].lower()}"
     # b (r, remain...) has the weight's stacking axis 0 after the rank; the parts of a fused weight share one a.
     fields = {"layout": PEFT_LAYOUTS[peft["factor"]], "stack": rule.stack, "axis": 1 if peft["factor"] == "B" else None}
-    return (target, ["PEFT name translated"], fields) if target in slots else None
+    return [(target, ["PEFT name translated"], fields)] if target in slots else []
 
 
 @dataclass
@@ -129,7 +138,7 @@ class LoadPlan:
 
 def plan(family: Family, slots: Container[str], keys: Iterable[tuple[Any, str]],
          key_map: Mapping[str, str] | None = None) -> LoadPlan:
-    """Routes every ``(key, name)`` of a source (:func:`route`).
+    """Routes every ``(key, name)`` of a source (:func:`routes`).
 
     Raises:
         ValueError: two keys fill one place (the same part of a stacked slot, or any of a whole one), so one would
@@ -137,18 +146,19 @@ def plan(family: Family, slots: Container[str], keys: Iterable[tuple[Any, str]],
     """
     result = LoadPlan()
     for key, name in keys:
-        source = route(family, slots, key, name, key_map)
-        if source is None:
+        found = routes(family, slots, key, name, key_map)
+        if not found:
             result.unexpected.append(name)
-            continue
-        sources = result.targets.setdefault(source.target, [])
-        clash = next((other for other in sources if None in (other.stack, source.stack) or other.stack == source.stack),
-                     None)
-        if clash:
-            raise ValueError(f"checkpoint keys {clash.name!r} ({clash.route}) and {name!r} ({source.route}) both map "
-                             f"to {source.target!r}, so one would silently overwrite the other. Drop one of them from "
-                             "the state dict, or change key_map so each model parameter has a single source.")
-        sources.append(source)
+        for source in found:
+            sources = result.targets.setdefault(source.target, [])
+            clash = next((other for other in sources
+                          if None in (other.stack, source.stack) or other.stack == source.stack), None)
+            if clash:
+                raise ValueError(f"checkpoint keys {clash.name!r} ({clash.route}) and {name!r} ({source.route}) both "
+                                 f"map to {source.target!r}, so one would silently overwrite the other. Drop one of "
+                                 "them from the state dict, or change key_map so each model parameter has a single "
+                                 "source.")
+            sources.append(source)
     return result
 
 

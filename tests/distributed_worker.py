@@ -21,10 +21,11 @@ GRPO_LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 
 
 def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_device: int, lora: bool = False,
-                 output_dir: str | None = None, load_on_mesh: bool = True) -> dict:
+                 output_dir: str | None = None, load_on_mesh: bool = True,
+                 target_modules: str | list[str] = "all-linear") -> dict:
     """Losses of ``STEPS`` SFT steps on ``tiny.padded_examples`` with a global batch of
     ``per_device x data-parallel size`` rows, plus the train-step trace count. With ``output_dir``,
-    a checkpoint is saved there at step 2. ``load_on_mesh=False`` loads the model without a mesh and
+    a checkpoint is saved there at step 2; ``lora`` adapts ``target_modules``. ``load_on_mesh=False`` loads the model without a mesh and
     leaves its placement to the Trainer (``mesh_shape`` in the arguments), as TRL scripts do."""
     import torchlike
     from tests import tiny
@@ -41,7 +42,7 @@ def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_devic
         mesh = torchlike.make_mesh(mesh_shape) if mesh_shape else None
         model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=mesh if load_on_mesh else None)
         if lora:
-            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=target_modules))
         traces = tracing.TRACE_COUNTS["train_step"]
         trainer = torchlike.Trainer(model=model, args=args, train_dataset=tiny.padded_examples(40, seed=7))
         trainer.train()

@@ -21,6 +21,9 @@ from safetensors.torch import load_file
 import torchlike
 from tests import distributed_worker, tiny
 
+MOE_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+"""LoRA on the MoE model's attention (PEFT adapts its experts only through target_parameters)."""
+
 
 def check_load_on_mesh(checkpoint: Path) -> dict:
     mesh = torchlike.make_mesh((4, 2))
@@ -84,6 +87,9 @@ def main() -> None:
                                              output_dir=results["sft_output_dir"])
     results["grpo_lora"] = check_grpo_lora_and_resume(first, Path(tokenizer_dir), Path(out_path).parent)
     results["sft_lora"] = distributed_worker.train_losses(first, distributed_worker.MESH_SHAPE, per_device=2, lora=True)
+    moe = next(Path(case.split("=", 1)[1]) for case in cases if case.startswith("qwen3_moe="))
+    results["moe_sft_lora"] = distributed_worker.train_losses(moe, distributed_worker.MESH_SHAPE, per_device=2,
+                                                              lora=True, target_modules=MOE_LORA_TARGETS)
     Path(out_path).write_text(json.dumps(results))
 
 

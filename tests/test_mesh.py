@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import distributed_worker
+from tests import distributed_worker, mesh_checks
 from tests.test_trl_scripts import assert_hf_loadable, build_script_model_dir, port_trl_script, script_arguments
 
 MESH_CASES = ["qwen2", "qwen3_tied", "llama32", "gemma3", "qwen3_moe"]
@@ -82,7 +82,9 @@ def one_device_sft(tiny_checkpoints):
     """The same SFT runs on this process's single device, global batch 8."""
     path = tiny_checkpoints.path(MESH_CASES[0])
     return {"full": distributed_worker.train_losses(path, None, per_device=8),
-            "lora": distributed_worker.train_losses(path, None, per_device=8, lora=True)}
+            "lora": distributed_worker.train_losses(path, None, per_device=8, lora=True),
+            "moe_lora": distributed_worker.train_losses(tiny_checkpoints.path("qwen3_moe"), None, per_device=8,
+                                                        lora=True, target_modules=mesh_checks.MOE_LORA_TARGETS)}
 
 
 def test_sft_on_fsdp4_tp2_gives_the_losses_of_one_device(mesh_results, one_device_sft):
@@ -95,6 +97,12 @@ def test_sft_on_fsdp4_tp2_gives_the_losses_of_one_device(mesh_results, one_devic
 def test_lora_sft_on_fsdp4_tp2_gives_the_losses_of_one_device(mesh_results, one_device_sft):
     np.testing.assert_allclose(mesh_results["sft_lora"]["losses"], one_device_sft["lora"]["losses"], rtol=1e-4)
     assert mesh_results["sft_lora"]["traces"] == one_device_sft["lora"]["traces"] == 1
+
+
+def test_lora_sft_of_the_moe_model_with_sharded_experts_gives_the_losses_of_one_device(mesh_results, one_device_sft):
+    eight, one = mesh_results["moe_sft_lora"], one_device_sft["moe_lora"]
+    assert len(eight["losses"]) == distributed_worker.STEPS and np.isfinite(eight["losses"]).all()
+    np.testing.assert_allclose(eight["losses"], one["losses"], rtol=1e-4)
 
 
 def _free_port() -> int:

@@ -97,6 +97,22 @@ def _shape_hint(name: str, checkpoint_shape: tuple, model_shape: tuple) -> str:
     return " Likely cause: the checkpoint comes from a model of another size (compare config.json)."
 
 
+def _is_tied_head_copy(model, name: str, read_name, embedding_at) -> bool:
+    """Whether ``name`` is the ``lm_head.weight`` that transformers' ``state_dict()`` lists for a model whose head is
+    its input embedding (torch loads it into the tied module), equal to the embedding (``embedding_at(path)``: the
+    state dict's, else the model's). A different head is reported unexpected, as it would be lost."""
+    stripped = next((name[len(prefix):] for prefix in weight_plan.PREFIXES if name.startswith(prefix)), name)
+    found = model.family.hf_to_nnx("model.embed_tokens.weight")
+    if stripped != "lm_head.weight" or not getattr(model.config, "tie_word_embeddings", False) or found is None:
+        return False
+    embedding = embedding_at(found[0])
+    if embedding is None:
+        return False
+    head = read_name(name)
+    return tuple(head.shape) == tuple(embedding.shape) and bool(
+        np.array_equal(np.asarray(head).astype(embedding.dtype), np.asarray(embedding)))
+
+
 def load_state_dict(
     model,
     state_dict: Mapping,
@@ -180,7 +196,11 @@ def load_state_dict(
             base = loaded.get(weight_path, slots[weight_path].get())
             loaded[weight_path] = merge_factors(family, weight_path, base, read(a), read(b), scale)
         unused_lora = []
-    unexpected = load_plan.unexpected + unused_lora
+    keys_by_name = {name: key for key, name, _ in entries}
+    unexpected = [name for name in load_plan.unexpected if not _is_tied_head_copy(
+        model, name, lambda name: _as_array(state_dict[keys_by_name[name]] if lazy else values[keys_by_name[name]], name),
+        lambda path: read(load_plan.targets[path][0]) if path in load_plan.targets else
+        slots[path].get() if path in slots else None)] + unused_lora
 
     if not error_msgs:
         for target, array in loaded.items():

@@ -129,12 +129,16 @@ class WeightRule:
         layout: how axes move between the two.
         stack: ``(index, count)`` when several HF tensors are stacked on a new leading
             axis of one NNX parameter (Gemma's ``kv_einsum`` holds k and v).
+        load_only: a second name the parameter is loaded from but never written as (transformers' in-memory
+            name of a tensor its checkpoints store differently); several rows may share its ``hf`` template, one per
+            parameter the tensor fills.
     """
 
     hf: str
     nnx: str
     layout: Layout = AS_IS
     stack: tuple[int, int] | None = None
+    load_only: bool = False
 
     @property
     def hf_regex(self) -> re.Pattern:
@@ -216,31 +220,38 @@ class Family:
         return dataclasses.replace(self, weights=self.weights + self.config_weights(hf_config), config_weights=None)
 
     @functools.cached_property
-    def _rows_by_hf_template(self) -> dict[str, WeightRule]:
-        """The first row of each HF template, keyed with ``{layer}`` written ``#``."""
-        rows: dict[str, WeightRule] = {}
+    def _rows_by_hf_template(self) -> dict[str, list[WeightRule]]:
+        """The rows of each HF template, keyed with ``{layer}`` written ``#``."""
+        rows: dict[str, list[WeightRule]] = {}
         for rule in self.weights:
-            rows.setdefault(rule.hf.replace("{layer}", "#"), rule)
+            rows.setdefault(rule.hf.replace("{layer}", "#"), []).append(rule)
         return rows
 
-    def hf_to_nnx(self, hf_name: str) -> tuple[str, WeightRule] | None:
-        """The NNX path and rule for an HF tensor name, or ``None`` if no rule matches.
+    def hf_to_nnx_all(self, hf_name: str) -> list[tuple[str, WeightRule]]:
+        """The NNX paths and rules of every row an HF tensor name matches (several for a ``load_only`` tensor that
+        fills several parameters; empty if none).
 
-        The row whose template is the name with its first dotted number as ``{layer}`` is tried first, so a table
+        The rows whose template is the name with its first dotted number as ``{layer}`` are tried first, so a table
         with a row per expert is not scanned row by row for each of its thousands of tensors.
         """
-        likely = self._rows_by_hf_template.get(_FIRST_DOTTED_NUMBER.sub(".#.", hf_name, count=1))
-        for rule in ((likely,) if likely else ()) + self.weights:
-            match = rule.hf_regex.match(hf_name)
-            if match:
-                return rule.nnx.format(**match.groupdict()), rule
-        return None
+        likely = self._rows_by_hf_template.get(_FIRST_DOTTED_NUMBER.sub(".#.", hf_name, count=1), [])
+        for rules in (likely, self.weights):
+            found = [(rule.nnx.format(**match.groupdict()), rule) for rule in rules
+                     if (match := rule.hf_regex.match(hf_name))]
+            if found:
+                return [(path, rule) for path, rule in found if rule.hf == found[0][1].hf]
+        return []
+
+    def hf_to_nnx(self, hf_name: str) -> tuple[str, WeightRule] | None:
+        """The NNX path and rule for an HF tensor name (the first row it matches), or ``None`` if none."""
+        found = self.hf_to_nnx_all(hf_name)
+        return found[0] if found else None
 
     def nnx_to_hf(self, nnx_path: str) -> list[tuple[str, WeightRule]]:
         """The HF names (several when stacked) and rules for an NNX parameter path."""
         found = []
         for rule in self.weights:
-            match = rule.nnx_regex.match(nnx_path)
+            match = not rule.load_only and rule.nnx_regex.match(nnx_path)
             if match:
                 found.append((rule.hf.format(**match.groupdict()), rule))
         return sorted(found, key=lambda item: item[1].stack or (0, 1))

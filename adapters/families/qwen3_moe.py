@@ -6,7 +6,9 @@ On disk (what ``save_pretrained`` writes and Hub checkpoints hold) each expert i
 ``model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight``; transformers 5 fuses them into 3-D parameters when it
 loads, and splits them back when it saves. Here expert ``e``'s weight is part ``e`` of the stacked NNX parameter
 ``layers.{i}.mlp.{gate,up,down}_proj`` (experts first, as Tunix's ``MoELayer`` holds them): one table row per expert
-and projection, added for the config's ``num_experts`` (:func:`expert_weights`).
+and projection, added for the config's ``num_experts`` (:func:`expert_weights`). The fused in-memory tensors
+(``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``: what a transformers model's ``state_dict()`` holds) load
+through ``load_only`` rows, so ``load_state_dict(hf_model.state_dict())`` works too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .base import (
     DECODER_LORA_TARGETS,
     TRANSPOSED,
     Family,
+    Layout,
     WeightRule,
     decoder_forward,
     decoder_hidden_states,
@@ -38,13 +41,40 @@ from .qwen3 import WEIGHTS as QWEN3_WEIGHTS
 
 R = TypeVar("R")
 
-WEIGHTS: tuple[WeightRule, ...] = QWEN3_WEIGHTS + (
-    # The router: HF's gate (E, hidden) <-> Tunix's router kernel (hidden, E).
-    WeightRule("model.layers.{layer}.mlp.gate.weight", "layers.{layer}.mlp.router.kernel", TRANSPOSED),
-)
-"""Qwen3's table (attention, norms, the dense layers' MLP) plus the router; the expert rows depend on the config."""
 
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedExperts(Layout):
+    """transformers' in-memory expert tensor ``(experts, parts * out, in)`` -> part ``part`` of it as the NNX stacked
+    kernel ``(experts, in, out)``: ``gate_up_proj`` holds gate (part 0) then up (part 1), ``down_proj`` one part.
+    Load-only: exports write the per-expert on-disk names."""
+
+    part: int = 0
+    parts: int = 1
+
+    def to_nnx(self, hf, nnx_shape):
+        size = nnx_shape[-1]
+        return hf[:, self.part * size:(self.part + 1) * size, :].transpose(0, 2, 1)
+
+    def to_hf(self, nnx):
+        raise NotImplementedError("fused expert tensors are only read; exports write one tensor per expert")
+
+    def hf_shape(self, nnx_shape):
+        experts, inputs, outputs = nnx_shape
+        return (experts, self.parts * outputs, inputs)
+
+
+FUSED_EXPERT_WEIGHTS: tuple[WeightRule, ...] = (
+    WeightRule("model.layers.{layer}.mlp.experts.gate_up_proj", "layers.{layer}.mlp.gate_proj",
+               FusedExperts(part=0, parts=2), load_only=True),
+    WeightRule("model.layers.{layer}.mlp.experts.gate_up_proj", "layers.{layer}.mlp.up_proj",
+               FusedExperts(part=1, parts=2), load_only=True),
+    WeightRule("model.layers.{layer}.mlp.experts.down_proj", "layers.{layer}.mlp.down_proj", FusedExperts(),
+               load_only=True),
+)
+"""transformers 5's fused expert parameters, as its ``state_dict()`` names them (``Qwen3MoeExperts``)."""
 
 LORA_TARGETS = {name: DECODER_LORA_TARGETS[name] for name in ("q_proj", "k_proj", "v_proj", "o_proj")}
 
@@ -60,6 +90,14 @@ LORA_REFUSED = {
         "v_proj, o_proj)"),
 }
 """HF module-name patterns LoRA cannot target here, with the reason (``Family.lora_refused``)."""
+
+
+WEIGHTS: tuple[WeightRule, ...] = QWEN3_WEIGHTS + (
+    # The router: HF's gate (E, hidden) <-> Tunix's router kernel (hidden, E).
+    WeightRule("model.layers.{layer}.mlp.gate.weight", "layers.{layer}.mlp.router.kernel", TRANSPOSED),
+) + FUSED_EXPERT_WEIGHTS
+"""Qwen3's table (attention, norms, the dense layers' MLP), the router and the fused expert tensors; the on-disk
+expert rows depend on the config."""
 
 
 def expert_weights(hf_config) -> tuple[WeightRule, ...]:
