@@ -25,7 +25,8 @@ def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_devic
                  target_modules: str | list[str] = "all-linear") -> dict:
     """Losses of ``STEPS`` SFT steps on ``tiny.padded_examples`` with a global batch of
     ``per_device x data-parallel size`` rows, plus the train-step trace count. With ``output_dir``,
-    a checkpoint is saved there at step 2; ``lora`` adapts ``target_modules``. ``load_on_mesh=False`` loads the model without a mesh and
+    a checkpoint is saved there at step 2; ``lora`` adapts ``target_modules``.
+    ``load_on_mesh=False`` loads the model without a mesh and
     leaves its placement to the Trainer (``mesh_shape`` in the arguments), as TRL scripts do."""
     import torchlike
     from tests import tiny

@@ -105,8 +105,9 @@ def test_grpo_with_the_default_config_samples_scores_and_trains_the_adapter(case
     args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, logging_steps=1, learning_rate=1e-2, report_to="none",
                       save_strategy="no", max_completion_length=8, num_generations=4, per_device_train_batch_size=4,
                       beta=0.04)
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
     trainer = GRPOTrainer(model=str(tiny_checkpoints.path(case)), reward_funcs=length_reward, args=args,
-                          train_dataset=PROMPTS, processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
+                          train_dataset=PROMPTS, processing_class=tokenizer,
                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=ATTENTION))
     before = _adapter(trainer)
     trainer.train()

@@ -197,10 +197,18 @@ def load_state_dict(
             loaded[weight_path] = merge_factors(family, weight_path, base, read(a), read(b), scale)
         unused_lora = []
     keys_by_name = {name: key for key, name, _ in entries}
-    unexpected = [name for name in load_plan.unexpected if not _is_tied_head_copy(
-        model, name, lambda name: _as_array(state_dict[keys_by_name[name]] if lazy else values[keys_by_name[name]], name),
-        lambda path: read(load_plan.targets[path][0]) if path in load_plan.targets else
-        slots[path].get() if path in slots else None)] + unused_lora
+
+    def read_name(name: str):
+        key = keys_by_name[name]
+        return _as_array(state_dict[key] if lazy else values[key], name)
+
+    def embedding_at(path: str):
+        if path in load_plan.targets:
+            return read(load_plan.targets[path][0])
+        return slots[path].get() if path in slots else None
+
+    unexpected = [name for name in load_plan.unexpected
+                  if not _is_tied_head_copy(model, name, read_name, embedding_at)] + unused_lora
 
     if not error_msgs:
         for target, array in loaded.items():
