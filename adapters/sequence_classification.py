@@ -38,6 +38,7 @@ ARCHITECTURES = {
     "llama3": "LlamaForSequenceClassification",
     "gemma2": "Gemma2ForSequenceClassification",
     "gemma3": "Gemma3TextForSequenceClassification",
+    "qwen3_moe": "Qwen3MoeForSequenceClassification",
 }
 """The ``transformers`` class of each family's classifier (``config.architectures`` on export)."""
 
@@ -51,8 +52,13 @@ def classifier_family(family: Family) -> Family:
     logits). One object per family, so compiled programs and built abstract models are reused.
 
     Raises:
-        KeyError: the family has no classifier (every supported family has one).
+        ValueError: ``transformers`` has no classifier of the family (Gemma 4), so there is no checkpoint layout
+            to follow.
     """
+    if family.name not in ARCHITECTURES:
+        raise ValueError(f"{family.name} has no sequence-classification model in transformers (no "
+                         f"*ForSequenceClassification class for it), so torchlike has none either; the families with "
+                         f"one are {sorted(ARCHITECTURES)}. Load the checkpoint with AutoModelForCausalLM instead.")
     if family.name not in _classifier_families:
         weights = tuple(rule for rule in family.weights if not rule.hf.startswith("lm_head.")) + (SCORE_RULE,)
         _classifier_families[family.name] = dataclasses.replace(

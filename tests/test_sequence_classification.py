@@ -51,7 +51,7 @@ def qwen2_classifier_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family, num_labels", [("qwen2", 1), ("qwen2", 3), ("qwen3", 2), ("llama3", 2),
-                                                ("gemma2", 2), ("gemma3", 2)])
+                                                ("gemma2", 2), ("gemma3", 2), ("qwen3_moe", 2)])
 def test_transformers_classifier_loads_with_the_same_scores(tmp_path, padded_batch, family, num_labels):
     ids, mask, _ = padded_batch  # a right-padded, a left-padded and a full row
     reference = hf_classifier(family, num_labels)
@@ -237,3 +237,8 @@ def test_a_classifier_gives_no_token_logits(qwen2_classifier_dir):
     model = AutoModelForSequenceClassification.from_pretrained(qwen2_classifier_dir)
     with pytest.raises(TypeError, match="no language-model head"):
         model.family.forward(model.module, None, None, None)
+
+
+def test_a_family_transformers_has_no_classifier_for_is_refused_naming_it(tiny_checkpoints):
+    with pytest.raises(ValueError, match=r"gemma4 has no sequence-classification model in transformers"):
+        AutoModelForSequenceClassification.from_pretrained(tiny_checkpoints.path("gemma4"))
