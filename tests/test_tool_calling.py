@@ -177,13 +177,9 @@ def logged(history, key):
     return [entry[key] for entry in history if "loss" in entry and key in entry]
 
 
-def test_a_model_trained_to_call_add_runs_it_and_trains_only_its_own_tokens_as_trl(trained_model, tokenizer_path,
-                                                                                     tmp_path, monkeypatch):
-    import datasets
-    import trl
-    import trl.trainer.grpo_trainer as trl_grpo
-
-    # Record what torchlike's sampler is asked and answers (real decoding), to replay it to TRL.
+def record_generations(monkeypatch) -> list:
+    """Records what torchlike's sampler is asked and answers (real decoding), ``(prompts, completions)`` per call, to
+    replay it to TRL."""
     generations = []
     real_generate = sampling.generate_tokens
 
@@ -197,6 +193,16 @@ def test_a_model_trained_to_call_add_runs_it_and_trains_only_its_own_tokens_as_t
         return result
 
     monkeypatch.setattr(sampling, "generate_tokens", recording_generate)
+    return generations
+
+
+def test_a_model_trained_to_call_add_runs_it_and_trains_only_its_own_tokens_as_trl(trained_model, tokenizer_path,
+                                                                                     tmp_path, monkeypatch):
+    import datasets
+    import trl
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    generations = record_generations(monkeypatch)
     dataset = [{"prompt": ASK}, {"prompt": GREET}]
     calls, seen = [], []
     trainer = GRPOTrainer(model=str(trained_model), reward_funcs=recording_reward(seen),
@@ -260,6 +266,86 @@ def test_a_model_trained_to_call_add_runs_it_and_trains_only_its_own_tokens_as_t
     for key in ("loss", "grad_norm", "entropy", "reward", "tools/call_frequency", "tools/failure_frequency",
                 "completions/mean_length"):
         np.testing.assert_allclose(logged(ours, key), logged(theirs, key), rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def test_distillation_runs_the_students_tool_calls_and_takes_no_divergence_on_their_results_as_trl(
+        trained_model, tokenizer_path, tmp_path, monkeypatch):
+    import datasets
+    import trl
+    import trl.trainer.distillation_trainer as trl_distillation
+
+    from torchlike.trl import DistillationConfig, DistillationTrainer
+
+    settings = dict(per_device_train_batch_size=2, max_completion_length=64, max_steps=1, learning_rate=1e-2,
+                    logging_steps=1, seed=0, report_to="none", save_strategy="no", bf16=False, shuffle_dataset=False,
+                    generation_kwargs={"do_sample": False}, beta=0.5)
+    teacher = trained_model.parent / "random"  # same vocabulary, other weights
+    generations = record_generations(monkeypatch)
+    dataset, calls, rollouts = [{"prompt": ASK}, {"prompt": GREET}], [], []
+    trainer = DistillationTrainer(model=str(trained_model), teacher_model=str(teacher),
+                                  args=DistillationConfig(output_dir=str(tmp_path / "ours"), **settings),
+                                  train_dataset=dataset, processing_class=load_tokenizer(tokenizer_path),
+                                  tools=[recorded(add, calls)])
+    rollout = trainer._rollout
+    trainer._rollout = lambda *args, **kwargs: rollouts.append(rollout(*args, **kwargs)) or rollouts[-1]
+    trainer.train()
+
+    tokenizer = load_tokenizer(tokenizer_path)
+    call, answer, hello = ids(tokenizer, CALL), ids(tokenizer, ANSWER), ids(tokenizer, HELLO)
+    suffix = ToolCalling.create(tokenizer, [add]).suffix_ids([{"role": "tool", "name": "add", "content": "5"}])
+    assert calls == [{"a": 2, "b": 3}]
+    batch = rollouts[0]
+    width = batch["input_ids"].shape[1] - batch["completion_mask"].shape[1]
+    asked = len(call + suffix + answer)
+    assert batch["input_ids"][0, width:width + asked].tolist() == call + suffix + answer
+    assert batch["attention_mask"][0, width:width + asked].all()  # both models read the tool's result ...
+    assert batch["completion_mask"][0, :asked + 1].tolist() == [1] * len(call) + [0] * len(suffix) + [1] * len(
+        answer) + [0]  # ... and are compared on the student's own tokens only
+    assert batch["completion_mask"][1].sum() == len(hello)
+    ours = trainer.state.log_history
+    assert logged(ours, "tools/call_frequency") == [0.5] and logged(ours, "tools/failure_frequency") == [0.0]
+    assert logged(ours, "completions/mean_length") == [(len(call + answer) + len(hello)) / 2]
+
+    def replay(prompt_ids, images, multimodal_fields, has_tool_images=False):
+        expected_prompts, completions = generations.pop(0)
+        assert [list(map(int, p)) for p in prompt_ids] == expected_prompts
+        return completions
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(trl_distillation, "shuffle_sequence_dict", lambda batch: batch)
+    trl_calls = []
+    reference = trl.DistillationTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(trained_model, dtype=torch.float32),
+        teacher_model=str(teacher), args=trl.DistillationConfig(output_dir=str(tmp_path / "trl"), use_cpu=True,
+                                                                **settings),
+        train_dataset=datasets.Dataset.from_list(dataset), processing_class=load_tokenizer(tokenizer_path, True),
+        tools=[recorded(add, trl_calls)])
+    reference._generate_single_turn = replay
+    reference.train()
+    assert not generations and trl_calls == calls
+    theirs = reference.state.log_history
+    for key in ("loss", "grad_norm", "entropy", "tools/call_frequency", "tools/failure_frequency",
+                "completions/mean_length", "num_tokens"):
+        np.testing.assert_allclose(logged(ours, key), logged(theirs, key), rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def test_async_tools_are_refused_by_distillation_as_in_trl(trained_model, tokenizer_path, tmp_path):
+    from torchlike.trl import DistillationConfig, DistillationTrainer
+
+    async def slow_add(a: int, b: int) -> int:
+        """Adds two numbers.
+
+        Args:
+            a: the first.
+            b: the second.
+        """
+        return a + b
+
+    with pytest.raises(ValueError, match="Async tools are not yet supported by `DistillationTrainer`"):
+        DistillationTrainer(model=str(trained_model), teacher_model=str(trained_model.parent / "random"),
+                            args=DistillationConfig(output_dir=str(tmp_path), report_to="none"),
+                            train_dataset=[{"prompt": ASK}], processing_class=load_tokenizer(tokenizer_path),
+                            tools=[slow_add])
 
 
 def test_a_failing_tool_answers_with_its_error_and_counts_in_failure_frequency(trained_model, tokenizer_path,

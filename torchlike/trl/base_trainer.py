@@ -12,17 +12,22 @@ that add their data preparation and step loss.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from transformers import TrainerCallback
 
 from ..adapters import mesh as mesh_lib
-from ..adapters import reference_policy, reference_sync, step_metrics, train_step
+from ..adapters import multihost, reference_policy, reference_sync, sampling, step_metrics, train_step, tunix_grpo
+from ..adapters.lora import runtime as lora_runtime
 from ..training import Trainer
 from ..training_args import TrainingArguments
+from ..version import repetition_penalty_skips_left_padding
 from .base_config import round_up_to_multiple
+from .grpo_data import left_padded
 from .sft_data import pad_token_id_for
 
 __all__ = ["OnlineTrainer", "PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
@@ -423,8 +428,6 @@ class OnlineTrainer(TRLTrainer):
         """Sets ``sampling`` (the config's sampling fields, ``generation_kwargs`` over them, sampling on as in TRL),
         ``tokenizer``, ``pad_token_id`` and ``eos_token_ids`` (the tokenizer's eos first, then the generation
         config's)."""
-        from ..adapters import sampling
-
         names = sampling.SamplingSettings.names()
         extra = dict(args.generation_kwargs or {})
         unknown = sorted(set(extra) - set(names))
@@ -458,8 +461,6 @@ class OnlineTrainer(TRLTrainer):
         """Adds the generation metrics gathered since the last training log (NaN-skipping means) to a training log,
         including the run's closing summary when generation happened after the last logging step, then calls
         :meth:`_on_train_log`."""
-        import numpy as np
-
         if not any(key.startswith("eval_") for key in logs) and self._pending_metrics:
             train_metrics = {key: values for key, values in self._pending_metrics.items()
                              if not key.startswith("eval_")}
@@ -471,3 +472,95 @@ class OnlineTrainer(TRLTrainer):
 
     def _on_train_log(self) -> None:
         """Called when a training log takes the gathered generation metrics (e.g. to print the latest completions)."""
+
+    # ------------------------------------------------------------------ sampling and tools
+    @property
+    def _sampling_module(self):
+        """The NNX module completions are sampled from: the policy (the student in distillation)."""
+        return self._trainable_model.module
+
+    def _setup_tools(self, tools: list | None, processing_class: Any, args: Any) -> None:
+        """Sets ``tools`` and ``tool_calling`` (:class:`.tool_calling.ToolCalling`, TRL's checks run) when tools are
+        given, else ``None``."""
+        from . import tool_calling
+
+        self.tools = list(tools or [])
+        self.tool_calling = tool_calling.ToolCalling.create(processing_class, self.tools, args.chat_template_kwargs,
+                                                            trainer_name=self._trainer_name) if self.tools else None
+
+    def _check_tool_prompts(self, row_lists: list) -> None:
+        """With tools, every prompt must be a list of chat messages."""
+        from .grpo_data import is_conversational_prompt
+
+        if self.tools and not all(is_conversational_prompt(row["prompt"]) for rows in row_lists for row in rows or []):
+            raise ValueError("tools need conversational prompts (lists of chat messages): the chat template renders "
+                             "the tools' schemas, and the model's turns are parsed as assistant messages.")
+
+    def _completion_arrays(self, completions: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens, completion_mask, ended)`` of completions given as token lists (each at most
+        ``max_completion_length``), right-padded to the completion width; ``ended`` by TRL's rule: the last token is
+        an end or pad token."""
+        tokens = np.full((len(completions), self._padded(self.args.max_completion_length)), self.pad_token_id,
+                         np.int32)
+        completion_mask = np.zeros(tokens.shape, np.int32)
+        for row, ids in enumerate(completions):
+            tokens[row, :len(ids)] = ids
+            completion_mask[row, :len(ids)] = 1
+        stops = {*self.eos_token_ids, self.pad_token_id}
+        ended = np.array([not ids or ids[-1] in stops for ids in completions])
+        return tokens, completion_mask, ended
+
+    @staticmethod
+    def _mask_array(masks: list[list[int]], completion_mask: np.ndarray, name: str) -> np.ndarray:
+        """Per-token 0/1 lists (one per completion, as long as it) as an array shaped like ``completion_mask``,
+        padded with 1 as TRL pads ``tool_mask``."""
+        array = np.ones(completion_mask.shape, np.int32)
+        for row, (mask, length) in enumerate(zip(masks, completion_mask.sum(axis=1), strict=True)):
+            if len(mask) != length:
+                raise ValueError(f"{name} of completion {row} has {len(mask)} entries for its {length} tokens; give "
+                                 "one 0/1 per completion token (1: the model's own, trained on).")
+            array[row, :length] = mask
+        return array
+
+    def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> np.ndarray:
+        """``[N, steps]`` tokens sampled by the policy after left-padded prompts (pad after a row's end token)."""
+        # Each device decodes its own rows (those of its process's share of the batch) when they divide evenly.
+        spread = len(prompt_ids) % mesh_lib.data_parallel_size(self.mesh) == 0
+        return sampling.generate_tokens(
+            self._sampling_module, prompt_ids, prompt_mask, max_new_tokens, self.sampling,
+            eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, seed=seed % (2**31),
+            lora=lora_runtime.EVAL, repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
+            batch_sharding=mesh_lib.batch_sharding(self.mesh) if spread else None).tokens
+
+    def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
+                    completion_mask: np.ndarray, seed: int) -> tuple:
+        """Runs TRL's tool-calling loop (:meth:`.tool_calling.ToolCalling.run`) on the first completions, continuing
+        each sample with the policy's sampler. With several processes each runs the tools of its own samples.
+
+        Returns:
+            ``(tokens, completion_mask, ended, tool_mask, loop result)`` of the completions with their tool turns.
+        """
+        prompts = [ids[mask.astype(bool)].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
+        first = [row[:int(mask.sum())].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
+        rounds = itertools.count(1)
+
+        def generate(prompt_id_lists: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+            length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
+            round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
+            sampled = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
+            mask, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
+            return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
+
+        def call_rows(calls: list[list[dict]]) -> list[tuple[list[dict], int]]:
+            own = [self.tool_calling.call(row_calls) for row_calls in calls[multihost.process_rows(len(calls))]]
+            return [result for piece in multihost.allgather_objects(own) for result in piece]
+
+        loop = self.tool_calling.run(prompts, first, generate, max_completion_length=self.args.max_completion_length,
+                                     max_model_length=self.model.config.max_position_embeddings,
+                                     max_iterations=self.args.max_tool_calling_iterations, call_rows=call_rows)
+        tokens, completion_mask, ended = self._completion_arrays(loop.completion_ids)
+        return tokens, completion_mask, ended, self._mask_array(loop.tool_mask, completion_mask, "tool_mask"), loop
+
+    def _left_padded(self, sequences: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
+        return left_padded(sequences, length, self.pad_token_id)
+

@@ -62,8 +62,9 @@ DISTILLATION_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "beta": honoured("TRL's generalized Jensen-Shannon divergence per completion token: 0 is KL(teacher || student), "
                      "1 is KL(student || teacher), in between beta KL(teacher || m) + (1 - beta) KL(student || m) "
                      "with m = (1 - beta) student + beta teacher (torchlike.adapters.distillation_loss)."),
-    "max_tool_calling_iterations": ignored("Only read when the trainer is given tools, which torchlike's "
-                                           "DistillationTrainer does not take."),
+    "max_tool_calling_iterations": honoured("With tools: the most rounds of tool calls and continued generation per "
+                                            "completion (None: until no call is made or max_completion_length is "
+                                            "reached), as TRL's _tool_call_loop."),
     # --- logging ---
     "log_completions": honoured("Print the prompts and completions of the latest generation batch at each training "
                                 "log (num_completions_to_print rows) and write them to "

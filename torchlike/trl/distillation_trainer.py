@@ -11,6 +11,7 @@ share the trainer's mesh and one jitted step; the teacher gets no gradient and n
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,10 +20,8 @@ import numpy as np
 
 from ..adapters import distillation_loss, sampling, train_step, tunix_grpo
 from ..adapters import mesh as mesh_lib
-from ..adapters.lora import runtime as lora_runtime
 from ..training import batches
 from ..training.batches import sampler_order
-from ..version import repetition_penalty_skips_left_padding
 from .base_trainer import OnlineTrainer, check_causal_lm, check_text_dataset
 from .distillation_config import DistillationConfig
 from .grpo_data import left_padded, prepare_prompts
@@ -62,11 +61,17 @@ class DistillationTrainer(OnlineTrainer):
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
         peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter on the student.
-        tools: TRL's tool calling during generation; refused.
+        tools: functions the student may call while it generates (synchronous only, as TRL's
+            ``DistillationTrainer``), run as in ``GRPOTrainer`` (:mod:`torchlike.trl.tool_calling`): the chat template
+            renders their schemas, the student's tool calls are parsed, run and answered with ``tool`` messages, and
+            generation continues up to ``args.max_tool_calling_iterations`` rounds within ``max_completion_length``;
+            the tool-result tokens are in the sequence both models read but out of the divergence (TRL's
+            ``tool_mask``). Prompts must be conversational.
 
     Raises:
         ValueError: no teacher, a teacher whose ``vocab_size`` differs from the student's (naming both), the student
-            itself as teacher, ``teacher_model_init_kwargs`` with a loaded teacher, no ``train_dataset``, or ``tools``.
+            itself as teacher, ``teacher_model_init_kwargs`` with a loaded teacher, no ``train_dataset``, ``async``
+            tools, or tools with prompts that are not chat messages.
 
     Example:
 
@@ -89,9 +94,8 @@ class DistillationTrainer(OnlineTrainer):
                  eval_dataset: Any = None, processing_class: Any = None, callbacks: list | None = None,
                  optimizers: tuple = (None, None), quantization_config: Any = None, peft_config: Any = None,
                  tools: list[Callable] | None = None):
-        if tools:
-            raise ValueError("tools (TRL's tool calling during generation) are not supported by torchlike's "
-                             "DistillationTrainer; completions are sampled in one turn.")
+        if any(inspect.iscoroutinefunction(tool) for tool in tools or []):
+            raise ValueError("Async tools are not yet supported by `DistillationTrainer`. Pass synchronous tools.")
         args = self._trl_args(model, args)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: rows with a 'prompt' column (text or chat messages).")
@@ -101,8 +105,10 @@ class DistillationTrainer(OnlineTrainer):
         self.teacher_model = self._load_teacher(teacher_model, args, model)
         check_vocabularies(model, self.teacher_model)
         self._setup_sampling(args, model, processing_class)
+        self._setup_tools(tools, processing_class, args)
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
+        self._check_tool_prompts([train_rows, *batches.each_dataset(eval_rows)])
         prompts = [row["prompt_ids"] for rows in [train_rows, *batches.each_dataset(eval_rows)] for row in rows]
         self.prompt_length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompts)))
         largest = max([self.pad_token_id, *self.eos_token_ids, *(max(ids, default=0) for ids in prompts)])
@@ -150,8 +156,11 @@ class DistillationTrainer(OnlineTrainer):
 
     def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
         """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`; TRL's
-        distillation keeps prompts whole)."""
-        return prepare_prompts(dataset, self.tokenizer, name, None, self.args.chat_template_kwargs)
+        distillation keeps prompts whole); with tools the chat template also renders their schemas."""
+        template_kwargs = dict(self.args.chat_template_kwargs or {})
+        if self.tools:
+            template_kwargs["tools"] = self.tools
+        return prepare_prompts(dataset, self.tokenizer, name, None, template_kwargs)
 
     def _seed(self, *parts: int) -> int:
         """The sampling seed of one generation batch: ``args.seed`` and where the batch sits (so a resumed run samples
@@ -217,22 +226,19 @@ class DistillationTrainer(OnlineTrainer):
     def _sample_completions(self, prompt_ids: list[list[int]], seed: int) -> list[list[int]]:
         """The student's completion of each prompt (TRL's ``_generate_single_turn``): sampled with the config's
         settings, cut after the first end token (kept), at most ``max_completion_length`` tokens."""
-        ids, mask = left_padded(prompt_ids, self._prompt_width(prompt_ids), self.pad_token_id)
-        spread = len(prompt_ids) % mesh_lib.data_parallel_size(self.mesh) == 0
-        result = sampling.generate_tokens(
-            self._trainable_model.module, ids, mask, self.args.max_completion_length, self.sampling,
-            eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, seed=seed, lora=lora_runtime.EVAL,
-            repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
-            batch_sharding=mesh_lib.batch_sharding(self.mesh) if spread else None)
-        kept, _ = tunix_grpo.completion_mask(result.tokens, self.eos_token_ids)
-        return [row[:int(length)].tolist() for row, length in zip(result.tokens, kept.sum(axis=1), strict=True)]
+        sampled = self._sample(*left_padded(prompt_ids, self._prompt_width(prompt_ids), self.pad_token_id),
+                               self.args.max_completion_length, seed)
+        kept, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
+        return [row[:int(length)].tolist() for row, length in zip(sampled, kept.sum(axis=1), strict=True)]
 
     def _rollout(self, rows: list[dict], seed: int, prefix: str = "", counted: int | None = None
                  ) -> dict[str, np.ndarray]:
-        """Samples a completion for each row's prompt and returns the step's columns: ``input_ids`` and
-        ``attention_mask`` ``[N, P + C]`` (prompt left-padded, completion right-padded to
-        ``C = max_completion_length``) and ``completion_mask`` ``[N, C]``. The metrics of the first ``counted`` rows
-        (default all; the rest pad an evaluation batch and are masked out) are kept for the next log."""
+        """Samples a completion for each row's prompt (continued through the student's tool calls when there are
+        tools) and returns the step's columns: ``input_ids`` and ``attention_mask`` ``[N, P + C]`` (prompt
+        left-padded, completion right-padded to ``C = max_completion_length``) and ``completion_mask`` ``[N, C]``,
+        the tokens the divergence is taken on (TRL's ``completion_mask x tool_mask``). The metrics of the first
+        ``counted`` rows (default all; the rest pad an evaluation batch and are masked out) are kept for the next
+        log."""
         counted = len(rows) if counted is None else counted
         prompt_ids = [list(row["prompt_ids"]) for row in rows]
         completions = self._sample_completions(prompt_ids, seed)
@@ -242,20 +248,24 @@ class DistillationTrainer(OnlineTrainer):
                              f"got {len(completions)} for {len(rows)} prompts, the longest "
                              f"{max(map(len, completions), default=0)} tokens.")
         prompts, prompt_mask = left_padded(prompt_ids, self._prompt_width(prompt_ids), self.pad_token_id)
-        tokens = np.full((len(rows), self._padded(limit)), self.pad_token_id, np.int32)
-        completion_mask = np.zeros(tokens.shape, np.int32)
-        for row, ids in enumerate(completions[:counted]):
-            tokens[row, :len(ids)] = ids
-            completion_mask[row, :len(ids)] = 1
-        self._record_completions(prompt_ids[:counted], completions[:counted], prefix)
+        tokens, completion_mask, _ = self._completion_arrays(completions)
+        tool_mask, tool_loop = np.ones_like(completion_mask), None
+        if self.tools:
+            tokens, completion_mask, _, tool_mask, tool_loop = self._call_tools(prompts, prompt_mask, tokens,
+                                                                                completion_mask, seed)
+            completions = tool_loop.completion_ids
+        completion_mask[counted:] = 0
+        self._record_completions(prompt_ids[:counted], completions[:counted], prefix, tool_mask[:counted], tool_loop)
         return {"input_ids": np.concatenate([prompts, tokens], axis=1),
                 "attention_mask": np.concatenate([prompt_mask, completion_mask], axis=1),
-                "completion_mask": completion_mask}
+                "completion_mask": completion_mask * tool_mask}
 
-    def _record_completions(self, prompt_ids: list[list[int]], completions: list[list[int]], prefix: str) -> None:
-        """TRL's generation metrics (``num_tokens``, ``completions/*``) for the next log; in training, also the
-        running token count and, with ``log_completions``, the texts."""
-        lengths = np.array([len(ids) for ids in completions], np.float64)
+    def _record_completions(self, prompt_ids: list[list[int]], completions: list[list[int]], prefix: str,
+                            tool_mask: np.ndarray, tool_loop: Any = None) -> None:
+        """TRL's generation metrics (``num_tokens``, ``completions/*`` counting the model's own tokens, ``tools/*``
+        with tools) for the next log; in training, also the running token count and, with ``log_completions``, the
+        texts."""
+        lengths = np.array([tool_mask[row, :len(ids)].sum() for row, ids in enumerate(completions)], np.float64)
         stops = {*self.eos_token_ids, self.pad_token_id}
         truncated = np.array([not ids or ids[-1] not in stops for ids in completions])
         terminated = lengths[~truncated] if (~truncated).any() else np.zeros(1)
@@ -271,6 +281,10 @@ class DistillationTrainer(OnlineTrainer):
                    "completions/mean_terminated_length": terminated.mean(),
                    "completions/min_terminated_length": terminated.min(),
                    "completions/max_terminated_length": terminated.max()}
+        if tool_loop is not None:
+            metrics["tools/call_frequency"] = tool_loop.call_count / len(tool_loop.completion_ids)
+            metrics["tools/failure_frequency"] = (tool_loop.failure_count / tool_loop.call_count
+                                                  if tool_loop.call_count else 0.0)
         for key, value in metrics.items():
             self._pending_metrics.setdefault(prefix + key, []).append(float(value))
 

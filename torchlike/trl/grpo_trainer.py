@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-import itertools
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -29,11 +28,10 @@ from ..adapters import multihost, rl_math, sampling, tunix_grpo
 from ..adapters.lora import runtime as lora_runtime
 from ..training import batches
 from ..training.batches import sampler_order
-from ..version import repetition_penalty_skips_left_padding
-from . import reward_models, tool_calling
+from . import reward_models
 from .base_trainer import OnlineTrainer, check_text_dataset
 from .grpo_config import GRPOConfig
-from .grpo_data import is_conversational_prompt, left_padded, prepare_prompts
+from .grpo_data import is_conversational_prompt, prepare_prompts
 
 __all__ = ["GRPOTrainer"]
 
@@ -117,15 +115,10 @@ class GRPOTrainer(OnlineTrainer):
             raise ValueError(f"reward_weights has {len(weights)} entries but there are {len(self.reward_funcs)} "
                              "reward functions; give one weight per function.")
         self._setup_sampling(args, model, processing_class)
-        self.tools = list(tools or [])
-        self.tool_calling = tool_calling.ToolCalling.create(processing_class, self.tools, args.chat_template_kwargs) \
-            if self.tools else None
+        self._setup_tools(tools, processing_class, args)
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
-        if self.tools and not all(is_conversational_prompt(row["prompt"]) for rows in
-                                  [train_rows, *batches.each_dataset(eval_rows)] for row in rows):
-            raise ValueError("tools need conversational prompts (lists of chat messages): the chat template renders "
-                             "the tools' schemas, and the model's turns are parsed as assistant messages.")
+        self._check_tool_prompts([train_rows, *batches.each_dataset(eval_rows)])
         lengths = [len(row["prompt_ids"]) for rows in [train_rows or [], *batches.each_dataset(eval_rows)]
                    for row in rows]
         self.prompt_length = self._padded(sampling.bucket_length(max(lengths, default=1)))
@@ -412,74 +405,6 @@ class GRPOTrainer(OnlineTrainer):
         prompt_length = max(self.prompt_length, self._padded(sampling.bucket_length(max(len(ids) for ids in prompts))))
         prompt_ids, prompt_mask = self._left_padded(prompts, prompt_length)
         return (prompt_ids, prompt_mask, *self._completion_arrays(completions), extra)
-
-    def _completion_arrays(self, completions: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(tokens, completion_mask, ended)`` of completions given as token lists (each at most
-        ``max_completion_length``), right-padded to the completion width; ``ended`` by TRL's rule: the last token is
-        an end or pad token."""
-        tokens = np.full((len(completions), self._padded(self.args.max_completion_length)), self.pad_token_id,
-                         np.int32)
-        completion_mask = np.zeros(tokens.shape, np.int32)
-        for row, ids in enumerate(completions):
-            tokens[row, :len(ids)] = ids
-            completion_mask[row, :len(ids)] = 1
-        stops = {*self.eos_token_ids, self.pad_token_id}
-        ended = np.array([not ids or ids[-1] in stops for ids in completions])
-        return tokens, completion_mask, ended
-
-    @staticmethod
-    def _mask_array(masks: list[list[int]], completion_mask: np.ndarray, name: str) -> np.ndarray:
-        """Per-token 0/1 lists (one per completion, as long as it) as an array shaped like ``completion_mask``,
-        padded with 1 as TRL pads ``tool_mask``."""
-        array = np.ones(completion_mask.shape, np.int32)
-        for row, (mask, length) in enumerate(zip(masks, completion_mask.sum(axis=1), strict=True)):
-            if len(mask) != length:
-                raise ValueError(f"{name} of completion {row} has {len(mask)} entries for its {length} tokens; give "
-                                 "one 0/1 per completion token (1: the model's own, trained on).")
-            array[row, :length] = mask
-        return array
-
-    def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> np.ndarray:
-        """``[N, steps]`` tokens sampled by the policy after left-padded prompts (pad after a row's end token)."""
-        # Each device decodes its own rows (those of its process's share of the batch) when they divide evenly.
-        spread = len(prompt_ids) % mesh_lib.data_parallel_size(self.mesh) == 0
-        return sampling.generate_tokens(
-            self._module, prompt_ids, prompt_mask, max_new_tokens, self.sampling, eos_token_ids=self.eos_token_ids,
-            pad_token_id=self.pad_token_id, seed=seed % (2**31), lora=lora_runtime.EVAL,
-            repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
-            batch_sharding=mesh_lib.batch_sharding(self.mesh) if spread else None).tokens
-
-    def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
-                    completion_mask: np.ndarray, seed: int) -> tuple:
-        """Runs TRL's tool-calling loop (:meth:`.tool_calling.ToolCalling.run`) on the first completions, continuing
-        each sample with the policy's sampler. With several processes each runs the tools of its own samples.
-
-        Returns:
-            ``(tokens, completion_mask, ended, tool_mask, loop result)`` of the completions with their tool turns.
-        """
-        prompts = [ids[mask.astype(bool)].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
-        first = [row[:int(mask.sum())].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
-        rounds = itertools.count(1)
-
-        def generate(prompt_id_lists: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-            length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
-            round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
-            sampled = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
-            mask, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
-            return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
-
-        def call_rows(calls: list[list[dict]]) -> list[tuple[list[dict], int]]:
-            own = [self.tool_calling.call(row_calls) for row_calls in calls[multihost.process_rows(len(calls))]]
-            return [result for piece in multihost.allgather_objects(own) for result in piece]
-
-        loop = self.tool_calling.run(prompts, first, generate, max_completion_length=self.args.max_completion_length,
-                                     max_model_length=self.model.config.max_position_embeddings,
-                                     max_iterations=self.args.max_tool_calling_iterations, call_rows=call_rows)
-        tokens, completion_mask, ended = self._completion_arrays(loop.completion_ids)
-        return tokens, completion_mask, ended, self._mask_array(loop.tool_mask, completion_mask, "tool_mask"), loop
-
-    def _left_padded(self, sequences: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
-        return left_padded(sequences, length, self.pad_token_id)
 
     def _log_probs(self, batch: dict[str, np.ndarray], lora: str, module) -> np.ndarray:
         """Per-token log-probs of the completions, one micro-batch at a time (the training shape)."""

@@ -207,16 +207,19 @@ class ToolCalling:
         tokenizer: the tokenizer whose chat template renders the prompts and tool results.
         tools: the functions the model may call, named by ``__name__``; ``async def`` functions are awaited.
         chat_template_kwargs: extra ``apply_chat_template`` arguments (``GRPOConfig.chat_template_kwargs``).
+        trainer_name: the trainer named in TRL's messages.
     """
 
     tokenizer: Any
     tools: list[Callable]
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    trainer_name: str = "GRPOTrainer"
 
     @classmethod
-    def create(cls, tokenizer: Any, tools: Sequence[Callable],
-               chat_template_kwargs: Mapping[str, Any] | None = None) -> ToolCalling:
-        """Checks the tokenizer as TRL's ``GRPOTrainer`` does when given ``tools``, with TRL's errors.
+    def create(cls, tokenizer: Any, tools: Sequence[Callable], chat_template_kwargs: Mapping[str, Any] | None = None,
+               trainer_name: str = "GRPOTrainer") -> ToolCalling:
+        """Checks the tokenizer as TRL's ``GRPOTrainer`` (or ``trainer_name``) does when given ``tools``, with TRL's
+        errors.
 
         Raises:
             ImportError: transformers older than 5.0, or a legacy ``response_schema`` to parse on transformers < 5.13
@@ -225,7 +228,7 @@ class ToolCalling:
                 prefix-preserving, or no known way to parse the model's tool calls.
         """
         if _TRANSFORMERS < Version("5.0.0"):
-            raise ImportError("Using tools with GRPOTrainer requires transformers version 5.0.0 or higher. Please "
+            raise ImportError(f"Using tools with {trainer_name} requires transformers version 5.0.0 or higher. Please "
                               "upgrade transformers with `pip install --upgrade transformers` to use this feature.")
         tools = list(tools)
         for tool in tools:
@@ -233,7 +236,7 @@ class ToolCalling:
                 raise ValueError(f"each tool must be a function (it is called by its __name__); got {tool!r}.")
         if not supports_tool_calling(tokenizer):
             raise ValueError(_NO_TOOL_TEMPLATE)
-        calling = cls(tokenizer, tools, dict(chat_template_kwargs or {}))
+        calling = cls(tokenizer, tools, dict(chat_template_kwargs or {}), trainer_name)
         calling.parser_kind  # noqa: B018 (fails early when no parser fits)
         if not is_chat_template_prefix_preserving(tokenizer):
             raise ValueError(_NOT_PREFIX_PRESERVING)
@@ -248,9 +251,9 @@ class ToolCalling:
             return "template"
         if getattr(self.tokenizer, "response_schema", None) is not None:
             if _TRANSFORMERS < _RESPONSE_TEMPLATE_FROM and not transformers.utils.is_jmespath_available():
-                raise ImportError("Using tools with GRPOTrainer on transformers below 5.13.0 requires the jmespath "
-                                  "library for response parsing. Please install it with `pip install jmespath`, or "
-                                  "upgrade transformers to 5.13.0 or higher, which doesn't need it.")
+                raise ImportError(f"Using tools with {self.trainer_name} on transformers below 5.13.0 requires the "
+                                  "jmespath library for response parsing. Please install it with `pip install "
+                                  "jmespath`, or upgrade transformers to 5.13.0 or higher, which doesn't need it.")
             return "schema"
         if _renders_qwen_tool_calls(self.tokenizer):
             return "qwen"
