@@ -26,16 +26,27 @@ def test_porting_new_trl_script_changes_only_its_trl_import_lines(name, tmp_path
     assert changed and all(old.lstrip().startswith("from trl") for old, _ in changed)
 
 
-def test_trl_rloo_script_trains_with_registry_and_dotted_path_rewards(script_model, tmp_path, monkeypatch, capsys):
+def test_trl_rloo_script_trains_with_registry_dotted_path_and_reward_model_rewards(script_model, tmp_path, monkeypatch,
+                                                                                    capsys):
+    import transformers
+
+    # --reward_model_name_or_path: a one-label classifier of the script model's vocabulary, with its tokenizer
+    reward_model = tmp_path / "tiny-reward-model"
+    transformers.AutoModelForSequenceClassification.from_pretrained(script_model, num_labels=1).save_pretrained(
+        reward_model)
+    transformers.AutoTokenizer.from_pretrained(script_model).save_pretrained(reward_model)
     script, _ = port_trl_script("rloo", tmp_path)
     rows = [{"prompt": " ".join(WORDS[i:i + 3])} for i in range(8)]
     dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", rows).parent
     run_script(script, ["--model_name_or_path", str(script_model), "--dataset_name", str(dataset_dir),
                         "--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "4",
                         "--num_generations", "2", "--max_completion_length", "8", "--reward_funcs",
-                        "tests.script_rewards.completion_length_reward", "think_format_reward", *TINY_RUN],
+                        "tests.script_rewards.completion_length_reward", "think_format_reward",
+                        "--reward_model_name_or_path", str(reward_model), *TINY_RUN],
                monkeypatch)
-    assert "Training completed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Training completed" in out
+    assert "rewards/tiny-reward-model/mean" in out  # TRL names a reward model's column after its path
     assert_hf_loadable(tmp_path / "out")
 
 
