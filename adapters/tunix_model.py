@@ -133,24 +133,24 @@ def load_weights(
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
 
     for hf_name, array, file in tensors:
-        found = [source for source in routes(family, variables, hf_name) if source.target in variables]
+        found = [routed for routed in routes(family, variables, hf_name) if routed.target in variables]
         if not found:
             if family.is_ignored(hf_name) or (tied and hf_name == "lm_head.weight"):
                 continue
             unexpected.append(hf_name)
             continue
-        for source in found:
-            target = targets[source.target]
-            if tuple(array.shape) != source.shape(target.shape):
+        for routed in found:
+            target = targets[routed.target]
+            if tuple(array.shape) != routed.shape(target.shape):
                 raise WeightShapeError(
                     f"{file}: tensor {hf_name!r} has shape {tuple(array.shape)} but config.json implies "
-                    f"{source.shape(target.shape)} (for {source.target}, NNX shape {target.shape}). Check "
-                    f"{_config_hint(source.target)} in config.json against the weights, or pass the matching config."
+                    f"{routed.shape(target.shape)} (for {routed.target}, NNX shape {target.shape}). Check "
+                    f"{_config_hint(routed.target)} in config.json against the weights, or pass the matching config."
                 )
-            value = assembly.add(source, array, target)
+            value = assembly.add(routed, array, target)
             if value is not None:
-                variables[source.target].set_value(value)
-                filled.add(source.target)
+                variables[routed.target].set_value(value)
+                filled.add(routed.target)
         value = None
         del array, value  # release this tensor's host buffer before the next one is read
 
