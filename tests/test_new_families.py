@@ -102,7 +102,7 @@ def test_dpo_with_the_default_config_starts_at_ln2_and_trains_the_adapter(case, 
 @pytest.mark.parametrize("case", NEW_FAMILIES)
 def test_grpo_with_the_default_config_samples_scores_and_trains_the_adapter(case, tiny_checkpoints, tokenizer_dir,
                                                                            tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, logging_steps=1, learning_rate=1e-2, report_to="none",
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, logging_steps=1, learning_rate=1e-2, report_to="none",
                       save_strategy="no", max_completion_length=8, num_generations=4, per_device_train_batch_size=4,
                       beta=0.04)
     tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -112,9 +112,10 @@ def test_grpo_with_the_default_config_samples_scores_and_trains_the_adapter(case
     before = _adapter(trainer)
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
-    assert len(logged) == 2
+    assert len(logged) == 1
     assert logged[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy is its reference before the first update
-    assert all(np.isfinite(entry["loss"]) and entry["completions/mean_length"] > 0 for entry in logged)
+    assert np.isfinite(logged[0]["loss"]) and logged[0]["completions/mean_length"] > 0
+    assert logged[0]["reward_std"] > 0  # the completions differ, so the advantages move the adapter
     after = _adapter(trainer)
     assert any(not np.array_equal(before[name], after[name]) for name in before)
 
