@@ -113,3 +113,24 @@ def test_checkpoint_files_streamed_in_any_order_load_as_from_pretrained(tiny_che
     for name, variable in tunix_model.flat_variables(module).items():
         assert variable.get_value().dtype == jnp.bfloat16, name
         np.testing.assert_array_equal(np.asarray(variable.get_value()), np.asarray(expected.state_dict()[name]))
+
+
+def test_a_fused_expert_tensor_fills_two_slots_and_clashes_with_the_per_expert_names():
+    from transformers import Qwen3MoeConfig
+
+    from torchlike.adapters.families.qwen3_moe import FAMILY as QWEN3_MOE
+
+    family = QWEN3_MOE.for_config(Qwen3MoeConfig(num_experts=2, num_hidden_layers=1))
+    slots = {"layers.0.mlp.gate_proj": (2, 8, 3), "layers.0.mlp.up_proj": (2, 8, 3)}
+    fused = "model.layers.0.mlp.experts.gate_up_proj"
+    gate, up = plan(family, slots, [(fused, fused)]).targets.values()
+    assert (gate[0].target, up[0].target) == ("layers.0.mlp.gate_proj", "layers.0.mlp.up_proj")
+    assert gate[0].shape((2, 8, 3)) == up[0].shape((2, 8, 3)) == (2, 6, 8)  # (experts, gate and up, hidden)
+    hf = hf_tensor((2, 6, 8), 3)
+    np.testing.assert_array_equal(np.asarray(place(up[0].layout, hf, (2, 8, 3), None, None)),
+                                  hf[:, 3:, :].transpose(0, 2, 1))
+    assert [name for name, _ in family.nnx_to_hf("layers.0.mlp.up_proj")] == [  # exports keep the on-disk names
+        "model.layers.0.mlp.experts.0.up_proj.weight", "model.layers.0.mlp.experts.1.up_proj.weight"]
+    per_expert = "model.layers.0.mlp.experts.1.up_proj.weight"
+    with pytest.raises(ValueError, match="both map to 'layers.0.mlp.up_proj'"):
+        plan(family, slots, [(fused, fused), (per_expert, per_expert)])
