@@ -166,25 +166,48 @@ class Assembly:
     """Slot values made from source tensors as they arrive, so the host holds one tensor at a time.
 
     A tensor is moved to the NNX layout and cast on the device (XLA moves bf16 data several times faster than
-    numpy). A slot one tensor fills is placed straight in its sharding; a stacked slot's parts wait on the default
-    device until the last arrives, then are stacked into its sharding.
+    numpy). A slot one tensor fills is placed straight in its sharding. The parts of a stacked slot (a
+    mixture-of-experts layer's experts) are copied as they arrive into one host buffer in their own layout, stacked
+    on the leading axis; once the last arrives, one compiled program per slot shape moves the whole stack to the NNX
+    layout in the slot's sharding. (Parts that are device arrays, or stack on another axis, wait on the default
+    device instead and are stacked there.)
     """
 
     def __init__(self):
-        self._pending: dict[str, tuple[Source, Target, dict[int, jax.Array]]] = {}
+        self._pending: dict[str, tuple[Source, Target, dict[int, Any]]] = {}
+        self._staged: dict[str, tuple[Source, Target, np.ndarray, set[int]]] = {}
 
     def add(self, source: Source, array, target: Target) -> jax.Array | None:
         """Takes ``source``'s tensor (already checked against :meth:`Source.shape`); returns the slot's value once
         it is complete, else ``None``."""
         if not source.stacked:
             return place(source.layout, array, target.shape, target.dtype, target.sharding)
+        index, count = source.stack
+        if source.target in self._staged or (source.axis == 0 and isinstance(array, np.ndarray)
+                                              and source.target not in self._pending):
+            if source.target not in self._staged:
+                from .safetensors_io import aligned_empty
+
+                self._staged[source.target] = (source, target, aligned_empty((count, *array.shape), array.dtype),
+                                               set())
+            _, _, buffer, arrived = self._staged[source.target]
+            buffer[index] = array
+            arrived.add(index)
+            return self.finish(source.target) if len(arrived) == count else None
         _, _, parts = self._pending.setdefault(source.target, (source, target, {}))
-        parts[source.stack[0]] = place(source.layout, array, source.part_shape(target.shape), target.dtype, None)
-        return self.finish(source.target) if len(parts) == source.stack[1] else None
+        parts[index] = place(source.layout, array, source.part_shape(target.shape), target.dtype, None)
+        return self.finish(source.target) if len(parts) == count else None
 
     def finish(self, path: str) -> jax.Array:
         """The stacked slot ``path`` from the parts that arrived; a missing part is zeros (a fused partner that a
         LoRA adapter does not adapt)."""
+        if path in self._staged:
+            source, target, buffer, arrived = self._staged.pop(path)
+            for index in set(range(source.stack[1])) - arrived:
+                buffer[index] = 0
+            dtype = np.dtype(buffer.dtype if target.dtype is None else target.dtype)
+            return _stack_to_nnx_on_device(source.layout, source.part_shape(target.shape), dtype,
+                                           target.sharding)(jax.device_put(buffer))
         source, target, parts = self._pending.pop(path)
         first = next(iter(parts.values()))
         arrays = [parts[index] if index in parts else jnp.zeros(first.shape, first.dtype)
@@ -210,6 +233,18 @@ def _to_nnx_on_device(layout: Layout, nnx_shape: tuple[int, ...], dtype: np.dtyp
     def to_nnx(hf):
         record_trace("weight_transform", {"layout": type(layout).__name__, "hf": hf, "dtype": dtype})
         return layout.to_nnx(hf, nnx_shape).astype(dtype)
+
+    return jax.jit(to_nnx, out_shardings=sharding)
+
+
+@functools.cache
+def _stack_to_nnx_on_device(layout: Layout, part_shape: tuple[int, ...], dtype: np.dtype, sharding):
+    """A jitted transform of parts stacked on axis 0 in their source layout to the NNX layout of each part
+    (``part_shape``), cast to ``dtype``, in ``sharding``: one program per stacked slot shape."""
+
+    def to_nnx(stack):
+        record_trace("weight_transform", {"layout": f"stacked {type(layout).__name__}", "hf": stack, "dtype": dtype})
+        return jax.vmap(lambda part: layout.to_nnx(part, part_shape))(stack).astype(dtype)
 
     return jax.jit(to_nnx, out_shardings=sharding)
 

@@ -134,3 +134,25 @@ def test_a_fused_expert_tensor_fills_two_slots_and_clashes_with_the_per_expert_n
     per_expert = "model.layers.0.mlp.experts.1.up_proj.weight"
     with pytest.raises(ValueError, match="both map to 'layers.0.mlp.up_proj'"):
         plan(family, slots, [(fused, fused), (per_expert, per_expert)])
+
+
+def test_expert_parts_from_the_host_stack_into_the_nnx_layout_in_one_transform_with_zeros_for_missing_parts():
+    from transformers import Qwen3MoeConfig
+
+    from torchlike.adapters.families.qwen3_moe import FAMILY as QWEN3_MOE
+    from torchlike.adapters.runtime import tracing
+
+    family = QWEN3_MOE.for_config(Qwen3MoeConfig(num_experts=3, num_hidden_layers=1))
+    slots = {"layers.0.mlp.down_proj": (3, 5, 8)}  # (experts, expert size, hidden)
+    names = [f"model.layers.0.mlp.experts.{e}.down_proj.weight" for e in (2, 0)]  # any order; expert 1 never comes
+    (sources,) = plan(family, slots, [(n, n) for n in names]).targets.values()
+    parts = {name: hf_tensor((8, 5), seed) for seed, name in enumerate(names)}
+    assembly, target = Assembly(), Target((3, 5, 8), ml_dtypes.bfloat16)
+    traces = tracing.TRACE_COUNTS["weight_transform"]
+    assert assembly.add(sources[0], parts[names[0]], target) is None
+    assert assembly.add(sources[1], parts[names[1]], target) is None
+    value = assembly.finish("layers.0.mlp.down_proj")
+    assert value.dtype == ml_dtypes.bfloat16 and value.shape == (3, 5, 8)
+    expected = np.stack([parts[names[1]].T, np.zeros((5, 8), np.float32), parts[names[0]].T]).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(np.asarray(value), expected)
+    assert tracing.TRACE_COUNTS["weight_transform"] - traces <= 1  # the whole stack, not a program per part
