@@ -240,3 +240,37 @@ def test_the_multimodal_wrapper_is_refused_naming_its_architecture(tiny_checkpoi
                 r"Supported architectures: .*Gemma4ForCausalLM")
     with pytest.raises(UnknownArchitectureError, match=expected):
         torchlike.AutoModelForCausalLM.from_pretrained(path)
+
+
+class _PerLayerConfig:
+    """A config as transformers from 5.2x writes Gemma 4's (``per_layer_config`` overrides), by its ``to_dict``."""
+
+    def __init__(self, overrides, layer_types=("sliding_attention", "full_attention", "full_attention"),
+                 attention_k_eq_v=True):
+        self.fields = {"head_dim": 16, "num_key_value_heads": 2, "layer_types": list(layer_types),
+                       "attention_k_eq_v": attention_k_eq_v, "per_layer_config": overrides}
+
+    def to_dict(self):
+        return dict(self.fields)
+
+
+def test_per_layer_config_of_newer_transformers_reads_as_the_global_head_size_and_key_heads():
+    from torchlike.adapters.families.gemma4 import per_layer_config_flattened
+
+    full = {"head_dim": 32, "num_key_value_heads": 1}
+    flat = per_layer_config_flattened(_PerLayerConfig({"1": full, "2": full}))
+    assert (flat.head_dim, flat.global_head_dim, flat.num_key_value_heads, flat.num_global_key_value_heads) == \
+        (16, 32, 2, 1)
+
+
+@pytest.mark.parametrize(("overrides", "k_eq_v", "message"), [
+    ({"0": {"head_dim": 32}}, True, r"per_layer_config\[0\] sets \['head_dim'\] for a sliding_attention layer"),
+    ({"1": {"intermediate_size": 8}, "2": {"intermediate_size": 8}}, True, r"sets \['intermediate_size'\]"),
+    ({"1": {"head_dim": 32}, "2": {"head_dim": 64}}, True, "different shapes"),
+    ({"1": {"num_key_value_heads": 1}, "2": {"num_key_value_heads": 1}}, False, "without attention_k_eq_v"),
+])
+def test_per_layer_config_the_tunix_model_cannot_build_is_refused(overrides, k_eq_v, message):
+    from torchlike.adapters.families.gemma4 import per_layer_config_flattened
+
+    with pytest.raises(UnsupportedConfigError, match=message):
+        per_layer_config_flattened(_PerLayerConfig(overrides, attention_k_eq_v=k_eq_v))

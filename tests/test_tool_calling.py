@@ -107,13 +107,19 @@ def tokenizer_path(tmp_path_factory):
 
 
 def load_tokenizer(path, for_trl: bool = False):
-    """The test tokenizer; TRL's copy gets TRL's Qwen response schema, which TRL sets itself only for the chat
+    """The test tokenizer; TRL's copy gets TRL's Qwen 3 response parser (the new-style ``response_template`` where
+    transformers has it, from 5.13; the legacy ``response_schema`` before), which TRL sets itself only for the chat
     templates it knows by heart."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     if for_trl:
-        from trl.chat_template_utils import qwen3_schema
+        from trl.chat_template_utils import _SUPPORTS_RESPONSE_TEMPLATE, qwen3_schema
 
-        tokenizer.response_schema = qwen3_schema
+        if _SUPPORTS_RESPONSE_TEMPLATE:
+            from trl.chat_template_utils import qwen3_template
+
+            tokenizer.response_template = qwen3_template
+        else:
+            tokenizer.response_schema = qwen3_schema
     return tokenizer
 
 
@@ -509,7 +515,7 @@ def test_parsing_a_completion_matches_trls_parse_response(tokenizer_path, text):
     with_schema = load_tokenizer(tokenizer_path, True)
     expected = parse_response(with_schema, ids(tokenizer, text), prefix=prefix)
     built_in, transformers_parser = ToolCalling.create(tokenizer, [add]), ToolCalling.create(with_schema, [add])
-    assert (built_in.parser_kind, transformers_parser.parser_kind) == ("qwen", "schema")
+    assert built_in.parser_kind == "qwen" and transformers_parser.parser_kind in ("template", "schema")
     assert built_in.parse(ids(tokenizer, text), prefix=prefix) == expected
     assert transformers_parser.parse(ids(tokenizer, text), prefix=prefix) == expected
 

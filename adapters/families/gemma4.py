@@ -3,6 +3,7 @@ KV sharing, per-layer inputs and mixture of experts."""
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -196,6 +197,46 @@ def kv_sharing_pattern(hf_config) -> list[int]:
             for index, layer_type in enumerate(layer_types)]
 
 
+PER_LAYER_FIELDS = {"head_dim": "global_head_dim", "num_key_value_heads": "num_global_key_value_heads"}
+"""What transformers from 5.2x lets a Gemma 4 full-attention layer override (``per_layer_config``), and the
+attribute its 5.12 config names it by."""
+
+
+def per_layer_config_flattened(hf_config) -> Any:
+    """``hf_config`` as transformers 5.12 describes Gemma 4, which this module reads.
+
+    Later transformers give the full-attention layers' own head size and key heads as ``per_layer_config`` overrides
+    (instead of ``global_head_dim`` and ``num_global_key_value_heads``) and refuse to read ``head_dim`` globally. The
+    result is a namespace of the config's fields with those two attributes set from the overrides; a config without
+    ``per_layer_config`` is returned as it is.
+
+    Raises:
+        UnsupportedConfigError: an override of another field, of a sliding-attention layer, or full-attention layers
+            that differ from each other (the Tunix model gives all full-attention layers one shape).
+    """
+    fields = hf_config.to_dict()
+    overrides = fields.pop("per_layer_config", None)
+    if overrides is None:
+        return hf_config
+    full = [index for index, kind in enumerate(fields["layer_types"]) if kind == "full_attention"]
+    by_layer = {int(layer): dict(values) for layer, values in overrides.items()}
+    for layer, values in by_layer.items():
+        extra = sorted(set(values) - set(PER_LAYER_FIELDS)) if layer in full else sorted(values)
+        require(not extra, f"gemma4: per_layer_config[{layer}] sets {extra} for a "
+                           f"{fields['layer_types'][layer]} layer; only the full-attention layers' "
+                           f"{sorted(PER_LAYER_FIELDS)} may differ from the config's.")
+    shapes = {tuple(sorted(by_layer.get(layer, {}).items())) for layer in full}
+    require(len(shapes) <= 1, f"gemma4: per_layer_config gives the full-attention layers different shapes "
+                              f"({sorted(shapes)}); the Tunix model builds them all alike.")
+    shared = dict(next(iter(shapes), ()))
+    require("num_key_value_heads" not in shared or fields.get("attention_k_eq_v"),
+            "gemma4: per_layer_config gives the full-attention layers their own num_key_value_heads without "
+            "attention_k_eq_v; only layers whose keys are their values have their own key heads here.")
+    for name, legacy in PER_LAYER_FIELDS.items():
+        fields[legacy] = shared.get(name)
+    return types.SimpleNamespace(**fields)
+
+
 def _check_config(hf_config) -> None:
     """Refuses what the Tunix Gemma4 model (with the fixes here) does not implement (it would give wrong logits)."""
     # Tunix's RMSNorm (and its value and router norms) hard-code eps=1e-6.
@@ -273,6 +314,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> Gemma4Decoder:
             attention bias, bidirectional attention, unknown layer types or an incomplete MoE/KV-sharing config.
         UnsupportedRopeScalingError: for rope types other than ``default``/``proportional``.
     """
+    hf_config = per_layer_config_flattened(hf_config)
     _check_config(hf_config)
     # A type no layer has may have no rope parameters; Tunix still takes a value for it.
     ropes = {layer_type: _rope_for(hf_config, layer_type) for layer_type in set(hf_config.layer_types)}
