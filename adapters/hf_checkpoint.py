@@ -50,7 +50,7 @@ import ml_dtypes
 import numpy as np
 
 from . import directory_swap, multihost
-from .safetensors_io import CheckpointFileError, SafetensorsReader, write_safetensors
+from .safetensors_io import CheckpointFileError, ReadBuffers, SafetensorsReader, write_safetensors
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -138,17 +138,41 @@ def iter_torch_state_dict(state_dict) -> Iterator[tuple[str, np.ndarray]]:
         yield name, torch_to_numpy(tensor)
 
 
-def iter_checkpoint_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray, Path]]:
-    """Streams ``(name, array, file)`` from each file, one tensor at a time.
+class CheckpointTensors:
+    """The tensors of checkpoint files, streamed as ``(name, array, file)`` one at a time (iterate it).
 
-    Safetensors tensors are read one at a time into fresh arrays; ``.bin`` files are loaded with
+    Safetensors tensors are read one at a time into fresh arrays, or into the buffer of a tensor
+    given back with :meth:`recycle`; ``.bin`` files are loaded with
     ``torch.load(weights_only=True, mmap=True)``, never with pickle's full power.
+
+    Args:
+        files: the weight files, in order.
     """
+
+    def __init__(self, files: list[Path]):
+        self.files = list(files)
+        self._buffers = ReadBuffers()
+
+    def recycle(self, array: np.ndarray) -> None:
+        """Lets a later read reuse ``array``'s memory: call it once nothing reads ``array`` any more (its
+        contents were copied elsewhere and the copy has finished)."""
+        self._buffers.give_back(array)
+
+    def __iter__(self) -> Iterator[tuple[str, np.ndarray, Path]]:
+        return _stream_tensors(self.files, self._buffers)
+
+
+def iter_checkpoint_tensors(files: list[Path]) -> CheckpointTensors:
+    """Streams ``(name, array, file)`` from each file, one tensor at a time (:class:`CheckpointTensors`)."""
+    return CheckpointTensors(files)
+
+
+def _stream_tensors(files: list[Path], buffers: ReadBuffers) -> Iterator[tuple[str, np.ndarray, Path]]:
     for path in files:
         if path.suffix == ".safetensors":
             with SafetensorsReader(path) as reader:
                 for name in reader.keys():
-                    yield name, reader.get(name), path
+                    yield name, reader.get(name, buffers), path
         else:
             import torch
 

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .runtime.abstract_models import register_derived_class
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -118,4 +120,6 @@ def with_rope(
     patched = types.FunctionType(method.__code__, namespace, method.__name__, method.__defaults__, method.__closure__)
     patched.__kwdefaults__ = method.__kwdefaults__
     patched.__qualname__ = method.__qualname__
-    return type(cls.__name__, (cls,), {method_name: patched, "__module__": cls.__module__})
+    derived = type(cls.__name__, (cls,), {method_name: patched, "__module__": cls.__module__})
+    register_derived_class(derived, with_rope, (cls, method_name, global_name, rope_function, inv_freq))
+    return derived

@@ -13,6 +13,7 @@ import json
 import mmap
 import os
 import struct
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,54 @@ class TensorInfo:
     end: int
 
 
+class ReadBuffers:
+    """Read buffers handed back once their tensor has been copied elsewhere, reused by the next read.
+
+    A fresh buffer costs a page fault per page on first touch (the kernel zeroes it), which on a
+    CPU host is most of the cost of reading a tensor from the page cache; a buffer given back is
+    already mapped. Loading gives back every tensor it moved to the NNX layout (a transpose writes a
+    new buffer), so a checkpoint read costs the page faults of its biggest such tensor once,
+    not of every tensor. At most ``kept`` buffers (the biggest) wait for reuse, and a buffer serves a tensor of
+    at least half its size.
+
+    Args:
+        kept: how many given-back buffers to keep.
+    """
+
+    def __init__(self, kept: int = 4):
+        self.kept = kept
+        self._free: list[np.ndarray] = []
+        self._lent: dict[int, np.ndarray] = {}
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised ``shape``/``dtype`` array: a given-back buffer when one is big enough, else a new
+        :func:`aligned_empty` one."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        # a buffer over twice the size stays for a bigger tensor (one kept by the model would waste the rest)
+        fitting = [buffer for buffer in self._free if nbytes <= buffer.nbytes <= 2 * nbytes]
+        if fitting:
+            base = min(fitting, key=lambda buffer: buffer.nbytes)
+            self._free = [buffer for buffer in self._free if buffer is not base]
+            array = base[:nbytes].view(dtype).reshape(shape)
+        else:
+            array = aligned_empty(shape, dtype)
+            base = array.reshape(-1).view(np.uint8)
+        self._lent[id(array)] = base
+        # an array never given back (kept by the model, or copied to devices and dropped) releases its buffer
+        weakref.finalize(array, self._lent.pop, id(array), None)
+        return array
+
+    def give_back(self, array: np.ndarray) -> None:
+        """Makes the buffer of ``array`` (from :meth:`take`; others are ignored) reusable. The caller must hold no
+        other reference to its memory (no array, device buffer or view that still reads it)."""
+        base = self._lent.pop(id(array), None)
+        if base is None:
+            return
+        self._free.append(base)
+        self._free.sort(key=lambda buffer: buffer.nbytes, reverse=True)
+        del self._free[self.kept:]
+
+
 class SafetensorsReader:
     """Validated, tensor-by-tensor reader of one ``.safetensors`` file.
 
@@ -132,14 +181,14 @@ class SafetensorsReader:
     def keys(self) -> list[str]:
         return list(self.tensors)
 
-    def get(self, name: str) -> np.ndarray:
-        """Reads one tensor into a new array.
+    def get(self, name: str, buffers: ReadBuffers | None = None) -> np.ndarray:
+        """Reads one tensor into a new array (from ``buffers`` when given).
 
         A plain read (rather than a memory map) keeps the file's pages out of this process's
         resident set, so streaming a checkpoint costs one tensor of memory beyond the model.
         """
         info = self.tensors[name]
-        array = aligned_empty(info.shape, info.dtype)
+        array = buffers.take(info.shape, info.dtype) if buffers is not None else aligned_empty(info.shape, info.dtype)
         view = memoryview(array.reshape(-1).view(np.uint8))
         done = 0
         while done < len(view):

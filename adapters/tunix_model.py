@@ -25,8 +25,9 @@ from .hf_checkpoint import TensorSpec
 from .lora.runtime import lora_mode
 from .multihost import gather_to_host
 from .nnx_state import flat_variables
+from .runtime import abstract_models
 from .runtime.tracing import fast_tracing
-from .weight_plan import Assembly, Target, routes
+from .weight_plan import Assembly, Target, reads_host, routes
 
 
 class WeightShapeError(ValueError):
@@ -48,23 +49,34 @@ def _config_key(hf_config) -> str:
     return json.dumps(fields, sort_keys=True, default=str)
 
 
+def stored_abstract_model(family: Family, hf_config, dtype) -> Path | None:
+    """Where :func:`abstract_model_parts` keeps the abstract model of ``hf_config`` on disk (``None``: nowhere)."""
+    builder = f"{family.build_model.__module__}.{family.build_model.__qualname__}"
+    return abstract_models.entry_path((family.name, builder, _config_key(hf_config), np.dtype(dtype).name))
+
+
 def abstract_model_parts(family: Family, hf_config, dtype) -> tuple[nnx.GraphDef, nnx.State, dict]:
     """``(graphdef, state, partition specs)`` of the Tunix module for ``hf_config``, shapes only.
 
     Tracing the constructor under ``nnx.eval_shape`` and splitting the module cost time linear in the
     layer count, so the result is kept per process for the last few (family, config, dtype)
-    (:data:`ABSTRACT_MODELS_KEPT`). Each call returns fresh variables (``set_value`` on one changes
-    no other model); the graphdef is shared, as it is immutable.
+    (:data:`ABSTRACT_MODELS_KEPT`), and on disk for the next process (:mod:`.runtime.abstract_models`).
+    Each call returns fresh variables (``set_value`` on one changes no other model); the graphdef is
+    shared, as it is immutable.
     """
     key = (family.name, family.build_model, _config_key(hf_config), np.dtype(dtype).name)
     parts = _abstract_models.pop(key, None)
     if parts is None:
-        with fast_tracing():
-            abstract = nnx.eval_shape(lambda: family.build_model(hf_config, dtype, nnx.Rngs(0)))
-        graphdef, state = nnx.split(abstract)
-        specs = {name: spec.get_value() if isinstance(spec, nnx.Variable) else spec
-                 for name, spec in flat_variables(nnx.get_partition_spec(state), ...).items()}
-        parts = (graphdef, state, specs)
+        stored = stored_abstract_model(family, hf_config, dtype)
+        parts = abstract_models.load(stored)
+        if parts is None:
+            with fast_tracing():
+                abstract = nnx.eval_shape(lambda: family.build_model(hf_config, dtype, nnx.Rngs(0)))
+            graphdef, state = nnx.split(abstract)
+            specs = {name: spec.get_value() if isinstance(spec, nnx.Variable) else spec
+                     for name, spec in flat_variables(nnx.get_partition_spec(state), ...).items()}
+            parts = (graphdef, state, specs)
+            abstract_models.store(stored, parts)
     _abstract_models[key] = parts
     while len(_abstract_models) > ABSTRACT_MODELS_KEPT:
         del _abstract_models[next(iter(_abstract_models))]
@@ -131,6 +143,7 @@ def load_weights(
     filled: set[str] = set()
     unexpected: list[str] = []
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    recycle = getattr(tensors, "recycle", None)
 
     for hf_name, array, file in tensors:
         found = [routed for routed in routes(family, variables, hf_name) if routed.target in variables]
@@ -139,6 +152,7 @@ def load_weights(
                 continue
             unexpected.append(hf_name)
             continue
+        placed = []
         for routed in found:
             target = targets[routed.target]
             if tuple(array.shape) != routed.shape(target.shape):
@@ -151,8 +165,12 @@ def load_weights(
             if value is not None:
                 variables[routed.target].set_value(value)
                 filled.add(routed.target)
-        value = None
-        del array, value  # release this tensor's host buffer before the next one is read
+                placed.append(value)
+        if recycle is not None and not assembly.holds(array) and not any(reads_host(value, array) for value in placed):
+            jax.block_until_ready(placed)  # the copies out of the read buffer are done: the next read may reuse it
+            recycle(array)
+        value = placed = None
+        del array, value, placed  # release this tensor's host buffer before the next one is read
 
     missing = [name for name in variables if name not in filled]
     if missing:

@@ -198,6 +198,11 @@ class Assembly:
         parts[index] = place(source.layout, array, source.part_shape(target.shape), target.dtype, None)
         return self.finish(source.target) if len(parts) == count else None
 
+    def holds(self, array) -> bool:
+        """Whether a slot still waiting for parts keeps ``array`` (its memory must not be reused yet)."""
+        return any(part is array or reads_host(part, array)
+                   for _, _, parts in self._pending.values() for part in parts.values())
+
     def finish(self, path: str) -> jax.Array:
         """The stacked slot ``path`` from the parts that arrived; a missing part is zeros (a fused partner that a
         LoRA adapter does not adapt)."""
@@ -213,6 +218,20 @@ class Assembly:
         arrays = [parts[index] if index in parts else jnp.zeros(first.shape, first.dtype)
                   for index in range(source.stack[1])]
         return _stack_on_device(source.axis, target.sharding)(*arrays)
+
+
+def reads_host(value, array) -> bool:
+    """Whether device array ``value`` (any of its shards) lives in host array ``array``'s memory, as a zero-copy
+    ``jax.device_put`` of it on the CPU backend does; ``False`` when ``array`` is no numpy array."""
+    if not isinstance(array, np.ndarray) or not isinstance(value, jax.Array):
+        return False
+    start = array.__array_interface__["data"][0]
+    end = start + array.nbytes
+    try:
+        pointers = [shard.data.unsafe_buffer_pointer() for shard in value.addressable_shards]
+    except Exception:  # a backend without host pointers (GPU/TPU memory never aliases host memory)
+        return value.sharding.device_set.pop().platform == "cpu"
+    return any(start <= pointer < end for pointer in pointers)
 
 
 def place(layout: Layout, array, shape: tuple[int, ...], dtype, sharding) -> jax.Array:
