@@ -49,9 +49,29 @@ def _config_key(hf_config) -> str:
     return json.dumps(fields, sort_keys=True, default=str)
 
 
+def _builder_name(builder) -> str | None:
+    """A name that tells ``builder`` from every other model builder: a module-level function's dotted name, or a
+    ``functools.partial`` of named parts; ``None`` for anything else (a closure or lambda may build differently under
+    one name, so its models are not kept on disk)."""
+    if isinstance(builder, functools.partial):
+        parts = [_builder_name(builder.func)]
+        for value in (*builder.args, *builder.keywords.values()):
+            plain = isinstance(value, (str, int, float, bool, type(None)))
+            parts.append(repr(value) if plain else _builder_name(value))
+        named = None not in parts
+        return f"partial({', '.join(parts)}, {sorted(builder.keywords)})" if named else None
+    qualname, module = getattr(builder, "__qualname__", None), getattr(builder, "__module__", None)
+    if not qualname or not module or "<" in qualname:  # <lambda>, <locals>
+        return None
+    return f"{module}.{qualname}"
+
+
 def stored_abstract_model(family: Family, hf_config, dtype) -> Path | None:
-    """Where :func:`abstract_model_parts` keeps the abstract model of ``hf_config`` on disk (``None``: nowhere)."""
-    builder = f"{family.build_model.__module__}.{family.build_model.__qualname__}"
+    """Where :func:`abstract_model_parts` keeps the abstract model of ``hf_config`` on disk (``None``: nowhere, also
+    for a family whose builder has no stable name)."""
+    builder = _builder_name(family.build_model)
+    if builder is None:
+        return None
     return abstract_models.entry_path((family.name, builder, _config_key(hf_config), np.dtype(dtype).name))
 
 

@@ -206,3 +206,23 @@ def test_an_import_reuses_read_buffers_and_every_weight_arrives_exact(tiny_check
     assert saved.keys() == expected.keys()
     for name, tensor in expected.items():
         assert torch.equal(saved[name], tensor), name
+
+
+def test_only_builders_with_a_stable_name_keep_models_on_disk():
+    import dataclasses
+    import functools
+
+    from torchlike.adapters import sequence_classification
+
+    config = tiny.CASES["qwen2"]()
+    family = family_for_config(config)
+    classifier = sequence_classification.classifier_family(family)
+    assert tunix_model.stored_abstract_model(classifier, config, np.float32) not in (
+        None, tunix_model.stored_abstract_model(family, config, np.float32))
+
+    def local_builder(hf_config, dtype, rngs):  # a closure may build differently under one name
+        return family.build_model(hf_config, dtype, rngs)
+
+    for builder in (local_builder, lambda *args: family.build_model(*args),
+                    functools.partial(family.build_model, local_builder)):
+        assert tunix_model.stored_abstract_model(dataclasses.replace(family, build_model=builder), config, np.float32) is None

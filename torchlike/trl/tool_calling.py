@@ -22,8 +22,9 @@ lists the reward functions receive, and the call and failure counts of TRL's ``t
 
 Where this differs from TRL 1.16: TRL swaps in its own training copy of a chat template that is not prefix-preserving
 (Qwen 3's, whose assistant turns lose their thinking once a tool message follows); torchlike refuses such a template
-with TRL's error. The built-in Qwen parser gives what TRL's legacy ``response_schema`` for Qwen gives (transformers <
-5.13, no ``jmespath`` needed); on newer transformers TRL parses Qwen turns with a ``response_template`` instead.
+with TRL's error. Qwen turns are parsed as TRL parses them: below transformers 5.13 by a built-in parser that gives
+what TRL's legacy ``response_schema`` for Qwen gives (no ``jmespath`` needed), from 5.13 by transformers' own parser
+with a Qwen ``response_template`` (passed to ``parse_response``; the tokenizer is not changed).
 """
 
 from __future__ import annotations
@@ -56,6 +57,21 @@ _QWEN_RESPONSE = re.compile(
     r"(?P<tool_calls>(?:<tool_call>(?:(?!</tool_call>)[\s\S])+</tool_call>\s*)+)?\s*(?:<\|im_end\|>|$)",
     re.DOTALL)
 _QWEN_TOOL_CALL = re.compile(r"<tool_call>\s*(.+?)\s*</tool_call>", re.DOTALL)
+
+#: The same turn as a new-style ``response_template`` (transformers >= 5.13, "Response parsing" in its chat docs): the
+#: assistant header the prompt ends with, then optional ``<think>`` reasoning, any number of ``<tool_call>`` JSON
+#: objects made into function calls, and the text up to ``<|im_end|>``. TRL sets an equal template on the Qwen
+#: tokenizers it knows, so torchlike parses as TRL does on either side of 5.13.
+_QWEN_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True,
+                       "content": "json", "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
 
 _NO_TOOL_TEMPLATE = ("The provided chat template does not support tool calling. The template must be able to render a "
                      "full tool-calling conversation (user -> assistant with tool_calls -> tool).")
@@ -246,7 +262,9 @@ class ToolCalling:
     @functools.cached_property
     def parser_kind(self) -> str:
         """``"template"`` / ``"schema"``: transformers parses with the tokenizer's own ``response_template`` /
-        ``response_schema``; ``"qwen"``: the built-in parser of Qwen's format."""
+        ``response_schema``; for a chat template in Qwen's format, ``"qwen template"``: transformers (>= 5.13)
+        parses with torchlike's Qwen ``response_template``, or ``"qwen"``: the built-in parser of the legacy schema
+        (older transformers)."""
         if getattr(self.tokenizer, "response_template", None) is not None and _TRANSFORMERS >= _RESPONSE_TEMPLATE_FROM:
             return "template"
         if getattr(self.tokenizer, "response_schema", None) is not None:
@@ -256,7 +274,7 @@ class ToolCalling:
                                   "jmespath`, or upgrade transformers to 5.13.0 or higher, which doesn't need it.")
             return "schema"
         if _renders_qwen_tool_calls(self.tokenizer):
-            return "qwen"
+            return "qwen template" if _TRANSFORMERS >= _RESPONSE_TEMPLATE_FROM else "qwen"
         raise ValueError(_UNKNOWN_RESPONSE_FORMAT)
 
     def parse(self, ids: Sequence[int], prefix: Sequence[int] | None = None) -> dict:
@@ -273,9 +291,10 @@ class ToolCalling:
         tokenizer = self.tokenizer
         kind = self.parser_kind
         try:
-            if kind == "template" and prefix is not None:
+            if kind == "qwen template" or (kind == "template" and prefix is not None):
                 extra = {"tools": self.tools} if _TRANSFORMERS >= _PARSE_WITH_TOOLS_FROM else {}
-                parsed = tokenizer.parse_response(list(ids), prefix=list(prefix), **extra)
+                template = _QWEN_RESPONSE_TEMPLATE if kind == "qwen template" else None
+                parsed = tokenizer.parse_response(list(ids), template, prefix=list(prefix or []), **extra)
             elif kind == "qwen":
                 parsed = _parse_qwen_response(tokenizer.decode(list(ids)))
             else:
