@@ -137,7 +137,7 @@ def test_a_model_imported_through_the_disk_entry_computes_the_same_logits(tiny_c
 
 
 def test_a_damaged_disk_entry_is_rebuilt_and_replaced(abstract_builds):
-    config = tiny.CASES["qwen2"]()
+    config = tiny.tiny_config("qwen2", intermediate_size=80)  # a config no other test (or worker) loads
     family = family_for_config(config)
     (graphdef, _, _), stored = _built_fresh(family, config, np.float32)
     stored.write_bytes(stored.read_bytes()[:100])  # a truncated entry
