@@ -142,7 +142,14 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "jax", ">=0.10.2,<0.13",
         "No public way to ask whether the distributed runtime or a backend has started; jax._src.distributed "
         "and jax._src.xla_bridge are read.",
-        ("adapters/mesh.py:initialize_distributed", "adapters/runtime/host_memory.py:_reason_to_skip"),
+        ("adapters/mesh.py:initialize_distributed", "adapters/runtime/host_memory.py:cpu_only_reason"),
+    ),
+    Workaround(
+        "jaxlib", ">=0.10.2,<0.13",
+        "XLA:CPU's default concurrency-optimised scheduler hoists the recomputed forward of many decoder layers "
+        "ahead of their backward passes, so rematerialisation saves almost no memory; torchlike turns it off "
+        "through XLA_FLAGS, which aborts the process when XLA does not know the flag (checked on these versions).",
+        ("adapters/runtime/xla_cpu.py:prefer_memory_scheduler", "adapters/runtime/xla_cpu.py:JAXLIB_VERSIONS"),
     ),
     Workaround(
         "flax", "==0.12.*",

@@ -8,11 +8,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-# Before XLA starts its threads: CPU train steps reuse their host buffers instead of page-faulting.
+# Before XLA starts its threads: CPU train steps reuse their host buffers instead of page-faulting, and XLA:CPU
+# schedules for memory so gradient checkpointing saves memory.
 from .adapters.runtime import host_memory as _host_memory  # noqa: E402
+from .adapters.runtime import xla_cpu as _xla_cpu  # noqa: E402
 from .version import __version__  # noqa: E402
 
 _host_memory.keep_freed_host_memory()
+_xla_cpu.prefer_memory_scheduler()
 
 _EXPORTS = {
     "AutoModelForCausalLM": "torchlike.modeling",

@@ -6,5 +6,6 @@ registry, the host allocator.
   process.
 - :mod:`.tracing`: traces without garbage-collection passes, and :data:`.tracing.TRACE_COUNTS`, the count of every
   jitted program's traces.
+- :mod:`.xla_cpu`: XLA:CPU's scheduler set to save memory (rematerialisation works on CPU).
 - :mod:`.host_memory`: glibc ``malloc`` settings that keep freed XLA buffers mapped on CPU.
 """

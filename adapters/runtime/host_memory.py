@@ -43,6 +43,12 @@ def _reason_to_skip() -> str | None:
         return "another allocator is preloaded"
     if any(key.startswith("MALLOC_") for key in os.environ) or "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return "glibc malloc is configured by the environment"
+    return cpu_only_reason()
+
+
+def cpu_only_reason() -> str | None:
+    """Why JAX may not be a CPU-only JAX whose backend is still to start (``None``: it is): ``JAX_PLATFORMS``
+    naming another platform first, a GPU/TPU plugin installed, or the backend already started."""
     platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
     if platforms:
         if platforms.split(",")[0].strip() != "cpu":
