@@ -57,10 +57,8 @@ def prefer_memory_scheduler() -> str:
         ``"applied"``, or the reason nothing was changed.
     """
     global status
-    if status == "applied":
-        return status
-    reason = _reason_to_skip()
-    if reason is None:
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{FLAG}=false".strip()
-    status = reason or "applied"
+    if status != "applied":
+        status = _reason_to_skip() or "applied"
+        if status == "applied":
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{FLAG}=false".strip()
     return status
