@@ -10,6 +10,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from packaging.version import Version
+
 from torchlike.adapters.runtime import xla_cpu
 
 PROBE = Path(__file__).with_name("xla_cpu_probe.py")
@@ -30,10 +32,13 @@ def test_rematerialised_layers_stop_adding_temporaries():
     assert untuned["status"] == "turned off by TORCHLIKE_CPU_SCHEDULER=concurrency"
     per_layer = {name: (run["temp_bytes"]["6"] - run["temp_bytes"]["2"]) / 4
                  for name, run in (("tuned", tuned), ("untuned", untuned))}
-    # The concurrency scheduler keeps each layer's recomputed attention live (~27 MB a layer at seq 512); the memory
-    # scheduler keeps one layer's at a time.
-    assert per_layer["untuned"] > 10e6 and per_layer["tuned"] < 2e6, per_layer
-    assert untuned["temp_bytes"]["6"] > 3 * tuned["temp_bytes"]["6"]
+    # The memory scheduler keeps one layer's recomputed attention live at a time.
+    assert per_layer["tuned"] < 2e6, per_layer
+    if Version(metadata.version("jaxlib")) < Version("0.11"):
+        # jaxlib 0.10's concurrency scheduler keeps every layer's live (~27 MB a layer at seq 512); jaxlib 0.12's
+        # no longer does (measured: 0.13 MB a layer), where the setting changes nothing.
+        assert per_layer["untuned"] > 10e6, per_layer
+        assert untuned["temp_bytes"]["6"] > 3 * tuned["temp_bytes"]["6"]
 
 
 def test_a_setting_of_the_flag_in_xla_flags_is_left_alone(monkeypatch):

@@ -6,6 +6,8 @@ recomputed forward of many decoder layers ahead of the backward passes that need
 live together and gradient checkpointing saves almost nothing: at the Qwen2.5-0.5B shape (seq 1024), each layer
 added about 280 MB of XLA temporaries with rematerialisation on and 300 MB with it off. With the memory-minimising
 scheduler each layer adds about 8 MB, and the step is no slower (``benchmarks/memory.py`` measures the step).
+That was XLA in jaxlib 0.10; the scheduler of jaxlib 0.12 no longer keeps the layers live together, and there the
+setting changes nothing measurable.
 
 :func:`prefer_memory_scheduler` adds ``--xla_cpu_enable_concurrency_optimized_scheduler=false`` to ``XLA_FLAGS``
 when ``torchlike`` is imported, only where it takes effect and is safe: a CPU-only JAX whose backend has not
