@@ -189,7 +189,7 @@ def load_weights(
         if recycle is not None and not assembly.holds(array) and not any(reads_host(value, array) for value in placed):
             jax.block_until_ready(placed)  # the copies out of the read buffer are done: the next read may reuse it
             recycle(array)
-        value = placed = None
+        value = None
         del array, value, placed  # release this tensor's host buffer before the next one is read
 
     missing = [name for name in variables if name not in filled]

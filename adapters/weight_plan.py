@@ -200,8 +200,7 @@ class Assembly:
 
     def holds(self, array) -> bool:
         """Whether a slot still waiting for parts keeps ``array`` (its memory must not be reused yet)."""
-        return any(part is array or reads_host(part, array)
-                   for _, _, parts in self._pending.values() for part in parts.values())
+        return any(reads_host(part, array) for _, _, parts in self._pending.values() for part in parts.values())
 
     def finish(self, path: str) -> jax.Array:
         """The stacked slot ``path`` from the parts that arrived; a missing part is zeros (a fused partner that a

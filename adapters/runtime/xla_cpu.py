@@ -24,9 +24,9 @@ import re
 from .host_memory import cpu_only_reason
 
 FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
-JAXLIB_VERSIONS = ">=0.10.2,<0.13"
-"""The ``jaxlib`` versions whose XLA was checked to know :data:`FLAG` (``adapters.upstream`` lists them)."""
 CHECKED_FROM, CHECKED_BELOW = (0, 10, 2), (0, 13)
+JAXLIB_VERSIONS = f">={'.'.join(map(str, CHECKED_FROM))},<{'.'.join(map(str, CHECKED_BELOW))}"
+"""The ``jaxlib`` versions whose XLA was checked to know :data:`FLAG` (``adapters.upstream`` lists them)."""
 
 status: str = "not checked"
 """What :func:`prefer_memory_scheduler` did (``"applied"``) or why it did nothing."""
