@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from .adapters import hf_checkpoint, hf_hub, nnx_state, tunix_model
+from .adapters import hf_checkpoint, hf_hub, model_habits, nnx_state, tunix_model
 from .adapters.families import Family, family_for_config
 from .adapters.mesh import entered, initialize_distributed, make_mesh
 from .adapters.runtime.compilation import enable_compilation_cache
@@ -28,7 +28,7 @@ from .quantization import announce_quantization, requested_quantization
 if TYPE_CHECKING:
     from flax import nnx
 
-__all__ = ["AutoModelForCausalLM", "CausalLM", "CausalLMOutput", "make_mesh"]
+__all__ = ["AutoModelForCausalLM", "CausalLM", "CausalLMOutput", "InputEmbeddings", "OutputEmbeddings", "make_mesh"]
 
 
 @dataclass
@@ -47,6 +47,70 @@ class CausalLMOutput:
         return getattr(self, key)
 
 
+class InputEmbeddings:
+    """What :meth:`CausalLM.get_input_embeddings` returns: ``torch.nn.Embedding``'s attributes over the model's input
+    embedding, read live (so it follows :meth:`CausalLM.resize_token_embeddings`).
+
+    ``weight`` is a ``jax.Array`` and cannot be written in place; load new rows with
+    ``model.load_state_dict({"model.embed_tokens.weight": rows}, strict=False)``.
+    """
+
+    def __init__(self, model: CausalLM):
+        self._model = model
+
+    @property
+    def weight(self) -> jax.Array:
+        """The embedding matrix ``(num_embeddings, embedding_dim)``, the model's own array."""
+        model = self._model
+        return model_habits.hf_weight(model.family, model.module, model_habits.INPUT_EMBEDDING)
+
+    @property
+    def num_embeddings(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def padding_idx(self) -> int | None:
+        """``config.pad_token_id`` while it is a row of the table, as the ``transformers`` families set it."""
+        pad = getattr(self._model.config.get_text_config(), "pad_token_id", None)
+        return pad if pad is not None and pad < self.num_embeddings else None
+
+    def __repr__(self) -> str:
+        padding = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"Embedding({self.num_embeddings}, {self.embedding_dim}{padding})"
+
+
+class OutputEmbeddings:
+    """What :meth:`CausalLM.get_output_embeddings` returns: ``torch.nn.Linear``'s attributes over the output head,
+    read live. With tied embeddings ``weight`` is the input embedding's array, as in ``transformers``."""
+
+    bias = None
+
+    def __init__(self, model: CausalLM):
+        self._model = model
+
+    @property
+    def weight(self) -> jax.Array:
+        """The head matrix ``(out_features, in_features)`` (``transformers``' ``lm_head.weight`` layout)."""
+        model = self._model
+        head = model_habits.hf_weight(model.family, model.module, model_habits.OUTPUT_EMBEDDING)
+        return model.get_input_embeddings().weight if head is None else head
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    def __repr__(self) -> str:
+        return f"Linear(in_features={self.in_features}, out_features={self.out_features}, bias=False)"
+
+
 class CausalLM:
     """A causal language model backed by a Tunix NNX module, used like a ``transformers`` model.
 
@@ -57,6 +121,7 @@ class CausalLM:
     Attributes:
         module: the Tunix ``flax.nnx.Module``.
         config: the ``transformers`` config (``PretrainedConfig``).
+        training: ``False`` after loading, as in ``transformers``; set by :meth:`train` / :meth:`eval`.
         generation_config: ``transformers.GenerationConfig`` (from ``generation_config.json``).
         family: the adapter family table (``qwen2``, ``qwen3``, ``llama3``, ``gemma2``, ``gemma3``).
         mesh: the ``jax.sharding.Mesh`` the parameters live on, or ``None``.
@@ -71,6 +136,10 @@ class CausalLM:
         self._lora_mode = "eval"
         self.quantization: str | None = None
         self.model_tags: list[str] | None = None
+        self.training = False  # transformers' from_pretrained returns a model in eval mode
+        self._requires_grad = True
+        self._gradient_checkpointing = False
+        self._embedding_views: dict[str, InputEmbeddings | OutputEmbeddings] = {}
         if generation_config is None:
             from transformers import GenerationConfig
 
@@ -191,9 +260,12 @@ class CausalLM:
 
     @property
     def device(self):
-        """The devices holding the parameters."""
-        _, first = next(self.named_parameters())
-        return first.sharding
+        """``torch.device("cpu")``: where torch inputs for this model belong, so ``inputs.to(model.device)`` works as in
+        ``transformers``. The model copies its inputs to its own devices; the parameters' placement is
+        ``next(model.parameters()).sharding`` (over ``model.mesh`` when one was given)."""
+        import torch
+
+        return torch.device("cpu")
 
     def named_parameters(self) -> Iterator[tuple[str, jax.Array]]:
         """Yields ``(dotted NNX path, jax.Array)`` for every parameter, as ``torch`` does."""
@@ -305,23 +377,236 @@ class CausalLM:
 
         Args:
             only_trainable: count only trainable parameters (LoRA factors once an adapter is added;
-                all parameters of a plain model, as in ``transformers``).
-            exclude_embeddings: skip the input embedding and the LM head.
+                all parameters of a plain model, none after ``requires_grad_(False)``, as in ``transformers``).
+            exclude_embeddings: skip the input embeddings (``transformers``' ``nn.Embedding`` weights; the
+                output head counts).
 
         Returns:
             The number of scalar parameters.
         """
+        if only_trainable and not self._requires_grad:
+            return 0
         total = 0
         for name, array in self.named_parameters():
-            if exclude_embeddings and ("embed" in name or name.startswith("lm_head")):
+            if exclude_embeddings and self._is_input_embedding(name):
                 continue
             if only_trainable and self._has_lora() and "_lora_" not in name:
                 continue
             total += int(np.prod(array.shape))
         return total
 
+    def _is_input_embedding(self, name: str) -> bool:
+        return any("embed_tokens" in hf_name for hf_name, _ in self.family.nnx_to_hf(name))
+
     def _has_lora(self) -> bool:
         return any("_lora_" in name for name, _ in self.named_parameters())
+
+    # ------------------------------------------------------------------ torch / transformers habits
+    def train(self, mode: bool = True) -> CausalLM:
+        """Sets :attr:`training`, as ``torch.nn.Module.train``.
+
+        Forward passes, ``generate`` and evaluation are deterministic in both modes: the Tunix models have no
+        dropout, and LoRA dropout runs inside the trainers' steps only.
+
+        Args:
+            mode: ``True`` for training mode, ``False`` for evaluation mode.
+
+        Returns:
+            The model itself.
+        """
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        self.training = mode
+        return self
+
+    def eval(self) -> CausalLM:
+        """Sets :attr:`training` to ``False`` (``train(False)``), as ``torch.nn.Module.eval``.
+
+        Returns:
+            The model itself.
+        """
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> CausalLM:
+        """Marks every parameter trainable or frozen, as ``torch.nn.Module.requires_grad_``.
+
+        torchlike has no per-array ``requires_grad``: the flag is the model's. ``num_parameters(only_trainable=True)``
+        counts nothing while the model is frozen, and a trainer refuses to train a frozen model (torch's optimizer
+        gets an empty parameter list). A frozen model serves as it is as a reference or teacher model; to train part
+        of a model, add an adapter with ``torchlike.peft.get_peft_model``.
+
+        Args:
+            requires_grad: ``False`` freezes the model, ``True`` makes every parameter trainable again.
+
+        Returns:
+            The model itself.
+        """
+        self._requires_grad = bool(requires_grad)
+        return self
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether the parameters are trainable (``False`` after ``requires_grad_(False)``)."""
+        return self._requires_grad
+
+    def to(self, *args: Any, **kwargs: Any) -> CausalLM:
+        """Casts the parameters, as ``torch.nn.Module.to``: ``to(torch.bfloat16)``, ``to(dtype=...)``,
+        ``to("cpu", torch.float32)``.
+
+        A dtype (torch, numpy or jax, or a name such as ``"bfloat16"``) casts every floating-point parameter in place,
+        and the model then computes in that dtype, as one loaded with ``from_pretrained(..., dtype=...)`` does. A
+        device (``"cpu"``, ``"cuda"``, ``"cuda:0"``, a ``torch.device`` or a JAX device) must be where the parameters
+        already are: torchlike places parameters when it loads them (``from_pretrained(..., mesh=...)``), so a move is
+        refused with that alternative.
+
+        Args:
+            args: a device, a dtype, or both (``non_blocking`` is accepted and has no effect).
+            kwargs: ``device``, ``dtype``, ``non_blocking``.
+
+        Returns:
+            The model itself, as in ``torch`` (no copy).
+
+        Raises:
+            ValueError: a dtype cast on a quantised (QLoRA) model, or a device the parameters are not on.
+            TypeError: a tensor or another argument ``to`` cannot take.
+        """
+        device, dtype = _device_and_dtype(args, kwargs)
+        if device is not None:
+            self._check_device(device)
+        if dtype is not None:
+            self._cast(dtype)
+        return self
+
+    def cpu(self) -> CausalLM:
+        """``to("cpu")``: the model itself when its parameters are on the CPU."""
+        return self.to("cpu")
+
+    def cuda(self, device: Any = None) -> CausalLM:
+        """``to("cuda")``: the model itself when its parameters are on the GPU (``device``: an index or device)."""
+        return self.to(f"cuda:{device}" if isinstance(device, int) else device or "cuda")
+
+    def half(self) -> CausalLM:
+        """Casts the floating-point parameters to float16 in place (``to(torch.float16)``); returns the model."""
+        return self.to(dtype=np.float16)
+
+    def float(self) -> CausalLM:
+        """Casts the floating-point parameters to float32 in place (``to(torch.float32)``); returns the model."""
+        return self.to(dtype=np.float32)
+
+    def bfloat16(self) -> CausalLM:
+        """Casts the floating-point parameters to bfloat16 in place (``to(torch.bfloat16)``); returns the model."""
+        return self.to(dtype="bfloat16")
+
+    def _cast(self, dtype: Any) -> None:
+        target = resolve_dtype(dtype)
+        if model_habits.has_quantized_parameters(self.module):
+            raise ValueError("You cannot cast a quantized (QLoRA) model to a new dtype: Qwix holds its base weights "
+                             "quantized. Load the base model with from_pretrained(..., dtype=...) in the dtype you "
+                             "want before get_peft_model quantizes it.")
+        model_habits.cast_parameters(self.family, self.config, self._modules_sharing_parameters(), target)
+
+    def _modules_sharing_parameters(self) -> list[nnx.Module]:
+        """The modules a cast must reach together (a LoRA model adds its base model's)."""
+        return [self.module]
+
+    def _check_device(self, device: Any) -> None:
+        platform, index = _jax_platform(device)
+        devices = {array_device for _, array in self.named_parameters() for array_device in array.devices()}
+        on_it = all(placed.platform == platform for placed in devices) and (
+            index is None or {placed.id for placed in devices} == {index})
+        if not on_it:
+            placed = sorted(str(placed) for placed in devices)
+            raise ValueError(f"model.to({device!r}): the parameters are on {placed[:4]}"
+                             f"{' ...' if len(placed) > 4 else ''} and torchlike models do not move between devices: "
+                             "parameters are placed when the model is loaded. Load it where you want it: "
+                             "from_pretrained(..., mesh=torchlike.make_mesh(...)) for accelerators, or "
+                             "JAX_PLATFORMS=cpu for the CPU.")
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """Whether :meth:`gradient_checkpointing_enable` is in effect."""
+        return self._gradient_checkpointing
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
+        """Turns on gradient checkpointing: a trainer then rematerialises each decoder layer in the backward pass
+        (as ``TrainingArguments(gradient_checkpointing=True)``). Forward passes outside training are unchanged.
+
+        Args:
+            gradient_checkpointing_kwargs: ``torch.utils.checkpoint`` options (``use_reentrant``, ...); accepted and
+                unused: JAX has one rematerialisation, ``jax.checkpoint`` with its default policy.
+
+        Raises:
+            ValueError: the model has no layer Tunix can rematerialise.
+        """
+        model_habits.check_rematerialisable(self.module)
+        self._gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        """Turns gradient checkpointing off (a trainer still rematerialises when its ``gradient_checkpointing`` is
+        on)."""
+        self._gradient_checkpointing = False
+
+    def get_input_embeddings(self) -> InputEmbeddings:
+        """The input embedding, as ``transformers`` returns its ``nn.Embedding``: ``weight`` ``(num_embeddings,
+        embedding_dim)``, ``num_embeddings``, ``embedding_dim``. The same object each call; it reads the model
+        live, so it follows :meth:`resize_token_embeddings`.
+
+        Returns:
+            :class:`InputEmbeddings`.
+        """
+        return self._embedding_view("input", InputEmbeddings)
+
+    def get_output_embeddings(self) -> OutputEmbeddings:
+        """The output head, as ``transformers`` returns its ``nn.Linear``: ``weight`` ``(out_features, in_features)``
+        (the input embedding's own array when the embeddings are tied), ``in_features``, ``out_features``.
+
+        Returns:
+            :class:`OutputEmbeddings`.
+        """
+        return self._embedding_view("output", OutputEmbeddings)
+
+    def _embedding_view(self, kind: str, view_class: type) -> Any:
+        if kind not in self._embedding_views:
+            self._embedding_views[kind] = view_class(self)
+        return self._embedding_views[kind]
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True, *, seed: int = 0) -> InputEmbeddings:
+        """Resizes the vocabulary to ``new_num_tokens`` rows, as ``transformers``: rows are added at the end (or cut
+        from it) in the input embedding and an untied output head, ``config.vocab_size`` is updated, and a tied head
+        follows the embedding.
+
+        New rows are initialised as ``transformers`` 5 does: with ``mean_resizing`` from a normal with the old rows'
+        mean and ``1e-9`` times their covariance (about the mean), else from ``normal(0, initializer_range)``. The
+        Tunix module is rebuilt in the parameters' dtype and sharding (``model.module`` is a new module).
+
+        Args:
+            new_num_tokens: the new vocabulary size; ``None`` keeps it (or only pads it to ``pad_to_multiple_of``).
+            pad_to_multiple_of: round the size up to a multiple of this.
+            mean_resizing: initialise new rows about the old rows' mean (``False``: ``normal(0, initializer_range)``).
+            seed: torchlike only: seeds the draw of the new rows (``transformers`` uses torch's global generator).
+
+        Returns:
+            :meth:`get_input_embeddings` (the same object, now with the new size).
+
+        Raises:
+            ValueError: ``pad_to_multiple_of`` is not an integer (``transformers``' message).
+        """
+        embeddings = self.get_input_embeddings()
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return embeddings
+        rows = embeddings.num_embeddings if new_num_tokens is None else int(new_num_tokens)
+        if pad_to_multiple_of is not None:
+            if not isinstance(pad_to_multiple_of, int):
+                raise ValueError(f"Asking to pad the embedding matrix to a multiple of `{pad_to_multiple_of}`, which "
+                                 "is not and integer. Please make sure to pass an integer")
+            rows = (rows + pad_to_multiple_of - 1) // pad_to_multiple_of * pad_to_multiple_of
+        if rows != embeddings.num_embeddings:
+            with entered(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+                self.module = model_habits.resize_vocabulary(self.family, self.module, self.config, rows,
+                                                             mean_resizing=mean_resizing, seed=seed, mesh=self.mesh)
+        self.config.get_text_config().vocab_size = rows
+        return embeddings
 
     def __repr__(self) -> str:
         header = f"CausalLM({self.family.name}, dtype={self.dtype.name}, parameters={self.num_parameters():,})"
@@ -409,6 +694,58 @@ class CausalLM:
                                         token=token, revision=revision, create_pr=create_pr)
 
 
+
+
+def _device_and_dtype(args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``torch.nn.Module.to``'s arguments as ``(device or None, dtype or None)``."""
+    unknown = sorted(set(kwargs) - {"device", "dtype", "non_blocking"})
+    if unknown:
+        raise TypeError(f"to() got unexpected keyword arguments {unknown}; it takes a device and/or a dtype.")
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for arg in args:
+        if isinstance(arg, bool):  # non_blocking, positionally
+            continue
+        if type(arg).__name__ in ("Tensor", "ArrayImpl", "ndarray"):
+            raise TypeError("to(tensor) is not supported: pass the dtype (model.to(tensor.dtype)).")
+        if _is_dtype_spelling(arg):
+            dtype = arg
+        else:
+            device = arg
+    return device, dtype
+
+
+def _is_dtype_spelling(value: Any) -> bool:
+    if isinstance(value, str) or type(value).__module__ == "torch":
+        try:
+            resolve_dtype(value)
+        except ValueError:
+            return type(value).__name__ == "dtype"  # a torch dtype torchlike does not hold: resolve_dtype says so
+        return True
+    if isinstance(value, int):
+        return False
+    try:
+        np.dtype(value)
+    except TypeError:
+        return False
+    return True
+
+
+#: torch device types and the JAX platform that plays their part.
+_JAX_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu", "xla": "tpu"}
+
+
+def _jax_platform(device: Any) -> tuple[str, int | None]:
+    """``(JAX platform, device index or None)`` for a torch-style device (``"cuda:1"``, ``torch.device``, an
+    index) or a JAX device."""
+    if hasattr(device, "platform") and hasattr(device, "id"):
+        return device.platform, device.id
+    if isinstance(device, int):
+        return "gpu", device
+    kind, _, index = str(device).partition(":")
+    if kind not in _JAX_PLATFORMS:
+        raise ValueError(f"model.to({device!r}): torchlike runs on JAX devices (cpu, cuda, tpu); {kind!r} has no JAX "
+                         "platform. Load the model where you want it with from_pretrained(..., mesh=...).")
+    return _JAX_PLATFORMS[kind], int(index) if index else None
 
 
 class AutoModelForCausalLM:

@@ -22,7 +22,7 @@ from ..adapters.lora import targets as lora_targets
 from ..adapters.mesh import entered
 from ..adapters.nnx_state import flat_variables, replace_parameters
 from ..adapters.safetensors_io import SafetensorsReader, write_safetensors
-from ..modeling import CausalLM
+from ..modeling import CausalLM, InputEmbeddings
 from ..sequence_classification import SequenceClassifier
 from .config import ADAPTER_WEIGHTS_NAME, CLASSIFIER_MODULE_NAMES, LoraConfig, TaskType
 
@@ -41,7 +41,10 @@ class PeftModel(CausalLM):
         base_model: the :class:`~torchlike.CausalLM` the adapter was added to (its arrays are shared).
         peft_config: ``{"default": LoraConfig}``.
         is_trainable: whether training updates the adapter (``False`` after
-            ``from_pretrained(..., is_trainable=False)``).
+            ``from_pretrained(..., is_trainable=False)`` or ``requires_grad_(False)``).
+        training: ``True`` after ``get_peft_model`` and ``from_pretrained(..., is_trainable=True)``, ``False`` after
+            ``from_pretrained(..., is_trainable=False)``, as in ``peft``; :meth:`train` / :meth:`eval` set it here and
+            on :attr:`base_model`.
     """
 
     def __init__(self, base_model: CausalLM, module, peft_config: LoraConfig, adapter_name: str = "default",
@@ -52,6 +55,8 @@ class PeftModel(CausalLM):
         self.peft_config = {adapter_name: peft_config}
         self.active_adapter = adapter_name
         self.is_trainable = is_trainable
+        self.training = True  # peft's PeftModel is a fresh torch module, in training mode
+        self._gradient_checkpointing = base_model.is_gradient_checkpointing
 
     @property
     def active_peft_config(self) -> LoraConfig:
@@ -82,6 +87,60 @@ class PeftModel(CausalLM):
         the LoRA factors and those modules' parameters (pass it as ``nnx.Optimizer(..., wrt=)`` and to
         ``nnx.DiffState``)."""
         return saved_modules.trainable_filter(self.modules_to_save)
+
+    def train(self, mode: bool = True) -> PeftModel:
+        """Sets :attr:`training` here and on :attr:`base_model`, as ``peft.PeftModel.train``.
+
+        Returns:
+            The model itself.
+        """
+        super().train(mode)
+        self.base_model.train(mode)
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> PeftModel:
+        """``requires_grad_(False)`` freezes the adapter (:attr:`is_trainable` ``False``: nothing is trainable), as
+        ``torch.nn.Module.requires_grad_`` freezes a ``peft`` model.
+
+        ``requires_grad_(True)`` is refused: on a ``peft`` model it makes the base weights trainable too, and
+        torchlike trains an adapter's factors (and :attr:`modules_to_save`) only.
+
+        Returns:
+            The model itself.
+
+        Raises:
+            ValueError: ``requires_grad=True``, naming the alternatives.
+        """
+        if requires_grad:
+            raise ValueError("PeftModel.requires_grad_(True) would make the base weights trainable too, but torchlike "
+                             "trains only the adapter (and modules_to_save). To train the adapter, create it with "
+                             "get_peft_model or PeftModel.from_pretrained(..., is_trainable=True); to train every "
+                             "weight, train the base model (or merge_and_unload() first).")
+        self.is_trainable = False
+        return self
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether the adapter is trainable (:attr:`is_trainable`)."""
+        return self.is_trainable
+
+    def _modules_sharing_parameters(self) -> list:
+        return [self.module, self.base_model.module]
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True, *, seed: int = 0) -> InputEmbeddings:
+        """Refused: the adapter was built on the base model's vocabulary. Resize the base model first (TRL's scripts
+        do so before the trainer adds the adapter), then call ``get_peft_model``.
+
+        Raises:
+            ValueError: always, unless nothing would change (``new_num_tokens`` and ``pad_to_multiple_of`` both
+                ``None``: the input embeddings are returned, as in ``transformers``).
+        """
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return self.get_input_embeddings()
+        raise ValueError("resize_token_embeddings on a PeftModel is not supported: the adapter was added to the "
+                         "model with its old vocabulary. Call base_model.resize_token_embeddings(...) before "
+                         "get_peft_model(...) (or merge_and_unload() first, then resize).")
 
     def get_nb_trainable_parameters(self) -> tuple[int, int]:
         """``(trainable parameters, all parameters)``: the adapter and :attr:`modules_to_save` are trainable."""
@@ -179,6 +238,8 @@ class PeftModel(CausalLM):
         config.inference_mode = not is_trainable
         peft_model = get_peft_model(model, config, adapter_name=adapter_name)
         peft_model.is_trainable = is_trainable
+        if not is_trainable:
+            peft_model.eval()  # peft's from_pretrained does the same
         weights = directory / ADAPTER_WEIGHTS_NAME
         if not weights.is_file():
             raise FileNotFoundError(f"{weights} not found: an adapter directory needs {ADAPTER_WEIGHTS_NAME}.")
