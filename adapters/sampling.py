@@ -209,6 +209,37 @@ def mark_seen(seen: jax.Array, tokens: jax.Array) -> jax.Array:
     return seen.at[jnp.arange(tokens.shape[0]), tokens].set(True)
 
 
+def stream_keys(seeds: jax.Array, samples: jax.Array, steps: jax.Array | int) -> jax.Array:
+    """Each row's key for its token ``steps``: ``fold_in(fold_in(key(seed), sample), step)``.
+
+    A completion's stream depends only on its request's seed, its sample index and the token's index in it, so
+    its tokens do not depend on the rows it is batched with, their order or the decode slot it runs in.
+
+    Args:
+        seeds: ``[B]`` uint32 request seeds.
+        samples: ``[B]`` int32 sample indices within each request.
+        steps: ``[B]`` int32 (or one int) token indices within each completion.
+
+    Returns:
+        ``[B]`` PRNG keys.
+    """
+    steps = jnp.broadcast_to(jnp.asarray(steps, jnp.int32), seeds.shape)
+
+    def one(seed, sample, step):
+        return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), sample), step)
+
+    return jax.vmap(one)(seeds, samples, steps)
+
+
+def choose_tokens_per_row(logits: jax.Array, keys: jax.Array, switches: SamplingSwitches, values: SamplingValues,
+                          seen: jax.Array | None = None) -> jax.Array:
+    """:func:`choose_tokens` with one key per row (``keys [B]``, see :func:`stream_keys`): ``[B]`` int32."""
+    if seen is None:
+        return jax.vmap(lambda row, key: choose_tokens(row[None], key, switches, values)[0])(logits, keys)
+    return jax.vmap(lambda row, key, row_seen: choose_tokens(row[None], key, switches, values, row_seen[None])[0])(
+        logits, keys, seen)
+
+
 # --------------------------------------------------------------------------- the decode engine
 
 
@@ -262,7 +293,7 @@ class DecodeResult(NamedTuple):
 
 
 def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted, max_new_tokens, values, end_ids,
-                    pad_id, key):
+                    pad_id, row_seeds, row_samples):
     batch, prompt_bucket = prompt_ids.shape
     new_bucket = program.new_tokens_bucket
     record_trace("generate", {"batch": batch, "prompt bucket": prompt_bucket, "new-token bucket": new_bucket,
@@ -300,7 +331,8 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
 
     def advance(step, logits, done, seen, tokens_out, logprobs_out):
         """Chooses token ``step`` from ``logits`` and records it (pad for rows already ended)."""
-        token = choose_tokens(logits, jax.random.fold_in(key, step), program.switches, values, seen)
+        token = choose_tokens_per_row(logits, stream_keys(row_seeds, row_samples, step), program.switches, values,
+                                      seen)
         token = jnp.where(done, pad_id, token)
         tokens_out = tokens_out.at[:, step].set(token)
         if program.return_logprobs:
@@ -357,6 +389,7 @@ def generate_tokens(
     return_logprobs: bool = False,
     repetition_penalty_skips_left_padding: bool = False,
     batch_sharding: NamedSharding | None = None,
+    row_streams: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> DecodeResult:
     """Generates up to ``max_new_tokens`` tokens for a left-padded batch with a Tunix decoder.
 
@@ -373,7 +406,7 @@ def generate_tokens(
         settings: how each next token is chosen.
         eos_token_ids: ids that end a row (the token itself is kept; ``pad_token_id`` follows).
         pad_token_id: the id written after a row ended.
-        seed: the PRNG seed for sampling.
+        seed: the PRNG seed for sampling: row ``i`` draws from the stream ``(seed, i)`` (:func:`stream_keys`).
         lora: :func:`lora_runtime.lora_mode` for the adapter (``"eval"`` or ``"disabled"``).
         return_logprobs: also return each new token's log-prob (see :func:`token_logprobs`).
         repetition_penalty_skips_left_padding: which prompt ids the repetition penalty counts, as the
@@ -383,6 +416,8 @@ def generate_tokens(
         batch_sharding: spreads the rows over the mesh's data axes (``mesh.batch_sharding``), so each device
             decodes its own rows, also across processes (each process passes the whole batch and receives every
             row); ``None`` leaves the placement to JAX (the batch replicated).
+        row_streams: ``(seeds [B], samples [B])``: each row's own stream (:func:`stream_keys`) instead of
+            ``(seed, row index)``, so a completion's tokens match a rollout engine's for the same request.
 
     Returns:
         :class:`DecodeResult` whose ``tokens`` have as many columns as steps were run (fewer than
@@ -398,15 +433,19 @@ def generate_tokens(
     # The repetition penalty sees the caller's ids, never the bucket's padding.
     counted = np.pad(penalised_prompt_positions(mask, repetition_penalty_skips_left_padding), ((0, 0), (extra, 0)))
     program = _Program(bucket_length(max_new_tokens), settings.switches(), lora, return_logprobs)
+    if row_streams is None:
+        row_streams = (np.full(batch, seed), np.arange(batch))
+    row_seeds = np.asarray(row_streams[0], np.int64).astype(np.uint32)
+    row_samples = np.asarray(row_streams[1], np.int32)
     if batch_sharding is not None:
-        padded_ids, padded_mask, counted = (place_array(rows, batch_sharding)
-                                            for rows in (padded_ids, padded_mask, counted))
+        padded_ids, padded_mask, counted, row_seeds, row_samples = (
+            place_array(rows, batch_sharding) for rows in (padded_ids, padded_mask, counted, row_seeds, row_samples))
     with lora_runtime.lora_mode(lora):
         tokens, logprobs, steps = _compiled_decode(
             program, module, padded_ids, padded_mask, counted, np.int32(max_new_tokens),
             SamplingValues(*(np.float32(value) for value in settings.traced_values())),
             _end_token_array(eos_token_ids),
-            np.int32(pad_token_id), jax.random.key(seed),
+            np.int32(pad_token_id), row_seeds, row_samples,
         )
     steps = int(gather_to_host(steps))
     return DecodeResult(
@@ -451,6 +490,7 @@ __all__ = [
     "bucket_length",
     "cache_size",
     "choose_tokens",
+    "choose_tokens_per_row",
     "first_argmax",
     "generate_tokens",
     "init_cache",
@@ -458,6 +498,7 @@ __all__ = [
     "min_p_filter",
     "penalised_prompt_positions",
     "random_seed",
+    "stream_keys",
     "top_k_candidates",
     "token_logprobs",
     "top_p_filter",

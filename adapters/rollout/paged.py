@@ -1,0 +1,584 @@
+"""The default rollout engine: a paged KV cache, continuous batching and prompts shared by their completions.
+
+The split follows JetStream and vLLM: a scheduler in plain Python owns the requests, the decode slots and the pages
+(:class:`~.pages.PagePool`), and three jitted programs only move data:
+
+- **prefill** runs a batch of prompts (left-padded to a bucket, as the static sampler does) through the model once
+  per *request*, writes their keys and values into the pool's pages and keeps the last position's logits;
+- **admit** puts completions into free slots: each copies its request's last, partly filled prompt page (the full
+  pages stay shared by every completion of the request), draws its first token from the request's logits with its
+  own stream and starts its repetition-penalty memory;
+- **decode** advances every slot by one token. Each slot's pages are gathered into a view that ends where the
+  slot's tokens end (right-aligned, so a slot's tokens keep consecutive cache slots and the sliding-window layers
+  of Gemma 2/3/4 see them as ``transformers`` does), the Tunix decoder runs one step on that view, and the new
+  token's keys and values are written back to the slot's page.
+
+When a completion ends (an end token or its ``max_new_tokens``) its pages go back to the pool and its slot takes the
+next waiting completion, whose request is prefilled between two decode steps if it was not already. Admission
+reserves a completion's worst case (its prompt's last page plus ``max_new_tokens``) so a running completion never
+waits for a page, while pages are handed out only as tokens arrive: the pages in use track the live tokens.
+
+Tokens are drawn with :func:`~..sampling.stream_keys` (a request's seed, the completion's index, the token's index),
+so they do not depend on the slot count, the order of the requests or the mesh.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .. import mesh as mesh_lib
+from ..lora import runtime as lora_runtime
+from ..multihost import gather_to_host
+from ..runtime.tracing import record_trace, traced_cheaply
+from ..sampling import (bucket_length, choose_tokens_per_row, init_cache, mark_seen, penalised_prompt_positions,
+                        stream_keys, token_logprobs)
+from ..sampling_settings import SamplingSettings, SamplingSwitches, SamplingValues
+from ..tunix_model import positions_from_mask
+from .engine import RequestOutput, RolloutRequest
+from .pages import TRASH_PAGE, PagePool
+
+
+@dataclass(frozen=True)
+class PagedEngineConfig:
+    """The paged engine's sizes (vLLM's names where vLLM has the knob).
+
+    Args:
+        max_num_seqs: decode slots: completions decoded together in one step.
+        page_size: tokens per KV page.
+        kv_cache_tokens: the pool's size in tokens (shared by every slot and prompt); ``None`` sizes it so every
+            slot can hold the longest request of a call at once.
+        max_prefill_requests: requests prefilled together in one program.
+    """
+
+    max_num_seqs: int = 64
+    page_size: int = 16
+    kv_cache_tokens: int | None = None
+    max_prefill_requests: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "page_size", "max_prefill_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PagedEngineConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
+            raise ValueError(f"PagedEngineConfig.kv_cache_tokens={self.kv_cache_tokens} holds less than one page "
+                             f"of {self.page_size} tokens.")
+
+
+@dataclass
+class EngineStats:
+    """What the last :meth:`PagedEngine.generate` did (for tests and benchmarks).
+
+    Attributes:
+        prefills: prompts run through the model (one per request, whatever its ``num_samples``).
+        prefill_programs: prefill program calls.
+        decode_steps: decode program calls (one token for every live slot each).
+        slot_steps: decode slots occupied by a live completion, summed over the decode steps.
+        row_steps: rows the decode programs ran (live slots plus padding to the program's row count), summed.
+        pages: pages in the pool (the trash page excluded); page_size: tokens per page.
+        peak_pages_in_use: the most pages held at once.
+        pages_in_use_per_step: pages held after each decode step.
+        live_tokens_per_step: tokens held by live completions and their prompts after each decode step.
+        kv_bytes_per_token: bytes of keys and values one token takes over all layers.
+    """
+
+    prefills: int = 0
+    prefill_programs: int = 0
+    decode_steps: int = 0
+    slot_steps: int = 0
+    row_steps: int = 0
+    pages: int = 0
+    page_size: int = 0
+    peak_pages_in_use: int = 0
+    pages_in_use_per_step: list[int] = field(default_factory=list)
+    live_tokens_per_step: list[int] = field(default_factory=list)
+    kv_bytes_per_token: int = 0
+
+
+@dataclass(frozen=True)
+class _Programs:
+    """The static part of the engine's compiled programs."""
+
+    switches: SamplingSwitches
+    lora: str
+    view: int = 0  # decode only: cache slots gathered per slot
+
+
+@dataclass
+class _Group:
+    """A request in flight: its prompt pages, prefill logits and completions not yet admitted."""
+
+    index: int
+    request: RolloutRequest
+    pages: list[int] = field(default_factory=list)
+    logits: jax.Array | None = None
+    next_sample: int = 0
+    promised: int = 0  # pages reserved at prefill for the first completion, so it can always start
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.request.prompt_ids)
+
+
+@dataclass
+class _Slot:
+    """A completion being decoded."""
+
+    group: _Group
+    sample: int
+    pages: list[int]
+    shared: int  # the first ``shared`` pages are the group's (held, not owned)
+    reserved: int  # pages promised but not yet taken
+    length: int  # tokens in the cache
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- programs
+
+
+def _forward(module, tokens, positions, cache, mask):
+    logits, cache = module(tokens, positions, cache, mask)
+    return logits.astype(jnp.float32), cache
+
+
+def _prefill_program(programs: _Programs, module, pool, prompt_ids, prompt_mask, page_index, page_offset):
+    """Runs left-padded prompts ``[G, P]`` once, writes their keys/values to ``(page_index, page_offset) [G, P]``
+    (the trash page for padding) and returns ``(last logits [G, V], pool)``."""
+    groups, width = prompt_ids.shape
+    record_trace("generate", {"engine program": "prefill", "requests": groups, "prompt bucket": width})
+    prompt_mask = prompt_mask.astype(bool)
+    positions = positions_from_mask(prompt_mask)
+    cache = init_cache(module, groups, width)
+    # As the static sampler: all but the last token fill the cache (their logits unused), the last one gives logits.
+    head = width - 1
+    causal = jnp.arange(width)[None, :] <= jnp.arange(head)[:, None]
+    _, cache = _forward(module, prompt_ids[:, :head], positions[:, :head], cache,
+                        causal[None] & prompt_mask[:, None, :])
+    logits, cache = _forward(module, prompt_ids[:, head:], positions[:, head:], cache,
+                             prompt_mask[:, None, :])
+    pool = {name: {part: pool[name][part].at[page_index, page_offset].set(cache[name][part]) for part in ("k", "v")}
+            for name in pool}
+    return logits[:, -1], pool
+
+
+def _admit_program(programs: _Programs, pool, seen, logits, slots, tail_from, tail_to, prompt_ids, counted, seeds,
+                   samples, values):
+    """Admits completions into ``slots [A]`` (``S`` for padding rows): copies page ``tail_from`` to ``tail_to``,
+    draws each first token from ``logits [A, V]`` and starts the penalty memory from ``prompt_ids``/``counted``.
+
+    Returns ``(tokens [A], logprobs [A], pool, seen)``.
+    """
+    rows = logits.shape[0]
+    record_trace("generate", {"engine program": "admit", "rows": rows, "switches": programs.switches})
+    pool = {name: {part: pool[name][part].at[tail_to].set(pool[name][part][tail_from]) for part in ("k", "v")}
+            for name in pool}
+    row_seen = None
+    if programs.switches.repetition_penalty:
+        row_index = jnp.broadcast_to(jnp.arange(rows)[:, None], prompt_ids.shape)
+        row_seen = jnp.zeros((rows, logits.shape[-1]), bool).at[row_index, prompt_ids].max(counted.astype(bool))
+    tokens = choose_tokens_per_row(logits, stream_keys(seeds, samples, 0), programs.switches, values, row_seen)
+    temperature = values.temperature if programs.switches.do_sample else 1.0
+    logprobs = token_logprobs(logits, tokens, temperature)
+    if row_seen is not None:
+        seen = seen.at[slots].set(mark_seen(row_seen, tokens), mode="drop")
+    return tokens, logprobs, pool, seen
+
+
+def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens, lengths, page_table, live, seeds,
+                    samples, steps, values):
+    """One token for each of ``R`` rows, row ``r`` being slot ``slot_index[r]`` (``S``, out of range, for padding):
+    feeds ``tokens [R]`` at position ``lengths [R]`` and returns ``(next tokens [R], their logprobs [R], pool,
+    seen)``."""
+    slots, width = page_table.shape
+    view = programs.view
+    record_trace("generate", {"engine program": "decode", "slots": slots, "view": view,
+                              "switches": programs.switches})
+    page_size = next(iter(pool.values()))["k"].shape[1]
+    # Column c of a slot's view holds its token c - (view - length): the slot's tokens end at column view - 1 and
+    # Tunix writes the fed token at column ``view`` (its end_index, the same for every row).
+    token_index = jnp.arange(view + 1)[None, :] - (view - lengths)[:, None]
+    cached = (token_index >= 0) & (token_index < lengths[:, None])
+    safe_index = jnp.clip(token_index, 0, width * page_size - 1)
+    page = jnp.where(cached, jnp.take_along_axis(page_table, safe_index // page_size, axis=1), TRASH_PAGE)
+    offset = jnp.where(cached, safe_index % page_size, 0)
+    cache = {name: {"k": pool[name]["k"][page, offset], "v": pool[name]["v"][page, offset],
+                    "end_index": jnp.full((slots,), view, jnp.int32)} for name in pool}
+    mask = cached.at[:, view].set(True)[:, None, :]
+    logits, cache = _forward(module, tokens[:, None], lengths[:, None], cache, mask)
+    write_page = jnp.take_along_axis(page_table, jnp.minimum(lengths // page_size, width - 1)[:, None], axis=1)[:, 0]
+    write_page = jnp.where(live, write_page, TRASH_PAGE)
+    write_offset = lengths % page_size
+    pool = {name: {part: pool[name][part].at[write_page, write_offset].set(cache[name][part][:, view])
+                   for part in ("k", "v")} for name in pool}
+    logits = logits[:, 0]
+    row_seen = seen.at[slot_index].get(mode="clip") if programs.switches.repetition_penalty else None
+    next_tokens = choose_tokens_per_row(logits, stream_keys(seeds, samples, steps), programs.switches, values,
+                                        row_seen)
+    temperature = values.temperature if programs.switches.do_sample else 1.0
+    logprobs = token_logprobs(logits, next_tokens, temperature)
+    if row_seen is not None:
+        seen = seen.at[slot_index].set(mark_seen(row_seen, next_tokens), mode="drop")
+    return next_tokens, logprobs, pool, seen
+
+
+_prefill = traced_cheaply(nnx.jit(_prefill_program, static_argnums=(0,), donate_argnums=(2,)))
+_admit = traced_cheaply(jax.jit(_admit_program, static_argnums=(0,), donate_argnums=(1, 2)))
+_decode = traced_cheaply(nnx.jit(_decode_program, static_argnums=(0,), donate_argnums=(2, 3)))
+
+
+def _power_of_two(count: int) -> int:
+    return 1 << max(count - 1, 0).bit_length()
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+class PagedEngine:
+    """The paged, continuously batched rollout engine (see the module docstring); a :class:`~.engine.RolloutEngine`.
+
+    Args:
+        module: the Tunix decoder to sample from (LoRA-adapted or not); see :meth:`update_weights`.
+        config: the engine's sizes.
+        eos_token_ids: ids that end a completion (the end token is kept in its tokens).
+        pad_token_id: the id prompts are padded with inside the prefill program (masked out).
+        lora: :func:`lora_runtime.lora_mode` the adapter runs in (``"eval"`` or ``"disabled"``).
+        repetition_penalty_skips_left_padding: kept for the static sampler's signature; requests carry no padding,
+            so the penalty counts each prompt's own ids.
+        mesh: when given, the slots are spread over its data axes (each device decodes its own slots) and the pool
+            is replicated; with several processes every process runs the same scheduler on the same tokens.
+    """
+
+    def __init__(self, module: nnx.Module, config: PagedEngineConfig | None = None, eos_token_ids: Sequence[int] = (),
+                 pad_token_id: int = 0, lora: str = lora_runtime.EVAL, mesh: Mesh | None = None):
+        self.module = module
+        self.config = config or PagedEngineConfig()
+        self.eos_token_ids = [int(token) for token in eos_token_ids]
+        self.pad_token_id = int(pad_token_id)
+        self.lora = lora
+        self.mesh = mesh
+        self.stats = EngineStats()
+        self._pool: dict | None = None
+        self._pool_pages = 0
+
+    # ------------------------------------------------------------------ protocol
+    def update_weights(self, module: nnx.Module) -> None:
+        """Samples from ``module`` from the next call on. The engine reads the module's parameters at each call
+        (no copy is kept), so a policy updated in place needs no call; a new module object does."""
+        self.module = module
+
+    def close(self) -> None:
+        """Frees the page pool (it is allocated again by the next call)."""
+        self._pool = None
+        self._pool_pages = 0
+
+    def generate(self, requests: Sequence[RolloutRequest], settings: SamplingSettings) -> list[RequestOutput]:
+        """Completes every request (see the module docstring).
+
+        Args:
+            requests: the prompts, each with its completions count, token limit and seed.
+            settings: how every token is chosen (one compiled program per :meth:`SamplingSettings.switches`).
+
+        Returns:
+            One :class:`~.engine.RequestOutput` per request, in order.
+
+        Raises:
+            ValueError: a request cannot fit the page pool even alone (the message names ``kv_cache_tokens``).
+        """
+        requests = list(requests)
+        if not requests:
+            return []
+        self.stats = EngineStats(page_size=self.config.page_size)
+        return _Run(self, requests, settings).run()
+
+    # ------------------------------------------------------------------ pool
+    def _ensure_pool(self, pages: int) -> dict:
+        if self._pool is None or self._pool_pages != pages:
+            shapes = jax.eval_shape(lambda: init_cache(self.module, 1, 1))
+            page_size = self.config.page_size
+            sharding = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec())
+
+            def zeros():
+                return {name: {part: jnp.zeros((pages, page_size, *entry[part].shape[2:]), entry[part].dtype)
+                               for part in ("k", "v")} for name, entry in shapes.items()}
+
+            self._pool = jax.jit(zeros, out_shardings=sharding)()
+            self._pool_pages = pages
+        entries = [entry[part] for entry in self._pool.values() for part in ("k", "v")]
+        self.stats.kv_bytes_per_token = int(sum(array.dtype.itemsize * np.prod(array.shape[2:]) for array in entries))
+        return self._pool
+
+
+class _Run:
+    """One :meth:`PagedEngine.generate` call: the scheduler's state and loop."""
+
+    def __init__(self, engine: PagedEngine, requests: list[RolloutRequest], settings: SamplingSettings):
+        self.engine = engine
+        config = engine.config
+        self.settings = settings
+        self.switches = settings.switches()
+        self.values = SamplingValues(*(np.float32(value) for value in settings.traced_values()))
+        self.groups = [_Group(index, request) for index, request in enumerate(requests)]
+        self.waiting = deque(self.groups)
+        self.outputs = [RequestOutput() for _ in requests]
+        self.end_ids = set(engine.eos_token_ids)
+        total = sum(request.num_samples for request in requests)
+        self.parallel = 1 if engine.mesh is None else mesh_lib.data_parallel_size(engine.mesh)
+        self.num_slots = -(-min(config.max_num_seqs, _power_of_two(total)) // self.parallel) * self.parallel
+        page_size = config.page_size
+        longest = max(len(request.prompt_ids) + request.max_new_tokens for request in requests)
+        self.table_width = -(-longest // page_size)
+        if config.kv_cache_tokens is None:
+            longest_prompt = max(len(request.prompt_ids) for request in requests)
+            pages = (self.num_slots * self.table_width
+                     + config.max_prefill_requests * -(-longest_prompt // page_size))
+        else:
+            pages = -(-config.kv_cache_tokens // page_size)
+        for request in requests:
+            alone = -(-len(request.prompt_ids) // page_size) + self._own_pages(request)
+            if alone > pages:
+                raise ValueError(
+                    f"a request of {len(request.prompt_ids)} prompt tokens and max_new_tokens="
+                    f"{request.max_new_tokens} needs {alone * page_size} KV cache tokens, more than the pool's "
+                    f"kv_cache_tokens={pages * page_size}; raise kv_cache_tokens (TRL: vllm_gpu_memory_utilization) "
+                    "or shorten the request.")
+        self.pages = PagePool(pages + 1, page_size)
+        engine.stats.pages = self.pages.usable
+        self.pool = engine._ensure_pool(self.pages.num_pages)
+        vocab = engine.module.embedder.input_embedding.get_value().shape[0]
+        self.seen = jnp.zeros((self.num_slots, vocab if self.switches.repetition_penalty else 1), bool)
+        self.slots: list[_Slot | None] = [None] * self.num_slots
+        self.fed = np.zeros(self.num_slots, np.int32)
+        self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
+        self.programs = _Programs(self.switches, engine.lora)
+
+    def _own_pages(self, request: RolloutRequest) -> int:
+        """A completion's worst case beyond its request's shared full pages (the last new token is never fed)."""
+        page_size = self.engine.config.page_size
+        length = len(request.prompt_ids)
+        return -(-(length + request.max_new_tokens - 1) // page_size) - length // page_size
+
+    def run(self) -> list[RequestOutput]:
+        with lora_runtime.lora_mode(self.engine.lora):
+            while True:
+                self._admit_waiting()
+                live = [index for index, slot in enumerate(self.slots) if slot is not None]
+                if not live:
+                    if self.waiting:
+                        raise RuntimeError("the rollout engine could not admit a waiting request; this is a bug.")
+                    break
+                self._decode_step(live)
+        self.engine.stats.peak_pages_in_use = self.pages.peak_in_use
+        for output in self.outputs:
+            output.ended = [bool(value) for value in output.ended]
+        return self.outputs
+
+    # ------------------------------------------------------------------ admission
+    def _admit_waiting(self) -> None:
+        free = [index for index, slot in enumerate(self.slots) if slot is None]
+        admitted: list[tuple[int, _Group, int]] = []
+        while free and self.waiting:
+            group = self.waiting[0]
+            if not group.pages and not self._prefill_next(len(free)):
+                break
+            if group.promised:
+                group.promised = 0
+            elif not self.pages.reserve(self._own_pages(group.request)):
+                break
+            sample = group.next_sample
+            group.next_sample += 1
+            if group.next_sample == group.request.num_samples:
+                self.waiting.popleft()
+            admitted.append((free.pop(0), group, sample))
+        if admitted:
+            self._admit(admitted)
+
+    def _prefill_next(self, free_slots: int) -> bool:
+        """Prefills the next waiting requests without pages (at least the first, as many as fill ``free_slots``
+        and the pool allows); returns whether the first was prefilled."""
+        config = self.engine.config
+        chosen: list[_Group] = []
+        covered = 0
+        for group in self.waiting:
+            if len(chosen) == config.max_prefill_requests or covered >= free_slots:
+                break
+            if group.pages:
+                covered += group.request.num_samples - group.next_sample
+                continue
+            need = self.pages.pages_for(group.prompt_length)
+            # The first completion's pages are promised with the prompt's, or it might never start.
+            group.promised = self._own_pages(group.request)
+            if not self.pages.reserve(need + group.promised):
+                group.promised = 0
+                break
+            group.pages = [self.pages.take() for _ in range(need)]
+            chosen.append(group)
+            covered += group.request.num_samples
+        if not chosen:
+            return False
+        self._prefill(chosen)
+        return bool(self.waiting[0].pages)
+
+    def _prefill(self, groups: list[_Group]) -> None:
+        engine = self.engine
+        page_size = engine.config.page_size
+        rows = _power_of_two(len(groups))
+        width = bucket_length(max(group.prompt_length for group in groups))
+        prompt_ids = np.full((rows, width), engine.pad_token_id, np.int32)
+        prompt_mask = np.zeros((rows, width), np.int32)
+        page_index = np.full((rows, width), TRASH_PAGE, np.int32)
+        page_offset = np.zeros((rows, width), np.int32)
+        for row, group in enumerate(groups):
+            length = group.prompt_length
+            prompt_ids[row, width - length:] = group.request.prompt_ids
+            prompt_mask[row, width - length:] = 1
+            token = np.arange(length)
+            page_index[row, width - length:] = np.asarray(group.pages)[token // page_size]
+            page_offset[row, width - length:] = token % page_size
+        logits, self.pool = _prefill(self.programs, self.engine.module, self.pool, prompt_ids, prompt_mask,
+                                     page_index, page_offset)
+        for row, group in enumerate(groups):
+            group.logits = logits[row]
+        engine.stats.prefills += len(groups)
+        engine.stats.prefill_programs += 1
+
+    def _admit(self, admitted: list[tuple[int, _Group, int]]) -> None:
+        engine = self.engine
+        page_size = engine.config.page_size
+        rows = self.num_slots  # one admission program per call shape: it runs no model layer
+        prompt_width = bucket_length(max(group.prompt_length for _, group, _ in admitted))
+        slot_index = np.full(rows, self.num_slots, np.int32)
+        tail_from = np.full(rows, TRASH_PAGE, np.int32)
+        tail_to = np.full(rows, TRASH_PAGE, np.int32)
+        prompt_ids = np.zeros((rows, prompt_width), np.int32)
+        counted = np.zeros((rows, prompt_width), np.int32)
+        seeds = np.zeros(rows, np.uint32)
+        samples = np.zeros(rows, np.int32)
+        logits = []
+        finished_groups: list[_Group] = []
+        for row, (slot, group, sample) in enumerate(admitted):
+            request = group.request
+            length = group.prompt_length
+            shared = length // page_size
+            pages = list(group.pages[:shared])
+            self.pages.hold(pages)
+            reserved = self._own_pages(request)
+            if length % page_size:
+                own_tail = self.pages.take()
+                reserved -= 1
+                tail_from[row], tail_to[row] = group.pages[shared], own_tail
+                pages.append(own_tail)
+            self.slots[slot] = _Slot(group, sample, pages, shared, reserved, length)
+            slot_index[row] = slot
+            prompt_ids[row, :length] = request.prompt_ids
+            counted[row, :length] = penalised_prompt_positions(np.ones((1, length), np.int32), False)[0]
+            seeds[row], samples[row] = int(request.seed) % (2**32), sample
+            logits.append(group.logits)
+            if group.next_sample == request.num_samples and group not in finished_groups:
+                finished_groups.append(group)
+        for group in finished_groups:
+            self._release_prompt(group)
+        logits = jnp.stack(logits + [logits[0]] * (rows - len(admitted)))
+        tokens, logprobs, self.pool, self.seen = _admit(
+            self.programs, self.pool, self.seen, logits, slot_index, tail_from, tail_to, prompt_ids, counted, seeds,
+            samples, self.values)
+        tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
+        for row, (slot, _, _) in enumerate(admitted):
+            self._record(slot, int(tokens[row]), float(logprobs[row]))
+
+    def _release_prompt(self, group: _Group) -> None:
+        """The request's own hold on its prompt pages ends once every completion holds what it shares (the logits
+        stay referenced by the admission being built)."""
+        self.pages.release(group.pages)
+        group.pages = []
+
+    # ------------------------------------------------------------------ decode
+    def _record(self, slot_index: int, token: int, logprob: float) -> None:
+        """Appends a sampled token to its completion; finishes the completion on an end token or its limit."""
+        slot = self.slots[slot_index]
+        slot.tokens.append(token)
+        slot.logprobs.append(logprob)
+        if token in self.end_ids or len(slot.tokens) == slot.group.request.max_new_tokens:
+            output = self.outputs[slot.group.index]
+            while len(output.token_ids) <= slot.sample:
+                output.token_ids.append(None)
+                output.logprobs.append(None)
+                output.ended.append(False)
+            output.token_ids[slot.sample] = np.asarray(slot.tokens, np.int32)
+            output.logprobs[slot.sample] = np.asarray(slot.logprobs, np.float32)
+            output.ended[slot.sample] = token in self.end_ids
+            self.pages.release(slot.pages, unused_reservation=slot.reserved)
+            self.slots[slot_index] = None
+        else:
+            self.fed[slot_index] = token
+
+    def _decode_rows(self, live: int) -> int:
+        """The rows of the decode program for ``live`` completions: the slot count divided by 4 while that still
+        holds them (and the mesh's data shards), so a long tail of few completions runs a small program."""
+        rows = self.num_slots
+        while rows // 4 >= max(live, self.parallel) and (rows // 4) % self.parallel == 0:
+            rows //= 4
+        return rows
+
+    def _decode_step(self, live: list[int]) -> None:
+        engine = self.engine
+        page_size = engine.config.page_size
+        rows = self._decode_rows(len(live))
+        slot_index = np.full(rows, self.num_slots, np.int32)
+        fed = np.zeros(rows, np.int32)
+        page_table = np.zeros((rows, self.table_width), np.int32)
+        lengths = np.zeros(rows, np.int32)
+        alive = np.zeros(rows, bool)
+        seeds = np.zeros(rows, np.uint32)
+        samples = np.zeros(rows, np.int32)
+        steps = np.zeros(rows, np.int32)
+        for row, index in enumerate(live):
+            slot = self.slots[index]
+            if slot.length == len(slot.pages) * page_size:  # the fed token starts a new page
+                slot.pages.append(self.pages.take())
+                slot.reserved -= 1
+            slot_index[row] = index
+            fed[row] = self.fed[index]
+            page_table[row, :len(slot.pages)] = slot.pages
+            lengths[row] = slot.length
+            alive[row] = True
+            seeds[row] = int(slot.group.request.seed) % (2**32)
+            samples[row] = slot.sample
+            steps[row] = len(slot.tokens)
+        programs = _Programs(self.switches, engine.lora, bucket_length(int(lengths.max())))
+        arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps)
+        if self.sharding is not None:
+            arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
+        tokens, logprobs, self.pool, self.seen = _decode(programs, engine.module, self.pool, self.seen,
+                                                         *arrays, self.values)
+        tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
+        stats = engine.stats
+        stats.decode_steps += 1
+        stats.slot_steps += len(live)
+        stats.row_steps += rows
+        for row, index in enumerate(live):
+            self.slots[index].length += 1
+            self._record(index, int(tokens[row]), float(logprobs[row]))
+        stats.pages_in_use_per_step.append(self.pages.in_use)
+        stats.live_tokens_per_step.append(self._live_tokens())
+
+    def _live_tokens(self) -> int:
+        """Tokens in the cache for live completions, each shared prompt page counted once."""
+        page_size = self.engine.config.page_size
+        shared: dict[int, int] = {}
+        own = 0
+        for slot in self.slots:
+            if slot is not None:
+                shared[slot.group.index] = slot.shared * page_size
+                own += slot.length - slot.shared * page_size
+        return own + sum(shared.values())
+
+
+__all__ = ["EngineStats", "PagedEngine", "PagedEngineConfig"]
