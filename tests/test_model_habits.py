@@ -275,3 +275,12 @@ def test_print_trainable_parameters_prints_peft_text_exactly(tiny_checkpoints, c
     expected_text = capsys.readouterr().out
     model.print_trainable_parameters()
     assert capsys.readouterr().out == expected_text
+
+
+def test_a_trainer_refuses_a_frozen_model_as_torchs_optimizer_does(tiny_checkpoints, tmp_path):
+    model = load(tiny_checkpoints).requires_grad_(False)
+    args = torchlike.TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2,
+                                       report_to="none")
+    trainer = torchlike.Trainer(model, args, train_dataset=tiny.padded_examples(2))
+    with pytest.raises(ValueError, match="optimizer got an empty parameter list: the model is frozen"):
+        trainer.train()

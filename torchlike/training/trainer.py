@@ -216,6 +216,11 @@ class Trainer:
         """The NNX module the step trains."""
         return self._trainable_model.module
 
+    def _model_checkpoints(self) -> bool:
+        """Whether ``model.gradient_checkpointing_enable()`` was called (transformers' model then checkpoints whatever
+        ``args.gradient_checkpointing`` says)."""
+        return bool(getattr(self._trainable_model, "is_gradient_checkpointing", False))  # a PlainModule has none
+
     def _is_lora(self) -> bool:
         return active_lora_config(self._trainable_model) is not None
 
@@ -337,6 +342,10 @@ class Trainer:
         transformation, schedule = (self._custom_optimizer, None) if self._custom_optimizer else \
             build_optimizer(args, total_steps)
         self.lr_scheduler = schedule
+        if not getattr(self._trainable_model, "requires_grad", True):  # a PlainModule has no such flag
+            raise ValueError("optimizer got an empty parameter list: the model is frozen (requires_grad_(False), or "
+                             "an adapter loaded with is_trainable=False). Train an unfrozen model, or load the adapter "
+                             "with PeftModel.from_pretrained(..., is_trainable=True).")
         trainable = self._trainable()
         self.optimizer = nnx.Optimizer(self._module, transformation, wrt=trainable)
         mesh_lib.shard_module(self.optimizer, self.mesh)  # moments follow the parameters; scalars replicated
@@ -344,7 +353,7 @@ class Trainer:
         step_fn = train_step.make_train_step(loss, trainable, self._compute_dtype(), lora=self._lora_dropout(),
                                              seed=args.seed, count_items=count_items,
                                              merged_lora_scale=self._merged_lora_scale(),
-                                             rematerialise=args.gradient_checkpointing)
+                                             rematerialise=args.gradient_checkpointing or self._model_checkpoints())
         if self._lora_dropout():
             # The dropout RNG nodes exist before the first trace, so the step's graph never changes shape.
             lora_runtime.set_dropout_rng(self._module, jax.random.key(args.seed))
