@@ -1,7 +1,16 @@
 """Rollout engines: the boundary online trainers and ``generate`` sample through (:mod:`.engine`), the default paged,
 continuously batched engine (:mod:`.paged`) and its page bookkeeping (:mod:`.pages`)."""
 
-from .engine import RequestOutput, RolloutEngine, RolloutRequest
+from .engine import (
+                     RequestOutput,
+                     RolloutEngine,
+                     RolloutRequest,
+                     StaticEngine,
+                     request_seed,
+                     requests_from_rows,
+                     rows_from_outputs,
+)
 from .paged import EngineStats, PagedEngine, PagedEngineConfig
 
-__all__ = ["EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput", "RolloutEngine", "RolloutRequest"]
+__all__ = ["EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput", "RolloutEngine", "RolloutRequest",
+           "StaticEngine", "request_seed", "requests_from_rows", "rows_from_outputs"]

@@ -88,19 +88,109 @@ class RolloutEngine(Protocol):
         ...
 
 
-def sample_key_data(seed: int, sample: int) -> tuple[int, int]:
-    """``(seed, sample)`` as the two uint32 words an engine folds into ``key(seed)`` to get a completion's stream."""
-    return int(seed) % (2**32), int(sample)
+class StaticEngine:
+    """The static batch as a :class:`RolloutEngine`: every completion of the call is one row of a left-padded batch
+    that :func:`~..sampling.generate_tokens` decodes until its longest row ends (each row's own stream, so its
+    tokens equal :class:`~.paged.PagedEngine`'s for the same request).
+
+    Args:
+        module: the Tunix decoder; eos_token_ids, pad_token_id, lora: as :class:`~.paged.PagedEngine` takes them.
+        batch_sharding: spreads the rows over the mesh's data axes when their count divides evenly.
+    """
+
+    def __init__(self, module: nnx.Module, eos_token_ids: Sequence[int] = (), pad_token_id: int = 0,
+                 lora: str = "eval", batch_sharding=None, data_parallel_size: int = 1):
+        self.module = module
+        self.eos_token_ids = [int(token) for token in eos_token_ids]
+        self.pad_token_id = int(pad_token_id)
+        self.lora = lora
+        self.batch_sharding = batch_sharding
+        self.data_parallel_size = data_parallel_size
+
+    def update_weights(self, module: nnx.Module) -> None:
+        self.module = module
+
+    def close(self) -> None:
+        """Holds nothing between calls."""
+
+    def generate(self, requests: Sequence[RolloutRequest], settings: SamplingSettings) -> list[RequestOutput]:
+        from .. import sampling
+
+        rows = [(index, sample) for index, request in enumerate(requests) for sample in range(request.num_samples)]
+        width = max(len(request.prompt_ids) for request in requests)
+        prompt_ids = np.full((len(rows), width), self.pad_token_id, np.int32)
+        prompt_mask = np.zeros((len(rows), width), np.int32)
+        for row, (index, _) in enumerate(rows):
+            prompt = requests[index].prompt_ids
+            prompt_ids[row, width - len(prompt):] = prompt
+            prompt_mask[row, width - len(prompt):] = 1
+        spread = self.batch_sharding is not None and len(rows) % self.data_parallel_size == 0
+        result = sampling.generate_tokens(
+            self.module, prompt_ids, prompt_mask, max(request.max_new_tokens for request in requests), settings,
+            eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, lora=self.lora, return_logprobs=True,
+            repetition_penalty_skips_left_padding=True,  # a request has no padding: the penalty counts its prompt
+            batch_sharding=self.batch_sharding if spread else None,
+            row_streams=(np.array([requests[index].seed for index, _ in rows]), np.array([s for _, s in rows])))
+        outputs = [RequestOutput() for _ in requests]
+        ends = np.asarray(self.eos_token_ids, np.int64)
+        for row, (index, _) in enumerate(rows):
+            limit = requests[index].max_new_tokens
+            tokens, logprobs = result.tokens[row, :limit], result.logprobs[row, :limit]
+            hits = np.flatnonzero(np.isin(tokens, ends))
+            stop = int(hits[0]) + 1 if hits.size else len(tokens)
+            outputs[index].token_ids.append(tokens[:stop].astype(np.int32))
+            outputs[index].logprobs.append(logprobs[:stop].astype(np.float32))
+            outputs[index].ended.append(bool(hits.size))
+        return outputs
 
 
-def split_at_end(tokens: np.ndarray, logprobs: np.ndarray, end_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray,
-                                                                                                 bool]:
-    """A decoded row cut after its first end token: ``(tokens, logprobs, ended)``."""
-    hits = np.flatnonzero(np.isin(tokens, np.asarray(list(end_ids), np.int64)))
-    if hits.size:
-        stop = int(hits[0]) + 1
-        return tokens[:stop].astype(np.int32), logprobs[:stop].astype(np.float32), True
-    return tokens.astype(np.int32), logprobs.astype(np.float32), False
+def request_seed(seed: int, index: int) -> int:
+    """The seed of request ``index`` of a generation round seeded ``seed``: distinct per request, so two prompts'
+    first completions do not share a stream."""
+    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
 
 
-__all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "sample_key_data", "split_at_end"]
+def requests_from_rows(prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int,
+                       seed: int) -> tuple[list[RolloutRequest], list[tuple[int, int]]]:
+    """Requests for the rows of a left-padded prompt batch, consecutive equal prompts as one request's samples
+    (a GRPO generation batch repeats each prompt ``num_generations`` times in a row).
+
+    Args:
+        prompt_ids: ``[N, P]`` token ids; prompt_mask: ``[N, P]``, 1 on real tokens.
+        max_new_tokens: every completion's limit.
+        seed: the round's seed (:func:`request_seed` gives each request its own).
+
+    Returns:
+        ``(requests, places)``: ``places[row] = (request index, sample index)`` of each row.
+    """
+    requests: list[RolloutRequest] = []
+    places: list[tuple[int, int]] = []
+    previous = None
+    for ids, mask in zip(np.asarray(prompt_ids), np.asarray(prompt_mask), strict=True):
+        prompt = tuple(int(token) for token in ids[np.asarray(mask).astype(bool)])
+        if prompt == previous:
+            last = requests[-1]
+            requests[-1] = RolloutRequest(last.prompt_ids, max_new_tokens, last.num_samples + 1, last.seed)
+        else:
+            requests.append(RolloutRequest(prompt, max_new_tokens, 1, request_seed(seed, len(requests))))
+            previous = prompt
+        places.append((len(requests) - 1, requests[-1].num_samples - 1))
+    return requests, places
+
+
+def rows_from_outputs(outputs: Sequence[RequestOutput], places: Sequence[tuple[int, int]],
+                      pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens [N, steps], logprobs [N, steps])`` of the completions at ``places`` (see
+    :func:`requests_from_rows`), right-padded with ``pad_token_id`` (log-prob 0) to the longest."""
+    chosen = [(outputs[request].token_ids[sample], outputs[request].logprobs[sample]) for request, sample in places]
+    steps = max(len(tokens) for tokens, _ in chosen)
+    tokens = np.full((len(chosen), steps), pad_token_id, np.int32)
+    logprobs = np.zeros((len(chosen), steps), np.float32)
+    for row, (row_tokens, row_logprobs) in enumerate(chosen):
+        tokens[row, :len(row_tokens)] = row_tokens
+        logprobs[row, :len(row_logprobs)] = row_logprobs
+    return tokens, logprobs
+
+
+__all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "request_seed", "requests_from_rows",
+           "rows_from_outputs"]

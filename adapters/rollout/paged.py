@@ -25,8 +25,9 @@ so they do not depend on the slot count, the order of the requests or the mesh.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,8 +39,15 @@ from .. import mesh as mesh_lib
 from ..lora import runtime as lora_runtime
 from ..multihost import gather_to_host
 from ..runtime.tracing import record_trace, traced_cheaply
-from ..sampling import (bucket_length, choose_tokens_per_row, init_cache, mark_seen, penalised_prompt_positions,
-                        stream_keys, token_logprobs)
+from ..sampling import (
+    bucket_length,
+    choose_tokens_per_row,
+    init_cache,
+    mark_seen,
+    penalised_prompt_positions,
+    stream_keys,
+    token_logprobs,
+)
 from ..sampling_settings import SamplingSettings, SamplingSwitches, SamplingValues
 from ..tunix_model import positions_from_mask
 from .engine import RequestOutput, RolloutRequest
@@ -62,6 +70,13 @@ class PagedEngineConfig:
     page_size: int = 16
     kv_cache_tokens: int | None = None
     max_prefill_requests: int = 8
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any], prefix: str = "") -> PagedEngineConfig:
+        """The sizes among ``settings``' keys named ``prefix + field`` (a trainer config's ``rollout_*`` fields),
+        defaults for the rest."""
+        return cls(**{item.name: settings[prefix + item.name] for item in fields(cls)
+                      if prefix + item.name in settings})
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "page_size", "max_prefill_requests"):
@@ -299,7 +314,9 @@ class PagedEngine:
         return _Run(self, requests, settings).run()
 
     # ------------------------------------------------------------------ pool
-    def _ensure_pool(self, pages: int) -> dict:
+    def _take_pool(self, pages: int) -> dict:
+        """The page pool of ``pages`` pages, kept from the last call when it has that size. The caller owns it (the
+        programs donate it) until it hands the last version back with :meth:`_keep_pool`."""
         if self._pool is None or self._pool_pages != pages:
             shapes = jax.eval_shape(lambda: init_cache(self.module, 1, 1))
             page_size = self.config.page_size
@@ -313,7 +330,11 @@ class PagedEngine:
             self._pool_pages = pages
         entries = [entry[part] for entry in self._pool.values() for part in ("k", "v")]
         self.stats.kv_bytes_per_token = int(sum(array.dtype.itemsize * np.prod(array.shape[2:]) for array in entries))
-        return self._pool
+        pool, self._pool = self._pool, None
+        return pool
+
+    def _keep_pool(self, pool: dict, pages: int) -> None:
+        self._pool, self._pool_pages = pool, pages
 
 
 class _Run:
@@ -351,7 +372,7 @@ class _Run:
                     "or shorten the request.")
         self.pages = PagePool(pages + 1, page_size)
         engine.stats.pages = self.pages.usable
-        self.pool = engine._ensure_pool(self.pages.num_pages)
+        self.pool = engine._take_pool(self.pages.num_pages)
         vocab = engine.module.embedder.input_embedding.get_value().shape[0]
         self.seen = jnp.zeros((self.num_slots, vocab if self.switches.repetition_penalty else 1), bool)
         self.slots: list[_Slot | None] = [None] * self.num_slots
@@ -375,6 +396,7 @@ class _Run:
                         raise RuntimeError("the rollout engine could not admit a waiting request; this is a bug.")
                     break
                 self._decode_step(live)
+        self.engine._keep_pool(self.pool, self.pages.num_pages)
         self.engine.stats.peak_pages_in_use = self.pages.peak_in_use
         for output in self.outputs:
             output.ended = [bool(value) for value in output.ended]

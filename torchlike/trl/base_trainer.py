@@ -21,11 +21,19 @@ import numpy as np
 from transformers import TrainerCallback
 
 from ..adapters import mesh as mesh_lib
-from ..adapters import multihost, reference_policy, reference_sync, sampling, step_metrics, train_step, tunix_grpo
+from ..adapters import (
+    multihost,
+    reference_policy,
+    reference_sync,
+    rollout,
+    sampling,
+    step_metrics,
+    train_step,
+    tunix_grpo,
+)
 from ..adapters.lora import runtime as lora_runtime
 from ..training import Trainer
 from ..training_args import TrainingArguments
-from ..version import repetition_penalty_skips_left_padding
 from .base_config import round_up_to_multiple
 from .grpo_data import left_padded
 from .sft_data import pad_token_id_for
@@ -443,6 +451,7 @@ class OnlineTrainer(TRLTrainer):
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
         self._pending_metrics: dict[str, list[float]] = {}
+        self._rollout_engine: rollout.RolloutEngine | None = None
 
     def _padded(self, length: int) -> int:
         """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
@@ -522,15 +531,33 @@ class OnlineTrainer(TRLTrainer):
             array[row, :length] = mask
         return array
 
+    @property
+    def rollout_engine(self) -> rollout.RolloutEngine:
+        """The engine completions are sampled with (``args.rollout_engine``; built on first use, then handed the
+        policy before each generation round)."""
+        if self._rollout_engine is None:
+            settings = {item.name: getattr(self.args, item.name) for item in dataclasses.fields(self.args)
+                        if item.name.startswith("rollout_")}
+            common = {"eos_token_ids": self.eos_token_ids, "pad_token_id": self.pad_token_id,
+                      "lora": lora_runtime.EVAL}
+            if settings.get("rollout_engine", "paged") == "static":
+                self._rollout_engine = rollout.StaticEngine(
+                    self._sampling_module, batch_sharding=mesh_lib.batch_sharding(self.mesh),
+                    data_parallel_size=mesh_lib.data_parallel_size(self.mesh), **common)
+            else:
+                self._rollout_engine = rollout.PagedEngine(
+                    self._sampling_module, rollout.PagedEngineConfig.from_mapping(settings, prefix="rollout_"),
+                    mesh=self.mesh, **common)
+        return self._rollout_engine
+
     def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> np.ndarray:
-        """``[N, steps]`` tokens sampled by the policy after left-padded prompts (pad after a row's end token)."""
-        # Each device decodes its own rows (those of its process's share of the batch) when they divide evenly.
-        spread = len(prompt_ids) % mesh_lib.data_parallel_size(self.mesh) == 0
-        return sampling.generate_tokens(
-            self._sampling_module, prompt_ids, prompt_mask, max_new_tokens, self.sampling,
-            eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, seed=seed % (2**31),
-            lora=lora_runtime.EVAL, repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
-            batch_sharding=mesh_lib.batch_sharding(self.mesh) if spread else None).tokens
+        """``[N, steps]`` tokens sampled by the policy after left-padded prompts (pad after a row's end token); the
+        rows of one prompt in a row are one request's samples (one prefill)."""
+        requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
+        engine = self.rollout_engine
+        engine.update_weights(self._sampling_module)
+        tokens, _ = rollout.rows_from_outputs(engine.generate(requests, self.sampling), places, self.pad_token_id)
+        return tokens
 
     def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
                     completion_mask: np.ndarray, seed: int) -> tuple:

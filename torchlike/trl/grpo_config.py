@@ -19,6 +19,8 @@ from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 
 #: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.rl_math.grpo_loss`` computes them).
 LOSS_TYPES: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+#: ``rollout_engine`` values: torchlike's paged engine or the static batch sampler.
+ROLLOUT_ENGINES = ("paged", "static")
 #: ``importance_sampling_level`` values: per-token ratios or one per sequence (GSPO).
 IMPORTANCE_SAMPLING_LEVELS: tuple[str, ...] = ("token", "sequence")
 #: ``scale_rewards`` values after TRL's mapping of ``True`` -> ``"group"`` and ``False`` -> ``"none"``.
@@ -123,6 +125,12 @@ class OnlineRLConfig(TRLConfig):
     # --- removed from TRL (0.28), kept by torchlike ---
     max_prompt_length: int | None = None
 
+    # --- torchlike's rollout engine (TRL's vllm_* fields name vLLM's) ---
+    rollout_engine: str = "paged"
+    rollout_max_num_seqs: int = 256
+    rollout_page_size: int = 16
+    rollout_kv_cache_tokens: int | None = None
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self.pad_to_multiple_of = normalise_pad_to_multiple_of(self.pad_to_multiple_of)
@@ -141,6 +149,12 @@ class OnlineRLConfig(TRLConfig):
                              "batch size on out-of-memory breaks this invariant. Set auto_find_batch_size=False and "
                              "lower per_device_train_batch_size instead.")
         self._resolve_generation_batch()
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"rollout_engine={self.rollout_engine!r}: expected one of {ROLLOUT_ENGINES}.")
+        for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r}: expected a positive integer.")
         if self.max_prompt_length is not None:
             if not isinstance(self.max_prompt_length, int) or self.max_prompt_length < 1:
                 raise ValueError(f"max_prompt_length={self.max_prompt_length!r}: expected a positive integer or None.")
@@ -236,6 +250,14 @@ class GRPOConfig(OnlineRLConfig):
         log_completions (`bool`, defaults to `False`): log sample completions every ``logging_steps``.
         max_prompt_length (`int`, *optional*): torchlike only; removed from TRL in 0.28 and accepted here with a
             ``FutureWarning``: longer prompts keep their last ``max_prompt_length`` tokens.
+        rollout_engine (`str`, defaults to ``"paged"``): torchlike only. ``"paged"``: the paged, continuously batched
+            engine (``torchlike.adapters.rollout``); ``"static"``: one left-padded batch decoded to its longest row.
+        rollout_max_num_seqs (`int`, defaults to 256): torchlike only; completions decoded together (vLLM's
+            ``max_num_seqs``); the others wait for a slot.
+        rollout_page_size (`int`, defaults to 16): torchlike only; tokens per KV-cache page (vLLM's ``block_size``).
+        rollout_kv_cache_tokens (`int`, *optional*): torchlike only; the KV cache's size in tokens, shared by every
+            slot and prompt (what ``vllm_gpu_memory_utilization`` sizes in vLLM). ``None``: room for every slot's
+            longest completion.
 
     The generation batch is resolved from ``data_parallel_size`` (every JAX device without ``mesh_shape``), so a
     multi-host script must call ``jax.distributed.initialize()`` before building the config.

@@ -172,6 +172,14 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "transformers_continuous_batching_config": ignored(_NO_TORCH_GENERATION),
     "use_transformers_paged": ignored(_NO_TORCH_GENERATION),
     # --- removed from TRL, kept by torchlike ---
+    "rollout_engine": honoured("torchlike: 'paged' samples with the paged, continuously batched engine "
+                               "(torchlike.adapters.rollout: pages freed as completions end, one prefill per prompt "
+                               "group); 'static' with one left-padded batch decoded to its longest row."),
+    "rollout_max_num_seqs": honoured("torchlike: completions decoded together (vLLM's max_num_seqs); the others "
+                                     "wait and take the slots of completions that end."),
+    "rollout_page_size": honoured("torchlike: tokens per KV-cache page (vLLM's block_size)."),
+    "rollout_kv_cache_tokens": honoured("torchlike: the KV cache's size in tokens (vLLM sizes it with "
+                                        "vllm_gpu_memory_utilization); None holds every slot's longest completion."),
     "max_prompt_length": honoured("Removed in TRL 0.28 but still accepted (with a FutureWarning): a prompt longer "
                                   "than this keeps its last max_prompt_length tokens, as TRL used to do."),
 }

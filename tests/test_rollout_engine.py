@@ -1,0 +1,156 @@
+"""The paged rollout engine (``torchlike.adapters.rollout``): greedy tokens equal ``transformers.generate`` for every
+family with slots refilled mid-run, sampled tokens independent of slots, request order and page size (and equal to
+the static sampler's), one prefill per prompt group, pages that track the live tokens, and a pool smaller than a
+static batch would need."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import torchlike
+from tests import tiny
+from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest, StaticEngine
+from torchlike.adapters.sampling import cache_size
+from torchlike.adapters.sampling_settings import SamplingSettings
+
+FAMILIES = ["qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe"]
+PROMPT_LENGTHS = (5, 17, 9, 30, 3)
+NEW_TOKENS = 10
+SAMPLING = SamplingSettings(do_sample=True, temperature=0.9, top_k=20, top_p=0.9, repetition_penalty=1.3)
+
+
+def prompts(lengths=PROMPT_LENGTHS, seed=0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, tiny.VOCAB, size=length).tolist() for length in lengths]
+
+
+def hf_greedy(reference, prompt: list[int], eos: int | None) -> list[int]:
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def wandering_qwen2(tmp_path_factory):
+    """A tiny Qwen2 whose weights are scaled up so sampled and greedy tokens wander (not one token repeated)."""
+    reference = tiny.build_hf_model(tiny.CASES["qwen2"](), seed=0)
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            if "norm" not in name:
+                parameter.mul_(2.0)
+    path = tmp_path_factory.mktemp("wandering_qwen2")
+    reference.save_pretrained(path)
+    return reference, torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_equal_transformers_with_slots_refilled_and_early_end(tiny_checkpoints, family):
+    path = tiny_checkpoints.path(family)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                                  attn_implementation="eager").eval()
+    reference.generation_config.eos_token_id = None
+    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    cases = prompts()
+    free_running = [hf_greedy(reference, prompt, None) for prompt in cases]
+    # An end token the first completion meets half-way, so at least one completion ends early.
+    eos = free_running[0][NEW_TOKENS // 2]
+    expected = [hf_greedy(reference, prompt, eos) for prompt in cases]
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=2, page_size=4), eos_token_ids=[eos])
+    outputs = engine.generate([RolloutRequest(prompt, NEW_TOKENS) for prompt in cases], SamplingSettings())
+    got = [output.token_ids[0].tolist() for output in outputs]
+    assert got == [row[:len(ours)] for row, ours in zip(expected, got, strict=True)]
+    assert [len(row) for row in got] == [row.index(eos) + 1 if eos in row else NEW_TOKENS for row in expected]
+    assert outputs[0].ended == [True]
+    assert engine.stats.prefills == len(cases)  # more requests (5) than slots (2): slots were refilled
+
+
+def test_sampled_tokens_do_not_depend_on_slots_order_or_page_size(wandering_qwen2):
+    _, model = wandering_qwen2
+    requests = [RolloutRequest(prompt, NEW_TOKENS, num_samples=3, seed=11 + index)
+                for index, prompt in enumerate(prompts())]
+    few = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=2, page_size=4), eos_token_ids=[7])
+    many = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=16, page_size=8), eos_token_ids=[7])
+    first = few.generate(requests, SAMPLING)
+    second = many.generate(requests[::-1], SAMPLING)[::-1]
+    for one, other in zip(first, second, strict=True):
+        assert [row.tolist() for row in one.token_ids] == [row.tolist() for row in other.token_ids]
+        np.testing.assert_allclose(np.concatenate(one.logprobs), np.concatenate(other.logprobs), atol=1e-5)
+    # The samples of one prompt differ from each other (each has its own stream).
+    assert len({tuple(row.tolist()) for row in first[1].token_ids}) > 1
+
+
+def test_paged_engine_equals_the_static_batch_sampler(wandering_qwen2):
+    _, model = wandering_qwen2
+    requests = [RolloutRequest(prompt, NEW_TOKENS, num_samples=2, seed=3 + index)
+                for index, prompt in enumerate(prompts())]
+    paged = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4), eos_token_ids=[7])
+    static = StaticEngine(model.module, eos_token_ids=[7])
+    for ours, theirs in zip(paged.generate(requests, SAMPLING), static.generate(requests, SAMPLING), strict=True):
+        assert [row.tolist() for row in ours.token_ids] == [row.tolist() for row in theirs.token_ids]
+        assert ours.ended == theirs.ended
+        np.testing.assert_allclose(np.concatenate(ours.logprobs), np.concatenate(theirs.logprobs), atol=1e-5)
+
+
+def test_a_prompt_group_is_prefilled_once_not_once_per_completion(wandering_qwen2):
+    _, model = wandering_qwen2
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4))
+    outputs = engine.generate([RolloutRequest(prompt, 6, num_samples=8, seed=1) for prompt in prompts()[:3]],
+                              SAMPLING)
+    assert [len(output.token_ids) for output in outputs] == [8, 8, 8]
+    assert engine.stats.prefills == 3  # not 24
+
+
+def test_pages_in_use_track_the_live_tokens_and_are_all_freed(wandering_qwen2):
+    _, model = wandering_qwen2
+    page_size = 4
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=page_size), eos_token_ids=[7])
+    requests = [RolloutRequest(prompt, NEW_TOKENS, num_samples=2, seed=index)
+                for index, prompt in enumerate(prompts())]
+    engine.generate(requests, SAMPLING)
+    stats = engine.stats
+    in_use = np.array(stats.pages_in_use_per_step)
+    live = np.array(stats.live_tokens_per_step)
+    assert (in_use * page_size >= live).all()
+    # At most one partly filled page per live completion and per shared prompt (4 slots, at most 4 prompts).
+    assert (in_use * page_size - live < 8 * page_size).all()
+    assert stats.peak_pages_in_use < stats.pages
+    # Completions of different length: the pages held fall as completions end.
+    assert in_use[-1] < in_use.max()
+
+
+def test_a_pool_smaller_than_the_static_batch_runs_the_workload(wandering_qwen2):
+    _, model = wandering_qwen2
+    cases = prompts((20, 24, 18, 22, 19, 23, 21, 17))
+    requests = [RolloutRequest(prompt, NEW_TOKENS, num_samples=4, seed=index) for index, prompt in enumerate(cases)]
+    static_tokens = len(cases) * 4 * cache_size(max(map(len, cases)), NEW_TOKENS)  # 32 rows x 48 slots
+    budget = 160  # tokens: 10 pages of 16, a tenth of the static batch's 1,536
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=16, kv_cache_tokens=budget),
+                         eos_token_ids=[7])
+    outputs = engine.generate(requests, SAMPLING)
+    assert budget * 9 < static_tokens
+    assert engine.stats.peak_pages_in_use * 16 <= budget
+    expected = StaticEngine(model.module, eos_token_ids=[7]).generate(requests, SAMPLING)
+    assert [[row.tolist() for row in output.token_ids] for output in outputs] == \
+        [[row.tolist() for row in output.token_ids] for output in expected]
+
+
+def test_a_request_larger_than_the_pool_is_refused_naming_the_setting(wandering_qwen2):
+    _, model = wandering_qwen2
+    engine = PagedEngine(model.module, PagedEngineConfig(page_size=4, kv_cache_tokens=16))
+    with pytest.raises(ValueError, match="kv_cache_tokens=16"):
+        engine.generate([RolloutRequest(prompts((30,))[0], 8)], SAMPLING)
+
+
+def test_bad_requests_are_refused_with_the_field_named():
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        RolloutRequest([], 4)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        RolloutRequest([1], 0)
+    with pytest.raises(ValueError, match="num_samples must be >= 1"):
+        RolloutRequest([1], 4, num_samples=0)
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1"):
+        PagedEngineConfig(max_num_seqs=0)
