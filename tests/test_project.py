@@ -99,8 +99,8 @@ def _allowed(package: str, version: str, python: str) -> bool:
 
 def test_requires_python_is_the_pythons_the_pins_were_checked_on():
     python, _ = _pins()
-    assert [version for version in ("3.10", "3.11", "3.12", "3.13") if Version(f"{version}.0") in python] == [
-        "3.11", "3.12"]
+    pythons = ("3.10", "3.11", "3.12", "3.13", "3.14", "3.15")
+    assert [version for version in pythons if Version(f"{version}.0") in python] == ["3.11", "3.12", "3.13", "3.14"]
     running = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
     assert Version(running) in python
 
@@ -112,6 +112,11 @@ def test_requires_python_is_the_pythons_the_pins_were_checked_on():
     ("3.12", "0.11.0", "0.12.10", False),  # flax 0.12.10 needs jax 0.11.1
     ("3.12", "0.12.0.1", "0.12.8", False),  # jax 0.11 on needs flax 0.12.10 on
     ("3.12", "0.13.0", "0.12.12", False),  # not checked yet
+    ("3.13", "0.12.0.1", "0.12.12", True),
+    ("3.14", "0.12.0.1", "0.12.12", True),
+    ("3.13", "0.11.2", "0.12.10", False),  # 3.13 and 3.14 were checked on the jax 0.12 line only
+    ("3.14", "0.10.2", "0.12.8", False),
+    ("3.14", "0.13.0", "0.12.12", False),
 ])
 def test_jax_and_flax_pins_allow_exactly_the_pairs_that_work(python, jax, flax, works):
     assert (_allowed("jax", jax, python) and _allowed("flax", flax, python)) is works
