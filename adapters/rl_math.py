@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from tunix.rl import algo_core as tunix_algo_core
 from tunix.rl import common as tunix_common
 
@@ -527,6 +528,45 @@ def entropy_bonus(per_token_entropy: jax.Array, completion_mask: jax.Array,
     return (per_token_entropy.astype(jnp.float32) * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
+SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""``vllm_importance_sampling_mode`` values (TRL's names)."""
+
+
+def sampler_importance_ratio(old_per_token_logps: np.ndarray, sampling_per_token_logps: np.ndarray,
+                             completion_mask: np.ndarray, mode: str = "sequence_mask",
+                             clip_min: float | None = None, clip_max: float | None = 3.0) -> np.ndarray:
+    """TRL's correction of the gap between the sampling engine's and the trainer's policy (GRPOTrainer's
+    ``vllm_importance_sampling_ratio``), on the host.
+
+    ``d = (logp_old - logp_sampling) * mask`` (NaN differences count as 0); ``r = exp(d)`` per token
+    (``token_*`` modes) or ``exp(sum_t d)`` per sequence (``sequence_*``); ``*_truncate`` clamps ``r`` to
+    ``[clip_min, clip_max]``, ``*_mask`` sets ``r`` outside that range to 0 (a bound of ``None`` is open).
+    The per-token loss is multiplied by ``r``.
+
+    Args:
+        old_per_token_logps: ``[B, T]`` the trainer's log-probs of the sampled tokens (its policy when the batch
+            is used); sampling_per_token_logps: ``[B, T]`` the engine's, when it sampled them.
+        completion_mask: ``[B, T]`` 1 on the tokens the loss counts.
+        mode: one of :data:`SAMPLER_CORRECTION_MODES`; clip_min, clip_max: the bounds.
+
+    Returns:
+        ``[B, T]`` float32 for ``token_*`` modes, ``[B, 1]`` for ``sequence_*``.
+    """
+    _check("vllm_importance_sampling_mode", mode, SAMPLER_CORRECTION_MODES)
+    difference = (np.asarray(old_per_token_logps, np.float64) - np.asarray(sampling_per_token_logps, np.float64))
+    difference = np.nan_to_num(difference * np.asarray(completion_mask, np.float64), nan=0.0)
+    if mode.startswith("sequence"):
+        difference = difference.sum(axis=-1, keepdims=True)
+    ratio = np.exp(difference)
+    low = -np.inf if clip_min is None else clip_min
+    high = np.inf if clip_max is None else clip_max
+    if mode.endswith("truncate"):
+        ratio = np.clip(ratio, low, high)
+    else:
+        ratio = np.where((ratio < low) | (ratio > high), 0.0, ratio)
+    return ratio.astype(np.float32)
+
+
 def grpo_loss(
     per_token_logps: jax.Array,
     old_per_token_logps: jax.Array | None,
@@ -552,6 +592,7 @@ def grpo_loss(
     vespo_lambda_neg: float = 2.0,
     per_token_entropy: jax.Array | None = None,
     entropy_mask: jax.Array | None = None,
+    importance_sampling_ratio: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO loss of one batch of completions and TRL's loss metrics, as ``GRPOTrainer._compute_loss``.
 
@@ -567,7 +608,8 @@ def grpo_loss(
       ratio ``exp(sum_t log_ratio)`` and ``(k, lambda)`` the ``vespo_*_pos`` values where ``A >= 0``, else ``*_neg``.
 
     Then ``l *= keep`` (``off_policy_mask_threshold``: a sequence with ``A < 0`` whose mean ``logp_old - logp`` exceeds
-    the threshold is dropped), ``l *= entropy_mask`` (``top_entropy_quantile``), and with ``beta != 0``,
+    the threshold is dropped), ``l *= entropy_mask`` (``top_entropy_quantile``), ``l *= importance_sampling_ratio``
+    (:func:`sampler_importance_ratio`, the sampling engine's correction), and with ``beta != 0``,
     ``l += beta * kl``, ``kl = exp(r - logp) - (r - logp) - 1`` (``r = ref_per_token_logps``), times ``w`` when
     ``use_bias_correction_kl``. Aggregation over ``mask``:
 
@@ -609,6 +651,7 @@ def grpo_loss(
         per_token_entropy: ``[B, T]``; when given, its masked mean is returned as ``metrics["entropy"]``.
         entropy_mask: ``[B, T]`` (:func:`high_entropy_mask`); only these tokens get the policy loss (the KL term
             keeps every token, as in TRL). ``None`` keeps all. The entropy bonus is :func:`entropy_bonus`.
+        importance_sampling_ratio: ``[B, T]`` or ``[B, 1]`` (:func:`sampler_importance_ratio`), or ``None``.
 
     Returns:
         ``(loss, metrics)``, float32. ``metrics`` has TRL's names: ``"kl"`` (``beta != 0``), ``"entropy"`` (when
@@ -667,6 +710,8 @@ def grpo_loss(
                                                            off_policy_mask_threshold)
     if entropy_mask is not None:
         per_token_loss = per_token_loss * entropy_mask.astype(jnp.float32)
+    if importance_sampling_ratio is not None:
+        per_token_loss = per_token_loss * importance_sampling_ratio.astype(jnp.float32)
     if beta != 0.0:
         per_token_loss = per_token_loss + beta * per_token_kl
     per_token_loss = jnp.broadcast_to(per_token_loss, mask.shape)

@@ -126,7 +126,8 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
 
     ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]``, ``completion_mask`` ``[B, C]``, optionally
     ``tool_mask`` ``[B, C]`` (the loss then counts :func:`loss_mask`'s tokens only),
-    ``advantages`` ``[B]``, optionally ``old_logps``/``ref_logps`` ``[B, C]``, and per-row constants
+    ``advantages`` ``[B]``, optionally ``old_logps``/``ref_logps`` ``[B, C]`` and ``importance_sampling_ratio``
+    ``[B, C]`` (:func:`rl_math.sampler_importance_ratio`), and per-row constants
     ``num_items`` (the token normaliser of :data:`TOKEN_SUM_LOSSES`) and ``step_weight`` (``1`` for
     per-micro-batch means, which accumulation then averages as TRL divides by the accumulation
     steps; ``1 / accumulation`` for token sums, which TRL adds up). ``block_size`` as in
@@ -159,7 +160,8 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
             sapo_temperature_pos=settings.sapo_temperature_pos, sapo_temperature_neg=settings.sapo_temperature_neg,
             vespo_k_pos=settings.vespo_k_pos, vespo_lambda_pos=settings.vespo_lambda_pos,
             vespo_k_neg=settings.vespo_k_neg, vespo_lambda_neg=settings.vespo_lambda_neg,
-            per_token_entropy=scores.entropies, entropy_mask=entropy_mask)
+            per_token_entropy=scores.entropies, entropy_mask=entropy_mask,
+            importance_sampling_ratio=batch.get("importance_sampling_ratio"))
         step_weight = batch["step_weight"][0]
         if settings.entropy_coef != 0.0:
             metrics["policy_loss"] = value

@@ -28,7 +28,7 @@ from torchlike.trl.rloo_fields import RLOO_FIELD_SUPPORT
 # GRPO's max_prompt_length: removed from TRL in 0.28, still accepted by torchlike (with a FutureWarning).
 # The rollout engine's settings: torchlike only (TRL's vllm_* fields configure vLLM).
 TORCHLIKE_GRPO_FIELDS = TORCHLIKE_FIELDS | {"max_prompt_length", "rollout_engine", "rollout_max_num_seqs",
-                                            "rollout_page_size", "rollout_kv_cache_tokens"}
+                                            "rollout_page_size", "rollout_kv_cache_tokens", "max_staleness"}
 TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 
 CASES = [(trl.GRPOConfig, GRPOConfig, GRPO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
@@ -162,11 +162,6 @@ NON_DEFAULT = {
     "vllm_gpu_memory_utilization": {"vllm_gpu_memory_utilization": 0.5},
     "vllm_max_model_length": {"vllm_max_model_length": 2048},
     "vllm_tensor_parallel_size": {"vllm_tensor_parallel_size": 2},
-    "vllm_importance_sampling_correction": {"vllm_importance_sampling_correction": False},
-    "vllm_importance_sampling_mode": {"vllm_importance_sampling_mode": "token_mask"},
-    "vllm_importance_sampling_clip_max": {"vllm_importance_sampling_clip_max": 2.0},
-    "vllm_importance_sampling_clip_min": {"vllm_importance_sampling_clip_min": 0.5},
-    "vllm_importance_sampling_cap": {"vllm_importance_sampling_cap": 2.0},
     "use_adaptive_entropy": {"use_adaptive_entropy": True},
     "entropy_coef_min": {"entropy_coef_min": 0.1},
     "entropy_coef_max": {"entropy_coef_max": 0.5},

@@ -2,15 +2,16 @@
 continuously batched engine (:mod:`.paged`) and its page bookkeeping (:mod:`.pages`)."""
 
 from .engine import (
-                     RequestOutput,
-                     RolloutEngine,
-                     RolloutRequest,
-                     StaticEngine,
-                     request_seed,
-                     requests_from_rows,
-                     rows_from_outputs,
+    RequestOutput,
+    RolloutEngine,
+    RolloutRequest,
+    StaticEngine,
+    request_seed,
+    requests_from_rows,
+    rows_from_outputs,
+    weights_snapshot,
 )
 from .paged import EngineStats, PagedEngine, PagedEngineConfig
 
 __all__ = ["EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput", "RolloutEngine", "RolloutRequest",
-           "StaticEngine", "request_seed", "requests_from_rows", "rows_from_outputs"]
+           "StaticEngine", "request_seed", "requests_from_rows", "rows_from_outputs", "weights_snapshot"]

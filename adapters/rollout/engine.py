@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -144,6 +145,14 @@ class StaticEngine:
         return outputs
 
 
+def weights_snapshot(module: nnx.Module) -> nnx.Module:
+    """``module`` with its own variable containers around the same arrays: no array is copied, and the snapshot keeps
+    the weights of this moment while training puts new arrays into ``module``'s variables (an adapter run changes
+    only the LoRA factors, so only those differ later)."""
+    graphdef, state = nnx.split(module)
+    return nnx.merge(graphdef, jax.tree.map(lambda array: array, state))
+
+
 def request_seed(seed: int, index: int) -> int:
     """The seed of request ``index`` of a generation round seeded ``seed``: distinct per request, so two prompts'
     first completions do not share a stream."""
@@ -193,4 +202,4 @@ def rows_from_outputs(outputs: Sequence[RequestOutput], places: Sequence[tuple[i
 
 
 __all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "request_seed", "requests_from_rows",
-           "rows_from_outputs"]
+           "rows_from_outputs", "weights_snapshot"]

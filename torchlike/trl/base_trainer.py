@@ -11,6 +11,7 @@ that add their data preparation and step loss.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import warnings
@@ -452,6 +453,9 @@ class OnlineTrainer(TRLTrainer):
         self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
         self._pending_metrics: dict[str, list[float]] = {}
         self._rollout_engine: rollout.RolloutEngine | None = None
+        self._background_engine: rollout.RolloutEngine | None = None
+        self._background: concurrent.futures.ThreadPoolExecutor | None = None
+        self._sampled_ahead: dict[tuple, tuple[list, concurrent.futures.Future]] = {}
 
     def _padded(self, length: int) -> int:
         """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
@@ -536,28 +540,56 @@ class OnlineTrainer(TRLTrainer):
         """The engine completions are sampled with (``args.rollout_engine``; built on first use, then handed the
         policy before each generation round)."""
         if self._rollout_engine is None:
-            settings = {item.name: getattr(self.args, item.name) for item in dataclasses.fields(self.args)
-                        if item.name.startswith("rollout_")}
-            common = {"eos_token_ids": self.eos_token_ids, "pad_token_id": self.pad_token_id,
-                      "lora": lora_runtime.EVAL}
-            if settings.get("rollout_engine", "paged") == "static":
-                self._rollout_engine = rollout.StaticEngine(
-                    self._sampling_module, batch_sharding=mesh_lib.batch_sharding(self.mesh),
-                    data_parallel_size=mesh_lib.data_parallel_size(self.mesh), **common)
-            else:
-                self._rollout_engine = rollout.PagedEngine(
-                    self._sampling_module, rollout.PagedEngineConfig.from_mapping(settings, prefix="rollout_"),
-                    mesh=self.mesh, **common)
+            self._rollout_engine = self._build_rollout_engine()
         return self._rollout_engine
 
-    def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> np.ndarray:
-        """``[N, steps]`` tokens sampled by the policy after left-padded prompts (pad after a row's end token); the
-        rows of one prompt in a row are one request's samples (one prefill)."""
+    def _build_rollout_engine(self) -> rollout.RolloutEngine:
+        settings = {item.name: getattr(self.args, item.name) for item in dataclasses.fields(self.args)
+                    if item.name.startswith("rollout_")}
+        common = {"eos_token_ids": self.eos_token_ids, "pad_token_id": self.pad_token_id, "lora": lora_runtime.EVAL}
+        if settings.get("rollout_engine", "paged") == "static":
+            return rollout.StaticEngine(self._sampling_module, batch_sharding=mesh_lib.batch_sharding(self.mesh),
+                                        data_parallel_size=mesh_lib.data_parallel_size(self.mesh), **common)
+        return rollout.PagedEngine(self._sampling_module,
+                                   rollout.PagedEngineConfig.from_mapping(settings, prefix="rollout_"),
+                                   mesh=self.mesh, **common)
+
+    @staticmethod
+    def _generation_key(prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> tuple:
+        return (int(seed), int(max_new_tokens), np.asarray(prompt_ids).tobytes(), np.asarray(prompt_mask).tobytes())
+
+    def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int,
+                seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens [N, steps], log-probs [N, steps])`` sampled by the policy after left-padded prompts (pad and
+        log-prob 0 after a row's end token); the rows of one prompt in a row are one request's samples (one prefill).
+        Prompts :meth:`_sample_ahead` started are taken from there (sampled with the weights of that moment)."""
+        ahead = self._sampled_ahead.pop(self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed), None)
+        if ahead is not None:
+            places, pending = ahead
+            outputs = pending.result()
+        else:
+            requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
+            engine = self.rollout_engine
+            engine.update_weights(self._sampling_module)
+            outputs = engine.generate(requests, self.sampling)
+        return rollout.rows_from_outputs(outputs, places, self.pad_token_id)
+
+    def _sample_ahead(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> None:
+        """Starts sampling these prompts in a background thread with a snapshot of the policy's current weights
+        (generation overlapped with training); the :meth:`_sample` call with the same arguments takes the result."""
+        if self._background_engine is None:
+            self._background_engine = self._build_rollout_engine()
+            self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchlike-rollout")
         requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
-        engine = self.rollout_engine
-        engine.update_weights(self._sampling_module)
-        tokens, _ = rollout.rows_from_outputs(engine.generate(requests, self.sampling), places, self.pad_token_id)
-        return tokens
+        self._background_engine.update_weights(rollout.weights_snapshot(self._sampling_module))
+        pending = self._background.submit(self._background_engine.generate, requests, self.sampling)
+        self._sampled_ahead[self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed)] = (places, pending)
+
+    def _drop_samples_ahead(self) -> None:
+        """Waits for the background samples no step will use (training stopped) and drops them."""
+        for _, pending in self._sampled_ahead.values():
+            pending.result()
+        self._sampled_ahead.clear()
 
     def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
                     completion_mask: np.ndarray, seed: int) -> tuple:
@@ -574,7 +606,7 @@ class OnlineTrainer(TRLTrainer):
         def generate(prompt_id_lists: list[list[int]], max_new_tokens: int) -> list[list[int]]:
             length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
             round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
-            sampled = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
+            sampled, _ = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
             mask, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
             return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
 

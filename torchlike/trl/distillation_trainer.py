@@ -226,8 +226,8 @@ class DistillationTrainer(OnlineTrainer):
     def _sample_completions(self, prompt_ids: list[list[int]], seed: int) -> list[list[int]]:
         """The student's completion of each prompt (TRL's ``_generate_single_turn``): sampled with the config's
         settings, cut after the first end token (kept), at most ``max_completion_length`` tokens."""
-        sampled = self._sample(*left_padded(prompt_ids, self._prompt_width(prompt_ids), self.pad_token_id),
-                               self.args.max_completion_length, seed)
+        sampled, _ = self._sample(*left_padded(prompt_ids, self._prompt_width(prompt_ids), self.pad_token_id),
+                                  self.args.max_completion_length, seed)
         kept, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
         return [row[:int(length)].tolist() for row, length in zip(sampled, kept.sum(axis=1), strict=True)]
 

@@ -130,6 +130,7 @@ class OnlineRLConfig(TRLConfig):
     rollout_max_num_seqs: int = 256
     rollout_page_size: int = 16
     rollout_kv_cache_tokens: int | None = None
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -151,6 +152,8 @@ class OnlineRLConfig(TRLConfig):
         self._resolve_generation_batch()
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine={self.rollout_engine!r}: expected one of {ROLLOUT_ENGINES}.")
+        if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(f"max_staleness={self.max_staleness!r}: expected an integer >= 0 (0: synchronous).")
         for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -258,6 +261,11 @@ class GRPOConfig(OnlineRLConfig):
         rollout_kv_cache_tokens (`int`, *optional*): torchlike only; the KV cache's size in tokens, shared by every
             slot and prompt (what ``vllm_gpu_memory_utilization`` sizes in vLLM). ``None``: room for every slot's
             longest completion.
+        max_staleness (`int`, defaults to 0): torchlike only (TRL's ``AsyncGRPOConfig`` name). ``0``: each generation
+            batch is sampled with the current policy before it trains (synchronous, as ``GRPOTrainer``). ``>= 1``:
+            the next generation batch is sampled while the current one trains, with the weights from before its
+            optimizer steps (their count per generation batch must not exceed ``max_staleness``), and TRL's
+            ``vllm_importance_sampling_*`` correction applies to the sampler's log-probs.
 
     The generation batch is resolved from ``data_parallel_size`` (every JAX device without ``mesh_shape``), so a
     multi-host script must call ``jax.distributed.initialize()`` before building the config.

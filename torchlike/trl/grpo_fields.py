@@ -15,8 +15,9 @@ from .sft_fields import ROUTER_LOSS_NOT_ADDED, SFT_FIELD_SUPPORT
 _NO_VLLM = ("vLLM is a CUDA/PyTorch engine torchlike does not use: completions come from torchlike's JAX sampler on "
             "the training mesh (like vllm_mode='colocate') with the same sampling settings.")
 _ONLY_WITH_VLLM = "Only read with use_vllm=True; torchlike generates with its own JAX sampler."
-_NO_SAMPLER_MISMATCH = ("Corrects the gap between vLLM's and the trainer's log-probabilities; torchlike samples and "
-                        "scores with the same JAX model, so there is no gap to correct.")
+_SAMPLER_CORRECTION = ("With max_staleness >= 1 the engine's log-probs come from the weights before the last "
+                       "optimizer steps, and TRL's vLLM importance-sampling correction reweights the per-token loss; "
+                       "with max_staleness=0 sampler and trainer share the weights and nothing is corrected.")
 _NO_TORCH_GENERATION = "A transformers (PyTorch) generation engine; torchlike generates with its own JAX sampler."
 _REF_SYNC = ("Every ref_model_sync_steps optimizer steps the reference becomes ref_model_mixup_alpha x policy + (1 - "
              "ref_model_mixup_alpha) x reference (TRL's SyncRefModelCallback, TR-DPO; "
@@ -102,12 +103,13 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "vllm_gpu_memory_utilization": ignored(_ONLY_WITH_VLLM),
     "vllm_max_model_length": ignored(_ONLY_WITH_VLLM),
     "vllm_tensor_parallel_size": ignored(_ONLY_WITH_VLLM + " Use mesh_shape to shard the model."),
-    "vllm_importance_sampling_correction": ignored(_NO_SAMPLER_MISMATCH),
-    "vllm_importance_sampling_mode": ignored(_NO_SAMPLER_MISMATCH),
-    "vllm_importance_sampling_clip_max": ignored(_NO_SAMPLER_MISMATCH),
-    "vllm_importance_sampling_clip_min": ignored(_NO_SAMPLER_MISMATCH),
-    "vllm_importance_sampling_cap": ignored(_NO_SAMPLER_MISMATCH + " (Deprecated in TRL for "
-                                                                    "vllm_importance_sampling_clip_max.)"),
+    "vllm_importance_sampling_correction": honoured(_SAMPLER_CORRECTION + " True (TRL's default) applies it."),
+    "vllm_importance_sampling_mode": honoured(_SAMPLER_CORRECTION + " token_/sequence_ x truncate/mask, TRL's "
+                                              "formulas (rl_math.sampler_importance_ratio)."),
+    "vllm_importance_sampling_clip_max": honoured(_SAMPLER_CORRECTION + " The upper bound."),
+    "vllm_importance_sampling_clip_min": honoured(_SAMPLER_CORRECTION + " The lower bound (None: open)."),
+    "vllm_importance_sampling_cap": honoured("Deprecated in TRL (FutureWarning, as TRL): copied into "
+                                             "vllm_importance_sampling_clip_max."),
     # --- algorithm ---
     "beta": honoured("KL coefficient: beta != 0 keeps a frozen reference model (the base model with LoRA off for "
                      "PEFT) and adds beta x the k3 KL estimate per token."),
@@ -178,6 +180,9 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "rollout_max_num_seqs": honoured("torchlike: completions decoded together (vLLM's max_num_seqs); the others "
                                      "wait and take the slots of completions that end."),
     "rollout_page_size": honoured("torchlike: tokens per KV-cache page (vLLM's block_size)."),
+    "max_staleness": honoured("torchlike (TRL's AsyncGRPOConfig name): 0 samples each generation batch before it "
+                              "trains; >= 1 samples the next one while the current one trains (the optimizer "
+                              "steps of one generation batch must not exceed it), with the sampler correction."),
     "rollout_kv_cache_tokens": honoured("torchlike: the KV cache's size in tokens (vLLM sizes it with "
                                         "vllm_gpu_memory_utilization); None holds every slot's longest completion."),
     "max_prompt_length": honoured("Removed in TRL 0.28 but still accepted (with a FutureWarning): a prompt longer "

@@ -116,6 +116,7 @@ class GRPOTrainer(OnlineTrainer):
                              "reward functions; give one weight per function.")
         self._setup_sampling(args, model, processing_class)
         self._setup_tools(tools, processing_class, args)
+        self._check_sampling_ahead(args)
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
         self._check_tool_prompts([train_rows, *batches.each_dataset(eval_rows)])
@@ -172,6 +173,23 @@ class GRPOTrainer(OnlineTrainer):
                           "`loss_type='grpo'` (see https://huggingface.co/docs/trl/main/en/paper_index"
                           "#group-sequence-policy-optimization).", UserWarning, stacklevel=3)
         self._check_reference_use(args)
+
+    def _check_sampling_ahead(self, args: Any) -> None:
+        """``max_staleness >= 1`` needs the built-in sampler (tools and ``rollout_func`` sample themselves) and no
+        more optimizer steps per generation batch than it allows (each batch is sampled one batch ahead)."""
+        if args.max_staleness == 0:
+            return
+        if self.tools or self.rollout_func is not None:
+            raise ValueError(f"max_staleness={args.max_staleness} samples the next generation batch in the background "
+                             "with torchlike's engine; tools and rollout_func sample in the training loop. Use "
+                             "max_staleness=0 with them.")
+        steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
+        if steps > args.max_staleness:
+            raise ValueError(f"A generation batch trains {steps:g} optimizer steps (steps_per_generation="
+                             f"{args.steps_per_generation} x num_iterations={args.num_iterations} / "
+                             f"gradient_accumulation_steps={args.gradient_accumulation_steps}), so the batch sampled "
+                             f"ahead is {steps:g} steps stale, more than max_staleness={args.max_staleness}; raise "
+                             "max_staleness or lower steps_per_generation / num_iterations.")
 
     def _check_reference_use(self, args: Any) -> None:
         """TRL's refusal of ``sync_ref_model`` without a reference (``beta=0``)."""
@@ -240,18 +258,29 @@ class GRPOTrainer(OnlineTrainer):
         sharding = mesh_lib.batch_sharding(self.mesh, batch_axis=1)
         group: list[dict] = []
         buffered, buffered_index = None, -1
-        for micro in range(first, self._steps_per_epoch() * accumulation):
-            generation_index, within = divmod(micro, per_generation)
-            if generation_index != buffered_index:
-                chosen = order[generation_index * prompts:(generation_index + 1) * prompts]
-                buffered = self._rollout([self.train_dataset[int(i)] for i in chosen], epoch, generation_index)
-                buffered_index = generation_index
-            part = within % self.args.steps_per_generation
-            group.append({key: value[part * micro_size:(part + 1) * micro_size] for key, value in buffered.items()})
-            if len(group) == accumulation:
-                stacked = {key: np.stack([g[key] for g in group]) for key in group[0]}
-                group = []
-                yield mesh_lib.place_batch(stacked, sharding, micro_size, batch_axis=1)
+        last = self._steps_per_epoch() * accumulation
+
+        def prompt_rows(index: int) -> list[dict]:
+            return [self.train_dataset[int(i)] for i in order[index * prompts:(index + 1) * prompts]]
+
+        try:
+            for micro in range(first, last):
+                generation_index, within = divmod(micro, per_generation)
+                if generation_index != buffered_index:
+                    buffered = self._rollout(prompt_rows(generation_index), epoch, generation_index)
+                    buffered_index = generation_index
+                    # The next batch is sampled while this one trains, with the weights from before its steps.
+                    if self._samples_ahead and (generation_index + 1) * per_generation < last:
+                        self._sample_generation_ahead(prompt_rows(generation_index + 1), epoch, generation_index + 1)
+                part = within % self.args.steps_per_generation
+                group.append({key: value[part * micro_size:(part + 1) * micro_size]
+                              for key, value in buffered.items()})
+                if len(group) == accumulation:
+                    stacked = {key: np.stack([g[key] for g in group]) for key in group[0]}
+                    group = []
+                    yield mesh_lib.place_batch(stacked, sharding, micro_size, batch_axis=1)
+        finally:
+            self._drop_samples_ahead()
 
     def _loss(self):
         settings = tunix_grpo.GRPOLossSettings(
@@ -275,17 +304,19 @@ class GRPOTrainer(OnlineTrainer):
         """Samples ``num_generations`` completions per prompt, scores them and returns the training rows
         (shuffled, TRL's ``shuffle_sequence_dict``), keeping the metrics for the next log."""
         args = self.args
+        rows, seed = self._generation_rows(prompt_rows, epoch, generation_index, num_generations, train)
         num_generations = num_generations or args.num_generations
-        rows = [row for row in prompt_rows for _ in range(num_generations)]
-        seed = int(np.random.SeedSequence([args.seed, epoch, generation_index, int(train)]).generate_state(1)[0])
+        sampling_logps = None
         if self.rollout_func is not None:
             prompt_ids, prompt_mask, tokens, completion_mask, ended, extra = self._custom_rollout(rows)
         else:
             prompt_ids, prompt_mask = self._left_padded([row["prompt_ids"] for row in rows], self.prompt_length)
             length = args.max_completion_length
-            sampled = self._sample(prompt_ids, prompt_mask, length, seed)
+            sampled, logps = self._sample(prompt_ids, prompt_mask, length, seed)
             tokens = np.full((len(rows), self._padded(length)), self.pad_token_id, np.int32)
             tokens[:, :sampled.shape[1]] = sampled
+            sampling_logps = np.zeros(tokens.shape, np.float32)
+            sampling_logps[:, :logps.shape[1]] = logps
             completion_mask, ended = tunix_grpo.completion_mask(tokens[:, :length], self.eos_token_ids)
             completion_mask = np.pad(completion_mask, ((0, 0), (0, tokens.shape[1] - length)))
             extra = {}
@@ -320,6 +351,8 @@ class GRPOTrainer(OnlineTrainer):
                  "completion_mask": completion_mask}
         if tool_mask is not None:
             batch["tool_mask"] = tool_mask
+        if sampling_logps is not None and self._samples_ahead and train:
+            batch["sampling_logps"] = sampling_logps  # read by the sampler correction, then dropped
         advantages, reward_metrics = self._advantages(rewards, num_generations, batch, train)
         batch["advantages"] = np.asarray(advantages, np.float32)
         prefix = "" if train else f"{metric_key_prefix}_"
@@ -342,8 +375,50 @@ class GRPOTrainer(OnlineTrainer):
         if not train:
             return {"reward": np.asarray(rewards)}
         self._add_step_columns(batch)
+        batch.pop("sampling_logps", None)
         self._last_rollout = self._shuffled(batch, seed)  # kept for inspection and tests
         return self._last_rollout
+
+    def _generation_rows(self, prompt_rows: list[dict], epoch: int, generation_index: int,
+                         num_generations: int | None = None, train: bool = True) -> tuple[list[dict], int]:
+        """``(rows, seed)`` of a generation batch: each prompt row ``num_generations`` times in a row, and the seed
+        its completions are sampled with."""
+        num_generations = num_generations or self.args.num_generations
+        rows = [row for row in prompt_rows for _ in range(num_generations)]
+        seed = int(np.random.SeedSequence([self.args.seed, epoch, generation_index, int(train)]).generate_state(1)[0])
+        return rows, seed
+
+    def _sample_generation_ahead(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> None:
+        """Starts sampling a training generation batch in the background (``max_staleness >= 1``)."""
+        rows, seed = self._generation_rows(prompt_rows, epoch, generation_index)
+        prompt_ids, prompt_mask = self._left_padded([row["prompt_ids"] for row in rows], self.prompt_length)
+        self._sample_ahead(prompt_ids, prompt_mask, self.args.max_completion_length, seed)
+
+    @property
+    def _samples_ahead(self) -> bool:
+        """The next generation batch is sampled while the current one trains (``max_staleness >= 1``)."""
+        return self.args.max_staleness > 0
+
+    def _sampler_correction(self, batch: dict[str, np.ndarray], old_logps: np.ndarray) -> None:
+        """TRL's vLLM importance-sampling correction of a batch sampled ahead: ``batch["importance_sampling_ratio"]``
+        (:func:`rl_math.sampler_importance_ratio` of the trainer's and the engine's log-probs) and TRL's
+        ``sampling/*`` metrics."""
+        args = self.args
+        mask = tunix_grpo.loss_mask(batch).astype(bool)
+        sampling_logps = batch["sampling_logps"]
+        ratio = rl_math.sampler_importance_ratio(old_logps, sampling_logps, mask, args.vllm_importance_sampling_mode,
+                                                 args.vllm_importance_sampling_clip_min,
+                                                 args.vllm_importance_sampling_clip_max)
+        batch["importance_sampling_ratio"] = np.broadcast_to(ratio, mask.shape).astype(np.float32)
+        delta = np.abs(old_logps - sampling_logps)[mask]
+        flat = ratio.ravel() if ratio.shape[1] == 1 else ratio[mask]
+        metrics = {"sampling/sampling_logp_difference/mean": delta.mean() if delta.size else 0.0,
+                   "sampling/sampling_logp_difference/max": delta.max() if delta.size else 0.0,
+                   "sampling/importance_sampling_ratio/min": flat.min() if flat.size else 0.0,
+                   "sampling/importance_sampling_ratio/mean": flat.mean() if flat.size else 0.0,
+                   "sampling/importance_sampling_ratio/max": flat.max() if flat.size else 0.0}
+        for key, value in metrics.items():
+            self._pending_metrics.setdefault(key, []).append(float(value))
 
     def _advantages(self, rewards: np.ndarray, num_generations: int, batch: dict[str, np.ndarray],
                     train: bool) -> tuple[np.ndarray, dict]:
@@ -364,8 +439,12 @@ class GRPOTrainer(OnlineTrainer):
         batch["num_items"] = np.full(len(completion_mask), normaliser, np.float32)
         token_sum = args.loss_type in tunix_grpo.TOKEN_SUM_LOSSES
         batch["step_weight"] = np.full(len(completion_mask), 1.0 / accumulation if token_sum else 1.0, np.float32)
-        if accumulation % (args.steps_per_generation * args.num_iterations) != 0:  # TRL's rule for old log-probs
+        corrected = "sampling_logps" in batch and args.vllm_importance_sampling_correction
+        # TRL's rule for old log-probs, and (as TRL with vLLM's correction) always when the sampler's are corrected.
+        if accumulation % (args.steps_per_generation * args.num_iterations) != 0 or corrected:
             batch["old_logps"] = self._log_probs(batch, lora_runtime.EVAL, self._module)
+        if corrected:
+            self._sampler_correction(batch, batch["old_logps"])
         if self.reference is not None:
             batch["ref_logps"] = self._log_probs(batch, self.reference.lora, self.reference.module)
 

@@ -86,7 +86,11 @@ class RLOOTrainer(GRPOTrainer):
         kl = None
         if train:
             mask = tunix_grpo.loss_mask(batch)  # the completion tokens the model wrote (not tool results)
-            old = self._log_probs(batch, lora_runtime.EVAL, self._module) * mask  # [N, C]
+            # Sampled ahead (max_staleness >= 1), the ratio is taken against the sampler's log-probs, as TRL's
+            # AsyncGRPOTrainer does; otherwise against the policy that sampled them, recomputed.
+            old = batch["sampling_logps"] if "sampling_logps" in batch else self._log_probs(
+                batch, lora_runtime.EVAL, self._module)
+            old = old * mask  # [N, C]
             batch["old_logps"] = old.sum(axis=1)
             if self.reference is not None:
                 per_token_kl = (old - self._log_probs(batch, self.reference.lora, self.reference.module)) * mask
