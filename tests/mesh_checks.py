@@ -65,6 +65,25 @@ def check_restore_into_mesh_sharding(checkpoint: Path) -> dict:
     }
 
 
+ROLLOUT_SETTINGS = {"do_sample": True, "temperature": 0.9, "top_k": 20, "top_p": 0.9, "repetition_penalty": 1.3}
+
+
+def rollout_tokens(checkpoint: Path, mesh=None) -> dict:
+    """Sampled completions of the paged engine (fixed seeds, fewer slots than completions) on ``mesh`` or one
+    device: the 8-device run and the test process's compare them."""
+    from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest
+    from torchlike.adapters.sampling_settings import SamplingSettings
+
+    model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, dtype="float32", mesh=mesh)
+    rng = np.random.default_rng(0)
+    requests = [RolloutRequest(rng.integers(3, tiny.VOCAB, size=length).tolist(), 10, num_samples=3, seed=index)
+                for index, length in enumerate((5, 17, 9, 30, 12))]
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=8, page_size=4), eos_token_ids=[7], mesh=mesh)
+    outputs = engine.generate(requests, SamplingSettings(**ROLLOUT_SETTINGS))
+    return {"tokens": [[row.tolist() for row in output.token_ids] for output in outputs],
+            "logprobs": [[row.tolist() for row in output.logprobs] for output in outputs]}
+
+
 def check_grpo_lora_and_resume(checkpoint: Path, tokenizer_dir: Path, folder: Path) -> dict:
     """GRPO with LoRA on fsdp=4 x tp=2 (the 2-process test's reference); then a run resumed from checkpoint-2."""
     straight = distributed_worker.grpo_lora_run(checkpoint, tokenizer_dir, folder / "grpo_straight")
@@ -82,6 +101,7 @@ def main() -> None:
         results[name] = check_load_on_mesh(Path(directory))
     first = Path(cases[0].split("=", 1)[1])
     results["restore"] = check_restore_into_mesh_sharding(first)
+    results["rollout"] = rollout_tokens(first, torchlike.make_mesh((4, 2)))
     results["sft_output_dir"] = str(Path(out_path).parent / "sft_one_process")
     results["sft"] = distributed_worker.train_losses(first, distributed_worker.MESH_SHAPE, per_device=2,
                                              output_dir=results["sft_output_dir"])

@@ -77,6 +77,13 @@ def test_load_state_dict_restores_straight_into_the_mesh_sharding(mesh_results):
                                        "values_equal": True}
 
 
+def test_sampled_rollouts_on_fsdp4_tp2_equal_one_devices(mesh_results, tiny_checkpoints):
+    one = mesh_checks.rollout_tokens(tiny_checkpoints.path(MESH_CASES[0]))
+    assert mesh_results["rollout"]["tokens"] == one["tokens"]
+    for eight_rows, one_rows in zip(mesh_results["rollout"]["logprobs"], one["logprobs"], strict=True):
+        np.testing.assert_allclose(np.concatenate(eight_rows), np.concatenate(one_rows), atol=1e-4)
+
+
 @pytest.fixture(scope="session")
 def one_device_sft(tiny_checkpoints):
     """The same SFT runs on this process's single device, global batch 8."""

@@ -12,9 +12,11 @@ from ..adapters.sampling_settings import SamplingSettings
 from ..field_support import FieldSupport, honoured, ignored, refused
 from .sft_fields import ROUTER_LOSS_NOT_ADDED, SFT_FIELD_SUPPORT
 
-_NO_VLLM = ("vLLM is a CUDA/PyTorch engine torchlike does not use: completions come from torchlike's JAX sampler on "
-            "the training mesh (like vllm_mode='colocate') with the same sampling settings.")
-_ONLY_WITH_VLLM = "Only read with use_vllm=True; torchlike generates with its own JAX sampler."
+_NO_VLLM = ("vLLM is a CUDA/PyTorch engine torchlike does not use: completions come from torchlike's JAX rollout "
+            "engine (paged KV cache, continuous batching, shared prompts; rollout_* fields) on the training mesh "
+            "(like vllm_mode='colocate') with the same sampling settings.")
+_ONLY_WITH_VLLM = ("Only read with use_vllm=True; torchlike generates with its own JAX rollout engine (rollout_* "
+                   "fields).")
 _SAMPLER_CORRECTION = ("With max_staleness >= 1 the engine's log-probs come from the weights before the last "
                        "optimizer steps, and TRL's vLLM importance-sampling correction reweights the per-token loss; "
                        "with max_staleness=0 sampler and trainer share the weights and nothing is corrected.")
@@ -100,8 +102,10 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "vllm_server_port": ignored(_ONLY_WITH_VLLM),
     "vllm_server_timeout": ignored(_ONLY_WITH_VLLM),
     "vllm_group_port": ignored(_ONLY_WITH_VLLM),
-    "vllm_gpu_memory_utilization": ignored(_ONLY_WITH_VLLM),
-    "vllm_max_model_length": ignored(_ONLY_WITH_VLLM),
+    "vllm_gpu_memory_utilization": ignored(_ONLY_WITH_VLLM + " Its KV cache is sized in tokens by "
+                                                            "rollout_kv_cache_tokens."),
+    "vllm_max_model_length": ignored(_ONLY_WITH_VLLM + " Its page tables hold the longest prompt plus "
+                                                      "max_completion_length."),
     "vllm_tensor_parallel_size": ignored(_ONLY_WITH_VLLM + " Use mesh_shape to shard the model."),
     "vllm_importance_sampling_correction": honoured(_SAMPLER_CORRECTION + " True (TRL's default) applies it."),
     "vllm_importance_sampling_mode": honoured(_SAMPLER_CORRECTION + " token_/sequence_ x truncate/mask, TRL's "
