@@ -62,6 +62,11 @@ def on_primary(work: Callable[[], T], what: str, take_part: Callable[[], None] |
     return result
 
 
+def process_count() -> int:
+    """The JAX processes taking part (1 without ``jax.distributed``)."""
+    return jax.process_count()
+
+
 def process_rows(count: int) -> slice:
     """The rows of ``count`` that this process handles: contiguous slices in process order, as even as possible
     (the first ``count % processes`` processes take one more row)."""

@@ -53,13 +53,13 @@ def train_losses(checkpoint: Path, mesh_shape: tuple[int, ...] | None, per_devic
 
 
 def grpo_lora_run(checkpoint: Path, tokenizer_dir: Path, output_dir: Path, resume: str | None = None,
-                  export: bool = False) -> dict:
+                  export: bool = False, max_staleness: int = 0) -> dict:
     """GRPO with LoRA for ``STEPS`` steps on fsdp=4 x tp=2, with a reference policy (``beta``) and two passes over
     each generation batch (``num_iterations=2``, so old-policy log-probs are computed), saving every 2 steps.
 
     The model is loaded without a mesh, as TRL scripts load it. Returns the losses and the number of completions
     the reward function scored at each call on this process; with ``export``, ``save_model`` writes the adapter
-    to ``output_dir/final``.
+    to ``output_dir/final``. ``max_staleness=2`` samples each generation batch while the one before trains.
     """
     import torchlike
     from torchlike.peft import LoraConfig
@@ -74,8 +74,9 @@ def grpo_lora_run(checkpoint: Path, tokenizer_dir: Path, output_dir: Path, resum
     prompts = [{"prompt": p} for p in ("the quick brown", "one two three", "hello world", "lazy dog")]
     args = GRPOConfig(output_dir=str(output_dir), per_device_train_batch_size=2, num_generations=4,
                       max_completion_length=8, max_steps=STEPS, learning_rate=1e-2, num_iterations=2, beta=0.04,
-                      logging_steps=1, save_strategy="steps", save_steps=2, report_to="none", disable_tqdm=True,
-                      mesh_shape=MESH_SHAPE)
+                      logging_steps=1, save_steps=2, report_to="none", disable_tqdm=True,
+                      mesh_shape=MESH_SHAPE, max_staleness=max_staleness,
+                      save_strategy="no" if max_staleness else "steps")
     trainer = GRPOTrainer(torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), reward_funcs=length_reward,
                           args=args, train_dataset=prompts,
                           processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
@@ -107,6 +108,8 @@ def main() -> None:
                   local_devices=jax.local_device_count(), devices=jax.device_count())
     result["grpo_lora"] = grpo_lora_run(Path(jobs["checkpoint"]), Path(jobs["tokenizer_dir"]), folder / "grpo_lora",
                                         export=True)
+    result["grpo_lora_ahead"] = grpo_lora_run(Path(jobs["checkpoint"]), Path(jobs["tokenizer_dir"]),
+                                              folder / "grpo_lora_ahead", max_staleness=2)
     for name, (script, arguments) in jobs["scripts"].items():
         run_script(script, arguments)
         result[f"{name}_script"] = "completed"

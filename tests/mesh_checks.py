@@ -89,8 +89,9 @@ def check_grpo_lora_and_resume(checkpoint: Path, tokenizer_dir: Path, folder: Pa
     straight = distributed_worker.grpo_lora_run(checkpoint, tokenizer_dir, folder / "grpo_straight")
     resumed = distributed_worker.grpo_lora_run(checkpoint, tokenizer_dir, folder / "grpo_resumed",
                                                resume=str(folder / "grpo_straight" / "checkpoint-2"))
+    ahead = distributed_worker.grpo_lora_run(checkpoint, tokenizer_dir, folder / "grpo_ahead", max_staleness=2)
     return {"straight": straight["losses"], "resumed": resumed["losses"],
-            "scored_per_call": straight["scored_per_call"]}
+            "scored_per_call": straight["scored_per_call"], "ahead": ahead["losses"]}
 
 
 def main() -> None:

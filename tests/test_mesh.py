@@ -183,6 +183,15 @@ def test_grpo_with_lora_on_two_processes_gives_the_losses_of_one_process_of_eigh
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_grpo_sampling_ahead_on_two_processes_gives_the_losses_of_one_process_of_eight(two_processes, mesh_results):
+    ahead = mesh_results["grpo_lora"]["ahead"]
+    assert len(ahead) == distributed_worker.STEPS and np.isfinite(ahead).all()
+    # The batches after the first are sampled with older weights: the run differs from the synchronous one.
+    assert not np.allclose(ahead, mesh_results["grpo_lora"]["straight"], rtol=1e-5, atol=1e-5)
+    for result in two_processes["results"]:
+        np.testing.assert_allclose(result["grpo_lora_ahead"]["losses"], ahead, rtol=1e-5, atol=1e-5)
+
+
 def test_grpo_rewards_are_computed_by_each_process_for_its_own_half(two_processes, mesh_results):
     whole = mesh_results["grpo_lora"]["scored_per_call"]
     # One process of 8 scores each generation batch whole: 2 rows per device x 4 data-parallel devices.

@@ -576,13 +576,20 @@ class OnlineTrainer(TRLTrainer):
 
     def _sample_ahead(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> None:
         """Starts sampling these prompts in a background thread with a snapshot of the policy's current weights
-        (generation overlapped with training); the :meth:`_sample` call with the same arguments takes the result."""
+        (generation overlapped with training); the :meth:`_sample` call with the same arguments takes the result.
+        With several processes they are sampled at once, in this thread, with the same snapshot."""
         if self._background_engine is None:
             self._background_engine = self._build_rollout_engine()
             self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchlike-rollout")
         requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
         self._background_engine.update_weights(rollout.weights_snapshot(self._sampling_module))
-        pending = self._background.submit(self._background_engine.generate, requests, self.sampling)
+        if multihost.process_count() > 1:
+            # Every process must issue JAX's cross-process collectives in the same order, which a second thread
+            # would not: the batch is sampled now, with the same weights and seeds, so only the overlap is lost.
+            pending = concurrent.futures.Future()
+            pending.set_result(self._background_engine.generate(requests, self.sampling))
+        else:
+            pending = self._background.submit(self._background_engine.generate, requests, self.sampling)
         self._sampled_ahead[self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed)] = (places, pending)
 
     def _drop_samples_ahead(self) -> None:
