@@ -26,6 +26,11 @@ set to whether it is bfloat16: the cpu preset is a float32 comparison):
     ``trl.GRPOTrainer`` on ``transformers.AutoModelForCausalLM`` (sdpa) from the same directory, a ``datasets.Dataset``
     of the same prompts, ``trl.GRPOConfig(use_cpu=<cpu preset>, bf16=<bf16 preset>, report_to="none", ...)``;
     generation with ``model.generate`` (``use_vllm=False``).
+``torchlike_static``, ``torchlike_async``
+    torchlike with ``rollout_engine="static"`` (one left-padded batch decoded to its longest row, the sampler the paged
+    engine replaced) and with ``max_staleness=1`` (the next generation batch sampled while the current one trains);
+    ``vs static`` is a side's median over ``torchlike_static``'s (goals: the paged engine <= 0.6x, sampling ahead
+    <= 1 / 1.3 of the synchronous paged step).
 ``tunix``
     The Tunix Qwen2 from ``tunix.models.qwen2.params.create_model_from_safe_tensors`` (same weights,
     ``ModelConfig(remat_config=RematConfig.DECODER)``; the rollout runs the same module), the HF tokenizer
@@ -84,6 +89,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -113,7 +119,11 @@ from benchmarks.sft_step import (  # noqa: E402  (after the path set-up above)
 
 RESULT_MARKER = "GRPO_STEP_RESULT "
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "grpo_step.json"
-SIDES = ("torchlike", "trl", "tunix")
+SIDES = ("torchlike", "torchlike_static", "torchlike_async", "trl", "tunix")
+# torchlike's rollout settings per side: the default paged engine, the static batch sampler it replaced, and the paged
+# engine sampling the next generation batch while the current one trains.
+TORCHLIKE_ROLLOUTS: dict[str, dict[str, Any]] = {"torchlike": {}, "torchlike_static": {"rollout_engine": "static"},
+                                                 "torchlike_async": {"max_staleness": 1}}
 # build_word_tokenizer's words: ids 0-3 are its special tokens, id i >= 4 is the word t<i>. Not imported from
 # torchlike.testing here: importing torchlike tunes the allocator, and the TRL child imports this module.
 FIRST_WORD_ID = 4
@@ -132,7 +142,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                 steps=5, device="gpu"),
 }
 SIDE_PACKAGES: dict[str, tuple[str, ...]] = {
-    "torchlike": ("torchlike", "jax", "flax", "tunix", "qwix", "transformers"),
+    **dict.fromkeys(TORCHLIKE_ROLLOUTS, ("torchlike", "jax", "flax", "tunix", "qwix", "transformers")),
     "trl": ("torch", "transformers", "trl", "datasets"),
     "tunix": ("tunix", "jax", "flax", "optax", "transformers"),
 }
@@ -207,7 +217,8 @@ def length_summary(lengths: list[list[int]], warmup: int) -> dict[str, Any]:
 
 def hf_style_config(config_class: Any, work: Path, spec: dict[str, Any], side: str) -> Any:
     """The GRPOConfig both HF-style trainers get (``torchlike.trl.GRPOConfig`` or ``trl.GRPOConfig``)."""
-    extra = {"model_init_kwargs": {"dtype": spec["dtype"]}} if side == "torchlike" else {"dataloader_num_workers": 0}
+    extra = ({"model_init_kwargs": {"dtype": spec["dtype"]}, **TORCHLIKE_ROLLOUTS[side]} if side in TORCHLIKE_ROLLOUTS
+             else {"dataloader_num_workers": 0})
     return config_class(
         output_dir=str(work / f"out-{side}"), per_device_train_batch_size=spec["batch"],
         num_generations=spec["generations"], max_completion_length=spec["completion"],
@@ -218,7 +229,7 @@ def hf_style_config(config_class: Any, work: Path, spec: dict[str, Any], side: s
         disable_tqdm=True, **extra)
 
 
-def run_torchlike(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
+def run_torchlike(work: Path, spec: dict[str, Any], side: str = "torchlike") -> dict[str, Any]:
     import jax
     from flax import nnx
 
@@ -234,7 +245,7 @@ def run_torchlike(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
     clock = StepClock(sync, spec["warmup"], spec["warmup"] + spec["steps"])
     started = time.perf_counter()
     trainer = GRPOTrainer(model=str(work / "model"), reward_funcs=make_length_reward(spec, lengths),
-                          args=hf_style_config(GRPOConfig, work, spec, "torchlike"),
+                          args=hf_style_config(GRPOConfig, work, spec, side),
                           train_dataset=[{"prompt": prompt} for prompt in load_prompts(work)],
                           processing_class=torchlike.AutoTokenizer.from_pretrained(work / "tokenizer"),
                           callbacks=[hf_callback(clock)])
@@ -346,7 +357,8 @@ def run_tunix(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 RUNNERS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
-    "torchlike": run_torchlike, "trl": run_trl, "tunix": run_tunix}
+    **{side: functools.partial(run_torchlike, side=side) for side in TORCHLIKE_ROLLOUTS}, "trl": run_trl,
+    "tunix": run_tunix}
 
 
 def run_child(args: argparse.Namespace) -> None:
@@ -392,7 +404,7 @@ def add_ratios(rows: dict[str, dict[str, Any]]) -> None:
     """Adds each side's median (``vs_<baseline>``) and mean (``vs_<baseline>_mean``) seconds per step over TRL's and
     over raw Tunix's, in place (lower is faster)."""
     for record in rows.values():
-        for baseline in ("trl", "tunix"):
+        for baseline in ("trl", "tunix", "torchlike_static"):
             for key, suffix in (("median_step_s", ""), ("step_s", "_mean")):
                 base, mine = rows.get(baseline, {}).get(key), record.get(key)
                 record[f"vs_{baseline}{suffix}"] = mine / base if mine and base else None
@@ -402,22 +414,22 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
     def number(value: Any, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
-    header = (f"{'side':<10}{'setup s':>8}{'first s':>9}{'warmup s':>9}{'mean s':>9}{'median s':>9}{'late comp':>10}"
-              f"{'tokens':>8}{'vs trl':>8}{'vs tunix':>9}{'vs trl mean':>12}")
+    header = (f"{'side':<17}{'setup s':>8}{'first s':>9}{'warmup s':>9}{'mean s':>9}{'median s':>9}{'late comp':>10}"
+              f"{'tokens':>8}{'vs trl':>8}{'vs tunix':>9}{'vs trl mean':>12}{'vs static':>10}")
     lines = [header, "-" * len(header)]
     for side, r in rows.items():
         if "skipped" in r or "error" in r:
             reason = r.get("skipped") or error_summary(r["error"])
-            lines.append(f"{side:<10}  {'skipped' if 'skipped' in r else 'FAILED'}: {reason[:160]}")
+            lines.append(f"{side:<17}  {'skipped' if 'skipped' in r else 'FAILED'}: {reason[:160]}")
             continue
         late = None if "late_compilations" not in r else len(r["late_compilations"])
         lines.append(
-            f"{side:<10}{number(r.get('setup_s'), '.2f'):>8}{number(r.get('first_step_s'), '.2f'):>9}"
+            f"{side:<17}{number(r.get('setup_s'), '.2f'):>8}{number(r.get('first_step_s'), '.2f'):>9}"
             f"{number(r.get('warmup_end_s'), '.2f'):>9}{number(r.get('step_s'), '.4f'):>9}"
             f"{number(r.get('median_step_s'), '.4f'):>9}{number(late, 'd'):>10}"
             f"{number(r.get('completion_tokens_mean'), '.1f'):>8}"
             f"{number(r.get('vs_trl'), '.2f'):>8}{number(r.get('vs_tunix'), '.2f'):>9}"
-            f"{number(r.get('vs_trl_mean'), '.2f'):>12}")
+            f"{number(r.get('vs_trl_mean'), '.2f'):>12}{number(r.get('vs_torchlike_static'), '.2f'):>10}")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ import torch
 import transformers
 from packaging.version import Version
 
-from torchlike.adapters import sampling, tunix_grpo
+from torchlike.adapters.rollout import PagedEngine
 from torchlike.testing import build_tokenizer, random_model, tiny_config
 from torchlike.trl import GRPOConfig, GRPOTrainer
 from torchlike.trl.tool_calling import ToolCalling
@@ -190,21 +190,18 @@ def logged(history, key):
 
 
 def record_generations(monkeypatch) -> list:
-    """Records what torchlike's sampler is asked and answers (real decoding), ``(prompts, completions)`` per call, to
-    replay it to TRL."""
+    """Records what torchlike's rollout engine is asked and answers (real decoding), ``(prompts, completions)`` per
+    call in row order, to replay it to TRL."""
     generations = []
-    real_generate = sampling.generate_tokens
+    real_generate = PagedEngine.generate
 
-    def recording_generate(module, input_ids, attention_mask, max_new_tokens, settings, eos_token_ids=(), **kwargs):
-        result = real_generate(module, input_ids, attention_mask, max_new_tokens, settings,
-                               eos_token_ids=eos_token_ids, **kwargs)
-        mask, _ = tunix_grpo.completion_mask(result.tokens, list(eos_token_ids))
-        prompts = [row[keep.astype(bool)].tolist() for row, keep in zip(input_ids, attention_mask, strict=True)]
-        generations.append((prompts, [row[:int(keep.sum())].tolist() for row, keep in zip(result.tokens, mask,
-                                                                                           strict=True)]))
-        return result
+    def recording_generate(engine, requests, settings):
+        outputs = real_generate(engine, requests, settings)
+        prompts = [list(request.prompt_ids) for request in requests for _ in range(request.num_samples)]
+        generations.append((prompts, [tokens.tolist() for output in outputs for tokens in output.token_ids]))
+        return outputs
 
-    monkeypatch.setattr(sampling, "generate_tokens", recording_generate)
+    monkeypatch.setattr(PagedEngine, "generate", recording_generate)
     return generations
 
 
