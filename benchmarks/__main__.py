@@ -10,6 +10,9 @@ other:
     torchlike vs ``trl.GRPOTrainer`` vs raw Tunix ``GRPOLearner``, seconds per step (rollout + update).
 ``generate``
     torchlike ``generate`` vs ``transformers.generate``, greedy and sampling.
+``rollout``
+    a GRPO-shaped rollout (prompts x generations, long-tailed lengths): torchlike's paged engine vs its static
+    sampler, ``transformers.generate`` and transformers' continuous batching ``generate_batch``.
 ``hf_io``
     Hugging Face checkpoint import/export vs raw ``safetensors``.
 ``checkpoint_io``
@@ -25,13 +28,15 @@ Each script writes its JSON to ``--output-dir`` (default ``benchmarks/results/``
 
 Goals (from the speed issue): SFT tokens/s >= 1.0x TRL and >= 1.0x raw Tunix (full and LoRA); torchlike's LoRA step
 <= its full fine-tuning step; its first step on a warm compilation cache <= 0.4x the cold one; GRPO seconds per step
-<= 0.5x TRL; generate tokens/s >= 1.5x transformers; checkpoint and HF import/export seconds <= 1.2x raw.
+<= 0.5x TRL; generate tokens/s >= 1.5x transformers; rollout useful tokens/s: paged engine >= 2x the static sampler
+and >= 1.5x transformers ``generate_batch``, and its long-tailed tokens/s >= 0.6x its full-length tokens/s; checkpoint
+and HF import/export seconds <= 1.2x raw.
 
 Run (from the repository root)::
 
     .venv/bin/python -m benchmarks --quick            # fewer steps and repeats: about 10 minutes on 2 CPU cores
     .venv/bin/python -m benchmarks                    # each script's own defaults (longer)
-    .venv/bin/python -m benchmarks --preset gpu       # sft_step, grpo_step, generate at the Qwen2-0.5B shape, bf16
+    .venv/bin/python -m benchmarks --preset gpu       # sft_step, grpo_step, generate, rollout at the Qwen2-0.5B shape
     .venv/bin/python -m benchmarks --only grpo_step,generate --extra grpo_step="--repeats 3"
     .venv/bin/python -m benchmarks --summarize-only   # rebuild the summary from the JSON files already there
 
@@ -167,6 +172,34 @@ def generate_rows(result: dict[str, Any]) -> list[GoalRow]:
     return rows
 
 
+def rollout_rows(result: dict[str, Any]) -> list[GoalRow]:
+    sides = result.get("results", {})
+    paged = sides.get("paged")
+    rows = []
+    for baseline, name, goal in (("static", "static sampler", 2.0),
+                                 ("transformers_generate_batch", "transformers generate_batch", 1.5),
+                                 ("transformers_generate", "transformers generate", None)):
+        other = sides.get(baseline)
+        rows.append(GoalRow(f"rollout tokens/s, paged engine vs {name}", (paged or {}).get("tokens_per_s"),
+                            (other or {}).get("tokens_per_s"), "tokens/s", name, None, ">=", goal,
+                            note=problems((paged, "paged"), (other, baseline))))
+    for side, goal in (("paged", 0.6), ("static", None)):
+        record = sides.get(side) or {}
+        rows.append(GoalRow(f"rollout {side} engine tokens/s, long-tailed / full-length",
+                            record.get("tokens_per_s"), (record.get("full_length") or {}).get("tokens_per_s"),
+                            "tokens/s", "full length", None, ">=", goal, note=problems((sides.get(side), side))))
+    paged_full = (paged or {}).get("full_length") or {}
+    static_full = (sides.get("static") or {}).get("full_length") or {}
+    rows.append(GoalRow("rollout tokens/s with no early end, paged engine vs static sampler",
+                        paged_full.get("tokens_per_s"), static_full.get("tokens_per_s"), "tokens/s", "static sampler",
+                        None, ">=", None, note=problems((paged, "paged"), (sides.get("static"), "static"))))
+    memory = result.get("kv_memory")
+    if memory:
+        rows.append(GoalRow("rollout KV cache, paged peak / static batch", memory["paged_peak_bytes"] / 2**20,
+                            memory["static_cache_bytes"] / 2**20, "MiB", "static batch", None, "<=", None))
+    return rows
+
+
 def hf_io_rows(result: dict[str, Any]) -> list[GoalRow]:
     phases = result.get("phases", {})
     rows = []
@@ -220,6 +253,7 @@ BENCHMARKS = (
     Benchmark("grpo_step", {"cpu": ("--warmup", "2", "--steps", "6"), "gpu": ("--warmup", "2", "--steps", "3")}, True,
               grpo_rows),
     Benchmark("generate", {"cpu": ("--repeats", "3"), "gpu": ("--repeats", "2")}, True, generate_rows),
+    Benchmark("rollout", {"cpu": ("--new-tokens", "64"), "gpu": ()}, True, rollout_rows),
     # Its default size (0.5 GB) in quick mode too: at 128 MB fixed costs dominate and the ratios mislead.
     Benchmark("hf_io", {"cpu": ()}, False, hf_io_rows),
     Benchmark("checkpoint_io", {"cpu": ("--layers", "2", "--repeats", "2")}, False, checkpoint_rows),
@@ -391,7 +425,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="fewer steps and repeats, a smaller checkpoint_io tree (about 10 minutes on 2 CPU cores)")
     parser.add_argument("--preset", choices=("cpu", "gpu"), default="cpu",
-                        help="passed to sft_step, grpo_step and generate (gpu: Qwen2-0.5B shape, bf16, seq 1024)")
+                        help="passed to sft_step, grpo_step, generate and rollout (gpu: Qwen2-0.5B shape, bf16; "
+                             "rollout: 64 prompts x 8 generations, 512 new tokens)")
     parser.add_argument("--only", help="comma-separated subset of " + ",".join(BY_NAME))
     parser.add_argument("--skip", default="", help="comma-separated benchmarks to leave out")
     parser.add_argument("--extra", action="append", default=[], metavar='NAME="ARGS"',
