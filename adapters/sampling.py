@@ -369,7 +369,7 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
 _compiled_decode = traced_cheaply(nnx.jit(_decode_program, static_argnums=(0,)))
 
 
-def _end_token_array(eos_token_ids: Sequence[int]) -> np.ndarray:
+def end_token_array(eos_token_ids: Sequence[int]) -> np.ndarray:
     """End ids padded with -1 (never a token) to a multiple of 8, so one or three end tokens share a program."""
     ids = list(eos_token_ids)
     width = max(8, -(-len(ids) // 8) * 8)
@@ -444,7 +444,7 @@ def generate_tokens(
         tokens, logprobs, steps = _compiled_decode(
             program, module, padded_ids, padded_mask, counted, np.int32(max_new_tokens),
             SamplingValues(*(np.float32(value) for value in settings.traced_values())),
-            _end_token_array(eos_token_ids),
+            end_token_array(eos_token_ids),
             np.int32(pad_token_id), row_seeds, row_samples,
         )
     steps = int(gather_to_host(steps))
@@ -491,6 +491,7 @@ __all__ = [
     "cache_size",
     "choose_tokens",
     "choose_tokens_per_row",
+    "end_token_array",
     "first_argmax",
     "generate_tokens",
     "init_cache",

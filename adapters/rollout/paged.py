@@ -42,6 +42,7 @@ from ..runtime.tracing import record_trace, traced_cheaply
 from ..sampling import (
     bucket_length,
     choose_tokens_per_row,
+    end_token_array,
     init_cache,
     mark_seen,
     penalised_prompt_positions,
@@ -64,12 +65,15 @@ class PagedEngineConfig:
         kv_cache_tokens: the pool's size in tokens (shared by every slot and prompt); ``None`` sizes it so every
             slot can hold the longest request of a call at once.
         max_prefill_requests: requests prefilled together in one program.
+        decode_steps: tokens each decode program call adds to every live completion (the scheduler frees and
+            refills slots between calls): more amortises the call, fewer refills a slot sooner.
     """
 
     max_num_seqs: int = 64
     page_size: int = 16
     kv_cache_tokens: int | None = None
     max_prefill_requests: int = 8
+    decode_steps: int = 8
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any], prefix: str = "") -> PagedEngineConfig:
@@ -79,7 +83,7 @@ class PagedEngineConfig:
                       if prefix + item.name in settings})
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "page_size", "max_prefill_requests"):
+        for name in ("max_num_seqs", "page_size", "max_prefill_requests", "decode_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PagedEngineConfig.{name} must be >= 1, got {getattr(self, name)}.")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
@@ -94,9 +98,10 @@ class EngineStats:
     Attributes:
         prefills: prompts run through the model (one per request, whatever its ``num_samples``).
         prefill_programs: prefill program calls.
-        decode_steps: decode program calls (one token for every live slot each).
-        slot_steps: decode slots occupied by a live completion, summed over the decode steps.
-        row_steps: rows the decode programs ran (live slots plus padding to the program's row count), summed.
+        decode_calls: decode program calls; decode_steps: the decode steps they ran (``decode_steps`` per call).
+        slot_steps: tokens the decode steps added to live completions.
+        row_steps: rows the decode steps ran (live completions, those that ended within the call, and padding to
+            the program's row count), summed.
         pages: pages in the pool (the trash page excluded); page_size: tokens per page.
         peak_pages_in_use: the most pages held at once.
         pages_in_use_per_step: pages held after each decode step.
@@ -106,6 +111,7 @@ class EngineStats:
 
     prefills: int = 0
     prefill_programs: int = 0
+    decode_calls: int = 0
     decode_steps: int = 0
     slot_steps: int = 0
     row_steps: int = 0
@@ -124,6 +130,7 @@ class _Programs:
     switches: SamplingSwitches
     lora: str
     view: int = 0  # decode only: cache slots gathered per slot
+    steps: int = 1  # decode only: tokens per row and call
 
 
 @dataclass
@@ -208,40 +215,60 @@ def _admit_program(programs: _Programs, pool, seen, logits, slots, tail_from, ta
 
 
 def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens, lengths, page_table, live, seeds,
-                    samples, steps, values):
-    """One token for each of ``R`` rows, row ``r`` being slot ``slot_index[r]`` (``S``, out of range, for padding):
-    feeds ``tokens [R]`` at position ``lengths [R]`` and returns ``(next tokens [R], their logprobs [R], pool,
-    seen)``."""
+                    samples, steps, limits, values, end_ids):
+    """``programs.steps`` tokens for each of ``R`` rows, row ``r`` being slot ``slot_index[r]`` (``S``, out of
+    range, for padding). Each step feeds a row's last token at position ``lengths [R]``; a row stops once it draws
+    an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had).
+
+    Returns ``(tokens [R, steps], logprobs [R, steps], pool, seen)``, ``-1`` after a row stopped.
+    """
     slots, width = page_table.shape
     view = programs.view
-    record_trace("generate", {"engine program": "decode", "slots": slots, "view": view,
+    record_trace("generate", {"engine program": "decode", "slots": slots, "view": view, "steps": programs.steps,
                               "switches": programs.switches})
     page_size = next(iter(pool.values()))["k"].shape[1]
-    # Column c of a slot's view holds its token c - (view - length): the slot's tokens end at column view - 1 and
-    # Tunix writes the fed token at column ``view`` (its end_index, the same for every row).
-    token_index = jnp.arange(view + 1)[None, :] - (view - lengths)[:, None]
-    cached = (token_index >= 0) & (token_index < lengths[:, None])
-    safe_index = jnp.clip(token_index, 0, width * page_size - 1)
-    page = jnp.where(cached, jnp.take_along_axis(page_table, safe_index // page_size, axis=1), TRASH_PAGE)
-    offset = jnp.where(cached, safe_index % page_size, 0)
-    cache = {name: {"k": pool[name]["k"][page, offset], "v": pool[name]["v"][page, offset],
-                    "end_index": jnp.full((slots,), view, jnp.int32)} for name in pool}
-    mask = cached.at[:, view].set(True)[:, None, :]
-    logits, cache = _forward(module, tokens[:, None], lengths[:, None], cache, mask)
-    write_page = jnp.take_along_axis(page_table, jnp.minimum(lengths // page_size, width - 1)[:, None], axis=1)[:, 0]
-    write_page = jnp.where(live, write_page, TRASH_PAGE)
-    write_offset = lengths % page_size
-    pool = {name: {part: pool[name][part].at[write_page, write_offset].set(cache[name][part][:, view])
-                   for part in ("k", "v")} for name in pool}
-    logits = logits[:, 0]
-    row_seen = seen.at[slot_index].get(mode="clip") if programs.switches.repetition_penalty else None
-    next_tokens = choose_tokens_per_row(logits, stream_keys(seeds, samples, steps), programs.switches, values,
-                                        row_seen)
+    graphdef, state = nnx.split(module)
     temperature = values.temperature if programs.switches.do_sample else 1.0
-    logprobs = token_logprobs(logits, next_tokens, temperature)
-    if row_seen is not None:
-        seen = seen.at[slot_index].set(mark_seen(row_seen, next_tokens), mode="drop")
-    return next_tokens, logprobs, pool, seen
+
+    def one_step(step, carry):
+        pool, seen, tokens, lengths, done, out_tokens, out_logprobs = carry
+        active = live & ~done
+        # Column c of a slot's view holds its token c - (view - length): the slot's tokens end at column view - 1
+        # and Tunix writes the fed token at column ``view`` (its end_index, the same for every row).
+        token_index = jnp.arange(view + 1)[None, :] - (view - lengths)[:, None]
+        cached = (token_index >= 0) & (token_index < lengths[:, None])
+        safe_index = jnp.clip(token_index, 0, width * page_size - 1)
+        page = jnp.where(cached, jnp.take_along_axis(page_table, safe_index // page_size, axis=1), TRASH_PAGE)
+        offset = jnp.where(cached, safe_index % page_size, 0)
+        cache = {name: {"k": pool[name]["k"][page, offset], "v": pool[name]["v"][page, offset],
+                        "end_index": jnp.full((slots,), view, jnp.int32)} for name in pool}
+        mask = cached.at[:, view].set(True)[:, None, :]
+        logits, cache = _forward(nnx.merge(graphdef, state), tokens[:, None], lengths[:, None], cache, mask)
+        write_page = jnp.take_along_axis(page_table, jnp.minimum(lengths // page_size, width - 1)[:, None],
+                                         axis=1)[:, 0]
+        write_page = jnp.where(active, write_page, TRASH_PAGE)
+        write_offset = jnp.where(active, lengths % page_size, 0)
+        pool = {name: {part: pool[name][part].at[write_page, write_offset].set(cache[name][part][:, view])
+                       for part in ("k", "v")} for name in pool}
+        logits = logits[:, 0]
+        row_seen = seen.at[slot_index].get(mode="clip") if programs.switches.repetition_penalty else None
+        drawn = choose_tokens_per_row(logits, stream_keys(seeds, samples, steps + step), programs.switches, values,
+                                      row_seen)
+        logprobs = token_logprobs(logits, drawn, temperature)
+        if row_seen is not None:
+            marked = jnp.where(active[:, None], mark_seen(row_seen, drawn), row_seen)
+            seen = seen.at[slot_index].set(marked, mode="drop")
+        out_tokens = out_tokens.at[:, step].set(jnp.where(active, drawn, -1))
+        out_logprobs = out_logprobs.at[:, step].set(jnp.where(active, logprobs, 0.0))
+        ended = jnp.isin(drawn, end_ids) | (steps + step + 1 >= limits)
+        return (pool, seen, jnp.where(active, drawn, tokens), lengths + active.astype(jnp.int32),
+                done | (active & ended), out_tokens, out_logprobs)
+
+    count = programs.steps
+    carry = (pool, seen, tokens, lengths, jnp.zeros_like(live), jnp.full((slots, count), -1, jnp.int32),
+             jnp.zeros((slots, count), jnp.float32))
+    pool, seen, _, _, _, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, one_step, carry)
+    return out_tokens, out_logprobs, pool, seen
 
 
 _prefill = traced_cheaply(nnx.jit(_prefill_program, static_argnums=(0,), donate_argnums=(2,)))
@@ -379,6 +406,7 @@ class _Run:
         self.fed = np.zeros(self.num_slots, np.int32)
         self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
         self.programs = _Programs(self.switches, engine.lora)
+        self.end_array = end_token_array(engine.eos_token_ids)
 
     def _own_pages(self, request: RolloutRequest) -> int:
         """A completion's worst case beyond its request's shared full pages (the last new token is never fed)."""
@@ -552,6 +580,7 @@ class _Run:
     def _decode_step(self, live: list[int]) -> None:
         engine = self.engine
         page_size = engine.config.page_size
+        count = engine.config.decode_steps
         rows = self._decode_rows(len(live))
         slot_index = np.full(rows, self.num_slots, np.int32)
         fed = np.zeros(rows, np.int32)
@@ -561,9 +590,13 @@ class _Run:
         seeds = np.zeros(rows, np.uint32)
         samples = np.zeros(rows, np.int32)
         steps = np.zeros(rows, np.int32)
+        limits = np.ones(rows, np.int32)
         for row, index in enumerate(live):
             slot = self.slots[index]
-            if slot.length == len(slot.pages) * page_size:  # the fed token starts a new page
+            request = slot.group.request
+            # Pages for every token this call may feed (the last new token is never fed).
+            last_fed = min(slot.length + count - 1, slot.group.prompt_length + request.max_new_tokens - 2)
+            while len(slot.pages) * page_size <= last_fed:
                 slot.pages.append(self.pages.take())
                 slot.reserved -= 1
             slot_index[row] = index
@@ -571,23 +604,29 @@ class _Run:
             page_table[row, :len(slot.pages)] = slot.pages
             lengths[row] = slot.length
             alive[row] = True
-            seeds[row] = int(slot.group.request.seed) % (2**32)
+            seeds[row] = int(request.seed) % (2**32)
             samples[row] = slot.sample
             steps[row] = len(slot.tokens)
-        programs = _Programs(self.switches, engine.lora, bucket_length(int(lengths.max())))
-        arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps)
+            limits[row] = request.max_new_tokens
+        programs = _Programs(self.switches, engine.lora, bucket_length(int(lengths.max()) + count), count)
+        arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps, limits)
         if self.sharding is not None:
             arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
         tokens, logprobs, self.pool, self.seen = _decode(programs, engine.module, self.pool, self.seen,
-                                                         *arrays, self.values)
+                                                         *arrays, self.values, self.end_array)
         tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
         stats = engine.stats
-        stats.decode_steps += 1
-        stats.slot_steps += len(live)
-        stats.row_steps += rows
+        stats.decode_calls += 1
+        stats.decode_steps += count
+        stats.row_steps += rows * count
         for row, index in enumerate(live):
-            self.slots[index].length += 1
-            self._record(index, int(tokens[row]), float(logprobs[row]))
+            for step in range(count):
+                token = int(tokens[row, step])
+                if token < 0:
+                    break
+                stats.slot_steps += 1
+                self.slots[index].length += 1
+                self._record(index, token, float(logprobs[row, step]))
         stats.pages_in_use_per_step.append(self.pages.in_use)
         stats.live_tokens_per_step.append(self._live_tokens())
 
