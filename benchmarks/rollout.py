@@ -372,6 +372,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the preset's")
     parser.add_argument("--max-num-seqs", type=int, help="paged engine slots (default: every completion)")
     parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--decode-steps", type=int, default=8, help="paged engine tokens per decode call")
     parser.add_argument("--kv-cache-tokens", type=int, help="paged engine pool (default: the engine's sizing)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma-separated sides to leave out: paged, static, "
@@ -445,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"checkpoint built and loaded by both libraries in {time.perf_counter() - start:.1f} s", flush=True)
 
     paged_config = PagedEngineConfig(max_num_seqs=args.max_num_seqs, page_size=args.page_size,
-                                     kv_cache_tokens=args.kv_cache_tokens)
+                                     kv_cache_tokens=args.kv_cache_tokens, decode_steps=args.decode_steps)
     engines = {
         "paged": lambda: PagedEngine(model.module, paged_config, eos_token_ids=[END_TOKEN]),
         "static": lambda: StaticEngine(model.module, eos_token_ids=[END_TOKEN]),

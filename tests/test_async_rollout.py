@@ -75,7 +75,7 @@ def test_sampler_importance_ratio_equals_trls_formula(mode, clip_min, clip_max):
 
 
 def test_grpo_on_the_paged_engine_equals_grpo_on_the_static_sampler(tiny_checkpoints, tokenizer, tmp_path):
-    paged = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "paged")
+    paged = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "paged", rollout_engine="paged")
     static = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "static", rollout_engine="static")
     paged.train()
     static.train()
@@ -104,7 +104,7 @@ def test_staleness_one_trains_on_a_batch_sampled_with_the_weights_from_before_th
 
 def test_staleness_one_applies_the_sampler_correction_and_logs_trls_metrics(tiny_checkpoints, tokenizer, tmp_path):
     ahead = trainer_for(tiny_checkpoints, tokenizer, tmp_path, max_staleness=1, max_steps=3,
-                        vllm_importance_sampling_mode="token_truncate")
+                        vllm_importance_sampling_mode="token_truncate", rollout_engine="paged")
     ahead.train()
     means = logged(ahead, "sampling/importance_sampling_ratio/mean")
     differences = logged(ahead, "sampling/sampling_logp_difference/max")

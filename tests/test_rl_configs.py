@@ -236,9 +236,9 @@ def test_honoured_grpo_settings_never_warn():
                     num_iterations=2, log_completions=True, shuffle_dataset=False, disable_dropout=True) == []
 
 
-def test_use_vllm_warns_that_the_jax_sampler_generates():
+def test_use_vllm_warns_that_the_jax_rollout_engines_generate():
     (message,) = _applied(GRPOConfig, use_vllm=True)
-    assert message.startswith("use_vllm=True is ignored") and "JAX sampler" in message
+    assert message.startswith("use_vllm=True is ignored") and "JAX rollout engines" in message
 
 
 # --- GRPO batch semantics and validation ---------------------------------------------------------------------------

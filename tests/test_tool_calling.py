@@ -21,7 +21,7 @@ import torch
 import transformers
 from packaging.version import Version
 
-from torchlike.adapters.rollout import PagedEngine
+from torchlike.adapters.rollout import PagedEngine, StaticEngine
 from torchlike.testing import build_tokenizer, random_model, tiny_config
 from torchlike.trl import GRPOConfig, GRPOTrainer
 from torchlike.trl.tool_calling import ToolCalling
@@ -193,15 +193,18 @@ def record_generations(monkeypatch) -> list:
     """Records what torchlike's rollout engine is asked and answers (real decoding), ``(prompts, completions)`` per
     call in row order, to replay it to TRL."""
     generations = []
-    real_generate = PagedEngine.generate
 
-    def recording_generate(engine, requests, settings):
-        outputs = real_generate(engine, requests, settings)
-        prompts = [list(request.prompt_ids) for request in requests for _ in range(request.num_samples)]
-        generations.append((prompts, [tokens.tolist() for output in outputs for tokens in output.token_ids]))
-        return outputs
+    def recording(real_generate):
+        def recording_generate(engine, requests, settings):
+            outputs = real_generate(engine, requests, settings)
+            prompts = [list(request.prompt_ids) for request in requests for _ in range(request.num_samples)]
+            generations.append((prompts, [tokens.tolist() for output in outputs for tokens in output.token_ids]))
+            return outputs
 
-    monkeypatch.setattr(PagedEngine, "generate", recording_generate)
+        return recording_generate
+
+    for engine_class in (PagedEngine, StaticEngine):
+        monkeypatch.setattr(engine_class, "generate", recording(engine_class.generate))
     return generations
 
 

@@ -11,9 +11,9 @@ Every request carries its own PRNG stream: completion ``i`` of a request with se
 ``fold_in(fold_in(key(s), i), t)``, so a completion's tokens do not depend on which other requests share the call,
 their order, or how an engine batches them.
 
-Two engines implement the protocol: :class:`~.paged.PagedEngine` (paged KV cache, continuous batching, shared
-prompts: the default) and :class:`StaticEngine` (one left-padded batch decoded to the longest row, the sampler
-``generate`` has always used).
+Two engines implement the protocol: :class:`StaticEngine` (one left-padded batch decoded to its longest row in one
+program: the trainers' default, the fastest at the shapes measured in ``benchmarks/rollout.py``) and
+:class:`~.paged.PagedEngine` (paged KV cache, continuous batching, shared prompts: a fraction of the KV memory).
 """
 
 from __future__ import annotations
@@ -97,11 +97,16 @@ class StaticEngine:
     Args:
         module: the Tunix decoder; eos_token_ids, pad_token_id, lora: as :class:`~.paged.PagedEngine` takes them.
         batch_sharding: spreads the rows over the mesh's data axes when their count divides evenly.
+        repetition_penalty_skips_left_padding: ``True`` (the paged engine's rule): the penalty counts each prompt's
+            own ids; ``False``: also the batch's left padding, as ``transformers.generate`` before 5.x counts it
+            (:func:`~..sampling.generate_tokens`).
     """
 
     def __init__(self, module: nnx.Module, eos_token_ids: Sequence[int] = (), pad_token_id: int = 0,
-                 lora: str = "eval", batch_sharding=None, data_parallel_size: int = 1):
+                 lora: str = "eval", batch_sharding=None, data_parallel_size: int = 1,
+                 repetition_penalty_skips_left_padding: bool = True):
         self.module = module
+        self.repetition_penalty_skips_left_padding = repetition_penalty_skips_left_padding
         self.eos_token_ids = [int(token) for token in eos_token_ids]
         self.pad_token_id = int(pad_token_id)
         self.lora = lora
@@ -129,7 +134,7 @@ class StaticEngine:
         result = sampling.generate_tokens(
             self.module, prompt_ids, prompt_mask, max(request.max_new_tokens for request in requests), settings,
             eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, lora=self.lora, return_logprobs=True,
-            repetition_penalty_skips_left_padding=True,  # a request has no padding: the penalty counts its prompt
+            repetition_penalty_skips_left_padding=self.repetition_penalty_skips_left_padding,
             batch_sharding=self.batch_sharding if spread else None,
             row_streams=(np.array([requests[index].seed for index, _ in rows]), np.array([s for _, s in rows])))
         outputs = [RequestOutput() for _ in requests]

@@ -1,4 +1,5 @@
-"""The default rollout engine: a paged KV cache, continuous batching and prompts shared by their completions.
+"""The paged rollout engine (``rollout_engine="paged"``): a paged KV cache, continuous batching and prompts shared by
+their completions.
 
 The split follows JetStream and vLLM: a scheduler in plain Python owns the requests, the decode slots and the pages
 (:class:`~.pages.PagePool`), and three jitted programs only move data:
@@ -552,9 +553,15 @@ class _Run:
     # ------------------------------------------------------------------ decode
     def _record(self, slot_index: int, token: int, logprob: float) -> None:
         """Appends a sampled token to its completion; finishes the completion on an end token or its limit."""
+        self._record_many(slot_index, [token], [logprob])
+
+    def _record_many(self, slot_index: int, tokens: list[int], logprobs: list[float]) -> None:
+        """Appends sampled tokens (the decode program stops a row at its end token or limit, so only the last can
+        end it); finishes the completion on an end token or its limit."""
         slot = self.slots[slot_index]
-        slot.tokens.append(token)
-        slot.logprobs.append(logprob)
+        slot.tokens.extend(tokens)
+        slot.logprobs.extend(logprobs)
+        token = tokens[-1]
         if token in self.end_ids or len(slot.tokens) == slot.group.request.max_new_tokens:
             output = self.outputs[slot.group.index]
             while len(output.token_ids) <= slot.sample:
@@ -619,14 +626,12 @@ class _Run:
         stats.decode_calls += 1
         stats.decode_steps += count
         stats.row_steps += rows * count
+        produced = (tokens[:len(live)] >= 0).sum(axis=1)
+        stats.slot_steps += int(produced.sum())
         for row, index in enumerate(live):
-            for step in range(count):
-                token = int(tokens[row, step])
-                if token < 0:
-                    break
-                stats.slot_steps += 1
-                self.slots[index].length += 1
-                self._record(index, token, float(logprobs[row, step]))
+            count = int(produced[row])
+            self.slots[index].length += count
+            self._record_many(index, tokens[row, :count].tolist(), logprobs[row, :count].tolist())
         stats.pages_in_use_per_step.append(self.pages.in_use)
         stats.live_tokens_per_step.append(self._live_tokens())
 

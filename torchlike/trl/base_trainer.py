@@ -35,6 +35,7 @@ from ..adapters import (
 from ..adapters.lora import runtime as lora_runtime
 from ..training import Trainer
 from ..training_args import TrainingArguments
+from ..version import repetition_penalty_skips_left_padding
 from .base_config import round_up_to_multiple
 from .grpo_data import left_padded
 from .sft_data import pad_token_id_for
@@ -547,9 +548,11 @@ class OnlineTrainer(TRLTrainer):
         settings = {item.name: getattr(self.args, item.name) for item in dataclasses.fields(self.args)
                     if item.name.startswith("rollout_")}
         common = {"eos_token_ids": self.eos_token_ids, "pad_token_id": self.pad_token_id, "lora": lora_runtime.EVAL}
-        if settings.get("rollout_engine", "paged") == "static":
+        if settings.get("rollout_engine", "static") == "static":
             return rollout.StaticEngine(self._sampling_module, batch_sharding=mesh_lib.batch_sharding(self.mesh),
-                                        data_parallel_size=mesh_lib.data_parallel_size(self.mesh), **common)
+                                        data_parallel_size=mesh_lib.data_parallel_size(self.mesh),
+                                        repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
+                                        **common)
         return rollout.PagedEngine(self._sampling_module,
                                    rollout.PagedEngineConfig.from_mapping(settings, prefix="rollout_"),
                                    mesh=self.mesh, **common)

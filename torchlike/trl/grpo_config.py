@@ -19,8 +19,8 @@ from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 
 #: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.rl_math.grpo_loss`` computes them).
 LOSS_TYPES: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-#: ``rollout_engine`` values: torchlike's paged engine or the static batch sampler.
-ROLLOUT_ENGINES = ("paged", "static")
+#: ``rollout_engine`` values: the static batch sampler or torchlike's paged engine.
+ROLLOUT_ENGINES = ("static", "paged")
 #: ``importance_sampling_level`` values: per-token ratios or one per sequence (GSPO).
 IMPORTANCE_SAMPLING_LEVELS: tuple[str, ...] = ("token", "sequence")
 #: ``scale_rewards`` values after TRL's mapping of ``True`` -> ``"group"`` and ``False`` -> ``"none"``.
@@ -126,7 +126,7 @@ class OnlineRLConfig(TRLConfig):
     max_prompt_length: int | None = None
 
     # --- torchlike's rollout engine (TRL's vllm_* fields name vLLM's) ---
-    rollout_engine: str = "paged"
+    rollout_engine: str = "static"
     rollout_max_num_seqs: int = 256
     rollout_page_size: int = 16
     rollout_kv_cache_tokens: int | None = None
@@ -253,8 +253,10 @@ class GRPOConfig(OnlineRLConfig):
         log_completions (`bool`, defaults to `False`): log sample completions every ``logging_steps``.
         max_prompt_length (`int`, *optional*): torchlike only; removed from TRL in 0.28 and accepted here with a
             ``FutureWarning``: longer prompts keep their last ``max_prompt_length`` tokens.
-        rollout_engine (`str`, defaults to ``"paged"``): torchlike only. ``"paged"``: the paged, continuously batched
-            engine (``torchlike.adapters.rollout``); ``"static"``: one left-padded batch decoded to its longest row.
+        rollout_engine (`str`, defaults to ``"static"``): torchlike only. ``"static"``: one left-padded batch decoded
+            to its longest row in one program (the fastest at the shapes ``benchmarks/rollout.py`` measures);
+            ``"paged"``: the paged, continuously batched engine (``torchlike.adapters.rollout``: a fraction of the KV
+            memory, for generation batches a static batch cannot hold).
         rollout_max_num_seqs (`int`, defaults to 256): torchlike only; completions decoded together (vLLM's
             ``max_num_seqs``); the others wait for a slot.
         rollout_page_size (`int`, defaults to 16): torchlike only; tokens per KV-cache page (vLLM's ``block_size``).

@@ -13,8 +13,8 @@ from ..field_support import FieldSupport, honoured, ignored, refused
 from .sft_fields import ROUTER_LOSS_NOT_ADDED, SFT_FIELD_SUPPORT
 
 _NO_VLLM = ("vLLM is a CUDA/PyTorch engine torchlike does not use: completions come from torchlike's JAX rollout "
-            "engine (paged KV cache, continuous batching, shared prompts; rollout_* fields) on the training mesh "
-            "(like vllm_mode='colocate') with the same sampling settings.")
+            "engines (rollout_engine='paged' has vLLM's paged KV cache, continuous batching and shared prompts; "
+            "rollout_* fields) on the training mesh (like vllm_mode='colocate') with the same sampling settings.")
 _ONLY_WITH_VLLM = ("Only read with use_vllm=True; torchlike generates with its own JAX rollout engine (rollout_* "
                    "fields).")
 _SAMPLER_CORRECTION = ("With max_staleness >= 1 the engine's log-probs come from the weights before the last "
@@ -178,9 +178,10 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "transformers_continuous_batching_config": ignored(_NO_TORCH_GENERATION),
     "use_transformers_paged": ignored(_NO_TORCH_GENERATION),
     # --- removed from TRL, kept by torchlike ---
-    "rollout_engine": honoured("torchlike: 'paged' samples with the paged, continuously batched engine "
-                               "(torchlike.adapters.rollout: pages freed as completions end, one prefill per prompt "
-                               "group); 'static' with one left-padded batch decoded to its longest row."),
+    "rollout_engine": honoured("torchlike: 'static' (the default, the fastest at the measured shapes) samples with "
+                               "one left-padded batch decoded to its longest row in one program; 'paged' with the "
+                               "paged, continuously batched engine (torchlike.adapters.rollout: pages freed as "
+                               "completions end, one prefill per prompt group, a fraction of the KV memory)."),
     "rollout_max_num_seqs": honoured("torchlike: completions decoded together (vLLM's max_num_seqs); the others "
                                      "wait and take the slots of completions that end."),
     "rollout_page_size": honoured("torchlike: tokens per KV-cache page (vLLM's block_size)."),
