@@ -24,6 +24,7 @@ import contextlib
 import functools
 import gc
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -64,33 +65,50 @@ def _describe(value: Any) -> str:
     return str(value)
 
 
+_FAST_TRACING_LOCK = threading.Lock()
+_fast_tracing_depth = 0
+_patched_origins: dict[type, Any] = {}
+_gc_was_enabled = True
+
+
 @contextlib.contextmanager
 def cheap_tracer_attribute_errors() -> Iterator[None]:
-    """Within the block, tracer ``AttributeError`` messages omit the tracer's origin (no jaxpr walk)."""
-    classes = [cls for cls in (getattr(jax_core, "Tracer", None), getattr(partial_eval, "DynamicJaxprTracer", None))
-               if cls is not None and "_origin_msg" in vars(cls)]
-    originals = {cls: vars(cls)["_origin_msg"] for cls in classes}
-    for cls in classes:
-        cls._origin_msg = lambda self: ""
-    try:
+    """Within the block, tracer ``AttributeError`` messages omit the tracer's origin (no jaxpr walk); one
+    implementation with :func:`fast_tracing`, which also pauses the collector."""
+    with fast_tracing():
         yield
-    finally:
-        for cls, original in originals.items():
-            cls._origin_msg = original
 
 
 @contextlib.contextmanager
 def fast_tracing() -> Iterator[None]:
     """Within the block the cyclic garbage collector is paused (reference counting still frees objects;
-    the collector resumes after the block) and tracer attribute errors are cheap."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+    the collector resumes after the block) and tracer attribute errors are cheap.
+
+    Blocks may overlap across threads (a rollout sampled in the background while the trainer traces): the first
+    to enter pauses and patches, the last to leave restores."""
+    global _fast_tracing_depth, _gc_was_enabled
+    with _FAST_TRACING_LOCK:
+        if _fast_tracing_depth == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+            classes = [cls for cls in (getattr(jax_core, "Tracer", None),
+                                       getattr(partial_eval, "DynamicJaxprTracer", None))
+                       if cls is not None and "_origin_msg" in vars(cls)]
+            for cls in classes:
+                _patched_origins[cls] = vars(cls)["_origin_msg"]
+                cls._origin_msg = lambda self: ""
+        _fast_tracing_depth += 1
     try:
-        with cheap_tracer_attribute_errors():
-            yield
+        yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _FAST_TRACING_LOCK:
+            _fast_tracing_depth -= 1
+            if _fast_tracing_depth == 0:
+                for cls, original in _patched_origins.items():
+                    cls._origin_msg = original
+                _patched_origins.clear()
+                if _gc_was_enabled:
+                    gc.enable()
 
 
 def traced_cheaply(function: Callable) -> Callable:
