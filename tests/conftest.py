@@ -13,12 +13,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests import tiny  # noqa: E402
+from torchlike.adapters.runtime import compilation  # noqa: E402
 
 
 def pytest_configure(config):
     import jax
 
-    cache_dir = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tiny.CACHE_ROOT, "jax"))
+    cache_dir = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                                      os.path.join(tiny.CACHE_ROOT, compilation.cache_folder_name()))
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     torch.manual_seed(0)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from torchlike.adapters.runtime import compilation
+
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = """
 import sys, jax, torchlike
@@ -27,8 +29,18 @@ def _run(env_update: dict, tmp_path: Path) -> str:
 
 
 def test_cache_defaults_to_the_user_cache_dir_and_fills_up(tmp_path):
-    assert _run({}, tmp_path) == str(tmp_path / "xdg" / "torchlike" / "jax")
-    assert any((tmp_path / "xdg" / "torchlike" / "jax").iterdir())
+    folder = tmp_path / "xdg" / "torchlike" / compilation.cache_folder_name()
+    assert _run({}, tmp_path) == str(folder)
+    assert any(folder.iterdir())
+
+
+def test_python_314_gets_a_cache_folder_of_its_own(monkeypatch):
+    # 3.14's JAX writes zstd entries under the zlib label: a folder shared with an older Python would not read back.
+    assert compilation.cache_folder_name() == ("jax" if sys.version_info < (3, 14) else "jax-py3.14")
+    monkeypatch.setattr(sys, "version_info", (3, 14, 0, "final", 0))
+    assert compilation.cache_folder_name() == "jax-py3.14"
+    monkeypatch.setattr(sys, "version_info", (3, 13, 5, "final", 0))
+    assert compilation.cache_folder_name() == "jax"
 
 
 def test_environment_variable_moves_or_disables_the_cache(tmp_path):

@@ -2,7 +2,7 @@
 
 Where: ``$TORCHLIKE_COMPILATION_CACHE`` if set (``0``/``off``/``false`` turns the cache off),
 else a directory the user already gave JAX (``JAX_COMPILATION_CACHE_DIR`` or
-``jax.config.jax_compilation_cache_dir``), else ``~/.cache/torchlike/jax`` (``$XDG_CACHE_HOME``
+``jax.config.jax_compilation_cache_dir``), else ``~/.cache/torchlike/<cache_folder_name()>`` (``$XDG_CACHE_HOME``
 respected). torchlike's programs are small and many (one per weight shape when loading), so
 every compilation is cached, not only those over JAX's default one-second threshold.
 """
@@ -17,8 +17,18 @@ _enabled: Path | None = None
 _decided = False
 
 
+def cache_folder_name() -> str:
+    """``"jax"``, or ``"jax-py3.14"`` from Python 3.14 on: there JAX compresses cache entries with the standard
+    library's zstd under the label it gives zlib entries elsewhere, so a folder shared with an older Python fails to
+    read (and recompiles) the other's entries."""
+    import sys
+
+    major, minor = sys.version_info[:2]
+    return "jax" if (major, minor) < (3, 14) else f"jax-py{major}.{minor}"
+
+
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torchlike" / "jax"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torchlike" / cache_folder_name()
 
 
 def enable_compilation_cache(cache_dir: str | os.PathLike | None = None) -> Path | None:
