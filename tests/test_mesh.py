@@ -188,8 +188,10 @@ def test_grpo_sampling_ahead_on_two_processes_gives_the_losses_of_one_process_of
     assert len(ahead) == distributed_worker.STEPS and np.isfinite(ahead).all()
     # The batches after the first are sampled with older weights: the run differs from the synchronous one.
     assert not np.allclose(ahead, mesh_results["grpo_lora"]["straight"], rtol=1e-5, atol=1e-5)
+    # The batches sampled ahead are reweighted by exp(sum of (trainer - sampler) log-prob gaps over a completion),
+    # which sums the bf16 noise of both sides' layouts: 2e-4 absolute, against 1e-5 for the synchronous run.
     for result in two_processes["results"]:
-        np.testing.assert_allclose(result["grpo_lora_ahead"]["losses"], ahead, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(result["grpo_lora_ahead"]["losses"], ahead, rtol=1e-5, atol=2e-4)
 
 
 def test_grpo_rewards_are_computed_by_each_process_for_its_own_half(two_processes, mesh_results):
