@@ -44,16 +44,7 @@ def varied(tmp_path_factory):
     """A tiny Qwen2 whose weights are scaled up (std 0.16) so greedy decoding wanders instead of
     repeating one token; returns ``(transformers model, torchlike model)``, both float32, with no
     default end token (so rows run to ``max_new_tokens`` unless a test passes ``eos_token_id``)."""
-    reference = tiny.build_hf_model(tiny.CASES["qwen2"](), seed=0)
-    with torch.no_grad():
-        for name, parameter in reference.named_parameters():
-            if "norm" not in name:
-                parameter.mul_(2.0)
-    path = tmp_path_factory.mktemp("varied_qwen2")
-    reference.save_pretrained(path)
-    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
-    reference.generation_config.eos_token_id = model.generation_config.eos_token_id = None
-    return reference, model
+    return tiny.wandering_qwen2(tmp_path_factory.mktemp("varied_qwen2"))
 
 
 def test_greedy_output_of_the_test_model_is_not_one_token_repeated(varied):

@@ -37,14 +37,7 @@ def hf_greedy(reference, prompt: list[int], eos: int | None) -> list[int]:
 @pytest.fixture(scope="module")
 def wandering_qwen2(tmp_path_factory):
     """A tiny Qwen2 whose weights are scaled up so sampled and greedy tokens wander (not one token repeated)."""
-    reference = tiny.build_hf_model(tiny.CASES["qwen2"](), seed=0)
-    with torch.no_grad():
-        for name, parameter in reference.named_parameters():
-            if "norm" not in name:
-                parameter.mul_(2.0)
-    path = tmp_path_factory.mktemp("wandering_qwen2")
-    reference.save_pretrained(path)
-    return reference, torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    return tiny.wandering_qwen2(tmp_path_factory.mktemp("wandering_qwen2"))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

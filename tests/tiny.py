@@ -66,6 +66,23 @@ class CheckpointFactory:
         return self._built[key]
 
 
+def wandering_qwen2(path: Path):
+    """A tiny Qwen2 whose weights are scaled up (std 0.16) so greedy and sampled decoding wander instead of repeating
+    one token, saved to ``path``: ``(transformers model, torchlike model)``, both float32, with no default end token
+    (so rows run to ``max_new_tokens`` unless a test passes one)."""
+    import torchlike
+
+    reference = build_hf_model(CASES["qwen2"](), seed=0)
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            if "norm" not in name:
+                parameter.mul_(2.0)
+    reference.save_pretrained(path)
+    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    reference.generation_config.eos_token_id = model.generation_config.eos_token_id = None
+    return reference, model
+
+
 def padded_batch() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Three rows of unequal length: right-padded, left-padded, full. Returns (ids, mask, position_ids)."""
     rng = np.random.default_rng(0)
