@@ -8,12 +8,14 @@ min-p), so a GRPO rollout can reuse them one by one or through :func:`choose_tok
 Tunix's own ``Sampler`` is not used: it has no repetition penalty or min-p, needs a fixed
 ``kv_cache_size`` (its cache index wraps silently), reuses one PRNG key per rollout and returns
 NaN log-probs for temperature 0. Here the cache is sized from the bucketed prompt and
-new-token lengths, greedy is an argmax, and every call takes its own key.
+new-token lengths, greedy is an argmax, and every row draws from its own stream (:func:`stream_keys`: the
+request's seed, the row's sample index, the token's index), so a row's tokens do not depend on the rows beside
+it and equal the paged rollout engine's (:mod:`.rollout`) for the same request.
 
 The settings are one :class:`SamplingSettings` value (``transformers.GenerationConfig``'s names,
 defaults and ranges) that ``generate`` and GRPO both build. Only the shapes and its
 :class:`SamplingSwitches` (which processors run) are compiled in; temperature, top-p, min-p, the
-penalty, the number of new tokens, the end tokens and the seed are traced values, so calls that
+penalty, the number of new tokens, the end tokens and the seeds are traced values, so calls that
 differ only in those reuse one program.
 Prompt and new-token lengths are rounded up to buckets (:func:`bucket_length`) for the same reason.
 """
