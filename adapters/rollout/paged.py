@@ -46,7 +46,6 @@ from ..sampling import (
     end_token_array,
     init_cache,
     mark_seen,
-    penalised_prompt_positions,
     stream_keys,
     token_logprobs,
 )
@@ -371,7 +370,6 @@ class _Run:
     def __init__(self, engine: PagedEngine, requests: list[RolloutRequest], settings: SamplingSettings):
         self.engine = engine
         config = engine.config
-        self.settings = settings
         self.switches = settings.switches()
         self.values = SamplingValues(*(np.float32(value) for value in settings.traced_values()))
         self.groups = [_Group(index, request) for index, request in enumerate(requests)]
@@ -529,7 +527,7 @@ class _Run:
             self.slots[slot] = _Slot(group, sample, pages, shared, reserved, length)
             slot_index[row] = slot
             prompt_ids[row, :length] = request.prompt_ids
-            counted[row, :length] = penalised_prompt_positions(np.ones((1, length), np.int32), False)[0]
+            counted[row, :length] = 1  # a request has no padding: the penalty counts its whole prompt
             seeds[row], samples[row] = int(request.seed) % (2**32), sample
             logits.append(group.logits)
             if group.next_sample == request.num_samples and group not in finished_groups:

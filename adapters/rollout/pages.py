@@ -59,10 +59,9 @@ class PagePool:
         self._reserved += pages
         return True
 
-    def take(self, reserved: bool = True) -> int:
-        """A free page, held once; drawn from the caller's reservation unless ``reserved=False``."""
-        if reserved:
-            self._reserved -= 1
+    def take(self) -> int:
+        """A free page, held once, drawn from the caller's reservation."""
+        self._reserved -= 1
         page = self._free.pop()
         self._holders[page] = 1
         self.peak_in_use = max(self.peak_in_use, self.in_use)
