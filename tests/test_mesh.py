@@ -23,11 +23,16 @@ DECODER_QUERY_PROJECTION = ("layers.0.attn.q_proj.w", [64, 4, 16], [16, 2, 16])
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def with_device_count(count: int) -> str:
+    """This process's ``XLA_FLAGS`` (the suite's compile settings) plus ``count`` simulated CPU devices."""
+    return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}".strip()
+
+
 @pytest.fixture(scope="session")
 def mesh_results(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
     """Runs every 8-device check in one subprocess (XLA fixes the device count at start-up)."""
     out = tmp_path_factory.mktemp("mesh") / "results.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=with_device_count(8), JAX_PLATFORMS="cpu")
     cases = [f"{case}={tiny_checkpoints.path(case)}" for case in MESH_CASES]
     completed = subprocess.run([sys.executable, "-m", "tests.mesh_checks", str(out), str(tokenizer_dir), *cases],
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -138,7 +143,7 @@ def two_processes(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
     port = _free_port()
     workers = []
     for index in range(2):
-        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+        env = dict(os.environ, XLA_FLAGS=with_device_count(4), JAX_PLATFORMS="cpu",
                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index))
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "tests.distributed_worker", str(folder / f"{index}.json"), str(jobs)],
