@@ -111,3 +111,19 @@ def test_the_checks_see_a_cycle_and_resolve_relative_imports(tmp_path):
     source.write_text("import tunix.models\nfrom ..nnx_state import flat\n\ndef f():\n    from . import merge\n")
     assert imported_names("torchlike.adapters.lora.runtime", source) == {
         "tunix.models", "torchlike.adapters.nnx_state.flat", "torchlike.adapters.lora.merge"}
+
+
+def test_online_trainers_share_one_generation_path_schedule_and_scoring():
+    """GRPO, RLOO and Distillation sample, call tools, score and schedule their generation batches through
+    ``OnlineTrainer``; they differ in what they add to a Rollout (advantages, the divergence mask) and their loss."""
+    from torchlike.trl import DistillationTrainer, GRPOTrainer, RLOOTrainer
+    from torchlike.trl.online_trainer import OnlineTrainer
+
+    shared = ("_generate", "_generate_single_turn", "_custom_rollout", "_call_tools", "_sample", "_sample_ahead",
+              "_score", "_rewards", "_batches", "_steps_per_epoch", "_get_train_sampler", "_generation_seed",
+              "_generation_rows")
+    for trainer in (GRPOTrainer, RLOOTrainer, DistillationTrainer):
+        assert [name for name in shared if getattr(trainer, name) is not getattr(OnlineTrainer, name)] == [], trainer
+        assert trainer._generation_schedule is not OnlineTrainer._generation_schedule
+    assert RLOOTrainer._rollout is GRPOTrainer._rollout
+    assert {RLOOTrainer._advantages, RLOOTrainer._loss}.isdisjoint({GRPOTrainer._advantages, GRPOTrainer._loss})

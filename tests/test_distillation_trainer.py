@@ -114,7 +114,7 @@ def test_the_blockwise_divergence_equals_the_whole_sequence_one():
 
 def scripted_completions(prompt_ids, *args, **kwargs):
     """The completion each trainer trains on, in place of sampling (TRL's ``_generate_single_turn`` and
-    torchlike's ``_sample_completions``): fixed per prompt, of varying length, some ending with EOS, some cut at
+    torchlike's, which also returns the sampler's log-probs): fixed per prompt, of varying length, some ending with EOS, some cut at
     ``max_completion_length``."""
     completions = []
     for ids in prompt_ids:
@@ -143,12 +143,19 @@ def comparison_settings(**case) -> dict:
                 save_strategy="no", **case)
 
 
+def scripted_turn(prompt_ids, seed):
+    """:func:`scripted_completions` as torchlike's ``_generate_single_turn`` returns them: with no log-probs."""
+    return scripted_completions(prompt_ids), None
+
+
 def recording(sample, sampled: list):
-    """``sample`` (a trainer's own sampler), appending each batch of completions it returns to ``sampled``."""
+    """``sample`` (a trainer's own ``_generate_single_turn``), appending each batch of completions it returns to
+    ``sampled`` (torchlike's returns them with their log-probs)."""
 
     def record(prompt_ids, *args, **kwargs):
-        sampled.append(sample(prompt_ids, *args, **kwargs))
-        return sampled[-1]
+        result = sample(prompt_ids, *args, **kwargs)
+        sampled.append(result[0] if isinstance(result, tuple) else result)
+        return result
 
     return record
 
@@ -184,8 +191,8 @@ def run_torchlike_distillation(student, teacher, tokenizer_path, output_dir, set
                                   args=DistillationConfig(output_dir=str(output_dir), **settings),
                                   train_dataset=[{"prompt": prompt} for prompt in PROMPTS],
                                   processing_class=tokenizer_for(tokenizer_path))
-    trainer._sample_completions = (scripted_completions if sampled is None
-                                   else recording(trainer._sample_completions, sampled))
+    trainer._generate_single_turn = (scripted_turn if sampled is None
+                                     else recording(trainer._generate_single_turn, sampled))
     trainer.train()
     trainer.model.save_pretrained(output_dir / "model")
     return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
@@ -239,7 +246,7 @@ def test_on_policy_training_samples_from_the_student_and_moves_only_the_student(
                                 report_to="none", save_strategy="no"),
         train_dataset=[{"prompt": prompt} for prompt in PROMPTS], processing_class=tokenizer_for(tokenizer_dir))
     sampled = []
-    trainer._sample_completions = recording(trainer._sample_completions, sampled)
+    trainer._generate_single_turn = recording(trainer._generate_single_turn, sampled)
     trainer.train()
 
     assert len(sampled) == 3 and all(len(batch) == 4 for batch in sampled)  # one generation batch per step

@@ -11,36 +11,24 @@ that add their data preparation and step loss.
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
-import itertools
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from transformers import TrainerCallback
 
 from ..adapters import mesh as mesh_lib
 from ..adapters import (
-    multihost,
     reference_policy,
     reference_sync,
-    rollout,
-    sampling,
     step_metrics,
     train_step,
-    tunix_grpo,
 )
-from ..adapters.lora import runtime as lora_runtime
 from ..training import Trainer
 from ..training_args import TrainingArguments
-from ..version import repetition_penalty_skips_left_padding
-from .base_config import round_up_to_multiple
-from .grpo_data import left_padded
 from .sft_data import pad_token_id_for
 
-__all__ = ["OnlineTrainer", "PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
+__all__ = ["PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
            "check_text_dataset", "default_output_dir", "load_model"]
 
 
@@ -424,212 +412,3 @@ class PrecomputedReferenceTrainer(TRLTrainer):
         """``"eval"``: TRL logs its metrics (``rewards/chosen``...) as ``eval_<metric>`` whatever the dataset, so with a
         dict of eval datasets only the loss, runtime and speed carry the dataset's name."""
         return "eval"
-
-
-class OnlineTrainer(TRLTrainer):
-    """The trainers that sample completions from the policy (GRPO, RLOO, Distillation): the sampling settings, pad
-    and end tokens, prompt widths, eval rows prepared like training rows, and the generation metrics gathered between
-    logs (means over the generation batches since the last training log, added to it as TRL's ``log`` does).
-
-    A subclass calls :meth:`_setup_sampling` before preparing its prompts and provides ``_prepare(dataset, name)``.
-    """
-
-    def _setup_sampling(self, args: Any, model: Any, processing_class: Any) -> None:
-        """Sets ``sampling`` (the config's sampling fields, ``generation_kwargs`` over them, sampling on as in TRL),
-        ``tokenizer``, ``pad_token_id`` and ``eos_token_ids`` (the tokenizer's eos first, then the generation
-        config's)."""
-        names = sampling.SamplingSettings.names()
-        extra = dict(args.generation_kwargs or {})
-        unknown = sorted(set(extra) - set(names))
-        if unknown:
-            raise ValueError(f"generation_kwargs {unknown} are not supported by torchlike's sampler; it takes "
-                             f"{', '.join(names)} (max_completion_length sets the length).")
-        config_fields = {field.name for field in dataclasses.fields(args)}
-        from_config = {name: getattr(args, name) for name in names if name in config_fields}
-        self.sampling = sampling.SamplingSettings.from_mapping({**from_config, "do_sample": True, **extra})
-        self.tokenizer = processing_class
-        self.pad_token_id = self._pad_token_id(processing_class, None)
-        eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
-        self._pending_metrics: dict[str, list[float]] = {}
-        self._rollout_engine: rollout.RolloutEngine | None = None
-        self._background_engine: rollout.RolloutEngine | None = None
-        self._background: concurrent.futures.ThreadPoolExecutor | None = None
-        self._sampled_ahead: dict[tuple, tuple[list, concurrent.futures.Future]] = {}
-
-    def _padded(self, length: int) -> int:
-        """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
-        return round_up_to_multiple(length, self.args.pad_to_multiple_of)
-
-    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
-        """Raw eval rows prepared as the train rows are (rows prepared at construction are kept as they are)."""
-        from ..training import batches
-
-        rows = batches.as_sequence(dataset)
-        if len(rows) and isinstance(rows[0], dict) and "prompt_ids" in rows[0]:
-            return rows
-        return self._prepare(rows, "eval_dataset")
-
-    def log(self, logs: dict[str, float]) -> None:
-        """Adds the generation metrics gathered since the last training log (NaN-skipping means) to a training log,
-        including the run's closing summary when generation happened after the last logging step, then calls
-        :meth:`_on_train_log`."""
-        if not any(key.startswith("eval_") for key in logs) and self._pending_metrics:
-            train_metrics = {key: values for key, values in self._pending_metrics.items()
-                             if not key.startswith("eval_")}
-            logs = {**logs, **{key: float(np.nanmean(values)) for key, values in train_metrics.items()}}
-            for key in train_metrics:
-                del self._pending_metrics[key]
-            self._on_train_log()
-        super().log(logs)
-
-    def _on_train_log(self) -> None:
-        """Called when a training log takes the gathered generation metrics (e.g. to print the latest completions)."""
-
-    # ------------------------------------------------------------------ sampling and tools
-    @property
-    def _sampling_module(self):
-        """The NNX module completions are sampled from: the policy (the student in distillation)."""
-        return self._trainable_model.module
-
-    def _setup_tools(self, tools: list | None, processing_class: Any, args: Any) -> None:
-        """Sets ``tools`` and ``tool_calling`` (:class:`.tool_calling.ToolCalling`, TRL's checks run) when tools are
-        given, else ``None``."""
-        from . import tool_calling
-
-        self.tools = list(tools or [])
-        self.tool_calling = tool_calling.ToolCalling.create(processing_class, self.tools, args.chat_template_kwargs,
-                                                            trainer_name=self._trainer_name) if self.tools else None
-
-    def _check_tool_prompts(self, row_lists: list) -> None:
-        """With tools, every prompt must be a list of chat messages."""
-        from .grpo_data import is_conversational_prompt
-
-        if self.tools and not all(is_conversational_prompt(row["prompt"]) for rows in row_lists for row in rows or []):
-            raise ValueError("tools need conversational prompts (lists of chat messages): the chat template renders "
-                             "the tools' schemas, and the model's turns are parsed as assistant messages.")
-
-    def _completion_arrays(self, completions: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(tokens, completion_mask, ended)`` of completions given as token lists (each at most
-        ``max_completion_length``), right-padded to the completion width; ``ended`` by TRL's rule: the last token is
-        an end or pad token."""
-        tokens = np.full((len(completions), self._padded(self.args.max_completion_length)), self.pad_token_id,
-                         np.int32)
-        completion_mask = np.zeros(tokens.shape, np.int32)
-        for row, ids in enumerate(completions):
-            tokens[row, :len(ids)] = ids
-            completion_mask[row, :len(ids)] = 1
-        stops = {*self.eos_token_ids, self.pad_token_id}
-        ended = np.array([not ids or ids[-1] in stops for ids in completions])
-        return tokens, completion_mask, ended
-
-    @staticmethod
-    def _mask_array(masks: list[list[int]], completion_mask: np.ndarray, name: str) -> np.ndarray:
-        """Per-token 0/1 lists (one per completion, as long as it) as an array shaped like ``completion_mask``,
-        padded with 1 as TRL pads ``tool_mask``."""
-        array = np.ones(completion_mask.shape, np.int32)
-        for row, (mask, length) in enumerate(zip(masks, completion_mask.sum(axis=1), strict=True)):
-            if len(mask) != length:
-                raise ValueError(f"{name} of completion {row} has {len(mask)} entries for its {length} tokens; give "
-                                 "one 0/1 per completion token (1: the model's own, trained on).")
-            array[row, :length] = mask
-        return array
-
-    @property
-    def rollout_engine(self) -> rollout.RolloutEngine:
-        """The engine completions are sampled with (``args.rollout_engine``; built on first use, then handed the
-        policy before each generation round)."""
-        if self._rollout_engine is None:
-            self._rollout_engine = self._build_rollout_engine()
-        return self._rollout_engine
-
-    def _build_rollout_engine(self) -> rollout.RolloutEngine:
-        settings = {item.name: getattr(self.args, item.name) for item in dataclasses.fields(self.args)
-                    if item.name.startswith("rollout_")}
-        common = {"eos_token_ids": self.eos_token_ids, "pad_token_id": self.pad_token_id, "lora": lora_runtime.EVAL}
-        if settings.get("rollout_engine", "static") == "static":
-            return rollout.StaticEngine(self._sampling_module, batch_sharding=mesh_lib.batch_sharding(self.mesh),
-                                        data_parallel_size=mesh_lib.data_parallel_size(self.mesh),
-                                        repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
-                                        **common)
-        return rollout.PagedEngine(self._sampling_module,
-                                   rollout.PagedEngineConfig.from_mapping(settings, prefix="rollout_"),
-                                   mesh=self.mesh, **common)
-
-    @staticmethod
-    def _generation_key(prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> tuple:
-        return (int(seed), int(max_new_tokens), np.asarray(prompt_ids).tobytes(), np.asarray(prompt_mask).tobytes())
-
-    def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int,
-                seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(tokens [N, steps], log-probs [N, steps])`` sampled by the policy after left-padded prompts (pad and
-        log-prob 0 after a row's end token); the rows of one prompt in a row are one request's samples (one prefill).
-        Prompts :meth:`_sample_ahead` started are taken from there (sampled with the weights of that moment)."""
-        ahead = self._sampled_ahead.pop(self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed), None)
-        if ahead is not None:
-            places, pending = ahead
-            outputs = pending.result()
-        else:
-            requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
-            engine = self.rollout_engine
-            engine.update_weights(self._sampling_module)
-            outputs = engine.generate(requests, self.sampling)
-        return rollout.rows_from_outputs(outputs, places, self.pad_token_id)
-
-    def _sample_ahead(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> None:
-        """Starts sampling these prompts in a background thread with a snapshot of the policy's current weights
-        (generation overlapped with training); the :meth:`_sample` call with the same arguments takes the result.
-        With several processes they are sampled at once, in this thread, with the same snapshot."""
-        if self._background_engine is None:
-            self._background_engine = self._build_rollout_engine()
-            self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchlike-rollout")
-        requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
-        self._background_engine.update_weights(rollout.weights_snapshot(self._sampling_module))
-        if multihost.process_count() > 1:
-            # Every process must issue JAX's cross-process collectives in the same order, which a second thread
-            # would not: the batch is sampled now, with the same weights and seeds, so only the overlap is lost.
-            pending = concurrent.futures.Future()
-            pending.set_result(self._background_engine.generate(requests, self.sampling))
-        else:
-            pending = self._background.submit(self._background_engine.generate, requests, self.sampling)
-        self._sampled_ahead[self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed)] = (places, pending)
-
-    def _drop_samples_ahead(self) -> None:
-        """Waits for the background samples no step will use (training stopped) and drops them."""
-        for _, pending in self._sampled_ahead.values():
-            pending.result()
-        self._sampled_ahead.clear()
-
-    def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
-                    completion_mask: np.ndarray, seed: int) -> tuple:
-        """Runs TRL's tool-calling loop (:meth:`.tool_calling.ToolCalling.run`) on the first completions, continuing
-        each sample with the policy's sampler. With several processes each runs the tools of its own samples.
-
-        Returns:
-            ``(tokens, completion_mask, ended, tool_mask, loop result)`` of the completions with their tool turns.
-        """
-        prompts = [ids[mask.astype(bool)].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
-        first = [row[:int(mask.sum())].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
-        rounds = itertools.count(1)
-
-        def generate(prompt_id_lists: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-            length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
-            round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
-            sampled, _ = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
-            mask, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
-            return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
-
-        def call_rows(calls: list[list[dict]]) -> list[tuple[list[dict], int]]:
-            own = [self.tool_calling.call(row_calls) for row_calls in calls[multihost.process_rows(len(calls))]]
-            return [result for piece in multihost.allgather_objects(own) for result in piece]
-
-        loop = self.tool_calling.run(prompts, first, generate, max_completion_length=self.args.max_completion_length,
-                                     max_model_length=self.model.config.max_position_embeddings,
-                                     max_iterations=self.args.max_tool_calling_iterations, call_rows=call_rows)
-        tokens, completion_mask, ended = self._completion_arrays(loop.completion_ids)
-        return tokens, completion_mask, ended, self._mask_array(loop.tool_mask, completion_mask, "tool_mask"), loop
-
-    def _left_padded(self, sequences: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
-        return left_padded(sequences, length, self.pad_token_id)
-

@@ -11,6 +11,7 @@ share the trainer's mesh and one jitted step; the teacher gets no gradient and n
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Sequence
@@ -18,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters import distillation_loss, sampling, train_step, tunix_grpo
+from ..adapters import distillation_loss, sampling, train_step
 from ..adapters import mesh as mesh_lib
 from ..training import batches
-from ..training.batches import sampler_order
-from .base_trainer import OnlineTrainer, check_causal_lm, check_text_dataset
+from .base_trainer import check_causal_lm, check_text_dataset
 from .distillation_config import DistillationConfig
-from .grpo_data import left_padded, prepare_prompts
+from .grpo_data import prepare_prompts
+from .online_trainer import GenerationSchedule, OnlineTrainer
 
 __all__ = ["DistillationTrainer", "check_vocabularies"]
 
@@ -162,11 +163,6 @@ class DistillationTrainer(OnlineTrainer):
             template_kwargs["tools"] = self.tools
         return prepare_prompts(dataset, self.tokenizer, name, None, template_kwargs)
 
-    def _seed(self, *parts: int) -> int:
-        """The sampling seed of one generation batch: ``args.seed`` and where the batch sits (so a resumed run samples
-        what an uninterrupted one does with the same weights)."""
-        return int(np.random.SeedSequence([self.args.seed, *parts]).generate_state(1)[0]) % 2**31
-
     # ------------------------------------------------------------------ the step
     @property
     def _module(self):
@@ -185,52 +181,17 @@ class DistillationTrainer(OnlineTrainer):
                                                         self.args.temperature), None
 
     # ------------------------------------------------------------------ batches
-    def _generation_size(self) -> int:
-        """Prompts per generation batch (TRL's ``per_device_train_batch_size x processes x
-        gradient_accumulation_steps``): one per optimizer step."""
-        return self._global_batch_size() * self.args.gradient_accumulation_steps
+    _generation_batch_fields = "per_device_train_batch_size x data-parallel size x gradient_accumulation_steps"
 
-    def _get_train_sampler(self, epoch: int) -> np.ndarray:
-        """Prompt order for ``epoch``: seeded shuffle with ``shuffle_dataset`` (TRL's default), else dataset order."""
-        return sampler_order(len(self.train_dataset), epoch, sequential=not self.args.shuffle_dataset,
-                             seed=self.args.seed)
+    def _generation_schedule(self) -> GenerationSchedule:
+        """One generation batch per optimizer step (TRL reuses one generation over the accumulation window): one
+        completion per prompt, split into ``gradient_accumulation_steps`` micro-batches, trained on once."""
+        return GenerationSchedule(self._global_batch_size(), self.args.gradient_accumulation_steps, 1, 1)
 
-    def _steps_per_epoch(self) -> int:
-        """Whole generation batches per epoch (TRL's sampler drops a partial last one)."""
-        steps = len(self.train_dataset) // self._generation_size()
-        if steps == 0:
-            raise ValueError(f"train_dataset has {len(self.train_dataset)} prompts but one generation batch needs "
-                             f"{self._generation_size()} (per_device_train_batch_size x data-parallel shards x "
-                             "gradient_accumulation_steps); add prompts or lower per_device_train_batch_size / "
-                             "gradient_accumulation_steps.")
-        return steps
-
-    def _batches(self, epoch: int, skip: int = 0):
-        """One generation batch per optimizer step, sampled with the current weights and split into
-        ``gradient_accumulation_steps`` micro-batches (TRL reuses one generation over the accumulation window)."""
-        accumulation = self.args.gradient_accumulation_steps
-        micro = self._global_batch_size()
-        size = self._generation_size()
-        order = self._get_train_sampler(epoch)
-        sharding = mesh_lib.batch_sharding(self.mesh, batch_axis=1)
-        for index in range(skip, self._steps_per_epoch()):
-            rows = [self.train_dataset[int(i)] for i in order[index * size:(index + 1) * size]]
-            batch = self._rollout(rows, self._seed(epoch, index, 1))
-            stacked = {key: value.reshape(accumulation, micro, *value.shape[1:]) for key, value in batch.items()}
-            yield mesh_lib.place_batch(stacked, sharding, micro, batch_axis=1)
+    def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
+        return self._rollout(prompt_rows, self._generation_seed(epoch, generation_index))
 
     # ------------------------------------------------------------------ generation
-    def _prompt_width(self, prompt_ids: Sequence[Sequence[int]]) -> int:
-        return max(self.prompt_length, self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_ids))))
-
-    def _sample_completions(self, prompt_ids: list[list[int]], seed: int) -> list[list[int]]:
-        """The student's completion of each prompt (TRL's ``_generate_single_turn``): sampled with the config's
-        settings, cut after the first end token (kept), at most ``max_completion_length`` tokens."""
-        sampled, _ = self._sample(*left_padded(prompt_ids, self._prompt_width(prompt_ids), self.pad_token_id),
-                                  self.args.max_completion_length, seed)
-        kept, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
-        return [row[:int(length)].tolist() for row, length in zip(sampled, kept.sum(axis=1), strict=True)]
-
     def _rollout(self, rows: list[dict], seed: int, prefix: str = "", counted: int | None = None
                  ) -> dict[str, np.ndarray]:
         """Samples a completion for each row's prompt (continued through the student's tool calls when there are
@@ -240,25 +201,16 @@ class DistillationTrainer(OnlineTrainer):
         ``counted`` rows (default all; the rest pad an evaluation batch and are masked out) are kept for the next
         log."""
         counted = len(rows) if counted is None else counted
-        prompt_ids = [list(row["prompt_ids"]) for row in rows]
-        completions = self._sample_completions(prompt_ids, seed)
-        limit = self.args.max_completion_length
-        if len(completions) != len(rows) or any(len(ids) > limit for ids in completions):
-            raise ValueError(f"expected one completion of at most max_completion_length={limit} tokens per prompt, "
-                             f"got {len(completions)} for {len(rows)} prompts, the longest "
-                             f"{max(map(len, completions), default=0)} tokens.")
-        prompts, prompt_mask = left_padded(prompt_ids, self._prompt_width(prompt_ids), self.pad_token_id)
-        tokens, completion_mask, _ = self._completion_arrays(completions)
-        tool_mask, tool_loop = np.ones_like(completion_mask), None
-        if self.tools:
-            tokens, completion_mask, _, tool_mask, tool_loop = self._call_tools(prompts, prompt_mask, tokens,
-                                                                                completion_mask, seed)
-            completions = tool_loop.completion_ids
+        record = self._generate(rows, seed)
+        completion_mask = record.completion_mask.copy()
         completion_mask[counted:] = 0
-        self._record_completions(prompt_ids[:counted], completions[:counted], prefix, tool_mask[:counted], tool_loop)
-        return {"input_ids": np.concatenate([prompts, tokens], axis=1),
-                "attention_mask": np.concatenate([prompt_mask, completion_mask], axis=1),
-                "completion_mask": completion_mask * tool_mask}
+        tool_mask = np.ones_like(completion_mask) if record.tool_mask is None else record.tool_mask
+        prompt_ids = [list(row["prompt_ids"]) for row in rows[:counted]]
+        self._record_completions(prompt_ids, record.completion_ids[:counted], prefix, tool_mask[:counted],
+                                 record.tool_loop)
+        columns = dataclasses.replace(record, completion_mask=completion_mask).columns()
+        columns["completion_mask"] = completion_mask * tool_mask
+        return columns
 
     def _record_completions(self, prompt_ids: list[list[int]], completions: list[list[int]], prefix: str,
                             tool_mask: np.ndarray, tool_loop: Any = None) -> None:
@@ -323,7 +275,8 @@ class DistillationTrainer(OnlineTrainer):
                 rows = [examples[i] for i in range(start, min(start + size, len(examples)))]
                 counted = len(rows)
                 rows += [rows[0]] * (size - counted)  # a full batch: one compiled sampler and step
-                batch = self._rollout(rows, self._seed(self.state.global_step, index, 0), prefix, counted)
+                batch = self._rollout(rows, self._generation_seed(self.state.global_step, index, train=False), prefix,
+                                      counted)
                 value, weight, aux = mesh_lib.to_host(step(self._module, mesh_lib.place_batch(batch, sharding, size)))
                 losses.append(float(value) / max(float(weight), 1.0))
                 entropies.append(float(aux["entropy"]))

@@ -13,34 +13,29 @@ log-probs of the policy that sampled the batch are kept for the ratio and clippi
 
 from __future__ import annotations
 
-import asyncio
-import copy
+import dataclasses
 import inspect
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import datasets
 import numpy as np
 
 from ..adapters import mesh as mesh_lib
-from ..adapters import multihost, rl_math, sampling, tunix_grpo
+from ..adapters import rl_math, sampling, tunix_grpo
 from ..adapters.lora import runtime as lora_runtime
 from ..training import batches
-from ..training.batches import sampler_order
 from . import reward_models
-from .base_trainer import OnlineTrainer, check_text_dataset
+from .base_trainer import check_text_dataset
 from .grpo_config import GRPOConfig
-from .grpo_data import is_conversational_prompt, prepare_prompts
+from .grpo_data import prepare_prompts
+from .online_trainer import GenerationSchedule, OnlineTrainer, reward_name
 
 __all__ = ["GRPOTrainer"]
 
 #: TRL's loss types that sum per-token terms, for which a sequence-level ratio weights sequences by their length.
 _TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
-
-
-def _reward_name(function: Callable) -> str:
-    return getattr(function, "__name__", None) or type(function).__name__
 
 
 class GRPOTrainer(OnlineTrainer):
@@ -153,7 +148,7 @@ class GRPOTrainer(OnlineTrainer):
                                  "sequence classifier).")
             parameters = inspect.signature(function).parameters.values()
             if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-                raise TypeError(f"reward function {_reward_name(function)!r} must accept **kwargs: it is called with "
+                raise TypeError(f"reward function {reward_name(function)!r} must accept **kwargs: it is called with "
                                 "keyword arguments prompts, completions, completion_ids, trainer_state and every "
                                 "dataset column, e.g. def reward(completions, **kwargs).")
         return functions
@@ -222,65 +217,18 @@ class GRPOTrainer(OnlineTrainer):
                                template_kwargs)
 
     # ------------------------------------------------------------------ batches
-    def _generation_sizes(self) -> tuple[int, int, int]:
-        """(completions per micro-batch, completions per generation batch, prompts per generation batch)."""
-        micro = self._global_batch_size()
-        generation = micro * self.args.steps_per_generation
-        return micro, generation, generation // self.args.num_generations
+    _generation_batch_fields = ("per_device_train_batch_size x data-parallel size x steps_per_generation / "
+                                "num_generations")
 
-    def _micro_batches_per_epoch(self) -> int:
-        _, _, prompts = self._generation_sizes()
-        generations = len(self.train_dataset) // prompts
-        if generations == 0:
-            raise ValueError(f"train_dataset has {len(self.train_dataset)} prompts but one generation batch needs "
-                             f"{prompts} ({self._generation_sizes()[1]} completions / num_generations="
-                             f"{self.args.num_generations}); add prompts or lower per_device_train_batch_size / "
-                             "steps_per_generation.")
-        return generations * self.args.num_iterations * self.args.steps_per_generation
+    def _generation_schedule(self) -> GenerationSchedule:
+        """A micro-batch of ``per_device_train_batch_size x`` data-parallel size completions; ``steps_per_generation``
+        of them per generation batch, trained on ``num_iterations`` times; ``num_generations`` per prompt."""
+        args = self.args
+        return GenerationSchedule(self._global_batch_size(), args.steps_per_generation, args.num_iterations,
+                                  args.num_generations)
 
-    def _get_train_sampler(self, epoch: int) -> np.ndarray:
-        """Prompt order for ``epoch``: seeded shuffle with ``shuffle_dataset`` (TRL's default), else dataset order."""
-        return sampler_order(len(self.train_dataset), epoch, sequential=not self.args.shuffle_dataset,
-                             seed=self.args.seed)
-
-    def _steps_per_epoch(self) -> int:
-        return max(1, self._micro_batches_per_epoch() // self.args.gradient_accumulation_steps)
-
-    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
-        accumulation = self.args.gradient_accumulation_steps
-        micro_size, _, prompts = self._generation_sizes()
-        per_generation = self.args.num_iterations * self.args.steps_per_generation
-        order = self._get_train_sampler(epoch)
-        first = skip * accumulation
-        if first % per_generation:
-            warnings.warn("resuming in the middle of a generation batch: it is sampled again with the restored "
-                          "weights, so these steps differ from the uninterrupted run.", UserWarning, stacklevel=2)
-        sharding = mesh_lib.batch_sharding(self.mesh, batch_axis=1)
-        group: list[dict] = []
-        buffered, buffered_index = None, -1
-        last = self._steps_per_epoch() * accumulation
-
-        def prompt_rows(index: int) -> list[dict]:
-            return [self.train_dataset[int(i)] for i in order[index * prompts:(index + 1) * prompts]]
-
-        try:
-            for micro in range(first, last):
-                generation_index, within = divmod(micro, per_generation)
-                if generation_index != buffered_index:
-                    buffered = self._rollout(prompt_rows(generation_index), epoch, generation_index)
-                    buffered_index = generation_index
-                    # The next batch is sampled while this one trains, with the weights from before its steps.
-                    if self._samples_ahead and (generation_index + 1) * per_generation < last:
-                        self._sample_generation_ahead(prompt_rows(generation_index + 1), epoch, generation_index + 1)
-                part = within % self.args.steps_per_generation
-                group.append({key: value[part * micro_size:(part + 1) * micro_size]
-                              for key, value in buffered.items()})
-                if len(group) == accumulation:
-                    stacked = {key: np.stack([g[key] for g in group]) for key in group[0]}
-                    group = []
-                    yield mesh_lib.place_batch(stacked, sharding, micro_size, batch_axis=1)
-        finally:
-            self._drop_samples_ahead()
+    def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
+        return self._rollout(prompt_rows, epoch, generation_index)
 
     def _loss(self):
         settings = tunix_grpo.GRPOLossSettings(
@@ -304,55 +252,20 @@ class GRPOTrainer(OnlineTrainer):
         """Samples ``num_generations`` completions per prompt, scores them and returns the training rows
         (shuffled, TRL's ``shuffle_sequence_dict``), keeping the metrics for the next log."""
         args = self.args
-        rows, seed = self._generation_rows(prompt_rows, epoch, generation_index, num_generations, train)
         num_generations = num_generations or args.num_generations
-        sampling_logps = None
-        if self.rollout_func is not None:
-            prompt_ids, prompt_mask, tokens, completion_mask, ended, extra = self._custom_rollout(rows)
-        else:
-            prompt_ids, prompt_mask = self._left_padded([row["prompt_ids"] for row in rows], self.prompt_length)
-            length = args.max_completion_length
-            sampled, logps = self._sample(prompt_ids, prompt_mask, length, seed)
-            tokens = np.full((len(rows), self._padded(length)), self.pad_token_id, np.int32)
-            tokens[:, :sampled.shape[1]] = sampled
-            sampling_logps = np.zeros(tokens.shape, np.float32)
-            sampling_logps[:, :logps.shape[1]] = logps
-            completion_mask, ended = tunix_grpo.completion_mask(tokens[:, :length], self.eos_token_ids)
-            completion_mask = np.pad(completion_mask, ((0, 0), (0, tokens.shape[1] - length)))
-            extra = {}
-        # TRL's tool_mask: 0 on tokens the model did not write (tool results, rollout_func's env_mask): not trained.
-        tool_mask, completions, tool_loop = None, None, None
-        if self.tools:
-            tokens, completion_mask, ended, tool_mask, tool_loop = self._call_tools(prompt_ids, prompt_mask, tokens,
-                                                                                    completion_mask, seed)
-            completions = tool_loop.completions
-        elif "env_mask" in extra:
-            tool_mask = self._mask_array(extra.pop("env_mask"), completion_mask, "env_mask")
-        completion_ids = [list(t[:int(m.sum())]) for t, m in zip(tokens, completion_mask, strict=True)]
-        # Each process scores its own rows; every process then holds the whole table, as one process would.
-        own = multihost.process_rows(len(rows))
-        own_rewards = self._rewards(rows[own], completion_ids[own], {key: value[own] for key, value in extra.items()},
-                                    **({} if completions is None else {"completions": completions[own]}))
-        rewards = np.concatenate(multihost.allgather_objects(own_rewards))
-        unscorable = np.flatnonzero(np.isnan(rewards).all(axis=1))
-        if unscorable.size:
-            row = rows[unscorable[0]]
-            details = {key: value for key, value in row.items() if key not in ("prompt", "prompt_ids")}
-            details.update(prompt=row["prompt"], completion=self.tokenizer.decode(completion_ids[unscorable[0]],
-                                                                                  skip_special_tokens=True))
-            warnings.warn(f"All reward functions returned None for the following kwargs:\n{details}\nPlease ensure "
-                          "that at least one reward function returns a valid reward. (Such completions get advantage "
-                          "0, as in TRL.)", UserWarning, stacklevel=2)
-        lengths = (completion_mask if tool_mask is None else completion_mask * tool_mask).sum(axis=1)  # model tokens
+        rows = self._generation_rows(prompt_rows, num_generations)
+        seed = self._generation_seed(epoch, generation_index, train)
+        record = self._generate(rows, seed)
+        rewards = self._score(record)
+        completion_mask, ended, tool_mask = record.completion_mask, record.ended, record.tool_mask
+        lengths = record.model_tokens.sum(axis=1)
         if args.mask_truncated_completions:
             completion_mask = completion_mask * ended[:, None].astype(np.int32)
-        batch = {"input_ids": np.concatenate([prompt_ids, tokens], axis=1),
-                 "attention_mask": np.concatenate([prompt_mask, completion_mask], axis=1),
-                 "completion_mask": completion_mask}
+        batch = dataclasses.replace(record, completion_mask=completion_mask).columns()
         if tool_mask is not None:
             batch["tool_mask"] = tool_mask
-        if sampling_logps is not None and self._samples_ahead and train:
-            batch["sampling_logps"] = sampling_logps  # read by the sampler correction, then dropped
+        if record.sampling_logps is not None and self._samples_ahead and train:
+            batch["sampling_logps"] = record.sampling_logps  # read by the sampler correction, then dropped
         advantages, reward_metrics = self._advantages(rewards, num_generations, batch, train)
         batch["advantages"] = np.asarray(advantages, np.float32)
         prefix = "" if train else f"{metric_key_prefix}_"
@@ -360,39 +273,25 @@ class GRPOTrainer(OnlineTrainer):
                    "frac_reward_zero_std": reward_metrics["frac_reward_zero_std"],
                    "completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
                    "completions/max_length": lengths.max(), "completions/clipped_ratio": 1.0 - ended.mean()}
+        tool_loop = record.tool_loop
         if tool_loop is not None:
             metrics["tools/call_frequency"] = tool_loop.call_count / len(rows)
             metrics["tools/failure_frequency"] = (tool_loop.failure_count / tool_loop.call_count
                                                   if tool_loop.call_count else 0.0)
         for index, function in enumerate(self.reward_funcs):
-            name = _reward_name(function)
+            name = reward_name(function)
             metrics[f"rewards/{name}/mean"] = reward_metrics["rewards_per_func/mean"][index]
             metrics[f"rewards/{name}/std"] = reward_metrics["rewards_per_func/std"][index]
         for key, value in metrics.items():
             self._pending_metrics.setdefault(prefix + key, []).append(float(value))
         if args.log_completions and train and self.state.is_world_process_zero:
-            self._print_completions(rows, completion_ids, rewards, np.asarray(advantages))
+            self._print_completions(rows, record.completion_ids, rewards, np.asarray(advantages))
         if not train:
             return {"reward": np.asarray(rewards)}
         self._add_step_columns(batch)
         batch.pop("sampling_logps", None)
         self._last_rollout = self._shuffled(batch, seed)  # kept for inspection and tests
         return self._last_rollout
-
-    def _generation_rows(self, prompt_rows: list[dict], epoch: int, generation_index: int,
-                         num_generations: int | None = None, train: bool = True) -> tuple[list[dict], int]:
-        """``(rows, seed)`` of a generation batch: each prompt row ``num_generations`` times in a row, and the seed
-        its completions are sampled with."""
-        num_generations = num_generations or self.args.num_generations
-        rows = [row for row in prompt_rows for _ in range(num_generations)]
-        seed = int(np.random.SeedSequence([self.args.seed, epoch, generation_index, int(train)]).generate_state(1)[0])
-        return rows, seed
-
-    def _sample_generation_ahead(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> None:
-        """Starts sampling a training generation batch in the background (``max_staleness >= 1``)."""
-        rows, seed = self._generation_rows(prompt_rows, epoch, generation_index)
-        prompt_ids, prompt_mask = self._left_padded([row["prompt_ids"] for row in rows], self.prompt_length)
-        self._sample_ahead(prompt_ids, prompt_mask, self.args.max_completion_length, seed)
 
     @property
     def _samples_ahead(self) -> bool:
@@ -455,36 +354,6 @@ class GRPOTrainer(OnlineTrainer):
         order = np.random.default_rng(seed).permutation(len(batch["input_ids"]))
         return {key: value[order] for key, value in batch.items()}
 
-    def _custom_rollout(self, rows: list[dict]) -> tuple:
-        """Runs ``rollout_func`` on the prompts of ``rows``: ``(prompt_ids, prompt_mask, tokens, completion_mask,
-        ended, extra columns)`` with completions taken as given and ``ended`` by TRL's rule (the last token is an
-        end or pad token). With several processes each calls it for its own rows (as TRL calls it per process)
-        and the results are gathered."""
-        own_rows = rows[multihost.process_rows(len(rows))]
-        output = self.rollout_func([copy.deepcopy(row["prompt"]) for row in own_rows], self)
-        missing = sorted({"prompt_ids", "completion_ids", "logprobs"} - set(output))
-        if missing:
-            raise ValueError(f"rollout_func must return keys {missing} in its output dict.")
-        prompts, completions = list(output["prompt_ids"]), [list(ids) for ids in output["completion_ids"]]
-        for name, values in (("prompt_ids", prompts), ("completion_ids", completions)):
-            if len(values) != len(own_rows):
-                raise ValueError(f"rollout_func returned {len(values)} {name} for {len(own_rows)} prompts (each "
-                                 "prompt repeated num_generations times); return one list of token ids per prompt.")
-        extra = {key: value if isinstance(value, list) else [value] * len(own_rows)
-                 for key, value in output.items() if key not in ("prompt_ids", "completion_ids", "logprobs")}
-        pieces = multihost.allgather_objects((prompts, completions, extra))
-        prompts = [ids for piece in pieces for ids in piece[0]]
-        completions = [ids for piece in pieces for ids in piece[1]]
-        extra = {key: [value for piece in pieces for value in piece[2][key]] for key in extra}
-        length = self.args.max_completion_length
-        longest = max(len(ids) for ids in completions)
-        if longest > length:
-            raise ValueError(f"rollout_func returned a completion of {longest} tokens, longer than "
-                             f"max_completion_length={length}; truncate it or raise max_completion_length.")
-        prompt_length = max(self.prompt_length, self._padded(sampling.bucket_length(max(len(ids) for ids in prompts))))
-        prompt_ids, prompt_mask = self._left_padded(prompts, prompt_length)
-        return (prompt_ids, prompt_mask, *self._completion_arrays(completions), extra)
-
     def _log_probs(self, batch: dict[str, np.ndarray], lora: str, module) -> np.ndarray:
         """Per-token log-probs of the completions, one micro-batch at a time (the training shape)."""
         key = (lora, id(module))
@@ -502,44 +371,6 @@ class GRPOTrainer(OnlineTrainer):
                 chunk = {name: value[start:start + size] for name, value in inputs.items()}
                 parts.append(passes[key](module, mesh_lib.place_batch(chunk, sharding, size)))
         return np.concatenate([np.asarray(part) for part in mesh_lib.to_host(parts)]).astype(np.float32)
-
-    def _rewards(self, rows: list[dict], completion_ids: list[list[int]], extra: dict[str, list],
-                 completions: list | None = None) -> np.ndarray:
-        """``[N, F]`` rewards, calling each function TRL's way (dataset columns and ``rollout_func``'s ``extra``
-        fields as keyword arguments); ``None`` becomes NaN. ``completions`` are those the functions receive (with
-        tools: the message lists of the tool loop); by default the decoded ``completion_ids``, as assistant messages
-        for conversational prompts."""
-        if not rows:  # a process with no rows of a small (last) eval batch
-            return np.empty((0, len(self.reward_funcs)), np.float32)
-        if completions is None:
-            texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-            conversational = is_conversational_prompt(rows[0]["prompt"])
-            completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
-        columns = {} if self.args.remove_unused_columns else {
-            key: [row[key] for row in rows] for key in rows[0]
-            if key not in ("prompt", "completion", "completion_ids", "prompt_ids")}
-        columns.update(extra)
-        kwargs = {"prompts": [row["prompt"] for row in rows], "completions": completions,
-                  "completion_ids": completion_ids, "trainer_state": self.state,
-                  "log_metric": lambda name, value: self._pending_metrics.setdefault(name, []).append(float(value)),
-                  "log_extra": lambda column, values: None, **columns}
-        results = [function(**kwargs) for function in self.reward_funcs]
-        pending = [index for index, result in enumerate(results) if inspect.isawaitable(result)]
-        if pending:
-            async def gather():
-                return await asyncio.gather(*(results[index] for index in pending))
-
-            for index, value in zip(pending, asyncio.run(gather()), strict=True):
-                results[index] = value
-        table = np.full((len(rows), len(self.reward_funcs)), np.nan, np.float32)
-        for index, (function, values) in enumerate(zip(self.reward_funcs, results, strict=True)):
-            values = list(values) if values is not None else None
-            if values is None or len(values) != len(rows):
-                raise ValueError(f"reward function {_reward_name(function)!r} returned "
-                                 f"{'None' if values is None else len(values)} values for {len(rows)} completions; "
-                                 "return one float (or None to skip) per completion.")
-            table[:, index] = [np.nan if value is None else float(value) for value in values]
-        return table
 
     def _print_completions(self, rows, completion_ids, rewards, advantages) -> None:
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)

@@ -1,0 +1,567 @@
+"""``OnlineTrainer``: what the trainers that sample from the policy share (GRPO, RLOO, Distillation, and the next
+online TRL trainer).
+
+A generation batch goes through one path: the prompts of ``prompts_per_generation`` dataset rows, each repeated
+``completions_per_prompt`` times, are sampled by the rollout engine (or the user's ``rollout_func``), continued through
+the model's tool calls when there are tools, and gathered into one :class:`Rollout` record; a trainer with reward
+functions scores it (:meth:`OnlineTrainer._score`); the subclass turns the record into its step's columns (GRPO and
+RLOO add advantages, Distillation the divergence mask), and :meth:`OnlineTrainer._batches` splits those columns into
+micro-batches on one schedule (:meth:`OnlineTrainer._generation_schedule`: ``micro_batches`` per generation batch,
+``passes`` over it). A subclass provides ``_prepare(dataset, name)``, ``_generation_schedule()`` and
+``_generation_batch(prompt_rows, epoch, generation_index)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import dataclasses
+import inspect
+import itertools
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from ..adapters import mesh as mesh_lib
+from ..adapters import multihost, rollout, sampling, tunix_grpo
+from ..adapters.lora import runtime as lora_runtime
+from ..training.batches import sampler_order
+from ..version import repetition_penalty_skips_left_padding
+from .base_config import round_up_to_multiple
+from .base_trainer import TRLTrainer
+from .grpo_data import is_conversational_prompt, left_padded
+
+__all__ = ["GenerationSchedule", "OnlineTrainer", "Rollout", "reward_name"]
+
+
+def reward_name(function: Callable) -> str:
+    """The name a reward function's metrics are logged under (TRL's: the function's ``__name__``)."""
+    return getattr(function, "__name__", None) or type(function).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSchedule:
+    """How one generation batch is trained on.
+
+    Args:
+        micro_size: completions per micro-batch (``per_device_train_batch_size x`` data-parallel size).
+        micro_batches: micro-batches one generation batch is split into (GRPO's ``steps_per_generation``;
+            Distillation's ``gradient_accumulation_steps``).
+        passes: passes over each generation batch (GRPO's ``num_iterations``).
+        completions_per_prompt: completions sampled for each prompt (GRPO's ``num_generations``).
+    """
+
+    micro_size: int
+    micro_batches: int
+    passes: int
+    completions_per_prompt: int
+
+    @property
+    def completions(self) -> int:
+        """Completions per generation batch."""
+        return self.micro_size * self.micro_batches
+
+    @property
+    def prompts(self) -> int:
+        """Dataset rows per generation batch."""
+        return self.completions // self.completions_per_prompt
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One generation batch's completions, as every online trainer reads them.
+
+    Args:
+        rows: the dataset row of each completion (a prompt's row repeated once per completion).
+        seed: the seed the batch was sampled with.
+        prompt_ids, prompt_mask: ``[N, P]`` left-padded prompts.
+        tokens, completion_mask: ``[N, C]`` completions right-padded to the completion width; the mask is 1 on
+            every completion token (the model's and, with tools, the tool results').
+        ended: ``[N]`` whether each completion ended (TRL's rule: its last token is an end or pad token).
+        completion_ids: each completion's tokens.
+        tool_mask: ``[N, C]``, 0 on tokens the model did not write (tool results, ``rollout_func``'s ``env_mask``);
+            ``None`` when every token is the model's.
+        completions: what reward functions receive in place of the decoded completions (the tool loop's message
+            lists), or ``None``.
+        tool_loop: the tool loop's result (its call and failure counts), or ``None``.
+        sampling_logps: ``[N, C]`` the engine's per-token log-probs (0 past a completion's end), or ``None`` for
+            completions a ``rollout_func`` gave.
+        extra: ``rollout_func``'s extra per-completion fields (passed to the reward functions).
+    """
+
+    rows: list[dict]
+    seed: int
+    prompt_ids: np.ndarray
+    prompt_mask: np.ndarray
+    tokens: np.ndarray
+    completion_mask: np.ndarray
+    ended: np.ndarray
+    completion_ids: list[list[int]]
+    tool_mask: np.ndarray | None = None
+    completions: list | None = None
+    tool_loop: Any = None
+    sampling_logps: np.ndarray | None = None
+    extra: dict[str, list] = dataclasses.field(default_factory=dict)
+
+    @property
+    def model_tokens(self) -> np.ndarray:
+        """``[N, C]`` 0/1: the completion tokens the model wrote (``completion_mask x tool_mask``)."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The step's token columns: ``input_ids`` and ``attention_mask`` ``[N, P + C]`` and ``completion_mask``."""
+        return {"input_ids": np.concatenate([self.prompt_ids, self.tokens], axis=1),
+                "attention_mask": np.concatenate([self.prompt_mask, self.completion_mask], axis=1),
+                "completion_mask": self.completion_mask}
+
+
+class OnlineTrainer(TRLTrainer):
+    """The trainers that sample completions from the policy (GRPO, RLOO, Distillation): the sampling settings, pad
+    and end tokens, prompt widths, eval rows prepared like training rows, the generation path (engine or
+    ``rollout_func``, tools) into a :class:`Rollout`, reward scoring, the generation schedule, and the generation
+    metrics gathered between logs (means over the generation batches since the last training log, added to it as TRL's
+    ``log`` does).
+
+    A subclass calls :meth:`_setup_sampling` before preparing its prompts and provides ``_prepare(dataset, name)``,
+    :meth:`_generation_schedule` and :meth:`_generation_batch`.
+    """
+
+    rollout_func: Callable | None = None
+    """TRL's ``rollout_func(prompts, trainer) -> dict`` replacing the engine (GRPO and RLOO take one)."""
+    reward_funcs: list[Callable] = []
+    """The reward functions :meth:`_score` calls (reward models wrapped as functions)."""
+
+    def _setup_sampling(self, args: Any, model: Any, processing_class: Any) -> None:
+        """Sets ``sampling`` (the config's sampling fields, ``generation_kwargs`` over them, sampling on as in TRL),
+        ``tokenizer``, ``pad_token_id`` and ``eos_token_ids`` (the tokenizer's eos first, then the generation
+        config's)."""
+        names = sampling.SamplingSettings.names()
+        extra = dict(args.generation_kwargs or {})
+        unknown = sorted(set(extra) - set(names))
+        if unknown:
+            raise ValueError(f"generation_kwargs {unknown} are not supported by torchlike's sampler; it takes "
+                             f"{', '.join(names)} (max_completion_length sets the length).")
+        config_fields = {field.name for field in dataclasses.fields(args)}
+        from_config = {name: getattr(args, name) for name in names if name in config_fields}
+        self.sampling = sampling.SamplingSettings.from_mapping({**from_config, "do_sample": True, **extra})
+        self.tokenizer = processing_class
+        self.pad_token_id = self._pad_token_id(processing_class, None)
+        eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
+        self._pending_metrics: dict[str, list[float]] = {}
+        self._rollout_engine: rollout.RolloutEngine | None = None
+        self._background_engine: rollout.RolloutEngine | None = None
+        self._background: concurrent.futures.ThreadPoolExecutor | None = None
+        self._sampled_ahead: dict[tuple, tuple[list, concurrent.futures.Future]] = {}
+
+    def _padded(self, length: int) -> int:
+        """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
+        return round_up_to_multiple(length, self.args.pad_to_multiple_of)
+
+    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+        """Raw eval rows prepared as the train rows are (rows prepared at construction are kept as they are)."""
+        from ..training import batches
+
+        rows = batches.as_sequence(dataset)
+        if len(rows) and isinstance(rows[0], dict) and "prompt_ids" in rows[0]:
+            return rows
+        return self._prepare(rows, "eval_dataset")
+
+    def log(self, logs: dict[str, float]) -> None:
+        """Adds the generation metrics gathered since the last training log (NaN-skipping means) to a training log,
+        including the run's closing summary when generation happened after the last logging step, then calls
+        :meth:`_on_train_log`."""
+        if not any(key.startswith("eval_") for key in logs) and self._pending_metrics:
+            train_metrics = {key: values for key, values in self._pending_metrics.items()
+                             if not key.startswith("eval_")}
+            logs = {**logs, **{key: float(np.nanmean(values)) for key, values in train_metrics.items()}}
+            for key in train_metrics:
+                del self._pending_metrics[key]
+            self._on_train_log()
+        super().log(logs)
+
+    def _on_train_log(self) -> None:
+        """Called when a training log takes the gathered generation metrics (e.g. to print the latest completions)."""
+
+    # ------------------------------------------------------------------ sampling and tools
+    @property
+    def _sampling_module(self):
+        """The NNX module completions are sampled from: the policy (the student in distillation)."""
+        return self._trainable_model.module
+
+    def _setup_tools(self, tools: list | None, processing_class: Any, args: Any) -> None:
+        """Sets ``tools`` and ``tool_calling`` (:class:`.tool_calling.ToolCalling`, TRL's checks run) when tools are
+        given, else ``None``."""
+        from . import tool_calling
+
+        self.tools = list(tools or [])
+        self.tool_calling = tool_calling.ToolCalling.create(processing_class, self.tools, args.chat_template_kwargs,
+                                                            trainer_name=self._trainer_name) if self.tools else None
+
+    def _check_tool_prompts(self, row_lists: list) -> None:
+        """With tools, every prompt must be a list of chat messages."""
+        from .grpo_data import is_conversational_prompt
+
+        if self.tools and not all(is_conversational_prompt(row["prompt"]) for rows in row_lists for row in rows or []):
+            raise ValueError("tools need conversational prompts (lists of chat messages): the chat template renders "
+                             "the tools' schemas, and the model's turns are parsed as assistant messages.")
+
+    def _completion_arrays(self, completions: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens, completion_mask, ended)`` of completions given as token lists (each at most
+        ``max_completion_length``), right-padded to the completion width; ``ended`` by TRL's rule: the last token is
+        an end or pad token."""
+        tokens = np.full((len(completions), self._padded(self.args.max_completion_length)), self.pad_token_id,
+                         np.int32)
+        completion_mask = np.zeros(tokens.shape, np.int32)
+        for row, ids in enumerate(completions):
+            tokens[row, :len(ids)] = ids
+            completion_mask[row, :len(ids)] = 1
+        stops = {*self.eos_token_ids, self.pad_token_id}
+        ended = np.array([not ids or ids[-1] in stops for ids in completions])
+        return tokens, completion_mask, ended
+
+    @staticmethod
+    def _mask_array(masks: list[list[int]], completion_mask: np.ndarray, name: str) -> np.ndarray:
+        """Per-token 0/1 lists (one per completion, as long as it) as an array shaped like ``completion_mask``,
+        padded with 1 as TRL pads ``tool_mask``."""
+        array = np.ones(completion_mask.shape, np.int32)
+        for row, (mask, length) in enumerate(zip(masks, completion_mask.sum(axis=1), strict=True)):
+            if len(mask) != length:
+                raise ValueError(f"{name} of completion {row} has {len(mask)} entries for its {length} tokens; give "
+                                 "one 0/1 per completion token (1: the model's own, trained on).")
+            array[row, :length] = mask
+        return array
+
+    @property
+    def rollout_engine(self) -> rollout.RolloutEngine:
+        """The engine completions are sampled with (``args.rollout_engine``; built on first use, then handed the
+        policy before each generation round)."""
+        if self._rollout_engine is None:
+            self._rollout_engine = self._build_rollout_engine()
+        return self._rollout_engine
+
+    def _build_rollout_engine(self) -> rollout.RolloutEngine:
+        settings = {item.name: getattr(self.args, item.name) for item in dataclasses.fields(self.args)
+                    if item.name.startswith("rollout_")}
+        common = {"eos_token_ids": self.eos_token_ids, "pad_token_id": self.pad_token_id, "lora": lora_runtime.EVAL}
+        if settings.get("rollout_engine", "static") == "static":
+            return rollout.StaticEngine(self._sampling_module, batch_sharding=mesh_lib.batch_sharding(self.mesh),
+                                        data_parallel_size=mesh_lib.data_parallel_size(self.mesh),
+                                        repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
+                                        **common)
+        return rollout.PagedEngine(self._sampling_module,
+                                   rollout.PagedEngineConfig.from_mapping(settings, prefix="rollout_"),
+                                   mesh=self.mesh, **common)
+
+    @staticmethod
+    def _generation_key(prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> tuple:
+        return (int(seed), int(max_new_tokens), np.asarray(prompt_ids).tobytes(), np.asarray(prompt_mask).tobytes())
+
+    def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int,
+                seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens [N, steps], log-probs [N, steps])`` sampled by the policy after left-padded prompts (pad and
+        log-prob 0 after a row's end token); the rows of one prompt in a row are one request's samples (one prefill).
+        Prompts :meth:`_sample_ahead` started are taken from there (sampled with the weights of that moment)."""
+        ahead = self._sampled_ahead.pop(self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed), None)
+        if ahead is not None:
+            places, pending = ahead
+            outputs = pending.result()
+        else:
+            requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
+            engine = self.rollout_engine
+            engine.update_weights(self._sampling_module)
+            outputs = engine.generate(requests, self.sampling)
+        return rollout.rows_from_outputs(outputs, places, self.pad_token_id)
+
+    def _sample_ahead(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> None:
+        """Starts sampling these prompts in a background thread with a snapshot of the policy's current weights
+        (generation overlapped with training); the :meth:`_sample` call with the same arguments takes the result.
+        With several processes they are sampled at once, in this thread, with the same snapshot."""
+        if self._background_engine is None:
+            self._background_engine = self._build_rollout_engine()
+            self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchlike-rollout")
+        requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
+        self._background_engine.update_weights(rollout.weights_snapshot(self._sampling_module))
+        if multihost.process_count() > 1:
+            # Every process must issue JAX's cross-process collectives in the same order, which a second thread
+            # would not: the batch is sampled now, with the same weights and seeds, so only the overlap is lost.
+            pending = concurrent.futures.Future()
+            pending.set_result(self._background_engine.generate(requests, self.sampling))
+        else:
+            pending = self._background.submit(self._background_engine.generate, requests, self.sampling)
+        self._sampled_ahead[self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed)] = (places, pending)
+
+    def _drop_samples_ahead(self) -> None:
+        """Waits for the background samples no step will use (training stopped) and drops them."""
+        for _, pending in self._sampled_ahead.values():
+            pending.result()
+        self._sampled_ahead.clear()
+
+    def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
+                    completion_mask: np.ndarray, seed: int) -> tuple:
+        """Runs TRL's tool-calling loop (:meth:`.tool_calling.ToolCalling.run`) on the first completions, continuing
+        each sample with the policy's sampler. With several processes each runs the tools of its own samples.
+
+        Returns:
+            ``(tokens, completion_mask, ended, tool_mask, loop result)`` of the completions with their tool turns.
+        """
+        prompts = [ids[mask.astype(bool)].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
+        first = [row[:int(mask.sum())].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
+        rounds = itertools.count(1)
+
+        def generate(prompt_id_lists: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+            length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
+            round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
+            sampled, _ = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
+            mask, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
+            return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
+
+        def call_rows(calls: list[list[dict]]) -> list[tuple[list[dict], int]]:
+            own = [self.tool_calling.call(row_calls) for row_calls in calls[multihost.process_rows(len(calls))]]
+            return [result for piece in multihost.allgather_objects(own) for result in piece]
+
+        loop = self.tool_calling.run(prompts, first, generate, max_completion_length=self.args.max_completion_length,
+                                     max_model_length=self.model.config.max_position_embeddings,
+                                     max_iterations=self.args.max_tool_calling_iterations, call_rows=call_rows)
+        tokens, completion_mask, ended = self._completion_arrays(loop.completion_ids)
+        return tokens, completion_mask, ended, self._mask_array(loop.tool_mask, completion_mask, "tool_mask"), loop
+
+    def _left_padded(self, sequences: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
+        return left_padded(sequences, length, self.pad_token_id)
+
+
+    def _prompt_width(self, prompt_ids: list[list[int]]) -> int:
+        """The padded prompt width of a generation batch: the dataset's (``prompt_length``), or a wider bucket for
+        longer prompts (a ``rollout_func``'s, eval data prepared later)."""
+        return max(self.prompt_length, self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_ids))))
+
+    # ------------------------------------------------------------------ the generation path
+    def _generate_single_turn(self, prompt_ids: list[list[int]], seed: int) -> tuple[list[list[int]],
+                                                                                      list[list[float]] | None]:
+        """One completion per prompt from the rollout engine (TRL's ``_generate_single_turn``): sampled with the
+        config's settings, cut after the first end token (kept), at most ``max_completion_length`` tokens; with
+        the engine's log-prob of each token (``None`` where completions come without them)."""
+        prompts, mask = self._left_padded(prompt_ids, self._prompt_width(prompt_ids))
+        sampled, logps = self._sample(prompts, mask, self.args.max_completion_length, seed)
+        kept, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
+        lengths = kept.sum(axis=1)
+        return ([row[:int(n)].tolist() for row, n in zip(sampled, lengths, strict=True)],
+                [row[:int(n)].tolist() for row, n in zip(logps, lengths, strict=True)])
+
+    def _generate(self, rows: list[dict], seed: int) -> Rollout:
+        """Samples one completion per row (the engine, or ``rollout_func`` when given), continues each through the
+        model's tool calls when there are tools, and returns the :class:`Rollout`."""
+        limit = self.args.max_completion_length
+        if self.rollout_func is not None:
+            prompt_ids, completions, extra = self._custom_rollout(rows)
+            logps = None
+        else:
+            prompt_ids = [list(row["prompt_ids"]) for row in rows]
+            completions, logps = self._generate_single_turn(prompt_ids, seed)
+            extra = {}
+        source = "rollout_func" if self.rollout_func is not None else "the sampler"
+        if len(completions) != len(rows):
+            raise ValueError(f"{source} returned {len(completions)} completions for {len(rows)} prompts; return one "
+                             "list of token ids per prompt.")
+        longest = max(map(len, completions), default=0)
+        if longest > limit:
+            raise ValueError(f"{source} returned a completion of {longest} tokens, longer than "
+                             f"max_completion_length={limit}; truncate it or raise max_completion_length.")
+        prompts, prompt_mask = self._left_padded(prompt_ids, self._prompt_width(prompt_ids))
+        tokens, completion_mask, ended = self._completion_arrays(completions)
+        sampling_logps = None
+        if logps is not None:
+            sampling_logps = np.zeros(tokens.shape, np.float32)
+            for row, values in enumerate(logps):
+                sampling_logps[row, :len(values)] = values
+        record = Rollout(rows=rows, seed=seed, prompt_ids=prompts, prompt_mask=prompt_mask, tokens=tokens,
+                         completion_mask=completion_mask, ended=ended, completion_ids=completions,
+                         sampling_logps=sampling_logps, extra=extra)
+        # TRL's tool_mask: 0 on tokens the model did not write (tool results, rollout_func's env_mask): not trained.
+        if self.tools:
+            tokens, completion_mask, ended, tool_mask, loop = self._call_tools(prompts, prompt_mask, tokens,
+                                                                               completion_mask, seed)
+            record = dataclasses.replace(record, tokens=tokens, completion_mask=completion_mask, ended=ended,
+                                         tool_mask=tool_mask, tool_loop=loop, completions=loop.completions,
+                                         completion_ids=loop.completion_ids, sampling_logps=None)
+        elif "env_mask" in extra:
+            record.tool_mask = self._mask_array(extra.pop("env_mask"), completion_mask, "env_mask")
+        return record
+
+    def _custom_rollout(self, rows: list[dict]) -> tuple[list[list[int]], list[list[int]], dict[str, list]]:
+        """Runs ``rollout_func`` on the prompts of ``rows``: ``(prompt_ids, completion_ids, extra columns)``, the
+        completions taken as given. With several processes each calls it for its own rows (as TRL calls it per
+        process) and the results are gathered."""
+        own_rows = rows[multihost.process_rows(len(rows))]
+        output = self.rollout_func([copy.deepcopy(row["prompt"]) for row in own_rows], self)
+        missing = sorted({"prompt_ids", "completion_ids", "logprobs"} - set(output))
+        if missing:
+            raise ValueError(f"rollout_func must return keys {missing} in its output dict.")
+        prompts, completions = list(output["prompt_ids"]), [list(ids) for ids in output["completion_ids"]]
+        for name, values in (("prompt_ids", prompts), ("completion_ids", completions)):
+            if len(values) != len(own_rows):
+                raise ValueError(f"rollout_func returned {len(values)} {name} for {len(own_rows)} prompts (each "
+                                 "prompt repeated num_generations times); return one list of token ids per prompt.")
+        extra = {key: value if isinstance(value, list) else [value] * len(own_rows)
+                 for key, value in output.items() if key not in ("prompt_ids", "completion_ids", "logprobs")}
+        pieces = multihost.allgather_objects((prompts, completions, extra))
+        prompts = [list(ids) for piece in pieces for ids in piece[0]]
+        completions = [ids for piece in pieces for ids in piece[1]]
+        extra = {key: [value for piece in pieces for value in piece[2][key]] for key in extra}
+        return prompts, completions, extra
+
+    # ------------------------------------------------------------------ rewards
+    def _score(self, record: Rollout) -> np.ndarray:
+        """``[N, F]`` rewards of a rollout: each process scores its own rows (:meth:`_rewards`) and every process
+        then holds the whole table, as one process would. Warns, as TRL does, about completions every reward function
+        returned ``None`` for."""
+        own = multihost.process_rows(len(record.rows))
+        extra = {key: value[own] for key, value in record.extra.items()}
+        completions = {} if record.completions is None else {"completions": record.completions[own]}
+        own_rewards = self._rewards(record.rows[own], record.completion_ids[own], extra, **completions)
+        rewards = np.concatenate(multihost.allgather_objects(own_rewards))
+        unscorable = np.flatnonzero(np.isnan(rewards).all(axis=1))
+        if unscorable.size:
+            row = record.rows[unscorable[0]]
+            details = {key: value for key, value in row.items() if key not in ("prompt", "prompt_ids")}
+            details.update(prompt=row["prompt"], completion=self.tokenizer.decode(
+                record.completion_ids[unscorable[0]], skip_special_tokens=True))
+            warnings.warn(f"All reward functions returned None for the following kwargs:\n{details}\nPlease ensure "
+                          "that at least one reward function returns a valid reward. (Such completions get advantage "
+                          "0, as in TRL.)", UserWarning, stacklevel=3)
+        return rewards
+
+    def _rewards(self, rows: list[dict], completion_ids: list[list[int]], extra: dict[str, list],
+                 completions: list | None = None) -> np.ndarray:
+        """``[N, F]`` rewards, calling each function TRL's way (dataset columns and ``rollout_func``'s ``extra``
+        fields as keyword arguments); ``None`` becomes NaN. ``completions`` are those the functions receive (with
+        tools: the message lists of the tool loop); by default the decoded ``completion_ids``, as assistant messages
+        for conversational prompts."""
+        if not rows:  # a process with no rows of a small (last) eval batch
+            return np.empty((0, len(self.reward_funcs)), np.float32)
+        if completions is None:
+            texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+            conversational = is_conversational_prompt(rows[0]["prompt"])
+            completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+        columns = {} if self.args.remove_unused_columns else {
+            key: [row[key] for row in rows] for key in rows[0]
+            if key not in ("prompt", "completion", "completion_ids", "prompt_ids")}
+        columns.update(extra)
+        kwargs = {"prompts": [row["prompt"] for row in rows], "completions": completions,
+                  "completion_ids": completion_ids, "trainer_state": self.state,
+                  "log_metric": lambda name, value: self._pending_metrics.setdefault(name, []).append(float(value)),
+                  "log_extra": lambda column, values: None, **columns}
+        results = [function(**kwargs) for function in self.reward_funcs]
+        pending = [index for index, result in enumerate(results) if inspect.isawaitable(result)]
+        if pending:
+            async def gather():
+                return await asyncio.gather(*(results[index] for index in pending))
+
+            for index, value in zip(pending, asyncio.run(gather()), strict=True):
+                results[index] = value
+        table = np.full((len(rows), len(self.reward_funcs)), np.nan, np.float32)
+        for index, (function, values) in enumerate(zip(self.reward_funcs, results, strict=True)):
+            values = list(values) if values is not None else None
+            if values is None or len(values) != len(rows):
+                raise ValueError(f"reward function {reward_name(function)!r} returned "
+                                 f"{'None' if values is None else len(values)} values for {len(rows)} completions; "
+                                 "return one float (or None to skip) per completion.")
+            table[:, index] = [np.nan if value is None else float(value) for value in values]
+        return table
+
+    # ------------------------------------------------------------------ the generation schedule
+    def _generation_schedule(self) -> GenerationSchedule:
+        """How a generation batch is sized and trained on (see :class:`GenerationSchedule`)."""
+        raise NotImplementedError
+
+    _generation_batch_fields = "per_device_train_batch_size x data-parallel size"
+    """The fields that size a generation batch, named when the dataset cannot fill one."""
+
+    def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
+        """The step columns of one training generation batch (``schedule.completions`` rows) for ``prompt_rows``."""
+        raise NotImplementedError
+
+    def _generation_rows(self, prompt_rows: list[dict], completions_per_prompt: int | None = None) -> list[dict]:
+        """Each prompt row ``completions_per_prompt`` times in a row (by default the schedule's)."""
+        count = completions_per_prompt or self._generation_schedule().completions_per_prompt
+        return [row for row in prompt_rows for _ in range(count)]
+
+    def _generation_seed(self, epoch: int, generation_index: int, train: bool = True) -> int:
+        """The seed a generation batch is sampled with: ``args.seed`` and where the batch sits, so a resumed run
+        samples what an uninterrupted one does with the same weights."""
+        return int(np.random.SeedSequence([self.args.seed, epoch, generation_index, int(train)]).generate_state(1)[0])
+
+    def _get_train_sampler(self, epoch: int) -> np.ndarray:
+        """Prompt order for ``epoch``: seeded shuffle with ``shuffle_dataset`` (TRL's default), else dataset order."""
+        return sampler_order(len(self.train_dataset), epoch, sequential=not self.args.shuffle_dataset,
+                             seed=self.args.seed)
+
+    def _generations_per_epoch(self) -> int:
+        """Whole generation batches per epoch (TRL's sampler drops a partial last one)."""
+        schedule = self._generation_schedule()
+        generations = len(self.train_dataset) // schedule.prompts
+        if generations == 0:
+            raise ValueError(f"train_dataset has {len(self.train_dataset)} prompts but one generation batch needs "
+                             f"{schedule.prompts} ({self._generation_batch_fields}); add prompts or lower those "
+                             "settings.")
+        return generations
+
+    def _steps_per_epoch(self) -> int:
+        schedule = self._generation_schedule()
+        micro_batches = self._generations_per_epoch() * schedule.passes * schedule.micro_batches
+        return max(1, micro_batches // self.args.gradient_accumulation_steps)
+
+    @property
+    def _samples_ahead(self) -> bool:
+        """Whether the next generation batch is sampled while the current one trains."""
+        return False
+
+    def _sample_generation_ahead(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> None:
+        """Starts sampling a training generation batch in the background; :meth:`_generate` takes the result."""
+        prompt_ids = [list(row["prompt_ids"]) for row in self._generation_rows(prompt_rows)]
+        prompts, mask = self._left_padded(prompt_ids, self._prompt_width(prompt_ids))
+        self._sample_ahead(prompts, mask, self.args.max_completion_length, self._generation_seed(epoch,
+                                                                                                  generation_index))
+
+    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
+        """The generation batches of ``epoch`` (each sampled when its first micro-batch is due, with the weights of
+        the steps before it), split into micro-batches, ``gradient_accumulation_steps`` of them stacked per optimizer
+        step; each is trained on ``schedule.passes`` times. With :attr:`_samples_ahead` the next generation batch is
+        sampled while this one trains."""
+        schedule = self._generation_schedule()
+        accumulation = self.args.gradient_accumulation_steps
+        per_generation = schedule.passes * schedule.micro_batches
+        order = self._get_train_sampler(epoch)
+        first = skip * accumulation
+        if first % per_generation:
+            warnings.warn("resuming in the middle of a generation batch: it is sampled again with the restored "
+                          "weights, so these steps differ from the uninterrupted run.", UserWarning, stacklevel=2)
+        sharding = mesh_lib.batch_sharding(self.mesh, batch_axis=1)
+        group: list[dict] = []
+        buffered, buffered_index = None, -1
+        last = self._steps_per_epoch() * accumulation
+        size = schedule.micro_size
+
+        def prompt_rows(index: int) -> list[dict]:
+            return [self.train_dataset[int(i)] for i in order[index * schedule.prompts:(index + 1) * schedule.prompts]]
+
+        try:
+            for micro in range(first, last):
+                generation_index, within = divmod(micro, per_generation)
+                if generation_index != buffered_index:
+                    buffered = self._generation_batch(prompt_rows(generation_index), epoch, generation_index)
+                    buffered_index = generation_index
+                    if self._samples_ahead and (generation_index + 1) * per_generation < last:
+                        self._sample_generation_ahead(prompt_rows(generation_index + 1), epoch, generation_index + 1)
+                part = within % schedule.micro_batches
+                group.append({key: value[part * size:(part + 1) * size] for key, value in buffered.items()})
+                if len(group) == accumulation:
+                    stacked = {key: np.stack([g[key] for g in group]) for key in group[0]}
+                    group = []
+                    yield mesh_lib.place_batch(stacked, sharding, size, batch_axis=1)
+        finally:
+            self._drop_samples_ahead()
