@@ -113,8 +113,8 @@ def test_the_blockwise_divergence_equals_the_whole_sequence_one():
 # --- (b) step for step against trl.DistillationTrainer --------------------------------------------------------------
 
 def scripted_completions(prompt_ids, *args, **kwargs):
-    """The completion each trainer trains on, in place of sampling (TRL's ``_generate_single_turn`` and
-    torchlike's, which also returns the sampler's log-probs): fixed per prompt, of varying length, some ending with EOS, some cut at
+    """The completion each trainer trains on, in place of sampling (TRL's ``_generate_single_turn``; torchlike's also
+    returns the sampler's log-probs): fixed per prompt, of varying length, some ending with EOS, some cut at
     ``max_completion_length``."""
     completions = []
     for ids in prompt_ids:
