@@ -119,6 +119,12 @@ def batch_sharding(mesh: Mesh, batch_axis: int = 0) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(*([None] * batch_axis), data_axes(mesh)))
 
 
+def rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:
+    """:func:`batch_sharding` for a batch of ``rows`` rows when they split evenly over the data axes, else every row on
+    every device (a short last evaluation batch)."""
+    return batch_sharding(mesh) if rows % data_parallel_size(mesh) == 0 else NamedSharding(mesh, PartitionSpec())
+
+
 def local_rows(sharding: NamedSharding, global_shape: tuple[int, ...], batch_axis: int = 0) -> slice:
     """The contiguous rows of a global batch that this process's devices hold (all rows on one process)."""
     index_map = sharding.addressable_devices_indices_map(global_shape)

@@ -13,10 +13,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # subprocess inherits them. A flag already in XLA_FLAGS is left as set.
 XLA_COMPILE_FLAGS = ["xla_backend_optimization_level=0", "xla_llvm_disable_expensive_passes=true"]
 if metadata.version("jaxlib").startswith("0.10."):
-    # jaxlib 0.10's XLA compiles each fusion through its MLIR emitters and links kernels one by one (thunk runtime);
-    # its classic emitters and whole-module runtime compile a train step in about half the time. XLA aborts on an
-    # unknown flag, and jaxlib 0.12 knows neither, so they are set only on the line checked.
-    XLA_COMPILE_FLAGS += ["xla_cpu_use_fusion_emitters=false", "xla_cpu_use_thunk_runtime=false"]
+    # jaxlib 0.10's XLA compiles each fusion through its MLIR emitters; its classic emitters compile a train step in
+    # about half the time. XLA aborts on an unknown flag, and jaxlib 0.12 has no such flag, so it is set only on the
+    # line checked.
+    XLA_COMPILE_FLAGS.append("xla_cpu_use_fusion_emitters=false")
 for flag in XLA_COMPILE_FLAGS:
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{flag}".strip()

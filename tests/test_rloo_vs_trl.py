@@ -135,3 +135,49 @@ def test_rloo_matches_trl_step_for_step_on_the_same_completions(tiny_checkpoints
     assert set(params) == set(expected_params)
     for name, value in expected_params.items():
         np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)
+
+
+def test_evaluate_reports_trls_eval_loss_kl_and_metrics(tiny_checkpoints, tokenizer_dir, tmp_path, monkeypatch):
+    """TRL's RLOO evaluation: the KL penalty enters the eval rewards as in training, and ``eval_loss`` is the step loss
+    on the eval completions (ratio 1). One eval batch holds every prompt (TRL shuffles eval prompts; one batch's metrics
+    do not depend on their order). Trained 2 steps first, so the policy has moved from the reference."""
+    import datasets
+    import transformers
+    import trl
+
+    path, eval_prompts = tiny_checkpoints.path("qwen2"), PROMPTS[:4]
+    values = settings(max_steps=2, per_device_eval_batch_size=8)
+
+    def without_timing(metrics):
+        return {key: value for key, value in metrics.items()
+                if key not in ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")}
+
+    trl_trainer = trl.RLOOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        reward_funcs=[token_reward, length_reward],
+        args=trl.RLOOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **values),
+        train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+        eval_dataset=datasets.Dataset.from_dict({"prompt": eval_prompts}),
+        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+    trl_trainer._generate_single_turn = lambda prompt_ids, images, fields: [
+        scripted_completion(ids, index % 2) for index, ids in enumerate(prompt_ids)]
+    trl_trainer.train()
+    theirs = without_timing(trl_trainer.evaluate())
+
+    def rollout(prompts, trainer):
+        prompt_ids = [trainer.processing_class(prompt)["input_ids"] for prompt in prompts]
+        return {"prompt_ids": prompt_ids, "logprobs": None,
+                "completion_ids": [scripted_completion(ids, index % 2) for index, ids in enumerate(prompt_ids)]}
+
+    trainer = RLOOTrainer(model=str(path), reward_funcs=[token_reward, length_reward],
+                          args=RLOOConfig(output_dir=str(tmp_path / "ours"), **values),
+                          train_dataset=[{"prompt": p} for p in PROMPTS],
+                          eval_dataset=[{"prompt": p} for p in eval_prompts],
+                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir), rollout_func=rollout)
+    trainer.train()
+    ours = without_timing(trainer.evaluate())
+
+    assert sorted(ours) == sorted(theirs), set(ours) ^ set(theirs)
+    assert theirs["eval_loss"] != 0.0 and theirs["eval_kl"] != 0.0
+    for key, value in theirs.items():
+        np.testing.assert_allclose(ours[key], value, rtol=1e-4, atol=1e-5 if key == "eval_kl" else 1e-6, err_msg=key)

@@ -23,9 +23,9 @@ import datasets
 import numpy as np
 
 from ..adapters import mesh as mesh_lib
-from ..adapters import rl_math, sampling, tunix_grpo
+from ..adapters import rl_math, sampling, train_step, tunix_grpo
 from ..adapters.lora import runtime as lora_runtime
-from ..training import batches
+from ..training import batches, step_logs
 from . import reward_models
 from .base_trainer import check_text_dataset
 from .grpo_config import GRPOConfig
@@ -273,6 +273,15 @@ class GRPOTrainer(OnlineTrainer):
                    "frac_reward_zero_std": reward_metrics["frac_reward_zero_std"],
                    "completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
                    "completions/max_length": lengths.max(), "completions/clipped_ratio": 1.0 - ended.mean()}
+        terminated = lengths[ended] if ended.any() else np.zeros(1)
+        metrics.update({"completions/mean_terminated_length": terminated.mean(),
+                        "completions/min_terminated_length": terminated.min(),
+                        "completions/max_terminated_length": terminated.max()})
+        if train:  # TRL's running count of prompt and model-written completion tokens
+            self.state.num_input_tokens_seen += int(record.prompt_mask.sum() + lengths.sum())
+        self._pending_metrics[prefix + "num_tokens"] = [float(self.state.num_input_tokens_seen)]
+        if "kl" in reward_metrics:  # RLOO's KL penalty on the rewards
+            metrics["kl"] = reward_metrics["kl"]
         tool_loop = record.tool_loop
         if tool_loop is not None:
             metrics["tools/call_frequency"] = tool_loop.call_count / len(rows)
@@ -287,7 +296,8 @@ class GRPOTrainer(OnlineTrainer):
         if args.log_completions and train and self.state.is_world_process_zero:
             self._print_completions(rows, record.completion_ids, rewards, np.asarray(advantages))
         if not train:
-            return {"reward": np.asarray(rewards)}
+            self._add_eval_columns(batch)
+            return batch
         self._add_step_columns(batch)
         batch.pop("sampling_logps", None)
         self._last_rollout = self._shuffled(batch, seed)  # kept for inspection and tests
@@ -347,6 +357,16 @@ class GRPOTrainer(OnlineTrainer):
         if self.reference is not None:
             batch["ref_logps"] = self._log_probs(batch, self.reference.lora, self.reference.module)
 
+    def _add_eval_columns(self, batch: dict[str, np.ndarray]) -> None:
+        """The columns an evaluation batch's loss reads besides the tokens and advantages: the token normaliser of the
+        whole batch and step weight 1 (TRL's eval batch is neither split nor accumulated), and the reference's
+        log-probs; there are no old log-probs (the ratio is 1)."""
+        rows = len(batch["input_ids"])
+        batch["num_items"] = np.full(rows, max(float(tunix_grpo.loss_mask(batch).sum()), 1.0), np.float32)
+        batch["step_weight"] = np.ones(rows, np.float32)
+        if self.reference is not None:
+            batch["ref_logps"] = self._log_probs(batch, self.reference.lora, self.reference.module)
+
     @staticmethod
     def _shuffled(batch: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
         """The rows of a generation batch in a seeded random order (TRL's ``shuffle_sequence_dict``), so the
@@ -381,17 +401,35 @@ class GRPOTrainer(OnlineTrainer):
 
     # ------------------------------------------------------------------ logging and evaluation
     def _evaluation_loop(self, examples: list[dict], metric_key_prefix: str) -> dict[str, float]:
-        """Samples ``num_generations_eval`` completions for every eval prompt and reports their rewards
-        (``eval_reward``, ``eval_rewards/<function>/mean``, completion lengths); there is no eval loss."""
+        """TRL's evaluation (its ``prediction_step``): ``num_generations_eval`` completions per eval prompt, in batches
+        of ``per_device_eval_batch_size x`` data-parallel size completions, each scored and turned into advantages as
+        in training, then the step loss on it with the policy as its own old policy (ratio 1, the reference's KL
+        with ``beta != 0``). ``eval_loss`` is the mean over completions of their batch's loss; the loss's metrics
+        (``eval_entropy``, ``eval_kl``, ``eval_clip_ratio/*``) are means over batches, beside the rewards and
+        completion metrics. Prompts go in dataset order (TRL's eval sampler shuffles them with ``seed``; with one
+        batch holding every prompt the two agree)."""
         generations = self.args.num_generations_eval or self.args.num_generations
-        prompts = max(1, self._global_batch_size() // generations)
+        size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
+        prompts = max(1, size // generations)
+        step = train_step.make_eval_step(self._loss()[0], self._compute_dtype())
+        outputs, rows = [], []
         with mesh_lib.entered(self.mesh):
             for index, start in enumerate(range(0, len(examples), prompts)):
-                self._rollout(examples[start:start + prompts], self.state.global_step, index, generations,
-                              train=False, metric_key_prefix=metric_key_prefix)
+                batch = self._rollout(examples[start:start + prompts], self.state.global_step, index, generations,
+                                      train=False, metric_key_prefix=metric_key_prefix)
+                count = len(batch["input_ids"])
+                placed = mesh_lib.place_batch(batch, mesh_lib.rows_sharding(self.mesh, count), count)
+                outputs.append(step(self._module, placed))
+                rows.append(count)
+        outputs = mesh_lib.to_host(outputs)
+        losses = [float(value) / max(float(weight), 1e-12) for value, weight, _ in outputs]
         prefix = f"{metric_key_prefix}_"
-        metrics = {key: float(np.nanmean(values)) for key, values in self._pending_metrics.items()
-                   if key.startswith(prefix)}
-        for key in metrics:
+        metrics = {f"{prefix}{key.removeprefix('eval_')}": value
+                   for key, value in step_logs.evaluation_metrics(outputs, runtime=0.0).items()
+                   if key not in ("eval_loss", "eval_runtime")}
+        metrics[f"{prefix}loss"] = float(np.average(losses, weights=rows))
+        metrics.update({key: float(np.nanmean(values)) for key, values in self._pending_metrics.items()
+                        if key.startswith(prefix)})
+        for key in [key for key in self._pending_metrics if key.startswith(prefix)]:
             del self._pending_metrics[key]
         return metrics

@@ -79,27 +79,30 @@ class RLOOTrainer(GRPOTrainer):
 
     def _advantages(self, rewards: np.ndarray, num_generations: int, batch: dict[str, np.ndarray],
                     train: bool) -> tuple[np.ndarray, dict]:
-        """TRL's RLOO advantages. In training the sampling policy's summed log-probabilities are stored in
-        ``batch["old_logps"]`` and, with ``beta != 0``, the KL penalty ``sum_t (log pi_old - log pi_ref)`` enters
-        the rewards (logged as ``kl``, the per-token mean). Evaluation scores the rewards alone."""
+        """TRL's RLOO advantages, in training and evaluation alike: the sampling policy's summed log-probabilities
+        are stored in ``batch["old_logps"]`` and, with ``beta != 0``, the KL penalty
+        ``sum_t (log pi_old - log pi_ref)`` enters the rewards (reported as ``kl``, the per-token mean)."""
         args = self.args
         kl = None
-        if train:
-            mask = tunix_grpo.loss_mask(batch)  # the completion tokens the model wrote (not tool results)
-            # Sampled ahead (max_staleness >= 1), the ratio is taken against the sampler's log-probs, as TRL's
-            # AsyncGRPOTrainer does; otherwise against the policy that sampled them, recomputed.
-            old = batch["sampling_logps"] if "sampling_logps" in batch else self._log_probs(
-                batch, lora_runtime.EVAL, self._module)
-            old = old * mask  # [N, C]
-            batch["old_logps"] = old.sum(axis=1)
-            if self.reference is not None:
-                per_token_kl = (old - self._log_probs(batch, self.reference.lora, self.reference.module)) * mask
-                kl = per_token_kl.sum(axis=1)
-                tokens = max(float(mask.sum()), 1.0)
-                self._pending_metrics.setdefault("kl", []).append(float(kl.sum() / tokens))
-        return rl_math.rloo_advantages(rewards, num_generations, reward_weights=args.reward_weights,
-                                       reward_clip_range=args.reward_clip_range, kl=kl, beta=args.beta,
-                                       normalize_advantages=args.normalize_advantages)
+        mask = tunix_grpo.loss_mask(batch)  # the completion tokens the model wrote (not tool results)
+        # Sampled ahead (max_staleness >= 1), the ratio is taken against the sampler's log-probs, as TRL's
+        # AsyncGRPOTrainer does; otherwise against the policy that sampled them, recomputed.
+        old = batch["sampling_logps"] if "sampling_logps" in batch else self._log_probs(
+            batch, lora_runtime.EVAL, self._module)
+        old = old * mask  # [N, C]
+        batch["old_logps"] = old.sum(axis=1)
+        if self.reference is not None:
+            per_token_kl = (old - self._log_probs(batch, self.reference.lora, self.reference.module)) * mask
+            kl = per_token_kl.sum(axis=1)
+        advantages, metrics = rl_math.rloo_advantages(rewards, num_generations, reward_weights=args.reward_weights,
+                                                      reward_clip_range=args.reward_clip_range, kl=kl, beta=args.beta,
+                                                      normalize_advantages=args.normalize_advantages)
+        if kl is not None:
+            metrics["kl"] = float(kl.sum() / max(float(mask.sum()), 1.0))
+        return advantages, metrics
+
+    def _add_eval_columns(self, batch: dict[str, np.ndarray]) -> None:
+        """Nothing beyond ``old_logps`` (added with the advantages), as in training."""
 
     def _add_step_columns(self, batch: dict[str, np.ndarray]) -> None:
         """Nothing beyond ``old_logps`` (added with the advantages): RLOO's loss has no token normaliser and no
