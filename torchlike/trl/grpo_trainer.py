@@ -406,8 +406,8 @@ class GRPOTrainer(OnlineTrainer):
         in training, then the step loss on it with the policy as its own old policy (ratio 1, the reference's KL
         with ``beta != 0``). ``eval_loss`` is the mean over completions of their batch's loss; the loss's metrics
         (``eval_entropy``, ``eval_kl``, ``eval_clip_ratio/*``) are means over batches, beside the rewards and
-        completion metrics. Prompts go in dataset order (TRL's eval sampler shuffles them with ``seed``; with one
-        batch holding every prompt the two agree)."""
+        completion metrics (each ``eval_<name>_<metric>`` for a dict of eval datasets). Prompts go in dataset order
+        (TRL's eval sampler shuffles them with ``seed``; with one batch holding every prompt the two agree)."""
         generations = self.args.num_generations_eval or self.args.num_generations
         size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
         prompts = max(1, size // generations)
@@ -427,9 +427,9 @@ class GRPOTrainer(OnlineTrainer):
         metrics = {f"{prefix}{key.removeprefix('eval_')}": value
                    for key, value in step_logs.evaluation_metrics(outputs, runtime=0.0).items()
                    if key not in ("eval_loss", "eval_runtime")}
-        metrics[f"{prefix}loss"] = float(np.average(losses, weights=rows))
         metrics.update({key: float(np.nanmean(values)) for key, values in self._pending_metrics.items()
                         if key.startswith(prefix)})
         for key in [key for key in self._pending_metrics if key.startswith(prefix)]:
             del self._pending_metrics[key]
+        metrics[f"{metric_key_prefix}_loss"] = float(np.average(losses, weights=rows))
         return metrics
