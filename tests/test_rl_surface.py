@@ -8,6 +8,7 @@ are in ``test_grpo_vs_trl`` (entropy bonus) and ``test_dpo_trainer`` (WPO weight
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections import defaultdict
 from types import SimpleNamespace
@@ -270,15 +271,18 @@ def test_grpo_run_ending_between_logging_steps_logs_its_last_rewards_in_the_summ
     np.testing.assert_allclose(summary["rewards/token_reward/mean"], rewards[2].mean(), rtol=1e-6)
 
 
-def test_grpo_warns_in_trls_words_when_every_reward_function_returns_none(tiny_checkpoints, tokenizer_dir, tmp_path):
+def test_grpo_warns_in_trls_words_when_every_reward_function_returns_none(tiny_checkpoints, tokenizer_dir, tmp_path,
+                                                                         caplog):
     def sometimes_none(completion_ids, **kwargs):
         return [None if index == 1 else 1.0 for index in range(len(completion_ids))]
 
     trainer = _grpo(tiny_checkpoints, tokenizer_dir, tmp_path, max_steps=1, reward_funcs=sometimes_none)
-    with pytest.warns(UserWarning, match="All reward functions returned None for the following kwargs") as caught:
+    with caplog.at_level(logging.WARNING):
         trainer.train()
-    message = next(str(w.message) for w in caught if "returned None" in str(w.message))
-    assert "Please ensure that at least one reward function returns a valid reward." in message
+    # Through Python's logging, as TRL's logger emits it.
+    message = next(record.getMessage() for record in caplog.records if "returned None" in record.getMessage())
+    assert message.startswith("All reward functions returned None for the following kwargs:\n")
+    assert message.endswith("\nPlease ensure that at least one reward function returns a valid reward.")
     assert f"'prompt': '{PROMPTS[0]}'" in message
 
 
@@ -315,15 +319,18 @@ def test_dpo_without_train_dataset_raises_trls_error(tiny_checkpoints, tmp_path)
 
 @pytest.mark.parametrize("loss_type", ["bnpo", "dr_grpo", "dapo", "cispo"])
 def test_grpo_sequence_level_ratio_with_a_token_summed_loss_warns_as_trl(tiny_checkpoints, tokenizer_dir, tmp_path,
-                                                                         loss_type):
-    with pytest.warns(UserWarning, match=f"the `'{loss_type}'` loss sums per-token contributions"):
+                                                                         loss_type, caplog):
+    with caplog.at_level(logging.WARNING):
         _grpo(tiny_checkpoints, tokenizer_dir, tmp_path, importance_sampling_level="sequence", loss_type=loss_type)
+    assert [record.levelno for record in caplog.records
+            if f"the `'{loss_type}'` loss sums per-token contributions" in record.getMessage()] == [logging.WARNING]
 
 
-def test_grpo_sequence_level_ratio_with_grpo_loss_does_not_warn(tiny_checkpoints, tokenizer_dir, tmp_path):
-    with warnings.catch_warnings():
+def test_grpo_sequence_level_ratio_with_grpo_loss_does_not_warn(tiny_checkpoints, tokenizer_dir, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         _grpo(tiny_checkpoints, tokenizer_dir, tmp_path, importance_sampling_level="sequence", loss_type="grpo")
+    assert not [record for record in caplog.records if "loss sums per-token contributions" in record.getMessage()]
 
 
 def test_grpo_with_image_column_refuses_the_text_model(tiny_checkpoints, tokenizer_dir, tmp_path):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import warnings
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +33,8 @@ from .grpo_data import prepare_prompts
 from .online_trainer import GenerationSchedule, OnlineTrainer, reward_name
 
 __all__ = ["GRPOTrainer"]
+
+logger = logging.getLogger(__name__)
 
 #: TRL's loss types that sum per-token terms, for which a sequence-level ratio weights sequences by their length.
 _TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
@@ -154,19 +156,20 @@ class GRPOTrainer(OnlineTrainer):
         return functions
 
     def _check_algorithm(self, args: Any, model: Any) -> None:
-        """TRL's checks of the algorithm settings against each other and the model, with its wording."""
+        """TRL's checks of the algorithm settings against each other and the model, with its wording (its warnings
+        through Python's ``logging``, as TRL's logger emits them)."""
         if args.loss_type == "luspo" and args.importance_sampling_level != "sequence":
-            warnings.warn("When using `'luspo'` loss, `importance_sampling_level` should be set to `'sequence'` to "
-                          "mirror the paper's setup.", UserWarning, stacklevel=3)
+            logger.warning("When using `'luspo'` loss, `importance_sampling_level` should be set to `'sequence'` to "
+                           "mirror the paper's setup.")
         if args.loss_type == "vespo" and args.importance_sampling_level != "token":
-            warnings.warn("VESPO computes sequence-level importance weights internally. `importance_sampling_level` "
-                          "should be set to `'token'` (the default).", UserWarning, stacklevel=3)
+            logger.warning("VESPO computes sequence-level importance weights internally. `importance_sampling_level` "
+                           "should be set to `'token'` (the default).")
         if args.importance_sampling_level == "sequence" and args.loss_type in _TOKEN_SUMMED_LOSSES:
-            warnings.warn(f"When using `importance_sampling_level='sequence'`, the `'{args.loss_type}'` loss sums "
-                          "per-token contributions, which effectively weights each sequence by its completion length "
-                          "instead of optimizing the per-sequence objective. To reproduce the GSPO paper's setup, set "
-                          "`loss_type='grpo'` (see https://huggingface.co/docs/trl/main/en/paper_index"
-                          "#group-sequence-policy-optimization).", UserWarning, stacklevel=3)
+            logger.warning(f"When using `importance_sampling_level='sequence'`, the `'{args.loss_type}'` loss sums "
+                           "per-token contributions, which effectively weights each sequence by its completion length "
+                           "instead of optimizing the per-sequence objective. To reproduce the GSPO paper's setup, set "
+                           "`loss_type='grpo'` (see https://huggingface.co/docs/trl/main/en/paper_index"
+                           "#group-sequence-policy-optimization).")
         self._check_reference_use(args)
 
     def _check_sampling_ahead(self, args: Any) -> None:

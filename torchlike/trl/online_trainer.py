@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import inspect
 import itertools
+import logging
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -35,6 +36,8 @@ from .base_trainer import TRLTrainer
 from .grpo_data import is_conversational_prompt, left_padded
 
 __all__ = ["GenerationSchedule", "OnlineTrainer", "Rollout", "reward_name"]
+
+logger = logging.getLogger(__name__)
 
 
 def reward_name(function: Callable) -> str:
@@ -417,8 +420,8 @@ class OnlineTrainer(TRLTrainer):
     # ------------------------------------------------------------------ rewards
     def _score(self, record: Rollout) -> np.ndarray:
         """``[N, F]`` rewards of a rollout: each process scores its own rows (:meth:`_rewards`) and every process
-        then holds the whole table, as one process would. Warns, as TRL does, about completions every reward function
-        returned ``None`` for."""
+        then holds the whole table, as one process would. Logs TRL's warning (Python's ``logging``) about a completion
+        every reward function returned ``None`` for (it gets advantage 0, as in TRL)."""
         own = multihost.process_rows(len(record.rows))
         extra = {key: value[own] for key, value in record.extra.items()}
         completions = {} if record.completions is None else {"completions": record.completions[own]}
@@ -430,9 +433,8 @@ class OnlineTrainer(TRLTrainer):
             details = {key: value for key, value in row.items() if key not in ("prompt", "prompt_ids")}
             details.update(prompt=row["prompt"], completion=self.tokenizer.decode(
                 record.completion_ids[unscorable[0]], skip_special_tokens=True))
-            warnings.warn(f"All reward functions returned None for the following kwargs:\n{details}\nPlease ensure "
-                          "that at least one reward function returns a valid reward. (Such completions get advantage "
-                          "0, as in TRL.)", UserWarning, stacklevel=3)
+            logger.warning(f"All reward functions returned None for the following kwargs:\n{details}\nPlease ensure "
+                           "that at least one reward function returns a valid reward.")
         return rewards
 
     def _rewards(self, rows: list[dict], completion_ids: list[list[int]], extra: dict[str, list],
