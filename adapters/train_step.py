@@ -67,7 +67,7 @@ CAUSAL_LM_LOSS_TYPES = ("nll", "dft")
 
 
 def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "auto", loss_type: str = "nll",
-                   router_aux_loss_coef: float = 0.0) -> Callable:
+                   router_aux_loss_coef: float = 0.0, with_metrics: bool = False) -> Callable:
     """``loss(module, batch, num_items_in_batch) -> (summed token loss, number of loss tokens, aux)``.
 
     ``batch`` holds ``input_ids``, ``attention_mask`` and ``loss_mask`` of shape ``[B, T]`` (and ``position_ids``
@@ -84,6 +84,9 @@ def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "aut
     adds it: ``mean token loss + coef * aux_loss``. It is weighted by the batch's loss tokens, so with gradient
     accumulation the step adds the token-weighted mean of the micro-batches' aux losses (TRL: their plain mean).
 
+    With ``with_metrics``, ``aux`` adds TRL's SFT metrics over the batch's loss tokens: ``entropy`` (the mean entropy
+    of the next-token distribution) and ``mean_token_accuracy`` (the share of tokens that are the most likely one).
+
     Raises:
         ValueError: an unknown ``loss_type``, or ``router_aux_loss_coef`` for a family without a router.
     """
@@ -95,18 +98,25 @@ def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "aut
 
     def loss(module, batch, num_items_in_batch=None):
         def scores(module):
-            return chunked_logprobs.next_token_scores(family, module, batch, block_size=block_size).log_probs
+            return chunked_logprobs.next_token_scores(family, module, batch, block_size=block_size,
+                                                      with_metrics=with_metrics)
 
-        picked, routing = family.router_logits(scores, module) if router_aux_loss_coef else (scores(module), None)
+        found, routing = family.router_logits(scores, module) if router_aux_loss_coef else (scores(module), None)
+        picked = found.log_probs
         weights = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).astype(jnp.float32)
         token_loss = -picked
         if loss_type == "dft":
             token_loss = token_loss * jax.lax.stop_gradient(jnp.exp(picked))
         value, count = (token_loss * weights).sum(), weights.sum()
+        metrics = {}
+        if with_metrics:
+            valid = jnp.maximum(count, 1.0)
+            metrics = {"entropy": jax.lax.stop_gradient((found.entropies * weights).sum()) / valid,
+                       "mean_token_accuracy": (found.top1 * weights).sum() / valid}
         if not router_aux_loss_coef:
-            return value, count, {}
+            return value, count, metrics
         aux = router_loss.load_balancing_loss(routing.logits, batch["attention_mask"], routing.top_k)
-        return value + router_aux_loss_coef * aux * count, count, {"aux_loss": aux}
+        return value + router_aux_loss_coef * aux * count, count, {**metrics, "aux_loss": aux}
 
     return loss
 

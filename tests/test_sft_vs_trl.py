@@ -60,5 +60,12 @@ def test_sft_matches_trl_step_for_step_on_padded_prompt_completion_data(tiny_che
     expected, ours = reference.state.log_history, trainer.state.log_history
     assert len(logged(ours, "loss")) == len(logged(expected, "loss")) == 20
     assert min(logged(expected, "grad_norm")) > 2 * SETTINGS["max_grad_norm"]  # clipping is active every step
-    for key in ("loss", "grad_norm", "learning_rate"):
+    for key in ("loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy"):
+        assert len(logged(expected, key)) == 20, key
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+    # TRL's eval metrics (metric_for_best_model may name them): means over the eval batches of 8 examples.
+    held_out = prompt_completion_data(16, seed=1)
+    expected_eval = reference.evaluate(eval_dataset=datasets.Dataset.from_list(held_out))
+    ours_eval = trainer.evaluate(eval_dataset=held_out)
+    for key in ("eval_entropy", "eval_mean_token_accuracy"):
+        np.testing.assert_allclose(ours_eval[key], expected_eval[key], rtol=1e-4, err_msg=key)

@@ -156,13 +156,14 @@ class SFTTrainer(TRLTrainer):
                              self._steps_per_epoch(), skip)
 
     def _step_loss(self) -> tuple[Callable, Callable | None]:
-        """The base Trainer's loss, with TRL's ``loss_type="dft"`` and the router's load-balancing loss (MoE models,
-        ``router_aux_loss_coef``) for the built-in loss (NEFTune is added by the base :meth:`Trainer._loss`)."""
+        """The base Trainer's loss; the built-in one with TRL's ``loss_type="dft"``, the router's load-balancing loss
+        (MoE models, ``router_aux_loss_coef``) and TRL's ``entropy`` and ``mean_token_accuracy`` metrics (NEFTune is
+        added by the base :meth:`Trainer._loss`)."""
         loss, count_items = super()._step_loss()
-        if self._compute_loss_func is None and (self.args.loss_type == "dft" or self.aux_loss_enabled):
+        if self._compute_loss_func is None and self._loss_fn is None:
             loss = train_step.causal_lm_loss(
                 self._trainable_model.family, loss_type=self.args.loss_type,
-                router_aux_loss_coef=self.router_aux_loss_coef if self.aux_loss_enabled else 0.0)
+                router_aux_loss_coef=self.router_aux_loss_coef if self.aux_loss_enabled else 0.0, with_metrics=True)
         return loss, count_items
 
     def _neftune_length(self) -> Callable:
