@@ -196,6 +196,8 @@ def test_input_and_output_embeddings_match_transformers(case, tiny_checkpoints):
     np.testing.assert_array_equal(np.asarray(head.weight), expected_head.weight.detach().numpy())
     assert (head.weight is embeddings.weight) == (expected_head.weight is expected.weight)
     assert repr(embeddings) == repr(expected) and repr(head) == repr(expected_head)
+    assert model.lm_head is head and repr(model.lm_head) == repr(reference.lm_head)  # transformers' attribute
+    np.testing.assert_array_equal(np.asarray(model.lm_head.weight), reference.lm_head.weight.detach().numpy())
 
 
 @pytest.mark.parametrize("case", ["qwen2", "qwen2_tied"])

@@ -112,6 +112,9 @@ def test_a_reward_model_path_scores_standard_completions_as_transformers(tiny_ch
                             train_dataset=[{"prompt": prompt} for prompt in PROMPTS],
                             processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
                             rollout_func=scripted_rollout)
+    # TRL's attribute: the reward model's own tokenizer, loaded from its path.
+    assert trainer.reward_processing_classes == [trainer.reward_funcs[0].tokenizer]
+    assert trainer.reward_processing_classes[0].name_or_path == str(reward_model_dir)
     recorded = run_recording_rewards(trainer)
     assert len(recorded) == 2
     for prompts, completions, table in recorded:
@@ -138,6 +141,7 @@ def test_a_loaded_reward_model_scores_conversations_with_its_chat_template(tiny_
                           train_dataset=[{"prompt": [{"role": "user", "content": prompt}]} for prompt in PROMPTS],
                           processing_class=policy_tokenizer, rollout_func=scripted_rollout)
     assert isinstance(trainer.reward_funcs[0], RewardModel) and trainer.reward_funcs[1] is short
+    assert trainer.reward_processing_classes == [reward_tokenizer, None]  # TRL's attribute
     recorded = run_recording_rewards(trainer)
     for prompts, completions, table in recorded:
         np.testing.assert_allclose(table[:, 0], transformers_rewards(reward_model_dir, prompts, completions),

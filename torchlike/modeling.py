@@ -565,6 +565,11 @@ class CausalLM:
         """
         return self._embedding_view("output", OutputEmbeddings)
 
+    @property
+    def lm_head(self) -> OutputEmbeddings:
+        """``transformers``' ``model.lm_head``: the output head (:meth:`get_output_embeddings`), with its ``weight``."""
+        return self.get_output_embeddings()
+
     def _embedding_view(self, kind: str, view_class: type) -> Any:
         if kind not in self._embedding_views:
             self._embedding_views[kind] = view_class(self)

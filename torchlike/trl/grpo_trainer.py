@@ -101,6 +101,11 @@ class GRPOTrainer(OnlineTrainer):
         args = self._trl_args(model, args)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self.reward_funcs = self._check_reward_functions(reward_funcs, reward_processing_classes, args, model)
+        # TRL's attribute: one entry per reward function, a reward model's tokenizer (loaded when not given).
+        given = reward_processing_classes if isinstance(reward_processing_classes, list) else \
+            [reward_processing_classes] * len(self.reward_funcs)
+        self.reward_processing_classes = [function.tokenizer if isinstance(function, reward_models.RewardModel)
+                                          else entry for function, entry in zip(self.reward_funcs, given, strict=True)]
         if train_dataset is None:
             raise ValueError("`train_dataset` is required unless an `environment_factory` is provided. (torchlike "
                              "does not support environment_factory: pass a dataset with a 'prompt' column.)")
