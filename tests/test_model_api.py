@@ -89,9 +89,49 @@ def test_config_overrides_are_applied_like_transformers(tiny_checkpoints, tmp_pa
         torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), not_an_option=1)
 
 
-def test_trust_remote_code_is_refused_with_a_reason(tiny_checkpoints):
-    with pytest.raises(ValueError, match="trust_remote_code=True is not supported"):
-        torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), trust_remote_code=True)
+def test_trust_remote_code_on_an_architecture_without_custom_code_loads_as_in_transformers(tiny_checkpoints):
+    # transformers ignores the flag for a repository without custom code (TRL scripts pass --trust_remote_code).
+    path = tiny_checkpoints.path("qwen2")
+    trusted = torchlike.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
+    plain = torchlike.AutoModelForCausalLM.from_pretrained(path)
+    assert sorted(trusted.state_dict()) == sorted(plain.state_dict())
+    np.testing.assert_array_equal(np.asarray(trusted.lm_head.weight), np.asarray(plain.lm_head.weight))
+
+
+def test_auto_tokenizer_passes_trust_remote_code_to_transformers(tokenizer_dir):
+    trusted = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=True)
+    plain = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+    assert trusted.get_vocab() == plain.get_vocab()
+    assert trusted("hello world").input_ids == plain("hello world").input_ids
+
+
+def custom_code_repository(folder):
+    """A repository whose architecture exists only as its own modelling code (``auto_map``), as on the Hub."""
+    import json
+
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["TinyCustomForCausalLM"], "model_type": "tiny_custom", "hidden_size": 64,
+        "auto_map": {"AutoConfig": "configuration_tiny.TinyCustomConfig",
+                     "AutoModelForCausalLM": "modeling_tiny.TinyCustomForCausalLM"}}))
+    return folder
+
+
+@pytest.mark.parametrize("trust_remote_code", [False, True])
+def test_a_repository_with_custom_code_is_refused_in_transformers_words_with_the_reason(tmp_path, trust_remote_code):
+    import transformers
+
+    folder = custom_code_repository(tmp_path / "custom")
+    with pytest.raises(ValueError) as theirs:  # transformers (untrusted): its words about custom code
+        transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    with pytest.raises(ValueError) as ours:
+        torchlike.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    words = f"The repository {folder} contains custom code which must be executed to correctly load the model."
+    assert words in str(theirs.value) and words in str(ours.value)
+    assert "modeling_tiny.TinyCustomForCausalLM" in str(ours.value) and "is PyTorch" in str(ours.value)
+    assert "Qwen2ForCausalLM" in str(ours.value)  # what does load
+    with pytest.raises(ValueError, match="contains custom code"):
+        torchlike.AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=trust_remote_code)
 
 
 def test_a_transformers_model_object_converts_directly():

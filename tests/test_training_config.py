@@ -244,8 +244,8 @@ def test_the_example_message_and_all_refusals_at_once():
     assert _applied(dataloader_num_workers=4) == [
         "dataloader_num_workers=4 is ignored: torchlike has no torch DataLoader: batches are prepared by its "
         "background prefetch thread (see prefetch_batches)."]
-    with pytest.raises(ValueError, match=r"(?s)2 argument\(s\).*auto_find_batch_size=True.*trust_remote_code=True"):
-        _applied(auto_find_batch_size=True, trust_remote_code=True)
+    with pytest.raises(ValueError, match=r"(?s)2 argument\(s\).*auto_find_batch_size=True.*save_on_each_node=True"):
+        _applied(auto_find_batch_size=True, save_on_each_node=True)
 
 
 def test_sft_config_lays_its_own_remove_unused_columns_row_over_the_table():

@@ -11,11 +11,8 @@ from types import SimpleNamespace
 _ACCEPTED_ATTENTION = (None, "eager", "sdpa")
 
 
-def check_loading_options(trust_remote_code, attn_implementation, device_map) -> None:
-    """Refuses ``trust_remote_code`` and warns about loading options that have no effect on a JAX model."""
-    if trust_remote_code:
-        raise ValueError("trust_remote_code=True is not supported: remote modelling code is PyTorch and cannot run "
-                         "on the JAX model. Supported architectures load without it; drop the argument.")
+def check_loading_options(attn_implementation, device_map) -> None:
+    """Warns about loading options that have no effect on a JAX model."""
     if attn_implementation not in _ACCEPTED_ATTENTION:
         warnings.warn(f"attn_implementation={attn_implementation!r} has no effect: torchlike uses the Tunix JAX "
                       "attention (XLA-compiled).", stacklevel=3)
@@ -24,11 +21,17 @@ def check_loading_options(trust_remote_code, attn_implementation, device_map) ->
                       stacklevel=3)
 
 
-def read_config(model_dir: Path, overrides: dict):
+def read_config(model_dir: Path, overrides: dict, trust_remote_code: bool = False):
     """The transformers config of a checkpoint directory, with ``overrides`` set on it.
+
+    ``trust_remote_code`` changes nothing for an architecture torchlike implements (as in transformers, where it
+    matters only for a repository with custom code); a repository whose architecture exists only as its own
+    (PyTorch) modelling code is refused with transformers' words about custom code, and the reason passing
+    ``trust_remote_code=True`` does not help.
 
     Raises:
         FileNotFoundError: no ``config.json``.
+        ValueError: a repository with custom modelling code for an architecture torchlike does not implement.
         UnknownArchitectureError: an architecture torchlike has no family for (checked on the raw JSON).
         TypeError: an override that is not a field of the config.
     """
@@ -46,8 +49,13 @@ def read_config(model_dir: Path, overrides: dict):
         raise ValueError(f"{config_path} is not valid JSON ({error}); fix or re-download it.") from None
     # Decide on the raw JSON: building another architecture's transformers config can fail first, on
     # fields its class does not accept (a Qwen-style layer_types on MambaConfig).
-    family_for_config(SimpleNamespace(architectures=raw.get("architectures"), model_type=raw.get("model_type")),
-                      source=str(config_path))
+    try:
+        family_for_config(SimpleNamespace(architectures=raw.get("architectures"), model_type=raw.get("model_type")),
+                          source=str(config_path))
+    except UnknownArchitectureError:
+        if raw.get("auto_map"):
+            raise ValueError(custom_code_message(model_dir, raw, trust_remote_code)) from None
+        raise
     if raw.get("model_type") not in CONFIG_MAPPING:
         raise UnknownArchitectureError(
             f"{config_path}: model_type {raw.get('model_type')!r} (architectures {raw.get('architectures')}) is not "
@@ -60,6 +68,22 @@ def read_config(model_dir: Path, overrides: dict):
                             f"field of {type(config).__name__}).")
         setattr(config, key, value)
     return config
+
+
+def custom_code_message(model_dir: Path, raw: dict, trust_remote_code: bool) -> str:
+    """transformers' refusal of a repository with custom code (its words), with why torchlike cannot run that code
+    even with ``trust_remote_code=True``."""
+    from .adapters.families import supported_architectures
+
+    code = ", ".join(f"{name}: {path}" for name, path in sorted(raw["auto_map"].items()) if isinstance(path, str))
+    head = (f"The repository {model_dir} contains custom code which must be executed to correctly load the model. "
+            f"You can inspect the repository content at {model_dir} .")
+    if not trust_remote_code:
+        head += " (transformers asks for `trust_remote_code=True` here.)"
+    return (f"{head} torchlike cannot run it, with or without trust_remote_code=True: the custom modelling code "
+            f"({code}) is PyTorch, and the architecture {raw.get('architectures')} (model_type="
+            f"{raw.get('model_type')!r}) has no JAX implementation. torchlike loads these architectures: "
+            f"{', '.join(supported_architectures())}.")
 
 
 def read_generation_config(model_dir: Path, config):

@@ -788,7 +788,8 @@ class AutoModelForCausalLM:
                 parameters are placed sharded as they are read. When the script runs as one of several
                 processes (``jax.distributed``), ``None`` means every device of every process on ``fsdp``.
             revision, cache_dir, token, local_files_only: hub download options.
-            trust_remote_code: must be ``False``: remote code cannot run on the JAX model.
+            trust_remote_code: accepted, as transformers accepts it; a repository whose architecture exists only as
+                its own (PyTorch) modelling code is refused, with or without it.
             attn_implementation: accepted for TRL scripts; the Tunix attention is always used.
             device_map: accepted for TRL scripts when ``None``/``"auto"``/``"cpu"``; use ``mesh``.
             quantization_config, load_in_4bit, load_in_8bit: QLoRA as in TRL scripts: recorded on the
@@ -804,7 +805,7 @@ class AutoModelForCausalLM:
             >>> model = AutoModelForCausalLM.from_pretrained("path/to/qwen", dtype="bfloat16")
             >>> model([[1, 2, 3]]).logits.shape
         """
-        mesh, quantization, dtype = loading_preamble(model_args, mesh, trust_remote_code, attn_implementation,
+        mesh, quantization, dtype = loading_preamble(model_args, mesh, attn_implementation,
                                                      device_map, dtype, torch_dtype, kwargs)
         if _is_transformers_model(pretrained_model_name_or_path):
             model = _from_transformers_model(pretrained_model_name_or_path, dtype, mesh)
@@ -813,7 +814,7 @@ class AutoModelForCausalLM:
         hf_checkpoint.finish_interrupted_save(pretrained_model_name_or_path)
         model_dir = hf_hub.resolve_model_dir(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
                                              token=token, local_files_only=local_files_only)
-        config = read_config(model_dir, kwargs)
+        config = read_config(model_dir, kwargs, trust_remote_code)
         family = family_for_config(config, source=str(model_dir / "config.json"))
         files = hf_checkpoint.find_weight_files(model_dir)
         target_dtype = resolve_dtype(dtype, getattr(config, "dtype", None) or first_tensor_dtype(files))
@@ -859,7 +860,7 @@ class AutoModelForCausalLM:
         return CausalLM(module, config, family, None, mesh, "")
 
 
-def loading_preamble(model_args: tuple, mesh: Any, trust_remote_code: bool, attn_implementation: str | None,
+def loading_preamble(model_args: tuple, mesh: Any, attn_implementation: str | None,
                      device_map: Any, dtype: Any, torch_dtype: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
     """What every ``from_pretrained`` does first: refuse positional arguments and options JAX cannot honour, join the
     processes of a ``jax.distributed`` launch (before any device is touched) and load onto every device's mesh
@@ -874,7 +875,7 @@ def loading_preamble(model_args: tuple, mesh: Any, trust_remote_code: bool, attn
     initialize_distributed()
     if mesh is None and jax.process_count() > 1:
         mesh = make_mesh()
-    check_loading_options(trust_remote_code, attn_implementation, device_map)
+    check_loading_options(attn_implementation, device_map)
     quantization = requested_quantization(kwargs)
     enable_compilation_cache()
     return mesh, quantization, torch_dtype if dtype is None and torch_dtype is not None else dtype

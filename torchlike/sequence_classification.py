@@ -195,7 +195,7 @@ class AutoModelForSequenceClassification:
             >>> model(batch["input_ids"], batch["attention_mask"]).logits.shape
             (8, 1)
         """
-        mesh, quantization, dtype = loading_preamble(model_args, mesh, trust_remote_code, attn_implementation,
+        mesh, quantization, dtype = loading_preamble(model_args, mesh, attn_implementation,
                                                      device_map, dtype, torch_dtype, kwargs)
         if num_labels is not None:
             kwargs["num_labels"] = num_labels
@@ -213,7 +213,7 @@ class AutoModelForSequenceClassification:
             hf_checkpoint.finish_interrupted_save(source)
             model_dir = hf_hub.resolve_model_dir(source, revision=revision, cache_dir=cache_dir, token=token,
                                                  local_files_only=local_files_only)
-            config = read_config(model_dir, kwargs)
+            config = read_config(model_dir, kwargs, trust_remote_code)
             files = hf_checkpoint.find_weight_files(model_dir)
             tensors = hf_checkpoint.iter_checkpoint_tensors(files)
             dtype_hint = getattr(config, "dtype", None) or first_tensor_dtype(files)

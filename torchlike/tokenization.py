@@ -23,15 +23,12 @@ class AutoTokenizer:
 
         Args:
             pretrained_model_name_or_path: a directory or hub id.
-            kwargs: passed to ``transformers.AutoTokenizer.from_pretrained``
-                (``trust_remote_code=True`` is refused).
+            kwargs: passed to ``transformers.AutoTokenizer.from_pretrained`` (``trust_remote_code`` too: a
+                tokenizer's own code is Python that runs as it does under ``transformers``).
 
         Returns:
             A ``transformers.PreTrainedTokenizerBase``.
         """
-        if kwargs.get("trust_remote_code"):
-            raise ValueError("trust_remote_code=True is not supported by torchlike; use a tokenizer that loads "
-                             "without remote code (all supported families do).")
         from transformers import AutoTokenizer as HFAutoTokenizer
 
         from .adapters.hf_hub import resolve_model_dir

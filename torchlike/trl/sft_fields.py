@@ -18,8 +18,9 @@ SFT_FIELD_SUPPORT: dict[str, FieldSupport] = {
     # --- trl.SFTConfig 1.16 ---
     "model_init_kwargs": honoured("Keyword arguments for torchlike.AutoModelForCausalLM.from_pretrained when model is"
                                   " a string (dtype as a string, a torch dtype or 'auto')."),
-    "trust_remote_code": refused("Hub modelling code is PyTorch and cannot run on torchlike's JAX models (which are "
-                                 "built from torchlike's own model families)."),
+    "trust_remote_code": ignored("TRL passes it to from_pretrained, where it matters only for a repository with "
+                                 "custom modelling code; such code is PyTorch, so torchlike refuses those "
+                                 "repositories either way and loads its own architectures without it."),
     "router_aux_loss_coef": honoured("Weight of the Mixture-of-Experts load-balancing loss (transformers' "
                                      "load_balancing_loss_func) added to the loss of a model with a router (Qwen3 "
                                      "MoE); None takes the model config's; set on a dense model it is refused, as "
