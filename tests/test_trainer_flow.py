@@ -277,3 +277,46 @@ def test_trl_script_attributes_accelerator_hub_model_id_and_end(tiny_checkpoints
     assert trainer.hub_model_id == "out"
     trainer.end()
     assert all(getattr(callback, "tb_writer", None) is None for callback in trainer.callbacks)
+
+
+def test_each_checkpoint_folder_opens_with_from_pretrained_like_transformers_trainers(tiny_checkpoints, tmp_path):
+    """transformers' Trainer writes the model (``model.safetensors``, ``config.json``) into every ``checkpoint-N``;
+    torchlike writes it beside the Orbax state, equal to the weights of that step, and resuming still reads the
+    Orbax state."""
+    trainer = trainer_for(tiny_checkpoints, tmp_path, max_steps=4, save_strategy="steps", save_steps=2)
+    trainer.train()
+    folder = Path(trainer.args.output_dir) / "checkpoint-2"
+    assert {"model.safetensors", "config.json", "generation_config.json", "model", "optimizer",
+            "trainer_state.json"} <= {path.name for path in folder.iterdir()}
+    stored = torchlike.load(folder / "model")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    exported = torchlike.AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    assert sorted(exported) == sorted(stored.keys())
+    for key in stored.keys():
+        np.testing.assert_array_equal(np.asarray(exported[key]), np.asarray(stored[key]), err_msg=key)
+    ids, mask, _ = tiny.padded_batch()
+    with torch.no_grad():
+        expected = reference(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    ours = torchlike.AutoModelForCausalLM.from_pretrained(folder)(ids, attention_mask=mask).logits
+    np.testing.assert_allclose(np.asarray(ours)[mask.astype(bool)], expected[mask.astype(bool)], atol=1e-4)
+    resumed = trainer_for(tiny_checkpoints, tmp_path / "again", max_steps=4, save_strategy="no")
+    resumed.train(resume_from_checkpoint=str(folder))
+    assert logged_losses(resumed)[-2:] == pytest.approx(logged_losses(trainer)[-2:], rel=1e-6)
+
+
+def test_a_lora_checkpoint_folder_holds_the_peft_adapter(tiny_checkpoints, tmp_path):
+    import peft
+
+    from torchlike.peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
+                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    args = arguments(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, learning_rate=1e-2,
+                     disable_tqdm=True)
+    torchlike.Trainer(model=model, args=args, train_dataset=tiny.padded_examples(8, seed=3)).train()
+    folder = Path(args.output_dir) / "checkpoint-2"
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= {path.name for path in folder.iterdir()}
+    adapted = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")), folder)
+    trained = {name: value for name, value in adapted.named_parameters() if "lora_B" in name}
+    assert trained and any(value.abs().max() > 0 for value in trained.values())  # the step's factors, not zeros

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,8 @@ def checkpoint_folders(output_dir: str | Path) -> list[Path]:
 
 
 def write_checkpoint(output_dir: str | Path, step: int, model: Any, optimizer: Any, state: Any,
-                     save_only_model: bool, save_total_limit: int | None) -> Path:
+                     save_only_model: bool, save_total_limit: int | None,
+                     export: Callable[[Path], None] | None = None) -> Path:
     """Writes ``output_dir/checkpoint-<step>`` and deletes the oldest folders beyond ``save_total_limit``.
 
     As transformers' ``Trainer._save_checkpoint``: once the model is written, ``state.best_model_checkpoint`` becomes
@@ -52,6 +53,9 @@ def write_checkpoint(output_dir: str | Path, step: int, model: Any, optimizer: A
         state: transformers' ``TrainerState``.
         save_only_model: store no optimizer state (a resumed run then restarts the moments from zero).
         save_total_limit: how many checkpoint folders to keep (``None`` or ``0``: all).
+        export: writes the model in Hugging Face format into the folder (as transformers' Trainer writes
+            ``model.safetensors`` and ``config.json``, or the PEFT adapter, into each checkpoint), first, before the
+            Orbax state is added beside it.
 
     Returns:
         The folder written.
@@ -59,6 +63,8 @@ def write_checkpoint(output_dir: str | Path, step: int, model: Any, optimizer: A
     from flax import nnx
 
     folder = Path(output_dir) / f"{PREFIX}{step}"
+    if export is not None:
+        export(folder)
     folder.mkdir(parents=True, exist_ok=True)
     serialization.save(model.state_dict(), folder / "model")
     if not save_only_model:

@@ -560,11 +560,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints and the Hub
     def _save_checkpoint(self, step: int) -> Path:
-        """Writes ``output_dir/checkpoint-<step>``, then pushes it with ``hub_strategy="every_save"``."""
+        """Writes ``output_dir/checkpoint-<step>``: the model in Hugging Face format with the tokenizer (a PEFT adapter
+        for a LoRA model; not for a plain NNX module), as transformers' Trainer writes it, so ``from_pretrained``
+        and serving engines open the folder, beside the Orbax state a resume reads; then pushes it with
+        ``hub_strategy="every_save"``."""
         args = self.args
         record_callback_states(self.state, self.callback_handler.callbacks, self.control)
+        export = None
+        if self._trainable_model.family is not None:
+            def export(folder):
+                hub.export_model(self._trainable_model, folder, self.processing_class)
         folder = checkpoints.write_checkpoint(args.output_dir, step, self._trainable_model, self.optimizer,
-                                              self.state, args.save_only_model, args.save_total_limit)
+                                              self.state, args.save_only_model, args.save_total_limit, export)
         self._event("on_save")
         if args.push_to_hub and args.hub_strategy == "every_save":
             self.push_to_hub(commit_message=f"Training in progress, step {step}")
