@@ -419,7 +419,9 @@ class GRPOTrainer(OnlineTrainer):
         generations = self.args.num_generations_eval or self.args.num_generations
         size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
         prompts = max(1, size // generations)
-        step = train_step.make_eval_step(self._loss()[0], self._compute_dtype())
+        if "_eval_step" not in self.__dict__:  # one jitted step for every evaluation
+            self._eval_step = train_step.make_eval_step(self._loss()[0], self._compute_dtype())
+        step = self._eval_step
         outputs, rows = [], []
         with mesh_lib.entered(self.mesh):
             for index, start in enumerate(range(0, len(examples), prompts)):

@@ -1,7 +1,7 @@
 """``OnlineTrainer``: what the trainers that sample from the policy share (GRPO, RLOO, Distillation, and the next
 online TRL trainer).
 
-A generation batch goes through one path: the prompts of ``prompts_per_generation`` dataset rows, each repeated
+A generation batch goes through one path: the prompts of ``GenerationSchedule.prompts`` dataset rows, each repeated
 ``completions_per_prompt`` times, are sampled by the rollout engine (or the user's ``rollout_func``), continued through
 the model's tool calls when there are tools, and gathered into one :class:`Rollout` record; a trainer with reward
 functions scores it (:meth:`OnlineTrainer._score`); the subclass turns the record into its step's columns (GRPO and
@@ -21,7 +21,7 @@ import inspect
 import itertools
 import logging
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,8 +134,8 @@ class OnlineTrainer(TRLTrainer):
 
     rollout_func: Callable | None = None
     """TRL's ``rollout_func(prompts, trainer) -> dict`` replacing the engine (GRPO and RLOO take one)."""
-    reward_funcs: list[Callable] = []
-    """The reward functions :meth:`_score` calls (reward models wrapped as functions)."""
+    reward_funcs: Sequence[Callable] = ()
+    """The reward functions :meth:`_score` calls (reward models wrapped as functions); none for Distillation."""
 
     def _setup_sampling(self, args: Any, model: Any, processing_class: Any) -> None:
         """Sets ``sampling`` (the config's sampling fields, ``generation_kwargs`` over them, sampling on as in TRL),
