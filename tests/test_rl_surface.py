@@ -356,6 +356,31 @@ def test_dpo_precompute_ref_log_probs_on_an_iterable_dataset_raises_trls_error(t
                    processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
 
 
+def test_dpo_evaluate_on_new_data_after_full_fine_tuning_with_precomputed_reference_raises_trls_error(
+        tiny_checkpoints, tokenizer_dir, tmp_path):
+    import datasets
+    import transformers
+    import trl
+
+    path = tiny_checkpoints.path("qwen2")
+    settings = dict(max_steps=1, per_device_train_batch_size=4, max_length=20, precompute_ref_log_probs=True,
+                    report_to="none", save_strategy="no")
+    theirs = trl.DPOTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(path),
+                            args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+                            train_dataset=datasets.Dataset.from_list(PAIRS),
+                            processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+    theirs.train()
+    with pytest.raises(ValueError) as expected:
+        theirs.evaluate(eval_dataset=datasets.Dataset.from_list(PAIRS[:2]))
+    ours = DPOTrainer(model=str(path), args=DPOConfig(output_dir=str(tmp_path / "ours"), **settings),
+                      train_dataset=PAIRS, processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
+    ours.train()
+    with pytest.raises(ValueError) as found:
+        ours.evaluate(eval_dataset=PAIRS[:2])
+    assert str(found.value) == str(expected.value)
+    assert "Cannot compute reference log-probs for a dataset passed to `evaluate()`" in str(found.value)
+
+
 def test_dpo_sync_ref_model_with_precomputed_reference_raises_trls_error(tiny_checkpoints, tokenizer_dir, tmp_path):
     with pytest.raises(ValueError, match="You cannot use `sync_ref_model=True` together with"):
         DPOTrainer(model=str(tiny_checkpoints.path("qwen2")),

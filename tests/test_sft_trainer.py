@@ -147,3 +147,25 @@ def test_skip_prepare_dataset_uses_the_rows_as_given(tiny_checkpoints, tokenizer
     with pytest.raises(ValueError, match="mask columns but no 'labels'"):
         sft_trainer(tiny_checkpoints, tokenizer, tmp_path, [{"input_ids": [5, 6], "completion_mask": [0, 1]}],
                     dataset_kwargs={"skip_prepare_dataset": True})
+
+
+def test_a_dataset_with_a_transform_needs_skip_prepare_dataset_as_in_trl(tiny_checkpoints, tokenizer_dir, tmp_path):
+    import datasets
+    import transformers
+    import trl
+
+    def transformed():
+        return datasets.Dataset.from_dict({"text": ["hello world", "the quick brown fox"] * 4}).with_transform(
+            lambda batch: {"text": [text.upper() for text in batch["text"]]})
+
+    path = tiny_checkpoints.path("qwen2")
+    with pytest.raises(ValueError) as theirs:
+        trl.SFTTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(path),
+                       args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, report_to="none"),
+                       train_dataset=transformed(),
+                       processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+    with pytest.raises(ValueError) as ours:
+        sft_trainer(tiny_checkpoints, tokenizer, tmp_path, transformed())
+    assert str(ours.value) == str(theirs.value)
+    assert "skip_prepare_dataset" in str(ours.value)

@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import datasets
 import numpy as np
 
 from ..adapters import neftune, train_step
@@ -97,6 +98,13 @@ class SFTTrainer(TRLTrainer):
             if skip_prepare:
                 examples = unprepared_sft_examples(dataset)  # checks the rows as TRL does
                 return dataset if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") else examples
+            if isinstance(dataset, datasets.Dataset) and dataset.format["type"] == "custom":
+                raise ValueError(
+                    "SFTTrainer cannot prepare a dataset that uses `Dataset.with_transform()`. The preparation "
+                    "pipeline calls `Dataset.map()`, which reads through the transform and can bake a random or "
+                    "stateful transform into the tokenized columns. Pass `dataset_kwargs={'skip_prepare_dataset': "
+                    "True}` and make the transform return trainer-ready examples, including tokenized fields, or "
+                    "materialize deterministic transforms with `Dataset.map()` before constructing the trainer.")
             return prepare_sft_dataset(
                 dataset, processing_class, dataset_text_field=args.dataset_text_field, max_length=args.max_length,
                 truncation_mode=args.truncation_mode, completion_only_loss=args.completion_only_loss,
