@@ -273,14 +273,6 @@ class TRLTrainer(Trainer):
             ValueError: the reference is the initial policy and training has already changed it.
         """
         reference = self.reference
-        if not reference.outlives_training and self.state.global_step > 0 and not self._is_lora() and \
-                getattr(self.args, "precompute_ref_log_probs", False):  # DPO's and KTO's field
-            raise ValueError(  # TRL's words
-                "Cannot compute reference log-probs for a dataset passed to `evaluate()` after training has started, "
-                "because `precompute_ref_log_probs=True` and no `ref_model` was provided (full fine-tuning). In this "
-                "setup the reference model is not kept in memory, so it is only available before training. Provide "
-                "this dataset as `eval_dataset` at initialization, pass an explicit `ref_model`, or set "
-                "`precompute_ref_log_probs=False`.")
         if not reference.outlives_training and self.state.global_step > 0:
             raise ValueError("Cannot compute reference log-probabilities for new data after training has started: "
                              "without ref_model the reference is the initial model, which training has changed "
@@ -363,6 +355,14 @@ class PrecomputedReferenceTrainer(TRLTrainer):
 
     def _add_reference_log_probs(self, examples: list[dict], per_device_batch_size: int) -> None:
         """Adds the reference columns to every example (TRL's ``compute_ref_log_probs``)."""
+        if not self.reference.outlives_training and self.state.global_step > 0 and not self._is_lora() and \
+                self.args.precompute_ref_log_probs:
+            raise ValueError(  # TRL's words
+                "Cannot compute reference log-probs for a dataset passed to `evaluate()` after training has started, "
+                "because `precompute_ref_log_probs=True` and no `ref_model` was provided (full fine-tuning). In this "
+                "setup the reference model is not kept in memory, so it is only available before training. Provide "
+                "this dataset as `eval_dataset` at initialization, pass an explicit `ref_model`, or set "
+                "`precompute_ref_log_probs=False`.")
         self._add_reference_columns(examples, self._reference_pass(), self._reference_columns,
                                     per_device_batch_size)
 
