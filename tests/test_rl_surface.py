@@ -289,6 +289,7 @@ def test_grpo_warns_in_trls_words_when_every_reward_function_returns_none(tiny_c
 def test_grpo_adds_trl_model_tags(tiny_checkpoints, tokenizer_dir, tmp_path):
     trainer = _grpo(tiny_checkpoints, tokenizer_dir, tmp_path)
     assert trainer.model.model_tags == ["trl", "grpo"]
+    assert trainer.aux_loss_enabled is False  # TRL's attribute (a dense model: False in TRL too)
 
 
 def test_dpo_adds_trl_model_tags(tiny_checkpoints, tokenizer_dir, tmp_path):
@@ -296,6 +297,7 @@ def test_dpo_adds_trl_model_tags(tiny_checkpoints, tokenizer_dir, tmp_path):
     trainer = DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), args=args, train_dataset=PAIRS,
                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
     assert trainer.model.model_tags == ["trl", "dpo"]
+    assert trainer.aux_loss_enabled is False  # TRL's attribute (a dense model: False in TRL too)
 
 
 # --- TRL's checks, in its words -----------------------------------------------------------------------------------

@@ -137,6 +137,10 @@ class TRLTrainer(Trainer):
     _tag_names: list[str] = ["trl"]
     #: Whether the step loss reports ``num_tokens`` per micro-batch, which :meth:`log` makes TRL's running total.
     _counts_step_tokens = False
+    #: TRL's attribute: whether the Mixture-of-Experts router loss is added to the step loss. Only ``SFTTrainer``
+    #: adds it (and sets this from the model and ``router_aux_loss_coef``); the other trainers train without it, so
+    #: it is ``False`` there (TRL's is ``True`` for a MoE model; the field tables say so).
+    aux_loss_enabled: bool = False
 
     @property
     def _trainer_name(self) -> str:
