@@ -392,12 +392,13 @@ class GRPOTrainer(OnlineTrainer):
                                                         lm_head_in_float32=self._lm_head_in_float32)
         size = self._global_batch_size()
         inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "completion_mask")}
-        sharding = mesh_lib.batch_sharding(self.mesh)
         parts = []
         with mesh_lib.entered(self.mesh):
             for start in range(0, len(batch["input_ids"]), size):
                 chunk = {name: value[start:start + size] for name, value in inputs.items()}
-                parts.append(passes[key](module, mesh_lib.place_batch(chunk, sharding, size)))
+                rows = len(chunk["input_ids"])  # a short last eval batch may not split over the data axes
+                parts.append(passes[key](module, mesh_lib.place_batch(chunk, mesh_lib.rows_sharding(self.mesh, rows),
+                                                                      rows)))
         return np.concatenate([np.asarray(part) for part in mesh_lib.to_host(parts)]).astype(np.float32)
 
     def _print_completions(self, rows, completion_ids, rewards, advantages) -> None:
