@@ -140,13 +140,7 @@ def test_peft_adapter_and_merged_export_load_in_peft_and_transformers(tiny_check
 def test_greedy_generate_matches_transformers_past_the_window(tmp_path):
     # Weights scaled up (std 0.16) so greedy decoding wanders instead of repeating one token; 12-token prompts and
     # 12 new tokens against a window of 4, so the cached decode steps slide too.
-    reference = tiny.build_hf_model(tiny.CASES["gemma2"]())
-    with torch.no_grad():
-        for name, parameter in reference.named_parameters():
-            if "norm" not in name:
-                parameter.mul_(2.0)
-    reference.save_pretrained(tmp_path)
-    model = torchlike.AutoModelForCausalLM.from_pretrained(tmp_path, dtype="float32")
+    reference, model = tiny.wandering_model("gemma2", tmp_path)
     rng = np.random.default_rng(1)
     ids = rng.integers(3, tiny.VOCAB, size=(3, 12))
     mask = np.ones_like(ids)

@@ -66,19 +66,25 @@ class CheckpointFactory:
         return self._built[key]
 
 
-def wandering_qwen2(path: Path):
-    """A tiny Qwen2 whose weights are scaled up (std 0.16) so greedy and sampled decoding wander instead of repeating
-    one token, saved to ``path``: ``(transformers model, torchlike model)``, both float32, with no default end token
-    (so rows run to ``max_new_tokens`` unless a test passes one)."""
+def wandering_model(case: str, path: Path):
+    """A tiny ``case`` model whose weights (all but the norms) are scaled up (std 0.16) so greedy and sampled decoding
+    wander instead of repeating one token, saved to ``path``: ``(transformers model, torchlike model)``, both
+    float32."""
     import torchlike
 
-    reference = build_hf_model(CASES["qwen2"](), seed=0)
+    reference = build_hf_model(CASES[case](), seed=0)
     with torch.no_grad():
         for name, parameter in reference.named_parameters():
             if "norm" not in name:
                 parameter.mul_(2.0)
     reference.save_pretrained(path)
-    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    return reference, torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+
+
+def wandering_qwen2(path: Path):
+    """:func:`wandering_model` of Qwen2 with no default end token (so rows run to ``max_new_tokens`` unless a test
+    passes one)."""
+    reference, model = wandering_model("qwen2", path)
     reference.generation_config.eos_token_id = model.generation_config.eos_token_id = None
     return reference, model
 
