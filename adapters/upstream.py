@@ -136,7 +136,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "jax", ">=0.10.2,<0.13",
         "A tracer's AttributeError message walks every equation traced so far (its origin); the private "
         "Tracer._origin_msg is blanked while torchlike traces.",
-        ("adapters/runtime/tracing.py:cheap_tracer_attribute_errors",),
+        ("adapters/runtime/tracing.py:fast_tracing",),
     ),
     Workaround(
         "jax", ">=0.10.2,<0.13",
@@ -155,7 +155,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "flax", "==0.12.*",
         "Building a model probes value.sharding with getattr on tracers, so each probe pays the tracer "
         "AttributeError message above: O(N^2) in the number of layers under eval_shape.",
-        ("adapters/runtime/tracing.py:cheap_tracer_attribute_errors", "adapters/tunix_model.py:build_abstract_model"),
+        ("adapters/runtime/tracing.py:fast_tracing", "adapters/tunix_model.py:build_abstract_model"),
     ),
     Workaround(
         "transformers", ">=5.12,<5.25",

@@ -13,7 +13,7 @@ transformers and a model. :func:`fast_tracing` pauses the collector while a jitt
 ``getattr(tracer, name, default)`` on a JAX tracer raises ``AttributeError`` internally, and the
 message of that error includes the tracer's "origin", which walks every equation traced so far.
 Flax probes ``value.sharding`` on variables while it builds a model, so building an N-layer model
-under ``eval_shape`` costs O(N^2). Within :func:`cheap_tracer_attribute_errors` only that message
+under ``eval_shape`` costs O(N^2). Within :func:`fast_tracing` only that message
 text is dropped; errors are still raised, and tracer errors outside the block keep their full
 messages (``adapters.upstream`` lists the JAX internals this reads).
 """
@@ -69,14 +69,6 @@ _FAST_TRACING_LOCK = threading.Lock()
 _fast_tracing_depth = 0
 _patched_origins: dict[type, Any] = {}
 _gc_was_enabled = True
-
-
-@contextlib.contextmanager
-def cheap_tracer_attribute_errors() -> Iterator[None]:
-    """Within the block, tracer ``AttributeError`` messages omit the tracer's origin (no jaxpr walk); one
-    implementation with :func:`fast_tracing`, which also pauses the collector."""
-    with fast_tracing():
-        yield
 
 
 @contextlib.contextmanager
