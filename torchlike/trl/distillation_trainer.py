@@ -204,41 +204,13 @@ class DistillationTrainer(OnlineTrainer):
         record = self._generate(rows, seed)
         completion_mask = record.completion_mask.copy()
         completion_mask[counted:] = 0
-        tool_mask = np.ones_like(completion_mask) if record.tool_mask is None else record.tool_mask
-        prompt_ids = [list(row["prompt_ids"]) for row in rows[:counted]]
-        self._record_completions(prompt_ids, record.completion_ids[:counted], prefix, tool_mask[:counted],
-                                 record.tool_loop)
-        columns = dataclasses.replace(record, completion_mask=completion_mask).columns()
-        columns["completion_mask"] = completion_mask * tool_mask
-        return columns
-
-    def _record_completions(self, prompt_ids: list[list[int]], completions: list[list[int]], prefix: str,
-                            tool_mask: np.ndarray, tool_loop: Any = None) -> None:
-        """TRL's generation metrics (``num_tokens``, ``completions/*`` counting the model's own tokens, ``tools/*``
-        with tools) for the next log; in training, also the running token count and, with ``log_completions``, the
-        texts."""
-        lengths = np.array([tool_mask[row, :len(ids)].sum() for row, ids in enumerate(completions)], np.float64)
-        stops = {*self.eos_token_ids, self.pad_token_id}
-        truncated = np.array([not ids or ids[-1] not in stops for ids in completions])
-        terminated = lengths[~truncated] if (~truncated).any() else np.zeros(1)
-        if not prefix:
-            self.state.num_input_tokens_seen += int(sum(map(len, prompt_ids)) + lengths.sum())
-            if self.args.log_completions:
-                decode = self.tokenizer.batch_decode
-                self._latest_completions = (decode(prompt_ids, skip_special_tokens=True),
-                                            decode(completions, skip_special_tokens=True))
-        self._pending_metrics[prefix + "num_tokens"] = [float(self.state.num_input_tokens_seen)]  # TRL's running total
-        metrics = {"completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
-                   "completions/max_length": lengths.max(), "completions/clipped_ratio": truncated.mean(),
-                   "completions/mean_terminated_length": terminated.mean(),
-                   "completions/min_terminated_length": terminated.min(),
-                   "completions/max_terminated_length": terminated.max()}
-        if tool_loop is not None:
-            metrics["tools/call_frequency"] = tool_loop.call_count / len(tool_loop.completion_ids)
-            metrics["tools/failure_frequency"] = (tool_loop.failure_count / tool_loop.call_count
-                                                  if tool_loop.call_count else 0.0)
-        for key, value in metrics.items():
-            self._pending_metrics.setdefault(prefix + key, []).append(float(value))
+        self._record_completion_metrics(record, prefix, train=not prefix, counted=counted)
+        if not prefix and self.args.log_completions:
+            decode = self.tokenizer.batch_decode
+            self._latest_completions = (decode([row["prompt_ids"] for row in rows[:counted]], skip_special_tokens=True),
+                                        decode(record.completion_ids[:counted], skip_special_tokens=True))
+        masked = dataclasses.replace(record, completion_mask=completion_mask)
+        return {**masked.columns(), "completion_mask": masked.model_tokens}
 
     # ------------------------------------------------------------------ logging and evaluation
     def _on_train_log(self) -> None:

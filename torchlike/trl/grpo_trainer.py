@@ -266,7 +266,6 @@ class GRPOTrainer(OnlineTrainer):
         record = self._generate(rows, seed)
         rewards = self._score(record)
         completion_mask, ended, tool_mask = record.completion_mask, record.ended, record.tool_mask
-        lengths = record.model_tokens.sum(axis=1)
         if args.mask_truncated_completions:
             completion_mask = completion_mask * ended[:, None].astype(np.int32)
         batch = dataclasses.replace(record, completion_mask=completion_mask).columns()
@@ -277,24 +276,11 @@ class GRPOTrainer(OnlineTrainer):
         advantages, reward_metrics = self._advantages(rewards, num_generations, batch, train)
         batch["advantages"] = np.asarray(advantages, np.float32)
         prefix = "" if train else f"{metric_key_prefix}_"
+        self._record_completion_metrics(record, prefix, train)
         metrics = {"reward": reward_metrics["reward"], "reward_std": reward_metrics["reward_std"],
-                   "frac_reward_zero_std": reward_metrics["frac_reward_zero_std"],
-                   "completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
-                   "completions/max_length": lengths.max(), "completions/clipped_ratio": 1.0 - ended.mean()}
-        terminated = lengths[ended] if ended.any() else np.zeros(1)
-        metrics.update({"completions/mean_terminated_length": terminated.mean(),
-                        "completions/min_terminated_length": terminated.min(),
-                        "completions/max_terminated_length": terminated.max()})
-        if train:  # TRL's running count of prompt and model-written completion tokens
-            self.state.num_input_tokens_seen += int(record.prompt_mask.sum() + lengths.sum())
-        self._pending_metrics[prefix + "num_tokens"] = [float(self.state.num_input_tokens_seen)]
+                   "frac_reward_zero_std": reward_metrics["frac_reward_zero_std"]}
         if "kl" in reward_metrics:  # RLOO's KL penalty on the rewards
             metrics["kl"] = reward_metrics["kl"]
-        tool_loop = record.tool_loop
-        if tool_loop is not None:
-            metrics["tools/call_frequency"] = tool_loop.call_count / len(rows)
-            metrics["tools/failure_frequency"] = (tool_loop.failure_count / tool_loop.call_count
-                                                  if tool_loop.call_count else 0.0)
         for index, function in enumerate(self.reward_funcs):
             name = reward_name(function)
             metrics[f"rewards/{name}/mean"] = reward_metrics["rewards_per_func/mean"][index]

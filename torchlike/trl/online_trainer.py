@@ -417,6 +417,29 @@ class OnlineTrainer(TRLTrainer):
         extra = {key: [value for piece in pieces for value in piece[2][key]] for key in extra}
         return prompts, completions, extra
 
+    def _record_completion_metrics(self, record: Rollout, prefix: str, train: bool, counted: int | None = None) -> None:
+        """TRL's generation metrics of the first ``counted`` completions (default all; the rest pad an evaluation
+        batch) for the next log: ``num_tokens`` (TRL's running count of prompt and model-written tokens, advanced in
+        training), ``completions/*`` counting the model's own tokens, and ``tools/*`` with tools."""
+        counted = len(record.rows) if counted is None else counted
+        lengths = record.model_tokens[:counted].sum(axis=1).astype(np.float64)
+        ended = record.ended[:counted]
+        terminated = lengths[ended] if ended.any() else np.zeros(1)
+        if train:
+            self.state.num_input_tokens_seen += int(record.prompt_mask[:counted].sum() + lengths.sum())
+        self._pending_metrics[prefix + "num_tokens"] = [float(self.state.num_input_tokens_seen)]
+        metrics = {"completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
+                   "completions/max_length": lengths.max(), "completions/clipped_ratio": 1.0 - ended.mean(),
+                   "completions/mean_terminated_length": terminated.mean(),
+                   "completions/min_terminated_length": terminated.min(),
+                   "completions/max_terminated_length": terminated.max()}
+        loop = record.tool_loop
+        if loop is not None:
+            metrics["tools/call_frequency"] = loop.call_count / len(record.rows)
+            metrics["tools/failure_frequency"] = loop.failure_count / loop.call_count if loop.call_count else 0.0
+        for key, value in metrics.items():
+            self._pending_metrics.setdefault(prefix + key, []).append(float(value))
+
     # ------------------------------------------------------------------ rewards
     def _score(self, record: Rollout) -> np.ndarray:
         """``[N, F]`` rewards of a rollout: each process scores its own rows (:meth:`_rewards`) and every process
