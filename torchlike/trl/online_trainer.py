@@ -336,11 +336,12 @@ class OnlineTrainer(TRLTrainer):
     def _left_padded(self, sequences: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
         return left_padded(sequences, length, self.pad_token_id)
 
-
-    def _prompt_width(self, prompt_ids: list[list[int]]) -> int:
-        """The padded prompt width of a generation batch: the dataset's (``prompt_length``), or a wider bucket for
-        longer prompts (a ``rollout_func``'s, eval data prepared later)."""
-        return max(self.prompt_length, self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_ids))))
+    def _prompt_arrays(self, prompt_ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, mask)`` of a generation batch's prompts, left-padded to the dataset's width (``prompt_length``), or
+        a wider bucket for longer prompts (a ``rollout_func``'s, eval data prepared later). Sampling ahead and
+        sampling build the same arrays, which is how a batch sampled ahead is found again."""
+        width = max(self.prompt_length, self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_ids))))
+        return self._left_padded(prompt_ids, width)
 
     # ------------------------------------------------------------------ the generation path
     def _generate_single_turn(self, prompt_ids: list[list[int]], seed: int) -> tuple[list[list[int]],
@@ -348,7 +349,7 @@ class OnlineTrainer(TRLTrainer):
         """One completion per prompt from the rollout engine (TRL's ``_generate_single_turn``): sampled with the
         config's settings, cut after the first end token (kept), at most ``max_completion_length`` tokens; with
         the engine's log-prob of each token (``None`` where completions come without them)."""
-        prompts, mask = self._left_padded(prompt_ids, self._prompt_width(prompt_ids))
+        prompts, mask = self._prompt_arrays(prompt_ids)
         sampled, logps = self._sample(prompts, mask, self.args.max_completion_length, seed)
         kept, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
         lengths = kept.sum(axis=1)
@@ -374,7 +375,7 @@ class OnlineTrainer(TRLTrainer):
         if longest > limit:
             raise ValueError(f"{source} returned a completion of {longest} tokens, longer than "
                              f"max_completion_length={limit}; truncate it or raise max_completion_length.")
-        prompts, prompt_mask = self._left_padded(prompt_ids, self._prompt_width(prompt_ids))
+        prompts, prompt_mask = self._prompt_arrays(prompt_ids)
         tokens, completion_mask, ended = self._completion_arrays(completions)
         sampling_logps = None
         if logps is not None:
@@ -548,7 +549,7 @@ class OnlineTrainer(TRLTrainer):
     def _sample_generation_ahead(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> None:
         """Starts sampling a training generation batch in the background; :meth:`_generate` takes the result."""
         prompt_ids = [list(row["prompt_ids"]) for row in self._generation_rows(prompt_rows)]
-        prompts, mask = self._left_padded(prompt_ids, self._prompt_width(prompt_ids))
+        prompts, mask = self._prompt_arrays(prompt_ids)
         self._sample_ahead(prompts, mask, self.args.max_completion_length, self._generation_seed(epoch,
                                                                                                   generation_index))
 
