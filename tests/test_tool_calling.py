@@ -21,27 +21,13 @@ import torch
 import transformers
 from packaging.version import Version
 
+from tests import tiny
 from torchlike.adapters.rollout import PagedEngine, StaticEngine
-from torchlike.testing import build_tokenizer, random_model, tiny_config
+from torchlike.testing import random_model, tiny_config
 from torchlike.trl import GRPOConfig, GRPOTrainer
 from torchlike.trl.tool_calling import ToolCalling
 
-CHAT_TEMPLATE = (
-    "{%- if tools %}{{- '<|im_start|>system\\nTools:' }}{%- for tool in tools %}{{- ' ' + tool.function.name }}"
-    "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
-    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
-    "{%- for call in message.tool_calls %}{%- if call.function is defined %}{%- set call = call.function %}"
-    "{%- endif %}{{- '\\n<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments | tojson)"
-    " + '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+CHAT_TEMPLATE = tiny.TOOL_CHAT_TEMPLATE
 
 ASK = [{"role": "user", "content": "What is 2 plus 3?"}]
 GREET = [{"role": "user", "content": "Say hello."}]
@@ -94,17 +80,9 @@ def recorded(tool, calls: list):
 
 @pytest.fixture(scope="module")
 def tokenizer_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tool-tokenizer")
     corpus = ["What is 2 plus 3? Say hello. The answer is 5. Tools: add divide shout", CALL,
               'system user assistant tool_response tool_call {"name": "add", "arguments": {"a": 2, "b": 3}}']
-    build_tokenizer(path, corpus=corpus, vocab_size=320, any_text=True, pad_token="<pad>")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tokenizer.add_tokens(["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"])
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
-    return path
+    return tiny.build_tool_tokenizer(tmp_path_factory.mktemp("tool-tokenizer"), corpus)
 
 
 QWEN_PARSER = "qwen template" if Version(transformers.__version__) >= Version("5.13.0.dev0") else "qwen"
@@ -112,21 +90,7 @@ QWEN_PARSER = "qwen template" if Version(transformers.__version__) >= Version("5
 (from 5.13, where TRL uses transformers' template parser too), else its built-in parser of the legacy schema."""
 
 
-def load_tokenizer(path, for_trl: bool = False):
-    """The test tokenizer; TRL's copy gets TRL's Qwen 3 response parser (the new-style ``response_template`` where
-    transformers has it, from 5.13; the legacy ``response_schema`` before), which TRL sets itself only for the chat
-    templates it knows by heart."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    if for_trl:
-        from trl.chat_template_utils import _SUPPORTS_RESPONSE_TEMPLATE, qwen3_schema
-
-        if _SUPPORTS_RESPONSE_TEMPLATE:
-            from trl.chat_template_utils import qwen3_template
-
-            tokenizer.response_template = qwen3_template
-        else:
-            tokenizer.response_schema = qwen3_schema
-    return tokenizer
+load_tokenizer = tiny.load_tool_tokenizer
 
 
 def ids(tokenizer, text: str) -> list[int]:

@@ -1,10 +1,11 @@
 """The test cases: tiny random HF models by name (built with ``torchlike.testing``), a padded batch and padded
-training examples."""
+training examples, and GRPO trainers (torchlike's and TRL's) given the same scripted completions."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,56 @@ def hf_logits(model, ids, mask, positions) -> np.ndarray:
     return out.logits.float().numpy()
 
 
+#: A small Qwen-style chat template for tool calling: Qwen 2.5's tool-call and tool-response layout, the tools listed
+#: on one system line (so prompts stay short), prefix-preserving.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\nTools:' }}{%- for tool in tools %}{{- ' ' + tool.function.name }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}{%- if call.function is defined %}{%- set call = call.function %}"
+    "{%- endif %}{{- '\\n<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments | tojson)"
+    " + '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+def build_tool_tokenizer(path: Path, corpus: list[str]) -> Path:
+    """The tests' byte-level BPE (trained on ``corpus``, 320 tokens, any text encodable) with ChatML specials,
+    ``<|im_end|>`` as EOS, the tool-call and tool-response tags as tokens and :data:`TOOL_CHAT_TEMPLATE`, saved to
+    ``path``."""
+    build_tokenizer(path, corpus=corpus, vocab_size=320, any_text=True, pad_token="<pad>")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"])
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load_tool_tokenizer(path: Path, for_trl: bool = False):
+    """A tokenizer :func:`build_tool_tokenizer` saved; TRL's copy gets TRL's Qwen 3 response parser (the new-style
+    ``response_template`` where transformers has it, from 5.13; the legacy ``response_schema`` before), which TRL sets
+    itself only for the chat templates it knows by heart."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    if for_trl:
+        from trl.chat_template_utils import _SUPPORTS_RESPONSE_TEMPLATE, qwen3_schema
+
+        if _SUPPORTS_RESPONSE_TEMPLATE:
+            from trl.chat_template_utils import qwen3_template
+
+            tokenizer.response_template = qwen3_template
+        else:
+            tokenizer.response_schema = qwen3_schema
+    return tokenizer
+
+
 EXAMPLE_LENGTH = 24
 
 
@@ -123,3 +174,88 @@ def padded_examples(count: int, seed: int = 0, full: bool = False) -> list[dict]
         mask = (np.arange(EXAMPLE_LENGTH) < size).astype(np.int32)
         examples.append({"input_ids": ids, "attention_mask": mask, "loss_mask": mask.copy()})
     return examples
+
+
+# --- GRPO on scripted completions: torchlike's and TRL's GRPOTrainer given the same completions --------------------
+
+PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog", "four five", "tiny test", "seven eight",
+           "the fox", "nine ten", "over the", "jumps over", "brown fox", "a tiny", "for tests", "this is", "world"]
+COMPLETION_LENGTH = 8
+EOS = 2
+
+
+def scripted_rollout(prompts, trainer):
+    """TRL's ``rollout_func``: a fixed completion per (prompt, index in its group) of varying length, some ending
+    with EOS, some cut at ``max_completion_length``, some stopping without EOS."""
+    tokenizer = trainer.processing_class
+    generations = trainer.args.num_generations
+    prompt_ids, completion_ids = [], []
+    for index, prompt in enumerate(prompts):
+        rng = np.random.default_rng([zlib.crc32(prompt.encode()), index % generations])
+        length = int(rng.integers(2, COMPLETION_LENGTH + 1))
+        ids = rng.integers(3, VOCAB, size=length).tolist()
+        if rng.random() < 0.5 and length < COMPLETION_LENGTH:
+            ids[-1] = EOS
+        prompt_ids.append(tokenizer(prompt)["input_ids"])
+        completion_ids.append(ids)
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
+            "logprobs": [[0.0] * len(ids) for ids in completion_ids]}
+
+
+def token_reward(completion_ids, **kwargs):
+    return [float((sum(ids) * 7919) % 13) / 13 for ids in completion_ids]
+
+
+def length_reward(completion_ids, **kwargs):
+    return [len(ids) / COMPLETION_LENGTH for ids in completion_ids]
+
+
+def grpo_settings(**case) -> dict:
+    """GRPO config values for the scripted comparisons, with ``case`` over them."""
+    # bf16 off: the comparison is in float32 on both sides. A learning rate large enough that the policy moves
+    # within a generation batch (so old log-probs matter), and an Adam epsilon above float noise, so entries whose
+    # gradient is ~0 do not take lr-sized steps of either sign.
+    values = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=COMPLETION_LENGTH,
+                  max_steps=3, learning_rate=1e-2, adam_epsilon=1e-4, weight_decay=0.01, max_grad_norm=0.5,
+                  logging_steps=1, seed=0, report_to="none", save_strategy="no", bf16=False, shuffle_dataset=False,
+                  reward_weights=[1.0, 0.5])
+    values.update(case)
+    return values
+
+
+def logged(history: list[dict], key: str) -> list:
+    """The values of ``key`` in the training logs (the entries with a ``loss``) of a ``log_history``."""
+    return [entry[key] for entry in history if "loss" in entry and key in entry]
+
+
+def trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, **case):
+    """The real ``trl.GRPOTrainer`` of ``path`` (float32) on :data:`PROMPTS` with :func:`scripted_rollout`, the rows of
+    each generation batch kept in order, configured by :func:`grpo_settings` (``case`` over them)."""
+    import datasets
+    import trl
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
+    return trl.GRPOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        reward_funcs=[token_reward, length_reward],
+        args=trl.GRPOConfig(output_dir=str(output_dir), use_cpu=True, **grpo_settings(**case)),
+        train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path),
+        rollout_func=scripted_rollout)
+
+
+def torchlike_grpo_trainer(path, tokenizer_path, output_dir, **case):
+    """torchlike's ``GRPOTrainer`` set up as :func:`trl_grpo_trainer` (rows in order: ``_shuffled`` is the
+    identity)."""
+    import torchlike
+    from torchlike.trl import GRPOConfig, GRPOTrainer
+
+    trainer = GRPOTrainer(model=str(path), reward_funcs=[token_reward, length_reward],
+                          args=GRPOConfig(output_dir=str(output_dir), **grpo_settings(**case)),
+                          train_dataset=[{"prompt": p} for p in PROMPTS],
+                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path),
+                          rollout_func=scripted_rollout)
+    trainer._shuffled = lambda batch, seed: batch
+    return trainer

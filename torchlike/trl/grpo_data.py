@@ -28,7 +28,8 @@ def is_conversational_prompt(prompt: Any) -> bool:
 
 
 def prepare_prompts(dataset: Any, tokenizer: Any, name: str, max_prompt_length: int | None = None,
-                    chat_template_kwargs: Mapping[str, Any] | None = None) -> list[dict] | None:
+                    chat_template_kwargs: Mapping[str, Any] | None = None,
+                    default_prompt: list[dict] | None = None) -> list[dict] | None:
     """Rows as dicts: the original columns plus ``prompt_ids``.
 
     Args:
@@ -37,6 +38,8 @@ def prepare_prompts(dataset: Any, tokenizer: Any, name: str, max_prompt_length: 
         name: the argument's name, for messages (``"train_dataset"``).
         max_prompt_length: keep the last this many prompt tokens (TRL truncates prompts on the left).
         chat_template_kwargs: extra arguments of ``apply_chat_template``.
+        default_prompt: the prompt of rows without one (they stay without a ``prompt`` column); ``None``: every row
+            needs one.
 
     Returns:
         The prepared rows.
@@ -50,13 +53,13 @@ def prepare_prompts(dataset: Any, tokenizer: Any, name: str, max_prompt_length: 
     if hasattr(dataset, "keys") and not hasattr(dataset, "column_names"):
         raise ValueError(f"{name} is a dict of datasets; pass one dataset.")
     columns = column_names(dataset)
-    if "prompt" not in columns:
+    if "prompt" not in columns and default_prompt is None:
         raise ValueError(f"{name} has no 'prompt' column (found {columns}); these datasets need 'prompt' as text or "
                          "as a list of chat messages, plus any columns your reward functions read.")
     rows = []
     for index, row in enumerate(dataset):
         row = dict(row)
-        prompt = row["prompt"]
+        prompt = row.get("prompt", default_prompt)
         if is_conversational_prompt(prompt):
             if getattr(tokenizer, "chat_template", None) is None:
                 raise ValueError(f"{name} row {index} has a conversational prompt but the tokenizer has no chat "

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -25,9 +26,10 @@ import numpy as np
 from ..adapters import mesh as mesh_lib
 from ..adapters import rl_math, sampling, train_step, tunix_grpo
 from ..adapters.lora import runtime as lora_runtime
-from ..training import batches, step_logs
-from . import reward_models
+from ..training import batches, checkpoints, step_logs
+from . import entropy_control, reward_models
 from .base_trainer import check_text_dataset
+from .environments import EMPTY_PROMPT, EnvironmentPool
 from .grpo_config import GRPOConfig
 from .grpo_data import prepare_prompts
 from .online_trainer import GenerationSchedule, OnlineTrainer, reward_name
@@ -38,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 #: TRL's loss types that sum per-token terms, for which a sequence-level ratio weights sequences by their length.
 _TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
+
+#: Step-loss metrics that are not evaluation metrics: TRL logs ``entropy_coef`` in training only, and the adaptive
+#: entropy controller's sums are read by the trainer.
+_NOT_EVAL_METRICS = ("entropy_coef", *tunix_grpo.ADAPTIVE_ENTROPY_SUMS)
 
 
 class GRPOTrainer(OnlineTrainer):
@@ -77,7 +83,13 @@ class GRPOTrainer(OnlineTrainer):
             inference engine to correct for) and any extra per-completion lists, which reach the reward functions
             as keyword arguments, except ``env_mask`` (one 0/1 per completion token; 0 keeps a token out of the loss,
             as TRL's ``tool_mask``).
-        environment_factory: TRL's experimental environments; refused.
+        environment_factory: TRL's agent environments (:mod:`torchlike.trl.environments`): a callable returning an
+            environment, or a dict of them selected by each row's ``environment`` column. An environment defines
+            ``reset(**row) -> str | None`` (called with the row's columns before each rollout; what it returns is
+            appended to the prompt's last message) and public methods that become that rollout's tools, run on its
+            own instance; an optional ``get_reward()`` adds a reward function named after the class (weight 1).
+            Reward functions receive the rollouts' instances as ``environments``. Without ``train_dataset`` a single
+            environment owns the data (its ``reset`` gives the prompts) and ``max_steps`` sets the run's length.
     """
 
     _allow_prefetch = False  # a rollout must see the weights of the steps before it
@@ -89,11 +101,7 @@ class GRPOTrainer(OnlineTrainer):
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
                  callbacks: list | None = None, optimizers: tuple = (None, None), quantization_config: Any = None,
                  peft_config: Any = None, tools: list | None = None, rollout_func: Callable | None = None,
-                 environment_factory: Any = None):
-        if environment_factory is not None:
-            raise ValueError("environment_factory (TRL's experimental agent hook) is not supported by torchlike's "
-                             "GRPOTrainer; give the environment's methods as tools, or write the behaviour into your "
-                             "reward functions or a rollout_func.")
+                 environment_factory: Callable | dict[str, Callable] | None = None):
         if rollout_func is not None and not callable(rollout_func):
             raise TypeError(f"rollout_func must be callable as rollout_func(prompts, trainer); got "
                             f"{type(rollout_func).__name__}.")
@@ -106,18 +114,27 @@ class GRPOTrainer(OnlineTrainer):
             [reward_processing_classes] * len(self.reward_funcs)
         self.reward_processing_classes = [function.tokenizer if isinstance(function, reward_models.RewardModel)
                                           else entry for function, entry in zip(self.reward_funcs, given, strict=True)]
-        if train_dataset is None:
-            raise ValueError("`train_dataset` is required unless an `environment_factory` is provided. (torchlike "
-                             "does not support environment_factory: pass a dataset with a 'prompt' column.)")
-        for dataset in [train_dataset, *batches.each_dataset(eval_dataset)]:
-            check_text_dataset(dataset)
-        self._check_algorithm(args, model)
         weights = args.reward_weights
         if weights is not None and len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} entries but there are {len(self.reward_funcs)} "
                              "reward functions; give one weight per function.")
+        environments = None if environment_factory is None else EnvironmentPool.create(
+            environment_factory, tools or [], processing_class, self._trainer_name)
+        self.reward_weights = None if weights is None else list(weights)
+        for function in environments.reward_functions if environments is not None else []:
+            self.reward_funcs.append(function)  # TRL's: an extra reward source of weight 1, no tokenizer
+            self.reward_processing_classes.append(None)
+            self.reward_weights = None if weights is None else [*self.reward_weights, 1.0]
+        if not self.reward_funcs:
+            raise ValueError("No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose "
+                             "environment defines a `get_reward` method.")
+        if train_dataset is None:
+            train_dataset = self._environment_dataset(environments, args)
+        for dataset in [train_dataset, *batches.each_dataset(eval_dataset)]:
+            check_text_dataset(dataset)
+        self._check_algorithm(args, model)
         self._setup_sampling(args, model, processing_class)
-        self._setup_tools(tools, processing_class, args)
+        self._setup_tools(tools, processing_class, args, environments)
         self._check_sampling_ahead(args)
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
@@ -130,23 +147,22 @@ class GRPOTrainer(OnlineTrainer):
                               processing_class, {"model": model})
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
+        self._show_eval_dataset(eval_dataset)  # TRL does not prepare an online trainer's data
         if isinstance(train_dataset, datasets.Dataset):  # TRL keeps the user's Dataset: its columns, plus prompt_ids
             self.train_dataset = datasets.Dataset.from_list(train_rows)
         # The reference (beta != 0): the adapter-off base with LoRA, else a frozen copy of the initial policy.
         self.reference = self._init_reference(adapter_off=self._is_lora(), copy=True) if args.beta != 0.0 else None
         self._generation_count = 0
+        self._entropy_control = self._adaptive_entropy_control(args)
 
     # ------------------------------------------------------------------ set-up
     @staticmethod
     def _check_reward_functions(reward_funcs: Any, reward_processing_classes: Any, args: Any,
                                 model: Any) -> list[Callable]:
-        """The reward functions, reward models wrapped as ones (``reward_models.reward_functions``), checked."""
+        """The reward functions, reward models wrapped as ones (``reward_models.reward_functions``), checked (none
+        is allowed here: an environment's ``get_reward`` may be the reward source)."""
         functions = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) \
             else [reward_funcs]
-        if not functions:
-            raise ValueError("No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose "
-                             "environment defines a `get_reward` method. (torchlike takes reward functions and "
-                             "reward models.)")
         functions = reward_models.reward_functions(functions, reward_processing_classes, args, model)
         for function in functions:
             if not callable(function):
@@ -159,6 +175,23 @@ class GRPOTrainer(OnlineTrainer):
                                 "keyword arguments prompts, completions, completion_ids, trainer_state and every "
                                 "dataset column, e.g. def reward(completions, **kwargs).")
         return functions
+
+    @staticmethod
+    def _environment_dataset(environments: EnvironmentPool | None, args: Any) -> datasets.Dataset:
+        """TRL's stand-in ``train_dataset`` when a single environment owns the data: one generation batch of empty
+        prompts (its ``reset`` gives each rollout's prompt), cycled for ``max_steps`` steps; TRL's errors otherwise."""
+        if environments is None:
+            raise ValueError("`train_dataset` is required unless an `environment_factory` is provided.")
+        if environments.routed:
+            raise ValueError("A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with "
+                             "an `environment` column to route each example to its environment. Provide a dataset, or "
+                             "pass a single environment factory.")
+        if args.max_steps <= 0:
+            raise ValueError("When training without a `train_dataset` (the environment owns the data and returns the "
+                             "prompt from `reset()`), `max_steps` must be set to a positive value to define the "
+                             "training length. Set it via `GRPOConfig(max_steps=...)`.")
+        return datasets.Dataset.from_dict({"prompt": [EMPTY_PROMPT] * (args.generation_batch_size //
+                                                                        args.num_generations)})
 
     def _check_algorithm(self, args: Any, model: Any) -> None:
         """TRL's checks of the algorithm settings against each other and the model, with its wording (its warnings
@@ -182,10 +215,10 @@ class GRPOTrainer(OnlineTrainer):
         more optimizer steps per generation batch than it allows (each batch is sampled one batch ahead)."""
         if args.max_staleness == 0:
             return
-        if self.tools or self.rollout_func is not None:
+        if self.tools or self.rollout_func is not None or self.environment_pool is not None:
             raise ValueError(f"max_staleness={args.max_staleness} samples the next generation batch in the background "
-                             "with torchlike's engine; tools and rollout_func sample in the training loop. Use "
-                             "max_staleness=0 with them.")
+                             "with torchlike's engine; tools, environments and rollout_func sample in the training "
+                             "loop. Use max_staleness=0 with them.")
         steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
         if steps > args.max_staleness:
             raise ValueError(f"A generation batch trains {steps:g} optimizer steps (steps_per_generation="
@@ -217,12 +250,14 @@ class GRPOTrainer(OnlineTrainer):
 
     def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
         """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`); with tools the
-        chat template also renders their schemas, as TRL does."""
+        chat template also renders their schemas, as TRL does. With environments a row may have no ``prompt`` (its
+        environment's ``reset`` gives it); the prompts are tokenised again, after ``reset``, for each rollout."""
         template_kwargs = dict(self.args.chat_template_kwargs or {})
         if self.tools:
             template_kwargs["tools"] = self.tools
+        default_prompt = EMPTY_PROMPT if self.environment_pool is not None else None
         return prepare_prompts(dataset, self.tokenizer, name, getattr(self.args, "max_prompt_length", None),
-                               template_kwargs)
+                               template_kwargs, default_prompt)
 
     # ------------------------------------------------------------------ batches
     _generation_batch_fields = ("per_device_train_batch_size x data-parallel size x steps_per_generation / "
@@ -250,9 +285,53 @@ class GRPOTrainer(OnlineTrainer):
             vespo_k_pos=self.args.vespo_k_pos, vespo_lambda_pos=self.args.vespo_lambda_pos,
             vespo_k_neg=self.args.vespo_k_neg, vespo_lambda_neg=self.args.vespo_lambda_neg,
             top_entropy_quantile=self.args.top_entropy_quantile, entropy_coef=self.args.entropy_coef,
+            adaptive_entropy=self._entropy_control is not None,
             compute_dtype=self._decoder_dtype if self.args.cast_lm_head_to_fp32 else None,
             lm_head_in_float32=self.args.cast_lm_head_to_fp32)
         return tunix_grpo.grpo_step_loss(self.model.family, settings), None
+
+    # ------------------------------------------------------------------ adaptive entropy control
+    def _adaptive_entropy_control(self, args: GRPOConfig) -> entropy_control.AdaptiveEntropyControl | None:
+        """TRL's adaptive entropy controller (:mod:`.entropy_control`) with ``use_adaptive_entropy``, else ``None``."""
+        return entropy_control.AdaptiveEntropyControl.from_config(args) if args.use_adaptive_entropy else None
+
+    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
+        """The micro-batch groups of :meth:`OnlineTrainer._batches`; with adaptive entropy control each carries the
+        coefficient its step applies as the ``entropy_coef`` column (an input of the compiled step, so it changes
+        without a new compilation), taken when the group is due, after the previous step's update."""
+        for batch in super()._batches(epoch, skip):
+            if self._entropy_control is not None:
+                weights = batch["step_weight"]
+                batch["entropy_coef"] = mesh_lib.place_array(
+                    np.full(weights.shape, self._entropy_control.applied_coefficient, np.float32), weights.sharding)
+            yield batch
+
+    def _step_finished(self, outputs: dict) -> dict:
+        """With adaptive entropy control, takes the step's entropy sums out of its outputs, updates the controller
+        with the entropy of all its micro-batches (TRL's window-global token mean) and records TRL's ``entropy_coef``
+        metric, the coefficient after the update."""
+        if self._entropy_control is None:
+            return outputs
+        means = mesh_lib.to_host([outputs.pop(key) for key in tunix_grpo.ADAPTIVE_ENTROPY_SUMS])
+        # The step averages its metrics over the micro-batches; the controller takes their totals.
+        entropy_sum, tokens = (float(mean) * self.args.gradient_accumulation_steps for mean in means)
+        self._entropy_control.update(entropy_sum, tokens)
+        self._pending_metrics.setdefault("entropy_coef", []).append(self._entropy_control.coefficient)
+        return outputs
+
+    def _save_checkpoint(self, step: int) -> Path:
+        """The checkpoint folder, plus TRL's ``entropy_ctrl_state.json`` with adaptive entropy control."""
+        folder = super()._save_checkpoint(step)
+        if self._entropy_control is not None and self.state.is_world_process_zero:
+            self._entropy_control.save(folder)
+        return folder
+
+    def _resume(self, checkpoint: str | bool) -> int:
+        """Restores the checkpoint, and the adaptive entropy controller from its ``entropy_ctrl_state.json``."""
+        step = super()._resume(checkpoint)
+        if self._entropy_control is not None:
+            self._entropy_control.load(checkpoints.find_checkpoint(self.args.output_dir, checkpoint))
+        return step
 
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, prompt_rows: list[dict], epoch: int, generation_index: int, num_generations: int | None = None,
@@ -328,7 +407,7 @@ class GRPOTrainer(OnlineTrainer):
         """``(advantages [N], reward metrics)`` of a generation batch (``rl_math.grpo_advantages``); ``batch`` holds
         its ``input_ids``, ``attention_mask`` and ``completion_mask``."""
         args = self.args
-        return rl_math.grpo_advantages(rewards, num_generations, reward_weights=args.reward_weights,
+        return rl_math.grpo_advantages(rewards, num_generations, reward_weights=self.reward_weights,
                                        scale_rewards=args.scale_rewards,
                                        multi_objective_aggregation=args.multi_objective_aggregation)
 
@@ -354,10 +433,13 @@ class GRPOTrainer(OnlineTrainer):
     def _add_eval_columns(self, batch: dict[str, np.ndarray]) -> None:
         """The columns an evaluation batch's loss reads besides the tokens and advantages: the token normaliser of the
         whole batch and step weight 1 (TRL's eval batch is neither split nor accumulated), and the reference's
-        log-probs; there are no old log-probs (the ratio is 1)."""
+        log-probs; there are no old log-probs (the ratio is 1). With adaptive entropy control, the coefficient the
+        next optimizer step would apply (TRL's evaluation applies it and leaves the controller as it is)."""
         rows = len(batch["input_ids"])
         batch["num_items"] = np.full(rows, max(float(tunix_grpo.loss_mask(batch).sum()), 1.0), np.float32)
         batch["step_weight"] = np.ones(rows, np.float32)
+        if self._entropy_control is not None:
+            batch["entropy_coef"] = np.full(rows, self._entropy_control.applied_coefficient, np.float32)
         if self.reference is not None:
             batch["ref_logps"] = self._log_probs(batch, self.reference.lora, self.reference.module)
 
@@ -423,7 +505,8 @@ class GRPOTrainer(OnlineTrainer):
         prefix = f"{metric_key_prefix}_"
         metrics = {f"{prefix}{key.removeprefix('eval_')}": value
                    for key, value in step_logs.evaluation_metrics(outputs, runtime=0.0).items()
-                   if key not in ("eval_loss", "eval_runtime")}
+                   if key not in ("eval_loss", "eval_runtime")
+                   and key.removeprefix("eval_") not in _NOT_EVAL_METRICS}
         metrics.update({key: float(np.nanmean(values)) for key, values in self._pending_metrics.items()
                         if key.startswith(prefix)})
         for key in [key for key in self._pending_metrics if key.startswith(prefix)]:

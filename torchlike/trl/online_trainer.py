@@ -33,7 +33,8 @@ from ..training.batches import sampler_order
 from ..version import repetition_penalty_skips_left_padding
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer
-from .grpo_data import is_conversational_prompt, left_padded
+from .environments import EMPTY_PROMPT, EnvironmentPool
+from .grpo_data import is_conversational_prompt, left_padded, prepare_prompts
 
 __all__ = ["GenerationSchedule", "OnlineTrainer", "Rollout", "reward_name"]
 
@@ -93,6 +94,8 @@ class Rollout:
         sampling_logps: ``[N, C]`` the engine's per-token log-probs (0 past a completion's end), or ``None`` for
             completions a ``rollout_func`` gave.
         extra: ``rollout_func``'s extra per-completion fields (passed to the reward functions).
+        environments: each rollout's environment instance (``environment_factory``; the reward functions receive
+            them as ``environments``), or ``None``.
     """
 
     rows: list[dict]
@@ -108,6 +111,7 @@ class Rollout:
     tool_loop: Any = None
     sampling_logps: np.ndarray | None = None
     extra: dict[str, list] = dataclasses.field(default_factory=dict)
+    environments: list | None = None
 
     @property
     def model_tokens(self) -> np.ndarray:
@@ -136,6 +140,8 @@ class OnlineTrainer(TRLTrainer):
     """TRL's ``rollout_func(prompts, trainer) -> dict`` replacing the engine (GRPO and RLOO take one)."""
     reward_funcs: Sequence[Callable] = ()
     """The reward functions :meth:`_score` calls (reward models wrapped as functions); none for Distillation."""
+    environment_pool: EnvironmentPool | None = None
+    """TRL's ``environment_factory`` (GRPO takes one): each rollout's prompt, tools and reward state."""
 
     def _setup_sampling(self, args: Any, model: Any, processing_class: Any) -> None:
         """Sets ``sampling`` (the config's sampling fields, ``generation_kwargs`` over them, sampling on as in TRL),
@@ -196,22 +202,25 @@ class OnlineTrainer(TRLTrainer):
         """The NNX module completions are sampled from: the policy (the student in distillation)."""
         return self._trainable_model.module
 
-    def _setup_tools(self, tools: list | None, processing_class: Any, args: Any) -> None:
-        """Sets ``tools`` and ``tool_calling`` (:class:`.tool_calling.ToolCalling`, TRL's checks run) when tools are
-        given, else ``None``."""
+    def _setup_tools(self, tools: list | None, processing_class: Any, args: Any,
+                     environment_pool: EnvironmentPool | None = None) -> None:
+        """Sets ``environment_pool``, ``tools`` (the given ones, then every environment's methods) and
+        ``tool_calling`` (:class:`.tool_calling.ToolCalling`, TRL's checks run) when there are tools, else ``None``."""
         from . import tool_calling
 
-        self.tools = list(tools or [])
+        self.environment_pool = environment_pool
+        self.tools = list(tools or []) if environment_pool is None else environment_pool.tools
         self.tool_calling = tool_calling.ToolCalling.create(processing_class, self.tools, args.chat_template_kwargs,
                                                             trainer_name=self._trainer_name) if self.tools else None
 
     def _check_tool_prompts(self, row_lists: list) -> None:
-        """With tools, every prompt must be a list of chat messages."""
-        from .grpo_data import is_conversational_prompt
-
-        if self.tools and not all(is_conversational_prompt(row["prompt"]) for rows in row_lists for row in rows or []):
+        """With tools or environments, every prompt must be a list of chat messages (a row without one gets
+        :data:`.environments.EMPTY_PROMPT`)."""
+        prompts = [row.get("prompt", EMPTY_PROMPT) for rows in row_lists for row in rows or []]
+        if (self.tools or self.environment_pool is not None) and not all(map(is_conversational_prompt, prompts)):
             raise ValueError("tools need conversational prompts (lists of chat messages): the chat template renders "
-                             "the tools' schemas, and the model's turns are parsed as assistant messages.")
+                             "the tools' schemas, and the model's turns are parsed as assistant messages; an "
+                             "environment's observation is appended to the last message.")
 
     def _completion_arrays(self, completions: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(tokens, completion_mask, ended)`` of completions given as token lists (each at most
@@ -305,9 +314,10 @@ class OnlineTrainer(TRLTrainer):
         self._sampled_ahead.clear()
 
     def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
-                    completion_mask: np.ndarray, seed: int) -> tuple:
+                    completion_mask: np.ndarray, seed: int, row_tools: list[list[Callable]] | None = None) -> tuple:
         """Runs TRL's tool-calling loop (:meth:`.tool_calling.ToolCalling.run`) on the first completions, continuing
-        each sample with the policy's sampler. With several processes each runs the tools of its own samples.
+        each sample with the policy's sampler; ``row_tools`` are each sample's tools (default: ``tools``). With several
+        processes each runs the tools of the samples it scores (an environment's state stays where it is read).
 
         Returns:
             ``(tokens, completion_mask, ended, tool_mask, loop result)`` of the completions with their tool turns.
@@ -323,13 +333,18 @@ class OnlineTrainer(TRLTrainer):
             mask, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
             return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
 
-        def call_rows(calls: list[list[dict]]) -> list[tuple[list[dict], int]]:
-            own = [self.tool_calling.call(row_calls) for row_calls in calls[multihost.process_rows(len(calls))]]
-            return [result for piece in multihost.allgather_objects(own) for result in piece]
+        tools = row_tools or [self.tools] * len(prompts)
+        own = range(len(prompts))[multihost.process_rows(len(prompts))]
+
+        def call_rows(rows: list[int], calls: list[list[dict]]) -> list[tuple[list[dict], int]]:
+            mine = [self.tool_calling.call(row_calls, tools[row])
+                    for row, row_calls in zip(rows, calls, strict=True) if row in own]
+            return [result for piece in multihost.allgather_objects(mine) for result in piece]
 
         loop = self.tool_calling.run(prompts, first, generate, max_completion_length=self.args.max_completion_length,
                                      max_model_length=self.model.config.max_position_embeddings,
-                                     max_iterations=self.args.max_tool_calling_iterations, call_rows=call_rows)
+                                     max_iterations=self.args.max_tool_calling_iterations, tools=tools,
+                                     call_rows=call_rows)
         tokens, completion_mask, ended = self._completion_arrays(loop.completion_ids)
         return tokens, completion_mask, ended, self._mask_array(loop.tool_mask, completion_mask, "tool_mask"), loop
 
@@ -358,8 +373,13 @@ class OnlineTrainer(TRLTrainer):
 
     def _generate(self, rows: list[dict], seed: int) -> Rollout:
         """Samples one completion per row (the engine, or ``rollout_func`` when given), continues each through the
-        model's tool calls when there are tools, and returns the :class:`Rollout`."""
+        model's tool calls when there are tools, and returns the :class:`Rollout`. With environments each row first
+        gets its rollout's instance, reset, and the prompt it returns (:meth:`_reset_environments`)."""
         limit = self.args.max_completion_length
+        environments = row_tools = None
+        if self.environment_pool is not None:
+            rows, environments = self._reset_environments(rows)
+            row_tools = [self.environment_pool.tools_of(environment) for environment in environments]
         if self.rollout_func is not None:
             prompt_ids, completions, extra = self._custom_rollout(rows)
             logps = None
@@ -384,17 +404,42 @@ class OnlineTrainer(TRLTrainer):
                 sampling_logps[row, :len(values)] = values
         record = Rollout(rows=rows, seed=seed, prompt_ids=prompts, prompt_mask=prompt_mask, tokens=tokens,
                          completion_mask=completion_mask, ended=ended, completion_ids=completions,
-                         sampling_logps=sampling_logps, extra=extra)
+                         sampling_logps=sampling_logps, extra=extra, environments=environments)
         # TRL's tool_mask: 0 on tokens the model did not write (tool results, rollout_func's env_mask): not trained.
         if self.tools:
             tokens, completion_mask, ended, tool_mask, loop = self._call_tools(prompts, prompt_mask, tokens,
-                                                                               completion_mask, seed)
+                                                                               completion_mask, seed, row_tools)
             record = dataclasses.replace(record, tokens=tokens, completion_mask=completion_mask, ended=ended,
                                          tool_mask=tool_mask, tool_loop=loop, completions=loop.completions,
                                          completion_ids=loop.completion_ids, sampling_logps=None)
         elif "env_mask" in extra:
             record.tool_mask = self._mask_array(extra.pop("env_mask"), completion_mask, "env_mask")
         return record
+
+    def _reset_environments(self, rows: list[dict]) -> tuple[list[dict], list]:
+        """Each row's environment instance (:meth:`.environments.EnvironmentPool.assign`), reset with the row's columns
+        (those TRL's rows keep: all but ``prompt_ids``, only ``prompt`` with ``remove_unused_columns``), and the rows
+        with the prompts ``reset`` returned, tokenised with their environment's tools. With several processes each
+        resets the instances of the rows it scores, and the prompts are gathered.
+
+        Returns:
+            ``(rows, instances)``.
+        """
+        pool = self.environment_pool
+        visible = [{key: value for key, value in row.items() if key != "prompt_ids"
+                    and (key == "prompt" or not self.args.remove_unused_columns)} for row in rows]
+        instances = pool.assign(visible)
+        own = multihost.process_rows(len(rows))
+        prompts = [pool.reset(instance, row) for instance, row in zip(instances[own], visible[own], strict=True)]
+        prompts = [prompt for piece in multihost.allgather_objects(prompts) for prompt in piece]
+        template_kwargs = dict(self.args.chat_template_kwargs or {})
+        reset_rows = []
+        for row, columns, prompt in zip(rows, visible, prompts, strict=True):
+            tools = pool.schema_tools[pool.name_of(columns)]
+            reset_rows += prepare_prompts([{**row, "prompt": prompt}], self.tokenizer, "environment prompt",
+                                          getattr(self.args, "max_prompt_length", None),
+                                          {**template_kwargs, "tools": tools or None})
+        return reset_rows, instances
 
     def _custom_rollout(self, rows: list[dict]) -> tuple[list[list[int]], list[list[int]], dict[str, list]]:
         """Runs ``rollout_func`` on the prompts of ``rows``: ``(prompt_ids, completion_ids, extra columns)``, the
@@ -449,6 +494,8 @@ class OnlineTrainer(TRLTrainer):
         own = multihost.process_rows(len(record.rows))
         extra = {key: value[own] for key, value in record.extra.items()}
         completions = {} if record.completions is None else {"completions": record.completions[own]}
+        if record.environments is not None:
+            extra["environments"] = record.environments[own]
         own_rewards = self._rewards(record.rows[own], record.completion_ids[own], extra, **completions)
         rewards = np.concatenate(multihost.allgather_objects(own_rewards))
         unscorable = np.flatnonzero(np.isnan(rewards).all(axis=1))

@@ -43,7 +43,8 @@ import transformers
 from jinja2.exceptions import TemplateError
 from packaging.version import Version
 
-__all__ = ["ToolCalling", "ToolLoopResult", "is_chat_template_prefix_preserving", "supports_tool_calling"]
+__all__ = ["ToolCalling", "ToolLoopResult", "is_chat_template_prefix_preserving", "require_tool_template",
+           "supports_tool_calling"]
 
 _TRANSFORMERS = Version(transformers.__version__)
 #: transformers' new-style ``response_template`` parser (with ``prefix=``), and its ``tools=`` argument.
@@ -121,6 +122,16 @@ def supports_tool_calling(tokenizer: Any) -> bool:
     except TemplateError:
         return False
     return all(sentinel in rendered for sentinel in (name, key, value, content))
+
+
+def require_tool_template(tokenizer: Any) -> None:
+    """TRL's refusal of a chat template that cannot render a tool exchange (:func:`supports_tool_calling`).
+
+    Raises:
+        ValueError: with TRL's message.
+    """
+    if not supports_tool_calling(tokenizer):
+        raise ValueError(_NO_TOOL_TEMPLATE)
 
 
 def is_chat_template_prefix_preserving(tokenizer: Any) -> bool:
@@ -250,8 +261,7 @@ class ToolCalling:
         for tool in tools:
             if not callable(tool) or not hasattr(tool, "__name__"):
                 raise ValueError(f"each tool must be a function (it is called by its __name__); got {tool!r}.")
-        if not supports_tool_calling(tokenizer):
-            raise ValueError(_NO_TOOL_TEMPLATE)
+        require_tool_template(tokenizer)
         calling = cls(tokenizer, tools, dict(chat_template_kwargs or {}), trainer_name)
         calling.parser_kind  # noqa: B018 (fails early when no parser fits)
         if not is_chat_template_prefix_preserving(tokenizer):
@@ -277,12 +287,14 @@ class ToolCalling:
             return "qwen template" if _TRANSFORMERS >= _RESPONSE_TEMPLATE_FROM else "qwen"
         raise ValueError(_UNKNOWN_RESPONSE_FORMAT)
 
-    def parse(self, ids: Sequence[int], prefix: Sequence[int] | None = None) -> dict:
+    def parse(self, ids: Sequence[int], prefix: Sequence[int] | None = None,
+              tools: Sequence[Callable] | None = None) -> dict:
         """A completion's tokens as an assistant message, as TRL's ``parse_response``.
 
         Args:
             ids: the completion's token ids.
             prefix: the tokens before it (prompt and earlier turns); read by ``transformers``' new-style parser.
+            tools: the tools its prompt rendered (default: :attr:`tools`); read by ``transformers``' parser from 5.15.
 
         Returns:
             ``{"role": "assistant", "content": str, ...}`` with ``tool_calls`` when the model called tools; the
@@ -292,7 +304,8 @@ class ToolCalling:
         kind = self.parser_kind
         try:
             if kind == "qwen template" or (kind == "template" and prefix is not None):
-                extra = {"tools": self.tools} if _TRANSFORMERS >= _PARSE_WITH_TOOLS_FROM else {}
+                extra = {"tools": list(self.tools if tools is None else tools)} \
+                    if _TRANSFORMERS >= _PARSE_WITH_TOOLS_FROM else {}
                 template = _QWEN_RESPONSE_TEMPLATE if kind == "qwen template" else None
                 parsed = tokenizer.parse_response(list(ids), template, prefix=list(prefix or []), **extra)
             elif kind == "qwen":
@@ -333,21 +346,22 @@ class ToolCalling:
         return full[len(prefix):]
 
     # ------------------------------------------------------------------ running tools
-    @functools.cached_property
-    def _tools_by_name(self) -> tuple[dict[str, Callable], dict[str, Callable]]:
-        """``(sync tools, async tools)`` by ``__name__``."""
-        return ({tool.__name__: tool for tool in self.tools if not inspect.iscoroutinefunction(tool)},
-                {tool.__name__: tool for tool in self.tools if inspect.iscoroutinefunction(tool)})
-
-    def call(self, tool_calls: list[dict]) -> tuple[list[dict], int]:
+    def call(self, tool_calls: list[dict], tools: Sequence[Callable] | None = None) -> tuple[list[dict], int]:
         """Runs one assistant turn's tool calls, as TRL does: sync tools in order, then the ``async`` ones together.
+
+        Args:
+            tool_calls: the turn's parsed calls.
+            tools: the tools this sample may call, by ``__name__`` (default: :attr:`tools`; an environment's rollout
+                calls its own instance's methods).
 
         Returns:
             ``(tool messages, failures)``: one ``{"role": "tool", "name": ..., "content": ...}`` per call (a list
             result is kept as content blocks, anything else becomes ``str(result)``; a failure's content is
             ``str({"error": message})``), sync results first.
         """
-        sync, asynchronous = self._tools_by_name
+        tools = self.tools if tools is None else tools
+        sync = {tool.__name__: tool for tool in tools if not inspect.iscoroutinefunction(tool)}
+        asynchronous = {tool.__name__: tool for tool in tools if inspect.iscoroutinefunction(tool)}
         results: list[tuple[str, Any]] = []
         pending: list[tuple[str, Any]] = []
         failures = 0
@@ -382,8 +396,9 @@ class ToolCalling:
 
     def run(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
             generate: Callable[..., list[list[int]]], *, max_completion_length: int, max_model_length: int,
-            max_iterations: int | None = None,
-            call_rows: Callable[[list[list[dict]]], list[tuple[list[dict], int]]] | None = None) -> ToolLoopResult:
+            max_iterations: int | None = None, tools: Sequence[Sequence[Callable]] | None = None,
+            call_rows: Callable[[list[int], list[list[dict]]], list[tuple[list[dict], int]]] | None = None,
+            ) -> ToolLoopResult:
         """TRL's ``_tool_call_loop`` on first completions already generated.
 
         Args:
@@ -395,16 +410,20 @@ class ToolCalling:
             max_completion_length: the most tokens a completion may hold, tool results included.
             max_model_length: the model's context; a sample whose next prompt would reach it leaves the loop.
             max_iterations: the most rounds of tool calls (``None``: no limit).
-            call_rows: runs the tool calls of several samples, ``[calls of a sample] -> [(messages, failures)]``
-                (default: :meth:`call` on each, here); a trainer with several processes shares the work.
+            tools: each sample's tools (default: :attr:`tools` for every sample), for parsing and calling.
+            call_rows: runs the tool calls of several samples, ``(sample indices, [calls of a sample]) ->
+                [(messages, failures)]`` (default: :meth:`call` on each, here); a trainer with several processes
+                shares the work.
 
         Returns:
             :class:`ToolLoopResult`.
         """
-        call_rows = call_rows or (lambda rows: [self.call(calls) for calls in rows])
+        tools = [self.tools] * len(prompt_ids) if tools is None else list(tools)
+        call_rows = call_rows or (lambda rows, calls: [self.call(row_calls, tools[row])
+                                                       for row, row_calls in zip(rows, calls, strict=True)])
         completion_ids = [list(ids) for ids in completion_ids]
-        completions = [[self.parse(ids, prefix=prompt)] for prompt, ids in zip(prompt_ids, completion_ids,
-                                                                                 strict=True)]
+        completions = [[self.parse(ids, prefix=prompt, tools=row_tools)]
+                       for prompt, ids, row_tools in zip(prompt_ids, completion_ids, tools, strict=True)]
         tool_mask = [[1] * len(ids) for ids in completion_ids]
         result = ToolLoopResult(completion_ids, tool_mask, completions)
         pending = [row for row, messages in enumerate(completions) if messages[0].get("tool_calls")]
@@ -413,7 +432,7 @@ class ToolCalling:
         iteration = 0
         while pending and iteration < limit:
             kept = [len(completions[row]) for row in pending]
-            for row, row_calls, (messages, failures) in zip(pending, calls, call_rows(calls), strict=True):
+            for row, row_calls, (messages, failures) in zip(pending, calls, call_rows(pending, calls), strict=True):
                 result.call_count += len(row_calls)
                 result.failure_count += failures
                 completions[row].extend(messages)
@@ -436,8 +455,8 @@ class ToolCalling:
                 tool_length = length - len(completion_ids[row])
                 tool_mask[row] += [0] * tool_length + [1] * len(new)
                 completion_ids[row] = ids[len(prompt_ids[row]):] + new
-            parsed = [self.parse(new, prefix=ids) if new else {} for ids, new in zip(extended, continuations,
-                                                                                      strict=True)]
+            parsed = [self.parse(new, prefix=ids, tools=tools[row]) if new else {}
+                      for row, ids, new in zip(pending, extended, continuations, strict=True)]
             for row, message in zip(pending, parsed, strict=True):
                 if message:  # {} when the budget left no room for a continuation
                     completions[row].append(message)
