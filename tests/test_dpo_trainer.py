@@ -241,13 +241,41 @@ def test_an_explicit_ref_model_is_the_reference_and_stays_frozen(tiny_checkpoint
     assert all(np.array_equal(np.asarray(value), ref_before[key]) for key, value in ref_model.state_dict().items())
 
 
-def test_new_eval_data_after_full_fine_tuning_without_ref_model_is_refused(tiny_checkpoints, tokenizer_dir, tmp_path):
-    trainer = DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), args=config(tmp_path, max_steps=1),
-                         train_dataset=DATA[:4], eval_dataset=DATA[4:8], processing_class=tokenizer_for(tokenizer_dir))
-    trainer.train()
-    assert np.isfinite(trainer.evaluate()["eval_loss"])  # eval_dataset was scored by the reference at construction
-    with pytest.raises(ValueError, match="the reference is the initial model"):
-        trainer.evaluate(DATA[8:12])
+def test_evaluate_on_new_data_after_full_fine_tuning_scores_against_the_kept_reference_as_trl(tiny_checkpoints,
+                                                                                                tokenizer_dir,
+                                                                                                tmp_path):
+    """Full fine-tuning with TRL's default ``precompute_ref_log_probs=False``: TRL keeps a second, frozen model as
+    ``ref_model``, so ``evaluate()`` on data it never saw after training scores it against the initial weights."""
+    import datasets
+    import torch
+    import transformers
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    path = tiny_checkpoints.path("qwen2")
+    settings = dict(comparison_settings("sigmoid"), max_steps=2)
+    new_data = [{"prompt": "nine ten", "chosen": " one two three", "rejected": " the"},
+                {"prompt": "the lazy", "chosen": " dog jumps", "rejected": " quick brown fox jumps over"}] * 2
+    theirs = trl.DPOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(DATA), processing_class=transformers.AutoTokenizer.from_pretrained(
+            tokenizer_dir))
+    theirs._get_train_sampler = lambda *args, **kwargs: SequentialSampler(theirs.train_dataset)
+    theirs.train()
+    expected = theirs.evaluate(eval_dataset=datasets.Dataset.from_list(new_data))
+    ours = DPOTrainer(model=str(path), args=DPOConfig(output_dir=str(tmp_path / "ours"),
+                                                      train_sampling_strategy="sequential", **settings),
+                      train_dataset=DATA, processing_class=tokenizer_for(tokenizer_dir))
+    assert isinstance(theirs.ref_model, transformers.PreTrainedModel)
+    assert isinstance(ours.ref_model, torchlike.CausalLM) and ours.ref_model.module is not ours.model.module
+    ours.train()
+    found = ours.evaluate(eval_dataset=new_data)
+    compared = [key for key in expected if key not in ("eval_runtime", "eval_samples_per_second",
+                                                       "eval_steps_per_second", "epoch")]
+    assert "eval_loss" in compared and "eval_rewards/margins" in compared
+    for key in compared:
+        np.testing.assert_allclose(found[key], expected[key], rtol=1e-4, atol=1e-6, err_msg=key)
 
 
 def test_the_same_object_as_model_and_ref_model_is_refused(tiny_checkpoints, tokenizer_dir, tmp_path):

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -365,7 +366,7 @@ class Trainer:
         step = start_step
         epoch = step // steps_per_epoch
         self._event("on_train_begin")
-        if args.eval_on_start and self.eval_dataset is not None:
+        if args.eval_on_start and self._eval_examples is not None:
             self.evaluate()
         self._logged_losses: list[float] = []
         window: list = []
@@ -376,7 +377,7 @@ class Trainer:
                 epoch_batches = self._batches(epoch, skip=step - epoch * steps_per_epoch)
                 for batch in prefetched(epoch_batches, args.prefetch_batches if self._allow_prefetch else 0):
                     self._event("on_step_begin")
-                    window.append(step_fn(self._module, self.optimizer, batch, np.int32(step)))
+                    window.append(self._step_finished(step_fn(self._module, self.optimizer, batch, np.int32(step))))
                     step += 1
                     self.state.global_step = step
                     self.state.epoch = epoch + (step - epoch * steps_per_epoch) / steps_per_epoch
@@ -407,6 +408,12 @@ class Trainer:
         if self.args.save_total_limit == 1 and self.state.is_world_process_zero:
             checkpoints.delete_all_but(self.args.output_dir, best)
 
+    def _step_finished(self, outputs: dict) -> dict:
+        """One optimizer step's outputs (device arrays), before they join the logging window and before the step's
+        log, save and evaluation: a subclass may read them or take out entries that are not for the logs (GRPO's
+        adaptive entropy controller). Returns them as they are."""
+        return outputs
+
     def _record_losses(self, window: list) -> list[dict]:
         """Moves the step metrics of one logging window to the host (the only host synchronisation of the loop) and
         keeps their losses, filtered as :func:`.step_logs.filtered_losses` says, for the logs and ``train_loss``."""
@@ -420,7 +427,7 @@ class Trainer:
             learning_rate = schedule.learning_rate(self.state.global_step - 1) if schedule else float("nan")
             self.log(step_logs.window_logs(values, self._logged_losses[-len(values):], learning_rate))
             window = []
-        if self.control.should_evaluate and self.eval_dataset is not None:
+        if self.control.should_evaluate and self._eval_examples is not None:
             is_new_best = self._determine_best_metric(self.evaluate())
             if self.args.save_strategy == "best":
                 self.control.should_save = is_new_best
@@ -484,7 +491,7 @@ class Trainer:
         from transformers.trainer_utils import speed_metrics
 
         override = eval_dataset is not None
-        dataset = eval_dataset if override else self.eval_dataset
+        dataset = eval_dataset if override else self._eval_examples
         if dataset is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to the trainer.")
         if isinstance(dataset, Mapping):
@@ -493,12 +500,12 @@ class Trainer:
                 metrics.update(self.evaluate(one if override else name, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         if isinstance(dataset, str):
-            if not isinstance(self.eval_dataset, Mapping) or dataset not in self.eval_dataset:
-                names = list(self.eval_dataset) if isinstance(self.eval_dataset, Mapping) else None
+            if not isinstance(self._eval_examples, Mapping) or dataset not in self._eval_examples:
+                names = list(self._eval_examples) if isinstance(self._eval_examples, Mapping) else None
                 raise KeyError(f"evaluate(eval_dataset={dataset!r}) names one of the trainer's eval datasets, but "
                                f"its eval_dataset is {'a dict of ' + str(names) if names else 'not a dict'}; pass "
                                "one of those names, or the dataset itself.")
-            dataset = self.eval_dataset[dataset]
+            dataset = self._eval_examples[dataset]
         examples = self._prepare_eval_dataset(dataset)
         started = time.time()
         metrics = self._evaluation_loop(examples, metric_key_prefix)
@@ -508,6 +515,21 @@ class Trainer:
         self.log(metrics)
         self._event("on_evaluate", metrics=metrics)
         return metrics
+
+    @property
+    def eval_dataset(self) -> Any:
+        """The evaluation data, as transformers' attribute: what the trainer was given (or a subclass shows in its
+        place, as TRL's trainers show their prepared ``datasets.Dataset``). Assigning it replaces what
+        :meth:`evaluate` scores."""
+        return self._shown_eval_dataset
+
+    @eval_dataset.setter
+    def eval_dataset(self, value: Any) -> None:
+        self._shown_eval_dataset = self._eval_examples = value
+
+    def _show_eval_dataset(self, shown: Any) -> None:
+        """Makes ``eval_dataset`` read ``shown`` while :meth:`evaluate` keeps scoring the examples prepared from it."""
+        self._shown_eval_dataset = shown
 
     def _prepare_eval_dataset(self, dataset) -> Sequence:
         """One evaluation dataset as the indexable examples the collator reads (a ``datasets.IterableDataset`` read

@@ -11,6 +11,7 @@ that add their data preparation and step loss.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -105,6 +106,16 @@ def check_reference_sync(args: Any, model: Any, trainer: str) -> None:
             "model.")
 
 
+def frozen_copy_model(policy: Any, module: Any) -> Any:
+    """The ``CausalLM`` a TRL user finds in ``trainer.ref_model`` when the reference is a frozen copy of ``policy``:
+    ``module`` (the copy's weights) with the policy's configs and path, in eval mode."""
+    from ..modeling import CausalLM
+
+    model = CausalLM(module, copy.deepcopy(policy.config), policy.family, copy.deepcopy(policy.generation_config),
+                     policy.mesh, policy.name_or_path)
+    return model.eval()
+
+
 class SyncRefModelCallback(TrainerCallback):
     """TRL's ``SyncRefModelCallback`` (TR-DPO): after every ``ref_model_sync_steps``-th optimizer step the reference
     becomes ``ref_model_mixup_alpha * policy + (1 - ref_model_mixup_alpha) * reference``.
@@ -141,6 +152,10 @@ class TRLTrainer(Trainer):
     #: adds it (and sets this from the model and ``router_aux_loss_coef``); the other trainers train without it, so
     #: it is ``False`` there (TRL's is ``True`` for a MoE model; the field tables say so).
     aux_loss_enabled: bool = False
+    #: TRL's attribute: the separate reference model the trainer keeps (the user's ``ref_model``, or a frozen copy of
+    #: the initial policy where TRL loads a second model), ``None`` where there is none (no reference, or the
+    #: reference is the policy with its LoRA adapter off).
+    ref_model: Any = None
 
     @property
     def _trainer_name(self) -> str:
@@ -223,6 +238,17 @@ class TRLTrainer(Trainer):
         """LoRA dropout in training steps, unless the config sets TRL's ``disable_dropout``."""
         return super()._lora_dropout() and not getattr(self.args, "disable_dropout", False)
 
+    def _show_prepared_datasets(self, train_examples: list[dict], eval_examples: Any) -> None:
+        """What TRL users read in ``train_dataset`` and ``eval_dataset`` of an offline trainer: its prepared examples
+        as ``datasets.Dataset`` (a dict of them for a dict of eval datasets), as TRL's ``_prepare_dataset`` leaves
+        them. Training and evaluation keep reading the examples."""
+        import datasets
+
+        from ..training.batches import map_datasets
+
+        self.train_dataset = datasets.Dataset.from_list(train_examples)
+        self._show_eval_dataset(map_datasets(eval_examples, datasets.Dataset.from_list))
+
     # ------------------------------------------------------------------ logs
     def log(self, logs: dict[str, float]) -> None:
         """Records ``logs`` with TRL's values: each metric that only some micro-batches record as the mean over those
@@ -231,9 +257,10 @@ class TRLTrainer(Trainer):
 
         The step metrics arrive averaged over micro-batches and over the steps since the previous log, so the tokens
         of those steps are that mean times both counts; the total so far is read back from ``state.log_history``,
-        which a resumed run restores.
+        which a resumed run restores. ``logs`` itself is updated (TRL's ``log`` updates its argument, so the dict
+        ``evaluate()`` returns holds what was logged).
         """
-        logs = step_metrics.finish_metrics(logs)
+        given, logs = logs, step_metrics.finish_metrics(logs)
         if self._counts_step_tokens:
             previous = next((entry for entry in reversed(self.state.log_history) if "num_tokens" in entry),
                             {"step": 0, "num_tokens": 0})
@@ -243,7 +270,10 @@ class TRLTrainer(Trainer):
                 logs = {**logs, "num_tokens": previous["num_tokens"] + added}
             elif "eval_num_tokens" in logs:  # TRL reports the training total in evaluation too
                 logs = {**logs, "eval_num_tokens": previous["num_tokens"]}
-        super().log(logs)
+        # In place, as TRL's log() updates its argument: evaluate() returns the dict it logged.
+        given.clear()
+        given.update(logs)
+        super().log(given)
 
     def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
         """The Trainer's evaluation, its metrics finished as :meth:`log` finishes them."""
@@ -264,6 +294,12 @@ class TRLTrainer(Trainer):
         self.reference = reference_policy.choose(self._module, self._trainable_model.family, self.mesh,
                                                  ref_model=ref_model, adapter_off=adapter_off and not sync,
                                                  copy=copy or sync)
+        if self.reference.kind == reference_policy.SEPARATE:
+            self.ref_model = ref_model
+        elif self.reference.kind == reference_policy.COPY:
+            self.ref_model = frozen_copy_model(self._trainable_model, self.reference.module)
+        else:
+            self.ref_model = None
         if sync:
             self.add_callback(SyncRefModelCallback(self.reference.module, lambda: self._module))
         return self.reference
@@ -349,7 +385,11 @@ class PrecomputedReferenceTrainer(TRLTrainer):
         the examples (with ``sync_ref_model`` the training batches are scored as they are used instead)."""
         from ..training.batches import each_dataset
 
-        self._init_reference(ref_model, adapter_off=reference_policy.lora_is_new(self._module))
+        # Full fine-tuning without precomputed log-probs: TRL keeps a second, frozen model (so evaluate() can score
+        # new data after training); precomputed, the initial weights serve once, before training.
+        adapter_off = reference_policy.lora_is_new(self._module)
+        keep = ref_model is None and not adapter_off and not self._is_lora() and not self.args.precompute_ref_log_probs
+        self._init_reference(ref_model, adapter_off=adapter_off, copy=keep)
         if self.args.sync_ref_model:
             self._start_reference_sync()
         else:

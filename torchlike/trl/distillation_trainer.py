@@ -116,6 +116,7 @@ class DistillationTrainer(OnlineTrainer):
         self._check_token_ids(largest, processing_class, {"model": model, "teacher_model": self.teacher_model})
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
+        self._show_eval_dataset(eval_dataset)  # TRL does not prepare an online trainer's data
         self._place_teacher()
         self._student_and_teacher = distillation_loss.StudentTeacher(self._trainable_model.module,
                                                                      self.teacher_model.module)

@@ -14,8 +14,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import datasets
-
 from ..adapters import dpo_loss
 from ..adapters.dpo_loss import preference_loss
 from .base_trainer import PrecomputedReferenceTrainer
@@ -100,7 +98,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         self._warn_if_sorting_loss_sees_padding()
         # What TRL users read: a datasets.Dataset with TRL's columns (prompt_ids, chosen_ids, rejected_ids and the
         # precomputed ref_chosen_logps / ref_rejected_logps).
-        self.train_dataset = datasets.Dataset.from_list(train_examples)
+        self._show_prepared_datasets(train_examples, eval_examples)
 
     # ------------------------------------------------------------------ data
     def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:

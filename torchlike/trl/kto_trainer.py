@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import datasets
-
 from ..adapters import kto_loss
 from .base_trainer import PrecomputedReferenceTrainer
 from .kto_config import KTOConfig
@@ -97,7 +95,7 @@ class KTOTrainer(PrecomputedReferenceTrainer):
         self._start_reference(ref_model, train_examples, eval_examples)
         # What TRL users read: a datasets.Dataset with TRL's columns (prompt_ids, completion_ids, label,
         # KL_completion_ids and the precomputed ref_logps / ref_KL_logps).
-        self.train_dataset = datasets.Dataset.from_list(train_examples)
+        self._show_prepared_datasets(train_examples, eval_examples)
 
     # ------------------------------------------------------------------ data
     def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:

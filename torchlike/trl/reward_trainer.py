@@ -13,8 +13,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import datasets
-
 from ..adapters import reward_loss
 from ..training.batches import check_single_dataset, each_dataset, map_datasets
 from .base_trainer import TRLTrainer, check_text_dataset
@@ -162,7 +160,7 @@ class RewardTrainer(TRLTrainer):
                          eval_dataset=eval_examples, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers)
         # What TRL users read: a datasets.Dataset with TRL's columns (chosen_ids, rejected_ids, margin).
-        self.train_dataset = datasets.Dataset.from_list(train_examples)
+        self._show_prepared_datasets(train_examples, eval_examples)
 
     # ------------------------------------------------------------------ model and tokenizer
     def _load_model(self, model: Any, args: Any, quantization_config: Any) -> Any:
