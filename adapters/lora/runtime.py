@@ -44,6 +44,11 @@ def lora_mode(mode: str) -> Iterator[None]:
         _MODE.reset(token)
 
 
+def adapter_disabled() -> bool:
+    """Whether the code being traced runs inside ``lora_mode("disabled")`` (the base model without its adapter)."""
+    return _MODE.get() == DISABLED
+
+
 @contextlib.contextmanager
 def merged_lora(scale: float) -> Iterator[None]:
     """Within the block, adapted layers run as :func:`lora_linear` on merged weights with LoRA scale ``scale``

@@ -14,6 +14,13 @@ ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 QUANTIZATION_TYPES = ("nf4", "int4", "int8", "fp8")
 
 
+def read_adapter_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """The contents of ``adapter_config.json`` in ``directory``, ``{}`` when there is none (the LoRA reader then says
+    what is missing)."""
+    path = Path(directory) / ADAPTER_CONFIG_NAME
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 class TaskType:
     """PEFT's task names served here: causal language modelling and sequence classification."""
 

@@ -21,10 +21,18 @@ from ..adapters.lora import runtime as lora_runtime
 from ..adapters.lora import targets as lora_targets
 from ..adapters.mesh import entered
 from ..adapters.nnx_state import flat_variables, replace_parameters
+from ..adapters.prompt_learning import PEFT_TYPES
 from ..adapters.safetensors_io import SafetensorsReader, write_safetensors
 from ..modeling import CausalLM, InputEmbeddings
 from ..sequence_classification import SequenceClassifier
-from .config import ADAPTER_WEIGHTS_NAME, CLASSIFIER_MODULE_NAMES, LoraConfig, TaskType
+from .config import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    CLASSIFIER_MODULE_NAMES,
+    LoraConfig,
+    TaskType,
+    read_adapter_config,
+)
 
 __all__ = ["PeftModel", "PeftModelForSequenceClassification", "get_peft_model"]
 
@@ -218,7 +226,8 @@ class PeftModel(CausalLM):
     def from_pretrained(cls, model: CausalLM, model_id: str | os.PathLike, adapter_name: str = "default",
                         is_trainable: bool = False, config: LoraConfig | None = None, **kwargs: Any) -> PeftModel:
         """Adds a saved adapter (PEFT's or torchlike's ``adapter_config.json`` + ``adapter_model.safetensors``)
-        to ``model``.
+        to ``model``: LoRA, or a prompt-learning adapter (prompt tuning, P-tuning, prefix tuning), which loads
+        frozen as in ``peft`` (:class:`~torchlike.peft.prompt_model.PromptLearningModel`).
 
         Args:
             model: the base :class:`~torchlike.CausalLM` (a :class:`~torchlike.SequenceClassifier` for a
@@ -229,11 +238,20 @@ class PeftModel(CausalLM):
 
         Returns:
             The :class:`PeftModel`.
+
+        Raises:
+            ValueError: ``is_trainable=True`` for a prompt-learning adapter (peft's rule).
         """
         from ..adapters.hf_hub import resolve_model_dir
+        from .prompt_config import PromptLearningConfig, prompt_config_from_dict
+        from .prompt_model import PromptLearningModel
 
         hf_checkpoint.finish_interrupted_save(model_id)
         directory = resolve_model_dir(model_id, revision=kwargs.get("revision"), token=kwargs.get("token"))
+        saved = read_adapter_config(directory)
+        if isinstance(config, PromptLearningConfig) or (config is None and saved.get("peft_type") in PEFT_TYPES):
+            config = config or prompt_config_from_dict(saved, str(directory / ADAPTER_CONFIG_NAME))
+            return PromptLearningModel.load_adapter_directory(model, directory, config, adapter_name, is_trainable)
         config = config or LoraConfig.from_pretrained(directory)
         config.inference_mode = not is_trainable
         peft_model = get_peft_model(model, config, adapter_name=adapter_name)
@@ -262,7 +280,9 @@ class PeftModelForSequenceClassification(PeftModel, SequenceClassifier):
 
 def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str = "default", *, seed: int = 0,
                    **kwargs: Any) -> PeftModel:
-    """Adds a fresh LoRA adapter to ``model`` (``peft.get_peft_model``).
+    """Adds a fresh LoRA adapter to ``model`` (``peft.get_peft_model``); a prompt-learning config
+    (``PromptTuningConfig``, ``PromptEncoderConfig``, ``PrefixTuningConfig``) adds that adapter instead
+    (:func:`~torchlike.peft.prompt_model.get_prompt_learning_model`).
 
     ``target_modules`` are translated through the family table to the Tunix module paths;
     ``None`` becomes the family's default (PEFT's per-``model_type`` table, ``["q_proj", "v_proj"]``
@@ -275,7 +295,7 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
 
     Args:
         model: a :class:`~torchlike.CausalLM` or :class:`~torchlike.SequenceClassifier`.
-        peft_config: a :class:`LoraConfig`.
+        peft_config: a :class:`LoraConfig` (or a prompt-learning config).
         adapter_name: the adapter's name (one adapter per model).
         seed: torchlike only. Seeds the random initialisation of the LoRA ``A`` factors (``B`` starts at zero);
             PEFT draws them from torch's global generator, which ``transformers.set_seed`` seeds. The trainers pass
@@ -290,8 +310,14 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
     """
     if isinstance(model, PeftModel):
         raise ValueError("the model already has a LoRA adapter; call merge_and_unload() first or use the base model.")
+    from .prompt_config import PromptLearningConfig
+    from .prompt_model import get_prompt_learning_model
+
+    if isinstance(peft_config, PromptLearningConfig):
+        return get_prompt_learning_model(model, peft_config, adapter_name, seed=seed)
     if not isinstance(peft_config, LoraConfig):
-        raise TypeError(f"peft_config must be torchlike.peft.LoraConfig, got {type(peft_config).__name__}.")
+        raise TypeError(f"peft_config must be a torchlike.peft LoraConfig, PromptTuningConfig, PromptEncoderConfig or "
+                        f"PrefixTuningConfig, got {type(peft_config).__name__}.")
     unsupported = sorted(k for k, v in kwargs.items() if v not in (None, False, True))
     if unsupported:
         raise TypeError(f"get_peft_model got unsupported arguments {unsupported}.")
