@@ -328,7 +328,7 @@ def test_accepted_values_are_the_ones_kto_loss_computes():
 
 
 NON_DEFAULT = {"neftune_noise_alpha": 5.0, "trust_remote_code": True, "router_aux_loss_coef": 0.01,
-               "remove_unused_columns": False, "precompute_ref_log_probs": True, "precompute_ref_batch_size": 16,
+               "remove_unused_columns": False, "precompute_ref_batch_size": 16,
                "activation_offloading": True}
 
 

@@ -176,7 +176,6 @@ NON_DEFAULT = {
     "padding_free": {"padding_free": True},
     "data_seed": {"data_seed": 3},
     "remove_unused_columns": {"remove_unused_columns": False},
-    "precompute_ref_log_probs": {"precompute_ref_log_probs": True},
     "precompute_ref_batch_size": {"precompute_ref_batch_size": 16},
     "activation_offloading": {"activation_offloading": True},
 }

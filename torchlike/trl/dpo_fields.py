@@ -41,11 +41,16 @@ DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "padding_free": ignored("TRL 1.16 itself warns and pads instead; torchlike pads to fixed shapes so XLA compiles "
                             "once."),
     "pad_to_multiple_of": GRPO_FIELD_SUPPORT["pad_to_multiple_of"],
-    "precompute_ref_log_probs": ignored("torchlike always computes the reference log-probabilities once, before "
-                                        "training, and stores them with each example (for each batch with "
-                                        "sync_ref_model); the reference is frozen and has no dropout, so these are "
-                                        "the values TRL computes in each step. As in TRL, True is refused with an "
-                                        "IterableDataset and with sync_ref_model."),
+    "precompute_ref_log_probs": honoured("Whether a second, frozen model is kept (as TRL): with False (TRL's "
+                                         "default), full fine-tuning without ref_model keeps a frozen copy of the "
+                                         "starting weights as trainer.ref_model, so evaluate() can score data it has "
+                                         "not seen after training has started; with True the starting weights score "
+                                         "the data once, before training, and new data after that raises TRL's "
+                                         "error. Either way the reference log-probabilities are computed once before "
+                                         "training and stored with each example (for each batch with "
+                                         "sync_ref_model): the reference is frozen and has no dropout, so these are "
+                                         "the values TRL computes in each step. As in TRL, True is refused with an "
+                                         "IterableDataset and with sync_ref_model."),
     "precompute_ref_batch_size": ignored("The reference pass before training runs in batches of "
                                          "per_device_train_batch_size (per_device_eval_batch_size for evaluation "
                                          "data)."),

@@ -45,11 +45,7 @@ KTO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                            "before the KL completions are built. Every batch is padded to the longest prepared "
                            "sequence, so XLA compiles the step once."),
     "pad_to_multiple_of": DPO_FIELD_SUPPORT["pad_to_multiple_of"],
-    "precompute_ref_log_probs": ignored("torchlike always computes the reference log-probabilities of the completions "
-                                        "and of the KL completions once, before training, and stores them with each "
-                                        "example (for each batch with sync_ref_model); the reference is frozen and "
-                                        "has no dropout, so these are the values TRL computes in each step. As in "
-                                        "TRL, True is refused with an IterableDataset and with sync_ref_model."),
+    "precompute_ref_log_probs": DPO_FIELD_SUPPORT["precompute_ref_log_probs"],
     "precompute_ref_batch_size": DPO_FIELD_SUPPORT["precompute_ref_batch_size"],
     # --- loss ---
     "loss_type": honoured("Both of TRL's loss types, 'kto' (with the KL estimate from the mismatched completions) and "
