@@ -505,6 +505,26 @@ def high_entropy_mask(per_token_entropy: jax.Array, completion_mask: jax.Array, 
     return (entropies * valid >= cutoff) & valid
 
 
+def entropy_sums(per_token_entropy: jax.Array, completion_mask: jax.Array,
+                 entropy_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """``(sum(entropy * m), sum(m))`` over the tokens of GRPO's entropy bonus, ``m = completion_mask`` (times
+    ``entropy_mask`` when ``top_entropy_quantile < 1``): TRL's ``effective_mask`` sums, which its adaptive entropy
+    controller (``use_adaptive_entropy``) adds up over the micro-batches of an optimizer step.
+
+    Args:
+        per_token_entropy: ``[B, T]``.
+        completion_mask: ``[B, T]``.
+        entropy_mask: ``[B, T]`` (:func:`high_entropy_mask`), or ``None``.
+
+    Returns:
+        Two float32 scalars, differentiable through ``per_token_entropy``.
+    """
+    mask = completion_mask.astype(jnp.float32)
+    if entropy_mask is not None:
+        mask = mask * entropy_mask.astype(jnp.float32)
+    return (per_token_entropy.astype(jnp.float32) * mask).sum(), mask.sum()
+
+
 def entropy_bonus(per_token_entropy: jax.Array, completion_mask: jax.Array,
                   entropy_mask: jax.Array | None = None) -> jax.Array:
     """The mean entropy ``H`` of GRPO's entropy bonus, as ``GRPOTrainer._compute_loss`` (``entropy_coef``).
@@ -522,10 +542,8 @@ def entropy_bonus(per_token_entropy: jax.Array, completion_mask: jax.Array,
     Returns:
         A float32 scalar.
     """
-    mask = completion_mask.astype(jnp.float32)
-    if entropy_mask is not None:
-        mask = mask * entropy_mask.astype(jnp.float32)
-    return (per_token_entropy.astype(jnp.float32) * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    total, count = entropy_sums(per_token_entropy, completion_mask, entropy_mask)
+    return total / jnp.maximum(count, 1.0)
 
 
 SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")

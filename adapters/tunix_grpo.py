@@ -26,6 +26,10 @@ from .train_step import cast_floating
 #: (TRL's ``num_items_in_batch`` normaliser); the others are per-micro-batch means.
 TOKEN_SUM_LOSSES = ("dapo", "cispo", "vespo")
 
+#: The step-loss metrics an adaptive entropy controller reads (``GRPOLossSettings.adaptive_entropy``): a micro-batch's
+#: entropy summed over the entropy bonus's tokens, and their count (:func:`rl_math.entropy_sums`). Not logged.
+ADAPTIVE_ENTROPY_SUMS = ("adaptive_entropy/entropy_sum", "adaptive_entropy/tokens")
+
 
 def loss_mask(batch: dict):
     """The completion tokens the loss counts: ``completion_mask`` times ``tool_mask`` when the batch has one (0 on
@@ -114,6 +118,9 @@ class GRPOLossSettings:
     vespo_lambda_neg: float
     top_entropy_quantile: float = 1.0
     entropy_coef: float = 0.0
+    #: TRL's ``use_adaptive_entropy``: the coefficient is each batch's ``entropy_coef`` column instead of
+    #: ``entropy_coef`` (so it changes without a new program), and the metrics carry :data:`ADAPTIVE_ENTROPY_SUMS`.
+    adaptive_entropy: bool = False
     #: With ``lm_head_in_float32`` the loss casts the decoder to this dtype itself (the train step then casts
     #: nothing), so the head reads the full-precision weights; otherwise ``None`` (the train step casts).
     compute_dtype: object = None
@@ -137,7 +144,9 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
     with ``entropy_coef != 0`` the value is ``policy loss - entropy_coef * H * step_weight``
     (:func:`rl_math.entropy_bonus`), which is TRL's ``- entropy_coef * H / accumulation`` for every loss type once the
     step divides by the summed weights. ``metrics`` then add TRL's ``policy_loss`` and ``entropy_coef``; ``entropy``
-    is always there.
+    is always there. With ``adaptive_entropy`` the coefficient is ``batch["entropy_coef"]`` (``[B]``, one value per
+    row, like ``step_weight``), and ``metrics`` add ``policy_loss`` and the :data:`ADAPTIVE_ENTROPY_SUMS` the
+    controller reads, not ``entropy_coef`` (the controller logs its own).
     """
 
     def loss(module, batch, num_items_in_batch=None):
@@ -163,7 +172,13 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
             per_token_entropy=scores.entropies, entropy_mask=entropy_mask,
             importance_sampling_ratio=batch.get("importance_sampling_ratio"))
         step_weight = batch["step_weight"][0]
-        if settings.entropy_coef != 0.0:
+        if settings.adaptive_entropy:
+            metrics["policy_loss"] = value
+            sums = rl_math.entropy_sums(jax.lax.stop_gradient(scores.entropies), mask, entropy_mask)
+            metrics.update(zip(ADAPTIVE_ENTROPY_SUMS, sums, strict=True))
+            value = value - batch["entropy_coef"][0] * rl_math.entropy_bonus(scores.entropies, mask,
+                                                                             entropy_mask) * step_weight
+        elif settings.entropy_coef != 0.0:
             metrics["policy_loss"] = value
             metrics["entropy_coef"] = jnp.float32(settings.entropy_coef)
             value = value - settings.entropy_coef * rl_math.entropy_bonus(scores.entropies, mask,

@@ -8,20 +8,14 @@ rewards, advantages and the parameters after the run must agree.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 import torch
 
 import torchlike
 from tests import tiny
+from tests.tiny import PROMPTS, grpo_settings, length_reward, logged, scripted_rollout, token_reward
 from torchlike.trl import GRPOConfig, GRPOTrainer
-
-PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog", "four five", "tiny test", "seven eight",
-           "the fox", "nine ten", "over the", "jumps over", "brown fox", "a tiny", "for tests", "this is", "world"]
-COMPLETION_LENGTH = 8
-EOS = 2
 
 # Each case varies what TRL's loss and batching depend on; together they cover every loss_type, every scale_rewards
 # mode, gradient accumulation, steps_per_generation != gradient_accumulation_steps (dividing or not), num_iterations,
@@ -46,64 +40,9 @@ CASES = {
 }
 
 
-def scripted_rollout(prompts, trainer):
-    """TRL's ``rollout_func``: a fixed completion per (prompt, index in its group) of varying length, some ending
-    with EOS, some cut at ``max_completion_length``, some stopping without EOS."""
-    tokenizer = trainer.processing_class
-    generations = trainer.args.num_generations
-    prompt_ids, completion_ids = [], []
-    for index, prompt in enumerate(prompts):
-        rng = np.random.default_rng([zlib.crc32(prompt.encode()), index % generations])
-        length = int(rng.integers(2, COMPLETION_LENGTH + 1))
-        ids = rng.integers(3, tiny.VOCAB, size=length).tolist()
-        if rng.random() < 0.5 and length < COMPLETION_LENGTH:
-            ids[-1] = EOS
-        prompt_ids.append(tokenizer(prompt)["input_ids"])
-        completion_ids.append(ids)
-    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
-            "logprobs": [[0.0] * len(ids) for ids in completion_ids]}
-
-
-def token_reward(completion_ids, **kwargs):
-    return [float((sum(ids) * 7919) % 13) / 13 for ids in completion_ids]
-
-
-def length_reward(completion_ids, **kwargs):
-    return [len(ids) / COMPLETION_LENGTH for ids in completion_ids]
-
-
-def settings(**case):
-    # bf16 off: the comparison is in float32 on both sides. A learning rate large enough that the policy moves
-    # within a generation batch (so old log-probs matter), and an Adam epsilon above float noise, so entries whose
-    # gradient is ~0 do not take lr-sized steps of either sign.
-    values = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=COMPLETION_LENGTH,
-                  max_steps=3, learning_rate=1e-2, adam_epsilon=1e-4, weight_decay=0.01, max_grad_norm=0.5,
-                  logging_steps=1, seed=0, report_to="none", save_strategy="no", bf16=False, shuffle_dataset=False,
-                  reward_weights=[1.0, 0.5])
-    values.update(case)
-    return values
-
-
-def logged(history, key):
-    return [entry[key] for entry in history if "loss" in entry and key in entry]
-
-
 def run_trl(path, tokenizer_path, output_dir, monkeypatch, **case):
-    import datasets
-    import transformers
-    import trl
-    import trl.trainer.grpo_trainer as trl_grpo
-
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
     advantages = []
-    trainer = trl.GRPOTrainer(
-        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-        reward_funcs=[token_reward, length_reward],
-        args=trl.GRPOConfig(output_dir=str(output_dir), use_cpu=True, **settings(**case)),
-        train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
-        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path),
-        rollout_func=scripted_rollout)
+    trainer = tiny.trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, **case)
     score = trainer._generate_and_score_completions
 
     def recording(inputs):
@@ -119,11 +58,7 @@ def run_trl(path, tokenizer_path, output_dir, monkeypatch, **case):
 
 def run_torchlike(path, tokenizer_path, output_dir, **case):
     advantages = []
-    trainer = GRPOTrainer(model=str(path), reward_funcs=[token_reward, length_reward],
-                          args=GRPOConfig(output_dir=str(output_dir), **settings(**case)),
-                          train_dataset=[{"prompt": p} for p in PROMPTS],
-                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path),
-                          rollout_func=scripted_rollout)
+    trainer = tiny.torchlike_grpo_trainer(path, tokenizer_path, output_dir, **case)
 
     def in_order(batch, seed):
         advantages.append(batch["advantages"].copy())
@@ -182,7 +117,7 @@ def test_evaluate_reports_trls_eval_loss_and_metrics(tiny_checkpoints, tokenizer
     import trl
 
     path = tiny_checkpoints.path("qwen2")
-    values = settings(**EVAL_CASES[case], max_steps=2, per_device_eval_batch_size=16)
+    values = grpo_settings(**EVAL_CASES[case], max_steps=2, per_device_eval_batch_size=16)
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     theirs = evaluated(trl.GRPOTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),

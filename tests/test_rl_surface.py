@@ -23,7 +23,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
 import torchlike
-from tests.test_grpo_vs_trl import PROMPTS, scripted_rollout, token_reward
+from tests.tiny import PROMPTS, scripted_rollout, token_reward
 from torchlike.adapters import chunked_logprobs, nnx_state, tunix_grpo
 from torchlike.adapters.train_step import cast_floating
 from torchlike.peft import LoraConfig

@@ -16,7 +16,7 @@ import torch
 
 import torchlike
 from tests import tiny
-from tests.test_grpo_vs_trl import EOS, PROMPTS, length_reward, logged, token_reward
+from tests.tiny import EOS, PROMPTS, length_reward, logged, token_reward
 from torchlike.trl import RLOOConfig, RLOOTrainer
 
 COMPLETION_LENGTH = 8

@@ -25,7 +25,7 @@ _REF_SYNC = ("Every ref_model_sync_steps optimizer steps the reference becomes r
              "ref_model_mixup_alpha) x reference (TRL's SyncRefModelCallback, TR-DPO; "
              "torchlike.adapters.reference_sync). As in TRL, refused with a LoRA adapter (the reference is the adapter "
              "switched off)")
-_NO_ADAPTIVE_ENTROPY = "Only read with use_adaptive_entropy=True, which torchlike does not support yet."
+_ADAPTIVE_ENTROPY = "With use_adaptive_entropy (torchlike.trl.entropy_control), "
 _NO_DROPOUT = ("Always in effect when True: torchlike's model families have no dropout layers, and LoRA dropout is "
                "switched off, so the log-probabilities are deterministic.")
 _SAMPLING = "applied at every decoding step by torchlike's sampler, as transformers' generate does."
@@ -150,13 +150,21 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                      "get_high_entropy_mask (torchlike.adapters.rl_math.high_entropy_mask)."),
     "entropy_coef": honoured("The loss subtracts entropy_coef x the mean completion-token entropy (over the "
                              "top_entropy_quantile tokens), divided by the accumulation steps for every loss type, as "
-                             "TRL; logs policy_loss and entropy_coef."),
-    "use_adaptive_entropy": refused("Adaptive entropy control is not implemented; entropy_coef would stay at its "
-                                    "initial value."),
-    "entropy_coef_min": ignored(_NO_ADAPTIVE_ENTROPY),
-    "entropy_coef_max": ignored(_NO_ADAPTIVE_ENTROPY),
-    "entropy_coef_delta": ignored(_NO_ADAPTIVE_ENTROPY),
-    "entropy_target": ignored(_NO_ADAPTIVE_ENTROPY),
+                             "TRL; logs policy_loss and entropy_coef. With use_adaptive_entropy, the initial "
+                             "coefficient."),
+    "use_adaptive_entropy": honoured("TRL's adaptive entropy control (Skywork-OR1, torchlike.trl.entropy_control): "
+                                     "each optimizer step applies entropy_coef when the entropy measured by the step "
+                                     "before (the token mean over all its micro-batches; none before the first) is at "
+                                     "or below entropy_target, else 0; after the step entropy_coef moves by "
+                                     "entropy_coef_delta, up when that step's entropy is at or below the target, down "
+                                     "otherwise. The coefficient is an input of the compiled step (no recompilation); "
+                                     "logs entropy_coef each step and keeps the state in each checkpoint's "
+                                     "entropy_ctrl_state.json, restored on resume, as TRL."),
+    "entropy_coef_min": honoured(_ADAPTIVE_ENTROPY + "the lowest entropy_coef the controller goes to."),
+    "entropy_coef_max": honoured(_ADAPTIVE_ENTROPY + "the highest entropy_coef the controller goes to."),
+    "entropy_coef_delta": honoured(_ADAPTIVE_ENTROPY + "how far entropy_coef moves after each optimizer step."),
+    "entropy_target": honoured(_ADAPTIVE_ENTROPY + "the entropy (nats, over the entropy bonus's tokens) at or below "
+                               "which entropy_coef is applied and raised; above it, lowered."),
     "max_tool_calling_iterations": honoured("With tools: the most rounds of tool calls and continued generation per "
                                             "completion (None: until the model stops calling tools or "
                                             "max_completion_length is reached), as TRL's tool-calling loop."),

@@ -72,6 +72,9 @@ class RLOOTrainer(GRPOTrainer):
     def _check_algorithm(self, args: Any, model: Any) -> None:
         self._check_reference_use(args)
 
+    def _adaptive_entropy_control(self, args: RLOOConfig) -> None:
+        """None: RLOO's loss has no entropy bonus to control."""
+
     def _loss(self) -> tuple[Callable, None]:
         epsilon_high = self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon
         return tunix_grpo.rloo_step_loss(self.model.family, self.sampling.temperature, self.args.epsilon,
