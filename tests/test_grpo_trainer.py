@@ -206,13 +206,6 @@ def test_a_reward_of_the_wrong_length_is_refused(tiny_checkpoints, tokenizer, tm
         trainer.train()
 
 
-def test_environment_factory_is_refused(tiny_checkpoints, tokenizer, tmp_path):
-    with pytest.raises(ValueError, match="environment_factory .* not supported"):
-        GRPOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=length_reward, args=config(tmp_path),
-                    train_dataset=[{"prompt": p} for p in PROMPTS], processing_class=tokenizer,
-                    environment_factory=object)
-
-
 def test_remove_unused_columns_keeps_only_the_prompt_for_rewards(tiny_checkpoints, tokenizer, tmp_path):
     seen = {}
 

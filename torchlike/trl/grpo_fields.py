@@ -45,7 +45,8 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                             "divide their token sum by the generation batch's loss tokens scaled to "
                                             "one accumulation window."),
     "remove_unused_columns": honoured("False (GRPO's default): every dataset column except prompt reaches the reward "
-                                      "functions as a keyword list; True keeps only prompt."),
+                                      "functions as a keyword list (and an environment's reset); True keeps only "
+                                      "prompt, dropping the environment column that routes rows too, as in TRL."),
     "data_seed": ignored("TRL's GRPO sampler shuffles the prompts with seed and never reads data_seed; torchlike "
                          "does the same."),
     # --- model ---
@@ -132,7 +133,8 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "importance_sampling_level": honoured("'token': one ratio per token; 'sequence': one per sequence, the masked "
                                           "mean log-ratio (GSPO)."),
     "reward_weights": honoured("Weight of each reward function in the NaN-skipping sum of rewards (default 1.0 "
-                               "each); None rewards are left out."),
+                               "each); None rewards are left out. An environment's get_reward comes after them with "
+                               "weight 1, as in TRL."),
     "multi_objective_aggregation": honoured("'sum_then_normalize': weighted sum, then group advantages; "
                                             "'normalize_then_sum': normalise each reward in its group, then sum "
                                             "(GDPO)."),
