@@ -377,7 +377,7 @@ class Trainer:
                 epoch_batches = self._batches(epoch, skip=step - epoch * steps_per_epoch)
                 for batch in prefetched(epoch_batches, args.prefetch_batches if self._allow_prefetch else 0):
                     self._event("on_step_begin")
-                    window.append(self._step_finished(step_fn(self._module, self.optimizer, batch, np.int32(step))))
+                    window.append(self._run_step(step_fn, batch, step))
                     step += 1
                     self.state.global_step = step
                     self.state.epoch = epoch + (step - epoch * steps_per_epoch) / steps_per_epoch
@@ -408,11 +408,11 @@ class Trainer:
         if self.args.save_total_limit == 1 and self.state.is_world_process_zero:
             checkpoints.delete_all_but(self.args.output_dir, best)
 
-    def _step_finished(self, outputs: dict) -> dict:
-        """One optimizer step's outputs (device arrays), before they join the logging window and before the step's
-        log, save and evaluation: a subclass may read them or take out entries that are not for the logs (GRPO's
-        adaptive entropy controller). Returns them as they are."""
-        return outputs
+    def _run_step(self, step_fn: Callable, batch: dict, step: int) -> dict:
+        """Runs optimizer step ``step`` (from 0) on ``batch``, a micro-batch group on the mesh, and returns its outputs
+        (device arrays) for the logging window. A subclass may add inputs the compiled step reads or take out outputs
+        that are not for the logs (GRPO's adaptive entropy controller)."""
+        return step_fn(self._module, self.optimizer, batch, np.int32(step))
 
     def _record_losses(self, window: list) -> list[dict]:
         """Moves the step metrics of one logging window to the host (the only host synchronisation of the loop) and

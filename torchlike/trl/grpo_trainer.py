@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -295,23 +295,17 @@ class GRPOTrainer(OnlineTrainer):
         """TRL's adaptive entropy controller (:mod:`.entropy_control`) with ``use_adaptive_entropy``, else ``None``."""
         return entropy_control.AdaptiveEntropyControl.from_config(args) if args.use_adaptive_entropy else None
 
-    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
-        """The micro-batch groups of :meth:`OnlineTrainer._batches`; with adaptive entropy control each carries the
-        coefficient its step applies as the ``entropy_coef`` column (an input of the compiled step, so it changes
-        without a new compilation), taken when the group is due, after the previous step's update."""
-        for batch in super()._batches(epoch, skip):
-            if self._entropy_control is not None:
-                weights = batch["step_weight"]
-                batch["entropy_coef"] = mesh_lib.place_array(
-                    np.full(weights.shape, self._entropy_control.applied_coefficient, np.float32), weights.sharding)
-            yield batch
-
-    def _step_finished(self, outputs: dict) -> dict:
-        """With adaptive entropy control, takes the step's entropy sums out of its outputs, updates the controller
-        with the entropy of all its micro-batches (TRL's window-global token mean) and records TRL's ``entropy_coef``
-        metric, the coefficient after the update."""
+    def _run_step(self, step_fn: Callable, batch: dict, step: int) -> dict:
+        """With adaptive entropy control, the step gets the coefficient it applies as the ``entropy_coef`` column (an
+        input of the compiled step, so it changes without a new compilation); then its entropy sums are taken out of
+        its outputs, the controller is updated with the entropy of all its micro-batches (TRL's window-global token
+        mean) and TRL's ``entropy_coef`` metric records the coefficient after the update."""
         if self._entropy_control is None:
-            return outputs
+            return super()._run_step(step_fn, batch, step)
+        weights = batch["step_weight"]
+        coefficient = np.full(weights.shape, self._entropy_control.applied_coefficient, np.float32)
+        outputs = super()._run_step(step_fn, {**batch, "entropy_coef": mesh_lib.place_array(coefficient,
+                                                                                             weights.sharding)}, step)
         means = mesh_lib.to_host([outputs.pop(key) for key in tunix_grpo.ADAPTIVE_ENTROPY_SUMS])
         # The step averages its metrics over the micro-batches; the controller takes their totals.
         entropy_sum, tokens = (float(mean) * self.args.gradient_accumulation_steps for mean in means)
