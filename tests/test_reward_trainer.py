@@ -291,3 +291,63 @@ def test_trl_default_changes_are_spelled_out():
 def test_pad_token_is_deprecated_as_in_trl():
     with pytest.warns(FutureWarning, match="`pad_token` is deprecated"):
         RewardConfig(pad_token="<pad>")
+
+
+@pytest.mark.parametrize(("task_type", "targets"), [("SEQ_CLS", "all-linear"), (None, ["q_proj", "v_proj"])])
+def test_lora_trains_the_parameters_trl_and_peft_train(reward_model_dir, tokenizer_dir, tmp_path, task_type, targets):
+    """``trl.RewardTrainer`` + ``peft``: the parameters that train (``requires_grad``, and changed by training) and
+    the tensors of the saved adapter are the same set as torchlike's (in the adapter file's names). ``SEQ_CLS``
+    trains the ``score`` head beside the LoRA factors (PEFT's ``modules_to_save``); without a task type the head
+    stays frozen (TRL recommends ``modules_to_save=["score"]``, torchlike warns)."""
+    import datasets
+    import peft
+
+    settings = dict(per_device_train_batch_size=4, max_steps=2, learning_rate=1e-2, logging_steps=1,
+                    report_to="none", save_strategy="no", bf16=False)
+    theirs = trl.RewardTrainer(model=str(reward_model_dir),
+                               args=trl.RewardConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+                               train_dataset=datasets.Dataset.from_list(STANDARD[:8]),
+                               processing_class=tokenizer_for(tokenizer_dir),
+                               peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                           task_type=task_type))
+    trained = {name.replace(".default", "").replace(".modules_to_save", "")
+               for name, parameter in theirs.model.named_parameters() if parameter.requires_grad}
+    theirs.save_model(tmp_path / "trl" / "initial")
+    theirs.train()
+    theirs.save_model(tmp_path / "trl" / "adapter")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The LoRA adapter does not train the score head")
+        ours = RewardTrainer(model=str(reward_model_dir),
+                             args=RewardConfig(output_dir=str(tmp_path / "ours"), **settings),
+                             train_dataset=STANDARD[:8], processing_class=tokenizer_for(tokenizer_dir),
+                             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                    task_type=task_type))
+    ours.save_model(tmp_path / "ours" / "initial")
+    ours.train()
+    ours.save_model(tmp_path / "ours" / "adapter")
+
+    def changed(folder):
+        before, after = (load_file(folder / name / "adapter_model.safetensors") for name in ("initial", "adapter"))
+        assert set(before) == set(after)
+        return {key for key in after if not np.array_equal(before[key], after[key])}
+
+    expected_saved = set(load_file(tmp_path / "trl" / "adapter" / "adapter_model.safetensors"))
+    assert set(load_file(tmp_path / "ours" / "adapter" / "adapter_model.safetensors")) == expected_saved
+    assert trained == changed(tmp_path / "trl") == changed(tmp_path / "ours")
+    assert ("base_model.model.score.weight" in trained) == (task_type == "SEQ_CLS")
+
+
+def test_all_linear_lora_on_a_classifier_without_seq_cls_is_refused_naming_the_fix(reward_model_dir, tokenizer_dir,
+                                                                                   tmp_path):
+    """peft's ``all-linear`` adapts a classifier's ``score`` head with LoRA unless ``task_type="SEQ_CLS"``; torchlike
+    cannot, so it refuses instead of training a different set of parameters."""
+    import peft
+    import transformers
+
+    base = transformers.AutoModelForSequenceClassification.from_pretrained(reward_model_dir)
+    adapted = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules="all-linear"))
+    assert any(name.startswith("base_model.model.score.lora_A") for name, _ in adapted.named_parameters())
+    with pytest.raises(ValueError, match="task_type='SEQ_CLS'"):
+        RewardTrainer(model=str(reward_model_dir), args=RewardConfig(output_dir=str(tmp_path)),
+                      train_dataset=STANDARD[:8], processing_class=tokenizer_for(tokenizer_dir),
+                      peft_config=LoraConfig(r=4, target_modules="all-linear"))

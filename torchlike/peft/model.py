@@ -364,6 +364,12 @@ def _add_classifier_modules(model: CausalLM, peft_config: LoraConfig) -> None:
     if "score" in (peft_config.modules_to_save or ()) and not classifier:
         raise ValueError(f"modules_to_save={peft_config.modules_to_save} names 'score', which this "
                          f"{type(model).__name__} does not have (only sequence classifiers have a score head).")
+    if classifier and peft_config.target_modules == "all-linear" and peft_config.task_type != TaskType.SEQ_CLS:
+        raise ValueError("LoraConfig(target_modules='all-linear') on a sequence classifier without "
+                         "task_type='SEQ_CLS': peft then adapts the classifier head `score` with LoRA as well, and "
+                         "torchlike cannot put LoRA on that head. Pass task_type='SEQ_CLS' (the head is then trained "
+                         "in full beside the adapter, as TRL recommends for reward models), or list the decoder "
+                         "modules in target_modules.")
 
 
 def _name_fused_partners(family_name: str, targets: list[lora_targets.LoraTarget], peft_config: LoraConfig) -> None:
