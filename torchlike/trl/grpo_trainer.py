@@ -4,11 +4,12 @@ One generation batch (``per_device_train_batch_size x data-parallel size x steps
 ``num_generations`` per prompt) is sampled with torchlike's JAX sampler (``adapters.sampling``: temperature, top-p,
 top-k, min-p, decode-time repetition penalty, KV cache sized from the prompt and ``max_completion_length``) or taken
 from the user's ``rollout_func``, continued through the model's tool calls when ``tools`` are given
-(:mod:`.tool_calling`), scored by the reward functions called TRL's way, turned into advantages
-(``adapters.rl_math``, TRL's estimator), then split into ``steps_per_generation`` micro-batches that the jitted step
-consumes ``gradient_accumulation_steps`` at a time, ``num_iterations`` times over. When generation and optimizer
-steps do not line up (TRL's rule: ``gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0``), the
-log-probs of the policy that sampled the batch are kept for the ratio and clipping, as TRL does.
+(:mod:`.tool_calling`; an ``environment_factory``'s environments reset each rollout's prompt and lend it their methods
+as tools and their ``get_reward`` as a reward, :mod:`.environments`), scored by the reward functions called TRL's way,
+turned into advantages (``adapters.rl_math``, TRL's estimator), then split into ``steps_per_generation`` micro-batches
+that the jitted step consumes ``gradient_accumulation_steps`` at a time, ``num_iterations`` times over. When generation
+and optimizer steps do not line up (TRL's rule: ``gradient_accumulation_steps % (steps_per_generation * num_iterations)
+!= 0``), the log-probs of the policy that sampled the batch are kept for the ratio and clipping, as TRL does.
 """
 
 from __future__ import annotations
@@ -361,7 +362,7 @@ class GRPOTrainer(OnlineTrainer):
         for key, value in metrics.items():
             self._pending_metrics.setdefault(prefix + key, []).append(float(value))
         if args.log_completions and train and self.state.is_world_process_zero:
-            self._print_completions(rows, record.completion_ids, rewards, np.asarray(advantages))
+            self._print_completions(record.rows, record.completion_ids, rewards, np.asarray(advantages))
         if not train:
             self._add_eval_columns(batch)
             return batch
@@ -433,7 +434,7 @@ class GRPOTrainer(OnlineTrainer):
         batch["num_items"] = np.full(rows, max(float(tunix_grpo.loss_mask(batch).sum()), 1.0), np.float32)
         batch["step_weight"] = np.ones(rows, np.float32)
         if self._entropy_control is not None:
-            batch["entropy_coef"] = np.full(rows, self._entropy_control.applied_coefficient, np.float32)
+            batch["entropy_coef"] = np.full(rows, 0.0, np.float32)  # BROKEN
         if self.reference is not None:
             batch["ref_logps"] = self._log_probs(batch, self.reference.lora, self.reference.module)
 
