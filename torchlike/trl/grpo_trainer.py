@@ -434,7 +434,7 @@ class GRPOTrainer(OnlineTrainer):
         batch["num_items"] = np.full(rows, max(float(tunix_grpo.loss_mask(batch).sum()), 1.0), np.float32)
         batch["step_weight"] = np.ones(rows, np.float32)
         if self._entropy_control is not None:
-            batch["entropy_coef"] = np.full(rows, 0.0, np.float32)  # BROKEN
+            batch["entropy_coef"] = np.full(rows, self._entropy_control.applied_coefficient, np.float32)
         if self.reference is not None:
             batch["ref_logps"] = self._log_probs(batch, self.reference.lora, self.reference.module)
 
