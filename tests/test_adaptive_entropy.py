@@ -22,26 +22,33 @@ from torchlike.trl.entropy_control import STATE_FILE
 ADAPTIVE = dict(use_adaptive_entropy=True, gradient_accumulation_steps=2, entropy_coef=0.05, entropy_coef_delta=0.03,
                 entropy_coef_min=0.0, entropy_coef_max=0.08, entropy_target=4.605, max_steps=6)
 METRICS = ("loss", "grad_norm", "entropy", "entropy_coef", "policy_loss")
+EVAL_PROMPTS = ["the quick brown", "lazy dog", "tiny test", "brown fox"]
+SPEED_METRICS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")
+
+
+def trained_and_evaluated(trainer) -> tuple[list[dict], dict[str, float]]:
+    trainer.train()
+    metrics = trainer.evaluate()
+    return trainer.state.log_history, {key: value for key, value in metrics.items() if key not in SPEED_METRICS}
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
-    """``(TRL's log_history, torchlike's log_history, TRL's and torchlike's output_dir)`` of the same run, saving a
-    checkpoint every 2 steps."""
+    """TRL's and torchlike's run (``"trl"``, ``"ours"``: log history and the evaluation after training), saving a
+    checkpoint every 2 steps under ``"root"``."""
     path = tiny_checkpoints.path("qwen2")
     root = tmp_path_factory.mktemp("adaptive_entropy")
+    settings = dict(ADAPTIVE, save_strategy="steps", save_steps=2, per_device_eval_batch_size=16,
+                    eval_prompts=EVAL_PROMPTS)
     with pytest.MonkeyPatch.context() as monkeypatch:
-        trl_trainer = tiny.trl_grpo_trainer(path, tokenizer_dir, root / "trl", monkeypatch, save_strategy="steps",
-                                            save_steps=2, **ADAPTIVE)
-        trl_trainer.train()
-    ours = tiny.torchlike_grpo_trainer(path, tokenizer_dir, root / "ours", save_strategy="steps", save_steps=2,
-                                       **ADAPTIVE)
-    ours.train()
-    return trl_trainer.state.log_history, ours.state.log_history, root
+        theirs = trained_and_evaluated(tiny.trl_grpo_trainer(path, tokenizer_dir, root / "trl", monkeypatch,
+                                                             **settings))
+    ours = trained_and_evaluated(tiny.torchlike_grpo_trainer(path, tokenizer_dir, root / "ours", **settings))
+    return {"trl": theirs, "ours": ours, "root": root}
 
 
 def test_adaptive_entropy_matches_trl_step_for_step(runs):
-    expected, history, _ = runs
+    (expected, _), (history, _) = runs["trl"], runs["ours"]
     assert len(tiny.logged(history, "loss")) == len(tiny.logged(expected, "loss")) == ADAPTIVE["max_steps"]
     for key in METRICS:
         np.testing.assert_allclose(tiny.logged(history, key), tiny.logged(expected, key), rtol=1e-4, atol=1e-6,
@@ -49,13 +56,22 @@ def test_adaptive_entropy_matches_trl_step_for_step(runs):
 
 
 def test_the_coefficient_rises_and_falls(runs):
-    coefficients = np.array([ADAPTIVE["entropy_coef"], *tiny.logged(runs[1], "entropy_coef")])
+    coefficients = np.array([ADAPTIVE["entropy_coef"], *tiny.logged(runs["ours"][0], "entropy_coef")])
     steps = np.diff(coefficients)
     assert (steps > 0).any() and (steps < 0).any(), coefficients
 
 
+def test_evaluation_applies_the_coefficient_as_trl(runs):
+    """After training the last entropy is below the target, so TRL's eval loss subtracts the coefficient's bonus; it
+    logs no ``eval_entropy_coef``."""
+    (_, expected), (_, metrics) = runs["trl"], runs["ours"]
+    assert sorted(metrics) == sorted(expected)
+    for key, value in expected.items():
+        np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+
+
 def test_checkpoints_hold_trls_controller_state(runs):
-    root = runs[2]
+    root = runs["root"]
     for step in (2, 4, 6):
         theirs = json.loads((root / "trl" / f"checkpoint-{step}" / STATE_FILE).read_text())
         ours = json.loads((root / "ours" / f"checkpoint-{step}" / STATE_FILE).read_text())
@@ -64,12 +80,12 @@ def test_checkpoints_hold_trls_controller_state(runs):
 
 
 def test_resume_continues_with_the_saved_coefficient(runs, tiny_checkpoints, tokenizer_dir):
-    _, history, root = runs
+    root = runs["root"]
     resumed = tiny.torchlike_grpo_trainer(tiny_checkpoints.path("qwen2"), tokenizer_dir, root / "ours",
                                           save_strategy="no", **ADAPTIVE)
     resumed.train(resume_from_checkpoint=str(root / "ours" / "checkpoint-4"))
     after = [entry for entry in resumed.state.log_history if "loss" in entry and entry["step"] > 4]
-    uninterrupted = [entry for entry in history if "loss" in entry and entry["step"] > 4]
+    uninterrupted = [entry for entry in runs["ours"][0] if "loss" in entry and entry["step"] > 4]
     for key in ("loss", "entropy_coef"):
         np.testing.assert_allclose([entry[key] for entry in after], [entry[key] for entry in uninterrupted],
                                    rtol=1e-4, atol=1e-6, err_msg=key)

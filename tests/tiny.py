@@ -228,9 +228,10 @@ def logged(history: list[dict], key: str) -> list:
     return [entry[key] for entry in history if "loss" in entry and key in entry]
 
 
-def trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, **case):
-    """The real ``trl.GRPOTrainer`` of ``path`` (float32) on :data:`PROMPTS` with :func:`scripted_rollout`, the rows of
-    each generation batch kept in order, configured by :func:`grpo_settings` (``case`` over them)."""
+def trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, eval_prompts: list[str] | None = None, **case):
+    """The real ``trl.GRPOTrainer`` of ``path`` (float32) on :data:`PROMPTS` (and ``eval_prompts`` to evaluate) with
+    :func:`scripted_rollout`, the rows of each generation batch kept in order, configured by :func:`grpo_settings`
+    (``case`` over them)."""
     import datasets
     import trl
     import trl.trainer.grpo_trainer as trl_grpo
@@ -242,11 +243,12 @@ def trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, **case):
         reward_funcs=[token_reward, length_reward],
         args=trl.GRPOConfig(output_dir=str(output_dir), use_cpu=True, **grpo_settings(**case)),
         train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+        eval_dataset=None if eval_prompts is None else datasets.Dataset.from_dict({"prompt": eval_prompts}),
         processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path),
         rollout_func=scripted_rollout)
 
 
-def torchlike_grpo_trainer(path, tokenizer_path, output_dir, **case):
+def torchlike_grpo_trainer(path, tokenizer_path, output_dir, eval_prompts: list[str] | None = None, **case):
     """torchlike's ``GRPOTrainer`` set up as :func:`trl_grpo_trainer` (rows in order: ``_shuffled`` is the
     identity)."""
     import torchlike
@@ -255,6 +257,7 @@ def torchlike_grpo_trainer(path, tokenizer_path, output_dir, **case):
     trainer = GRPOTrainer(model=str(path), reward_funcs=[token_reward, length_reward],
                           args=GRPOConfig(output_dir=str(output_dir), **grpo_settings(**case)),
                           train_dataset=[{"prompt": p} for p in PROMPTS],
+                          eval_dataset=None if eval_prompts is None else [{"prompt": p} for p in eval_prompts],
                           processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path),
                           rollout_func=scripted_rollout)
     trainer._shuffled = lambda batch, seed: batch
