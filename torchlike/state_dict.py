@@ -56,7 +56,7 @@ def state_dict(model) -> StateDict:
     every part a string, native layout, the arrays themselves (no copies)."""
     metadata: dict[str, Any] = {"family": model.family.name, "dtype": np.dtype(model.dtype).name}
     lora = getattr(model, "active_peft_config", None)
-    if lora is not None:
+    if lora is not None and lora.peft_type == "LORA":
         metadata["lora"] = {"r": lora.r, "lora_alpha": lora.lora_alpha, "use_rslora": lora.use_rslora,
                             "scale": lora.scale, "target_modules": lora.target_modules}
     return StateDict({name: slot.get() for name, slot in parameter_slots(model.module).items()}, metadata=metadata)

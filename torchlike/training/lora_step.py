@@ -6,16 +6,19 @@ from jax.sharding import Mesh
 
 from ..adapters.lora import runtime as lora_runtime
 from ..peft.config import LoraConfig
+from ..peft.prompt_config import PromptLearningConfig
 
 __all__ = ["dropout_in_step", "merged_lora_scale"]
 
 
-def dropout_in_step(lora: LoraConfig | None) -> bool:
-    """Whether the train step applies LoRA dropout: a LoRA adapter with ``lora_dropout > 0``."""
-    return lora is not None and float(lora.lora_dropout or 0.0) > 0.0
+def dropout_in_step(lora: LoraConfig | PromptLearningConfig | None) -> bool:
+    """Whether the train step applies LoRA dropout: a LoRA adapter with ``lora_dropout > 0`` (a prompt-learning
+    adapter has none)."""
+    return isinstance(lora, LoraConfig) and float(lora.lora_dropout or 0.0) > 0.0
 
 
-def merged_lora_scale(choice: str, lora: LoraConfig | None, module, mesh: Mesh, dropout: bool) -> float | None:
+def merged_lora_scale(choice: str, lora: LoraConfig | PromptLearningConfig | None, module, mesh: Mesh,
+                      dropout: bool) -> float | None:
     """The LoRA scale when the train step runs on merged weights (``args.lora_step``), else ``None``.
 
     ``"auto"`` merges on CPU meshes, where XLA materialises transposed activations for Qwix's three matmuls per
@@ -25,7 +28,7 @@ def merged_lora_scale(choice: str, lora: LoraConfig | None, module, mesh: Mesh, 
 
     Args:
         choice: ``args.lora_step``: ``"auto"``, ``"merged"`` or ``"factored"``.
-        lora: the trained adapter's configuration (``None``: no adapter, nothing to merge).
+        lora: the trained adapter's configuration (``None`` or a prompt-learning adapter: nothing to merge).
         module: the NNX module carrying the adapter.
         mesh: the mesh the step runs on.
         dropout: whether the step applies LoRA dropout (:func:`dropout_in_step`, or a trainer's own rule).
@@ -33,7 +36,7 @@ def merged_lora_scale(choice: str, lora: LoraConfig | None, module, mesh: Mesh, 
     Raises:
         ValueError: ``"merged"`` was asked for a step that cannot merge (dropout, quantised base weights).
     """
-    if lora is None or choice == "factored":
+    if not isinstance(lora, LoraConfig) or choice == "factored":
         return None
     if dropout:
         if choice == "merged":

@@ -11,10 +11,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from ..adapters import train_step, tunix_model
+from ..adapters import prompt_learning, train_step, tunix_model
+from ..peft.prompt_model import PromptLearningModel
 from .model_interface import TrainableModel
 
-__all__ = ["select_loss", "select_outputs", "signature_columns"]
+__all__ = ["select_loss", "select_outputs", "signature_columns", "with_virtual_tokens"]
 
 
 def _model_call(model: TrainableModel) -> Callable:
@@ -55,7 +56,16 @@ def select_loss(model: TrainableModel, compute_loss_func: Callable | None, loss_
     if family is None:
         raise ValueError("a plain NNX module needs loss_fn=(model, batch) -> loss | (loss, aux), or "
                          "compute_loss_func=(outputs, labels, num_items_in_batch) -> loss.")
-    return train_step.causal_lm_loss(family), None
+    return with_virtual_tokens(model, train_step.causal_lm_loss(family)), None
+
+
+def with_virtual_tokens(model: TrainableModel, loss: Callable) -> Callable:
+    """The built-in causal-LM ``loss`` as a ``peft`` prompt-tuning or P-tuning model computes it with transformers'
+    labels (the first token scored from the last virtual token: :func:`adapters.prompt_learning.with_virtual_tokens`);
+    ``loss`` itself for any other model."""
+    if isinstance(model, PromptLearningModel) and model.prepends_virtual_tokens:
+        return prompt_learning.with_virtual_tokens(loss)
+    return loss
 
 
 def select_outputs(model: TrainableModel, loss_fn: Callable | None,

@@ -20,6 +20,7 @@ from ..adapters import nnx_state
 from ..modeling import CausalLM
 from ..peft.config import LoraConfig
 from ..peft.model import PeftModel
+from ..peft.prompt_config import PromptLearningConfig
 from .checkpoints import restore_variables
 
 __all__ = ["PlainModule", "TrainableModel", "active_lora_config", "as_trainable_model"]
@@ -95,6 +96,7 @@ def as_trainable_model(model: Any) -> TrainableModel | None:
                     "(AutoModelForCausalLM.from_pretrained) or a flax.nnx.Module with loss_fn or compute_loss_func.")
 
 
-def active_lora_config(model: TrainableModel | None) -> LoraConfig | None:
-    """The configuration of the LoRA adapter the loop trains, or ``None`` when the whole model is trained."""
+def active_lora_config(model: TrainableModel | None) -> LoraConfig | PromptLearningConfig | None:
+    """The configuration of the adapter the loop trains (LoRA, or a prompt-learning adapter, whose
+    ``PeftModel.trainable_filter`` selects the prompt encoder), or ``None`` when the whole model is trained."""
     return model.active_peft_config if isinstance(model, PeftModel) else None

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..adapters import neftune, train_step
 from ..training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
+from ..training.losses import with_virtual_tokens
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer, check_text_dataset
 from .sft_config import SFTConfig
@@ -43,7 +44,10 @@ class SFTTrainer(TRLTrainer):
             ``input_ids``, ``labels``, ``seq_lengths``), or the data as given with ``skip_prepare_dataset``.
         processing_class: the tokenizer (default: loaded from the model's path).
         peft_config: a :class:`~torchlike.peft.LoraConfig`: train a LoRA adapter (QLoRA when the model
-            was loaded with ``quantization_config`` or the config sets ``quantize_base``).
+            was loaded with ``quantization_config`` or the config sets ``quantize_base``); or a
+            ``PromptTuningConfig``, ``PromptEncoderConfig`` or ``PrefixTuningConfig``: train only the prompt
+            parameters (prompt tuning and P-tuning refuse packed and padding-free batches, as ``peft`` drops
+            their ``position_ids``).
         quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
         formatting_func: ``example -> str``, as in TRL.
         compute_loss_func: transformers' ``(outputs, labels, num_items_in_batch) -> loss`` on the batch's
@@ -165,13 +169,15 @@ class SFTTrainer(TRLTrainer):
 
     def _step_loss(self) -> tuple[Callable, Callable | None]:
         """The base Trainer's loss; the built-in one with TRL's ``loss_type="dft"``, the router's load-balancing loss
-        (MoE models, ``router_aux_loss_coef``) and TRL's ``entropy`` and ``mean_token_accuracy`` metrics (NEFTune is
-        added by the base :meth:`Trainer._loss`)."""
+        (MoE models, ``router_aux_loss_coef``) and TRL's ``entropy`` and ``mean_token_accuracy`` metrics, each row's
+        first token scored from the last virtual token of a prompt-tuning or P-tuning adapter, as TRL with ``peft``
+        scores it (:func:`~torchlike.training.losses.with_virtual_tokens`; NEFTune is added by the base
+        :meth:`Trainer._loss`)."""
         loss, count_items = super()._step_loss()
         if self._compute_loss_func is None and self._loss_fn is None:
-            loss = train_step.causal_lm_loss(
+            loss = with_virtual_tokens(self._trainable_model, train_step.causal_lm_loss(
                 self._trainable_model.family, loss_type=self.args.loss_type,
-                router_aux_loss_coef=self.router_aux_loss_coef if self.aux_loss_enabled else 0.0, with_metrics=True)
+                router_aux_loss_coef=self.router_aux_loss_coef if self.aux_loss_enabled else 0.0, with_metrics=True))
         return loss, count_items
 
     def _neftune_length(self) -> Callable:
