@@ -22,14 +22,11 @@ from torchlike.trl.entropy_control import STATE_FILE
 ADAPTIVE = dict(use_adaptive_entropy=True, gradient_accumulation_steps=2, entropy_coef=0.05, entropy_coef_delta=0.03,
                 entropy_coef_min=0.0, entropy_coef_max=0.08, entropy_target=4.605, max_steps=6)
 METRICS = ("loss", "grad_norm", "entropy", "entropy_coef", "policy_loss")
-EVAL_PROMPTS = ["the quick brown", "lazy dog", "tiny test", "brown fox"]
-SPEED_METRICS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")
 
 
 def trained_and_evaluated(trainer) -> tuple[list[dict], dict[str, float]]:
     trainer.train()
-    metrics = trainer.evaluate()
-    return trainer.state.log_history, {key: value for key, value in metrics.items() if key not in SPEED_METRICS}
+    return trainer.state.log_history, tiny.evaluated(trainer)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +36,7 @@ def runs(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
     path = tiny_checkpoints.path("qwen2")
     root = tmp_path_factory.mktemp("adaptive_entropy")
     settings = dict(ADAPTIVE, save_strategy="steps", save_steps=2, per_device_eval_batch_size=16,
-                    eval_prompts=EVAL_PROMPTS)
+                    eval_prompts=tiny.EVAL_PROMPTS)
     with pytest.MonkeyPatch.context() as monkeypatch:
         theirs = trained_and_evaluated(tiny.trl_grpo_trainer(path, tokenizer_dir, root / "trl", monkeypatch,
                                                              **settings))

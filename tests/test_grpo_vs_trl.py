@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-import torchlike
 from tests import tiny
-from tests.tiny import PROMPTS, grpo_settings, length_reward, logged, scripted_rollout, token_reward
-from torchlike.trl import GRPOConfig, GRPOTrainer
+from tests.tiny import logged
 
 # Each case varies what TRL's loss and batching depend on; together they cover every loss_type, every scale_rewards
 # mode, gradient accumulation, steps_per_generation != gradient_accumulation_steps (dividing or not), num_iterations,
@@ -95,16 +92,11 @@ def test_grpo_matches_trl_step_for_step_on_the_same_completions(tiny_checkpoints
         np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)
 
 
-EVAL_PROMPTS = ["the quick brown", "lazy dog", "tiny test", "brown fox"]
-# Each case trains 2 steps, then evaluates: a reference's KL (beta), a token-summed loss, masked truncations.
+# Each case trains 2 steps, then evaluates: a reference's KL (beta), a token-summed loss, masked truncations, the
+# entropy bonus (TRL logs policy_loss in evaluation, entropy_coef in training only).
 EVAL_CASES = {"grpo, beta 0.04": dict(loss_type="grpo", beta=0.04),
-              "dapo, truncated completions masked": dict(loss_type="dapo", mask_truncated_completions=True)}
-
-
-def evaluated(trainer) -> dict[str, float]:
-    trainer.train()
-    return {key: value for key, value in trainer.evaluate().items()
-            if key not in ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")}
+              "dapo, truncated completions masked": dict(loss_type="dapo", mask_truncated_completions=True),
+              "grpo, entropy bonus (no eval_entropy_coef)": dict(loss_type="grpo", entropy_coef=0.1)}
 
 
 @pytest.mark.parametrize("case", list(EVAL_CASES))
@@ -112,25 +104,14 @@ def test_evaluate_reports_trls_eval_loss_and_metrics(tiny_checkpoints, tokenizer
     """TRL's GRPO evaluation samples ``num_generations_eval`` completions per eval prompt, scores them and reports the
     step loss on them (``eval_loss``) with the loss's and the rollout's metrics. One eval batch holds every prompt (TRL
     shuffles eval prompts; the metrics of one batch do not depend on their order)."""
-    import datasets
-    import transformers
-    import trl
-
     path = tiny_checkpoints.path("qwen2")
-    values = grpo_settings(**EVAL_CASES[case], max_steps=2, per_device_eval_batch_size=16)
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    theirs = evaluated(trl.GRPOTrainer(
-        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-        reward_funcs=[token_reward, length_reward],
-        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **values),
-        train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
-        eval_dataset=datasets.Dataset.from_dict({"prompt": EVAL_PROMPTS}),
-        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir), rollout_func=scripted_rollout))
-    ours = evaluated(GRPOTrainer(
-        model=str(path), reward_funcs=[token_reward, length_reward],
-        args=GRPOConfig(output_dir=str(tmp_path / "ours"), **values),
-        train_dataset=[{"prompt": p} for p in PROMPTS], eval_dataset=[{"prompt": p} for p in EVAL_PROMPTS],
-        processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir), rollout_func=scripted_rollout))
+    values = dict(EVAL_CASES[case], max_steps=2, per_device_eval_batch_size=16, eval_prompts=tiny.EVAL_PROMPTS)
+    trainer = tiny.trl_grpo_trainer(path, tokenizer_dir, tmp_path / "trl", monkeypatch, **values)
+    trainer.train()
+    theirs = tiny.evaluated(trainer)
+    trainer = tiny.torchlike_grpo_trainer(path, tokenizer_dir, tmp_path / "ours", **values)
+    trainer.train()
+    ours = tiny.evaluated(trainer)
 
     assert sorted(ours) == sorted(theirs), (set(ours) ^ set(theirs))
     assert theirs["eval_loss"] != 0.0

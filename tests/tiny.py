@@ -180,6 +180,7 @@ def padded_examples(count: int, seed: int = 0, full: bool = False) -> list[dict]
 
 PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog", "four five", "tiny test", "seven eight",
            "the fox", "nine ten", "over the", "jumps over", "brown fox", "a tiny", "for tests", "this is", "world"]
+EVAL_PROMPTS = ["the quick brown", "lazy dog", "tiny test", "brown fox"]
 COMPLETION_LENGTH = 8
 EOS = 2
 
@@ -226,6 +227,12 @@ def grpo_settings(**case) -> dict:
 def logged(history: list[dict], key: str) -> list:
     """The values of ``key`` in the training logs (the entries with a ``loss``) of a ``log_history``."""
     return [entry[key] for entry in history if "loss" in entry and key in entry]
+
+
+def evaluated(trainer) -> dict[str, float]:
+    """``trainer.evaluate()``'s metrics without the timings and the epoch (which differ between runs)."""
+    return {key: value for key, value in trainer.evaluate().items()
+            if key not in ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")}
 
 
 def trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, eval_prompts: list[str] | None = None, **case):
