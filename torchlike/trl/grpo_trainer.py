@@ -121,11 +121,10 @@ class GRPOTrainer(OnlineTrainer):
                              "reward functions; give one weight per function.")
         environments = None if environment_factory is None else EnvironmentPool.create(
             environment_factory, tools or [], processing_class, self._trainer_name)
-        self.reward_weights = None if weights is None else list(weights)
-        for function in environments.reward_functions if environments is not None else []:
-            self.reward_funcs.append(function)  # TRL's: an extra reward source of weight 1, no tokenizer
-            self.reward_processing_classes.append(None)
-            self.reward_weights = None if weights is None else [*self.reward_weights, 1.0]
+        environment_rewards = environments.reward_functions if environments is not None else []
+        self.reward_funcs += environment_rewards  # TRL's: extra reward sources of weight 1, without a tokenizer
+        self.reward_processing_classes += [None] * len(environment_rewards)
+        self.reward_weights = None if weights is None else [*weights, *[1.0] * len(environment_rewards)]
         if not self.reward_funcs:
             raise ValueError("No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose "
                              "environment defines a `get_reward` method.")
