@@ -171,7 +171,7 @@ class EnvironmentPool:
         """Resets a rollout's instance with the row's columns and returns its prompt: the row's (or
         :data:`EMPTY_PROMPT`) with the observation ``reset`` returned appended to the last message's content."""
         columns = {key: value for key, value in row.items() if key != "environment"} if self.routed else dict(row)
-        prompt = row.get("prompt", EMPTY_PROMPT)
+        prompt = row["prompt"] if "prompt" in row else [dict(message) for message in EMPTY_PROMPT]
         observation = instance.reset(**columns)
         if observation is None:
             return prompt
