@@ -139,6 +139,11 @@ def check_family(family: Family) -> None:
                          "feeds them. Use a LoraConfig for this model.")
 
 
+def has_prompt_encoder(module: nnx.Module) -> bool:
+    """Whether ``module`` carries a prompt-learning adapter (:func:`with_prompt_encoder`)."""
+    return isinstance(getattr(module, ENCODER_NAME, None), PromptEncoder)
+
+
 def with_prompt_encoder(module: nnx.Module, encoder: PromptEncoder) -> nnx.Module:
     """A copy of the Tunix ``module`` (sharing every array with it) that holds ``encoder`` as ``prompt_encoder`` and
     whose ``__call__`` applies it (see the module docstring)."""

@@ -18,6 +18,7 @@ from . import multihost
 from .families import Family
 from .lora import runtime as lora_runtime
 from .mesh import shard_module
+from .prompt_learning import has_prompt_encoder
 
 #: ``ReferencePolicy.kind`` values.
 SEPARATE, BASE, COPY, INITIAL = "model", "base", "copy", "initial"
@@ -65,7 +66,8 @@ def choose(policy: nnx.Module, family: Family, mesh: Any, *, ref_model: Any = No
         mesh: the trainer's mesh.
         ref_model: a separate reference (anything with ``module``, ``family`` and ``mesh``); one without a mesh is
             placed on ``mesh``.
-        adapter_off: the policy has a LoRA adapter whose base weights are the reference (switch it off).
+        adapter_off: the policy has a LoRA adapter whose base weights are the reference (switch it off). A policy
+            with a prompt-learning adapter always has its base model as the reference, as TRL with ``peft``.
         copy: keep a frozen copy of the policy's current weights (full fine-tuning with a live reference, or a
             reference that ``sync_ref_model`` moves); otherwise the policy's own weights serve until step one.
 
@@ -77,7 +79,7 @@ def choose(policy: nnx.Module, family: Family, mesh: Any, *, ref_model: Any = No
             shard_module(ref_model.module, mesh)
             ref_model.mesh = mesh
         return ReferencePolicy(ref_model.module, ref_model.family, ref_model.mesh, lora_runtime.EVAL, SEPARATE)
-    if adapter_off:
+    if adapter_off or has_prompt_encoder(policy):  # TRL's reference for a peft prompt-learning model: adapter off
         return ReferencePolicy(policy, family, mesh, lora_runtime.DISABLED, BASE)
     if copy:
         return ReferencePolicy(nnx.clone(policy), family, mesh, lora_runtime.EVAL, COPY)
