@@ -73,6 +73,15 @@ class EchoEnv:
         return text
 
 
+def wait(seconds: int) -> str:
+    """Waits (a standalone tool, offered beside every environment's methods).
+
+    Args:
+        seconds: how long.
+    """
+    return "waited"
+
+
 def counter_factory():
     """A factory numbering its instances (a fresh count for each trainer)."""
     numbers = itertools.count()
@@ -98,16 +107,19 @@ def recording(seen: list):
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call><|im_end|>'
 
 
-def scripted_policy(tokenizer):
+def scripted_policy(tokenizer, tool_lists: set):
     """The policy both trainers sample from: after a tool's answer, "Done."; for the echo environment's prompt a call
-    of ``echo``; for the counter's, ``increment(step=1)`` unless the counter is at 2 (then "Done." at once)."""
+    of ``echo``; for the counter's, ``increment(step=1)`` unless the counter is at 2 (then "Done." at once). Adds the
+    tool list of each prompt it reads to ``tool_lists``."""
 
     def complete(prompt_ids: list[int]) -> list[int]:
         text = tokenizer.decode(prompt_ids)
+        tool_list = text.split("<|im_end|>")[0]
+        tool_lists.add(tool_list.removeprefix("<|im_start|>system\n"))
         last_turn = text.rsplit("<|im_start|>", 2)[-2]
         if "<tool_response>" in last_turn:
             answer = "Done.<|im_end|>"
-        elif "Tools: echo" in text:
+        elif " echo" in tool_list:
             answer = CALL.format(name="echo", arguments='{"text": "hi"}')
         elif re.search(r"counter is at 2", text):
             answer = "Done.<|im_end|>"
@@ -147,7 +159,7 @@ def settings(**overrides):
 
 
 def run_trl(model_path, tokenizer_path, output_dir, monkeypatch, *, reward_funcs, train_dataset, environment_factory,
-            **overrides) -> list[dict]:
+            tools, tool_lists, **overrides) -> list[dict]:
     import trl
     import trl.trainer.grpo_trainer as trl_grpo
 
@@ -155,10 +167,10 @@ def run_trl(model_path, tokenizer_path, output_dir, monkeypatch, *, reward_funcs
     monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
     trainer = trl.GRPOTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
-        reward_funcs=reward_funcs, train_dataset=train_dataset, environment_factory=environment_factory,
+        reward_funcs=reward_funcs, train_dataset=train_dataset, environment_factory=environment_factory, tools=tools,
         args=trl.GRPOConfig(output_dir=str(output_dir), use_cpu=True, **settings(**overrides)),
         processing_class=tiny.load_tool_tokenizer(tokenizer_path, for_trl=True))
-    policy = scripted_policy(trainer.processing_class)
+    policy = scripted_policy(trainer.processing_class, tool_lists)
     trainer._generate_single_turn = lambda prompt_ids, *args, **kwargs: ([policy(list(ids)) for ids in prompt_ids],
                                                                           None)
     trainer.train()
@@ -166,13 +178,13 @@ def run_trl(model_path, tokenizer_path, output_dir, monkeypatch, *, reward_funcs
 
 
 def run_torchlike(model_path, tokenizer_path, output_dir, *, reward_funcs, train_dataset, environment_factory,
-                  **overrides) -> list[dict]:
+                  tools, tool_lists, **overrides) -> list[dict]:
     tokenizer = tiny.load_tool_tokenizer(tokenizer_path)
     trainer = GRPOTrainer(model=str(model_path), reward_funcs=reward_funcs,
                           args=GRPOConfig(output_dir=str(output_dir), **settings(**overrides)),
                           train_dataset=train_dataset, processing_class=tokenizer,
-                          environment_factory=environment_factory)
-    policy = scripted_policy(tokenizer)
+                          environment_factory=environment_factory, tools=tools)
+    policy = scripted_policy(tokenizer, tool_lists)
 
     def sample(prompt_ids, prompt_mask, max_new_tokens, seed):
         tokens = np.full((len(prompt_ids), max_new_tokens), tokenizer.pad_token_id, np.int32)
@@ -207,20 +219,21 @@ def assert_same_logs(ours: list[dict], theirs: list[dict], reward_names: list[st
     assert all(entry["grad_norm"] > 1e-3 for entry in theirs)  # every step moves the policy
 
 
-def both(model_path, tokenizer_path, tmp_path, monkeypatch, *, rows, factory, reward_funcs, **overrides):
+def both(model_path, tokenizer_path, tmp_path, monkeypatch, *, rows, factory, reward_funcs, tools=None, **overrides):
     """Trains TRL and torchlike on the same rows (a fresh factory and fresh recorded reward inputs each); returns
-    ``(ours, theirs)``: each ``(log history, what the recording reward saw)``."""
+    ``(ours, theirs)``: each ``(log history, what the recording reward saw, the tool lists the prompts rendered)``."""
     runs = []
     for name in ("trl", "ours"):
-        seen = []
+        seen, tool_lists = [], set()
         functions = [recording(seen), *reward_funcs]
         dataset = None if rows is None else datasets.Dataset.from_list(rows)
-        kwargs = dict(reward_funcs=functions, train_dataset=dataset, environment_factory=factory(), **overrides)
+        kwargs = dict(reward_funcs=functions, train_dataset=dataset, environment_factory=factory(), tools=tools,
+                      tool_lists=tool_lists, **overrides)
         if name == "trl":
             history = run_trl(model_path, tokenizer_path, tmp_path / name, monkeypatch, **kwargs)
         else:
             history = run_torchlike(model_path, tokenizer_path, tmp_path / name, **kwargs)
-        runs.append((history, seen))
+        runs.append((history, seen, tool_lists))
     theirs, ours = runs
     return ours, theirs
 
@@ -230,11 +243,12 @@ def test_an_environment_with_tools_and_a_reward_trains_as_trl(model_path, tool_t
     prompt, runs that rollout's ``increment`` calls, and scores it by ``get_reward`` (logged as ``CounterEnv``,
     weight 1 after the given weights); reward functions read the instances as ``environments``."""
     rows = [{"prompt": [{"role": "user", "content": "Go."}], "target": target} for target in (3, 2, 2, 3)]
-    (ours, seen), (theirs, trl_seen) = both(model_path, tool_tokenizer, tmp_path, monkeypatch, rows=rows,
-                                            factory=counter_factory, reward_funcs=[calls_reward],
-                                            reward_weights=[0.5, 2.0])
+    (ours, seen, tool_lists), (theirs, trl_seen, trl_tool_lists) = both(
+        model_path, tool_tokenizer, tmp_path, monkeypatch, rows=rows, factory=counter_factory,
+        reward_funcs=[calls_reward], reward_weights=[0.5, 2.0])
 
     assert seen == trl_seen
+    assert tool_lists == trl_tool_lists == {"Tools: increment"}
     first = seen[0]
     assert first["prompts"][0][-1]["content"] == "Go. Count to 3. The counter is at 1."
     assert [number for _, number, _ in first["environments"]] == [0, 1, 2, 3]  # the probe first, then the pool grows
@@ -254,10 +268,12 @@ def test_environments_routed_by_the_environment_column_train_as_trl(model_path, 
     def factories():
         return {"counter": counter_factory(), "echo": EchoEnv}
 
-    (ours, seen), (theirs, trl_seen) = both(model_path, tool_tokenizer, tmp_path, monkeypatch, rows=rows,
-                                            factory=factories, reward_funcs=[calls_reward])
+    (ours, seen, tool_lists), (theirs, trl_seen, trl_tool_lists) = both(
+        model_path, tool_tokenizer, tmp_path, monkeypatch, rows=rows, factory=factories, reward_funcs=[calls_reward],
+        tools=[wait])
 
     assert seen == trl_seen
+    assert tool_lists == trl_tool_lists == {"Tools: wait increment", "Tools: wait echo"}
     assert [kind for kind, _, _ in seen[0]["environments"]] == ["CounterEnv"] * 2 + ["EchoEnv"] * 2
     assert seen[0]["completions"][2][1] == {"role": "tool", "name": "echo", "content": "hi"}
     assert_same_logs(ours, theirs, ["reward", "calls_reward", "CounterEnv"])
@@ -267,10 +283,10 @@ def test_an_environment_that_owns_the_data_trains_for_max_steps_as_trl(model_pat
                                                                        monkeypatch):
     """No ``train_dataset``: one generation batch of empty prompts, each filled by ``reset``, for ``max_steps``;
     ``get_reward`` is the only reward source besides the recording function."""
-    (ours, seen), (theirs, trl_seen) = both(model_path, tool_tokenizer, tmp_path, monkeypatch, rows=None,
-                                            factory=counter_factory, reward_funcs=[])
+    (ours, seen, tool_lists), (theirs, trl_seen, trl_tool_lists) = both(
+        model_path, tool_tokenizer, tmp_path, monkeypatch, rows=None, factory=counter_factory, reward_funcs=[])
 
-    assert seen == trl_seen
+    assert seen == trl_seen and tool_lists == trl_tool_lists
     assert seen[0]["prompts"][0] == [{"role": "user", "content": " Count to 3. The counter is at 1."}]
     assert_same_logs(ours, theirs, ["reward", "CounterEnv"])
 
