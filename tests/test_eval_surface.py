@@ -144,9 +144,6 @@ def test_compute_metrics_is_refused_where_there_are_no_outputs_to_give_it(model,
     with pytest.raises(ValueError, match="loss_fn does not expose"):
         torchlike.Trainer(model=Linear(), args=trainer_args(tmp_path), compute_metrics=lambda prediction: {},
                           loss_fn=lambda module, batch: module(batch["x"]).mean())
-    with pytest.raises(ValueError, match="deprecated in TRL's DPOTrainer"):
-        DPOTrainer(model=model, args=DPOConfig(output_dir=str(tmp_path / "dpo"), report_to="none"),
-                   train_dataset=PREFERENCES, processing_class=tokenizer, compute_metrics=lambda prediction: {})
 
 
 # ------------------------------------------------------------------ compute_metrics against transformers and TRL

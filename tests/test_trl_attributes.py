@@ -134,3 +134,38 @@ def test_eval_dataset_is_what_trl_keeps(name, as_dict, tiny_checkpoints, tokeniz
             assert token_columns and set(token_columns) <= set(found[key].column_names)
             for column in token_columns:
                 assert found[key][column] == dataset[column], column
+
+
+def _predictions_recorder(seen: list):
+    def compute_metrics(prediction):
+        seen.append(prediction)
+        return {"rows": float(prediction.label_ids.shape[0])}
+
+    return compute_metrics
+
+
+@pytest.mark.parametrize("name", ["dpo", "kto"])
+def test_compute_metrics_gets_trls_logits_and_labels(name, tiny_checkpoints, tokenizer_dir, tmp_path):
+    """TRL (deprecated, with a FutureWarning) hands ``compute_metrics`` the logits on each batch's prompt + response
+    rows (DPO: the chosen rows, then the rejected ones) and those ids as labels, each batch right-padded to its
+    longest row and the batches joined with -100 padding; a short last batch checks the row order (of which TRL's
+    DPO keeps only the chosen rows: accelerate cuts the last batch to the examples left)."""
+    data = TRAINERS[name][4][:3] + TRAINERS[name][4][1:2]
+    settings = dict(per_device_eval_batch_size=3, bf16=False)
+    expected, found = [], []
+    with pytest.warns(FutureWarning, match="logits it passes to `compute_metrics`, are deprecated"):
+        theirs, ours = build_pair(
+            name, tiny_checkpoints, tokenizer_dir, tmp_path, settings,
+            theirs={"eval_dataset": datasets.Dataset.from_list(data),
+                    "compute_metrics": _predictions_recorder(expected)},
+            ours={"eval_dataset": data, "compute_metrics": _predictions_recorder(found)})
+        metrics = theirs.evaluate()
+        ours_metrics = ours.evaluate()
+    assert ours_metrics["eval_rows"] == metrics["eval_rows"] == (3 * 2 + 1 if name == "dpo" else 4)
+    (theirs_prediction,), (ours_prediction,) = expected, found
+    np.testing.assert_array_equal(ours_prediction.label_ids, theirs_prediction.label_ids)
+    assert ours_prediction.predictions.shape == theirs_prediction.predictions.shape
+    pad = theirs.processing_class.pad_token_id
+    real = (theirs_prediction.label_ids != -100) & (theirs_prediction.label_ids != pad)
+    np.testing.assert_allclose(ours_prediction.predictions[real], theirs_prediction.predictions[real], rtol=1e-4,
+                               atol=1e-4)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["PredictionGatherer", "causal_lm_labels", "prefixed_metrics", "with_predictions"]
+__all__ = ["PredictionGatherer", "causal_lm_found", "causal_lm_labels", "prefixed_metrics", "with_predictions"]
 
 
 def causal_lm_labels(batch: Mapping[str, Any], label_names: tuple[str, ...]) -> Any:
@@ -40,23 +40,20 @@ def causal_lm_labels(batch: Mapping[str, Any], label_names: tuple[str, ...]) -> 
     return None
 
 
-def with_predictions(loss: Callable, outputs: Callable, label_names: tuple[str, ...], whole_batch: bool) -> Callable:
-    """The step loss ``loss`` extended with what ``compute_metrics`` reads: ``(value, weight, aux, found)``.
+def causal_lm_found(outputs: Callable, label_names: tuple[str, ...]) -> Callable:
+    """``(module, batch) -> found``: what ``compute_metrics`` reads of a batch, as transformers' ``prediction_step``
+    gives it.
 
     Args:
-        loss: a step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)``.
         outputs: ``(module, batch) -> predictions`` (:func:`~torchlike.training.losses.select_outputs`).
         label_names: ``args.label_names``, for :func:`causal_lm_labels`.
-        whole_batch: also return the batch itself (``batch_eval_metrics`` with ``include_for_metrics=["inputs"]``:
-            transformers passes that batch's inputs).
 
     Returns:
-        A step loss whose ``found`` dict holds ``predictions``, ``labels`` (when there are), ``input_ids``, ``lengths``
-        (the real tokens of each row, from ``attention_mask``) and, with ``whole_batch``, ``inputs``.
+        A function whose dict holds ``predictions``, ``labels`` (when there are), ``input_ids`` and ``lengths`` (the
+        real tokens of each row, from ``attention_mask``).
     """
 
-    def step_loss(module, batch, num_items_in_batch=None):
-        value, weight, aux = loss(module, batch, num_items_in_batch)
+    def found(module, batch):
         found = {"predictions": outputs(module, batch)}
         labels = causal_lm_labels(batch, label_names)
         if labels is not None:
@@ -65,6 +62,28 @@ def with_predictions(loss: Callable, outputs: Callable, label_names: tuple[str, 
             found["input_ids"] = batch["input_ids"]
         if "attention_mask" in batch:
             found["lengths"] = batch["attention_mask"].sum(-1)
+        return found
+
+    return found
+
+
+def with_predictions(loss: Callable, found_for_metrics: Callable, whole_batch: bool) -> Callable:
+    """The step loss ``loss`` extended with what ``compute_metrics`` reads: ``(value, weight, aux, found)``.
+
+    Args:
+        loss: a step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)``.
+        found_for_metrics: ``(module, batch) -> found`` (:func:`causal_lm_found`, or a trainer's own).
+        whole_batch: also return the batch itself (``batch_eval_metrics`` with ``include_for_metrics=["inputs"]``:
+            transformers passes that batch's inputs).
+
+    Returns:
+        A step loss whose ``found`` dict holds what ``found_for_metrics`` gives and, with ``whole_batch``,
+        ``inputs``.
+    """
+
+    def step_loss(module, batch, num_items_in_batch=None):
+        value, weight, aux = loss(module, batch, num_items_in_batch)
+        found = found_for_metrics(module, batch)
         if whole_batch:
             found["inputs"] = dict(batch)
         return value, weight, aux, found

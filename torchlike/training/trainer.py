@@ -37,7 +37,7 @@ from .callbacks import (
     run_state,
 )
 from .device_mesh import resolve_mesh
-from .evaluation import PredictionGatherer, prefixed_metrics, with_predictions
+from .evaluation import PredictionGatherer, causal_lm_found, prefixed_metrics, with_predictions
 from .lora_step import dropout_in_step, merged_lora_scale
 from .losses import select_loss, select_outputs, signature_columns
 from .model_interface import active_lora_config, as_trainable_model
@@ -543,6 +543,17 @@ class Trainer:
         batch as the data collator made it (the base Trainer: the collator is the user's, as in transformers)."""
         return None
 
+    def _found_for_metrics(self) -> Callable:
+        """``(module, batch) -> found``, run inside the eval step: what ``compute_metrics`` reads of a batch
+        (``predictions``, ``labels``, ``input_ids``, ``lengths``; :func:`.evaluation.causal_lm_found`)."""
+        return causal_lm_found(select_outputs(self._trainable_model, self._loss_fn, self._label_names()),
+                               self._label_names())
+
+    def _host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        """``(found, rows)`` of one evaluation batch on the host, ``rows`` being its leading real rows: a trainer whose
+        batch rows are not the rows ``compute_metrics`` sees rearranges them here. As they are by default."""
+        return found, rows
+
     def _step_metric_prefix(self, metric_key_prefix: str) -> str:
         """The prefix of the metrics the step loss returns (``aux``): the evaluation's own prefix."""
         return metric_key_prefix
@@ -555,8 +566,7 @@ class Trainer:
         if self.compute_metrics is not None and not self.args.prediction_loss_only:
             gatherer = PredictionGatherer(self.args, self.compute_metrics, self.preprocess_logits_for_metrics)
             whole_batch = gatherer.per_batch and "inputs" in gatherer.include
-            loss = with_predictions(loss, select_outputs(self._trainable_model, self._loss_fn, self._label_names()),
-                                    self._label_names(), whole_batch)
+            loss = with_predictions(loss, self._found_for_metrics(), whole_batch)
         step_fn = train_step.make_eval_step(loss, self._compute_dtype(), count_items)
         size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
         values, done = [], 0
@@ -567,6 +577,7 @@ class Trainer:
                 done += rows
                 if gatherer is not None:
                     value, weight, _, found = mesh_lib.to_host(outputs)
+                    found, rows = self._host_found(found, rows)
                     lengths = found.get("lengths")
                     length = self._metrics_length(np.asarray(lengths)[:rows]) if lengths is not None else None
                     with np.errstate(divide="ignore", invalid="ignore"):

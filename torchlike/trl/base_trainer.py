@@ -410,6 +410,37 @@ class PrecomputedReferenceTrainer(TRLTrainer):
         self._add_reference_columns(examples, self._reference_pass(), self._reference_columns,
                                     per_device_batch_size)
 
+    # ------------------------------------------------------------------ compute_metrics (deprecated in TRL)
+    def _found_for_metrics(self) -> Callable:
+        """TRL's ``prediction_step`` hands ``compute_metrics`` the model's logits on the batch's ``input_ids`` and
+        those ids as labels (with the ``FutureWarning`` TRL gives for it); :meth:`_metrics_rows` are the rows."""
+        import jax.numpy as jnp
+
+        from ..training.losses import select_outputs
+
+        warnings.warn("`return_outputs=True`, and the logits it passes to `compute_metrics`, are deprecated and will "
+                      "be removed in v2.0.0. The fused LM head does not build the logits, so they are recomputed "
+                      "with an extra forward pass.", FutureWarning, stacklevel=2)
+        logits = select_outputs(self._trainable_model, None, ())
+
+        def found(module, batch):
+            ids, mask = self._metrics_rows(batch)
+            ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+            return {"predictions": logits(module, {"input_ids": ids, "attention_mask": mask}), "labels": ids,
+                    "input_ids": ids, "lengths": mask.sum(-1)}
+
+        return found
+
+    def _metrics_rows(self, batch: dict) -> tuple[Any, Any]:
+        """``(input_ids, attention_mask)`` of the rows TRL's collator builds from ``batch`` (prompt + completion)."""
+        return batch["input_ids"], batch["attention_mask"]
+
+    def _metrics_length(self, lengths: Any) -> int | None:
+        """TRL's collator pads each batch to its longest row, rounded up to ``pad_to_multiple_of``."""
+        from .base_config import round_up_to_multiple
+
+        return round_up_to_multiple(int(lengths.max()), self.args.pad_to_multiple_of)
+
     def _start_reference_sync(self) -> None:
         """``sync_ref_model``: each training batch is scored by the current reference when it is used (so batches
         are not prepared ahead), and each evaluation again."""

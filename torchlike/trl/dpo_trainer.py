@@ -42,7 +42,9 @@ class DPOTrainer(PrecomputedReferenceTrainer):
             ``datasets.DatasetDict``), each prepared and scored by the reference alike and evaluated with its own
             loss name (``eval_<name>_loss``; TRL's own metrics stay ``eval_rewards/chosen``..., as TRL logs them).
         processing_class: the tokenizer (default: loaded from the model's path).
-        compute_metrics: deprecated in TRL (its logits take an extra forward pass); refused with a message when set.
+        compute_metrics: ``EvalPrediction -> dict``, as TRL (which deprecates it, with a ``FutureWarning``, since
+            its logits take an extra forward pass): the logits of the chosen rows, then the rejected rows, of each
+            batch and ``label_ids`` their ``input_ids`` (prompt + response, right-padded as TRL's collator pads).
         callbacks: ``transformers.TrainerCallback`` objects (or classes).
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
@@ -74,10 +76,6 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         if args.use_weighting and {"aot", "aot_unpaired"} & set(args.loss_type):
             raise NotImplementedError("WPO-style weighting is not implemented for 'aot' or 'aot_unpaired' because "
                                       "those losses sort samples, which would misalign per-pair weights.")
-        if compute_metrics is not None:
-            raise ValueError("compute_metrics is deprecated in TRL's DPOTrainer and not supported by torchlike's: "
-                             "evaluate() reports TRL's preference metrics (eval_rewards/accuracies, eval_logps/chosen, "
-                             "...); compute others from trainer.evaluate()'s result or a callback's on_evaluate.")
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self.ref_model = ref_model
         self.pad_token_id = self._pad_token_id(processing_class, args.pad_token)
@@ -99,6 +97,25 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         # What TRL users read: a datasets.Dataset with TRL's columns (prompt_ids, chosen_ids, rejected_ids and the
         # precomputed ref_chosen_logps / ref_rejected_logps).
         self._show_prepared_datasets(train_examples, eval_examples)
+
+    # ------------------------------------------------------------------ compute_metrics
+    def _metrics_rows(self, batch: dict) -> tuple[Any, Any]:
+        """TRL's rows: the chosen sequences on top of the rejected ones."""
+        import jax.numpy as jnp
+
+        return (jnp.concatenate([batch["chosen_input_ids"], batch["rejected_input_ids"]]),
+                jnp.concatenate([batch["chosen_attention_mask"], batch["rejected_attention_mask"]]))
+
+    def _host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        """The ``rows`` real pairs' chosen rows, then their rejected rows. Of a short last batch (``rows`` pairs
+        where the batch holds more) TRL's ``compute_metrics`` sees only the first ``rows`` rows, its chosen ones:
+        accelerate's ``gather_for_metrics`` cuts the last batch to the examples left, not to its ``2 * rows``."""
+        import jax
+        import numpy as np
+
+        half = found["labels"].shape[0] // 2
+        kept = np.r_[0:rows, half:half + rows] if rows == half else np.arange(rows)
+        return jax.tree.map(lambda array: np.asarray(array)[kept], found), len(kept)
 
     # ------------------------------------------------------------------ data
     def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:

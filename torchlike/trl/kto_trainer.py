@@ -42,7 +42,9 @@ class KTOTrainer(PrecomputedReferenceTrainer):
             datasets, each prepared and scored by the reference alike and evaluated with its own loss name
             (``eval_<name>_loss``; TRL's own metrics stay ``eval_rewards/chosen``..., as TRL logs them).
         processing_class: the tokenizer (default: loaded from the model's path).
-        compute_metrics: deprecated in TRL (its logits take an extra forward pass); refused with a message when set.
+        compute_metrics: ``EvalPrediction -> dict``, as TRL (which deprecates it, with a ``FutureWarning``, since
+            its logits take an extra forward pass): the logits of each example's prompt + completion and
+            ``label_ids`` those ``input_ids``, right-padded as TRL's collator pads.
         callbacks: ``transformers.TrainerCallback`` objects (or classes).
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
@@ -72,10 +74,6 @@ class KTOTrainer(PrecomputedReferenceTrainer):
             raise ValueError("`train_dataset` is required: unpaired preference examples ('prompt', 'completion', "
                              "'label'), or preference pairs ('prompt', 'chosen', 'rejected').")
         self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
-        if compute_metrics is not None:
-            raise ValueError("compute_metrics is deprecated in TRL's KTOTrainer and not supported by torchlike's: "
-                             "evaluate() reports TRL's KTO metrics (eval_rewards/chosen, eval_kl, eval_logps/chosen, "
-                             "...); compute others from trainer.evaluate()'s result or a callback's on_evaluate.")
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self.ref_model = ref_model
         self.pad_token_id = self._pad_token_id(processing_class, None)
