@@ -360,3 +360,13 @@ def test_a_chat_template_that_cannot_render_tools_is_refused_as_in_trl(tiny_chec
                     args=GRPOConfig(output_dir=str(tmp_path), **settings()),
                     train_dataset=[{"prompt": [{"role": "user", "content": "Go."}]}] * 2, processing_class=tokenizer,
                     environment_factory=EchoEnv)
+
+
+def test_rloo_which_takes_no_environments_keeps_trls_rloo_message_for_a_missing_dataset(tiny_checkpoints,
+                                                                                       tokenizer_dir, tmp_path):
+    from torchlike.trl import RLOOConfig, RLOOTrainer
+
+    with pytest.raises(ValueError, match=r"^`train_dataset` is required$"):
+        RLOOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=constant_reward,
+                    args=RLOOConfig(output_dir=str(tmp_path), report_to="none"),
+                    processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))

@@ -69,6 +69,11 @@ class RLOOTrainer(GRPOTrainer):
                          optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config,
                          rollout_func=rollout_func)
 
+    @staticmethod
+    def _environment_dataset(environments: None, args: Any) -> None:
+        """TRL's RLOO takes no ``environment_factory``: its error for a missing ``train_dataset``."""
+        raise ValueError("`train_dataset` is required")
+
     def _check_algorithm(self, args: Any, model: Any) -> None:
         self._check_reference_use(args)
 
