@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests import tiny
+from torchlike.adapters.runtime import tracing
 from torchlike.trl.entropy_control import STATE_FILE
 
 # The steps' entropies (about 4.65, 4.61, 4.61, 4.60, 4.57, 4.59 nats: the tiny model on these completions) straddle
@@ -32,7 +33,8 @@ def trained_and_evaluated(trainer) -> tuple[list[dict], dict[str, float]]:
 @pytest.fixture(scope="module")
 def runs(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
     """TRL's and torchlike's run (``"trl"``, ``"ours"``: log history and the evaluation after training), saving a
-    checkpoint every 2 steps under ``"root"``."""
+    checkpoint every 2 steps under ``"root"``, and how many times torchlike's train step was traced
+    (``"train_traces"``)."""
     path = tiny_checkpoints.path("qwen2")
     root = tmp_path_factory.mktemp("adaptive_entropy")
     settings = dict(ADAPTIVE, save_strategy="steps", save_steps=2, per_device_eval_batch_size=16,
@@ -40,8 +42,9 @@ def runs(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as monkeypatch:
         theirs = trained_and_evaluated(tiny.trl_grpo_trainer(path, tokenizer_dir, root / "trl", monkeypatch,
                                                              **settings))
+    traced = tracing.TRACE_COUNTS["train_step"]
     ours = trained_and_evaluated(tiny.torchlike_grpo_trainer(path, tokenizer_dir, root / "ours", **settings))
-    return {"trl": theirs, "ours": ours, "root": root}
+    return {"trl": theirs, "ours": ours, "root": root, "train_traces": tracing.TRACE_COUNTS["train_step"] - traced}
 
 
 def test_adaptive_entropy_matches_trl_step_for_step(runs):
@@ -56,6 +59,10 @@ def test_the_coefficient_rises_and_falls(runs):
     coefficients = np.array([ADAPTIVE["entropy_coef"], *tiny.logged(runs["ours"][0], "entropy_coef")])
     steps = np.diff(coefficients)
     assert (steps > 0).any() and (steps < 0).any(), coefficients
+
+
+def test_the_coefficient_changes_without_recompiling_the_step(runs):
+    assert runs["train_traces"] == 1
 
 
 def test_evaluation_applies_the_coefficient_as_trl(runs):
