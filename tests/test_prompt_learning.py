@@ -3,6 +3,7 @@ weights, adapter files both ways, SFT training only the prompt parameters, and S
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -193,11 +194,23 @@ def test_sft_trains_only_the_prompt_parameters_with_trl_and_peft_losses(kind, qw
     for name in set(after) - prompt:  # the base weights are bit-identical
         np.testing.assert_array_equal(after[name], before[name], err_msg=name)
     assert trainer.model.num_parameters(only_trainable=True) == sum(after[name].size for name in prompt)
+    trainer.save_model(str(tmp_path / "saved"))  # the trained adapter, in peft's files
+    assert json.loads((tmp_path / "saved" / "adapter_config.json").read_text())["peft_type"] == config.peft_type
 
     expected, ours = reference.state.log_history, trainer.state.log_history
     for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
         assert len(logged(expected, key)) == 3, key
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+
+
+@pytest.mark.parametrize("kind", ["prompt_tuning", "p_tuning", "prefix_tuning"])
+def test_configs_have_peft_fields_and_defaults(kind):
+    peft_config, config = configs(kind)
+    theirs = {field.name: field.default for field in dataclasses.fields(peft_config)} | {"peft_version": None}
+    ours = {field.name: field.default for field in dataclasses.fields(config)} | {"peft_version": None}
+    assert ours == theirs
+    saved = peft_config.to_dict()
+    assert {key: saved[key] for key in config.to_dict()} == config.to_dict()
 
 
 @pytest.mark.parametrize(("make", "message"), [

@@ -188,9 +188,9 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                                         "patience counter)."),
     "full_determinism": ignored("XLA runs the same program in the same order for a given seed; on GPUs add "
                                 "--xla_gpu_deterministic_ops=true to XLA_FLAGS for bitwise determinism."),
-    "seed": honoured("Seeds the LoRA weights a trainer creates from peft_config (TRL seeds before creating the "
-                     "adapter), LoRA dropout, GRPO's sampling, SFT's shuffle_dataset and, without data_seed, the "
-                     "training data order."),
+    "seed": honoured("Seeds the LoRA or prompt-learning weights a trainer creates from peft_config (TRL seeds "
+                     "before creating the adapter), LoRA dropout, GRPO's sampling, SFT's shuffle_dataset and, without "
+                     "data_seed, the training data order."),
     "data_seed": honoured("Seeds the training data order (train_sampling_strategy='random') in place of seed, as "
                           "transformers' sampler does."),
     "use_cpu": honoured("Builds the device mesh from jax.devices('cpu') instead of the default backend."),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,26 @@ from .config import (
     TaskType,
     read_adapter_config,
 )
+from .prompt_config import PromptLearningConfig, prompt_config_from_dict
 
-__all__ = ["PeftModel", "PeftModelForSequenceClassification", "get_peft_model"]
+__all__ = ["PROMPT_LEARNING", "PeftModel", "PeftModelForSequenceClassification", "get_peft_model"]
+
+
+class AdapterBuilders:
+    """How ``get_peft_model`` and ``PeftModel.from_pretrained`` build an adapter implemented in another module.
+
+    Attributes:
+        create: ``(model, config, adapter_name, *, seed) -> PeftModel``: a new adapter.
+        load: ``(model, directory, config, adapter_name, is_trainable) -> PeftModel``: a saved adapter.
+    """
+
+    create: Callable[..., PeftModel]
+    load: Callable[..., PeftModel]
+
+
+PROMPT_LEARNING = AdapterBuilders()
+"""The prompt-learning builders, set by :mod:`torchlike.peft.prompt_model` (which ``torchlike.peft`` imports): that
+module subclasses :class:`PeftModel`, so this one cannot import it."""
 
 
 class PeftModel(CausalLM):
@@ -243,15 +261,12 @@ class PeftModel(CausalLM):
             ValueError: ``is_trainable=True`` for a prompt-learning adapter (peft's rule).
         """
         from ..adapters.hf_hub import resolve_model_dir
-        from .prompt_config import PromptLearningConfig, prompt_config_from_dict
-        from .prompt_model import PromptLearningModel
-
         hf_checkpoint.finish_interrupted_save(model_id)
         directory = resolve_model_dir(model_id, revision=kwargs.get("revision"), token=kwargs.get("token"))
         saved = read_adapter_config(directory)
         if isinstance(config, PromptLearningConfig) or (config is None and saved.get("peft_type") in PEFT_TYPES):
             config = config or prompt_config_from_dict(saved, str(directory / ADAPTER_CONFIG_NAME))
-            return PromptLearningModel.load_adapter_directory(model, directory, config, adapter_name, is_trainable)
+            return PROMPT_LEARNING.load(model, directory, config, adapter_name, is_trainable)
         config = config or LoraConfig.from_pretrained(directory)
         config.inference_mode = not is_trainable
         peft_model = get_peft_model(model, config, adapter_name=adapter_name)
@@ -310,11 +325,8 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
     """
     if isinstance(model, PeftModel):
         raise ValueError("the model already has a LoRA adapter; call merge_and_unload() first or use the base model.")
-    from .prompt_config import PromptLearningConfig
-    from .prompt_model import get_prompt_learning_model
-
     if isinstance(peft_config, PromptLearningConfig):
-        return get_prompt_learning_model(model, peft_config, adapter_name, seed=seed)
+        return PROMPT_LEARNING.create(model, peft_config, adapter_name, seed=seed)
     if not isinstance(peft_config, LoraConfig):
         raise TypeError(f"peft_config must be a torchlike.peft LoraConfig, PromptTuningConfig, PromptEncoderConfig or "
                         f"PrefixTuningConfig, got {type(peft_config).__name__}.")

@@ -26,7 +26,7 @@ from ..arrays import to_numpy_2d
 from ..modeling import CausalLM, CausalLMOutput
 from ..sequence_classification import SequenceClassifier
 from .config import ADAPTER_WEIGHTS_NAME
-from .model import PeftModel
+from .model import PROMPT_LEARNING, PeftModel
 from .prompt_config import (
     PrefixTuningConfig,
     PromptEncoderConfig,
@@ -293,3 +293,7 @@ def _initial_virtual_tokens(model: CausalLM, config: PromptLearningConfig, key: 
         text_ids = tokenizer(config.prompt_tuning_init_text)["input_ids"]
         ids = np.asarray((text_ids * -(-rows // len(text_ids)))[:rows])
     return np.asarray(prompting.token_embeddings(model.module, ids), np.float32)
+
+
+PROMPT_LEARNING.create = get_prompt_learning_model
+PROMPT_LEARNING.load = PromptLearningModel.load_adapter_directory
