@@ -296,14 +296,14 @@ def with_virtual_tokens(loss: Callable) -> Callable:
     stands for the last virtual token (:func:`virtual_token_placeholders`).
 
     Raises:
-        ValueError: the batch has ``position_ids`` (packed rows), which peft drops for prompt learning.
+        ValueError: the batch has ``position_ids`` (padding-free packed rows), which peft drops for prompt learning.
     """
 
     def extended_loss(module, batch, num_items_in_batch=None):
         if "position_ids" in batch:
-            raise ValueError("prompt tuning and P-tuning cannot train on packed or padding-free batches: peft drops "
-                             "their position_ids, so the packed sequences would attend to each other. Set "
-                             "packing=False and padding_free=False.")
+            raise ValueError("prompt tuning and P-tuning cannot train on padding-free batches: peft drops their "
+                             "position_ids, so the packed sequences would attend to each other. Set "
+                             "padding_free=False and packing=False (or packing_strategy='wrapped').")
         extended = dict(batch)
         for key, fill in (("input_ids", 0), ("attention_mask", 1), ("loss_mask", 0)):
             front = jnp.full((batch[key].shape[0], 1), fill, batch[key].dtype)

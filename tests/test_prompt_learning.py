@@ -170,17 +170,16 @@ def test_sft_trains_only_the_prompt_parameters_with_trl_and_peft_losses(kind, qw
     peft_config, config = configs(kind)
     data = text_data(24)
     # transformers drops the prefix cache under gradient checkpointing (TRL's default) and then fails on the
-    # attention mask's shape, so the prefix-tuning run compares without it; torchlike trains with it too.
-    settings = dict(SETTINGS, gradient_checkpointing=kind != "prefix_tuning")
+    # attention mask's shape, so TRL's prefix-tuning run goes without it; torchlike keeps TRL's default throughout.
     torch.manual_seed(0)
     reference = trl.SFTTrainer(
         model=hf_model(qwen2_path), args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, max_steps=3,
-                                                       **settings),
+                                                       gradient_checkpointing=kind != "prefix_tuning", **SETTINGS),
         train_dataset=datasets.Dataset.from_list(data), peft_config=peft_config,
         processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
     reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
     trainer = SFTTrainer(model=str(qwen2_path), args=SFTConfig(output_dir=str(tmp_path / "ours"), max_steps=3,
-                                                               train_sampling_strategy="sequential", **settings),
+                                                               train_sampling_strategy="sequential", **SETTINGS),
                          train_dataset=data, peft_config=config,
                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
     copy_prompt_encoder(reference.model, trainer.model)
@@ -201,6 +200,15 @@ def test_sft_trains_only_the_prompt_parameters_with_trl_and_peft_losses(kind, qw
     for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
         assert len(logged(expected, key)) == 3, key
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+
+
+def test_padding_free_batches_are_refused_for_virtual_tokens(qwen2_path, tokenizer_dir, tmp_path):
+    trainer = SFTTrainer(model=str(qwen2_path), args=SFTConfig(output_dir=str(tmp_path), max_steps=1, packing=True,
+                                                               **SETTINGS),
+                         train_dataset=text_data(8), peft_config=configs("prompt_tuning")[1],
+                         processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
+    with pytest.raises(ValueError, match="peft drops their position_ids"):
+        trainer.train()
 
 
 @pytest.mark.parametrize("kind", ["prompt_tuning", "p_tuning", "prefix_tuning"])

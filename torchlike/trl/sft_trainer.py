@@ -46,8 +46,8 @@ class SFTTrainer(TRLTrainer):
         peft_config: a :class:`~torchlike.peft.LoraConfig`: train a LoRA adapter (QLoRA when the model
             was loaded with ``quantization_config`` or the config sets ``quantize_base``); or a
             ``PromptTuningConfig``, ``PromptEncoderConfig`` or ``PrefixTuningConfig``: train only the prompt
-            parameters (prompt tuning and P-tuning refuse packed and padding-free batches, as ``peft`` drops
-            their ``position_ids``).
+            parameters (prompt tuning and P-tuning refuse padding-free batches: ``padding_free=True``, or packing
+            with ``"bfd"``/``"bfd_split"``, as ``peft`` drops their ``position_ids``).
         quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
         formatting_func: ``example -> str``, as in TRL.
         compute_loss_func: transformers' ``(outputs, labels, num_items_in_batch) -> loss`` on the batch's
