@@ -129,6 +129,17 @@ def test_adapter_saved_by_peft_loads_in_torchlike_with_the_same_logits(kind, qwe
                                             is_trainable=True)
 
 
+def test_a_p_tuning_lstm_adapter_saved_by_peft_loads_in_torchlike(qwen2_path, tmp_path):
+    torch.manual_seed(0)
+    reference = peft.get_peft_model(hf_model(qwen2_path), peft.PromptEncoderConfig(
+        task_type="CAUSAL_LM", num_virtual_tokens=VIRTUAL_TOKENS, encoder_reparameterization_type="LSTM",
+        encoder_hidden_size=16)).eval()
+    reference.save_pretrained(tmp_path)  # the LSTM's output, which torchlike feeds without the LSTM
+    model = ours_peft.PeftModel.from_pretrained(torchlike.AutoModelForCausalLM.from_pretrained(qwen2_path), tmp_path)
+    ids, mask = right_padded_batch()
+    assert valid_max_diff(model(ids, mask).logits, peft_logits(reference, ids, mask), mask) <= 1e-4
+
+
 def test_disable_adapter_gives_the_base_model_outputs(qwen2_path):
     base = torchlike.AutoModelForCausalLM.from_pretrained(qwen2_path)
     model = ours_peft.get_peft_model(base, configs("prompt_tuning")[1])
@@ -238,6 +249,14 @@ def test_model_fields_that_disagree_with_the_model_are_refused(qwen2_path):
     with pytest.raises(ValueError, match="token_dim=32 disagrees with the model, which needs 64"):
         ours_peft.get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(qwen2_path),
                                  ours_peft.PromptTuningConfig(num_virtual_tokens=4, token_dim=32))
+
+
+def test_a_model_loaded_with_quantization_config_is_refused(qwen2_path):
+    with pytest.warns(UserWarning):
+        model = torchlike.AutoModelForCausalLM.from_pretrained(
+            qwen2_path, quantization_config=transformers.BitsAndBytesConfig(load_in_4bit=True))
+    with pytest.raises(ValueError, match="would train on the full-precision base"):
+        ours_peft.get_peft_model(model, configs("prompt_tuning")[1])
 
 
 def test_text_initialisation_takes_the_word_embeddings_of_the_text(qwen2_path, tokenizer_dir):

@@ -201,8 +201,9 @@ CONFIG_CLASSES: dict[str, type[PromptLearningConfig]] = {
 
 
 def prompt_config_from_dict(data: dict[str, Any], source: str) -> PromptLearningConfig:
-    """The config of a saved prompt-learning ``adapter_config.json`` (PEFT's or torchlike's); ``peft_version`` is
-    ignored, other unknown keys are refused.
+    """The config of a saved prompt-learning ``adapter_config.json`` (PEFT's or torchlike's), with
+    ``inference_mode=True``: a loaded prompt-learning adapter is frozen, as in ``peft`` (so a saved P-tuning LSTM
+    adapter, which holds the encoder output only, loads). ``peft_version`` is ignored, other unknown keys are refused.
 
     Args:
         data: the file's contents (``peft_type`` one of ``PROMPT_TUNING``, ``P_TUNING``, ``PREFIX_TUNING``).
@@ -214,4 +215,4 @@ def prompt_config_from_dict(data: dict[str, Any], source: str) -> PromptLearning
                      and value not in (None, False, {}, []))
     if unknown:
         raise ValueError(f"{source}: options {unknown} are not supported by torchlike's {config_class.__name__}.")
-    return config_class(**{key: value for key, value in data.items() if key in known})
+    return config_class(**{key: value for key, value in data.items() if key in known} | {"inference_mode": True})

@@ -200,13 +200,17 @@ def get_prompt_learning_model(model: CausalLM, peft_config: PromptLearningConfig
         The :class:`PromptLearningModel`.
 
     Raises:
-        ValueError: a sequence classifier, an unsupported family, config fields that disagree with the model, or a
-            saved tensor of the wrong shape.
+        ValueError: a sequence classifier, an unsupported family, a model loaded with ``quantization_config``, config
+            fields that disagree with the model, or a saved tensor of the wrong shape.
     """
     if isinstance(model, SequenceClassifier):
         raise ValueError("prompt learning is implemented for causal language models; use a LoraConfig for a "
                          "sequence classifier.")
     prompting.check_family(model.family)
+    if model.quantization:
+        raise ValueError(f"the model was loaded with quantization_config ({model.quantization}), which torchlike "
+                         "applies when LoRA is added (QLoRA); a prompt-learning adapter would train on the "
+                         "full-precision base. Load the model without quantization_config, or use a LoraConfig.")
     settings = _fill_model_fields(model.config, peft_config)
     initial = embeddings
     key = jax.random.key(seed)
