@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from . import chunked_logprobs, rl_math
+from . import chunked_logprobs, rl_math, router_loss
 from .lora import runtime as lora_runtime
 
 __all__ = ["preference_loss", "reference_pass"]
@@ -69,7 +69,7 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
                     label_smoothing: float = 0.0, f_divergence_type: str = "reverse_kl",
                     f_alpha_divergence_coef: float = 0.5, discopop_tau: float = 0.05,
                     ld_alpha: float | None = None, use_weighting: bool = False,
-                    block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+                    block_size: chunked_logprobs.BlockSize = "auto", router_aux_loss_coef: float = 0.0) -> Callable:
     """The DPO step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)`` (``Trainer._loss``).
 
     ``value`` is TRL's ``DPOTrainer`` loss of the micro-batch: ``sum_i loss_weights[i] * mean over pairs of
@@ -80,7 +80,9 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
     ``metrics`` are TRL's: ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracies``, ``rewards/margins``,
     ``logps/chosen``, ``logps/rejected``, ``entropy``, ``logits/chosen``, ``logits/rejected``,
     ``mean_token_accuracy``, and ``num_tokens`` (the micro-batch's tokens; ``DPOTrainer.log`` makes it a running
-    total).
+    total). With ``router_aux_loss_coef`` (a mixture-of-experts model) the load-balancing loss of the policy's
+    forward pass over the real tokens of the ``2B`` rows is added times it and logged as ``aux_loss``, as TRL adds
+    ``outputs.aux_loss``.
 
     Args:
         family: the model's adapter family (its forward pass).
@@ -88,6 +90,7 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
             ld_alpha, use_weighting: the ``DPOConfig`` fields of the same names.
         block_size: positions per block of the log-prob computation (``adapters.chunked_logprobs.BlockSize``:
             ``"auto"``, a number, or ``None`` for the whole sequence at once).
+        router_aux_loss_coef: the weight of the router's load-balancing loss (0: not added).
 
     The batch holds ``collate_preference_batch``'s columns with ``ref_chosen_logps``/``ref_rejected_logps``.
     """
@@ -107,8 +110,13 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
                                 chosen_lengths=chosen_length[None], rejected_lengths=rejected_length[None], **settings)
 
     def loss(module, batch, num_items_in_batch=None):
-        scores, mask = _pair_token_log_probs(family, module, batch, with_metrics=True, block_size=block_size,
-                                             with_log_sum_sq_probs=use_weighting)
+        def forward(module):
+            return _pair_token_log_probs(family, module, batch, with_metrics=True, block_size=block_size,
+                                         with_log_sum_sq_probs=use_weighting)
+
+        rows_mask = jnp.concatenate([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
+        (scores, mask), aux_loss = router_loss.run_with_router_loss(family.router_logits, forward, module, rows_mask,
+                                                                    router_aux_loss_coef)
         per_token = scores.log_probs
         chosen, rejected = _sequence_log_probs(per_token, mask, ld_alpha)
         ref_chosen, ref_rejected = batch["ref_chosen_logps"], batch["ref_rejected_logps"]
@@ -134,8 +142,11 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
                                       **settings)[0] * _masked_mean(pair_weights, real)
         metrics = {key: _masked_mean(values, real) for key, values in pair_metrics.items()}
         tokens = (batch["chosen_attention_mask"].sum() + batch["rejected_attention_mask"].sum()).astype(jnp.float32)
-        return value, (real.sum() > 0).astype(jnp.float32), {**metrics, **_token_metrics(scores, mask),
-                                                             "num_tokens": tokens}
+        metrics = {**metrics, **_token_metrics(scores, mask), "num_tokens": tokens}
+        if aux_loss is not None:
+            value = value + router_aux_loss_coef * aux_loss
+            metrics["aux_loss"] = aux_loss
+        return value, (real.sum() > 0).astype(jnp.float32), metrics
 
     return loss
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from . import chunked_logprobs
+from . import chunked_logprobs, router_loss
 from .families import Family
 from .lora import runtime as lora_runtime
 from .step_metrics import PRESENCE_PREFIX, finish_metrics
@@ -194,7 +194,7 @@ def _completion_log_probs(family: Family, module, batch: Mapping[str, jax.Array]
 
 
 def kto_step_loss(family: Family, settings: KTOLossSettings,
-                  block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+                  block_size: chunked_logprobs.BlockSize = "auto", router_aux_loss_coef: float = 0.0) -> Callable:
     """The KTO step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)`` (``Trainer._loss``).
 
     ``value`` is TRL's ``KTOTrainer`` loss of the micro-batch (:func:`kto_loss`); the KL completions are scored in a
@@ -203,12 +203,15 @@ def kto_step_loss(family: Family, settings: KTOLossSettings,
     accumulated micro-batches are averaged, as TRL divides by the accumulation steps.
     ``metrics``: :func:`kto_loss`'s and :func:`kto_token_metrics`' (with their ``present/`` indicators, see
     :func:`finish_metrics`) and ``num_tokens`` (the micro-batch's prompt + completion tokens; TRL logs a running
-    total).
+    total). With ``router_aux_loss_coef`` (a mixture-of-experts model) the load-balancing loss of the policy's
+    forward pass over the real tokens (not the KL pass) is added times it and logged as ``aux_loss``, as TRL adds
+    ``outputs.aux_loss``.
 
     Args:
         family: the model's adapter family (its forward pass).
         settings: the loss settings.
         block_size: positions per block of the log-prob computation (``chunked_logprobs.BlockSize``).
+        router_aux_loss_coef: the weight of the router's load-balancing loss (0: not added).
 
     The batch holds ``input_ids``, ``attention_mask``, ``completion_mask`` ``[B, T]``, ``label`` ``[B]`` and
     ``ref_logps`` ``[B]``; with ``settings.estimates_kl`` also ``KL_input_ids``, ``KL_attention_mask``,
@@ -219,7 +222,9 @@ def kto_step_loss(family: Family, settings: KTOLossSettings,
     def loss(module, batch, num_items_in_batch=None):
         real = batch["attention_mask"].any(-1).astype(jnp.float32)
         labels = batch["label"]
-        policy_logps, scores, mask = _completion_log_probs(family, module, batch, "", True, block_size)
+        (policy_logps, scores, mask), aux_loss = router_loss.run_with_router_loss(
+            family.router_logits, lambda module: _completion_log_probs(family, module, batch, "", True, block_size),
+            module, batch["attention_mask"], router_aux_loss_coef)
         policy_kl_logps = reference_kl_logps = None
         if settings.estimates_kl:
             policy_kl_logps = jax.lax.stop_gradient(
@@ -228,8 +233,12 @@ def kto_step_loss(family: Family, settings: KTOLossSettings,
         value, metrics = kto_loss(policy_logps, batch["ref_logps"], labels, policy_kl_logps, reference_kl_logps,
                                   settings=settings, row_mask=real)
         tokens = batch["attention_mask"].sum().astype(jnp.float32)
-        return value, (real.sum() > 0).astype(jnp.float32), {
-            **metrics, **kto_token_metrics(scores.entropies, scores.logit_means, mask, labels), "num_tokens": tokens}
+        metrics = {**metrics, **kto_token_metrics(scores.entropies, scores.logit_means, mask, labels),
+                   "num_tokens": tokens}
+        if aux_loss is not None:
+            value = value + router_aux_loss_coef * aux_loss
+            metrics["aux_loss"] = aux_loss
+        return value, (real.sum() > 0).astype(jnp.float32), metrics
 
     return loss
 

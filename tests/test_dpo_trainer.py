@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import torchlike
+from tests import tiny
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import DPOConfig, DPOTrainer
 from torchlike.trl.dpo_data import PreferenceDataWarning, collate_preference_batch, prepare_preference_examples
@@ -94,7 +95,7 @@ def run_trl_dpo(path, tokenizer_path, output_dir, settings):
         processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path))
     trainer._get_train_sampler = lambda *args, **kwargs: SequentialSampler(trainer.train_dataset)
     trainer.train()
-    params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
+    params = tiny.saved_hf_params(trainer.model, output_dir / "model")
     return trainer.state.log_history, params
 
 
@@ -119,14 +120,16 @@ COMPARISON_CASES = {
         use_weighting=True, loss_type=["sigmoid", "ipo"], loss_weights=[1.0, 0.5])),
     "sigmoid, reference synced every 2 steps": dict(loss_type="sigmoid", extra=dict(
         sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.5)),
+    # TRL adds a mixture-of-experts model's router loss with the config's coefficient by default.
+    "sigmoid, Qwen3-MoE with its router loss": dict(loss_type="sigmoid", model="qwen3_moe"),
 }
 
 
 @pytest.mark.parametrize("case", list(COMPARISON_CASES))
 def test_dpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path, case):
     options = dict(COMPARISON_CASES[case])
+    path = tiny_checkpoints.path(options.pop("model", "qwen2"))
     settings = {**comparison_settings(options.pop("loss_type")), **options.pop("extra", {}), **options}
-    path = tiny_checkpoints.path("qwen2")
     expected_history, expected_params = run_trl_dpo(path, tokenizer_dir, tmp_path / "trl", settings)
     history, params = run_torchlike_dpo(path, tokenizer_dir, tmp_path / "ours", settings)
     expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
@@ -134,9 +137,10 @@ def test_dpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints
 
     assert list(ours) == list(expected) == [1, 2, 3, 4, 5]
     assert all(entry["grad_norm"] > settings["max_grad_norm"] for entry in expected.values())  # clipping is on
+    assert all(set(ours[step]) == set(expected[step]) for step in ours)  # the same metrics (aux_loss with MoE)
     for key in ("loss", "grad_norm", "learning_rate", "rewards/chosen", "rewards/rejected", "rewards/margins",
                 "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "entropy",
-                "mean_token_accuracy"):
+                "mean_token_accuracy", *(["aux_loss"] if "aux_loss" in expected[1] else [])):
         np.testing.assert_allclose([ours[step][key] for step in ours], [expected[step][key] for step in expected],
                                    rtol=1e-4, atol=1e-6, err_msg=key)
     assert [entry["num_tokens"] for entry in ours.values()] == [entry["num_tokens"] for entry in expected.values()]

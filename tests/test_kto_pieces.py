@@ -327,7 +327,7 @@ def test_accepted_values_are_the_ones_kto_loss_computes():
     assert kto_config.KL_LOSS_TYPES == kto_math.KL_LOSS_TYPES
 
 
-NON_DEFAULT = {"neftune_noise_alpha": 5.0, "trust_remote_code": True, "router_aux_loss_coef": 0.01,
+NON_DEFAULT = {"neftune_noise_alpha": 5.0, "trust_remote_code": True,
                "remove_unused_columns": False, "precompute_ref_batch_size": 16,
                "activation_offloading": True}
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import torchlike
+from tests import tiny
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import KTOConfig, KTOTrainer
 
@@ -64,7 +65,7 @@ def run_trl_kto(path, tokenizer_path, output_dir, settings):
         train_dataset=datasets.Dataset.from_list(DATA),
         processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path))
     trainer.train()
-    params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
+    params = tiny.saved_hf_params(trainer.model, output_dir / "model")
     return trainer.state.log_history, params
 
 
@@ -85,6 +86,8 @@ COMPARISON_CASES = {
     "apo_zero_unpaired": dict(loss_type="apo_zero_unpaired"),
     "kto, reference synced every 3 steps": dict(loss_type="kto", sync_ref_model=True, ref_model_sync_steps=3,
                                                 ref_model_mixup_alpha=0.5),
+    # TRL adds a mixture-of-experts model's router loss (here a larger coefficient than the config's).
+    "kto, Qwen3-MoE with its router loss": dict(loss_type="kto", model="qwen3_moe", router_aux_loss_coef=0.05),
 }
 COMPARED_METRICS = ("loss", "grad_norm", "learning_rate", "kl", "rewards/chosen", "rewards/rejected",
                     "rewards/margins", "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "entropy")
@@ -93,8 +96,8 @@ COMPARED_METRICS = ("loss", "grad_norm", "learning_rate", "kl", "rewards/chosen"
 @pytest.mark.parametrize("case", list(COMPARISON_CASES))
 def test_kto_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path, case):
     options = dict(COMPARISON_CASES[case])
+    path = tiny_checkpoints.path(options.pop("model", "qwen2"))
     settings = {**comparison_settings(options.pop("loss_type")), **options}
-    path = tiny_checkpoints.path("qwen2")
     expected_history, expected_params = run_trl_kto(path, tokenizer_dir, tmp_path / "trl", settings)
     history, params = run_torchlike_kto(path, tokenizer_dir, tmp_path / "ours", settings)
     expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
@@ -103,7 +106,7 @@ def test_kto_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints
     assert list(ours) == list(expected) == list(range(1, 11))
     assert all(set(ours[step]) == set(expected[step]) for step in ours)  # the same metrics, logged the same steps
     assert all(entry["grad_norm"] > settings["max_grad_norm"] for entry in expected.values())  # clipping is on
-    for key in COMPARED_METRICS:
+    for key in (*COMPARED_METRICS, *(["aux_loss"] if "aux_loss" in expected[1] else [])):
         np.testing.assert_allclose([ours[step][key] for step in ours], [expected[step][key] for step in expected],
                                    rtol=1e-4, atol=1e-6, err_msg=key)
     assert [entry["num_tokens"] for entry in ours.values()] == [entry["num_tokens"] for entry in expected.values()]

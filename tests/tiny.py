@@ -269,3 +269,15 @@ def torchlike_grpo_trainer(path, tokenizer_path, output_dir, eval_prompts: list[
                           rollout_func=scripted_rollout)
     trainer._shuffled = lambda batch, seed: batch
     return trainer
+
+
+def saved_hf_params(model, folder) -> dict:
+    """A ``transformers`` model's parameters as ``save_pretrained`` writes them (numpy, the checkpoint's names: a
+    mixture-of-experts model's experts one by one, as torchlike exports them, not fused as in its state dict)."""
+    from safetensors.numpy import load_file
+
+    model.save_pretrained(folder)
+    params = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        params.update(load_file(file))
+    return params

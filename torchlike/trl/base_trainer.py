@@ -148,10 +148,11 @@ class TRLTrainer(Trainer):
     _tag_names: list[str] = ["trl"]
     #: Whether the step loss reports ``num_tokens`` per micro-batch, which :meth:`log` makes TRL's running total.
     _counts_step_tokens = False
-    #: TRL's attribute: whether the Mixture-of-Experts router loss is added to the step loss. Only ``SFTTrainer``
-    #: adds it (and sets this from the model and ``router_aux_loss_coef``); the other trainers train without it, so
-    #: it is ``False`` there (TRL's is ``True`` for a MoE model; the field tables say so).
+    #: TRL's attribute: whether the Mixture-of-Experts router loss is added to the step loss (set by
+    #: :meth:`_setup_router_loss` in the trainers that add it).
     aux_loss_enabled: bool = False
+    #: TRL's attribute: the router loss weight (``router_aux_loss_coef``, else the model config's).
+    router_aux_loss_coef: float = 0.0
     #: TRL's attribute: the separate reference model the trainer keeps (the user's ``ref_model``, or a frozen copy of
     #: the initial policy where TRL loads a second model), ``None`` where there is none (no reference, or the
     #: reference is the policy with its LoRA adapter off).
@@ -221,6 +222,28 @@ class TRLTrainer(Trainer):
                                  "with its pad (or eos) token.")
             tokenizer.pad_token = pad_token
         return pad_token_id_for(tokenizer, eos_token)
+
+    def _setup_router_loss(self, model: Any, args: Any) -> None:
+        """TRL 1.16's rule for the Mixture-of-Experts load-balancing loss (transformers' ``load_balancing_loss_func``,
+        ``adapters/router_loss.py``): on when the model returns router logits (Qwen3 MoE) and the coefficient
+        (``args.router_aux_loss_coef``, else the model config's) is not 0; a coefficient for a model without a router
+        is refused in TRL's words, and the config is kept in sync (``output_router_logits``)."""
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        coefficient = args.router_aux_loss_coef
+        self.router_aux_loss_coef = (getattr(text_config, "router_aux_loss_coef", 0.0) if coefficient is None
+                                     else coefficient)
+        if coefficient and not hasattr(text_config, "output_router_logits"):
+            raise ValueError(f"`router_aux_loss_coef` is set to {coefficient} but {type(model).__name__} "
+                             f"({model.family.name}) is not a Mixture-of-Experts model that returns its router "
+                             "logits, so there is no auxiliary loss to weight.")
+        self.aux_loss_enabled = hasattr(text_config, "output_router_logits") and self.router_aux_loss_coef != 0.0
+        if hasattr(text_config, "router_aux_loss_coef"):
+            text_config.output_router_logits = self.aux_loss_enabled
+            text_config.router_aux_loss_coef = self.router_aux_loss_coef
+
+    def _router_loss_weight(self) -> float:
+        """The weight the step loss gives the router loss (0 when it is not added)."""
+        return self.router_aux_loss_coef if self.aux_loss_enabled else 0.0
 
     @staticmethod
     def _check_token_ids(largest: int, tokenizer: Any, models: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..field_support import FieldSupport, honoured, ignored, refused
 from .grpo_fields import GRPO_FIELD_SUPPORT
-from .sft_fields import ROUTER_LOSS_NOT_ADDED, SFT_FIELD_SUPPORT
+from .sft_fields import SFT_FIELD_SUPPORT
 
 DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "neftune_noise_alpha": refused("TRL's hook sits on the embedding layer the policy shares with generation and "
@@ -29,7 +29,7 @@ DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     # --- model ---
     "model_init_kwargs": SFT_FIELD_SUPPORT["model_init_kwargs"],
     "trust_remote_code": SFT_FIELD_SUPPORT["trust_remote_code"],
-    "router_aux_loss_coef": ROUTER_LOSS_NOT_ADDED,
+    "router_aux_loss_coef": SFT_FIELD_SUPPORT["router_aux_loss_coef"],
     "disable_dropout": GRPO_FIELD_SUPPORT["disable_dropout"],
     # --- data ---
     "dataset_num_proc": honoured("Processes for datasets.Dataset.map while tokenising the preference pairs."),

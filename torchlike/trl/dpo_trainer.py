@@ -77,6 +77,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
             raise NotImplementedError("WPO-style weighting is not implemented for 'aot' or 'aot_unpaired' because "
                                       "those losses sort samples, which would misalign per-pair weights.")
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        self._setup_router_loss(model, args)
         self.ref_model = ref_model
         self.pad_token_id = self._pad_token_id(processing_class, args.pad_token)
         for config in (model.config, model.generation_config):
@@ -147,4 +148,5 @@ class DPOTrainer(PrecomputedReferenceTrainer):
 
     # ------------------------------------------------------------------ Trainer hooks
     def _loss(self) -> tuple[Callable, None]:
-        return preference_loss(self.model.family, **self.loss_settings), None
+        return preference_loss(self.model.family, router_aux_loss_coef=self._router_loss_weight(),
+                               **self.loss_settings), None

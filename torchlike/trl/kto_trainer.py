@@ -75,6 +75,7 @@ class KTOTrainer(PrecomputedReferenceTrainer):
                              "'label'), or preference pairs ('prompt', 'chosen', 'rejected').")
         self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        self._setup_router_loss(model, args)
         self.ref_model = ref_model
         self.pad_token_id = self._pad_token_id(processing_class, None)
         for config in (model.config, model.generation_config):
@@ -123,4 +124,5 @@ class KTOTrainer(PrecomputedReferenceTrainer):
 
     # ------------------------------------------------------------------ Trainer hooks
     def _loss(self) -> tuple[Callable, None]:
-        return kto_loss.kto_step_loss(self.model.family, self.loss_settings), None
+        return kto_loss.kto_step_loss(self.model.family, self.loss_settings,
+                                      router_aux_loss_coef=self._router_loss_weight()), None

@@ -133,21 +133,7 @@ class SFTTrainer(TRLTrainer):
         self._pad_to_fit(SFTRows(train_prepared))
         for dataset in each_dataset(eval_prepared):
             self._pad_to_fit(SFTRows(dataset))
-        # TRL 1.16: the MoE load-balancing loss (transformers' load_balancing_loss_func, adapters/router_loss.py) is on
-        # when the model returns router logits (Qwen3 MoE) and the coefficient (args.router_aux_loss_coef, else the
-        # config's) is not 0; TRL refuses a coefficient for a model without a router, and keeps the config in sync.
-        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        coefficient = args.router_aux_loss_coef
-        self.router_aux_loss_coef = (getattr(text_config, "router_aux_loss_coef", 0.0) if coefficient is None
-                                     else coefficient)
-        if coefficient and not hasattr(text_config, "output_router_logits"):
-            raise ValueError(f"`router_aux_loss_coef` is set to {coefficient} but {type(model).__name__} "
-                             f"({model.family.name}) is not a Mixture-of-Experts model that returns its router "
-                             "logits, so there is no auxiliary loss to weight.")
-        self.aux_loss_enabled = hasattr(text_config, "output_router_logits") and self.router_aux_loss_coef != 0.0
-        if hasattr(text_config, "router_aux_loss_coef"):
-            text_config.output_router_logits = self.aux_loss_enabled
-            text_config.router_aux_loss_coef = self.router_aux_loss_coef
+        self._setup_router_loss(model, args)
 
     def _pad_to_fit(self, rows: Iterable[dict]) -> None:
         """Grows the one padded length of every batch (so XLA compiles each step once) to fit ``rows``: the longest
@@ -177,7 +163,7 @@ class SFTTrainer(TRLTrainer):
         if self._compute_loss_func is None and self._loss_fn is None:
             loss = with_virtual_tokens(self._trainable_model, train_step.causal_lm_loss(
                 self._trainable_model.family, loss_type=self.args.loss_type,
-                router_aux_loss_coef=self.router_aux_loss_coef if self.aux_loss_enabled else 0.0, with_metrics=True))
+                router_aux_loss_coef=self._router_loss_weight(), with_metrics=True))
         return loss, count_items
 
     def _neftune_length(self) -> Callable:
