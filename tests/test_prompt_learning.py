@@ -189,8 +189,11 @@ def test_sft_trains_only_the_prompt_parameters_with_trl_and_peft_losses(kind, qw
         train_dataset=datasets.Dataset.from_list(data), peft_config=peft_config,
         processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
     reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
-    trainer = SFTTrainer(model=str(qwen2_path), args=SFTConfig(output_dir=str(tmp_path / "ours"), max_steps=3,
-                                                               train_sampling_strategy="sequential", **SETTINGS),
+    # P-tuning comes as a PeftModel, the others as a peft_config.
+    model, config = (ours_peft.get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(qwen2_path), config),
+                     None) if kind == "p_tuning" else (str(qwen2_path), config)
+    trainer = SFTTrainer(model=model, args=SFTConfig(output_dir=str(tmp_path / "ours"), max_steps=3,
+                                                     train_sampling_strategy="sequential", **SETTINGS),
                          train_dataset=data, peft_config=config,
                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
     copy_prompt_encoder(reference.model, trainer.model)
@@ -205,7 +208,7 @@ def test_sft_trains_only_the_prompt_parameters_with_trl_and_peft_losses(kind, qw
         np.testing.assert_array_equal(after[name], before[name], err_msg=name)
     assert trainer.model.num_parameters(only_trainable=True) == sum(after[name].size for name in prompt)
     trainer.save_model(str(tmp_path / "saved"))  # the trained adapter, in peft's files
-    assert json.loads((tmp_path / "saved" / "adapter_config.json").read_text())["peft_type"] == config.peft_type
+    assert json.loads((tmp_path / "saved" / "adapter_config.json").read_text())["peft_type"] == peft_config.peft_type
 
     expected, ours = reference.state.log_history, trainer.state.log_history
     for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):

@@ -325,14 +325,14 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
     """
     if isinstance(model, PeftModel):
         raise ValueError("the model already has a LoRA adapter; call merge_and_unload() first or use the base model.")
+    unsupported = sorted(k for k, v in kwargs.items() if v not in (None, False, True))
+    if unsupported:
+        raise TypeError(f"get_peft_model got unsupported arguments {unsupported}.")
     if isinstance(peft_config, PromptLearningConfig):
         return PROMPT_LEARNING.create(model, peft_config, adapter_name, seed=seed)
     if not isinstance(peft_config, LoraConfig):
         raise TypeError(f"peft_config must be a torchlike.peft LoraConfig, PromptTuningConfig, PromptEncoderConfig or "
                         f"PrefixTuningConfig, got {type(peft_config).__name__}.")
-    unsupported = sorted(k for k, v in kwargs.items() if v not in (None, False, True))
-    if unsupported:
-        raise TypeError(f"get_peft_model got unsupported arguments {unsupported}.")
     _add_classifier_modules(model, peft_config)
     if peft_config.target_modules is None:
         peft_config.target_modules = lora_targets.default_target_modules(model.family)
