@@ -98,6 +98,19 @@ def test_logits_equal_peft_with_the_same_virtual_token_weights(kind, qwen2_path)
         peft_config.num_layers, peft_config.token_dim, peft_config.num_attention_heads)
 
 
+@pytest.mark.parametrize("case", ["qwen3", "llama32"])
+@pytest.mark.parametrize("kind", ["prompt_tuning", "prefix_tuning"])
+def test_qwen3_and_llama3_logits_equal_peft(case, kind, tiny_checkpoints):
+    path = tiny_checkpoints.path(case)
+    peft_config, config = configs(kind)
+    torch.manual_seed(0)
+    reference = peft.get_peft_model(hf_model(path), peft_config).eval()
+    model = ours_peft.get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(path), config)
+    copy_prompt_encoder(reference, model)
+    ids, mask = right_padded_batch()
+    assert valid_max_diff(model(ids, mask).logits, peft_logits(reference, ids, mask), mask) <= 1e-4
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_adapter_saved_by_torchlike_loads_in_peft_with_the_same_logits(kind, qwen2_path, tmp_path):
     _, config = configs(kind)
@@ -252,6 +265,12 @@ def test_model_fields_that_disagree_with_the_model_are_refused(qwen2_path):
     with pytest.raises(ValueError, match="token_dim=32 disagrees with the model, which needs 64"):
         ours_peft.get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(qwen2_path),
                                  ours_peft.PromptTuningConfig(num_virtual_tokens=4, token_dim=32))
+
+
+def test_a_gemma_model_is_refused_with_the_reason(tiny_checkpoints):
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("gemma3"))
+    with pytest.raises(ValueError, match="not gemma3: its decoder scales the input embeddings"):
+        ours_peft.get_peft_model(model, configs("prompt_tuning")[1])
 
 
 def test_a_model_loaded_with_quantization_config_is_refused(qwen2_path):
