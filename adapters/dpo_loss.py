@@ -115,7 +115,7 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
                                          with_log_sum_sq_probs=use_weighting)
 
         rows_mask = jnp.concatenate([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
-        (scores, mask), aux_loss = router_loss.run_with_router_loss(family.router_logits, forward, module, rows_mask,
+        (scores, mask), aux_loss = router_loss.run_with_router_loss(family, forward, module, rows_mask,
                                                                     router_aux_loss_coef)
         per_token = scores.log_probs
         chosen, rejected = _sequence_log_probs(per_token, mask, ld_alpha)

@@ -223,7 +223,7 @@ def kto_step_loss(family: Family, settings: KTOLossSettings,
         real = batch["attention_mask"].any(-1).astype(jnp.float32)
         labels = batch["label"]
         (policy_logps, scores, mask), aux_loss = router_loss.run_with_router_loss(
-            family.router_logits, lambda module: _completion_log_probs(family, module, batch, "", True, block_size),
+            family, lambda module: _completion_log_probs(family, module, batch, "", True, block_size),
             module, batch["attention_mask"], router_aux_loss_coef)
         policy_kl_logps = reference_kl_logps = None
         if settings.estimates_kl:

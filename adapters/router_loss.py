@@ -50,14 +50,14 @@ def load_balancing_loss(router_logits: Sequence[jax.Array], attention_mask: jax.
     return jnp.sum(tokens_per_expert * probability_per_expert[None, :]) * num_experts
 
 
-def run_with_router_loss(router_logits: Callable | None, run: Callable, module: Any, attention_mask: jax.Array,
+def run_with_router_loss(family: Any, run: Callable, module: Any, attention_mask: jax.Array,
                          coefficient: float) -> tuple[Any, jax.Array | None]:
     """``(run(module), aux_loss)``: with a non-zero ``coefficient``, the load-balancing loss of the forward pass
     ``run`` makes over the real tokens of ``attention_mask`` (:func:`load_balancing_loss`, as a mixture-of-experts
     model of ``transformers`` returns ``aux_loss`` with ``output_router_logits``); ``None`` otherwise.
 
     Args:
-        router_logits: the family's ``Family.router_logits`` (``None`` for a dense family).
+        family: the model's ``Family`` (its ``router_logits``; ``None`` for a dense family).
         run: ``module -> result``, one forward pass of the model.
         attention_mask: ``[B, T]`` of the rows ``run`` feeds the model.
         coefficient: the router loss weight (0 leaves the router out).
@@ -67,8 +67,8 @@ def run_with_router_loss(router_logits: Callable | None, run: Callable, module: 
     """
     if not coefficient:
         return run(module), None
-    if router_logits is None:
+    if family.router_logits is None:
         raise ValueError(f"router_aux_loss_coef={coefficient}: the model has no router (it is not a "
                          "mixture-of-experts model), so there is no load-balancing loss to weight; set it to 0.")
-    result, routing = router_logits(run, module)
+    result, routing = family.router_logits(run, module)
     return result, load_balancing_loss(routing.logits, attention_mask, routing.top_k)

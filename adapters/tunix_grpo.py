@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import chunked_logprobs, rl_math
+from . import chunked_logprobs, rl_math, router_loss
 from .families import Family
 from .lora import runtime as lora_runtime
 from .runtime.tracing import traced_cheaply
@@ -125,6 +125,8 @@ class GRPOLossSettings:
     #: nothing), so the head reads the full-precision weights; otherwise ``None`` (the train step casts).
     compute_dtype: object = None
     lm_head_in_float32: bool = False
+    #: The weight of a mixture-of-experts model's router load-balancing loss (0: not added).
+    router_aux_loss_coef: float = 0.0
 
 
 def grpo_step_loss(family: Family, settings: GRPOLossSettings,
@@ -147,13 +149,20 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
     is always there. With ``adaptive_entropy`` the coefficient is ``batch["entropy_coef"]`` (``[B]``, one value per
     row, like ``step_weight``), and ``metrics`` add ``policy_loss`` and the :data:`ADAPTIVE_ENTROPY_SUMS` the
     controller reads, not ``entropy_coef`` (the controller logs its own).
+
+    With ``router_aux_loss_coef`` (a mixture-of-experts model) the value adds
+    ``router_aux_loss_coef * aux_loss * step_weight``, the router load-balancing loss of the micro-batch's forward
+    pass over its prompt and completion tokens (TRL's ``aux_loss / accumulation``), logged as ``aux_loss``.
     """
 
     def loss(module, batch, num_items_in_batch=None):
         mask = loss_mask(batch)
-        scores = completion_scores(family, module, batch, settings.temperature, block_size, with_entropies=True,
-                                   compute_dtype=settings.compute_dtype,
-                                   lm_head_in_float32=settings.lm_head_in_float32)
+        scores, aux_loss = router_loss.run_with_router_loss(
+            family,
+            lambda module: completion_scores(family, module, batch, settings.temperature, block_size,
+                                             with_entropies=True, compute_dtype=settings.compute_dtype,
+                                             lm_head_in_float32=settings.lm_head_in_float32),
+            module, batch["attention_mask"], settings.router_aux_loss_coef)
         entropy_mask = None
         if settings.top_entropy_quantile < 1.0:
             entropy_mask = rl_math.high_entropy_mask(scores.entropies, mask, 1.0 - settings.top_entropy_quantile)
@@ -183,13 +192,16 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
             metrics["entropy_coef"] = jnp.float32(settings.entropy_coef)
             value = value - settings.entropy_coef * rl_math.entropy_bonus(scores.entropies, mask,
                                                                           entropy_mask) * step_weight
+        if aux_loss is not None:
+            value = value + settings.router_aux_loss_coef * aux_loss * step_weight
+            metrics["aux_loss"] = aux_loss
         return value, step_weight, metrics
 
     return loss
 
 
 def rloo_step_loss(family: Family, temperature: float, epsilon_low: float, epsilon_high: float,
-                   block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+                   block_size: chunked_logprobs.BlockSize = "auto", router_aux_loss_coef: float = 0.0) -> Callable:
     """RLOO's ``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)`` for ``make_train_step``.
 
     ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]``, ``completion_mask`` ``[B, C]``, optionally
@@ -197,15 +209,22 @@ def rloo_step_loss(family: Family, temperature: float, epsilon_low: float, epsil
     log-probabilities of the :func:`loss_mask` tokens). The value is :func:`rl_math.rloo_loss` of the micro-batch on
     the summed log-probabilities of the same tokens, a mean over its sequences (weight 1: accumulated micro-batches
     are averaged, as TRL's Trainer divides by the accumulation steps); ``metrics`` add TRL's ``entropy``, the mean
-    over those tokens.
+    over those tokens. With ``router_aux_loss_coef`` (a mixture-of-experts model) the value adds
+    ``router_aux_loss_coef * aux_loss`` of the micro-batch's forward pass, logged as ``aux_loss``, as TRL does.
     """
 
     def loss(module, batch, num_items_in_batch=None):
         mask = loss_mask(batch)
-        scores = completion_scores(family, module, batch, temperature, block_size, with_entropies=True)
+        scores, aux_loss = router_loss.run_with_router_loss(
+            family,
+            lambda module: completion_scores(family, module, batch, temperature, block_size, with_entropies=True),
+            module, batch["attention_mask"], router_aux_loss_coef)
         value, metrics = rl_math.rloo_loss((scores.log_probs * mask).sum(-1), batch["old_logps"],
                                            batch["advantages"], epsilon_low, epsilon_high)
         metrics["entropy"] = (scores.entropies * mask).sum() / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+        if aux_loss is not None:
+            value = value + router_aux_loss_coef * aux_loss
+            metrics["aux_loss"] = aux_loss
         return value, jnp.float32(1.0), metrics
 
     return loss

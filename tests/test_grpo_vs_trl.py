@@ -34,6 +34,10 @@ CASES = {
         loss_type="dapo", gradient_accumulation_steps=2, entropy_coef=0.05, top_entropy_quantile=0.4),
     "grpo, entropy bonus, 3 steps per generation of 2": dict(loss_type="grpo", gradient_accumulation_steps=3,
                                                             steps_per_generation=2, entropy_coef=0.1),
+    # TRL adds a mixture-of-experts model's router loss, divided by the accumulation steps (here a token-summed loss).
+    "dapo, Qwen3-MoE with its router loss, accumulation 2": dict(model="qwen3_moe", loss_type="dapo",
+                                                                gradient_accumulation_steps=2,
+                                                                router_aux_loss_coef=0.05),
 }
 
 
@@ -49,8 +53,7 @@ def run_trl(path, tokenizer_path, output_dir, monkeypatch, **case):
 
     trainer._generate_and_score_completions = recording
     trainer.train()
-    params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
-    return trainer.state.log_history, advantages, params
+    return trainer.state.log_history, advantages, tiny.saved_hf_params(trainer.model, output_dir / "model")
 
 
 def run_torchlike(path, tokenizer_path, output_dir, **case):
@@ -72,13 +75,15 @@ def run_torchlike(path, tokenizer_path, output_dir, **case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_grpo_matches_trl_step_for_step_on_the_same_completions(tiny_checkpoints, tokenizer_dir, tmp_path,
                                                                  monkeypatch, case):
-    path = tiny_checkpoints.path("qwen2")
+    case = dict(CASES[case])
+    path = tiny_checkpoints.path(case.pop("model", "qwen2"))
     expected_history, expected_advantages, expected_params = run_trl(path, tokenizer_dir, tmp_path / "trl",
-                                                                     monkeypatch, **CASES[case])
-    history, advantages, params = run_torchlike(path, tokenizer_dir, tmp_path / "ours", **CASES[case])
+                                                                     monkeypatch, **case)
+    history, advantages, params = run_torchlike(path, tokenizer_dir, tmp_path / "ours", **case)
 
     assert len(logged(history, "loss")) == len(logged(expected_history, "loss")) == 3
-    for key in ("loss", "grad_norm", "reward", "reward_std", "entropy", "policy_loss", "entropy_coef"):
+    assert ("aux_loss" in expected_history[0]) == ("router_aux_loss_coef" in case)
+    for key in ("loss", "grad_norm", "reward", "reward_std", "entropy", "policy_loss", "entropy_coef", "aux_loss"):
         if key not in expected_history[0]:
             assert key not in history[0], key
             continue

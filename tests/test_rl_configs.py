@@ -146,7 +146,6 @@ def test_rl_rows_override_sft_rows_only_for_their_configs():
 NON_DEFAULT = {
     "neftune_noise_alpha": {"neftune_noise_alpha": 5.0},
     "trust_remote_code": {"trust_remote_code": True},
-    "router_aux_loss_coef": {"router_aux_loss_coef": 0.01},
     "ds3_gather_for_generation": {"ds3_gather_for_generation": False},
     "cache_implementation": {"cache_implementation": "static"},
     "use_vllm": {"use_vllm": True},

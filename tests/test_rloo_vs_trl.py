@@ -30,6 +30,8 @@ CASES = {
     "normalised, clipped rewards, 2 iterations, masked truncations": dict(
         beta=0.0, normalize_advantages=True, reward_clip_range=(0.2, 0.9), num_iterations=2, epsilon_high=0.28,
         mask_truncated_completions=True, steps_per_generation=2),
+    # TRL adds a mixture-of-experts model's router loss with the config's coefficient by default.
+    "Qwen3-MoE with its router loss, accumulation 2": dict(model="qwen3_moe", gradient_accumulation_steps=2),
 }
 
 
@@ -79,8 +81,7 @@ def run_trl(path, tokenizer_path, output_dir, monkeypatch, **case):
 
     trainer._generate_and_score_completions = recording
     trainer.train()
-    params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
-    return trainer.state.log_history, advantages, params
+    return trainer.state.log_history, advantages, tiny.saved_hf_params(trainer.model, output_dir / "model")
 
 
 def run_torchlike(path, tokenizer_path, output_dir, **case):
@@ -113,14 +114,16 @@ def run_torchlike(path, tokenizer_path, output_dir, **case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_rloo_matches_trl_step_for_step_on_the_same_completions(tiny_checkpoints, tokenizer_dir, tmp_path,
                                                                  monkeypatch, case):
-    path = tiny_checkpoints.path("qwen2")
+    case = dict(CASES[case])
+    path = tiny_checkpoints.path(case.pop("model", "qwen2"))
     expected_history, expected_advantages, expected_params = run_trl(path, tokenizer_dir, tmp_path / "trl",
-                                                                     monkeypatch, **CASES[case])
-    history, advantages, params = run_torchlike(path, tokenizer_dir, tmp_path / "ours", **CASES[case])
+                                                                     monkeypatch, **case)
+    history, advantages, params = run_torchlike(path, tokenizer_dir, tmp_path / "ours", **case)
 
     assert len(logged(history, "loss")) == len(logged(expected_history, "loss")) == STEPS
+    assert ("aux_loss" in expected_history[0]) == path.name.startswith("qwen3_moe")
     for key in ("loss", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy",
-                "clip_ratio/region_mean", "completions/mean_length"):
+                "clip_ratio/region_mean", "completions/mean_length", "aux_loss"):
         if key not in expected_history[0]:
             assert key not in history[0], key
             continue
@@ -129,7 +132,7 @@ def test_rloo_matches_trl_step_for_step_on_the_same_completions(tiny_checkpoints
                                    atol=1e-5 if key == "kl" else 1e-6, err_msg=key)
     assert len(advantages) == len(expected_advantages)
     # With beta > 0 an advantage holds beta x that summed-log-probability difference, and its float32 noise.
-    advantage_atol = 2e-5 if CASES[case].get("beta", 0.05) else 1e-6
+    advantage_atol = 2e-5 if case.get("beta", 0.05) else 1e-6
     for ours, theirs in zip(advantages, expected_advantages, strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=advantage_atol)
     assert set(params) == set(expected_params)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..adapters.sampling_settings import SamplingSettings
 from ..field_support import FieldSupport, honoured, ignored, refused
-from .sft_fields import ROUTER_LOSS_NOT_ADDED, SFT_FIELD_SUPPORT
+from .sft_fields import SFT_FIELD_SUPPORT
 
 _NO_VLLM = ("vLLM is a CUDA/PyTorch engine torchlike does not use: completions come from torchlike's JAX rollout "
             "engines (rollout_engine='paged' has vLLM's paged KV cache, continuous batching and shared prompts; "
@@ -52,7 +52,7 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     # --- model ---
     "model_init_kwargs": SFT_FIELD_SUPPORT["model_init_kwargs"],
     "trust_remote_code": SFT_FIELD_SUPPORT["trust_remote_code"],
-    "router_aux_loss_coef": ROUTER_LOSS_NOT_ADDED,
+    "router_aux_loss_coef": SFT_FIELD_SUPPORT["router_aux_loss_coef"],
     "disable_dropout": honoured(_NO_DROPOUT),
     "cast_lm_head_to_fp32": honoured("With bf16 the decoder computes in bfloat16 and the output head multiplies its "
                                      "float32 hidden states by the float32 head weights (training, old-policy and "

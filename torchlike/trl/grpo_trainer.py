@@ -109,6 +109,7 @@ class GRPOTrainer(OnlineTrainer):
         self.rollout_func = rollout_func
         args = self._trl_args(model, args)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        self._setup_router_loss(model, args)
         self.reward_funcs = self._check_reward_functions(reward_funcs, reward_processing_classes, args, model)
         # TRL's attribute: one entry per reward function, a reward model's tokenizer (loaded when not given).
         given = reward_processing_classes if isinstance(reward_processing_classes, list) else \
@@ -287,7 +288,7 @@ class GRPOTrainer(OnlineTrainer):
             top_entropy_quantile=self.args.top_entropy_quantile, entropy_coef=self.args.entropy_coef,
             adaptive_entropy=self._entropy_control is not None,
             compute_dtype=self._decoder_dtype if self.args.cast_lm_head_to_fp32 else None,
-            lm_head_in_float32=self.args.cast_lm_head_to_fp32)
+            lm_head_in_float32=self.args.cast_lm_head_to_fp32, router_aux_loss_coef=self._router_loss_weight())
         return tunix_grpo.grpo_step_loss(self.model.family, settings), None
 
     # ------------------------------------------------------------------ adaptive entropy control

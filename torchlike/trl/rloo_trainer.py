@@ -83,7 +83,7 @@ class RLOOTrainer(GRPOTrainer):
     def _loss(self) -> tuple[Callable, None]:
         epsilon_high = self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon
         return tunix_grpo.rloo_step_loss(self.model.family, self.sampling.temperature, self.args.epsilon,
-                                         epsilon_high), None
+                                         epsilon_high, router_aux_loss_coef=self._router_loss_weight()), None
 
     def _advantages(self, rewards: np.ndarray, num_generations: int, batch: dict[str, np.ndarray],
                     train: bool) -> tuple[np.ndarray, dict]:

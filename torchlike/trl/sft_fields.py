@@ -7,13 +7,9 @@ the GRPO and DPO tables reuse its rows for the fields they share.
 
 from __future__ import annotations
 
-from ..field_support import FieldSupport, honoured, ignored, refused
+from ..field_support import FieldSupport, honoured, ignored
 
 #: The router loss in the trainers that do not add it (TRL's DPO, GRPO, RLOO and KTO do, for MoE models).
-ROUTER_LOSS_NOT_ADDED = refused("torchlike adds the Mixture-of-Experts load-balancing loss in SFTTrainer only; "
-                                "this trainer's loss would not include it. Leave it None (MoE models then train "
-                                "without the router loss here).")
-
 SFT_FIELD_SUPPORT: dict[str, FieldSupport] = {
     # --- trl.SFTConfig 1.16 ---
     "model_init_kwargs": honoured("Keyword arguments for torchlike.AutoModelForCausalLM.from_pretrained when model is"
