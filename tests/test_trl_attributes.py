@@ -61,11 +61,12 @@ REFERENCE_CASES = [
 ]
 
 
-def build_pair(name, tiny_checkpoints, tokenizer_dir, tmp_path, changes=None, lora=False, theirs=None, ours=None):
-    """``(TRL's trainer, torchlike's trainer)`` of ``name`` on the tiny Qwen2 with the same data and settings
-    (``theirs``/``ours``: further keywords for one side)."""
+def build_pair(name, tiny_checkpoints, tokenizer_dir, tmp_path, changes=None, lora=False, theirs=None, ours=None,
+               model="qwen2"):
+    """``(TRL's trainer, torchlike's trainer)`` of ``name`` on a tiny ``model`` (Qwen2 by default) with the same data
+    and settings (``theirs``/``ours``: further keywords for one side)."""
     trl_class, trl_config, our_class, our_config, data, settings, extra = TRAINERS[name]
-    path = tiny_checkpoints.path("qwen2")
+    path = tiny_checkpoints.path(model)
     settings = dict(settings, report_to="none", save_strategy="no", **(changes or {}))
     their_keywords = dict(extra, **(theirs or {}))
     our_keywords = dict(extra, **(ours or {}))
@@ -169,3 +170,17 @@ def test_compute_metrics_gets_trls_logits_and_labels(name, tiny_checkpoints, tok
     real = (theirs_prediction.label_ids != -100) & (theirs_prediction.label_ids != pad)
     np.testing.assert_allclose(ours_prediction.predictions[real], theirs_prediction.predictions[real], rtol=1e-4,
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(TRAINERS))
+@pytest.mark.parametrize(("model", "changes"), [("qwen2", {}), ("qwen3_moe", {}),
+                                                ("qwen3_moe", {"router_aux_loss_coef": 0.0})],
+                         ids=["dense", "moe", "moe-coefficient-0"])
+def test_router_loss_attributes_are_trls(name, model, changes, tiny_checkpoints, tokenizer_dir, tmp_path):
+    """``aux_loss_enabled`` and ``router_aux_loss_coef``: on for a mixture-of-experts model with the config's
+    coefficient unless the config sets 0 (the losses are compared step for step in each trainer's ``*_vs_trl``
+    test)."""
+    theirs, ours = build_pair(name, tiny_checkpoints, tokenizer_dir, tmp_path, changes, model=model)
+    assert ours.aux_loss_enabled is theirs.aux_loss_enabled
+    assert ours.router_aux_loss_coef == theirs.router_aux_loss_coef
+    assert ours.aux_loss_enabled == (model == "qwen3_moe" and not changes)
