@@ -25,7 +25,7 @@ from tests import tiny
 from torchlike.adapters.rollout import PagedEngine, StaticEngine
 from torchlike.testing import random_model, tiny_config
 from torchlike.trl import GRPOConfig, GRPOTrainer
-from torchlike.trl.tool_calling import ToolCalling
+from torchlike.trl.tool_calling import ToolCalling, is_chat_template_prefix_preserving
 
 CHAT_TEMPLATE = tiny.TOOL_CHAT_TEMPLATE
 
@@ -381,9 +381,9 @@ def test_rloo_trains_an_env_mask_from_rollout_func_as_completions_stopped_before
 
 
 def trl_tool_loop(tokenizer, tools, scripted, prompts, first, *, max_completion_length, max_iterations,
-                  max_model_length):
-    """TRL 1.16's ``GRPOTrainer._tool_call_loop`` run on a bare object holding what it reads, with
-    ``_generate_single_turn`` answering from ``scripted``."""
+                  max_model_length, chat_template=None):
+    """TRL 1.16's ``GRPOTrainer._tool_call_loop`` run on a bare object holding what it reads (``chat_template``: the
+    training copy its constructor swaps in), with ``_generate_single_turn`` answering from ``scripted``."""
     import trl
     from trl.chat_template_utils import parse_response
     from trl.trainer.utils import shutdown_event_loop_in_daemon, start_event_loop_in_daemon
@@ -393,7 +393,8 @@ def trl_tool_loop(tokenizer, tools, scripted, prompts, first, *, max_completion_
     sync = {tool.__name__: tool for tool in tools if not inspect.iscoroutinefunction(tool)}
     asynchronous = {tool.__name__: tool for tool in tools if inspect.iscoroutinefunction(tool)}
     trainer = types.SimpleNamespace(
-        processing_class=tokenizer, _tokenizer=tokenizer, chat_template=None, chat_template_kwargs={}, _is_vlm=False,
+        processing_class=tokenizer, _tokenizer=tokenizer, chat_template=chat_template, chat_template_kwargs={},
+        _is_vlm=False,
         max_tool_calling_iterations=sys.maxsize if max_iterations is None else max_iterations,
         max_completion_length=max_completion_length, use_vllm=False,
         model=types.SimpleNamespace(config=types.SimpleNamespace(max_position_embeddings=max_model_length)),
@@ -413,17 +414,23 @@ def trl_tool_loop(tokenizer, tools, scripted, prompts, first, *, max_completion_
 
 
 def run_both(tokenizer_path, tools, scripted, first_texts, *, max_completion_length=64, max_iterations=None,
-             max_model_length=1024):
-    """torchlike's loop and TRL's on the same prompts, first completions and scripted continuations."""
-    tokenizer = load_tokenizer(tokenizer_path)
-    prompts = [prompt_ids(tokenizer, ASK, tools) for _ in first_texts]
+             max_model_length=1024, template=None):
+    """torchlike's loop and TRL's on the same prompts, first completions and scripted continuations (``template``: the
+    tokenizers' chat template; one that is not prefix-preserving is replaced by TRL's training copy, which then
+    renders the prompts too, as TRL's trainer does)."""
+    tokenizer, theirs_tokenizer = load_tokenizer(tokenizer_path), load_tokenizer(tokenizer_path, True)
+    if template is not None:
+        tokenizer.chat_template = theirs_tokenizer.chat_template = template
+    calling = ToolCalling.create(tokenizer, tools)
+    prompts = [tokenizer.apply_chat_template(ASK, tools=tools, add_generation_prompt=True, tokenize=True,
+                                             return_dict=False, **calling.chat_template_kwargs) for _ in first_texts]
     first = [ids(tokenizer, text) for text in first_texts]
-    ours = ToolCalling.create(tokenizer, tools).run(
+    ours = calling.run(
         prompts, first, lambda prompt_lists, max_new_tokens: scripted(prompt_lists),
         max_completion_length=max_completion_length, max_model_length=max_model_length, max_iterations=max_iterations)
-    theirs = trl_tool_loop(load_tokenizer(tokenizer_path, True), tools, scripted, prompts, first,
+    theirs = trl_tool_loop(theirs_tokenizer, tools, scripted, prompts, first,
                            max_completion_length=max_completion_length, max_iterations=max_iterations,
-                           max_model_length=max_model_length)
+                           max_model_length=max_model_length, chat_template=calling.chat_template)
     assert (ours.tool_mask, ours.completions, ours.completion_ids, ours.call_count, ours.failure_count) == theirs
     return ours
 
@@ -512,14 +519,32 @@ def test_tools_need_conversational_prompts(trained_model, tokenizer_path, tmp_pa
                     tools=[add])
 
 
-def test_qwen_templates_are_parsed_and_a_template_that_is_not_prefix_preserving_is_refused(tokenizer_path):
-    from trl.chat_template_utils import qwen2_5_chat_template, qwen3_chat_template
+def test_qwen3s_template_is_replaced_by_trls_training_copy_and_the_loop_equals_trls(tokenizer_path):
+    """Qwen 3's chat template drops earlier turns' thinking once a tool message follows (not prefix-preserving): TRL's
+    trainer swaps in its training copy, for the prompts and the tool turns; so does torchlike."""
+    from trl.chat_template_utils import get_training_chat_template, qwen2_5_chat_template, qwen3_chat_template
 
     tokenizer = load_tokenizer(tokenizer_path)
     tokenizer.chat_template = qwen2_5_chat_template
-    assert ToolCalling.create(tokenizer, [add]).parser_kind == QWEN_PARSER
-    tokenizer.chat_template = qwen3_chat_template  # drops earlier turns' thinking once a tool message follows
-    with pytest.raises(ValueError, match="not training-compatible.*get_training_chat_template"):
+    calling = ToolCalling.create(tokenizer, [add])
+    assert calling.parser_kind == QWEN_PARSER and calling.chat_template is None  # prefix-preserving: kept
+    tokenizer.chat_template = qwen3_chat_template
+    assert not is_chat_template_prefix_preserving(tokenizer)
+    assert ToolCalling.create(tokenizer, [add]).chat_template == get_training_chat_template(tokenizer)
+    thinking = "<think>\nadding\n</think>\n\n"
+    result = run_both(tokenizer_path, [add], lambda prompts: [ids(tokenizer, "The answer is 5.<|im_end|>")] *
+                      len(prompts), [thinking + tool_call("add", a=2, b=3) + "<|im_end|>", "hello<|im_end|>"],
+                      template=qwen3_chat_template)
+    assert result.call_count == 1
+
+
+def test_a_template_that_is_not_prefix_preserving_without_a_training_copy_is_refused(tokenizer_path):
+    from trl.chat_template_utils import qwen3_chat_template
+
+    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer.chat_template = qwen3_chat_template + "{#- a local edit: TRL has no training copy of it -#}"
+    assert not is_chat_template_prefix_preserving(tokenizer)
+    with pytest.raises(ValueError, match="not training-compatible"):
         ToolCalling.create(tokenizer, [add])
 
 
@@ -532,3 +557,18 @@ def test_an_unknown_tool_call_format_asks_for_a_response_schema(tokenizer_path):
     assert "<function=" in tokenizer.chat_template
     with pytest.raises(ValueError, match="Unrecognized chat template.*tokenizer.response_schema"):
         ToolCalling.create(tokenizer, [add])
+
+
+def test_grpo_with_tools_renders_prompts_with_trls_training_copy_of_qwen3s_template(trained_model, tokenizer_path,
+                                                                                     tmp_path):
+    from trl.chat_template_utils import get_training_chat_template, qwen3_chat_template
+
+    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer.chat_template = qwen3_chat_template
+    trainer = GRPOTrainer(model=str(trained_model), reward_funcs=recording_reward([]),
+                          args=GRPOConfig(output_dir=str(tmp_path), **grpo_settings()),
+                          train_dataset=[{"prompt": ASK}], processing_class=tokenizer, tools=[add])
+    training_copy = get_training_chat_template(tokenizer)
+    assert trainer.chat_template == training_copy  # TRL's attribute
+    assert trainer.train_dataset[0]["prompt_ids"] == tokenizer.apply_chat_template(
+        ASK, tools=[add], add_generation_prompt=True, tokenize=True, return_dict=False, chat_template=training_copy)

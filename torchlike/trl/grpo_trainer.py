@@ -254,8 +254,8 @@ class GRPOTrainer(OnlineTrainer):
         chat template also renders their schemas, as TRL does. With environments a row may have no ``prompt`` (its
         environment's ``reset`` gives it); the prompts are tokenised again, after ``reset``, for each rollout."""
         template_kwargs = dict(self.args.chat_template_kwargs or {})
-        if self.tools:
-            template_kwargs["tools"] = self.tools
+        if self.tools:  # with TRL's training copy of the chat template where the tokenizer's is not prefix-preserving
+            template_kwargs = {**self.tool_calling.chat_template_kwargs, "tools": self.tools}
         default_prompt = EMPTY_PROMPT if self.environment_pool is not None else None
         return prepare_prompts(dataset, self.tokenizer, name, getattr(self.args, "max_prompt_length", None),
                                template_kwargs, default_prompt)

@@ -213,6 +213,12 @@ class OnlineTrainer(TRLTrainer):
         self.tool_calling = tool_calling.ToolCalling.create(processing_class, self.tools, args.chat_template_kwargs,
                                                             trainer_name=self._trainer_name) if self.tools else None
 
+    @property
+    def chat_template(self) -> str | None:
+        """TRL's attribute: with tools, the training copy of a chat template that is not prefix-preserving, which
+        renders the prompts and tool turns in its place; else ``None`` (the tokenizer's own)."""
+        return None if self.tool_calling is None else self.tool_calling.chat_template
+
     def _check_tool_prompts(self, row_lists: list) -> None:
         """With tools or environments, every prompt must be a list of chat messages (a row without one gets
         :data:`.environments.EMPTY_PROMPT`)."""
@@ -432,7 +438,8 @@ class OnlineTrainer(TRLTrainer):
         own = multihost.process_rows(len(rows))
         prompts = [pool.reset(instance, row) for instance, row in zip(instances[own], visible[own], strict=True)]
         prompts = [prompt for piece in multihost.allgather_objects(prompts) for prompt in piece]
-        template_kwargs = dict(self.args.chat_template_kwargs or {})
+        template_kwargs = dict(self.tool_calling.chat_template_kwargs if self.tool_calling is not None
+                               else self.args.chat_template_kwargs or {})
         reset_rows = []
         for row, columns, prompt in zip(rows, visible, prompts, strict=True):
             tools = pool.schema_tools[pool.name_of(columns)]

@@ -20,9 +20,10 @@ The result keeps TRL's ``tool_mask`` (0 on the tool-result tokens, 1 on the mode
 lists the reward functions receive, and the call and failure counts of TRL's ``tools/call_frequency`` and
 ``tools/failure_frequency``.
 
-Where this differs from TRL 1.16: TRL swaps in its own training copy of a chat template that is not prefix-preserving
-(Qwen 3's, whose assistant turns lose their thinking once a tool message follows); torchlike refuses such a template
-with TRL's error. Qwen turns are parsed as TRL parses them: below transformers 5.13 by a built-in parser that gives
+A chat template that is not prefix-preserving (Qwen 3's, whose assistant turns lose their thinking once a tool message
+follows) is replaced, as TRL does, by TRL's training copy of it (``trl.chat_template_utils.get_training_chat_template``,
+read from an installed ``trl``; without one, or for a template TRL has no copy of, TRL's error). Qwen turns are
+parsed as TRL parses them: below transformers 5.13 by a built-in parser that gives
 what TRL's legacy ``response_schema`` for Qwen gives (no ``jmespath`` needed), from 5.13 by transformers' own parser
 with a Qwen ``response_template`` (passed to ``parse_response``; the tokenizer is not changed).
 """
@@ -44,7 +45,7 @@ from jinja2.exceptions import TemplateError
 from packaging.version import Version
 
 __all__ = ["ToolCalling", "ToolLoopResult", "is_chat_template_prefix_preserving", "require_tool_template",
-           "supports_tool_calling"]
+           "supports_tool_calling", "training_chat_template"]
 
 _TRANSFORMERS = Version(transformers.__version__)
 #: transformers' new-style ``response_template`` parser (with ``prefix=``), and its ``tools=`` argument.
@@ -80,8 +81,8 @@ _NOT_PREFIX_PRESERVING = (
     "The chat template is not training-compatible (missing prefix-preservation or `{% generation %}` markers) and "
     "patching is not supported for this template. Please manually modify the chat template for training. "
     "(Tool calling needs a template that renders earlier messages the same whatever follows them. TRL swaps in its "
-    "own training copy of known templates, e.g. Qwen 3's; torchlike does not: set tokenizer.chat_template to such a "
-    "template, e.g. trl.chat_template_utils.get_training_chat_template(tokenizer).)")
+    "own training copy of known templates, e.g. Qwen 3's, when trl is installed: install trl, or set "
+    "tokenizer.chat_template to a prefix-preserving template.)")
 _UNKNOWN_RESPONSE_FORMAT = (
     "Unrecognized chat template, failed to add response schema. Please manually set the response schema on the "
     "tokenizer or processor. See the Transformers "
@@ -132,6 +133,23 @@ def require_tool_template(tokenizer: Any) -> None:
     """
     if not supports_tool_calling(tokenizer):
         raise ValueError(_NO_TOOL_TEMPLATE)
+
+
+def training_chat_template(tokenizer: Any) -> str:
+    """TRL's prefix-preserving training copy of ``tokenizer``'s chat template (``get_training_chat_template``, from
+    the installed ``trl``: its templates are TRL's own files, not repeated here).
+
+    Raises:
+        ValueError: ``trl`` is not installed, or TRL has no training copy of this template (TRL's error).
+    """
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except ImportError:
+        raise ValueError(_NOT_PREFIX_PRESERVING) from None
+    template = get_training_chat_template(tokenizer)
+    if template is None:  # TRL found nothing to patch: prefix-preservation holds by its own check
+        raise ValueError(_NOT_PREFIX_PRESERVING)
+    return template
 
 
 def is_chat_template_prefix_preserving(tokenizer: Any) -> bool:
@@ -233,7 +251,8 @@ class ToolCalling:
     Args:
         tokenizer: the tokenizer whose chat template renders the prompts and tool results.
         tools: the functions the model may call, named by ``__name__``; ``async def`` functions are awaited.
-        chat_template_kwargs: extra ``apply_chat_template`` arguments (``GRPOConfig.chat_template_kwargs``).
+        chat_template_kwargs: extra ``apply_chat_template`` arguments (``GRPOConfig.chat_template_kwargs``), with
+            ``chat_template`` when the tokenizer's own is replaced by TRL's training copy (:meth:`create`).
         trainer_name: the trainer named in TRL's messages.
     """
 
@@ -265,8 +284,14 @@ class ToolCalling:
         calling = cls(tokenizer, tools, dict(chat_template_kwargs or {}), trainer_name)
         calling.parser_kind  # noqa: B018 (fails early when no parser fits)
         if not is_chat_template_prefix_preserving(tokenizer):
-            raise ValueError(_NOT_PREFIX_PRESERVING)
+            calling.chat_template_kwargs["chat_template"] = training_chat_template(tokenizer)
         return calling
+
+    @property
+    def chat_template(self) -> str | None:
+        """TRL's ``GRPOTrainer.chat_template``: the training copy that renders prompts and tool turns in place of a
+        chat template that is not prefix-preserving, else ``None`` (the tokenizer's own)."""
+        return self.chat_template_kwargs.get("chat_template")
 
     # ------------------------------------------------------------------ parsing
     @functools.cached_property
