@@ -184,3 +184,17 @@ def test_router_loss_attributes_are_trls(name, model, changes, tiny_checkpoints,
     assert ours.aux_loss_enabled is theirs.aux_loss_enabled
     assert ours.router_aux_loss_coef == theirs.router_aux_loss_coef
     assert ours.aux_loss_enabled == (model == "qwen3_moe" and not changes)
+
+
+@pytest.mark.parametrize("name", ["dpo", "kto"])
+def test_evaluate_on_an_iterable_dataset_with_precomputed_reference_raises_trls_error(name, tiny_checkpoints,
+                                                                                     tokenizer_dir, tmp_path):
+    theirs, ours = build_pair(name, tiny_checkpoints, tokenizer_dir, tmp_path, {"precompute_ref_log_probs": True},
+                              lora=True)
+    stream = datasets.Dataset.from_list(TRAINERS[name][4]).to_iterable_dataset()
+    with pytest.raises(ValueError) as expected:
+        theirs.evaluate(eval_dataset=stream)
+    with pytest.raises(ValueError) as found:
+        ours.evaluate(eval_dataset=stream)
+    assert str(found.value) == str(expected.value)
+    assert "not supported with IterableDataset" in str(found.value)

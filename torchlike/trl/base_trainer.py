@@ -422,14 +422,6 @@ class PrecomputedReferenceTrainer(TRLTrainer):
 
     def _add_reference_log_probs(self, examples: list[dict], per_device_batch_size: int) -> None:
         """Adds the reference columns to every example (TRL's ``compute_ref_log_probs``)."""
-        if not self.reference.outlives_training and self.state.global_step > 0 and not self._is_lora() and \
-                self.args.precompute_ref_log_probs:
-            raise ValueError(  # TRL's words
-                "Cannot compute reference log-probs for a dataset passed to `evaluate()` after training has started, "
-                "because `precompute_ref_log_probs=True` and no `ref_model` was provided (full fine-tuning). In this "
-                "setup the reference model is not kept in memory, so it is only available before training. Provide "
-                "this dataset as `eval_dataset` at initialization, pass an explicit `ref_model`, or set "
-                "`precompute_ref_log_probs=False`.")
         self._add_reference_columns(examples, self._reference_pass(), self._reference_columns,
                                     per_device_batch_size)
 
@@ -503,8 +495,22 @@ class PrecomputedReferenceTrainer(TRLTrainer):
     def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
         """Raw data prepared and scored by the reference (TRL's ``evaluate`` does too); examples that carry the
         reference columns already (the trainer's ``eval_dataset``) as they are."""
+        import datasets
+
         if all(name in next(iter(dataset), {}) for name in self._reference_columns):
             return super()._prepare_eval_dataset(dataset)
+        # TRL's checks of evaluate()'s new data, in its order and words (before tokenising).
+        if self.args.precompute_ref_log_probs and not self.reference.outlives_training and \
+                self.state.global_step > 0 and not self._is_lora():
+            raise ValueError(
+                "Cannot compute reference log-probs for a dataset passed to `evaluate()` after training has started, "
+                "because `precompute_ref_log_probs=True` and no `ref_model` was provided (full fine-tuning). In this "
+                "setup the reference model is not kept in memory, so it is only available before training. Provide "
+                "this dataset as `eval_dataset` at initialization, pass an explicit `ref_model`, or set "
+                "`precompute_ref_log_probs=False`.")
+        if self.args.precompute_ref_log_probs and isinstance(dataset, datasets.IterableDataset):
+            raise ValueError("`precompute_ref_log_probs=True` is not supported with IterableDataset. Please use a "
+                             "map-style Dataset or set `precompute_ref_log_probs=False`.")
         examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
         self.padded_length = max(self.padded_length, self._padded_length(examples))
         self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
