@@ -205,7 +205,8 @@ class PeftModel(CausalLM):
                         is_main_process: bool = True, **kwargs: Any) -> None:
         """Writes the adapter in PEFT's layout: ``adapter_config.json`` and ``adapter_model.safetensors``
         with keys ``base_model.model.<module>.lora_A.weight`` ``(r, in)`` and ``.lora_B.weight`` ``(out, r)``,
-        plus the :attr:`modules_to_save` under their Hugging Face names (``base_model.model.score.weight``).
+        plus the :attr:`modules_to_save` under their Hugging Face names (``base_model.model.score.weight``); a
+        prompt-learning adapter writes its ``prompt_embeddings`` instead (``_adapter_tensors``).
 
         The files (and a tokenizer's, given as ``tokenizer=``) are written into a staging folder that
         replaces ``save_directory`` by renames, as :meth:`CausalLM.save_pretrained` does: a crash
@@ -228,8 +229,7 @@ class PeftModel(CausalLM):
         config = self.active_peft_config
         if config.base_model_name_or_path is None and self.name_or_path:
             config.base_model_name_or_path = self.name_or_path
-        tensors = list(peft_format.peft_state(self.family, self.module))
-        tensors += saved_modules.module_tensors(self.family, self.module, self.modules_to_save)
+        tensors = self._adapter_tensors()
 
         def fill(folder: Path) -> None:
             write_safetensors(folder / ADAPTER_WEIGHTS_NAME, [(k, v.dtype, v.shape) for k, v in tensors],
@@ -239,6 +239,12 @@ class PeftModel(CausalLM):
                 kwargs["tokenizer"].save_pretrained(folder)
 
         hf_checkpoint.write_directory(save_directory, fill, weights="adapter")
+
+    def _adapter_tensors(self) -> list[tuple[str, np.ndarray]]:
+        """``(name, array)`` of each tensor :meth:`save_pretrained` writes to ``adapter_model.safetensors``: the LoRA
+        factors and the :attr:`modules_to_save`."""
+        tensors = list(peft_format.peft_state(self.family, self.module))
+        return tensors + list(saved_modules.module_tensors(self.family, self.module, self.modules_to_save))
 
     @classmethod
     def from_pretrained(cls, model: CausalLM, model_id: str | os.PathLike, adapter_name: str = "default",

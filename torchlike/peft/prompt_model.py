@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..adapters import hf_checkpoint, tunix_model
 from ..adapters import prompt_learning as prompting
+from ..adapters import tunix_model
 from ..adapters.families.base import head_dim_of
 from ..adapters.lora import runtime as lora_runtime
 from ..adapters.mesh import entered
 from ..adapters.multihost import gather_to_host
-from ..adapters.safetensors_io import SafetensorsReader, write_safetensors
+from ..adapters.safetensors_io import SafetensorsReader
 from ..arrays import to_numpy_2d
 from ..modeling import CausalLM, CausalLMOutput
 from ..sequence_classification import SequenceClassifier
@@ -122,38 +121,10 @@ class PromptLearningModel(PeftModel):
         method of that name)."""
         return np.ascontiguousarray(gather_to_host(getattr(self.module, prompting.ENCODER_NAME)()))
 
-    def save_pretrained(self, save_directory: str | os.PathLike, safe_serialization: bool = True,
-                        is_main_process: bool = True, **kwargs: Any) -> None:
-        """Writes the adapter in PEFT's layout: ``adapter_config.json`` and ``adapter_model.safetensors`` with the
-        one tensor ``prompt_embeddings`` (the encoder output, ``[num_virtual_tokens, dim]``), through a staging
-        folder as :meth:`PeftModel.save_pretrained` does.
-
-        Args:
-            save_directory: output directory (created if missing).
-            safe_serialization: must be ``True`` (safetensors only).
-            is_main_process: ``False`` writes nothing (transformers' meaning).
-        """
-        if not safe_serialization:
-            raise ValueError("safe_serialization=False is not supported: adapters are written as safetensors.")
-        unknown = sorted(set(kwargs) - {"selected_adapters", "save_embedding_layers", "tokenizer"})
-        if unknown:
-            raise TypeError(f"PeftModel.save_pretrained got unexpected arguments {unknown}.")
-        hf_checkpoint.check_output_dir(save_directory)
-        if not is_main_process and jax.process_count() == 1:
-            return
-        config = self.active_peft_config
-        if config.base_model_name_or_path is None and self.name_or_path:
-            config.base_model_name_or_path = self.name_or_path
-        embeddings = self.get_prompt_embedding_to_save()
-
-        def fill(folder: Path) -> None:
-            write_safetensors(folder / ADAPTER_WEIGHTS_NAME, [(PROMPT_EMBEDDINGS, embeddings.dtype, embeddings.shape)],
-                              iter([(PROMPT_EMBEDDINGS, embeddings)]), {"format": "pt"})
-            config.save_pretrained(folder)
-            if kwargs.get("tokenizer") is not None:
-                kwargs["tokenizer"].save_pretrained(folder)
-
-        hf_checkpoint.write_directory(save_directory, fill, weights="adapter")
+    def _adapter_tensors(self) -> list[tuple[str, np.ndarray]]:
+        """The one tensor peft writes for a prompt-learning adapter: ``prompt_embeddings``, the encoder output
+        ``[num_virtual_tokens, dim]`` (:meth:`get_prompt_embedding_to_save`)."""
+        return [(PROMPT_EMBEDDINGS, self.get_prompt_embedding_to_save())]
 
     @classmethod
     def load_adapter_directory(cls, model: CausalLM, directory: Path, config: PromptLearningConfig,
