@@ -281,3 +281,40 @@ def saved_hf_params(model, folder) -> dict:
     for file in sorted(Path(folder).glob("*.safetensors")):
         params.update(load_file(file))
     return params
+
+
+# --- TRL's experimental pairwise trainers (ORPO, CPO): the real one and torchlike's on the same data ---------------
+
+def run_trl_pairwise(trainer_class, config_class, path, tokenizer_path, output_dir, data: list[dict],
+                     settings: dict) -> tuple[list[dict], dict]:
+    """A real ``trl.experimental`` pairwise trainer (``ORPOTrainer``, ``CPOTrainer``) of ``path`` (float32) on
+    ``data`` in order, the tokenizer padding with ``<pad>``: its log history and final parameters (HF names)."""
+    import datasets
+    import transformers
+    from torch.utils.data import SequentialSampler
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
+    tokenizer.pad_token = "<pad>"
+    trainer = trainer_class(model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                            args=config_class(output_dir=str(output_dir), use_cpu=True, **settings),
+                            train_dataset=datasets.Dataset.from_list(data), processing_class=tokenizer)
+    trainer._get_train_sampler = lambda *args, **kwargs: SequentialSampler(trainer.train_dataset)
+    trainer.train()
+    return trainer.state.log_history, saved_hf_params(trainer.model, Path(output_dir) / "model")
+
+
+def run_torchlike_pairwise(trainer_class, config_class, path, tokenizer_path, output_dir, data: list[dict],
+                           settings: dict) -> tuple[list[dict], dict]:
+    """torchlike's counterpart of :func:`run_trl_pairwise`: its log history and final parameters as exported."""
+    from safetensors.numpy import load_file
+
+    import torchlike
+
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_path)
+    tokenizer.pad_token = "<pad>"
+    trainer = trainer_class(model=str(path), args=config_class(output_dir=str(output_dir),
+                                                               train_sampling_strategy="sequential", **settings),
+                            train_dataset=data, processing_class=tokenizer)
+    trainer.train()
+    trainer.model.save_pretrained(Path(output_dir) / "model")
+    return trainer.state.log_history, load_file(Path(output_dir) / "model" / "model.safetensors")

@@ -261,6 +261,21 @@ class TRLTrainer(Trainer):
         """LoRA dropout in training steps, unless the config sets TRL's ``disable_dropout``."""
         return super()._lora_dropout() and not getattr(self.args, "disable_dropout", False)
 
+    def _prepare_examples(self, train_dataset: Any, eval_dataset: Any, processing_class: Any,
+                          model: Any) -> tuple[list[dict], Any]:
+        """``(train examples, eval examples)`` tokenised by the subclass's ``_tokenize(dataset, tokenizer, args,
+        model)``, with ``self.padded_length`` (its ``_padded_length(examples)``) fitting all of them (one padded
+        length for training and evaluation, so XLA compiles each step once)."""
+        from ..training.batches import each_dataset, map_datasets
+
+        args = self.args
+        train_examples = self._tokenize(train_dataset, processing_class, args, model)
+        eval_examples = map_datasets(eval_dataset, lambda dataset: self._tokenize(dataset, processing_class, args,
+                                                                                  model))
+        every_eval_example = [example for examples in each_dataset(eval_examples) for example in examples]
+        self.padded_length = self._padded_length([*train_examples, *every_eval_example])
+        return train_examples, eval_examples
+
     def _show_prepared_datasets(self, train_examples: list[dict], eval_examples: Any) -> None:
         """What TRL users read in ``train_dataset`` and ``eval_dataset`` of an offline trainer: its prepared examples
         as ``datasets.Dataset`` (a dict of them for a dict of eval datasets), as TRL's ``_prepare_dataset`` leaves
@@ -387,20 +402,6 @@ class PrecomputedReferenceTrainer(TRLTrainer):
                 raise ValueError("`model` and `ref_model` cannot be the same object. In most cases you should omit "
                                  "`ref_model` and the initial model will be the reference.")
             check_causal_lm(ref_model, "ref_model", self._trainer_name)
-
-    def _prepare_examples(self, train_dataset: Any, eval_dataset: Any, processing_class: Any,
-                          model: Any) -> tuple[list[dict], Any]:
-        """``(train examples, eval examples)`` tokenised, with ``self.padded_length`` fitting all of them (one padded
-        length for training and evaluation, so XLA compiles each step once)."""
-        from ..training.batches import each_dataset, map_datasets
-
-        args = self.args
-        train_examples = self._tokenize(train_dataset, processing_class, args, model)
-        eval_examples = map_datasets(eval_dataset, lambda dataset: self._tokenize(dataset, processing_class, args,
-                                                                                  model))
-        every_eval_example = [example for examples in each_dataset(eval_examples) for example in examples]
-        self.padded_length = self._padded_length([*train_examples, *every_eval_example])
-        return train_examples, eval_examples
 
     def _start_reference(self, ref_model: Any, train_examples: list[dict], eval_examples: Any) -> None:
         """The reference (``ref_model``; else the base weights of a new adapter, valid all run long; else the

@@ -247,8 +247,11 @@ def _window(max_length: int | None, truncation_mode: str) -> slice:
 
 
 def _sequence(example: Mapping[str, Any], response: str, window: slice) -> tuple[list[int], list[int]]:
-    """``(prompt + response ids, completion mask)`` of one response, truncated as TRL's collator does."""
-    prompt, completion = list(example["prompt_ids"]), list(example[f"{response}_ids"])
+    """``(prompt + response ids, completion mask)`` of one response, truncated as TRL's collator does. The prompt is
+    ``<response>_prompt_ids`` where the example has one (TRL's experimental trainers tokenise each response's prompt
+    apart), else ``prompt_ids``."""
+    prompt = list(example.get(f"{response}_prompt_ids", example["prompt_ids"]))
+    completion = list(example[f"{response}_ids"])
     return (prompt + completion)[window], ([0] * len(prompt) + [1] * len(completion))[window]
 
 

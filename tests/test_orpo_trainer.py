@@ -1,0 +1,58 @@
+"""ORPOTrainer (``trl.experimental.orpo``): TRL's numbers step for step, its tokenisation, checks and messages."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import trl.experimental.orpo as trl_orpo
+
+from tests import tiny
+from torchlike.field_support import field_table
+from torchlike.trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+DATA = [{"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog"},
+        {"prompt": "one two", "chosen": " three four five", "rejected": " hello world, this is a tiny tokenizer"},
+        {"prompt": "hello world, this is", "chosen": " a tiny tokenizer", "rejected": " one two three four"},
+        {"prompt": "seven eight", "chosen": " nine ten", "rejected": " the lazy fox"}] * 4
+METRICS = ("loss", "grad_norm", "learning_rate", "rewards/chosen", "rewards/rejected", "rewards/margins",
+           "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "nll_loss", "log_odds_ratio",
+           "log_odds_chosen")
+
+
+def comparison_settings(**overrides) -> dict:
+    """Both trainers' settings: gradient accumulation, max_length=12 (several responses are cut), a warmup, weight
+    decay and clipping (max_grad_norm below every step's norm); float32 on both sides (bf16 off)."""
+    values = dict(max_length=12, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=4,
+                  learning_rate=1e-2, warmup_steps=2, weight_decay=0.1, max_grad_norm=0.05, adam_epsilon=1e-4,
+                  logging_steps=1, seed=0, bf16=False, beta=0.2, report_to="none", save_strategy="no")
+    return {**values, **overrides}
+
+
+def compare_with_trl(ours: list[dict], theirs: list[dict], keys: tuple[str, ...], max_grad_norm: float) -> None:
+    """Every training log equal to TRL's at rtol 1e-4 (the same metric names), clipping on in every step."""
+    expected = {entry["step"]: entry for entry in theirs if "loss" in entry}
+    found = {entry["step"]: entry for entry in ours if "loss" in entry}
+    assert list(found) == list(expected) == [1, 2, 3, 4]
+    assert all(entry["grad_norm"] > max_grad_norm for entry in expected.values())
+    assert all(set(found[step]) == set(expected[step]) for step in found)
+    for key in keys:
+        np.testing.assert_allclose([found[step][key] for step in found], [expected[step][key] for step in expected],
+                                   rtol=1e-4, atol=1e-6, err_msg=key)
+    # Steps 1 and 2 score the initial weights (warmup starts at lr 0): chosen > rejected may be decided by noise.
+    assert [found[step]["rewards/accuracies"] for step in (3, 4)] == \
+        [expected[step]["rewards/accuracies"] for step in (3, 4)]
+
+
+def test_orpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path):
+    path = tiny_checkpoints.path("qwen2")
+    settings = comparison_settings()
+    theirs, their_params = tiny.run_trl_pairwise(trl_orpo.ORPOTrainer, trl_orpo.ORPOConfig, path, tokenizer_dir,
+                                                 tmp_path / "trl", DATA, settings)
+    ours, params = tiny.run_torchlike_pairwise(ORPOTrainer, ORPOConfig, path, tokenizer_dir, tmp_path / "ours", DATA,
+                                               settings)
+    compare_with_trl(ours, theirs, METRICS, settings["max_grad_norm"])
+    assert set(params) == set(their_params)
+    for name, value in their_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)

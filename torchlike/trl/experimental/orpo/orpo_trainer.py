@@ -1,0 +1,70 @@
+"""``ORPOTrainer``: TRL 1.16's ``trl.experimental.orpo.ORPOTrainer`` and constructor on torchlike's ``Trainer``.
+
+Odds Ratio Preference Optimization trains without a reference model: each step scores the chosen and rejected
+sequences of a batch in one forward pass and minimises the chosen NLL minus ``beta`` times the log-sigmoid of the
+log odds ratio (``torchlike.adapters.orpo_loss``), logging TRL's metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ....adapters.orpo_loss import orpo_step_loss
+from ..pairwise_trainer import PairwisePreferenceTrainer
+from .orpo_config import ORPOConfig
+
+__all__ = ["ORPOTrainer"]
+
+
+class ORPOTrainer(PairwisePreferenceTrainer):
+    """``trl.experimental.orpo.ORPOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
+
+    Args:
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+            ``args.model_init_kwargs`` (float32 unless they set ``dtype``).
+        args: :class:`ORPOConfig` (default: one with ``output_dir="<model>-ORPO"``).
+        data_collator: replaces the fixed-shape pair collator; it receives prepared examples (``prompt_ids``,
+            ``chosen_prompt_ids``, ``chosen_ids``, ``rejected_prompt_ids``, ``rejected_ids``) and must return
+            ``collate_preference_batch``'s columns.
+        train_dataset, eval_dataset: ``datasets.Dataset`` or lists of dicts with ``prompt``/``chosen``/``rejected``
+            (or an implicit prompt), strings or message lists; ``train_dataset`` is required, ``eval_dataset`` may
+            be a dict of datasets.
+        processing_class: the tokenizer (default: loaded from the model's path).
+        model_init, preprocess_logits_for_metrics, compute_metrics: TRL's; refused when given.
+        callbacks: ``transformers.TrainerCallback`` objects (or classes).
+        optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
+        peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter.
+
+    Example:
+
+    ```python
+    >>> from torchlike.trl.experimental.orpo import ORPOConfig, ORPOTrainer
+    >>> data = [{"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}] * 64
+    >>> trainer = ORPOTrainer(model="path/to/qwen2", args=ORPOConfig("out", beta=0.1), train_dataset=data)
+    >>> trainer.train()
+    ```
+    """
+
+    _config_class = ORPOConfig
+    _output_suffix = "ORPO"
+    _tag_names = ["trl", "orpo"]
+
+    def __init__(self, model: Any = None, args: ORPOConfig | None = None, data_collator: Callable | None = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+                 model_init: Callable | None = None, callbacks: list | None = None, optimizers: tuple = (None, None),
+                 preprocess_logits_for_metrics: Callable | None = None, peft_config: Any = None,
+                 compute_metrics: Callable | None = None):
+        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, model_init=model_init,
+                         callbacks=callbacks, optimizers=optimizers,
+                         preprocess_logits_for_metrics=preprocess_logits_for_metrics, peft_config=peft_config,
+                         compute_metrics=compute_metrics)
+        self.beta = self.args.beta
+
+    def _padding_value(self, args: ORPOConfig, tokenizer: Any) -> int:
+        """``args.padding_value``, else the tokenizer's pad token (TRL's ``padding_value``)."""
+        return self.pad_token_id if args.padding_value is None else args.padding_value
+
+    def _step_loss_function(self) -> Callable:
+        return orpo_step_loss(self.model.family, beta=self.args.beta, router_aux_loss_coef=self._router_loss_weight())

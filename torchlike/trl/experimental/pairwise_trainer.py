@@ -1,0 +1,131 @@
+"""``PairwisePreferenceTrainer``: what TRL 1.16's reference-free experimental preference trainers (ORPO, CPO) share,
+on torchlike's ``TRLTrainer``.
+
+Their constructor (``model, args, data_collator, train_dataset, eval_dataset, processing_class, model_init,
+callbacks, optimizers, preprocess_logits_for_metrics, peft_config, compute_metrics``) and checks in TRL's order and
+words, their tokenisation (:mod:`torchlike.trl.experimental.pairwise_data`), fixed-shape pair batches
+(``dpo_data.collate_preference_batch``), the router loss switched on by the model config's
+``output_router_logits`` (as these trainers read it), and TRL's metrics logged as means over the micro-batches since
+the last log. There is no reference model. A subclass sets the class attributes and returns its step loss from
+:meth:`_step_loss_function`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from ..base_trainer import TRLTrainer
+from ..dpo_data import collate_preference_batch, padded_length
+from .pairwise_data import prepare_pairwise_examples
+
+__all__ = ["PairwisePreferenceTrainer"]
+
+
+class PairwisePreferenceTrainer(TRLTrainer):
+    """The base of torchlike's ``ORPOTrainer`` and ``CPOTrainer`` (see the module docstring).
+
+    Subclasses set ``_config_class``, ``_output_suffix``, ``_tag_names`` and implement :meth:`_step_loss_function`;
+    :meth:`_check_settings` adds their own checks of ``args``.
+    """
+
+    #: TRL's attribute: the weight of the router loss, read from the model config.
+    aux_loss_coef: float = 0.0
+
+    def __init__(self, model: Any = None, args: Any = None, data_collator: Callable | None = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+                 model_init: Callable | None = None, callbacks: list | None = None, optimizers: tuple = (None, None),
+                 preprocess_logits_for_metrics: Callable | None = None, peft_config: Any = None,
+                 compute_metrics: Callable | None = None):
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required")
+        args = self._trl_args(model, args)
+        if args.model_init_kwargs is not None and not isinstance(model, str):
+            raise ValueError(f"You passed model_kwargs to the {self._trainer_name}. But your model is already "
+                             "instantiated.")
+        for name, value, reason in (
+                ("model_init", model_init, "pass the model (or its path) instead"),
+                ("compute_metrics", compute_metrics, "TRL hands it only the logits/* metrics; read trainer.evaluate()"
+                                                     "'s eval_logits/chosen and eval_logits/rejected instead"),
+                ("preprocess_logits_for_metrics", preprocess_logits_for_metrics, "it only serves compute_metrics")):
+            if value is not None:
+                raise NotImplementedError(f"{self._trainer_name}'s {name} is not supported in torchlike: {reason}.")
+        self._check_settings(args)
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, None)
+        self._setup_config_router_loss(model)
+        if args.max_length is None:
+            warnings.warn(f"`max_length` is not set in the {self._config_class.__name__}'s init it will default to "
+                          "`512` by default, but you should do it yourself in the future.", UserWarning, stacklevel=3)
+        self.max_length = 512 if args.max_length is None else args.max_length
+        self.pad_token_id = self._pad_token_id(processing_class, None)
+        self.padding_value = self._padding_value(args, processing_class)
+        train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
+        collator = data_collator or (lambda rows: collate_preference_batch(rows, self.padding_value,
+                                                                           self.padded_length))
+        super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
+                         eval_dataset=eval_examples, processing_class=processing_class, callbacks=callbacks,
+                         optimizers=optimizers)
+        self._show_prepared_datasets(train_examples, eval_examples)
+
+    # ------------------------------------------------------------------ subclass hooks
+    def _check_settings(self, args: Any) -> None:
+        """The subclass's checks of ``args`` (TRL's), before the model is loaded."""
+
+    def _step_loss_function(self) -> Callable:
+        """The step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)``."""
+        raise NotImplementedError
+
+    def _padding_value(self, args: Any, tokenizer: Any) -> int:
+        """The token id that pads ``input_ids``: the tokenizer's pad token (else its eos token)."""
+        return self.pad_token_id
+
+    # ------------------------------------------------------------------ model
+    def _setup_config_router_loss(self, model: Any) -> None:
+        """TRL's rule in these trainers: the router loss is added, times the config's ``router_aux_loss_coef``,
+        when the model config sets ``output_router_logits``."""
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.aux_loss_enabled = bool(getattr(text_config, "output_router_logits", False))
+        self.aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0)
+        if self.aux_loss_enabled and self.aux_loss_coef == 0.0:
+            warnings.warn("You set `output_router_logits` to `True` in the model config, but `router_aux_loss_coef` "
+                          "is set to `0.0`, meaning the auxiliary loss will not be used. Either set "
+                          "`router_aux_loss_coef` to a value greater than `0.0`, or set `output_router_logits` to "
+                          "`False` if you don't want to use the auxiliary loss.", UserWarning, stacklevel=4)
+
+    def _router_loss_weight(self) -> float:
+        return self.aux_loss_coef if self.aux_loss_enabled else 0.0
+
+    # ------------------------------------------------------------------ data
+    def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
+        """Prepared examples of ``dataset``, checked against the model's vocabulary."""
+        examples = prepare_pairwise_examples(dataset, tokenizer, max_length=self.max_length,
+                                             num_proc=args.dataset_num_proc)
+        largest = max([self.padding_value, *(max(e[key], default=0) for e in examples for key in e)])
+        self._check_token_ids(largest, tokenizer, {"model": model})
+        return examples
+
+    def _padded_length(self, examples: list[dict]) -> int:
+        """The longest sequence plus one column: the last real position's logits enter CPO's ``logits/*`` metrics,
+        and a position's logits are computed only where a next token follows."""
+        return padded_length(examples, None) + 1
+
+    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+        """Raw data passed to ``evaluate()`` tokenised as the training data; prepared examples as they are."""
+        if "chosen_ids" in next(iter(dataset), {}):
+            return super()._prepare_eval_dataset(dataset)
+        examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
+        self.padded_length = max(self.padded_length, self._padded_length(examples))
+        return examples
+
+    def _signature_columns(self) -> None:
+        """Every column: the prepared examples hold only token ids."""
+        return None
+
+    def _step_metric_prefix(self, metric_key_prefix: str) -> str:
+        """``"eval"``: TRL logs its metrics as ``eval_<metric>`` whatever the dataset's name."""
+        return "eval"
+
+    # ------------------------------------------------------------------ Trainer hooks
+    def _loss(self) -> tuple[Callable, None]:
+        return self._step_loss_function(), None
