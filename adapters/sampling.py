@@ -392,6 +392,7 @@ def generate_tokens(
     repetition_penalty_skips_left_padding: bool = False,
     batch_sharding: NamedSharding | None = None,
     row_streams: tuple[np.ndarray, np.ndarray] | None = None,
+    penalised_positions: np.ndarray | None = None,
 ) -> DecodeResult:
     """Generates up to ``max_new_tokens`` tokens for a left-padded batch with a Tunix decoder.
 
@@ -420,6 +421,8 @@ def generate_tokens(
             row); ``None`` leaves the placement to JAX (the batch replicated).
         row_streams: ``(seeds [B], samples [B])``: each row's own stream (:func:`stream_keys`) instead of
             ``(seed, row index)``, so a completion's tokens match a rollout engine's for the same request.
+        penalised_positions: ``[B, P]``, true where the repetition penalty counts the id of ``input_ids``, in place
+            of the rule ``repetition_penalty_skips_left_padding`` names.
 
     Returns:
         :class:`DecodeResult` whose ``tokens`` have as many columns as steps were run (fewer than
@@ -433,7 +436,9 @@ def generate_tokens(
     padded_ids = np.pad(ids, ((0, 0), (extra, 0)), constant_values=pad_token_id)
     padded_mask = np.pad(mask, ((0, 0), (extra, 0)))
     # The repetition penalty sees the caller's ids, never the bucket's padding.
-    counted = np.pad(penalised_prompt_positions(mask, repetition_penalty_skips_left_padding), ((0, 0), (extra, 0)))
+    if penalised_positions is None:
+        penalised_positions = penalised_prompt_positions(mask, repetition_penalty_skips_left_padding)
+    counted = np.pad(np.asarray(penalised_positions, np.int32), ((0, 0), (extra, 0)))
     program = _Program(bucket_length(max_new_tokens), settings.switches(), lora, return_logprobs)
     if row_streams is None:
         row_streams = (np.full(batch, seed), np.arange(batch))

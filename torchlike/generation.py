@@ -1,5 +1,11 @@
-"""``CausalLM.generate``: ``transformers``' generation arguments resolved and checked, then decoded by
-:mod:`torchlike.adapters.sampling`.
+"""``CausalLM.generate``: ``transformers``' generation arguments resolved and checked, then decoded through the
+rollout engine boundary (:mod:`torchlike.adapters.rollout`).
+
+Each prompt row becomes one :class:`~torchlike.adapters.rollout.RolloutRequest` whose ``num_return_sequences``
+completions are its samples; output row ``i`` (prompt ``i // n``, sample ``i % n``) draws from the PRNG stream
+``(seed, i)``, as the batch sampler numbered its rows, so a seed gives the same tokens through the engine. The
+static engine (one left-padded batch, one compiled program) decodes them; the rows are put back into
+``transformers``' layout (prompt, then the new tokens, ``pad_token_id`` after a row's end token).
 
 Settings resolve as in ``transformers``: arguments of the call, then a ``generation_config`` passed
 to the call, then the model's ``generation_config`` (``generation_config.json``), then
@@ -17,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import sampling
+from .adapters import rollout, sampling
 from .adapters.mesh import entered
 from .adapters.runtime.tracing import TRACE_COUNTS
 from .adapters.sampling import bucket_length, cache_size
@@ -241,21 +247,33 @@ def generate(
                       f"max_position_embeddings ({limit}); positions past it were not trained.", stacklevel=3)
 
     copies = int(resolved["num_return_sequences"])
-    if copies > 1:
-        ids, mask = np.repeat(ids, copies, axis=0), np.repeat(mask, copies, axis=0)
+    requests = _requests(ids, mask, int(max_new_tokens), copies,
+                         sampling.random_seed() if seed is None else int(seed))
+    pad = 0 if pad_token_id is None else int(pad_token_id)
+    engine = rollout.StaticEngine(model.module, eos_token_ids=eos_token_ids, pad_token_id=pad,
+                                  lora=model._lora_mode, repetition_penalty_skips_left_padding=True)
     with entered(model.mesh) if model.mesh is not None else contextlib.nullcontext():
-        result = sampling.generate_tokens(
-            model.module, ids, mask, int(max_new_tokens), sampling_settings, eos_token_ids=eos_token_ids,
-            pad_token_id=0 if pad_token_id is None else int(pad_token_id),
-            seed=sampling.random_seed() if seed is None else int(seed), lora=model._lora_mode,
-            return_logprobs=output_logprobs,
-            repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
-        )
-    sequences = np.concatenate([ids, result.tokens.astype(np.int64)], axis=1)
+        outputs = engine.generate(requests, sampling_settings)
+    places = [(row, sample) for row in range(len(requests)) for sample in range(copies)]
+    tokens, logprobs = rollout.rows_from_outputs(outputs, places, pad)
+    sequences = np.concatenate([np.repeat(ids, copies, axis=0), tokens.astype(np.int64)], axis=1)
     if returns_torch:
         import torch
 
         sequences = torch.from_numpy(sequences)
     if resolved["return_dict_in_generate"]:
-        return GenerateDecoderOnlyOutput(sequences=sequences, logprobs=result.logprobs)
+        return GenerateDecoderOnlyOutput(sequences=sequences, logprobs=logprobs if output_logprobs else None)
     return sequences
+
+
+def _requests(ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, copies: int,
+              seed: int) -> list[rollout.RolloutRequest]:
+    """One request per left-padded prompt row, its ``copies`` completions drawing the streams ``(seed, i)`` of
+    output rows ``i``; a row's left padding is counted by the repetition penalty where the installed
+    ``transformers`` counts it."""
+    counts_padding = not repetition_penalty_skips_left_padding()
+    real = mask.astype(bool)
+    return [rollout.RolloutRequest(row_ids[row_real], max_new_tokens, num_samples=copies, seed=seed,
+                                   first_sample=row * copies,
+                                   penalised_ids=row_ids[~row_real] if counts_padding else ())
+            for row, (row_ids, row_real) in enumerate(zip(ids, real, strict=True))]

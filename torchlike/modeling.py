@@ -218,7 +218,8 @@ class CausalLM:
                 (padding included) and the tokens generated so far; ``1.0`` is off.
             eos_token_id: an id or list of ids that end a row (``[]``: none, run to ``max_new_tokens``).
             pad_token_id: written after a row ended (default: the first end token).
-            seed: sampling seed; ``None`` draws a fresh one per call, so two calls differ.
+            seed: sampling seed; ``None`` draws a fresh one per call, so two calls differ. Output row ``i`` draws
+                from its own stream ``(seed, i)`` (``torchlike.adapters.sampling.stream_keys``).
             generation_config: a ``transformers.GenerationConfig`` for this call.
             tokenizer: tokenizes text prompts (``processing_class`` is an alias).
             output_logprobs: with ``return_dict_in_generate=True``, also return each new token's

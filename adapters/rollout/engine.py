@@ -39,21 +39,30 @@ class RolloutRequest:
         num_samples: how many completions to sample from this prompt (TRL's ``num_generations``); they share the
             prompt's prefill.
         seed: the request's PRNG seed (its completions' streams derive from it).
+        first_sample: the stream index of the first completion: completion ``j`` draws from stream
+            ``(seed, first_sample + j)`` (``generate`` numbers the rows of its batch so: row ``i`` draws ``(seed, i)``).
+        penalised_ids: ids the repetition penalty counts as seen besides the prompt's own (``generate`` passes a
+            row's left padding where the installed ``transformers`` counts it); the model never sees them.
     """
 
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     num_samples: int = 1
     seed: int = 0
+    first_sample: int = 0
+    penalised_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(int(token) for token in self.prompt_ids))
+        object.__setattr__(self, "penalised_ids", tuple(int(token) for token in self.penalised_ids))
         if not self.prompt_ids:
             raise ValueError("RolloutRequest.prompt_ids is empty: a prompt needs at least one token (e.g. BOS).")
         if self.max_new_tokens < 1:
             raise ValueError(f"RolloutRequest.max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if self.num_samples < 1:
             raise ValueError(f"RolloutRequest.num_samples must be >= 1, got {self.num_samples}.")
+        if self.first_sample < 0:
+            raise ValueError(f"RolloutRequest.first_sample must be >= 0, got {self.first_sample}.")
 
 
 @dataclass
@@ -98,8 +107,8 @@ class StaticEngine:
         module: the Tunix decoder; eos_token_ids, pad_token_id, lora: as :class:`~.paged.PagedEngine` takes them.
         batch_sharding: spreads the rows over the mesh's data axes when their count divides evenly.
         repetition_penalty_skips_left_padding: ``True`` (the paged engine's rule): the penalty counts each prompt's
-            own ids; ``False``: also the batch's left padding, as ``transformers.generate`` before 5.x counts it
-            (:func:`~..sampling.generate_tokens`).
+            own ids (and its request's ``penalised_ids``); ``False``: also the batch's left padding, as
+            ``transformers.generate`` before 5.23 counts it (:func:`~..sampling.generate_tokens`).
     """
 
     def __init__(self, module: nnx.Module, eos_token_ids: Sequence[int] = (), pad_token_id: int = 0,
@@ -123,20 +132,25 @@ class StaticEngine:
         from .. import sampling
 
         rows = [(index, sample) for index, request in enumerate(requests) for sample in range(request.num_samples)]
-        width = max(len(request.prompt_ids) for request in requests)
+        width = max(len(request.penalised_ids) + len(request.prompt_ids) for request in requests)
         prompt_ids = np.full((len(rows), width), self.pad_token_id, np.int32)
         prompt_mask = np.zeros((len(rows), width), np.int32)
+        penalised = np.zeros((len(rows), width), bool)
         for row, (index, _) in enumerate(rows):
-            prompt = requests[index].prompt_ids
-            prompt_ids[row, width - len(prompt):] = prompt
+            request = requests[index]
+            prompt, extra = request.prompt_ids, request.penalised_ids
+            # The penalised ids sit in the row's left padding: counted by the penalty, masked from the model.
+            prompt_ids[row, width - len(prompt) - len(extra):] = extra + prompt
             prompt_mask[row, width - len(prompt):] = 1
+            penalised[row, width - len(prompt) - len(extra):width - len(prompt)] = True
+        counted = sampling.penalised_prompt_positions(prompt_mask, self.repetition_penalty_skips_left_padding)
         spread = self.batch_sharding is not None and len(rows) % self.data_parallel_size == 0
         result = sampling.generate_tokens(
             self.module, prompt_ids, prompt_mask, max(request.max_new_tokens for request in requests), settings,
             eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, lora=self.lora, return_logprobs=True,
-            repetition_penalty_skips_left_padding=self.repetition_penalty_skips_left_padding,
-            batch_sharding=self.batch_sharding if spread else None,
-            row_streams=(np.array([requests[index].seed for index, _ in rows]), np.array([s for _, s in rows])))
+            penalised_positions=counted | penalised, batch_sharding=self.batch_sharding if spread else None,
+            row_streams=(np.array([requests[index].seed for index, _ in rows]),
+                         np.array([requests[index].first_sample + sample for index, sample in rows])))
         outputs = [RequestOutput() for _ in requests]
         ends = np.asarray(self.eos_token_ids, np.int64)
         for row, (index, _) in enumerate(rows):

@@ -502,7 +502,8 @@ class _Run:
         engine = self.engine
         page_size = engine.config.page_size
         rows = self.num_slots  # one admission program per call shape: it runs no model layer
-        prompt_width = bucket_length(max(group.prompt_length for _, group, _ in admitted))
+        prompt_width = bucket_length(max(len(group.request.penalised_ids) + group.prompt_length
+                                         for _, group, _ in admitted))
         slot_index = np.full(rows, self.num_slots, np.int32)
         tail_from = np.full(rows, TRASH_PAGE, np.int32)
         tail_to = np.full(rows, TRASH_PAGE, np.int32)
@@ -526,9 +527,10 @@ class _Run:
                 pages.append(own_tail)
             self.slots[slot] = _Slot(group, sample, pages, shared, reserved, length)
             slot_index[row] = slot
-            prompt_ids[row, :length] = request.prompt_ids
-            counted[row, :length] = 1  # a request has no padding: the penalty counts its whole prompt
-            seeds[row], samples[row] = int(request.seed) % (2**32), sample
+            penalised = request.penalised_ids + request.prompt_ids
+            prompt_ids[row, :len(penalised)] = penalised
+            counted[row, :len(penalised)] = 1  # a request has no padding: the penalty counts its whole prompt
+            seeds[row], samples[row] = int(request.seed) % (2**32), request.first_sample + sample
             logits.append(group.logits)
             if group.next_sample == request.num_samples and group not in finished_groups:
                 finished_groups.append(group)
@@ -610,7 +612,7 @@ class _Run:
             lengths[row] = slot.length
             alive[row] = True
             seeds[row] = int(request.seed) % (2**32)
-            samples[row] = slot.sample
+            samples[row] = request.first_sample + slot.sample
             steps[row] = len(slot.tokens)
             limits[row] = request.max_new_tokens
         programs = _Programs(self.switches, engine.lora, bucket_length(int(lengths.max()) + count), count)
