@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
-import pytest
 import trl.experimental.orpo as trl_orpo
 
 from tests import tiny
-from torchlike.field_support import field_table
 from torchlike.trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
 DATA = [{"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog"},
@@ -30,21 +26,6 @@ def comparison_settings(**overrides) -> dict:
     return {**values, **overrides}
 
 
-def compare_with_trl(ours: list[dict], theirs: list[dict], keys: tuple[str, ...], max_grad_norm: float) -> None:
-    """Every training log equal to TRL's at rtol 1e-4 (the same metric names), clipping on in every step."""
-    expected = {entry["step"]: entry for entry in theirs if "loss" in entry}
-    found = {entry["step"]: entry for entry in ours if "loss" in entry}
-    assert list(found) == list(expected) == [1, 2, 3, 4]
-    assert all(entry["grad_norm"] > max_grad_norm for entry in expected.values())
-    assert all(set(found[step]) == set(expected[step]) for step in found)
-    for key in keys:
-        np.testing.assert_allclose([found[step][key] for step in found], [expected[step][key] for step in expected],
-                                   rtol=1e-4, atol=1e-6, err_msg=key)
-    # Steps 1 and 2 score the initial weights (warmup starts at lr 0): chosen > rejected may be decided by noise.
-    assert [found[step]["rewards/accuracies"] for step in (3, 4)] == \
-        [expected[step]["rewards/accuracies"] for step in (3, 4)]
-
-
 def test_orpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path):
     path = tiny_checkpoints.path("qwen2")
     settings = comparison_settings()
@@ -52,7 +33,7 @@ def test_orpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoint
                                                  tmp_path / "trl", DATA, settings)
     ours, params = tiny.run_torchlike_pairwise(ORPOTrainer, ORPOConfig, path, tokenizer_dir, tmp_path / "ours", DATA,
                                                settings)
-    compare_with_trl(ours, theirs, METRICS, settings["max_grad_norm"])
+    tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
     assert set(params) == set(their_params)
     for name, value in their_params.items():
         np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)

@@ -318,3 +318,18 @@ def run_torchlike_pairwise(trainer_class, config_class, path, tokenizer_path, ou
     trainer.train()
     trainer.model.save_pretrained(Path(output_dir) / "model")
     return trainer.state.log_history, load_file(Path(output_dir) / "model" / "model.safetensors")
+
+
+def compare_pairwise_logs(ours: list[dict], theirs: list[dict], keys: tuple[str, ...], max_grad_norm: float) -> None:
+    """Four steps of training logs equal to TRL's at rtol 1e-4 (the same metric names), clipping on in every step."""
+    expected = {entry["step"]: entry for entry in theirs if "loss" in entry}
+    found = {entry["step"]: entry for entry in ours if "loss" in entry}
+    assert list(found) == list(expected) == [1, 2, 3, 4]
+    assert all(entry["grad_norm"] > max_grad_norm for entry in expected.values())
+    assert all(set(found[step]) == set(expected[step]) for step in found)
+    for key in keys:
+        np.testing.assert_allclose([found[step][key] for step in found], [expected[step][key] for step in expected],
+                                   rtol=1e-4, atol=1e-6, err_msg=key)
+    # Steps 1 and 2 score the initial weights (warmup starts at lr 0): chosen > rejected may be decided by noise.
+    assert [found[step]["rewards/accuracies"] for step in (3, 4)] == \
+        [expected[step]["rewards/accuracies"] for step in (3, 4)]
