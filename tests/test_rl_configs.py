@@ -8,6 +8,8 @@ import warnings
 import pytest
 import transformers
 import trl
+import trl.experimental.cpo as trl_cpo
+import trl.experimental.orpo as trl_orpo
 
 from tests.test_training_config import (
     FIELD_SUPPORT,
@@ -22,6 +24,10 @@ from torchlike.adapters import rl_math
 from torchlike.field_support import check_unsupported, field_table
 from torchlike.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig, dpo_config, grpo_config
 from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
+from torchlike.trl.experimental.cpo import CPOConfig
+from torchlike.trl.experimental.cpo.cpo_fields import CPO_FIELD_SUPPORT
+from torchlike.trl.experimental.orpo import ORPOConfig
+from torchlike.trl.experimental.orpo.orpo_fields import ORPO_FIELD_SUPPORT
 from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 from torchlike.trl.rloo_fields import RLOO_FIELD_SUPPORT
 
@@ -33,8 +39,10 @@ TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(transformers.Tra
 
 CASES = [(trl.GRPOConfig, GRPOConfig, GRPO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
          (trl.RLOOConfig, RLOOConfig, RLOO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
-         (trl.DPOConfig, DPOConfig, DPO_FIELD_SUPPORT, TORCHLIKE_FIELDS)]
-CASE_IDS = ["GRPOConfig", "RLOOConfig", "DPOConfig"]
+         (trl.DPOConfig, DPOConfig, DPO_FIELD_SUPPORT, TORCHLIKE_FIELDS),
+         (trl_orpo.ORPOConfig, ORPOConfig, ORPO_FIELD_SUPPORT, TORCHLIKE_FIELDS),
+         (trl_cpo.CPOConfig, CPOConfig, CPO_FIELD_SUPPORT, TORCHLIKE_FIELDS)]
+CASE_IDS = ["GRPOConfig", "RLOOConfig", "DPOConfig", "ORPOConfig", "CPOConfig"]
 
 
 # --- the field walk ------------------------------------------------------------------------------------------------

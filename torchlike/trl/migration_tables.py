@@ -8,6 +8,8 @@ from ..field_support import field_table
 from ..training_args import TrainingArguments
 from .distillation_config import DistillationConfig
 from .dpo_config import DPOConfig
+from .experimental.cpo.cpo_config import CPOConfig
+from .experimental.orpo.orpo_config import ORPOConfig
 from .grpo_config import GRPOConfig
 from .kto_config import KTOConfig
 from .reward_config import RewardConfig
@@ -24,7 +26,7 @@ def unsupported_fields_markdown() -> str:
     """
     sections, shown = [], set()
     for config_class in (TrainingArguments, SFTConfig, GRPOConfig, RLOOConfig, DPOConfig, KTOConfig,
-                         RewardConfig, DistillationConfig):
+                         RewardConfig, DistillationConfig, ORPOConfig, CPOConfig):
         names = {field.name for field in dataclasses.fields(config_class)}
         table = field_table(config_class)
         rows = sorted((support.status, name, support.reason) for name, support in table.items()
