@@ -200,3 +200,27 @@ def distillation_step_loss(student_family: Family, teacher_family: Family, beta:
         return total, count, {"entropy": entropy / jnp.maximum(count, 1.0)}
 
     return loss
+
+
+def gkd_step_loss(student_family: Family, teacher_family: Family, beta: float,
+                  block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+    """``loss(pair, batch, num_items_in_batch) -> (value, weight, metrics)`` of TRL 1.16's experimental
+    ``GKDTrainer.compute_loss`` for ``train_step.make_train_step``.
+
+    TRL's loss is ``GKDTrainer.generalized_jsd_loss`` of the two models' full-sequence logits (no temperature) on the
+    shifted labels: ``sum over positions t with labels[t + 1] != -100 of JSD_beta(t) / num_items_in_batch``, where
+    ``JSD_beta`` is :func:`generalized_jsd` and ``num_items_in_batch`` counts the labels of the accumulation window's
+    dataset batches, as transformers counts them before GKD swaps in on-policy (or teacher) sequences.
+
+    ``batch`` holds ``input_ids``/``attention_mask`` ``[B, T]``, ``completion_mask`` ``[B, T - 1]`` (1 where token
+    ``t + 1`` is a label) and ``label_count`` ``[B]`` (each row's dataset labels, TRL's ``num_items_in_batch`` share).
+    ``value`` is the divergence summed over the labelled positions and ``weight`` the batch's ``label_count``, so the
+    step's ``sum(values) / sum(weights)`` is TRL's loss. No metrics: TRL's GKD logs none of its own.
+    """
+    divergence = distillation_step_loss(student_family, teacher_family, beta, 1.0, block_size)
+
+    def loss(pair, batch, num_items_in_batch=None):
+        total, _, _ = divergence(pair, batch)
+        return total, batch["label_count"].astype(jnp.float32).sum(), {}
+
+    return loss

@@ -27,21 +27,80 @@ from .distillation_config import DistillationConfig
 from .grpo_data import prepare_prompts
 from .online_trainer import GenerationSchedule, OnlineTrainer
 
-__all__ = ["DistillationTrainer", "check_vocabularies"]
+__all__ = ["DistillationTrainer", "StudentTeacherTrainer", "check_vocabularies"]
 
 
-def check_vocabularies(student: Any, teacher: Any) -> None:
+def check_vocabularies(student: Any, teacher: Any, method: str = "Distillation") -> None:
     """Raises TRL's ``ValueError`` when the student's and the teacher's ``vocab_size`` differ (the divergence compares
-    the two full next-token distributions)."""
+    the two full next-token distributions); ``method`` names the trainer's method in the message, as TRL's do."""
     student_vocab, teacher_vocab = student.config.vocab_size, teacher.config.vocab_size
     if student_vocab != teacher_vocab:
         raise ValueError(f"The student model has vocab_size {student_vocab} but the teacher model has vocab_size "
-                         f"{teacher_vocab}. Distillation compares the teacher's full next-token distribution, which "
+                         f"{teacher_vocab}. {method} compares the teacher's full next-token distribution, which "
                          "requires a shared vocabulary. Use a teacher with the same vocab_size (torchlike has no "
                          "cross-tokenizer trainer such as TRL's GOLD).")
 
 
-class DistillationTrainer(OnlineTrainer):
+class StudentTeacherTrainer(OnlineTrainer):
+    """An online trainer whose student learns from a frozen teacher (``DistillationTrainer``, ``GKDTrainer``): the
+    teacher loaded or checked as TRL does, placed on the trainer's mesh, and held beside the student in one NNX graph
+    (``adapters.distillation_loss.StudentTeacher``) that the train and eval steps read; the optimizer updates the
+    student's part only. A subclass calls :meth:`_load_teacher` before ``Trainer.__init__`` and
+    :meth:`_pair_with_teacher` after it."""
+
+    def _load_teacher(self, teacher_model: Any, args: Any, model: Any, revision: str | None = None) -> Any:
+        """The teacher as TRL loads it: a string with ``teacher_model_init_kwargs`` (and the hub ``revision``, unless
+        they set one) in the checkpoint's dtype unless they set one; ``None`` reads ``teacher_model_name_or_path``."""
+        from .. import AutoModelForCausalLM
+
+        if teacher_model is None:
+            teacher_model = args.teacher_model_name_or_path
+        if teacher_model is None:
+            raise ValueError("A teacher model is required for distillation training. Pass teacher_model, or set "
+                             "args.teacher_model_name_or_path (`--teacher_model_name_or_path`).")
+        if isinstance(teacher_model, str | os.PathLike):
+            init_kwargs = dict(args.teacher_model_init_kwargs or {})
+            if revision is not None:
+                init_kwargs.setdefault("revision", revision)
+            return AutoModelForCausalLM.from_pretrained(teacher_model, **init_kwargs)
+        if args.teacher_model_init_kwargs is not None:
+            raise ValueError("You passed teacher_model_init_kwargs to the config, but your teacher_model is already "
+                             "instantiated.")
+        check_causal_lm(teacher_model, "teacher_model", self._trainer_name)
+        if teacher_model is model or teacher_model.module is model.module:
+            raise ValueError("teacher_model is the model being trained; pass a separate teacher (for "
+                             "self-distillation, load the checkpoint a second time).")
+        return teacher_model
+
+    def _place_teacher(self) -> None:
+        """Puts the teacher's weights on the trainer's mesh (the student's), unless they are there already."""
+        teacher, mesh = self.teacher_model, self.mesh
+        placed = teacher.mesh is not None and teacher.mesh.shape == mesh.shape and \
+            list(teacher.mesh.devices.flat) == list(mesh.devices.flat)
+        if not placed:
+            mesh_lib.shard_module(teacher.module, mesh)
+            teacher.mesh = mesh
+
+    def _pair_with_teacher(self) -> None:
+        """Places the teacher on the mesh and pairs it with the student for the steps."""
+        self._place_teacher()
+        self._student_and_teacher = distillation_loss.StudentTeacher(self._trainable_model.module,
+                                                                     self.teacher_model.module)
+
+    @property
+    def _module(self):
+        """The NNX module the train and eval steps run on: the student and the teacher together
+        (``adapters.distillation_loss.StudentTeacher``); the optimizer updates the student's part only."""
+        return self._student_and_teacher
+
+    def _trainable(self):
+        """The student's trainable variables (its LoRA factors, or every parameter); never the teacher's."""
+        from flax import nnx
+
+        return nnx.All(super()._trainable(), distillation_loss.is_student)
+
+
+class DistillationTrainer(StudentTeacherTrainer):
     """``trl.DistillationTrainer`` with TRL 1.16's signature, training a torchlike student on a JAX mesh.
 
     Args:
@@ -103,7 +162,7 @@ class DistillationTrainer(OnlineTrainer):
         for dataset in [train_dataset, *batches.each_dataset(eval_dataset)]:
             check_text_dataset(dataset)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
-        self.teacher_model = self._load_teacher(teacher_model, args, model)
+        self.teacher_model = self._load_teacher(teacher_model, args, model, args.teacher_model_revision)
         check_vocabularies(model, self.teacher_model)
         self._setup_sampling(args, model, processing_class)
         self._setup_tools(tools, processing_class, args)
@@ -117,45 +176,10 @@ class DistillationTrainer(OnlineTrainer):
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
         self._show_eval_dataset(eval_dataset)  # TRL does not prepare an online trainer's data
-        self._place_teacher()
-        self._student_and_teacher = distillation_loss.StudentTeacher(self._trainable_model.module,
-                                                                     self.teacher_model.module)
+        self._pair_with_teacher()
         self._latest_completions: tuple[list[str], list[str]] = ([], [])
 
     # ------------------------------------------------------------------ set-up
-    def _load_teacher(self, teacher_model: Any, args: Any, model: Any) -> Any:
-        """The teacher as TRL loads it: a string with ``teacher_model_init_kwargs`` (and ``teacher_model_revision``)
-        in the checkpoint's dtype unless they set one; ``None`` reads ``teacher_model_name_or_path``."""
-        from .. import AutoModelForCausalLM
-
-        if teacher_model is None:
-            teacher_model = args.teacher_model_name_or_path
-        if teacher_model is None:
-            raise ValueError("A teacher model is required for distillation training. Pass teacher_model, or set "
-                             "args.teacher_model_name_or_path (`--teacher_model_name_or_path`).")
-        if isinstance(teacher_model, str | os.PathLike):
-            init_kwargs = dict(args.teacher_model_init_kwargs or {})
-            if args.teacher_model_revision is not None:
-                init_kwargs.setdefault("revision", args.teacher_model_revision)
-            return AutoModelForCausalLM.from_pretrained(teacher_model, **init_kwargs)
-        if args.teacher_model_init_kwargs is not None:
-            raise ValueError("You passed teacher_model_init_kwargs to the config, but your teacher_model is already "
-                             "instantiated.")
-        check_causal_lm(teacher_model, "teacher_model", self._trainer_name)
-        if teacher_model is model or teacher_model.module is model.module:
-            raise ValueError("teacher_model is the model being trained; pass a separate teacher (for "
-                             "self-distillation, load the checkpoint a second time).")
-        return teacher_model
-
-    def _place_teacher(self) -> None:
-        """Puts the teacher's weights on the trainer's mesh (the student's), unless they are there already."""
-        teacher, mesh = self.teacher_model, self.mesh
-        placed = teacher.mesh is not None and teacher.mesh.shape == mesh.shape and \
-            list(teacher.mesh.devices.flat) == list(mesh.devices.flat)
-        if not placed:
-            mesh_lib.shard_module(teacher.module, mesh)
-            teacher.mesh = mesh
-
     def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
         """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`; TRL's
         distillation keeps prompts whole); with tools the chat template also renders their schemas."""
@@ -165,18 +189,6 @@ class DistillationTrainer(OnlineTrainer):
         return prepare_prompts(dataset, self.tokenizer, name, None, template_kwargs)
 
     # ------------------------------------------------------------------ the step
-    @property
-    def _module(self):
-        """The NNX module the train and eval steps run on: the student and the teacher together
-        (``adapters.distillation_loss.StudentTeacher``); the optimizer updates the student's part only."""
-        return self._student_and_teacher
-
-    def _trainable(self):
-        """The student's trainable variables (its LoRA factors, or every parameter); never the teacher's."""
-        from flax import nnx
-
-        return nnx.All(super()._trainable(), distillation_loss.is_student)
-
     def _loss(self) -> tuple[Callable, None]:
         return distillation_loss.distillation_step_loss(self.model.family, self.teacher_model.family, self.args.beta,
                                                         self.args.temperature), None

@@ -148,7 +148,7 @@ class OnlineTrainer(TRLTrainer):
         ``tokenizer``, ``pad_token_id`` and ``eos_token_ids`` (the tokenizer's eos first, then the generation
         config's)."""
         names = sampling.SamplingSettings.names()
-        extra = dict(args.generation_kwargs or {})
+        extra = self._sampling_overrides(args)
         unknown = sorted(set(extra) - set(names))
         if unknown:
             raise ValueError(f"generation_kwargs {unknown} are not supported by torchlike's sampler; it takes "
@@ -166,6 +166,15 @@ class OnlineTrainer(TRLTrainer):
         self._background_engine: rollout.RolloutEngine | None = None
         self._background: concurrent.futures.ThreadPoolExecutor | None = None
         self._sampled_ahead: dict[tuple, tuple[list, concurrent.futures.Future]] = {}
+
+    def _sampling_overrides(self, args: Any) -> dict:
+        """The sampling settings laid over the config's sampling fields: ``generation_kwargs``."""
+        return dict(args.generation_kwargs or {})
+
+    @property
+    def _completion_limit(self) -> int:
+        """The most tokens sampled per completion: ``max_completion_length``."""
+        return self.args.max_completion_length
 
     def _padded(self, length: int) -> int:
         """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
@@ -232,7 +241,7 @@ class OnlineTrainer(TRLTrainer):
         """``(tokens, completion_mask, ended)`` of completions given as token lists (each at most
         ``max_completion_length``), right-padded to the completion width; ``ended`` by TRL's rule: the last token is
         an end or pad token."""
-        tokens = np.full((len(completions), self._padded(self.args.max_completion_length)), self.pad_token_id,
+        tokens = np.full((len(completions), self._padded(self._completion_limit)), self.pad_token_id,
                          np.int32)
         completion_mask = np.zeros(tokens.shape, np.int32)
         for row, ids in enumerate(completions):
@@ -347,7 +356,7 @@ class OnlineTrainer(TRLTrainer):
                     for row, row_calls in zip(rows, calls, strict=True) if row in own]
             return [result for piece in multihost.allgather_objects(mine) for result in piece]
 
-        loop = self.tool_calling.run(prompts, first, generate, max_completion_length=self.args.max_completion_length,
+        loop = self.tool_calling.run(prompts, first, generate, max_completion_length=self._completion_limit,
                                      max_model_length=self.model.config.max_position_embeddings,
                                      max_iterations=self.args.max_tool_calling_iterations, tools=tools,
                                      call_rows=call_rows)
@@ -371,7 +380,7 @@ class OnlineTrainer(TRLTrainer):
         config's settings, cut after the first end token (kept), at most ``max_completion_length`` tokens; with
         the engine's log-prob of each token (``None`` where completions come without them)."""
         prompts, mask = self._prompt_arrays(prompt_ids)
-        sampled, logps = self._sample(prompts, mask, self.args.max_completion_length, seed)
+        sampled, logps = self._sample(prompts, mask, self._completion_limit, seed)
         kept, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
         lengths = kept.sum(axis=1)
         return ([row[:int(n)].tolist() for row, n in zip(sampled, lengths, strict=True)],
@@ -381,7 +390,7 @@ class OnlineTrainer(TRLTrainer):
         """Samples one completion per row (the engine, or ``rollout_func`` when given), continues each through the
         model's tool calls when there are tools, and returns the :class:`Rollout`. With environments each row first
         gets its rollout's instance, reset, and the prompt it returns (:meth:`_reset_environments`)."""
-        limit = self.args.max_completion_length
+        limit = self._completion_limit
         environments = row_tools = None
         if self.environment_pool is not None:
             rows, environments = self._reset_environments(rows)
@@ -604,7 +613,7 @@ class OnlineTrainer(TRLTrainer):
         """Starts sampling a training generation batch in the background; :meth:`_generate` takes the result."""
         prompt_ids = [list(row["prompt_ids"]) for row in self._generation_rows(prompt_rows)]
         prompts, mask = self._prompt_arrays(prompt_ids)
-        self._sample_ahead(prompts, mask, self.args.max_completion_length, self._generation_seed(epoch,
+        self._sample_ahead(prompts, mask, self._completion_limit, self._generation_seed(epoch,
                                                                                                   generation_index))
 
     def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:

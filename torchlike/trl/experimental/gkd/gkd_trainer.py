@@ -1,0 +1,261 @@
+"""``GKDTrainer``: TRL 1.16's ``trl.experimental.gkd.GKDTrainer`` (Generalized Knowledge Distillation) on torchlike's
+student-teacher trainer.
+
+The data is SFT-style ``messages`` conversations, batched as TRL's ``DataCollatorForChatML`` batches them
+(:mod:`.gkd_data`). Each micro-batch, as TRL's ``training_step`` decides it with Python's ``random``: with probability
+``lmbda`` its conversations are replaced by the student's own sampled completions of their prompts (on-policy),
+otherwise, with ``seq_kd``, by the teacher's (sequence-level KD), otherwise they are trained on as they are. The loss is
+TRL's generalized Jensen-Shannon divergence between the student's and the frozen teacher's next-token distributions at
+every labelled position (``adapters.distillation_loss.gkd_step_loss``), divided by the labels of the accumulation
+window's dataset batches, as transformers' ``num_items_in_batch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ....adapters import distillation_loss, sampling, train_step
+from ....adapters import mesh as mesh_lib
+from ....training import batches
+from ....training.trainer import Trainer
+from ...base_trainer import check_text_dataset
+from ...distillation_trainer import StudentTeacherTrainer, check_vocabularies
+from ...sft_data import load_chat_template
+from .gkd_config import GKDConfig
+from .gkd_data import dataset_columns, empty_columns, sampled_columns, tokenize_conversation
+
+__all__ = ["GKDTrainer"]
+
+logger = logging.getLogger(__name__)
+
+
+class GKDTrainer(StudentTeacherTrainer):
+    """``trl.experimental.gkd.GKDTrainer`` with TRL 1.16's signature, training a torchlike student on a JAX mesh.
+
+    Args:
+        model: the student: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+            ``args.model_init_kwargs``.
+        teacher_model: the teacher, a loaded :class:`~torchlike.CausalLM` or a path / hub id loaded with
+            ``args.teacher_model_init_kwargs``; ``None`` loads ``args.teacher_model_name_or_path``. Its
+            ``vocab_size`` must be the student's; its size and family may differ.
+        args: :class:`GKDConfig` (default: one with ``output_dir="<model>-GKD"``).
+        data_collator: refused: the batches are TRL's ``DataCollatorForChatML`` batches, built here.
+        train_dataset, eval_dataset: rows with ``messages`` (the last message is the completion; a rendered
+            ``prompt`` column, when present, is the prompt text) or tokenised ``input_ids``; a list of dicts or a
+            ``datasets.Dataset`` (``eval_dataset`` may be a dict of them).
+        processing_class: the tokenizer, with a chat template and a pad token (default: loaded from the student's
+            path).
+        compute_metrics, preprocess_logits_for_metrics, formatting_func: refused (TRL's GKD evaluation loss needs
+            neither; its collator never calls ``formatting_func``).
+        callbacks: ``transformers.TrainerCallback`` objects (or classes).
+        optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
+        peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter on the student.
+        quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
+
+    Raises:
+        ValueError: TRL's errors (a tokenizer without a pad token, ``teacher_model_init_kwargs`` with a loaded teacher,
+            vocabularies of different sizes, a row with no prompt token left after truncation), no teacher, no
+            ``train_dataset``, or a refused argument.
+
+    Example:
+
+    ```python
+    >>> from torchlike.trl.experimental.gkd import GKDConfig, GKDTrainer
+    >>> trainer = GKDTrainer(model="path/to/Qwen2.5-0.5B-Instruct", teacher_model="path/to/Qwen2.5-1.5B-Instruct",
+    ...                      args=GKDConfig("out", lmbda=0.5, beta=0.5, max_new_tokens=64),
+    ...                      train_dataset=[{"messages": [{"role": "user", "content": "Hi"},
+    ...                                                   {"role": "assistant", "content": "Hello!"}]}] * 64)
+    >>> trainer.train()
+    ```
+    """
+
+    _allow_prefetch = False  # an on-policy micro-batch samples with the weights of the steps before it
+    _config_class = GKDConfig
+    _output_suffix = "GKD"
+    _tag_names = ["trl", "gkd"]
+
+    def __init__(self, model: Any = None, teacher_model: Any = None, args: GKDConfig | None = None,
+                 data_collator: Callable | None = None, train_dataset: Any = None, eval_dataset: Any = None,
+                 processing_class: Any = None, compute_metrics: Callable | None = None,
+                 callbacks: list | None = None, optimizers: tuple = (None, None),
+                 preprocess_logits_for_metrics: Callable | None = None, peft_config: Any = None,
+                 formatting_func: Callable | None = None, quantization_config: Any = None):
+        refused = {name: value for name, value in (("data_collator", data_collator),
+                                                   ("compute_metrics", compute_metrics),
+                                                   ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
+                                                   ("formatting_func", formatting_func)) if value is not None}
+        if refused:
+            raise ValueError(f"GKDTrainer does not take {', '.join(refused)}: it batches the messages rows as TRL's "
+                             "DataCollatorForChatML does (which never calls formatting_func) and reports eval_loss "
+                             "without logits.")
+        args = self._trl_args(model, args)
+        # As TRL: the collator reads the raw messages column, never SFT's prepared dataset.
+        args.remove_unused_columns = False
+        args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required: rows with a 'messages' column (a conversation whose last "
+                             "message is the completion).")
+        for dataset in [train_dataset, *batches.each_dataset(eval_dataset)]:
+            check_text_dataset(dataset)
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        if processing_class.pad_token_id is None:
+            raise ValueError("The tokenizer does not have a pad token. Please set `pad_token_id` in the tokenizer.")
+        if args.chat_template_path is not None:
+            load_chat_template(processing_class, args.chat_template_path)
+        if args.teacher_model_init_kwargs is not None and teacher_model is not None \
+                and not isinstance(teacher_model, str | os.PathLike):
+            raise ValueError("You passed teacher_model_init_kwargs to the GKDConfig, but your teacher_model is "
+                             "already instantiated.")
+        self.teacher_model = self._load_teacher(teacher_model, args, model)
+        check_vocabularies(model, self.teacher_model, "GKD")
+        self._setup_sampling(args, model, processing_class)
+        self.pad_token_id = processing_class.pad_token_id  # TRL's collator pads with it (never the eos token)
+        self.tools, self.tool_calling = [], None
+        self._teacher_engine, self._samples_teacher = None, False
+        train_rows = self._prepare(train_dataset, "train_dataset")
+        eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
+        all_rows = [row for rows in [train_rows, *batches.each_dataset(eval_rows)] for row in rows]
+        self.prompt_length = self._padded(sampling.bucket_length(max(len(row["prompt_ids"]) for row in all_rows)))
+        self.sequence_length = max(self._padded(sampling.bucket_length(max(len(row["input_ids"]) for row in all_rows))),
+                                   self.prompt_length + self._padded(args.max_new_tokens))
+        largest = max([self.pad_token_id, *self.eos_token_ids, *(max(row["input_ids"]) for row in all_rows)])
+        self._check_token_ids(largest, processing_class, {"model": model, "teacher_model": self.teacher_model})
+        super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
+                         processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
+        self._show_eval_dataset(eval_dataset)
+        self._pair_with_teacher()
+        # TRL's attributes.
+        self.lmbda, self.beta, self.temperature, self.seq_kd = args.lmbda, args.beta, args.temperature, args.seq_kd
+        self.generation_kwargs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                                  "do_sample": True, "top_k": 0, "top_p": 1.0, "pad_token_id": self.pad_token_id}
+        if self.lmbda == 1.0 and self.temperature == 1.0:
+            logger.warning("This GKD configuration (`lmbda=1.0`, `temperature=1.0`) is fully covered by "
+                           "`DistillationTrainer`, which is maintained in the main codebase. Consider migrating: "
+                           "replace `GKDConfig`/`GKDTrainer` with `DistillationConfig`/`DistillationTrainer`, "
+                           "`max_new_tokens` with `max_completion_length`, and set "
+                           f"`beta={self.beta}` explicitly (`beta` means the same in both, but defaults to 0.5 here "
+                           "and 1.0 there).")
+
+    # ------------------------------------------------------------------ set-up
+    def _prepare(self, dataset: Any, name: str) -> list[dict]:
+        """The rows tokenised as TRL's collator tokenises them (:func:`.gkd_data.tokenize_conversation`)."""
+        rows = batches.as_sequence(dataset)
+        if len(rows) == 0:
+            raise ValueError(f"{name} is empty.")
+        return [tokenize_conversation(dict(row), self.tokenizer, self.args.max_length) for row in rows]
+
+    def _sampling_overrides(self, args: Any) -> dict:
+        """TRL's GKD generation config: sampling at ``temperature`` with no top-k or top-p filtering."""
+        return {"top_k": 0, "top_p": 1.0}
+
+    @property
+    def _completion_limit(self) -> int:
+        return self.args.max_new_tokens
+
+    @property
+    def _sampling_module(self):
+        """The student, or the teacher while it samples ``seq_kd`` completions."""
+        return self.teacher_model.module if self._samples_teacher else self._trainable_model.module
+
+    @contextlib.contextmanager
+    def _sampling_from_teacher(self) -> Iterator[None]:
+        """Samples with the teacher (its own rollout engine) inside the block."""
+        student_engine, self._rollout_engine = self._rollout_engine, self._teacher_engine
+        self._samples_teacher = True
+        try:
+            yield
+        finally:
+            self._teacher_engine, self._rollout_engine = self._rollout_engine, student_engine
+            self._samples_teacher = False
+
+    def _loss(self) -> tuple[Callable, None]:
+        return distillation_loss.gkd_step_loss(self.model.family, self.teacher_model.family, self.args.beta), None
+
+    # ------------------------------------------------------------------ batches
+    def _get_train_sampler(self, epoch: int) -> np.ndarray:
+        """transformers' order of the conversations (TRL's GKD is an SFT trainer), not the prompt schedule of the
+        online trainers."""
+        return Trainer._get_train_sampler(self, epoch)
+
+    def _steps_per_epoch(self) -> int:
+        return Trainer._steps_per_epoch(self)
+
+    def _micro_batches_per_epoch(self) -> int:
+        """The non-empty micro-batches of an epoch (each makes one on-policy draw, as TRL's ``training_step``)."""
+        size = self._global_batch_size()
+        rows = min(len(self.train_dataset), self._steps_per_epoch() * self.args.gradient_accumulation_steps * size)
+        return -(-rows // size)
+
+    def _policy_draws(self, epoch: int, skip: int) -> Iterator[float]:
+        """TRL's ``random.random()`` of each micro-batch from step ``skip`` of ``epoch`` on: Python's generator seeded
+        with ``seed`` (transformers' ``set_seed``), past the draws of the micro-batches before."""
+        generator = random.Random(self.args.seed)
+        done = epoch * self._micro_batches_per_epoch() + min(skip * self.args.gradient_accumulation_steps,
+                                                             self._micro_batches_per_epoch())
+        for _ in range(done):
+            generator.random()
+        return iter(generator.random, None)
+
+    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
+        """The micro-batch groups of ``epoch`` from step ``skip`` on, each micro-batch on-policy, ``seq_kd`` or from
+        the dataset as TRL's ``training_step`` draws it, and sampled when it is due (with the weights of the steps
+        before it)."""
+        size, accumulation = self._global_batch_size(), self.args.gradient_accumulation_steps
+        order = self._get_train_sampler(epoch)
+        draws = self._policy_draws(epoch, skip)
+        sharding = mesh_lib.batch_sharding(self.mesh, batch_axis=1)
+        for step in range(skip, self._steps_per_epoch()):
+            chosen = order[step * size * accumulation:(step + 1) * size * accumulation]
+            group = []
+            for part in range(accumulation):
+                rows = [self.train_dataset[int(index)] for index in chosen[part * size:(part + 1) * size]]
+                micro = step * accumulation + part
+                group.append(self._micro_batch(rows, next(draws) if rows else 1.0,
+                                               self._generation_seed(epoch, micro)))
+            stacked = {key: np.stack([columns[key] for columns in group]) for key in group[0]}
+            yield mesh_lib.place_batch(stacked, sharding, size, batch_axis=1)
+
+    def _micro_batch(self, rows: list[dict], draw: float, seed: int) -> dict[str, np.ndarray]:
+        """One micro-batch's step columns (``per_device_train_batch_size x`` data-parallel rows, padding rows last):
+        the student's completions when ``draw <= lmbda``, else the teacher's with ``seq_kd``, else the dataset's."""
+        size, width = self._global_batch_size(), self.sequence_length
+        columns = dataset_columns(rows, width, self.pad_token_id)
+        if rows and draw <= self.args.lmbda:
+            columns = self._sampled(rows, columns["label_count"], seed)
+        elif rows and self.args.seq_kd:
+            with self._sampling_from_teacher():
+                columns = self._sampled(rows, columns["label_count"], seed)
+        padding = empty_columns(size - len(rows), width, self.pad_token_id)
+        return {key: np.concatenate([columns[key], padding[key]]) for key in columns}
+
+    def _sampled(self, rows: list[dict], label_count: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+        """The step columns of a completion sampled for each row's prompt (:meth:`_generate`)."""
+        record = self._generate(rows, seed)
+        return sampled_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
+                               label_count, self.sequence_length, self.pad_token_id)
+
+    # ------------------------------------------------------------------ evaluation
+    def _evaluation_loop(self, examples: Sequence[dict], metric_key_prefix: str) -> dict[str, float]:
+        """TRL's evaluation: the dataset's conversations (no sampling), each batch's loss its divergence summed over
+        its labels divided by their number, ``eval_loss`` the mean over rows of their batch's loss."""
+        size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
+        step = train_step.make_eval_step(self._loss()[0], self._compute_dtype())
+        sharding = mesh_lib.batch_sharding(self.mesh)
+        losses, counts = [], []
+        with mesh_lib.entered(self.mesh):
+            for start in range(0, len(examples), size):
+                rows = [examples[index] for index in range(start, min(start + size, len(examples)))]
+                columns = dataset_columns(rows, self.sequence_length, self.pad_token_id)
+                padding = empty_columns(size - len(rows), self.sequence_length, self.pad_token_id)
+                batch = {key: np.concatenate([columns[key], padding[key]]) for key in columns}
+                value, weight, _ = mesh_lib.to_host(step(self._module, mesh_lib.place_batch(batch, sharding, size)))
+                losses.append(float(value) / max(float(weight), 1.0))
+                counts.append(len(rows))
+        return {f"{metric_key_prefix}_loss": float(np.average(losses, weights=counts))}
