@@ -1,6 +1,7 @@
 """The paged rollout engine (``torchlike.adapters.rollout``): greedy tokens equal ``transformers.generate`` for every
-family with slots refilled mid-run, sampled tokens independent of slots, request order and page size (and equal to
-the static sampler's), one prefill per prompt group, pages that track the live tokens, and a pool smaller than a
+family with slots refilled mid-run and with prompts prefilled in chunks, sampled tokens independent of slots, request
+order, page size and prefill chunk size (and equal to the static sampler's), one prefill per prompt group, long
+prompts prefilled chunk by chunk between decode calls, pages that track the live tokens, and a pool smaller than a
 static batch would need."""
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def wandering_qwen2(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_tokens_equal_transformers_with_slots_refilled_and_early_end(tiny_checkpoints, family):
+def test_greedy_tokens_equal_transformers_with_slots_refilled_early_end_and_chunked_prefill(tiny_checkpoints, family):
     path = tiny_checkpoints.path(family)
     reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                                   attn_implementation="eager").eval()
@@ -52,13 +53,21 @@ def test_greedy_tokens_equal_transformers_with_slots_refilled_and_early_end(tiny
     # An end token the first completion meets half-way, so at least one completion ends early.
     eos = free_running[0][NEW_TOKENS // 2]
     expected = [hf_greedy(reference, prompt, eos) for prompt in cases]
-    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=2, page_size=4), eos_token_ids=[eos])
-    outputs = engine.generate([RolloutRequest(prompt, NEW_TOKENS) for prompt in cases], SamplingSettings())
-    got = [output.token_ids[0].tolist() for output in outputs]
-    assert got == [row[:len(ours)] for row, ours in zip(expected, got, strict=True)]
-    assert [len(row) for row in got] == [row.index(eos) + 1 if eos in row else NEW_TOKENS for row in expected]
-    assert outputs[0].ended == [True]
-    assert engine.stats.prefills == len(cases)  # more requests (5) than slots (2): slots were refilled
+    # Whole prompts, then chunks of 6 tokens: shorter than the prompts of 9, 17 and 30 tokens and than Gemma 2/3's
+    # sliding window (8), so a window spans chunks.
+    for chunk in (2048, 6):
+        engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=2, page_size=4, max_num_batched_tokens=chunk),
+                             eos_token_ids=[eos])
+        outputs = engine.generate([RolloutRequest(prompt, NEW_TOKENS) for prompt in cases], SamplingSettings())
+        got = [output.token_ids[0].tolist() for output in outputs]
+        assert got == [row[:len(ours)] for row, ours in zip(expected, got, strict=True)]
+        assert [len(row) for row in got] == [row.index(eos) + 1 if eos in row else NEW_TOKENS for row in expected]
+        assert outputs[0].ended == [True]
+        assert engine.stats.prefills == len(cases)  # more requests (5) than slots (2): slots were refilled
+        chunks = engine.stats.prefill_chunks
+        assert [sum(tokens for request, tokens, _ in chunks if request == index) for index in range(len(cases))] == \
+            [len(prompt) for prompt in cases]
+        assert max(tokens for _, tokens, _ in chunks) <= chunk
 
 
 def test_sampled_tokens_do_not_depend_on_slots_order_or_page_size(wandering_qwen2):
@@ -74,6 +83,36 @@ def test_sampled_tokens_do_not_depend_on_slots_order_or_page_size(wandering_qwen
         np.testing.assert_allclose(np.concatenate(one.logprobs), np.concatenate(other.logprobs), atol=1e-5)
     # The samples of one prompt differ from each other (each has its own stream).
     assert len({tuple(row.tolist()) for row in first[1].token_ids}) > 1
+
+
+def test_sampled_tokens_do_not_depend_on_the_prefill_chunk_size(wandering_qwen2):
+    _, model = wandering_qwen2
+    requests = [RolloutRequest(prompt, NEW_TOKENS, num_samples=2, seed=3 + index)
+                for index, prompt in enumerate(prompts())]
+    results = []
+    for chunk in (64, 4):  # whole prompts; chunks of 4 (every prompt but the last one of 3 tokens chunked)
+        engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4,
+                                                             max_num_batched_tokens=chunk), eos_token_ids=[7])
+        results.append(engine.generate(requests, SAMPLING))
+    whole = results[0]
+    for chunked in results[1:]:
+        for one, other in zip(whole, chunked, strict=True):
+            assert [row.tolist() for row in one.token_ids] == [row.tolist() for row in other.token_ids]
+            np.testing.assert_allclose(np.concatenate(one.logprobs), np.concatenate(other.logprobs), atol=1e-5)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_with_decodes_between_them(wandering_qwen2):
+    _, model = wandering_qwen2
+    short, long = prompts((5, 30))
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=1,
+                                                         max_num_batched_tokens=8))
+    engine.generate([RolloutRequest(short, NEW_TOKENS, num_samples=2), RolloutRequest(long, NEW_TOKENS)], SAMPLING)
+    chunks = [(tokens, decode_calls) for request, tokens, decode_calls in engine.stats.prefill_chunks
+              if request == 1]
+    assert [tokens for tokens, _ in chunks] == [3, 8, 8, 8, 3]  # the first round's 8 tokens start with the short one
+    decode_calls = [calls for _, calls in chunks]
+    # The short prompt's completions advanced between every two chunks of the long prompt.
+    assert all(later > earlier for earlier, later in zip(decode_calls, decode_calls[1:], strict=False))
 
 
 def test_paged_engine_equals_the_static_batch_sampler(wandering_qwen2):
@@ -150,3 +189,5 @@ def test_bad_requests_are_refused_with_the_field_named():
         RolloutRequest([1], 4, num_samples=0)
     with pytest.raises(ValueError, match="max_num_seqs must be >= 1"):
         PagedEngineConfig(max_num_seqs=0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be >= 1"):
+        PagedEngineConfig(max_num_batched_tokens=0)

@@ -6,6 +6,9 @@ The split follows JetStream and vLLM: a scheduler in plain Python owns the reque
 
 - **prefill** runs a batch of prompts (left-padded to a bucket, as the static sampler does) through the model once
   per *request*, writes their keys and values into the pool's pages and keeps the last position's logits;
+- **prefill chunk** continues prompts longer than ``max_num_batched_tokens`` (chunked prefill, as vLLM's): the
+  first chunk is a prefill, each later one feeds its tokens through the decode step's page view (below) between
+  two decode calls, so a long prompt does not stall the running completions;
 - **admit** puts completions into free slots: each copies its request's last, partly filled prompt page (the full
   pages stay shared by every completion of the request), draws its first token from the request's logits with its
   own stream and starts its repetition-penalty memory;
@@ -67,6 +70,9 @@ class PagedEngineConfig:
         max_prefill_requests: requests prefilled together in one program.
         decode_steps: tokens each decode program call adds to every live completion (the scheduler frees and
             refills slots between calls): more amortises the call, fewer refills a slot sooner.
+        max_num_batched_tokens: the most prompt tokens prefilled between two decode calls (vLLM's chunked-prefill
+            budget): a longer prompt is prefilled in chunks with decode calls between them, so the running
+            completions keep advancing while it is read.
     """
 
     max_num_seqs: int = 64
@@ -74,6 +80,7 @@ class PagedEngineConfig:
     kv_cache_tokens: int | None = None
     max_prefill_requests: int = 8
     decode_steps: int = 8
+    max_num_batched_tokens: int = 2048
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any], prefix: str = "") -> PagedEngineConfig:
@@ -83,7 +90,7 @@ class PagedEngineConfig:
                       if prefix + item.name in settings})
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "page_size", "max_prefill_requests", "decode_steps"):
+        for name in ("max_num_seqs", "page_size", "max_prefill_requests", "decode_steps", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PagedEngineConfig.{name} must be >= 1, got {getattr(self, name)}.")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
@@ -97,7 +104,9 @@ class EngineStats:
 
     Attributes:
         prefills: prompts run through the model (one per request, whatever its ``num_samples``).
-        prefill_programs: prefill program calls.
+        prefill_programs: prefill program calls (whole prompts, first chunks and later chunks).
+        prefill_chunks: ``(request index, prompt tokens, decode calls run before it)`` of each prompt chunk
+            prefilled, in order; a prompt within ``max_num_batched_tokens`` is one chunk.
         decode_calls: decode program calls; decode_steps: the decode steps they ran (``decode_steps`` per call).
         slot_steps: tokens the decode steps added to live completions.
         row_steps: rows the decode steps ran (live completions, those that ended within the call, and padding to
@@ -111,6 +120,7 @@ class EngineStats:
 
     prefills: int = 0
     prefill_programs: int = 0
+    prefill_chunks: list[tuple[int, int, int]] = field(default_factory=list)
     decode_calls: int = 0
     decode_steps: int = 0
     slot_steps: int = 0
@@ -129,18 +139,19 @@ class _Programs:
 
     switches: SamplingSwitches
     lora: str
-    view: int = 0  # decode only: cache slots gathered per slot
+    view: int = 0  # decode and prefill chunks: cache slots gathered per row
     steps: int = 1  # decode only: tokens per row and call
 
 
 @dataclass
 class _Group:
-    """A request in flight: its prompt pages, prefill logits and completions not yet admitted."""
+    """A request in flight: its prompt pages, prefill progress and logits, and completions not yet admitted."""
 
     index: int
     request: RolloutRequest
     pages: list[int] = field(default_factory=list)
-    logits: jax.Array | None = None
+    prefilled: int = 0  # prompt tokens in the pages
+    logits: jax.Array | None = None  # the last prompt token's, once the whole prompt is prefilled
     next_sample: int = 0
     promised: int = 0  # pages reserved at prefill for the first completion, so it can always start
 
@@ -214,6 +225,54 @@ def _admit_program(programs: _Programs, pool, seen, logits, slots, tail_from, ta
     return tokens, logprobs, pool, seen
 
 
+def _step_on_pages(module, pool, tokens, lengths, page_table, active, view):
+    """Feeds ``tokens [R]`` at positions ``lengths [R]``, row ``r`` attending to its first ``lengths[r]`` tokens in
+    its pages ``page_table [R, W]``, and writes the fed tokens' keys and values to their pages (rows not
+    ``active`` write to the trash page). Returns ``(logits [R, V], pool)``."""
+    rows, width = page_table.shape
+    page_size = next(iter(pool.values()))["k"].shape[1]
+    # Column c of a row's view holds its token c - (view - length): the row's tokens end at column view - 1 and
+    # Tunix writes the fed token at column ``view`` (its end_index, the same for every row).
+    token_index = jnp.arange(view + 1)[None, :] - (view - lengths)[:, None]
+    cached = (token_index >= 0) & (token_index < lengths[:, None])
+    safe_index = jnp.clip(token_index, 0, width * page_size - 1)
+    page = jnp.where(cached, jnp.take_along_axis(page_table, safe_index // page_size, axis=1), TRASH_PAGE)
+    offset = jnp.where(cached, safe_index % page_size, 0)
+    cache = {name: {"k": pool[name]["k"][page, offset], "v": pool[name]["v"][page, offset],
+                    "end_index": jnp.full((rows,), view, jnp.int32)} for name in pool}
+    mask = cached.at[:, view].set(True)[:, None, :]
+    logits, cache = _forward(module, tokens[:, None], lengths[:, None], cache, mask)
+    write_page = jnp.take_along_axis(page_table, jnp.minimum(lengths // page_size, width - 1)[:, None], axis=1)[:, 0]
+    write_page = jnp.where(active, write_page, TRASH_PAGE)
+    write_offset = jnp.where(active, lengths % page_size, 0)
+    pool = {name: {part: pool[name][part].at[write_page, write_offset].set(cache[name][part][:, view])
+                   for part in ("k", "v")} for name in pool}
+    return logits[:, 0], pool
+
+
+def _prefill_chunk_program(programs: _Programs, module, pool, chunk_ids, starts, counts, page_table):
+    """Continues prompts whose first ``starts [G]`` tokens are in their pages ``page_table [G, W]``: feeds row
+    ``g``'s next ``counts[g]`` tokens ``chunk_ids [G, C]`` one at a time through the decode step's page view
+    (:func:`_step_on_pages`) and writes their keys and values to the pages.
+
+    Returns ``(logits of each row's last fed token [G, V], pool)``.
+    """
+    groups, width = chunk_ids.shape
+    record_trace("generate", {"engine program": "prefill chunk", "requests": groups, "chunk bucket": width,
+                              "view": programs.view})
+    graphdef, state = nnx.split(module)
+    vocab = module.embedder.input_embedding.get_value().shape[0]
+
+    def one_token(step, carry):
+        pool, last = carry
+        logits, pool = _step_on_pages(nnx.merge(graphdef, state), pool, chunk_ids[:, step], starts + step,
+                                      page_table, step < counts, programs.view)
+        return pool, jnp.where((step == counts - 1)[:, None], logits, last)
+
+    pool, last = jax.lax.fori_loop(0, jnp.max(counts), one_token, (pool, jnp.zeros((groups, vocab), jnp.float32)))
+    return last, pool
+
+
 def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens, lengths, page_table, live, seeds,
                     samples, steps, limits, values, end_ids):
     """``programs.steps`` tokens for each of ``R`` rows, row ``r`` being slot ``slot_index[r]`` (``S``, out of
@@ -222,35 +281,17 @@ def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens,
 
     Returns ``(tokens [R, steps], logprobs [R, steps], pool, seen)``, ``-1`` after a row stopped.
     """
-    slots, width = page_table.shape
-    view = programs.view
-    record_trace("generate", {"engine program": "decode", "slots": slots, "view": view, "steps": programs.steps,
-                              "switches": programs.switches})
-    page_size = next(iter(pool.values()))["k"].shape[1]
+    slots = page_table.shape[0]
+    record_trace("generate", {"engine program": "decode", "slots": slots, "view": programs.view,
+                              "steps": programs.steps, "switches": programs.switches})
     graphdef, state = nnx.split(module)
     temperature = values.temperature if programs.switches.do_sample else 1.0
 
     def one_step(step, carry):
         pool, seen, tokens, lengths, done, out_tokens, out_logprobs = carry
         active = live & ~done
-        # Column c of a slot's view holds its token c - (view - length): the slot's tokens end at column view - 1
-        # and Tunix writes the fed token at column ``view`` (its end_index, the same for every row).
-        token_index = jnp.arange(view + 1)[None, :] - (view - lengths)[:, None]
-        cached = (token_index >= 0) & (token_index < lengths[:, None])
-        safe_index = jnp.clip(token_index, 0, width * page_size - 1)
-        page = jnp.where(cached, jnp.take_along_axis(page_table, safe_index // page_size, axis=1), TRASH_PAGE)
-        offset = jnp.where(cached, safe_index % page_size, 0)
-        cache = {name: {"k": pool[name]["k"][page, offset], "v": pool[name]["v"][page, offset],
-                        "end_index": jnp.full((slots,), view, jnp.int32)} for name in pool}
-        mask = cached.at[:, view].set(True)[:, None, :]
-        logits, cache = _forward(nnx.merge(graphdef, state), tokens[:, None], lengths[:, None], cache, mask)
-        write_page = jnp.take_along_axis(page_table, jnp.minimum(lengths // page_size, width - 1)[:, None],
-                                         axis=1)[:, 0]
-        write_page = jnp.where(active, write_page, TRASH_PAGE)
-        write_offset = jnp.where(active, lengths % page_size, 0)
-        pool = {name: {part: pool[name][part].at[write_page, write_offset].set(cache[name][part][:, view])
-                       for part in ("k", "v")} for name in pool}
-        logits = logits[:, 0]
+        logits, pool = _step_on_pages(nnx.merge(graphdef, state), pool, tokens, lengths, page_table, active,
+                                      programs.view)
         row_seen = seen.at[slot_index].get(mode="clip") if programs.switches.repetition_penalty else None
         drawn = choose_tokens_per_row(logits, stream_keys(seeds, samples, steps + step), programs.switches, values,
                                       row_seen)
@@ -272,6 +313,7 @@ def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens,
 
 
 _prefill = traced_cheaply(nnx.jit(_prefill_program, static_argnums=(0,), donate_argnums=(2,)))
+_prefill_chunk = traced_cheaply(nnx.jit(_prefill_chunk_program, static_argnums=(0,), donate_argnums=(2,)))
 _admit = traced_cheaply(jax.jit(_admit_program, static_argnums=(0,), donate_argnums=(1, 2)))
 _decode = traced_cheaply(nnx.jit(_decode_program, static_argnums=(0,), donate_argnums=(2, 3)))
 
@@ -405,6 +447,7 @@ class _Run:
         self.fed = np.zeros(self.num_slots, np.int32)
         self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
         self.programs = _Programs(self.switches, engine.lora)
+        self.prefill_budget = config.max_num_batched_tokens  # prompt tokens left to prefill before the next decode
         self.end_array = end_token_array(engine.eos_token_ids)
 
     def _own_pages(self, request: RolloutRequest) -> int:
@@ -416,12 +459,14 @@ class _Run:
     def run(self) -> list[RequestOutput]:
         with lora_runtime.lora_mode(self.engine.lora):
             while True:
-                self._admit_waiting()
+                progressed = self._admit_waiting()
                 live = [index for index, slot in enumerate(self.slots) if slot is not None]
                 if not live:
-                    if self.waiting:
+                    if self.waiting and not progressed:
                         raise RuntimeError("the rollout engine could not admit a waiting request; this is a bug.")
-                    break
+                    if not self.waiting:
+                        break
+                    continue  # a prompt is still being prefilled chunk by chunk
                 self._decode_step(live)
         self.engine._keep_pool(self.pool, self.pages.num_pages)
         self.engine.stats.peak_pages_in_use = self.pages.peak_in_use
@@ -430,12 +475,16 @@ class _Run:
         return self.outputs
 
     # ------------------------------------------------------------------ admission
-    def _admit_waiting(self) -> None:
+    def _admit_waiting(self) -> bool:
+        """Prefills (within the round's ``max_num_batched_tokens``) and admits waiting completions into free slots;
+        returns whether it prefilled or admitted any."""
+        self.prefill_budget = self.engine.config.max_num_batched_tokens
+        programs_before = self.engine.stats.prefill_programs
         free = [index for index, slot in enumerate(self.slots) if slot is None]
         admitted: list[tuple[int, _Group, int]] = []
         while free and self.waiting:
             group = self.waiting[0]
-            if not group.pages and not self._prefill_next(len(free)):
+            if group.logits is None and not self._prefill_next(len(free)):
                 break
             if group.promised:
                 group.promised = 0
@@ -448,55 +497,90 @@ class _Run:
             admitted.append((free.pop(0), group, sample))
         if admitted:
             self._admit(admitted)
+        return bool(admitted) or self.engine.stats.prefill_programs > programs_before
 
     def _prefill_next(self, free_slots: int) -> bool:
-        """Prefills the next waiting requests without pages (at least the first, as many as fill ``free_slots``
-        and the pool allows); returns whether the first was prefilled."""
+        """Prefills the next chunks of the waiting prompts, at most the round's remaining ``max_num_batched_tokens``:
+        the prompts already started, then new ones (at least the first waiting, as many as fill ``free_slots`` and
+        the pool allows); returns whether the first waiting request is wholly prefilled."""
         config = self.engine.config
-        chosen: list[_Group] = []
+        chosen: list[tuple[_Group, int]] = []
         covered = 0
         for group in self.waiting:
-            if len(chosen) == config.max_prefill_requests or covered >= free_slots:
+            if len(chosen) == config.max_prefill_requests or covered >= free_slots or not self.prefill_budget:
                 break
-            if group.pages:
+            if group.logits is not None:
                 covered += group.request.num_samples - group.next_sample
                 continue
-            need = self.pages.pages_for(group.prompt_length)
-            # The first completion's pages are promised with the prompt's, or it might never start.
-            group.promised = self._own_pages(group.request)
-            if not self.pages.reserve(need + group.promised):
-                group.promised = 0
-                break
-            group.pages = [self.pages.take() for _ in range(need)]
-            chosen.append(group)
+            if not group.pages:
+                need = self.pages.pages_for(group.prompt_length)
+                # The first completion's pages are promised with the prompt's, or it might never start.
+                group.promised = self._own_pages(group.request)
+                if not self.pages.reserve(need + group.promised):
+                    group.promised = 0
+                    break
+                group.pages = [self.pages.take() for _ in range(need)]
+                self.engine.stats.prefills += 1
+            count = min(group.prompt_length - group.prefilled, self.prefill_budget)
+            self.prefill_budget -= count
+            chosen.append((group, count))
             covered += group.request.num_samples
         if not chosen:
             return False
-        self._prefill(chosen)
-        return bool(self.waiting[0].pages)
+        # A prompt's first chunk runs as one multi-token prefill; later chunks continue the cache in the pages.
+        starting = [(group, count) for group, count in chosen if not group.prefilled]
+        continuing = [(group, count) for group, count in chosen if group.prefilled]
+        if starting:
+            self._prefill(starting)
+        if continuing:
+            self._prefill_chunk(continuing)
+        return self.waiting[0].logits is not None
 
-    def _prefill(self, groups: list[_Group]) -> None:
+    def _prefill(self, chosen: list[tuple[_Group, int]]) -> None:
+        """Prefills the first ``count`` tokens of each group's prompt from an empty cache."""
         engine = self.engine
         page_size = engine.config.page_size
-        rows = _power_of_two(len(groups))
-        width = bucket_length(max(group.prompt_length for group in groups))
+        rows = _power_of_two(len(chosen))
+        width = bucket_length(max(count for _, count in chosen))
         prompt_ids = np.full((rows, width), engine.pad_token_id, np.int32)
         prompt_mask = np.zeros((rows, width), np.int32)
         page_index = np.full((rows, width), TRASH_PAGE, np.int32)
         page_offset = np.zeros((rows, width), np.int32)
-        for row, group in enumerate(groups):
-            length = group.prompt_length
-            prompt_ids[row, width - length:] = group.request.prompt_ids
-            prompt_mask[row, width - length:] = 1
-            token = np.arange(length)
-            page_index[row, width - length:] = np.asarray(group.pages)[token // page_size]
-            page_offset[row, width - length:] = token % page_size
+        for row, (group, count) in enumerate(chosen):
+            prompt_ids[row, width - count:] = group.request.prompt_ids[:count]
+            prompt_mask[row, width - count:] = 1
+            token = np.arange(count)
+            page_index[row, width - count:] = np.asarray(group.pages)[token // page_size]
+            page_offset[row, width - count:] = token % page_size
         logits, self.pool = _prefill(self.programs, self.engine.module, self.pool, prompt_ids, prompt_mask,
                                      page_index, page_offset)
-        for row, group in enumerate(groups):
-            group.logits = logits[row]
-        engine.stats.prefills += len(groups)
-        engine.stats.prefill_programs += 1
+        self._prefilled(chosen, logits)
+
+    def _prefill_chunk(self, chosen: list[tuple[_Group, int]]) -> None:
+        """Prefills the next ``count`` tokens of each group's started prompt (see :func:`_prefill_chunk_program`)."""
+        rows = _power_of_two(len(chosen))
+        chunk_ids = np.zeros((rows, bucket_length(max(count for _, count in chosen))), np.int32)
+        starts = np.zeros(rows, np.int32)
+        counts = np.zeros(rows, np.int32)
+        page_table = np.zeros((rows, self.table_width), np.int32)
+        for row, (group, count) in enumerate(chosen):
+            chunk_ids[row, :count] = group.request.prompt_ids[group.prefilled:group.prefilled + count]
+            starts[row], counts[row] = group.prefilled, count
+            page_table[row, :len(group.pages)] = group.pages
+        programs = _Programs(self.switches, self.engine.lora, view=bucket_length(int((starts + counts).max())))
+        logits, self.pool = _prefill_chunk(programs, self.engine.module, self.pool, chunk_ids, starts, counts,
+                                           page_table)
+        self._prefilled(chosen, logits)
+
+    def _prefilled(self, chosen: list[tuple[_Group, int]], logits: jax.Array) -> None:
+        """Records a prefill program's chunks; a group whose prompt is complete keeps its last token's logits."""
+        stats = self.engine.stats
+        for row, (group, count) in enumerate(chosen):
+            group.prefilled += count
+            if group.prefilled == group.prompt_length:
+                group.logits = logits[row]
+            stats.prefill_chunks.append((group.index, count, stats.decode_calls))
+        stats.prefill_programs += 1
 
     def _admit(self, admitted: list[tuple[int, _Group, int]]) -> None:
         engine = self.engine
