@@ -39,9 +39,9 @@ CASES = {
 def test_cpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path, case):
     path = tiny_checkpoints.path("qwen2")
     settings = comparison_settings(**CASES[case])
-    theirs, their_params = tiny.run_trl_pairwise(trl_cpo.CPOTrainer, trl_cpo.CPOConfig, path, tokenizer_dir,
+    theirs, their_params, _ = tiny.run_trl_pairwise(trl_cpo.CPOTrainer, trl_cpo.CPOConfig, path, tokenizer_dir,
                                                  tmp_path / "trl", DATA, settings)
-    ours, params = tiny.run_torchlike_pairwise(CPOTrainer, CPOConfig, path, tokenizer_dir, tmp_path / "ours", DATA,
+    ours, params, _ = tiny.run_torchlike_pairwise(CPOTrainer, CPOConfig, path, tokenizer_dir, tmp_path / "ours", DATA,
                                                settings)
     tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
     assert set(params) == set(their_params)

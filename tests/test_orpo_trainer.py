@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import types
+
 import numpy as np
+import pytest
 import trl.experimental.orpo as trl_orpo
+from trl.data_utils import maybe_apply_chat_template, maybe_extract_prompt
 
 from tests import tiny
 from torchlike.trl.experimental.orpo import ORPOConfig, ORPOTrainer
+from torchlike.trl.experimental.pairwise_data import prepare_pairwise_examples
 
 DATA = [{"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog"},
         {"prompt": "one two", "chosen": " three four five", "rejected": " hello world, this is a tiny tokenizer"},
@@ -15,6 +21,28 @@ DATA = [{"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", 
 METRICS = ("loss", "grad_norm", "learning_rate", "rewards/chosen", "rewards/rejected", "rewards/margins",
            "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "nll_loss", "log_odds_ratio",
            "log_odds_chosen")
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+
+
+def message(role, text):
+    return {"role": role, "content": text}
+
+
+# Each layout TRL accepts; "the quick bro" + "wn" merges across the prompt boundary; long responses are cut.
+FORMATS = {
+    "standard, explicit prompt": [{"prompt": "the quick brown", "chosen": " fox jumps</s>", "rejected": " dog"},
+                                  {"prompt": "the quick bro", "chosen": "wn fox", "rejected": " dog"},
+                                  {"prompt": "one two", "chosen": " three four five six seven eight nine ten",
+                                   "rejected": " four five"}],
+    "standard, implicit prompt": [{"chosen": "the quick brown fox jumps", "rejected": "the quick brown dog"},
+                                  {"chosen": "one two three", "rejected": "one two four five"}],
+    "conversational, explicit prompt": [{"prompt": [message("user", "the quick brown")],
+                                         "chosen": [message("assistant", "fox")],
+                                         "rejected": [message("assistant", "dog")]}],
+    "conversational, implicit prompt": [{"chosen": [message("user", "one two"), message("assistant", "three")],
+                                         "rejected": [message("user", "one two"), message("assistant", "four")]}],
+}
 
 
 def comparison_settings(**overrides) -> dict:
@@ -22,18 +50,100 @@ def comparison_settings(**overrides) -> dict:
     decay and clipping (max_grad_norm below every step's norm); float32 on both sides (bf16 off)."""
     values = dict(max_length=12, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=4,
                   learning_rate=1e-2, warmup_steps=2, weight_decay=0.1, max_grad_norm=0.05, adam_epsilon=1e-4,
-                  logging_steps=1, seed=0, bf16=False, beta=0.2, report_to="none", save_strategy="no")
+                  logging_steps=1, seed=0, bf16=False, beta=0.2, report_to="none", save_strategy="no",
+                  per_device_eval_batch_size=4)
     return {**values, **overrides}
 
 
-def test_orpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path):
+def tokenizer_with_pad(tokenizer_dir):
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.pad_token = "<pad>"
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def test_orpo_losses_metrics_evaluation_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir,
+                                                                             tmp_path):
     path = tiny_checkpoints.path("qwen2")
     settings = comparison_settings()
-    theirs, their_params = tiny.run_trl_pairwise(trl_orpo.ORPOTrainer, trl_orpo.ORPOConfig, path, tokenizer_dir,
-                                                 tmp_path / "trl", DATA, settings)
-    ours, params = tiny.run_torchlike_pairwise(ORPOTrainer, ORPOConfig, path, tokenizer_dir, tmp_path / "ours", DATA,
-                                               settings)
+    eval_data = DATA[1:7]  # a partial last batch: TRL's is shorter, torchlike's is padded with empty pairs
+    theirs, their_params, their_eval = tiny.run_trl_pairwise(trl_orpo.ORPOTrainer, trl_orpo.ORPOConfig, path,
+                                                             tokenizer_dir, tmp_path / "trl", DATA, settings,
+                                                             eval_data)
+    ours, params, our_eval = tiny.run_torchlike_pairwise(ORPOTrainer, ORPOConfig, path, tokenizer_dir,
+                                                         tmp_path / "ours", DATA, settings, eval_data)
     tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
     assert set(params) == set(their_params)
     for name, value in their_params.items():
         np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+    assert set(our_eval) == set(their_eval)
+    for key, value in their_eval.items():
+        np.testing.assert_allclose(our_eval[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_each_preference_format_is_tokenised_as_trl_tokenize_row(tokenizer_dir, name):
+    tokenizer = tokenizer_with_pad(tokenizer_dir)
+    # TRL's own preparation: its map steps, then tokenize_row, which reads only these trainer attributes.
+    trainer = types.SimpleNamespace(processing_class=tokenizer, is_encoder_decoder=False, max_length=12)
+    trainer.build_tokenized_answer = functools.partial(trl_orpo.ORPOTrainer.build_tokenized_answer, trainer)
+    theirs = [trl_orpo.ORPOTrainer.tokenize_row(trainer, maybe_apply_chat_template(maybe_extract_prompt(row),
+                                                                                    tokenizer))
+              for row in FORMATS[name]]
+    ours = prepare_pairwise_examples(FORMATS[name], tokenizer, max_length=12)
+    for mine, row in zip(ours, theirs, strict=True):
+        assert mine["prompt_ids"] == row["prompt_input_ids"]
+        for key in ("chosen", "rejected"):
+            assert mine[f"{key}_prompt_ids"] + mine[f"{key}_ids"] == row[f"{key}_input_ids"]
+            assert row[f"{key}_labels"].count(-100) == len(mine[f"{key}_prompt_ids"])
+
+
+def trl_error(call) -> str:
+    with pytest.raises(ValueError) as error:
+        call()
+    return str(error.value)
+
+
+def test_missing_train_dataset_is_trls_error(tiny_checkpoints, tmp_path):
+    import transformers
+
+    path = tiny_checkpoints.path("qwen2")
+    theirs = trl_error(lambda: trl_orpo.ORPOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(path), train_dataset=None,
+        args=trl_orpo.ORPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")))
+    ours = trl_error(lambda: ORPOTrainer(model=str(path), train_dataset=None,
+                                         args=ORPOConfig(output_dir=str(tmp_path), report_to="none")))
+    assert ours == theirs == "`train_dataset` is required"
+
+
+def test_model_init_kwargs_with_a_loaded_model_is_trls_error(tiny_checkpoints, tokenizer_dir, tmp_path):
+    import transformers
+
+    import torchlike
+
+    path = tiny_checkpoints.path("qwen2")
+    theirs = trl_error(lambda: trl_orpo.ORPOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(path), train_dataset=DATA,
+        args=trl_orpo.ORPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none",
+                                 model_init_kwargs={"dtype": "float32"})))
+    ours = trl_error(lambda: ORPOTrainer(
+        model=torchlike.AutoModelForCausalLM.from_pretrained(path), train_dataset=DATA,
+        args=ORPOConfig(output_dir=str(tmp_path), report_to="none", model_init_kwargs={"dtype": "float32"})))
+    assert ours == theirs
+
+
+def test_unset_max_length_means_512_with_trls_warning(tiny_checkpoints, tokenizer_dir, tmp_path):
+    with pytest.warns(UserWarning, match="`max_length` is not set in the ORPOConfig's init it will default to `512`"):
+        trainer = ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA[:4],
+                              processing_class=tokenizer_with_pad(tokenizer_dir),
+                              args=ORPOConfig(output_dir=str(tmp_path), report_to="none", max_length=None))
+    assert trainer.max_length == 512
+
+
+@pytest.mark.parametrize(("name", "value"), [("model_init", lambda: None), ("compute_metrics", lambda p: {})])
+def test_what_torchlike_does_not_do_is_refused_by_name(tiny_checkpoints, tmp_path, name, value):
+    with pytest.raises(NotImplementedError, match=name):
+        ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA, **{name: value},
+                    args=ORPOConfig(output_dir=str(tmp_path), report_to="none"))

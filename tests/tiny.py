@@ -286,9 +286,10 @@ def saved_hf_params(model, folder) -> dict:
 # --- TRL's experimental pairwise trainers (ORPO, CPO): the real one and torchlike's on the same data ---------------
 
 def run_trl_pairwise(trainer_class, config_class, path, tokenizer_path, output_dir, data: list[dict],
-                     settings: dict) -> tuple[list[dict], dict]:
+                     settings: dict, eval_data: list[dict] | None = None) -> tuple[list[dict], dict, dict]:
     """A real ``trl.experimental`` pairwise trainer (``ORPOTrainer``, ``CPOTrainer``) of ``path`` (float32) on
-    ``data`` in order, the tokenizer padding with ``<pad>``: its log history and final parameters (HF names)."""
+    ``data`` in order, the tokenizer padding with ``<pad>``: its log history, final parameters (HF names) and, with
+    ``eval_data``, ``evaluate()``'s metrics on it after training (:func:`evaluated`)."""
     import datasets
     import transformers
     from torch.utils.data import SequentialSampler
@@ -297,14 +298,16 @@ def run_trl_pairwise(trainer_class, config_class, path, tokenizer_path, output_d
     tokenizer.pad_token = "<pad>"
     trainer = trainer_class(model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
                             args=config_class(output_dir=str(output_dir), use_cpu=True, **settings),
-                            train_dataset=datasets.Dataset.from_list(data), processing_class=tokenizer)
+                            train_dataset=datasets.Dataset.from_list(data), processing_class=tokenizer,
+                            eval_dataset=None if eval_data is None else datasets.Dataset.from_list(eval_data))
     trainer._get_train_sampler = lambda *args, **kwargs: SequentialSampler(trainer.train_dataset)
     trainer.train()
-    return trainer.state.log_history, saved_hf_params(trainer.model, Path(output_dir) / "model")
+    metrics = {} if eval_data is None else evaluated(trainer)
+    return trainer.state.log_history, saved_hf_params(trainer.model, Path(output_dir) / "model"), metrics
 
 
 def run_torchlike_pairwise(trainer_class, config_class, path, tokenizer_path, output_dir, data: list[dict],
-                           settings: dict) -> tuple[list[dict], dict]:
+                           settings: dict, eval_data: list[dict] | None = None) -> tuple[list[dict], dict, dict]:
     """torchlike's counterpart of :func:`run_trl_pairwise`: its log history and final parameters as exported."""
     from safetensors.numpy import load_file
 
@@ -314,10 +317,11 @@ def run_torchlike_pairwise(trainer_class, config_class, path, tokenizer_path, ou
     tokenizer.pad_token = "<pad>"
     trainer = trainer_class(model=str(path), args=config_class(output_dir=str(output_dir),
                                                                train_sampling_strategy="sequential", **settings),
-                            train_dataset=data, processing_class=tokenizer)
+                            train_dataset=data, processing_class=tokenizer, eval_dataset=eval_data)
     trainer.train()
+    metrics = {} if eval_data is None else evaluated(trainer)
     trainer.model.save_pretrained(Path(output_dir) / "model")
-    return trainer.state.log_history, load_file(Path(output_dir) / "model" / "model.safetensors")
+    return trainer.state.log_history, load_file(Path(output_dir) / "model" / "model.safetensors"), metrics
 
 
 def compare_pairwise_logs(ours: list[dict], theirs: list[dict], keys: tuple[str, ...], max_grad_norm: float) -> None:

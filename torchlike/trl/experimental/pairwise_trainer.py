@@ -32,6 +32,7 @@ class PairwisePreferenceTrainer(TRLTrainer):
 
     #: TRL's attribute: the weight of the router loss, read from the model config.
     aux_loss_coef: float = 0.0
+    _evaluating: bool = False
 
     def __init__(self, model: Any = None, args: Any = None, data_collator: Callable | None = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
@@ -128,4 +129,24 @@ class PairwisePreferenceTrainer(TRLTrainer):
 
     # ------------------------------------------------------------------ Trainer hooks
     def _loss(self) -> tuple[Callable, None]:
-        return self._step_loss_function(), None
+        """The step loss; in evaluation each batch's loss weighs by its pairs, as transformers' evaluation loop
+        repeats a batch's loss once per example (training averages the micro-batches, as TRL)."""
+        import jax.numpy as jnp
+
+        loss = self._step_loss_function()
+        if not self._evaluating:
+            return loss, None
+
+        def per_pair(module, batch, num_items_in_batch=None):
+            value, _, metrics = loss(module, batch, num_items_in_batch)
+            pairs = batch["chosen_attention_mask"].any(-1).sum().astype(jnp.float32)
+            return value * pairs, pairs, metrics
+
+        return per_pair, None
+
+    def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
+        self._evaluating = True
+        try:
+            return super()._evaluation_loop(examples, metric_key_prefix)
+        finally:
+            self._evaluating = False
