@@ -34,7 +34,8 @@ from torchlike.trl.rloo_fields import RLOO_FIELD_SUPPORT
 # GRPO's max_prompt_length: removed from TRL in 0.28, still accepted by torchlike (with a FutureWarning).
 # The rollout engine's settings: torchlike only (TRL's vllm_* fields configure vLLM).
 TORCHLIKE_GRPO_FIELDS = TORCHLIKE_FIELDS | {"max_prompt_length", "rollout_engine", "rollout_max_num_seqs",
-                                            "rollout_page_size", "rollout_kv_cache_tokens", "max_staleness"}
+                                            "rollout_page_size", "rollout_kv_cache_tokens",
+                                            "rollout_max_num_batched_tokens", "max_staleness"}
 TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 
 CASES = [(trl.GRPOConfig, GRPOConfig, GRPO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),

@@ -130,6 +130,7 @@ class OnlineRLConfig(TRLConfig):
     rollout_max_num_seqs: int = 256
     rollout_page_size: int = 16
     rollout_kv_cache_tokens: int | None = None
+    rollout_max_num_batched_tokens: int = 2048
     max_staleness: int = 0
 
     def __post_init__(self) -> None:
@@ -154,7 +155,8 @@ class OnlineRLConfig(TRLConfig):
             raise ValueError(f"rollout_engine={self.rollout_engine!r}: expected one of {ROLLOUT_ENGINES}.")
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness!r}: expected an integer >= 0 (0: synchronous).")
-        for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens"):
+        for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens",
+                     "rollout_max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r}: expected a positive integer.")
@@ -263,6 +265,9 @@ class GRPOConfig(OnlineRLConfig):
         rollout_kv_cache_tokens (`int`, *optional*): torchlike only; the KV cache's size in tokens, shared by every
             slot and prompt (what ``vllm_gpu_memory_utilization`` sizes in vLLM). ``None``: room for every slot's
             longest completion.
+        rollout_max_num_batched_tokens (`int`, defaults to 2048): torchlike only; with ``rollout_engine="paged"``, the
+            most prompt tokens prefilled between two decode steps (vLLM's ``max_num_batched_tokens``): a longer prompt
+            is prefilled in chunks while the running completions keep decoding.
         max_staleness (`int`, defaults to 0): torchlike only (TRL's ``AsyncGRPOConfig`` name). ``0``: each generation
             batch is sampled with the current policy before it trains (synchronous, as ``GRPOTrainer``). ``>= 1``:
             the next generation batch is sampled while the current one trains, with the weights from before its
