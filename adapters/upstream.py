@@ -89,6 +89,13 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         "google-tunix", "<=0.1.7",
+        "A multi-token call cannot continue a KV cache in every family: Gemma 4's prefill attends only to the call's "
+        "own tokens (and writes them at slot 0), Gemma 3 places its sliding window relative to the call's first "
+        "token; the paged engine's later prefill chunks feed their tokens one at a time through the decode step.",
+        ("adapters/rollout/paged.py:_prefill_chunk_program",),
+    ),
+    Workaround(
+        "google-tunix", "<=0.1.7",
         "The vanilla Sampler has no repetition penalty or min-p, needs a fixed kv_cache_size (its index wraps "
         "silently), reuses one PRNG key per rollout and returns NaN log-probs at temperature 0; generation "
         "runs its own decode loop on Tunix's KV cache.",

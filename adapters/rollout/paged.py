@@ -253,7 +253,8 @@ def _step_on_pages(module, pool, tokens, lengths, page_table, active, view):
 def _prefill_chunk_program(programs: _Programs, module, pool, chunk_ids, starts, counts, page_table):
     """Continues prompts whose first ``starts [G]`` tokens are in their pages ``page_table [G, W]``: feeds row
     ``g``'s next ``counts[g]`` tokens ``chunk_ids [G, C]`` one at a time through the decode step's page view
-    (:func:`_step_on_pages`) and writes their keys and values to the pages.
+    (:func:`_step_on_pages`: a multi-token call cannot continue a cache in every Tunix family, see
+    ``adapters.upstream``) and writes their keys and values to the pages.
 
     Returns ``(logits of each row's last fed token [G, V], pool)``.
     """
