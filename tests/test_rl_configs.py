@@ -9,6 +9,7 @@ import pytest
 import transformers
 import trl
 import trl.experimental.cpo as trl_cpo
+import trl.experimental.gkd as trl_gkd
 import trl.experimental.orpo as trl_orpo
 
 from tests.test_training_config import (
@@ -26,6 +27,8 @@ from torchlike.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig, dpo_conf
 from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
 from torchlike.trl.experimental.cpo import CPOConfig
 from torchlike.trl.experimental.cpo.cpo_fields import CPO_FIELD_SUPPORT
+from torchlike.trl.experimental.gkd import GKDConfig
+from torchlike.trl.experimental.gkd.gkd_fields import GKD_FIELD_SUPPORT
 from torchlike.trl.experimental.orpo import ORPOConfig
 from torchlike.trl.experimental.orpo.orpo_fields import ORPO_FIELD_SUPPORT
 from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
@@ -42,8 +45,9 @@ CASES = [(trl.GRPOConfig, GRPOConfig, GRPO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS)
          (trl.RLOOConfig, RLOOConfig, RLOO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
          (trl.DPOConfig, DPOConfig, DPO_FIELD_SUPPORT, TORCHLIKE_FIELDS),
          (trl_orpo.ORPOConfig, ORPOConfig, ORPO_FIELD_SUPPORT, TORCHLIKE_FIELDS),
-         (trl_cpo.CPOConfig, CPOConfig, CPO_FIELD_SUPPORT, TORCHLIKE_FIELDS)]
-CASE_IDS = ["GRPOConfig", "RLOOConfig", "DPOConfig", "ORPOConfig", "CPOConfig"]
+         (trl_cpo.CPOConfig, CPOConfig, CPO_FIELD_SUPPORT, TORCHLIKE_FIELDS),
+         (trl_gkd.GKDConfig, GKDConfig, GKD_FIELD_SUPPORT, TORCHLIKE_FIELDS)]
+CASE_IDS = ["GRPOConfig", "RLOOConfig", "DPOConfig", "ORPOConfig", "CPOConfig", "GKDConfig"]
 
 
 # --- the field walk ------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from ..training_args import TrainingArguments
 from .distillation_config import DistillationConfig
 from .dpo_config import DPOConfig
 from .experimental.cpo.cpo_config import CPOConfig
+from .experimental.gkd.gkd_config import GKDConfig
 from .experimental.orpo.orpo_config import ORPOConfig
 from .grpo_config import GRPOConfig
 from .kto_config import KTOConfig
@@ -26,7 +27,7 @@ def unsupported_fields_markdown() -> str:
     """
     sections, shown = [], set()
     for config_class in (TrainingArguments, SFTConfig, GRPOConfig, RLOOConfig, DPOConfig, KTOConfig,
-                         RewardConfig, DistillationConfig, ORPOConfig, CPOConfig):
+                         RewardConfig, DistillationConfig, ORPOConfig, CPOConfig, GKDConfig):
         names = {field.name for field in dataclasses.fields(config_class)}
         table = field_table(config_class)
         rows = sorted((support.status, name, support.reason) for name, support in table.items()

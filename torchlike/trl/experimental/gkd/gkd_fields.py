@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torchlike.field_support import FieldSupport, honoured, ignored, refused
 from torchlike.trl.distillation_fields import DISTILLATION_FIELD_SUPPORT
+from torchlike.trl.sft_fields import SFT_FIELD_SUPPORT
 
 _SKIPPED_PREPARATION = ("TRL's GKDTrainer skips SFT's dataset preparation (it forces dataset_kwargs "
                         "skip_prepare_dataset) and batches with DataCollatorForChatML, which never reads it; "
@@ -18,10 +19,18 @@ _SKIPPED_PREPARATION = ("TRL's GKDTrainer skips SFT's dataset preparation (it fo
 
 GKD_FIELD_SUPPORT: dict[str, FieldSupport] = {
     **{name: ignored(_SKIPPED_PREPARATION) for name in (
-        "dataset_text_field", "dataset_num_proc", "eos_token", "truncation_mode", "shuffle_dataset", "packing",
+        "dataset_text_field", "dataset_num_proc", "eos_token", "truncation_mode", "shuffle_dataset",
         "packing_strategy", "eval_packing", "completion_only_loss", "assistant_only_loss", "pad_to_multiple_of")},
+    **{name: SFT_FIELD_SUPPORT[name] for name in ("model_init_kwargs", "trust_remote_code", "chat_template_path",
+                                                 "activation_offloading")},
+    "router_aux_loss_coef": ignored("GKD's loss is the generalized JSD alone: TRL's GKDTrainer.compute_loss never "
+                                    "adds the router load-balancing loss (TRL only refuses a coefficient for a dense "
+                                    "model, where torchlike warns instead)."),
     "dataset_kwargs": ignored("TRL's GKDTrainer sets skip_prepare_dataset=True whatever is given and reads no other "
                               "key; the messages rows are batched as TRL's DataCollatorForChatML batches them."),
+    "packing": refused("With TRL's default packing_strategy ('bfd') packing turns padding-free batches on, which "
+                       "TRL's SFTTrainer refuses with GKD's own data collator; with 'wrapped' the preparation that "
+                       "packs is skipped. GKD's batches are whole conversations, left-padded."),
     "padding_free": refused("TRL's SFTTrainer refuses padding-free batches with GKD's own data collator; GKD's "
                             "batches are left-padded rows."),
     "loss_type": ignored("GKDTrainer's loss is always the generalized JSD (its compute_loss replaces SFT's)."),
