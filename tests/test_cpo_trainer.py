@@ -27,11 +27,11 @@ def comparison_settings(**overrides) -> dict:
 
 
 CASES = {
-    "sigmoid, label smoothing": dict(loss_type="sigmoid", label_smoothing=0.1),
+    "sigmoid, label smoothing, AlphaPO rewards": dict(loss_type="sigmoid", label_smoothing=0.1, alpha=0.2),
     "hinge": dict(loss_type="hinge"),
-    "ipo": dict(loss_type="ipo"),
-    "simpo, cpo_alpha 0.5": dict(loss_type="simpo", simpo_gamma=0.3, cpo_alpha=0.5),
-    "alphapo (simpo, no NLL, AlphaPO rewards)": dict(loss_type="alphapo", alpha=0.2),
+    "ipo, cpo_alpha 0.5": dict(loss_type="ipo", cpo_alpha=0.5),
+    # alphapo: simpo with cpo_alpha=0 (no NLL term).
+    "simpo (alphapo)": dict(loss_type="alphapo", simpo_gamma=0.3),
 }
 
 
@@ -47,3 +47,62 @@ def test_cpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints
     assert set(params) == set(their_params)
     for name, value in their_params.items():
         np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+
+
+def test_alphapo_becomes_simpo_without_the_nll_term_as_in_trl(tmp_path):
+    theirs = trl_cpo.CPOConfig(output_dir=str(tmp_path), loss_type="alphapo", use_cpu=True)
+    ours = CPOConfig(output_dir=str(tmp_path), loss_type="alphapo")
+    assert (ours.loss_type, ours.cpo_alpha) == (theirs.loss_type, theirs.cpo_alpha) == ("simpo", 0.0)
+
+
+def test_kto_pair_is_trls_error(tiny_checkpoints, tmp_path):
+    import transformers
+
+    path = tiny_checkpoints.path("qwen2")
+    with pytest.raises(ValueError) as theirs:
+        trl_cpo.CPOTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(path), train_dataset=DATA,
+                           args=trl_cpo.CPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none",
+                                                  loss_type="kto_pair"))
+    with pytest.raises(ValueError) as ours:
+        CPOTrainer(model=str(path), train_dataset=DATA,
+                   args=CPOConfig(output_dir=str(tmp_path), report_to="none", loss_type="kto_pair"))
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_an_unknown_loss_type_is_trls_error_before_training(tiny_checkpoints, tmp_path):
+    import types
+
+    import torch
+
+    # TRL raises in the first step's cpo_loss, which reads only these trainer attributes.
+    trainer = types.SimpleNamespace(alpha=0.0, loss_type="bogus", beta=0.1, label_smoothing=0.0,
+                                    accelerator=types.SimpleNamespace(device="cpu"))
+    with pytest.raises(ValueError) as theirs:
+        trl_cpo.CPOTrainer.cpo_loss(trainer, torch.zeros(2), torch.zeros(2))
+    with pytest.raises(ValueError) as ours:
+        CPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA,
+                   args=CPOConfig(output_dir=str(tmp_path), report_to="none", loss_type="bogus"))
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("loss_type", ["hinge", "ipo"])
+def test_label_smoothing_with_hinge_or_ipo_warns_as_trl(tiny_checkpoints, tokenizer_dir, tmp_path, loss_type):
+    import torchlike
+
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+    with pytest.warns(UserWarning, match=f"You are using the {loss_type} loss type that does not support label "
+                                         "smoothing. The `label_smoothing` parameter will be ignored."):
+        CPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA[:4], processing_class=tokenizer,
+                   args=CPOConfig(output_dir=str(tmp_path), report_to="none", loss_type=loss_type,
+                                  label_smoothing=0.1))
+
+
+def test_without_a_pad_token_the_eos_token_pads_and_the_model_learns_it(tiny_checkpoints, tokenizer_dir, tmp_path):
+    import torchlike
+
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.pad_token = None
+    trainer = CPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA[:4],
+                         processing_class=tokenizer, args=CPOConfig(output_dir=str(tmp_path), report_to="none"))
+    assert tokenizer.pad_token == tokenizer.eos_token
+    assert trainer.pad_token_id == trainer.model.config.pad_token_id == tokenizer.eos_token_id
