@@ -83,6 +83,27 @@ def test_orpo_losses_metrics_evaluation_and_weights_match_trl_step_for_step(tiny
         np.testing.assert_allclose(our_eval[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
 
 
+def test_a_moe_model_that_outputs_router_logits_adds_its_router_loss_as_trl(tiny_checkpoints, tokenizer_dir,
+                                                                             tmp_path):
+    import json
+    import shutil
+
+    # These trainers add the router loss when the model config sets output_router_logits (their only switch).
+    path = tmp_path / "moe"
+    shutil.copytree(tiny_checkpoints.path("qwen3_moe"), path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "output_router_logits": True,
+                                                  "router_aux_loss_coef": 0.5}))
+    settings = comparison_settings()
+    theirs, their_params, _ = tiny.run_trl_pairwise(trl_orpo.ORPOTrainer, trl_orpo.ORPOConfig, path, tokenizer_dir,
+                                                    tmp_path / "trl", DATA, settings)
+    ours, params, _ = tiny.run_torchlike_pairwise(ORPOTrainer, ORPOConfig, path, tokenizer_dir, tmp_path / "ours",
+                                                  DATA, settings)
+    tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
+    for name, value in their_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_each_preference_format_is_tokenised_as_trl_tokenize_row(tokenizer_dir, name):
     tokenizer = tokenizer_with_pad(tokenizer_dir)
