@@ -144,21 +144,24 @@ def test_the_same_seed_reproduces_and_other_seeds_differ(varied):
     assert not np.array_equal(sample(None), sample(None))
 
 
-def test_sampled_row_i_draws_the_stream_seed_i_through_the_engine_boundary(varied):
+def test_sampled_row_i_draws_the_stream_seed_i_on_either_engine(varied):
     from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest
 
     _, model = varied
     ids, mask = left_padded_prompts()
     settings = {"do_sample": True, "temperature": 1.5, "top_p": 0.95, "repetition_penalty": 1.3}
     out = model.generate(ids, mask, max_new_tokens=8, seed=7, num_return_sequences=2, **settings)
-    # Row i = 2 * prompt + sample, asked of another engine alone and in another order: the same tokens.
-    paged = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=2, page_size=4))
+    paged = model.generate(ids, mask, max_new_tokens=8, seed=7, num_return_sequences=2, rollout_engine="paged",
+                           **settings)
+    np.testing.assert_array_equal(paged, out)
+    # Row i = 2 * prompt + sample, asked of the paged engine alone and in another order: the same tokens.
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=2, page_size=4))
+    sampling_settings = sampling.SamplingSettings.from_mapping({**sampling.SamplingSettings.defaults(), **settings})
     for row in (5, 0, 3):
         prompt = ids[row // 2][mask[row // 2] == 1]
         penalised = () if version.repetition_penalty_skips_left_padding() else ids[row // 2][mask[row // 2] == 0]
         request = RolloutRequest(prompt, 8, seed=7, first_sample=row, penalised_ids=penalised)
-        [output] = paged.generate([request], sampling.SamplingSettings.from_mapping(
-            {**sampling.SamplingSettings.defaults(), **settings}))
+        [output] = engine.generate([request], sampling_settings)
         np.testing.assert_array_equal(output.token_ids[0], out[row, PROMPT_WIDTH:])
 
 
@@ -400,3 +403,5 @@ def test_bad_inputs_get_clear_errors(varied):
         model.generate([[5, 6, 7]], [[1, 1]], max_new_tokens=2)
     with pytest.raises(ValueError, match="needs prompts"):
         model.generate(max_new_tokens=2)
+    with pytest.raises(ValueError, match="rollout_engine='vllm'"):
+        model.generate([[5, 6, 7]], max_new_tokens=2, rollout_engine="vllm")

@@ -46,6 +46,9 @@ TRANSFORMERS_DEFAULTS: dict[str, Any] = {
 settings ``generate`` implements: the sampler's (:class:`~torchlike.adapters.sampling.SamplingSettings`)
 and the length, end, padding, search and output settings ``generate`` handles itself."""
 
+ROLLOUT_ENGINES: tuple[str, ...] = ("static", "paged")
+"""The rollout engines ``generate`` and the online trainers decode with (``rollout_engine``)."""
+
 
 @dataclass
 class GenerateDecoderOnlyOutput:
@@ -204,10 +207,13 @@ def generate(
     tokenizer: Any = None,
     seed: int | None = None,
     output_logprobs: bool = False,
+    rollout_engine: str = "static",
     use_cache: bool | None = None,
     **settings: Any,
 ) -> Any:
     """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
+    if rollout_engine not in ROLLOUT_ENGINES:
+        raise ValueError(f"rollout_engine={rollout_engine!r}: expected one of {ROLLOUT_ENGINES}.")
     if use_cache is False:
         raise ValueError("use_cache=False is not supported: generation always decodes over a KV cache.")
     unknown = sorted(set(settings) - set(TRANSFORMERS_DEFAULTS))
@@ -250,8 +256,12 @@ def generate(
     requests = _requests(ids, mask, int(max_new_tokens), copies,
                          sampling.random_seed() if seed is None else int(seed))
     pad = 0 if pad_token_id is None else int(pad_token_id)
-    engine = rollout.StaticEngine(model.module, eos_token_ids=eos_token_ids, pad_token_id=pad,
-                                  lora=model._lora_mode, repetition_penalty_skips_left_padding=True)
+    if rollout_engine == "paged":
+        engine = rollout.PagedEngine(model.module, eos_token_ids=eos_token_ids, pad_token_id=pad,
+                                     lora=model._lora_mode, mesh=model.mesh)
+    else:
+        engine = rollout.StaticEngine(model.module, eos_token_ids=eos_token_ids, pad_token_id=pad,
+                                      lora=model._lora_mode, repetition_penalty_skips_left_padding=True)
     with entered(model.mesh) if model.mesh is not None else contextlib.nullcontext():
         outputs = engine.generate(requests, sampling_settings)
     places = [(row, sample) for row in range(len(requests)) for sample in range(copies)]

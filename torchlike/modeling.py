@@ -191,6 +191,7 @@ class CausalLM:
         input_ids: Any = None,
         prompts: Any = None,
         output_logprobs: bool = False,
+        rollout_engine: str = "static",
         **kwargs: Any,
     ) -> Any:
         """Generates continuations with a KV cache, with ``transformers.generate``'s meaning for every knob.
@@ -224,6 +225,9 @@ class CausalLM:
             tokenizer: tokenizes text prompts (``processing_class`` is an alias).
             output_logprobs: with ``return_dict_in_generate=True``, also return each new token's
                 log-prob under ``log_softmax(logits / temperature)`` (what GRPO needs).
+            rollout_engine: torchlike only; the engine that decodes (``GRPOConfig.rollout_engine``'s values):
+                ``"static"``, one left-padded batch in one program; ``"paged"``, the paged engine (KV pages freed as
+                rows end, each prompt prefilled once for its ``num_return_sequences`` rows). Same tokens.
             kwargs: ``max_length``, ``num_return_sequences``, ``return_dict_in_generate``, ``num_beams``
                 (1 only), ``use_cache`` (``True`` only).
 
@@ -248,7 +252,8 @@ class CausalLM:
         return generate(
             self, given[0] if given else None, attention_mask, generation_config=generation_config,
             tokenizer=tokenizer if tokenizer is not None else processing_class, seed=seed,
-            output_logprobs=output_logprobs, max_new_tokens=max_new_tokens, do_sample=do_sample,
+            output_logprobs=output_logprobs, rollout_engine=rollout_engine, max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty,
             eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs,
         )

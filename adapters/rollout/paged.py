@@ -568,7 +568,9 @@ class _Run:
             chunk_ids[row, :count] = group.request.prompt_ids[group.prefilled:group.prefilled + count]
             starts[row], counts[row] = group.prefilled, count
             page_table[row, :len(group.pages)] = group.pages
-        programs = _Programs(self.switches, self.engine.lora, view=bucket_length(int((starts + counts).max())))
+        # One view for the call's longest prompt, so every chunk of the call runs one program per row count.
+        longest = max(group.prompt_length for group in self.groups)
+        programs = _Programs(self.switches, self.engine.lora, view=bucket_length(longest))
         logits, self.pool = _prefill_chunk(programs, self.engine.module, self.pool, chunk_ids, starts, counts,
                                            page_table)
         self._prefilled(chosen, logits)

@@ -13,14 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from torchlike.generation import ROLLOUT_ENGINES
 from torchlike.training_args import TrainingArguments, check_choice, warn_from_config
 from torchlike.trl.base_config import TRLConfig, normalise_pad_to_multiple_of
 from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 
 #: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.rl_math.grpo_loss`` computes them).
 LOSS_TYPES: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-#: ``rollout_engine`` values: the static batch sampler or torchlike's paged engine.
-ROLLOUT_ENGINES = ("static", "paged")
 #: ``importance_sampling_level`` values: per-token ratios or one per sequence (GSPO).
 IMPORTANCE_SAMPLING_LEVELS: tuple[str, ...] = ("token", "sequence")
 #: ``scale_rewards`` values after TRL's mapping of ``True`` -> ``"group"`` and ``False`` -> ``"none"``.
