@@ -4,8 +4,9 @@ rollout engine boundary (:mod:`torchlike.adapters.rollout`).
 Each prompt row becomes one :class:`~torchlike.adapters.rollout.RolloutRequest` whose ``num_return_sequences``
 completions are its samples; output row ``i`` (prompt ``i // n``, sample ``i % n``) draws from the PRNG stream
 ``(seed, i)``, as the batch sampler numbered its rows, so a seed gives the same tokens through the engine. The
-static engine (one left-padded batch, one compiled program) decodes them; the rows are put back into
-``transformers``' layout (prompt, then the new tokens, ``pad_token_id`` after a row's end token).
+static engine (one left-padded batch, one compiled program) decodes them, or with ``rollout_engine="paged"`` the
+paged engine (same tokens); the rows are put back into ``transformers``' layout (prompt, then the new tokens,
+``pad_token_id`` after a row's end token).
 
 Settings resolve as in ``transformers``: arguments of the call, then a ``generation_config`` passed
 to the call, then the model's ``generation_config`` (``generation_config.json``), then
