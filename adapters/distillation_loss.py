@@ -57,19 +57,26 @@ def generalized_jsd(student_logits: jax.Array, teacher_logits: jax.Array, beta: 
     Returns:
         :class:`TokenDivergences` of shape ``[...]``.
     """
+    terms, log_ps = _divergence_terms(student_logits, teacher_logits, beta, temperature)
+    entropy = -jax.lax.stop_gradient(jnp.exp(log_ps) * log_ps).sum(-1)
+    return TokenDivergences(terms.sum(-1), entropy)
+
+
+def _divergence_terms(student_logits: jax.Array, teacher_logits: jax.Array, beta: float,
+                      temperature: float) -> tuple[jax.Array, jax.Array]:
+    """``(terms [..., V], student log-probs [..., V])``: the summands of :func:`generalized_jsd` per vocabulary
+    entry (``pt (log pt - log ps)``, ``ps (log ps - log pt)``, or ``beta pt (log pt - log m) + (1 - beta) ps (log ps -
+    log m)``)."""
     inverse = 1.0 / temperature
     log_ps = jax.nn.log_softmax(student_logits.astype(jnp.float32) * inverse, axis=-1)
     log_pt = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) * inverse, axis=-1)
     ps, pt = jnp.exp(log_ps), jnp.exp(log_pt)
     if beta == 0.0:
-        divergence = (pt * (log_pt - log_ps)).sum(-1)
-    elif beta == 1.0:
-        divergence = (ps * (log_ps - log_pt)).sum(-1)
-    else:
-        log_m = jnp.logaddexp(log_ps + math.log(1.0 - beta), log_pt + math.log(beta))
-        divergence = (beta * pt * (log_pt - log_m) + (1.0 - beta) * ps * (log_ps - log_m)).sum(-1)
-    entropy = -jax.lax.stop_gradient(ps * log_ps).sum(-1)
-    return TokenDivergences(divergence, entropy)
+        return pt * (log_pt - log_ps), log_ps
+    if beta == 1.0:
+        return ps * (log_ps - log_pt), log_ps
+    log_m = jnp.logaddexp(log_ps + math.log(1.0 - beta), log_pt + math.log(beta))
+    return beta * pt * (log_pt - log_m) + (1.0 - beta) * ps * (log_ps - log_m), log_ps
 
 
 def masked_sums(divergences: TokenDivergences, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -224,3 +231,36 @@ def gkd_step_loss(student_family: Family, teacher_family: Family, beta: float,
         return total, batch["label_count"].astype(jnp.float32).sum(), {}
 
     return loss
+
+
+def reduced_generalized_jsd(student_logits: jax.Array, teacher_logits: jax.Array, labels: jax.Array | None = None,
+                            beta: float = 0.5, temperature: float = 1.0, reduction: str = "batchmean",
+                            num_items_in_batch: float | jax.Array | None = None) -> jax.Array:
+    """TRL 1.16's experimental ``GKDTrainer.generalized_jsd_loss``: the terms of :func:`generalized_jsd` per position
+    and vocabulary entry (TRL's ``F.kl_div(..., reduction="none")``), the positions whose label is ``-100`` dropped,
+    then reduced.
+
+    With ``num_items_in_batch`` the result is the kept sum divided by it; otherwise by ``reduction``:
+    ``"batchmean"`` the kept sum over the number of kept positions (at least 1; without ``labels``, over the batch
+    size), ``"sum"``, ``"mean"`` (over the kept positions' ``V`` terms each), anything else the kept terms (``[N, V]``;
+    ``[B, T, V]`` without ``labels``). The selection is eager (not for ``jax.jit`` with ``"none"``).
+
+    Args:
+        student_logits, teacher_logits: ``[B, T, V]``.
+        labels: ``[B, T]`` with ``-100`` at positions left out, or ``None``.
+        beta, temperature: as in :func:`generalized_jsd`.
+        reduction: ``"batchmean"``, ``"sum"``, ``"mean"`` or ``"none"``.
+        num_items_in_batch: the normaliser that overrides ``reduction``.
+    """
+    terms, _ = _divergence_terms(student_logits, teacher_logits, beta, temperature)
+    valid = jnp.ones(terms.shape[:-1], bool) if labels is None else jnp.asarray(labels) != -100
+    total = jnp.where(valid, terms.sum(-1), 0.0).sum()
+    if num_items_in_batch is not None:
+        return total / num_items_in_batch
+    if reduction == "batchmean":
+        return total / (jnp.maximum(valid.sum(), 1) if labels is not None else max(terms.shape[0], 1))
+    if reduction == "sum":
+        return total
+    if reduction == "mean":
+        return total / (valid.sum() * terms.shape[-1])
+    return terms if labels is None else terms[valid]

@@ -106,6 +106,20 @@ def test_generalized_jsd_equals_trls_gkd_loss_on_the_same_logits(beta, num_items
                                atol=1e-5 * np.abs(student_torch.grad.numpy()).max())
 
 
+@pytest.mark.parametrize("reduction", ["batchmean", "sum", "mean", "none"])
+@pytest.mark.parametrize("with_labels", [True, False])
+def test_the_static_loss_equals_trls_for_every_reduction(reduction, with_labels):
+    rng = np.random.default_rng(7)
+    student, teacher = rng.normal(size=(2, 5, 17)).astype(np.float32), rng.normal(size=(2, 5, 17)).astype(np.float32)
+    labels = np.where(rng.random((2, 5)) > 0.4, 3, -100) if with_labels else None
+    expected = trl_gkd.GKDTrainer.generalized_jsd_loss(
+        torch.tensor(student), torch.tensor(teacher), None if labels is None else torch.tensor(labels), beta=0.4,
+        temperature=0.8, reduction=reduction)
+    ours = GKDTrainer.generalized_jsd_loss(jnp.asarray(student), jnp.asarray(teacher), labels, beta=0.4,
+                                           temperature=0.8, reduction=reduction)
+    np.testing.assert_allclose(np.asarray(ours), expected.numpy(), rtol=1e-5, atol=1e-7)
+
+
 # --- step for step against trl.experimental.gkd.GKDTrainer -----------------------------------------------------------
 
 def scripted_completion(prompt_ids) -> list[int]:

@@ -143,6 +143,28 @@ class GKDTrainer(StudentTeacherTrainer):
                            f"`beta={self.beta}` explicitly (`beta` means the same in both, but defaults to 0.5 here "
                            "and 1.0 there).")
 
+    @staticmethod
+    def generalized_jsd_loss(student_logits: Any, teacher_logits: Any, labels: Any = None, beta: float = 0.5,
+                             temperature: float = 1.0, reduction: str = "batchmean",
+                             num_items_in_batch: Any = None) -> Any:
+        """TRL's ``GKDTrainer.generalized_jsd_loss`` on arrays (``adapters.distillation_loss.reduced_generalized_jsd``):
+        the generalized JSD of Eq. (1) of https://huggingface.co/papers/2306.13649 at each position whose label is
+        not ``-100``, reduced by ``num_items_in_batch`` or ``reduction`` (``"batchmean"``, ``"sum"``, ``"mean"``,
+        ``"none"``).
+
+        Args:
+            student_logits, teacher_logits: ``[B, T, V]``.
+            labels: ``[B, T]`` with ``-100`` where no loss is taken, or ``None``.
+            beta: 0 is ``KL(teacher || student)``, 1 is ``KL(student || teacher)``.
+            temperature: softmax temperature of both distributions.
+            reduction, num_items_in_batch: as in TRL.
+
+        Returns:
+            The loss (a scalar ``jax.Array``; with ``"none"`` the kept per-vocabulary terms).
+        """
+        return distillation_loss.reduced_generalized_jsd(student_logits, teacher_logits, labels, beta, temperature,
+                                                         reduction, num_items_in_batch)
+
     # ------------------------------------------------------------------ set-up
     def _prepare(self, dataset: Any, name: str) -> list[dict]:
         """The rows tokenised as TRL's collator tokenises them (:func:`.gkd_data.tokenize_conversation`)."""
