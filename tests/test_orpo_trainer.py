@@ -168,3 +168,23 @@ def test_what_torchlike_does_not_do_is_refused_by_name(tiny_checkpoints, tmp_pat
     with pytest.raises(NotImplementedError, match=name):
         ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA, **{name: value},
                     args=ORPOConfig(output_dir=str(tmp_path), report_to="none"))
+
+
+def test_peft_config_trains_only_the_new_adapter_and_evaluate_scores_new_data(tiny_checkpoints, tokenizer_dir,
+                                                                               tmp_path):
+    from torchlike.peft import LoraConfig
+
+    trainer = ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA,
+                          processing_class=tokenizer_with_pad(tokenizer_dir),
+                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+                          args=ORPOConfig(output_dir=str(tmp_path), report_to="none", max_length=12, max_steps=6,
+                                          per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1))
+    before = {key: np.asarray(value) for key, value in trainer.model.state_dict().items()}
+    trainer.train()
+    losses = tiny.logged(trainer.state.log_history, "loss")
+    assert losses[-1] < losses[0]
+    changed = {key for key, value in trainer.model.state_dict().items()
+               if not np.array_equal(np.asarray(value), before[key])}
+    assert changed and all("_lora_" in key for key in changed)
+    metrics = trainer.evaluate(DATA[:4])  # raw data passed to evaluate() is tokenised as the training data
+    assert {"eval_loss", "eval_nll_loss", "eval_log_odds_ratio", "eval_rewards/margins"} <= set(metrics)
