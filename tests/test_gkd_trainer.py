@@ -416,3 +416,11 @@ def test_gkd_defaults_are_trls(tmp_path):
     for name in ("temperature", "lmbda", "beta", "max_new_tokens", "disable_dropout", "seq_kd", "learning_rate",
                  "max_length", "logging_steps", "gradient_checkpointing"):
         assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_the_constructor_takes_trls_arguments_in_trls_order():
+    import inspect
+
+    theirs = list(inspect.signature(trl_gkd.GKDTrainer.__init__).parameters)
+    ours = list(inspect.signature(GKDTrainer.__init__).parameters)
+    assert ours[:len(theirs)] == theirs and ours[len(theirs):] == ["quantization_config"]
