@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from . import chunked_logprobs
-from .pairwise_scores import chosen_cross_entropy, masked_mean, pair_scores, stacked
+from .dpo_loss import masked_mean
+from .pairwise_scores import chosen_cross_entropy, pair_scores, stacked
 
 __all__ = ["LOSS_TYPES", "cpo_loss", "cpo_step_loss"]
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from . import chunked_logprobs, rl_math, router_loss
 from .lora import runtime as lora_runtime
 
-__all__ = ["preference_loss", "reference_pass"]
+__all__ = ["masked_mean", "preference_loss", "reference_pass"]
 
 #: Loss types that read the whole batch (``aot`` sorts within it, ``sft`` is a token mean) rather than one pair.
 _BATCH_LOSS_TYPES = ("aot", "aot_unpaired", "sft")
@@ -47,7 +47,8 @@ def _sequence_log_probs(per_token: jax.Array, mask: jax.Array, ld_alpha: float |
     return rl_math.length_desensitised_log_probs(chosen, rejected, chosen_mask, rejected_mask, ld_alpha)
 
 
-def _masked_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
+def masked_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
+    """``sum(values * weights) / max(sum(weights), 1)``: a mean over the entries ``weights`` selects."""
     return (values * weights).sum() / jnp.maximum(weights.sum(), 1.0)
 
 
@@ -58,10 +59,10 @@ def _token_metrics(scores: chunked_logprobs.TokenScores, mask: jax.Array) -> dic
     chosen_mask, rejected_mask = jnp.split(mask, 2)
     chosen_logits, rejected_logits = jnp.split(scores.logit_means, 2)
     return {
-        "entropy": _masked_mean(scores.entropies, mask),
-        "logits/chosen": _masked_mean(chosen_logits, chosen_mask),
-        "logits/rejected": _masked_mean(rejected_logits, rejected_mask),
-        "mean_token_accuracy": _masked_mean(jnp.split(scores.top1, 2)[0], chosen_mask),
+        "entropy": masked_mean(scores.entropies, mask),
+        "logits/chosen": masked_mean(chosen_logits, chosen_mask),
+        "logits/rejected": masked_mean(rejected_logits, rejected_mask),
+        "mean_token_accuracy": masked_mean(jnp.split(scores.top1, 2)[0], chosen_mask),
     }
 
 
@@ -130,7 +131,7 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
             chosen_weights, rejected_weights = jnp.split(rl_math.wpo_weights(per_token, scores.log_sum_sq_probs,
                                                                              mask), 2)
             pair_weights = chosen_weights * rejected_weights
-        value = _masked_mean(pair_losses * pair_weights, real)
+        value = masked_mean(pair_losses * pair_weights, real)
         if whole_batch:  # exact with padding rows for sft (they add no token); aot sorts them in (see the warning)
             names, batch_weights = zip(*whole_batch, strict=True)
             chosen_mask, rejected_mask = jnp.split(mask, 2)
@@ -139,8 +140,8 @@ def preference_loss(family, *, beta: float, loss_type: Sequence[str], loss_weigh
                                       loss_weights=list(batch_weights), chosen_lengths=chosen_mask.sum(-1),
                                       rejected_lengths=rejected_mask.sum(-1),
                                       sft_chosen_logps=jnp.split(per_token, 2)[0].sum(-1),
-                                      **settings)[0] * _masked_mean(pair_weights, real)
-        metrics = {key: _masked_mean(values, real) for key, values in pair_metrics.items()}
+                                      **settings)[0] * masked_mean(pair_weights, real)
+        metrics = {key: masked_mean(values, real) for key, values in pair_metrics.items()}
         tokens = (batch["chosen_attention_mask"].sum() + batch["rejected_attention_mask"].sum()).astype(jnp.float32)
         metrics = {**metrics, **_token_metrics(scores, mask), "num_tokens": tokens}
         if aux_loss is not None:

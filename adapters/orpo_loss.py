@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from . import chunked_logprobs
-from .pairwise_scores import chosen_cross_entropy, masked_mean, pair_scores, stacked
+from .dpo_loss import masked_mean
+from .pairwise_scores import chosen_cross_entropy, pair_scores, stacked
 
 __all__ = ["log1mexp", "odds_ratio_loss", "orpo_step_loss"]
 

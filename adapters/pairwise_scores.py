@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 
 from . import chunked_logprobs, router_loss
+from .dpo_loss import masked_mean
 
-__all__ = ["PairScores", "chosen_cross_entropy", "masked_mean", "pair_scores", "stacked"]
+__all__ = ["PairScores", "chosen_cross_entropy", "pair_scores", "stacked"]
 
 
 class PairScores(NamedTuple):
@@ -38,11 +39,6 @@ class PairScores(NamedTuple):
     logits_chosen: jax.Array
     logits_rejected: jax.Array
     aux_loss: jax.Array | None
-
-
-def masked_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
-    """``sum(values * weights) / max(sum(weights), 1)``: a mean over the entries ``weights`` selects."""
-    return (values * weights).sum() / jnp.maximum(weights.sum(), 1.0)
 
 
 def stacked(batch: dict, name: str) -> jax.Array:
