@@ -33,6 +33,8 @@ class PairwisePreferenceTrainer(TRLTrainer):
     #: TRL's attribute: the weight of the router loss, read from the model config.
     aux_loss_coef: float = 0.0
     _evaluating: bool = False
+    #: TRL's attribute: torchlike's model families are decoder-only.
+    is_encoder_decoder: bool = False
 
     def __init__(self, model: Any = None, args: Any = None, data_collator: Callable | None = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,

@@ -36,7 +36,10 @@ ORPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "max_completion_length": ignored("TRL reads it only for encoder-decoder models; torchlike's model families are "
                                      "decoder-only."),
     "padding_value": honoured("The token id that pads input_ids (default: the tokenizer's pad token). Padding "
-                              "positions are masked out of the loss; their logits enter TRL's logits/* metrics."),
+                              "positions are masked out of the loss; their logits enter TRL's logits/* metrics. TRL "
+                              "first pads each half of a batch to its own longest row with the tokenizer's pad "
+                              "token and uses padding_value past that, so with both set and different those "
+                              "metrics can differ slightly."),
     # --- loss ---
     "beta": honoured("ORPO's lambda: the loss is the chosen NLL minus beta x mean log sigmoid(log odds ratio) "
                      "(torchlike.adapters.orpo_loss); rewards/* metrics are beta x mean log-probabilities."),
