@@ -424,3 +424,19 @@ def test_the_constructor_takes_trls_arguments_in_trls_order():
     theirs = list(inspect.signature(trl_gkd.GKDTrainer.__init__).parameters)
     ours = list(inspect.signature(GKDTrainer.__init__).parameters)
     assert ours[:len(theirs)] == theirs and ours[len(theirs):] == ["quantization_config"]
+
+
+def test_a_resumed_run_continues_trls_draws(tiny_checkpoints, teacher_path, chat_tokenizer_dir, tmp_path):
+    """TRL's resumed run restores Python's generator from the checkpoint; torchlike's skips the draws of the steps
+    done, in this epoch and the ones before, so both continue the uninterrupted sequence."""
+    import random
+
+    trainer = gkd_trainer(tiny_checkpoints, teacher_path, chat_tokenizer_dir, tmp_path, per_device_train_batch_size=4,
+                          gradient_accumulation_steps=2, seed=3)
+    uninterrupted = random.Random(3)
+    draws = [uninterrupted.random() for _ in range(12)]  # 4 micro-batches per epoch (16 conversations, 4 each)
+    assert next(trainer._policy_draws(0, 0)) == draws[0]
+    resumed = trainer._policy_draws(0, 1)
+    assert [next(resumed) for _ in range(4)] == draws[2:6]
+    resumed = trainer._policy_draws(2, 1)
+    assert [next(resumed) for _ in range(2)] == draws[10:12]
