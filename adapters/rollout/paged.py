@@ -2,7 +2,7 @@
 their completions.
 
 The split follows JetStream and vLLM: a scheduler in plain Python owns the requests, the decode slots and the pages
-(:class:`~.pages.PagePool`), and three jitted programs only move data:
+(:class:`~.pages.PagePool`), and four jitted programs only move data:
 
 - **prefill** runs a batch of prompts (left-padded to a bucket, as the static sampler does) through the model once
   per *request*, writes their keys and values into the pool's pages and keeps the last position's logits;
@@ -22,8 +22,9 @@ next waiting completion, whose request is prefilled between two decode steps if 
 reserves a completion's worst case (its prompt's last page plus ``max_new_tokens``) so a running completion never
 waits for a page, while pages are handed out only as tokens arrive: the pages in use track the live tokens.
 
-Tokens are drawn with :func:`~..sampling.stream_keys` (a request's seed, the completion's index, the token's index),
-so they do not depend on the slot count, the order of the requests or the mesh.
+Tokens are drawn with :func:`~..sampling.stream_keys` (a request's seed, its ``first_sample`` plus the completion's
+index, the token's index), so they do not depend on the slot count, the order of the requests, the prefill chunks or
+the mesh.
 """
 
 from __future__ import annotations
