@@ -8,8 +8,8 @@ whether it ended on an end token. It takes the policy's new weights after an opt
 (:meth:`RolloutEngine.update_weights`) and releases what it holds on :meth:`RolloutEngine.close`.
 
 Every request carries its own PRNG stream: completion ``i`` of a request with seed ``s`` draws token ``t`` with
-``fold_in(fold_in(key(s), i), t)``, so a completion's tokens do not depend on which other requests share the call,
-their order, or how an engine batches them.
+``fold_in(fold_in(key(s), first_sample + i), t)``, so a completion's tokens do not depend on which other requests
+share the call, their order, or how an engine batches them.
 
 Two engines implement the protocol: :class:`StaticEngine` (one left-padded batch decoded to its longest row in one
 program: the trainers' default, the fastest at the shapes measured in ``benchmarks/rollout.py``) and
