@@ -106,14 +106,19 @@ def test_a_moe_model_that_outputs_router_logits_adds_its_router_loss_as_trl(tiny
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_each_preference_format_is_tokenised_as_trl_tokenize_row(tokenizer_dir, name):
+    from accelerate import PartialState
+
+    PartialState()  # TRL's tokenize_row logs through accelerate, which its trainer has set up by then
     tokenizer = tokenizer_with_pad(tokenizer_dir)
     # TRL's own preparation: its map steps, then tokenize_row, which reads only these trainer attributes.
-    trainer = types.SimpleNamespace(processing_class=tokenizer, is_encoder_decoder=False, max_length=12)
+    max_length = 32 if name.startswith("conversational") else 12  # the rendered prompts alone have 20 tokens
+    trainer = types.SimpleNamespace(processing_class=tokenizer, is_encoder_decoder=False, max_length=max_length)
     trainer.build_tokenized_answer = functools.partial(trl_orpo.ORPOTrainer.build_tokenized_answer, trainer)
     theirs = [trl_orpo.ORPOTrainer.tokenize_row(trainer, maybe_apply_chat_template(maybe_extract_prompt(row),
                                                                                     tokenizer))
               for row in FORMATS[name]]
-    ours = prepare_pairwise_examples(FORMATS[name], tokenizer, max_length=12)
+    ours = prepare_pairwise_examples(FORMATS[name], tokenizer, max_length=max_length)
+    assert all(example["chosen_ids"] and example["rejected_ids"] for example in ours)
     for mine, row in zip(ours, theirs, strict=True):
         assert mine["prompt_ids"] == row["prompt_input_ids"]
         for key in ("chosen", "rejected"):

@@ -79,7 +79,7 @@ class _RowTokenizer:
 
     def __call__(self, raw: Mapping[str, Any]) -> dict[str, list[int]]:
         example = dict(raw) if "prompt" in raw else {**raw, **extract_prompt(raw)}
-        if not isinstance(example["prompt"], str):
+        if isinstance(example["prompt"], list):  # a conversation
             example = {**example, **render_conversation(example, self.tokenizer)}
         for key in ("prompt", *_RESPONSES):
             if not isinstance(example[key], str):
