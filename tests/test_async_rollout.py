@@ -75,10 +75,14 @@ def test_sampler_importance_ratio_equals_trls_formula(mode, clip_min, clip_max):
 
 
 def test_grpo_on_the_paged_engine_equals_grpo_on_the_static_sampler(tiny_checkpoints, tokenizer, tmp_path):
-    paged = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "paged", rollout_engine="paged")
+    # Prompts prefilled one token at a time (rollout_max_num_batched_tokens): chunked prefill changes no token.
+    paged = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "paged", rollout_engine="paged",
+                        rollout_max_num_batched_tokens=1)
     static = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "static", rollout_engine="static")
     paged.train()
     static.train()
+    chunks = [request for request, _, _ in paged.rollout_engine.stats.prefill_chunks]
+    assert len(chunks) > len(set(chunks))  # some prompt took several chunks
     np.testing.assert_array_equal(paged._last_rollout["input_ids"], static._last_rollout["input_ids"])
     for key in ("loss", "grad_norm", "reward"):
         np.testing.assert_allclose(logged(paged, key), logged(static, key), rtol=1e-5)
