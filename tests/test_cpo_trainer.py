@@ -22,7 +22,8 @@ def comparison_settings(**overrides) -> dict:
     decay and clipping (max_grad_norm below every step's norm); float32 on both sides (bf16 off)."""
     values = dict(max_length=12, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=4,
                   learning_rate=1e-2, warmup_steps=2, weight_decay=0.1, max_grad_norm=0.01, adam_epsilon=1e-4,
-                  logging_steps=1, seed=0, bf16=False, beta=0.2, report_to="none", save_strategy="no")
+                  logging_steps=1, seed=0, bf16=False, beta=0.2, report_to="none", save_strategy="no",
+                  per_device_eval_batch_size=4)
     return {**values, **overrides}
 
 
@@ -36,17 +37,23 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_cpo_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path, case):
+def test_cpo_losses_metrics_evaluation_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path,
+                                                                           case):
     path = tiny_checkpoints.path("qwen2")
     settings = comparison_settings(**CASES[case])
-    theirs, their_params, _ = tiny.run_trl_pairwise(trl_cpo.CPOTrainer, trl_cpo.CPOConfig, path, tokenizer_dir,
-                                                 tmp_path / "trl", DATA, settings)
-    ours, params, _ = tiny.run_torchlike_pairwise(CPOTrainer, CPOConfig, path, tokenizer_dir, tmp_path / "ours", DATA,
-                                               settings)
+    eval_data = DATA[1:7]  # a partial last batch: TRL's is shorter, torchlike's is padded with empty pairs
+    theirs, their_params, their_eval = tiny.run_trl_pairwise(trl_cpo.CPOTrainer, trl_cpo.CPOConfig, path,
+                                                             tokenizer_dir, tmp_path / "trl", DATA, settings,
+                                                             eval_data)
+    ours, params, our_eval = tiny.run_torchlike_pairwise(CPOTrainer, CPOConfig, path, tokenizer_dir,
+                                                         tmp_path / "ours", DATA, settings, eval_data)
     tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
     assert set(params) == set(their_params)
     for name, value in their_params.items():
         np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+    assert set(our_eval) == set(their_eval)
+    for key, value in their_eval.items():
+        np.testing.assert_allclose(our_eval[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
 
 
 def test_alphapo_becomes_simpo_without_the_nll_term_as_in_trl(tmp_path):
