@@ -225,4 +225,5 @@ def test_only_builders_with_a_stable_name_keep_models_on_disk():
 
     for builder in (local_builder, lambda *args: family.build_model(*args),
                     functools.partial(family.build_model, local_builder)):
-        assert tunix_model.stored_abstract_model(dataclasses.replace(family, build_model=builder), config, np.float32) is None
+        changed = dataclasses.replace(family, build_model=builder)
+        assert tunix_model.stored_abstract_model(changed, config, np.float32) is None

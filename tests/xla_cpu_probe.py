@@ -2,6 +2,7 @@
 with 2 and with 6 layers at sequence length 512, and prints a JSON line with the scheduler status and XLA's temporary
 bytes for each depth."""
 
+# ruff: noqa: I001  (torchlike must be imported before JAX starts)
 import json
 
 import torchlike  # noqa: F401  (before JAX starts, as a user's script does)
