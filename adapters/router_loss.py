@@ -50,6 +50,14 @@ def load_balancing_loss(router_logits: Sequence[jax.Array], attention_mask: jax.
     return jnp.sum(tokens_per_expert * probability_per_expert[None, :]) * num_experts
 
 
+def check_router(family: Any, coefficient: float) -> None:
+    """Raises ``ValueError`` when a non-zero router loss ``coefficient`` is given for a ``family`` without a router
+    (``Family.router_logits`` is ``None``: a dense model)."""
+    if coefficient and family.router_logits is None:
+        raise ValueError(f"router_aux_loss_coef={coefficient}: the {family.name} model has no router (it is not a "
+                         "mixture-of-experts model), so there is no load-balancing loss to weight; set it to 0.")
+
+
 def run_with_router_loss(family: Any, run: Callable, module: Any, attention_mask: jax.Array,
                          coefficient: float) -> tuple[Any, jax.Array | None]:
     """``(run(module), aux_loss)``: with a non-zero ``coefficient``, the load-balancing loss of the forward pass
@@ -67,8 +75,6 @@ def run_with_router_loss(family: Any, run: Callable, module: Any, attention_mask
     """
     if not coefficient:
         return run(module), None
-    if family.router_logits is None:
-        raise ValueError(f"router_aux_loss_coef={coefficient}: the model has no router (it is not a "
-                         "mixture-of-experts model), so there is no load-balancing loss to weight; set it to 0.")
+    check_router(family, coefficient)
     result, routing = family.router_logits(run, module)
     return result, load_balancing_loss(routing.logits, attention_mask, routing.top_k)

@@ -92,16 +92,15 @@ def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "aut
     """
     if loss_type not in CAUSAL_LM_LOSS_TYPES:
         raise ValueError(f"loss_type={loss_type!r}: expected one of {list(CAUSAL_LM_LOSS_TYPES)}.")
-    if router_aux_loss_coef and family.router_logits is None:
-        raise ValueError(f"router_aux_loss_coef={router_aux_loss_coef}: the {family.name} model has no router (it is "
-                         "not a mixture-of-experts model), so there is no load-balancing loss to weight; set it to 0.")
+    router_loss.check_router(family, router_aux_loss_coef)
 
     def loss(module, batch, num_items_in_batch=None):
         def scores(module):
             return chunked_logprobs.next_token_scores(family, module, batch, block_size=block_size,
                                                       with_metrics=with_metrics)
 
-        found, routing = family.router_logits(scores, module) if router_aux_loss_coef else (scores(module), None)
+        found, aux = router_loss.run_with_router_loss(family, scores, module, batch["attention_mask"],
+                                                      router_aux_loss_coef)
         picked = found.log_probs
         weights = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).astype(jnp.float32)
         token_loss = -picked
@@ -113,9 +112,8 @@ def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "aut
             valid = jnp.maximum(count, 1.0)
             metrics = {"entropy": jax.lax.stop_gradient((found.entropies * weights).sum()) / valid,
                        "mean_token_accuracy": (found.top1 * weights).sum() / valid}
-        if not router_aux_loss_coef:
+        if aux is None:
             return value, count, metrics
-        aux = router_loss.load_balancing_loss(routing.logits, batch["attention_mask"], routing.top_k)
         return value + router_aux_loss_coef * aux * count, count, {**metrics, "aux_loss": aux}
 
     return loss
