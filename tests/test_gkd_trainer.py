@@ -152,12 +152,12 @@ def scripted_generate(which: str, calls: list, pad_token_id: int):
 
 def comparison_settings(**case) -> dict:
     """Both trainers' settings: gradient accumulation, warmup, weight decay, clipping below every step's norm, a
-    second epoch (16 conversations, 8 per step), no gradient checkpointing (the same values, slower in TRL), float32
+    second epoch (16 conversations, 8 per step), gradient checkpointing on (TRL's default), float32
     (TRL's bf16 is autocast, torchlike's casts the weights: equal only to bf16 precision), conversations in dataset
     order (torch's RandomSampler draws its order from torch's global generator)."""
     return dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_new_tokens=MAX_NEW_TOKENS,
                 max_steps=3, learning_rate=1e-2, warmup_steps=1, weight_decay=0.1, max_grad_norm=0.02,
-                adam_epsilon=1e-4, logging_steps=1, seed=0, bf16=False, gradient_checkpointing=False, report_to="none",
+                adam_epsilon=1e-4, logging_steps=1, seed=0, bf16=False, report_to="none",
                 save_strategy="no", train_sampling_strategy="sequential", **case)
 
 
