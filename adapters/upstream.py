@@ -34,7 +34,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "google-tunix", "<=0.1.7",
         "Qwen3 and Llama 3 attention hard-code rope_theta=1e6 (the config's value is ignored) and no decoder "
         "implements rope_scaling; the rope functions are swapped into unchanged copies of Tunix's methods.",
-        ("adapters/rope.py:with_rope", "adapters/families/qwen2.py:build_model",
+        ("adapters/model/rope.py:with_rope", "adapters/families/qwen2.py:build_model",
          "adapters/families/qwen3.py:build_model", "adapters/families/llama3.py:build_model",
          "adapters/families/qwen3_moe.py:build_model"),
     ),
@@ -99,32 +99,33 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "The vanilla Sampler has no repetition penalty or min-p, needs a fixed kv_cache_size (its index wraps "
         "silently), reuses one PRNG key per rollout and returns NaN log-probs at temperature 0; generation "
         "runs its own decode loop on Tunix's KV cache.",
-        ("adapters/sampling.py:generate_tokens",),
+        ("adapters/rollout/sampling.py:generate_tokens",),
     ),
     Workaround(
         "google-tunix", "<=0.1.7",
         "PeftTrainer averages per-micro-batch means (optax.MultiSteps), restores on construction, checkpoints "
         "on a timer and does not save the data position; the step and the loop are torchlike's.",
-        ("adapters/train_step.py:make_train_step", "torchlike/training/trainer.py:Trainer"),
+        ("adapters/training/train_step.py:make_train_step", "torchlike/training/trainer.py:Trainer"),
     ),
     Workaround(
         "google-tunix", "<=0.1.7",
         "A decoder's remat_config is fixed when the model is built, and nnx.remat inside the sampler's "
         "while_loop fails; DecoderLayer configs and Gemma's block remat_config are switched per traced train "
         "step.",
-        ("adapters/train_step.py:rematerialised",),
+        ("adapters/training/train_step.py:rematerialised",),
     ),
     Workaround(
         "google-tunix", "<=0.1.7",
         "GRPO and DPO losses differ from TRL's (advantage epsilon, log-ratio clipping, missing loss types and "
         "normalisations, cDPO label smoothing); only Tunix's common ops are used.",
-        ("adapters/rl_math.py:grpo_advantages", "adapters/rl_math.py:grpo_loss", "adapters/rl_math.py:dpo_loss"),
+        ("adapters/losses/rl_math.py:grpo_advantages", "adapters/losses/rl_math.py:grpo_loss",
+         "adapters/losses/rl_math.py:dpo_loss"),
     ),
     Workaround(
         "google-tunix", "<=0.1.7",
         "The models read the mesh from pxla.thread_resources (the `with mesh:` context), which jax.set_mesh "
         "does not set.",
-        ("adapters/mesh.py:entered",),
+        ("adapters/distributed/mesh.py:entered",),
     ),
     Workaround(
         "qwix", "<=0.1.8",
@@ -137,7 +138,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "jax", ">=0.10.2,<0.13",
         "jax.make_mesh defaults to Explicit axis types, which break the Tunix models' embedding gather, and "
         "deprecates the `with mesh:` context Tunix needs; meshes get Auto axes and the warning is silenced.",
-        ("adapters/mesh.py:make_mesh", "adapters/mesh.py:entered"),
+        ("adapters/distributed/mesh.py:make_mesh", "adapters/distributed/mesh.py:entered"),
     ),
     Workaround(
         "jax", ">=0.10.2,<0.13",
@@ -149,7 +150,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "jax", ">=0.10.2,<0.13",
         "No public way to ask whether the distributed runtime or a backend has started; jax._src.distributed "
         "and jax._src.xla_bridge are read.",
-        ("adapters/mesh.py:initialize_distributed", "adapters/runtime/host_memory.py:cpu_only_reason"),
+        ("adapters/distributed/mesh.py:initialize_distributed", "adapters/runtime/host_memory.py:cpu_only_reason"),
     ),
     Workaround(
         "jaxlib", ">=0.10.2,<0.13",
@@ -162,7 +163,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "flax", "==0.12.*",
         "Building a model probes value.sharding with getattr on tracers, so each probe pays the tracer "
         "AttributeError message above: O(N^2) in the number of layers under eval_shape.",
-        ("adapters/runtime/tracing.py:fast_tracing", "adapters/tunix_model.py:build_abstract_model"),
+        ("adapters/runtime/tracing.py:fast_tracing", "adapters/model/tunix_model.py:build_abstract_model"),
     ),
     Workaround(
         "transformers", ">=5.12,<5.25",

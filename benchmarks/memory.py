@@ -96,8 +96,10 @@ def run_torchlike(task: str, block_size: Any, shape: dict[str, Any]) -> dict[str
     import jax.numpy as jnp
     from flax import nnx
 
-    from torchlike.adapters import chunked_logprobs, train_step, tunix_grpo
     from torchlike.adapters.families import family_for_config
+    from torchlike.adapters.losses import grpo as tunix_grpo
+    from torchlike.adapters.losses import logprobs as chunked_logprobs
+    from torchlike.adapters.training import train_step
 
     config = hf_config(shape)
     family = family_for_config(config)

@@ -78,7 +78,7 @@ from benchmarks.sft_step import machine_info  # noqa: E402  (after the path set-
 
 if TYPE_CHECKING:
     from torchlike.adapters.rollout import RolloutEngine, RolloutRequest
-    from torchlike.adapters.sampling_settings import SamplingSettings
+    from torchlike.adapters.rollout.sampling_settings import SamplingSettings
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "rollout.json"
 PRESETS: dict[str, dict[str, Any]] = {
@@ -395,7 +395,7 @@ def ratio(results: dict[str, Any], side: str, other: str) -> float | None:
 def kv_memory(results: dict[str, Any], requests: list[RolloutRequest],
               args: argparse.Namespace) -> dict[str, Any] | None:
     """Paged peak pages x page size x bytes per token against the static batch's whole cache."""
-    from torchlike.adapters.sampling import cache_size
+    from torchlike.adapters.rollout.sampling import cache_size
 
     stats = results.get("paged", {}).get("stats")
     if not stats:
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import torchlike
     from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, StaticEngine
-    from torchlike.adapters.sampling_settings import SamplingSettings
+    from torchlike.adapters.rollout.sampling_settings import SamplingSettings
 
     settings = SamplingSettings(**SAMPLING)
     requests = make_requests(args, args.seed)

@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torchlike
-    from torchlike.adapters import hf_checkpoint
+    from torchlike.adapters.checkpoint import hf_checkpoint
     from torchlike.peft import LoraConfig, get_peft_model
 
     if args.stage != "none" and args.stage not in hf_checkpoint.EXPORT_STAGES:

@@ -51,7 +51,7 @@ def _die(stage: str) -> None:
 
 def main(path: str, stage: str, big: bool) -> None:
     import torchlike
-    from torchlike.adapters import orbax_store
+    from torchlike.adapters.checkpoint import orbax_store
 
     if stage == "orbax-finalize":
         import orbax.checkpoint as ocp

@@ -72,7 +72,7 @@ def rollout_tokens(checkpoint: Path, mesh=None) -> dict:
     """Sampled completions of the paged engine (fixed seeds, fewer slots than completions) on ``mesh`` or one
     device: the 8-device run and the test process's compare them."""
     from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest
-    from torchlike.adapters.sampling_settings import SamplingSettings
+    from torchlike.adapters.rollout.sampling_settings import SamplingSettings
 
     model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, dtype="float32", mesh=mesh)
     rng = np.random.default_rng(0)

@@ -108,9 +108,9 @@ def test_the_checks_see_a_cycle_and_resolve_relative_imports(tmp_path):
     graph = {"torchlike.a": {"torchlike.b"}, "torchlike.b": {"torchlike.a"}, "torchlike.adapters.c": set()}
     assert cycles(graph) == [["torchlike.a", "torchlike.b"]]
     source = tmp_path / "runtime.py"
-    source.write_text("import tunix.models\nfrom ..nnx_state import flat\n\ndef f():\n    from . import merge\n")
+    source.write_text("import tunix.models\nfrom ..model.nnx_state import flat\n\ndef f():\n    from . import merge\n")
     assert imported_names("torchlike.adapters.lora.runtime", source) == {
-        "tunix.models", "torchlike.adapters.nnx_state.flat", "torchlike.adapters.lora.merge"}
+        "tunix.models", "torchlike.adapters.model.nnx_state.flat", "torchlike.adapters.lora.merge"}
 
 
 def test_online_trainers_share_one_generation_path_schedule_and_scoring():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torchlike
-from torchlike.adapters import rl_math
+from torchlike.adapters.losses import rl_math
 from torchlike.trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
 PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog", "four five", "tiny test", "seven eight",

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 import torchlike
 from tests import tiny
-from torchlike.adapters import directory_swap, hf_checkpoint
+from torchlike.adapters.checkpoint import directory_swap, hf_checkpoint
 from torchlike.peft import LoraConfig, PeftModel, get_peft_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from torchlike.adapters import chunked_logprobs, train_step, tunix_grpo, tunix_model
 from torchlike.adapters.families import family_for_config
+from torchlike.adapters.losses import grpo as tunix_grpo
+from torchlike.adapters.losses import logprobs as chunked_logprobs
+from torchlike.adapters.model import tunix_model
+from torchlike.adapters.training import train_step
 from torchlike.testing import tiny_config
 from torchlike.trl.dpo_trainer import preference_loss
 

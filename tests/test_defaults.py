@@ -12,7 +12,7 @@ from flax import nnx
 
 import torchlike
 from tests import tiny
-from torchlike.adapters import train_step
+from torchlike.adapters.training import train_step
 from torchlike.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
 SFT_DATA = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy dog"},

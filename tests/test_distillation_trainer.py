@@ -18,7 +18,8 @@ from flax import nnx
 import torchlike
 from tests import tiny
 from tests.test_training_config import POST_INIT_DIFFERENCES, TORCHLIKE_FIELDS, _plain, _quiet, _raw_default
-from torchlike.adapters import distillation_loss, nnx_state
+from torchlike.adapters.losses import distillation as distillation_loss
+from torchlike.adapters.model import nnx_state
 from torchlike.field_support import check_unsupported, field_table
 from torchlike.testing import tiny_config
 from torchlike.training_args import TrainingArguments

@@ -19,8 +19,9 @@ from tunix.models.gemma import model as tunix_gemma
 import torchlike
 from tests import tiny
 from tests.test_peft import randomize_lora_
-from torchlike.adapters import train_step, tunix_model
 from torchlike.adapters.families import UnsupportedConfigError
+from torchlike.adapters.model import tunix_model
+from torchlike.adapters.training import train_step
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import SFTConfig
 from torchlike.trl.sft_trainer import SFTTrainer

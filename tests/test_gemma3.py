@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 import torchlike
 from tests import tiny
 from torchlike.adapters.families import UnsupportedConfigError
-from torchlike.adapters.rope import UnsupportedRopeScalingError
+from torchlike.adapters.model.rope import UnsupportedRopeScalingError
 
 TOLERANCE = 1e-4
 

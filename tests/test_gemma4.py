@@ -19,10 +19,11 @@ import torchlike
 from tests import tiny
 from tests.test_gemma2 import max_diff_on_real_tokens, reference_logits, reference_model, torchlike_logits, with_config
 from tests.test_peft import randomize_lora_
-from torchlike.adapters import train_step, tunix_model
 from torchlike.adapters.families import UnknownArchitectureError, UnsupportedConfigError
 from torchlike.adapters.families.gemma4 import kv_sharing_pattern
-from torchlike.adapters.rope import UnsupportedRopeScalingError
+from torchlike.adapters.model import tunix_model
+from torchlike.adapters.model.rope import UnsupportedRopeScalingError
+from torchlike.adapters.training import train_step
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import SFTConfig
 from torchlike.trl.sft_trainer import SFTTrainer

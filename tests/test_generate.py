@@ -13,7 +13,7 @@ import torchlike
 import torchlike.generation
 from tests import tiny
 from torchlike import version
-from torchlike.adapters import sampling
+from torchlike.adapters.rollout import sampling
 from torchlike.adapters.runtime import tracing
 from torchlike.generation import GenerateDecoderOnlyOutput
 

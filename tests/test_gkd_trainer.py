@@ -19,7 +19,7 @@ import transformers
 
 import torchlike
 from tests import tiny
-from torchlike.adapters import distillation_loss
+from torchlike.adapters.losses import distillation as distillation_loss
 from torchlike.field_support import field_table
 from torchlike.testing import tiny_config
 from torchlike.trl.experimental.gkd import GKDConfig, GKDTrainer

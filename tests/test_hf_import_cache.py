@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 import torchlike
 from tests import tiny
-from torchlike.adapters import hf_checkpoint, safetensors_io, tunix_model
+from torchlike.adapters.checkpoint import hf_checkpoint, safetensors_io
 from torchlike.adapters.families import family_for_config
+from torchlike.adapters.model import tunix_model
 from torchlike.adapters.runtime import abstract_models, compilation, tracing
 
 
@@ -212,7 +213,7 @@ def test_only_builders_with_a_stable_name_keep_models_on_disk():
     import dataclasses
     import functools
 
-    from torchlike.adapters import sequence_classification
+    from torchlike.adapters.model import sequence_classification
 
     config = tiny.CASES["qwen2"]()
     family = family_for_config(config)

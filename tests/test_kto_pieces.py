@@ -18,7 +18,7 @@ import trl
 
 import torchlike
 from tests.test_training_config import POST_INIT_DIFFERENCES, TORCHLIKE_FIELDS, _plain, _quiet, _raw_default
-from torchlike.adapters import kto_loss as kto_math
+from torchlike.adapters.losses import kto as kto_math
 from torchlike.field_support import check_unsupported, field_table
 from torchlike.training_args import TrainingArguments
 from torchlike.trl import kto_config

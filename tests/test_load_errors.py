@@ -9,10 +9,10 @@ import pytest
 import transformers
 
 import torchlike
-from torchlike.adapters import tunix_model
+from torchlike.adapters.checkpoint.safetensors_io import CheckpointFileError
 from torchlike.adapters.families import UnknownArchitectureError
-from torchlike.adapters.rope import UnsupportedRopeScalingError
-from torchlike.adapters.safetensors_io import CheckpointFileError
+from torchlike.adapters.model import tunix_model
+from torchlike.adapters.model.rope import UnsupportedRopeScalingError
 
 
 @pytest.fixture

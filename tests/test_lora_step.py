@@ -11,8 +11,8 @@ from flax import nnx
 import torchlike
 from tests import tiny
 from tests.test_peft import randomize_lora_
-from torchlike.adapters import train_step
 from torchlike.adapters.lora import runtime as lora_runtime
+from torchlike.adapters.training import train_step
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import SFTConfig
 from torchlike.trl.sft_trainer import SFTTrainer
@@ -61,7 +61,7 @@ def test_the_merged_step_leaves_the_base_weights_and_the_eval_outputs_consistent
             np.testing.assert_array_equal(np.asarray(value.get_value()), base_before[key], err_msg=str(key))
     # The merged forward and Qwix's factored (eval) forward agree after training.
     ids, mask, _ = tiny.padded_batch()
-    tokens, positions, attention = torchlike.adapters.tunix_model.causal_inputs(ids, mask)
+    tokens, positions, attention = torchlike.adapters.model.tunix_model.causal_inputs(ids, mask)
     with lora_runtime.merged_lora(model.active_peft_config.scale):
         merged_logits = np.asarray(model.family.forward(model.module, tokens, positions, attention))
     valid = mask.astype(bool)
@@ -86,7 +86,7 @@ def test_the_merged_step_takes_factor_gradients_without_weight_gradients(mode, w
     VJP (like Qwix's factored ops) takes the factors' gradients from thin products instead."""
     model = lora_model(tiny_checkpoints.path("qwen2"))
     ids, mask, _ = tiny.padded_batch()
-    tokens, positions, attention = torchlike.adapters.tunix_model.causal_inputs(ids, mask)
+    tokens, positions, attention = torchlike.adapters.model.tunix_model.causal_inputs(ids, mask)
     graphdef, params, rest = nnx.split(model.module, nnx.Param if mode == "full" else nnx.LoRAParam, ...)
 
     def loss(params):

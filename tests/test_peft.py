@@ -16,10 +16,10 @@ from safetensors import safe_open
 
 import torchlike
 from tests import tiny
-from torchlike.adapters import tunix_model
 from torchlike.adapters.families import all_families
 from torchlike.adapters.lora import runtime as lora_runtime
 from torchlike.adapters.lora import targets as lora_targets
+from torchlike.adapters.model import tunix_model
 from torchlike.peft import LoraConfig, PeftModel, get_peft_model
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

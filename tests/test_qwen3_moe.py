@@ -19,9 +19,11 @@ from safetensors.torch import load_file
 import torchlike
 from tests import tiny
 from tests.test_peft import randomize_lora_
-from torchlike.adapters import router_loss, train_step, tunix_model
 from torchlike.adapters.families import UnsupportedConfigError, family_for_config
 from torchlike.adapters.families.qwen3_moe import SparseMoeBlock, sparse_layers
+from torchlike.adapters.losses import router as router_loss
+from torchlike.adapters.model import tunix_model
+from torchlike.adapters.training import train_step
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import SFTConfig
 from torchlike.trl.sft_trainer import SFTTrainer

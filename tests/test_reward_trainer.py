@@ -17,7 +17,7 @@ from safetensors.numpy import load_file
 import torchlike
 from tests.test_sequence_classification import hf_classifier
 from tests.test_training_config import POST_INIT_DIFFERENCES, TORCHLIKE_FIELDS, _plain, _quiet, _raw_default
-from torchlike.adapters import reward_loss
+from torchlike.adapters.losses import reward as reward_loss
 from torchlike.field_support import field_table
 from torchlike.peft import LoraConfig
 from torchlike.training_args import TrainingArguments

@@ -21,7 +21,7 @@ from tests.test_training_config import (
     _quiet,
     _raw_default,
 )
-from torchlike.adapters import rl_math
+from torchlike.adapters.losses import rl_math
 from torchlike.field_support import check_unsupported, field_table
 from torchlike.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig, dpo_config, grpo_config
 from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT

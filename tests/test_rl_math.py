@@ -21,7 +21,7 @@ from trl.trainer.dpo_trainer import DPOTrainer
 from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.utils import entropy_from_logits, nanstd, selective_log_softmax
 
-from torchlike.adapters import rl_math
+from torchlike.adapters.losses import rl_math
 
 RTOL, ATOL = 1e-5, 1e-6
 

@@ -24,8 +24,10 @@ from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
 import torchlike
 from tests.tiny import PROMPTS, scripted_rollout, token_reward
-from torchlike.adapters import chunked_logprobs, nnx_state, tunix_grpo
-from torchlike.adapters.train_step import cast_floating
+from torchlike.adapters.losses import grpo as tunix_grpo
+from torchlike.adapters.losses import logprobs as chunked_logprobs
+from torchlike.adapters.model import nnx_state
+from torchlike.adapters.training.train_step import cast_floating
 from torchlike.peft import LoraConfig
 from torchlike.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
 

@@ -14,8 +14,8 @@ import transformers
 import torchlike
 from tests import tiny
 from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest, StaticEngine
-from torchlike.adapters.sampling import cache_size
-from torchlike.adapters.sampling_settings import SamplingSettings
+from torchlike.adapters.rollout.sampling import cache_size
+from torchlike.adapters.rollout.sampling_settings import SamplingSettings
 
 FAMILIES = ["qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe"]
 PROMPT_LENGTHS = (5, 17, 9, 30, 3)

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import safetensors.numpy
 
-from torchlike.adapters import safetensors_io
+from torchlike.adapters.checkpoint import safetensors_io
 
 
 def test_small_and_huge_page_sized_tensors_read_back_exactly(tmp_path):
@@ -64,7 +64,7 @@ def test_a_buffer_never_given_back_is_released_with_its_array():
 
 
 def test_reads_host_tells_a_zero_copy_placement_from_a_copy():
-    from torchlike.adapters.weight_plan import reads_host
+    from torchlike.adapters.model.weight_plan import reads_host
 
     array = safetensors_io.aligned_empty((512, 256), np.float32)
     array[:] = 1

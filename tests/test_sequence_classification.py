@@ -14,9 +14,9 @@ import transformers
 from flax import nnx
 
 from torchlike import AutoModelForSequenceClassification, SequenceClassifier
-from torchlike.adapters.nnx_state import flat_variables
-from torchlike.adapters.safetensors_io import SafetensorsReader
-from torchlike.adapters.sequence_classification import last_non_pad_indices
+from torchlike.adapters.checkpoint.safetensors_io import SafetensorsReader
+from torchlike.adapters.model.nnx_state import flat_variables
+from torchlike.adapters.model.sequence_classification import last_non_pad_indices
 from torchlike.peft import LoraConfig, PeftModel, get_peft_model
 from torchlike.testing import tiny_config
 

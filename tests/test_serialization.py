@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 import torchlike
 from tests import kill_during_save
-from torchlike.adapters import orbax_store
+from torchlike.adapters.checkpoint import orbax_store
 from torchlike.serialization import CheckpointCorruptedError, LazyCheckpoint
 
 ROOT = Path(__file__).resolve().parent.parent

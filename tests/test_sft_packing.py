@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import torchlike
-from torchlike.adapters import train_step, tunix_model
+from torchlike.adapters.model import tunix_model
+from torchlike.adapters.training import train_step
 from torchlike.trl import SFTConfig, SFTTrainer
 from torchlike.trl.sft_data import collate_sft_batch, pack_sft_rows
 

@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 import torchlike
-from torchlike.adapters import neftune, train_step
+from torchlike.adapters.model import neftune
+from torchlike.adapters.training import train_step
 from torchlike.trl import SFTConfig, SFTTrainer
 
 DATA = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy dog"},

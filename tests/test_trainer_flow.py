@@ -192,7 +192,7 @@ def test_nan_and_inf_step_losses_are_replaced_by_transformers_window_rule(tmp_pa
 
 def recorded_pushes(monkeypatch) -> list[tuple[str, str, list[str]]]:
     """Replaces the Hub upload (the network) by a record of ``(repo_id, commit message, safetensors files)``."""
-    from torchlike.adapters import hf_hub
+    from torchlike.adapters.checkpoint import hf_hub
 
     pushes = []
     monkeypatch.setattr(hf_hub, "upload_folder", lambda folder, repo_id, commit_message, **kwargs: pushes.append(

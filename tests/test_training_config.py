@@ -15,7 +15,7 @@ import torchlike
 import torchlike.training_args as training_args
 from tests import tiny
 from torchlike import version
-from torchlike.adapters import train_step
+from torchlike.adapters.training import train_step
 from torchlike.field_support import check_unsupported
 from torchlike.field_support import fields_with_status as table_fields_with_status
 from torchlike.training_args import TrainingArguments

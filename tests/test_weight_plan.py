@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import torchlike
-from torchlike.adapters import hf_checkpoint, tunix_model
+from torchlike.adapters.checkpoint import hf_checkpoint
 from torchlike.adapters.families.base import AS_IS, HEADS_FIRST_INPUT_PROJECTION
 from torchlike.adapters.families.gemma3 import FAMILY as GEMMA3
-from torchlike.adapters.weight_plan import Assembly, Target, place, plan, route
+from torchlike.adapters.model import tunix_model
+from torchlike.adapters.model.weight_plan import Assembly, Target, place, plan, route
 
 SHAPES = {  # one Gemma 3 layer: 2 query heads, 1 kv head of size 4, hidden size 8, a LoRA of rank 2 on kv_einsum
     "layers.0.attn.q_einsum.w": (2, 8, 4),

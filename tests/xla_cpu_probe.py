@@ -12,7 +12,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from torchlike.adapters import train_step  # noqa: E402
+from torchlike.adapters.training import train_step
 from torchlike.adapters.families import family_for_config  # noqa: E402
 from torchlike.testing import tiny_config  # noqa: E402
 

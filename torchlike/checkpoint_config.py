@@ -98,7 +98,7 @@ def read_generation_config(model_dir: Path, config):
 def first_tensor_dtype(files: list[Path]):
     """The dtype of the first floating-point tensor of a safetensors checkpoint (``dtype="auto"``), else ``None``."""
     if files and files[0].suffix == ".safetensors":
-        from .adapters.safetensors_io import SafetensorsReader
+        from .adapters.checkpoint.safetensors_io import SafetensorsReader
 
         with SafetensorsReader(files[0]) as reader:
             # bfloat16 (ml_dtypes) has numpy kind "V"; integer buffers never set the model dtype.

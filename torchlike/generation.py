@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import rollout, sampling
-from .adapters.mesh import entered
+from .adapters import rollout
+from .adapters.distributed.mesh import entered
+from .adapters.rollout import sampling
+from .adapters.rollout.sampling import bucket_length, cache_size
 from .adapters.runtime.tracing import TRACE_COUNTS
-from .adapters.sampling import bucket_length, cache_size
 from .version import repetition_penalty_skips_left_padding
 
 __all__ = ["TRACE_COUNTS", "GenerateDecoderOnlyOutput", "bucket_length", "cache_size", "generate",
@@ -44,7 +45,7 @@ TRANSFORMERS_DEFAULTS: dict[str, Any] = {
     "return_dict_in_generate": False,
 }
 """``transformers``' global defaults (``GenerationConfig._get_default_generation_params``) for the
-settings ``generate`` implements: the sampler's (:class:`~torchlike.adapters.sampling.SamplingSettings`)
+settings ``generate`` implements: the sampler's (:class:`~torchlike.adapters.rollout.sampling.SamplingSettings`)
 and the length, end, padding, search and output settings ``generate`` handles itself."""
 
 ROLLOUT_ENGINES: tuple[str, ...] = ("static", "paged")
@@ -110,7 +111,7 @@ def resolve_generation_settings(model_generation_config: Any, generation_config:
 
 def _check_search_settings(settings: dict[str, Any]) -> None:
     """Raises ``ValueError`` naming the bad value and the fix for ``num_beams`` and ``num_return_sequences``
-    (the sampling settings check themselves in :class:`~torchlike.adapters.sampling.SamplingSettings`)."""
+    (the sampling settings check themselves in :class:`~torchlike.adapters.rollout.sampling.SamplingSettings`)."""
     if settings["num_beams"] != 1:
         raise ValueError(f"num_beams={settings['num_beams']}: beam search is not supported; use num_beams=1 "
                          "(greedy or sampling).")

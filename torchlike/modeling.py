@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from .adapters import hf_checkpoint, hf_hub, model_habits, nnx_state, tunix_model
+from .adapters.checkpoint import hf_checkpoint, hf_hub
+from .adapters.distributed.mesh import entered, initialize_distributed, make_mesh
 from .adapters.families import Family, family_for_config
-from .adapters.mesh import entered, initialize_distributed, make_mesh
+from .adapters.model import model_habits, nnx_state, tunix_model
 from .adapters.runtime.compilation import enable_compilation_cache
 from .arrays import to_numpy_2d
 from .checkpoint_config import check_loading_options, first_tensor_dtype, read_config, read_generation_config
@@ -202,7 +203,7 @@ class CausalLM:
         min-p, in ``transformers``' order; greedy is the argmax after the penalty. Rows stop at an
         end token and are padded after it. One compiled program serves every call whose batch size,
         prompt-length bucket and new-token bucket (powers of two from 16) and sampling switches
-        (``torchlike.adapters.sampling.SamplingSwitches``: which processors run) match; see
+        (``torchlike.adapters.rollout.sampling.SamplingSwitches``: which processors run) match; see
         ``torchlike.generation.TRACE_COUNTS``.
 
         Args:
@@ -220,7 +221,7 @@ class CausalLM:
             eos_token_id: an id or list of ids that end a row (``[]``: none, run to ``max_new_tokens``).
             pad_token_id: written after a row ended (default: the first end token).
             seed: sampling seed; ``None`` draws a fresh one per call, so two calls differ. Output row ``i`` draws
-                from its own stream ``(seed, i)`` (``torchlike.adapters.sampling.stream_keys``).
+                from its own stream ``(seed, i)`` (``torchlike.adapters.rollout.sampling.stream_keys``).
             generation_config: a ``transformers.GenerationConfig`` for this call.
             tokenizer: tokenizes text prompts (``processing_class`` is an alias).
             output_logprobs: with ``return_dict_in_generate=True``, also return each new token's

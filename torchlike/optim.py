@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .adapters.nnx_state import dotted_path
+from .adapters.model.nnx_state import dotted_path
 from .training_args import LR_SCHEDULERS, OPTIMIZERS
 
 

@@ -15,10 +15,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from .adapters import hf_checkpoint, hf_hub, tunix_model
-from .adapters import sequence_classification as classification
+from .adapters.checkpoint import hf_checkpoint, hf_hub
+from .adapters.distributed.mesh import entered
 from .adapters.families import family_for_config
-from .adapters.mesh import entered
+from .adapters.model import sequence_classification as classification
+from .adapters.model import tunix_model
 from .arrays import to_numpy_2d
 from .checkpoint_config import first_tensor_dtype, read_config
 from .dtypes import dtype_name, resolve_dtype
@@ -70,7 +71,7 @@ class SequenceClassifier(CausalLM):
     def scores_function(self) -> Callable[..., jax.Array]:
         """The pure function ``(module, input_ids, attention_mask) -> float32 scores [batch, num_labels]``, for use
         inside ``jax.jit``/``nnx.jit`` (a trainer's loss): this model's family and ``pad_token_id`` bound to
-        :func:`torchlike.adapters.sequence_classification.sequence_scores`. It pools as ``transformers`` does, at
+        :func:`torchlike.adapters.model.sequence_classification.sequence_scores`. It pools as ``transformers`` does, at
         each row's rightmost token that is not ``pad_token_id``.
 
         Example:

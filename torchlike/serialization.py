@@ -1,7 +1,7 @@
 """``torch.save`` / ``torch.load`` for JAX: save state dicts and nested trees with Orbax, load them lazily.
 
 The storage format, the atomic overwrite and the recovery from interrupted saves live in
-``torchlike.adapters.orbax_store``; this module adds torchlike's version to the metadata.
+``torchlike.adapters.checkpoint.orbax_store``; this module adds torchlike's version to the metadata.
 """
 
 from __future__ import annotations
@@ -10,7 +10,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .adapters.orbax_store import FORMAT, CheckpointCorruptedError, LazyCheckpoint, open_checkpoint, save_tree
+from .adapters.checkpoint.orbax_store import (
+    FORMAT,
+    CheckpointCorruptedError,
+    LazyCheckpoint,
+    open_checkpoint,
+    save_tree,
+)
 
 __all__ = ["CheckpointCorruptedError", "LazyCheckpoint", "load", "save"]
 

@@ -18,9 +18,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from .adapters import hf_checkpoint, weight_plan
+from .adapters.checkpoint import hf_checkpoint
 from .adapters.lora.merge import merge_factors
-from .adapters.nnx_state import dotted_path, parameter_slots
+from .adapters.model import weight_plan
+from .adapters.model.nnx_state import dotted_path, parameter_slots
 
 __all__ = ["IncompatibleKeys", "StateDict", "load_state_dict", "state_dict"]
 

@@ -31,7 +31,7 @@ class AutoTokenizer:
         """
         from transformers import AutoTokenizer as HFAutoTokenizer
 
-        from .adapters.hf_hub import resolve_model_dir
+        from .adapters.checkpoint.hf_hub import resolve_model_dir
 
         source = resolve_model_dir(pretrained_model_name_or_path, revision=kwargs.pop("revision", None),
                                    cache_dir=kwargs.get("cache_dir"), token=kwargs.get("token"),

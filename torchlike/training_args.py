@@ -395,7 +395,7 @@ class TrainingArguments:
     lora_step: str = "auto"
 
     def __post_init__(self) -> None:
-        from .adapters.mesh import initialize_distributed
+        from .adapters.distributed.mesh import initialize_distributed
 
         # Scripts create their arguments first: start JAX's multi-process runtime before anything touches a device.
         initialize_distributed()

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 from tunix.models.gemma import model as tunix_gemma
 
-from ..rope import apply_rope, rope_inverse_frequencies, with_rope
+from ..model.rope import apply_rope, rope_inverse_frequencies, with_rope
 from .base import (
     GEMMA_IGNORED_KEYS,
     GEMMA_LORA_TARGETS,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 from tunix.models.gemma3 import model as tunix_gemma3
 
-from ..rope import UnsupportedRopeScalingError
+from ..model.rope import UnsupportedRopeScalingError
 from .base import (
     GEMMA_IGNORED_KEYS,
     GEMMA_LORA_TARGETS,

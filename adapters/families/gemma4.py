@@ -13,7 +13,7 @@ from flax import nnx
 from tunix.models.gemma4 import model as tunix_gemma4
 from tunix.models.gemma4 import moe as tunix_moe
 
-from ..rope import UnsupportedRopeScalingError
+from ..model.rope import UnsupportedRopeScalingError
 from .base import (
     DECODER_LORA_TARGETS,
     GEMMA_IGNORED_KEYS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tunix.models.llama3 import model as tunix_llama3
 
-from ..rope import apply_rope, rope_inverse_frequencies, with_rope
+from ..model.rope import apply_rope, rope_inverse_frequencies, with_rope
 from .base import (
     DECODER_IGNORED_KEYS,
     DECODER_LORA_TARGETS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tunix.models.qwen2 import model as tunix_qwen2
 
-from ..rope import rope_inverse_frequencies, sin_cos, with_rope
+from ..model.rope import rope_inverse_frequencies, sin_cos, with_rope
 from .base import (
     DECODER_IGNORED_KEYS,
     DECODER_LORA_TARGETS,

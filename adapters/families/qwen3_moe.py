@@ -22,8 +22,8 @@ import jax.numpy as jnp
 from flax import nnx
 from tunix.models.qwen3 import model as tunix_qwen3
 
-from ..rope import apply_rope, rope_inverse_frequencies, with_rope
-from ..router_loss import RouterRecord
+from ..losses.router import RouterRecord
+from ..model.rope import apply_rope, rope_inverse_frequencies, with_rope
 from .base import (
     DECODER_IGNORED_KEYS,
     DECODER_LORA_TARGETS,

@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from ..families import Family
-from ..nnx_state import modules_by_path
+from ..model.nnx_state import modules_by_path
 from .peft_format import hf_factors
 from .runtime import lora_factors
 

@@ -16,9 +16,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from ..distributed.multihost import gather_to_host
 from ..families import Family
-from ..multihost import gather_to_host
-from ..nnx_state import flat_variables
+from ..model.nnx_state import flat_variables
 
 PEFT_PREFIX = "base_model.model."
 

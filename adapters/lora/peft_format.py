@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import numpy as np
 from flax import nnx
 
+from ..distributed.multihost import gather_to_host
 from ..families import Family
-from ..multihost import gather_to_host
-from ..nnx_state import parameter_slots
-from ..weight_plan import PEFT_LAYOUTS, Assembly, Target, plan
+from ..model.nnx_state import parameter_slots
+from ..model.weight_plan import PEFT_LAYOUTS, Assembly, Target, plan
 from .runtime import lora_factors
 
 

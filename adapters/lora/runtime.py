@@ -23,7 +23,7 @@ import qwix
 from flax import nnx
 from qwix._src.utils import flax_util
 
-from ..nnx_state import modules_by_path
+from ..model.nnx_state import modules_by_path
 from .targets import LoraTarget
 
 TRAIN, EVAL, DISABLED, MERGED = "train", "eval", "disabled", "merged"

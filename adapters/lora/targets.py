@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from flax import nnx
 
 from ..families import Family
-from ..nnx_state import flat_variables
+from ..model.nnx_state import flat_variables
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from ..sampling_settings import SamplingSettings
+from .sampling_settings import SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class StaticEngine:
         """Holds nothing between calls."""
 
     def generate(self, requests: Sequence[RolloutRequest], settings: SamplingSettings) -> list[RequestOutput]:
-        from .. import sampling
+        from . import sampling
 
         rows = [(index, sample) for index, request in enumerate(requests) for sample in range(request.num_samples)]
         width = max(len(request.penalised_ids) + len(request.prompt_ids) for request in requests)

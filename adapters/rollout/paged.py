@@ -40,11 +40,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .. import mesh as mesh_lib
+from ..distributed import mesh as mesh_lib
+from ..distributed.multihost import gather_to_host
 from ..lora import runtime as lora_runtime
-from ..multihost import gather_to_host
+from ..model.tunix_model import positions_from_mask
 from ..runtime.tracing import record_trace, traced_cheaply
-from ..sampling import (
+from .engine import RequestOutput, RolloutRequest
+from .pages import TRASH_PAGE, PagePool
+from .sampling import (
     bucket_length,
     choose_tokens_per_row,
     end_token_array,
@@ -53,10 +56,7 @@ from ..sampling import (
     stream_keys,
     token_logprobs,
 )
-from ..sampling_settings import SamplingSettings, SamplingSwitches, SamplingValues
-from ..tunix_model import positions_from_mask
-from .engine import RequestOutput, RolloutRequest
-from .pages import TRASH_PAGE, PagePool
+from .sampling_settings import SamplingSettings, SamplingSwitches, SamplingValues
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..adapters import hf_checkpoint
+from ..adapters.checkpoint import hf_checkpoint
+from ..adapters.checkpoint.safetensors_io import SafetensorsReader, write_safetensors
+from ..adapters.distributed.mesh import entered
 from ..adapters.lora import merge as lora_merge
 from ..adapters.lora import modules_to_save as saved_modules
 from ..adapters.lora import peft_format
 from ..adapters.lora import runtime as lora_runtime
 from ..adapters.lora import targets as lora_targets
-from ..adapters.mesh import entered
-from ..adapters.nnx_state import flat_variables, replace_parameters
-from ..adapters.prompt_learning import PEFT_TYPES
-from ..adapters.safetensors_io import SafetensorsReader, write_safetensors
+from ..adapters.model.nnx_state import flat_variables, replace_parameters
+from ..adapters.model.prompt_learning import PEFT_TYPES
 from ..modeling import CausalLM, InputEmbeddings
 from ..sequence_classification import SequenceClassifier
 from .config import (
@@ -266,7 +266,7 @@ class PeftModel(CausalLM):
         Raises:
             ValueError: ``is_trainable=True`` for a prompt-learning adapter (peft's rule).
         """
-        from ..adapters.hf_hub import resolve_model_dir
+        from ..adapters.checkpoint.hf_hub import resolve_model_dir
         hf_checkpoint.finish_interrupted_save(model_id)
         directory = resolve_model_dir(model_id, revision=kwargs.get("revision"), token=kwargs.get("token"))
         saved = read_adapter_config(directory)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..adapters.prompt_learning import P_TUNING, PREFIX_TUNING, PROMPT_TUNING
+from ..adapters.model.prompt_learning import P_TUNING, PREFIX_TUNING, PROMPT_TUNING
 from .config import ADAPTER_CONFIG_NAME, TaskType
 
 __all__ = ["PrefixTuningConfig", "PromptEncoderConfig", "PromptEncoderReparameterizationType", "PromptLearningConfig",

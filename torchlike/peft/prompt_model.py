@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..adapters import prompt_learning as prompting
-from ..adapters import tunix_model
+from ..adapters.checkpoint.safetensors_io import SafetensorsReader
+from ..adapters.distributed.mesh import entered
+from ..adapters.distributed.multihost import gather_to_host
 from ..adapters.families.base import head_dim_of
 from ..adapters.lora import runtime as lora_runtime
-from ..adapters.mesh import entered
-from ..adapters.multihost import gather_to_host
-from ..adapters.safetensors_io import SafetensorsReader
+from ..adapters.model import prompt_learning as prompting
+from ..adapters.model import tunix_model
 from ..arrays import to_numpy_2d
 from ..modeling import CausalLM, CausalLMOutput
 from ..sequence_classification import SequenceClassifier
@@ -227,7 +227,8 @@ def get_prompt_learning_model(model: CausalLM, peft_config: PromptLearningConfig
 
 def _fill_model_fields(hf_config: Any, peft_config: PromptLearningConfig) -> prompting.PromptSettings:
     """Fills the config's model fields as peft's ``_prepare_prompt_learning_config`` does, refusing values that
-    disagree with the model; returns the forward pass's :class:`~torchlike.adapters.prompt_learning.PromptSettings`."""
+    disagree with the model; returns the forward pass's
+    :class:`~torchlike.adapters.model.prompt_learning.PromptSettings`."""
     prefix = isinstance(peft_config, PrefixTuningConfig)
     head_dim = head_dim_of(hf_config)
     heads = hf_config.num_key_value_heads if prefix else hf_config.num_attention_heads

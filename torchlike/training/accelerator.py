@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from ..adapters import mesh as mesh_lib
+from ..adapters.distributed import mesh as mesh_lib
 
 __all__ = ["Accelerator"]
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from ..adapters import mesh as mesh_lib
+from ..adapters.distributed import mesh as mesh_lib
 
 __all__ = ["as_sequence", "check_single_dataset", "collate_rows", "each_dataset", "epoch_batches", "keep_columns",
            "map_datasets", "ordered_batches", "run_in_batches", "sampler_order", "stack_rows", "steps_per_epoch"]

@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from .. import serialization
-from ..adapters import mesh as mesh_lib
-from ..adapters import nnx_state
+from ..adapters.distributed import mesh as mesh_lib
+from ..adapters.model import nnx_state
 
 __all__ = ["checkpoint_folders", "delete_all_but", "find_checkpoint", "restore_checkpoint", "restore_model",
            "restore_variables", "rotate_checkpoints", "write_checkpoint"]
@@ -171,7 +171,7 @@ def restore_variables(variables: Mapping[str, Any], stored: Mapping[str, Any]) -
     """Writes ``stored[name]`` into ``variables[name]`` for each name both have, in the variable's dtype and sharding.
 
     Args:
-        variables: ``{dotted path: nnx.Variable}`` (:func:`~torchlike.adapters.nnx_state.flat_variables`).
+        variables: ``{dotted path: nnx.Variable}`` (:func:`~torchlike.adapters.model.nnx_state.flat_variables`).
         stored: ``{dotted path: array}``; a lazy ``torchlike.load`` checkpoint reads only these names, each straight
             into its target sharding.
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh
 
-from ..adapters import mesh as mesh_lib
+from ..adapters.distributed import mesh as mesh_lib
 from .model_interface import TrainableModel
 
 __all__ = ["resolve_mesh"]

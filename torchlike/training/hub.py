@@ -30,7 +30,7 @@ def repo_id(args) -> str:
 def upload_output_dir(args, commit_message: str, token: str | None = None, revision: str | None = None) -> str:
     """Uploads ``args.output_dir`` to :func:`repo_id` (private per ``hub_private_repo``); ``token`` and ``revision``
     override ``args.hub_token`` / ``args.hub_revision``. Returns the commit URL."""
-    from ..adapters.hf_hub import upload_folder
+    from ..adapters.checkpoint.hf_hub import upload_folder
 
     return upload_folder(args.output_dir, repo_id(args), commit_message=commit_message,
                          private=args.hub_private_repo, token=token or args.hub_token,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from ..adapters import prompt_learning, train_step, tunix_model
+from ..adapters.model import prompt_learning, tunix_model
+from ..adapters.training import train_step
 from ..peft.prompt_model import PromptLearningModel
 from .model_interface import TrainableModel
 

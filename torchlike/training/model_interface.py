@@ -16,7 +16,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ..adapters import nnx_state
+from ..adapters.model import nnx_state
 from ..modeling import CausalLM
 from ..peft.config import LoraConfig
 from ..peft.model import PeftModel

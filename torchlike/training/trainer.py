@@ -22,9 +22,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..adapters import mesh as mesh_lib
-from ..adapters import neftune, train_step
+from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.lora import runtime as lora_runtime
+from ..adapters.model import neftune
+from ..adapters.training import train_step
 from ..optim import build_optimizer
 from . import batches, checkpoints, hub, step_logs
 from .accelerator import Accelerator

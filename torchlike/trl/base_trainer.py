@@ -18,13 +18,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..adapters import mesh as mesh_lib
-from ..adapters import (
-    reference_policy,
-    reference_sync,
-    step_metrics,
-    train_step,
-)
+from ..adapters.distributed import mesh as mesh_lib
+from ..adapters.training import reference_policy, reference_sync, step_metrics, train_step
 from ..training import Trainer
 from ..training_args import TrainingArguments
 from .sft_data import pad_token_id_for
@@ -225,7 +220,7 @@ class TRLTrainer(Trainer):
 
     def _setup_router_loss(self, model: Any, args: Any) -> None:
         """TRL 1.16's rule for the Mixture-of-Experts load-balancing loss (transformers' ``load_balancing_loss_func``,
-        ``adapters/router_loss.py``): on when the model returns router logits (Qwen3 MoE) and the coefficient
+        ``adapters/losses/router.py``): on when the model returns router logits (Qwen3 MoE) and the coefficient
         (``args.router_aux_loss_coef``, else the model config's) is not 0; a coefficient for a model without a router
         is refused in TRL's words, and the config is kept in sync (``output_router_logits``)."""
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

@@ -61,7 +61,7 @@ DISTILLATION_FIELD_SUPPORT: dict[str, FieldSupport] = {
     # --- loss ---
     "beta": honoured("TRL's generalized Jensen-Shannon divergence per completion token: 0 is KL(teacher || student), "
                      "1 is KL(student || teacher), in between beta KL(teacher || m) + (1 - beta) KL(student || m) "
-                     "with m = (1 - beta) student + beta teacher (torchlike.adapters.distillation_loss)."),
+                     "with m = (1 - beta) student + beta teacher (torchlike.adapters.losses.distillation)."),
     "max_tool_calling_iterations": honoured("With tools: the most rounds of tool calls and continued generation per "
                                             "completion (None: until no call is made or max_completion_length is "
                                             "reached), as TRL's _tool_call_loop."),

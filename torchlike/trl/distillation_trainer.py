@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters import distillation_loss, sampling, train_step
-from ..adapters import mesh as mesh_lib
+from ..adapters.distributed import mesh as mesh_lib
+from ..adapters.losses import distillation as distillation_loss
+from ..adapters.rollout import sampling
+from ..adapters.training import train_step
 from ..training import batches
 from .base_trainer import check_causal_lm, check_text_dataset
 from .distillation_config import DistillationConfig

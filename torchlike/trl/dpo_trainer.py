@@ -14,8 +14,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters import dpo_loss
-from ..adapters.dpo_loss import preference_loss
+from ..adapters.losses import dpo as dpo_loss
+from ..adapters.losses.dpo import preference_loss
 from .base_trainer import PrecomputedReferenceTrainer
 from .dpo_config import DPOConfig
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples

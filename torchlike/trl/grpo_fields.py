@@ -8,7 +8,7 @@ against the fields of the real ``trl.GRPOConfig``.
 
 from __future__ import annotations
 
-from ..adapters.sampling_settings import SamplingSettings
+from ..adapters.rollout.sampling_settings import SamplingSettings
 from ..field_support import FieldSupport, honoured, ignored, refused
 from .sft_fields import SFT_FIELD_SUPPORT
 
@@ -23,8 +23,8 @@ _SAMPLER_CORRECTION = ("With max_staleness >= 1 the engine's log-probs come from
 _NO_TORCH_GENERATION = "A transformers (PyTorch) generation engine; torchlike generates with its own JAX sampler."
 _REF_SYNC = ("Every ref_model_sync_steps optimizer steps the reference becomes ref_model_mixup_alpha x policy + (1 - "
              "ref_model_mixup_alpha) x reference (TRL's SyncRefModelCallback, TR-DPO; "
-             "torchlike.adapters.reference_sync). As in TRL, refused with a LoRA adapter (the reference is the adapter "
-             "switched off)")
+             "torchlike.adapters.training.reference_sync). As in TRL, refused with a LoRA adapter (the reference is "
+             "the adapter switched off)")
 _ADAPTIVE_ENTROPY = "With use_adaptive_entropy (torchlike.trl.entropy_control), "
 _NO_DROPOUT = ("Always in effect when True: torchlike's model families have no dropout layers, and LoRA dropout is "
                "switched off, so the log-probabilities are deterministic.")
@@ -141,7 +141,7 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "scale_rewards": honoured("'group', 'batch' or 'none' (True/False as in TRL): the standard deviation the "
                               "group-centred rewards are divided by (plus 1e-4)."),
     "loss_type": honoured("All of TRL's: grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo, computed as TRL 1.16 "
-                          "does (torchlike.adapters.rl_math.grpo_loss)."),
+                          "does (torchlike.adapters.losses.rl_math.grpo_loss)."),
     "mask_truncated_completions": honoured("Completions cut at max_completion_length without an EOS are left out of "
                                            "the loss."),
     "sync_ref_model": honoured(_REF_SYNC + " and with beta=0 (no reference)."),
@@ -149,7 +149,7 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "ref_model_sync_steps": honoured("Optimizer steps between reference updates (sync_ref_model)."),
     "top_entropy_quantile": honoured("Below 1.0 the policy loss counts only the completion tokens whose entropy "
                                      "reaches the batch's (1 - top_entropy_quantile) quantile, as TRL's "
-                                     "get_high_entropy_mask (torchlike.adapters.rl_math.high_entropy_mask)."),
+                                     "get_high_entropy_mask (torchlike.adapters.losses.rl_math.high_entropy_mask)."),
     "entropy_coef": honoured("The loss subtracts entropy_coef x the mean completion-token entropy (over the "
                              "top_entropy_quantile tokens), divided by the accumulation steps for every loss type, as "
                              "TRL; logs policy_loss and entropy_coef. With use_adaptive_entropy, the initial "

@@ -24,9 +24,12 @@ from typing import Any
 import datasets
 import numpy as np
 
-from ..adapters import mesh as mesh_lib
-from ..adapters import rl_math, sampling, train_step, tunix_grpo
+from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.lora import runtime as lora_runtime
+from ..adapters.losses import grpo as tunix_grpo
+from ..adapters.losses import rl_math
+from ..adapters.rollout import sampling
+from ..adapters.training import train_step
 from ..training import batches, checkpoints, step_logs
 from . import entropy_control, reward_models
 from .base_trainer import check_text_dataset

@@ -17,7 +17,7 @@ from torchlike.training_args import TrainingArguments, check_choice
 from torchlike.trl.base_config import TRLConfig, normalise_pad_to_multiple_of
 from torchlike.trl.kto_fields import KTO_FIELD_SUPPORT
 
-#: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.kto_loss.kto_loss`` computes them).
+#: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.losses.kto.kto_loss`` computes them).
 LOSS_TYPES: tuple[str, ...] = ("kto", "apo_zero_unpaired")
 #: Loss types that estimate the KL term from mismatched (prompt, completion) pairs (TRL's ``calculate_KL``).
 KL_LOSS_TYPES: tuple[str, ...] = ("kto",)

@@ -49,7 +49,7 @@ KTO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "precompute_ref_batch_size": DPO_FIELD_SUPPORT["precompute_ref_batch_size"],
     # --- loss ---
     "loss_type": honoured("Both of TRL's loss types, 'kto' (with the KL estimate from the mismatched completions) and "
-                          "'apo_zero_unpaired', computed as TRL 1.16 does (torchlike.adapters.kto_loss.kto_loss)."),
+                          "'apo_zero_unpaired', computed as TRL 1.16 does (torchlike.adapters.losses.kto.kto_loss)."),
     "beta": honoured("The temperature of the implied reward beta x log(pi / pi_ref); rewards/* metrics are beta x "
                      "log-ratios."),
     "desirable_weight": honoured("Weight of the losses of desirable examples (label True); TRL's warning when "

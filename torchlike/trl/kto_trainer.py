@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters import kto_loss
+from ..adapters.losses import kto as kto_loss
 from .base_trainer import PrecomputedReferenceTrainer
 from .kto_config import KTOConfig
 from .kto_data import check_desirability_balance, collate_unpaired_batch, padded_length, prepare_unpaired_examples

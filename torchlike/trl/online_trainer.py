@@ -26,9 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters import mesh as mesh_lib
-from ..adapters import multihost, rollout, sampling, tunix_grpo
+from ..adapters import rollout
+from ..adapters.distributed import mesh as mesh_lib
+from ..adapters.distributed import multihost
 from ..adapters.lora import runtime as lora_runtime
+from ..adapters.losses import grpo as tunix_grpo
+from ..adapters.rollout import sampling
 from ..training.batches import sampler_order
 from ..version import repetition_penalty_skips_left_padding
 from .base_config import round_up_to_multiple

@@ -46,7 +46,7 @@ REWARD_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "pad_to_multiple_of": DPO_FIELD_SUPPORT["pad_to_multiple_of"],
     # --- training ---
     "center_rewards_coefficient": honoured("Adds c x mean((r_chosen + r_rejected)^2) to the loss, pulling rewards "
-                                           "towards zero (torchlike.adapters.reward_loss.bradley_terry_loss)."),
+                                           "towards zero (torchlike.adapters.losses.reward.bradley_terry_loss)."),
     "activation_offloading": SFT_FIELD_SUPPORT["activation_offloading"],
     # --- deprecated ---
     "pad_token": honoured("Deprecated in TRL (FutureWarning): set as the processing_class's pad token, whose id the "

@@ -20,9 +20,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..adapters import mesh as mesh_lib
-from ..adapters import multihost, sampling
-from ..adapters import sequence_classification as classification
+from ..adapters.distributed import mesh as mesh_lib
+from ..adapters.distributed import multihost
+from ..adapters.model import sequence_classification as classification
+from ..adapters.rollout import sampling
 
 __all__ = ["RewardModel", "is_reward_model", "reward_functions"]
 

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters import reward_loss
+from ..adapters.losses import reward as reward_loss
 from ..training.batches import check_single_dataset, each_dataset, map_datasets
 from .base_trainer import TRLTrainer, check_text_dataset
 from .reward_config import RewardConfig

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters import rl_math, tunix_grpo
 from ..adapters.lora import runtime as lora_runtime
+from ..adapters.losses import grpo as tunix_grpo
+from ..adapters.losses import rl_math
 from .grpo_trainer import GRPOTrainer
 from .rloo_config import RLOOConfig
 

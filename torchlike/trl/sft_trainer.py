@@ -9,7 +9,8 @@ from typing import Any
 import datasets
 import numpy as np
 
-from ..adapters import neftune, train_step
+from ..adapters.model import neftune
+from ..adapters.training import train_step
 from ..training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
 from ..training.losses import with_virtual_tokens
 from .base_config import round_up_to_multiple

@@ -19,7 +19,7 @@ _SHARED_WITH_ORPO = ("neftune_noise_alpha", "per_device_train_batch_size", "grad
 CPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     **{name: ORPO_FIELD_SUPPORT[name] for name in _SHARED_WITH_ORPO},
     # --- loss ---
-    "loss_type": honoured("sigmoid, hinge, ipo and simpo, computed as TRL 1.16 does (torchlike.adapters.cpo_loss); "
+    "loss_type": honoured("sigmoid, hinge, ipo and simpo, computed as TRL 1.16 does (torchlike.adapters.losses.cpo); "
                           "'alphapo' becomes simpo with cpo_alpha=0, as TRL's __post_init__ does; ipo and simpo "
                           "average the completion log-probabilities, the others sum them."),
     "beta": honoured("The temperature beta of the sigmoid, hinge and simpo losses (tau for ipo); rewards/* metrics "

@@ -3,7 +3,7 @@
 Contrastive Preference Optimization trains without a reference model: each step scores the chosen and rejected
 sequences of a batch in one forward pass and minimises a preference loss on the policy's log-probabilities
 (sigmoid, hinge, IPO, SimPO; AlphaPO rewards) plus ``cpo_alpha`` times the chosen responses' NLL
-(``torchlike.adapters.cpo_loss``), logging TRL's metrics.
+(``torchlike.adapters.losses.cpo``), logging TRL's metrics.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ....adapters.cpo_loss import LOSS_TYPES, cpo_step_loss
+from ....adapters.losses.cpo import LOSS_TYPES, cpo_step_loss
 from ..pairwise_trainer import PairwisePreferenceTrainer
 from .cpo_config import CPOConfig
 

@@ -58,7 +58,7 @@ GKD_FIELD_SUPPORT: dict[str, FieldSupport] = {
                       "per micro-batch; a resumed run skips the draws of the steps done)."),
     "beta": honoured("TRL's generalized Jensen-Shannon divergence per labelled token: 0 is KL(teacher || student), "
                      "1 is KL(student || teacher), in between beta KL(teacher || m) + (1 - beta) KL(student || m) "
-                     "with m = (1 - beta) student + beta teacher (torchlike.adapters.distillation_loss)."),
+                     "with m = (1 - beta) student + beta teacher (torchlike.adapters.losses.distillation)."),
     "max_new_tokens": honoured("The most tokens per on-policy or seq_kd completion; completions stop at their first "
                                "EOS, which is trained on, as in TRL."),
     "teacher_model_name_or_path": DISTILLATION_FIELD_SUPPORT["teacher_model_name_or_path"],

@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from ....adapters import distillation_loss, sampling, train_step
-from ....adapters import mesh as mesh_lib
+from ....adapters.distributed import mesh as mesh_lib
+from ....adapters.losses import distillation as distillation_loss
+from ....adapters.rollout import sampling
+from ....adapters.training import train_step
 from ....training import batches
 from ....training.trainer import Trainer
 from ...base_trainer import check_text_dataset

@@ -42,7 +42,7 @@ ORPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                               "metrics can differ slightly."),
     # --- loss ---
     "beta": honoured("ORPO's lambda: the loss is the chosen NLL minus beta x mean log sigmoid(log odds ratio) "
-                     "(torchlike.adapters.orpo_loss); rewards/* metrics are beta x mean log-probabilities."),
+                     "(torchlike.adapters.losses.orpo); rewards/* metrics are beta x mean log-probabilities."),
     # --- evaluation ---
     "generate_during_eval": refused("TRL samples completions of a random evaluation batch and logs them as a table "
                                     "to Weights & Biases or Comet; torchlike does not implement that table. Call "

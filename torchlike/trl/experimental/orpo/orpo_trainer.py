@@ -2,7 +2,7 @@
 
 Odds Ratio Preference Optimization trains without a reference model: each step scores the chosen and rejected
 sequences of a batch in one forward pass and minimises the chosen NLL minus ``beta`` times the log-sigmoid of the
-log odds ratio (``torchlike.adapters.orpo_loss``), logging TRL's metrics.
+log odds ratio (``torchlike.adapters.losses.orpo``), logging TRL's metrics.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ....adapters.orpo_loss import orpo_step_loss
+from ....adapters.losses.orpo import orpo_step_loss
 from ..pairwise_trainer import PairwisePreferenceTrainer
 from .orpo_config import ORPOConfig
 

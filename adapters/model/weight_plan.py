@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .families.base import AS_IS, INPUT_PROJECTION, OUTPUT_PROJECTION, Family, Layout
-from .runtime.tracing import record_trace
+from ..families.base import AS_IS, INPUT_PROJECTION, OUTPUT_PROJECTION, Family, Layout
+from ..runtime.tracing import record_trace
 
 PREFIXES = ("base_model.model.", "model.", "module.")
 """Prefixes a source key may carry that the model's names lack (PEFT's wrapper, a wrapping module, DDP)."""
@@ -186,7 +186,7 @@ class Assembly:
         if source.target in self._staged or (source.axis == 0 and isinstance(array, np.ndarray)
                                               and source.target not in self._pending):
             if source.target not in self._staged:
-                from .safetensors_io import aligned_empty
+                from ..checkpoint.safetensors_io import aligned_empty
 
                 self._staged[source.target] = (source, target, aligned_empty((count, *array.shape), array.dtype),
                                                set())

@@ -13,8 +13,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import chunked_logprobs, router_loss
-from .dpo_loss import masked_mean
+from . import logprobs as chunked_logprobs
+from . import router as router_loss
+from .dpo import masked_mean
 
 __all__ = ["PairScores", "chosen_cross_entropy", "pair_scores", "stacked"]
 

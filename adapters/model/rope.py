@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .runtime.abstract_models import register_derived_class
+from ..runtime.abstract_models import register_derived_class
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 

@@ -6,7 +6,7 @@ centring term pulls the scores towards zero. Shapes: ``B`` preference pairs, ``T
 
 TRL records its metrics once per micro-batch. A micro-batch made only of rows that pad a partial last step (TRL has no
 such micro-batch) returns them as 0 with their ``present/<name>`` indicator 0, which
-:func:`torchlike.adapters.kto_loss.finish_metrics` removes from the logged means.
+:func:`torchlike.adapters.losses.kto.finish_metrics` removes from the logged means.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 import jax
 import jax.numpy as jnp
 
-from .step_metrics import PRESENCE_PREFIX
+from ..training.step_metrics import PRESENCE_PREFIX
 
 __all__ = ["REWARD_METRICS", "bradley_terry_loss", "reward_batch_length", "reward_step_loss"]
 

@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from . import multihost
+from ..distributed import multihost
 
 _CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
 

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from . import chunked_logprobs, router_loss
-from .families import Family
-from .lora import runtime as lora_runtime
-from .runtime.tracing import record_trace, traced_cheaply
+from ..families import Family
+from ..lora import runtime as lora_runtime
+from ..losses import logprobs as chunked_logprobs
+from ..losses import router as router_loss
+from ..runtime.tracing import record_trace, traced_cheaply
 
 
 @contextlib.contextmanager

@@ -16,11 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import chunked_logprobs, rl_math, router_loss
-from .families import Family
-from .lora import runtime as lora_runtime
-from .runtime.tracing import traced_cheaply
-from .train_step import cast_floating
+from ..families import Family
+from ..lora import runtime as lora_runtime
+from ..runtime.tracing import traced_cheaply
+from ..training.train_step import cast_floating
+from . import logprobs as chunked_logprobs
+from . import rl_math
+from . import router as router_loss
 
 #: Loss types whose micro-batch loss is a sum over tokens divided by the generation batch's token count
 #: (TRL's ``num_items_in_batch`` normaliser); the others are per-micro-batch means.

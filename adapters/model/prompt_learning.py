@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .families import Family
-from .lora.runtime import adapter_disabled
+from ..families import Family
+from ..lora.runtime import adapter_disabled
 
 PROMPT_TUNING = "PROMPT_TUNING"
 P_TUNING = "P_TUNING"

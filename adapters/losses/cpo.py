@@ -11,9 +11,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from . import chunked_logprobs
-from .dpo_loss import masked_mean
-from .pairwise_scores import chosen_cross_entropy, pair_scores, stacked
+from . import logprobs as chunked_logprobs
+from .dpo import masked_mean
+from .pairwise import chosen_cross_entropy, pair_scores, stacked
 
 __all__ = ["LOSS_TYPES", "cpo_loss", "cpo_step_loss"]
 

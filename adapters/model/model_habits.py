@@ -18,9 +18,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from .families import Family
+from ..families import Family
+from ..training.train_step import rematerialised
 from .nnx_state import flat_variables
-from .train_step import rematerialised
 from .tunix_model import build_abstract_model, export_plan, load_weights, materialize_hf_tensor
 
 #: The Hugging Face names of the input embedding and of the untied output head (``nn.Embedding`` / ``nn.Linear``).

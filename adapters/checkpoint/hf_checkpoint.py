@@ -49,7 +49,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from . import directory_swap, multihost
+from ..distributed import multihost
+from . import directory_swap
 from .safetensors_io import CheckpointFileError, ReadBuffers, SafetensorsReader, write_safetensors
 
 SAFE_WEIGHTS_NAME = "model.safetensors"

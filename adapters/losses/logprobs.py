@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..families import Family
+from ..model.tunix_model import batch_positions_and_attention
 from . import rl_math
-from .families import Family
-from .tunix_model import batch_positions_and_attention
 
 #: Bytes of float32 logits one block may hold, over the whole batch: ``"auto"`` blocks have
 #: ``LOGITS_BLOCK_BYTES // (4 * batch * vocab)`` positions. Autodiff keeps a few such copies (logits, softmax, their

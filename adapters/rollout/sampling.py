@@ -33,12 +33,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from .lora import runtime as lora_runtime
-from .mesh import place_array
-from .multihost import gather_to_host
-from .runtime.tracing import record_trace, traced_cheaply
+from ..distributed.mesh import place_array
+from ..distributed.multihost import gather_to_host
+from ..lora import runtime as lora_runtime
+from ..model.tunix_model import positions_from_mask
+from ..runtime.tracing import record_trace, traced_cheaply
 from .sampling_settings import UNSUPPORTED_GENERATION_SETTINGS, SamplingSettings, SamplingSwitches, SamplingValues
-from .tunix_model import positions_from_mask
 
 _MIN_BUCKET = 16
 _FINE_BUCKET_FROM = 1024

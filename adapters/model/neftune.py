@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from . import train_step
+from ..training import train_step
 
 
 def noise_magnitude(alpha: float, length, hidden_size: int):

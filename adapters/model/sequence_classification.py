@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .families import Family
-from .families.base import TRANSPOSED, WeightRule
-from .lora.runtime import lora_mode
-from .runtime.tracing import fast_tracing
+from ..families import Family
+from ..families.base import TRANSPOSED, WeightRule
+from ..lora.runtime import lora_mode
+from ..runtime.tracing import fast_tracing
 from .tunix_model import causal_attention, positions_from_mask
 
 SCORE_HF_NAME = "score.weight"

@@ -45,9 +45,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ..distributed.mesh import barrier
 from .directory_swap import NEW_TAG, OLD_TAG, fsync_dir, sibling, siblings, swap_into_place
 from .hf_checkpoint import torch_to_numpy
-from .mesh import barrier
 from .safetensors_io import CheckpointFileError
 
 FORMAT = "torchlike-orbax-1"

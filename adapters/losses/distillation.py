@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from . import chunked_logprobs
-from .families import Family
-from .lora import runtime as lora_runtime
+from ..families import Family
+from ..lora import runtime as lora_runtime
+from . import logprobs as chunked_logprobs
 
 
 class TokenDivergences(NamedTuple):

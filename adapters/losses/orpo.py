@@ -10,9 +10,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from . import chunked_logprobs
-from .dpo_loss import masked_mean
-from .pairwise_scores import chosen_cross_entropy, pair_scores, stacked
+from . import logprobs as chunked_logprobs
+from .dpo import masked_mean
+from .pairwise import chosen_cross_entropy, pair_scores, stacked
 
 __all__ = ["log1mexp", "odds_ratio_loss", "orpo_step_loss"]
 

@@ -9,8 +9,10 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from . import chunked_logprobs, rl_math, router_loss
-from .lora import runtime as lora_runtime
+from ..lora import runtime as lora_runtime
+from . import logprobs as chunked_logprobs
+from . import rl_math
+from . import router as router_loss
 
 __all__ = ["masked_mean", "preference_loss", "reference_pass"]
 

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from . import multihost
-from .families import Family
-from .lora import runtime as lora_runtime
-from .mesh import shard_module
-from .prompt_learning import has_prompt_encoder
+from ..distributed import multihost
+from ..distributed.mesh import shard_module
+from ..families import Family
+from ..lora import runtime as lora_runtime
+from ..model.prompt_learning import has_prompt_encoder
 
 #: ``ReferencePolicy.kind`` values.
 SEPARATE, BASE, COPY, INITIAL = "model", "base", "copy", "initial"

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from . import chunked_logprobs, router_loss
-from .families import Family
-from .lora import runtime as lora_runtime
-from .step_metrics import PRESENCE_PREFIX, finish_metrics
+from ..families import Family
+from ..lora import runtime as lora_runtime
+from ..training.step_metrics import PRESENCE_PREFIX, finish_metrics
+from . import logprobs as chunked_logprobs
+from . import router as router_loss
 
 __all__ = ["KL_LOSS_TYPES", "KTO_LOSS_TYPES", "KTOLossSettings", "finish_metrics", "kto_loss", "kto_step_loss",
            "kto_token_metrics", "reference_columns", "reference_pass"]

@@ -20,13 +20,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
-from .families import Family
-from .hf_checkpoint import TensorSpec
-from .lora.runtime import lora_mode
-from .multihost import gather_to_host
+from ..checkpoint.hf_checkpoint import TensorSpec
+from ..distributed.multihost import gather_to_host
+from ..families import Family
+from ..lora.runtime import lora_mode
+from ..runtime import abstract_models
+from ..runtime.tracing import fast_tracing
 from .nnx_state import flat_variables
-from .runtime import abstract_models
-from .runtime.tracing import fast_tracing
 from .weight_plan import Assembly, Target, reads_host, routes
 
 
