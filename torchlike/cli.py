@@ -16,10 +16,12 @@ from collections import Counter
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
+from .trl.registry import TRAINERS, script_commands
+
 __all__ = ["TRAINING_COMMANDS", "environment_report", "main", "run_training_command"]
 
-#: Training subcommands, each run by ``torchlike.trl.scripts.<name>``.
-TRAINING_COMMANDS: tuple[str, ...] = ("distillation", "dpo", "grpo", "kto", "reward", "rloo", "sft")
+#: Training subcommands, each run by ``torchlike.trl.scripts.<name>`` (the registry's trainers with a script).
+TRAINING_COMMANDS: tuple[str, ...] = script_commands()
 
 # Distributions in the report, in the order printed (label, distribution name).
 _PACKAGES = (
@@ -80,7 +82,7 @@ def run_training_command(name: str, arguments: list[str]) -> int:
     """Parse ``arguments`` with the script's parser (config file included) and run its ``main``.
 
     Args:
-        name: ``"sft"``, ``"grpo"`` or ``"dpo"``.
+        name: a training subcommand (:data:`TRAINING_COMMANDS`).
         arguments: the command line after the subcommand.
 
     Returns:
@@ -89,7 +91,7 @@ def run_training_command(name: str, arguments: list[str]) -> int:
     Raises:
         SystemExit: ``--help`` (status 0), or arguments the script does not take (status 2, with the message).
     """
-    script = import_module(f"torchlike.trl.scripts.{name}")
+    script = import_module(next(entry.script_module for entry in TRAINERS if entry.name == name and entry.script))
     parser = script.make_parser(prog=f"torchlike {name}")
     try:
         parsed = parser.parse_args_and_config(arguments)

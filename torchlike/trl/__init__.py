@@ -1,55 +1,27 @@
 """torchlike.trl: TRL's trainers, configs and script helpers (``from trl import X`` -> ``from torchlike.trl import X``).
 
-Configs import eagerly (they are light); trainers and the script helpers (which import transformers) load on first
-use. Reward functions live in ``torchlike.trl.rewards``, as in ``trl.rewards``.
+The configs and trainers are those of :data:`torchlike.trl.registry.TRAINERS` under ``torchlike.trl``; each loads on
+first use (a trainer imports transformers and its adapters), as do the script helpers. Reward functions live in
+``torchlike.trl.rewards``, as in ``trl.rewards``.
 """
 
 from importlib import import_module
 from typing import Any
 
-from torchlike.trl.distillation_config import DistillationConfig
-from torchlike.trl.dpo_config import DPOConfig
-from torchlike.trl.grpo_config import GRPOConfig
-from torchlike.trl.kto_config import KTOConfig
-from torchlike.trl.reward_config import RewardConfig
-from torchlike.trl.rloo_config import RLOOConfig
-from torchlike.trl.sft_config import SFTConfig
+from torchlike.trl.registry import entries_in, lazy_attribute
 
 _SCRIPT_UTILS = ("DatasetConfig", "DatasetMixtureConfig", "ModelConfig", "ScriptArguments", "TrlParser", "get_dataset",
                  "get_kbit_device_map", "get_peft_config", "get_quantization_config", "init_zero_verbose")
-_LAZY = {"SFTTrainer": "sft_trainer", "GRPOTrainer": "grpo_trainer", "DPOTrainer": "dpo_trainer",
-         "RLOOTrainer": "rloo_trainer", "DistillationTrainer": "distillation_trainer",
-         "KTOTrainer": "kto_trainer", "RewardTrainer": "reward_trainer", **dict.fromkeys(_SCRIPT_UTILS, "script_utils")}
 
-__all__ = [
-    "DPOConfig",
-    "DPOTrainer",
-    "DatasetConfig",
-    "DatasetMixtureConfig",
-    "DistillationConfig",
-    "DistillationTrainer",
-    "GRPOConfig",
-    "GRPOTrainer",
-    "KTOConfig",
-    "KTOTrainer",
-    "ModelConfig",
-    "RLOOConfig",
-    "RLOOTrainer",
-    "RewardConfig",
-    "RewardTrainer",
-    "SFTConfig",
-    "SFTTrainer",
-    "ScriptArguments",
-    "TrlParser",
-    "get_dataset",
-    "get_kbit_device_map",
-    "get_peft_config",
-    "get_quantization_config",
-    "init_zero_verbose",
-]
+__all__ = sorted([name for entry in entries_in(__name__) for name in (entry.config, entry.trainer)]
+                 + list(_SCRIPT_UTILS))
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f"torchlike.trl.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'torchlike.trl' has no attribute {name!r}")
+    if name in _SCRIPT_UTILS:
+        return getattr(import_module("torchlike.trl.script_utils"), name)
+    return lazy_attribute(__name__, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

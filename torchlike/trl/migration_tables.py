@@ -6,16 +6,7 @@ import dataclasses
 
 from ..field_support import field_table
 from ..training_args import TrainingArguments
-from .distillation_config import DistillationConfig
-from .dpo_config import DPOConfig
-from .experimental.cpo.cpo_config import CPOConfig
-from .experimental.gkd.gkd_config import GKDConfig
-from .experimental.orpo.orpo_config import ORPOConfig
-from .grpo_config import GRPOConfig
-from .kto_config import KTOConfig
-from .reward_config import RewardConfig
-from .rloo_config import RLOOConfig
-from .sft_config import SFTConfig
+from .registry import TRAINERS
 
 
 def unsupported_fields_markdown() -> str:
@@ -26,8 +17,7 @@ def unsupported_fields_markdown() -> str:
         Markdown: one table per config class, rows sorted by status then name.
     """
     sections, shown = [], set()
-    for config_class in (TrainingArguments, SFTConfig, GRPOConfig, RLOOConfig, DPOConfig, KTOConfig,
-                         RewardConfig, DistillationConfig, ORPOConfig, CPOConfig, GKDConfig):
+    for config_class in (TrainingArguments, *(entry.config_class() for entry in TRAINERS)):
         names = {field.name for field in dataclasses.fields(config_class)}
         table = field_table(config_class)
         rows = sorted((support.status, name, support.reason) for name, support in table.items()

@@ -1,14 +1,16 @@
-"""torchlike.trl.experimental.cpo: TRL 1.16's ``trl.experimental.cpo`` (``CPOConfig``, ``CPOTrainer``)."""
+"""torchlike.trl.experimental.cpo: TRL 1.16's ``trl.experimental.cpo`` (``CPOConfig``, ``CPOTrainer``),
+loaded on first use."""
 
-from importlib import import_module
 from typing import Any
 
-from torchlike.trl.experimental.cpo.cpo_config import CPOConfig
+from torchlike.trl.registry import entries_in, lazy_attribute
 
-__all__ = ["CPOConfig", "CPOTrainer"]
+__all__ = sorted(name for entry in entries_in(__name__) for name in (entry.config, entry.trainer))
 
 
 def __getattr__(name: str) -> Any:
-    if name == "CPOTrainer":
-        return import_module("torchlike.trl.experimental.cpo.cpo_trainer").CPOTrainer
-    raise AttributeError(f"module 'torchlike.trl.experimental.cpo' has no attribute {name!r}")
+    return lazy_attribute(__name__, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,14 +1,16 @@
-"""torchlike.trl.experimental.gkd: TRL 1.16's ``trl.experimental.gkd`` (``GKDConfig``, ``GKDTrainer``)."""
+"""torchlike.trl.experimental.gkd: TRL 1.16's ``trl.experimental.gkd`` (``GKDConfig``, ``GKDTrainer``),
+loaded on first use."""
 
-from importlib import import_module
 from typing import Any
 
-from torchlike.trl.experimental.gkd.gkd_config import GKDConfig
+from torchlike.trl.registry import entries_in, lazy_attribute
 
-__all__ = ["GKDConfig", "GKDTrainer"]
+__all__ = sorted(name for entry in entries_in(__name__) for name in (entry.config, entry.trainer))
 
 
 def __getattr__(name: str) -> Any:
-    if name == "GKDTrainer":
-        return import_module("torchlike.trl.experimental.gkd.gkd_trainer").GKDTrainer
-    raise AttributeError(f"module 'torchlike.trl.experimental.gkd' has no attribute {name!r}")
+    return lazy_attribute(__name__, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,14 +1,16 @@
-"""torchlike.trl.experimental.orpo: TRL 1.16's ``trl.experimental.orpo`` (``ORPOConfig``, ``ORPOTrainer``)."""
+"""torchlike.trl.experimental.orpo: TRL 1.16's ``trl.experimental.orpo`` (``ORPOConfig``, ``ORPOTrainer``),
+loaded on first use."""
 
-from importlib import import_module
 from typing import Any
 
-from torchlike.trl.experimental.orpo.orpo_config import ORPOConfig
+from torchlike.trl.registry import entries_in, lazy_attribute
 
-__all__ = ["ORPOConfig", "ORPOTrainer"]
+__all__ = sorted(name for entry in entries_in(__name__) for name in (entry.config, entry.trainer))
 
 
 def __getattr__(name: str) -> Any:
-    if name == "ORPOTrainer":
-        return import_module("torchlike.trl.experimental.orpo.orpo_trainer").ORPOTrainer
-    raise AttributeError(f"module 'torchlike.trl.experimental.orpo' has no attribute {name!r}")
+    return lazy_attribute(__name__, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

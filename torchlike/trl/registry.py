@@ -1,0 +1,111 @@
+"""The one list of TRL trainers torchlike provides.
+
+``torchlike.trl``'s lazy imports (and those of each ``torchlike.trl.experimental.<name>`` package), the ``torchlike``
+command's training subcommands (:mod:`torchlike.cli`, run by ``torchlike.trl.scripts.<name>``) and MIGRATION.md's
+"not honoured" tables (:mod:`torchlike.trl.migration_tables`) are all read from :data:`TRAINERS`. A new trainer is one
+row here plus its modules (``<name>_config.py``, ``<name>_fields.py``, ``<name>_trainer.py``, and
+``scripts/<name>.py`` when it has a command).
+
+Nothing here imports a trainer: the rows name modules and classes, so reading the registry stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import import_module
+from typing import Any
+
+__all__ = ["TRAINERS", "TrainerEntry", "entries_in", "lazy_attribute", "script_commands"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerEntry:
+    """One TRL trainer as torchlike provides it.
+
+    Args:
+        name: the trainer's short name, TRL's module stem (``"grpo"``, ``"orpo"``); the CLI command when it has a
+            script.
+        config: the config class name (``"GRPOConfig"``).
+        trainer: the trainer class name (``"GRPOTrainer"``).
+        package: the package the user imports both from, as in TRL (``"torchlike.trl"`` for the stable trainers,
+            ``"torchlike.trl.experimental.orpo"`` for ``trl.experimental.orpo``).
+        script: whether ``torchlike.trl.scripts.<name>`` exists (``torchlike <name>`` on the command line).
+    """
+
+    name: str
+    config: str
+    trainer: str
+    package: str
+    script: bool
+
+    @property
+    def config_module(self) -> str:
+        """The module defining the config class (``torchlike.trl.grpo_config``)."""
+        return f"{self.package}.{self.name}_config"
+
+    @property
+    def trainer_module(self) -> str:
+        """The module defining the trainer class (``torchlike.trl.grpo_trainer``)."""
+        return f"{self.package}.{self.name}_trainer"
+
+    @property
+    def script_module(self) -> str | None:
+        """The module of its ``torchlike <name>`` command, ``None`` without one."""
+        return f"torchlike.trl.scripts.{self.name}" if self.script else None
+
+    def config_class(self) -> type:
+        """Imports and returns the config class."""
+        return getattr(import_module(self.config_module), self.config)
+
+    def trainer_class(self) -> type:
+        """Imports and returns the trainer class (this loads transformers and the trainer's adapters)."""
+        return getattr(import_module(self.trainer_module), self.trainer)
+
+
+_STABLE = "torchlike.trl"
+_EXPERIMENTAL = "torchlike.trl.experimental"
+
+#: Every trainer, stable ones first in the order of MIGRATION.md's tables.
+TRAINERS: tuple[TrainerEntry, ...] = (
+    TrainerEntry("sft", "SFTConfig", "SFTTrainer", _STABLE, script=True),
+    TrainerEntry("grpo", "GRPOConfig", "GRPOTrainer", _STABLE, script=True),
+    TrainerEntry("rloo", "RLOOConfig", "RLOOTrainer", _STABLE, script=True),
+    TrainerEntry("dpo", "DPOConfig", "DPOTrainer", _STABLE, script=True),
+    TrainerEntry("kto", "KTOConfig", "KTOTrainer", _STABLE, script=True),
+    TrainerEntry("reward", "RewardConfig", "RewardTrainer", _STABLE, script=True),
+    TrainerEntry("distillation", "DistillationConfig", "DistillationTrainer", _STABLE, script=True),
+    TrainerEntry("orpo", "ORPOConfig", "ORPOTrainer", f"{_EXPERIMENTAL}.orpo", script=False),
+    TrainerEntry("cpo", "CPOConfig", "CPOTrainer", f"{_EXPERIMENTAL}.cpo", script=False),
+    TrainerEntry("gkd", "GKDConfig", "GKDTrainer", f"{_EXPERIMENTAL}.gkd", script=False),
+)
+
+
+def entries_in(package: str) -> tuple[TrainerEntry, ...]:
+    """The trainers a package exports (``"torchlike.trl"``, ``"torchlike.trl.experimental.gkd"``)."""
+    return tuple(entry for entry in TRAINERS if entry.package == package)
+
+
+def script_commands() -> tuple[str, ...]:
+    """The ``torchlike`` command's training subcommands, sorted."""
+    return tuple(sorted(entry.name for entry in TRAINERS if entry.script))
+
+
+def lazy_attribute(package: str, name: str) -> Any:
+    """A package's ``__getattr__``: the config or trainer class ``name`` among the package's trainers.
+
+    Args:
+        package: the package's ``__name__``.
+        name: the attribute asked for.
+
+    Returns:
+        The class, imported on first use.
+
+    Raises:
+        AttributeError: ``name`` is neither a config nor a trainer of the package.
+    """
+    for entry in entries_in(package):
+        if name == entry.trainer:
+            return entry.trainer_class()
+        if name == entry.config:
+            return entry.config_class()
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
