@@ -24,6 +24,7 @@ from ..adapters.losses import distillation as distillation_loss
 from ..adapters.rollout import sampling
 from ..adapters.training import train_step
 from ..training import batches
+from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import check_causal_lm, check_text_dataset
 from .distillation_config import DistillationConfig
 from .grpo_data import prepare_prompts
@@ -152,10 +153,11 @@ class DistillationTrainer(StudentTeacherTrainer):
     _output_suffix = "Distillation"
     _tag_names = ["trl", "distillation"]
 
-    def __init__(self, model: Any, teacher_model: Any = None, args: Any = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, processing_class: Any = None, callbacks: list | None = None,
-                 optimizers: tuple = (None, None), quantization_config: Any = None, peft_config: Any = None,
-                 tools: list[Callable] | None = None):
+    def __init__(self, model: ModelLike, teacher_model: ModelLike | None = None, args: DistillationConfig | None = None,
+                 train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
+                 processing_class: ProcessingClass | None = None, callbacks: list | None = None,
+                 optimizers: tuple = (None, None), quantization_config: QuantizationConfig | None = None,
+                 peft_config: PeftConfigLike | None = None, tools: list[Callable] | None = None):
         if any(inspect.iscoroutinefunction(tool) for tool in tools or []):
             raise ValueError("Async tools are not yet supported by `DistillationTrainer`. Pass synchronous tools.")
         args = self._trl_args(model, args)

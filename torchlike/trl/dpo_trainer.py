@@ -16,6 +16,7 @@ from typing import Any
 
 from ..adapters.losses import dpo as dpo_loss
 from ..adapters.losses.dpo import preference_loss
+from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import PrecomputedReferenceTrainer
 from .dpo_config import DPOConfig
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
@@ -65,10 +66,12 @@ class DPOTrainer(PrecomputedReferenceTrainer):
     _tag_names = ["trl", "dpo"]
     _reference_columns = ("ref_chosen_logps", "ref_rejected_logps")
 
-    def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Callable | None = None,
-                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+    def __init__(self, model: ModelLike, ref_model: ModelLike | None = None, args: DPOConfig | None = None,
+                 data_collator: Callable | None = None, train_dataset: DatasetLike | None = None,
+                 eval_dataset: EvalDatasetLike | None = None, processing_class: ProcessingClass | None = None,
                  compute_metrics: Callable | None = None, callbacks: list | None = None,
-                 optimizers: tuple = (None, None), quantization_config: Any = None, peft_config: Any = None):
+                 optimizers: tuple = (None, None), quantization_config: QuantizationConfig | None = None,
+                 peft_config: PeftConfigLike | None = None):
         args = self._trl_args(model, args)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: preference pairs ('prompt', 'chosen', 'rejected').")

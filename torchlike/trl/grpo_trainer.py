@@ -31,6 +31,16 @@ from ..adapters.losses import rl_math
 from ..adapters.rollout import sampling
 from ..adapters.training import train_step
 from ..training import batches, checkpoints, step_logs
+from ..type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RewardFunc,
+    Tokenizer,
+)
 from . import entropy_control, reward_models
 from .base_trainer import check_text_dataset
 from .environments import EMPTY_PROMPT, EnvironmentPool
@@ -101,10 +111,13 @@ class GRPOTrainer(OnlineTrainer):
     _output_suffix = "GRPO"
     _tag_names = ["trl", "grpo"]
 
-    def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
-                 callbacks: list | None = None, optimizers: tuple = (None, None), quantization_config: Any = None,
-                 peft_config: Any = None, tools: list | None = None, rollout_func: Callable | None = None,
+    def __init__(self, model: ModelLike, reward_funcs: RewardFunc | list[RewardFunc] | None = None,
+                 args: GRPOConfig | None = None, train_dataset: DatasetLike | None = None,
+                 eval_dataset: EvalDatasetLike | None = None, processing_class: ProcessingClass | None = None,
+                 reward_processing_classes: Tokenizer | list[Tokenizer] | None = None, callbacks: list | None = None,
+                 optimizers: tuple = (None, None), quantization_config: QuantizationConfig | None = None,
+                 peft_config: PeftConfigLike | None = None, tools: list | None = None,
+                 rollout_func: Callable | None = None,
                  environment_factory: Callable | dict[str, Callable] | None = None):
         if rollout_func is not None and not callable(rollout_func):
             raise TypeError(f"rollout_func must be callable as rollout_func(prompts, trainer); got "

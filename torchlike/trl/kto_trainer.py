@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..adapters.losses import kto as kto_loss
+from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import PrecomputedReferenceTrainer
 from .kto_config import KTOConfig
 from .kto_data import check_desirability_balance, collate_unpaired_batch, padded_length, prepare_unpaired_examples
@@ -65,10 +66,12 @@ class KTOTrainer(PrecomputedReferenceTrainer):
     _output_suffix = "KTO"
     _tag_names = ["trl", "kto"]
 
-    def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Callable | None = None,
-                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+    def __init__(self, model: ModelLike, ref_model: ModelLike | None = None, args: KTOConfig | None = None,
+                 data_collator: Callable | None = None, train_dataset: DatasetLike | None = None,
+                 eval_dataset: EvalDatasetLike | None = None, processing_class: ProcessingClass | None = None,
                  compute_metrics: Callable | None = None, callbacks: list | None = None,
-                 optimizers: tuple = (None, None), quantization_config: Any = None, peft_config: Any = None):
+                 optimizers: tuple = (None, None), quantization_config: QuantizationConfig | None = None,
+                 peft_config: PeftConfigLike | None = None):
         args = self._trl_args(model, args)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: unpaired preference examples ('prompt', 'completion', "

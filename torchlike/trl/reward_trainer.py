@@ -15,6 +15,7 @@ from typing import Any
 
 from ..adapters.losses import reward as reward_loss
 from ..training.batches import check_single_dataset, each_dataset, map_datasets
+from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import TRLTrainer, check_text_dataset
 from .reward_config import RewardConfig
 from .reward_data import collate_reward_batch, padded_length, prepare_reward_examples
@@ -127,12 +128,12 @@ class RewardTrainer(TRLTrainer):
     _tag_names = ["trl", "reward-trainer"]
     _counts_step_tokens = True
 
-    def __init__(self, model: Any, args: Any = None, data_collator: Callable | None = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, processing_class: Any = None, compute_metrics: Callable | None = None,
+    def __init__(self, model: ModelLike, args: RewardConfig | None = None, data_collator: Callable | None = None,
+                 train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
+                 processing_class: ProcessingClass | None = None, compute_metrics: Callable | None = None,
                  callbacks: list | None = None, optimizers: tuple = (None, None),
-                 optimizer_cls_and_kwargs: tuple | None = None,
-                 preprocess_logits_for_metrics: Callable | None = None, quantization_config: Any = None,
-                 peft_config: Any = None):
+                 optimizer_cls_and_kwargs: tuple | None = None, preprocess_logits_for_metrics: Callable | None = None,
+                 quantization_config: QuantizationConfig | None = None, peft_config: PeftConfigLike | None = None):
         if optimizer_cls_and_kwargs is not None:
             raise ValueError("optimizer_cls_and_kwargs is a torch hook and cannot run on JAX; pass optimizers=(optax "
                              "transformation, None) for a custom optimizer.")

@@ -18,6 +18,16 @@ import numpy as np
 from ..adapters.lora import runtime as lora_runtime
 from ..adapters.losses import grpo as tunix_grpo
 from ..adapters.losses import rl_math
+from ..type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RewardFunc,
+    Tokenizer,
+)
 from .grpo_trainer import GRPOTrainer
 from .rloo_config import RLOOConfig
 
@@ -60,10 +70,12 @@ class RLOOTrainer(GRPOTrainer):
     _output_suffix = "RLOO"
     _tag_names = ["trl", "rloo"]
 
-    def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
-                 callbacks: list | None = None, optimizers: tuple = (None, None), quantization_config: Any = None,
-                 peft_config: Any = None, rollout_func: Callable | None = None):
+    def __init__(self, model: ModelLike, reward_funcs: RewardFunc | list[RewardFunc] | None = None,
+                 args: RLOOConfig | None = None, train_dataset: DatasetLike | None = None,
+                 eval_dataset: EvalDatasetLike | None = None, processing_class: ProcessingClass | None = None,
+                 reward_processing_classes: Tokenizer | list[Tokenizer] | None = None, callbacks: list | None = None,
+                 optimizers: tuple = (None, None), quantization_config: QuantizationConfig | None = None,
+                 peft_config: PeftConfigLike | None = None, rollout_func: Callable | None = None):
         super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
                          reward_processing_classes=reward_processing_classes, callbacks=callbacks,

@@ -13,6 +13,7 @@ from ..adapters.model import neftune
 from ..adapters.training import train_step
 from ..training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
 from ..training.losses import with_virtual_tokens
+from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer, check_text_dataset
 from .sft_config import SFTConfig
@@ -64,12 +65,14 @@ class SFTTrainer(TRLTrainer):
     _output_suffix = "SFT"
     _tag_names = ["trl", "sft"]
 
-    def __init__(self, model: Any, args: Any = None, data_collator: Callable | None = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, processing_class: Any = None, compute_loss_func: Callable | None = None,
+    def __init__(self, model: ModelLike, args: SFTConfig | None = None, data_collator: Callable | None = None,
+                 train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
+                 processing_class: ProcessingClass | None = None, compute_loss_func: Callable | None = None,
                  compute_metrics: Callable | None = None, callbacks: list | None = None,
                  optimizers: tuple = (None, None), optimizer_cls_and_kwargs: tuple | None = None,
-                 preprocess_logits_for_metrics: Callable | None = None, quantization_config: Any = None,
-                 peft_config: Any = None, formatting_func: Callable | None = None):
+                 preprocess_logits_for_metrics: Callable | None = None,
+                 quantization_config: QuantizationConfig | None = None, peft_config: PeftConfigLike | None = None,
+                 formatting_func: Callable | None = None):
         if optimizer_cls_and_kwargs is not None:
             raise ValueError("optimizer_cls_and_kwargs is a torch hook and cannot run on JAX; pass optimizers=(optax "
                              "transformation, None) for a custom optimizer.")

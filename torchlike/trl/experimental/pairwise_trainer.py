@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ...type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass
+from ..base_config import TRLConfig
 from ..base_trainer import TRLTrainer
 from ..dpo_data import collate_preference_batch, padded_length
 from .pairwise_data import prepare_pairwise_examples
@@ -36,10 +38,11 @@ class PairwisePreferenceTrainer(TRLTrainer):
     #: TRL's attribute: torchlike's model families are decoder-only.
     is_encoder_decoder: bool = False
 
-    def __init__(self, model: Any = None, args: Any = None, data_collator: Callable | None = None,
-                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
-                 model_init: Callable | None = None, callbacks: list | None = None, optimizers: tuple = (None, None),
-                 preprocess_logits_for_metrics: Callable | None = None, peft_config: Any = None,
+    def __init__(self, model: ModelLike | None = None, args: TRLConfig | None = None, data_collator: Callable | None = None,
+                 train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
+                 processing_class: ProcessingClass | None = None, model_init: Callable | None = None,
+                 callbacks: list | None = None, optimizers: tuple = (None, None),
+                 preprocess_logits_for_metrics: Callable | None = None, peft_config: PeftConfigLike | None = None,
                  compute_metrics: Callable | None = None):
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")

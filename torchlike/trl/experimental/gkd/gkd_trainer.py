@@ -27,6 +27,14 @@ from ....adapters.rollout import sampling
 from ....adapters.training import train_step
 from ....training import batches
 from ....training.trainer import Trainer
+from ....type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+)
 from ...base_trainer import check_text_dataset
 from ...distillation_trainer import StudentTeacherTrainer, check_vocabularies
 from ...sft_data import load_chat_template
@@ -83,12 +91,13 @@ class GKDTrainer(StudentTeacherTrainer):
     _output_suffix = "GKD"
     _tag_names = ["trl", "gkd"]
 
-    def __init__(self, model: Any = None, teacher_model: Any = None, args: GKDConfig | None = None,
-                 data_collator: Callable | None = None, train_dataset: Any = None, eval_dataset: Any = None,
-                 processing_class: Any = None, compute_metrics: Callable | None = None,
+    def __init__(self, model: ModelLike | None = None, teacher_model: ModelLike | None = None,
+                 args: GKDConfig | None = None, data_collator: Callable | None = None,
+                 train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
+                 processing_class: ProcessingClass | None = None, compute_metrics: Callable | None = None,
                  callbacks: list | None = None, optimizers: tuple = (None, None),
-                 preprocess_logits_for_metrics: Callable | None = None, peft_config: Any = None,
-                 formatting_func: Callable | None = None, quantization_config: Any = None):
+                 preprocess_logits_for_metrics: Callable | None = None, peft_config: PeftConfigLike | None = None,
+                 formatting_func: Callable | None = None, quantization_config: QuantizationConfig | None = None):
         refused = {name: value for name, value in (("data_collator", data_collator),
                                                    ("compute_metrics", compute_metrics),
                                                    ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ....adapters.losses.orpo import orpo_step_loss
+from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass
 from ..pairwise_trainer import PairwisePreferenceTrainer
 from .orpo_config import ORPOConfig
 
@@ -50,10 +51,11 @@ class ORPOTrainer(PairwisePreferenceTrainer):
     _output_suffix = "ORPO"
     _tag_names = ["trl", "orpo"]
 
-    def __init__(self, model: Any = None, args: ORPOConfig | None = None, data_collator: Callable | None = None,
-                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+    def __init__(self, model: ModelLike | None = None, args: ORPOConfig | None = None,
+                 data_collator: Callable | None = None, train_dataset: DatasetLike | None = None,
+                 eval_dataset: EvalDatasetLike | None = None, processing_class: ProcessingClass | None = None,
                  model_init: Callable | None = None, callbacks: list | None = None, optimizers: tuple = (None, None),
-                 preprocess_logits_for_metrics: Callable | None = None, peft_config: Any = None,
+                 preprocess_logits_for_metrics: Callable | None = None, peft_config: PeftConfigLike | None = None,
                  compute_metrics: Callable | None = None):
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, model_init=model_init,
