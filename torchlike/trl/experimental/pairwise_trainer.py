@@ -38,10 +38,10 @@ class PairwisePreferenceTrainer(TRLTrainer):
     #: TRL's attribute: torchlike's model families are decoder-only.
     is_encoder_decoder: bool = False
 
-    def __init__(self, model: ModelLike | None = None, args: TRLConfig | None = None, data_collator: Callable | None = None,
-                 train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
-                 processing_class: ProcessingClass | None = None, model_init: Callable | None = None,
-                 callbacks: list | None = None, optimizers: tuple = (None, None),
+    def __init__(self, model: ModelLike | None = None, args: TRLConfig | None = None,
+                 data_collator: Callable | None = None, train_dataset: DatasetLike | None = None,
+                 eval_dataset: EvalDatasetLike | None = None, processing_class: ProcessingClass | None = None,
+                 model_init: Callable | None = None, callbacks: list | None = None, optimizers: tuple = (None, None),
                  preprocess_logits_for_metrics: Callable | None = None, peft_config: PeftConfigLike | None = None,
                  compute_metrics: Callable | None = None):
         if train_dataset is None:
