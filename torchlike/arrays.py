@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
-def to_numpy_2d(values: Any, name: str, dtype=np.int32) -> np.ndarray:
+    from .dtypes import DTypeLike
+
+
+def to_numpy_2d(values: ArrayLike | None, name: str, dtype: DTypeLike = np.int32) -> np.ndarray | None:
     """Lists, numpy, jax or torch tensors as a 2-D numpy array (a 1-D input becomes a batch of one)."""
     if values is None:
         return None

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import ml_dtypes
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+#: A dtype as users spell it: a name (``"bfloat16"``, ``"auto"``), a numpy, jax or torch dtype, or ``None``.
+DTypeLike: TypeAlias = "str | np.dtype | type | torch.dtype | None"
 
 _NAMES = {
     "float32": np.float32, "fp32": np.float32, "float": np.float32, "f32": np.float32,
@@ -14,7 +20,7 @@ _NAMES = {
 }
 
 
-def resolve_dtype(dtype: Any, checkpoint_dtype: Any = None) -> np.dtype:
+def resolve_dtype(dtype: DTypeLike, checkpoint_dtype: DTypeLike = None) -> np.dtype:
     """The numpy dtype for a user-supplied ``dtype``.
 
     Args:
@@ -48,6 +54,6 @@ def resolve_dtype(dtype: Any, checkpoint_dtype: Any = None) -> np.dtype:
     return resolved
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: DTypeLike) -> str:
     """``"bfloat16"``, ``"float32"``... as written in config.json."""
     return np.dtype(dtype).name

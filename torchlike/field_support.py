@@ -107,7 +107,7 @@ def field_table(config_class: type) -> dict[str, FieldSupport]:
     return table
 
 
-def check_unsupported(args: Any) -> None:
+def check_unsupported(args: object) -> None:
     """Warn about ignored fields and reject refused fields that ``args`` sets to a non-default value.
 
     Each ignored field gets one ``UserWarning`` naming the field, its value and the reason; all refused fields are

@@ -22,7 +22,11 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    import transformers
 
 VOCAB_SIZE = 128
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0 (pad), 1 (bos), 2 (eos), 3 (unk)
@@ -107,8 +111,9 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
     return getattr(transformers, class_name)(**fields)
 
 
-def random_model(config: Any, seed: int = 0, dtype: Any = "float32", every_parameter: bool = False,
-                 attn_implementation: str | None = None) -> Any:
+def random_model(config: transformers.PretrainedConfig, seed: int = 0, dtype: str | torch.dtype = "float32",
+                 every_parameter: bool = False,
+                 attn_implementation: str | None = None) -> transformers.PreTrainedModel:
     """A ``transformers`` causal LM for ``config`` with random weights, in eval mode.
 
     Args:

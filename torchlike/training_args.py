@@ -105,7 +105,7 @@ def _enum_value(value: Any) -> Any:
     return inner if isinstance(inner, str) else value
 
 
-def check_choice(name: str, value: Any, accepted: tuple[str, ...], unsupported: dict[str, str] | None = None) -> str:
+def check_choice(name: str, value: object, accepted: tuple[str, ...], unsupported: dict[str, str] | None = None) -> str:
     """Validate one enumeration field.
 
     Args:

@@ -14,7 +14,7 @@ import shutil
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,12 @@ import jax.numpy as jnp
 from .. import serialization
 from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.model import nnx_state
+
+if TYPE_CHECKING:
+    from flax import nnx
+    from transformers import TrainerState
+
+    from .model_interface import TrainableModel
 
 __all__ = ["checkpoint_folders", "delete_all_but", "find_checkpoint", "restore_checkpoint", "restore_model",
            "restore_variables", "rotate_checkpoints", "write_checkpoint"]
@@ -34,7 +40,8 @@ def checkpoint_folders(output_dir: str | Path) -> list[Path]:
     return sorted(Path(output_dir).glob(f"{PREFIX}*"), key=lambda folder: int(folder.name.split("-")[-1]))
 
 
-def write_checkpoint(output_dir: str | Path, step: int, model: Any, optimizer: Any, state: Any,
+def write_checkpoint(output_dir: str | Path, step: int, model: TrainableModel, optimizer: nnx.Optimizer,
+                     state: TrainerState,
                      save_only_model: bool, save_total_limit: int | None,
                      export: Callable[[Path], None] | None = None) -> Path:
     """Writes ``output_dir/checkpoint-<step>`` and deletes the oldest folders beyond ``save_total_limit``.
@@ -137,7 +144,7 @@ def find_checkpoint(output_dir: str | Path, checkpoint: str | Path | bool) -> Pa
     return folder
 
 
-def restore_checkpoint(folder: Path, model: Any, optimizer: Any) -> dict[str, Any]:
+def restore_checkpoint(folder: Path, model: TrainableModel, optimizer: nnx.Optimizer) -> dict[str, Any]:
     """Loads the model's parameters and the optimizer state of ``folder`` in place.
 
     Args:
@@ -161,7 +168,7 @@ def restore_checkpoint(folder: Path, model: Any, optimizer: Any) -> dict[str, An
     return saved
 
 
-def restore_model(folder: str | Path, model: Any) -> None:
+def restore_model(folder: str | Path, model: TrainableModel) -> None:
     """Loads the model entry of checkpoint ``folder`` into ``model`` (``load_best_model_at_end``): the weights become
     exactly the stored ones; the optimizer state is left alone, as transformers' ``_load_best_model`` does."""
     model.load_state_dict(serialization.load(Path(folder) / "model"))

@@ -11,11 +11,14 @@ more than one batch of logits (``eval_accumulation_steps`` has nothing left to b
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..training_args import TrainingArguments
 
 __all__ = ["PredictionGatherer", "causal_lm_found", "causal_lm_labels", "prefixed_metrics", "with_predictions"]
 
@@ -136,7 +139,8 @@ class PredictionGatherer:
         preprocess_logits_for_metrics: ``(logits, labels) -> predictions`` on torch tensors, or ``None``.
     """
 
-    def __init__(self, args: Any, compute_metrics: Callable, preprocess_logits_for_metrics: Callable | None):
+    def __init__(self, args: TrainingArguments, compute_metrics: Callable,
+                 preprocess_logits_for_metrics: Callable | None):
         from transformers.trainer_pt_utils import EvalLoopContainer
 
         self.compute_metrics = compute_metrics

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..modeling import CausalLM
+    from ..type_aliases import Tokenizer
 
 __all__ = ["export_model", "repo_id", "upload_output_dir"]
 
 
-def export_model(model: Any, output_dir: str | os.PathLike, tokenizer: Any) -> None:
+def export_model(model: CausalLM, output_dir: str | os.PathLike, tokenizer: Tokenizer | None) -> None:
     """Writes ``model`` with ``save_pretrained`` (full weights, or a PEFT adapter) and the tokenizer's files.
 
     The tokenizer's files go into the same staged folder, so the swap publishes model and tokenizer together.

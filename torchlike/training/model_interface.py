@@ -10,6 +10,7 @@ passed, as in transformers.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,7 +63,7 @@ class PlainModule:
                                "module with other parameters.")
         restore_variables(variables, state_dict)
 
-    def save_pretrained(self, save_directory: Any, **kwargs: Any) -> None:
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """Refused: the Hugging Face format needs a model family's config and weight names.
 
         Raises:
@@ -79,7 +80,7 @@ class PlainModule:
 TrainableModel = CausalLM | PlainModule
 
 
-def as_trainable_model(model: Any) -> TrainableModel | None:
+def as_trainable_model(model: CausalLM | nnx.Module | None) -> TrainableModel | None:
     """``model`` seen through the loop's interface: a ``CausalLM`` as it is, a ``flax.nnx.Module`` wrapped.
 
     Args:

@@ -7,12 +7,11 @@ is set. ``GRPOConfig`` and ``DPOConfig`` build on this class; it also holds the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from torchlike.training_args import TrainingArguments
 
 
-def normalise_pad_to_multiple_of(value: Any) -> int | None:
+def normalise_pad_to_multiple_of(value: int | str | None) -> int | None:
     """``pad_to_multiple_of`` as TRL normalises it off Neuron: ``"auto"`` -> ``None``, command-line text -> int/None.
 
     Args:

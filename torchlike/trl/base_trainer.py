@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
@@ -22,26 +22,33 @@ from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.training import reference_policy, reference_sync, step_metrics, train_step
 from ..training import Trainer
 from ..training_args import TrainingArguments
+from ..type_aliases import DatasetLike, ModelLike, QuantizationConfig
 from .sft_data import pad_token_id_for
+
+if TYPE_CHECKING:
+    from flax import nnx
+
+    from ..modeling import CausalLM
 
 __all__ = ["PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
            "check_text_dataset", "default_output_dir", "load_model"]
 
 
-def default_output_dir(model: Any, suffix: str) -> str:
+def default_output_dir(model: ModelLike, suffix: str) -> str:
     """TRL's default ``output_dir``: ``"<last part of the model id>-<suffix>"`` (e.g. ``"Qwen2.5-0.5B-SFT"``)."""
     name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
     return f"{str(name).rstrip('/').split('/')[-1]}-{suffix}"
 
 
-def check_causal_lm(model: Any, name: str, trainer: str) -> None:
+def check_causal_lm(model: object, name: str, trainer: str) -> None:
     """Raises ``TypeError`` unless ``model`` is a torchlike causal LM (``CausalLM`` or ``PeftModel``)."""
     if getattr(model, "family", None) is None:
         raise TypeError(f"{trainer}'s {name} must be a torchlike causal LM; got {type(model).__name__}. Load it "
                         "with torchlike.AutoModelForCausalLM.from_pretrained(...).")
 
 
-def load_model(model: Any, args: Any, quantization_config: Any, trainer: str) -> Any:
+def load_model(model: ModelLike, args: TrainingArguments, quantization_config: QuantizationConfig | None,
+               trainer: str) -> CausalLM:
     """``model`` as a torchlike model.
 
     Args:
@@ -74,7 +81,7 @@ def load_model(model: Any, args: Any, quantization_config: Any, trainer: str) ->
     return model
 
 
-def check_text_dataset(dataset: Any) -> None:
+def check_text_dataset(dataset: DatasetLike | list[dict] | None) -> None:
     """TRL's refusal of vision data (an ``image`` or ``images`` column) for a text model: torchlike's models are
     text-only."""
     if dataset is None:
@@ -89,7 +96,7 @@ def check_text_dataset(dataset: Any) -> None:
                          "dataset. (torchlike's model families are text-only.)")
 
 
-def check_reference_sync(args: Any, model: Any, trainer: str) -> None:
+def check_reference_sync(args: TrainingArguments, model: CausalLM, trainer: str) -> None:
     """TRL's refusal of ``sync_ref_model`` with a LoRA adapter (the reference is the adapter switched off, so there
     is no reference model to update)."""
     if getattr(args, "sync_ref_model", False) and hasattr(model, "peft_config"):
@@ -101,7 +108,7 @@ def check_reference_sync(args: Any, model: Any, trainer: str) -> None:
             "model.")
 
 
-def frozen_copy_model(policy: Any, module: Any) -> Any:
+def frozen_copy_model(policy: CausalLM, module: nnx.Module) -> CausalLM:
     """The ``CausalLM`` a TRL user finds in ``trainer.ref_model`` when the reference is a frozen copy of ``policy``:
     ``module`` (the copy's weights) with the policy's configs and path, in eval mode."""
     from ..modeling import CausalLM
@@ -120,7 +127,7 @@ class SyncRefModelCallback(TrainerCallback):
         policy: returns the NNX module being trained.
     """
 
-    def __init__(self, reference: Any, policy: Callable[[], Any]):
+    def __init__(self, reference: nnx.Module, policy: Callable[[], nnx.Module]):
         self.reference = reference
         self.policy = policy
 
