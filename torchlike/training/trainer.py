@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -43,6 +43,9 @@ from .lora_step import dropout_in_step, merged_lora_scale
 from .losses import select_loss, select_outputs, signature_columns
 from .model_interface import active_lora_config, as_trainable_model
 from .prefetch import prefetched
+
+if TYPE_CHECKING:
+    from ..type_aliases import EvalDatasetLike
 
 __all__ = ["TrainOutput", "Trainer"]
 
@@ -525,7 +528,7 @@ class Trainer:
         return self._shown_eval_dataset
 
     @eval_dataset.setter
-    def eval_dataset(self, value: Any) -> None:
+    def eval_dataset(self, value: EvalDatasetLike | None) -> None:
         self._shown_eval_dataset = self._eval_examples = value
 
     def _show_eval_dataset(self, shown: Any) -> None:

@@ -15,7 +15,7 @@ import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,10 +30,13 @@ from .distillation_config import DistillationConfig
 from .grpo_data import prepare_prompts
 from .online_trainer import GenerationSchedule, OnlineTrainer
 
+if TYPE_CHECKING:
+    from ..modeling import CausalLM
+
 __all__ = ["DistillationTrainer", "StudentTeacherTrainer", "check_vocabularies"]
 
 
-def check_vocabularies(student: Any, teacher: Any, method: str = "Distillation") -> None:
+def check_vocabularies(student: CausalLM, teacher: CausalLM, method: str = "Distillation") -> None:
     """Raises TRL's ``ValueError`` when the student's and the teacher's ``vocab_size`` differ (the divergence compares
     the two full next-token distributions); ``method`` names the trainer's method in the message, as TRL's do."""
     student_vocab, teacher_vocab = student.config.vocab_size, teacher.config.vocab_size

@@ -89,7 +89,8 @@ class EnvironmentPool:
 
     @classmethod
     def create(cls, environment_factory: Callable[[], Any] | Mapping[str, Callable[[], Any]],
-               tools: Sequence[Callable], tokenizer: Any, trainer_name: str = "GRPOTrainer") -> EnvironmentPool:
+               tools: Sequence[Callable], tokenizer: transformers.PreTrainedTokenizerBase,
+               trainer_name: str = "GRPOTrainer") -> EnvironmentPool:
         """TRL's checks of the tokenizer, then one probed instance of each environment (the first of its pool), as
         TRL's constructor does.
 
@@ -163,7 +164,7 @@ class EnvironmentPool:
             instances.append(pool[index])
         return instances
 
-    def tools_of(self, instance: Any) -> list[Callable]:
+    def tools_of(self, instance: object) -> list[Callable]:
         """The tools one rollout's calls may run: the standalone tools, then its own instance's methods."""
         return self.standalone_tools + self._methods(instance)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -25,6 +25,12 @@ from ..adapters.distributed import multihost
 from ..adapters.model import sequence_classification as classification
 from ..adapters.rollout import sampling
 
+if TYPE_CHECKING:
+    from ..modeling import CausalLM
+    from ..sequence_classification import SequenceClassifier
+    from ..type_aliases import RewardFunc, Tokenizer
+    from .base_config import TRLConfig
+
 __all__ = ["RewardModel", "is_reward_model", "reward_functions"]
 
 
@@ -32,7 +38,7 @@ def _is_transformers_model(value: Any) -> bool:
     return any(klass.__name__ == "PreTrainedModel" for klass in type(value).__mro__)
 
 
-def is_reward_model(value: Any) -> bool:
+def is_reward_model(value: object) -> bool:
     """Whether a ``reward_funcs`` entry is a reward model (a path / hub id, a torchlike ``SequenceClassifier`` or a
     ``transformers`` model) rather than a reward function."""
     from ..sequence_classification import SequenceClassifier
@@ -63,7 +69,7 @@ class RewardModel:
         [0.73]
     """
 
-    def __init__(self, model: Any, tokenizer: Any, name: str | None = None,
+    def __init__(self, model: SequenceClassifier, tokenizer: Tokenizer, name: str | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -125,8 +131,8 @@ class RewardModel:
         return scores[start:start + len(prompts)].tolist()
 
 
-def reward_functions(reward_funcs: Sequence[Any], reward_processing_classes: Any, args: Any,
-                     policy: Any) -> list[Callable]:
+def reward_functions(reward_funcs: Sequence[RewardFunc], reward_processing_classes: Tokenizer | list[Tokenizer] | None,
+                     args: TRLConfig, policy: CausalLM) -> list[Callable]:
     """``reward_funcs`` with every reward model turned into a :class:`RewardModel` on the trainer's mesh (TRL's
     ``GRPOTrainer`` rules); reward functions are returned as they are.
 

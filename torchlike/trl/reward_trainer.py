@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..adapters.losses import reward as reward_loss
 from ..training.batches import check_single_dataset, each_dataset, map_datasets
@@ -20,6 +20,9 @@ from .base_trainer import TRLTrainer, check_text_dataset
 from .reward_config import RewardConfig
 from .reward_data import collate_reward_batch, padded_length, prepare_reward_examples
 from .sft_data import load_chat_template
+
+if TYPE_CHECKING:
+    from ..sequence_classification import SequenceClassifier
 
 __all__ = ["RewardTrainer", "load_reward_model"]
 
@@ -31,7 +34,8 @@ _CROSS_ARCHITECTURE_NOTICES = (
 )
 
 
-def load_reward_model(model: Any, args: Any, quantization_config: Any) -> Any:
+def load_reward_model(model: ModelLike, args: RewardConfig, quantization_config: QuantizationConfig | None
+                      ) -> SequenceClassifier:
     """``model`` as a one-label torchlike sequence classifier, as TRL's ``RewardTrainer`` loads it.
 
     Args:

@@ -274,7 +274,7 @@ class TrlParser(HfArgumentParser):
         >>> script_args, training_args, model_args = parser.parse_args_and_config()
     """
 
-    def __init__(self, dataclass_types: Any = None, **kwargs: Any):
+    def __init__(self, dataclass_types: type | Iterable[type] | None = None, **kwargs: Any):
         if dataclass_types is None:
             dataclass_types = []
         elif not isinstance(dataclass_types, Iterable):

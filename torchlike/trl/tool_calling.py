@@ -111,7 +111,7 @@ def _render(tokenizer: Any, messages: list[dict], **kwargs: Any) -> Any:
         return tokenizer.apply_chat_template(messages, **kwargs)
 
 
-def supports_tool_calling(tokenizer: Any) -> bool:
+def supports_tool_calling(tokenizer: transformers.PreTrainedTokenizerBase) -> bool:
     """Whether the chat template renders a whole tool exchange (TRL's ``supports_tool_calling``): the call's name,
     argument and the tool's answer must all appear, so a template that drops tool calls or tool messages fails."""
     if getattr(tokenizer, "chat_template", None) is None:
@@ -262,7 +262,8 @@ class ToolCalling:
     trainer_name: str = "GRPOTrainer"
 
     @classmethod
-    def create(cls, tokenizer: Any, tools: Sequence[Callable], chat_template_kwargs: Mapping[str, Any] | None = None,
+    def create(cls, tokenizer: transformers.PreTrainedTokenizerBase, tools: Sequence[Callable],
+               chat_template_kwargs: Mapping[str, Any] | None = None,
                trainer_name: str = "GRPOTrainer") -> ToolCalling:
         """Checks the tokenizer as TRL's ``GRPOTrainer`` (or ``trainer_name``) does when given ``tools``, with TRL's
         errors.

@@ -19,6 +19,9 @@ from torchlike.trl.script_utils import (
 if TYPE_CHECKING:
     from datasets import DatasetDict, IterableDatasetDict
 
+    from torchlike.trl.base_config import TRLConfig
+    from torchlike.trl.base_trainer import TRLTrainer
+
 __all__ = ["load_script_dataset", "run_training_script"]
 
 logger = logging.getLogger(__name__)
@@ -77,8 +80,9 @@ def load_script_dataset(script_args: ScriptArguments,
             "test.jsonl...), or a Hub dataset id with network access or a cached copy.") from error
 
 
-def run_training_script(trainer_class: type, script_args: ScriptArguments, training_args: Any,
-                        model_args: ModelConfig, dataset_args: DatasetMixtureConfig, **trainer_kwargs: Any) -> Any:
+def run_training_script(trainer_class: type[TRLTrainer], script_args: ScriptArguments, training_args: TRLConfig,
+                        model_args: ModelConfig, dataset_args: DatasetMixtureConfig,
+                        **trainer_kwargs: Any) -> TRLTrainer:
     """TRL's ``main`` of a training script: build the trainer from the parsed arguments, train, save, push.
 
     ``training_args.model_init_kwargs`` gets the model's revision, ``trust_remote_code``, attention implementation
