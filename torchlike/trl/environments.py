@@ -168,7 +168,7 @@ class EnvironmentPool:
         """The tools one rollout's calls may run: the standalone tools, then its own instance's methods."""
         return self.standalone_tools + self._methods(instance)
 
-    def reset(self, instance: Any, row: Mapping[str, Any]) -> list[dict]:
+    def reset(self, instance: object, row: Mapping[str, Any]) -> list[dict]:
         """Resets a rollout's instance with the row's columns and returns its prompt: the row's (or
         :data:`EMPTY_PROMPT`) with the observation ``reset`` returned appended to the last message's content."""
         columns = {key: value for key, value in row.items() if key != "environment"} if self.routed else dict(row)

@@ -125,7 +125,7 @@ def supports_tool_calling(tokenizer: transformers.PreTrainedTokenizerBase) -> bo
     return all(sentinel in rendered for sentinel in (name, key, value, content))
 
 
-def require_tool_template(tokenizer: Any) -> None:
+def require_tool_template(tokenizer: transformers.PreTrainedTokenizerBase) -> None:
     """TRL's refusal of a chat template that cannot render a tool exchange (:func:`supports_tool_calling`).
 
     Raises:
@@ -135,7 +135,7 @@ def require_tool_template(tokenizer: Any) -> None:
         raise ValueError(_NO_TOOL_TEMPLATE)
 
 
-def training_chat_template(tokenizer: Any) -> str:
+def training_chat_template(tokenizer: transformers.PreTrainedTokenizerBase) -> str:
     """TRL's prefix-preserving training copy of ``tokenizer``'s chat template (``get_training_chat_template``, from
     the installed ``trl``: its templates are TRL's own files, not repeated here).
 
@@ -152,7 +152,7 @@ def training_chat_template(tokenizer: Any) -> str:
     return template
 
 
-def is_chat_template_prefix_preserving(tokenizer: Any) -> bool:
+def is_chat_template_prefix_preserving(tokenizer: transformers.PreTrainedTokenizerBase) -> bool:
     """Whether appending a tool message leaves the tokens of the conversation before it unchanged (TRL's
     ``is_chat_template_prefix_preserving``), which :meth:`ToolCalling.suffix_ids` relies on."""
     conversation = _tool_conversation("dummy", {}, "dummy")

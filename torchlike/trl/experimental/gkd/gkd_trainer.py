@@ -17,7 +17,7 @@ import logging
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,10 @@ from ...distillation_trainer import StudentTeacherTrainer, check_vocabularies
 from ...sft_data import load_chat_template
 from .gkd_config import GKDConfig
 from .gkd_data import dataset_columns, empty_columns, sampled_columns, tokenize_conversation
+
+if TYPE_CHECKING:
+    import jax
+    from numpy.typing import ArrayLike
 
 __all__ = ["GKDTrainer"]
 
@@ -155,9 +159,9 @@ class GKDTrainer(StudentTeacherTrainer):
                            "and 1.0 there).")
 
     @staticmethod
-    def generalized_jsd_loss(student_logits: Any, teacher_logits: Any, labels: Any = None, beta: float = 0.5,
-                             temperature: float = 1.0, reduction: str = "batchmean",
-                             num_items_in_batch: Any = None) -> Any:
+    def generalized_jsd_loss(student_logits: ArrayLike, teacher_logits: ArrayLike, labels: ArrayLike | None = None,
+                             beta: float = 0.5, temperature: float = 1.0, reduction: str = "batchmean",
+                             num_items_in_batch: int | ArrayLike | None = None) -> jax.Array:
         """TRL's ``GKDTrainer.generalized_jsd_loss`` on arrays (``adapters.distillation_loss.reduced_generalized_jsd``):
         the generalized JSD of Eq. (1) of https://huggingface.co/papers/2306.13649 at each position whose label is
         not ``-100``, reduced by ``num_items_in_batch`` or ``reduction`` (``"batchmean"``, ``"sum"``, ``"mean"``,
