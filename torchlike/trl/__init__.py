@@ -8,20 +8,15 @@ first use (a trainer imports transformers and its adapters), as do the script he
 from importlib import import_module
 from typing import Any
 
-from torchlike.trl.registry import entries_in, lazy_attribute
+from torchlike.trl.registry import package_exports
 
 _SCRIPT_UTILS = ("DatasetConfig", "DatasetMixtureConfig", "ModelConfig", "ScriptArguments", "TrlParser", "get_dataset",
                  "get_kbit_device_map", "get_peft_config", "get_quantization_config", "init_zero_verbose")
 
-__all__ = sorted([name for entry in entries_in(__name__) for name in (entry.config, entry.trainer)]
-                 + list(_SCRIPT_UTILS))
+__all__, _trainer_attribute, __dir__ = package_exports(__name__, extra=_SCRIPT_UTILS)
 
 
 def __getattr__(name: str) -> Any:
     if name in _SCRIPT_UTILS:
         return getattr(import_module("torchlike.trl.script_utils"), name)
-    return lazy_attribute(__name__, name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _trainer_attribute(name)

@@ -12,10 +12,11 @@ Nothing here imports a trainer: the rows name modules and classes, so reading th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
-__all__ = ["TRAINERS", "TrainerEntry", "entries_in", "lazy_attribute", "script_commands"]
+__all__ = ["TRAINERS", "TrainerEntry", "entries_in", "lazy_attribute", "package_exports", "script_commands"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,3 +110,31 @@ def lazy_attribute(package: str, name: str) -> Any:
         if name == entry.config:
             return entry.config_class()
     raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+
+def package_exports(package: str, extra: tuple[str, ...] = ()) -> tuple[list[str], Callable[[str], Any],
+                                                                      Callable[[], list[str]]]:
+    """What a package that exports trainers defines: ``__all__``, ``__getattr__`` and ``__dir__``.
+
+    Args:
+        package: the package's ``__name__``.
+        extra: further names the package's own ``__getattr__`` provides (listed in ``__all__`` only).
+
+    Returns:
+        ``(__all__, __getattr__, __dir__)``: the sorted config and trainer names (and ``extra``), the lazy lookup of
+        :func:`lazy_attribute`, and the names ``dir(package)`` lists.
+
+    Example:
+        ```python
+        __all__, __getattr__, __dir__ = package_exports(__name__)
+        ```
+    """
+    names = sorted([name for entry in entries_in(package) for name in (entry.config, entry.trainer)] + list(extra))
+
+    def getattr_(name: str) -> Any:
+        return lazy_attribute(package, name)
+
+    def dir_() -> list[str]:
+        return sorted(set(names) | set(vars(import_module(package))))
+
+    return names, getattr_, dir_
