@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import warnings
 
 import datasets
+import jax
 import numpy as np
 import pytest
 import transformers
 
 from tests import tiny
-from torchlike.trl.sft_data import (
-    SFTDataWarning,
-    bucket_length,
-    collate_sft_batch,
-    hf_labels,
-    iter_sft_examples,
-    pad_batch_rows,
-    pad_token_id_for,
-    prepare_sft_examples,
-)
+from torchlike.training.batches import collate_rows
+from torchlike.trl.data_utils import pad_token_id_for
+from torchlike.trl.sft_data import SFTDataWarning, collate_sft_batch, iter_sft_examples
 
 # ChatML, as Qwen renders it. `extra_text` is read from a per-row `chat_template_kwargs` column.
 CHATML = (
@@ -129,13 +124,24 @@ def trl_prepare(hf_model, tmp_path):
     return prepare
 
 
+def prepared(dataset, tokenizer, **kwargs) -> list[dict]:
+    """Every prepared example (the rows ``SFTTrainer.train_dataset`` holds without packing)."""
+    return list(iter_sft_examples(dataset, tokenizer, **kwargs))
+
+
+def loss_mask(example) -> list[int]:
+    """1 where the prepared example's token is a prediction target (TRL's ``labels != -100``)."""
+    return [int(label != -100) for label in example["labels"]]
+
+
 def ours(dataset, tokenizer, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SFTDataWarning)
-        examples = prepare_sft_examples(dataset, tokenizer, **kwargs)
+        examples = prepared(dataset, tokenizer, **kwargs)
     for example in examples:
-        assert example["seq_len"] == len(example["input_ids"]) == len(example["loss_mask"])
-    return [e["input_ids"] for e in examples], [e["loss_mask"] for e in examples]
+        assert len(example["input_ids"]) == len(example["labels"])
+        assert all(label in (-100, token) for label, token in zip(example["labels"], example["input_ids"], strict=True))
+    return [e["input_ids"] for e in examples], [loss_mask(e) for e in examples]
 
 
 def assert_same_as_trl(trl_prepare, make_tokenizer, rows, template=None, formatting_func=None, **config):
@@ -176,7 +182,7 @@ def test_keep_end_truncation(trl_prepare, make_tokenizer):
 
 def test_standard_prompt_completion_masks_the_prompt(trl_prepare, make_tokenizer):
     with pytest.warns(SFTDataWarning, match="not a prefix"):
-        prepare_sft_examples(PROMPT_COMPLETION, make_tokenizer())
+        prepared(PROMPT_COMPLETION, make_tokenizer())
     ids, mask = assert_same_as_trl(trl_prepare, make_tokenizer, PROMPT_COMPLETION, max_length=24)
     tokenizer = make_tokenizer()
     prompt_len = len(tokenizer("hello")["input_ids"])
@@ -196,7 +202,7 @@ def test_prompt_longer_than_max_length_is_dropped_like_trl_with_a_warning(trl_pr
     max_length = 10
     assert prompt_len > max_length
     with pytest.warns(SFTDataWarning, match=rf"Example 2 is dropped.*prompt is {prompt_len} tokens.*max_length=10"):
-        kept = prepare_sft_examples(PROMPT_COMPLETION, tokenizer, max_length=max_length)
+        kept = prepared(PROMPT_COMPLETION, tokenizer, max_length=max_length)
     assert len(kept) == 3
     assert_same_as_trl(trl_prepare, make_tokenizer, PROMPT_COMPLETION, max_length=max_length)
 
@@ -233,10 +239,10 @@ def test_warns_when_the_end_of_turn_token_is_outside_the_generation_markers(make
         "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}",
         "{%- generation %}{{- message['content'] }}{%- endgeneration %}{{- '<|im_end|>' }}")
     with pytest.warns(SFTDataWarning, match="end-of-turn token"):
-        prepare_sft_examples([{"messages": MESSAGES[0]}], make_tokenizer(template), assistant_only_loss=True)
+        prepared([{"messages": MESSAGES[0]}], make_tokenizer(template), assistant_only_loss=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SFTDataWarning)
-        prepare_sft_examples([{"messages": MESSAGES[0]}], make_tokenizer(CHATML_GENERATION), assistant_only_loss=True)
+        prepared([{"messages": MESSAGES[0]}], make_tokenizer(CHATML_GENERATION), assistant_only_loss=True)
 
 
 def test_conversational_prompt_completion(trl_prepare, make_tokenizer):
@@ -283,7 +289,7 @@ def test_eos_token_override(trl_prepare, make_tokenizer):
                                 eos_token="<|im_end|>")
     assert ids[0][-1] == make_tokenizer().convert_tokens_to_ids("<|im_end|>")
     tokenizer = make_tokenizer()
-    prepare_sft_examples([{"text": "hello"}], tokenizer, eos_token="<|im_end|>")
+    prepared([{"text": "hello"}], tokenizer, eos_token="<|im_end|>")
     assert tokenizer.eos_token == "</s>"  # not modified
 
 
@@ -302,7 +308,7 @@ def test_pretokenized_completion_mask_follows_completion_only_loss(trl_prepare, 
     _, mask = assert_same_as_trl(trl_prepare, make_tokenizer, rows)
     assert mask == [[1] * 5, [1] * 3]
     with pytest.warns(SFTDataWarning, match="completion_only_loss=True"):
-        prepare_sft_examples(rows, make_tokenizer())
+        prepared(rows, make_tokenizer())
 
 
 def test_pretokenized_assistant_masks_and_labels(trl_prepare, make_tokenizer):
@@ -316,8 +322,8 @@ def test_pretokenized_assistant_masks_and_labels(trl_prepare, make_tokenizer):
 
 def test_pretokenized_numpy_arrays_and_missing_masks(make_tokenizer):
     rows = [{"input_ids": np.array([5, 6, 7]), "completion_mask": np.array([0, 1, 1])}]
-    (example,) = prepare_sft_examples(rows, make_tokenizer(), completion_only_loss=True)
-    assert example == {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "seq_len": 3}
+    (example,) = prepared(rows, make_tokenizer(), completion_only_loss=True)
+    assert example == {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}
     # datasets fills a column missing from a row with None: that row has no mask.
     rows = datasets.Dataset.from_list([{"input_ids": [5, 6], "completion_mask": [0, 1]}, {"input_ids": [7, 8]}])
     assert ours(rows, make_tokenizer(), completion_only_loss=True)[1] == [[0, 1], [1, 1]]
@@ -360,31 +366,31 @@ def test_list_of_dicts_equals_dataset(make_tokenizer):
 
 def test_unrecognised_columns_list_found_columns_and_formats(make_tokenizer):
     with pytest.raises(ValueError, match=r"no recognised column.*\['question', 'answer'\].*Accepted formats") as info:
-        prepare_sft_examples([{"question": "a", "answer": "b"}], make_tokenizer())
+        prepared([{"question": "a", "answer": "b"}], make_tokenizer())
     for fmt in ("'prompt' and 'completion'", "'messages'", "'conversations'", "'input_ids'", "formatting_func",
                 "dataset_text_field"):
         assert fmt in str(info.value)
     with pytest.raises(ValueError, match=r"'text' column but dataset_text_field='content'"):
-        prepare_sft_examples([{"text": "a"}], make_tokenizer(), dataset_text_field="content")
+        prepared([{"text": "a"}], make_tokenizer(), dataset_text_field="content")
     with pytest.raises(ValueError, match="Prompt-only data is for GRPO"):
-        prepare_sft_examples([{"prompt": "a"}], make_tokenizer())
+        prepared([{"prompt": "a"}], make_tokenizer())
 
 
 def test_conversational_data_without_chat_template(make_tokenizer):
     with pytest.raises(ValueError, match=r"no chat template.*tokenizer\.chat_template = .*chat_template_path"):
-        prepare_sft_examples([{"messages": MESSAGES[0]}], make_tokenizer(None))
+        prepared([{"messages": MESSAGES[0]}], make_tokenizer(None))
 
 
 def test_assistant_only_loss_needs_generation_markers(make_tokenizer):
     with pytest.raises(ValueError, match=r"assistant_only_loss=True.*\{% generation %\}.*no such markers"):
-        prepare_sft_examples([{"messages": MESSAGES[0]}], make_tokenizer(CHATML), assistant_only_loss=True)
+        prepared([{"messages": MESSAGES[0]}], make_tokenizer(CHATML), assistant_only_loss=True)
 
 
 def test_assistant_only_loss_needs_conversational_data(make_tokenizer):
     with pytest.raises(ValueError, match=r"needs conversational data.*'text'"):
-        prepare_sft_examples([{"text": "hello"}], make_tokenizer(CHATML_GENERATION), assistant_only_loss=True)
+        prepared([{"text": "hello"}], make_tokenizer(CHATML_GENERATION), assistant_only_loss=True)
     with pytest.raises(ValueError, match="no assistant token"):
-        prepare_sft_examples([{"messages": [{"role": "user", "content": "hello"}]}],
+        prepared([{"messages": [{"role": "user", "content": "hello"}]}],
                              make_tokenizer(CHATML_GENERATION), assistant_only_loss=True)
 
 
@@ -392,34 +398,34 @@ def test_every_example_truncated_away_is_an_error(make_tokenizer):
     rows = [{"prompt": "one two three four five six seven eight", "completion": " nine"}]
     with pytest.warns(SFTDataWarning, match="Example 0 is dropped"):
         with pytest.raises(ValueError, match=r"All 1 examples.*dropped.*max_length=3 \(keep_start\)"):
-            prepare_sft_examples(rows, make_tokenizer(), max_length=3)
+            prepared(rows, make_tokenizer(), max_length=3)
 
 
 def test_empty_dataset(make_tokenizer):
     empty_stream = datasets.IterableDataset.from_generator(lambda: iter(()))
     for empty in ([], datasets.Dataset.from_list([]), empty_stream):
         with pytest.raises(ValueError, match="dataset is empty"):
-            prepare_sft_examples(empty, make_tokenizer())
+            prepared(empty, make_tokenizer())
 
 
 def test_bad_arguments_and_rows(make_tokenizer):
     tokenizer = make_tokenizer()
     with pytest.raises(ValueError, match=r"eos_token='<nope>' is not in the tokenizer's vocabulary"):
-        prepare_sft_examples([{"text": "a"}], tokenizer, eos_token="<nope>")
+        prepared([{"text": "a"}], tokenizer, eos_token="<nope>")
     with pytest.raises(ValueError, match=r"truncation_mode='middle'.*keep_start"):
-        prepare_sft_examples([{"text": "a"}], tokenizer, truncation_mode="middle")
+        prepared([{"text": "a"}], tokenizer, truncation_mode="middle")
     with pytest.raises(ValueError, match="max_length should be a positive int"):
-        prepare_sft_examples([{"text": "a"}], tokenizer, max_length=0)
+        prepared([{"text": "a"}], tokenizer, max_length=0)
     with pytest.raises(ValueError, match="formatting_func.*completion_only_loss"):
-        prepare_sft_examples(PROMPT_COMPLETION, tokenizer, formatting_func=lambda e: e["prompt"])
+        prepared(PROMPT_COMPLETION, tokenizer, formatting_func=lambda e: e["prompt"])
     with pytest.raises(ValueError, match=r"Example 1 is 'prompt_completion' data.*first example is 'text'"):
-        prepare_sft_examples([{"text": "a"}, {"prompt": "b", "completion": "c"}], tokenizer)
+        prepared([{"text": "a"}, {"prompt": "b", "completion": "c"}], tokenizer)
     with pytest.raises(ValueError, match=r"Example 1: prompt and completion should both be strings"):
-        prepare_sft_examples([PROMPT_COMPLETION[0], CONV_PROMPT_COMPLETION[0]], tokenizer)
+        prepared([PROMPT_COMPLETION[0], CONV_PROMPT_COMPLETION[0]], tokenizer)
     with pytest.raises(ValueError, match=r"Example 0: 'labels' differ from 'input_ids' at positions \[0, 1\]"):
-        prepare_sft_examples([{"input_ids": [5, 6, 7], "labels": [6, 7, -100]}], tokenizer)
+        prepared([{"input_ids": [5, 6, 7], "labels": [6, 7, -100]}], tokenizer)
     with pytest.raises(TypeError, match=r"Example 0 should be a dict.*found a str"):
-        prepare_sft_examples(["hello"], tokenizer)
+        prepared(["hello"], tokenizer)
 
 
 def test_library_does_not_import_trl():
@@ -435,22 +441,22 @@ def test_library_does_not_import_trl():
 def test_collate_shapes_padding_and_masks_match_trl_collator(make_tokenizer):
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    examples = prepare_sft_examples(PROMPT_COMPLETION[:3], make_tokenizer(), max_length=64)
+    examples = prepared(PROMPT_COMPLETION[:3], make_tokenizer(), max_length=64)
     batch = collate_sft_batch(examples, pad_token_id=0, length=64)
     assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
         "input_ids": ((3, 64), np.int32), "attention_mask": ((3, 64), np.int32), "loss_mask": ((3, 64), np.int32)}
     for row, example in enumerate(examples):
-        n = example["seq_len"]
+        n = len(example["input_ids"])
         assert batch["input_ids"][row, :n].tolist() == example["input_ids"]
         assert (batch["input_ids"][row, n:] == 0).all() and (batch["attention_mask"][row, n:] == 0).all()
         assert batch["attention_mask"][row, :n].all()
-        assert batch["loss_mask"][row].tolist() == example["loss_mask"] + [0] * (64 - n)
+        assert batch["loss_mask"][row].tolist() == loss_mask(example) + [0] * (64 - n)
     assert 0 < batch["loss_mask"].sum() < batch["attention_mask"].sum()  # a real loss mask, not the padding mask
 
-    trl_rows = [{"input_ids": e["input_ids"], "labels": [t if m else -100 for t, m in zip(e["input_ids"],
-                 e["loss_mask"], strict=True)]} for e in examples]
+    trl_rows = [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples]
     reference = DataCollatorForLanguageModeling(pad_token_id=0, pad_to_multiple_of=64)(trl_rows)
-    np.testing.assert_array_equal(hf_labels(batch), reference["labels"].numpy())
+    hf_labels = np.where(batch["loss_mask"] != 0, batch["input_ids"], -100)
+    np.testing.assert_array_equal(hf_labels, reference["labels"].numpy())
     np.testing.assert_array_equal(batch["input_ids"], reference["input_ids"].numpy())
     np.testing.assert_array_equal(batch["attention_mask"], reference["attention_mask"].numpy())
 
@@ -470,12 +476,14 @@ def _masked_nll(batch, logits):
 
 
 def test_partial_batch_padding_adds_rows_that_contribute_nothing(make_tokenizer):
-    examples = prepare_sft_examples(PROMPT_COMPLETION[:3], make_tokenizer(), max_length=64)
-    batch = collate_sft_batch(examples, pad_token_id=7, length=64)
-    full = pad_batch_rows(batch, batch_size=8, pad_token_id=7)
+    examples = prepared(PROMPT_COMPLETION[:3], make_tokenizer(), max_length=64)
+    collate = functools.partial(collate_sft_batch, pad_token_id=7, length=64)
+    batch = collate(examples)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    full = collate_rows(collate, examples, np.array([0, 1, 2] + [-1] * 5), mesh, "training")  # the trainer's fill
     assert {k: v.shape for k, v in full.items()} == {k: (8, 64) for k in batch}
     assert all(full[k].dtype == batch[k].dtype for k in batch)
-    assert (full["input_ids"][3:] == 7).all()
+    assert not full["input_ids"][3:].any()
     assert not full["attention_mask"][3:].any() and not full["loss_mask"][3:].any()
     for key in batch:
         np.testing.assert_array_equal(full[key][:3], batch[key])
@@ -483,21 +491,6 @@ def test_partial_batch_padding_adds_rows_that_contribute_nothing(make_tokenizer)
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(8, 64, 131))
     assert _masked_nll(full, logits) == pytest.approx(_masked_nll(batch, logits[:3]), rel=1e-12)
-    assert pad_batch_rows(full, 8)["input_ids"] is not None
-    with pytest.raises(ValueError, match="9 rows, more than batch_size=8"):
-        pad_batch_rows(pad_batch_rows(batch, 9), 8)
-
-
-def test_bucket_length():
-    assert bucket_length(10, 64) == 64  # default: one shape, one compilation
-    assert bucket_length(10, 64, buckets=(16, 32)) == 16
-    assert bucket_length(17, 64, buckets=(16, 32)) == 32
-    assert bucket_length(40, 64, buckets=(16, 32, 128)) == 64  # buckets above max_length are ignored
-    assert bucket_length(40, None, buckets=(16, 128)) == 128
-    with pytest.raises(ValueError, match="65 tokens is longer than every allowed length"):
-        bucket_length(65, 64, buckets=(16,))
-    with pytest.raises(ValueError, match="max_length=None.*buckets"):
-        bucket_length(10, None)
 
 
 def test_pad_token_id_falls_back_to_eos(make_tokenizer):

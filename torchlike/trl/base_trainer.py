@@ -23,7 +23,7 @@ from ..adapters.training import reference_policy, reference_sync, step_metrics, 
 from ..training import Trainer
 from ..training_args import TrainingArguments
 from ..type_aliases import DatasetLike, ModelLike, QuantizationConfig
-from .sft_data import pad_token_id_for
+from .data_utils import pad_token_id_for
 
 if TYPE_CHECKING:
     from flax import nnx

@@ -29,13 +29,24 @@ from typing import Any
 import numpy as np
 
 from .base_config import round_up_to_multiple
-from .sft_data import _columns, _common_prefix_length, _describe, _is_message_list, chat_template_kwargs_for
+from .data_utils import (
+    MAX_DROP_WARNINGS,
+    chat_template_kwargs_for,
+    common_prefix_length,
+    describe,
+    extract_prompt,
+    get_dataset_column_names,
+    is_message_list,
+    padded_sequences,
+    response_sequence,
+    tokenized_examples,
+    truncation_window,
+)
 
 __all__ = [
     "ACCEPTED_FORMATS",
     "PreferenceDataWarning",
     "collate_preference_batch",
-    "extract_prompt",
     "padded_length",
     "prepare_preference_examples",
 ]
@@ -48,34 +59,8 @@ ACCEPTED_FORMATS = (
 )
 
 _RESPONSES = ("chosen", "rejected")
-_MAX_DROP_WARNINGS = 5
-
-
 class PreferenceDataWarning(UserWarning):
     """Warnings about preference data preparation: dropped examples, prompt/completion token boundaries."""
-
-
-def extract_prompt(example: Mapping[str, Any]) -> dict[str, Any]:
-    """Splits the shared prompt off an implicit-prompt preference example, as TRL 1.16's ``extract_prompt``.
-
-    The prompt is the longest common prefix of ``chosen`` and ``rejected`` (characters for strings, messages for
-    conversations), minus a trailing space (which stays with the responses). As in TRL, at least the last element of
-    the shorter response stays in the responses when one response is a prefix of the other.
-
-    Args:
-        example (`dict`): With ``chosen`` and ``rejected`` (both strings or both message lists).
-
-    Returns:
-        `dict`: ``{"prompt", "chosen", "rejected"}`` with the prompt removed from the responses.
-    """
-    chosen, rejected = example["chosen"], example["rejected"]
-    shortest = min(len(chosen), len(rejected))
-    shared = _common_prefix_length(chosen, rejected)
-    if shared < shortest:
-        split = shared - 1 if shared > 0 and chosen[shared - 1] == " " else shared
-    else:  # TRL's loop ends without a mismatch on the last index of the shorter response
-        split = max(shortest - 1, 0)
-    return {"prompt": chosen[:split], "chosen": chosen[split:], "rejected": rejected[split:]}
 
 
 def _missing_columns_error(columns: Sequence[str], detail: str) -> ValueError:
@@ -128,7 +113,7 @@ class PromptResponseTokenizer:
 
     def _prompt_length(self, prompt_ids: list[int], full_ids: Iterable[list[int]], index: int) -> int:
         """Where the prompt ends: the longest prefix ``prompt_ids`` shares with every tokenised prompt + response."""
-        prompt_length = min(_common_prefix_length(prompt_ids, ids) for ids in full_ids)
+        prompt_length = min(common_prefix_length(prompt_ids, ids) for ids in full_ids)
         if prompt_length < len(prompt_ids) and not self.prefix_warned:
             self.prefix_warned = True
             warnings.warn(
@@ -149,7 +134,7 @@ class _PreferenceTokenizer(PromptResponseTokenizer):
         if missing:
             raise _missing_columns_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column")
         self.explicit_prompt = "prompt" in first
-        super().__init__(tokenizer, _is_message_list(first["chosen"]), "DPO")
+        super().__init__(tokenizer, is_message_list(first["chosen"]), "DPO")
 
     def _check_layout(self, example: Mapping[str, Any], index: int) -> None:
         keys = (("prompt",) if self.explicit_prompt else ()) + _RESPONSES
@@ -157,16 +142,16 @@ class _PreferenceTokenizer(PromptResponseTokenizer):
         if missing:
             raise _missing_columns_error(list(example), f"example {index} has no {missing} (the first example has "
                                                         f"{list(keys)})")
-        matches = _is_message_list if self.conversational else (lambda value: isinstance(value, str))
+        matches = is_message_list if self.conversational else (lambda value: isinstance(value, str))
         if not all(matches(example[key]) for key in keys):
             expected = "lists of {'role', 'content'} messages" if self.conversational else "strings"
-            found = ", ".join(f"{key} is {_describe(example[key])}" for key in keys)
+            found = ", ".join(f"{key} is {describe(example[key])}" for key in keys)
             raise ValueError(f"Example {index}: {', '.join(keys)} should all be {expected}, like the first "
                              f"example; found {found}.")
 
     def __call__(self, raw: Mapping[str, Any], index: int) -> dict[str, list[int]]:
         if not isinstance(raw, Mapping):
-            raise TypeError(f"Example {index} should be a dict of columns; found {_describe(raw)}.")
+            raise TypeError(f"Example {index} should be a dict of columns; found {describe(raw)}.")
         self._check_layout(raw, index)
         example = dict(raw) if self.explicit_prompt else {**raw, **extract_prompt(raw)}
         prompt = example["prompt"]
@@ -178,15 +163,6 @@ class _PreferenceTokenizer(PromptResponseTokenizer):
         prompt_length = self._prompt_length(prompt_ids, full.values(), index)
         return {"prompt_ids": prompt_ids[:prompt_length],
                 **{f"{key}_ids": full[key][prompt_length:] for key in _RESPONSES}}
-
-
-def _tokenized(dataset: Any, examples: Iterable[Mapping[str, Any]], tokenize: _PreferenceTokenizer,
-               num_proc: int | None) -> Iterable[Mapping[str, Any]]:
-    """The tokenised ``examples``; through ``datasets.Dataset.map(num_proc=...)`` when asked and ``dataset`` is one."""
-    if num_proc and num_proc > 1 and hasattr(dataset, "map") and hasattr(dataset, "column_names"):
-        return dataset.map(lambda raw, index: tokenize(raw, index), with_indices=True, num_proc=num_proc,
-                           remove_columns=list(dataset.column_names))
-    return (tokenize(raw, index) for index, raw in enumerate(examples))
 
 
 def prepare_preference_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int | None,
@@ -221,14 +197,15 @@ def prepare_preference_examples(dataset: Iterable[Mapping[str, Any]], tokenizer:
         raise ValueError(f"The DPO dataset is empty ({type(dataset).__name__} with no examples); pass at least one "
                          "preference example.") from None
     if not isinstance(first, Mapping):
-        raise TypeError(f"Example 0 should be a dict of columns; found {_describe(first)}.")
-    tokenize = _PreferenceTokenizer(tokenizer, first, _columns(dataset, first))
+        raise TypeError(f"Example 0 should be a dict of columns; found {describe(first)}.")
+    tokenize = _PreferenceTokenizer(tokenizer, first, get_dataset_column_names(dataset, first))
     kept, dropped = [], 0
-    for index, example in enumerate(_tokenized(dataset, itertools.chain([first], iterator), tokenize, num_proc)):
+    examples = tokenized_examples(dataset, itertools.chain([first], iterator), tokenize, num_proc)
+    for index, example in enumerate(examples):
         prompt = len(example["prompt_ids"])
         if max_length is not None and truncation_mode == "keep_start" and prompt >= max_length:
             dropped += 1
-            if dropped <= _MAX_DROP_WARNINGS:
+            if dropped <= MAX_DROP_WARNINGS:
                 warnings.warn(f"Example {index} is dropped: its prompt has {prompt} tokens, so truncation to "
                               f"max_length={max_length} (keep_start) leaves no response token. Raise max_length or "
                               "shorten the prompt.", PreferenceDataWarning, stacklevel=2)
@@ -238,21 +215,6 @@ def prepare_preference_examples(dataset: Iterable[Mapping[str, Any]], tokenizer:
         raise ValueError(f"All {dropped} examples of the DPO dataset were dropped: every prompt fills "
                          f"max_length={max_length}. Raise max_length above the prompt lengths or shorten the prompts.")
     return kept
-
-
-def _window(max_length: int | None, truncation_mode: str) -> slice:
-    if max_length is None:
-        return slice(None)
-    return slice(None, max_length) if truncation_mode == "keep_start" else slice(-max_length, None)
-
-
-def _sequence(example: Mapping[str, Any], response: str, window: slice) -> tuple[list[int], list[int]]:
-    """``(prompt + response ids, completion mask)`` of one response, truncated as TRL's collator does. The prompt is
-    ``<response>_prompt_ids`` where the example has one (TRL's experimental trainers tokenise each response's prompt
-    apart), else ``prompt_ids``."""
-    prompt = list(example.get(f"{response}_prompt_ids", example["prompt_ids"]))
-    completion = list(example[f"{response}_ids"])
-    return (prompt + completion)[window], ([0] * len(prompt) + [1] * len(completion))[window]
 
 
 def padded_length(examples: Iterable[Mapping[str, Any]], max_length: int | None, truncation_mode: str = "keep_start",
@@ -268,35 +230,10 @@ def padded_length(examples: Iterable[Mapping[str, Any]], max_length: int | None,
     Returns:
         `int`: The padded length for [`collate_preference_batch`].
     """
-    window = _window(max_length, truncation_mode)
-    longest = max((len(_sequence(example, response, window)[0]) for example in examples for response in _RESPONSES),
-                  default=1)
+    window = truncation_window(max_length, truncation_mode)
+    longest = max((len(response_sequence(example, response, window)[0])
+                   for example in examples for response in _RESPONSES), default=1)
     return round_up_to_multiple(longest, pad_to_multiple_of)
-
-
-def padded_sequences(examples: Sequence[Mapping[str, Any]], responses: Iterable[tuple[str, str]], pad_token_id: int,
-                     length: int, window: Any) -> dict[str, np.ndarray]:
-    """Each example's prompt + response as fixed-width rows: for every ``(response, prefix)``, int32 ``[B, length]``
-    ``<prefix>input_ids`` (padded with ``pad_token_id``), ``<prefix>attention_mask`` and ``<prefix>completion_mask``
-    (1 on the response's tokens), the sequence cut by ``window`` (``_window(max_length, truncation_mode)``).
-
-    Raises:
-        ValueError: a sequence longer than ``length``.
-    """
-    batch: dict[str, np.ndarray] = {}
-    for response, prefix in responses:
-        input_ids = np.full((len(examples), length), pad_token_id, dtype=np.int32)
-        attention_mask = np.zeros((len(examples), length), dtype=np.int32)
-        completion_mask = np.zeros((len(examples), length), dtype=np.int32)
-        for row, example in enumerate(examples):
-            ids, mask = _sequence(example, response, window)
-            if len(ids) > length:
-                raise ValueError(f"Example {row} of the batch has a {len(ids)}-token {response} sequence, more than "
-                                 f"the padded length {length}; compute the length with padded_length(...).")
-            input_ids[row, :len(ids)], attention_mask[row, :len(ids)], completion_mask[row, :len(ids)] = ids, 1, mask
-        batch.update({f"{prefix}input_ids": input_ids, f"{prefix}attention_mask": attention_mask,
-                      f"{prefix}completion_mask": completion_mask})
-    return batch
 
 
 def collate_preference_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, length: int,
@@ -321,7 +258,7 @@ def collate_preference_batch(examples: Sequence[Mapping[str, Any]], pad_token_id
         ``*_attention_mask`` (1 on real tokens) and ``*_completion_mask`` (1 on response tokens); plus float32
         ``[B]`` ``ref_chosen_logps``/``ref_rejected_logps`` when the examples have them.
     """
-    window = _window(max_length, truncation_mode)
+    window = truncation_window(max_length, truncation_mode)
     batch = padded_sequences(examples, [(response, f"{response}_") for response in _RESPONSES], pad_token_id, length,
                              window)
     for key in ("ref_chosen_logps", "ref_rejected_logps"):

@@ -8,18 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from .sft_data import is_conversational
+from .data_utils import get_dataset_column_names, is_conversational
 
-__all__ = ["column_names", "is_conversational_prompt", "left_padded", "prepare_prompts"]
-
-
-def column_names(dataset: Any) -> list[str]:
-    """The columns of a ``datasets.Dataset`` or the keys of the first row of a list of dicts."""
-    names = getattr(dataset, "column_names", None)
-    if names is not None:
-        return list(names)
-    first = next(iter(dataset), None)
-    return sorted(first) if isinstance(first, dict) else []
+__all__ = ["is_conversational_prompt", "left_padded", "prepare_prompts"]
 
 
 def is_conversational_prompt(prompt: Any) -> bool:
@@ -52,7 +43,7 @@ def prepare_prompts(dataset: Any, tokenizer: Any, name: str, max_prompt_length: 
         return None
     if hasattr(dataset, "keys") and not hasattr(dataset, "column_names"):
         raise ValueError(f"{name} is a dict of datasets; pass one dataset.")
-    columns = column_names(dataset)
+    columns = get_dataset_column_names(dataset)
     if "prompt" not in columns and default_prompt is None:
         raise ValueError(f"{name} has no 'prompt' column (found {columns}); these datasets need 'prompt' as text or "
                          "as a list of chat messages, plus any columns your reward functions read.")

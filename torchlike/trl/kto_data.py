@@ -35,16 +35,21 @@ from typing import Any
 import numpy as np
 
 from .base_config import round_up_to_multiple
-from .dpo_data import (
-    _MAX_DROP_WARNINGS,
-    PreferenceDataWarning,
-    PromptResponseTokenizer,
-    _sequence,
-    _window,
+from .data_utils import (
+    MAX_DROP_WARNINGS,
+    chat_template_kwargs_for,
+    describe,
     extract_prompt,
+    get_dataset_column_names,
+    is_message_list,
+    map_batches,
     padded_sequences,
+    response_sequence,
+    tokenized_examples,
+    truncation_window,
+    unpair_preference_dataset,
 )
-from .sft_data import _columns, _describe, _is_message_list, chat_template_kwargs_for
+from .dpo_data import PreferenceDataWarning, PromptResponseTokenizer
 
 __all__ = [
     "ACCEPTED_FORMATS",
@@ -61,42 +66,12 @@ ACCEPTED_FORMATS = (
     "with the prompt implicit; each pair becomes a desirable and an undesirable example",
 )
 
-#: Pairs per ``datasets.map`` batch when TRL unpairs a preference dataset (``datasets``' default ``batch_size``).
-UNPAIR_BLOCK_SIZE = 1000
 _PROMPT_COLUMNS = ("prompt", "completion")
 
 
 def _format_error(columns: Sequence[str], detail: str) -> ValueError:
     formats = "\n".join(f"  - {fmt}" for fmt in ACCEPTED_FORMATS)
     return ValueError(f"The KTO dataset {detail}. Found columns: {list(columns)}. Accepted formats:\n{formats}")
-
-
-def _shards(length: int, num_proc: int | None) -> list[range]:
-    """The contiguous row ranges ``datasets.Dataset.map(num_proc=...)`` hands its processes (``Dataset.shard`` with
-    ``contiguous=True``; ``num_proc`` is reduced to the number of rows)."""
-    count = max(1, min(num_proc or 1, length))
-    size, extra = divmod(length, count)
-    starts = [size * index + min(index, extra) for index in range(count + 1)]
-    return [range(start, end) for start, end in zip(starts, starts[1:], strict=False)]
-
-
-def _blocks(length: int, block_size: int, num_proc: int | None) -> Iterable[range]:
-    """The batches of a batched ``datasets.map``: consecutive blocks of ``block_size`` rows within each shard."""
-    for shard in _shards(length, num_proc):
-        for start in range(shard.start, shard.stop, block_size):
-            yield range(start, min(start + block_size, shard.stop))
-
-
-def _unpaired(rows: Sequence[Mapping[str, Any]], num_proc: int | None) -> list[dict[str, Any]]:
-    """TRL's ``unpair_preference_dataset``: per block of pairs, the chosen rows (label True), then the rejected
-    rows (label False); other columns are copied to both."""
-    unpaired = []
-    for block in _blocks(len(rows), UNPAIR_BLOCK_SIZE, num_proc):
-        for response, label in (("chosen", True), ("rejected", False)):
-            for index in block:
-                row = {key: value for key, value in rows[index].items() if key not in ("chosen", "rejected")}
-                unpaired.append({**row, "completion": rows[index][response], "label": label})
-    return unpaired
 
 
 def _label(value: Any, index: int) -> bool:
@@ -110,17 +85,17 @@ class _UnpairedTokenizer(PromptResponseTokenizer):
     """Settings resolved from the first example; turns one unpaired example into ``prompt_ids``/``completion_ids``."""
 
     def __init__(self, tokenizer: Any, first: Mapping[str, Any]):
-        super().__init__(tokenizer, _is_message_list(first["prompt"]) or _is_message_list(first["completion"]), "KTO")
+        super().__init__(tokenizer, is_message_list(first["prompt"]) or is_message_list(first["completion"]), "KTO")
 
     def check_layout(self, example: Mapping[str, Any], index: int) -> None:
         missing = [key for key in (*_PROMPT_COLUMNS, "label") if key not in example]
         if missing:
             raise _format_error(list(example), f"example {index} has no {missing} (the first example has "
                                                "'prompt', 'completion' and 'label')")
-        matches = _is_message_list if self.conversational else (lambda value: isinstance(value, str))
+        matches = is_message_list if self.conversational else (lambda value: isinstance(value, str))
         if not all(matches(example[key]) or (self.conversational and example[key] == []) for key in _PROMPT_COLUMNS):
             expected = "lists of {'role', 'content'} messages" if self.conversational else "strings"
-            found = ", ".join(f"{key} is {_describe(example[key])}" for key in _PROMPT_COLUMNS)
+            found = ", ".join(f"{key} is {describe(example[key])}" for key in _PROMPT_COLUMNS)
             raise ValueError(f"Example {index}: prompt and completion should both be {expected}, like the first "
                              f"example; found {found}.")
 
@@ -144,8 +119,8 @@ def _unpaired_rows(dataset: Iterable[Mapping[str, Any]], num_proc: int | None) -
                          "example.")
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            raise TypeError(f"Example {index} should be a dict of columns; found {_describe(row)}.")
-    first, columns = rows[0], _columns(dataset, rows[0])
+            raise TypeError(f"Example {index} should be a dict of columns; found {describe(row)}.")
+    first, columns = rows[0], get_dataset_column_names(dataset, rows[0])
     paired = "chosen" in first and "rejected" in first
     if "prompt" not in first:
         if not paired:
@@ -153,7 +128,7 @@ def _unpaired_rows(dataset: Iterable[Mapping[str, Any]], num_proc: int | None) -
                                          "paired 'chosen' and 'rejected' columns")
         rows = [{**row, **extract_prompt(row)} for row in rows]
     if paired:
-        return _unpaired(rows, num_proc)
+        return unpair_preference_dataset(rows, num_proc)
     missing = [key for key in ("completion", "label") if key not in first]
     if missing:
         raise _format_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column")
@@ -163,7 +138,7 @@ def _unpaired_rows(dataset: Iterable[Mapping[str, Any]], num_proc: int | None) -
 def _with_kl_completions(examples: list[dict[str, Any]], chunk_size: int, num_proc: int | None) -> None:
     """Adds ``KL_completion_ids`` in place: within each chunk, the completion of the example before (TRL's rotation
     by one)."""
-    for chunk in _blocks(len(examples), chunk_size, num_proc):
+    for chunk in map_batches(len(examples), chunk_size, num_proc):
         completions = [examples[index]["completion_ids"] for index in chunk]
         for index, completion in zip(chunk, completions[-1:] + completions[:-1], strict=True):
             examples[index]["KL_completion_ids"] = completion
@@ -171,13 +146,13 @@ def _with_kl_completions(examples: list[dict[str, Any]], chunk_size: int, num_pr
 
 def _tokenized(dataset: Any, rows: list[dict[str, Any]], tokenize: _UnpairedTokenizer,
                num_proc: int | None) -> Iterable[Mapping[str, Any]]:
-    """The tokenised rows; through ``datasets.Dataset.map(num_proc=...)`` when asked and ``dataset`` is one."""
+    """The tokenised rows ([`~torchlike.trl.data_utils.tokenized_examples`]): with ``num_proc`` on a
+    ``datasets.Dataset``, the unpaired rows as a ``datasets.Dataset`` are what ``map`` reads."""
     if num_proc and num_proc > 1 and hasattr(dataset, "map") and hasattr(dataset, "column_names"):
         import datasets
 
-        return datasets.Dataset.from_list(rows).map(lambda row, index: tokenize(row, index), with_indices=True,
-                                                   num_proc=num_proc, remove_columns=list(rows[0]))
-    return (tokenize(row, index) for index, row in enumerate(rows))
+        return tokenized_examples(datasets.Dataset.from_list(rows), rows, tokenize, num_proc)
+    return tokenized_examples(rows, rows, tokenize, num_proc)
 
 
 def prepare_unpaired_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int | None,
@@ -221,7 +196,7 @@ def prepare_unpaired_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: A
         prompt = len(example["prompt_ids"])
         if max_length is not None and prompt >= max_length:
             dropped += 1
-            if dropped <= _MAX_DROP_WARNINGS:
+            if dropped <= MAX_DROP_WARNINGS:
                 warnings.warn(f"Example {index} is dropped: its prompt has {prompt} tokens, so truncation to "
                               f"max_length={max_length} leaves no completion token. Raise max_length or shorten the "
                               "prompt.", PreferenceDataWarning, stacklevel=2)
@@ -277,8 +252,8 @@ def padded_length(examples: Sequence[Mapping[str, Any]], max_length: int | None,
     Returns:
         `int`: The padded length for [`collate_unpaired_batch`].
     """
-    window = _window(max_length, "keep_start")
-    longest = max((len(_sequence(example, response, window)[0]) for example in examples
+    window = truncation_window(max_length, "keep_start")
+    longest = max((len(response_sequence(example, response, window)[0]) for example in examples
                    for response in _responses(examples)), default=1)
     return round_up_to_multiple(longest, pad_to_multiple_of)
 
@@ -303,7 +278,7 @@ def collate_unpaired_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: 
     """
     batch = padded_sequences(examples, [(response, response.removesuffix("completion"))
                                         for response in _responses(examples)], pad_token_id, length,
-                             _window(max_length, "keep_start"))
+                             truncation_window(max_length, "keep_start"))
     batch["label"] = np.asarray([bool(example["label"]) for example in examples], dtype=bool)
     for key in ("ref_logps", "ref_KL_logps"):
         if examples and key in examples[0]:

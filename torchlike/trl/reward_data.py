@@ -30,8 +30,15 @@ from typing import Any
 import numpy as np
 
 from .base_config import round_up_to_multiple
-from .dpo_data import PreferenceDataWarning, _tokenized
-from .sft_data import _as_int_list, _columns, _describe, _is_message_list, chat_template_kwargs_for
+from .data_utils import (
+    as_int_list,
+    chat_template_kwargs_for,
+    describe,
+    get_dataset_column_names,
+    is_message_list,
+    tokenized_examples,
+)
+from .dpo_data import PreferenceDataWarning
 
 __all__ = ["ACCEPTED_FORMATS", "collate_reward_batch", "padded_length", "prepare_reward_examples"]
 
@@ -74,7 +81,7 @@ class _PairTokenizer:
         if missing:
             raise _format_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column")
         self.explicit_prompt = "prompt" in first
-        self.conversational = _is_message_list(first["chosen"])
+        self.conversational = is_message_list(first["chosen"])
         if self.conversational and not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"The reward dataset is conversational (message lists), but the tokenizer "
                              f"({type(tokenizer).__name__}) has no chat template to render it. Set one with "
@@ -96,10 +103,10 @@ class _PairTokenizer:
         missing = [key for key in keys if key not in raw]
         if missing:
             raise _format_error(list(raw), f"example {index} has no {missing} (the first example has {list(keys)})")
-        matches = _is_message_list if self.conversational else (lambda value: isinstance(value, str))
+        matches = is_message_list if self.conversational else (lambda value: isinstance(value, str))
         if not all(matches(raw[key]) for key in keys):
             expected = "lists of {'role', 'content'} messages" if self.conversational else "strings"
-            found = ", ".join(f"{key} is {_describe(raw[key])}" for key in keys)
+            found = ", ".join(f"{key} is {describe(raw[key])}" for key in keys)
             raise ValueError(f"Example {index}: {', '.join(keys)} should all be {expected}, like the first example; "
                              f"found {found}.")
 
@@ -112,13 +119,13 @@ class _PairTokenizer:
 
     def __call__(self, raw: Mapping[str, Any], index: int) -> dict[str, Any]:
         if not isinstance(raw, Mapping):
-            raise TypeError(f"Example {index} should be a dict of columns; found {_describe(raw)}.")
+            raise TypeError(f"Example {index} should be a dict of columns; found {describe(raw)}.")
         if self.tokenised or self.legacy:
             names = _TOKENISED if self.tokenised else _LEGACY_TOKENISED
             missing = [name for name in names if name not in raw]
             if missing:
                 raise _format_error(list(raw), f"example {index} has no {missing} (the first example has them)")
-            return {key: _as_int_list(raw[name], name, index) for key, name in zip(_TOKENISED, names, strict=True)} \
+            return {key: as_int_list(raw[name], name, index) for key, name in zip(_TOKENISED, names, strict=True)} \
                 | self._margin(raw, index)
         self._check_layout(raw, index)
         prompt = raw["prompt"] if self.explicit_prompt else ([] if self.conversational else "")
@@ -162,10 +169,10 @@ def prepare_reward_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any
         raise ValueError(f"The reward dataset is empty ({type(dataset).__name__} with no examples); pass at least one "
                          "preference pair.") from None
     if not isinstance(first, Mapping):
-        raise TypeError(f"Example 0 should be a dict of columns; found {_describe(first)}.")
-    tokenize = _PairTokenizer(tokenizer, first, _columns(dataset, first))
+        raise TypeError(f"Example 0 should be a dict of columns; found {describe(first)}.")
+    tokenize = _PairTokenizer(tokenizer, first, get_dataset_column_names(dataset, first))
     kept, total = [], 0
-    for example in _tokenized(dataset, itertools.chain([first], iterator), tokenize, num_proc):
+    for example in tokenized_examples(dataset, itertools.chain([first], iterator), tokenize, num_proc):
         total += 1
         if max_length is None or max(len(example["chosen_ids"]), len(example["rejected_ids"])) <= max_length:
             kept.append({key: list(value) if key != "margin" else value for key, value in example.items()})

@@ -17,9 +17,9 @@ from ..adapters.losses import reward as reward_loss
 from ..training.batches import check_single_dataset, each_dataset, map_datasets
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import TRLTrainer, check_text_dataset
+from .data_utils import load_chat_template
 from .reward_config import RewardConfig
 from .reward_data import collate_reward_batch, padded_length, prepare_reward_examples
-from .sft_data import load_chat_template
 
 if TYPE_CHECKING:
     from ..sequence_classification import SequenceClassifier

@@ -1,7 +1,8 @@
-"""SFT data preparation: TRL 1.16's dataset formats turned into token ids and loss masks, then fixed-shape batches.
+"""SFT data preparation: TRL 1.16's dataset formats turned into token ids and labels, then fixed-shape batches.
 
 This module reimplements what ``trl.SFTTrainer._prepare_dataset`` does to a dataset (TRL is not a runtime dependency)
-and adds the batching a JAX training step needs: fixed shapes, so XLA compiles the step once.
+and adds the batching a JAX training step needs: fixed shapes, so XLA compiles the step once. Packing is
+:mod:`torchlike.trl.packing`; the helpers TRL keeps in ``trl/data_utils.py`` are :mod:`torchlike.trl.data_utils`.
 
 Formats (decided from the first example, as TRL does; every later example must have the same layout):
 
@@ -27,7 +28,7 @@ and ``completion`` columns (TRL's rule: so a pre-tokenised ``completion_mask`` i
 ``-log p(input_ids[t] | input_ids[:t])``, read from the logits at position ``t - 1``. It is exactly TRL's
 ``labels[t] != -100`` (Hugging Face models shift the labels inside the loss). In a next-token loss use
 ``logits[:, :-1]`` against ``input_ids[:, 1:]`` weighted by ``loss_mask[:, 1:]``; ``loss_mask[:, 0]`` is never used.
-[`hf_labels`] turns a batch into Hugging Face ``labels`` (``-100`` where the mask is 0).
+A collated batch's Hugging Face ``labels`` are ``input_ids`` where ``loss_mask`` is 1, else ``-100``.
 
 Where this differs from TRL 1.16 (each a case where TRL silently does something its user did not ask for):
 
@@ -45,7 +46,8 @@ Where this differs from TRL 1.16 (each a case where TRL silently does something 
 - Examples left with no loss token (a prompt that fills ``max_length``, a pre-tokenised all-zero mask) are dropped
   with an [`SFTDataWarning`] naming the example, its length and where its loss tokens started; TRL drops them
   silently, and only when ``max_length`` is set. A dataset where every example is dropped is an error.
-- Packing ([`pack_sft_rows`]) drops examples left with no loss token before packing, as above; TRL packs them.
+- Packing ([`~torchlike.trl.packing.pack_dataset`]) drops examples left with no loss token before packing, as above;
+  TRL packs them.
 
 Longer than most modules because it covers every dataset format TRL's ``SFTTrainer`` accepts (text,
 prompt/completion, messages, conversational prompt/completion, ShareGPT, pre-tokenised) with TRL's exact
@@ -54,10 +56,7 @@ tokenisation rules; each format is one short function.
 
 from __future__ import annotations
 
-import collections
 import itertools
-import json
-import os
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -65,24 +64,28 @@ from typing import Any
 
 import numpy as np
 
+from .data_utils import (
+    MAX_DROP_WARNINGS,
+    as_int_list,
+    chat_template_kwargs_for,
+    common_prefix_length,
+    describe,
+    get_dataset_column_names,
+    is_conversational,
+    is_conversational_from_value,
+    is_message_list,
+    maybe_convert_to_chatml,
+)
+from .packing import pack_dataset
+
 __all__ = [
     "ACCEPTED_FORMATS",
-    "PREPARED_COLUMNS",
     "SFTDataWarning",
-    "PACKING_STRATEGIES",
     "SFTRows",
-    "bucket_length",
-    "chat_template_kwargs_for",
     "collate_sft_batch",
-    "hf_labels",
     "is_prepared",
     "iter_sft_examples",
-    "load_chat_template",
-    "pack_sft_rows",
-    "pad_batch_rows",
-    "pad_token_id_for",
     "prepare_sft_dataset",
-    "prepare_sft_examples",
     "unprepared_sft_examples",
 ]
 
@@ -95,10 +98,7 @@ ACCEPTED_FORMATS = (
     "any columns together with formatting_func(example) -> str",
 )
 
-#: The columns of a prepared example ([`iter_sft_examples`]).
-PREPARED_COLUMNS = ("input_ids", "loss_mask", "seq_len")
 _TRUNCATION_MODES = ("keep_start", "keep_end")
-_MAX_DROP_WARNINGS = 5
 _GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -112,51 +112,6 @@ class SFTDataWarning(UserWarning):
 # ---------------------------------------------------------------------------------------------------------------------
 # Format detection
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _is_message_list(value: Any, keys: tuple[str, ...] = ("role",)) -> bool:
-    return (
-        isinstance(value, list)
-        and len(value) > 0
-        and isinstance(value[0], Mapping)
-        and all(key in value[0] for key in keys)
-    )
-
-
-def is_conversational(example: Mapping[str, Any]) -> bool:
-    """TRL's ``is_conversational`` for the SFT keys: the first of prompt/completion/messages is a message list."""
-    for key in ("prompt", "completion", "messages"):
-        if key in example:
-            return _is_message_list(example[key])
-    return False
-
-
-def _is_sharegpt(example: Mapping[str, Any]) -> bool:
-    return _is_message_list(example.get("conversations"), keys=("from", "value"))
-
-
-def _to_chatml(example: Mapping[str, Any]) -> dict[str, Any]:
-    """ShareGPT ``{"from", "value"}`` messages renamed to ``{"role", "content"}``; ``conversations`` to ``messages``.
-
-    Role values are kept as they are (TRL's ``maybe_convert_to_chatml`` does the same), so data whose roles are
-    ``"human"``/``"gpt"`` reaches the chat template with those names. The input is not modified.
-    """
-    converted = dict(example)
-    for key in ("prompt", "completion", "messages", "conversations"):
-        if isinstance(converted.get(key), list):
-            messages = []
-            for message in converted[key]:
-                if isinstance(message, Mapping):
-                    message = dict(message)
-                    if "from" in message:
-                        message["role"] = message.pop("from")
-                    if "value" in message:
-                        message["content"] = message.pop("value")
-                messages.append(message)
-            converted[key] = messages
-    if "conversations" in converted:
-        converted["messages"] = converted.pop("conversations")
-    return converted
 
 
 def _unrecognised(columns: Sequence[str], dataset_text_field: str, detail: str = "") -> ValueError:
@@ -185,22 +140,16 @@ def _detect_format(example: Mapping[str, Any], dataset_text_field: str) -> str:
                 "column named by dataset_text_field)."
             )
         return "prompt_completion"
-    if "messages" in example and _is_message_list(example["messages"]):
+    if "messages" in example and is_message_list(example["messages"]):
         return "messages"
     if dataset_text_field in example:
         return "text"
     if "messages" in example:
         raise _unrecognised(
             columns, dataset_text_field,
-            f" ('messages' must be a list of {{'role', 'content'}} dicts; found {_describe(example['messages'])})",
+            f" ('messages' must be a list of {{'role', 'content'}} dicts; found {describe(example['messages'])})",
         )
     raise _unrecognised(columns, dataset_text_field)
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, list):
-        return f"a list of {type(value[0]).__name__}" if value else "an empty list"
-    return f"a {type(value).__name__}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -212,25 +161,6 @@ def _has_generation_markers(template: str | Mapping[str, str] | None) -> bool:
     if isinstance(template, Mapping):
         template = template.get("default")
     return bool(template) and _GENERATION_MARKER.search(template) is not None
-
-
-def _common_prefix_length(ids: Sequence[int], other: Sequence[int]) -> int:
-    length = 0
-    for a, b in zip(ids, other, strict=False):
-        if a != b:
-            break
-        length += 1
-    return length
-
-
-def _as_int_list(values: Any, name: str, index: int) -> list[int]:
-    if isinstance(values, np.ndarray):
-        values = values.tolist()
-    elif hasattr(values, "tolist"):  # torch / jax arrays
-        values = values.tolist()
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"Example {index}: '{name}' should be a list of ints; found {_describe(values)}.")
-    return [int(v) for v in values]
 
 
 class _Preparer:
@@ -386,10 +316,10 @@ class _Preparer:
         if self.formatting_func is not None:
             text = self.formatting_func(dict(raw))
             if not isinstance(text, str):
-                raise TypeError(f"formatting_func should return a str; it returned {_describe(text)}.")
+                raise TypeError(f"formatting_func should return a str; it returned {describe(text)}.")
             return {self.dataset_text_field: text}
-        if _is_sharegpt(raw):
-            return _to_chatml(raw)
+        if is_conversational_from_value(raw):
+            return maybe_convert_to_chatml(raw)
         return dict(raw)
 
     def _chat(self, messages: list, **kwargs: Any) -> dict[str, Any]:
@@ -406,9 +336,9 @@ class _Preparer:
                 f"{self.format!r}. Every example of an SFT dataset must have the same layout."
             )
         if fmt == "prompt_completion":
-            kinds = [_is_message_list(example[key]) for key in ("prompt", "completion")]
+            kinds = [is_message_list(example[key]) for key in ("prompt", "completion")]
             if kinds != [self.conversational] * 2:
-                found = ", ".join(f"{key} is {_describe(example[key])}" for key in ("prompt", "completion"))
+                found = ", ".join(f"{key} is {describe(example[key])}" for key in ("prompt", "completion"))
                 expected = "message lists" if self.conversational else "strings"
                 raise ValueError(
                     f"Example {index}: prompt and completion should both be {expected} like the first example; "
@@ -417,14 +347,14 @@ class _Preparer:
         elif fmt == "text" and not isinstance(example[self.dataset_text_field], str):
             raise ValueError(
                 f"Example {index}: column {self.dataset_text_field!r} should be a string; found "
-                f"{_describe(example[self.dataset_text_field])}."
+                f"{describe(example[self.dataset_text_field])}."
             )
 
     def tokenize(self, raw: Mapping[str, Any], index: int) -> tuple[list[int], list[int]]:
         """Returns ``(input_ids, loss_mask)`` before truncation."""
         if not isinstance(raw, Mapping):
             raise TypeError(
-                f"Example {index} should be a dict of columns; found {_describe(raw)}. Wrap plain strings as "
+                f"Example {index} should be a dict of columns; found {describe(raw)}. Wrap plain strings as "
                 "{'text': ...}."
             )
         if self.tokenized:
@@ -483,7 +413,7 @@ class _Preparer:
             prompt_ids = list(self.tokenizer(text=prompt)["input_ids"])
             input_ids = list(self.tokenizer(text=prompt + completion)["input_ids"])
         # The completion starts where prompt and prompt+completion diverge (tokens can merge across the boundary).
-        prompt_len = _common_prefix_length(prompt_ids, input_ids)
+        prompt_len = common_prefix_length(prompt_ids, input_ids)
         if prompt_len < len(prompt_ids) and not self.prefix_warned:
             self.prefix_warned = True
             warnings.warn(
@@ -499,13 +429,13 @@ class _Preparer:
         return input_ids, completion_mask, assistant_masks
 
     def _pretokenized(self, example: Mapping[str, Any], index: int) -> tuple[list[int], list[int]]:
-        input_ids = _as_int_list(example["input_ids"], "input_ids", index)
+        input_ids = as_int_list(example["input_ids"], "input_ids", index)
         if example.get("labels") is not None:
             return input_ids, _labels_as_loss_mask(example["labels"], input_ids, index)
         masks = []
         if example.get("completion_mask") is not None:
             if self.completion_only_loss:
-                masks.append(_as_int_list(example["completion_mask"], "completion_mask", index))
+                masks.append(as_int_list(example["completion_mask"], "completion_mask", index))
                 _check_length(masks[-1], input_ids, "completion_mask", index)
             elif not self.ignored_mask_warned:
                 self.ignored_mask_warned = True
@@ -517,7 +447,7 @@ class _Preparer:
                     stacklevel=4,
                 )
         if example.get("assistant_masks") is not None:
-            masks.append(_as_int_list(example["assistant_masks"], "assistant_masks", index))
+            masks.append(as_int_list(example["assistant_masks"], "assistant_masks", index))
             _check_length(masks[-1], input_ids, "assistant_masks", index)
         return input_ids, _and_masks(len(input_ids), masks)
 
@@ -528,26 +458,9 @@ class _Preparer:
         return input_ids[window], loss_mask[window]
 
 
-def chat_template_kwargs_for(example: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``apply_chat_template`` on one example, built as TRL builds them.
-
-    Args:
-        example (`dict`): The raw example; its optional ``tools`` column (a list, or JSON text) and
-            ``chat_template_kwargs`` column (a dict) are read.
-        defaults (`dict`, *optional*): Keyword arguments for every example; the row's ``chat_template_kwargs``
-            override them.
-
-    Returns:
-        `dict`: ``{"tools": ..., **defaults, **example["chat_template_kwargs"]}``.
-    """
-    tools = example.get("tools")
-    tools = json.loads(tools) if isinstance(tools, str) else tools
-    return {"tools": tools, **(defaults or {}), **(example.get("chat_template_kwargs") or {})}
-
-
 def _labels_as_loss_mask(labels: Any, input_ids: list[int], index: int) -> list[int]:
     """Hugging Face ``labels`` (``input_ids[t]`` or -100, unshifted) as a loss mask: 1 where ``labels != -100``."""
-    labels = _as_int_list(labels, "labels", index)
+    labels = as_int_list(labels, "labels", index)
     _check_length(labels, input_ids, "labels", index)
     wrong = [t for t, (label, tok) in enumerate(zip(labels, input_ids, strict=True)) if -100 != label != tok]
     if wrong:
@@ -594,11 +507,6 @@ def _validate_args(max_length: int | None, truncation_mode: str) -> None:
             FutureWarning,
             stacklevel=4,
         )
-
-
-def _columns(dataset: Any, first: Mapping[str, Any]) -> list[str]:
-    names = getattr(dataset, "column_names", None)
-    return list(names) if isinstance(names, (list, tuple)) else list(first.keys())
 
 
 def iter_sft_examples(
@@ -648,28 +556,16 @@ def iter_sft_examples(
             overrides them; a ``tools`` column is passed as ``tools``).
 
     Yields:
-        `dict`: ``{"input_ids": list[int], "loss_mask": list[int], "seq_len": int}`` where ``loss_mask[t] == 1``
-        when token ``input_ids[t]`` is a prediction target (TRL's ``labels[t] != -100``).
+        `dict`: One kept example as TRL's prepared dataset has it: the columns TRL keeps (ShareGPT ``conversations``
+        renamed ``messages``, ``text`` added by ``formatting_func``, eos appended to standard ``text``/``completion``
+        strings, the mask columns the labels were built from removed), then ``input_ids`` (`list[int]`) and
+        ``labels`` (`list[int]`: ``input_ids[t]`` where the token is a prediction target, else ``-100``).
 
     Raises:
         ValueError: empty dataset, no recognised column, conversational data without a chat template,
             ``assistant_only_loss`` without ``{% generation %}`` markers, or every example dropped because
             truncation left it no loss token.
     """
-    for _, _, example in _indexed_examples(
-            dataset, tokenizer, dataset_text_field=dataset_text_field, max_length=max_length,
-            truncation_mode=truncation_mode, completion_only_loss=completion_only_loss,
-            assistant_only_loss=assistant_only_loss, eos_token=eos_token, formatting_func=formatting_func,
-            chat_template_kwargs=chat_template_kwargs):
-        yield example
-
-
-def _indexed_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, dataset_text_field: str,
-                      max_length: int | None, truncation_mode: str, completion_only_loss: bool | None,
-                      assistant_only_loss: bool, eos_token: str | None, formatting_func: Callable[[dict], str] | None,
-                      chat_template_kwargs: Mapping[str, Any] | None
-                      ) -> Iterator[tuple[Mapping[str, Any], _Preparer, dict[str, Any]]]:
-    """[`iter_sft_examples`]'s work: ``(raw example, the preparer, prepared example)`` per kept example."""
     _validate_args(max_length, truncation_mode)
     iterator = iter(dataset)
     try:
@@ -680,10 +576,10 @@ def _indexed_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, d
         ) from None
     if not isinstance(first, Mapping):
         raise TypeError(
-            f"Example 0 should be a dict of columns; found {_describe(first)}. Wrap plain strings as {{'text': ...}}."
+            f"Example 0 should be a dict of columns; found {describe(first)}. Wrap plain strings as {{'text': ...}}."
         )
     preparer = _Preparer(
-        tokenizer, first, _columns(dataset, first),
+        tokenizer, first, get_dataset_column_names(dataset, first),
         dataset_text_field=dataset_text_field, max_length=max_length, truncation_mode=truncation_mode,
         completion_only_loss=completion_only_loss, assistant_only_loss=assistant_only_loss, eos_token=eos_token,
         formatting_func=formatting_func, chat_template_kwargs=chat_template_kwargs,
@@ -695,15 +591,16 @@ def _indexed_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, d
         input_ids, loss_mask = preparer.truncate(full_ids, full_mask)
         if not any(loss_mask):
             dropped += 1
-            if dropped <= _MAX_DROP_WARNINGS:
+            if dropped <= MAX_DROP_WARNINGS:
                 warnings.warn(_drop_message(index, full_ids, full_mask, max_length, truncation_mode), SFTDataWarning,
                               stacklevel=2)
-            if dropped == _MAX_DROP_WARNINGS:
-                warnings.warn(f"{_MAX_DROP_WARNINGS} examples dropped so far; further drops are not reported one by "
+            if dropped == MAX_DROP_WARNINGS:
+                warnings.warn(f"{MAX_DROP_WARNINGS} examples dropped so far; further drops are not reported one by "
                               "one.", SFTDataWarning, stacklevel=2)
             continue
         kept += 1
-        yield raw, preparer, {"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": len(input_ids)}
+        labels = [token if bit else -100 for token, bit in zip(input_ids, loss_mask, strict=True)]
+        yield {**_trl_columns(raw, preparer), "input_ids": input_ids, "labels": labels}
     if kept == 0:
         raise ValueError(
             f"All {seen} examples of the SFT dataset were dropped: none kept a loss token after truncation to "
@@ -727,44 +624,6 @@ def _drop_message(
     )
 
 
-def prepare_sft_examples(
-    dataset: Iterable[Mapping[str, Any]],
-    tokenizer: Any,
-    *,
-    dataset_text_field: str = "text",
-    max_length: int | None = 1024,
-    truncation_mode: str = "keep_start",
-    completion_only_loss: bool | None = None,
-    assistant_only_loss: bool = False,
-    eos_token: str | None = None,
-    formatting_func: Callable[[dict], str] | None = None,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Prepares every SFT example at once: ``list(iter_sft_examples(...))``.
-
-    Takes the same arguments as [`iter_sft_examples`], which documents them; use that one to stream a
-    ``datasets.IterableDataset``.
-
-    Returns:
-        `list[dict]`: ``{"input_ids": list[int], "loss_mask": list[int], "seq_len": int}`` per kept example.
-    """
-    return list(
-        iter_sft_examples(
-            dataset, tokenizer, dataset_text_field=dataset_text_field, max_length=max_length,
-            truncation_mode=truncation_mode, completion_only_loss=completion_only_loss,
-            assistant_only_loss=assistant_only_loss, eos_token=eos_token, formatting_func=formatting_func,
-            chat_template_kwargs=chat_template_kwargs,
-        )
-    )
-
-
-#: How many examples TRL packs together at most: ``pack_dataset`` packs each batch of ``datasets.Dataset.map``
-#: (1000 examples) on its own.
-PACKING_BATCH = 1000
-#: ``SFTConfig.packing_strategy`` values.
-PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
-
-
 def prepare_sft_dataset(
     dataset: Iterable[Mapping[str, Any]],
     tokenizer: Any,
@@ -784,17 +643,16 @@ def prepare_sft_dataset(
     """The prepared dataset ``trl.SFTTrainer._prepare_dataset`` (1.16) makes: a ``datasets.Dataset`` with TRL's
     columns, which ``SFTTrainer.train_dataset`` shows.
 
-    Without packing: the dataset's own columns (ShareGPT ``conversations`` renamed ``messages``, ``text`` added by
-    ``formatting_func``, eos appended to standard ``text``/``completion`` strings, the mask columns the labels were
-    built from removed) plus ``input_ids`` and ``labels`` (``-100`` off the loss), truncated to ``max_length``, one row
-    per kept example ([`iter_sft_examples`]). With packing: only ``input_ids``, ``labels`` and, for the ``"bfd"``
-    strategies, ``seq_lengths`` ([`pack_sft_rows`]); examples are not truncated before packing (TRL's rule).
+    Without packing: one row per kept example of [`iter_sft_examples`] (the columns TRL keeps, ``input_ids`` and
+    ``labels``), truncated to ``max_length``. With packing: only ``input_ids``, ``labels`` and, for the ``"bfd"``
+    strategies, ``seq_lengths`` ([`~torchlike.trl.packing.pack_dataset`]); examples are not truncated before packing
+    (TRL's rule).
 
     Args:
         dataset, tokenizer, dataset_text_field, max_length, truncation_mode, completion_only_loss,
         assistant_only_loss, eos_token, formatting_func, chat_template_kwargs: as in [`iter_sft_examples`].
         packing (`bool`, *optional*, defaults to `False`): pack the examples into rows of ``max_length`` tokens.
-        packing_strategy (`str`, *optional*, defaults to `"bfd"`): see [`pack_sft_rows`].
+        packing_strategy (`str`, *optional*, defaults to `"bfd"`): see [`~torchlike.trl.packing.pack_dataset`].
         shuffle_seed (`int`, *optional*): shuffle the examples with this seed (``SFTConfig.shuffle_dataset``): before
             packing and after, as TRL does.
 
@@ -805,21 +663,16 @@ def prepare_sft_dataset(
 
     if packing and max_length is None:
         raise ValueError("When packing is enabled, `max_length` can't be `None`.")
-    rows = []
-    for raw, preparer, example in _indexed_examples(
-            dataset, tokenizer, dataset_text_field=dataset_text_field,
-            max_length=None if packing else max_length, truncation_mode=truncation_mode,
-            completion_only_loss=completion_only_loss, assistant_only_loss=assistant_only_loss, eos_token=eos_token,
-            formatting_func=formatting_func, chat_template_kwargs=chat_template_kwargs):
-        labels = [token if bit else -100 for token, bit in zip(example["input_ids"], example["loss_mask"], strict=True)]
-        row = {} if packing else _trl_columns(raw, preparer)
-        row.update(input_ids=example["input_ids"], labels=labels)
-        rows.append(row)
+    rows = list(iter_sft_examples(
+        dataset, tokenizer, dataset_text_field=dataset_text_field, max_length=None if packing else max_length,
+        truncation_mode=truncation_mode, completion_only_loss=completion_only_loss,
+        assistant_only_loss=assistant_only_loss, eos_token=eos_token, formatting_func=formatting_func,
+        chat_template_kwargs=chat_template_kwargs))
     rng = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
     if rng is not None:
         rows = [rows[int(i)] for i in rng.permutation(len(rows))]
     if packing:
-        rows = pack_sft_rows(rows, max_length, packing_strategy)
+        rows = pack_dataset(rows, max_length, packing_strategy)
         if rng is not None:
             rows = [rows[int(i)] for i in rng.permutation(len(rows))]
     return datasets.Dataset.from_list(rows)
@@ -837,8 +690,8 @@ def _trl_columns(raw: Mapping[str, Any], preparer: _Preparer) -> dict[str, Any]:
         return row
     if preparer.formatting_func is not None:
         row["text"] = preparer.formatting_func(dict(raw))
-    elif _is_sharegpt(row):
-        row = _to_chatml(row)
+    elif is_conversational_from_value(row):
+        row = maybe_convert_to_chatml(row)
     if not preparer.conversational and preparer.eos:
         for key in (preparer.dataset_text_field, "completion"):
             if isinstance(row.get(key), str):
@@ -846,111 +699,6 @@ def _trl_columns(raw: Mapping[str, Any], preparer: _Preparer) -> dict[str, Any]:
                     row[key] = row[key] + preparer.eos
                 break
     return row
-
-
-def pack_sft_rows(rows: Sequence[Mapping[str, Any]], max_length: int, strategy: str = "bfd") -> list[dict[str, Any]]:
-    """Packs ``input_ids``/``labels`` rows into rows of at most ``max_length`` tokens, as TRL 1.16's ``pack_dataset``
-    does (each group of [`PACKING_BATCH`] rows on its own, like its batched ``map``).
-
-    - ``"bfd"`` (Best Fit Decreasing): sequences longer than ``max_length`` are truncated, then placed, longest first,
-      in the fullest row they fit in; ``seq_lengths`` lists each row's sequences.
-    - ``"bfd_split"``: as ``"bfd"``, but a long sequence is split into ``max_length`` pieces that are packed too.
-    - ``"wrapped"``: every sequence concatenated and cut every ``max_length`` tokens (no ``seq_lengths``: TRL treats
-      each cut as one sequence).
-
-    Args:
-        rows (`Sequence[dict]`): ``{"input_ids": list[int], "labels": list[int]}`` per example.
-        max_length (`int`): The packed length.
-        strategy (`str`, *optional*, defaults to `"bfd"`): One of [`PACKING_STRATEGIES`].
-
-    Returns:
-        `list[dict]`: ``{"input_ids", "labels"[, "seq_lengths"]}`` per packed row.
-    """
-    if strategy not in PACKING_STRATEGIES:
-        raise ValueError(f"Invalid packing strategy '{strategy}', must be one of {PACKING_STRATEGIES}.")
-    if not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length={max_length!r}: packing needs a positive number of tokens per row.")
-    packed: list[dict[str, Any]] = []
-    for start in range(0, len(rows), PACKING_BATCH):
-        group = [(list(row["input_ids"]), list(row["labels"])) for row in rows[start:start + PACKING_BATCH]]
-        packed.extend(_pack_wrapped(group, max_length) if strategy == "wrapped"
-                      else _pack_best_fit(group, max_length, split=strategy == "bfd_split"))
-    return packed
-
-
-def _pack_wrapped(group: list[tuple[list[int], list[int]]], max_length: int) -> list[dict[str, Any]]:
-    ids = [token for row_ids, _ in group for token in row_ids]
-    labels = [label for _, row_labels in group for label in row_labels]
-    return [{"input_ids": ids[start:start + max_length], "labels": labels[start:start + max_length]}
-            for start in range(0, len(ids), max_length)]
-
-
-def _pack_best_fit(group: list[tuple[list[int], list[int]]], max_length: int, split: bool) -> list[dict[str, Any]]:
-    sequences = []
-    for ids, labels in group:
-        if not ids:
-            continue
-        if split:
-            sequences.extend((ids[at:at + max_length], labels[at:at + max_length])
-                             for at in range(0, len(ids), max_length))
-        else:
-            sequences.append((ids[:max_length], labels[:max_length]))
-    lengths = np.array([len(ids) for ids, _ in sequences], dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")
-    bins: list[list[int]] = []
-    free = _FreeSpaces(max_length)
-    by_space: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-    for index in order:
-        length = int(lengths[index])
-        space = free.best_fit(length)
-        if space < max_length:
-            chosen = by_space[space].popleft()
-            if not by_space[space]:
-                free.remove(space)
-        else:
-            chosen = []
-            bins.append(chosen)
-        chosen.append(int(index))
-        space -= length
-        by_space[space].append(chosen)
-        if space > 0:
-            free.add(space)
-    packed = []
-    for chosen in bins:
-        packed.append({"input_ids": [token for i in chosen for token in sequences[i][0]],
-                       "labels": [label for i in chosen for label in sequences[i][1]],
-                       "seq_lengths": [int(lengths[i]) for i in chosen]})
-    return packed
-
-
-class _FreeSpaces:
-    """The free spaces of the open rows, in ``1..max_length``, with the smallest one that fits a length found in
-    ``O(log max_length)`` (TRL's ``_SegmentTree``: a max-tree over space values; ``max_length`` is always free, as a
-    new row)."""
-
-    def __init__(self, max_length: int):
-        self.size = 1 << (max_length - 1).bit_length()
-        self.tree = [0] * (2 * self.size)
-        self.add(max_length)
-
-    def _set(self, space: int, value: int) -> None:
-        node = self.size + space - 1
-        self.tree[node] = value
-        while node > 1:
-            node >>= 1
-            self.tree[node] = max(self.tree[2 * node], self.tree[2 * node + 1])
-
-    def add(self, space: int) -> None:
-        self._set(space, space)
-
-    def remove(self, space: int) -> None:
-        self._set(space, 0)
-
-    def best_fit(self, length: int) -> int:
-        node = 1
-        while node < self.size:
-            node = 2 * node if self.tree[2 * node] >= length else 2 * node + 1
-        return self.tree[node]
 
 
 class SFTRows(Sequence):
@@ -1006,8 +754,8 @@ def unprepared_sft_examples(dataset: Iterable[Mapping[str, Any]]) -> list[dict[s
         dataset (`datasets.Dataset` or an iterable of dicts): Rows with ``input_ids`` and optionally ``labels``.
 
     Returns:
-        `list[dict]`: ``{"input_ids": list[int], "loss_mask": list[int], "seq_len": int}`` per row, as
-        [`prepare_sft_examples`] returns them.
+        `list[dict]`: ``{"input_ids": list[int], "labels": list[int]}`` per row (``labels`` as given, or
+        ``input_ids`` without them), as [`iter_sft_examples`] yields them.
 
     Raises:
         ValueError: a row without ``input_ids``, or with ``completion_mask`` / ``assistant_masks`` but no ``labels``
@@ -1019,53 +767,21 @@ def unprepared_sft_examples(dataset: Iterable[Mapping[str, Any]]) -> list[dict[s
             raise ValueError(f"Example {index} has no 'input_ids' (columns {list(row)}), but "
                              "dataset_kwargs={'skip_prepare_dataset': True} uses the dataset as given, so it must be "
                              "tokenised already. Drop skip_prepare_dataset to let SFTTrainer prepare it.")
-        input_ids = _as_int_list(row["input_ids"], "input_ids", index)
+        input_ids = as_int_list(row["input_ids"], "input_ids", index)
         if row.get("labels") is not None:
-            loss_mask = _labels_as_loss_mask(row["labels"], input_ids, index)
+            labels = as_int_list(row["labels"], "labels", index)
+            _labels_as_loss_mask(labels, input_ids, index)  # refuses labels that are not input_ids or -100
         elif row.get("completion_mask") is not None or row.get("assistant_masks") is not None:
             raise ValueError(f"Example {index} has mask columns but no 'labels', and skip_prepare_dataset=True skips "
                              "building labels from them, so the loss would cover the full sequence. Add a 'labels' "
                              "column (-100 on tokens without loss) or drop skip_prepare_dataset.")
         else:
-            loss_mask = [1] * len(input_ids)
-        examples.append({"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": len(input_ids)})
+            labels = list(input_ids)
+        examples.append({"input_ids": input_ids, "labels": labels})
     if not examples:
         raise ValueError(f"The SFT dataset is empty ({type(dataset).__name__} with no examples); pass at least one "
                          "example.")
     return examples
-
-
-def load_chat_template(tokenizer: Any, path: str) -> None:
-    """Replaces ``tokenizer``'s chat template as ``SFTConfig.chat_template_path`` asks (TRL 1.16's rule).
-
-    A ``.jinja``/``.j2`` file is the template itself. Anything else is a tokenizer directory or hub id whose chat
-    template and eos token are copied (TRL's ``clone_chat_template``).
-
-    Args:
-        tokenizer (`transformers.PreTrainedTokenizerBase`): The tokenizer to change, in place.
-        path (`str`): The template file, or the tokenizer to copy it from.
-
-    Raises:
-        ValueError: the source tokenizer has tokens ``tokenizer`` lacks. TRL adds them and resizes the model's
-            embeddings; torchlike does not resize embeddings.
-    """
-    if os.path.isfile(path) and path.endswith((".jinja", ".j2")):
-        with open(path, encoding="utf-8") as template:
-            tokenizer.chat_template = template.read()
-        return
-    from ..tokenization import AutoTokenizer
-
-    source = AutoTokenizer.from_pretrained(path)
-    vocabulary = tokenizer.get_vocab()
-    missing = [token.content for token in source.added_tokens_decoder.values() if token.content not in vocabulary]
-    if missing:
-        raise ValueError(
-            f"chat_template_path={path!r}: that tokenizer has tokens {missing[:8]} which {type(tokenizer).__name__} "
-            "lacks. TRL adds them and resizes the model's embeddings, which torchlike does not do. Save the template "
-            "as a .jinja file written with the tokens this tokenizer has, and pass its path."
-        )
-    tokenizer.chat_template = source.get_chat_template()
-    tokenizer.eos_token = source.eos_token
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1073,71 +789,16 @@ def load_chat_template(tokenizer: Any, path: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def pad_token_id_for(tokenizer: Any, eos_token: str | None = None) -> int:
-    """The padding id TRL's collator uses: ``tokenizer.pad_token``, else the eos token (``eos_token`` if given).
-
-    Padding never enters the loss here (``loss_mask`` is 0 there, whatever the id), so a pad equal to eos is safe.
-
-    Args:
-        tokenizer (`transformers.PreTrainedTokenizerBase`): The tokenizer.
-        eos_token (`str`, *optional*): ``SFTConfig.eos_token``, which overrides the tokenizer's eos.
-
-    Returns:
-        `int`: The token id to pad ``input_ids`` with.
-    """
-    token = tokenizer.pad_token or eos_token or tokenizer.eos_token
-    if token is None:
-        raise ValueError(
-            f"The tokenizer ({type(tokenizer).__name__}) has neither a pad_token nor an eos_token to pad with; set "
-            "tokenizer.pad_token = '...' (any token in its vocabulary)."
-        )
-    return int(tokenizer.convert_tokens_to_ids(token))
-
-
-def bucket_length(max_len_in_batch: int, max_length: int | None, buckets: Sequence[int] | None = None) -> int:
-    """The padded length of a batch: ``max_length``, or the smallest bucket that holds the batch.
-
-    Every distinct padded length is one XLA compilation of the training step. The default (no ``buckets``) pads every
-    batch to ``max_length``: one compilation, some wasted compute on short batches. With ``buckets`` (say
-    ``(128, 256, 512)``) the step compiles at most once per bucket, plus once for ``max_length``.
-
-    Args:
-        max_len_in_batch (`int`): The longest ``seq_len`` in the batch.
-        max_length (`int` or `None`): The preparation's ``max_length``, the largest length ever used. With `None`,
-            ``buckets`` are required.
-        buckets (`Sequence[int]`, *optional*): Allowed lengths; those above ``max_length`` are ignored.
-
-    Returns:
-        `int`: The length to pass to [`collate_sft_batch`].
-    """
-    if max_length is None and not buckets:
-        raise ValueError(
-            "max_length=None gives every batch its own length (one XLA compilation each); pass buckets=(...) of "
-            "allowed lengths, or a max_length."
-        )
-    candidates = sorted({int(b) for b in buckets or () if max_length is None or b <= max_length})
-    if max_length is not None:
-        candidates = sorted({*candidates, max_length})
-    if any(b < 1 for b in candidates):
-        raise ValueError(f"buckets should be positive lengths; found {list(buckets or ())}.")
-    for candidate in candidates:
-        if candidate >= max_len_in_batch:
-            return candidate
-    raise ValueError(
-        f"A sequence of {max_len_in_batch} tokens is longer than every allowed length (max_length={max_length}, "
-        f"buckets={list(buckets or ())}). Prepare the data with max_length <= {candidates[-1]} or add a bucket."
-    )
-
-
 def collate_sft_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, length: int,
                       position_ids: bool = False) -> dict[str, np.ndarray]:
     """Right-pads prepared examples to a fixed ``[len(examples), length]`` batch.
 
     Args:
-        examples (`Sequence[dict]`): ``input_ids`` with ``loss_mask`` ([`prepare_sft_examples`]) or ``labels``
-            (``-100`` off the loss, [`prepare_sft_dataset`]), optionally ``seq_lengths`` (packed rows).
-        pad_token_id (`int`): Fills ``input_ids`` past each sequence (see [`pad_token_id_for`]).
-        length (`int`): The padded length, e.g. ``max_length`` or [`bucket_length`]'s choice.
+        examples (`Sequence[dict]`): ``input_ids`` with ``labels`` (``-100`` off the loss, [`prepare_sft_dataset`])
+            or a 0/1 ``loss_mask``, optionally ``seq_lengths`` (packed rows).
+        pad_token_id (`int`): Fills ``input_ids`` past each sequence (see
+            [`~torchlike.trl.data_utils.pad_token_id_for`]).
+        length (`int`): The padded length, e.g. ``max_length``.
         position_ids (`bool`, *optional*, defaults to `False`): TRL's padding-free batches: add ``position_ids``
             restarting at 0 at each sequence of ``seq_lengths`` (the whole row is one sequence without it; 0 on
             padding), and take the first token of each sequence off the loss (TRL's collator sets its label to
@@ -1165,7 +826,7 @@ def collate_sft_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, 
         if n > length:
             raise ValueError(
                 f"Example {row} of the batch has {n} tokens, more than the padded length {length}. Prepare the data "
-                f"with max_length <= {length}, or pick the length with bucket_length(...)."
+                f"with max_length <= {length}, or pad to a longer length."
             )
         if len(mask) != n:
             raise ValueError(f"Example {row} of the batch has {n} input_ids but {len(mask)} loss_mask entries.")
@@ -1192,52 +853,3 @@ def _loss_mask_of(example: Mapping[str, Any]) -> Any:
         return np.asarray(example["labels"]) != -100
     return np.ones(len(example["input_ids"]), dtype=bool)
 
-
-def pad_batch_rows(batch: Mapping[str, np.ndarray], batch_size: int, pad_token_id: int = 0) -> dict[str, np.ndarray]:
-    """Adds all-padding rows so a short batch (the last, partial one) has the full ``batch_size`` rows.
-
-    The training step then sees the same shape as every other batch and XLA does not compile again. The added rows
-    have ``attention_mask`` and ``loss_mask`` all 0, so they contribute nothing as long as the loss is weighted by
-    ``loss_mask`` and normalised by ``loss_mask.sum()`` (not by the row count). Prefer ``jnp.where(loss_mask, nll,
-    0)`` to ``nll * loss_mask``: a fully masked row is only NaN-free when attention masks with a finite value (Tunix
-    models do).
-
-    Args:
-        batch (`dict[str, np.ndarray]`): A batch from [`collate_sft_batch`] (any arrays with the row axis first).
-        batch_size (`int`): The number of rows every batch must have.
-        pad_token_id (`int`, *optional*, defaults to 0): Fills ``input_ids`` in the added rows; every other array
-            gets zeros.
-
-    Returns:
-        `dict[str, np.ndarray]`: The batch with ``batch_size`` rows (the same object's arrays when already full).
-    """
-    rows = {len(value) for value in batch.values()}
-    if len(rows) != 1:
-        counts = {key: len(value) for key, value in batch.items()}
-        raise ValueError(f"The batch's arrays disagree on the number of rows: {counts}.")
-    (have,) = rows
-    if have > batch_size:
-        raise ValueError(f"The batch has {have} rows, more than batch_size={batch_size}; split it first.")
-    if have == batch_size:
-        return dict(batch)
-    padded = {}
-    for key, value in batch.items():
-        value = np.asarray(value)
-        fill = pad_token_id if key == "input_ids" else 0
-        extra = np.full((batch_size - have, *value.shape[1:]), fill, dtype=value.dtype)
-        padded[key] = np.concatenate([value, extra], axis=0)
-    return padded
-
-
-def hf_labels(batch: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Hugging Face ``labels`` for a collated batch: ``input_ids`` where ``loss_mask`` is 1, else ``-100``.
-
-    This is what TRL's collator hands a ``transformers`` model (which shifts them by one inside its loss).
-
-    Args:
-        batch (`dict[str, np.ndarray]`): A batch from [`collate_sft_batch`].
-
-    Returns:
-        `np.ndarray`: int32 ``[B, length]`` labels.
-    """
-    return np.where(np.asarray(batch["loss_mask"]) != 0, batch["input_ids"], -100).astype(np.int32)

@@ -16,15 +16,9 @@ from ..training.losses import with_virtual_tokens
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer, check_text_dataset
+from .data_utils import load_chat_template
 from .sft_config import SFTConfig
-from .sft_data import (
-    SFTRows,
-    collate_sft_batch,
-    is_prepared,
-    load_chat_template,
-    prepare_sft_dataset,
-    unprepared_sft_examples,
-)
+from .sft_data import SFTRows, collate_sft_batch, is_prepared, prepare_sft_dataset, unprepared_sft_examples
 
 __all__ = ["SFTTrainer"]
 

@@ -15,46 +15,15 @@ The examples carry ``prompt_ids`` (the prompt alone, TRL's ``prompt_input_ids``)
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..dpo_data import extract_prompt
-from ..sft_data import chat_template_kwargs_for
+from ..data_utils import apply_chat_template, extract_prompt
 
-__all__ = ["prepare_pairwise_examples", "render_conversation"]
+__all__ = ["prepare_pairwise_examples"]
 
 _RESPONSES = ("chosen", "rejected")
-
-
-def _shared_prefix(text: str, other: str) -> str:
-    shared = itertools.takewhile(lambda pair: pair[0] == pair[1], zip(text, other, strict=False))
-    return "".join(a for a, _ in shared)
-
-
-def render_conversation(example: Mapping[str, Any], tokenizer: Any) -> dict[str, str]:
-    """TRL's ``apply_chat_template`` for an explicit-prompt preference example of message lists.
-
-    The prompt ends with the generation prompt (after a user or tool turn) or continues its last assistant turn; it
-    is then cut to the text it shares with the rendered prompt + chosen and prompt + rejected conversations, and each
-    response is what its conversation adds to it.
-
-    Raises:
-        ValueError: a prompt whose last turn is not from the user, a tool or the assistant (TRL's message).
-    """
-    kwargs = chat_template_kwargs_for(example)
-    last_role = example["prompt"][-1]["role"]
-    if last_role not in ("user", "tool", "assistant"):
-        raise ValueError(f"Invalid role in the last message: {last_role}")
-    prompt = tokenizer.apply_chat_template(example["prompt"], tokenize=False,
-                                           continue_final_message=last_role == "assistant",
-                                           add_generation_prompt=last_role != "assistant", **kwargs)
-    full = {key: tokenizer.apply_chat_template(example["prompt"] + example[key], tokenize=False, **kwargs)
-            for key in _RESPONSES}
-    for text in full.values():
-        prompt = _shared_prefix(prompt, text)
-    return {"prompt": prompt, **{key: text[len(prompt):] for key, text in full.items()}}
 
 
 class _RowTokenizer:
@@ -80,7 +49,7 @@ class _RowTokenizer:
     def __call__(self, raw: Mapping[str, Any]) -> dict[str, list[int]]:
         example = dict(raw) if "prompt" in raw else {**raw, **extract_prompt(raw)}
         if isinstance(example["prompt"], list):  # a conversation
-            example = {**example, **render_conversation(example, self.tokenizer)}
+            example = {**example, **apply_chat_template(example, self.tokenizer)}
         for key in ("prompt", *_RESPONSES):
             if not isinstance(example[key], str):
                 raise ValueError(f"{key} should be an str but got {type(example[key])}")

@@ -36,8 +36,8 @@ from ....type_aliases import (
     QuantizationConfig,
 )
 from ...base_trainer import check_text_dataset
+from ...data_utils import load_chat_template
 from ...distillation_trainer import StudentTeacherTrainer, check_vocabularies
-from ...sft_data import load_chat_template
 from .gkd_config import GKDConfig
 from .gkd_data import dataset_columns, empty_columns, sampled_columns, tokenize_conversation
 

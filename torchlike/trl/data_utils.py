@@ -1,0 +1,484 @@
+"""TRL's ``trl/data_utils.py`` for torchlike's trainers: conversation detection, chat templates, prompt extraction,
+unpairing, plus the small helpers every data module shares (columns, token windows, padding, messages).
+
+The functions TRL exports keep TRL's names (``is_conversational``, ``apply_chat_template``, ``extract_prompt``,
+``unpair_preference_dataset``, ``common_prefix_length``...). They work on examples as dicts and on lists of rows (TRL's
+work on ``datasets.Dataset``); where a rule differs from TRL's, the docstring says so. TRL is not a runtime
+dependency.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "MAX_DROP_WARNINGS",
+    "UNPAIR_BLOCK_SIZE",
+    "apply_chat_template",
+    "as_int_list",
+    "chat_template_kwargs_for",
+    "common_prefix_length",
+    "describe",
+    "extract_prompt",
+    "get_dataset_column_names",
+    "is_conversational",
+    "is_conversational_from_value",
+    "is_message_list",
+    "load_chat_template",
+    "map_batches",
+    "maybe_convert_to_chatml",
+    "pad_token_id_for",
+    "padded_sequences",
+    "response_sequence",
+    "tokenized_examples",
+    "truncation_window",
+    "unpair_preference_dataset",
+]
+
+#: How many dropped examples a data module reports one by one before it stops warning about each.
+MAX_DROP_WARNINGS = 5
+#: Pairs per ``datasets.map`` batch when TRL unpairs a preference dataset (``datasets``' default ``batch_size``).
+UNPAIR_BLOCK_SIZE = 1000
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Describing data
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def describe(value: Any) -> str:
+    """A short description of a value's type for error messages: ``"a str"``, ``"a list of dict"``, ``"an empty
+    list"``.
+
+    Args:
+        value (`Any`): The value found where another was expected.
+
+    Returns:
+        `str`: The description.
+    """
+    if isinstance(value, list):
+        return f"a list of {type(value[0]).__name__}" if value else "an empty list"
+    return f"a {type(value).__name__}"
+
+
+def get_dataset_column_names(dataset: Any, first: Mapping[str, Any] | None = None) -> list[str]:
+    """The column names of a dataset, as TRL's ``get_dataset_column_names``: ``dataset.column_names`` when it is a
+    list, else the keys of the first row (an ``IterableDataset`` without features, a list of dicts).
+
+    Args:
+        dataset (`datasets.Dataset`, `datasets.IterableDataset` or an iterable of dicts): The dataset.
+        first (`dict`, *optional*): Its first row when already read, so that a stream is not read again.
+
+    Returns:
+        `list[str]`: The column names (empty when the first row is not a dict or there is none).
+    """
+    names = getattr(dataset, "column_names", None)
+    if isinstance(names, (list, tuple)):
+        return list(names)
+    if first is None:
+        first = next(iter(dataset), None)
+    return list(first) if isinstance(first, Mapping) else []
+
+
+def is_message_list(value: Any, keys: tuple[str, ...] = ("role",)) -> bool:
+    """Whether ``value`` is a non-empty list of chat messages: its first item is a dict with every key of ``keys``.
+
+    Args:
+        value (`Any`): A column's value.
+        keys (`tuple[str, ...]`, *optional*, defaults to `("role",)`): The keys a message has (``("from", "value")``
+            for ShareGPT).
+
+    Returns:
+        `bool`
+    """
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and isinstance(value[0], Mapping)
+        and all(key in value[0] for key in keys)
+    )
+
+
+def is_conversational(example: Mapping[str, Any]) -> bool:
+    """TRL's ``is_conversational`` on the keys of SFT and prompt data: whether the first of ``prompt``, ``completion``
+    and ``messages`` the example has is a list of ``{"role", ...}`` messages.
+
+    Args:
+        example (`dict`): One example.
+
+    Returns:
+        `bool`
+    """
+    for key in ("prompt", "completion", "messages"):
+        if key in example:
+            return is_message_list(example[key])
+    return False
+
+
+def is_conversational_from_value(example: Mapping[str, Any]) -> bool:
+    """TRL's ``is_conversational_from_value``: whether the example is ShareGPT data, a ``conversations`` list of
+    ``{"from", "value"}`` messages.
+
+    Args:
+        example (`dict`): One example.
+
+    Returns:
+        `bool`
+    """
+    return is_message_list(example.get("conversations"), keys=("from", "value"))
+
+
+def maybe_convert_to_chatml(example: Mapping[str, Any]) -> dict[str, Any]:
+    """TRL's ``maybe_convert_to_chatml``: ShareGPT ``{"from", "value"}`` messages renamed ``{"role", "content"}``,
+    and ``conversations`` renamed ``messages``.
+
+    Role values are kept as they are (as in TRL), so data whose roles are ``"human"``/``"gpt"`` reaches the chat
+    template with those names. Unlike TRL, the input is not modified, and only ``prompt``, ``completion``,
+    ``messages`` and ``conversations`` are converted.
+
+    Args:
+        example (`dict`): One example.
+
+    Returns:
+        `dict`: A converted copy.
+    """
+    converted = dict(example)
+    for key in ("prompt", "completion", "messages", "conversations"):
+        if isinstance(converted.get(key), list):
+            messages = []
+            for message in converted[key]:
+                if isinstance(message, Mapping):
+                    message = dict(message)
+                    if "from" in message:
+                        message["role"] = message.pop("from")
+                    if "value" in message:
+                        message["content"] = message.pop("value")
+                messages.append(message)
+            converted[key] = messages
+    if "conversations" in converted:
+        converted["messages"] = converted.pop("conversations")
+    return converted
+
+
+def common_prefix_length(ids: Sequence[Any], other_ids: Sequence[Any]) -> int:
+    """TRL's ``common_prefix_length``: how many leading items ``ids`` and ``other_ids`` share (token ids, characters
+    or messages).
+
+    Args:
+        ids (`Sequence`), other_ids (`Sequence`): The two sequences.
+
+    Returns:
+        `int`: The length of their longest common prefix.
+    """
+    length = 0
+    for item, other in zip(ids, other_ids, strict=False):
+        if item != other:
+            break
+        length += 1
+    return length
+
+
+def as_int_list(values: Any, name: str, index: int) -> list[int]:
+    """A column of token ids (a list, tuple, numpy, torch or JAX array) as a list of Python ints.
+
+    Args:
+        values (`Any`): The column's value.
+        name (`str`), index (`int`): The column and the example's index, for the error message.
+
+    Returns:
+        `list[int]`
+
+    Raises:
+        TypeError: ``values`` is not a sequence of numbers.
+    """
+    if hasattr(values, "tolist"):  # numpy / torch / jax arrays
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"Example {index}: '{name}' should be a list of ints; found {describe(values)}.")
+    return [int(v) for v in values]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Chat templates and the tokenizer
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def chat_template_kwargs_for(example: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``apply_chat_template`` on one example, built as TRL builds them.
+
+    Args:
+        example (`dict`): The raw example; its optional ``tools`` column (a list, or JSON text) and
+            ``chat_template_kwargs`` column (a dict) are read.
+        defaults (`dict`, *optional*): Keyword arguments for every example; the row's ``chat_template_kwargs``
+            override them.
+
+    Returns:
+        `dict`: ``{"tools": ..., **defaults, **example["chat_template_kwargs"]}``.
+    """
+    tools = example.get("tools")
+    tools = json.loads(tools) if isinstance(tools, str) else tools
+    return {"tools": tools, **(defaults or {}), **(example.get("chat_template_kwargs") or {})}
+
+
+def _shared_text(text: str, other: str) -> str:
+    return "".join(a for a, _ in itertools.takewhile(lambda pair: pair[0] == pair[1], zip(text, other, strict=False)))
+
+
+def apply_chat_template(example: Mapping[str, Any], tokenizer: Any) -> dict[str, str]:
+    """TRL's ``apply_chat_template`` for an explicit-prompt preference example of message lists (``prompt``,
+    ``chosen``, ``rejected``), the layout torchlike's trainers render to text.
+
+    The prompt ends with the generation prompt (after a user or tool turn) or continues its last assistant turn; it
+    is then cut to the text it shares with the rendered prompt + chosen and prompt + rejected conversations, and each
+    response is what its conversation adds to it. The example's ``tools`` and ``chat_template_kwargs`` columns are
+    passed to the template ([`chat_template_kwargs_for`]).
+
+    Args:
+        example (`dict`): ``prompt``, ``chosen`` and ``rejected`` message lists.
+        tokenizer (`transformers.PreTrainedTokenizerBase`): The tokenizer whose chat template renders them.
+
+    Returns:
+        `dict[str, str]`: ``{"prompt", "chosen", "rejected"}`` as text.
+
+    Raises:
+        ValueError: a prompt whose last turn is not from the user, a tool or the assistant (TRL's message).
+    """
+    kwargs = chat_template_kwargs_for(example)
+    last_role = example["prompt"][-1]["role"]
+    if last_role not in ("user", "tool", "assistant"):
+        raise ValueError(f"Invalid role in the last message: {last_role}")
+    prompt = tokenizer.apply_chat_template(example["prompt"], tokenize=False,
+                                           continue_final_message=last_role == "assistant",
+                                           add_generation_prompt=last_role != "assistant", **kwargs)
+    full = {key: tokenizer.apply_chat_template(example["prompt"] + example[key], tokenize=False, **kwargs)
+            for key in ("chosen", "rejected")}
+    for text in full.values():
+        prompt = _shared_text(prompt, text)
+    return {"prompt": prompt, **{key: text[len(prompt):] for key, text in full.items()}}
+
+
+def load_chat_template(tokenizer: Any, path: str) -> None:
+    """Replaces ``tokenizer``'s chat template as ``chat_template_path`` asks (TRL 1.16's rule).
+
+    A ``.jinja``/``.j2`` file is the template itself. Anything else is a tokenizer directory or hub id whose chat
+    template and eos token are copied (TRL's ``clone_chat_template``).
+
+    Args:
+        tokenizer (`transformers.PreTrainedTokenizerBase`): The tokenizer to change, in place.
+        path (`str`): The template file, or the tokenizer to copy it from.
+
+    Raises:
+        ValueError: the source tokenizer has tokens ``tokenizer`` lacks. TRL adds them and resizes the model's
+            embeddings; torchlike does not resize embeddings.
+    """
+    if os.path.isfile(path) and path.endswith((".jinja", ".j2")):
+        with open(path, encoding="utf-8") as template:
+            tokenizer.chat_template = template.read()
+        return
+    from ..tokenization import AutoTokenizer
+
+    source = AutoTokenizer.from_pretrained(path)
+    vocabulary = tokenizer.get_vocab()
+    missing = [token.content for token in source.added_tokens_decoder.values() if token.content not in vocabulary]
+    if missing:
+        raise ValueError(
+            f"chat_template_path={path!r}: that tokenizer has tokens {missing[:8]} which {type(tokenizer).__name__} "
+            "lacks. TRL adds them and resizes the model's embeddings, which torchlike does not do. Save the template "
+            "as a .jinja file written with the tokens this tokenizer has, and pass its path."
+        )
+    tokenizer.chat_template = source.get_chat_template()
+    tokenizer.eos_token = source.eos_token
+
+
+def pad_token_id_for(tokenizer: Any, eos_token: str | None = None) -> int:
+    """The padding id TRL's collators use: ``tokenizer.pad_token``, else the eos token (``eos_token`` if given).
+
+    Padding never enters the loss (its masks are 0, whatever the id), so a pad equal to eos is safe.
+
+    Args:
+        tokenizer (`transformers.PreTrainedTokenizerBase`): The tokenizer.
+        eos_token (`str`, *optional*): The config's ``eos_token``, which overrides the tokenizer's eos.
+
+    Returns:
+        `int`: The token id to pad ``input_ids`` with.
+    """
+    token = tokenizer.pad_token or eos_token or tokenizer.eos_token
+    if token is None:
+        raise ValueError(
+            f"The tokenizer ({type(tokenizer).__name__}) has neither a pad_token nor an eos_token to pad with; set "
+            "tokenizer.pad_token = '...' (any token in its vocabulary)."
+        )
+    return int(tokenizer.convert_tokens_to_ids(token))
+
+
+def tokenized_examples(dataset: Any, examples: Iterable[Mapping[str, Any]],
+                       tokenize: Callable[[Mapping[str, Any], int], Mapping[str, Any]],
+                       num_proc: int | None) -> Iterable[Mapping[str, Any]]:
+    """``tokenize(example, index)`` for every example: through ``datasets.Dataset.map(num_proc=...)`` (TRL's
+    ``dataset_num_proc``) when ``num_proc > 1`` and ``dataset`` is a ``datasets.Dataset``, else one by one, lazily.
+
+    Args:
+        dataset (`Any`): The dataset as given (read with ``map`` in the first case).
+        examples (`Iterable[dict]`): Its examples (read in the second case; the first may already be read).
+        tokenize (`Callable[[dict, int], dict]`): Turns one raw example and its index into token columns.
+        num_proc (`int`, *optional*): The number of processes.
+
+    Returns:
+        `Iterable[dict]`: The tokenised examples, in order.
+    """
+    if num_proc and num_proc > 1 and hasattr(dataset, "map") and hasattr(dataset, "column_names"):
+        return dataset.map(lambda raw, index: tokenize(raw, index), with_indices=True, num_proc=num_proc,
+                           remove_columns=list(dataset.column_names))
+    return (tokenize(raw, index) for index, raw in enumerate(examples))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Preference data: prompts, unpairing, token windows
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def extract_prompt(example: Mapping[str, Any]) -> dict[str, Any]:
+    """Splits the shared prompt off an implicit-prompt preference example, as TRL 1.16's ``extract_prompt``.
+
+    The prompt is the longest common prefix of ``chosen`` and ``rejected`` (characters for strings, messages for
+    conversations), minus a trailing space (which stays with the responses). As in TRL, at least the last element of
+    the shorter response stays in the responses when one response is a prefix of the other.
+
+    Args:
+        example (`dict`): With ``chosen`` and ``rejected`` (both strings or both message lists).
+
+    Returns:
+        `dict`: ``{"prompt", "chosen", "rejected"}`` with the prompt removed from the responses.
+    """
+    chosen, rejected = example["chosen"], example["rejected"]
+    shortest = min(len(chosen), len(rejected))
+    shared = common_prefix_length(chosen, rejected)
+    if shared < shortest:
+        split = shared - 1 if shared > 0 and chosen[shared - 1] == " " else shared
+    else:  # TRL's loop ends without a mismatch on the last index of the shorter response
+        split = max(shortest - 1, 0)
+    return {"prompt": chosen[:split], "chosen": chosen[split:], "rejected": rejected[split:]}
+
+
+def _shards(length: int, num_proc: int | None) -> list[range]:
+    """The contiguous row ranges ``datasets.Dataset.map(num_proc=...)`` hands its processes (``Dataset.shard`` with
+    ``contiguous=True``; ``num_proc`` is reduced to the number of rows)."""
+    count = max(1, min(num_proc or 1, length))
+    size, extra = divmod(length, count)
+    starts = [size * index + min(index, extra) for index in range(count + 1)]
+    return [range(start, end) for start, end in zip(starts, starts[1:], strict=False)]
+
+
+def map_batches(length: int, batch_size: int, num_proc: int | None) -> Iterator[range]:
+    """The batches a batched ``datasets.Dataset.map(num_proc=...)`` hands its function: consecutive blocks of
+    ``batch_size`` rows within each process's contiguous shard (so a block never crosses a shard).
+
+    Args:
+        length (`int`): The number of rows.
+        batch_size (`int`): The ``map`` batch size.
+        num_proc (`int`, *optional*): The number of processes (``None``: one).
+
+    Yields:
+        `range`: The row indices of each batch, in order.
+    """
+    for shard in _shards(length, num_proc):
+        for start in range(shard.start, shard.stop, batch_size):
+            yield range(start, min(start + batch_size, shard.stop))
+
+
+def unpair_preference_dataset(rows: Sequence[Mapping[str, Any]], num_proc: int | None = None) -> list[dict[str, Any]]:
+    """TRL's ``unpair_preference_dataset`` on a list of rows: each pair becomes a ``completion`` with ``label`` True
+    (the chosen one) and one with ``label`` False (the rejected one); the other columns are copied to both.
+
+    TRL's batched ``map`` gives, per block of [`UNPAIR_BLOCK_SIZE`] pairs (within each process's shard with
+    ``num_proc``, see [`map_batches`]), the chosen rows first and then the rejected rows; so does this.
+
+    Args:
+        rows (`Sequence[dict]`): Rows with ``chosen`` and ``rejected`` (and optionally ``prompt``).
+        num_proc (`int`, *optional*): TRL's ``dataset_num_proc``, which decides the blocks.
+
+    Returns:
+        `list[dict]`: The unpaired rows.
+    """
+    unpaired = []
+    for block in map_batches(len(rows), UNPAIR_BLOCK_SIZE, num_proc):
+        for response, label in (("chosen", True), ("rejected", False)):
+            for index in block:
+                row = {key: value for key, value in rows[index].items() if key not in ("chosen", "rejected")}
+                unpaired.append({**row, "completion": rows[index][response], "label": label})
+    return unpaired
+
+
+def truncation_window(max_length: int | None, truncation_mode: str = "keep_start") -> slice:
+    """The tokens a collator keeps of a sequence: the first ``max_length`` (``"keep_start"``), the last ones
+    (``"keep_end"``), or all of them (``max_length=None``).
+
+    Args:
+        max_length (`int` or `None`): The truncation length.
+        truncation_mode (`str`, *optional*, defaults to `"keep_start"`): ``"keep_start"`` or ``"keep_end"``.
+
+    Returns:
+        `slice`: Applied to a sequence of tokens.
+    """
+    if max_length is None:
+        return slice(None)
+    return slice(None, max_length) if truncation_mode == "keep_start" else slice(-max_length, None)
+
+
+def response_sequence(example: Mapping[str, Any], response: str, window: slice) -> tuple[list[int], list[int]]:
+    """``(prompt + response ids, completion mask)`` of one response of a prepared example, cut by ``window`` as TRL's
+    collators cut it.
+
+    Args:
+        example (`dict`): ``prompt_ids`` and ``<response>_ids``; ``<response>_prompt_ids`` when each response has its
+            own prompt tokens (TRL's experimental trainers tokenise them apart), used instead of ``prompt_ids``.
+        response (`str`): ``"chosen"``, ``"rejected"``, ``"completion"``...
+        window (`slice`): From [`truncation_window`].
+
+    Returns:
+        `tuple[list[int], list[int]]`: The token ids and the mask (1 on the response's tokens).
+    """
+    prompt = list(example.get(f"{response}_prompt_ids", example["prompt_ids"]))
+    completion = list(example[f"{response}_ids"])
+    return (prompt + completion)[window], ([0] * len(prompt) + [1] * len(completion))[window]
+
+
+def padded_sequences(examples: Sequence[Mapping[str, Any]], responses: Iterable[tuple[str, str]], pad_token_id: int,
+                     length: int, window: slice) -> dict[str, np.ndarray]:
+    """Each example's prompt + response as fixed-width rows ([`response_sequence`]).
+
+    Args:
+        examples (`Sequence[dict]`): Prepared examples.
+        responses (`Iterable[tuple[str, str]]`): ``(response, prefix)`` pairs: the response to read and the prefix of
+            its output columns.
+        pad_token_id (`int`): Fills ``input_ids`` past each sequence.
+        length (`int`): The padded length.
+        window (`slice`): From [`truncation_window`].
+
+    Returns:
+        `dict[str, np.ndarray]`: For every ``(response, prefix)``, int32 ``[B, length]`` ``<prefix>input_ids``,
+        ``<prefix>attention_mask`` and ``<prefix>completion_mask`` (1 on the response's tokens).
+
+    Raises:
+        ValueError: a sequence longer than ``length``.
+    """
+    batch: dict[str, np.ndarray] = {}
+    for response, prefix in responses:
+        input_ids = np.full((len(examples), length), pad_token_id, dtype=np.int32)
+        attention_mask = np.zeros((len(examples), length), dtype=np.int32)
+        completion_mask = np.zeros((len(examples), length), dtype=np.int32)
+        for row, example in enumerate(examples):
+            ids, mask = response_sequence(example, response, window)
+            if len(ids) > length:
+                raise ValueError(f"Example {row} of the batch has a {len(ids)}-token {response} sequence, more than "
+                                 f"the padded length {length}; compute the length with padded_length(...).")
+            input_ids[row, :len(ids)], attention_mask[row, :len(ids)], completion_mask[row, :len(ids)] = ids, 1, mask
+        batch.update({f"{prefix}input_ids": input_ids, f"{prefix}attention_mask": attention_mask,
+                      f"{prefix}completion_mask": completion_mask})
+    return batch
