@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..type_aliases import DatasetLike, Tokenizer
+
 __all__ = [
     "MAX_DROP_WARNINGS",
     "UNPAIR_BLOCK_SIZE",
@@ -67,7 +69,8 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def get_dataset_column_names(dataset: Any, first: Mapping[str, Any] | None = None) -> list[str]:
+def get_dataset_column_names(dataset: DatasetLike | Iterable[Mapping[str, Any]],
+                             first: Mapping[str, Any] | None = None) -> list[str]:
     """The column names of a dataset, as TRL's ``get_dataset_column_names``: ``dataset.column_names`` when it is a
     list, else the keys of the first row (an ``IterableDataset`` without features, a list of dicts).
 
@@ -230,7 +233,7 @@ def _shared_text(text: str, other: str) -> str:
     return "".join(a for a, _ in itertools.takewhile(lambda pair: pair[0] == pair[1], zip(text, other, strict=False)))
 
 
-def apply_chat_template(example: Mapping[str, Any], tokenizer: Any) -> dict[str, str]:
+def apply_chat_template(example: Mapping[str, Any], tokenizer: Tokenizer) -> dict[str, str]:
     """TRL's ``apply_chat_template`` for an explicit-prompt preference example of message lists (``prompt``,
     ``chosen``, ``rejected``), the layout torchlike's trainers render to text.
 
@@ -263,7 +266,7 @@ def apply_chat_template(example: Mapping[str, Any], tokenizer: Any) -> dict[str,
     return {"prompt": prompt, **{key: text[len(prompt):] for key, text in full.items()}}
 
 
-def load_chat_template(tokenizer: Any, path: str) -> None:
+def load_chat_template(tokenizer: Tokenizer, path: str) -> None:
     """Replaces ``tokenizer``'s chat template as ``chat_template_path`` asks (TRL 1.16's rule).
 
     A ``.jinja``/``.j2`` file is the template itself. Anything else is a tokenizer directory or hub id whose chat
@@ -296,7 +299,7 @@ def load_chat_template(tokenizer: Any, path: str) -> None:
     tokenizer.eos_token = source.eos_token
 
 
-def pad_token_id_for(tokenizer: Any, eos_token: str | None = None) -> int:
+def pad_token_id_for(tokenizer: Tokenizer, eos_token: str | None = None) -> int:
     """The padding id TRL's collators use: ``tokenizer.pad_token``, else the eos token (``eos_token`` if given).
 
     Padding never enters the loss (its masks are 0, whatever the id), so a pad equal to eos is safe.
@@ -317,7 +320,7 @@ def pad_token_id_for(tokenizer: Any, eos_token: str | None = None) -> int:
     return int(tokenizer.convert_tokens_to_ids(token))
 
 
-def tokenized_examples(dataset: Any, examples: Iterable[Mapping[str, Any]],
+def tokenized_examples(dataset: DatasetLike | Iterable[Mapping[str, Any]], examples: Iterable[Mapping[str, Any]],
                        tokenize: Callable[[Mapping[str, Any], int], Mapping[str, Any]],
                        num_proc: int | None) -> Iterable[Mapping[str, Any]]:
     """``tokenize(example, index)`` for every example: through ``datasets.Dataset.map(num_proc=...)`` (TRL's

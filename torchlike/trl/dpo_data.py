@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..type_aliases import Tokenizer
 from .base_config import round_up_to_multiple
 from .data_utils import (
     MAX_DROP_WARNINGS,
@@ -80,7 +81,7 @@ class PromptResponseTokenizer:
         trainer: ``"DPO"``, ``"KTO"``..., for messages.
     """
 
-    def __init__(self, tokenizer: Any, conversational: bool, trainer: str):
+    def __init__(self, tokenizer: Tokenizer, conversational: bool, trainer: str):
         self.tokenizer = tokenizer
         self.conversational = conversational
         self.prefix_warned = False
@@ -129,7 +130,7 @@ class PromptResponseTokenizer:
 class _PreferenceTokenizer(PromptResponseTokenizer):
     """Settings resolved once per dataset; turns one raw example into ``prompt_ids``/``chosen_ids``/``rejected_ids``."""
 
-    def __init__(self, tokenizer: Any, first: Mapping[str, Any], columns: Sequence[str]):
+    def __init__(self, tokenizer: Tokenizer, first: Mapping[str, Any], columns: Sequence[str]):
         missing = [key for key in _RESPONSES if key not in first]
         if missing:
             raise _missing_columns_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column")
@@ -165,7 +166,7 @@ class _PreferenceTokenizer(PromptResponseTokenizer):
                 **{f"{key}_ids": full[key][prompt_length:] for key in _RESPONSES}}
 
 
-def prepare_preference_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int | None,
+def prepare_preference_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Tokenizer, *, max_length: int | None,
                                 truncation_mode: str = "keep_start", num_proc: int | None = None
                                 ) -> list[dict[str, list[int]]]:
     """Tokenises a preference dataset the way ``trl.DPOTrainer`` (1.16) prepares it.

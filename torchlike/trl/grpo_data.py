@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..type_aliases import DatasetLike, Tokenizer
 from .data_utils import get_dataset_column_names, is_conversational
 
 __all__ = ["is_conversational_prompt", "left_padded", "prepare_prompts"]
@@ -18,8 +19,8 @@ def is_conversational_prompt(prompt: Any) -> bool:
     return is_conversational({"prompt": prompt})
 
 
-def prepare_prompts(dataset: Any, tokenizer: Any, name: str, max_prompt_length: int | None = None,
-                    chat_template_kwargs: Mapping[str, Any] | None = None,
+def prepare_prompts(dataset: DatasetLike | list[dict] | None, tokenizer: Tokenizer, name: str,
+                    max_prompt_length: int | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
                     default_prompt: list[dict] | None = None) -> list[dict] | None:
     """Rows as dicts: the original columns plus ``prompt_ids``.
 

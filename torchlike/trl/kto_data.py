@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ..type_aliases import DatasetLike, Tokenizer
 from .base_config import round_up_to_multiple
 from .data_utils import (
     MAX_DROP_WARNINGS,
@@ -84,7 +85,7 @@ def _label(value: Any, index: int) -> bool:
 class _UnpairedTokenizer(PromptResponseTokenizer):
     """Settings resolved from the first example; turns one unpaired example into ``prompt_ids``/``completion_ids``."""
 
-    def __init__(self, tokenizer: Any, first: Mapping[str, Any]):
+    def __init__(self, tokenizer: Tokenizer, first: Mapping[str, Any]):
         super().__init__(tokenizer, is_message_list(first["prompt"]) or is_message_list(first["completion"]), "KTO")
 
     def check_layout(self, example: Mapping[str, Any], index: int) -> None:
@@ -144,8 +145,8 @@ def _with_kl_completions(examples: list[dict[str, Any]], chunk_size: int, num_pr
             examples[index]["KL_completion_ids"] = completion
 
 
-def _tokenized(dataset: Any, rows: list[dict[str, Any]], tokenize: _UnpairedTokenizer,
-               num_proc: int | None) -> Iterable[Mapping[str, Any]]:
+def _tokenized(dataset: DatasetLike | Iterable[Mapping[str, Any]], rows: list[dict[str, Any]],
+               tokenize: _UnpairedTokenizer, num_proc: int | None) -> Iterable[Mapping[str, Any]]:
     """The tokenised rows ([`~torchlike.trl.data_utils.tokenized_examples`]): with ``num_proc`` on a
     ``datasets.Dataset``, the unpaired rows as a ``datasets.Dataset`` are what ``map`` reads."""
     if num_proc and num_proc > 1 and hasattr(dataset, "map") and hasattr(dataset, "column_names"):
@@ -155,7 +156,7 @@ def _tokenized(dataset: Any, rows: list[dict[str, Any]], tokenize: _UnpairedToke
     return tokenized_examples(rows, rows, tokenize, num_proc)
 
 
-def prepare_unpaired_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int | None,
+def prepare_unpaired_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Tokenizer, *, max_length: int | None,
                               kl_chunk_size: int | None, num_proc: int | None = None) -> list[dict[str, Any]]:
     """Tokenises a KTO dataset the way ``trl.KTOTrainer`` (1.16) prepares it, KL completions included.
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..type_aliases import Tokenizer
 from .base_config import round_up_to_multiple
 from .data_utils import (
     as_int_list,
@@ -66,7 +67,7 @@ class _PairTokenizer:
     """Settings resolved from the first example; turns one raw example into ``chosen_ids``/``rejected_ids`` (and
     ``margin``)."""
 
-    def __init__(self, tokenizer: Any, first: Mapping[str, Any], columns: Sequence[str]):
+    def __init__(self, tokenizer: Tokenizer, first: Mapping[str, Any], columns: Sequence[str]):
         self.tokenised = all(key in first for key in _TOKENISED)
         self.legacy = not self.tokenised and all(key in first for key in _LEGACY_TOKENISED)
         if self.legacy:
@@ -139,7 +140,7 @@ class _PairTokenizer:
             | self._margin(raw, index)
 
 
-def prepare_reward_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int | None,
+def prepare_reward_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Tokenizer, *, max_length: int | None,
                             num_proc: int | None = None) -> list[dict[str, Any]]:
     """Tokenises a preference dataset the way ``trl.RewardTrainer`` (1.16) prepares it.
 

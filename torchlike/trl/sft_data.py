@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from ..type_aliases import Tokenizer
 from .data_utils import (
     MAX_DROP_WARNINGS,
     as_int_list,
@@ -168,7 +169,7 @@ class _Preparer:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         first_raw: Mapping[str, Any],
         columns: Sequence[str],
         *,
@@ -511,7 +512,7 @@ def _validate_args(max_length: int | None, truncation_mode: str) -> None:
 
 def iter_sft_examples(
     dataset: Iterable[Mapping[str, Any]],
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     *,
     dataset_text_field: str = "text",
     max_length: int | None = 1024,
@@ -626,7 +627,7 @@ def _drop_message(
 
 def prepare_sft_dataset(
     dataset: Iterable[Mapping[str, Any]],
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     *,
     dataset_text_field: str = "text",
     max_length: int | None = 1024,

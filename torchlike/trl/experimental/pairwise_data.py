@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ...type_aliases import Tokenizer
 from ..data_utils import apply_chat_template, extract_prompt
 
 __all__ = ["prepare_pairwise_examples"]
@@ -29,7 +30,7 @@ _RESPONSES = ("chosen", "rejected")
 class _RowTokenizer:
     """TRL's ``tokenize_row`` for a decoder-only model."""
 
-    def __init__(self, tokenizer: Any, max_length: int):
+    def __init__(self, tokenizer: Tokenizer, max_length: int):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.empty_warned = False
@@ -82,7 +83,7 @@ class _RowTokenizer:
         return prepared
 
 
-def prepare_pairwise_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int,
+def prepare_pairwise_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Tokenizer, *, max_length: int,
                               num_proc: int | None = None) -> list[dict[str, list[int]]]:
     """Tokenises a preference dataset as TRL 1.16's experimental ``ORPOTrainer`` / ``CPOTrainer`` do.
 
