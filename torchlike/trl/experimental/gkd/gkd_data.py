@@ -8,33 +8,33 @@ starts at or after the end of the prompt's text (a byte-level tokenizer), or aft
 tokenised alone has (any other tokenizer). A row with ``input_ids`` is taken as tokenised, its prompt ending where its
 ``completion_mask`` first is 1. A conversation longer than ``max_length`` keeps its last ``max_length`` tokens.
 
-The step columns of ``n`` rows at width ``W`` (``adapters.distillation_loss.gkd_step_loss`` reads them):
+The step columns of ``n`` rows at width ``W`` (``adapters.losses.distillation.gkd_step_loss`` reads them):
 ``input_ids``/``attention_mask`` ``[n, W]``, ``completion_mask`` ``[n, W - 1]`` (1 where token ``t + 1`` is a label,
 TRL's shifted ``labels != -100``) and ``label_count`` ``[n]`` (the row's dataset labels).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+
+from ....type_aliases import Tokenizer
 
 __all__ = ["dataset_columns", "sampled_columns", "tokenize_conversation"]
 
 
-def _is_byte_level(tokenizer: Any) -> bool:
+def _is_byte_level(tokenizer: Tokenizer) -> bool:
     backend = tokenizer.backend_tokenizer
     return "ByteLevel" in repr(backend.pre_tokenizer) or "ByteLevel" in repr(backend.decoder)
 
 
-def tokenize_conversation(row: dict, tokenizer: Any, max_length: int) -> dict:
+def tokenize_conversation(row: dict, tokenizer: Tokenizer, max_length: int | None) -> dict:
     """One row as ``DataCollatorForChatML`` tokenises it.
 
     Args:
         row: a dataset row with ``messages`` (and optionally a rendered ``prompt``), or with ``input_ids`` (and
             optionally ``completion_mask``).
         tokenizer: a ``transformers`` fast tokenizer with a chat template.
-        max_length: the most tokens kept (the last ones).
+        max_length: the most tokens kept (the last ones); ``None`` keeps them all.
 
     Returns:
         The row with ``input_ids`` (the kept conversation) and ``prompt_ids`` (its leading prompt tokens).
