@@ -7,6 +7,7 @@ import copy
 import difflib
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,18 +17,20 @@ import jax
 import numpy as np
 
 from .adapters.checkpoint import hf_checkpoint, hf_hub
+from .adapters.checkpoint.hf_source import HFSource, open_hf_source
 from .adapters.distributed.mesh import entered, initialize_distributed, make_mesh
 from .adapters.families import Family, family_for_config
 from .adapters.model import model_habits, nnx_state, tunix_model
 from .adapters.runtime.compilation import enable_compilation_cache
 from .arrays import to_numpy_2d
-from .checkpoint_config import check_loading_options, first_tensor_dtype, read_config, read_generation_config
-from .dtypes import dtype_name, resolve_dtype
+from .dtypes import DTypeLike, dtype_name, resolve_dtype
 from .module_tree import module_tree_lines
 from .quantization import announce_quantization, requested_quantization
 
 if TYPE_CHECKING:
     from flax import nnx
+    from jax.sharding import Mesh
+    from transformers import PretrainedConfig, PreTrainedModel
 
 __all__ = ["AutoModelForCausalLM", "CausalLM", "CausalLMOutput", "InputEmbeddings", "OutputEmbeddings", "make_mesh"]
 
@@ -760,6 +763,77 @@ def _jax_platform(device: Any) -> tuple[str, int | None]:
     return _JAX_PLATFORMS[kind], int(index) if index else None
 
 
+@dataclass(frozen=True)
+class PretrainedLoad:
+    """A ``from_pretrained`` call, checked and opened (:func:`open_pretrained`): what both Auto classes load from.
+
+    Args:
+        source: the opened checkpoint, hub id or ``transformers`` model (config, family table, tensors).
+        dtype: the parameter dtype (the checkpoint's for ``None``/``"auto"``).
+        mesh: the mesh the parameters are placed on, or ``None``.
+        quantization: the QLoRA weight type asked for (``nf4``/``int8``), or ``None``.
+    """
+
+    source: HFSource
+    dtype: np.dtype
+    mesh: Mesh | None
+    quantization: str | None
+
+
+def open_pretrained(
+    pretrained_model_name_or_path: str | os.PathLike | PreTrainedModel,
+    model_args: tuple,
+    overrides: dict[str, Any],
+    *,
+    dtype: DTypeLike = None,
+    torch_dtype: DTypeLike = None,
+    mesh: Mesh | None = None,
+    attn_implementation: str | None = None,
+    device_map: str | dict | None = None,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    cache_dir: str | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool = False,
+) -> PretrainedLoad:
+    """What every ``from_pretrained`` does first: refuse positional arguments and warn about options JAX cannot honour
+    (in transformers' words), join the processes of a ``jax.distributed`` launch (before any device is touched) and
+    load onto every device's mesh there (one process cannot hold a model for the others), enable the compilation
+    cache, take the quantisation request out of ``overrides``, open the source (:func:`open_hf_source`) and resolve
+    the dtype against the checkpoint's.
+
+    Args:
+        pretrained_model_name_or_path, dtype, mesh, attn_implementation, device_map, trust_remote_code, revision,
+            cache_dir, token, local_files_only: as :meth:`AutoModelForCausalLM.from_pretrained` takes them.
+        model_args: ``from_pretrained``'s extra positional arguments (refused).
+        overrides: ``from_pretrained``'s other keywords: config fields, and the quantisation request.
+        torch_dtype: the deprecated alias of ``dtype``.
+
+    Returns:
+        The :class:`PretrainedLoad`.
+    """
+    if model_args:
+        raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
+    initialize_distributed()
+    if mesh is None and jax.process_count() > 1:
+        mesh = make_mesh()
+    if attn_implementation not in _ACCEPTED_ATTENTION:
+        warnings.warn(f"attn_implementation={attn_implementation!r} has no effect: torchlike uses the Tunix JAX "
+                      "attention (XLA-compiled).", stacklevel=3)
+    if device_map not in (None, "auto", "cpu"):
+        warnings.warn(f"device_map={device_map!r} has no effect: place the model with mesh=make_mesh(...).",
+                      stacklevel=3)
+    quantization = requested_quantization(overrides)
+    enable_compilation_cache()
+    source = open_hf_source(pretrained_model_name_or_path, overrides, trust_remote_code, revision=revision,
+                            cache_dir=cache_dir, token=token, local_files_only=local_files_only)
+    dtype = torch_dtype if dtype is None and torch_dtype is not None else dtype
+    return PretrainedLoad(source, resolve_dtype(dtype, source.dtype_hint), mesh, quantization)
+
+
+_ACCEPTED_ATTENTION = (None, "eager", "sdpa")
+
+
 class AutoModelForCausalLM:
     """Loads Hugging Face causal LMs (Qwen2, Qwen3, Llama 3.x, Gemma 2, Gemma 3 text) as :class:`CausalLM`."""
 
@@ -769,19 +843,19 @@ class AutoModelForCausalLM:
     @classmethod
     def from_pretrained(
         cls,
-        pretrained_model_name_or_path: Any,
-        *model_args: Any,
-        dtype: Any = None,
-        mesh: Any = None,
+        pretrained_model_name_or_path: str | os.PathLike | PreTrainedModel,
+        *model_args,
+        dtype: DTypeLike = None,
+        mesh: Mesh | None = None,
         revision: str | None = None,
         trust_remote_code: bool = False,
         attn_implementation: str | None = None,
-        device_map: Any = None,
-        torch_dtype: Any = None,
+        device_map: str | dict | None = None,
+        torch_dtype: DTypeLike = None,
         cache_dir: str | None = None,
         token: str | bool | None = None,
         local_files_only: bool = False,
-        **kwargs: Any,
+        **kwargs,
     ) -> CausalLM:
         """Loads a checkpoint directory, hub id, or ``transformers.PreTrainedModel`` into JAX.
 
@@ -812,29 +886,21 @@ class AutoModelForCausalLM:
             >>> model = AutoModelForCausalLM.from_pretrained("path/to/qwen", dtype="bfloat16")
             >>> model([[1, 2, 3]]).logits.shape
         """
-        mesh, quantization, dtype = loading_preamble(model_args, mesh, attn_implementation,
-                                                     device_map, dtype, torch_dtype, kwargs)
-        if _is_transformers_model(pretrained_model_name_or_path):
-            model = _from_transformers_model(pretrained_model_name_or_path, dtype, mesh)
-            model.quantization = announce_quantization(quantization)
-            return model
-        hf_checkpoint.finish_interrupted_save(pretrained_model_name_or_path)
-        model_dir = hf_hub.resolve_model_dir(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
-                                             token=token, local_files_only=local_files_only)
-        config = read_config(model_dir, kwargs, trust_remote_code)
-        family = family_for_config(config, source=str(model_dir / "config.json"))
-        files = hf_checkpoint.find_weight_files(model_dir)
-        target_dtype = resolve_dtype(dtype, getattr(config, "dtype", None) or first_tensor_dtype(files))
-        module = tunix_model.load_weights(
-            family, config, hf_checkpoint.iter_checkpoint_tensors(files), target_dtype, mesh=mesh,
-            source=str(model_dir),
-        )
-        model = CausalLM(module, config, family, read_generation_config(model_dir, config), mesh, str(model_dir))
-        model.quantization = announce_quantization(quantization)
+        loading = open_pretrained(pretrained_model_name_or_path, model_args, kwargs, dtype=dtype,
+                                  torch_dtype=torch_dtype, mesh=mesh, attn_implementation=attn_implementation,
+                                  device_map=device_map, trust_remote_code=trust_remote_code, revision=revision,
+                                  cache_dir=cache_dir, token=token, local_files_only=local_files_only)
+        source = loading.source
+        module = tunix_model.load_weights(source.family, source.config, source.tensors(), loading.dtype,
+                                          mesh=loading.mesh, source=source.location)
+        model = CausalLM(module, source.config, source.family, source.generation_config, loading.mesh,
+                         source.name_or_path)
+        model.quantization = announce_quantization(loading.quantization)
         return model
 
     @classmethod
-    def from_config(cls, config: Any, dtype: Any = None, mesh: Any = None, seed: int = 0) -> CausalLM:
+    def from_config(cls, config: PretrainedConfig, dtype: DTypeLike = None, mesh: Mesh | None = None,
+                    seed: int = 0) -> CausalLM:
         """A randomly initialised model for a ``transformers`` config (normal(0, initializer_range) weights,
         ones for norms, zeros for biases), as ``transformers``' ``from_config`` gives.
 
@@ -865,41 +931,3 @@ class AutoModelForCausalLM:
         module = tunix_model.load_weights(family, config, random_tensors(), target_dtype, mesh=mesh,
                                           source="from_config")
         return CausalLM(module, config, family, None, mesh, "")
-
-
-def loading_preamble(model_args: tuple, mesh: Any, attn_implementation: str | None,
-                     device_map: Any, dtype: Any, torch_dtype: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
-    """What every ``from_pretrained`` does first: refuse positional arguments and options JAX cannot honour, join the
-    processes of a ``jax.distributed`` launch (before any device is touched) and load onto every device's mesh
-    there (one process cannot hold a model for the others), enable the compilation cache, and take the
-    quantisation request out of ``kwargs``.
-
-    Returns:
-        ``(mesh, quantization request, dtype)`` (``torch_dtype`` is the deprecated alias of ``dtype``).
-    """
-    if model_args:
-        raise TypeError("from_pretrained takes no extra positional arguments; pass config overrides as keywords.")
-    initialize_distributed()
-    if mesh is None and jax.process_count() > 1:
-        mesh = make_mesh()
-    check_loading_options(attn_implementation, device_map)
-    quantization = requested_quantization(kwargs)
-    enable_compilation_cache()
-    return mesh, quantization, torch_dtype if dtype is None and torch_dtype is not None else dtype
-
-
-def _is_transformers_model(obj: Any) -> bool:
-    return any(cls.__name__ == "PreTrainedModel" for cls in type(obj).__mro__)
-
-
-def _from_transformers_model(pt_model, dtype, mesh) -> CausalLM:
-    config = copy.deepcopy(pt_model.config)
-    family = family_for_config(config, source=type(pt_model).__name__)
-    state_dict = pt_model.state_dict()
-    first = next(iter(state_dict.values()))
-    target_dtype = resolve_dtype(dtype, first.dtype)
-    source = type(pt_model).__name__
-    tensors = ((name, array, source) for name, array in hf_checkpoint.iter_torch_state_dict(state_dict))
-    module = tunix_model.load_weights(family, config, tensors, target_dtype, mesh=mesh, source=type(pt_model).__name__)
-    generation_config = copy.deepcopy(getattr(pt_model, "generation_config", None))
-    return CausalLM(module, config, family, generation_config, mesh, getattr(config, "_name_or_path", ""))

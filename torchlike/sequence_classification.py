@@ -6,26 +6,28 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
-from .adapters.checkpoint import hf_checkpoint, hf_hub
 from .adapters.distributed.mesh import entered
-from .adapters.families import family_for_config
 from .adapters.model import sequence_classification as classification
 from .adapters.model import tunix_model
 from .arrays import to_numpy_2d
-from .checkpoint_config import first_tensor_dtype, read_config
-from .dtypes import dtype_name, resolve_dtype
-from .modeling import CausalLM, loading_preamble
+from .dtypes import DTypeLike, dtype_name
+from .modeling import CausalLM, open_pretrained
 from .module_tree import module_tree_lines
 from .quantization import announce_quantization
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+    from transformers import PreTrainedModel
 
 __all__ = ["AutoModelForSequenceClassification", "SequenceClassifier", "SequenceClassifierOutput"]
 
@@ -149,22 +151,22 @@ class AutoModelForSequenceClassification:
     @classmethod
     def from_pretrained(
         cls,
-        pretrained_model_name_or_path: Any,
-        *model_args: Any,
+        pretrained_model_name_or_path: str | os.PathLike | PreTrainedModel,
+        *model_args,
         num_labels: int | None = None,
-        dtype: Any = None,
-        mesh: Any = None,
+        dtype: DTypeLike = None,
+        mesh: Mesh | None = None,
         ignore_mismatched_sizes: bool = False,
         seed: int = 0,
         revision: str | None = None,
         trust_remote_code: bool = False,
         attn_implementation: str | None = None,
-        device_map: Any = None,
-        torch_dtype: Any = None,
+        device_map: str | dict | None = None,
+        torch_dtype: DTypeLike = None,
         cache_dir: str | None = None,
         token: str | bool | None = None,
         local_files_only: bool = False,
-        **kwargs: Any,
+        **kwargs,
     ) -> SequenceClassifier:
         """Loads a checkpoint directory, hub id, or ``transformers.PreTrainedModel`` into JAX.
 
@@ -196,41 +198,25 @@ class AutoModelForSequenceClassification:
             >>> model(batch["input_ids"], batch["attention_mask"]).logits.shape
             (8, 1)
         """
-        mesh, quantization, dtype = loading_preamble(model_args, mesh, attn_implementation,
-                                                     device_map, dtype, torch_dtype, kwargs)
         if num_labels is not None:
             kwargs["num_labels"] = num_labels
-        source = pretrained_model_name_or_path
-        if any(klass.__name__ == "PreTrainedModel" for klass in type(source).__mro__):
-            config = copy.deepcopy(source.config)
-            for key, value in kwargs.items():
-                setattr(config, key, value)
-            state_dict = source.state_dict()
-            tensors = ((name, array, type(source).__name__)
-                       for name, array in hf_checkpoint.iter_torch_state_dict(state_dict))
-            dtype_hint, location, name_or_path = next(iter(state_dict.values())).dtype, type(source).__name__, \
-                getattr(config, "_name_or_path", "")
-        else:
-            hf_checkpoint.finish_interrupted_save(source)
-            model_dir = hf_hub.resolve_model_dir(source, revision=revision, cache_dir=cache_dir, token=token,
-                                                 local_files_only=local_files_only)
-            config = read_config(model_dir, kwargs, trust_remote_code)
-            files = hf_checkpoint.find_weight_files(model_dir)
-            tensors = hf_checkpoint.iter_checkpoint_tensors(files)
-            dtype_hint = getattr(config, "dtype", None) or first_tensor_dtype(files)
-            location = name_or_path = str(model_dir)
-        family = classification.classifier_family(family_for_config(config, source=str(location)))
-        tensors, report = classification.with_score_tensor(tensors, config, seed=seed,
+        loading = open_pretrained(pretrained_model_name_or_path, model_args, kwargs, dtype=dtype,
+                                  torch_dtype=torch_dtype, mesh=mesh, attn_implementation=attn_implementation,
+                                  device_map=device_map, trust_remote_code=trust_remote_code, revision=revision,
+                                  cache_dir=cache_dir, token=token, local_files_only=local_files_only)
+        source = loading.source
+        family = classification.classifier_family(source.family)
+        tensors, report = classification.with_score_tensor(source.tensors(), source.config, seed=seed,
                                                            ignore_mismatched_sizes=ignore_mismatched_sizes)
-        module = tunix_model.load_weights(family, config, tensors, resolve_dtype(dtype, dtype_hint), mesh=mesh,
-                                          source=str(location))
-        _warn_new_weights(family.architectures[0], location, report)
-        model = SequenceClassifier(module, config, family, None, mesh, name_or_path)
-        model.quantization = announce_quantization(quantization)
+        module = tunix_model.load_weights(family, source.config, tensors, loading.dtype, mesh=loading.mesh,
+                                          source=source.location)
+        _warn_new_weights(family.architectures[0], source.location, report)
+        model = SequenceClassifier(module, source.config, family, None, loading.mesh, source.name_or_path)
+        model.quantization = announce_quantization(loading.quantization)
         return model
 
 
-def _warn_new_weights(architecture: str, location: Any, report: dict) -> None:
+def _warn_new_weights(architecture: str, location: str, report: dict) -> None:
     """``transformers``' notice for heads the checkpoint did not provide."""
     lines = []
     if report["initialized"]:

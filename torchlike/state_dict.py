@@ -136,12 +136,6 @@ def load_state_dict(
     slots = parameter_slots(model.module)
     entries = _flatten(state_dict, lazy)
     values = {key: value for key, _, value in entries}
-    load_plan = weight_plan.plan(family, slots, [(key, name) for key, name, _ in entries], key_map)
-    if state_dict and not load_plan.targets:
-        raise ValueError(f"none of the checkpoint's {len(load_plan.unexpected)} keys match this {family.name} model "
-                         f"(checkpoint keys look like {load_plan.unexpected[:2]}, the model's like "
-                         f"{next(iter(slots))!r}). It may come from another model family; rename keys with "
-                         "key_map={regex: replacement}.")
 
     def read(source: weight_plan.Source):
         return _as_array(state_dict[source.key] if lazy else values[source.key], source.name)
@@ -151,32 +145,36 @@ def load_state_dict(
 
     error_msgs: list[str] = []
     mismatched: list[str] = []
-    loaded: dict[str, Any] = {}
-    restore: dict[Any, str] = {}
-    lora_factors: dict[str, weight_plan.Source] = {}  # LoRA factors of weights this model does not adapt
-    assembly = weight_plan.Assembly()
-    for target, sources in load_plan.targets.items():
-        if target not in slots:
-            lora_factors[target] = sources[0]
-            continue
-        current = slots[target].get()
-        wrong = next(((got, want) for source in sources
-                      if (got := shape(source)) != (want := source.shape(current.shape))), None)
-        if wrong and ignore_mismatched_sizes:
-            mismatched.append(target)
-        elif wrong:
-            error_msgs.append(f"size mismatch for {target}: copying a param with shape {wrong[0]} from checkpoint, "
-                              f"the shape in current model is {wrong[1]}." + _shape_hint(target, *wrong))
-        elif lazy and not (sources[0].layout.moves_axes or sources[0].stacked):
-            restore[sources[0].key] = target  # read later, all at once, straight into the model's sharding
+
+    def check(source: weight_plan.Source, found: tuple, wanted: tuple, origin: None) -> bool:
+        if found == wanted:
+            return True
+        if ignore_mismatched_sizes:
+            mismatched.append(source.target)
         else:
-            place = weight_plan.Target(tuple(current.shape), None if assign else current.dtype, current.sharding)
-            for source in sources:
-                loaded[target] = assembly.add(source, read(source), place)
-            if loaded[target] is None:
-                del loaded[target]
-                error_msgs.append(f"{target} is stacked from {sources[0].stack[1]} checkpoint tensors but only "
-                                  f"{[source.name for source in sources]} were given.")
+            error_msgs.append(f"size mismatch for {source.target}: copying a param with shape {found} from checkpoint, "
+                              f"the shape in current model is {wanted}." + _shape_hint(source.target, found, wanted))
+        return False
+
+    def restore_later(source: weight_plan.Source) -> bool:  # read all at once, straight into the model's sharding
+        return lazy and not (source.layout.moves_axes or source.stacked)
+
+    targets = {path: weight_plan.Target(tuple(current.shape), None if assign else current.dtype, current.sharding)
+               for path, current in ((path, slot.get()) for path, slot in slots.items())}
+    applied = weight_plan.apply(family, targets, keys=[(key, name) for key, name, _ in entries], key_map=key_map,
+                                read=read, shape_of=shape, check=check, defer=restore_later)
+    load_plan = applied.plan
+    if state_dict and not load_plan.targets:
+        raise ValueError(f"none of the checkpoint's {len(load_plan.unexpected)} keys match this {family.name} model "
+                         f"(checkpoint keys look like {load_plan.unexpected[:2]}, the model's like "
+                         f"{next(iter(slots))!r}). It may come from another model family; rename keys with "
+                         "key_map={regex: replacement}.")
+    loaded: dict[str, Any] = dict(applied.values)
+    error_msgs.extend(f"{target} is stacked from {sources[0].stack[1]} checkpoint tensors but only "
+                      f"{[source.name for source in sources]} were given."
+                      for target, sources in applied.incomplete.items())
+    restore = {source.key: target for target, source in applied.deferred.items()}
+    lora_factors = applied.outside  # LoRA factors of weights this model does not adapt
     if restore:
         shardings = {key: slots[target].get().sharding for key, target in restore.items()}
         dtypes = None if assign else {key: slots[target].get().dtype for key, target in restore.items()}

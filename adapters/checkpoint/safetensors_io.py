@@ -209,6 +209,17 @@ class SafetensorsReader:
         self.close()
 
 
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every tensor of one ``.safetensors`` file, by name in file order, each in a fresh array (for a small file read
+    whole, such as an adapter's).
+
+    Raises:
+        CheckpointFileError: when the file is missing, truncated or has a bad header.
+    """
+    with SafetensorsReader(path) as reader:
+        return {name: reader.get(name) for name in reader.keys()}
+
+
 def safetensors_dtype_name(dtype: np.dtype) -> str:
     """The safetensors dtype tag (``"BF16"``, ``"F32"``...) for a numpy dtype."""
     try:

@@ -19,30 +19,46 @@ def all_families() -> list[Family]:
 
 
 def supported_architectures() -> list[str]:
+    """Every architecture name a registered family reads (``Qwen2ForCausalLM``...)."""
     return [arch for family in all_families() for arch in family.architectures]
 
 
-def family_for_config(hf_config, source: str = "config.json") -> Family:
-    """The family for an HF config, matched on ``architectures`` first, then ``model_type``, with the table rows the
-    config adds (:meth:`Family.for_config`).
+def family_table(architectures: list[str] | None, model_type: str | None, source: str = "config.json") -> Family:
+    """The family table of a checkpoint's ``architectures``/``model_type`` (from ``config.json`` or a config object),
+    matched on ``architectures`` first, then ``model_type``; without the rows a config adds (:meth:`Family.for_config`).
+
+    Args:
+        architectures: the config's ``architectures`` (``None``: none named).
+        model_type: the config's ``model_type``.
+        source: where the names come from, for the message.
 
     Raises:
         UnknownArchitectureError: listing the supported architectures.
     """
-    architectures = list(getattr(hf_config, "architectures", None) or [])
-    model_type = getattr(hf_config, "model_type", None)
+    architectures = list(architectures or [])
     families = all_families()
     for family in families:
         if any(arch in family.architectures for arch in architectures):
-            return family.for_config(hf_config)
+            return family
     for family in families:
         if model_type in family.model_types:
-            return family.for_config(hf_config)
+            return family
     raise UnknownArchitectureError(
         f"{source}: architecture {architectures or None} (model_type={model_type!r}) is not supported. "
         f"Supported architectures: {', '.join(supported_architectures())}."
     )
 
 
+def family_for_config(hf_config, source: str = "config.json") -> Family:
+    """The family for an HF config (:func:`family_table`), with the table rows the config adds
+    (:meth:`Family.for_config`).
+
+    Raises:
+        UnknownArchitectureError: listing the supported architectures.
+    """
+    family = family_table(getattr(hf_config, "architectures", None), getattr(hf_config, "model_type", None), source)
+    return family.for_config(hf_config)
+
+
 __all__ = ["Family", "UnknownArchitectureError", "UnsupportedConfigError", "all_families",
-           "family_for_config", "supported_architectures"]
+           "family_for_config", "family_table", "supported_architectures"]

@@ -15,7 +15,7 @@ from flax import nnx
 from ..distributed.multihost import gather_to_host
 from ..families import Family
 from ..model.nnx_state import parameter_slots
-from ..model.weight_plan import PEFT_LAYOUTS, Assembly, Target, plan
+from ..model.weight_plan import PEFT_LAYOUTS, Source, Target, apply, plan
 from .runtime import lora_factors
 
 
@@ -41,7 +41,7 @@ def peft_state(
 
 
 def load_peft_state(family: Family, module: nnx.Module, tensors: dict[str, np.ndarray], source: str) -> list[str]:
-    """Sets the LoRA factors from PEFT-layout tensors (routed and placed by :mod:`adapters.weight_plan`); returns
+    """Sets the LoRA factors from PEFT-layout tensors (routed and placed by :func:`adapters.weight_plan.apply`); returns
     the PEFT keys that matched no module.
 
     A module stacked in Tunix (Gemma's ``kv_einsum``) may get factors for only some of its parts
@@ -54,30 +54,33 @@ def load_peft_state(family: Family, module: nnx.Module, tensors: dict[str, np.nd
     """
     slots = {name: slot for name, slot in parameter_slots(module).items() if slot.is_lora}
     load_plan = plan(family, slots, [(key, key) for key in tensors])
-    assembly = Assembly()
     for weight in [name.removesuffix("_lora_a") for name in slots if name.endswith("_lora_a")]:
-        factors = {factor: load_plan.targets.get(f"{weight}_lora_{factor}", []) for factor in "ab"}
-        stacks = {factor: {part.stack for part in parts} for factor, parts in factors.items()}
+        stacks = {factor: {part.stack for part in load_plan.targets.get(f"{weight}_lora_{factor}", [])}
+                  for factor in "ab"}
         for hf_name, rule in family.nnx_to_hf(weight):
             if rule.stack and rule.stack not in stacks["a"] | stacks["b"] and stacks["a"] | stacks["b"]:
                 continue  # a fused partner the adapter does not adapt: its part of B stays zero
             if rule.stack not in stacks["a"] & stacks["b"]:
                 raise ValueError(f"{source}: no lora_A/lora_B pair for {hf_name.removesuffix('.weight')}; the adapter "
                                  "was trained with other target_modules.")
-        rank = slots[f"{weight}_lora_a"].get().shape[-1]
-        for factor, parts in factors.items():
-            path = f"{weight}_lora_{factor}"
-            current, value = slots[path].get(), None
-            for part in parts:
-                lora, want = np.asarray(tensors[part.key]), part.shape(current.shape)
-                if lora.shape != want:
-                    raise ValueError(f"{source}: {part.key} has shape {lora.shape}, the model expects {want} (LoRA "
-                                     f"rank {lora.shape[0 if factor == 'a' else -1]} in the adapter, {rank} in the "
-                                     "model?).")
-                if factor == "a" and not np.array_equal(lora, tensors[parts[0].key]):
-                    raise ValueError(f"{source}: {part.key} differs from the lora_A of the other projection that Tunix "
-                                     f"fuses into {weight.rsplit('.', 1)[0]}; such adapters cannot be loaded into the "
-                                     "fused module.")
-                value = assembly.add(part, lora, Target(tuple(current.shape), current.dtype, current.sharding))
-            slots[path].set(value if value is not None else assembly.finish(path))
+
+    def check(part: Source, found: tuple[int, ...], wanted: tuple[int, ...], origin: None) -> bool:
+        weight, factor = part.target.rsplit("_lora_", 1)
+        if found != wanted:
+            rank = slots[f"{weight}_lora_a"].get().shape[-1]
+            raise ValueError(f"{source}: {part.key} has shape {found}, the model expects {wanted} (LoRA "
+                             f"rank {found[0 if factor == 'a' else -1]} in the adapter, {rank} in the model?).")
+        first = load_plan.targets[part.target][0]
+        if factor == "a" and not np.array_equal(tensors[part.key], tensors[first.key]):
+            raise ValueError(f"{source}: {part.key} differs from the lora_A of the other projection that Tunix "
+                             f"fuses into {weight.rsplit('.', 1)[0]}; such adapters cannot be loaded into the "
+                             "fused module.")
+        return True
+
+    targets = {path: Target(tuple(current.shape), current.dtype, current.sharding)
+               for path, current in ((path, slot.get()) for path, slot in slots.items())}
+    applied = apply(family, targets, keys=load_plan, read=lambda part: np.asarray(tensors[part.key]), check=check,
+                    fill_missing_parts=True)
+    for path, value in applied.values.items():
+        slots[path].set(value)
     return load_plan.unexpected

@@ -27,7 +27,7 @@ from ..lora.runtime import lora_mode
 from ..runtime import abstract_models
 from ..runtime.tracing import fast_tracing
 from .nnx_state import flat_variables
-from .weight_plan import Assembly, Target, reads_host, routes
+from .weight_plan import Source, Target, apply
 
 
 class WeightShapeError(ValueError):
@@ -159,38 +159,23 @@ def load_weights(
     variables = flat_variables(state, ...)
     targets = {path: Target(tuple(variable.get_value().shape), np.dtype(dtype), _sharding_for(specs.get(path), mesh))
                for path, variable in variables.items()}
-    assembly = Assembly()
-    filled: set[str] = set()
-    unexpected: list[str] = []
-    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-    recycle = getattr(tensors, "recycle", None)
 
-    for hf_name, array, file in tensors:
-        found = [routed for routed in routes(family, variables, hf_name) if routed.target in variables]
-        if not found:
-            if family.is_ignored(hf_name) or (tied and hf_name == "lm_head.weight"):
-                continue
-            unexpected.append(hf_name)
-            continue
-        placed = []
-        for routed in found:
-            target = targets[routed.target]
-            if tuple(array.shape) != routed.shape(target.shape):
-                raise WeightShapeError(
-                    f"{file}: tensor {hf_name!r} has shape {tuple(array.shape)} but config.json implies "
-                    f"{routed.shape(target.shape)} (for {routed.target}, NNX shape {target.shape}). Check "
-                    f"{_config_hint(routed.target)} in config.json against the weights, or pass the matching config."
-                )
-            value = assembly.add(routed, array, target)
-            if value is not None:
-                variables[routed.target].set_value(value)
-                filled.add(routed.target)
-                placed.append(value)
-        if recycle is not None and not assembly.holds(array) and not any(reads_host(value, array) for value in placed):
-            jax.block_until_ready(placed)  # the copies out of the read buffer are done: the next read may reuse it
-            recycle(array)
-        value = None
-        del array, value, placed  # release this tensor's host buffer before the next one is read
+    def check(routed: Source, found: tuple[int, ...], wanted: tuple[int, ...], file: Path | str) -> bool:
+        if found != wanted:
+            raise WeightShapeError(
+                f"{file}: tensor {routed.name!r} has shape {found} but config.json implies {wanted} (for "
+                f"{routed.target}, NNX shape {targets[routed.target].shape}). Check {_config_hint(routed.target)} in "
+                "config.json against the weights, or pass the matching config."
+            )
+        return True
+
+    applied = apply(family, targets, stream=tensors, check=check)
+    for path, value in applied.values.items():
+        variables[path].set_value(value)
+    filled = set(applied.values)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    unexpected = [name for name in applied.unexpected
+                  if not (family.is_ignored(name) or (tied and name == "lm_head.weight"))]
 
     missing = [name for name in variables if name not in filled]
     if missing:

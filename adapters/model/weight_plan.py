@@ -1,18 +1,19 @@
 """The one weight plan: which model slot each source tensor fills, and how it gets there.
 
 Checkpoint files (``tunix_model.load_weights``), state dicts (``torchlike``'s ``load_state_dict``) and PEFT
-adapters (``lora.peft_format.load_peft_state``) all load through it: :func:`routes` names the slot parts a key fills
-(a :class:`Source`), :func:`plan` routes every key of a source and refuses two for one place, and :class:`Assembly`
-makes slot values (shaped, cast and placed as a :class:`Target` says) from the tensors as they arrive. How several
-tensors make one slot is data on the family table's row (``WeightRule.stack``), so a family that stacks more
-tensors into one parameter (per-expert weights) needs only its rows.
+adapters (``lora.peft_format.load_peft_state``) all load through :func:`apply`: it routes each source key to the slot
+parts it fills (:func:`routes`, a :class:`Source`; :func:`plan` routes every key of a source at once and refuses two
+for one place), checks each tensor's shape against the slot's :class:`Target` through the caller's ``check``, and
+makes the slot values with an :class:`Assembly` (shaped, cast and placed as the :class:`Target` says) as the tensors
+arrive. How several tensors make one slot is data on the family table's row (``WeightRule.stack``), so a family that
+stacks more tensors into one parameter (per-expert weights) needs only its rows.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -198,6 +199,10 @@ class Assembly:
         parts[index] = place(source.layout, array, source.part_shape(target.shape), target.dtype, None)
         return self.finish(source.target) if len(parts) == count else None
 
+    def waiting(self) -> list[str]:
+        """The stacked slots some of whose parts arrived and others not yet."""
+        return [*self._pending, *self._staged]
+
     def holds(self, array) -> bool:
         """Whether a slot still waiting for parts keeps ``array`` (its memory must not be reused yet)."""
         return any(reads_host(part, array) for _, _, parts in self._pending.values() for part in parts.values())
@@ -274,3 +279,144 @@ def _stack_on_device(axis: int, sharding):
         return jnp.stack(parts, axis=axis)
 
     return jax.jit(stack, out_shardings=sharding)
+
+
+ShapeCheck = Callable[[Source, tuple[int, ...], tuple[int, ...], Any], bool]
+"""``check(source, shape found, shape the slot needs, origin)``: ``True`` places the tensor, ``False`` skips its slot
+(reported in :attr:`AppliedWeights.skipped`); it may raise instead. ``origin`` is the tensor's file for a stream,
+``None`` for keyed tensors."""
+
+
+@dataclass
+class AppliedWeights:
+    """What :func:`apply` made of a source.
+
+    Args:
+        values: each complete slot's new value, by slot path (not yet set on the module).
+        unexpected: the names of the source keys that fill no slot, in the source's order.
+        outside: routed slots the model lacks (LoRA factors of a weight it does not adapt), by slot path, with the
+            first source that names each.
+        skipped: slots whose tensors ``check`` refused.
+        deferred: slots ``defer`` kept for the caller to read, with their source.
+        incomplete: stacked slots only some of whose parts arrived, with those parts' sources.
+        plan: the routed keys (keyed sources only).
+    """
+
+    values: dict[str, jax.Array] = field(default_factory=dict)
+    unexpected: list[str] = field(default_factory=list)
+    outside: dict[str, Source] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    deferred: dict[str, Source] = field(default_factory=dict)
+    incomplete: dict[str, list[Source]] = field(default_factory=dict)
+    plan: LoadPlan | None = None
+
+
+def apply(
+    family: Family,
+    targets: Mapping[str, Target],
+    *,
+    stream: Iterable[tuple[str, Any, Any]] | None = None,
+    keys: Iterable[tuple[Any, str]] | LoadPlan | None = None,
+    read: Callable[[Source], Any] | None = None,
+    shape_of: Callable[[Source], tuple[int, ...]] | None = None,
+    check: ShapeCheck | None = None,
+    defer: Callable[[Source], bool] | None = None,
+    key_map: Mapping[str, str] | None = None,
+    fill_missing_parts: bool = False,
+) -> AppliedWeights:
+    """Routes a source's tensors to the slots of ``targets`` and makes each slot's value (an :class:`Assembly`).
+
+    A source is either a ``stream`` of ``(name, array, origin)`` triples, routed one at a time as they arrive (the
+    host holds one tensor at a time; a stream with a ``recycle(array)`` method, like
+    :class:`~..checkpoint.hf_checkpoint.CheckpointTensors`, gets each array back once its copy to the device is
+    done), or ``keys`` ``(key, name)`` (or a :class:`LoadPlan` of them) read on demand with ``read``, routed all at
+    once first (:func:`plan`: two keys for one place are refused before anything is read).
+
+    Args:
+        family: the family table that names the HF tensors.
+        targets: each slot's shape, dtype and sharding, by dotted NNX path.
+        stream: the tensors of a streamed source.
+        keys: the keys of a keyed source.
+        read: a keyed source's tensor for a :class:`Source`.
+        shape_of: a keyed source's tensor shape without reading it (default: the shape of ``read``'s array).
+        check: decides on each tensor before it is placed (:data:`ShapeCheck`); default: place every tensor.
+        defer: a keyed slot (given its first source, once checked) that the caller reads itself
+            (:attr:`AppliedWeights.deferred`).
+        key_map: ``{regex: replacement}`` renames of the source's names (:func:`routes`).
+        fill_missing_parts: a stacked slot only some of whose parts arrived is finished with zeros
+            (:meth:`Assembly.finish`) rather than reported in :attr:`AppliedWeights.incomplete`.
+
+    Returns:
+        The :class:`AppliedWeights`.
+
+    Raises:
+        ValueError: two keys of a keyed source fill one place (:func:`plan`).
+    """
+    applied = AppliedWeights()
+    assembly = Assembly()
+    if stream is not None:
+        _apply_stream(family, targets, stream, check, key_map, assembly, applied)
+    else:
+        applied.plan = keys if isinstance(keys, LoadPlan) else plan(family, targets, keys, key_map)
+        _apply_keyed(targets, applied, read, shape_of or (lambda source: tuple(read(source).shape)), check, defer,
+                     assembly)
+    for path in assembly.waiting():
+        if fill_missing_parts:
+            applied.values[path] = assembly.finish(path)
+            applied.incomplete.pop(path, None)
+        else:
+            applied.incomplete.setdefault(path, [])
+    return applied
+
+
+def _apply_stream(family: Family, targets: Mapping[str, Target], stream: Iterable[tuple[str, Any, Any]],
+                  check: ShapeCheck | None, key_map: Mapping[str, str] | None, assembly: Assembly,
+                  applied: AppliedWeights) -> None:
+    """:func:`apply` of a streamed source: each tensor routed and placed as it arrives."""
+    recycle = getattr(stream, "recycle", None)
+    for name, array, origin in stream:
+        found = [routed for routed in routes(family, targets, name, key_map=key_map) if routed.target in targets]
+        if not found:
+            applied.unexpected.append(name)
+            continue
+        placed = []
+        for routed in found:
+            target = targets[routed.target]
+            if check is not None and not check(routed, tuple(array.shape), routed.shape(target.shape), origin):
+                applied.skipped.append(routed.target)
+                continue
+            value = assembly.add(routed, array, target)
+            if value is not None:
+                applied.values[routed.target] = value
+                placed.append(value)
+        if recycle is not None and not assembly.holds(array) and not any(reads_host(value, array) for value in placed):
+            jax.block_until_ready(placed)  # the copies out of the read buffer are done: the next read may reuse it
+            recycle(array)
+        value = None
+        del array, value, placed  # release this tensor's host buffer before the next one is read
+
+
+def _apply_keyed(targets: Mapping[str, Target], applied: AppliedWeights, read: Callable[[Source], Any],
+                 shape_of: Callable[[Source], tuple[int, ...]], check: ShapeCheck | None,
+                 defer: Callable[[Source], bool] | None, assembly: Assembly) -> None:
+    """:func:`apply` of a keyed source: each planned slot checked, then read and placed, in the source's order."""
+    applied.unexpected.extend(applied.plan.unexpected)
+    for path, sources in applied.plan.targets.items():
+        if path not in targets:
+            applied.outside[path] = sources[0]
+            continue
+        target = targets[path]
+        if check is not None and not all(check(source, shape_of(source), source.shape(target.shape), None)
+                                         for source in sources):
+            applied.skipped.append(path)
+            continue
+        if defer is not None and defer(sources[0]):
+            applied.deferred[path] = sources[0]
+            continue
+        value = None
+        for source in sources:
+            value = assembly.add(source, read(source), target)
+        if value is not None:
+            applied.values[path] = value
+        else:
+            applied.incomplete[path] = sources

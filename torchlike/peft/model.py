@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from ..adapters.checkpoint import hf_checkpoint
-from ..adapters.checkpoint.safetensors_io import SafetensorsReader, write_safetensors
+from ..adapters.checkpoint.safetensors_io import read_safetensors, write_safetensors
 from ..adapters.distributed.mesh import entered
 from ..adapters.lora import merge as lora_merge
 from ..adapters.lora import modules_to_save as saved_modules
@@ -282,8 +282,7 @@ class PeftModel(CausalLM):
         weights = directory / ADAPTER_WEIGHTS_NAME
         if not weights.is_file():
             raise FileNotFoundError(f"{weights} not found: an adapter directory needs {ADAPTER_WEIGHTS_NAME}.")
-        with SafetensorsReader(weights) as reader:
-            tensors = {name: np.array(reader.get(name)) for name in reader.keys()}
+        tensors = read_safetensors(weights)
         for key in saved_modules.load_module_tensors(model.family, peft_model.module, peft_model.modules_to_save,
                                                      tensors, str(weights)):
             del tensors[key]

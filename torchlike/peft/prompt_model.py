@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..adapters.checkpoint.safetensors_io import SafetensorsReader
+from ..adapters.checkpoint.safetensors_io import read_safetensors
 from ..adapters.distributed.mesh import entered
 from ..adapters.distributed.multihost import gather_to_host
 from ..adapters.families.base import head_dim_of
@@ -141,11 +141,11 @@ class PromptLearningModel(PeftModel):
         weights = directory / ADAPTER_WEIGHTS_NAME
         if not weights.is_file():
             raise FileNotFoundError(f"{weights} not found: an adapter directory needs {ADAPTER_WEIGHTS_NAME}.")
-        with SafetensorsReader(weights) as reader:
-            if PROMPT_EMBEDDINGS not in reader.keys():
-                raise ValueError(f"{weights} has no '{PROMPT_EMBEDDINGS}' tensor (found {sorted(reader.keys())[:8]}); "
-                                 "a prompt-learning adapter file holds that one tensor.")
-            embeddings = np.array(reader.get(PROMPT_EMBEDDINGS), np.float32)
+        tensors = read_safetensors(weights)
+        if PROMPT_EMBEDDINGS not in tensors:
+            raise ValueError(f"{weights} has no '{PROMPT_EMBEDDINGS}' tensor (found {sorted(tensors)[:8]}); "
+                             "a prompt-learning adapter file holds that one tensor.")
+        embeddings = np.array(tensors[PROMPT_EMBEDDINGS], np.float32)
         config.inference_mode = True
         peft_model = get_prompt_learning_model(model, config, adapter_name, embeddings=embeddings)
         peft_model.is_trainable = False
