@@ -8,7 +8,7 @@ import difflib
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,9 +28,13 @@ from .module_tree import module_tree_lines
 from .quantization import announce_quantization, requested_quantization
 
 if TYPE_CHECKING:
+    import torch
     from flax import nnx
     from jax.sharding import Mesh
-    from transformers import PretrainedConfig, PreTrainedModel
+    from numpy.typing import ArrayLike
+    from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
+
+    from .type_aliases import Tokenizer
 
 __all__ = ["AutoModelForCausalLM", "CausalLM", "CausalLMOutput", "InputEmbeddings", "OutputEmbeddings", "make_mesh"]
 
@@ -176,8 +180,8 @@ class CausalLM:
 
     def generate(
         self,
-        inputs: Any = None,
-        attention_mask: Any = None,
+        inputs: ArrayLike | str | list[str] | None = None,
+        attention_mask: ArrayLike | None = None,
         *,
         max_new_tokens: int | None = None,
         do_sample: bool | None = None,
@@ -189,11 +193,11 @@ class CausalLM:
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
         seed: int | None = None,
-        generation_config: Any = None,
-        tokenizer: Any = None,
-        processing_class: Any = None,
-        input_ids: Any = None,
-        prompts: Any = None,
+        generation_config: GenerationConfig | None = None,
+        tokenizer: Tokenizer | None = None,
+        processing_class: Tokenizer | None = None,
+        input_ids: ArrayLike | None = None,
+        prompts: ArrayLike | str | list[str] | None = None,
         output_logprobs: bool = False,
         rollout_engine: str = "static",
         **kwargs: Any,
@@ -343,7 +347,7 @@ class CausalLM:
 
     def load_state_dict(
         self,
-        state_dict: Any,
+        state_dict: Mapping[str, ArrayLike | Mapping],
         strict: bool = True,
         assign: bool = False,
         key_map: dict[str, str] | None = None,
@@ -491,7 +495,7 @@ class CausalLM:
         """``to("cpu")``: the model itself when its parameters are on the CPU."""
         return self.to("cpu")
 
-    def cuda(self, device: Any = None) -> CausalLM:
+    def cuda(self, device: int | str | torch.device | None = None) -> CausalLM:
         """``to("cuda")``: the model itself when its parameters are on the GPU (``device``: an index or device)."""
         return self.to(f"cuda:{device}" if isinstance(device, int) else device or "cuda")
 
@@ -632,7 +636,7 @@ class CausalLM:
         save_directory: str | os.PathLike,
         max_shard_size: int | str = "5GB",
         safe_serialization: bool = True,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         is_main_process: bool = True,
         push_to_hub: bool = False,
         **push_kwargs: Any,
@@ -675,7 +679,7 @@ class CausalLM:
             repo_id = push_kwargs.pop("repo_id", Path(save_directory).name)
             hf_hub.upload_folder(save_directory, repo_id, **push_kwargs)
 
-    def _save_metadata(self, folder: Path, tokenizer: Any) -> None:
+    def _save_metadata(self, folder: Path, tokenizer: Tokenizer | None) -> None:
         """The files beside the weights: ``config.json`` (this dtype; the family's architecture when the config
         names none), ``generation_config.json`` and the tokenizer's files."""
         config = copy.deepcopy(self.config)
@@ -696,7 +700,7 @@ class CausalLM:
         revision: str | None = None,
         create_pr: bool = False,
         max_shard_size: int | str = "5GB",
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
     ) -> str:
         """Saves to a temporary directory with :meth:`save_pretrained` and uploads it to ``repo_id``.
 

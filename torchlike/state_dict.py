@@ -5,15 +5,15 @@
 ``state_dict()``, a safetensors dict or a PEFT adapter's tensors (translated through the family
 table), nested dicts and int key parts, ``model.``/``base_model.model.`` prefixes, ``key_map`` regex
 renames, LoRA factors the model lacks (reported, or folded in with ``merge_lora=True``) and dtype
-casts. Which key fills which parameter, and how, is ``adapters.weight_plan``'s; this module keeps
-torch's semantics: ``strict``, the ``IncompatibleKeys`` report and torch's message layout.
+casts. Which key fills which parameter, and how, is ``adapters.weight_plan``'s (one ``weight_plan.apply`` call);
+this module keeps torch's semantics: ``strict``, the ``IncompatibleKeys`` report and torch's message layout.
 """
 
 from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -22,6 +22,9 @@ from .adapters.checkpoint import hf_checkpoint
 from .adapters.lora.merge import merge_factors
 from .adapters.model import weight_plan
 from .adapters.model.nnx_state import dotted_path, parameter_slots
+
+if TYPE_CHECKING:
+    from .modeling import CausalLM
 
 __all__ = ["IncompatibleKeys", "StateDict", "load_state_dict", "state_dict"]
 
@@ -52,7 +55,7 @@ class StateDict(dict):
         self.metadata = dict(metadata or {})
 
 
-def state_dict(model) -> StateDict:
+def state_dict(model: CausalLM) -> StateDict:
     """The model's parameters as ``{"layers.0.attn.q_proj.w": array, ...}``: NNX paths joined by dots,
     every part a string, native layout, the arrays themselves (no copies)."""
     metadata: dict[str, Any] = {"family": model.family.name, "dtype": np.dtype(model.dtype).name}
@@ -115,7 +118,7 @@ def _is_tied_head_copy(model, name: str, read_name, embedding_at) -> bool:
 
 
 def load_state_dict(
-    model,
+    model: CausalLM,
     state_dict: Mapping,
     strict: bool = True,
     assign: bool = False,
@@ -159,10 +162,9 @@ def load_state_dict(
     def restore_later(source: weight_plan.Source) -> bool:  # read all at once, straight into the model's sharding
         return lazy and not (source.layout.moves_axes or source.stacked)
 
-    targets = {path: weight_plan.Target(tuple(current.shape), None if assign else current.dtype, current.sharding)
-               for path, current in ((path, slot.get()) for path, slot in slots.items())}
-    applied = weight_plan.apply(family, targets, keys=[(key, name) for key, name, _ in entries], key_map=key_map,
-                                read=read, shape_of=shape, check=check, defer=restore_later)
+    applied = weight_plan.apply(family, weight_plan.slot_targets(slots, cast=not assign),
+                                keys=[(key, name) for key, name, _ in entries], key_map=key_map, read=read,
+                                shape_of=shape, check=check, defer=restore_later)
     load_plan = applied.plan
     if state_dict and not load_plan.targets:
         raise ValueError(f"none of the checkpoint's {len(load_plan.unexpected)} keys match this {family.name} model "

@@ -15,7 +15,7 @@ from flax import nnx
 from ..distributed.multihost import gather_to_host
 from ..families import Family
 from ..model.nnx_state import parameter_slots
-from ..model.weight_plan import PEFT_LAYOUTS, Source, Target, apply, plan
+from ..model.weight_plan import PEFT_LAYOUTS, Source, apply, slot_targets
 from .runtime import lora_factors
 
 
@@ -53,16 +53,7 @@ def load_peft_state(family: Family, module: nnx.Module, tensors: dict[str, np.nd
             different ``lora_A`` for its parts.
     """
     slots = {name: slot for name, slot in parameter_slots(module).items() if slot.is_lora}
-    load_plan = plan(family, slots, [(key, key) for key in tensors])
-    for weight in [name.removesuffix("_lora_a") for name in slots if name.endswith("_lora_a")]:
-        stacks = {factor: {part.stack for part in load_plan.targets.get(f"{weight}_lora_{factor}", [])}
-                  for factor in "ab"}
-        for hf_name, rule in family.nnx_to_hf(weight):
-            if rule.stack and rule.stack not in stacks["a"] | stacks["b"] and stacks["a"] | stacks["b"]:
-                continue  # a fused partner the adapter does not adapt: its part of B stays zero
-            if rule.stack not in stacks["a"] & stacks["b"]:
-                raise ValueError(f"{source}: no lora_A/lora_B pair for {hf_name.removesuffix('.weight')}; the adapter "
-                                 "was trained with other target_modules.")
+    first_parts: dict[str, str] = {}
 
     def check(part: Source, found: tuple[int, ...], wanted: tuple[int, ...], origin: None) -> bool:
         weight, factor = part.target.rsplit("_lora_", 1)
@@ -70,17 +61,24 @@ def load_peft_state(family: Family, module: nnx.Module, tensors: dict[str, np.nd
             rank = slots[f"{weight}_lora_a"].get().shape[-1]
             raise ValueError(f"{source}: {part.key} has shape {found}, the model expects {wanted} (LoRA "
                              f"rank {found[0 if factor == 'a' else -1]} in the adapter, {rank} in the model?).")
-        first = load_plan.targets[part.target][0]
-        if factor == "a" and not np.array_equal(tensors[part.key], tensors[first.key]):
+        first = first_parts.setdefault(part.target, part.key)
+        if factor == "a" and not np.array_equal(tensors[part.key], tensors[first]):
             raise ValueError(f"{source}: {part.key} differs from the lora_A of the other projection that Tunix "
                              f"fuses into {weight.rsplit('.', 1)[0]}; such adapters cannot be loaded into the "
                              "fused module.")
         return True
 
-    targets = {path: Target(tuple(current.shape), current.dtype, current.sharding)
-               for path, current in ((path, slot.get()) for path, slot in slots.items())}
-    applied = apply(family, targets, keys=load_plan, read=lambda part: np.asarray(tensors[part.key]), check=check,
-                    fill_missing_parts=True)
+    applied = apply(family, slot_targets(slots), keys=[(key, key) for key in tensors],
+                    read=lambda part: np.asarray(tensors[part.key]), check=check, fill_missing_parts=True)
+    for weight in [name.removesuffix("_lora_a") for name in slots if name.endswith("_lora_a")]:
+        stacks = {factor: {part.stack for part in applied.plan.targets.get(f"{weight}_lora_{factor}", [])}
+                  for factor in "ab"}
+        for hf_name, rule in family.nnx_to_hf(weight):
+            if rule.stack and rule.stack not in stacks["a"] | stacks["b"] and stacks["a"] | stacks["b"]:
+                continue  # a fused partner the adapter does not adapt: its part of B stays zero
+            if rule.stack not in stacks["a"] & stacks["b"]:
+                raise ValueError(f"{source}: no lora_A/lora_B pair for {hf_name.removesuffix('.weight')}; the adapter "
+                                 "was trained with other target_modules.")
     for path, value in applied.values.items():
         slots[path].set(value)
-    return load_plan.unexpected
+    return applied.unexpected

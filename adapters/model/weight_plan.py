@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from ..families.base import AS_IS, INPUT_PROJECTION, OUTPUT_PROJECTION, Family, Layout
 from ..runtime.tracing import record_trace
+from .nnx_state import ParameterSlot
 
 PREFIXES = ("base_model.model.", "model.", "module.")
 """Prefixes a source key may carry that the model's names lack (PEFT's wrapper, a wrapping module, DDP)."""
@@ -79,7 +80,7 @@ class Source:
         return tuple(self.layout.hf_shape(self.part_shape(target_shape)))
 
 
-def routes(family: Family, slots: Container[str], key: Any, name: str | None = None,
+def routes(family: Family, slots: Container[str], key: Hashable, name: str | None = None,
            key_map: Mapping[str, str] | None = None) -> list[Source]:
     """The slot parts that source key ``key`` (shown as ``name``) fills: one, or several for a tensor that fills
     several parameters (a ``load_only`` row's fused tensor); empty when it fills none.
@@ -103,7 +104,7 @@ def routes(family: Family, slots: Container[str], key: Any, name: str | None = N
     return []
 
 
-def route(family: Family, slots: Container[str], key: Any, name: str | None = None,
+def route(family: Family, slots: Container[str], key: Hashable, name: str | None = None,
           key_map: Mapping[str, str] | None = None) -> Source | None:
     """The first of :func:`routes`, or ``None`` (a key that fills one slot, as every on-disk HF name does)."""
     found = routes(family, slots, key, name, key_map)
@@ -279,6 +280,16 @@ def _stack_on_device(axis: int, sharding):
         return jnp.stack(parts, axis=axis)
 
     return jax.jit(stack, out_shardings=sharding)
+
+
+def slot_targets(slots: Mapping[str, ParameterSlot], cast: bool = True) -> dict[str, Target]:
+    """Each parameter slot's :class:`Target` from its current value: its shape and sharding, and its dtype when
+    ``cast`` (else ``None``: a tensor keeps its own dtype, as ``load_state_dict(assign=True)``)."""
+    targets = {}
+    for path, slot in slots.items():
+        current = slot.get()
+        targets[path] = Target(tuple(current.shape), current.dtype if cast else None, current.sharding)
+    return targets
 
 
 ShapeCheck = Callable[[Source, tuple[int, ...], tuple[int, ...], Any], bool]
