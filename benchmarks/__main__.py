@@ -49,7 +49,6 @@ import argparse
 import json
 import math
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -59,7 +58,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sft_step import error_summary, machine_info
+from benchmarks.harness import error_summary, machine_info, write_json
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -302,15 +301,6 @@ def copy_lines(source: Any, log_file: Any) -> None:
         log_file.write(line)
 
 
-def gpu_names() -> list[str]:
-    """The GPUs ``nvidia-smi`` lists (name and memory); empty without it."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    listing = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True)
-    return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
-
-
 # --------------------------------------------------------------------------- the summary
 
 
@@ -413,7 +403,6 @@ def summarize(chosen: list[Benchmark], output_dir: Path, runs: dict[str, dict[st
             note = f"FAILED: {failure}" if failure else f"no result: {path} not found (run it first)"
             rows.append(GoalRow(benchmark.name, None, None, "", "", None, "<=", None, note=note))
     machine = machine_info()
-    machine["gpus"] = gpu_names()
     return {"quick": args.quick, "preset": args.preset, "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "seconds": time.time() - started, "machine": machine, "runs": runs,
             "rows": [asdict(row) for row in rows]}
@@ -467,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
             log = output_dir / "logs" / f"{benchmark.name}.log"
             runs[benchmark.name] = run_benchmark(benchmark, command, output, log, args.timeout)
     summary = summarize(chosen, output_dir, runs, args, started)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(output_dir / "summary.json", summary)
     text = markdown(summary)
     (output_dir / "summary.md").write_text(text)
     print("\n" + text)

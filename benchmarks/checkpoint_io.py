@@ -53,14 +53,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import platform
 import shutil
 import statistics
+import sys
 import tempfile
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +69,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import torchlike
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import Column, format_table, machine_info, timed, write_json  # noqa: E402
 
 GOAL_RATIO = 1.2
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "checkpoint_io.json"
@@ -262,9 +265,7 @@ def run(phases: list[Phase], repeats: int) -> None:
                 gc.collect()
                 # Write back what earlier phases left dirty, so no phase pays for its predecessor's I/O.
                 os.sync()
-                start = time.perf_counter()
-                ready(phase.run())
-                phase.seconds.append(time.perf_counter() - start)
+                phase.seconds.append(timed(lambda phase=phase: ready(phase.run()))[0])
                 print(f"  repeat {repeat + 1}: {phase.name:<26} {phase.seconds[-1]:.3f} s", flush=True)
 
 
@@ -286,15 +287,19 @@ def summarize(phases: list[Phase], nbytes: int) -> dict[str, Any]:
     return rows
 
 
-def format_table(rows: dict[str, Any]) -> str:
-    lines = [f"{'phase':<26} {'best s':>8} {'median s':>9} {'GB/s':>6}  ratio (vs baseline)"]
-    for name, row in rows.items():
-        ratios = ", ".join(f"{r:.3f} vs {b}" for b, r in row["ratios"].items()) or "-"
-        verdict = "" if row["meets_goal"] is None else (" OK" if row["meets_goal"] else f" > goal {row['goal']}")
-        gbs = f"{row['gb_per_s']:.2f}" if row["gb_per_s"] else "-"
-        times = f"{row['seconds_best']:>8.3f} {row['seconds_median']:>9.3f}"
-        lines.append(f"{name:<26} {times} {gbs:>6}  {ratios}{verdict}")
-    return "\n".join(lines)
+def ratios_text(row: Mapping[str, Any]) -> str:
+    """A phase's ratios to its baselines, and whether the first one meets the goal."""
+    ratios = ", ".join(f"{r:.3f} vs {b}" for b, r in row["ratios"].items()) or "-"
+    verdict = "" if row["meets_goal"] is None else (" OK" if row["meets_goal"] else f" > goal {row['goal']}")
+    return ratios + verdict
+
+
+TABLE = (
+    Column("phase", 26, "phase", align="<"), Column("best s", 8, "seconds_best", ".3f", gap=" "),
+    Column("median s", 9, "seconds_median", ".3f", gap=" "),
+    Column("GB/s", 6, lambda row: row["gb_per_s"] or None, ".2f", gap=" "),
+    Column("ratio (vs baseline)", 0, ratios_text, align="<", gap="  "),
+)
 
 
 def main(argv: list[str] | None = None, extra_phases: Callable[[Path], list[Phase]] | None = None) -> dict[str, Any]:
@@ -336,19 +341,16 @@ def main(argv: list[str] | None = None, extra_phases: Callable[[Path], list[Phas
         shutil.rmtree(work, ignore_errors=True)
 
     print()
-    print(format_table(rows))
+    print(format_table(TABLE, ({"phase": name, **row} for name, row in rows.items()), rule=False))
     results = {
         "tree": {"arrays": len(tree), "bytes": nbytes, "dtype": "bfloat16", "layers": args.layers,
                  "partial_arrays": len(subset), "partial_bytes": subset_bytes},
         "repeats": args.repeats,
         "goal_ratio": GOAL_RATIO,
         "phases": rows,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                    "jax": jax.__version__, "orbax": ocp.__version__, "device": str(jax.devices()[0])},
+        "machine": machine_info(("jax", "jaxlib", "orbax-checkpoint", "torchlike")) | {"device": str(jax.devices()[0])},
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2))
-    print(f"\nwritten to {args.output}")
+    print(f"\nwritten to {write_json(args.output, results)}")
     return results
 
 

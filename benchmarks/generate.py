@@ -37,16 +37,25 @@ This is a script, never part of the test suite.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import (  # noqa: E402  (after the path set-up above)
+    fill_from_preset,
+    machine_info,
+    timed,
+    tiny_qwen2,
+    write_json,
+)
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "generate.json"
 PRESETS: dict[str, dict[str, Any]] = {
@@ -62,12 +71,10 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def build_checkpoint(directory: Path, args: argparse.Namespace) -> None:
-    from torchlike.testing import random_model, tiny_config
+    from torchlike.testing import random_model
 
-    config = tiny_config(
-        "qwen2", vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate or 4 * args.hidden,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        max_position_embeddings=4096, tie_word_embeddings=False)
+    config = tiny_qwen2(vars(args), 4096, intermediate_size=args.intermediate or 4 * args.hidden,
+                        tie_word_embeddings=False)
     model = random_model(config, dtype=args.dtype)
     model.generation_config.eos_token_id = None  # every row runs max_new_tokens on both sides
     model.save_pretrained(directory)
@@ -90,14 +97,10 @@ def interleaved(runs: dict[str, Any], repeats: int) -> dict[str, tuple[float, li
     sides so a load change on a shared machine hits both alike."""
     firsts, outputs, times = {}, {}, {name: [] for name in runs}
     for name, run in runs.items():
-        start = time.perf_counter()
-        outputs[name] = run()
-        firsts[name] = time.perf_counter() - start
+        firsts[name], outputs[name] = timed(run)
     for _ in range(repeats):
         for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(timed(run)[0])
     return {name: (firsts[name], times[name], outputs[name]) for name in runs}
 
 
@@ -114,9 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "on a machine shared with other processes")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
-    for key, value in PRESETS[args.preset].items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
+    fill_from_preset(args, PRESETS[args.preset])
     if args.single_thread:  # before jax is imported: XLA reads its flags once
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                                    "intra_op_parallelism_threads=1").strip()
@@ -136,8 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     generated = args.batch * args.new_tokens
     results: dict[str, Any] = {
         "settings": {key: value for key, value in vars(args).items() if key != "output"},
-        "machine": {"platform": platform.platform(), "torch_threads": torch.get_num_threads(),
-                    "torch_device": torch_device, "jax_backend": jax.default_backend()},
+        "machine": machine_info() | {"torch_threads": torch.get_num_threads(), "torch_device": torch_device,
+                                     "jax_backend": jax.default_backend()},
         "modes": {},
     }
     with tempfile.TemporaryDirectory() as folder:
@@ -183,9 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"ratio {tl_best / hf_best:5.2f}x | torchlike first call {tl_first:.2f}s"
               + (f" | greedy tokens match: {entry['greedy_tokens_match']}" if mode == "greedy" else ""))
 
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2))
-    print(f"written to {args.output}")
+    print(f"written to {write_json(args.output, results)}")
     return results
 
 

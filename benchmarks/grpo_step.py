@@ -90,12 +90,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib.util
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -106,18 +103,24 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.sft_step import (  # noqa: E402  (after the path set-up above)
+from benchmarks.harness import (  # noqa: E402  (after the path set-up above)
+    Column,
     StepClock,
     best_of,
     child_environment,
     error_summary,
+    format_table,
     hf_callback,
     machine_info,
+    missing_packages,
+    print_result,
     record_compilations,
+    run_child_process,
+    tiny_qwen2,
     tunix_model,
+    write_json,
 )
 
-RESULT_MARKER = "GRPO_STEP_RESULT "
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "grpo_step.json"
 SIDES = ("torchlike", "torchlike_static", "torchlike_async", "trl", "tunix")
 # torchlike's rollout settings per side: the default paged engine, the static batch sampler it replaced, and the paged
@@ -148,11 +151,6 @@ SIDE_PACKAGES: dict[str, tuple[str, ...]] = {
 }
 
 
-def missing_packages(side: str) -> list[str]:
-    """The packages ``side`` needs that this Python cannot import."""
-    return [name for name in SIDE_PACKAGES[side] if importlib.util.find_spec(name) is None]
-
-
 # --------------------------------------------------------------------------- model, tokenizer, prompts, reward
 
 
@@ -160,13 +158,9 @@ def write_inputs(work: Path, spec: dict[str, Any]) -> None:
     """Writes the HF checkpoint (``work/model``), the tokenizer (``work/tokenizer``) and ``work/prompts.json``."""
     import numpy as np
 
-    from torchlike.testing import build_word_tokenizer, random_model, tiny_config
+    from torchlike.testing import build_word_tokenizer, random_model
 
-    config = tiny_config(
-        "qwen2", vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
-        num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"], num_key_value_heads=spec["kv_heads"],
-        max_position_embeddings=max(2048, 2 * (spec["prompt_bucket"] + spec["completion"])),
-        rope_theta=spec["rope_theta"], tie_word_embeddings=True)
+    config = tiny_qwen2(spec, max(2048, 2 * (spec["prompt_bucket"] + spec["completion"])))
     model = random_model(config, dtype=spec["dtype"])
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
@@ -309,7 +303,8 @@ def run_tunix(work: Path, spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     mesh = mesh_lib.create_mesh((1, 1), ("fsdp", "tp"))
     with mesh:  # tunix 0.1.7 reads the legacy mesh context (jax.set_mesh is invisible to it)
-        actor = tunix_model(work, spec, rematerialise=False)  # the sampler takes the model's graph as it is now
+        # The sampler takes the model's graph as it is now.
+        actor = tunix_model(work / "model", spec, rematerialise=False)
         training = rl_cluster_lib.RLTrainingConfig(
             actor_optimizer=optax.adamw(LEARNING_RATE, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0),
             eval_every_n_steps=NEVER, max_steps=total, checkpoint_root_directory=None)
@@ -378,7 +373,7 @@ def run_child(args: argparse.Namespace) -> None:
     # A step's rollout waits for the previous update, so the loop's step intervals are whole steps here.
     record["median_step_s"] = record.pop("host_step_s")
     record.update(side=args.child, child_seconds=time.perf_counter() - started)
-    print(RESULT_MARKER + json.dumps(record), flush=True)
+    print_result(record)
 
 
 # --------------------------------------------------------------------------- driver
@@ -387,17 +382,8 @@ def run_child(args: argparse.Namespace) -> None:
 def run_side(work: Path, spec: dict[str, Any], side: str, repeat: int) -> dict[str, Any]:
     """Runs one side in a fresh interpreter (torchlike on an empty compilation cache); its record or ``error``."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--work", str(work)]
-    load_before = os.getloadavg()[0]
-    started = time.perf_counter()
-    process = subprocess.run(command, capture_output=True, text=True,
-                             env=child_environment(work, spec, f"{side}-{repeat}"))
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARKER)]
-    if process.returncode != 0 or not lines:
-        return {"side": side, "error": f"exit {process.returncode}: {process.stderr[-3000:]}",
-                "load_before": load_before}
-    record = json.loads(lines[-1][len(RESULT_MARKER):])
-    record.update(process_seconds=time.perf_counter() - started, load_before=load_before)
-    return record
+    environment = child_environment(cpu=spec["device"] == "cpu", compilation_cache=work / f"jax-cache-{side}-{repeat}")
+    return run_child_process(command, environment, labels={"side": side})
 
 
 def add_ratios(rows: dict[str, dict[str, Any]]) -> None:
@@ -410,27 +396,15 @@ def add_ratios(rows: dict[str, dict[str, Any]]) -> None:
                 record[f"vs_{baseline}{suffix}"] = mine / base if mine and base else None
 
 
-def format_table(rows: dict[str, dict[str, Any]]) -> str:
-    def number(value: Any, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
-
-    header = (f"{'side':<17}{'setup s':>8}{'first s':>9}{'warmup s':>9}{'mean s':>9}{'median s':>9}{'late comp':>10}"
-              f"{'tokens':>8}{'vs trl':>8}{'vs tunix':>9}{'vs trl mean':>12}{'vs static':>10}")
-    lines = [header, "-" * len(header)]
-    for side, r in rows.items():
-        if "skipped" in r or "error" in r:
-            reason = r.get("skipped") or error_summary(r["error"])
-            lines.append(f"{side:<17}  {'skipped' if 'skipped' in r else 'FAILED'}: {reason[:160]}")
-            continue
-        late = None if "late_compilations" not in r else len(r["late_compilations"])
-        lines.append(
-            f"{side:<17}{number(r.get('setup_s'), '.2f'):>8}{number(r.get('first_step_s'), '.2f'):>9}"
-            f"{number(r.get('warmup_end_s'), '.2f'):>9}{number(r.get('step_s'), '.4f'):>9}"
-            f"{number(r.get('median_step_s'), '.4f'):>9}{number(late, 'd'):>10}"
-            f"{number(r.get('completion_tokens_mean'), '.1f'):>8}"
-            f"{number(r.get('vs_trl'), '.2f'):>8}{number(r.get('vs_tunix'), '.2f'):>9}"
-            f"{number(r.get('vs_trl_mean'), '.2f'):>12}{number(r.get('vs_torchlike_static'), '.2f'):>10}")
-    return "\n".join(lines)
+TABLE = (
+    Column("side", 17, "side", align="<"), Column("setup s", 8, "setup_s", ".2f"),
+    Column("first s", 9, "first_step_s", ".2f"), Column("warmup s", 9, "warmup_end_s", ".2f"),
+    Column("mean s", 9, "step_s", ".4f"), Column("median s", 9, "median_step_s", ".4f"),
+    Column("late comp", 10, lambda r: len(r["late_compilations"]) if "late_compilations" in r else None, "d"),
+    Column("tokens", 8, "completion_tokens_mean", ".1f"), Column("vs trl", 8, "vs_trl", ".2f"),
+    Column("vs tunix", 9, "vs_tunix", ".2f"), Column("vs trl mean", 12, "vs_trl_mean", ".2f"),
+    Column("vs static", 10, "vs_torchlike_static", ".2f"),
+)
 
 
 def resolve_spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -478,7 +452,7 @@ def run_driver(args: argparse.Namespace) -> None:
         skipped: dict[str, dict[str, Any]] = {}
         runs: dict[str, list[dict[str, Any]]] = {}
         for side in sides:
-            missing = missing_packages(side)
+            missing = missing_packages(SIDE_PACKAGES[side])
             if missing:
                 skipped[side] = {"side": side, "skipped": f"missing package(s) {', '.join(missing)}"}
                 print(f"  {side:<10}skipped: {skipped[side]['skipped']}", flush=True)
@@ -495,7 +469,7 @@ def run_driver(args: argparse.Namespace) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     add_ratios(rows)
-    table = format_table(rows)
+    table = format_table(TABLE, ({**r, "side": side} for side, r in rows.items()))
     machine = machine_info()
     print()
     print(f"machine: {machine.get('cpu_model', '?')}, {machine['cpu_count']} CPUs, {machine['platform']}")
@@ -509,12 +483,9 @@ def run_driver(args: argparse.Namespace) -> None:
           + (f"; TRL torch threads: {threads}" if threads else ""))
     if spec["device"] == "gpu" and any("cpu" in str(backend) for backend in backends.values()):
         print("WARNING: --device gpu but some side ran on the CPU (no CUDA jaxlib / torch build?): compare with care.")
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     result = {"command": [sys.executable, *sys.argv], "preset": args.preset, "spec": spec, "machine": machine,
               "learning_rate": LEARNING_RATE, "results": rows, "table": table}
-    output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {output}")
+    print(f"\nwrote {write_json(args.output, result)}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -55,24 +55,33 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
-import io
 import json
 import os
-import platform
-import pstats
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-RESULT_MARKER = "HF_IO_RESULT "
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import (  # noqa: E402  (after the path set-up above)
+    Column,
+    PeakRss,
+    child_environment,
+    format_header,
+    format_row,
+    machine_info,
+    print_result,
+    profile_text,
+    run_child_process,
+    write_json,
+)
+
 IMPORT_PHASES = ("import-raw", "import-raw-numpy", "import-torchlike")
 EXPORT_PHASES = ("export-raw", "export-torchlike")
 PHASES = IMPORT_PHASES + EXPORT_PHASES
@@ -81,7 +90,8 @@ GOAL_RSS_MULTIPLE = 1.3
 GOAL_IMPORT_SECONDS_RATIO = 1.2
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "hf_io.json"
 INDEX_NAME = "model.safetensors.index.json"
-_STATUS_KEYS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
+#: The packages whose versions the results record.
+PACKAGES = ("jax", "jaxlib", "flax", "safetensors", "numpy", "torch", "transformers", "torchlike")
 
 
 # --------------------------------------------------------------------------- checkpoint
@@ -316,87 +326,6 @@ def describe_checkpoint(directory: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- measuring
 
 
-def read_status() -> dict[str, int]:
-    """``VmHWM``, ``VmRSS``, ``RssAnon``, ``RssFile``, ``RssShmem`` of this process, in bytes."""
-    values: dict[str, int] = {}
-    with open("/proc/self/status") as status:
-        for line in status:
-            key, _, rest = line.partition(":")
-            if key in _STATUS_KEYS:
-                values[key] = int(rest.split()[0]) * 1024
-    return values
-
-
-def reset_high_water_mark() -> bool:
-    """Resets ``VmHWM`` to the current RSS (``echo 5 > /proc/self/clear_refs``); False if not."""
-    try:
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
-class PeakRss:
-    """Peak RSS over a ``with`` block: ``VmHWM`` (reset on entry) and a sampling thread.
-
-    Args:
-        interval_s: sampling period of the thread (it also gives the anon/file split).
-    """
-
-    def __init__(self, interval_s: float = 0.005):
-        self.interval_s = interval_s
-        self.hwm_reset = False
-        self.before: dict[str, int] = {}
-        self.after: dict[str, int] = {}
-        self.peak: dict[str, int] = {}
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def __enter__(self) -> PeakRss:
-        gc.collect()
-        self.hwm_reset = reset_high_water_mark()
-        self.before = read_status()
-        self.peak = dict(self.before)
-        self._thread.start()
-        return self
-
-    def _update(self, status: dict[str, int]) -> None:
-        for key in ("VmRSS", "RssAnon", "RssFile"):
-            self.peak[key] = max(self.peak.get(key, 0), status.get(key, 0))
-        self.samples += 1
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._update(read_status())
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.after = read_status()
-        self._update(self.after)
-
-    def result(self) -> dict[str, Any]:
-        sampled = self.peak["VmRSS"]
-        hwm = self.after.get("VmHWM", 0) if self.hwm_reset else 0
-        peak = max(sampled, hwm)
-        return {
-            "rss_before": self.before["VmRSS"],
-            "rss_after": self.after["VmRSS"],
-            "peak_rss": peak,
-            "peak_rss_increase": peak - self.before["VmRSS"],
-            "peak_source": "VmHWM" if hwm >= sampled else "sampled",
-            "sampled_peak_anon_increase": self.peak["RssAnon"] - self.before.get("RssAnon", 0),
-            "sampled_peak_file_increase": self.peak["RssFile"] - self.before.get("RssFile", 0),
-            "anon_increase_after": self.after.get("RssAnon", 0) - self.before.get("RssAnon", 0),
-            "file_increase_after": self.after.get("RssFile", 0) - self.before.get("RssFile", 0),
-            "hwm_reset": self.hwm_reset,
-            "samples": self.samples,
-            "sample_interval_s": self.interval_s,
-        }
-
-
 @contextmanager
 def measured(profile: bool) -> Iterator[dict[str, Any]]:
     """Times the block and its peak RSS into the yielded dict (and a cProfile when asked)."""
@@ -412,11 +341,7 @@ def measured(profile: bool) -> Iterator[dict[str, Any]]:
         record["seconds"] = time.perf_counter() - start
     record["memory"] = memory.result()
     if profiler is not None:
-        text = io.StringIO()
-        stats = pstats.Stats(profiler, stream=text).strip_dirs()
-        stats.sort_stats("cumulative").print_stats(30)
-        stats.sort_stats("tottime").print_stats(20)
-        record["profile"] = text.getvalue()
+        record["profile"] = profile_text(profiler, cumulative=30, own=20)
 
 
 # --------------------------------------------------------------------------- phases (child side)
@@ -571,7 +496,7 @@ def run_child(args: argparse.Namespace) -> None:
     record.update(phase=args.phase, profiled=args.profile, **environment)
     if args.phase.startswith("export"):
         shutil.rmtree(out, ignore_errors=True)
-    print(RESULT_MARKER + json.dumps(record), flush=True)
+    print_result(record)
 
 
 # --------------------------------------------------------------------------- driver
@@ -595,57 +520,11 @@ def run_phase(
         command.append("--profile")
     if args.no_verify:
         command.append("--no-verify")
-    environment = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     os.sync()  # no writeback from an earlier phase competes with this one
-    started = time.perf_counter()
-    process = subprocess.run(command, capture_output=True, text=True, env=environment)
-    if process.returncode != 0:
-        raise RuntimeError(f"phase {phase} failed ({process.returncode}):\n{process.stderr[-4000:]}")
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARKER)]
-    if not lines:
-        raise RuntimeError(f"phase {phase} printed no result:\n{process.stdout[-2000:]}\n{process.stderr[-2000:]}")
-    record = json.loads(lines[-1][len(RESULT_MARKER) :])
-    record["process_seconds"] = time.perf_counter() - started
+    record = run_child_process(command, child_environment())
+    if "error" in record:
+        raise RuntimeError(f"phase {phase} failed: {record['error']}")
     return record
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU count, platform, memory and library versions."""
-    info: dict[str, Any] = {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                info["mem_total_bytes"] = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = {}
-    for package in (
-        "jax",
-        "jaxlib",
-        "flax",
-        "safetensors",
-        "numpy",
-        "torch",
-        "transformers",
-        "torchlike",
-    ):
-        try:
-            versions[package] = version(package)
-        except PackageNotFoundError:
-            versions[package] = None
-    info["versions"] = versions
-    return info
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], model_bytes: int) -> dict[str, Any]:
@@ -702,13 +581,26 @@ def summarize(runs: dict[str, list[dict[str, Any]]], model_bytes: int) -> dict[s
     return {"phases": summary, "ratios": ratios, "goals": goals}
 
 
-def format_table(summary: dict[str, Any], model_bytes: int) -> str:
-    """The human-readable table."""
-    mb = 1e6
-    header = (
-        f"{'phase':<22}{'seconds':>9}{'GB/s':>8}{'vs raw':>8}"
-        f"{'peak RSS +MB':>14}{'x model':>9}{'anon +MB':>10}{'file +MB':>10}"
-    )
+MB = 1e6
+
+
+def megabytes(key: str) -> Callable[[dict[str, Any]], float]:
+    """A table value: the record's bytes under ``key`` in MB."""
+    return lambda row: row[key] / MB
+
+
+TABLE = (
+    Column("phase", 22, "phase", align="<"), Column("seconds", 9, "seconds", ".2f"),
+    Column("GB/s", 8, "gb_per_s", ".3f"), Column("vs raw", 8, "ratio", ".2f", missing=""),
+    Column("peak RSS +MB", 14, megabytes("peak_rss_increase"), ".0f"), Column("x model", 9, "rss_multiple", ".2f"),
+    Column("anon +MB", 10, megabytes("sampled_peak_anon_increase"), ".0f"),
+    Column("file +MB", 10, megabytes("sampled_peak_file_increase"), ".0f"),
+)
+
+
+def summary_table(summary: dict[str, Any], model_bytes: int) -> str:
+    """The human-readable table: a row per phase (``export-raw`` with fsync too), then ratios and goals."""
+    header = format_header(TABLE)
     lines = [header, "-" * len(header)]
     phases = summary["phases"]
     ratios = summary["ratios"]
@@ -720,18 +612,12 @@ def format_table(summary: dict[str, Any], model_bytes: int) -> str:
         if phase not in phases:
             continue
         row = phases[phase]
-        ratio = versus.get(phase)
-        lines.append(
-            f"{phase:<22}{row['seconds']:>9.2f}{row['gb_per_s']:>8.3f}"
-            f"{'' if ratio is None else f'{ratio:.2f}':>8}"
-            f"{row['peak_rss_increase'] / mb:>14.0f}{row['rss_multiple']:>9.2f}"
-            f"{row['sampled_peak_anon_increase'] / mb:>10.0f}"
-            f"{row['sampled_peak_file_increase'] / mb:>10.0f}"
-        )
+        lines.append(format_row(TABLE, {**row, "phase": phase, "ratio": versus.get(phase)}))
         if phase == "export-raw":
-            lines.append(f"{'  (+ fsync)':<22}{row['seconds_fsync']:>9.2f}{row['gb_per_s_fsync']:>8.3f}")
+            fsync = {"phase": "  (+ fsync)", "seconds": row["seconds_fsync"], "gb_per_s": row["gb_per_s_fsync"]}
+            lines.append(format_row(TABLE[:3], fsync))
     lines.append("")
-    lines.append(f"model bytes: {model_bytes:,} ({model_bytes / mb:.1f} MB)")
+    lines.append(f"model bytes: {model_bytes:,} ({model_bytes / MB:.1f} MB)")
     for name, value in ratios.items():
         if value is not None:
             lines.append(f"ratio {name}: {value:.2f}")
@@ -803,8 +689,8 @@ def run_driver(args: argparse.Namespace) -> None:
             profiles[phase] = run_phase(phase, args, directory, work, profile=True)["profile"]
 
     summary = summarize(runs, model_bytes)
-    table = format_table(summary, model_bytes)
-    machine = machine_info() | environment
+    table = summary_table(summary, model_bytes)
+    machine = machine_info(PACKAGES) | environment
     print()
     print(
         f"machine: {machine.get('cpu_model', '?')}, {machine['cpu_count']} CPUs "
@@ -816,8 +702,6 @@ def run_driver(args: argparse.Namespace) -> None:
         print(f"\n===== cProfile: {phase} (profiled run, slower than the timed ones) =====")
         print(text)
 
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "command": [sys.executable, *sys.argv],
         "machine": machine,
@@ -834,8 +718,7 @@ def run_driver(args: argparse.Namespace) -> None:
         "profiles": profiles,
         "table": table,
     }
-    output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {output}")
+    print(f"\nwrote {write_json(args.output, result)}")
     if not args.keep and not args.work and not args.dir:
         shutil.rmtree(work, ignore_errors=True)
     elif created:

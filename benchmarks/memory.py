@@ -10,7 +10,7 @@ bfloat16 compute and gradient checkpointing (each decoder layer rematerialised),
 
 ``torchlike-chunked``
     The Tunix module of ``family.build_model`` (random init), ``adapters.train_step.causal_lm_loss`` (SFT) or
-    ``adapters.tunix_grpo.grpo_step_loss`` (GRPO, ``loss_type="dapo"``, ``beta=0``) with ``block_size`` ``--block``
+    ``adapters.grpo_losses.grpo_step_loss`` (GRPO, ``loss_type="dapo"``, ``beta=0``) with ``block_size`` ``--block``
     (default ``"auto"``), the parameters cast to bfloat16 inside the program and ``rematerialised``, jitted and
     compiled ahead of the measured call.
 ``torchlike-unchunked``
@@ -23,7 +23,7 @@ bfloat16 compute and gradient checkpointing (each decoder layer rematerialised),
     loss on the completion tokens (prompt ``seq - completion``, completion ``--completion``).
 
 Each case runs in a fresh Python process. Reported per case: ``peak GB``, the process's peak RSS during the measured
-call (``VmHWM`` reset before it, plus a sampling thread: ``benchmarks.hf_io.PeakRss``); ``step GB``, that peak minus
+call (``VmHWM`` reset before it, plus a sampling thread: ``benchmarks.harness.PeakRss``); ``step GB``, that peak minus
 the RSS before the call (parameters and model already resident: the step's temporaries and gradients); ``block``,
 the positions per block of the torchlike sides (the whole scored length when unchunked); the
 compiled program's ``temp`` and ``output`` bytes (XLA's ``memory_analysis``, JAX sides); ``device GB``,
@@ -45,19 +45,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.hf_io import PeakRss  # noqa: E402
-from benchmarks.sft_step import error_summary, machine_info  # noqa: E402
+from benchmarks.harness import (  # noqa: E402  (after the path set-up above)
+    Column,
+    PeakRss,
+    error_summary,
+    format_table,
+    machine_info,
+    print_result,
+    run_child_process,
+    tiny_qwen2,
+    write_json,
+)
 
-RESULT_MARKER = "MEMORY_RESULT "
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "memory.json"
 SIDES = ("torchlike-chunked", "torchlike-unchunked", "trl")
 TASKS = ("sft", "grpo")
@@ -67,12 +75,7 @@ GIB = 2**30
 
 
 def hf_config(shape: dict[str, Any]):
-    from torchlike.testing import tiny_config
-
-    return tiny_config("qwen2", vocab_size=shape["vocab"], hidden_size=shape["hidden"],
-                       intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
-                       num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                       max_position_embeddings=max(shape["seq"], 128), rope_theta=1e6, tie_word_embeddings=True)
+    return tiny_qwen2(shape, max(shape["seq"], 128), rope_theta=1e6)
 
 
 def batch_arrays(shape: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +100,7 @@ def run_torchlike(task: str, block_size: Any, shape: dict[str, Any]) -> dict[str
     from flax import nnx
 
     from torchlike.adapters.families import family_for_config
-    from torchlike.adapters.losses import grpo as tunix_grpo
+    from torchlike.adapters.losses import grpo as grpo_losses
     from torchlike.adapters.losses import logprobs as chunked_logprobs
     from torchlike.adapters.training import train_step
 
@@ -108,12 +111,12 @@ def run_torchlike(task: str, block_size: Any, shape: dict[str, Any]) -> dict[str
         loss = train_step.causal_lm_loss(family, block_size=block_size)
         batch = {key: batch_arrays(shape)[key] for key in ("input_ids", "attention_mask", "loss_mask")}
     else:
-        settings = tunix_grpo.GRPOLossSettings(
-            loss_type="dapo", beta=0.0, epsilon_low=0.2, epsilon_high=0.28, delta=None,
+        settings = grpo_losses.GRPOLossSettings(
+            loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, delta=None,
             importance_sampling_level="token", max_completion_length=shape["completion"], temperature=1.0,
             use_bias_correction_kl=False, off_policy_mask_threshold=None, sapo_temperature_pos=1.0,
             sapo_temperature_neg=1.05, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
-        loss = tunix_grpo.grpo_step_loss(family, settings, block_size=block_size)
+        loss = grpo_losses.grpo_step_loss(family, settings, block_size=block_size)
         batch = {key: value for key, value in batch_arrays(shape).items() if key != "loss_mask"}
     batch = {key: jnp.asarray(value) for key, value in batch.items()}
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
@@ -192,7 +195,7 @@ def child(side: str, task: str, block: str, shape: dict[str, Any]) -> None:
     started = time.perf_counter()
     record = run_trl(task, shape) if side == "trl" else run_torchlike(task, block_size, shape)
     record.update(side=side, task=task, process_s=time.perf_counter() - started)
-    print(RESULT_MARKER + json.dumps(record), flush=True)
+    print_result(record)
 
 
 # --------------------------------------------------------------------------- driver
@@ -201,13 +204,7 @@ def child(side: str, task: str, block: str, shape: dict[str, Any]) -> None:
 def run_case(side: str, task: str, block: str, shape: dict[str, Any]) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--task", task, "--block", block,
                "--shape", json.dumps(shape)]
-    environment = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    process = subprocess.run(command, capture_output=True, text=True, env=environment)
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARKER)]
-    if process.returncode != 0 or not lines:
-        return {"side": side, "task": task, "error": error_summary(process.stderr),
-                "stderr_tail": process.stderr[-3000:]}
-    return json.loads(lines[-1][len(RESULT_MARKER):])
+    return run_child_process(command, labels={"side": side, "task": task})
 
 
 def add_ratios(records: list[dict[str, Any]]) -> None:
@@ -220,25 +217,35 @@ def add_ratios(records: list[dict[str, Any]]) -> None:
             record[f"step_vs_{baseline}"] = record["peak_rss_increase"] / base["peak_rss_increase"] if ok else None
 
 
-def table(records: list[dict[str, Any]]) -> str:
-    def gb(value):
-        return f"{value / GIB:.2f}" if isinstance(value, (int, float)) else "-"
+def gigabytes(value: float) -> str:
+    """A table cell: bytes in GiB."""
+    return f"{value / GIB:.2f}"
 
-    def ratio(value):
-        return f"{value:.2f}x" if value else "-"
 
-    lines = [f"{'task':5} {'side':20} {'block':>6} {'peak GB':>8} {'step GB':>8} {'XLA temp GB':>11} "
-             f"{'device GB':>9} {'step s':>7} {'vs unchunked':>12} {'vs TRL':>7}"]
-    for record in records:
-        if "error" in record:
-            lines.append(f"{record['task']:5} {record['side']:20} error: {record['error']}")
-            continue
-        lines.append(f"{record['task']:5} {record['side']:20} {str(record.get('block_positions') or '-'):>6} "
-                     f"{gb(record['peak_rss']):>8} {gb(record['peak_rss_increase']):>8} "
-                     f"{gb(record.get('xla_temp_bytes')):>11} {gb(record.get('device_peak_bytes')):>9} "
-                     f"{record['step_s']:>7.1f} {ratio(record['step_vs_torchlike-unchunked']):>12} "
-                     f"{ratio(record['step_vs_trl']):>7}")
-    return "\n".join(lines)
+def unless_zero(key: str) -> Callable[[Mapping[str, Any]], float | None]:
+    """A table value: the record's value under ``key``, None when it is zero or absent."""
+    return lambda record: record.get(key) or None
+
+
+def times(value: float) -> str:
+    """A table cell: a ratio, as ``1.23x``."""
+    return f"{value:.2f}x"
+
+
+TABLE = (
+    Column("task", 5, "task", align="<"), Column("side", 20, "side", align="<", gap=" "),
+    Column("block", 6, unless_zero("block_positions"), gap=" "), Column("peak GB", 8, "peak_rss", gigabytes, gap=" "),
+    Column("step GB", 8, "peak_rss_increase", gigabytes, gap=" "),
+    Column("XLA temp GB", 11, "xla_temp_bytes", gigabytes, gap=" "),
+    Column("device GB", 9, "device_peak_bytes", gigabytes, gap=" "), Column("step s", 7, "step_s", ".1f", gap=" "),
+    Column("vs unchunked", 12, unless_zero("step_vs_torchlike-unchunked"), times, gap=" "),
+    Column("vs TRL", 7, unless_zero("step_vs_trl"), times, gap=" "),
+)
+
+
+def error_text(record: Mapping[str, Any]) -> str | None:
+    """What a failed case's row shows after its task and side."""
+    return f" error: {error_summary(record['error'])}" if "error" in record else None
 
 
 def main() -> None:
@@ -267,11 +274,10 @@ def main() -> None:
             records.append(run_case(side, task, args.block, shape))
     add_ratios(records)
     print(f"shape: {shape}")
-    print(table(records))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"shape": shape, "block": args.block, "records": records,
-                                       "machine": machine_info()}, indent=2))
-    print(f"wrote {args.output}")
+    print(format_table(TABLE, records, rule=False, labels=2, problem=error_text))
+    output = write_json(args.output, {"shape": shape, "block": args.block, "records": records,
+                                      "machine": machine_info()})
+    print(f"wrote {output}")
 
 
 if __name__ == "__main__":

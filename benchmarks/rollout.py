@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import sys
 import tempfile
@@ -74,7 +73,13 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.sft_step import machine_info  # noqa: E402  (after the path set-up above)
+from benchmarks.harness import (  # noqa: E402  (after the path set-up above)
+    fill_from_preset,
+    machine_info,
+    timed,
+    tiny_qwen2,
+    write_json,
+)
 
 if TYPE_CHECKING:
     from torchlike.adapters.rollout import RolloutEngine, RolloutRequest
@@ -123,12 +128,9 @@ def build_checkpoint(directory: Path, args: argparse.Namespace) -> dict[str, flo
     calibration: the end token's ``lm_head`` weight and the per-step end probability aimed at."""
     import torch
 
-    from torchlike.testing import random_model, tiny_config
+    from torchlike.testing import random_model
 
-    config = tiny_config(
-        "qwen2", vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        max_position_embeddings=4096, tie_word_embeddings=False)
+    config = tiny_qwen2(vars(args), 4096, tie_word_embeddings=False)
     model = random_model(config, seed=0, dtype="float32")
     feature = END_FEATURE
     with torch.no_grad():
@@ -195,12 +197,6 @@ def describe_lengths(summary: dict[str, Any]) -> str:
     return (f"lengths median {summary['median']:.0f}, p25 {summary['p25']:.0f}, p75 {summary['p75']:.0f}, "
             f"p90 {summary['p90']:.0f}, max {summary['max']}, {summary['reached_limit']}/{summary['completions']} "
             f"reach the limit; histogram by eighths of the limit {summary['histogram_eighths_of_limit']}")
-
-
-def timed(run: Callable[[], list[int]]) -> tuple[float, list[int]]:
-    start = time.perf_counter()
-    lengths = run()
-    return time.perf_counter() - start, lengths
 
 
 def rate_record(seconds: float, lengths: list[int], limit: int) -> dict[str, Any]:
@@ -379,9 +375,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "transformers_generate, transformers_generate_batch")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
-    for key, value in PRESETS[args.preset].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_from_preset(args, PRESETS[args.preset])
     if args.max_num_seqs is None:
         args.max_num_seqs = args.prompts * args.generations
     return args
@@ -491,9 +485,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "calibration": calibration, "results": results, "ratios": ratios, "goals": GOALS, "kv_memory": memory,
     }
     print_summary(report)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"written to {args.output}")
+    print(f"written to {write_json(args.output, report)}")
     return report
 
 

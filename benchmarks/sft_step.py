@@ -83,17 +83,8 @@ The table is printed and everything is written to ``benchmarks/results/sft_step.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import importlib.util
-import io
 import json
-import os
-import platform
-import pstats
-import re
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -101,7 +92,28 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-RESULT_MARKER = "SFT_STEP_RESULT "
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import (  # noqa: E402  (after the path set-up above)
+    Column,
+    StepClock,
+    best_of,
+    child_environment,
+    error_summary,
+    format_table,
+    hf_callback,
+    machine_info,
+    missing_packages,
+    print_result,
+    profiled,
+    record_compilations,
+    run_child_process,
+    tiny_qwen2,
+    tunix_model,
+    write_json,
+)
+
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "sft_step.json"
 SIDES = ("torchlike", "trl", "tunix")
 MODES = ("full", "lora")
@@ -123,12 +135,6 @@ SIDE_PACKAGES: dict[str, tuple[str, ...]] = {
 }
 
 
-def missing_packages(side: str, mode: str) -> list[str]:
-    """The packages ``side`` needs in ``mode`` that this Python cannot import."""
-    needed = SIDE_PACKAGES[side] + (("peft",) if side == "trl" and mode == "lora" else ())
-    return [name for name in needed if importlib.util.find_spec(name) is None]
-
-
 # --------------------------------------------------------------------------- model and data
 
 
@@ -136,12 +142,9 @@ def write_inputs(work: Path, spec: dict[str, Any]) -> None:
     """Writes the HF checkpoint + a word-level tokenizer to ``work/model`` and the token ids to ``work/ids.npy``."""
     import numpy as np
 
-    from torchlike.testing import build_word_tokenizer, random_model, tiny_config
+    from torchlike.testing import build_word_tokenizer, random_model
 
-    config = tiny_config(
-        "qwen2", vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
-        num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"], num_key_value_heads=spec["kv_heads"],
-        max_position_embeddings=max(spec["seq"], 2048), rope_theta=spec["rope_theta"], tie_word_embeddings=True)
+    config = tiny_qwen2(spec, max(spec["seq"], 2048))
     random_model(config, dtype=spec["dtype"]).save_pretrained(work / "model")
     build_word_tokenizer(work / "model", spec["vocab"])
     rows = spec["batch"] * (spec["warmup"] + spec["steps"])
@@ -156,82 +159,6 @@ def load_rows(work: Path) -> list[list[int]]:
 
 
 # --------------------------------------------------------------------------- timing
-
-
-class StepClock:
-    """Wall-clock marks at step boundaries, each taken after ``sync()`` has waited for dispatched work.
-
-    Args:
-        sync: waits until every step dispatched so far has finished.
-        warmup: steps before the measured window.
-        total: warmup + measured steps.
-    """
-
-    def __init__(self, sync: Callable[[], Any], warmup: int, total: int):
-        self.sync, self.warmup, self.total = sync, warmup, total
-        self.started: float | None = None
-        self.marks: dict[int, float] = {}
-        self.host_marks: list[tuple[int, float, float]] = []  # (steps done, reached, resumed after any sync)
-
-    def start(self) -> None:
-        """Call just before ``train()``."""
-        self.started = time.perf_counter()
-
-    def steps_done(self, completed: int) -> None:
-        """``completed`` steps have been dispatched; marks the boundaries (first, end of warmup, last)."""
-        reached = time.perf_counter()
-        resumed = reached
-        if completed in (1, self.warmup, self.total) and completed not in self.marks:
-            self.sync()
-            resumed = self.marks[completed] = time.perf_counter()
-        self.host_marks.append((completed, reached, resumed))
-
-    def result(self, batch: int, seq: int) -> dict[str, Any]:
-        first = self.marks.get(1)
-        record: dict[str, Any] = {"first_step_s": None if first is None else first - self.started,
-                                  "train_called_at": self.started}
-        if self.warmup in self.marks and self.total in self.marks and self.total > self.warmup:
-            step = (self.marks[self.total] - self.marks[self.warmup]) / (self.total - self.warmup)
-            record.update(step_s=step, tokens_per_s=batch * seq / step,
-                          warmup_end_s=self.marks[self.warmup] - self.started)
-        # From the previous mark (after its sync, if any) to this one, before its sync: the loop's own time.
-        intervals = [reached - previous[2] for previous, (_, reached, _) in
-                     zip(self.host_marks, self.host_marks[1:], strict=False)]
-        steady = [gap for (step, _, _), gap in zip(self.host_marks[1:], intervals, strict=True) if step > self.warmup]
-        record["host_step_s"] = statistics.median(steady) if steady else None
-        record["host_intervals_s"] = intervals
-        return record
-
-
-def hf_callback(clock: StepClock, stop_after_first: bool = False) -> Any:
-    """A ``transformers.TrainerCallback`` feeding ``clock`` from ``on_step_end`` (and stopping after step 1)."""
-    import transformers
-
-    class StepClockCallback(transformers.TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            clock.steps_done(state.global_step)
-            if stop_after_first:
-                control.should_training_stop = True
-            return control
-
-    return StepClockCallback()
-
-
-def profiled(enabled: bool, run: Callable[[], Any]) -> tuple[Any, str | None]:
-    """``run()``, under cProfile when ``enabled``; returns its result and the top of the profile."""
-    if not enabled:
-        return run(), None
-    profiler = cProfile.Profile()
-    profiler.enable()
-    try:
-        result = run()
-    finally:
-        profiler.disable()
-    text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text).strip_dirs()
-    stats.sort_stats("cumulative").print_stats(35)
-    stats.sort_stats("tottime").print_stats(25)
-    return result, text.getvalue()
 
 
 # --------------------------------------------------------------------------- sides (child process)
@@ -311,24 +238,6 @@ def run_trl(work: Path, spec: dict[str, Any], mode: str, first_only: bool, profi
             "torch_threads": torch.get_num_threads()}
 
 
-def tunix_model(work: Path, spec: dict[str, Any], rematerialise: bool = True) -> Any:
-    """The Tunix Qwen2 with the checkpoint's weights, loaded by Tunix's own safetensors loader; with
-    ``rematerialise``, each decoder layer is recomputed in the backward pass (``RematConfig.DECODER``, what
-    ``gradient_checkpointing`` does on the other sides)."""
-    import jax.numpy as jnp
-    from tunix.models.qwen2 import model as qwen2_model
-    from tunix.models.qwen2 import params as qwen2_params
-
-    dtype = getattr(jnp, spec["dtype"])
-    config = qwen2_model.ModelConfig(
-        num_layers=spec["layers"], vocab_size=spec["vocab"], embed_dim=spec["hidden"],
-        hidden_dim=spec["intermediate"], num_heads=spec["heads"], head_dim=spec["hidden"] // spec["heads"],
-        num_kv_heads=spec["kv_heads"], rope_theta=int(spec["rope_theta"]), norm_eps=1e-6, use_tied_embedding=True,
-        dtype=dtype, param_dtype=dtype, use_flash_attention=False,
-        remat_config=qwen2_model.RematConfig.DECODER if rematerialise else qwen2_model.RematConfig.NONE)
-    return qwen2_params.create_model_from_safe_tensors(str(work / "model"), config, mesh=None, dtype=dtype)
-
-
 def run_tunix(work: Path, spec: dict[str, Any], mode: str, first_only: bool, profile: bool) -> dict[str, Any]:
     import jax
     import numpy as np
@@ -338,7 +247,7 @@ def run_tunix(work: Path, spec: dict[str, Any], mode: str, first_only: bool, pro
     from tunix.sft import hooks, peft_trainer
     from tunix.sft import utils as sft_utils
 
-    model = tunix_model(work, spec)
+    model = tunix_model(work / "model", spec)
     if mode == "lora":
         provider = qwix.LoraProvider(module_path="|".join(f".*{name}" for name in LORA_TARGETS), rank=LORA_RANK,
                                      alpha=LORA_ALPHA)
@@ -406,20 +315,6 @@ def run_tunix(work: Path, spec: dict[str, Any], mode: str, first_only: bool, pro
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {"torchlike": run_torchlike, "trl": run_trl, "tunix": run_tunix}
 
 
-def record_compilations() -> list[tuple[float, float]]:
-    """Starts collecting ``(end time, seconds)`` of every XLA backend compilation in this process."""
-    import jax
-
-    compilations: list[tuple[float, float]] = []
-
-    def listen(event: str, seconds: float, **kwargs: Any) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compilations.append((time.perf_counter(), seconds))
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    return compilations
-
-
 def run_child(args: argparse.Namespace) -> None:
     """Runs one side in one mode and prints its result line (JAX sides: with the compilations inside ``train()``)."""
     work = Path(args.work)
@@ -434,49 +329,10 @@ def run_child(args: argparse.Namespace) -> None:
                       compile_s_in_train=sum(during), compilations_in_train=len(during))
     record.update(side=args.child, mode=args.mode, first_only=args.first_only,
                   child_seconds=time.perf_counter() - started)
-    print(RESULT_MARKER + json.dumps(record), flush=True)
+    print_result(record)
 
 
 # --------------------------------------------------------------------------- driver
-
-
-def child_environment(work: Path, spec: dict[str, Any], cache: str) -> dict[str, str]:
-    """torchlike's compilation cache in ``work/jax-cache-<cache>`` (fresh unless a warm rerun reuses it), no
-    cache for raw Tunix (JAX's default); CPU forced for the cpu device."""
-    environment = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-                       TORCHLIKE_COMPILATION_CACHE=str(work / f"jax-cache-{cache}"))
-    environment.pop("JAX_COMPILATION_CACHE_DIR", None)
-    if spec["device"] == "cpu":
-        environment.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
-    return environment
-
-
-def run_side(work: Path, spec: dict[str, Any], side: str, mode: str, cache: str, first_only: bool = False,
-             profile: bool = False) -> dict[str, Any]:
-    """Runs one (side, mode) in a fresh interpreter; returns its record, or one with ``error``.
-
-    ``cache`` names torchlike's compilation-cache directory; ``load_before`` is the 1-minute load average
-    when the process started (other work on the machine skews the times).
-    """
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--mode", mode, "--work", str(work)]
-    command += ["--first-only"] * first_only + ["--profile"] * profile
-    load_before = os.getloadavg()[0]
-    started = time.perf_counter()
-    process = subprocess.run(command, capture_output=True, text=True, env=child_environment(work, spec, cache))
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARKER)]
-    if process.returncode != 0 or not lines:
-        return {"side": side, "mode": mode, "error": f"exit {process.returncode}: {process.stderr[-3000:]}",
-                "load_before": load_before}
-    record = json.loads(lines[-1][len(RESULT_MARKER):])
-    record.update(process_seconds=time.perf_counter() - started, load_before=load_before)
-    return record
-
-
-def error_summary(error: str) -> str:
-    """The exception line of a child's stderr (its last line that names an error), else its last line."""
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line)]
-    return (named or lines or ["no output"])[-1]
 
 
 def add_ratios(rows: dict[str, dict[str, dict[str, Any]]]) -> None:
@@ -493,63 +349,40 @@ def add_ratios(rows: dict[str, dict[str, dict[str, Any]]]) -> None:
             lora["lora_over_full"] = full["lora_over_full"] = lora["step_s"] / full["step_s"]
 
 
-def format_table(rows: dict[str, dict[str, dict[str, Any]]]) -> str:
-    def number(value: Any, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
-
-    header = (f"{'side':<10}{'mode':<6}{'first s':>9}{'warm 1st s':>11}{'warmup s':>9}{'step ms':>9}{'host ms':>9}"
-              f"{'tokens/s':>10}{'compiles':>9}"
-              f"{'vs trl':>8}{'vs tunix':>9}{'lora/full':>10}{'trainable':>12}{'loss':>8}")
-    lines = [header, "-" * len(header)]
-    for mode, by_side in rows.items():
-        for side, r in by_side.items():
-            if "skipped" in r or "error" in r:
-                reason = r.get("skipped") or error_summary(r["error"])
-                lines.append(f"{side:<10}{mode:<6}  {'skipped' if 'skipped' in r else 'FAILED'}: {reason[:160]}")
-                continue
-            step_ms = None if r.get("step_s") is None else r["step_s"] * 1e3
-            host_ms = None if r.get("host_step_s") is None else r["host_step_s"] * 1e3
-            compiles = None if r.get("step_compilations") is None else len(r["step_compilations"])
-            lines.append(
-                f"{side:<10}{mode:<6}{number(r.get('first_step_s'), '.2f'):>9}"
-                f"{number(r.get('first_step_warm_s'), '.2f'):>11}{number(r.get('warmup_end_s'), '.2f'):>9}"
-                f"{number(step_ms, '.1f'):>9}"
-                f"{number(host_ms, '.1f'):>9}{number(r.get('tokens_per_s'), '.0f'):>10}"
-                f"{number(compiles, 'd'):>9}"
-                f"{number(r.get('vs_trl'), '.2f'):>8}{number(r.get('vs_tunix'), '.2f'):>9}"
-                f"{number(r.get('lora_over_full'), '.2f'):>10}{number(r.get('trainable_params'), ','):>12}"
-                f"{number(r.get('train_loss'), '.3f'):>8}")
-    return "\n".join(lines)
+def side_packages(side: str, mode: str) -> tuple[str, ...]:
+    """The packages ``side`` imports in ``mode`` (``peft`` only for TRL's LoRA mode)."""
+    return SIDE_PACKAGES[side] + (("peft",) if side == "trl" and mode == "lora" else ())
 
 
-def machine_info() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
+def run_side(work: Path, spec: dict[str, Any], side: str, mode: str, cache: str, first_only: bool = False,
+             profile: bool = False) -> dict[str, Any]:
+    """Runs one (side, mode) in a fresh interpreter; returns its record, or one with ``error``.
 
-    info: dict[str, Any] = {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                            "python": platform.python_version()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = {}
-    for package in ("jax", "jaxlib", "flax", "optax", "qwix", "google-tunix", "torch", "transformers", "trl", "peft",
-                    "torchlike"):
-        try:
-            versions[package] = version(package)
-        except PackageNotFoundError:
-            versions[package] = None
-    info["versions"] = versions
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
-        info["git"] = {"commit": commit, "uncommitted_files": len(changed.splitlines())}
-    except OSError:
-        pass
-    return info
+    ``cache`` names torchlike's compilation-cache directory (``work/jax-cache-<cache>``: fresh unless a warm rerun
+    reuses it); CPU is forced for the cpu device.
+    """
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--mode", mode, "--work", str(work)]
+    command += ["--first-only"] * first_only + ["--profile"] * profile
+    environment = child_environment(cpu=spec["device"] == "cpu", compilation_cache=work / f"jax-cache-{cache}")
+    return run_child_process(command, environment, labels={"side": side, "mode": mode})
+
+
+def milliseconds(key: str) -> Callable[[dict[str, Any]], float | None]:
+    """A table value: the record's seconds under ``key`` in milliseconds."""
+    return lambda r: None if r.get(key) is None else r[key] * 1e3
+
+
+TABLE = (
+    Column("side", 10, "side", align="<"), Column("mode", 6, "mode", align="<"),
+    Column("first s", 9, "first_step_s", ".2f"), Column("warm 1st s", 11, "first_step_warm_s", ".2f"),
+    Column("warmup s", 9, "warmup_end_s", ".2f"), Column("step ms", 9, milliseconds("step_s"), ".1f"),
+    Column("host ms", 9, milliseconds("host_step_s"), ".1f"), Column("tokens/s", 10, "tokens_per_s", ".0f"),
+    Column("compiles", 9, lambda r: None if r.get("step_compilations") is None else len(r["step_compilations"]),
+           "d"),
+    Column("vs trl", 8, "vs_trl", ".2f"), Column("vs tunix", 9, "vs_tunix", ".2f"),
+    Column("lora/full", 10, "lora_over_full", ".2f"), Column("trainable", 12, "trainable_params", ","),
+    Column("loss", 8, "train_loss", ".3f"),
+)
 
 
 def resolve_spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -579,19 +412,6 @@ def print_progress(record: dict[str, Any], repeat: int, repeats: int) -> None:
           flush=True)
 
 
-def best_of(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The repeat with the shortest step (the least disturbed by other processes), with every repeat's figures."""
-    timed = [r for r in records if r.get("step_s")]
-    if not timed:
-        return records[-1]
-    best = dict(min(timed, key=lambda r: r["step_s"]))
-    best["first_step_warm_s"] = next((r["first_step_warm_s"] for r in records if "first_step_warm_s" in r), None)
-    best["step_s_all"] = [r["step_s"] for r in timed]
-    best["first_step_s_all"] = [r["first_step_s"] for r in timed]
-    best["failed_repeats"] = len(records) - len(timed)
-    return best
-
-
 def run_driver(args: argparse.Namespace) -> None:
     spec = resolve_spec(args)
     sides = [side.strip() for side in args.sides.split(",") if side.strip()]
@@ -613,7 +433,7 @@ def run_driver(args: argparse.Namespace) -> None:
         for repeat in range(args.repeats):
             for mode in modes:
                 for side in sides:
-                    missing = missing_packages(side, mode)
+                    missing = missing_packages(side_packages(side, mode))
                     if missing:
                         rows[mode][side] = {"side": side, "mode": mode,
                                             "skipped": f"missing package(s) {', '.join(missing)}"}
@@ -635,7 +455,8 @@ def run_driver(args: argparse.Namespace) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     add_ratios(rows)
-    table = format_table(rows)
+    table = format_table(TABLE, ({**r, "side": side, "mode": mode} for mode, by_side in rows.items()
+                                 for side, r in by_side.items()), labels=2)
     machine = machine_info()
     print()
     print(f"machine: {machine.get('cpu_model', '?')}, {machine['cpu_count']} CPUs, {machine['platform']}")
@@ -653,13 +474,10 @@ def run_driver(args: argparse.Namespace) -> None:
             if record.get("profile"):
                 print(f"\n===== cProfile: {side} {mode} train() (profiled run, slower than an unprofiled one) =====")
                 print(record["profile"])
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     result = {"command": [sys.executable, *sys.argv], "preset": args.preset, "spec": spec, "machine": machine,
               "lora": {"r": LORA_RANK, "alpha": LORA_ALPHA, "targets": list(LORA_TARGETS)},
               "learning_rate": LEARNING_RATE, "results": rows, "table": table}
-    output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {output}")
+    print(f"\nwrote {write_json(args.output, result)}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
