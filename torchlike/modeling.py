@@ -32,9 +32,7 @@ if TYPE_CHECKING:
     from flax import nnx
     from jax.sharding import Mesh
     from numpy.typing import ArrayLike
-    from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
-
-    from .type_aliases import Tokenizer
+    from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["AutoModelForCausalLM", "CausalLM", "CausalLMOutput", "InputEmbeddings", "OutputEmbeddings", "make_mesh"]
 
@@ -194,8 +192,8 @@ class CausalLM:
         pad_token_id: int | None = None,
         seed: int | None = None,
         generation_config: GenerationConfig | None = None,
-        tokenizer: Tokenizer | None = None,
-        processing_class: Tokenizer | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
         input_ids: ArrayLike | None = None,
         prompts: ArrayLike | str | list[str] | None = None,
         output_logprobs: bool = False,
@@ -636,7 +634,7 @@ class CausalLM:
         save_directory: str | os.PathLike,
         max_shard_size: int | str = "5GB",
         safe_serialization: bool = True,
-        tokenizer: Tokenizer | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         is_main_process: bool = True,
         push_to_hub: bool = False,
         **push_kwargs: Any,
@@ -679,7 +677,7 @@ class CausalLM:
             repo_id = push_kwargs.pop("repo_id", Path(save_directory).name)
             hf_hub.upload_folder(save_directory, repo_id, **push_kwargs)
 
-    def _save_metadata(self, folder: Path, tokenizer: Tokenizer | None) -> None:
+    def _save_metadata(self, folder: Path, tokenizer: PreTrainedTokenizerBase | None) -> None:
         """The files beside the weights: ``config.json`` (this dtype; the family's architecture when the config
         names none), ``generation_config.json`` and the tokenizer's files."""
         config = copy.deepcopy(self.config)
@@ -700,7 +698,7 @@ class CausalLM:
         revision: str | None = None,
         create_pr: bool = False,
         max_shard_size: int | str = "5GB",
-        tokenizer: Tokenizer | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> str:
         """Saves to a temporary directory with :meth:`save_pretrained` and uploads it to ``repo_id``.
 
@@ -767,6 +765,10 @@ def _jax_platform(device: Any) -> tuple[str, int | None]:
     return _JAX_PLATFORMS[kind], int(index) if index else None
 
 
+#: The ``attn_implementation`` values that load without a warning (transformers' own; the Tunix attention runs).
+ACCEPTED_ATTENTION = (None, "eager", "sdpa")
+
+
 @dataclass(frozen=True)
 class PretrainedLoad:
     """A ``from_pretrained`` call, checked and opened (:func:`open_pretrained`): what both Auto classes load from.
@@ -821,7 +823,7 @@ def open_pretrained(
     initialize_distributed()
     if mesh is None and jax.process_count() > 1:
         mesh = make_mesh()
-    if attn_implementation not in _ACCEPTED_ATTENTION:
+    if attn_implementation not in ACCEPTED_ATTENTION:
         warnings.warn(f"attn_implementation={attn_implementation!r} has no effect: torchlike uses the Tunix JAX "
                       "attention (XLA-compiled).", stacklevel=3)
     if device_map not in (None, "auto", "cpu"):
@@ -834,8 +836,6 @@ def open_pretrained(
     dtype = torch_dtype if dtype is None and torch_dtype is not None else dtype
     return PretrainedLoad(source, resolve_dtype(dtype, source.dtype_hint), mesh, quantization)
 
-
-_ACCEPTED_ATTENTION = (None, "eager", "sdpa")
 
 
 class AutoModelForCausalLM:

@@ -27,9 +27,7 @@ from .quantization import announce_quantization
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
-    from transformers import PreTrainedModel
-
-    from .type_aliases import Tokenizer
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["AutoModelForSequenceClassification", "SequenceClassifier", "SequenceClassifierOutput"]
 
@@ -129,7 +127,7 @@ class SequenceClassifier(CausalLM):
                   f"dtype={self.dtype.name}, parameters={self.num_parameters():,})")
         return "\n".join([header, *("  " + line for line in module_tree_lines(self.module))])
 
-    def _save_metadata(self, folder: Path, tokenizer: Tokenizer | None) -> None:
+    def _save_metadata(self, folder: Path, tokenizer: PreTrainedTokenizerBase | None) -> None:
         """``config.json`` with ``architectures`` the family's ``*ForSequenceClassification`` (transformers names the
         saving class) and the tokenizer's files; no ``generation_config.json``, as transformers writes none for a
         classifier. ``save_pretrained`` is :meth:`CausalLM.save_pretrained` (weights ``model.*`` and

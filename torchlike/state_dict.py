@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -22,9 +22,6 @@ from .adapters.checkpoint import hf_checkpoint
 from .adapters.lora.merge import merge_factors
 from .adapters.model import weight_plan
 from .adapters.model.nnx_state import dotted_path, parameter_slots
-
-if TYPE_CHECKING:
-    from .modeling import CausalLM
 
 __all__ = ["IncompatibleKeys", "StateDict", "load_state_dict", "state_dict"]
 
@@ -55,7 +52,7 @@ class StateDict(dict):
         self.metadata = dict(metadata or {})
 
 
-def state_dict(model: CausalLM) -> StateDict:
+def state_dict(model) -> StateDict:
     """The model's parameters as ``{"layers.0.attn.q_proj.w": array, ...}``: NNX paths joined by dots,
     every part a string, native layout, the arrays themselves (no copies)."""
     metadata: dict[str, Any] = {"family": model.family.name, "dtype": np.dtype(model.dtype).name}
@@ -118,7 +115,7 @@ def _is_tied_head_copy(model, name: str, read_name, embedding_at) -> bool:
 
 
 def load_state_dict(
-    model: CausalLM,
+    model,
     state_dict: Mapping,
     strict: bool = True,
     assign: bool = False,

@@ -327,7 +327,7 @@ def apply(
     targets: Mapping[str, Target],
     *,
     stream: Iterable[tuple[str, Any, Any]] | None = None,
-    keys: Iterable[tuple[Any, str]] | LoadPlan | None = None,
+    keys: Iterable[tuple[Any, str]] | None = None,
     read: Callable[[Source], Any] | None = None,
     shape_of: Callable[[Source], tuple[int, ...]] | None = None,
     check: ShapeCheck | None = None,
@@ -340,8 +340,8 @@ def apply(
     A source is either a ``stream`` of ``(name, array, origin)`` triples, routed one at a time as they arrive (the
     host holds one tensor at a time; a stream with a ``recycle(array)`` method, like
     :class:`~..checkpoint.hf_checkpoint.CheckpointTensors`, gets each array back once its copy to the device is
-    done), or ``keys`` ``(key, name)`` (or a :class:`LoadPlan` of them) read on demand with ``read``, routed all at
-    once first (:func:`plan`: two keys for one place are refused before anything is read).
+    done), or ``keys`` ``(key, name)`` read on demand with ``read``, routed all at once first (:func:`plan`: two keys
+    for one place are refused before anything is read).
 
     Args:
         family: the family table that names the HF tensors.
@@ -368,7 +368,7 @@ def apply(
     if stream is not None:
         _apply_stream(family, targets, stream, check, key_map, assembly, applied)
     else:
-        applied.plan = keys if isinstance(keys, LoadPlan) else plan(family, targets, keys, key_map)
+        applied.plan = plan(family, targets, keys, key_map)
         _apply_keyed(targets, applied, read, shape_of or (lambda source: tuple(read(source).shape)), check, defer,
                      assembly)
     for path in assembly.waiting():
