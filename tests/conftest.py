@@ -26,6 +26,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests import tiny  # noqa: E402
+from tests.helpers.scripts import build_script_model_dir  # noqa: E402
+from tests.helpers.tokenizers import tokenizer_for  # noqa: E402
 from torchlike.adapters.runtime import compilation  # noqa: E402
 
 
@@ -48,6 +50,19 @@ def tiny_checkpoints(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     return tiny.build_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture
+def tokenizer(tokenizer_dir):
+    """torchlike's tokenizer of ``tokenizer_dir``, a fresh one per test."""
+    return tokenizer_for(tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def script_model(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
+    """A tiny Qwen2 model directory as TRL's scripts expect one (weights, config and tokenizer)."""
+    return build_script_model_dir(tiny_checkpoints.path("qwen2"), tokenizer_dir,
+                                  tmp_path_factory.mktemp("script-model") / "qwen2")
 
 
 @pytest.fixture

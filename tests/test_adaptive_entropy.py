@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests import tiny
+from tests.helpers.logs import evaluated, logged
 from torchlike.adapters.runtime import tracing
 from torchlike.trl.entropy_control import STATE_FILE
 
@@ -27,7 +28,7 @@ METRICS = ("loss", "grad_norm", "entropy", "entropy_coef", "policy_loss")
 
 def trained_and_evaluated(trainer) -> tuple[list[dict], dict[str, float]]:
     trainer.train()
-    return trainer.state.log_history, tiny.evaluated(trainer)
+    return trainer.state.log_history, evaluated(trainer)
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,14 @@ def runs(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
 
 def test_adaptive_entropy_matches_trl_step_for_step(runs):
     (expected, _), (history, _) = runs["trl"], runs["ours"]
-    assert len(tiny.logged(history, "loss")) == len(tiny.logged(expected, "loss")) == ADAPTIVE["max_steps"]
+    assert len(logged(history, "loss")) == len(logged(expected, "loss")) == ADAPTIVE["max_steps"]
     for key in METRICS:
-        np.testing.assert_allclose(tiny.logged(history, key), tiny.logged(expected, key), rtol=1e-4, atol=1e-6,
+        np.testing.assert_allclose(logged(history, key), logged(expected, key), rtol=1e-4, atol=1e-6,
                                    err_msg=key)
 
 
 def test_the_coefficient_rises_and_falls(runs):
-    coefficients = np.array([ADAPTIVE["entropy_coef"], *tiny.logged(runs["ours"][0], "entropy_coef")])
+    coefficients = np.array([ADAPTIVE["entropy_coef"], *logged(runs["ours"][0], "entropy_coef")])
     steps = np.diff(coefficients)
     assert (steps > 0).any() and (steps < 0).any(), coefficients
 

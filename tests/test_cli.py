@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from tests.test_trl_scripts import build_script_model_dir, prompt_completion_rows, write_jsonl
+from tests.helpers.scripts import build_script_model_dir, prompt_completion_rows, write_jsonl
 from torchlike.cli import main
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("torchlike")

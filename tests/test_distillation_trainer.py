@@ -1,9 +1,8 @@
 """DistillationTrainer: TRL 1.16's generalized JSD, TRL's numbers step for step on the same completions, on-policy
-sampling from the student, the teacher's checks, and DistillationConfig against the real ``trl.DistillationConfig``."""
+sampling from the student, the teacher's checks, and DistillationConfig's TRL defaults and checks."""
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 import zlib
 
@@ -17,24 +16,14 @@ from flax import nnx
 
 import torchlike
 from tests import tiny
-from tests.test_training_config import POST_INIT_DIFFERENCES, TORCHLIKE_FIELDS, _plain, _quiet, _raw_default
+from tests.helpers.config_fields import quiet
+from tests.helpers.tokenizers import tokenizer_for
+from tests.tiny import COMPLETION_LENGTH, EOS, PROMPTS
 from torchlike.adapters.losses import distillation as distillation_loss
 from torchlike.adapters.model import nnx_state
-from torchlike.field_support import check_unsupported, field_table
+from torchlike.field_support import check_unsupported
 from torchlike.testing import tiny_config
-from torchlike.training_args import TrainingArguments
 from torchlike.trl import DistillationConfig, DistillationTrainer
-from torchlike.trl.distillation_fields import DISTILLATION_FIELD_SUPPORT
-
-PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog", "four five", "tiny test", "seven eight",
-           "the fox", "nine ten", "over the", "jumps over", "brown fox", "a tiny", "for tests", "this is", "world"]
-COMPLETION_LENGTH = 8
-EOS = 2
-
-
-def tokenizer_for(tokenizer_dir):
-    return torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
-
 
 # --- (a) the generalized JSD against TRL's loss function ------------------------------------------------------------
 
@@ -328,38 +317,7 @@ def test_a_teacher_path_is_loaded_with_teacher_model_init_kwargs(tiny_checkpoint
     assert trainer.teacher_model.mesh is trainer.mesh
 
 
-# --- (e) DistillationConfig and its field table ----------------------------------------------------------------------
-
-def test_every_trl_field_exists_with_the_same_raw_default_and_is_classified():
-    our_fields = {f.name: f for f in dataclasses.fields(DistillationConfig)}
-    assert set(our_fields) == {f.name for f in dataclasses.fields(trl.DistillationConfig)} | TORCHLIKE_FIELDS
-    applied = field_table(DistillationConfig)
-    training_arguments = {f.name for f in dataclasses.fields(TrainingArguments)}
-    for f in dataclasses.fields(trl.DistillationConfig):
-        assert _plain(_raw_default(our_fields[f.name])) == _plain(_raw_default(f)), f.name
-        assert f.name in applied, f"trl.DistillationConfig.{f.name} is not classified"
-        if f.name not in training_arguments:
-            assert f.name in DISTILLATION_FIELD_SUPPORT, f"trl.DistillationConfig.{f.name} needs its own row"
-
-
-def test_the_table_has_no_stale_name_and_real_reasons():
-    assert set(DISTILLATION_FIELD_SUPPORT) <= {f.name for f in dataclasses.fields(DistillationConfig)}
-    for name, support in DISTILLATION_FIELD_SUPPORT.items():
-        assert support.status in ("honoured", "ignored", "refused"), name
-        assert len(support.reason) > 20, f"{name} needs a real reason"
-
-
-@pytest.mark.parametrize("kwargs", [{}, {"beta": 0.0, "temperature": 0.7, "pad_to_multiple_of": "64",
-                                         "teacher_model_init_kwargs": '{"dtype": "bfloat16"}'},
-                                    {"beta": 0.5, "max_completion_length": 64, "top_k": 20, "min_p": 0.05,
-                                     "generation_kwargs": {"top_p": 0.9}, "shuffle_dataset": False}])
-def test_values_after_post_init_match_trl(tmp_path, kwargs):
-    theirs = _quiet(trl.DistillationConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    ours = _quiet(DistillationConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    for f in dataclasses.fields(trl.DistillationConfig):
-        if f.name not in POST_INIT_DIFFERENCES:
-            assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
-
+# --- (e) DistillationConfig (its field walk: test_config_parity.py) ------------------------------------------------
 
 def test_trl_default_changes_and_beta_range_are_trls():
     config = DistillationConfig()
@@ -370,10 +328,10 @@ def test_trl_default_changes_and_beta_range_are_trls():
 
 
 def test_vllm_fields_warn_and_structured_outputs_are_refused():
-    config = _quiet(DistillationConfig, output_dir="out", use_vllm=True, vllm_mode="server")
+    config = quiet(DistillationConfig, output_dir="out", use_vllm=True, vllm_mode="server")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         check_unsupported(config)
     assert {str(w.message).split("=")[0] for w in caught} == {"use_vllm", "vllm_mode"}
     with pytest.raises(ValueError, match="vllm_structured_outputs_regex"):
-        check_unsupported(_quiet(DistillationConfig, output_dir="out", vllm_structured_outputs_regex="[a-z]+"))
+        check_unsupported(quiet(DistillationConfig, output_dir="out", vllm_structured_outputs_regex="[a-z]+"))

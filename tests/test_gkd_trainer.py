@@ -4,7 +4,6 @@ loss against ``GKDTrainer.generalized_jsd_loss``, TRL's on-policy draws and erro
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import types
 import zlib
@@ -20,11 +19,9 @@ import transformers
 import torchlike
 from tests import tiny
 from torchlike.adapters.losses import distillation as distillation_loss
-from torchlike.field_support import field_table
 from torchlike.testing import tiny_config
 from torchlike.trl.experimental.gkd import GKDConfig, GKDTrainer
 from torchlike.trl.experimental.gkd.gkd_data import dataset_columns, tokenize_conversation
-from torchlike.trl.experimental.gkd.gkd_fields import GKD_FIELD_SUPPORT
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 trl_gkd = pytest.importorskip("trl.experimental.gkd")
@@ -379,28 +376,7 @@ def test_a_row_without_prompt_tokens_after_truncation_is_refused_as_in_trl(tiny_
         str(expected.value)
 
 
-# --- GKDConfig against trl.experimental.gkd.GKDConfig ----------------------------------------------------------------
-
-def raw_default(field: dataclasses.Field):
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    return field.default_factory() if field.default_factory is not dataclasses.MISSING else dataclasses.MISSING
-
-
-def test_every_trl_field_exists_with_trls_default_and_is_classified():
-    ours = {field.name: field for field in dataclasses.fields(GKDConfig)}
-    table = field_table(GKDConfig)
-    sft_fields = {field.name for field in dataclasses.fields(torchlike.trl.SFTConfig)}
-    for field in dataclasses.fields(trl_gkd.GKDConfig):
-        assert field.name in ours, field.name
-        assert field.name in table, f"GKDConfig.{field.name} is not classified"
-        if field.name not in sft_fields:
-            assert raw_default(ours[field.name]) == raw_default(field), field.name
-            assert field.name in GKD_FIELD_SUPPORT, f"GKDConfig.{field.name} needs its own row"
-    assert set(GKD_FIELD_SUPPORT) <= set(ours)
-    assert all(support.status in ("honoured", "ignored", "refused") and len(support.reason) > 20
-               for support in GKD_FIELD_SUPPORT.values())
-
+# --- GKDConfig against trl.experimental.gkd.GKDConfig (its field walk: test_config_parity.py) ------------------
 
 @pytest.mark.parametrize("values", [{"lmbda": -0.1}, {"lmbda": 1.5}, {"beta": -0.5}, {"beta": 2.0}])
 def test_lmbda_and_beta_outside_0_1_are_refused_in_trls_words(tmp_path, values):

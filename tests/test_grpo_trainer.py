@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-import torchlike
+from tests.helpers.logs import logged
 from torchlike.adapters.lora import runtime as lora_runtime
 from torchlike.adapters.runtime import tracing
 from torchlike.peft import LoraConfig
@@ -33,26 +33,17 @@ def config(tmp_path, **overrides):
     return GRPOConfig(**values)
 
 
-@pytest.fixture
-def tokenizer(tokenizer_dir):
-    return torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
-
-
 def make_trainer(tiny_checkpoints, tokenizer, tmp_path, reward_funcs=length_reward, dataset=None, **overrides):
     dataset = [{"prompt": p} for p in PROMPTS] if dataset is None else dataset
     return GRPOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=reward_funcs,
                        args=config(tmp_path, **overrides), train_dataset=dataset, processing_class=tokenizer)
 
 
-def logged(trainer, key):
-    return [entry[key] for entry in trainer.state.log_history if key in entry and "loss" in entry]
-
-
 def test_the_mean_length_reward_improves_over_a_short_run(tiny_checkpoints, tokenizer, tmp_path):
     trainer = make_trainer(tiny_checkpoints, tokenizer, tmp_path, per_device_train_batch_size=32, num_generations=8,
                            max_completion_length=16, max_steps=40, learning_rate=3e-3)
     trainer.train()
-    rewards = logged(trainer, "reward")
+    rewards = logged(trainer.state.log_history, "reward")
     assert len(rewards) == 40
     assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.15, rewards
 
@@ -75,7 +66,7 @@ def test_reward_functions_get_trl_keyword_arguments_with_dataset_columns(tiny_ch
     assert all(isinstance(c, str) for c in seen["completions"])
     assert seen["completions"] == tokenizer.batch_decode(seen["completion_ids"], skip_special_tokens=True)
     assert all(0 < len(ids) <= 12 for ids in seen["completion_ids"])
-    assert logged(trainer, "rewards/recording_reward/mean") == [pytest.approx(np.mean(
+    assert logged(trainer.state.log_history, "rewards/recording_reward/mean") == [pytest.approx(np.mean(
         [len(ids) for ids in seen["completion_ids"]]))]
 
 
@@ -110,9 +101,10 @@ def test_async_rewards_none_rewards_and_reward_weights(tiny_checkpoints, tokeniz
     trainer = make_trainer(tiny_checkpoints, tokenizer, tmp_path, reward_funcs=[async_reward, sometimes_none],
                            reward_weights=[1.0, 0.5], max_steps=1)
     trainer.train()
-    assert logged(trainer, "rewards/async_reward/mean") == [1.0]
-    assert logged(trainer, "rewards/sometimes_none/mean") == [2.0]
-    assert logged(trainer, "reward") == [pytest.approx((8 * 1.0 + 4 * 1.0) / 8)]  # nansum of weighted rewards
+    assert logged(trainer.state.log_history, "rewards/async_reward/mean") == [1.0]
+    assert logged(trainer.state.log_history, "rewards/sometimes_none/mean") == [2.0]
+    # the nansum of the weighted rewards
+    assert logged(trainer.state.log_history, "reward") == [pytest.approx((8 * 1.0 + 4 * 1.0) / 8)]
 
 
 def test_later_steps_of_a_generation_batch_use_the_old_policy_log_probs(tiny_checkpoints, tokenizer, tmp_path):
@@ -138,7 +130,7 @@ def test_kl_to_the_reference_is_zero_first_then_grows_with_lora_and_full_models(
                               train_dataset=[{"prompt": p} for p in PROMPTS], processing_class=tokenizer,
                               peft_config=peft_config)
         trainer.train()
-        kl = logged(trainer, "kl")
+        kl = logged(trainer.state.log_history, "kl")
         assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 1e-5, (name, kl)
 
 
@@ -229,7 +221,8 @@ def test_pad_to_multiple_of_widens_prompts_and_completions_without_changing_the_
     assert rollout["completion_mask"].shape[1] == 24 and rollout["input_ids"].shape[1] % 24 == 0
     assert rollout["input_ids"].shape[1] > plain._last_rollout["input_ids"].shape[1]
     assert rollout["completion_mask"].sum() == plain._last_rollout["completion_mask"].sum()
-    np.testing.assert_allclose(logged(padded, "loss"), logged(plain, "loss"), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(logged(padded.state.log_history, "loss"), logged(plain.state.log_history, "loss"),
+                               rtol=1e-5, atol=1e-7)
 
 
 def scripted(completion_ids, **extra):
@@ -255,7 +248,7 @@ def test_rollout_func_replaces_the_sampler_and_its_extra_fields_reach_the_reward
                           rollout_func=scripted([5, 6, 7, 2], source="scripted"))
     trainer.train()
     assert seen["completion_ids"] == [[5, 6, 7, 2]] * 8 and seen["source"] == ["scripted"] * 8
-    assert logged(trainer, "completions/clipped_ratio") == [0.0, 0.0]  # each ends with EOS
+    assert logged(trainer.state.log_history, "completions/clipped_ratio") == [0.0, 0.0]  # each ends with EOS
 
 
 @pytest.mark.parametrize(("rollout", "needle"), [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests import tiny
-from tests.tiny import logged
+from tests.helpers.logs import evaluated, logged
 
 # Each case varies what TRL's loss and batching depend on; together they cover every loss_type, every scale_rewards
 # mode, gradient accumulation, steps_per_generation != gradient_accumulation_steps (dividing or not), num_iterations,
@@ -113,10 +113,10 @@ def test_evaluate_reports_trls_eval_loss_and_metrics(tiny_checkpoints, tokenizer
     values = dict(EVAL_CASES[case], max_steps=2, per_device_eval_batch_size=16, eval_prompts=tiny.EVAL_PROMPTS)
     trainer = tiny.trl_grpo_trainer(path, tokenizer_dir, tmp_path / "trl", monkeypatch, **values)
     trainer.train()
-    theirs = tiny.evaluated(trainer)
+    theirs = evaluated(trainer)
     trainer = tiny.torchlike_grpo_trainer(path, tokenizer_dir, tmp_path / "ours", **values)
     trainer.train()
-    ours = tiny.evaluated(trainer)
+    ours = evaluated(trainer)
 
     assert sorted(ours) == sorted(theirs), (set(ours) ^ set(theirs))
     assert theirs["eval_loss"] != 0.0

@@ -3,7 +3,6 @@ its metrics, each held against TRL 1.16's own code."""
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import warnings
 from collections import defaultdict
@@ -16,11 +15,9 @@ import torch
 import torch.nn.functional as F
 import trl
 
-import torchlike
-from tests.test_training_config import POST_INIT_DIFFERENCES, TORCHLIKE_FIELDS, _plain, _quiet, _raw_default
+from tests.helpers.config_fields import unsupported_field_warnings
+from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.adapters.losses import kto as kto_math
-from torchlike.field_support import check_unsupported, field_table
-from torchlike.training_args import TrainingArguments
 from torchlike.trl import kto_config
 from torchlike.trl.kto_config import KTOConfig
 from torchlike.trl.kto_data import (
@@ -31,8 +28,6 @@ from torchlike.trl.kto_data import (
 )
 from torchlike.trl.kto_fields import KTO_FIELD_SUPPORT
 
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 LONG_PROMPT = "one two three four five six seven eight nine ten"  # 13 tokens: fills max_length=12
 
 
@@ -72,9 +67,7 @@ FORMATS = {
 
 @pytest.fixture
 def tokenizer(tokenizer_dir):
-    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return tokenizer_for(tokenizer_dir, CHAT_TEMPLATE)
 
 
 # --- (a) data preparation: TRL's own KTOTrainer prepares the same examples -------------------------------------------
@@ -284,37 +277,7 @@ def test_metrics_no_micro_batch_recorded_are_not_logged():
     assert kto_math.finish_metrics(logs) == {"loss": 0.5, "eval_logps/chosen": -6.0}
 
 
-# --- (c) KTOConfig and its field table ------------------------------------------------------------------------------
-
-def test_every_trl_field_exists_with_the_same_raw_default_and_is_classified():
-    our_fields = {f.name: f for f in dataclasses.fields(KTOConfig)}
-    assert set(our_fields) == {f.name for f in dataclasses.fields(trl.KTOConfig)} | TORCHLIKE_FIELDS
-    applied = field_table(KTOConfig)
-    training_arguments = {f.name for f in dataclasses.fields(TrainingArguments)}
-    for f in dataclasses.fields(trl.KTOConfig):
-        assert _plain(_raw_default(our_fields[f.name])) == _plain(_raw_default(f)), f.name
-        assert f.name in applied, f"trl.KTOConfig.{f.name} is not classified"
-        if f.name not in training_arguments:
-            assert f.name in KTO_FIELD_SUPPORT, f"trl.KTOConfig.{f.name} must be decided in its own table"
-
-
-def test_the_table_has_no_stale_name_and_real_reasons():
-    assert set(KTO_FIELD_SUPPORT) <= {f.name for f in dataclasses.fields(KTOConfig)}
-    for name, support in KTO_FIELD_SUPPORT.items():
-        assert support.status in ("honoured", "ignored", "refused"), name
-        assert len(support.reason) > 20, f"{name} needs a real reason"
-
-
-@pytest.mark.parametrize("kwargs", [{}, {"loss_type": "apo_zero_unpaired", "pad_to_multiple_of": "8", "beta": 0.5,
-                                         "train_sampling_strategy": "random"},
-                                    {"desirable_weight": 1.33, "undesirable_weight": 0.5, "max_length": None}])
-def test_values_after_post_init_match_trl(tmp_path, kwargs):
-    theirs = _quiet(trl.KTOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    ours = _quiet(KTOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    for f in dataclasses.fields(trl.KTOConfig):
-        if f.name not in POST_INIT_DIFFERENCES:
-            assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
-
+# --- (c) KTOConfig and its field table (its field walk: test_config_parity.py) --------------------------------------
 
 def test_trl_default_changes_are_spelled_out():
     config = KTOConfig()
@@ -333,11 +296,7 @@ NON_DEFAULT = {"neftune_noise_alpha": 5.0, "trust_remote_code": True,
 
 
 def _applied(**kwargs):
-    config = _quiet(KTOConfig, output_dir="out", **kwargs)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_unsupported(config)
-    return [str(w.message) for w in caught if w.category is UserWarning]
+    return unsupported_field_warnings(KTOConfig, **kwargs)
 
 
 def test_every_ignored_or_refused_field_has_a_sample_value():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests import distributed_worker, mesh_checks
-from tests.test_trl_scripts import assert_hf_loadable, build_script_model_dir, port_trl_script, script_arguments
+from tests.helpers.scripts import assert_hf_loadable, build_script_model_dir, port_trl_script, script_arguments
 
 MESH_CASES = ["qwen2", "qwen3_tied", "llama32", "gemma3", "qwen3_moe"]
 # (query projection path, its full shape, its shard shape on fsdp=4 x tp=2)

@@ -16,6 +16,7 @@ from flax import nnx
 
 import torchlike
 from tests import tiny
+from tests.helpers.logs import logged
 from torchlike import peft as ours_peft
 from torchlike.trl import SFTConfig, SFTTrainer
 
@@ -179,10 +180,6 @@ SETTINGS = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, le
 def flat_parameters(module) -> dict[str, np.ndarray]:
     return {".".join(map(str, path)): np.asarray(variable.get_value())
             for path, variable in nnx.to_flat_state(nnx.state(module, nnx.Param))}
-
-
-def logged(history, key) -> list[float]:
-    return [entry[key] for entry in history if "loss" in entry and key in entry]
 
 
 @pytest.mark.parametrize("kind", ["prompt_tuning", "p_tuning", "prefix_tuning"])

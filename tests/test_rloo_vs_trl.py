@@ -16,7 +16,8 @@ import torch
 
 import torchlike
 from tests import tiny
-from tests.tiny import EOS, PROMPTS, length_reward, logged, token_reward
+from tests.helpers.logs import logged
+from tests.tiny import EOS, PROMPTS, length_reward, token_reward
 from torchlike.trl import RLOOConfig, RLOOTrainer
 
 COMPLETION_LENGTH = 8

@@ -31,11 +31,6 @@ def model_path(tiny_checkpoints):
     return str(tiny_checkpoints.path("qwen2"))
 
 
-@pytest.fixture
-def tokenizer(tokenizer_dir):
-    return torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
-
-
 def losses(trainer) -> list[float]:
     trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import torchlike
+from tests.helpers.logs import logged
 from torchlike.trl import SFTConfig, SFTTrainer
 
 WORDS = "the quick brown fox jumps over the lazy dog one two three four five six seven eight nine ten hello world"
@@ -29,10 +30,6 @@ def prompt_completion_data(count: int, seed: int = 0) -> list[dict]:
 SETTINGS = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=20, learning_rate=3e-3,
                 lr_scheduler_type="linear", warmup_steps=4, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4,
                 max_length=32, logging_steps=1, seed=0, bf16=False, report_to="none", save_strategy="no")
-
-
-def logged(history, key) -> list[float]:
-    return [entry[key] for entry in history if "loss" in entry and key in entry]
 
 
 def test_sft_matches_trl_step_for_step_on_padded_prompt_completion_data(tiny_checkpoints, tokenizer_dir, tmp_path):

@@ -22,6 +22,7 @@ import transformers
 from packaging.version import Version
 
 from tests import tiny
+from tests.helpers.logs import logged
 from torchlike.adapters.rollout import PagedEngine, StaticEngine
 from torchlike.testing import random_model, tiny_config
 from torchlike.trl import GRPOConfig, GRPOTrainer
@@ -147,10 +148,6 @@ def recording_reward(seen: list):
         return [float(index) for index in range(len(completions))]  # unequal within each group: nonzero advantages
 
     return reward
-
-
-def logged(history, key):
-    return [entry[key] for entry in history if "loss" in entry and key in entry]
 
 
 def record_generations(monkeypatch) -> list:

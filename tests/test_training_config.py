@@ -14,105 +14,35 @@ import trl
 import torchlike
 import torchlike.training_args as training_args
 from tests import tiny
+from tests.helpers.config_fields import (
+    FIELD_SUPPORT,
+    SFT_FIELD_SUPPORT,
+    TORCHLIKE_FIELDS,
+    quiet,
+    unsupported_field_warnings,
+)
 from torchlike import version
 from torchlike.adapters.training import train_step
 from torchlike.field_support import check_unsupported
 from torchlike.field_support import fields_with_status as table_fields_with_status
 from torchlike.training_args import TrainingArguments
-from torchlike.training_args_fields import TRAINING_ARGUMENTS_FIELD_SUPPORT
 from torchlike.trl import SFTConfig
-from torchlike.trl.sft_fields import SFT_FIELD_SUPPORT as SFT_ROWS
-
-#: The TrainingArguments rows SFTConfig lays its own over.
-SFT_FIELD_SUPPORT = {name: row for name, row in SFT_ROWS.items() if name in TRAINING_ARGUMENTS_FIELD_SUPPORT}
-#: Every field of TrainingArguments and of trl.SFTConfig, each with its base row.
-FIELD_SUPPORT = {**TRAINING_ARGUMENTS_FIELD_SUPPORT,
-                 **{name: row for name, row in SFT_ROWS.items() if name not in SFT_FIELD_SUPPORT}}
 
 
 def fields_with_status(status: str) -> list[str]:
     return table_fields_with_status(FIELD_SUPPORT, status)
 
-#: torchlike's own fields.
-OWN_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches", "lora_step"}
-#: transformers.TrainingArguments fields that some supported version has and another lacks: 5.15 removed the first
-#: two and added the next two, 5.23 added the last two (``gradient_checkpointing*`` became their aliases).
-OTHER_VERSIONS_FIELDS = {"warmup_ratio", "logging_dir", "dataloader_in_order", "dataloader_multiprocessing_context",
-                         "activation_checkpointing", "activation_checkpointing_kwargs"}
-#: The fields torchlike's configs have beyond the installed transformers.TrainingArguments: its own, and those only
-#: other supported transformers versions have.
-TORCHLIKE_FIELDS = OWN_FIELDS | (OTHER_VERSIONS_FIELDS
-                                 - {f.name for f in dataclasses.fields(transformers.TrainingArguments)})
-#: Raw defaults torchlike takes from transformers 5.23, with the older versions' value (both resolve to it).
-NEWER_RAW_DEFAULTS = {"gradient_checkpointing": False}
 
-# Values transformers derives in __post_init__ that torchlike deliberately leaves alone.
-POST_INIT_DIFFERENCES = {
-    # transformers turns None into an accelerate.AcceleratorConfig(); torchlike has no Accelerate and keeps None.
-    "accelerator_config",
-    # transformers sets dataloader_pin_memory=False when use_cpu=True (the TRL side needs use_cpu=True to accept its
-    # bf16 default on this CPU-only machine); torchlike has no torch DataLoader, so the field keeps its value.
-    "dataloader_pin_memory",
-}
+# --- (a), (b), (c): the field walk (raw defaults and field tables: test_config_parity.py) -----------------------------
 
-
-def _raw_default(f: dataclasses.Field):
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
-
-
-def _plain(value):
-    """transformers stores enum members (str subclasses); compare their string values."""
-    inner = getattr(value, "value", None)
-    return inner if isinstance(inner, str) else value
-
-
-def _quiet(factory, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return factory(**kwargs)
-
-
-# --- (a), (b), (c): the field walk ---------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("reference", "ours"), [(trl.SFTConfig, SFTConfig),
-                                                 (transformers.TrainingArguments, TrainingArguments)],
-                         ids=["trl.SFTConfig", "transformers.TrainingArguments"])
-def test_every_reference_field_exists_with_the_same_raw_default(reference, ours):
-    our_fields = {f.name: f for f in dataclasses.fields(ours)}
-    for f in dataclasses.fields(reference):
-        assert f.name in FIELD_SUPPORT, f"{reference.__name__}.{f.name} is missing from FIELD_SUPPORT"
-        assert f.name in our_fields, f"{reference.__name__}.{f.name} is missing from torchlike's {ours.__name__}"
-        ours_default, theirs_default = _plain(_raw_default(our_fields[f.name])), _plain(_raw_default(f))
-        if f.name in NEWER_RAW_DEFAULTS and not version.gradient_checkpointing_is_deprecated():
-            assert (ours_default, theirs_default) in ((None, NEWER_RAW_DEFAULTS[f.name]), (theirs_default,) * 2)
-        else:
-            assert ours_default == theirs_default, f.name
-
-
-def test_sft_config_values_after_post_init_match_trl(tmp_path):
+def test_sft_config_spells_out_trls_changed_defaults(tmp_path):
     # TRL refuses its own bf16 default without a bf16 GPU unless use_cpu=True; torchlike accepts it (see (g)).
-    theirs = _quiet(trl.SFTConfig, output_dir=str(tmp_path), use_cpu=True)
-    ours = _quiet(SFTConfig, output_dir=str(tmp_path), use_cpu=True)
-    for f in dataclasses.fields(trl.SFTConfig):
-        if f.name in POST_INIT_DIFFERENCES:
-            continue
-        assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
-    # TRL's changed defaults, spelled out.
+    ours = quiet(SFTConfig, output_dir=str(tmp_path), use_cpu=True)
     assert (ours.learning_rate, ours.logging_steps, ours.gradient_checkpointing, ours.bf16) == (2e-5, 10, True, True)
     assert ours.pad_to_multiple_of is None and ours.report_to == []
 
 
-def test_training_arguments_values_after_post_init_match_transformers(tmp_path):
-    theirs = _quiet(transformers.TrainingArguments, output_dir=str(tmp_path))
-    ours = _quiet(TrainingArguments, output_dir=str(tmp_path))
-    for f in dataclasses.fields(transformers.TrainingArguments):
-        if f.name == "accelerator_config":  # see POST_INIT_DIFFERENCES
-            continue
-        assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
+def test_training_arguments_output_dir_defaults_to_trainer_output():
     assert TrainingArguments().output_dir == "trainer_output"
 
 
@@ -203,11 +133,7 @@ NON_DEFAULT = {
 
 def _applied(**kwargs):
     """Build an SFTConfig and run check_unsupported, returning the UserWarnings it emits."""
-    config = _quiet(SFTConfig, output_dir="out", **kwargs)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_unsupported(config)
-    return [str(w.message) for w in caught if w.category is UserWarning]
+    return unsupported_field_warnings(SFTConfig, **kwargs)
 
 
 def test_every_ignored_or_refused_field_has_a_sample_value():
@@ -226,7 +152,7 @@ def test_setting_an_ignored_field_warns_once_naming_it(name):
 def test_setting_a_refused_field_raises_naming_it(name):
     with pytest.raises(ValueError) as error:
         if name in SFT_FIELD_SUPPORT:  # SFTConfig honours it (its own row); the base TrainingArguments refuses it
-            check_unsupported(_quiet(TrainingArguments, output_dir="out", **{name: NON_DEFAULT[name]}))
+            check_unsupported(quiet(TrainingArguments, output_dir="out", **{name: NON_DEFAULT[name]}))
         _applied(**{name: NON_DEFAULT[name]})
     message = str(error.value)
     assert f"{name}=" in message and FIELD_SUPPORT[name].reason in message and "the default" in message
@@ -331,7 +257,7 @@ def test_enumerations_accept_transformers_enum_members_and_store_plain_strings()
 
 
 def test_derived_values_follow_transformers():
-    args = _quiet(SFTConfig, eval_strategy="steps", logging_steps=7, save_steps=0.25, warmup_ratio=0.1,
+    args = quiet(SFTConfig, eval_strategy="steps", logging_steps=7, save_steps=0.25, warmup_ratio=0.1,
                   include_num_input_tokens_seen=True, lr_scheduler_kwargs='{"num_cycles": "1"}')
     assert args.eval_steps == 7 and args.do_eval and args.save_steps == 0.25
     assert args.warmup_steps == 0.1 and args.get_warmup_steps(95) == 10
@@ -421,12 +347,12 @@ def test_trl_bf16_default_is_accepted_on_cpu():
     ({"gradient_checkpointing": False, "activation_checkpointing": True}, True),
 ])
 def test_activation_checkpointing_and_its_alias_resolve_to_one_value(kwargs, resolved):
-    args = _quiet(TrainingArguments, **kwargs)
+    args = quiet(TrainingArguments, **kwargs)
     assert args.activation_checkpointing is resolved and args.gradient_checkpointing is resolved
     if version.gradient_checkpointing_is_deprecated():  # transformers has both names: the same resolution
-        theirs = _quiet(transformers.TrainingArguments, output_dir="out", **kwargs)
+        theirs = quiet(transformers.TrainingArguments, output_dir="out", **kwargs)
         assert (theirs.activation_checkpointing, theirs.gradient_checkpointing) == (resolved, resolved)
-    kwargs_args = _quiet(TrainingArguments, gradient_checkpointing_kwargs='{"use_reentrant": "false"}')
+    kwargs_args = quiet(TrainingArguments, gradient_checkpointing_kwargs='{"use_reentrant": "false"}')
     assert kwargs_args.activation_checkpointing_kwargs == kwargs_args.gradient_checkpointing_kwargs == {
         "use_reentrant": False}
 
@@ -476,7 +402,7 @@ def test_command_lines_take_either_checkpointing_name():
     parser = transformers.HfArgumentParser(TrainingArguments)
     for argv in (["--activation_checkpointing"], ["--gradient_checkpointing", "true"],
                  ["--activation_checkpointing", "true", "--gradient_checkpointing", "false"]):
-        (args,) = _quiet(parser.parse_args_into_dataclasses, args=["--output_dir", "out", *argv])
+        (args,) = quiet(parser.parse_args_into_dataclasses, args=["--output_dir", "out", *argv])
         assert args.activation_checkpointing is True and args.gradient_checkpointing is True
     (args,) = parser.parse_args_into_dataclasses(["--output_dir", "out"])
     assert args.activation_checkpointing is False
@@ -495,7 +421,7 @@ def test_the_train_step_rematerialises_under_either_name(tiny_checkpoints, tmp_p
     runs = {"activation": {"activation_checkpointing": True}, "gradient": {"gradient_checkpointing": True},
             "new name wins": {"activation_checkpointing": False, "gradient_checkpointing": True}}
     for name, settings in runs.items():
-        args = _quiet(TrainingArguments, output_dir=str(tmp_path / name), report_to="none", max_steps=2,
+        args = quiet(TrainingArguments, output_dir=str(tmp_path / name), report_to="none", max_steps=2,
                       logging_steps=1, learning_rate=1e-3, per_device_train_batch_size=4, **settings)
         model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
         trainer = torchlike.Trainer(model=model, args=args, train_dataset=tiny.padded_examples(8, seed=1))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import torchlike.trl as torchlike_trl
-from tests.test_trl_scripts import (
+from tests.helpers.scripts import (
     TINY_RUN,
     WORDS,
     assert_hf_loadable,
@@ -17,7 +17,6 @@ from tests.test_trl_scripts import (
     run_script,
     write_jsonl,
 )
-from tests.test_trl_scripts import script_model as script_model  # the module-scoped fixture
 
 
 @pytest.mark.parametrize("name", ["rloo", "kto", "reward", "distillation"])

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import transformers
 
+from tests.helpers.logs import evaluated
 from torchlike.testing import VOCAB_SIZE as VOCAB
 from torchlike.testing import build_tokenizer as build_tokenizer  # the tests' tokenizer: tiny.build_tokenizer
 from torchlike.testing import random_model, tiny_config
@@ -222,17 +223,6 @@ def grpo_settings(**case) -> dict:
                   reward_weights=[1.0, 0.5])
     values.update(case)
     return values
-
-
-def logged(history: list[dict], key: str) -> list:
-    """The values of ``key`` in the training logs (the entries with a ``loss``) of a ``log_history``."""
-    return [entry[key] for entry in history if "loss" in entry and key in entry]
-
-
-def evaluated(trainer) -> dict[str, float]:
-    """``trainer.evaluate()``'s metrics without the timings and the epoch (which differ between runs)."""
-    return {key: value for key, value in trainer.evaluate().items()
-            if key not in ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")}
 
 
 def trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, eval_prompts: list[str] | None = None, **case):

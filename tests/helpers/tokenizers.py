@@ -1,0 +1,20 @@
+"""The tests' tokenizer as a trainer's ``processing_class`` (torchlike's ``AutoTokenizer`` of the tokenizer the
+``tokenizer_dir`` fixture saves), and the small chat template the preference and reward tests give it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torchlike
+
+#: A small chat template: each message as ``<s>role: content</s>``, the generation prompt ``<s>assistant:``.
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+
+
+def tokenizer_for(tokenizer_dir: Path | str, chat_template: str | None = None) -> torchlike.AutoTokenizer:
+    """torchlike's tokenizer saved in ``tokenizer_dir``, with ``chat_template`` set when given."""
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
