@@ -118,8 +118,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "google-tunix", "<=0.1.7",
         "GRPO and DPO losses differ from TRL's (advantage epsilon, log-ratio clipping, missing loss types and "
         "normalisations, cDPO label smoothing); only Tunix's common ops are used.",
-        ("adapters/losses/rl_math.py:grpo_advantages", "adapters/losses/rl_math.py:grpo_loss",
-         "adapters/losses/rl_math.py:dpo_loss"),
+        ("adapters/losses/grpo.py:grpo_advantages", "adapters/losses/grpo.py:grpo_loss",
+         "adapters/losses/dpo.py:dpo_loss"),
     ),
     Workaround(
         "google-tunix", "<=0.1.7",

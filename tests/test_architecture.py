@@ -126,4 +126,5 @@ def test_online_trainers_share_one_generation_path_schedule_and_scoring():
         assert [name for name in shared if getattr(trainer, name) is not getattr(OnlineTrainer, name)] == [], trainer
         assert trainer._generation_schedule is not OnlineTrainer._generation_schedule
     assert RLOOTrainer._rollout is GRPOTrainer._rollout
-    assert {RLOOTrainer._advantages, RLOOTrainer._loss}.isdisjoint({GRPOTrainer._advantages, GRPOTrainer._loss})
+    assert {RLOOTrainer._advantages, RLOOTrainer._step_loss}.isdisjoint({GRPOTrainer._advantages,
+                                                                         GRPOTrainer._step_loss})

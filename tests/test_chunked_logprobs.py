@@ -11,12 +11,12 @@ import pytest
 from flax import nnx
 
 from torchlike.adapters.families import family_for_config
-from torchlike.adapters.losses import grpo as tunix_grpo
+from torchlike.adapters.losses import grpo as grpo_losses
 from torchlike.adapters.losses import logprobs as chunked_logprobs
+from torchlike.adapters.losses.dpo import DPOLossSettings, preference_loss
 from torchlike.adapters.model import tunix_model
 from torchlike.adapters.training import train_step
 from torchlike.testing import tiny_config
-from torchlike.trl.dpo_trainer import preference_loss
 
 VOCAB = 2048  # large against a block: one 8-position block's logits are 1/8 of the sequence's
 BLOCK = 8  # divides none of the scored lengths below, so the last block is padded
@@ -130,8 +130,8 @@ def dpo_batch() -> dict:
 def test_dpo_loss_metrics_and_gradients_match_the_whole_sequence(model):
     family, module = model
     batch = dpo_batch()
-    chunked, whole = (preference_loss(family, beta=0.1, loss_type=["sigmoid", "sft"], block_size=size)
-                      for size in (BLOCK, None))
+    settings = DPOLossSettings(beta=0.1, loss_type=["sigmoid", "sft"])
+    chunked, whole = (preference_loss(family, settings, block_size=size) for size in (BLOCK, None))
     assert scan_count(chunked, module, batch) == 1 and scan_count(whole, module, batch) == 0
     (value, weight, metrics), grads = value_and_grads(chunked, module, batch)
     (whole_value, whole_weight, whole_metrics), whole_grads = value_and_grads(whole, module, batch)
@@ -156,15 +156,15 @@ def grpo_batch() -> dict:
 def test_grpo_log_probs_loss_and_gradients_match_the_whole_sequence(model):
     family, module = model
     batch = grpo_batch()
-    settings = tunix_grpo.GRPOLossSettings(
-        loss_type="dapo", beta=0.04, epsilon_low=0.2, epsilon_high=0.28, delta=None, importance_sampling_level="token",
+    settings = grpo_losses.GRPOLossSettings(
+        loss_type="dapo", beta=0.04, epsilon=0.2, epsilon_high=0.28, delta=None, importance_sampling_level="token",
         max_completion_length=COMPLETION, temperature=0.7, use_bias_correction_kl=False,
         off_policy_mask_threshold=None, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0,
         vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
-    chunked, whole = (tunix_grpo.grpo_step_loss(family, settings, block_size=size) for size in (BLOCK, None))
+    chunked, whole = (grpo_losses.grpo_step_loss(family, settings, block_size=size) for size in (BLOCK, None))
     assert scan_count(chunked, module, batch) == 1 and scan_count(whole, module, batch) == 0
     assert_same(value_and_grads(chunked, module, batch), value_and_grads(whole, module, batch))
-    log_probs = [tunix_grpo.make_log_prob_pass(family, 0.7, block_size=size)(module, batch) for size in (BLOCK, None)]
+    log_probs = [grpo_losses.make_log_prob_pass(family, 0.7, block_size=size)(module, batch) for size in (BLOCK, None)]
     assert_same(*log_probs)
     assert (np.asarray(log_probs[0])[0, 20:] == 0).all() and (np.asarray(log_probs[0])[1] < 0).all()
 

@@ -1,4 +1,5 @@
-"""adapters.rl_math gives TRL 1.16's GRPO advantages, GRPO losses, DPO losses and log-probabilities, with its gradients.
+"""adapters.losses (grpo, dpo, logprobs) give TRL 1.16's GRPO advantages, GRPO losses, DPO losses and
+log-probabilities, with their gradients.
 
 The losses are checked against the real ``GRPOTrainer._compute_loss`` and ``DPOTrainer._compute_loss``, called as
 unbound functions on a stand-in object that carries only the attributes they read and returns fixed log-probabilities
@@ -21,7 +22,7 @@ from trl.trainer.dpo_trainer import DPOTrainer
 from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.utils import entropy_from_logits, nanstd, selective_log_softmax
 
-from torchlike.adapters.losses import rl_math
+from torchlike.adapters.losses import advantages, dpo, grpo, logprobs
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -131,11 +132,12 @@ def _our_grpo(data, *, on_policy=False, num_items_in_batch, epsilon, **settings)
     divisor = 1 if token_normalised else GRADIENT_ACCUMULATION
 
     def loss_fn(logps):
-        loss, metrics = rl_math.grpo_loss(
+        loss, metrics = grpo.grpo_loss(
             logps, None if on_policy else jnp.asarray(data["old_logps"]), jnp.asarray(data["ref_logps"]),
-            jnp.asarray(data["advantages"]), jnp.asarray(data["mask"]), epsilon_low=epsilon,
-            max_completion_length=LENGTH, per_token_entropy=jnp.asarray(data["entropies"]),
-            num_items_in_batch=max(num_items_in_batch, 1) * GRADIENT_ACCUMULATION / STEPS_PER_GENERATION, **settings)
+            jnp.asarray(data["advantages"]), jnp.asarray(data["mask"]),
+            grpo.GRPOLossSettings(epsilon=epsilon, max_completion_length=LENGTH, **settings),
+            per_token_entropy=jnp.asarray(data["entropies"]),
+            num_items_in_batch=max(num_items_in_batch, 1) * GRADIENT_ACCUMULATION / STEPS_PER_GENERATION)
         return loss / divisor, metrics
 
     (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(jnp.asarray(data["logps"]))
@@ -158,7 +160,7 @@ def _assert_grpo_matches(data, **settings):
 # --- GRPO loss -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("importance_sampling_level", ["token", "sequence"])
-@pytest.mark.parametrize("loss_type", rl_math.GRPO_LOSS_TYPES)
+@pytest.mark.parametrize("loss_type", grpo.GRPO_LOSS_TYPES)
 def test_grpo_loss_matches_trl_for_every_loss_type_and_level(loss_type, importance_sampling_level):
     epsilon_high = 5.0 if loss_type == "cispo" else 0.28
     _assert_grpo_matches(_grpo_inputs(), loss_type=loss_type, importance_sampling_level=importance_sampling_level,
@@ -198,9 +200,10 @@ def test_off_policy_ratios_are_not_one_and_clipping_is_reported():
 
 def test_grpo_loss_jits_with_static_settings():
     data = _grpo_inputs()
-    loss_fn = jax.jit(lambda lp, old, adv, mask: rl_math.grpo_loss(lp, old, None, adv, mask, loss_type="dapo")[0])
-    eager = rl_math.grpo_loss(jnp.asarray(data["logps"]), jnp.asarray(data["old_logps"]), None,
-                              jnp.asarray(data["advantages"]), jnp.asarray(data["mask"]), loss_type="dapo")[0]
+    settings = grpo.GRPOLossSettings(loss_type="dapo")
+    loss_fn = jax.jit(lambda lp, old, adv, mask: grpo.grpo_loss(lp, old, None, adv, mask, settings)[0])
+    eager = grpo.grpo_loss(jnp.asarray(data["logps"]), jnp.asarray(data["old_logps"]), None,
+                           jnp.asarray(data["advantages"]), jnp.asarray(data["mask"]), settings)[0]
     _close(loss_fn(data["logps"], data["old_logps"], data["advantages"], data["mask"]), np.asarray(eager))
 
 
@@ -213,8 +216,8 @@ def test_grpo_loss_jits_with_static_settings():
 def test_grpo_loss_rejects_bad_settings(kwargs, message):
     data = _grpo_inputs()
     with pytest.raises(ValueError, match=message):
-        rl_math.grpo_loss(jnp.asarray(data["logps"]), None, None, jnp.asarray(data["advantages"]),
-                          jnp.asarray(data["mask"]), **kwargs)
+        grpo.grpo_loss(jnp.asarray(data["logps"]), None, None, jnp.asarray(data["advantages"]),
+                       jnp.asarray(data["mask"]), grpo.GRPOLossSettings(**kwargs))
 
 
 # --- Advantages ----------------------------------------------------------------------------------------------------
@@ -276,14 +279,14 @@ def _rewards_per_func() -> np.ndarray:
     return rewards
 
 
-@pytest.mark.parametrize("multi_objective_aggregation", rl_math.MULTI_OBJECTIVE_AGGREGATIONS)
+@pytest.mark.parametrize("multi_objective_aggregation", grpo.MULTI_OBJECTIVE_AGGREGATIONS)
 @pytest.mark.parametrize("scale_rewards", ["group", "batch", "none", True, False])
 def test_grpo_advantages_match_trl(scale_rewards, multi_objective_aggregation):
     rewards_per_func, weights = _rewards_per_func(), [1.0, 0.5]
     mode = {True: "group", False: "none"}.get(scale_rewards, scale_rewards)
     theirs, their_metrics = _trl_advantages(rewards_per_func, weights, NUM_GENERATIONS, mode,
                                             multi_objective_aggregation)
-    ours, our_metrics = rl_math.grpo_advantages(rewards_per_func, NUM_GENERATIONS, reward_weights=weights,
+    ours, our_metrics = grpo.grpo_advantages(rewards_per_func, NUM_GENERATIONS, reward_weights=weights,
                                                 scale_rewards=scale_rewards,
                                                 multi_objective_aggregation=multi_objective_aggregation)
     _close(ours, theirs)
@@ -296,39 +299,39 @@ def test_grpo_advantages_match_trl(scale_rewards, multi_objective_aggregation):
 def test_group_advantages_of_combined_rewards_match_trl(scale_rewards):
     rewards_per_func = _rewards_per_func()
     theirs, _ = _trl_advantages(rewards_per_func, [1.0, 1.0], NUM_GENERATIONS, scale_rewards, "sum_then_normalize")
-    ours = rl_math.group_advantages(rl_math.combine_rewards(rewards_per_func), NUM_GENERATIONS, scale_rewards)
+    ours = grpo.group_advantages(advantages.combine_rewards(rewards_per_func), NUM_GENERATIONS, scale_rewards)
     _close(ours, theirs)
 
 
 def test_decoupled_group_advantages_match_trl():
     rewards_per_func = _rewards_per_func()
     theirs, _ = _trl_advantages(rewards_per_func, [2.0, 1.0], NUM_GENERATIONS, "group", "normalize_then_sum")
-    _close(rl_math.decoupled_group_advantages(rewards_per_func, NUM_GENERATIONS, [2.0, 1.0]), theirs)
+    _close(grpo.decoupled_group_advantages(rewards_per_func, NUM_GENERATIONS, [2.0, 1.0]), theirs)
 
 
 def test_combine_rewards_weighs_skips_none_and_marks_unscorable_rows():
-    rewards = rl_math.combine_rewards(np.array([[1.0, 2.0], [np.nan, 2.0], [np.nan, np.nan]], np.float32),
+    rewards = advantages.combine_rewards(np.array([[1.0, 2.0], [np.nan, 2.0], [np.nan, np.nan]], np.float32),
                                       [0.5, 2.0])
     np.testing.assert_allclose(np.asarray(rewards), [4.5, 4.0, np.nan])
 
 
 def test_std_is_unbiased_and_the_epsilon_is_trls():
-    advantages = rl_math.group_advantages(np.array([0.0, 1.0], np.float32), 2, "group")
+    advantages = grpo.group_advantages(np.array([0.0, 1.0], np.float32), 2, "group")
     std = math.sqrt(0.5)  # Bessel-corrected: ((0.5**2 + 0.5**2) / (2 - 1)) ** 0.5
     np.testing.assert_allclose(np.asarray(advantages), [-0.5 / (std + 1e-4), 0.5 / (std + 1e-4)], rtol=1e-6)
 
 
 def test_unscorable_completions_and_constant_groups_get_zero_advantage():
-    advantages = np.asarray(rl_math.group_advantages(np.array([1.0, np.nan, 3.0, 2.0, 2.0, 2.0], np.float32), 3))
+    advantages = np.asarray(grpo.group_advantages(np.array([1.0, np.nan, 3.0, 2.0, 2.0, 2.0], np.float32), 3))
     assert advantages[1] == 0.0 and np.all(advantages[3:] == 0.0)
     assert advantages[0] < 0 < advantages[2]
 
 
 @pytest.mark.parametrize(("call", "message"), [
-    (lambda: rl_math.group_advantages(np.zeros(6, np.float32), 4), "groups of num_generations=4"),
-    (lambda: rl_math.group_advantages(np.zeros(4, np.float32), 2, "global"), "scale_rewards='global'"),
-    (lambda: rl_math.combine_rewards(np.zeros((4, 2), np.float32), [1.0]), "one weight per reward function"),
-    (lambda: rl_math.grpo_advantages(np.zeros((4, 1), np.float32), 2, multi_objective_aggregation="max"),
+    (lambda: grpo.group_advantages(np.zeros(6, np.float32), 4), "groups of num_generations=4"),
+    (lambda: grpo.group_advantages(np.zeros(4, np.float32), 2, "global"), "scale_rewards='global'"),
+    (lambda: advantages.combine_rewards(np.zeros((4, 2), np.float32), [1.0]), "one weight per reward function"),
+    (lambda: grpo.grpo_advantages(np.zeros((4, 1), np.float32), 2, multi_objective_aggregation="max"),
      "multi_objective_aggregation='max'"),
 ])
 def test_advantages_reject_bad_inputs(call, message):
@@ -351,26 +354,26 @@ def test_token_log_probs_match_trl_selective_log_softmax(temperature):
     logits, tokens, mask = _logits()
     theirs = selective_log_softmax(torch.tensor(logits), torch.tensor(tokens), temperature=temperature,
                                    row_mask=torch.tensor(mask))
-    _close(rl_math.token_log_probs(jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(mask), temperature), theirs)
-    _close(rl_math.sequence_log_probs(jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(mask), temperature),
+    _close(logprobs.token_log_probs(jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(mask), temperature), theirs)
+    _close(logprobs.sequence_log_probs(jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(mask), temperature),
            theirs.sum(-1))
 
 
 def test_token_log_probs_of_bfloat16_logits_are_float32():
     logits, tokens, _ = _logits()
-    assert rl_math.token_log_probs(jnp.asarray(logits, jnp.bfloat16), jnp.asarray(tokens)).dtype == jnp.float32
+    assert logprobs.token_log_probs(jnp.asarray(logits, jnp.bfloat16), jnp.asarray(tokens)).dtype == jnp.float32
 
 
 def test_token_entropies_match_trl():
     logits, _, mask = _logits()
     theirs = entropy_from_logits(torch.tensor(logits) / 0.7) * torch.tensor(mask)
-    _close(rl_math.token_entropies(jnp.asarray(logits), jnp.asarray(mask), temperature=0.7), theirs)
+    _close(logprobs.token_entropies(jnp.asarray(logits), jnp.asarray(mask), temperature=0.7), theirs)
 
 
 def test_temperature_must_be_positive():
     logits, tokens, _ = _logits()
     with pytest.raises(ValueError, match="temperature=0 must be positive"):
-        rl_math.token_log_probs(jnp.asarray(logits), jnp.asarray(tokens), temperature=0)
+        logprobs.token_log_probs(jnp.asarray(logits), jnp.asarray(tokens), temperature=0)
 
 
 # --- DPO loss on a stand-in trainer --------------------------------------------------------------------------------
@@ -441,12 +444,13 @@ def _our_dpo(data, *, loss_type, ld_alpha=None, **settings):
         if ld_alpha is None:
             chosen_logps, rejected_logps = chosen.sum(-1), rejected.sum(-1)
         else:
-            chosen_logps, rejected_logps = rl_math.length_desensitised_log_probs(
+            chosen_logps, rejected_logps = dpo.length_desensitised_log_probs(
                 chosen, rejected, jnp.asarray(mask[:PAIRS]), jnp.asarray(mask[PAIRS:]), ld_alpha)
-        return rl_math.dpo_loss(chosen_logps, rejected_logps, jnp.asarray(data["ref_chosen_logps"]),
-                                jnp.asarray(data["ref_rejected_logps"]), loss_type=loss_type,
-                                chosen_lengths=lengths[:PAIRS], rejected_lengths=lengths[PAIRS:],
-                                sft_chosen_logps=chosen.sum(-1), **settings)
+        return dpo.dpo_loss(chosen_logps, rejected_logps, jnp.asarray(data["ref_chosen_logps"]),
+                            jnp.asarray(data["ref_rejected_logps"]),
+                            dpo.DPOLossSettings(loss_type=loss_type, **settings),
+                            chosen_lengths=lengths[:PAIRS], rejected_lengths=lengths[PAIRS:],
+                            sft_chosen_logps=chosen.sum(-1))
 
     (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(jnp.asarray(data["per_token_logps"]))
     return loss, metrics, grad
@@ -462,7 +466,7 @@ def _assert_dpo_matches(data, **settings):
     return our_metrics
 
 
-@pytest.mark.parametrize("loss_type", rl_math.DPO_LOSS_TYPES)
+@pytest.mark.parametrize("loss_type", dpo.DPO_LOSS_TYPES)
 def test_dpo_loss_matches_trl_for_every_loss_type(loss_type):
     _assert_dpo_matches(_dpo_inputs(), loss_type=[loss_type], label_smoothing=0.1)
 
@@ -485,7 +489,8 @@ def test_sigmoid_dpo_metrics_and_smoothing():
     rejected = data["per_token_logps"][PAIRS:].sum(-1) - data["ref_rejected_logps"]
     assert float(metrics["rewards/accuracies"]) == pytest.approx(float(np.mean(chosen > rejected)))
     assert float(metrics["rewards/margins"]) == pytest.approx(float(np.mean(0.5 * (chosen - rejected))), rel=1e-5)
-    loss = rl_math.dpo_loss(jnp.asarray([0.0]), jnp.asarray([0.0]), jnp.asarray([0.0]), jnp.asarray([0.0]))[0]
+    loss = dpo.dpo_loss(jnp.asarray([0.0]), jnp.asarray([0.0]), jnp.asarray([0.0]), jnp.asarray([0.0]),
+                        dpo.DPOLossSettings())[0]
     assert float(loss) == pytest.approx(math.log(2))  # TRL 1.16's sigmoid loss ignores label_smoothing
 
 
@@ -499,4 +504,4 @@ def test_sigmoid_dpo_metrics_and_smoothing():
 def test_dpo_loss_rejects_bad_settings(kwargs, message):
     logps = jnp.zeros(2)
     with pytest.raises(ValueError, match=message):
-        rl_math.dpo_loss(logps, logps, logps, logps, **kwargs)
+        dpo.dpo_loss(logps, logps, logps, logps, dpo.DPOLossSettings(**kwargs))

@@ -2,7 +2,7 @@
 
 The entropy loss is held against the real ``GRPOTrainer._compute_loss`` on a stand-in trainer (as in
 ``test_rl_math``), with a stub model family whose "hidden states" are fixed logits, so torchlike's whole step loss
-(``tunix_grpo.grpo_step_loss``) and its gradient are compared, not only the formula. End-to-end comparisons with TRL
+(``grpo_losses.grpo_step_loss``) and its gradient are compared, not only the formula. End-to-end comparisons with TRL
 are in ``test_grpo_vs_trl`` (entropy bonus) and ``test_dpo_trainer`` (WPO weighting, synced reference).
 """
 
@@ -24,7 +24,7 @@ from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
 import torchlike
 from tests.tiny import PROMPTS, scripted_rollout, token_reward
-from torchlike.adapters.losses import grpo as tunix_grpo
+from torchlike.adapters.losses import grpo as grpo_losses
 from torchlike.adapters.losses import logprobs as chunked_logprobs
 from torchlike.adapters.model import nnx_state
 from torchlike.adapters.training.train_step import cast_floating
@@ -116,15 +116,15 @@ def _trl_loss(data, temperature, **settings):
 def _our_loss(data, temperature, *, loss_type, entropy_coef, top_entropy_quantile):
     """torchlike's step loss of one micro-batch, scaled as the train step scales it (value / summed weights of the
     accumulation window), with its gradient."""
-    settings = tunix_grpo.GRPOLossSettings(
-        loss_type=loss_type, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, delta=None, importance_sampling_level="token",
+    settings = grpo_losses.GRPOLossSettings(
+        loss_type=loss_type, beta=0.0, epsilon=0.2, epsilon_high=0.2, delta=None, importance_sampling_level="token",
         max_completion_length=COMPLETION, temperature=temperature, use_bias_correction_kl=True,
         off_policy_mask_threshold=None, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0,
         vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, top_entropy_quantile=top_entropy_quantile,
         entropy_coef=entropy_coef)
-    step_loss = tunix_grpo.grpo_step_loss(_stub_family(), settings, block_size=None)
+    step_loss = grpo_losses.grpo_step_loss(_stub_family(), settings, block_size=None)
     mask = data["completion_mask"]
-    token_sum = loss_type in tunix_grpo.TOKEN_SUM_LOSSES
+    token_sum = loss_type in grpo_losses.TOKEN_SUM_LOSSES
     batch = {"input_ids": jnp.asarray(data["input_ids"]),
              "attention_mask": jnp.ones((BATCH, PROMPT + COMPLETION), jnp.int32),
              "completion_mask": jnp.asarray(mask), "advantages": jnp.asarray(data["advantages"]),
@@ -165,7 +165,7 @@ def test_cast_lm_head_to_fp32_runs_the_head_in_float32_on_bf16_hidden_states(tin
     family, module = model.family, model.module
 
     def log_probs(lm_head_in_float32):
-        return np.asarray(tunix_grpo.completion_scores(family, module, batch, 1.0, None, compute_dtype=jnp.bfloat16,
+        return np.asarray(grpo_losses.completion_scores(family, module, batch, 1.0, None, compute_dtype=jnp.bfloat16,
                                                        lm_head_in_float32=lm_head_in_float32).log_probs)
 
     bf16_hidden = chunked_logprobs.hidden_states(family, cast_floating(module, jnp.bfloat16), batch)

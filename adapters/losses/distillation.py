@@ -4,7 +4,7 @@ a frozen teacher's next-token distributions, and the jitted step loss of ``Disti
 TRL's ``DistillationTrainer`` runs both backbones, then compares the two full next-token distributions at every
 completion position (``trl.trainer.distillation_trainer._chunked_divergence_loss`` with its
 ``ChunkedDivergenceFunction``), never holding either model's ``[B, C, V]`` logits at once. Here the same is done with
-the output heads applied a block of positions at a time (``adapters.chunked_logprobs``' blocks, under
+the output heads applied a block of positions at a time (:mod:`.logprobs`' blocks, under
 ``jax.checkpoint``). The teacher sits beside the student in one NNX graph (:class:`StudentTeacher`) so the jitted
 train step reads both; the optimizer's filter (:func:`is_student`) leaves the teacher's weights out, and its logits
 pass through ``stop_gradient``.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import jax
@@ -22,7 +23,34 @@ from flax import nnx
 
 from ..families import Family
 from ..lora import runtime as lora_runtime
-from . import logprobs as chunked_logprobs
+from . import logprobs
+from .settings import LossSettings
+
+
+@dataclass(frozen=True)
+class DistillationLossSettings(LossSettings):
+    """The settings of ``DistillationTrainer``'s loss, named as their ``DistillationConfig`` fields
+    (:meth:`from_config`).
+
+    Args:
+        beta: the generalized JSD's interpolation (0: forward KL, 1: reverse KL).
+        temperature: both models' logits are divided by it.
+    """
+
+    beta: float = 1.0
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class GKDLossSettings(LossSettings):
+    """The settings of ``GKDTrainer``'s loss, named as their ``GKDConfig`` fields (:meth:`from_config`); its
+    divergence is untempered, as TRL's ``GKDTrainer.compute_loss``.
+
+    Args:
+        beta: the generalized JSD's interpolation (0: forward KL, 1: reverse KL).
+    """
+
+    beta: float = 0.5
 
 
 class TokenDivergences(NamedTuple):
@@ -110,9 +138,9 @@ def generalized_jsd_loss(student_logits: jax.Array, teacher_logits: jax.Array, m
 def blockwise_divergences(student_hidden: jax.Array, teacher_hidden: jax.Array,
                           student_head: Callable[[jax.Array], jax.Array],
                           teacher_head: Callable[[jax.Array], jax.Array], beta: float, temperature: float = 1.0,
-                          block_size: chunked_logprobs.BlockSize = "auto") -> TokenDivergences:
+                          block_size: logprobs.BlockSize = "auto") -> TokenDivergences:
     """:func:`generalized_jsd` of ``student_head(student_hidden)`` against ``teacher_head(teacher_hidden)``, a block
-    of positions at a time, as :func:`chunked_logprobs.token_scores` scores targets: each block's logits are made,
+    of positions at a time, as :func:`logprobs.token_scores` scores targets: each block's logits are made,
     reduced and (in the backward pass) remade, so neither model's ``[B, C, V]`` logits are ever held. The teacher's
     logits pass through ``stop_gradient``.
 
@@ -121,7 +149,7 @@ def blockwise_divergences(student_hidden: jax.Array, teacher_hidden: jax.Array,
         teacher_hidden: ``[B, C, H_t]`` head inputs of the teacher at the same positions (its width may differ).
         student_head, teacher_head: ``hidden [B, c, H] -> float32 logits [B, c, V]``.
         beta, temperature: as in :func:`generalized_jsd`.
-        block_size: positions per block (``chunked_logprobs.BlockSize``); ``"auto"`` sizes blocks from the
+        block_size: positions per block (``logprobs.BlockSize``); ``"auto"`` sizes blocks from the
             vocabulary.
 
     Returns:
@@ -129,7 +157,7 @@ def blockwise_divergences(student_hidden: jax.Array, teacher_hidden: jax.Array,
     """
     batch, length = student_hidden.shape[:2]
     vocab = jax.eval_shape(student_head, student_hidden[:, :1]).shape[-1] if block_size == "auto" else None
-    block = chunked_logprobs.block_length(block_size, batch, length, vocab)
+    block = logprobs.block_length(block_size, batch, length, vocab)
 
     def score(student_block, teacher_block):
         teacher_logits = jax.lax.stop_gradient(teacher_head(teacher_block))
@@ -173,11 +201,11 @@ def is_student(path: tuple, value: object) -> bool:
 
 def completion_hidden_states(family: Family, module: nnx.Module, batch: dict, length: int) -> jax.Array:
     """``[B, C, H]`` final-norm hidden states that predict the last ``C = length`` tokens of ``batch["input_ids"]``."""
-    return chunked_logprobs.hidden_states(family, module, batch)[:, :-1][:, -length:]
+    return logprobs.hidden_states(family, module, batch)[:, :-1][:, -length:]
 
 
-def distillation_step_loss(student_family: Family, teacher_family: Family, beta: float, temperature: float,
-                           block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+def distillation_step_loss(student_family: Family, teacher_family: Family, settings: DistillationLossSettings,
+                           block_size: logprobs.BlockSize = "auto") -> Callable:
     """``loss(pair, batch, num_items_in_batch) -> (value, weight, metrics)`` for ``train_step.make_train_step``.
 
     ``pair`` is a :class:`StudentTeacher`; ``batch`` holds ``input_ids``/``attention_mask`` ``[B, P + C]`` (prompt
@@ -202,15 +230,15 @@ def distillation_step_loss(student_family: Family, teacher_family: Family, beta:
                                                                             length))
         divergences = blockwise_divergences(
             student_hidden, teacher_hidden, lambda block: student_family.logits_from_hidden(pair.student, block),
-            teacher_head, beta, temperature, block_size)
+            teacher_head, settings.beta, settings.temperature, block_size)
         total, entropy, count = masked_sums(divergences, mask)
         return total, count, {"entropy": entropy / jnp.maximum(count, 1.0)}
 
     return loss
 
 
-def gkd_step_loss(student_family: Family, teacher_family: Family, beta: float,
-                  block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+def gkd_step_loss(student_family: Family, teacher_family: Family, settings: GKDLossSettings,
+                  block_size: logprobs.BlockSize = "auto") -> Callable:
     """``loss(pair, batch, num_items_in_batch) -> (value, weight, metrics)`` of TRL 1.16's experimental
     ``GKDTrainer.compute_loss`` for ``train_step.make_train_step``.
 
@@ -224,7 +252,8 @@ def gkd_step_loss(student_family: Family, teacher_family: Family, beta: float,
     ``value`` is the divergence summed over the labelled positions and ``weight`` the batch's ``label_count``, so the
     step's ``sum(values) / sum(weights)`` is TRL's loss. No metrics: TRL's GKD logs none of its own.
     """
-    divergence = distillation_step_loss(student_family, teacher_family, beta, 1.0, block_size)
+    divergence = distillation_step_loss(student_family, teacher_family,
+                                        DistillationLossSettings(beta=settings.beta, temperature=1.0), block_size)
 
     def loss(pair, batch, num_items_in_batch=None):
         total, _, _ = divergence(pair, batch)

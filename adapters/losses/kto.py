@@ -25,37 +25,67 @@ import jax.numpy as jnp
 from ..families import Family
 from ..lora import runtime as lora_runtime
 from ..training.step_metrics import PRESENCE_PREFIX, finish_metrics
-from . import logprobs as chunked_logprobs
+from . import logprobs
 from . import router as router_loss
+from .settings import LossSettings, check_choice, runtime_field
 
-__all__ = ["KL_LOSS_TYPES", "KTO_LOSS_TYPES", "KTOLossSettings", "finish_metrics", "kto_loss", "kto_step_loss",
-           "kto_token_metrics", "reference_columns", "reference_pass"]
+__all__ = ["KL_LOSS_TYPES", "KTO_LOSSES", "KTO_LOSS_TYPES", "KTOLossSettings", "finish_metrics", "kto_loss",
+           "kto_step_loss", "kto_token_metrics", "reference_columns", "reference_pass"]
 
+
+def kto_example_losses(log_ratios: jax.Array, kl: jax.Array, beta: float) -> tuple[jax.Array, jax.Array]:
+    """``"kto"`` (Eq. (7) of the KTO paper): desirable ``1 - sigmoid(beta (r - z))``, undesirable
+    ``1 - sigmoid(beta (z - r))``.
+
+    Returns:
+        ``(desirable losses [B], undesirable losses [B])``.
+    """
+    return 1 - jax.nn.sigmoid(beta * (log_ratios - kl)), 1 - jax.nn.sigmoid(beta * (kl - log_ratios))
+
+
+def apo_zero_unpaired_example_losses(log_ratios: jax.Array, kl: jax.Array, beta: float
+                                     ) -> tuple[jax.Array, jax.Array]:
+    """``"apo_zero_unpaired"`` (the unpaired variant of Eq. (7) of the APO paper; ``kl`` is not read): desirable
+    ``1 - sigmoid(beta r)``, undesirable ``sigmoid(beta r)``.
+
+    Returns:
+        ``(desirable losses [B], undesirable losses [B])``.
+    """
+    return 1 - jax.nn.sigmoid(beta * log_ratios), jax.nn.sigmoid(beta * log_ratios)
+
+
+#: ``loss_type`` -> ``(log_ratios, kl, beta) -> (desirable losses, undesirable losses)``, TRL 1.16's list.
+KTO_LOSSES: dict[str, Callable[[jax.Array, jax.Array, float], tuple[jax.Array, jax.Array]]] = {
+    "kto": kto_example_losses,
+    "apo_zero_unpaired": apo_zero_unpaired_example_losses,
+}
 #: KTO ``loss_type`` values (TRL 1.16's list, all implemented).
-KTO_LOSS_TYPES: tuple[str, ...] = ("kto", "apo_zero_unpaired")
+KTO_LOSS_TYPES: tuple[str, ...] = tuple(KTO_LOSSES)
 #: Loss types that estimate the KL term from mismatched (prompt, completion) pairs (TRL's ``calculate_KL``).
 KL_LOSS_TYPES: tuple[str, ...] = ("kto",)
 
+
 @dataclass(frozen=True)
-class KTOLossSettings:
-    """The ``KTOConfig`` fields the KTO loss reads.
+class KTOLossSettings(LossSettings):
+    """The settings of the KTO loss, named as their ``KTOConfig`` fields (:meth:`from_config`).
 
     Args:
         beta: temperature of the implied reward ``beta * log(pi / pi_ref)``.
         loss_type: one of :data:`KTO_LOSS_TYPES`.
         desirable_weight: weight of the losses of desirable examples (``label`` True).
         undesirable_weight: weight of the losses of undesirable examples.
+        router_aux_loss_coef: runtime value: the weight of a mixture-of-experts model's router load-balancing loss
+            (0: not added).
     """
 
     beta: float = 0.1
     loss_type: str = "kto"
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
+    router_aux_loss_coef: float = runtime_field(0.0)
 
     def __post_init__(self) -> None:
-        if self.loss_type not in KTO_LOSS_TYPES:
-            raise ValueError(f"loss_type={self.loss_type!r} is not one of "
-                             f"{', '.join(repr(name) for name in KTO_LOSS_TYPES)}.")
+        check_choice("loss_type", self.loss_type, KTO_LOSS_TYPES)
 
     @property
     def estimates_kl(self) -> bool:
@@ -88,8 +118,8 @@ def kto_loss(
     ``z = max(0, mean_b(stop_gradient(logp_KL - ref_logp_KL)))`` (the mean over the global batch stands for TRL's
     per-process mean averaged over processes; ``z = 0`` for ``"apo_zero_unpaired"``):
 
-    - ``"kto"``: desirable ``1 - sigmoid(beta (r - z))``, undesirable ``1 - sigmoid(beta (z - r))``;
-    - ``"apo_zero_unpaired"``: desirable ``1 - sigmoid(beta r)``, undesirable ``sigmoid(beta r)``.
+    each example's loss is its ``loss_type``'s entry of :data:`KTO_LOSSES` (:func:`kto_example_losses`,
+    :func:`apo_zero_unpaired_example_losses`).
 
     ``loss = mean_b(w_b * loss_b)`` with ``w = desirable_weight`` or ``undesirable_weight`` by label.
 
@@ -124,12 +154,7 @@ def kto_loss(
     else:
         kl = jnp.float32(0.0)
     beta = settings.beta
-    if settings.loss_type == "kto":  # Eq. (7) of the KTO paper
-        desirable_losses = 1 - jax.nn.sigmoid(beta * (log_ratios - kl))
-        undesirable_losses = 1 - jax.nn.sigmoid(beta * (kl - log_ratios))
-    else:  # apo_zero_unpaired: the unpaired variant of Eq. (7) of the APO paper
-        desirable_losses = 1 - jax.nn.sigmoid(beta * log_ratios)
-        undesirable_losses = jax.nn.sigmoid(beta * log_ratios)
+    desirable_losses, undesirable_losses = KTO_LOSSES[settings.loss_type](log_ratios, kl, beta)
     losses = (settings.desirable_weight * desirable_losses * desirable
               + settings.undesirable_weight * undesirable_losses * undesirable)
     loss = _ratio(losses.sum(), real.sum())
@@ -183,20 +208,19 @@ def kto_token_metrics(entropies: jax.Array, logit_means: jax.Array, completion_m
 
 
 def _completion_log_probs(family: Family, module, batch: Mapping[str, jax.Array], prefix: str, with_metrics: bool,
-                          block_size: chunked_logprobs.BlockSize) -> tuple[jax.Array, chunked_logprobs.TokenScores,
+                          block_size: logprobs.BlockSize) -> tuple[jax.Array, logprobs.TokenScores,
                                                                             jax.Array]:
     """``(summed completion log-probabilities [B], per-token scores [B, T-1], shifted completion mask)`` of the
     ``<prefix>input_ids`` rows."""
-    scores = chunked_logprobs.next_token_scores(
+    scores = logprobs.next_token_scores(
         family, module, {"input_ids": batch[f"{prefix}input_ids"], "attention_mask": batch[f"{prefix}attention_mask"]},
         with_metrics=with_metrics, block_size=block_size)
     mask = batch[f"{prefix}completion_mask"][:, 1:]
     return jnp.where(mask.astype(bool), scores.log_probs, 0.0).sum(-1), scores, mask
 
 
-def kto_step_loss(family: Family, settings: KTOLossSettings,
-                  block_size: chunked_logprobs.BlockSize = "auto", router_aux_loss_coef: float = 0.0) -> Callable:
-    """The KTO step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)`` (``Trainer._loss``).
+def kto_step_loss(family: Family, settings: KTOLossSettings, block_size: logprobs.BlockSize = "auto") -> Callable:
+    """The KTO step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)`` (``Trainer._step_loss``).
 
     ``value`` is TRL's ``KTOTrainer`` loss of the micro-batch (:func:`kto_loss`); the KL completions are scored in a
     second forward pass whose output carries no gradient (TRL runs it under ``torch.no_grad``). Rows that pad a
@@ -204,15 +228,14 @@ def kto_step_loss(family: Family, settings: KTOLossSettings,
     accumulated micro-batches are averaged, as TRL divides by the accumulation steps.
     ``metrics``: :func:`kto_loss`'s and :func:`kto_token_metrics`' (with their ``present/`` indicators, see
     :func:`finish_metrics`) and ``num_tokens`` (the micro-batch's prompt + completion tokens; TRL logs a running
-    total). With ``router_aux_loss_coef`` (a mixture-of-experts model) the load-balancing loss of the policy's
+    total). With ``settings.router_aux_loss_coef`` (a mixture-of-experts model) the load-balancing loss of the policy's
     forward pass over the real tokens (not the KL pass) is added times it and logged as ``aux_loss``, as TRL adds
     ``outputs.aux_loss``.
 
     Args:
         family: the model's adapter family (its forward pass).
         settings: the loss settings.
-        block_size: positions per block of the log-prob computation (``chunked_logprobs.BlockSize``).
-        router_aux_loss_coef: the weight of the router's load-balancing loss (0: not added).
+        block_size: positions per block of the log-prob computation (:data:`.logprobs.BlockSize`).
 
     The batch holds ``input_ids``, ``attention_mask``, ``completion_mask`` ``[B, T]``, ``label`` ``[B]`` and
     ``ref_logps`` ``[B]``; with ``settings.estimates_kl`` also ``KL_input_ids``, ``KL_attention_mask``,
@@ -225,7 +248,7 @@ def kto_step_loss(family: Family, settings: KTOLossSettings,
         labels = batch["label"]
         (policy_logps, scores, mask), aux_loss = router_loss.run_with_router_loss(
             family, lambda module: _completion_log_probs(family, module, batch, "", True, block_size),
-            module, batch["attention_mask"], router_aux_loss_coef)
+            module, batch["attention_mask"], settings.router_aux_loss_coef)
         policy_kl_logps = reference_kl_logps = None
         if settings.estimates_kl:
             policy_kl_logps = jax.lax.stop_gradient(
@@ -237,7 +260,7 @@ def kto_step_loss(family: Family, settings: KTOLossSettings,
         metrics = {**metrics, **kto_token_metrics(scores.entropies, scores.logit_means, mask, labels),
                    "num_tokens": tokens}
         if aux_loss is not None:
-            value = value + router_aux_loss_coef * aux_loss
+            value = value + settings.router_aux_loss_coef * aux_loss
             metrics["aux_loss"] = aux_loss
         return value, (real.sum() > 0).astype(jnp.float32), metrics
 
@@ -250,7 +273,7 @@ def reference_columns(settings: KTOLossSettings) -> tuple[str, ...]:
 
 
 def reference_pass(family: Family, lora: str, mesh, settings: KTOLossSettings,
-                   block_size: chunked_logprobs.BlockSize = "auto") -> Callable:
+                   block_size: logprobs.BlockSize = "auto") -> Callable:
     """``(module, batch, num_items_in_batch=None) -> (ref_logps [B], ref_KL_logps [B])`` (only ``ref_logps`` when
     the loss type has no KL term): the summed completion log-probabilities of a reference (TRL's
     ``compute_ref_log_probs``), run with its adapter in mode ``lora`` and replicated over ``mesh`` so that every

@@ -1,4 +1,5 @@
-"""Per-token log-probabilities of given target tokens from a decoder's hidden states, a block of positions at a time.
+"""Per-token log-probabilities and entropies of given target tokens, from logits (TRL's ``selective_log_softmax``) or
+from a decoder's hidden states a block of positions at a time.
 
 SFT's token NLL, DPO's sequence log-probabilities and GRPO's completion log-probabilities all need
 ``log_softmax(logits)[target]`` at each position (DPO also logs per-position entropies), never the ``[B, T, V]``
@@ -24,10 +25,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from tunix.rl import algo_core as tunix_algo_core
+from tunix.rl import common as tunix_common
 
 from ..families import Family
 from ..model.tunix_model import batch_positions_and_attention
-from . import rl_math
 
 #: Bytes of float32 logits one block may hold, over the whole batch: ``"auto"`` blocks have
 #: ``LOGITS_BLOCK_BYTES // (4 * batch * vocab)`` positions. Autodiff keeps a few such copies (logits, softmax, their
@@ -52,6 +54,86 @@ class TokenScores(NamedTuple):
     top1: jax.Array | None = None
     log_sum_sq_probs: jax.Array | None = None
 
+
+# --- From logits ---------------------------------------------------------------------------------------------------
+
+def _scaled_logits(logits: jax.Array, temperature: float) -> jax.Array:
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature!r} must be positive: log-probabilities are those of "
+                         "softmax(logits / temperature).")
+    logits = logits.astype(jnp.float32)
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def token_log_probs(logits: jax.Array, tokens: jax.Array, mask: jax.Array | None = None,
+                    temperature: float = 1.0) -> jax.Array:
+    """Log-probability of each chosen token: ``log_softmax(logits / temperature)[b, t, tokens[b, t]]``, float32.
+
+    TRL's ``selective_log_softmax(logits, index, temperature)`` (and its fused LM head): the logits are cast to
+    float32 and divided by the sampling temperature before the log-softmax. ``logits[:, t]`` must be the distribution
+    of ``tokens[:, t]`` (for a causal LM: ``logits[:, :-1]`` with ``input_ids[:, 1:]``).
+
+    Args:
+        logits: ``[B, T, V]``.
+        tokens: ``[B, T]`` integer ids.
+        mask: ``[B, T]``; positions where it is 0 get 0.0 (TRL's ignored labels). ``None`` keeps every position.
+        temperature: the sampling temperature, > 0.
+
+    Returns:
+        ``[B, T]`` float32.
+    """
+    log_probs = tunix_common.selective_log_softmax(_scaled_logits(logits, temperature), tokens.astype(jnp.int32))
+    return log_probs if mask is None else jnp.where(mask.astype(bool), log_probs, 0.0)
+
+
+def token_entropies(logits: jax.Array, mask: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
+    """Entropy of each next-token distribution, ``-sum_v p log p`` with ``p = softmax(logits / temperature)``.
+
+    Args:
+        logits: ``[B, T, V]``.
+        mask: ``[B, T]``; positions where it is 0 get 0.0. ``None`` keeps every position.
+        temperature: the sampling temperature, > 0.
+
+    Returns:
+        ``[B, T]`` float32 (nats).
+    """
+    entropies = tunix_algo_core.compute_entropy_from_logits(_scaled_logits(logits, temperature))
+    return entropies if mask is None else jnp.where(mask.astype(bool), entropies, 0.0)
+
+
+def token_log_sum_squared_probs(logits: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """``log(sum_v p_v**2)`` of each next-token distribution, ``p = softmax(logits / temperature)``: the
+    ``log_sum_sq_probs`` of TRL's fused LM head, which WPO weighting (``DPOConfig.use_weighting``) subtracts from each
+    token's log-probability.
+
+    Args:
+        logits: ``[B, T, V]``.
+        temperature: the sampling temperature, > 0.
+
+    Returns:
+        ``[B, T]`` float32.
+    """
+    log_p = jax.nn.log_softmax(_scaled_logits(logits, temperature), axis=-1)
+    return jax.nn.logsumexp(2.0 * log_p, axis=-1)
+
+
+def sequence_log_probs(logits: jax.Array, tokens: jax.Array, mask: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """Log-probability of each sequence: ``sum_t mask[b, t] * token_log_probs(logits, tokens)[b, t]``.
+
+    Args:
+        logits: ``[B, T, V]``, aligned with ``tokens`` as in ``token_log_probs``.
+        tokens: ``[B, T]``.
+        mask: ``[B, T]``, 1 on the scored (completion) tokens.
+        temperature: > 0.
+
+    Returns:
+        ``[B]`` float32.
+    """
+    return token_log_probs(logits, tokens, mask, temperature).sum(axis=-1)
+
+
+
+# --- From hidden states, a block of positions at a time ---------------------------------------------------------
 
 def block_length(block_size: BlockSize, batch: int, length: int, vocab: int | None) -> int:
     """Positions per block for a ``[batch, length]`` target array over ``vocab`` tokens.
@@ -78,10 +160,10 @@ def token_scores(hidden: jax.Array, targets: jax.Array, head: Callable[[jax.Arra
     """Scores ``targets`` under ``softmax(head(hidden) / temperature)``, a block of positions at a time.
 
     ``log_probs[b, t] = log_softmax(head(hidden[b, t]) / temperature)[targets[b, t]]`` (TRL's
-    ``selective_log_softmax``, :func:`rl_math.token_log_probs`). With ``with_metrics``: ``entropies`` of that
-    distribution (:func:`rl_math.token_entropies`), ``logit_means`` (the mean of the raw logits over the vocabulary)
+    ``selective_log_softmax``, :func:`token_log_probs`). With ``with_metrics``: ``entropies`` of that
+    distribution (:func:`token_entropies`), ``logit_means`` (the mean of the raw logits over the vocabulary)
     and ``top1`` (1.0 where the target is the most likely token). With ``with_log_sum_sq_probs``:
-    ``log(sum_v p_v**2)`` (:func:`rl_math.token_log_sum_squared_probs`, WPO's weights).
+    ``log(sum_v p_v**2)`` (:func:`token_log_sum_squared_probs`, WPO's weights).
 
     Args:
         hidden: ``[B, T, H]`` head inputs; position ``t`` scores ``targets[:, t]``.
@@ -119,14 +201,14 @@ def token_scores(hidden: jax.Array, targets: jax.Array, head: Callable[[jax.Arra
 
 def _scores(logits: jax.Array, targets: jax.Array, temperature: float, with_metrics: bool,
             with_log_sum_sq_probs: bool) -> TokenScores:
-    scores = TokenScores(rl_math.token_log_probs(logits, targets, None, temperature))
+    scores = TokenScores(token_log_probs(logits, targets, None, temperature))
     detached = jax.lax.stop_gradient(logits)
     if with_metrics:
-        scores = scores._replace(entropies=rl_math.token_entropies(logits, None, temperature),
+        scores = scores._replace(entropies=token_entropies(logits, None, temperature),
                                  logit_means=detached.mean(-1),
                                  top1=(jnp.argmax(detached, axis=-1) == targets).astype(jnp.float32))
     if with_log_sum_sq_probs:
-        scores = scores._replace(log_sum_sq_probs=rl_math.token_log_sum_squared_probs(detached, temperature))
+        scores = scores._replace(log_sum_sq_probs=token_log_sum_squared_probs(detached, temperature))
     return scores
 
 

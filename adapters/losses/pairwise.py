@@ -1,9 +1,9 @@
 """The one forward pass of TRL's reference-free pairwise trainers (``trl.experimental`` ORPO and CPO): the chosen
 rows stacked on the rejected rows (``2B``, TRL's ``concatenated_forward``), reduced to per-token log-probabilities
-without materialising the logits (``adapters.chunked_logprobs``), plus what those trainers read off the logits: the
+without materialising the logits (:mod:`.logprobs`), plus what those trainers read off the logits: the
 token mean of the cross-entropy of the chosen rows and the mean logit of each half over TRL's padded block.
 
-Beside :mod:`adapters.orpo_loss` and :mod:`adapters.cpo_loss`, which turn these scores into their losses.
+Beside :mod:`.orpo` and :mod:`.cpo`, which turn these scores into their losses.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import logprobs as chunked_logprobs
+from . import logprobs
 from . import router as router_loss
 from .dpo import masked_mean
 
@@ -48,7 +48,7 @@ def stacked(batch: dict, name: str) -> jax.Array:
 
 
 def pair_scores(family, module, batch: dict, *, logits_positions: int = -1,
-                block_size: chunked_logprobs.BlockSize = "auto", router_aux_loss_coef: float = 0.0) -> PairScores:
+                block_size: logprobs.BlockSize = "auto", router_aux_loss_coef: float = 0.0) -> PairScores:
     """Scores a fixed-shape pair batch (``dpo_data.collate_preference_batch``'s columns) as TRL's experimental
     ``concatenated_forward`` does.
 
@@ -64,7 +64,7 @@ def pair_scores(family, module, batch: dict, *, logits_positions: int = -1,
         batch: ``chosen_``/``rejected_`` ``input_ids``, ``attention_mask`` and ``completion_mask``, ``[B, T]``.
             Rows whose attention mask is all zero (padding a partial batch) are left out of the logit means.
         logits_positions: ``-1`` or ``0``, as above.
-        block_size: positions per block of the log-prob computation (``chunked_logprobs.BlockSize``).
+        block_size: positions per block of the log-prob computation (``logprobs.BlockSize``).
         router_aux_loss_coef: with a non-zero value the router load-balancing loss of the pass is returned.
 
     Returns:
@@ -75,7 +75,7 @@ def pair_scores(family, module, batch: dict, *, logits_positions: int = -1,
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (rows, length))
 
     def forward(module):
-        return chunked_logprobs.next_token_scores(
+        return logprobs.next_token_scores(
             family, module, {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions},
             with_metrics=True, block_size=block_size)
 

@@ -12,36 +12,49 @@ such micro-batch) returns them as 0 with their ``present/<name>`` indicator 0, w
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
 from ..training.step_metrics import PRESENCE_PREFIX
+from .settings import LossSettings
 
-__all__ = ["REWARD_METRICS", "bradley_terry_loss", "reward_batch_length", "reward_step_loss"]
+__all__ = ["REWARD_METRICS", "RewardLossSettings", "bradley_terry_loss", "reward_batch_length", "reward_step_loss"]
 
 #: The metrics TRL's ``RewardTrainer.compute_loss`` records for each micro-batch (besides ``num_tokens``).
 REWARD_METRICS: tuple[str, ...] = ("min_reward", "mean_reward", "max_reward", "accuracy", "margin")
+
+
+@dataclass(frozen=True)
+class RewardLossSettings(LossSettings):
+    """The settings of the reward-model loss, named as their ``RewardConfig`` fields (:meth:`from_config`).
+
+    Args:
+        center_rewards_coefficient: ``c`` of the centring term, or ``None`` for none.
+    """
+
+    center_rewards_coefficient: float | None = None
 
 
 def bradley_terry_loss(
     chosen_rewards: jax.Array,
     rejected_rewards: jax.Array,
     margins: jax.Array | None = None,
+    settings: RewardLossSettings = RewardLossSettings(),
     *,
-    center_rewards_coefficient: float | None = None,
     row_mask: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """TRL's ``RewardTrainer.compute_loss`` on the scores of a batch of preference pairs, with its metrics.
 
     ``loss = mean_b(-log sigmoid(r_chosen - r_rejected - margin)) + c * mean_b((r_chosen + r_rejected)^2)``, the
-    second term only when ``center_rewards_coefficient`` (``c``) is set (Eq. 2 of arXiv:2312.09244).
+    second term only when ``settings.center_rewards_coefficient`` (``c``) is set (Eq. 2 of arXiv:2312.09244).
 
     Args:
         chosen_rewards: ``[B]`` scores of the chosen sequences.
         rejected_rewards: ``[B]`` scores of the rejected sequences.
         margins: ``[B]`` the data's ``margin`` column, or ``None`` (no margin).
-        center_rewards_coefficient: ``c``, or ``None`` for no centring term.
+        settings: the loss settings (``center_rewards_coefficient``).
         row_mask: ``[B]`` 1 for real pairs, 0 for rows padding a partial batch (left out of every mean, minimum and
             maximum); ``None``: all real.
 
@@ -62,8 +75,8 @@ def bradley_terry_loss(
     gaps = chosen - rejected
     shifted = gaps if margins is None else gaps - margins.astype(jnp.float32)
     loss = mean(-jax.nn.log_sigmoid(shifted))
-    if center_rewards_coefficient is not None:
-        loss = loss + center_rewards_coefficient * mean((chosen + rejected) ** 2)
+    if settings.center_rewards_coefficient is not None:
+        loss = loss + settings.center_rewards_coefficient * mean((chosen + rejected) ** 2)
 
     present = count > 0
     both = jnp.concatenate([chosen, rejected])
@@ -88,9 +101,9 @@ def _pair_inputs(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
             jnp.concatenate([batch["chosen_attention_mask"], batch["rejected_attention_mask"]]))
 
 
-def reward_step_loss(scores: Callable[..., jax.Array], center_rewards_coefficient: float | None = None) -> Callable:
+def reward_step_loss(scores: Callable[..., jax.Array], settings: RewardLossSettings) -> Callable:
     """The reward-model step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)``
-    (``Trainer._loss``).
+    (``Trainer._step_loss``).
 
     The chosen and rejected sequences are scored in one forward pass; ``value`` is :func:`bradley_terry_loss` of the
     micro-batch. Rows that pad a partial batch (all-zero attention masks) are left out; ``weight`` is 1 when the
@@ -101,7 +114,7 @@ def reward_step_loss(scores: Callable[..., jax.Array], center_rewards_coefficien
     Args:
         scores: ``(module, input_ids [N, T], attention_mask [N, T]) -> [N, 1]`` (a ``SequenceClassifier``'s
             ``scores_function``).
-        center_rewards_coefficient: as in :func:`bradley_terry_loss`.
+        settings: the loss settings.
 
     The batch holds ``chosen_input_ids``, ``chosen_attention_mask``, ``rejected_input_ids``,
     ``rejected_attention_mask`` ``[B, T]`` and optionally ``margin`` ``[B]``
@@ -113,8 +126,7 @@ def reward_step_loss(scores: Callable[..., jax.Array], center_rewards_coefficien
         rewards = scores(module, input_ids, attention_mask)[:, 0]
         chosen, rejected = jnp.split(rewards, 2)
         real = batch["chosen_attention_mask"].any(-1).astype(jnp.float32)
-        value, metrics = bradley_terry_loss(chosen, rejected, batch.get("margin"),
-                                            center_rewards_coefficient=center_rewards_coefficient, row_mask=real)
+        value, metrics = bradley_terry_loss(chosen, rejected, batch.get("margin"), settings, row_mask=real)
         tokens = attention_mask.sum().astype(jnp.float32)
         return value, (real.sum() > 0).astype(jnp.float32), {**metrics, "num_tokens": tokens}
 

@@ -256,7 +256,12 @@ class Trainer:
         return loss, count_items
 
     def _step_loss(self) -> tuple[Callable, Callable | None]:
-        """:meth:`_loss` before NEFTune: the built-in loss, ``compute_loss_func`` or ``loss_fn``."""
+        """The hook through which every trainer supplies its loss: ``(step loss, item counter or None)``, the step loss
+        ``(module, batch, num_items_in_batch) -> (value, weight, aux)`` as :func:`train_step.make_train_step` reads
+        it. Here the built-in loss, ``compute_loss_func`` or ``loss_fn``; a TRL trainer overrides it with its
+        ``adapters.losses`` step loss, built from a settings record (``Settings.from_config(self.args, ...)``).
+        :meth:`_loss` calls it and adds what the Trainer layers on every loss (NEFTune); subclasses extend
+        :meth:`_loss` only to wrap that result (as the pairwise trainers weigh evaluation batches by pairs)."""
         return select_loss(self._trainable_model, self._compute_loss_func, self._loss_fn, self._label_names())
 
     def _neftune_length(self) -> Callable:

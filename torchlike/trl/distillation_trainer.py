@@ -3,7 +3,7 @@
 Every optimizer step samples one generation batch (``per_device_train_batch_size x data-parallel size x
 gradient_accumulation_steps`` prompts, one completion each) from the student with torchlike's JAX sampler
 (``adapters.sampling``), then trains the student to match a frozen teacher's next-token distribution on those
-completion tokens under TRL's generalized Jensen-Shannon divergence (``adapters.distillation_loss``: ``beta`` 0 is the
+completion tokens under TRL's generalized Jensen-Shannon divergence (``adapters.losses.distillation``: ``beta`` 0 is the
 forward KL, 1 the reverse KL), with both models' logits at ``temperature``. The loss is summed over the completion
 tokens of the whole generation batch and divided by their number, as TRL's ``num_items_in_batch``. Student and teacher
 share the trainer's mesh and one jitted step; the teacher gets no gradient and no optimizer state.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..adapters.distributed import mesh as mesh_lib
-from ..adapters.losses import distillation as distillation_loss
+from ..adapters.losses import distillation as distillation_losses
 from ..adapters.rollout import sampling
 from ..adapters.training import train_step
 from ..training import batches
@@ -50,7 +50,7 @@ def check_vocabularies(student: CausalLM, teacher: CausalLM, method: str = "Dist
 class StudentTeacherTrainer(OnlineTrainer):
     """An online trainer whose student learns from a frozen teacher (``DistillationTrainer``, ``GKDTrainer``): the
     teacher loaded or checked as TRL does, placed on the trainer's mesh, and held beside the student in one NNX graph
-    (``adapters.distillation_loss.StudentTeacher``) that the train and eval steps read; the optimizer updates the
+    (``adapters.losses.distillation.StudentTeacher``) that the train and eval steps read; the optimizer updates the
     student's part only. A subclass calls :meth:`_load_teacher` before ``Trainer.__init__`` and
     :meth:`_pair_with_teacher` after it."""
 
@@ -90,20 +90,20 @@ class StudentTeacherTrainer(OnlineTrainer):
     def _pair_with_teacher(self) -> None:
         """Places the teacher on the mesh and pairs it with the student for the steps."""
         self._place_teacher()
-        self._student_and_teacher = distillation_loss.StudentTeacher(self._trainable_model.module,
+        self._student_and_teacher = distillation_losses.StudentTeacher(self._trainable_model.module,
                                                                      self.teacher_model.module)
 
     @property
     def _module(self):
         """The NNX module the train and eval steps run on: the student and the teacher together
-        (``adapters.distillation_loss.StudentTeacher``); the optimizer updates the student's part only."""
+        (``adapters.losses.distillation.StudentTeacher``); the optimizer updates the student's part only."""
         return self._student_and_teacher
 
     def _trainable(self):
         """The student's trainable variables (its LoRA factors, or every parameter); never the teacher's."""
         from flax import nnx
 
-        return nnx.All(super()._trainable(), distillation_loss.is_student)
+        return nnx.All(super()._trainable(), distillation_losses.is_student)
 
 
 class DistillationTrainer(StudentTeacherTrainer):
@@ -196,9 +196,11 @@ class DistillationTrainer(StudentTeacherTrainer):
         return prepare_prompts(dataset, self.tokenizer, name, None, template_kwargs)
 
     # ------------------------------------------------------------------ the step
-    def _loss(self) -> tuple[Callable, None]:
-        return distillation_loss.distillation_step_loss(self.model.family, self.teacher_model.family, self.args.beta,
-                                                        self.args.temperature), None
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL's generalized JSD loss (:func:`adapters.losses.distillation.distillation_step_loss`) with the config's
+        settings."""
+        settings = distillation_losses.DistillationLossSettings.from_config(self.args)
+        return distillation_losses.distillation_step_loss(self.model.family, self.teacher_model.family, settings), None
 
     # ------------------------------------------------------------------ batches
     _generation_batch_fields = "per_device_train_batch_size x data-parallel size x gradient_accumulation_steps"

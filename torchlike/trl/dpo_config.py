@@ -16,7 +16,7 @@ from torchlike.training_args import TrainingArguments, check_choice, reject_remo
 from torchlike.trl.base_config import TRLConfig, normalise_pad_to_multiple_of
 from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
 
-#: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.losses.rl_math.dpo_loss`` computes them).
+#: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.losses.dpo.dpo_loss`` computes them).
 LOSS_TYPES: tuple[str, ...] = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard",
                                "aot", "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
 #: ``f_divergence_type`` values.

@@ -56,7 +56,7 @@ DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                          "data)."),
     # --- loss ---
     "loss_type": honoured("All of TRL's 15 loss types, alone or combined, computed as TRL 1.16 does "
-                          "(torchlike.adapters.losses.rl_math.dpo_loss). aot and aot_unpaired sort within a batch, so "
+                          "(torchlike.adapters.losses.dpo.dpo_loss). aot and aot_unpaired sort within a batch, so "
                           "the rows padding a partial last batch enter the sort (a warning suggests "
                           "dataloader_drop_last)."),
     "loss_weights": honoured("Weight of each loss type when several are combined (default 1.0 each)."),
@@ -70,7 +70,7 @@ DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "beta": honoured("The DPO temperature beta (tau for ipo); rewards/* metrics are beta x log-ratios."),
     "use_weighting": honoured("WPO: each pair's loss is multiplied by w_chosen x w_rejected, w = exp(mean over the "
                               "completion tokens of log p - log sum_v p_v^2), without gradient, as TRL "
-                              "(torchlike.adapters.losses.rl_math.wpo_weights); refused with aot and aot_unpaired, "
+                              "(torchlike.adapters.losses.dpo.wpo_weights); refused with aot and aot_unpaired, "
                               "as in TRL."),
     "discopop_tau": honoured("Temperature of loss_type='discopop'."),
     "activation_offloading": SFT_FIELD_SUPPORT["activation_offloading"],

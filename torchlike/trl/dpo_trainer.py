@@ -1,7 +1,7 @@
 """``DPOTrainer``: TRL 1.16's Direct Preference Optimization trainer and constructor on torchlike's ``Trainer``.
 
 Each step scores the chosen and rejected sequences of a batch in one forward pass and applies TRL's DPO loss
-(``adapters.rl_math.dpo_loss``: every loss type, f-divergences, LD-DPO) with TRL's metrics. The reference
+(``adapters.losses.dpo.dpo_loss``: every loss type, f-divergences, LD-DPO) with TRL's metrics. The reference
 log-probabilities are computed once, before training, by a jitted forward of the reference (``ref_model``; else the
 base weights with the LoRA adapter off when the adapter is new; else the initial weights) and stored with each
 example. TRL computes them in every step by default; the values are the same, since the reference is frozen and has no
@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters.losses import dpo as dpo_loss
+from ..adapters.losses import dpo as dpo_losses
 from ..adapters.losses.dpo import preference_loss
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import PrecomputedReferenceTrainer
@@ -85,11 +85,6 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         self.pad_token_id = self._pad_token_id(processing_class, args.pad_token)
         for config in (model.config, model.generation_config):
             config.pad_token_id = self.pad_token_id  # TRL mirrors the pad token onto the model
-        self.loss_settings = dict(beta=args.beta, loss_type=list(args.loss_type), loss_weights=args.loss_weights,
-                                  label_smoothing=args.label_smoothing, f_divergence_type=args.f_divergence_type,
-                                  f_alpha_divergence_coef=args.f_alpha_divergence_coef,
-                                  discopop_tau=args.discopop_tau, ld_alpha=args.ld_alpha,
-                                  use_weighting=args.use_weighting)
         train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
         collator = data_collator or (lambda rows: collate_preference_batch(
             rows, self.pad_token_id, self.padded_length, args.max_length, args.truncation_mode))
@@ -136,7 +131,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         return padded_length(examples, args.max_length, args.truncation_mode, args.pad_to_multiple_of)
 
     def _warn_if_sorting_loss_sees_padding(self) -> None:
-        sorting = sorted(set(self.loss_settings["loss_type"]) & {"aot", "aot_unpaired"})
+        sorting = sorted(set(self.args.loss_type) & {"aot", "aot_unpaired"})
         if sorting and len(self.train_dataset) % self._global_batch_size() and not self.args.dataloader_drop_last:
             warnings.warn(f"loss_type {sorting} sorts the pairs of a batch; the last, partial batch is padded with "
                           f"empty pairs that enter the sort ({len(self.train_dataset)} examples, batches of "
@@ -146,10 +141,11 @@ class DPOTrainer(PrecomputedReferenceTrainer):
     # ------------------------------------------------------------------ reference
     def _reference_pass(self) -> Callable:
         """``(module, batch) -> (chosen [B], rejected [B])`` summed log-probabilities of ``self.reference``."""
-        return dpo_loss.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh,
-                                       self.loss_settings["ld_alpha"])
+        return dpo_losses.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh,
+                                         dpo_losses.DPOLossSettings.from_config(self.args))
 
     # ------------------------------------------------------------------ Trainer hooks
-    def _loss(self) -> tuple[Callable, None]:
-        return preference_loss(self.model.family, router_aux_loss_coef=self._router_loss_weight(),
-                               **self.loss_settings), None
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL's DPO loss (:func:`adapters.losses.dpo.preference_loss`) with the config's settings."""
+        settings = dpo_losses.DPOLossSettings.from_config(self.args, router_aux_loss_coef=self._router_loss_weight())
+        return preference_loss(self.model.family, settings), None

@@ -18,7 +18,7 @@ from torchlike.training_args import TrainingArguments, check_choice, warn_from_c
 from torchlike.trl.base_config import TRLConfig, normalise_pad_to_multiple_of
 from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 
-#: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.losses.rl_math.grpo_loss`` computes them).
+#: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.losses.grpo.grpo_loss`` computes them).
 LOSS_TYPES: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 #: ``importance_sampling_level`` values: per-token ratios or one per sequence (GSPO).
 IMPORTANCE_SAMPLING_LEVELS: tuple[str, ...] = ("token", "sequence")

@@ -110,7 +110,7 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "vllm_tensor_parallel_size": ignored(_ONLY_WITH_VLLM + " Use mesh_shape to shard the model."),
     "vllm_importance_sampling_correction": honoured(_SAMPLER_CORRECTION + " True (TRL's default) applies it."),
     "vllm_importance_sampling_mode": honoured(_SAMPLER_CORRECTION + " token_/sequence_ x truncate/mask, TRL's "
-                                              "formulas (rl_math.sampler_importance_ratio)."),
+                                              "formulas (losses.grpo.sampler_importance_ratio)."),
     "vllm_importance_sampling_clip_max": honoured(_SAMPLER_CORRECTION + " The upper bound."),
     "vllm_importance_sampling_clip_min": honoured(_SAMPLER_CORRECTION + " The lower bound (None: open)."),
     "vllm_importance_sampling_cap": honoured("Deprecated in TRL (FutureWarning, as TRL): copied into "
@@ -141,7 +141,7 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "scale_rewards": honoured("'group', 'batch' or 'none' (True/False as in TRL): the standard deviation the "
                               "group-centred rewards are divided by (plus 1e-4)."),
     "loss_type": honoured("All of TRL's: grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo, computed as TRL 1.16 "
-                          "does (torchlike.adapters.losses.rl_math.grpo_loss)."),
+                          "does (torchlike.adapters.losses.grpo.grpo_loss)."),
     "mask_truncated_completions": honoured("Completions cut at max_completion_length without an EOS are left out of "
                                            "the loss."),
     "sync_ref_model": honoured(_REF_SYNC + " and with beta=0 (no reference)."),
@@ -149,7 +149,7 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "ref_model_sync_steps": honoured("Optimizer steps between reference updates (sync_ref_model)."),
     "top_entropy_quantile": honoured("Below 1.0 the policy loss counts only the completion tokens whose entropy "
                                      "reaches the batch's (1 - top_entropy_quantile) quantile, as TRL's "
-                                     "get_high_entropy_mask (torchlike.adapters.losses.rl_math.high_entropy_mask)."),
+                                     "get_high_entropy_mask (torchlike.adapters.losses.grpo.high_entropy_mask)."),
     "entropy_coef": honoured("The loss subtracts entropy_coef x the mean completion-token entropy (over the "
                              "top_entropy_quantile tokens), divided by the accumulation steps for every loss type, as "
                              "TRL; logs policy_loss and entropy_coef. With use_adaptive_entropy, the initial "

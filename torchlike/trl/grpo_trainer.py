@@ -6,10 +6,11 @@ top-k, min-p, decode-time repetition penalty, KV cache sized from the prompt and
 from the user's ``rollout_func``, continued through the model's tool calls when ``tools`` are given
 (:mod:`.tool_calling`; an ``environment_factory``'s environments reset each rollout's prompt and lend it their methods
 as tools and their ``get_reward`` as a reward, :mod:`.environments`), scored by the reward functions called TRL's way,
-turned into advantages (``adapters.rl_math``, TRL's estimator), then split into ``steps_per_generation`` micro-batches
-that the jitted step consumes ``gradient_accumulation_steps`` at a time, ``num_iterations`` times over. When generation
-and optimizer steps do not line up (TRL's rule: ``gradient_accumulation_steps % (steps_per_generation * num_iterations)
-!= 0``), the log-probs of the policy that sampled the batch are kept for the ratio and clipping, as TRL does.
+turned into advantages (``adapters.losses.grpo``, TRL's estimator), then split into ``steps_per_generation``
+micro-batches that the jitted step consumes ``gradient_accumulation_steps`` at a time, ``num_iterations`` times over.
+When generation and optimizer steps do not line up (TRL's rule: ``gradient_accumulation_steps % (steps_per_generation
+* num_iterations) != 0``), the log-probs of the policy that sampled the batch are kept for the ratio and clipping, as
+TRL does.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ import numpy as np
 
 from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.lora import runtime as lora_runtime
-from ..adapters.losses import grpo as tunix_grpo
-from ..adapters.losses import rl_math
+from ..adapters.losses import grpo as grpo_losses
 from ..adapters.rollout import sampling
 from ..adapters.training import train_step
 from ..training import batches, checkpoints, step_logs
@@ -57,7 +57,7 @@ _TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
 
 #: Step-loss metrics that are not evaluation metrics: TRL logs ``entropy_coef`` in training only, and the adaptive
 #: entropy controller's sums are read by the trainer.
-_NOT_EVAL_METRICS = ("entropy_coef", *tunix_grpo.ADAPTIVE_ENTROPY_SUMS)
+_NOT_EVAL_METRICS = ("entropy_coef", *grpo_losses.ADAPTIVE_ENTROPY_SUMS)
 
 
 class GRPOTrainer(OnlineTrainer):
@@ -290,22 +290,13 @@ class GRPOTrainer(OnlineTrainer):
     def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
         return self._rollout(prompt_rows, epoch, generation_index)
 
-    def _loss(self):
-        settings = tunix_grpo.GRPOLossSettings(
-            loss_type=self.args.loss_type, beta=self.args.beta, epsilon_low=self.args.epsilon,
-            epsilon_high=self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon,
-            delta=self.args.delta, importance_sampling_level=self.args.importance_sampling_level,
-            max_completion_length=self.args.max_completion_length, temperature=self.sampling.temperature,
-            use_bias_correction_kl=self.args.use_bias_correction_kl,
-            off_policy_mask_threshold=self.args.off_policy_mask_threshold,
-            sapo_temperature_pos=self.args.sapo_temperature_pos, sapo_temperature_neg=self.args.sapo_temperature_neg,
-            vespo_k_pos=self.args.vespo_k_pos, vespo_lambda_pos=self.args.vespo_lambda_pos,
-            vespo_k_neg=self.args.vespo_k_neg, vespo_lambda_neg=self.args.vespo_lambda_neg,
-            top_entropy_quantile=self.args.top_entropy_quantile, entropy_coef=self.args.entropy_coef,
-            adaptive_entropy=self._entropy_control is not None,
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL's GRPO loss (:func:`adapters.losses.grpo.grpo_step_loss`) with the config's settings."""
+        settings = grpo_losses.GRPOLossSettings.from_config(
+            self.args, temperature=self.sampling.temperature,
             compute_dtype=self._decoder_dtype if self.args.cast_lm_head_to_fp32 else None,
-            lm_head_in_float32=self.args.cast_lm_head_to_fp32, router_aux_loss_coef=self._router_loss_weight())
-        return tunix_grpo.grpo_step_loss(self.model.family, settings), None
+            router_aux_loss_coef=self._router_loss_weight())
+        return grpo_losses.grpo_step_loss(self.model.family, settings), None
 
     # ------------------------------------------------------------------ adaptive entropy control
     def _adaptive_entropy_control(self, args: GRPOConfig) -> entropy_control.AdaptiveEntropyControl | None:
@@ -323,7 +314,7 @@ class GRPOTrainer(OnlineTrainer):
         coefficient = np.full(weights.shape, self._entropy_control.applied_coefficient, np.float32)
         outputs = super()._run_step(step_fn, {**batch, "entropy_coef": mesh_lib.place_array(coefficient,
                                                                                              weights.sharding)}, step)
-        means = mesh_lib.to_host([outputs.pop(key) for key in tunix_grpo.ADAPTIVE_ENTROPY_SUMS])
+        means = mesh_lib.to_host([outputs.pop(key) for key in grpo_losses.ADAPTIVE_ENTROPY_SUMS])
         # The step averages its metrics over the micro-batches; the controller takes their totals.
         entropy_sum, tokens = (float(mean) * self.args.gradient_accumulation_steps for mean in means)
         self._entropy_control.update(entropy_sum, tokens)
@@ -394,14 +385,15 @@ class GRPOTrainer(OnlineTrainer):
 
     def _sampler_correction(self, batch: dict[str, np.ndarray], old_logps: np.ndarray) -> None:
         """TRL's vLLM importance-sampling correction of a batch sampled ahead: ``batch["importance_sampling_ratio"]``
-        (:func:`rl_math.sampler_importance_ratio` of the trainer's and the engine's log-probs) and TRL's
+        (:func:`adapters.losses.grpo.sampler_importance_ratio` of the trainer's and the engine's log-probs) and TRL's
         ``sampling/*`` metrics."""
         args = self.args
-        mask = tunix_grpo.loss_mask(batch).astype(bool)
+        mask = grpo_losses.loss_mask(batch).astype(bool)
         sampling_logps = batch["sampling_logps"]
-        ratio = rl_math.sampler_importance_ratio(old_logps, sampling_logps, mask, args.vllm_importance_sampling_mode,
-                                                 args.vllm_importance_sampling_clip_min,
-                                                 args.vllm_importance_sampling_clip_max)
+        ratio = grpo_losses.sampler_importance_ratio(old_logps, sampling_logps, mask,
+                                                     args.vllm_importance_sampling_mode,
+                                                     args.vllm_importance_sampling_clip_min,
+                                                     args.vllm_importance_sampling_clip_max)
         batch["importance_sampling_ratio"] = np.broadcast_to(ratio, mask.shape).astype(np.float32)
         delta = np.abs(old_logps - sampling_logps)[mask]
         flat = ratio.ravel() if ratio.shape[1] == 1 else ratio[mask]
@@ -415,22 +407,22 @@ class GRPOTrainer(OnlineTrainer):
 
     def _advantages(self, rewards: np.ndarray, num_generations: int, batch: dict[str, np.ndarray],
                     train: bool) -> tuple[np.ndarray, dict]:
-        """``(advantages [N], reward metrics)`` of a generation batch (``rl_math.grpo_advantages``); ``batch`` holds
-        its ``input_ids``, ``attention_mask`` and ``completion_mask``."""
+        """``(advantages [N], reward metrics)`` of a generation batch (``adapters.losses.grpo.grpo_advantages``);
+        ``batch`` holds its ``input_ids``, ``attention_mask`` and ``completion_mask``."""
         args = self.args
-        return rl_math.grpo_advantages(rewards, num_generations, reward_weights=self.reward_weights,
-                                       scale_rewards=args.scale_rewards,
-                                       multi_objective_aggregation=args.multi_objective_aggregation)
+        return grpo_losses.grpo_advantages(rewards, num_generations, reward_weights=self.reward_weights,
+                                           scale_rewards=args.scale_rewards,
+                                           multi_objective_aggregation=args.multi_objective_aggregation)
 
     def _add_step_columns(self, batch: dict[str, np.ndarray]) -> None:
         """Adds what the step loss reads besides the tokens and advantages: the token normaliser and step weight,
         the sampling policy's log-probs (TRL's rule for when they are kept) and the reference's."""
         args = self.args
         accumulation = args.gradient_accumulation_steps
-        completion_mask = tunix_grpo.loss_mask(batch)  # TRL's num_items_in_batch counts the trained tokens
+        completion_mask = grpo_losses.loss_mask(batch)  # TRL's num_items_in_batch counts the trained tokens
         normaliser = max(float(completion_mask.sum()), 1.0) * accumulation / args.steps_per_generation
-        batch["num_items"] = np.full(len(completion_mask), normaliser, np.float32)
-        token_sum = args.loss_type in tunix_grpo.TOKEN_SUM_LOSSES
+        batch[grpo_losses.NUM_ITEMS_COLUMN] = np.full(len(completion_mask), normaliser, np.float32)
+        token_sum = args.loss_type in grpo_losses.TOKEN_SUM_LOSSES
         batch["step_weight"] = np.full(len(completion_mask), 1.0 / accumulation if token_sum else 1.0, np.float32)
         corrected = "sampling_logps" in batch and args.vllm_importance_sampling_correction
         # TRL's rule for old log-probs, and (as TRL with vLLM's correction) always when the sampler's are corrected.
@@ -447,7 +439,8 @@ class GRPOTrainer(OnlineTrainer):
         log-probs; there are no old log-probs (the ratio is 1). With adaptive entropy control, the coefficient the
         next optimizer step would apply (TRL's evaluation applies it and leaves the controller as it is)."""
         rows = len(batch["input_ids"])
-        batch["num_items"] = np.full(rows, max(float(tunix_grpo.loss_mask(batch).sum()), 1.0), np.float32)
+        batch[grpo_losses.NUM_ITEMS_COLUMN] = np.full(rows, max(float(grpo_losses.loss_mask(batch).sum()), 1.0),
+                                                      np.float32)
         batch["step_weight"] = np.ones(rows, np.float32)
         if self._entropy_control is not None:
             batch["entropy_coef"] = np.full(rows, self._entropy_control.applied_coefficient, np.float32)
@@ -466,7 +459,7 @@ class GRPOTrainer(OnlineTrainer):
         key = (lora, id(module))
         passes = self.__dict__.setdefault("_log_prob_passes", {})
         if key not in passes:
-            passes[key] = tunix_grpo.make_log_prob_pass(self.model.family, self.sampling.temperature, lora,
+            passes[key] = grpo_losses.make_log_prob_pass(self.model.family, self.sampling.temperature, lora,
                                                         self._decoder_dtype,
                                                         lm_head_in_float32=self._lm_head_in_float32)
         size = self._global_batch_size()

@@ -1,7 +1,7 @@
 """``KTOTrainer``: TRL 1.16's Kahneman-Tversky Optimization trainer and constructor on torchlike's ``Trainer``.
 
 Each step scores the completions of a batch of unpaired examples (and, for ``loss_type="kto"``, the mismatched KL
-completions, in a second forward pass without gradient) and applies TRL's KTO loss (``adapters.kto_loss``) with TRL's
+completions, in a second forward pass without gradient) and applies TRL's KTO loss (``adapters.losses.kto``) with TRL's
 metrics. The reference log-probabilities of both are computed once, before training, by a jitted forward of the
 reference (``ref_model``; else the base weights with the LoRA adapter off when the adapter is new; else the initial
 weights) and stored with each example. TRL computes them in every step by default; the values are the same, since the
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters.losses import kto as kto_loss
+from ..adapters.losses import kto as kto_losses
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import PrecomputedReferenceTrainer
 from .kto_config import KTOConfig
@@ -83,9 +83,8 @@ class KTOTrainer(PrecomputedReferenceTrainer):
         self.pad_token_id = self._pad_token_id(processing_class, None)
         for config in (model.config, model.generation_config):
             config.pad_token_id = self.pad_token_id  # TRL mirrors the pad token onto the model
-        self.loss_settings = kto_loss.KTOLossSettings(beta=args.beta, loss_type=args.loss_type,
-                                                      desirable_weight=args.desirable_weight,
-                                                      undesirable_weight=args.undesirable_weight)
+        self.loss_settings = kto_losses.KTOLossSettings.from_config(args,
+                                                                    router_aux_loss_coef=self._router_loss_weight())
         train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
         check_desirability_balance([example["label"] for example in train_examples], args.desirable_weight,
                                    args.undesirable_weight)
@@ -117,15 +116,15 @@ class KTOTrainer(PrecomputedReferenceTrainer):
     # ------------------------------------------------------------------ reference
     @property
     def _reference_columns(self) -> tuple[str, ...]:
-        return kto_loss.reference_columns(self.loss_settings)
+        return kto_losses.reference_columns(self.loss_settings)
 
     def _reference_pass(self) -> Callable:
         """``(module, batch) -> (ref_logps [B], ref_KL_logps [B])`` (``ref_logps`` alone without a KL term) of
         ``self.reference``."""
-        return kto_loss.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh,
-                                       self.loss_settings)
+        return kto_losses.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh,
+                                         self.loss_settings)
 
     # ------------------------------------------------------------------ Trainer hooks
-    def _loss(self) -> tuple[Callable, None]:
-        return kto_loss.kto_step_loss(self.model.family, self.loss_settings,
-                                      router_aux_loss_coef=self._router_loss_weight()), None
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL's KTO loss (:func:`adapters.losses.kto.kto_step_loss`) with the config's settings."""
+        return kto_losses.kto_step_loss(self.model.family, self.loss_settings), None

@@ -30,7 +30,7 @@ from ..adapters import rollout
 from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.distributed import multihost
 from ..adapters.lora import runtime as lora_runtime
-from ..adapters.losses import grpo as tunix_grpo
+from ..adapters.losses import grpo as grpo_losses
 from ..adapters.rollout import sampling
 from ..training.batches import sampler_order
 from ..version import repetition_penalty_skips_left_padding
@@ -348,7 +348,7 @@ class OnlineTrainer(TRLTrainer):
             length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
             round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
             sampled, _ = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
-            mask, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
+            mask, _ = grpo_losses.completion_mask(sampled, self.eos_token_ids)
             return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
 
         tools = row_tools or [self.tools] * len(prompts)
@@ -384,7 +384,7 @@ class OnlineTrainer(TRLTrainer):
         the engine's log-prob of each token (``None`` where completions come without them)."""
         prompts, mask = self._prompt_arrays(prompt_ids)
         sampled, logps = self._sample(prompts, mask, self._completion_limit, seed)
-        kept, _ = tunix_grpo.completion_mask(sampled, self.eos_token_ids)
+        kept, _ = grpo_losses.completion_mask(sampled, self.eos_token_ids)
         lengths = kept.sum(axis=1)
         return ([row[:int(n)].tolist() for row, n in zip(sampled, lengths, strict=True)],
                 [row[:int(n)].tolist() for row, n in zip(logps, lengths, strict=True)])

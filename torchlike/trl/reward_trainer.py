@@ -3,7 +3,7 @@
 The model is a sequence classifier with one label (:class:`~torchlike.SequenceClassifier`: a decoder and a ``score``
 head read at each sequence's last non-pad token). Each step scores the chosen and rejected sequences of a batch of
 preference pairs in one forward pass and applies TRL's Bradley-Terry loss, with the data's ``margin`` and
-``center_rewards_coefficient`` (``adapters.reward_loss``), logging TRL's metrics (``accuracy``, ``margin``,
+``center_rewards_coefficient`` (``adapters.losses.reward``), logging TRL's metrics (``accuracy``, ``margin``,
 ``min_reward``/``mean_reward``/``max_reward``, ``num_tokens``).
 """
 
@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..adapters.losses import reward as reward_loss
+from ..adapters.losses import reward as reward_losses
 from ..training.batches import check_single_dataset, each_dataset, map_datasets
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import TRLTrainer, check_text_dataset
@@ -216,12 +216,14 @@ class RewardTrainer(TRLTrainer):
 
     # ------------------------------------------------------------------ Trainer hooks
     def _step_loss(self) -> tuple[Callable, None]:
-        return reward_loss.reward_step_loss(self.model.scores_function, self.args.center_rewards_coefficient), None
+        """TRL's reward-model loss (:func:`adapters.losses.reward.reward_step_loss`) with the config's settings."""
+        settings = reward_losses.RewardLossSettings.from_config(self.args)
+        return reward_losses.reward_step_loss(self.model.scores_function, settings), None
 
     def _neftune_length(self) -> Callable:
         """NEFTune's ``L`` for a pair batch: the width TRL's collator pads the stacked pairs to."""
         multiple = self.args.pad_to_multiple_of
-        return lambda batch: reward_loss.reward_batch_length(batch, multiple)
+        return lambda batch: reward_losses.reward_batch_length(batch, multiple)
 
     def _signature_columns(self) -> None:
         """Every column: the prepared examples hold only TRL's signature columns (``chosen_ids``, ``rejected_ids``,

@@ -4,8 +4,8 @@ Generation, reward functions, ``rollout_func``, the reference policy and the bat
 :class:`~torchlike.trl.GRPOTrainer`'s. What RLOO changes, as TRL 1.16's ``RLOOTrainer``: the sampling policy's
 summed completion log-probabilities are stored with every generation batch; with ``beta != 0`` each completion's
 reward loses ``beta x sum_t log(pi_old / pi_ref)``; the advantage is the reward minus the mean reward of the other
-completions of its prompt (``adapters.rl_math.rloo_advantages``, optionally normalised over the batch); the loss is a
-PPO-clipped objective on sequence ratios, averaged over sequences (``adapters.tunix_grpo.rloo_step_loss``).
+completions of its prompt (``adapters.losses.rloo.rloo_advantages``, optionally normalised over the batch); the loss is
+a PPO-clipped objective on sequence ratios, averaged over sequences (``adapters.losses.rloo.rloo_step_loss``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..adapters.lora import runtime as lora_runtime
-from ..adapters.losses import grpo as tunix_grpo
-from ..adapters.losses import rl_math
+from ..adapters.losses import grpo as grpo_losses
+from ..adapters.losses import rloo as rloo_losses
 from ..type_aliases import (
     DatasetLike,
     EvalDatasetLike,
@@ -93,10 +93,11 @@ class RLOOTrainer(GRPOTrainer):
     def _adaptive_entropy_control(self, args: RLOOConfig) -> None:
         """None: RLOO's loss has no entropy bonus to control."""
 
-    def _loss(self) -> tuple[Callable, None]:
-        epsilon_high = self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon
-        return tunix_grpo.rloo_step_loss(self.model.family, self.sampling.temperature, self.args.epsilon,
-                                         epsilon_high, router_aux_loss_coef=self._router_loss_weight()), None
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL's RLOO loss (:func:`adapters.losses.rloo.rloo_step_loss`) with the config's settings."""
+        settings = rloo_losses.RLOOLossSettings.from_config(self.args, temperature=self.sampling.temperature,
+                                                            router_aux_loss_coef=self._router_loss_weight())
+        return rloo_losses.rloo_step_loss(self.model.family, settings), None
 
     def _advantages(self, rewards: np.ndarray, num_generations: int, batch: dict[str, np.ndarray],
                     train: bool) -> tuple[np.ndarray, dict]:
@@ -105,7 +106,7 @@ class RLOOTrainer(GRPOTrainer):
         ``sum_t (log pi_old - log pi_ref)`` enters the rewards (reported as ``kl``, the per-token mean)."""
         args = self.args
         kl = None
-        mask = tunix_grpo.loss_mask(batch)  # the completion tokens the model wrote (not tool results)
+        mask = grpo_losses.loss_mask(batch)  # the completion tokens the model wrote (not tool results)
         # Sampled ahead (max_staleness >= 1), the ratio is taken against the sampler's log-probs, as TRL's
         # AsyncGRPOTrainer does; otherwise against the policy that sampled them, recomputed.
         old = batch["sampling_logps"] if "sampling_logps" in batch else self._log_probs(
@@ -115,9 +116,9 @@ class RLOOTrainer(GRPOTrainer):
         if self.reference is not None:
             per_token_kl = (old - self._log_probs(batch, self.reference.lora, self.reference.module)) * mask
             kl = per_token_kl.sum(axis=1)
-        advantages, metrics = rl_math.rloo_advantages(rewards, num_generations, reward_weights=args.reward_weights,
-                                                      reward_clip_range=args.reward_clip_range, kl=kl, beta=args.beta,
-                                                      normalize_advantages=args.normalize_advantages)
+        advantages, metrics = rloo_losses.rloo_advantages(
+            rewards, num_generations, reward_weights=args.reward_weights, reward_clip_range=args.reward_clip_range,
+            kl=kl, beta=args.beta, normalize_advantages=args.normalize_advantages)
         if kl is not None:
             metrics["kl"] = float(kl.sum() / max(float(mask.sum()), 1.0))
         return advantages, metrics

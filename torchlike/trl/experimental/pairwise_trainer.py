@@ -7,7 +7,7 @@ words, their tokenisation (:mod:`torchlike.trl.experimental.pairwise_data`), fix
 (``dpo_data.collate_preference_batch``), the router loss switched on by the model config's
 ``output_router_logits`` (as these trainers read it), and TRL's metrics logged as means over the micro-batches since
 the last log. There is no reference model. A subclass sets the class attributes and returns its step loss from
-:meth:`_step_loss_function`.
+``_step_loss`` (the Trainer's hook).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["PairwisePreferenceTrainer"]
 class PairwisePreferenceTrainer(TRLTrainer):
     """The base of torchlike's ``ORPOTrainer`` and ``CPOTrainer`` (see the module docstring).
 
-    Subclasses set ``_config_class``, ``_output_suffix``, ``_tag_names`` and implement :meth:`_step_loss_function`;
+    Subclasses set ``_config_class``, ``_output_suffix``, ``_tag_names`` and implement ``_step_loss``;
     :meth:`_check_settings` adds their own checks of ``args``.
     """
 
@@ -77,10 +77,6 @@ class PairwisePreferenceTrainer(TRLTrainer):
     # ------------------------------------------------------------------ subclass hooks
     def _check_settings(self, args: Any) -> None:
         """The subclass's checks of ``args`` (TRL's), before the model is loaded."""
-
-    def _step_loss_function(self) -> Callable:
-        """The step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)``."""
-        raise NotImplementedError
 
     def _padding_value(self, args: Any, tokenizer: Any) -> int:
         """The token id that pads ``input_ids``: the tokenizer's pad token (else its eos token)."""
@@ -133,21 +129,21 @@ class PairwisePreferenceTrainer(TRLTrainer):
         return "eval"
 
     # ------------------------------------------------------------------ Trainer hooks
-    def _loss(self) -> tuple[Callable, None]:
-        """The step loss; in evaluation each batch's loss weighs by its pairs, as transformers' evaluation loop
-        repeats a batch's loss once per example (training averages the micro-batches, as TRL)."""
+    def _loss(self) -> tuple[Callable, Callable | None]:
+        """The subclass's ``_step_loss``; in evaluation each batch's loss weighs by its pairs, as transformers'
+        evaluation loop repeats a batch's loss once per example (training averages the micro-batches, as TRL)."""
         import jax.numpy as jnp
 
-        loss = self._step_loss_function()
+        loss, count_items = super()._loss()
         if not self._evaluating:
-            return loss, None
+            return loss, count_items
 
         def per_pair(module, batch, num_items_in_batch=None):
             value, _, metrics = loss(module, batch, num_items_in_batch)
             pairs = batch["chosen_attention_mask"].any(-1).sum().astype(jnp.float32)
             return value * pairs, pairs, metrics
 
-        return per_pair, None
+        return per_pair, count_items
 
     def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
         self._evaluating = True

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ....adapters.losses.cpo import LOSS_TYPES, cpo_step_loss
+from ....adapters.losses.cpo import LOSS_TYPES, CPOLossSettings, cpo_step_loss
 from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass
 from ..pairwise_trainer import PairwisePreferenceTrainer
 from .cpo_config import CPOConfig
@@ -92,8 +92,7 @@ class CPOTrainer(PairwisePreferenceTrainer):
             tokenizer.pad_token = tokenizer.eos_token
         return super()._pad_token_id(tokenizer, pad_token, eos_token)
 
-    def _step_loss_function(self) -> Callable:
-        args = self.args
-        return cpo_step_loss(self.model.family, loss_type=args.loss_type, beta=args.beta,
-                             label_smoothing=args.label_smoothing, simpo_gamma=args.simpo_gamma, alpha=args.alpha,
-                             cpo_alpha=args.cpo_alpha, router_aux_loss_coef=self._router_loss_weight())
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL's CPO loss (:func:`adapters.losses.cpo.cpo_step_loss`) with the config's settings."""
+        settings = CPOLossSettings.from_config(self.args, router_aux_loss_coef=self._router_loss_weight())
+        return cpo_step_loss(self.model.family, settings), None

@@ -6,7 +6,7 @@ The data is SFT-style ``messages`` conversations, batched as TRL's ``DataCollato
 ``lmbda`` its conversations are replaced by the student's own sampled completions of their prompts (on-policy),
 otherwise, with ``seq_kd``, by the teacher's (sequence-level KD), otherwise they are trained on as they are. The loss is
 TRL's generalized Jensen-Shannon divergence between the student's and the frozen teacher's next-token distributions at
-every labelled position (``adapters.distillation_loss.gkd_step_loss``), divided by the labels of the accumulation
+every labelled position (``adapters.losses.distillation.gkd_step_loss``), divided by the labels of the accumulation
 window's dataset batches, as transformers' ``num_items_in_batch``.
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ....adapters.distributed import mesh as mesh_lib
-from ....adapters.losses import distillation as distillation_loss
+from ....adapters.losses import distillation as distillation_losses
 from ....adapters.rollout import sampling
 from ....adapters.training import train_step
 from ....training import batches
@@ -162,10 +162,10 @@ class GKDTrainer(StudentTeacherTrainer):
     def generalized_jsd_loss(student_logits: ArrayLike, teacher_logits: ArrayLike, labels: ArrayLike | None = None,
                              beta: float = 0.5, temperature: float = 1.0, reduction: str = "batchmean",
                              num_items_in_batch: int | ArrayLike | None = None) -> jax.Array:
-        """TRL's ``GKDTrainer.generalized_jsd_loss`` on arrays (``adapters.distillation_loss.reduced_generalized_jsd``):
-        the generalized JSD of Eq. (1) of https://huggingface.co/papers/2306.13649 at each position whose label is
-        not ``-100``, reduced by ``num_items_in_batch`` or ``reduction`` (``"batchmean"``, ``"sum"``, ``"mean"``,
-        ``"none"``).
+        """TRL's ``GKDTrainer.generalized_jsd_loss`` on arrays
+        (``adapters.losses.distillation.reduced_generalized_jsd``): the generalized JSD of Eq. (1) of
+        https://huggingface.co/papers/2306.13649 at each position whose label is not ``-100``, reduced by
+        ``num_items_in_batch`` or ``reduction`` (``"batchmean"``, ``"sum"``, ``"mean"``, ``"none"``).
 
         Args:
             student_logits, teacher_logits: ``[B, T, V]``.
@@ -177,7 +177,7 @@ class GKDTrainer(StudentTeacherTrainer):
         Returns:
             The loss (a scalar ``jax.Array``; with ``"none"`` the kept per-vocabulary terms).
         """
-        return distillation_loss.reduced_generalized_jsd(student_logits, teacher_logits, labels, beta, temperature,
+        return distillation_losses.reduced_generalized_jsd(student_logits, teacher_logits, labels, beta, temperature,
                                                          reduction, num_items_in_batch)
 
     # ------------------------------------------------------------------ set-up
@@ -212,8 +212,10 @@ class GKDTrainer(StudentTeacherTrainer):
             self._teacher_engine, self._rollout_engine = self._rollout_engine, student_engine
             self._samples_teacher = False
 
-    def _loss(self) -> tuple[Callable, None]:
-        return distillation_loss.gkd_step_loss(self.model.family, self.teacher_model.family, self.args.beta), None
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL's GKD loss (:func:`adapters.losses.distillation.gkd_step_loss`) with the config's settings."""
+        settings = distillation_losses.GKDLossSettings.from_config(self.args)
+        return distillation_losses.gkd_step_loss(self.model.family, self.teacher_model.family, settings), None
 
     # ------------------------------------------------------------------ batches
     def _get_train_sampler(self, epoch: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ....adapters.losses.orpo import orpo_step_loss
+from ....adapters.losses.orpo import ORPOLossSettings, orpo_step_loss
 from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass
 from ..pairwise_trainer import PairwisePreferenceTrainer
 from .orpo_config import ORPOConfig
@@ -68,5 +68,7 @@ class ORPOTrainer(PairwisePreferenceTrainer):
         """``args.padding_value``, else the tokenizer's pad token (TRL's ``padding_value``)."""
         return self.pad_token_id if args.padding_value is None else args.padding_value
 
-    def _step_loss_function(self) -> Callable:
-        return orpo_step_loss(self.model.family, beta=self.args.beta, router_aux_loss_coef=self._router_loss_weight())
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL's ORPO loss (:func:`adapters.losses.orpo.orpo_step_loss`) with the config's settings."""
+        settings = ORPOLossSettings.from_config(self.args, router_aux_loss_coef=self._router_loss_weight())
+        return orpo_step_loss(self.model.family, settings), None
