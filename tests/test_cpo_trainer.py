@@ -7,12 +7,9 @@ import pytest
 import trl.experimental.cpo as trl_cpo
 
 from tests import tiny
+from tests.helpers.data import PREFERENCES
 from torchlike.trl.experimental.cpo import CPOConfig, CPOTrainer
 
-DATA = [{"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog"},
-        {"prompt": "one two", "chosen": " three four five", "rejected": " hello world, this is a tiny tokenizer"},
-        {"prompt": "hello world, this is", "chosen": " a tiny tokenizer", "rejected": " one two three four"},
-        {"prompt": "seven eight", "chosen": " nine ten", "rejected": " the lazy fox"}] * 4
 METRICS = ("loss", "grad_norm", "learning_rate", "rewards/chosen", "rewards/rejected", "rewards/margins",
            "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "nll_loss")
 
@@ -41,12 +38,12 @@ def test_cpo_losses_metrics_evaluation_and_weights_match_trl_step_for_step(tiny_
                                                                            case):
     path = tiny_checkpoints.path("qwen2")
     settings = comparison_settings(**CASES[case])
-    eval_data = DATA[1:7]  # a partial last batch: TRL's is shorter, torchlike's is padded with empty pairs
+    eval_data = PREFERENCES[1:7]  # a partial last batch: TRL's is shorter, torchlike's is padded with empty pairs
     theirs, their_params, their_eval = tiny.run_trl_pairwise(trl_cpo.CPOTrainer, trl_cpo.CPOConfig, path,
-                                                             tokenizer_dir, tmp_path / "trl", DATA, settings,
+                                                             tokenizer_dir, tmp_path / "trl", PREFERENCES, settings,
                                                              eval_data)
     ours, params, our_eval = tiny.run_torchlike_pairwise(CPOTrainer, CPOConfig, path, tokenizer_dir,
-                                                         tmp_path / "ours", DATA, settings, eval_data)
+                                                         tmp_path / "ours", PREFERENCES, settings, eval_data)
     tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
     assert set(params) == set(their_params)
     for name, value in their_params.items():
@@ -67,11 +64,11 @@ def test_kto_pair_is_trls_error(tiny_checkpoints, tmp_path):
 
     path = tiny_checkpoints.path("qwen2")
     with pytest.raises(ValueError) as theirs:
-        trl_cpo.CPOTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(path), train_dataset=DATA,
+        trl_cpo.CPOTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(path), train_dataset=PREFERENCES,
                            args=trl_cpo.CPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none",
                                                   loss_type="kto_pair"))
     with pytest.raises(ValueError) as ours:
-        CPOTrainer(model=str(path), train_dataset=DATA,
+        CPOTrainer(model=str(path), train_dataset=PREFERENCES,
                    args=CPOConfig(output_dir=str(tmp_path), report_to="none", loss_type="kto_pair"))
     assert str(ours.value) == str(theirs.value)
 
@@ -87,7 +84,7 @@ def test_an_unknown_loss_type_is_trls_error_before_training(tiny_checkpoints, tm
     with pytest.raises(ValueError) as theirs:
         trl_cpo.CPOTrainer.cpo_loss(trainer, torch.zeros(2), torch.zeros(2))
     with pytest.raises(ValueError) as ours:
-        CPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA,
+        CPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=PREFERENCES,
                    args=CPOConfig(output_dir=str(tmp_path), report_to="none", loss_type="bogus"))
     assert str(ours.value) == str(theirs.value)
 
@@ -99,7 +96,7 @@ def test_label_smoothing_with_hinge_or_ipo_warns_as_trl(tiny_checkpoints, tokeni
     tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
     with pytest.warns(UserWarning, match=f"You are using the {loss_type} loss type that does not support label "
                                          "smoothing. The `label_smoothing` parameter will be ignored."):
-        CPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA[:4], processing_class=tokenizer,
+        CPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=PREFERENCES[:4], processing_class=tokenizer,
                    args=CPOConfig(output_dir=str(tmp_path), report_to="none", loss_type=loss_type,
                                   label_smoothing=0.1))
 
@@ -109,7 +106,7 @@ def test_without_a_pad_token_the_eos_token_pads_and_the_model_learns_it(tiny_che
 
     tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.pad_token = None
-    trainer = CPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA[:4],
+    trainer = CPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=PREFERENCES[:4],
                          processing_class=tokenizer, args=CPOConfig(output_dir=str(tmp_path), report_to="none"))
     assert tokenizer.pad_token == tokenizer.eos_token
     assert trainer.pad_token_id == trainer.model.config.pad_token_id == tokenizer.eos_token_id

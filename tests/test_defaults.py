@@ -12,21 +12,13 @@ from flax import nnx
 
 import torchlike
 from tests import tiny
+from tests.helpers.data import PROMPT_ROWS, SHORT_PREFERENCES, length_reward
 from torchlike.adapters.training import train_step
 from torchlike.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
 SFT_DATA = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy dog"},
             {"prompt": "one two", "completion": " three four five six"},
             {"prompt": "hello world, this is", "completion": " a tiny tokenizer"}] * 6
-DPO_DATA = [{"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog"},
-            {"prompt": "one two", "chosen": " three four five", "rejected": " hello world"},
-            {"prompt": "seven eight", "chosen": " nine ten", "rejected": " the lazy fox"}] * 6
-PROMPTS = [{"prompt": p} for p in ("the quick brown", "one two three", "hello world", "lazy dog", "four five",
-                                   "tiny test", "seven eight", "the fox")]
-
-
-def length_reward(completions, **kwargs):
-    return [-abs(len(completion) - 12) / 12 for completion in completions]
 
 
 def run(name, tiny_checkpoints, tokenizer_dir, output_dir, **settings):
@@ -42,10 +34,10 @@ def run(name, tiny_checkpoints, tokenizer_dir, output_dir, **settings):
         trainer = SFTTrainer(model=path, args=SFTConfig(**settings), train_dataset=SFT_DATA,
                              processing_class=tokenizer)
     elif name == "DPOTrainer":
-        trainer = DPOTrainer(model=path, args=DPOConfig(**settings), train_dataset=DPO_DATA,
+        trainer = DPOTrainer(model=path, args=DPOConfig(**settings), train_dataset=SHORT_PREFERENCES,
                              processing_class=tokenizer)
     else:  # GRPO samples completions: a CPU-sized completion length and group
-        trainer = GRPOTrainer(model=path, reward_funcs=length_reward, train_dataset=PROMPTS,
+        trainer = GRPOTrainer(model=path, reward_funcs=length_reward, train_dataset=PROMPT_ROWS,
                               args=GRPOConfig(max_completion_length=8, num_generations=4, **settings),
                               processing_class=tokenizer)
     trainer.train()

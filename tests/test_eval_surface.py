@@ -11,8 +11,7 @@ import pytest
 
 import torchlike
 from tests import tiny
-from tests.test_dpo_trainer import DATA as PREFERENCES
-from tests.test_sft_vs_trl import prompt_completion_data
+from tests.helpers.data import PREFERENCES, prompt_completion_data
 from torchlike.trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 SFT_DATA = prompt_completion_data(14, seed=3)

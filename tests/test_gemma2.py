@@ -3,22 +3,24 @@ save back bit for bit, export PEFT adapters, generate token for token and train 
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
-
 import jax.numpy as jnp
 import numpy as np
 import peft
 import pytest
 import torch
-import transformers
 from safetensors.torch import load_file
 from tunix.models.gemma import model as tunix_gemma
 
 import torchlike
 from tests import tiny
-from tests.test_peft import randomize_lora_
+from tests.helpers.models import (
+    max_diff_on_real_tokens,
+    randomize_lora_,
+    reference_logits,
+    reference_model,
+    torchlike_logits,
+    with_config,
+)
 from torchlike.adapters.families import UnsupportedConfigError
 from torchlike.adapters.model import tunix_model
 from torchlike.adapters.training import train_step
@@ -27,34 +29,6 @@ from torchlike.trl import SFTConfig
 from torchlike.trl.sft_trainer import SFTTrainer
 
 TOLERANCE = 1e-4
-
-
-def reference_model(path: Path, **config_overrides) -> transformers.PreTrainedModel:
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype="float32", attn_implementation="eager", **config_overrides).eval()
-
-
-def reference_logits(path: Path, **config_overrides) -> np.ndarray:
-    return tiny.hf_logits(reference_model(path, **config_overrides), *tiny.padded_batch())
-
-
-def torchlike_logits(path: Path, **config_overrides) -> np.ndarray:
-    ids, mask, _ = tiny.padded_batch()
-    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32", **config_overrides)
-    return np.asarray(model(ids, attention_mask=mask).logits)
-
-
-def max_diff_on_real_tokens(a, b, rows=slice(None)) -> float:
-    valid = tiny.padded_batch()[1].astype(bool)[rows]
-    return float(np.abs(np.asarray(a)[rows][valid] - np.asarray(b)[rows][valid]).max())
-
-
-def with_config(source: Path, destination: Path, **changes) -> Path:
-    """A copy of a checkpoint whose config.json has ``changes`` applied."""
-    shutil.copytree(source, destination)
-    config_file = destination / "config.json"
-    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **changes}))
-    return destination
 
 
 # Layers [sliding, full] with a window of 4 against rows of up to 24 real tokens. "gemma2_mha"

@@ -2,52 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-import transformers
 from safetensors.torch import load_file
 
 import torchlike
-from tests import tiny
+from tests.helpers.models import max_diff_on_real_tokens, reference_logits, torchlike_logits, with_config
 from torchlike.adapters.families import UnsupportedConfigError
 from torchlike.adapters.model.rope import UnsupportedRopeScalingError
 
 TOLERANCE = 1e-4
-
-
-def reference_logits(path: Path, **config_overrides) -> np.ndarray:
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype="float32", attn_implementation="eager", **config_overrides
-    ).eval()
-    return tiny.hf_logits(reference, *tiny.padded_batch())
-
-
-def torchlike_logits(path: Path, **config_overrides) -> np.ndarray:
-    ids, mask, _ = tiny.padded_batch()
-    model = torchlike.AutoModelForCausalLM.from_pretrained(
-        path, dtype="float32", **config_overrides
-    )
-    return np.asarray(model(ids, attention_mask=mask).logits)
-
-
-def max_diff_on_real_tokens(a: np.ndarray, b: np.ndarray) -> float:
-    valid = tiny.padded_batch()[1].astype(bool)
-    return float(np.abs(a[valid] - b[valid]).max())
-
-
-def with_config(source: Path, destination: Path, **changes) -> Path:
-    """A copy of a checkpoint whose config.json has ``changes`` applied."""
-    shutil.copytree(source, destination)
-    config_file = destination / "config.json"
-    config = json.loads(config_file.read_text())
-    config.update(changes)
-    config_file.write_text(json.dumps(config))
-    return destination
 
 
 # Two layers typed [sliding, full]: Tunix's own 5:1 pattern would make both sliding, so parity

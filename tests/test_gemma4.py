@@ -17,8 +17,14 @@ from tunix.models.gemma4 import moe as tunix_moe
 
 import torchlike
 from tests import tiny
-from tests.test_gemma2 import max_diff_on_real_tokens, reference_logits, reference_model, torchlike_logits, with_config
-from tests.test_peft import randomize_lora_
+from tests.helpers.models import (
+    max_diff_on_real_tokens,
+    randomize_lora_,
+    reference_logits,
+    reference_model,
+    torchlike_logits,
+    with_config,
+)
 from torchlike.adapters.families import UnknownArchitectureError, UnsupportedConfigError
 from torchlike.adapters.families.gemma4 import kv_sharing_pattern
 from torchlike.adapters.model import tunix_model

@@ -9,6 +9,7 @@ import pytest
 
 import torchlike
 from tests import tiny
+from tests.helpers.tokenizers import tokenizer_for
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import KTOConfig, KTOTrainer
 
@@ -29,10 +30,6 @@ DATA = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy do
         {"prompt": "hello", "completion": " world, this is a tiny tokenizer", "label": True},
         {"prompt": "three four", "completion": " five six seven eight nine ten", "label": True},
         {"prompt": "the lazy dog", "completion": " jumps", "label": False}]
-
-
-def tokenizer_for(tokenizer_dir):
-    return torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def comparison_settings(loss_type: str) -> dict:

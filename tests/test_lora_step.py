@@ -10,7 +10,7 @@ from flax import nnx
 
 import torchlike
 from tests import tiny
-from tests.test_peft import randomize_lora_
+from tests.helpers.models import randomize_lora_
 from torchlike.adapters.lora import runtime as lora_runtime
 from torchlike.adapters.training import train_step
 from torchlike.peft import LoraConfig, get_peft_model

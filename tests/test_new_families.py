@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import torchlike
 from tests import tiny
-from tests.test_defaults import DPO_DATA, PROMPTS, length_reward
+from tests.helpers.data import PROMPT_ROWS, SHORT_PREFERENCES, length_reward
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
 
@@ -86,7 +86,7 @@ def test_dpo_with_the_default_config_starts_at_ln2_and_trains_the_adapter(case, 
     args = DPOConfig(output_dir=str(tmp_path), max_steps=2, logging_steps=1, learning_rate=1e-2, report_to="none",
                      save_strategy="no", per_device_train_batch_size=4)
     assert args.bf16 and args.gradient_checkpointing
-    trainer = DPOTrainer(model=str(tiny_checkpoints.path(case)), args=args, train_dataset=DPO_DATA,
+    trainer = DPOTrainer(model=str(tiny_checkpoints.path(case)), args=args, train_dataset=SHORT_PREFERENCES,
                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=ATTENTION))
     before = _adapter(trainer)
@@ -111,7 +111,7 @@ def test_grpo_with_the_default_config_samples_scores_and_trains_the_adapter(case
                       beta=0.04)
     tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
     trainer = GRPOTrainer(model=str(tiny_checkpoints.path(case)), reward_funcs=length_reward, args=args,
-                          train_dataset=PROMPTS, processing_class=tokenizer,
+                          train_dataset=PROMPT_ROWS, processing_class=tokenizer,
                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=ATTENTION))
     before = _adapter(trainer)
     trainer.train()

@@ -11,18 +11,15 @@ import trl.experimental.orpo as trl_orpo
 from trl.data_utils import maybe_apply_chat_template, maybe_extract_prompt
 
 from tests import tiny
+from tests.helpers.data import PREFERENCES
+from tests.helpers.logs import logged
+from tests.helpers.tokenizers import CHAT_TEMPLATE
 from torchlike.trl.experimental.orpo import ORPOConfig, ORPOTrainer
 from torchlike.trl.experimental.pairwise_data import prepare_pairwise_examples
 
-DATA = [{"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog"},
-        {"prompt": "one two", "chosen": " three four five", "rejected": " hello world, this is a tiny tokenizer"},
-        {"prompt": "hello world, this is", "chosen": " a tiny tokenizer", "rejected": " one two three four"},
-        {"prompt": "seven eight", "chosen": " nine ten", "rejected": " the lazy fox"}] * 4
 METRICS = ("loss", "grad_norm", "learning_rate", "rewards/chosen", "rewards/rejected", "rewards/margins",
            "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "nll_loss", "log_odds_ratio",
            "log_odds_chosen")
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 
 
 def message(role, text):
@@ -68,12 +65,12 @@ def test_orpo_losses_metrics_evaluation_and_weights_match_trl_step_for_step(tiny
                                                                              tmp_path):
     path = tiny_checkpoints.path("qwen2")
     settings = comparison_settings()
-    eval_data = DATA[1:7]  # a partial last batch: TRL's is shorter, torchlike's is padded with empty pairs
+    eval_data = PREFERENCES[1:7]  # a partial last batch: TRL's is shorter, torchlike's is padded with empty pairs
     theirs, their_params, their_eval = tiny.run_trl_pairwise(trl_orpo.ORPOTrainer, trl_orpo.ORPOConfig, path,
-                                                             tokenizer_dir, tmp_path / "trl", DATA, settings,
+                                                             tokenizer_dir, tmp_path / "trl", PREFERENCES, settings,
                                                              eval_data)
     ours, params, our_eval = tiny.run_torchlike_pairwise(ORPOTrainer, ORPOConfig, path, tokenizer_dir,
-                                                         tmp_path / "ours", DATA, settings, eval_data)
+                                                         tmp_path / "ours", PREFERENCES, settings, eval_data)
     tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
     assert set(params) == set(their_params)
     for name, value in their_params.items():
@@ -96,9 +93,9 @@ def test_a_moe_model_that_outputs_router_logits_adds_its_router_loss_as_trl(tiny
                                                   "router_aux_loss_coef": 0.5}))
     settings = comparison_settings()
     theirs, their_params, _ = tiny.run_trl_pairwise(trl_orpo.ORPOTrainer, trl_orpo.ORPOConfig, path, tokenizer_dir,
-                                                    tmp_path / "trl", DATA, settings)
+                                                    tmp_path / "trl", PREFERENCES, settings)
     ours, params, _ = tiny.run_torchlike_pairwise(ORPOTrainer, ORPOConfig, path, tokenizer_dir, tmp_path / "ours",
-                                                  DATA, settings)
+                                                  PREFERENCES, settings)
     tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
     for name, value in their_params.items():
         np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
@@ -151,18 +148,18 @@ def test_model_init_kwargs_with_a_loaded_model_is_trls_error(tiny_checkpoints, t
 
     path = tiny_checkpoints.path("qwen2")
     theirs = trl_error(lambda: trl_orpo.ORPOTrainer(
-        model=transformers.AutoModelForCausalLM.from_pretrained(path), train_dataset=DATA,
+        model=transformers.AutoModelForCausalLM.from_pretrained(path), train_dataset=PREFERENCES,
         args=trl_orpo.ORPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none",
                                  model_init_kwargs={"dtype": "float32"})))
     ours = trl_error(lambda: ORPOTrainer(
-        model=torchlike.AutoModelForCausalLM.from_pretrained(path), train_dataset=DATA,
+        model=torchlike.AutoModelForCausalLM.from_pretrained(path), train_dataset=PREFERENCES,
         args=ORPOConfig(output_dir=str(tmp_path), report_to="none", model_init_kwargs={"dtype": "float32"})))
     assert ours == theirs
 
 
 def test_unset_max_length_means_512_with_trls_warning(tiny_checkpoints, tokenizer_dir, tmp_path):
     with pytest.warns(UserWarning, match="`max_length` is not set in the ORPOConfig's init it will default to `512`"):
-        trainer = ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA[:4],
+        trainer = ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=PREFERENCES[:4],
                               processing_class=tokenizer_with_pad(tokenizer_dir),
                               args=ORPOConfig(output_dir=str(tmp_path), report_to="none", max_length=None))
     assert trainer.max_length == 512
@@ -171,7 +168,7 @@ def test_unset_max_length_means_512_with_trls_warning(tiny_checkpoints, tokenize
 @pytest.mark.parametrize(("name", "value"), [("model_init", lambda: None), ("compute_metrics", lambda p: {})])
 def test_what_torchlike_does_not_do_is_refused_by_name(tiny_checkpoints, tmp_path, name, value):
     with pytest.raises(NotImplementedError, match=name):
-        ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA, **{name: value},
+        ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=PREFERENCES, **{name: value},
                     args=ORPOConfig(output_dir=str(tmp_path), report_to="none"))
 
 
@@ -179,17 +176,17 @@ def test_peft_config_trains_only_the_new_adapter_and_evaluate_scores_new_data(ti
                                                                                tmp_path):
     from torchlike.peft import LoraConfig
 
-    trainer = ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=DATA,
+    trainer = ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=PREFERENCES,
                           processing_class=tokenizer_with_pad(tokenizer_dir),
                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
                           args=ORPOConfig(output_dir=str(tmp_path), report_to="none", max_length=12, max_steps=6,
                                           per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1))
     before = {key: np.asarray(value) for key, value in trainer.model.state_dict().items()}
     trainer.train()
-    losses = tiny.logged(trainer.state.log_history, "loss")
+    losses = logged(trainer.state.log_history, "loss")
     assert losses[-1] < losses[0]
     changed = {key for key, value in trainer.model.state_dict().items()
                if not np.array_equal(np.asarray(value), before[key])}
     assert changed and all("_lora_" in key for key in changed)
-    metrics = trainer.evaluate(DATA[:4])  # raw data passed to evaluate() is tokenised as the training data
+    metrics = trainer.evaluate(PREFERENCES[:4])  # raw data passed to evaluate() is tokenised as the training data
     assert {"eval_loss", "eval_nll_loss", "eval_log_odds_ratio", "eval_rewards/margins"} <= set(metrics)

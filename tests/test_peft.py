@@ -10,12 +10,12 @@ import numpy as np
 import peft
 import pytest
 import transformers
-from flax import nnx
 from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
 from safetensors import safe_open
 
 import torchlike
 from tests import tiny
+from tests.helpers.models import randomize_lora_, valid_max_diff
 from torchlike.adapters.families import all_families
 from torchlike.adapters.lora import runtime as lora_runtime
 from torchlike.adapters.lora import targets as lora_targets
@@ -23,19 +23,6 @@ from torchlike.adapters.model import tunix_model
 from torchlike.peft import LoraConfig, PeftModel, get_peft_model
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def randomize_lora_(model, seed: int = 0, scale: float = 0.1) -> None:
-    """Trained-looking adapters: B is zero at init, so give every factor random values."""
-    for index, (_, variable) in enumerate(nnx.to_flat_state(nnx.state(model.module, nnx.LoRAParam))):
-        value = variable.get_value()
-        noise = jax.random.normal(jax.random.key(seed * 1000 + index), value.shape, value.dtype) * scale
-        variable.set_value(jax.device_put(noise, value.sharding))
-
-
-def valid_max_diff(ours, theirs, mask) -> float:
-    valid = mask.astype(bool)
-    return float(np.abs(np.asarray(ours)[valid] - np.asarray(theirs)[valid]).max())
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ attention LoRA adapters, generate token for token, and add transformers' load-ba
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -18,7 +16,7 @@ from safetensors.torch import load_file
 
 import torchlike
 from tests import tiny
-from tests.test_peft import randomize_lora_
+from tests.helpers.models import max_diff_on_real_tokens, randomize_lora_, reference_model, with_config
 from torchlike.adapters.families import UnsupportedConfigError, family_for_config
 from torchlike.adapters.families.qwen3_moe import SparseMoeBlock, sparse_layers
 from torchlike.adapters.losses import router as router_loss
@@ -32,18 +30,8 @@ TOLERANCE = 1e-4
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-def reference_model(path: Path, **config_overrides) -> transformers.PreTrainedModel:
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype="float32", attn_implementation="eager", **config_overrides).eval()
-
-
 def load(path: Path, **kwargs) -> torchlike.CausalLM:
     return torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32", **kwargs)
-
-
-def max_diff_on_real_tokens(a, b) -> float:
-    valid = tiny.padded_batch()[1].astype(bool)
-    return float(np.abs(np.asarray(a)[valid] - np.asarray(b)[valid]).max())
 
 
 def logits(model) -> np.ndarray:
@@ -54,14 +42,6 @@ def logits(model) -> np.ndarray:
 def forward_on(model, ids, mask):
     """``module -> logits`` of the batch through ``model``'s family, as ``Family.router_logits`` runs it."""
     return lambda module: model.family.forward(module, *tunix_model.causal_inputs(ids, mask))
-
-
-def with_config(source: Path, destination: Path, **changes) -> Path:
-    """A copy of a checkpoint whose config.json has ``changes`` applied."""
-    shutil.copytree(source, destination)
-    config_file = destination / "config.json"
-    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **changes}))
-    return destination
 
 
 @pytest.fixture(scope="module")

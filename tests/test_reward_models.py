@@ -14,13 +14,12 @@ from trl.data_utils import apply_chat_template
 
 import torchlike
 from tests import tiny
-from tests.test_sequence_classification import hf_classifier
+from tests.helpers.models import hf_classifier
+from tests.helpers.tokenizers import CHAT_TEMPLATE
 from torchlike.trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from torchlike.trl.reward_models import RewardModel
 
 PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog"]
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 COMPLETION_LENGTH = 8
 
 

@@ -13,27 +13,14 @@ import torch
 import transformers
 from flax import nnx
 
+from tests.helpers.models import hf_classifier
 from torchlike import AutoModelForSequenceClassification, SequenceClassifier
 from torchlike.adapters.checkpoint.safetensors_io import SafetensorsReader
 from torchlike.adapters.model.nnx_state import flat_variables
 from torchlike.adapters.model.sequence_classification import last_non_pad_indices
 from torchlike.peft import LoraConfig, PeftModel, get_peft_model
-from torchlike.testing import tiny_config
 
 TOLERANCE = 1e-4
-
-
-def hf_classifier(family: str, num_labels: int, seed: int = 0) -> transformers.PreTrainedModel:
-    """A transformers *ForSequenceClassification with every parameter random (norms near 1), eager attention."""
-    torch.manual_seed(seed)
-    config = tiny_config(family, num_labels=num_labels)
-    model = transformers.AutoModelForSequenceClassification.from_config(config, attn_implementation="eager")
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator)
-            parameter.copy_(1.0 + 0.2 * noise if "norm" in name else 0.08 * noise)
-    return model.eval()
 
 
 def hf_scores(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -10,19 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 import torchlike
+from tests.helpers.data import prompt_completion_data
 from tests.helpers.logs import logged
 from torchlike.trl import SFTConfig, SFTTrainer
-
-WORDS = "the quick brown fox jumps over the lazy dog one two three four five six seven eight nine ten hello world"
-
-
-def prompt_completion_data(count: int, seed: int = 0) -> list[dict]:
-    """Prompts of 1-6 words and completions of 1-10 words, so every batch is padded."""
-    rng = np.random.default_rng(seed)
-    words = WORDS.split()
-    return [{"prompt": " ".join(rng.choice(words, int(rng.integers(1, 7)))),
-             "completion": " " + " ".join(rng.choice(words, int(rng.integers(1, 11))))} for _ in range(count)]
-
 
 # bf16 off: the comparison is in float32 on both sides (gradient checkpointing stays at TRL's default, on).
 # Clipping is active (grad norms are well above max_grad_norm); Adam's epsilon sits above float noise, so entries

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import torchlike
 from tests import tiny
-from tests.test_peft import randomize_lora_, valid_max_diff
+from tests.helpers.models import randomize_lora_, valid_max_diff
 from torchlike.peft import LoraConfig, get_peft_model
 
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")

@@ -8,25 +8,15 @@ from transformers import TrainerCallback
 
 import torchlike
 from tests import tiny
+from tests.helpers.logs import logged
+from tests.helpers.training import training_arguments
 from torchlike.adapters.runtime import tracing
 from torchlike.peft import LoraConfig, get_peft_model
-
-
-def arguments(tmp_path, **overrides):
-    values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=6, learning_rate=1e-3,
-                  lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to="none", seed=0,
-                  bf16=False, gradient_checkpointing=False, max_grad_norm=1.0, weight_decay=0.0)
-    values.update(overrides)
-    return torchlike.TrainingArguments(**values)
 
 
 def sequential(trainer, count):
     trainer._get_train_sampler = lambda epoch: np.arange(count)
     return trainer
-
-
-def logged_losses(trainer) -> list[float]:
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
 def test_gradient_accumulation_4x2_equals_batch_8_on_padded_examples(tiny_checkpoints, tmp_path):
@@ -38,7 +28,8 @@ def test_gradient_accumulation_4x2_equals_batch_8_on_padded_examples(tiny_checkp
                                LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
         # SGD keeps the update linear in the gradient; Adam would turn float noise in near-zero
         # gradient entries into lr-sized steps and hide what this test checks.
-        args = arguments(tmp_path, max_steps=2, learning_rate=1e-1, optim="sgd", max_grad_norm=0.0, **overrides)
+        args = training_arguments(tmp_path, max_steps=2, learning_rate=1e-1, optim="sgd", max_grad_norm=0.0,
+                                  **overrides)
         trainer = sequential(torchlike.Trainer(model=model, args=args, train_dataset=examples), 16)
         trainer.train()
         return model.state_dict()
@@ -53,10 +44,10 @@ def test_lora_sft_lowers_the_loss_and_changes_only_lora_parameters(tiny_checkpoi
                            LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
     before = {k: np.asarray(v) for k, v in model.state_dict().items()}
     examples = tiny.padded_examples(8, seed=3)
-    trainer = sequential(torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=15, learning_rate=5e-3),
-                                           train_dataset=examples), 8)
+    args = training_arguments(tmp_path, max_steps=15, learning_rate=5e-3)
+    trainer = sequential(torchlike.Trainer(model=model, args=args, train_dataset=examples), 8)
     trainer.train()
-    losses = logged_losses(trainer)
+    losses = logged(trainer.state.log_history, "loss")
     assert losses[-1] < losses[0] - 0.5
     changed = {k for k, v in model.state_dict().items() if not np.array_equal(np.asarray(v), before[k])}
     assert changed and all("_lora_" in k for k in changed)
@@ -65,7 +56,7 @@ def test_lora_sft_lowers_the_loss_and_changes_only_lora_parameters(tiny_checkpoi
 def test_second_epoch_and_last_partial_batch_add_no_trace(tiny_checkpoints, tmp_path):
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
     examples = tiny.padded_examples(10, seed=4)  # 10 = 2 full batches of 4 + a partial one of 2
-    trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=-1, num_train_epochs=2),
+    trainer = torchlike.Trainer(model=model, args=training_arguments(tmp_path, max_steps=-1, num_train_epochs=2),
                                 train_dataset=examples)
     before = tracing.TRACE_COUNTS["train_step"]
     trainer.train()
@@ -79,8 +70,8 @@ def test_resume_from_a_checkpoint_continues_exactly(tiny_checkpoints, tmp_path):
 
     def trainer_for(output, **overrides):
         model = torchlike.AutoModelForCausalLM.from_pretrained(path)
-        args = arguments(tmp_path, output_dir=str(tmp_path / output), max_steps=10, save_strategy="steps",
-                         save_steps=5, lr_scheduler_type="linear", weight_decay=0.01, **overrides)
+        args = training_arguments(tmp_path, output_dir=str(tmp_path / output), max_steps=10, save_strategy="steps",
+                                  save_steps=5, lr_scheduler_type="linear", weight_decay=0.01, **overrides)
         return torchlike.Trainer(model=model, args=args, train_dataset=examples)
 
     straight = trainer_for("straight")
@@ -97,7 +88,7 @@ def test_resume_from_a_checkpoint_continues_exactly(tiny_checkpoints, tmp_path):
     resumed = trainer_for("resumed")
     resumed.train(resume_from_checkpoint=True)
 
-    assert logged_losses(resumed) == logged_losses(straight)
+    assert logged(resumed.state.log_history, "loss") == logged(straight.state.log_history, "loss")
     for name, value in straight.model.state_dict().items():
         np.testing.assert_array_equal(np.asarray(resumed.model.state_dict()[name]), np.asarray(value))
 
@@ -118,10 +109,10 @@ def test_plain_nnx_module_trains_with_a_jax_native_loss_fn(tmp_path):
     x = rng.normal(size=(32, 4)).astype(np.float32)
     data = [{"x": row, "y": np.float32(row @ np.array([1.0, -2.0, 0.5, 3.0]))} for row in x]
     module = Regressor()
-    trainer = torchlike.Trainer(model=module, args=arguments(tmp_path, max_steps=60, learning_rate=0.1),
+    trainer = torchlike.Trainer(model=module, args=training_arguments(tmp_path, max_steps=60, learning_rate=0.1),
                                 train_dataset=data, loss_fn=loss_fn)
     trainer.train()
-    losses = logged_losses(trainer)
+    losses = logged(trainer.state.log_history, "loss")
     assert losses[-1] < 0.05 * losses[0]
     max_errors = [entry["max_error"] for entry in trainer.state.log_history if "max_error" in entry]
     assert len(max_errors) == len(losses) and max_errors[-1] < max_errors[0]
@@ -129,7 +120,7 @@ def test_plain_nnx_module_trains_with_a_jax_native_loss_fn(tmp_path):
 
 def test_compute_loss_func_and_loss_fn_together_are_refused(tmp_path):
     with pytest.raises(ValueError, match="either compute_loss_func .* or loss_fn"):
-        torchlike.Trainer(model=None, args=arguments(tmp_path), compute_loss_func=lambda *a, **k: 0.0,
+        torchlike.Trainer(model=None, args=training_arguments(tmp_path), compute_loss_func=lambda *a, **k: 0.0,
                           loss_fn=lambda model, batch: 0.0)
 
 
@@ -149,11 +140,11 @@ def test_compute_loss_func_on_a_causal_lm_matches_the_built_in_loss(tiny_checkpo
     runs = []
     for rows, hook in ((examples, None), (labelled, causal_lm_loss)):
         model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
-        trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=2, gradient_accumulation_steps=2,
-                                                                train_sampling_strategy="sequential"),
-                                    train_dataset=rows, compute_loss_func=hook)
+        args = training_arguments(tmp_path, max_steps=2, gradient_accumulation_steps=2,
+                                  train_sampling_strategy="sequential")
+        trainer = torchlike.Trainer(model=model, args=args, train_dataset=rows, compute_loss_func=hook)
         trainer.train()
-        runs.append(logged_losses(trainer))
+        runs.append(logged(trainer.state.log_history, "loss"))
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
 
 
@@ -161,7 +152,8 @@ def test_each_new_trace_is_logged_with_its_shapes(tiny_checkpoints, tmp_path, ca
     import logging
 
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
-    trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=2, gradient_accumulation_steps=2),
+    trainer = torchlike.Trainer(model=model, args=training_arguments(tmp_path, max_steps=2,
+                                                                     gradient_accumulation_steps=2),
                                 train_dataset=tiny.padded_examples(16, seed=9))
     with caplog.at_level(logging.INFO, logger="torchlike.adapters.runtime.tracing"):
         trainer.train()
@@ -173,7 +165,7 @@ def test_each_new_trace_is_logged_with_its_shapes(tiny_checkpoints, tmp_path, ca
 def test_a_lora_step_is_traced_once_with_or_without_dropout(tiny_checkpoints, tmp_path, dropout):
     model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
                            LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules="all-linear"))
-    trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=3),
+    trainer = torchlike.Trainer(model=model, args=training_arguments(tmp_path, max_steps=3),
                                 train_dataset=tiny.padded_examples(12, seed=2))
     before = tracing.TRACE_COUNTS["train_step"]
     trainer.train()
@@ -184,7 +176,7 @@ def test_bf16_parameters_keep_bf16_optimizer_state_and_one_trace(tiny_checkpoint
     from flax import nnx
 
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype="bfloat16")
-    trainer = torchlike.Trainer(model=model, args=arguments(tmp_path, max_steps=3, bf16=True),
+    trainer = torchlike.Trainer(model=model, args=training_arguments(tmp_path, max_steps=3, bf16=True),
                                 train_dataset=tiny.padded_examples(12, seed=2))
     before = tracing.TRACE_COUNTS["train_step"]
     trainer.train()
@@ -198,12 +190,12 @@ def test_neftune_in_the_base_trainer_perturbs_training_steps_only(tiny_checkpoin
     path, examples = tiny_checkpoints.path("qwen2"), tiny.padded_examples(8, seed=4)
 
     def run(alpha):
-        args = arguments(tmp_path, max_steps=2, neftune_noise_alpha=alpha)
+        args = training_arguments(tmp_path, max_steps=2, neftune_noise_alpha=alpha)
         trainer = sequential(torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(path), args=args,
                                                train_dataset=examples, eval_dataset=examples), 8)
         before = trainer.evaluate()["eval_loss"]
         trainer.train()
-        return before, logged_losses(trainer)
+        return before, logged(trainer.state.log_history, "loss")
 
     clean_eval, clean = run(None)
     noisy_eval, noisy = run(5.0)
@@ -216,5 +208,6 @@ def test_neftune_needs_a_causal_lm(tmp_path):
     from flax import nnx
 
     with pytest.raises(ValueError, match="neftune_noise_alpha=5.0 .* plain Linear"):
-        torchlike.Trainer(model=nnx.Linear(2, 2, rngs=nnx.Rngs(0)), args=arguments(tmp_path, neftune_noise_alpha=5.0),
+        torchlike.Trainer(model=nnx.Linear(2, 2, rngs=nnx.Rngs(0)),
+                          args=training_arguments(tmp_path, neftune_noise_alpha=5.0),
                           train_dataset=[{"x": [0.0, 1.0]}], loss_fn=lambda model, batch: model(batch["x"]).sum())

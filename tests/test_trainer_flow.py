@@ -16,7 +16,8 @@ from transformers import TrainerCallback
 
 import torchlike
 from tests import tiny
-from tests.test_trainer import arguments, logged_losses
+from tests.helpers.logs import logged
+from tests.helpers.training import training_arguments
 from torchlike.trl import SFTConfig
 from torchlike.trl.sft_trainer import SFTTrainer
 
@@ -24,7 +25,7 @@ from torchlike.trl.sft_trainer import SFTTrainer
 def trainer_for(tiny_checkpoints, tmp_path, examples=None, **overrides):
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
     examples = tiny.padded_examples(12, seed=11) if examples is None else examples
-    args = arguments(tmp_path, train_sampling_strategy="sequential", disable_tqdm=True, **overrides)
+    args = training_arguments(tmp_path, train_sampling_strategy="sequential", disable_tqdm=True, **overrides)
     return torchlike.Trainer(model=model, args=args, train_dataset=examples, eval_dataset=examples[:6])
 
 
@@ -71,8 +72,9 @@ def test_logged_loss_is_the_mean_over_the_logging_window(tiny_checkpoints, tmp_p
     every.train()
     windowed = trainer_for(tiny_checkpoints, tmp_path / "b", logging_steps=3)
     windowed.train()
-    losses = logged_losses(every)
-    assert logged_losses(windowed) == pytest.approx([np.mean(losses[:3]), np.mean(losses[3:])], rel=1e-6)
+    losses = logged(every.state.log_history, "loss")
+    assert logged(windowed.state.log_history, "loss") == pytest.approx([np.mean(losses[:3]), np.mean(losses[3:])],
+                                                                       rel=1e-6)
 
 
 def test_report_to_tensorboard_writes_the_logged_losses(tiny_checkpoints, tmp_path):
@@ -81,7 +83,7 @@ def test_report_to_tensorboard_writes_the_logged_losses(tiny_checkpoints, tmp_pa
     event_files = list(Path(trainer.args.output_dir).rglob("events.out.tfevents.*"))
     assert event_files, "TensorBoard wrote no event file"
     scalars = read_tensorboard_scalars(event_files[0])
-    assert scalars["train/loss"] == pytest.approx(logged_losses(trainer), rel=1e-5)
+    assert scalars["train/loss"] == pytest.approx(logged(trainer.state.log_history, "loss"), rel=1e-5)
 
 
 def read_tensorboard_scalars(path: Path) -> dict[str, list[float]]:
@@ -119,7 +121,8 @@ def test_dataloader_drop_last_drops_the_partial_batch(tiny_checkpoints, tmp_path
                           dataloader_drop_last=True)
     dropped.train()
     assert (kept.state.global_step, dropped.state.global_step) == (3, 2)
-    assert logged_losses(dropped) == pytest.approx(logged_losses(kept)[:2], rel=1e-6)
+    kept_losses = logged(kept.state.log_history, "loss")
+    assert logged(dropped.state.log_history, "loss") == pytest.approx(kept_losses[:2], rel=1e-6)
 
 
 def test_prefetching_batches_gives_the_same_losses(tiny_checkpoints, tmp_path):
@@ -127,7 +130,7 @@ def test_prefetching_batches_gives_the_same_losses(tiny_checkpoints, tmp_path):
     inline.train()
     ahead = trainer_for(tiny_checkpoints, tmp_path / "b", prefetch_batches=3)
     ahead.train()
-    assert logged_losses(ahead) == logged_losses(inline)
+    assert logged(ahead.state.log_history, "loss") == logged(inline.state.log_history, "loss")
 
 
 def test_stopping_before_the_data_ends_leaves_no_prefetch_thread_running(tiny_checkpoints, tmp_path):
@@ -176,18 +179,18 @@ def test_nan_and_inf_step_losses_are_replaced_by_transformers_window_rule(tmp_pa
     step_losses = [1.0, np.nan, 3.0, 4.0, np.inf, 6.0, np.nan, 8.0, 9.0]
     data = [{"x": np.float32(v)} for v in step_losses]
     for nan_filter in (True, False):
-        args = arguments(tmp_path, per_device_train_batch_size=1, max_steps=9, logging_steps=3, optim="sgd",
-                         learning_rate=0.0, train_sampling_strategy="sequential", logging_nan_inf_filter=nan_filter,
-                         disable_tqdm=True)
+        args = training_arguments(tmp_path, per_device_train_batch_size=1, max_steps=9, logging_steps=3, optim="sgd",
+                                  learning_rate=0.0, train_sampling_strategy="sequential",
+                                  logging_nan_inf_filter=nan_filter, disable_tqdm=True)
         trainer = torchlike.Trainer(model=Scale(), args=args, train_dataset=data, loss_fn=loss_fn)
         result = trainer.train()
         expected = transformers_logged_losses(step_losses, 3, nan_filter)
         if nan_filter:
             assert expected == pytest.approx([(1 + 0.5 + 3) / 3, (4 + 2 + 6) / 3, (0 + 8 + 9) / 3])
-            assert logged_losses(trainer) == pytest.approx(expected)
+            assert logged(trainer.state.log_history, "loss") == pytest.approx(expected)
             assert result.training_loss == pytest.approx(np.mean(expected))
         else:
-            assert all(not math.isfinite(loss) for loss in logged_losses(trainer))
+            assert all(not math.isfinite(loss) for loss in logged(trainer.state.log_history, "loss"))
 
 
 def recorded_pushes(monkeypatch) -> list[tuple[str, str, list[str]]]:
@@ -234,7 +237,7 @@ def test_data_seed_orders_the_data_and_seed_then_does_not(tmp_path):
     rows = [{"x": np.float32(i)} for i in range(32)]
 
     def order(**seeds):
-        trainer = torchlike.Trainer(model=None, args=arguments(tmp_path, **seeds), train_dataset=rows,
+        trainer = torchlike.Trainer(model=None, args=training_arguments(tmp_path, **seeds), train_dataset=rows,
                                     loss_fn=lambda model, batch: 0.0)
         return [trainer._get_train_sampler(epoch).tolist() for epoch in (0, 1)]
 
@@ -265,7 +268,7 @@ def test_completion_only_loss_equals_the_hand_computed_masked_nll(tiny_checkpoin
         nll = -torch.log_softmax(logits[:-1], dim=-1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
         total += float(nll[len(prompt) - 1:].sum())  # targets are the completion tokens and the eos
         count += len(ids) - len(prompt)
-    assert logged_losses(trainer)[0] == pytest.approx(total / count, rel=1e-5)
+    assert logged(trainer.state.log_history, "loss")[0] == pytest.approx(total / count, rel=1e-5)
 
 
 def test_trl_script_attributes_accelerator_hub_model_id_and_end(tiny_checkpoints, tmp_path, capsys):
@@ -301,7 +304,8 @@ def test_each_checkpoint_folder_opens_with_from_pretrained_like_transformers_tra
     np.testing.assert_allclose(np.asarray(ours)[mask.astype(bool)], expected[mask.astype(bool)], atol=1e-4)
     resumed = trainer_for(tiny_checkpoints, tmp_path / "again", max_steps=4, save_strategy="no")
     resumed.train(resume_from_checkpoint=str(folder))
-    assert logged_losses(resumed)[-2:] == pytest.approx(logged_losses(trainer)[-2:], rel=1e-6)
+    uninterrupted = logged(trainer.state.log_history, "loss")
+    assert logged(resumed.state.log_history, "loss")[-2:] == pytest.approx(uninterrupted[-2:], rel=1e-6)
 
 
 def test_a_lora_checkpoint_folder_holds_the_peft_adapter(tiny_checkpoints, tmp_path):
@@ -311,8 +315,8 @@ def test_a_lora_checkpoint_folder_holds_the_peft_adapter(tiny_checkpoints, tmp_p
 
     model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
                            LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    args = arguments(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, learning_rate=1e-2,
-                     disable_tqdm=True)
+    args = training_arguments(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, learning_rate=1e-2,
+                              disable_tqdm=True)
     torchlike.Trainer(model=model, args=args, train_dataset=tiny.padded_examples(8, seed=3)).train()
     folder = Path(args.output_dir) / "checkpoint-2"
     assert {"adapter_model.safetensors", "adapter_config.json"} <= {path.name for path in folder.iterdir()}

@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 import torchlike
-from tests.test_trainer import arguments, logged_losses
+from tests.helpers.logs import logged
+from tests.helpers.training import training_arguments
 
 VOCAB, LENGTH = 32, 16
 
@@ -58,11 +59,11 @@ def test_minigpt_trains_with_a_jax_native_loss_fn(tmp_path):
         return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], batch["inputs"][:, 1:]).mean()
 
     data = [{"inputs": row} for row in counting_sequences(64, seed=0)]
-    trainer = torchlike.Trainer(model=MiniGPT(), args=arguments(tmp_path, max_steps=40, learning_rate=3e-3,
-                                                                per_device_train_batch_size=8),
+    trainer = torchlike.Trainer(model=MiniGPT(), args=training_arguments(tmp_path, max_steps=40, learning_rate=3e-3,
+                                                                         per_device_train_batch_size=8),
                                 train_dataset=data, loss_fn=loss_fn)
     trainer.train()
-    losses = logged_losses(trainer)
+    losses = logged(trainer.state.log_history, "loss")
     assert losses[0] > 3.0 and losses[-1] < 0.5 * losses[0]
 
 
@@ -88,11 +89,12 @@ def test_compute_loss_func_gets_the_step_item_count_so_accumulation_equals_one_b
     runs = {}
     for name, batch, accumulation in (("whole", 8, 1), ("accumulated", 2, 4)):
         model = MiniGPT(seed=3)
-        args = arguments(tmp_path / name, per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
-                         max_steps=2, optim="sgd", learning_rate=0.1, train_sampling_strategy="sequential")
+        args = training_arguments(tmp_path / name, per_device_train_batch_size=batch,
+                                  gradient_accumulation_steps=accumulation, max_steps=2, optim="sgd", learning_rate=0.1,
+                                  train_sampling_strategy="sequential")
         trainer = torchlike.Trainer(model=model, args=args, train_dataset=rows, compute_loss_func=causal_lm_loss)
         trainer.train()
-        runs[name] = (logged_losses(trainer), nnx.state(model, nnx.Param))
+        runs[name] = (logged(trainer.state.log_history, "loss"), nnx.state(model, nnx.Param))
     np.testing.assert_allclose(runs["accumulated"][0], runs["whole"][0], rtol=1e-5)
     for whole, accumulated in zip(nnx.to_flat_state(runs["whole"][1]), nnx.to_flat_state(runs["accumulated"][1]),
                                   strict=True):
@@ -107,7 +109,7 @@ def test_compute_loss_func_gets_the_step_item_count_so_accumulation_equals_one_b
 
 
 def test_a_plain_module_without_a_loss_is_refused_with_both_conventions(tmp_path):
-    trainer = torchlike.Trainer(model=MiniGPT(), args=arguments(tmp_path),
+    trainer = torchlike.Trainer(model=MiniGPT(), args=training_arguments(tmp_path),
                                 train_dataset=[{"inputs": counting_sequences(1, 0)[0]}])
     with pytest.raises(ValueError, match="loss_fn=.*compute_loss_func="):
         trainer.train()
@@ -118,12 +120,13 @@ def test_label_names_name_the_label_column_given_to_compute_loss_func(tmp_path):
     renamed = [{"inputs": row["inputs"], "targets": row["labels"]} for row in rows]
     runs = []
     for data, label_names in ((rows, None), (renamed, ["targets"])):
-        args = arguments(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=2,
-                         optim="sgd", learning_rate=0.1, train_sampling_strategy="sequential", label_names=label_names)
+        args = training_arguments(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=2,
+                                  optim="sgd", learning_rate=0.1, train_sampling_strategy="sequential",
+                                  label_names=label_names)
         trainer = torchlike.Trainer(model=MiniGPT(seed=3), args=args, train_dataset=data,
                                     compute_loss_func=causal_lm_loss)
         trainer.train()
-        runs.append(logged_losses(trainer))
+        runs.append(logged(trainer.state.log_history, "loss"))
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
 
 
@@ -135,7 +138,7 @@ def test_remove_unused_columns_gives_the_collator_only_what_the_model_and_loss_r
             seen[remove] = sorted(examples[0])
             return {key: np.stack([example[key] for example in examples]) for key in ("inputs", "labels")}
 
-        args = arguments(tmp_path, max_steps=1, remove_unused_columns=remove)
+        args = training_arguments(tmp_path, max_steps=1, remove_unused_columns=remove)
         trainer = torchlike.Trainer(model=MiniGPT(), args=args, train_dataset=rows, data_collator=collate,
                                     compute_loss_func=causal_lm_loss)
         trainer.train()
@@ -150,7 +153,7 @@ def test_a_jax_native_loss_fn_gets_every_column(tmp_path):
         return loss * batch["weight"].mean()
 
     data = [{"tokens": row, "weight": np.float32(1.0)} for row in counting_sequences(8, seed=0)]
-    trainer = torchlike.Trainer(model=MiniGPT(), args=arguments(tmp_path, max_steps=1), train_dataset=data,
+    trainer = torchlike.Trainer(model=MiniGPT(), args=training_arguments(tmp_path, max_steps=1), train_dataset=data,
                                 loss_fn=loss_fn)
     assert trainer.train().global_step == 1
 
@@ -161,7 +164,7 @@ def test_resuming_a_plain_module_restores_its_parameters_and_continues_exactly(t
         return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], batch["inputs"][:, 1:]).mean()
 
     data = [{"inputs": row} for row in counting_sequences(32, seed=0)]
-    args = arguments(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, learning_rate=3e-3)
+    args = training_arguments(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, learning_rate=3e-3)
     module = MiniGPT(seed=0)
     trainer = torchlike.Trainer(model=module, args=args, train_dataset=data, loss_fn=loss_fn)
     trainer.train()
@@ -169,13 +172,13 @@ def test_resuming_a_plain_module_restores_its_parameters_and_continues_exactly(t
 
     resumed = torchlike.Trainer(model=MiniGPT(seed=5), args=args, train_dataset=data, loss_fn=loss_fn)
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
-    assert logged_losses(resumed)[-2:] == logged_losses(trainer)[-2:]
+    assert logged(resumed.state.log_history, "loss")[-2:] == logged(trainer.state.log_history, "loss")[-2:]
     for (path, first), (_, second) in zip(nnx.to_flat_state(nnx.state(module, nnx.Param)),
                                           nnx.to_flat_state(nnx.state(resumed.model, nnx.Param)), strict=True):
         np.testing.assert_array_equal(second.get_value(), first.get_value(), err_msg=str(path))
 
 
 def test_save_model_on_a_plain_module_says_how_to_keep_its_parameters(tmp_path):
-    trainer = torchlike.Trainer(model=MiniGPT(), args=arguments(tmp_path), loss_fn=lambda model, batch: 0.0)
+    trainer = torchlike.Trainer(model=MiniGPT(), args=training_arguments(tmp_path), loss_fn=lambda model, batch: 0.0)
     with pytest.raises(NotImplementedError, match="plain MiniGPT.*save_strategy"):
         trainer.save_model()
