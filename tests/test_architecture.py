@@ -1,5 +1,6 @@
 """The import rules of ARCHITECTURE.md, read from the source: the facade imports no backend, ``adapters/`` never
-imports the facade, and no module of either imports itself through a cycle (imports inside functions count too)."""
+imports the facade, no module of either imports itself through a cycle, no private name is imported across modules
+(in the package or the tests), and no module imports a test module (imports inside functions count too)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("tunix", "qwix", "orbax", "safetensors")
+#: The top-level packages whose private names are this project's to keep private.
+PROJECT = ("torchlike", "tests")
 
 
 def module_files() -> dict[str, Path]:
@@ -35,6 +38,38 @@ def imported_names(module: str, path: Path) -> set[str]:
                 prefix = node.module
             names.update(f"{prefix}.{alias.name}" for alias in node.names)
     return names
+
+
+def project_files() -> dict[str, Path]:
+    """:func:`module_files` and the test suite's modules (``tests/`` is the package ``tests``)."""
+    modules = module_files()
+    for path in (ROOT / "tests").rglob("*.py"):
+        modules[".".join(part for part in path.relative_to(ROOT).with_suffix("").parts if part != "__init__")] = path
+    return modules
+
+
+def is_private(name: str) -> bool:
+    """A name with one leading underscore (dunders like ``__version__`` are public)."""
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(module: str, path: Path) -> set[str]:
+    """The project names ``module`` imports through a private part: ``from x import _name``, ``from x import _mod``,
+    ``from x._mod import name``, ``import x._mod``. Third-party privates (``trl``'s) are not this project's to fix."""
+    return {name for name in imported_names(module, path)
+            if name.split(".")[0] in PROJECT and any(is_private(part) for part in name.split(".")[1:])}
+
+
+def is_test_module(name: str) -> bool:
+    """Whether ``name`` is a test module (``tests/test_*.py``) or a name inside one."""
+    parts = name.split(".")
+    return len(parts) > 1 and parts[0] == "tests" and parts[1].startswith("test_")
+
+
+def imported_test_modules(module: str, path: Path) -> set[str]:
+    """The test modules other than itself that ``module`` imports from."""
+    return {".".join(name.split(".")[:2]) for name in imported_names(module, path)
+            if is_test_module(name) and name.split(".")[:2] != module.split(".")[:2]}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -111,6 +146,39 @@ def test_the_checks_see_a_cycle_and_resolve_relative_imports(tmp_path):
     source.write_text("import tunix.models\nfrom ..model.nnx_state import flat\n\ndef f():\n    from . import merge\n")
     assert imported_names("torchlike.adapters.lora.runtime", source) == {
         "tunix.models", "torchlike.adapters.model.nnx_state.flat", "torchlike.adapters.lora.merge"}
+
+
+def test_no_private_name_is_imported_across_modules():
+    crossings = sorted((module, name) for module, path in project_files().items()
+                       for name in private_imports(module, path))
+    assert crossings == [], ("private names imported from another module (give the shared helper a public name in "
+                             f"the room whose job it is): {crossings}")
+
+
+def test_the_private_import_check_fires_on_a_made_up_module(tmp_path):
+    source = tmp_path / "made_up.py"
+    source.write_text("from torchlike.trl.sft_data import _columns, columns\nfrom ._shared import helper\n"
+                      "import torchlike.adapters._internal\nfrom .version import __version__\n"
+                      "from trl.trainer.utils import _private\n\ndef f():\n    from tests.tiny import _case\n")
+    assert private_imports("torchlike.trl.made_up", source) == {
+        "torchlike.trl.sft_data._columns", "torchlike.trl._shared.helper", "torchlike.adapters._internal",
+        "tests.tiny._case"}
+
+
+def test_no_module_imports_a_test_module():
+    crossings = sorted((module, target) for module, path in project_files().items()
+                       for target in imported_test_modules(module, path))
+    assert crossings == [], ("modules importing a test module (share the helper through tests/helpers/ or a conftest "
+                             f"fixture): {crossings}")
+
+
+def test_the_test_import_check_fires_on_a_made_up_test_module(tmp_path):
+    source = tmp_path / "test_made_up.py"
+    source.write_text("from tests import tiny\nfrom tests.helpers.models import with_config\n"
+                      "from tests.test_peft import randomize_lora_\nfrom . import test_gemma2\n"
+                      "from .test_made_up import CASES\n\ndef f():\n    import tests.test_trainer\n")
+    assert imported_test_modules("tests.test_made_up", source) == {
+        "tests.test_peft", "tests.test_gemma2", "tests.test_trainer"}
 
 
 def test_online_trainers_share_one_generation_path_schedule_and_scoring():
