@@ -1,1 +1,1 @@
-"""Standalone benchmarks (run as scripts; not part of the test suite)."""
+"""Standalone benchmarks (run as scripts; not part of the test suite); ``harness.py`` holds what they share."""

@@ -13,7 +13,8 @@ Each script in ``benchmarks/`` measures one thing; the pieces they all need live
 - memory: :class:`PeakRss`, the peak RSS of a block;
 - the models: :func:`tiny_qwen2` (the random Qwen2 of a benchmark's shape) and :func:`tunix_model` (the raw
   Tunix Qwen2 the trainer benchmarks compare against);
-- tables: :class:`Column` specs and :func:`format_table`.
+- tables: :class:`Column` specs and :func:`format_table`;
+- a script's plumbing: :func:`missing_packages`, :func:`fill_from_preset`, :func:`write_json`.
 
 Nothing here imports JAX, torch or torchlike at module level: a driver that imported JAX would take GPU memory its
 children need, and importing torchlike tunes the allocator of a torch child.
