@@ -112,10 +112,8 @@ def run_torchlike(task: str, block_size: Any, shape: dict[str, Any]) -> dict[str
         batch = {key: batch_arrays(shape)[key] for key in ("input_ids", "attention_mask", "loss_mask")}
     else:
         settings = grpo_losses.GRPOLossSettings(
-            loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, delta=None,
-            importance_sampling_level="token", max_completion_length=shape["completion"], temperature=1.0,
-            use_bias_correction_kl=False, off_policy_mask_threshold=None, sapo_temperature_pos=1.0,
-            sapo_temperature_neg=1.05, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
+            loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, importance_sampling_level="token",
+            max_completion_length=shape["completion"], temperature=1.0, use_bias_correction_kl=False)
         loss = grpo_losses.grpo_step_loss(family, settings, block_size=block_size)
         batch = {key: value for key, value in batch_arrays(shape).items() if key != "loss_mask"}
     batch = {key: jnp.asarray(value) for key, value in batch.items()}

@@ -157,10 +157,8 @@ def test_grpo_log_probs_loss_and_gradients_match_the_whole_sequence(model):
     family, module = model
     batch = grpo_batch()
     settings = grpo_losses.GRPOLossSettings(
-        loss_type="dapo", beta=0.04, epsilon=0.2, epsilon_high=0.28, delta=None, importance_sampling_level="token",
-        max_completion_length=COMPLETION, temperature=0.7, use_bias_correction_kl=False,
-        off_policy_mask_threshold=None, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0,
-        vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
+        loss_type="dapo", beta=0.04, epsilon=0.2, epsilon_high=0.28, importance_sampling_level="token",
+        max_completion_length=COMPLETION, temperature=0.7, use_bias_correction_kl=False)
     chunked, whole = (grpo_losses.grpo_step_loss(family, settings, block_size=size) for size in (BLOCK, None))
     assert scan_count(chunked, module, batch) == 1 and scan_count(whole, module, batch) == 0
     assert_same(value_and_grads(chunked, module, batch), value_and_grads(whole, module, batch))

@@ -117,11 +117,9 @@ def _our_loss(data, temperature, *, loss_type, entropy_coef, top_entropy_quantil
     """torchlike's step loss of one micro-batch, scaled as the train step scales it (value / summed weights of the
     accumulation window), with its gradient."""
     settings = grpo_losses.GRPOLossSettings(
-        loss_type=loss_type, beta=0.0, epsilon=0.2, epsilon_high=0.2, delta=None, importance_sampling_level="token",
+        loss_type=loss_type, beta=0.0, epsilon=0.2, epsilon_high=0.2, importance_sampling_level="token",
         max_completion_length=COMPLETION, temperature=temperature, use_bias_correction_kl=True,
-        off_policy_mask_threshold=None, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0,
-        vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, top_entropy_quantile=top_entropy_quantile,
-        entropy_coef=entropy_coef)
+        top_entropy_quantile=top_entropy_quantile, entropy_coef=entropy_coef)
     step_loss = grpo_losses.grpo_step_loss(_stub_family(), settings, block_size=None)
     mask = data["completion_mask"]
     token_sum = loss_type in grpo_losses.TOKEN_SUM_LOSSES
