@@ -66,6 +66,23 @@ def script_model(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
 
 
 @pytest.fixture
+def rematerialised_modules(monkeypatch):
+    """The type names of the modules the train step rematerialises, appended as each is entered (clear the list
+    between runs)."""
+    from torchlike.adapters.training import train_step
+
+    entered = []
+    rematerialised = train_step.rematerialised
+
+    def recording(module):
+        entered.append(type(module).__name__)
+        return rematerialised(module)
+
+    monkeypatch.setattr(train_step, "rematerialised", recording)
+    return entered
+
+
+@pytest.fixture
 def padded_batch():
     return tiny.padded_batch()
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import torchlike
-from torchlike.adapters.losses import rl_math
+from tests.helpers.logs import logged
+from torchlike.adapters.losses import grpo as grpo_losses
 from torchlike.trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
 PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog", "four five", "tiny test", "seven eight",
@@ -20,11 +20,6 @@ PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog", "four 
 
 def length_reward(completions, **kwargs):
     return [-abs(len(completion) - 20) / 20 for completion in completions]
-
-
-@pytest.fixture
-def tokenizer(tokenizer_dir):
-    return torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def trainer_for(tiny_checkpoints, tokenizer, tmp_path, trainer_class=GRPOTrainer, config_class=GRPOConfig,
@@ -36,10 +31,6 @@ def trainer_for(tiny_checkpoints, tokenizer, tmp_path, trainer_class=GRPOTrainer
     return trainer_class(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=length_reward,
                          args=config_class(**values), train_dataset=[{"prompt": p} for p in PROMPTS],
                          processing_class=tokenizer)
-
-
-def logged(trainer, key):
-    return [entry[key] for entry in trainer.state.log_history if key in entry and "loss" in entry]
 
 
 def trl_vllm_importance_sampling_ratio(old, sampling, mask, mode, clip_min, clip_max):
@@ -58,7 +49,7 @@ def trl_vllm_importance_sampling_ratio(old, sampling, mask, mode, clip_min, clip
     return ratio.masked_fill((ratio < low) | (ratio > high), value=0.0)
 
 
-@pytest.mark.parametrize("mode", rl_math.SAMPLER_CORRECTION_MODES)
+@pytest.mark.parametrize("mode", grpo_losses.SAMPLER_CORRECTION_MODES)
 @pytest.mark.parametrize(("clip_min", "clip_max"), [(None, 3.0), (0.5, 1.5)])
 def test_sampler_importance_ratio_equals_trls_formula(mode, clip_min, clip_max):
     rng = np.random.default_rng(0)
@@ -66,7 +57,7 @@ def test_sampler_importance_ratio_equals_trls_formula(mode, clip_min, clip_max):
     sampling = (old + rng.normal(0.0, 0.2, old.shape)).astype(np.float32)
     sampling[2, 3] = np.nan  # a token the sampler could not score
     mask = (rng.random(old.shape) < 0.8).astype(np.float32)
-    ours = rl_math.sampler_importance_ratio(old, sampling, mask, mode, clip_min, clip_max)
+    ours = grpo_losses.sampler_importance_ratio(old, sampling, mask, mode, clip_min, clip_max)
     theirs = trl_vllm_importance_sampling_ratio(torch.tensor(old, dtype=torch.float64),
                                                 torch.tensor(sampling, dtype=torch.float64),
                                                 torch.tensor(mask, dtype=torch.float64), mode, clip_min, clip_max)
@@ -85,7 +76,8 @@ def test_grpo_on_the_paged_engine_equals_grpo_on_the_static_sampler(tiny_checkpo
     assert len(chunks) > len(set(chunks))  # some prompt took several chunks
     np.testing.assert_array_equal(paged._last_rollout["input_ids"], static._last_rollout["input_ids"])
     for key in ("loss", "grad_norm", "reward"):
-        np.testing.assert_allclose(logged(paged, key), logged(static, key), rtol=1e-5)
+        np.testing.assert_allclose(logged(paged.state.log_history, key), logged(static.state.log_history, key),
+                                   rtol=1e-5)
 
 
 def test_staleness_one_trains_on_a_batch_sampled_with_the_weights_from_before_the_last_step(
@@ -103,15 +95,15 @@ def test_staleness_one_trains_on_a_batch_sampled_with_the_weights_from_before_th
     assert not np.array_equal(synchronous._last_rollout["input_ids"], stale["input_ids"])
     # The first batch is sampled before any step: both runs score the same completions.
     for key in ("reward", "completions/mean_length"):
-        assert logged(ahead, key)[0] == logged(synchronous, key)[0]
+        assert logged(ahead.state.log_history, key)[0] == logged(synchronous.state.log_history, key)[0]
 
 
 def test_staleness_one_applies_the_sampler_correction_and_logs_trls_metrics(tiny_checkpoints, tokenizer, tmp_path):
     ahead = trainer_for(tiny_checkpoints, tokenizer, tmp_path, max_staleness=1, max_steps=3,
                         vllm_importance_sampling_mode="token_truncate", rollout_engine="paged")
     ahead.train()
-    means = logged(ahead, "sampling/importance_sampling_ratio/mean")
-    differences = logged(ahead, "sampling/sampling_logp_difference/max")
+    means = logged(ahead.state.log_history, "sampling/importance_sampling_ratio/mean")
+    differences = logged(ahead.state.log_history, "sampling/sampling_logp_difference/max")
     assert len(means) == 3 and np.isfinite(means).all()
     # The batch of step 1 was sampled with the weights it trains (the gap is bf16 compute against the engine's);
     # later batches are one step stale, a larger gap.
@@ -124,7 +116,7 @@ def test_rloo_sampled_ahead_takes_the_ratio_against_the_samplers_log_probs(tiny_
     trainer = trainer_for(tiny_checkpoints, tokenizer, tmp_path, trainer_class=RLOOTrainer, config_class=RLOOConfig,
                           max_staleness=1)
     trainer.train()
-    losses = logged(trainer, "loss")
+    losses = logged(trainer.state.log_history, "loss")
     assert len(losses) == 2 and np.isfinite(losses).all()
     assert "sampling_logps" not in trainer._last_rollout
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import trl.experimental.cpo as trl_cpo
 
@@ -39,18 +38,8 @@ def test_cpo_losses_metrics_evaluation_and_weights_match_trl_step_for_step(tiny_
     path = tiny_checkpoints.path("qwen2")
     settings = comparison_settings(**CASES[case])
     eval_data = PREFERENCES[1:7]  # a partial last batch: TRL's is shorter, torchlike's is padded with empty pairs
-    theirs, their_params, their_eval = tiny.run_trl_pairwise(trl_cpo.CPOTrainer, trl_cpo.CPOConfig, path,
-                                                             tokenizer_dir, tmp_path / "trl", PREFERENCES, settings,
-                                                             eval_data)
-    ours, params, our_eval = tiny.run_torchlike_pairwise(CPOTrainer, CPOConfig, path, tokenizer_dir,
-                                                         tmp_path / "ours", PREFERENCES, settings, eval_data)
-    tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
-    assert set(params) == set(their_params)
-    for name, value in their_params.items():
-        np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
-    assert set(our_eval) == set(their_eval)
-    for key, value in their_eval.items():
-        np.testing.assert_allclose(our_eval[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+    tiny.assert_pairwise_trainer_matches_trl((trl_cpo.CPOTrainer, trl_cpo.CPOConfig), (CPOTrainer, CPOConfig), path,
+                                             tokenizer_dir, tmp_path, PREFERENCES, settings, eval_data, METRICS)
 
 
 def test_alphapo_becomes_simpo_without_the_nll_term_as_in_trl(tmp_path):

@@ -54,15 +54,9 @@ def test_each_trainer_trains_to_completion_with_its_default_config(name, tiny_ch
 
 
 @pytest.mark.parametrize("name", ["SFTTrainer", "DPOTrainer", "GRPOTrainer"])
-def test_gradient_checkpointing_changes_no_loss(name, tiny_checkpoints, tokenizer_dir, tmp_path, monkeypatch):
-    entered = []
-    rematerialised = train_step.rematerialised
-
-    def recording(module):
-        entered.append(type(module).__name__)
-        return rematerialised(module)
-
-    monkeypatch.setattr(train_step, "rematerialised", recording)
+def test_gradient_checkpointing_changes_no_loss(name, tiny_checkpoints, tokenizer_dir, tmp_path,
+                                                rematerialised_modules):
+    entered = rematerialised_modules
     losses = {}
     for checkpointing in (True, False):
         trainer = run(name, tiny_checkpoints, tokenizer_dir, tmp_path / str(checkpointing), max_steps=3,

@@ -12,22 +12,13 @@ import pytest
 
 import torchlike
 from tests import tiny
+from tests.helpers.data import PREFERENCES, message
+from tests.helpers.logs import logged
+from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
+from torchlike.adapters.losses.dpo import DPOLossSettings, preference_loss
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import DPOConfig, DPOTrainer
 from torchlike.trl.dpo_data import PreferenceDataWarning, collate_preference_batch, prepare_preference_examples
-from torchlike.trl.dpo_trainer import preference_loss
-
-DATA = [{"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog"},
-        {"prompt": "one two", "chosen": " three four five", "rejected": " hello world, this is a tiny tokenizer"},
-        {"prompt": "hello world, this is", "chosen": " a tiny tokenizer", "rejected": " one two three four"},
-        {"prompt": "seven eight", "chosen": " nine ten", "rejected": " the lazy fox"}] * 4
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
-
-
-def message(role, text):
-    return {"role": role, "content": text}
-
 
 FORMATS = {
     "standard, explicit prompt": [{"prompt": "the quick brown", "chosen": " fox jumps", "rejected": " dog"},
@@ -48,14 +39,6 @@ def config(tmp_path, **overrides):
                   train_sampling_strategy="sequential")
     values.update(overrides)
     return DPOConfig(**values)
-
-
-def tokenizer_for(tokenizer_dir):
-    return torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
-
-
-def logged(trainer, key):
-    return [entry[key] for entry in trainer.state.log_history if "loss" in entry]
 
 
 def sequence_log_prob(model, prompt_ids, response_ids):
@@ -81,7 +64,7 @@ def comparison_settings(loss_type: str) -> dict:
 
 
 def run_trl_dpo(path, tokenizer_path, output_dir, settings):
-    """``trl.DPOTrainer`` on DATA in order: its log history and final parameters (HF names)."""
+    """``trl.DPOTrainer`` on PREFERENCES in order: its log history and final parameters (HF names)."""
     import datasets
     import torch
     import transformers
@@ -91,7 +74,7 @@ def run_trl_dpo(path, tokenizer_path, output_dir, settings):
     trainer = trl.DPOTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
         args=trl.DPOConfig(output_dir=str(output_dir), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(DATA),
+        train_dataset=datasets.Dataset.from_list(PREFERENCES),
         processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path))
     trainer._get_train_sampler = lambda *args, **kwargs: SequentialSampler(trainer.train_dataset)
     trainer.train()
@@ -100,12 +83,12 @@ def run_trl_dpo(path, tokenizer_path, output_dir, settings):
 
 
 def run_torchlike_dpo(path, tokenizer_path, output_dir, settings):
-    """torchlike's DPOTrainer on DATA in order: its log history and final parameters as exported (HF names)."""
+    """torchlike's DPOTrainer on PREFERENCES in order: its log history and final parameters as exported (HF names)."""
     from safetensors.numpy import load_file
 
     trainer = DPOTrainer(model=str(path), args=DPOConfig(output_dir=str(output_dir),
                                                          train_sampling_strategy="sequential", **settings),
-                         train_dataset=DATA, processing_class=tokenizer_for(tokenizer_path))
+                         train_dataset=PREFERENCES, processing_class=tokenizer_for(tokenizer_path))
     trainer.train()
     trainer.model.save_pretrained(output_dir / "model")
     return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
@@ -189,10 +172,10 @@ def test_prompts_that_fill_max_length_are_dropped_with_a_warning(tokenizer_dir):
 
 def test_rows_padding_a_partial_batch_leave_the_loss_and_metrics_unchanged(tiny_checkpoints, tokenizer_dir):
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
-    examples = prepare_preference_examples(DATA[:2], tokenizer_for(tokenizer_dir), max_length=20)
+    examples = prepare_preference_examples(PREFERENCES[:2], tokenizer_for(tokenizer_dir), max_length=20)
     for offset, example in enumerate(examples):  # a reference different from the policy, so the loss is not log 2
         example.update(ref_chosen_logps=-40.0 - offset, ref_rejected_logps=-45.0 + 3 * offset)
-    loss = preference_loss(model.family, beta=0.1, loss_type=["sigmoid", "ipo", "sft"])
+    loss = preference_loss(model.family, DPOLossSettings(beta=0.1, loss_type=["sigmoid", "ipo", "sft"]))
     exact = collate_preference_batch(examples, 0, 24, max_length=20)
     # The Trainer fills a partial batch with all-zero rows.
     padded = {key: np.concatenate([value, np.zeros_like(value)]) for key, value in exact.items()}
@@ -209,23 +192,23 @@ def test_lora_dpo_without_ref_model_scores_against_the_base_weights_and_trains_o
                                                                                          tokenizer_dir, tmp_path):
     base = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
     tokenizer = tokenizer_for(tokenizer_dir)
-    first = prepare_preference_examples(DATA[:1], tokenizer, max_length=20)[0]
+    first = prepare_preference_examples(PREFERENCES[:1], tokenizer, max_length=20)[0]
     # Stored reference: the base weights (keep_start truncation to 20 tokens, as the trainer does).
     expected = sequence_log_prob(base, first["prompt_ids"], first["chosen_ids"][:20 - len(first["prompt_ids"])])
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     before = {key: np.asarray(value) for key, value in model.state_dict().items()}
     # bf16 off: the stored reference log-probs are compared with a float32 forward pass at rtol 1e-5.
     trainer = DPOTrainer(model=model, args=config(tmp_path, max_steps=8, learning_rate=1e-2, bf16=False),
-                         train_dataset=DATA, processing_class=tokenizer)
+                         train_dataset=PREFERENCES, processing_class=tokenizer)
     assert trainer.ref_model is None
     np.testing.assert_allclose(trainer.train_dataset[0]["ref_chosen_logps"], expected, rtol=1e-5)
     trainer.train()
-    losses = logged(trainer, "loss")
+    losses = logged(trainer.state.log_history, "loss")
     assert np.isclose(losses[0], np.log(2), atol=1e-4) and losses[-1] < losses[0] - 0.2
     changed = {key for key, value in model.state_dict().items() if not np.array_equal(np.asarray(value), before[key])}
     assert changed and all("_lora_" in key for key in changed)
     # The base weights are still the reference, so new data can be scored after training.
-    metrics = trainer.evaluate(DATA[:4])
+    metrics = trainer.evaluate(PREFERENCES[:4])
     assert metrics["eval_rewards/margins"] > 0 and np.isfinite(metrics["eval_loss"])
 
 
@@ -234,13 +217,13 @@ def test_an_explicit_ref_model_is_the_reference_and_stays_frozen(tiny_checkpoint
     ref_before = {key: np.asarray(value) for key, value in ref_model.state_dict().items()}
     trainer = DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), ref_model=ref_model,
                          args=config(tmp_path, max_steps=2, bf16=False),  # compared in float32 below
-                         train_dataset=DATA[:8], processing_class=tokenizer_for(tokenizer_dir))
+                         train_dataset=PREFERENCES[:8], processing_class=tokenizer_for(tokenizer_dir))
     example = trainer.train_dataset[1]
     kept = 20 - len(example["prompt_ids"])  # keep_start truncation to max_length
     expected = sequence_log_prob(ref_model, example["prompt_ids"], example["rejected_ids"][:kept])
     np.testing.assert_allclose(example["ref_rejected_logps"], expected, rtol=1e-5)
     trainer.train()
-    first_loss = logged(trainer, "loss")[0]
+    first_loss = logged(trainer.state.log_history, "loss")[0]
     assert np.isfinite(first_loss) and not np.isclose(first_loss, np.log(2), atol=1e-3)  # policy != reference
     assert all(np.array_equal(np.asarray(value), ref_before[key]) for key, value in ref_model.state_dict().items())
 
@@ -263,14 +246,14 @@ def test_evaluate_on_new_data_after_full_fine_tuning_scores_against_the_kept_ref
     theirs = trl.DPOTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
         args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(DATA), processing_class=transformers.AutoTokenizer.from_pretrained(
-            tokenizer_dir))
+        train_dataset=datasets.Dataset.from_list(PREFERENCES),
+        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
     theirs._get_train_sampler = lambda *args, **kwargs: SequentialSampler(theirs.train_dataset)
     theirs.train()
     expected = theirs.evaluate(eval_dataset=datasets.Dataset.from_list(new_data))
     ours = DPOTrainer(model=str(path), args=DPOConfig(output_dir=str(tmp_path / "ours"),
                                                       train_sampling_strategy="sequential", **settings),
-                      train_dataset=DATA, processing_class=tokenizer_for(tokenizer_dir))
+                      train_dataset=PREFERENCES, processing_class=tokenizer_for(tokenizer_dir))
     assert isinstance(theirs.ref_model, transformers.PreTrainedModel)
     assert isinstance(ours.ref_model, torchlike.CausalLM) and ours.ref_model.module is not ours.model.module
     ours.train()
@@ -285,7 +268,7 @@ def test_evaluate_on_new_data_after_full_fine_tuning_scores_against_the_kept_ref
 def test_the_same_object_as_model_and_ref_model_is_refused(tiny_checkpoints, tokenizer_dir, tmp_path):
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
     with pytest.raises(ValueError, match="cannot be the same object"):
-        DPOTrainer(model=model, ref_model=model, args=config(tmp_path), train_dataset=DATA,
+        DPOTrainer(model=model, ref_model=model, args=config(tmp_path), train_dataset=PREFERENCES,
                    processing_class=tokenizer_for(tokenizer_dir))
 
 
@@ -295,9 +278,9 @@ def test_dataset_num_proc_tokenises_in_processes_with_the_same_result(tokenizer_
     tokenizer = tokenizer_for(tokenizer_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # datasets' multiprocessing notices
-        parallel = prepare_preference_examples(datasets.Dataset.from_list(DATA[:4]), tokenizer, max_length=20,
+        parallel = prepare_preference_examples(datasets.Dataset.from_list(PREFERENCES[:4]), tokenizer, max_length=20,
                                                num_proc=2)
-    assert parallel == prepare_preference_examples(DATA[:4], tokenizer, max_length=20)
+    assert parallel == prepare_preference_examples(PREFERENCES[:4], tokenizer, max_length=20)
 
 
 def test_train_dataset_is_a_dataset_with_trls_token_columns(tiny_checkpoints, tokenizer_dir, tmp_path):
@@ -306,9 +289,9 @@ def test_train_dataset_is_a_dataset_with_trls_token_columns(tiny_checkpoints, to
 
     tokenizer = tokenizer_for(tokenizer_dir)
     trainer = DPOTrainer(model=str(tiny_checkpoints.path("qwen2")), args=config(tmp_path, max_steps=1),
-                         train_dataset=DATA[:4], processing_class=tokenizer)
+                         train_dataset=PREFERENCES[:4], processing_class=tokenizer)
     theirs = trl.DPOTrainer._prepare_dataset(types.SimpleNamespace(_tokenizer=tokenizer),
-                                             datasets.Dataset.from_list(DATA[:4]), tokenizer,
+                                             datasets.Dataset.from_list(PREFERENCES[:4]), tokenizer,
                                              trl.DPOConfig(output_dir=str(tmp_path), use_cpu=True), "train")
     ours = trainer.train_dataset
     assert isinstance(ours, datasets.Dataset) and len(ours) == 4

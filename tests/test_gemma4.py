@@ -8,7 +8,6 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
-import peft
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -18,21 +17,20 @@ from tunix.models.gemma4 import moe as tunix_moe
 import torchlike
 from tests import tiny
 from tests.helpers.models import (
+    lora_export_differences,
     max_diff_on_real_tokens,
-    randomize_lora_,
     reference_logits,
     reference_model,
     torchlike_logits,
     with_config,
 )
+from tests.helpers.training import sft_losses_with_the_default_config
 from torchlike.adapters.families import UnknownArchitectureError, UnsupportedConfigError
 from torchlike.adapters.families.gemma4 import kv_sharing_pattern
 from torchlike.adapters.model import tunix_model
 from torchlike.adapters.model.rope import UnsupportedRopeScalingError
 from torchlike.adapters.training import train_step
 from torchlike.peft import LoraConfig, get_peft_model
-from torchlike.trl import SFTConfig
-from torchlike.trl.sft_trainer import SFTTrainer
 
 TOLERANCE = 1e-4
 CASES = ["gemma4", "gemma4_moe", "gemma4_ple"]
@@ -152,19 +150,9 @@ def test_state_dict_and_a_safetensors_file_dict_load_through_the_table(tiny_chec
 # The per-layer-input case: LoRA on the per-layer gates and projections too, and KV-shared layers without k/v.
 def test_peft_adapter_and_merged_export_load_in_peft_and_transformers(tiny_checkpoints, tmp_path):
     path = tiny_checkpoints.path("gemma4_ple")
-    model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32"),
-                           LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
-    randomize_lora_(model)
-    model.save_pretrained(tmp_path / "adapter")
-    ids, mask, positions = tiny.padded_batch()
-    lora_logits = model(ids, mask).logits
-    reference = peft.PeftModel.from_pretrained(reference_model(path), tmp_path / "adapter").eval()
-    assert max_diff_on_real_tokens(lora_logits, tiny.hf_logits(reference, ids, mask, positions)) <= TOLERANCE
-
-    merged = model.merge_and_unload()
-    merged.save_pretrained(tmp_path / "merged")
-    reloaded = reference_model(tmp_path / "merged")
-    assert max_diff_on_real_tokens(tiny.hf_logits(reloaded, ids, mask, positions), lora_logits) <= TOLERANCE
+    adapter_difference, merged_difference = lora_export_differences(path, tmp_path)
+    assert adapter_difference <= TOLERANCE
+    assert merged_difference <= TOLERANCE
 
 
 def test_qlora_keeps_the_einsum_projections_in_full_precision(tiny_checkpoints):
@@ -204,15 +192,7 @@ def test_gradient_checkpointing_finds_the_gemma4_layers(tiny_checkpoints):
 
 
 def test_sft_with_the_default_config_trains_the_moe_model(tiny_checkpoints, tokenizer_dir, tmp_path):
-    data = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy dog"},
-            {"prompt": "one two", "completion": " three four five six"}] * 4
-    args = SFTConfig(output_dir=str(tmp_path / "out"), max_length=32, per_device_train_batch_size=4, max_steps=6,
-                     learning_rate=1e-2, logging_steps=2, report_to="none", save_strategy="no")
-    assert args.bf16 and args.gradient_checkpointing
-    trainer = SFTTrainer(model=str(tiny_checkpoints.path("gemma4_moe")), args=args, train_dataset=data,
-                         processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
-    trainer.train()
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    losses = sft_losses_with_the_default_config(tiny_checkpoints.path("gemma4_moe"), tokenizer_dir, tmp_path / "out")
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
 
 

@@ -42,34 +42,13 @@ CASES = {
 
 
 def run_trl(path, tokenizer_path, output_dir, monkeypatch, **case):
-    advantages = []
     trainer = tiny.trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, **case)
-    score = trainer._generate_and_score_completions
-
-    def recording(inputs):
-        output = score(inputs)
-        advantages.append(output["advantages"].numpy().copy())
-        return output
-
-    trainer._generate_and_score_completions = recording
-    trainer.train()
-    return trainer.state.log_history, advantages, tiny.saved_hf_params(trainer.model, output_dir / "model")
+    return tiny.train_trl_recording_advantages(trainer, output_dir)
 
 
 def run_torchlike(path, tokenizer_path, output_dir, **case):
-    advantages = []
     trainer = tiny.torchlike_grpo_trainer(path, tokenizer_path, output_dir, **case)
-
-    def in_order(batch, seed):
-        advantages.append(batch["advantages"].copy())
-        return batch
-
-    trainer._shuffled = in_order
-    trainer.train()
-    trainer.model.save_pretrained(output_dir / "model")
-    from safetensors.numpy import load_file
-
-    return trainer.state.log_history, advantages, load_file(output_dir / "model" / "model.safetensors")
+    return tiny.train_torchlike_recording_advantages(trainer, output_dir)
 
 
 @pytest.mark.parametrize("case", list(CASES))

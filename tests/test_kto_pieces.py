@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import trl
 
 from tests.helpers.config_fields import unsupported_field_warnings
+from tests.helpers.data import message
 from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.adapters.losses import kto as kto_math
 from torchlike.trl import kto_config
@@ -29,11 +30,6 @@ from torchlike.trl.kto_data import (
 from torchlike.trl.kto_fields import KTO_FIELD_SUPPORT
 
 LONG_PROMPT = "one two three four five six seven eight nine ten"  # 13 tokens: fills max_length=12
-
-
-def message(role, text):
-    return {"role": role, "content": text}
-
 
 UNPAIRED = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy dog", "label": True},
             {"prompt": "one two", "completion": " three four five", "label": False},

@@ -11,7 +11,7 @@ import trl.experimental.orpo as trl_orpo
 from trl.data_utils import maybe_apply_chat_template, maybe_extract_prompt
 
 from tests import tiny
-from tests.helpers.data import PREFERENCES
+from tests.helpers.data import PREFERENCES, message
 from tests.helpers.logs import logged
 from tests.helpers.tokenizers import CHAT_TEMPLATE
 from torchlike.trl.experimental.orpo import ORPOConfig, ORPOTrainer
@@ -20,10 +20,6 @@ from torchlike.trl.experimental.pairwise_data import prepare_pairwise_examples
 METRICS = ("loss", "grad_norm", "learning_rate", "rewards/chosen", "rewards/rejected", "rewards/margins",
            "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "nll_loss", "log_odds_ratio",
            "log_odds_chosen")
-
-
-def message(role, text):
-    return {"role": role, "content": text}
 
 
 # Each layout TRL accepts; "the quick bro" + "wn" merges across the prompt boundary; long responses are cut.
@@ -66,18 +62,8 @@ def test_orpo_losses_metrics_evaluation_and_weights_match_trl_step_for_step(tiny
     path = tiny_checkpoints.path("qwen2")
     settings = comparison_settings()
     eval_data = PREFERENCES[1:7]  # a partial last batch: TRL's is shorter, torchlike's is padded with empty pairs
-    theirs, their_params, their_eval = tiny.run_trl_pairwise(trl_orpo.ORPOTrainer, trl_orpo.ORPOConfig, path,
-                                                             tokenizer_dir, tmp_path / "trl", PREFERENCES, settings,
-                                                             eval_data)
-    ours, params, our_eval = tiny.run_torchlike_pairwise(ORPOTrainer, ORPOConfig, path, tokenizer_dir,
-                                                         tmp_path / "ours", PREFERENCES, settings, eval_data)
-    tiny.compare_pairwise_logs(ours, theirs, METRICS, settings["max_grad_norm"])
-    assert set(params) == set(their_params)
-    for name, value in their_params.items():
-        np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
-    assert set(our_eval) == set(their_eval)
-    for key, value in their_eval.items():
-        np.testing.assert_allclose(our_eval[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+    tiny.assert_pairwise_trainer_matches_trl((trl_orpo.ORPOTrainer, trl_orpo.ORPOConfig), (ORPOTrainer, ORPOConfig),
+                                             path, tokenizer_dir, tmp_path, PREFERENCES, settings, eval_data, METRICS)
 
 
 def test_a_moe_model_that_outputs_router_logits_adds_its_router_loss_as_trl(tiny_checkpoints, tokenizer_dir,

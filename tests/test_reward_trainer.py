@@ -1,10 +1,9 @@
 """RewardTrainer end to end: TRL's numbers step for step (a margin column with reward centring, conversational
-data), TRL's data preparation, a LoRA SEQ_CLS adapter that trains the score head, the config's field table, and the
+data), TRL's data preparation, a LoRA SEQ_CLS adapter that trains the score head, the config's defaults, and the
 inputs TRL refuses."""
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import warnings
 
@@ -15,18 +14,14 @@ import trl
 from safetensors.numpy import load_file
 
 import torchlike
-from tests.test_sequence_classification import hf_classifier
-from tests.test_training_config import POST_INIT_DIFFERENCES, TORCHLIKE_FIELDS, _plain, _quiet, _raw_default
+from tests.helpers.data import message
+from tests.helpers.models import hf_classifier
+from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.adapters.losses import reward as reward_loss
-from torchlike.field_support import field_table
 from torchlike.peft import LoraConfig
-from torchlike.training_args import TrainingArguments
 from torchlike.trl import RewardConfig, RewardTrainer
 from torchlike.trl.reward_data import collate_reward_batch, prepare_reward_examples
-from torchlike.trl.reward_fields import REWARD_FIELD_SUPPORT
 
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 # The last pair is longer than max_length=24: both trainers drop it.
 STANDARD = [
     {"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog", "margin": 0.5},
@@ -40,10 +35,6 @@ STANDARD = [
     {"prompt": "one two three four five six seven eight nine ten one two three four five six seven eight",
      "chosen": " nine ten", "rejected": " one", "margin": 0.0},
 ]
-
-
-def message(role: str, text: str) -> dict:
-    return {"role": role, "content": text}
 
 
 CONVERSATIONAL = [
@@ -68,13 +59,6 @@ def reward_model_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen2-reward")
     hf_classifier("qwen2", num_labels=1).save_pretrained(folder)
     return folder
-
-
-def tokenizer_for(tokenizer_dir, chat: bool = False):
-    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
-    if chat:
-        tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def comparison_settings(**overrides) -> dict:
@@ -126,11 +110,12 @@ COMPARED_METRICS = ("loss", "grad_norm", "learning_rate", "min_reward", "mean_re
 def compare_with_trl(reward_model_dir, tokenizer_dir, tmp_path, case) -> tuple[dict, dict, dict, dict]:
     data, chat, overrides = COMPARISON_CASES[case]
     settings = comparison_settings(**overrides)
-    expected_history, expected_params = run_trl(reward_model_dir, tokenizer_for(tokenizer_dir, chat), data,
+    chat_template = CHAT_TEMPLATE if chat else None
+    expected_history, expected_params = run_trl(reward_model_dir, tokenizer_for(tokenizer_dir, chat_template), data,
                                                 tmp_path / "trl", settings)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*preference pairs were dropped")
-        history, params = run_torchlike(reward_model_dir, tokenizer_for(tokenizer_dir, chat), data,
+        history, params = run_torchlike(reward_model_dir, tokenizer_for(tokenizer_dir, chat_template), data,
                                         tmp_path / "ours", settings)
     expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
     ours = {entry["step"]: entry for entry in history if "loss" in entry}
@@ -162,7 +147,7 @@ def test_reward_losses_metrics_and_weights_match_trl_step_for_step(reward_model_
 def test_preference_data_is_tokenised_and_filtered_as_trl_does(tokenizer_dir, tmp_path, data, chat):
     import datasets
 
-    tokenizer = tokenizer_for(tokenizer_dir, chat)
+    tokenizer = tokenizer_for(tokenizer_dir, CHAT_TEMPLATE if chat else None)
     args = trl.RewardConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_length=24)
     # TRL's own preparation; it reads nothing from the trainer.
     theirs = trl.RewardTrainer._prepare_dataset(types.SimpleNamespace(), datasets.Dataset.from_list(data), tokenizer,
@@ -187,7 +172,8 @@ def test_the_collator_pads_every_pair_to_one_length_with_the_margin(tokenizer_di
 def test_rows_padding_a_partial_batch_leave_the_loss_and_metrics_unchanged(reward_model_dir, tokenizer_dir):
     model = torchlike.AutoModelForSequenceClassification.from_pretrained(reward_model_dir, dtype="float32")
     examples = prepare_reward_examples(STANDARD[:3], tokenizer_for(tokenizer_dir), max_length=None)
-    loss = reward_loss.reward_step_loss(model.scores_function, center_rewards_coefficient=0.01)
+    settings = reward_loss.RewardLossSettings(center_rewards_coefficient=0.01)
+    loss = reward_loss.reward_step_loss(model.scores_function, settings)
     exact = collate_reward_batch(examples, 2, 16)
     padded = {key: np.concatenate([value, np.zeros_like(value)]) for key, value in exact.items()}  # as the Trainer
     value, weight, metrics = loss(model.module, {key: jnp.asarray(v) for key, v in exact.items()})
@@ -251,36 +237,7 @@ def test_a_causal_lm_path_gets_a_one_label_head(tiny_checkpoints, tokenizer_dir,
     assert trainer.model.config.pad_token_id == trainer.processing_class.pad_token_id == 2  # eos, as TRL sets it
 
 
-# --- RewardConfig and its field table --------------------------------------------------------------------------------
-
-def test_every_trl_field_exists_with_the_same_raw_default_and_is_classified():
-    our_fields = {f.name: f for f in dataclasses.fields(RewardConfig)}
-    assert set(our_fields) == {f.name for f in dataclasses.fields(trl.RewardConfig)} | TORCHLIKE_FIELDS
-    applied = field_table(RewardConfig)
-    training_arguments = {f.name for f in dataclasses.fields(TrainingArguments)}
-    for f in dataclasses.fields(trl.RewardConfig):
-        assert _plain(_raw_default(our_fields[f.name])) == _plain(_raw_default(f)), f.name
-        assert f.name in applied, f"trl.RewardConfig.{f.name} is not classified"
-        if f.name not in training_arguments:
-            assert f.name in REWARD_FIELD_SUPPORT, f"trl.RewardConfig.{f.name} must be decided in its own table"
-
-
-def test_the_table_has_no_stale_name_and_real_reasons():
-    assert set(REWARD_FIELD_SUPPORT) <= {f.name for f in dataclasses.fields(RewardConfig)}
-    for name, support in REWARD_FIELD_SUPPORT.items():
-        assert support.status in ("honoured", "ignored", "refused"), name
-        assert len(support.reason) > 20, f"{name} needs a real reason"
-
-
-@pytest.mark.parametrize("kwargs", [{}, {"pad_to_multiple_of": "8", "max_length": None,
-                                         "center_rewards_coefficient": 0.01, "eos_token": "</s>"}])
-def test_values_after_post_init_match_trl(tmp_path, kwargs):
-    theirs = _quiet(trl.RewardConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    ours = _quiet(RewardConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    for f in dataclasses.fields(trl.RewardConfig):
-        if f.name not in POST_INIT_DIFFERENCES:
-            assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
-
+# --- RewardConfig (its field walk: test_config_parity.py) ------------------------------------------------------------
 
 def test_trl_default_changes_are_spelled_out():
     config = RewardConfig()

@@ -1,100 +1,26 @@
-"""GRPOConfig / DPOConfig match TRL 1.16 field for field, every field is classified, and bad settings are explained."""
+"""GRPOConfig / RLOOConfig / DPOConfig take TRL 1.16's defaults and validation, their ignored and refused fields are
+explained, and bad settings are refused in TRL's words (the field-for-field walk: test_config_parity.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import pytest
 import transformers
 import trl
-import trl.experimental.cpo as trl_cpo
-import trl.experimental.gkd as trl_gkd
-import trl.experimental.orpo as trl_orpo
 
-from tests.test_training_config import (
+from tests.helpers.config_fields import (
     FIELD_SUPPORT,
-    POST_INIT_DIFFERENCES,
     SFT_FIELD_SUPPORT,
-    TORCHLIKE_FIELDS,
-    _plain,
-    _quiet,
-    _raw_default,
+    unsupported_field_warnings,
 )
-from torchlike.adapters.losses import rl_math
+from torchlike.adapters.losses import dpo as dpo_losses
+from torchlike.adapters.losses import grpo as grpo_losses
 from torchlike.field_support import check_unsupported, field_table
 from torchlike.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig, dpo_config, grpo_config
 from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
-from torchlike.trl.experimental.cpo import CPOConfig
-from torchlike.trl.experimental.cpo.cpo_fields import CPO_FIELD_SUPPORT
-from torchlike.trl.experimental.gkd import GKDConfig
-from torchlike.trl.experimental.gkd.gkd_fields import GKD_FIELD_SUPPORT
-from torchlike.trl.experimental.orpo import ORPOConfig
-from torchlike.trl.experimental.orpo.orpo_fields import ORPO_FIELD_SUPPORT
 from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 from torchlike.trl.rloo_fields import RLOO_FIELD_SUPPORT
-
-# GRPO's max_prompt_length: removed from TRL in 0.28, still accepted by torchlike (with a FutureWarning).
-# The rollout engine's settings: torchlike only (TRL's vllm_* fields configure vLLM).
-TORCHLIKE_GRPO_FIELDS = TORCHLIKE_FIELDS | {"max_prompt_length", "rollout_engine", "rollout_max_num_seqs",
-                                            "rollout_page_size", "rollout_kv_cache_tokens",
-                                            "rollout_max_num_batched_tokens", "max_staleness"}
-TRAINING_ARGUMENTS_FIELDS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
-
-CASES = [(trl.GRPOConfig, GRPOConfig, GRPO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
-         (trl.RLOOConfig, RLOOConfig, RLOO_FIELD_SUPPORT, TORCHLIKE_GRPO_FIELDS),
-         (trl.DPOConfig, DPOConfig, DPO_FIELD_SUPPORT, TORCHLIKE_FIELDS),
-         (trl_orpo.ORPOConfig, ORPOConfig, ORPO_FIELD_SUPPORT, TORCHLIKE_FIELDS),
-         (trl_cpo.CPOConfig, CPOConfig, CPO_FIELD_SUPPORT, TORCHLIKE_FIELDS),
-         (trl_gkd.GKDConfig, GKDConfig, GKD_FIELD_SUPPORT, TORCHLIKE_FIELDS)]
-CASE_IDS = ["GRPOConfig", "RLOOConfig", "DPOConfig", "ORPOConfig", "CPOConfig", "GKDConfig"]
-
-
-# --- the field walk ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("reference", "ours", "table", "extra"), CASES, ids=CASE_IDS)
-def test_every_trl_field_exists_with_the_same_raw_default_and_is_classified(reference, ours, table, extra):
-    our_fields = {f.name: f for f in dataclasses.fields(ours)}
-    assert set(our_fields) == {f.name for f in dataclasses.fields(reference)} | extra
-    applied = field_table(ours)
-    for f in dataclasses.fields(reference):
-        assert _plain(_raw_default(our_fields[f.name])) == _plain(_raw_default(f)), f.name
-        assert f.name in applied, f"{reference.__name__}.{f.name} is not classified"
-        if f.name not in TRAINING_ARGUMENTS_FIELDS:
-            assert f.name in table, f"{reference.__name__}.{f.name} must be decided in its own table"
-
-
-@pytest.mark.parametrize(("reference", "ours", "table", "extra"), CASES, ids=CASE_IDS)
-def test_the_table_has_no_stale_name_and_real_reasons(reference, ours, table, extra):
-    assert set(table) <= {f.name for f in dataclasses.fields(ours)}
-    for name, support in table.items():
-        assert support.status in ("honoured", "ignored", "refused"), name
-        assert len(support.reason) > 20, f"{name} needs a real reason"
-
-
-@pytest.mark.parametrize("kwargs", [{}, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
-                                         "num_generations": 4, "scale_rewards": False, "pad_to_multiple_of": "64"},
-                                    {"per_device_train_batch_size": 2, "generation_batch_size": 8,
-                                     "num_generations": 4, "eval_strategy": "steps", "per_device_eval_batch_size": 4,
-                                     "num_generations_eval": 2, "scale_rewards": True}])
-def test_grpo_values_after_post_init_match_trl(tmp_path, kwargs):
-    theirs = _quiet(trl.GRPOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    ours = _quiet(GRPOConfig, output_dir=str(tmp_path), use_cpu=True, mesh_shape=(1, 1), **kwargs)
-    for f in dataclasses.fields(trl.GRPOConfig):
-        if f.name not in POST_INIT_DIFFERENCES:
-            assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
-
-
-@pytest.mark.parametrize("kwargs", [{}, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
-                                         "num_generations": 4, "normalize_advantages": True,
-                                         "reward_clip_range": (-1.0, 1.0)},
-                                    {"per_device_train_batch_size": 2, "generation_batch_size": 8, "beta": 0.0}])
-def test_rloo_values_after_post_init_match_trl(tmp_path, kwargs):
-    theirs = _quiet(trl.RLOOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    ours = _quiet(RLOOConfig, output_dir=str(tmp_path), use_cpu=True, mesh_shape=(1, 1), **kwargs)
-    for f in dataclasses.fields(trl.RLOOConfig):
-        if f.name not in POST_INIT_DIFFERENCES:
-            assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
 
 
 def test_rloo_refuses_what_trl_refuses_naming_rloo():
@@ -106,16 +32,6 @@ def test_rloo_refuses_what_trl_refuses_naming_rloo():
         RLOOConfig("out", reward_clip_range=(1.0, -1.0))
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"loss_type": "ipo", "pad_to_multiple_of": "8", "beta": 0.5},
-                                    {"loss_type": ["sigmoid", "bco_pair", "sft"], "loss_weights": [0.8, 0.2, 1.0]}])
-def test_dpo_values_after_post_init_match_trl(tmp_path, kwargs):
-    theirs = _quiet(trl.DPOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    ours = _quiet(DPOConfig, output_dir=str(tmp_path), use_cpu=True, **kwargs)
-    for f in dataclasses.fields(trl.DPOConfig):
-        if f.name not in POST_INIT_DIFFERENCES:
-            assert _plain(getattr(ours, f.name)) == _plain(getattr(theirs, f.name)), f.name
-
-
 def test_trl_default_changes_are_spelled_out():
     for config in (GRPOConfig(), DPOConfig()):
         assert (config.learning_rate, config.logging_steps, config.gradient_checkpointing, config.bf16) == (
@@ -123,14 +39,14 @@ def test_trl_default_changes_are_spelled_out():
     assert GRPOConfig().remove_unused_columns is False and DPOConfig().disable_dropout is True
 
 
-def test_accepted_values_are_the_ones_rl_math_computes():
-    assert grpo_config.LOSS_TYPES == rl_math.GRPO_LOSS_TYPES
-    assert grpo_config.IMPORTANCE_SAMPLING_LEVELS == rl_math.IMPORTANCE_SAMPLING_LEVELS
-    assert grpo_config.SCALE_REWARDS == rl_math.SCALE_REWARDS
-    assert grpo_config.MULTI_OBJECTIVE_AGGREGATIONS == rl_math.MULTI_OBJECTIVE_AGGREGATIONS
-    assert dpo_config.LOSS_TYPES == rl_math.DPO_LOSS_TYPES
-    assert dpo_config.F_DIVERGENCE_TYPES == rl_math.F_DIVERGENCE_TYPES
-    assert set(dpo_config.F_DIVERGENCE_LOSS_TYPES) == rl_math.F_DIVERGENCE_LOSS_TYPES
+def test_accepted_values_are_the_ones_the_losses_compute():
+    assert grpo_config.LOSS_TYPES == grpo_losses.GRPO_LOSS_TYPES
+    assert grpo_config.IMPORTANCE_SAMPLING_LEVELS == grpo_losses.IMPORTANCE_SAMPLING_LEVELS
+    assert grpo_config.SCALE_REWARDS == grpo_losses.SCALE_REWARDS
+    assert grpo_config.MULTI_OBJECTIVE_AGGREGATIONS == grpo_losses.MULTI_OBJECTIVE_AGGREGATIONS
+    assert dpo_config.LOSS_TYPES == dpo_losses.DPO_LOSS_TYPES
+    assert dpo_config.F_DIVERGENCE_TYPES == dpo_losses.F_DIVERGENCE_TYPES
+    assert set(dpo_config.F_DIVERGENCE_LOSS_TYPES) == dpo_losses.F_DIVERGENCE_LOSS_TYPES
 
 
 ISSUE_HONOURED_GRPO = ["num_generations", "num_generations_eval", "max_completion_length", "temperature", "top_p",
@@ -200,11 +116,7 @@ def _rows(status):
 
 def _applied(config_class, **kwargs):
     """Build a config and run check_unsupported, returning the UserWarnings it emits."""
-    config = _quiet(config_class, output_dir="out", **kwargs)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_unsupported(config)
-    return [str(w.message) for w in caught if w.category is UserWarning]
+    return unsupported_field_warnings(config_class, **kwargs)
 
 
 def test_every_ignored_or_refused_rl_field_has_a_sample_value():

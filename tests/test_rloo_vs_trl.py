@@ -72,17 +72,7 @@ def run_trl(path, tokenizer_path, output_dir, monkeypatch, **case):
     generations = trainer.args.num_generations
     trainer._generate_single_turn = lambda prompt_ids, images, fields: [
         scripted_completion(ids, index % generations) for index, ids in enumerate(prompt_ids)]
-    advantages = []
-    score = trainer._generate_and_score_completions
-
-    def recording(inputs):
-        output = score(inputs)
-        advantages.append(output["advantages"].numpy().copy())
-        return output
-
-    trainer._generate_and_score_completions = recording
-    trainer.train()
-    return trainer.state.log_history, advantages, tiny.saved_hf_params(trainer.model, output_dir / "model")
+    return tiny.train_trl_recording_advantages(trainer, output_dir)
 
 
 def run_torchlike(path, tokenizer_path, output_dir, **case):
@@ -93,23 +83,12 @@ def run_torchlike(path, tokenizer_path, output_dir, **case):
                 "completion_ids": [scripted_completion(ids, index % generations)
                                    for index, ids in enumerate(prompt_ids)]}
 
-    advantages = []
     trainer = RLOOTrainer(model=str(path), reward_funcs=[token_reward, length_reward],
                           args=RLOOConfig(output_dir=str(output_dir), **settings(**case)),
                           train_dataset=[{"prompt": p} for p in PROMPTS],
                           processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path),
                           rollout_func=rollout)
-
-    def in_order(batch, seed):
-        advantages.append(batch["advantages"].copy())
-        return batch
-
-    trainer._shuffled = in_order
-    trainer.train()
-    trainer.model.save_pretrained(output_dir / "model")
-    from safetensors.numpy import load_file
-
-    return trainer.state.log_history, advantages, load_file(output_dir / "model" / "model.safetensors")
+    return tiny.train_torchlike_recording_advantages(trainer, output_dir)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -22,7 +22,6 @@ from tests.helpers.config_fields import (
     unsupported_field_warnings,
 )
 from torchlike import version
-from torchlike.adapters.training import train_step
 from torchlike.field_support import check_unsupported
 from torchlike.field_support import fields_with_status as table_fields_with_status
 from torchlike.training_args import TrainingArguments
@@ -258,7 +257,7 @@ def test_enumerations_accept_transformers_enum_members_and_store_plain_strings()
 
 def test_derived_values_follow_transformers():
     args = quiet(SFTConfig, eval_strategy="steps", logging_steps=7, save_steps=0.25, warmup_ratio=0.1,
-                  include_num_input_tokens_seen=True, lr_scheduler_kwargs='{"num_cycles": "1"}')
+                 include_num_input_tokens_seen=True, lr_scheduler_kwargs='{"num_cycles": "1"}')
     assert args.eval_steps == 7 and args.do_eval and args.save_steps == 0.25
     assert args.warmup_steps == 0.1 and args.get_warmup_steps(95) == 10
     assert args.include_num_input_tokens_seen == "all" and args.lr_scheduler_kwargs == {"num_cycles": 1}
@@ -408,21 +407,14 @@ def test_command_lines_take_either_checkpointing_name():
     assert args.activation_checkpointing is False
 
 
-def test_the_train_step_rematerialises_under_either_name(tiny_checkpoints, tmp_path, monkeypatch):
-    entered = []
-    rematerialised = train_step.rematerialised
-
-    def recording(module):
-        entered.append(type(module).__name__)
-        return rematerialised(module)
-
-    monkeypatch.setattr(train_step, "rematerialised", recording)
+def test_the_train_step_rematerialises_under_either_name(tiny_checkpoints, tmp_path, rematerialised_modules):
+    entered = rematerialised_modules
     losses = {}
     runs = {"activation": {"activation_checkpointing": True}, "gradient": {"gradient_checkpointing": True},
             "new name wins": {"activation_checkpointing": False, "gradient_checkpointing": True}}
     for name, settings in runs.items():
         args = quiet(TrainingArguments, output_dir=str(tmp_path / name), report_to="none", max_steps=2,
-                      logging_steps=1, learning_rate=1e-3, per_device_train_batch_size=4, **settings)
+                     logging_steps=1, learning_rate=1e-3, per_device_train_batch_size=4, **settings)
         model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
         trainer = torchlike.Trainer(model=model, args=args, train_dataset=tiny.padded_examples(8, seed=1))
         trainer.train()

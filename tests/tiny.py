@@ -261,6 +261,39 @@ def torchlike_grpo_trainer(path, tokenizer_path, output_dir, eval_prompts: list[
     return trainer
 
 
+def train_trl_recording_advantages(trainer, output_dir: Path) -> tuple[list[dict], list[np.ndarray], dict]:
+    """Train a real TRL online trainer (GRPO, RLOO): its log history, each generation batch's advantages and its final
+    parameters (:func:`saved_hf_params`)."""
+    advantages = []
+    score = trainer._generate_and_score_completions
+
+    def recording(inputs):
+        output = score(inputs)
+        advantages.append(output["advantages"].numpy().copy())
+        return output
+
+    trainer._generate_and_score_completions = recording
+    trainer.train()
+    return trainer.state.log_history, advantages, saved_hf_params(trainer.model, Path(output_dir) / "model")
+
+
+def train_torchlike_recording_advantages(trainer, output_dir: Path) -> tuple[list[dict], list[np.ndarray], dict]:
+    """torchlike's counterpart of :func:`train_trl_recording_advantages`, the rows of each generation batch kept in
+    order: its log history, advantages and final parameters as exported."""
+    from safetensors.numpy import load_file
+
+    advantages = []
+
+    def in_order(batch, seed):
+        advantages.append(batch["advantages"].copy())
+        return batch
+
+    trainer._shuffled = in_order
+    trainer.train()
+    trainer.model.save_pretrained(Path(output_dir) / "model")
+    return trainer.state.log_history, advantages, load_file(Path(output_dir) / "model" / "model.safetensors")
+
+
 def saved_hf_params(model, folder) -> dict:
     """A ``transformers`` model's parameters as ``save_pretrained`` writes them (numpy, the checkpoint's names: a
     mixture-of-experts model's experts one by one, as torchlike exports them, not fused as in its state dict)."""
@@ -312,6 +345,25 @@ def run_torchlike_pairwise(trainer_class, config_class, path, tokenizer_path, ou
     metrics = {} if eval_data is None else evaluated(trainer)
     trainer.model.save_pretrained(Path(output_dir) / "model")
     return trainer.state.log_history, load_file(Path(output_dir) / "model" / "model.safetensors"), metrics
+
+
+def assert_pairwise_trainer_matches_trl(trl_classes: tuple, torchlike_classes: tuple, path, tokenizer_path,
+                                        output_dir: Path, data: list[dict], settings: dict, eval_data: list[dict],
+                                        metrics: tuple[str, ...]) -> None:
+    """A pairwise trainer (``(trainer class, config class)`` of TRL's and of torchlike's) trained on ``data`` by both
+    and evaluated on ``eval_data``: the same logs (:func:`compare_pairwise_logs` of ``metrics``), final parameters
+    (rtol 1e-4) and evaluation metrics."""
+    theirs, their_params, their_eval = run_trl_pairwise(*trl_classes, path, tokenizer_path, Path(output_dir) / "trl",
+                                                        data, settings, eval_data)
+    ours, params, our_eval = run_torchlike_pairwise(*torchlike_classes, path, tokenizer_path,
+                                                    Path(output_dir) / "ours", data, settings, eval_data)
+    compare_pairwise_logs(ours, theirs, metrics, settings["max_grad_norm"])
+    assert set(params) == set(their_params)
+    for name, value in their_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+    assert set(our_eval) == set(their_eval)
+    for key, value in their_eval.items():
+        np.testing.assert_allclose(our_eval[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
 
 
 def compare_pairwise_logs(ours: list[dict], theirs: list[dict], keys: tuple[str, ...], max_grad_norm: float) -> None:

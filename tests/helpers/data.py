@@ -35,3 +35,8 @@ PROMPT_ROWS = [{"prompt": p} for p in ("the quick brown", "one two three", "hell
 def length_reward(completions: list[str], **kwargs) -> list[float]:
     """A GRPO reward function: completions near 12 characters score best."""
     return [-abs(len(completion) - 12) / 12 for completion in completions]
+
+
+def message(role: str, text: str) -> dict:
+    """A chat message, as conversational datasets hold them."""
+    return {"role": role, "content": text}

@@ -77,3 +77,24 @@ def hf_classifier(family: str, num_labels: int, seed: int = 0) -> transformers.P
             noise = torch.randn(parameter.shape, generator=generator)
             parameter.copy_(1.0 + 0.2 * noise if "norm" in name else 0.08 * noise)
     return model.eval()
+
+
+def lora_export_differences(path: Path, folder: Path) -> tuple[float, float]:
+    """A LoRA (r=4, alpha 16, every linear layer, random factors) on torchlike's float32 model of ``path``, saved to
+    ``folder`` as a PEFT adapter and merged: the largest differences over real tokens from its logits of ``peft``'s
+    model of the adapter and of transformers' model of the merged export."""
+    import peft
+
+    from torchlike.peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32"),
+                           LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    randomize_lora_(model)
+    model.save_pretrained(folder / "adapter")
+    ids, mask, positions = tiny.padded_batch()
+    lora_logits = model(ids, mask).logits
+    reference = peft.PeftModel.from_pretrained(reference_model(path), folder / "adapter").eval()
+    adapter_difference = max_diff_on_real_tokens(lora_logits, tiny.hf_logits(reference, ids, mask, positions))
+    model.merge_and_unload().save_pretrained(folder / "merged")
+    reloaded = reference_model(folder / "merged")
+    return adapter_difference, max_diff_on_real_tokens(tiny.hf_logits(reloaded, ids, mask, positions), lora_logits)
