@@ -1,5 +1,6 @@
 """The test cases: tiny random HF models by name (built with ``torchlike.testing``), a padded batch and padded
-training examples, and GRPO trainers (torchlike's and TRL's) given the same scripted completions."""
+training examples, the tool-calling tokenizer, and the TRL comparisons: GRPO/RLOO trainers (torchlike's and TRL's)
+given the same scripted completions, ORPO/CPO trainers on the same pairs."""
 
 from __future__ import annotations
 

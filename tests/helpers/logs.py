@@ -1,4 +1,5 @@
-"""Reading what a trainer logged: the per-step values of a metric in ``trainer.state.log_history``."""
+"""Reading what a trainer logged: the per-step values of a metric in ``trainer.state.log_history``, and
+``evaluate()``'s metrics without the ones that differ from run to run."""
 
 from __future__ import annotations
 
