@@ -662,7 +662,7 @@ def completion_scores(family: Family, module: nnx.Module, batch: dict, temperatu
             temperature=temperature, block_size=block_size, with_metrics=with_entropies)
     else:
         scores = logprobs.next_token_scores(family, decoder, batch, last=length, temperature=temperature,
-                                                    block_size=block_size, with_metrics=with_entropies)
+                                            block_size=block_size, with_metrics=with_entropies)
     valid = mask.astype(bool)
     return scores._replace(log_probs=jnp.where(valid, scores.log_probs, 0.0),
                            entropies=None if scores.entropies is None else jnp.where(valid, scores.entropies, 0.0))
@@ -692,7 +692,6 @@ def make_log_prob_pass(family: Family, temperature: float, lora: str = lora_runt
                                      lm_head_in_float32=lm_head_in_float32).log_probs
 
     return traced_cheaply(log_probs)
-
 
 
 def token_normaliser(batch: dict) -> jax.Array:

@@ -208,8 +208,7 @@ def kto_token_metrics(entropies: jax.Array, logit_means: jax.Array, completion_m
 
 
 def _completion_log_probs(family: Family, module, batch: Mapping[str, jax.Array], prefix: str, with_metrics: bool,
-                          block_size: logprobs.BlockSize) -> tuple[jax.Array, logprobs.TokenScores,
-                                                                            jax.Array]:
+                          block_size: logprobs.BlockSize) -> tuple[jax.Array, logprobs.TokenScores, jax.Array]:
     """``(summed completion log-probabilities [B], per-token scores [B, T-1], shifted completion mask)`` of the
     ``<prefix>input_ids`` rows."""
     scores = logprobs.next_token_scores(
