@@ -24,12 +24,11 @@ from . import logprobs
 from . import router as router_loss
 from .settings import LossSettings, check_choice, runtime_field
 
-__all__ = ["DPO_LOSSES", "DPO_LOSS_TYPES", "DPOLossSettings", "F_DIVERGENCE_LOSS_TYPES", "F_DIVERGENCE_TYPES",
+__all__ = ["DPO_LOSSES", "DPO_LOSS_TYPES", "DPOLossSettings", "F_DIVERGENCES", "F_DIVERGENCE_LOSS_TYPES",
+           "F_DIVERGENCE_TYPES",
            "dpo_loss", "length_desensitised_log_probs", "masked_mean", "preference_loss", "reference_pass",
            "wpo_weights"]
 
-#: DPO ``f_divergence_type`` values.
-F_DIVERGENCE_TYPES: tuple[str, ...] = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 #: DPO loss types built on the chosen-minus-rejected score, the only ones with an f-divergence generalisation.
 F_DIVERGENCE_LOSS_TYPES: frozenset[str] = frozenset({"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust",
                                                      "discopop", "sft"})
@@ -292,17 +291,36 @@ DPO_LOSSES: dict[str, Callable[[PairTerms, DPOLossSettings], jax.Array]] = {
 DPO_LOSS_TYPES: tuple[str, ...] = tuple(DPO_LOSSES)
 
 
-def _f_divergence_scores(log_ratios: jax.Array, f_divergence_type: str, alpha: float) -> jax.Array:
-    """``f'(pi / pi_ref)`` of the f-DPO paper, from the log-ratio ``log(pi / pi_ref)``."""
-    if f_divergence_type == "reverse_kl":
-        return log_ratios
-    if f_divergence_type == "forward_kl":
-        return 1 - jnp.exp(-log_ratios)
-    if f_divergence_type == "js_divergence":
-        return math.log(2) + jax.nn.log_sigmoid(log_ratios)
-    if abs(alpha - 1.0) < 1e-6:  # alpha -> 1 is the reverse KL
+def reverse_kl_scores(log_ratios: jax.Array, alpha: float) -> jax.Array:
+    """``"reverse_kl"``: ``f'(u) = log u``, the log-ratio itself (DPO)."""
+    return log_ratios
+
+
+def forward_kl_scores(log_ratios: jax.Array, alpha: float) -> jax.Array:
+    """``"forward_kl"``: ``f'(u) = 1 - 1 / u``."""
+    return 1 - jnp.exp(-log_ratios)
+
+
+def js_divergence_scores(log_ratios: jax.Array, alpha: float) -> jax.Array:
+    """``"js_divergence"``: ``f'(u) = log(2u / (1 + u)) = log 2 + log sigmoid(log u)``."""
+    return math.log(2) + jax.nn.log_sigmoid(log_ratios)
+
+
+def alpha_divergence_scores(log_ratios: jax.Array, alpha: float) -> jax.Array:
+    """``"alpha_divergence"``: ``f'(u) = (u^(alpha - 1) - 1) / (alpha - 1)`` (exponent capped at 80), the reverse KL
+    as ``alpha -> 1``."""
+    if abs(alpha - 1.0) < 1e-6:
         return log_ratios
     return (jnp.exp(jnp.minimum((alpha - 1.0) * log_ratios, 80.0)) - 1.0) / (alpha - 1.0)
+
+
+#: ``f_divergence_type`` -> ``(log(pi / pi_ref), alpha) -> f'(pi / pi_ref)`` of the f-DPO paper, TRL 1.16's list.
+F_DIVERGENCES: dict[str, Callable[[jax.Array, float], jax.Array]] = {
+    "reverse_kl": reverse_kl_scores, "forward_kl": forward_kl_scores, "js_divergence": js_divergence_scores,
+    "alpha_divergence": alpha_divergence_scores,
+}
+#: DPO ``f_divergence_type`` values.
+F_DIVERGENCE_TYPES: tuple[str, ...] = tuple(F_DIVERGENCES)
 
 
 def dpo_loss(
@@ -358,11 +376,10 @@ def dpo_loss(
         chosen_lengths = jnp.asarray(chosen_lengths, jnp.float32)
     if rejected_lengths is not None:
         rejected_lengths = jnp.asarray(rejected_lengths, jnp.float32)
-    divergence, alpha = settings.f_divergence_type, settings.f_alpha_divergence_coef
+    scores, alpha = F_DIVERGENCES[settings.f_divergence_type], settings.f_alpha_divergence_coef
     pair = PairTerms(
         chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_log_ratios, rejected_log_ratios,
-        _f_divergence_scores(chosen_log_ratios, divergence, alpha),
-        _f_divergence_scores(rejected_log_ratios, divergence, alpha), chosen_lengths, rejected_lengths,
+        scores(chosen_log_ratios, alpha), scores(rejected_log_ratios, alpha), chosen_lengths, rejected_lengths,
         chosen_logps if sft_chosen_logps is None else sft_chosen_logps.astype(jnp.float32))
 
     loss = jnp.float32(0.0)
