@@ -182,7 +182,7 @@ class Family:
             output head (embeddings, decoder layers, final norm), in the module's compute dtype.
         logits_from_hidden: ``(module, hidden) -> float32 logits [..., V]``: the output head, so that
             ``logits_from_hidden(module, hidden_states(...))`` equals ``forward(...)``; it may run on a block of
-            positions at a time (``adapters.chunked_logprobs``).
+            positions at a time (``adapters.losses.logprobs``).
         quantization_excluded: HF module names whose base weights Qwix cannot quantise in
             this family's Tunix model (QLoRA keeps them in full precision).
         norms_scale_by_one_plus_weight: the RMS norms multiply by ``1 + weight`` (Gemma), so their neutral weight

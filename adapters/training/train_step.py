@@ -23,7 +23,7 @@ from flax import nnx
 
 from ..families import Family
 from ..lora import runtime as lora_runtime
-from ..losses import logprobs as chunked_logprobs
+from ..losses import logprobs
 from ..losses import router as router_loss
 from ..runtime.tracing import record_trace, traced_cheaply
 
@@ -67,7 +67,7 @@ def rematerialised(module: nnx.Module):
 CAUSAL_LM_LOSS_TYPES = ("nll", "dft")
 
 
-def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "auto", loss_type: str = "nll",
+def causal_lm_loss(family: Family, block_size: logprobs.BlockSize = "auto", loss_type: str = "nll",
                    router_aux_loss_coef: float = 0.0, with_metrics: bool = False) -> Callable:
     """``loss(module, batch, num_items_in_batch) -> (summed token loss, number of loss tokens, aux)``.
 
@@ -75,7 +75,7 @@ def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "aut
     for packed rows, :func:`tunix_model.batch_positions_and_attention`); the label of position ``t`` is
     ``input_ids[t]``, predicted from position ``t - 1``, counted when ``loss_mask[t]`` and ``attention_mask[t]`` are
     both 1 (TRL's ``completion_mask`` alignment). The log-probs are computed ``block_size`` positions at a time
-    (:func:`chunked_logprobs.next_token_scores`).
+    (:func:`logprobs.next_token_scores`).
 
     The token loss is, for ``loss_type="nll"``, ``-log p`` and, for ``"dft"`` (Dynamic Fine-Tuning, TRL's
     ``SFTTrainer.compute_loss``), ``-log p * stop_gradient(p)``: each token's NLL weighted by its own probability.
@@ -97,8 +97,7 @@ def causal_lm_loss(family: Family, block_size: chunked_logprobs.BlockSize = "aut
 
     def loss(module, batch, num_items_in_batch=None):
         def scores(module):
-            return chunked_logprobs.next_token_scores(family, module, batch, block_size=block_size,
-                                                      with_metrics=with_metrics)
+            return logprobs.next_token_scores(family, module, batch, block_size=block_size, with_metrics=with_metrics)
 
         found, aux = router_loss.run_with_router_loss(family, scores, module, batch["attention_mask"],
                                                       router_aux_loss_coef)
