@@ -16,6 +16,7 @@ from flax import nnx
 
 import torchlike
 from tests import tiny
+from tests.helpers.data import WORDS
 from tests.helpers.logs import logged
 from torchlike import peft as ours_peft
 from torchlike.trl import SFTConfig, SFTTrainer
@@ -160,9 +161,6 @@ def test_disable_adapter_gives_the_base_model_outputs(qwen2_path):
     ids, mask = right_padded_batch()
     with model.disable_adapter():
         np.testing.assert_array_equal(np.asarray(model(ids, mask).logits), np.asarray(base(ids, mask).logits))
-
-
-WORDS = "the quick brown fox jumps over the lazy dog one two three four five six seven eight nine ten hello world"
 
 
 def text_data(count: int, seed: int = 0) -> list[dict]:

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 
 import torchlike
+from tests.helpers.data import WORDS
 from torchlike.adapters.model import tunix_model
 from torchlike.adapters.training import train_step
 from torchlike.trl import SFTConfig, SFTTrainer
 from torchlike.trl.packing import pack_dataset
 from torchlike.trl.sft_data import collate_sft_batch
-
-WORDS = "the quick brown fox jumps over the lazy dog one two three four five six seven eight nine ten hello world"
 
 
 def tokenised_rows(count: int, seed: int = 0, longest: int = 40) -> list[dict]:
