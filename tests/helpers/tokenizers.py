@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import transformers
+
 import torchlike
 
 #: A small chat template: each message as ``<s>role: content</s>``, the generation prompt ``<s>assistant:``.
@@ -12,7 +14,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}<
                  "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 
 
-def tokenizer_for(tokenizer_dir: Path | str, chat_template: str | None = None) -> torchlike.AutoTokenizer:
+def tokenizer_for(tokenizer_dir: Path | str,
+                  chat_template: str | None = None) -> transformers.PreTrainedTokenizerBase:
     """torchlike's tokenizer saved in ``tokenizer_dir``, with ``chat_template`` set when given."""
     tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
     if chat_template is not None:
