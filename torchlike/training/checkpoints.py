@@ -14,7 +14,7 @@ import shutil
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +27,16 @@ if TYPE_CHECKING:
     from flax import nnx
     from transformers import TrainerState
 
-    from .model_interface import TrainableModel
 
-__all__ = ["checkpoint_folders", "delete_all_but", "find_checkpoint", "restore_checkpoint", "restore_model",
+class StateDictModel(Protocol):
+    """What a checkpoint reads and fills: a model with torch's ``state_dict()`` / ``load_state_dict()`` (a
+    ``CausalLM``, or the loop's wrapper of a plain ``flax.nnx.Module``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any: ...
+
+__all__ = ["StateDictModel", "checkpoint_folders", "delete_all_but", "find_checkpoint", "restore_checkpoint", "restore_model",
            "restore_variables", "rotate_checkpoints", "write_checkpoint"]
 
 PREFIX = "checkpoint-"
@@ -40,7 +47,7 @@ def checkpoint_folders(output_dir: str | Path) -> list[Path]:
     return sorted(Path(output_dir).glob(f"{PREFIX}*"), key=lambda folder: int(folder.name.split("-")[-1]))
 
 
-def write_checkpoint(output_dir: str | Path, step: int, model: TrainableModel, optimizer: nnx.Optimizer,
+def write_checkpoint(output_dir: str | Path, step: int, model: StateDictModel, optimizer: nnx.Optimizer,
                      state: TrainerState,
                      save_only_model: bool, save_total_limit: int | None,
                      export: Callable[[Path], None] | None = None) -> Path:
@@ -144,7 +151,7 @@ def find_checkpoint(output_dir: str | Path, checkpoint: str | Path | bool) -> Pa
     return folder
 
 
-def restore_checkpoint(folder: Path, model: TrainableModel, optimizer: nnx.Optimizer) -> dict[str, Any]:
+def restore_checkpoint(folder: Path, model: StateDictModel, optimizer: nnx.Optimizer) -> dict[str, Any]:
     """Loads the model's parameters and the optimizer state of ``folder`` in place.
 
     Args:
@@ -168,7 +175,7 @@ def restore_checkpoint(folder: Path, model: TrainableModel, optimizer: nnx.Optim
     return saved
 
 
-def restore_model(folder: str | Path, model: TrainableModel) -> None:
+def restore_model(folder: str | Path, model: StateDictModel) -> None:
     """Loads the model entry of checkpoint ``folder`` into ``model`` (``load_best_model_at_end``): the weights become
     exactly the stored ones; the optimizer state is left alone, as transformers' ``_load_best_model`` does."""
     model.load_state_dict(serialization.load(Path(folder) / "model"))
