@@ -36,8 +36,9 @@ class StateDictModel(Protocol):
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any: ...
 
-__all__ = ["StateDictModel", "checkpoint_folders", "delete_all_but", "find_checkpoint", "restore_checkpoint", "restore_model",
-           "restore_variables", "rotate_checkpoints", "write_checkpoint"]
+
+__all__ = ["StateDictModel", "checkpoint_folders", "delete_all_but", "find_checkpoint", "restore_checkpoint",
+           "restore_model", "restore_variables", "rotate_checkpoints", "write_checkpoint"]
 
 PREFIX = "checkpoint-"
 
