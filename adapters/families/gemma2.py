@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 from tunix.models.gemma import model as tunix_gemma
 
-from ..model.rope import apply_rope, rope_inverse_frequencies, with_rope
+from ..model.rope import attention_with_rope
 from .base import (
     GEMMA_IGNORED_KEYS,
     GEMMA_LORA_TARGETS,
@@ -112,8 +112,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma.Gemma:
         attn_logits_soft_cap=hf_config.attn_logit_softcapping,
     )
     model = tunix_gemma.Gemma(config, rngs=rngs)
-    inv_freq = rope_inverse_frequencies(hf_config.rope_parameters, hf_config.head_dim)
-    attention_class = with_rope(Gemma2Attention, "block", "apply_rope", apply_rope, inv_freq)
+    attention_class = attention_with_rope(Gemma2Attention, hf_config.rope_parameters, hf_config.head_dim)
     for layer, layer_type in zip(model.layers, hf_config.layer_types, strict=True):
         attention = layer.attn
         if attention.use_qkv_einsum:

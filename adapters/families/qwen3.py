@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tunix.models.qwen3 import model as tunix_qwen3
 
-from ..model.rope import apply_rope, rope_inverse_frequencies, with_rope
+from ..model.rope import attention_with_rope
 from .base import (
     DECODER_IGNORED_KEYS,
     DECODER_LORA_TARGETS,
@@ -47,8 +47,7 @@ def build_model(hf_config, dtype, rngs):
         param_dtype=dtype,
     )
     model = tunix_qwen3.Qwen3(config, rngs=rngs)
-    inv_freq = rope_inverse_frequencies(hf_config.rope_parameters, head_dim)
-    attention_class = with_rope(tunix_qwen3.Attention, "block", "apply_rope", apply_rope, inv_freq)
+    attention_class = attention_with_rope(tunix_qwen3.Attention, hf_config.rope_parameters, head_dim)
     for layer in model.layers:
         layer.attn.__class__ = attention_class
     return model

@@ -23,7 +23,7 @@ from flax import nnx
 from tunix.models.qwen3 import model as tunix_qwen3
 
 from ..losses.router import RouterRecord
-from ..model.rope import apply_rope, rope_inverse_frequencies, with_rope
+from ..model.rope import attention_with_rope
 from .base import (
     DECODER_IGNORED_KEYS,
     DECODER_LORA_TARGETS,
@@ -223,8 +223,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_qwen3.Qwen3:
     dense_config = dataclasses.replace(config, hidden_dim=hf_config.intermediate_size, num_experts=None,
                                        num_experts_per_tok=None)
     model = tunix_qwen3.Qwen3(config, rngs=rngs)
-    inv_freq = rope_inverse_frequencies(hf_config.rope_parameters, head_dim)
-    attention_class = with_rope(tunix_qwen3.Attention, "block", "apply_rope", apply_rope, inv_freq)
+    attention_class = attention_with_rope(tunix_qwen3.Attention, hf_config.rope_parameters, head_dim)
     for layer, sparse in zip(model.layers, sparse_layers(hf_config), strict=True):
         layer.attn.__class__ = attention_class
         if sparse:

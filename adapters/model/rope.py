@@ -123,3 +123,19 @@ def with_rope(
     derived = type(cls.__name__, (cls,), {method_name: patched, "__module__": cls.__module__})
     register_derived_class(derived, with_rope, (cls, method_name, global_name, rope_function, inv_freq))
     return derived
+
+
+def attention_with_rope(attention_class: type, rope_parameters: Mapping, head_dim: int) -> type:
+    """Tunix's ``attention_class`` with its ``block`` applying Hugging Face's rope: the frequencies of
+    ``rope_parameters`` (``rope_theta`` and any scaling, :func:`rope_inverse_frequencies`) at ``head_dim``.
+
+    Args:
+        attention_class: a Tunix attention class whose ``block`` calls the module-level ``apply_rope``.
+        rope_parameters: the HF config's ``rope_parameters``.
+        head_dim: the attention head size.
+
+    Returns:
+        The cached subclass (:func:`with_rope`); assign it to each layer's ``attn.__class__``.
+    """
+    inv_freq = rope_inverse_frequencies(rope_parameters, head_dim)
+    return with_rope(attention_class, "block", "apply_rope", apply_rope, inv_freq)
