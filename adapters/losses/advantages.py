@@ -91,3 +91,24 @@ def check_groups(num_completions: int, num_generations: int) -> None:
     if num_generations < 1 or num_completions % num_generations:
         raise ValueError(f"{num_completions} rewards do not split into groups of num_generations={num_generations}; "
                          "each prompt's completions must be consecutive and complete.")
+
+
+def reward_metrics(rewards: jax.Array, rewards_per_func: jax.Array, group_std: jax.Array) -> dict[str, jax.Array]:
+    """TRL's logged reward metrics of a generation batch (GRPO's and RLOO's ``_generate_and_score_completions``).
+
+    Args:
+        rewards: ``[N]`` the combined reward of each completion.
+        rewards_per_func: ``[N, F]`` each reward function's value (NaN where a function returned ``None``).
+        group_std: ``[N]`` the standard deviation of each completion's group.
+
+    Returns:
+        ``reward`` and ``reward_std`` (NaN-aware), ``frac_reward_zero_std`` (the share of completions whose group has
+        zero spread), and ``rewards_per_func/mean`` and ``/std`` (``[F]``).
+    """
+    return {
+        "reward": jnp.nanmean(rewards),
+        "reward_std": nanstd(rewards),
+        "frac_reward_zero_std": jnp.isclose(group_std, 0.0).astype(jnp.float32).mean(),
+        "rewards_per_func/mean": jnp.nanmean(rewards_per_func, axis=0),
+        "rewards_per_func/std": nanstd(rewards_per_func, axis=0),
+    }

@@ -47,6 +47,7 @@ from .advantages import (
     check_groups,
     combine_rewards,
     nanstd,
+    reward_metrics,
     reward_weight_vector,
     weighted_reward_sum,
 )
@@ -255,13 +256,7 @@ def grpo_advantages(rewards_per_func: jax.Array, num_generations: int, *,
         advantages, std = _sum_then_normalize(rewards, num_generations, scale_rewards_mode(scale_rewards))
     else:
         advantages, std = _normalize_then_sum(rewards_per_func, reward_weights, num_generations)
-    metrics = {
-        "reward": jnp.nanmean(rewards),
-        "reward_std": nanstd(rewards),
-        "frac_reward_zero_std": jnp.isclose(std, 0.0).astype(jnp.float32).mean(),
-        "rewards_per_func/mean": jnp.nanmean(rewards_per_func, axis=0),
-        "rewards_per_func/std": nanstd(rewards_per_func, axis=0),
-    }
+    metrics = reward_metrics(rewards, rewards_per_func, std)
     return advantages, metrics
 
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from ..families import Family
 from . import logprobs
 from . import router as router_loss
-from .advantages import REWARD_STD_EPSILON, check_groups, combine_rewards, nanstd
+from .advantages import REWARD_STD_EPSILON, check_groups, combine_rewards, nanstd, reward_metrics
 from .grpo import completion_scores, loss_mask
 from .settings import LossSettings, runtime_field
 
@@ -85,13 +85,7 @@ def rloo_advantages(rewards_per_func: jax.Array, num_generations: int, *,
         advantages = jnp.zeros_like(rewards)
     if normalize_advantages:
         advantages = (advantages - jnp.nanmean(advantages)) / (nanstd(advantages) + REWARD_STD_EPSILON)
-    metrics = {
-        "reward": jnp.nanmean(logged),
-        "reward_std": nanstd(logged),
-        "frac_reward_zero_std": jnp.isclose(std, 0.0).astype(jnp.float32).mean(),
-        "rewards_per_func/mean": jnp.nanmean(rewards_per_func, axis=0),
-        "rewards_per_func/std": nanstd(rewards_per_func, axis=0),
-    }
+    metrics = reward_metrics(logged, rewards_per_func, std)
     return jnp.nan_to_num(advantages, nan=0.0), metrics
 
 
