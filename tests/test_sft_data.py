@@ -284,6 +284,25 @@ def test_formatting_func(trl_prepare, make_tokenizer):
     assert make_tokenizer().decode(ids[1]) == "hello the world</s>"
 
 
+@pytest.mark.parametrize("packing", [False, True])
+def test_formatting_func_runs_once_per_example(make_tokenizer, packing):
+    """The trainer's data path formats each example once: the ``text`` column TRL keeps reuses the tokenised text."""
+    from torchlike.trl.sft_data import prepare_sft_dataset
+
+    rows = [{"question": "one two", "answer": "three four"}, {"question": "hello", "answer": "world"}]
+    calls = []
+
+    def formatting_func(example):
+        calls.append(example["question"])
+        return f"{example['question']} the {example['answer']}"
+
+    prepared = prepare_sft_dataset(rows, make_tokenizer(), formatting_func=formatting_func, max_length=32,
+                                   packing=packing)
+    assert calls == ["one two", "one two", "hello"]  # the first example is also read once to detect the format
+    if not packing:
+        assert prepared["text"] == ["one two the three four</s>", "hello the world</s>"]
+
+
 def test_eos_token_override(trl_prepare, make_tokenizer):
     ids, _ = assert_same_as_trl(trl_prepare, make_tokenizer, [{"text": t} for t in TEXTS[:2]],
                                 eos_token="<|im_end|>")

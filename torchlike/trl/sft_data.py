@@ -351,15 +351,16 @@ class _Preparer:
                 f"{describe(example[self.dataset_text_field])}."
             )
 
-    def tokenize(self, raw: Mapping[str, Any], index: int) -> tuple[list[int], list[int]]:
-        """Returns ``(input_ids, loss_mask)`` before truncation."""
+    def tokenize(self, raw: Mapping[str, Any], index: int) -> tuple[list[int], list[int], Mapping[str, Any]]:
+        """Returns ``(input_ids, loss_mask, example)`` before truncation; ``example`` is ``raw`` as tokenised (after
+        ``formatting_func`` and the ShareGPT conversion of :meth:`convert`, or ``raw`` itself when pre-tokenised)."""
         if not isinstance(raw, Mapping):
             raise TypeError(
                 f"Example {index} should be a dict of columns; found {describe(raw)}. Wrap plain strings as "
                 "{'text': ...}."
             )
         if self.tokenized:
-            return self._pretokenized(raw, index)
+            return (*self._pretokenized(raw, index), raw)
         example = self.convert(raw)
         self._check_layout(example, index)
         masks: list[list[int]] = []
@@ -382,7 +383,7 @@ class _Preparer:
             if not text.endswith(self.eos):
                 text = text + self.eos
             input_ids = list(self.tokenizer(text=text)["input_ids"])
-        return input_ids, _and_masks(len(input_ids), masks)
+        return input_ids, _and_masks(len(input_ids), masks), example
 
     def _assistant_masks(self, out: Mapping[str, Any], index: int) -> list[int]:
         mask = list(out["assistant_masks"])
@@ -588,7 +589,7 @@ def iter_sft_examples(
     seen = kept = dropped = 0
     for index, raw in enumerate(itertools.chain([first], iterator)):
         seen += 1
-        full_ids, full_mask = preparer.tokenize(raw, index)
+        full_ids, full_mask, example = preparer.tokenize(raw, index)
         input_ids, loss_mask = preparer.truncate(full_ids, full_mask)
         if not any(loss_mask):
             dropped += 1
@@ -601,7 +602,7 @@ def iter_sft_examples(
             continue
         kept += 1
         labels = [token if bit else -100 for token, bit in zip(input_ids, loss_mask, strict=True)]
-        yield {**_trl_columns(raw, preparer), "input_ids": input_ids, "labels": labels}
+        yield {**_trl_columns(raw, example, preparer), "input_ids": input_ids, "labels": labels}
     if kept == 0:
         raise ValueError(
             f"All {seen} examples of the SFT dataset were dropped: none kept a loss token after truncation to "
@@ -679,8 +680,9 @@ def prepare_sft_dataset(
     return datasets.Dataset.from_list(rows)
 
 
-def _trl_columns(raw: Mapping[str, Any], preparer: _Preparer) -> dict[str, Any]:
-    """The columns TRL keeps from a raw example beside ``input_ids`` and ``labels``."""
+def _trl_columns(raw: Mapping[str, Any], example: Mapping[str, Any], preparer: _Preparer) -> dict[str, Any]:
+    """The columns TRL keeps from a raw example beside ``input_ids`` and ``labels``; ``example`` is what
+    :meth:`_Preparer.tokenize` made of it (``formatting_func``'s text, ShareGPT converted), reused, not recomputed."""
     row = dict(raw)
     if preparer.tokenized:
         if "labels" in row:
@@ -690,9 +692,9 @@ def _trl_columns(raw: Mapping[str, Any], preparer: _Preparer) -> dict[str, Any]:
             row.pop("completion_mask", None)
         return row
     if preparer.formatting_func is not None:
-        row["text"] = preparer.formatting_func(dict(raw))
+        row["text"] = example[preparer.dataset_text_field]
     elif is_conversational_from_value(row):
-        row = maybe_convert_to_chatml(row)
+        row = dict(example)
     if not preparer.conversational and preparer.eos:
         for key in (preparer.dataset_text_field, "completion"):
             if isinstance(row.get(key), str):
