@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from ..adapters.checkpoint.hf_source import is_transformers_model
 from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.distributed import multihost
 from ..adapters.model import sequence_classification as classification
@@ -34,16 +35,12 @@ if TYPE_CHECKING:
 __all__ = ["RewardModel", "is_reward_model", "reward_functions"]
 
 
-def _is_transformers_model(value: Any) -> bool:
-    return any(klass.__name__ == "PreTrainedModel" for klass in type(value).__mro__)
-
-
 def is_reward_model(value: object) -> bool:
     """Whether a ``reward_funcs`` entry is a reward model (a path / hub id, a torchlike ``SequenceClassifier`` or a
     ``transformers`` model) rather than a reward function."""
     from ..sequence_classification import SequenceClassifier
 
-    return isinstance(value, (str, SequenceClassifier)) or _is_transformers_model(value)
+    return isinstance(value, (str, SequenceClassifier)) or is_transformers_model(value)
 
 
 def _name(model_id: str) -> str:
@@ -170,7 +167,7 @@ def reward_functions(reward_funcs: Sequence[RewardFunc], reward_processing_class
             continue
         if isinstance(function, str):
             model = AutoModelForSequenceClassification.from_pretrained(function, num_labels=1, **init_kwargs)
-        elif _is_transformers_model(function):
+        elif is_transformers_model(function):
             model = AutoModelForSequenceClassification.from_pretrained(function)
         else:
             model = function
