@@ -5,7 +5,10 @@ One home for each kind of builder:
 - :func:`tiny_config`: a ``transformers`` config of a supported family, hidden 64 and 2 layers unless overridden;
 - :func:`random_model`: a ``transformers`` model with random weights from a seed, ready for ``save_pretrained``;
 - :func:`build_tokenizer`: a byte-level BPE tokenizer trained deterministically on a small corpus, and
-  :func:`build_word_tokenizer`: one word ``t<id>`` per id, for data made of random ids.
+  :func:`build_word_tokenizer`: one word ``t<id>`` per id, for data made of random ids;
+- :func:`tiny_multimodal_config`: a Gemma 3 or Gemma 4 vision-language config around :func:`tiny_config`'s text
+  model, :func:`build_multimodal_tokenizer`: :func:`build_tokenizer` with the family's image and turn tokens,
+  :func:`build_processor`: Gemma 3's processor around it, and :func:`tiny_image`: a random RGB image.
 
 ``transformers``, ``tokenizers`` and ``torch`` are imported when a builder runs, so importing this module is cheap.
 
@@ -19,14 +22,17 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     import transformers
+    from PIL import Image
+    from tokenizers import AddedToken
 
 VOCAB_SIZE = 128
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0 (pad), 1 (bos), 2 (eos), 3 (unk)
@@ -114,10 +120,11 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
 def random_model(config: transformers.PretrainedConfig, seed: int = 0, dtype: str | torch.dtype = "float32",
                  every_parameter: bool = False,
                  attn_implementation: str | None = None) -> transformers.PreTrainedModel:
-    """A ``transformers`` causal LM for ``config`` with random weights, in eval mode.
+    """A ``transformers`` causal LM for ``config`` with random weights, in eval mode (for a vision-language config,
+    e.g. from :func:`tiny_multimodal_config`, its ``*ForConditionalGeneration``, vision tower and projector included).
 
     Args:
-        config: a ``transformers`` config, e.g. from :func:`tiny_config`.
+        config: a ``transformers`` config, e.g. from :func:`tiny_config` or :func:`tiny_multimodal_config`.
         seed: ``torch.manual_seed`` before ``transformers`` initialises the weights.
         dtype: the weights' dtype, a name (``"bfloat16"``) or a ``torch.dtype``.
         every_parameter: draw every parameter again from a generator seeded with ``seed``: norms
@@ -173,7 +180,9 @@ def _byte_pair_merges(words: dict[str, int], alphabet: list[str], size: int) -> 
 
 
 def build_tokenizer(directory: str | Path, corpus: Sequence[str] = TOKENIZER_CORPUS, vocab_size: int = VOCAB_SIZE,
-                    any_text: bool = False, pad_token: str | None = None) -> Path:
+                    any_text: bool = False, pad_token: str | None = None,
+                    added_tokens: Sequence[str | AddedToken] = (),
+                    named_tokens: Mapping[str, str] | None = None) -> Path:
     """Trains a byte-level BPE tokenizer on ``corpus`` (the same on every build) and saves it to ``directory`` as a
     ``transformers`` fast tokenizer; specials ``<pad>``, ``<s>`` (bos), ``</s>`` (eos), ``<unk>`` take ids 0-3.
 
@@ -185,12 +194,18 @@ def build_tokenizer(directory: str | Path, corpus: Sequence[str] = TOKENIZER_COR
             tokenizers do. Otherwise the alphabet is the corpus's symbols plus lowercase letters, digits and common
             punctuation (a small vocabulary), and decoding gives the byte symbols themselves (``Ġ`` for a space).
         pad_token: the tokenizer's ``pad_token`` (e.g. ``"<pad>"``); ``None`` leaves it unset.
+        added_tokens: whole tokens that take the last ids of ``vocab_size``, in order: the byte-pair merges stop
+            that many entries early, so every entry they keep has the id it has without ``added_tokens``. A ``str``
+            is a special token (``"<start_of_image>"``); a ``tokenizers.AddedToken`` is added as it is (e.g.
+            ``AddedToken("\\n", special=False, normalized=False)`` for text the alphabet lacks).
+        named_tokens: tokenizer attributes naming special tokens, as multimodal tokenizers name theirs:
+            ``{"boi_token": "<start_of_image>"}`` gives ``tokenizer.boi_token`` and ``tokenizer.boi_token_id``.
 
     Returns:
         ``directory``.
     """
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     words: dict[str, int] = {}
@@ -203,16 +218,20 @@ def build_tokenizer(directory: str | Path, corpus: Sequence[str] = TOKENIZER_COR
         extra = "".join(symbol for symbol, _ in pre_tokenizer.pre_tokenize_str(
             string.ascii_lowercase + string.digits + ",.!?:;'-"))
         alphabet = sorted(set("".join(words)) | set(extra) | {pre_tokenizer.pre_tokenize_str(" a")[0][0][0]})
-    vocab, merges = _byte_pair_merges(words, alphabet, vocab_size - len(SPECIAL_TOKENS))
+    vocab, merges = _byte_pair_merges(words, alphabet, vocab_size - len(SPECIAL_TOKENS) - len(added_tokens))
     tokenizer = Tokenizer(models.BPE(vocab={token: index for index, token in enumerate(SPECIAL_TOKENS + tuple(vocab))},
                                      merges=merges, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizer
     if any_text:
         tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
-    specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) if isinstance(token, str) else token
+                          for token in added_tokens])
+    specials: dict[str, Any] = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     if pad_token is not None:  # passed as None, transformers would write "pad_token": null to the config
         specials["pad_token"] = pad_token
+    if named_tokens:
+        specials["extra_special_tokens"] = dict(named_tokens)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials)
     fast.save_pretrained(directory)
     return Path(directory)
@@ -238,3 +257,216 @@ def build_word_tokenizer(directory: str | Path, vocab_size: int) -> Path:
                                                      bos_token="<s>", unk_token="<unk>")
     tokenizer.save_pretrained(directory)
     return Path(directory)
+
+
+@dataclasses.dataclass(frozen=True)
+class _MultimodalFamily:
+    """What a vision-language family adds to its tiny text model: a vision tower, and whole tokens at the end of the
+    vocabulary for its chat template and processor."""
+
+    config_class: str
+    vision_config_class: str
+    vision: dict[str, Any]
+    settings: dict[str, Any]
+    text_tokens: tuple[str, ...]  # text the tiny alphabet lacks, kept whole
+    special_tokens: tuple[str, ...]
+    named_tokens: dict[str, str]  # tokenizer attribute -> token, as the published tokenizer names it
+    config_token_fields: dict[str, str]  # config field -> the token whose id it holds
+
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        return self.text_tokens + self.special_tokens
+
+
+_MULTIMODAL_FAMILIES: dict[str, _MultimodalFamily] = {
+    # Gemma 3: a SigLIP tower without its pooling head (as Google's configs set it) seeing 28x28 images as 4x4
+    # patches of 7, which the projector average-pools 2x2 into 4 soft tokens per image.
+    "gemma3": _MultimodalFamily(
+        config_class="Gemma3Config", vision_config_class="SiglipVisionConfig",
+        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
+                    patch_size=7, vision_use_head=False, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),
+        settings=dict(mm_tokens_per_image=4),
+        text_tokens=("\n",),
+        special_tokens=("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+                        "<image_soft_token>"),
+        named_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                      "image_token": "<image_soft_token>"},
+        config_token_fields={"boi_token_index": "<start_of_image>", "eoi_token_index": "<end_of_image>",
+                             "image_token_index": "<image_soft_token>"}),
+    # Gemma 4: its own vision encoder (patches of 7 pooled 2x2, positions up to 16 patches a side), no audio tower.
+    "gemma4": _MultimodalFamily(
+        config_class="Gemma4Config", vision_config_class="Gemma4VisionConfig",
+        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=2, head_dim=16, patch_size=7, pooling_kernel_size=2,
+                    position_embedding_size=16),
+        settings=dict(audio_config=None),
+        text_tokens=("\n",),
+        special_tokens=("<|turn>", "<turn|>", "<|image>", "<image|>", "<|image|>", "<|video|>", "<|audio>",
+                        "<audio|>", "<|audio|>"),
+        named_tokens={"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
+                      "boa_token": "<|audio>", "eoa_token": "<audio|>", "audio_token": "<|audio|>"},
+        config_token_fields={"boi_token_id": "<|image>", "eoi_token_id": "<image|>", "image_token_id": "<|image|>",
+                             "video_token_id": "<|video|>", "boa_token_id": "<|audio>",
+                             "eoa_token_index": "<audio|>", "audio_token_id": "<|audio|>"}),
+}
+MULTIMODAL_FAMILIES = tuple(_MULTIMODAL_FAMILIES)
+
+#: Gemma 3's published chat template, simplified (no role-alternation checks): a system message prefixes the first
+#: user turn, ``assistant`` is written ``model``, an image item is ``<start_of_image>`` (the processor expands it).
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- else -%}{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
+def _multimodal_family(family: str) -> _MultimodalFamily:
+    if family not in _MULTIMODAL_FAMILIES:
+        raise ValueError(f"unknown multimodal family {family!r}; choose one of {', '.join(MULTIMODAL_FAMILIES)}.")
+    return _MULTIMODAL_FAMILIES[family]
+
+
+def multimodal_token_ids(family: str = "gemma3") -> dict[str, int]:
+    """The ids of ``family``'s added tokens in :func:`build_multimodal_tokenizer`'s vocabulary: the last ids of
+    :data:`VOCAB_SIZE`, newline first, then the turn and image (Gemma 4: video and audio too) tokens.
+
+    Args:
+        family: one of :data:`MULTIMODAL_FAMILIES`.
+
+    Returns:
+        Token text to id, e.g. ``{"\\n": 122, "<start_of_turn>": 123, ..., "<image_soft_token>": 127}`` for Gemma 3.
+    """
+    added = _multimodal_family(family).added_tokens
+    return {token: VOCAB_SIZE - len(added) + index for index, token in enumerate(added)}
+
+
+def tiny_multimodal_config(family: str = "gemma3", **overrides: Any) -> transformers.PretrainedConfig:
+    """A ``transformers`` vision-language config: :func:`tiny_config`'s text model of ``family``, a tiny vision
+    tower, and the image token ids of :func:`build_multimodal_tokenizer`'s vocabulary.
+
+    Gemma 3: a ``SiglipVisionConfig`` (hidden 32, intermediate 64, 2 layers, 2 heads, 28x28 images in patches of 7,
+    no pooling head) whose 16 patches the projector average-pools into ``mm_tokens_per_image=4`` soft tokens.
+    Gemma 4: a ``Gemma4VisionConfig`` (hidden 32, intermediate 64, 2 layers, 2 heads and 2 key/value heads of 16,
+    patches of 7 pooled 2x2) and no audio tower.
+
+    Args:
+        family: one of :data:`MULTIMODAL_FAMILIES`.
+        overrides: fields of the outer config; ``text_config`` and ``vision_config`` given as dicts update the tiny
+            ones field by field (``text_config={"num_hidden_layers": 4}``).
+
+    Returns:
+        A ``Gemma3Config`` or ``Gemma4Config``; ``random_model`` builds its ``*ForConditionalGeneration``.
+
+    Raises:
+        ValueError: ``family`` is not a multimodal family.
+    """
+    import transformers
+
+    spec = _multimodal_family(family)
+    text_config = tiny_config(family, **overrides.pop("text_config", {}))
+    vision_config = getattr(transformers, spec.vision_config_class)(**{**spec.vision,
+                                                                        **overrides.pop("vision_config", {})})
+    token_ids = multimodal_token_ids(family)
+    fields = {field: token_ids[token] for field, token in spec.config_token_fields.items()}
+    return getattr(transformers, spec.config_class)(text_config=text_config, vision_config=vision_config,
+                                                    **{**spec.settings, **fields, **overrides})
+
+
+def build_multimodal_tokenizer(directory: str | Path, family: str = "gemma3") -> Path:
+    """:func:`build_tokenizer` (pad token ``<pad>``) with ``family``'s newline, turn and image tokens as the last
+    ids of the vocabulary (:func:`multimodal_token_ids`), the image ones named as the published tokenizer names them
+    (Gemma 3: ``boi_token``, ``eoi_token``, ``image_token``), so their ids equal :func:`tiny_multimodal_config`'s.
+
+    Every token the text tokenizer keeps has the id it has in :func:`build_tokenizer`'s; the last merges make room.
+
+    Args:
+        directory: where the tokenizer files are written.
+        family: one of :data:`MULTIMODAL_FAMILIES`.
+
+    Returns:
+        ``directory``.
+    """
+    from tokenizers import AddedToken
+
+    spec = _multimodal_family(family)
+    newline = [AddedToken(token, special=False, normalized=False) for token in spec.text_tokens]
+    return build_tokenizer(directory, pad_token="<pad>", added_tokens=[*newline, *spec.special_tokens],
+                           named_tokens=spec.named_tokens)
+
+
+def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
+    """Saves to ``directory`` a tiny ``Gemma3Processor`` that ``transformers.AutoProcessor.from_pretrained`` loads
+    offline: :func:`build_multimodal_tokenizer`'s tokenizer, a ``Gemma3ImageProcessor`` resizing to 28x28 with
+    Gemma 3's published mean and std (0.5), ``image_seq_length=4`` (``mm_tokens_per_image`` of
+    :func:`tiny_multimodal_config`) and :data:`GEMMA3_CHAT_TEMPLATE`.
+
+    The processor expands each ``<start_of_image>`` of a text into ``"\\n\\n<start_of_image>"``, four
+    ``<image_soft_token>`` and ``"<end_of_image>\\n\\n"``.
+
+    Args:
+        directory: where the processor files are written (with a checkpoint's, if it holds one).
+        family: ``"gemma3"``. Gemma 4's processor is not built: ``transformers``' ``Gemma4Processor`` needs a video
+            processor, which ``transformers`` builds on ``torchvision`` (use :func:`build_multimodal_tokenizer`).
+
+    Returns:
+        ``directory``.
+
+    Raises:
+        ValueError: ``family`` is not ``"gemma3"``.
+        RuntimeError: the saved tokenizer's image token ids differ from :func:`tiny_multimodal_config`'s (a corpus
+            too small to fill the vocabulary would do it).
+    """
+    import transformers
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    if family != "gemma3":
+        raise ValueError(f"build_processor: only Gemma 3's processor is built tiny, not {family!r}: transformers' "
+                         "Gemma4Processor needs a video processor, which transformers builds on torchvision. Use "
+                         "build_multimodal_tokenizer(directory, 'gemma4') for its tokenizer.")
+    spec = _multimodal_family(family)
+    build_multimodal_tokenizer(directory, family)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    found = {token: tokenizer.convert_tokens_to_ids(token) for token in spec.added_tokens}
+    if found != multimodal_token_ids(family):
+        raise RuntimeError(f"build_processor: the tokenizer gave the added tokens ids {found}, the config expects "
+                           f"{multimodal_token_ids(family)}.")
+    # The PIL image processor, which transformers' Gemma3ImageProcessor falls back to without torchvision; both save
+    # as Gemma3ImageProcessor.
+    image_processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5, 0.5, 0.5],
+                                              image_std=[0.5, 0.5, 0.5])
+    processor = transformers.Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer,
+                                             chat_template=GEMMA3_CHAT_TEMPLATE,
+                                             image_seq_length=spec.settings["mm_tokens_per_image"])
+    processor.save_pretrained(directory)
+    return Path(directory)
+
+
+def tiny_image(seed: int, size: int = 28) -> Image.Image:
+    """A ``size`` x ``size`` RGB image of uniformly random bytes drawn from ``seed`` (the same on every call).
+
+    Args:
+        seed: seeds ``numpy.random.default_rng``.
+        size: the image's height and width in pixels.
+
+    Returns:
+        A ``PIL.Image.Image`` in mode ``"RGB"``.
+    """
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
