@@ -25,6 +25,7 @@ _EXPORTS = {
     "CausalLM": "torchlike.modeling",
     "CausalLMOutput": "torchlike.modeling",
     "AutoTokenizer": "torchlike.tokenization",
+    "AutoProcessor": "torchlike.processing",
     "make_mesh": "torchlike.modeling",
     "save": "torchlike.serialization",
     "load": "torchlike.serialization",
@@ -36,6 +37,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from .modeling import AutoModelForCausalLM, CausalLM, CausalLMOutput, make_mesh
+    from .processing import AutoProcessor
     from .sequence_classification import (
         AutoModelForSequenceClassification,
         SequenceClassifier,
@@ -59,6 +61,7 @@ def __getattr__(name: str):
 __all__ = [
     "AutoModelForCausalLM",
     "AutoModelForSequenceClassification",
+    "AutoProcessor",
     "AutoTokenizer",
     "CausalLM",
     "CausalLMOutput",

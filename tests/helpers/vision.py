@@ -1,0 +1,84 @@
+"""Tiny vision-language checkpoints (a random ``*ForConditionalGeneration`` and its processor in one directory) and
+the padded image-and-text batches their processor makes of TRL-style conversations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+from torchlike.testing import (
+    build_multimodal_tokenizer,
+    build_processor,
+    random_model,
+    tiny_image,
+    tiny_multimodal_config,
+)
+
+#: The texts of :func:`vlm_batch`'s conversations: corpus words, so they tokenize without ``<unk>``.
+PROMPTS = ("the quick brown fox", "hello world", "one two three", "the lazy dog")
+ANSWERS = ("jumps over", "this is a tiny", "four five six", "seven eight nine")
+
+
+def save_tiny_vlm(root: Path, family: str = "gemma3", dtype: torch.dtype = torch.float32, seed: int = 0) -> Path:
+    """Saves a random ``family`` vision-language model (every parameter drawn, eager attention) and its processor
+    into ``root / f"tiny-{family}-vlm"``, for ``AutoProcessor.from_pretrained`` and
+    ``transformers.AutoModelForImageTextToText.from_pretrained``.
+
+    Gemma 4 gets its tokenizer instead of a processor (``build_processor`` explains why).
+
+    Args:
+        root: the parent directory (e.g. from ``tmp_path_factory.mktemp``).
+        family: ``"gemma3"`` or ``"gemma4"``.
+        dtype: the saved weights' dtype.
+        seed: the weights' seed.
+
+    Returns:
+        The checkpoint directory.
+    """
+    directory = Path(root) / f"tiny-{family}-vlm"
+    model = random_model(tiny_multimodal_config(family), seed=seed, dtype=dtype, every_parameter=True,
+                         attn_implementation="eager")
+    model.save_pretrained(directory)
+    if family == "gemma3":
+        build_processor(directory, family)
+    else:
+        build_multimodal_tokenizer(directory, family)
+    return directory
+
+
+def vision_conversations(count: int = 2, seed: int = 0,
+                         text_only_row: bool = True) -> tuple[list[list[dict]], list[list]]:
+    """``count`` TRL vision conversations (a user turn with one image and a question, an assistant answer), then,
+    with ``text_only_row``, one without an image.
+
+    Returns:
+        The conversations and, per conversation, its images (``[]`` for the text-only one).
+    """
+    conversations, images = [], []
+    for row in range(count + text_only_row):
+        with_image = row < count
+        question = [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]
+        answer = [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]
+        conversations.append([{"role": "user", "content": ([{"type": "image"}] if with_image else []) + question},
+                              {"role": "assistant", "content": answer}])
+        images.append([tiny_image(seed + row)] if with_image else [])
+    return conversations, images
+
+
+def vlm_batch(processor: transformers.ProcessorMixin, count: int = 2, seed: int = 0,
+              text_only_row: bool = True) -> transformers.BatchFeature:
+    """:func:`vision_conversations` rendered with the processor's chat template and processed as TRL's vision data
+    collator does (``padding=True``, no special tokens added: the template writes ``<bos>``), as numpy arrays.
+
+    Gemma 3's processor takes a row without an image in the same batch, so the last row is text only unless
+    ``text_only_row=False``.
+
+    Returns:
+        ``input_ids``, ``attention_mask``, ``token_type_ids`` (1 on image soft tokens) of shape
+        ``(count + text_only_row, length)`` and ``pixel_values`` of shape ``(count, 3, 28, 28)`` float32.
+    """
+    conversations, images = vision_conversations(count, seed, text_only_row)
+    texts = processor.apply_chat_template(conversations, tokenize=False)
+    return processor(text=texts, images=images, padding=True, add_special_tokens=False, return_tensors="np")
