@@ -29,3 +29,17 @@ def to_numpy_2d(values: ArrayLike | None, name: str, dtype: DTypeLike = np.int32
     if array.ndim != 2:
         raise ValueError(f"{name} must have shape (batch, sequence); got {array.shape}.")
     return array.astype(dtype)
+
+
+def to_numpy(values: ArrayLike, name: str, ndim: int, dtype: DTypeLike = np.float32) -> np.ndarray:
+    """Lists, numpy, jax or torch tensors (bfloat16 ones too) as a numpy array of ``ndim`` dimensions.
+
+    Raises:
+        ValueError: the array has another number of dimensions (naming ``name`` and the shape).
+    """
+    if hasattr(values, "detach") and hasattr(values, "cpu"):  # torch.Tensor, without importing torch
+        values = values.detach().cpu().float().numpy()
+    array = np.asarray(values, dtype=dtype)
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions; got shape {array.shape}.")
+    return array

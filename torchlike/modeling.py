@@ -19,10 +19,10 @@ import numpy as np
 from .adapters.checkpoint import hf_checkpoint, hf_hub
 from .adapters.checkpoint.hf_source import HFSource, open_hf_source
 from .adapters.distributed.mesh import entered, initialize_distributed, make_mesh
-from .adapters.families import Family, family_for_config
+from .adapters.families import Family, all_families, family_for_config
 from .adapters.model import model_habits, nnx_state, tunix_model
 from .adapters.runtime.compilation import enable_compilation_cache
-from .arrays import to_numpy_2d
+from .arrays import to_numpy, to_numpy_2d
 from .dtypes import DTypeLike, dtype_name, resolve_dtype
 from .module_tree import module_tree_lines
 from .quantization import announce_quantization, requested_quantization
@@ -131,10 +131,15 @@ class CausalLM:
         generation_config: ``transformers.GenerationConfig`` (from ``generation_config.json``).
         family: the adapter family table (``qwen2``, ``qwen3``, ``llama3``, ``gemma2``, ``gemma3``).
         mesh: the ``jax.sharding.Mesh`` the parameters live on, or ``None``.
+        kept_weights: the checkpoint tensors the Tunix model has no place for but the checkpoint's class has (Gemma
+            4's vision and audio towers), by HF name, as they were read; written back unchanged by
+            :meth:`save_pretrained`.
     """
 
-    def __init__(self, module, config, family: Family, generation_config=None, mesh=None, name_or_path: str = ""):
+    def __init__(self, module, config, family: Family, generation_config=None, mesh=None, name_or_path: str = "",
+                 kept_weights: dict[str, np.ndarray] | None = None):
         self.module = module
+        self.kept_weights = dict(kept_weights or {})
         self.config = config
         self.family = family
         self.mesh = mesh
@@ -152,27 +157,54 @@ class CausalLM:
             generation_config = GenerationConfig.from_model_config(config)
         self.generation_config = generation_config
 
-    def __call__(self, input_ids: Any, attention_mask: Any = None, **unused: Any) -> CausalLMOutput:
+    def __call__(self, input_ids: Any, attention_mask: Any = None, pixel_values: Any = None,
+                 token_type_ids: Any = None, **unused: Any) -> CausalLMOutput:
         """Runs the model.
 
         Args:
             input_ids: token ids ``(batch, sequence)`` as a list, numpy, jax or torch array.
             attention_mask: 1 for real tokens, 0 for padding (left or right); default all ones.
                 Positions count real tokens only, as ``transformers.generate`` does.
+            pixel_values: the processor's images ``(num_images, channels, height, width)``, every image of the batch
+                in the order of their image tokens (a model with a vision tower: Gemma 3's
+                ``*ForConditionalGeneration``).
+            token_type_ids: the processor's ``(batch, sequence)`` ids, 1 on image tokens: each image's tokens then
+                attend to each other both ways, as in ``transformers``.
 
         Returns:
             :class:`CausalLMOutput` with float32 ``logits`` of shape ``(batch, sequence, vocab)``.
+
+        Raises:
+            ValueError: images for a model without a vision tower, or image tokens that do not match the images.
         """
         unsupported = sorted(key for key, value in unused.items() if value not in (None, False))
         if unsupported:
-            raise TypeError(f"CausalLM.__call__ does not support {unsupported}; pass input_ids and attention_mask.")
+            raise TypeError(f"CausalLM.__call__ does not support {unsupported}; pass input_ids and attention_mask "
+                            "(and pixel_values/token_type_ids for a vision-language model).")
         ids = to_numpy_2d(input_ids, "input_ids")
         mask = np.ones_like(ids) if attention_mask is None else to_numpy_2d(attention_mask, "attention_mask")
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask shape {mask.shape} does not match input_ids shape {ids.shape}.")
+        images = None if pixel_values is None else self._images(ids, pixel_values)
+        types = None if token_type_ids is None else to_numpy_2d(token_type_ids, "token_type_ids")
         with entered(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            logits = tunix_model.forward_logits(self.family, self.module, ids, mask, lora=self._lora_mode)
+            logits = tunix_model.forward_logits(self.family, self.module, ids, mask, lora=self._lora_mode,
+                                                images=images, token_type_ids=types)
         return CausalLMOutput(logits=logits)
+
+    def _images(self, input_ids: np.ndarray, pixel_values: Any) -> np.ndarray:
+        """``pixel_values`` as the module takes images (``Family.images``).
+
+        Raises:
+            ValueError: this model has no vision tower (why, and what to load instead).
+        """
+        if self.family.images is None:
+            reason = self.family.no_images_reason or (
+                f"this {self.family.name} model is a text-only decoder with no vision tower; load a vision-language "
+                "checkpoint (e.g. Gemma3ForConditionalGeneration) with torchlike.AutoModelForImageTextToText")
+            raise ValueError(f"pixel_values were given but the model cannot take images: {reason}. Pass text only "
+                             "(input_ids and attention_mask).")
+        return self.family.images(self.config, input_ids, to_numpy(pixel_values, "pixel_values", ndim=4))
 
     forward = __call__
 
@@ -669,8 +701,15 @@ class CausalLM:
         if not is_main_process and jax.process_count() == 1:
             return
         specs, sources = tunix_model.export_plan(self.family, self.module)
+        specs += tunix_model.kept_specs(self.kept_weights)
+
+        def tensor(spec):
+            if spec.name in self.kept_weights:
+                return self.kept_weights[spec.name]
+            return tunix_model.materialize_hf_tensor(sources, spec)
+
         hf_checkpoint.write_checkpoint(
-            save_directory, specs, lambda spec: tunix_model.materialize_hf_tensor(sources, spec),
+            save_directory, specs, tensor,
             max_shard_size=max_shard_size, extra_files=lambda folder: self._save_metadata(folder, tokenizer),
         )
         if push_to_hub:
@@ -895,10 +934,11 @@ class AutoModelForCausalLM:
                                   device_map=device_map, trust_remote_code=trust_remote_code, revision=revision,
                                   cache_dir=cache_dir, token=token, local_files_only=local_files_only)
         source = loading.source
+        kept: dict[str, np.ndarray] = {}
         module = tunix_model.load_weights(source.family, source.config, source.tensors(), loading.dtype,
-                                          mesh=loading.mesh, source=source.location)
+                                          mesh=loading.mesh, source=source.location, kept=kept)
         model = CausalLM(module, source.config, source.family, source.generation_config, loading.mesh,
-                         source.name_or_path)
+                         source.name_or_path, kept_weights=kept)
         model.quantization = announce_quantization(loading.quantization)
         return model
 
@@ -935,3 +975,41 @@ class AutoModelForCausalLM:
         module = tunix_model.load_weights(family, config, random_tensors(), target_dtype, mesh=mesh,
                                           source="from_config")
         return CausalLM(module, config, family, None, mesh, "")
+
+
+class AutoModelForImageTextToText(AutoModelForCausalLM):
+    """Loads Hugging Face vision-language checkpoints (``Gemma3ForConditionalGeneration``,
+    ``Gemma4ForConditionalGeneration``) as :class:`CausalLM`, as ``transformers.AutoModelForImageTextToText`` does.
+
+    The model takes the processor's ``pixel_values`` (and ``token_type_ids``) beside ``input_ids`` where Tunix has the
+    family's vision tower (Gemma 3); Gemma 4's towers are kept and saved back unchanged, and its image inputs are
+    refused with the reason. :meth:`from_pretrained` takes :meth:`AutoModelForCausalLM.from_pretrained`'s arguments.
+
+    Example:
+        >>> model = AutoModelForImageTextToText.from_pretrained("path/to/gemma-3-4b-it", dtype="bfloat16")
+        >>> processor = AutoProcessor.from_pretrained("path/to/gemma-3-4b-it")
+        >>> inputs = processor(text=text, images=[image], return_tensors="np")
+        >>> model(**inputs).logits.shape
+    """
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | PreTrainedModel, *model_args: Any,
+                        **kwargs: Any) -> CausalLM:
+        """Loads a vision-language checkpoint (see :meth:`AutoModelForCausalLM.from_pretrained` for the arguments).
+
+        Returns:
+            A :class:`CausalLM` whose ``__call__`` and ``generate`` take ``pixel_values``.
+
+        Raises:
+            ValueError: a text-only checkpoint (as ``transformers``: load it with ``AutoModelForCausalLM``).
+        """
+        model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        if model.family.images is None and not model.family.kept_hf_keys:
+            multimodal = [arch for family in all_families() if family.images or family.kept_hf_keys
+                          for arch in family.architectures]
+            raise ValueError(
+                f"Unrecognized configuration class {type(model.config).__name__} for this kind of AutoModel: "
+                f"AutoModelForImageTextToText. {model.name_or_path or 'The checkpoint'} is a text-only "
+                f"{model.family.architectures[0]} model; load it with AutoModelForCausalLM, or load a vision-language "
+                f"checkpoint ({', '.join(multimodal)}).")
+        return model

@@ -6,7 +6,8 @@ import importlib
 
 from .base import Family, UnsupportedConfigError
 
-_FAMILY_MODULES = ("qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe")
+_FAMILY_MODULES = ("qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe", "gemma3_multimodal",
+                   "gemma4_multimodal")
 
 
 class UnknownArchitectureError(ValueError):

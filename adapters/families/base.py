@@ -96,6 +96,33 @@ class OutputProjection(Layout):
         return (nnx_shape[-1], int(np.prod(nnx_shape[:-1])))
 
 
+class ConvKernel(Layout):
+    """HF ``nn.Conv2d`` weight ``(out, in, kh, kw)`` <-> NNX ``nnx.Conv`` kernel ``(kh, kw, in, out)``."""
+
+    def to_nnx(self, hf, nnx_shape):
+        return hf.transpose(2, 3, 1, 0)
+
+    def to_hf(self, nnx):
+        return nnx.transpose(3, 2, 0, 1)
+
+    def hf_shape(self, nnx_shape):
+        kh, kw, channels, out = nnx_shape
+        return (out, channels, kh, kw)
+
+
+class LeadingUnitAxis(Layout):
+    """HF ``(rows, width)`` <-> NNX ``(1, rows, width)`` (a position-embedding table kept with a batch axis)."""
+
+    def to_nnx(self, hf, nnx_shape):
+        return hf.reshape(nnx_shape)
+
+    def to_hf(self, nnx):
+        return nnx.reshape(nnx.shape[1:])
+
+    def hf_shape(self, nnx_shape):
+        return tuple(nnx_shape[1:])
+
+
 class HeadsFirstInputProjection(Layout):
     """HF ``(heads*head_dim, hidden)`` <-> NNX ``(heads, hidden, head_dim)`` (Gemma's ``q_einsum``)."""
 
@@ -117,6 +144,8 @@ TRANSPOSED = Transposed()
 INPUT_PROJECTION = InputProjection()
 OUTPUT_PROJECTION = OutputProjection()
 HEADS_FIRST_INPUT_PROJECTION = HeadsFirstInputProjection()
+CONV_KERNEL = ConvKernel()
+LEADING_UNIT_AXIS = LeadingUnitAxis()
 
 
 @dataclass(frozen=True)
@@ -173,7 +202,8 @@ class Family:
             translate PEFT ``target_modules``.
         default_lora_targets: the HF module names adapted when ``LoraConfig.target_modules`` is
             ``None``: PEFT's ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`` entry for the
-            family's ``model_type``; empty when PEFT has none (the user must name the targets).
+            family's ``model_type`` (a regex string where PEFT's entry is one); empty when PEFT has none (the user
+            must name the targets).
         build_model: ``(hf_config, dtype, rngs) -> nnx.Module``; raises
             :class:`UnsupportedConfigError` for features the Tunix model lacks.
         forward: ``(module, tokens, positions, attention_mask) -> logits`` with
@@ -194,6 +224,13 @@ class Family:
         router_logits: ``(run, module) -> (run(module), RouterRecord)``: runs ``run`` and returns, with its result, an
             :class:`adapters.router_loss.RouterRecord` of the router logits of the forward passes it ran
             (mixture-of-experts families; ``None`` for dense ones).
+        kept_hf_keys: regexes of checkpoint tensors the Tunix model has no place for but the checkpoint's own class
+            has (a vision or audio tower Tunix lacks): they are kept as they are, beside the module, and written back
+            unchanged on export.
+        images: ``(hf_config, input_ids, pixel_values) -> images``: ``transformers``' ``pixel_values`` as the module's
+            ``forward``/``hidden_states`` take them (their ``images`` keyword), for a family whose module encodes
+            images; ``None``: the model takes no images.
+        no_images_reason: why a model of this family takes no images (a tower Tunix lacks), for the error.
     """
 
     name: str
@@ -206,12 +243,15 @@ class Family:
     logits_from_hidden: Callable[..., Any]
     ignored_hf_keys: tuple[str, ...] = ()
     lora_targets: Mapping[str, str] = field(default_factory=dict)
-    default_lora_targets: tuple[str, ...] = ()
+    default_lora_targets: tuple[str, ...] | str = ()
     quantization_excluded: tuple[str, ...] = ()
     norms_scale_by_one_plus_weight: bool = False
     config_weights: Callable[[Any], tuple[WeightRule, ...]] | None = None
     lora_refused: Mapping[str, str] = field(default_factory=dict)
     router_logits: Callable[..., Any] | None = None
+    kept_hf_keys: tuple[str, ...] = ()
+    images: Callable[..., Any] | None = None
+    no_images_reason: str = ""
 
     def for_config(self, hf_config) -> Family:
         """This family with the rows ``hf_config`` adds (``config_weights``); the family itself when it adds none."""
@@ -258,6 +298,35 @@ class Family:
 
     def is_ignored(self, hf_name: str) -> bool:
         return any(re.fullmatch(pattern, hf_name) for pattern in self.ignored_hf_keys)
+
+    def is_kept(self, hf_name: str) -> bool:
+        """Whether ``hf_name`` is a tensor passed through import and export unchanged (``kept_hf_keys``)."""
+        return any(re.fullmatch(pattern, hf_name) for pattern in self.kept_hf_keys)
+
+
+def reprefixed(rows: tuple[WeightRule, ...], old: str, new: str, aliases: tuple[str, ...] = ()
+               ) -> tuple[WeightRule, ...]:
+    """A table's rows with the HF prefix ``old`` replaced by ``new`` (a text decoder's rows inside a multimodal
+    checkpoint: ``model.layers.0...`` -> ``language_model.model.layers.0...``), plus, for each prefix in ``aliases``,
+    ``load_only`` rows reading the same tensors under that prefix (the names ``transformers`` uses in memory).
+
+    Raises:
+        ValueError: a row whose HF name does not start with ``old``.
+    """
+    out = []
+    for rule in rows:
+        if not rule.hf.startswith(old):
+            raise ValueError(f"row {rule.hf!r} does not start with {old!r}")
+        rest = rule.hf[len(old):]
+        out.append(dataclasses.replace(rule, hf=new + rest))
+        out.extend(dataclasses.replace(rule, hf=alias + rest, load_only=True) for alias in aliases)
+    return tuple(out)
+
+
+def read_also_as(rows: tuple[WeightRule, ...], old: str, aliases: tuple[str, ...]) -> tuple[WeightRule, ...]:
+    """Only the ``load_only`` rows of :func:`reprefixed`: the table's tensors read under other prefixes too (a text
+    family reading a multimodal checkpoint's ``language_model`` names), never written as them."""
+    return tuple(rule for rule in reprefixed(rows, old, old, aliases) if rule.load_only)
 
 
 def require(condition: bool, message: str) -> None:
@@ -374,21 +443,23 @@ def head_dim_of(hf_config) -> int:
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
-def decoder_forward(module, tokens, positions, attention_mask):
-    """Calls a Tunix decoder as ``module(tokens, positions, cache=None, attention_mask)``; returns float32 logits."""
-    logits, _ = module(tokens, positions, None, attention_mask)
+def decoder_forward(module, tokens, positions, attention_mask, **inputs):
+    """Calls a Tunix decoder as ``module(tokens, positions, cache=None, attention_mask, **inputs)`` (``inputs``: a
+    multimodal decoder's ``images``); returns float32 logits."""
+    logits, _ = module(tokens, positions, None, attention_mask, **inputs)
     return logits.astype(jnp.float32)
 
 
-def decoder_hidden_states(module, tokens, positions, attention_mask):
-    """The output of a Tunix decoder's ``final_norm`` (the head's input), ``[B, T, H]``.
+def decoder_hidden_states(module, tokens, positions, attention_mask, **inputs):
+    """The output of a Tunix decoder's ``final_norm`` (the head's input), ``[B, T, H]``; ``inputs`` as in
+    :func:`decoder_forward`.
 
     Runs the module's own ``__call__``, as :func:`decoder_forward` does, so that Qwix's LoRA interception (which
     wraps only the top-level ``__call__``) and the rope patches apply, and records what ``final_norm`` returns. The
     logits the call also computes are unused: XLA removes them from a jitted program.
     """
     with _recorded_outputs(module.final_norm) as outputs:
-        module(tokens, positions, None, attention_mask)
+        module(tokens, positions, None, attention_mask, **inputs)
     return outputs[-1]
 
 

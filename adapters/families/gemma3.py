@@ -21,14 +21,21 @@ from .base import (
     gemma_model_sizes,
     gemma_weights,
     head_logits,
+    read_also_as,
     require,
     split_fused_qkv,
 )
 
-WEIGHTS: tuple[WeightRule, ...] = gemma_weights(post_attention_norm="post_attention_norm") + (
+MULTIMODAL_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
+"""Where a ``Gemma3ForConditionalGeneration`` keeps this decoder: Google's files, and ``transformers`` in memory."""
+
+TEXT_WEIGHTS: tuple[WeightRule, ...] = gemma_weights(post_attention_norm="post_attention_norm") + (
     WeightRule("model.layers.{layer}.self_attn.q_norm.weight", "layers.{layer}.attn._query_norm.scale"),
     WeightRule("model.layers.{layer}.self_attn.k_norm.weight", "layers.{layer}.attn._key_norm.scale"),
 )
+WEIGHTS: tuple[WeightRule, ...] = TEXT_WEIGHTS + read_also_as(TEXT_WEIGHTS, "model.", MULTIMODAL_TEXT_PREFIXES)
+"""The decoder's rows; a ``Gemma3ForConditionalGeneration`` state dict's text tensors load too (and its vision
+tensors are reported unexpected)."""
 
 IGNORED_KEYS: tuple[str, ...] = GEMMA_IGNORED_KEYS + (r"model\.rotary_emb_local\..*",)
 
@@ -138,8 +145,13 @@ def _check_config(hf_config) -> None:
     )
 
 
-def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma3.Gemma3:
+def build_model(hf_config, dtype, rngs: nnx.Rngs, vision_config=None) -> tunix_gemma3.Gemma3:
     """A Tunix ``Gemma3`` whose layers follow ``config.layer_types`` and ``config.rope_parameters``.
+
+    Args:
+        hf_config: the text config (``Gemma3TextConfig``).
+        vision_config: a Tunix ``SigLIPConfig``: the model also gets Tunix's vision encoder and the embedder's
+            multimodal projection (``gemma3_multimodal``); ``None``: text only.
 
     Raises:
         UnsupportedConfigError: for soft-capping, another norm eps or activation, untied embeddings,
@@ -159,6 +171,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma3.Gemma3:
         global_scale_factor=global_factor,
         query_pre_attn_norm=_query_pre_attn_norm(hf_config),
         param_dtype=dtype,
+        vision_config=vision_config,
     )
     model = tunix_gemma3.Gemma3(config, rngs=rngs)
     ropes = {

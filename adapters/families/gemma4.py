@@ -26,6 +26,7 @@ from .base import (
     decoder_forward,
     decoder_hidden_states,
     gemma_weights,
+    read_also_as,
     require,
 )
 
@@ -62,7 +63,7 @@ SWAPPED_LAST_AXES = SwappedLastAxes()
 
 _LAYER, _NNX_LAYER = "model.layers.{layer}", "layers.{layer}"
 
-WEIGHTS: tuple[WeightRule, ...] = tuple(
+TEXT_WEIGHTS: tuple[WeightRule, ...] = tuple(
     # Gemma 4's keys and values are two einsums here (one when keys are values), not Tunix's stacked kv_einsum.
     rule for rule in gemma_weights(post_attention_norm="post_attention_norm") if rule.stack is None
 ) + (
@@ -90,6 +91,9 @@ WEIGHTS: tuple[WeightRule, ...] = tuple(
     WeightRule(f"{_LAYER}.post_feedforward_layernorm_1.weight", f"{_NNX_LAYER}.dense_post_ffw_norm.scale"),
     WeightRule(f"{_LAYER}.post_feedforward_layernorm_2.weight", f"{_NNX_LAYER}.moe_post_ffw_norm.scale"),
 )
+WEIGHTS: tuple[WeightRule, ...] = TEXT_WEIGHTS + read_also_as(TEXT_WEIGHTS, "model.", ("model.language_model.",))
+"""The decoder's rows; a ``Gemma4ForConditionalGeneration`` checkpoint's text tensors load too (its vision and audio
+tensors are reported unexpected)."""
 
 LORA_TARGETS: Mapping[str, str] = {
     **DECODER_LORA_TARGETS,

@@ -58,7 +58,7 @@ def _check_not_refused(family: Family, module: nnx.Module, target_modules: list[
                              f"{family.name} model: {reason}.")
 
 
-def default_target_modules(family: Family) -> list[str]:
+def default_target_modules(family: Family) -> list[str] | str:
     """The HF module names PEFT adapts when ``target_modules`` is ``None`` (its per-``model_type`` table).
 
     Raises:
@@ -68,6 +68,8 @@ def default_target_modules(family: Family) -> list[str]:
         raise ValueError(f"the {family.name} family has no default LoRA target_modules; set "
                          f"LoraConfig(target_modules=...) (or --lora_target_modules) to e.g. "
                          f"{sorted(family.lora_targets)} or 'all-linear'.")
+    if isinstance(family.default_lora_targets, str):
+        return family.default_lora_targets  # a regex, as PEFT's table gives some model types
     return list(family.default_lora_targets)
 
 

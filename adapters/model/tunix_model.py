@@ -133,6 +133,7 @@ def load_weights(
     dtype,
     mesh: Mesh | None = None,
     source: str = "checkpoint",
+    kept: dict[str, np.ndarray] | None = None,
 ) -> nnx.Module:
     """Creates the Tunix module and fills it from HF tensors, one tensor at a time.
 
@@ -147,6 +148,8 @@ def load_weights(
         dtype: parameter dtype (a numpy/jax dtype).
         mesh: optional device mesh with axes ``fsdp``/``tp``.
         source: the checkpoint's location, for messages.
+        kept: filled with the tensors the family passes through (``Family.kept_hf_keys``: a tower the Tunix model
+            lacks), by HF name, as host copies in their own dtype; ``None``: they are reported unused.
 
     Returns:
         The loaded ``nnx.Module``.
@@ -169,6 +172,8 @@ def load_weights(
             )
         return True
 
+    if kept is not None and family.kept_hf_keys:
+        tensors = KeptTensors(family, tensors, kept)
     applied = apply(family, targets, stream=tensors, check=check)
     for path, value in applied.values.items():
         variables[path].set_value(value)
@@ -192,6 +197,31 @@ def load_weights(
             stacklevel=3,
         )
     return nnx.merge(graphdef, state)
+
+
+class KeptTensors:
+    """A tensor stream less the tensors its family passes through (``Family.kept_hf_keys``), which are copied into
+    ``kept`` as they go by; a stream's ``recycle`` is handed on."""
+
+    def __init__(self, family: Family, tensors: Iterable[tuple[str, np.ndarray, Path | str]],
+                 kept: dict[str, np.ndarray]):
+        self.family, self.tensors, self.kept = family, tensors, kept
+        if hasattr(tensors, "recycle"):
+            self.recycle = tensors.recycle
+
+    def __iter__(self):
+        for name, array, origin in self.tensors:
+            if self.family.is_kept(name):
+                self.kept[name] = np.array(array, copy=True)  # the stream may reuse its read buffer
+                if hasattr(self, "recycle"):
+                    self.recycle(array)
+                continue
+            yield name, array, origin
+
+
+def kept_specs(kept: dict[str, np.ndarray]) -> list[TensorSpec]:
+    """Export specs of the tensors a model passes through, as they were read."""
+    return [TensorSpec(name, np.dtype(array.dtype), tuple(array.shape)) for name, array in kept.items()]
 
 
 @functools.cache
@@ -295,6 +325,21 @@ def batch_positions_and_attention(batch: dict):
     return position_ids, causal_attention(mask, segment_ids_from_positions(position_ids))
 
 
+def image_blocks(token_type_ids):
+    """``[B, T, T]`` bool: query and key in the same run of image tokens (``token_type_ids == 1``), which attend to
+    each other both ways in Gemma 3 (``transformers``' ``get_block_sequence_ids_for_mask``).
+
+    Args:
+        token_type_ids: ``[B, T]``, 1 on image tokens; numpy or JAX.
+    """
+    xp = _array_module(token_type_ids)
+    is_image = token_type_ids == 1
+    previous = xp.concatenate([xp.zeros_like(is_image[:, :1]), is_image[:, :-1]], axis=1)
+    block = xp.cumsum(is_image & ~previous, axis=1)
+    same = block[:, :, None] == block[:, None, :]
+    return same & is_image[:, :, None] & is_image[:, None, :]
+
+
 def causal_inputs(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Tunix inputs ``(tokens, positions, attention)`` for a padded batch, prepared on the host
     (:func:`positions_from_mask`, :func:`causal_attention`)."""
@@ -311,20 +356,27 @@ def causal_lm_logits(family: Family, module: nnx.Module, batch: dict) -> jax.Arr
 
 
 @nnx.jit(static_argnums=(0, 1))
-def _jitted_forward(forward, lora, module, tokens, positions, attention):
+def _jitted_forward(forward, lora, module, tokens, positions, attention, inputs):
     with lora_mode(lora):
-        return forward(module, tokens, positions, attention)
+        return forward(module, tokens, positions, attention, **inputs)
 
 
 def forward_logits(
-    family: Family, module: nnx.Module, input_ids: np.ndarray, attention_mask: np.ndarray, lora: str = "eval"
+    family: Family, module: nnx.Module, input_ids: np.ndarray, attention_mask: np.ndarray, lora: str = "eval",
+    images: np.ndarray | None = None, token_type_ids: np.ndarray | None = None,
 ) -> jax.Array:
     """Float32 logits ``[B, T, V]`` for a (possibly padded) batch, compiled once per shape.
 
     Args:
         lora: ``"eval"`` (adapter on, no dropout) or ``"disabled"`` (base model only); see
             :func:`adapters.lora.runtime.lora_mode`.
+        images: the module's images (``Family.images``), or ``None``.
+        token_type_ids: ``[B, T]``, 1 on image tokens: each image's tokens also attend to each other both ways
+            (:func:`image_blocks`); ``None``: plain causal attention.
     """
     tokens, positions, attention = causal_inputs(input_ids, attention_mask)
+    if token_type_ids is not None:
+        attention = attention | jnp.asarray(image_blocks(np.asarray(token_type_ids)))
+    inputs = {} if images is None else {"images": jnp.asarray(images)}
     with fast_tracing():
-        return _jitted_forward(family.forward, lora, module, tokens, positions, attention)
+        return _jitted_forward(family.forward, lora, module, tokens, positions, attention, inputs)

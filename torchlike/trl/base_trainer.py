@@ -114,7 +114,7 @@ def frozen_copy_model(policy: CausalLM, module: nnx.Module) -> CausalLM:
     from ..modeling import CausalLM
 
     model = CausalLM(module, copy.deepcopy(policy.config), policy.family, copy.deepcopy(policy.generation_config),
-                     policy.mesh, policy.name_or_path)
+                     policy.mesh, policy.name_or_path, kept_weights=policy.kept_weights)
     return model.eval()
 
 
