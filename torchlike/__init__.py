@@ -19,6 +19,7 @@ _xla_cpu.prefer_memory_scheduler()
 
 _EXPORTS = {
     "AutoModelForCausalLM": "torchlike.modeling",
+    "AutoModelForImageTextToText": "torchlike.modeling",
     "AutoModelForSequenceClassification": "torchlike.sequence_classification",
     "SequenceClassifier": "torchlike.sequence_classification",
     "SequenceClassifierOutput": "torchlike.sequence_classification",
@@ -36,7 +37,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from .modeling import AutoModelForCausalLM, CausalLM, CausalLMOutput, make_mesh
+    from .modeling import AutoModelForCausalLM, AutoModelForImageTextToText, CausalLM, CausalLMOutput, make_mesh
     from .processing import AutoProcessor
     from .sequence_classification import (
         AutoModelForSequenceClassification,
@@ -60,6 +61,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AutoModelForCausalLM",
+    "AutoModelForImageTextToText",
     "AutoModelForSequenceClassification",
     "AutoProcessor",
     "AutoTokenizer",
