@@ -66,16 +66,17 @@ class AutoProcessor:
                 "AutoTokenizer.from_pretrained.") from error
 
 
-def check_processor_matches(processor: transformers.ProcessorMixin, hf_config: transformers.PretrainedConfig) -> None:
+def check_processor_matches(processor: transformers.ProcessorMixin | transformers.PreTrainedTokenizerBase,
+                            hf_config: transformers.PretrainedConfig) -> None:
     """Refuses a processor whose tokens would not line up with the checkpoint's embeddings.
 
     Checked, where the config has the field: the processor's image token id against the config's
     ``image_token_id`` (Gemma 3's ``image_token_index`` answers to that name too), the processor's
     ``image_seq_length`` against ``mm_tokens_per_image``, and the tokenizer's size against the text config's
-    ``vocab_size``.
+    ``vocab_size``. For a checkpoint that takes images, a tokenizer alone (no image processor) is refused.
 
     Args:
-        processor: e.g. from :meth:`AutoProcessor.from_pretrained`.
+        processor: e.g. from :meth:`AutoProcessor.from_pretrained`; a tokenizer for a text-only checkpoint.
         hf_config: the checkpoint's ``transformers`` config (``Gemma3Config``, ``Gemma4Config``).
 
     Raises:
@@ -83,21 +84,20 @@ def check_processor_matches(processor: transformers.ProcessorMixin, hf_config: t
     """
     problems = []
     image_token_id = getattr(hf_config, "image_token_id", None)  # only vision-language configs have one
-    if image_token_id is not None:
-        processor_image_token_id = getattr(processor, "image_token_id", None)
-        if processor_image_token_id is None:
-            problems.append(f"the checkpoint's image_token_id is {image_token_id} but {type(processor).__name__} has "
-                            "no image token; load the processor saved with the checkpoint (AutoProcessor on its "
-                            "directory), not a bare tokenizer.")
-        elif processor_image_token_id != image_token_id:
-            problems.append(f"the processor's image token id is {processor_image_token_id} but the checkpoint's "
-                            f"image_token_id is {image_token_id}; load the processor saved with this checkpoint.")
     tokens_per_image = getattr(hf_config, "mm_tokens_per_image", None)  # Gemma 3's; Gemma 4 sizes images itself
-    processor_tokens_per_image = getattr(processor, "image_seq_length", None)
-    if tokens_per_image is not None and processor_tokens_per_image != tokens_per_image:
-        problems.append(f"the processor's image_seq_length is {processor_tokens_per_image} but the checkpoint's "
-                        f"mm_tokens_per_image is {tokens_per_image}; set processor.image_seq_length = "
-                        f"{tokens_per_image} or load the processor saved with this checkpoint.")
+    if image_token_id is not None and getattr(processor, "image_processor", None) is None:
+        problems.append(f"the checkpoint takes images (image_token_id {image_token_id}) but the "
+                        f"{type(processor).__name__} given has no image processor; load the processor saved with the "
+                        "checkpoint (AutoProcessor.from_pretrained on its directory), not its tokenizer alone.")
+    elif image_token_id is not None:
+        if processor.image_token_id != image_token_id:
+            problems.append(f"the processor's image token id is {processor.image_token_id} but the checkpoint's "
+                            f"image_token_id is {image_token_id}; load the processor saved with this checkpoint.")
+        if tokens_per_image is not None and processor.image_seq_length != tokens_per_image:
+            problems.append(f"the processor's image_seq_length is {processor.image_seq_length} but the checkpoint's "
+                            f"mm_tokens_per_image is {tokens_per_image}; load the processor saved with this "
+                            f"checkpoint, or build it with image_seq_length={tokens_per_image} (the processor writes "
+                            "its image token sequence when it is built: setting the attribute later is not enough).")
     tokenizer = getattr(processor, "tokenizer", processor)  # a text-only directory's processor is its tokenizer
     vocab_size = hf_config.get_text_config().vocab_size
     if len(tokenizer) > vocab_size:
