@@ -1,0 +1,292 @@
+"""torchlike.trl.experimental.online_dpo: TRL 1.16's Online DPO trainer step for step against the real
+``trl.experimental.online_dpo.OnlineDPOTrainer`` on the same scripted completions, TRL's errors and config
+behaviour, and a beta list taken per epoch."""
+
+from __future__ import annotations
+
+import os
+import warnings
+import zlib
+
+import datasets
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import torchlike
+from tests import tiny
+from tests.helpers.logs import logged
+from torchlike.trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+trl_online_dpo = pytest.importorskip("trl.experimental.online_dpo")
+
+MAX_NEW_TOKENS = 6
+#: Every metric TRL 1.16's OnlineDPOTrainer logs with reward functions, beside loss, grad_norm and learning_rate.
+METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
+           "objective/scores", "objective/scores_margin", "rewards/chosen", "rewards/rejected", "rewards/margins",
+           "rewards/accuracies", "logps/chosen", "logps/rejected", "val/contain_eos_token", "beta")
+
+
+@pytest.fixture(scope="module")
+def pad_tokenizer_dir(tmp_path_factory):
+    """The tests' tokenizer with ``<pad>`` as its pad token (TRL would pad with the eos token otherwise)."""
+    return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
+
+
+# --- the same completions on both sides ------------------------------------------------------------------------------
+
+def scripted_completion(prompt_ids, copy: int) -> list[int]:
+    """A fixed completion per (prompt, which of its two samples): 2 to MAX_NEW_TOKENS tokens, ending with EOS when
+    shorter than the limit (where generation stops), with or without it at the limit."""
+    rng = np.random.default_rng([zlib.crc32(bytes(np.asarray(prompt_ids, np.uint8))), copy])
+    length = int(rng.integers(2, MAX_NEW_TOKENS + 1))
+    completion = rng.integers(3, tiny.VOCAB, size=length).tolist()
+    if length < MAX_NEW_TOKENS or rng.random() < 0.5:
+        completion[-1] = tiny.EOS
+    return completion
+
+
+def scripted_generate(pad_token_id: int):
+    """``model.generate`` as TRL's ``_generate`` calls it (each prompt twice: rows ``i`` and ``i + B``): the prompts
+    followed by the scripted completions, padded to the longest as transformers pads finished rows."""
+
+    def generate(input_ids, attention_mask, generation_config, **kwargs):
+        half = len(input_ids) // 2
+        completions = [scripted_completion(ids[mask.bool()].tolist(), row // half)
+                       for row, (ids, mask) in enumerate(zip(input_ids, attention_mask, strict=True))]
+        tokens = torch.full((len(completions), max(map(len, completions))), pad_token_id, dtype=input_ids.dtype)
+        for row, completion in enumerate(completions):
+            tokens[row, :len(completion)] = torch.tensor(completion)
+        return torch.cat([input_ids, tokens], dim=1)
+
+    return generate
+
+
+def scripted_turn(prompt_ids, seed):
+    """torchlike's ``_generate_single_turn`` giving the same completions."""
+    half = len(prompt_ids) // 2
+    return [scripted_completion(ids, row // half) for row, ids in enumerate(prompt_ids)], None
+
+
+def token_reward(completion_ids, **kwargs):
+    return [float((sum(ids) * 7919) % 13) / 13 for ids in completion_ids]
+
+
+def text_length_reward(completions, **kwargs):
+    return [len(completion) / 10 for completion in completions]
+
+
+def comparison_settings(**case) -> dict:
+    """Both trainers' settings: a decaying learning rate, weight decay, clipping below every step's norm, an Adam
+    epsilon above float noise, 16 prompts in dataset order (torch's RandomSampler draws from torch's global
+    generator), gradient checkpointing on (TRL's default), float32 (TRL's bf16 is autocast, torchlike's casts the
+    weights: equal only to bf16 precision)."""
+    return dict(per_device_train_batch_size=4, max_new_tokens=MAX_NEW_TOKENS, max_steps=3, learning_rate=1e-2,
+                weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
+                bf16=False, report_to="none", save_strategy="no", train_sampling_strategy="sequential",
+                reward_weights=[1.0, 0.5], **case)
+
+
+def trl_trainer(path, tokenizer_path, output_dir, settings):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
+    trainer = trl_online_dpo.OnlineDPOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        reward_funcs=[token_reward, text_length_reward],
+        args=trl_online_dpo.OnlineDPOConfig(output_dir=str(output_dir), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_dict({"prompt": tiny.PROMPTS}), processing_class=tokenizer)
+    trainer.model.generate = scripted_generate(tokenizer.pad_token_id)
+    return trainer
+
+
+def torchlike_trainer(path, tokenizer_path, output_dir, settings) -> OnlineDPOTrainer:
+    trainer = OnlineDPOTrainer(model=str(path), reward_funcs=[token_reward, text_length_reward],
+                               args=OnlineDPOConfig(output_dir=str(output_dir), **settings),
+                               train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                               processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
+    trainer._generate_single_turn = scripted_turn
+    return trainer
+
+
+def run_trl(path, tokenizer_path, output_dir, settings):
+    """TRL's log history and final parameters."""
+    trainer = trl_trainer(path, tokenizer_path, output_dir, settings)
+    trainer.train()
+    params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
+    return trainer.state.log_history, params
+
+
+def run_torchlike(path, tokenizer_path, output_dir, settings):
+    """torchlike's log history and final parameters as exported."""
+    from safetensors.numpy import load_file
+
+    trainer = torchlike_trainer(path, tokenizer_path, output_dir, settings)
+    trainer.train()
+    trainer.model.save_pretrained(output_dir / "model")
+    return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
+
+
+# --- step for step against trl.experimental.online_dpo.OnlineDPOTrainer ----------------------------------------------
+
+COMPARISON_CASES = {
+    "sigmoid, beta 0.2, two weighted rewards, missing-EOS penalty": dict(beta=0.2, missing_eos_penalty=0.3),
+    # 2 micro-batches per step (TRL sums their gradients); prompts lose their leftmost tokens to max_length (8 <
+    # prompt + completion); a second epoch.
+    "ipo, accumulation 2, prompts cut by max_length": dict(loss_type="ipo", beta=0.5, gradient_accumulation_steps=2,
+                                                           max_length=8),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPARISON_CASES))
+def test_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, pad_tokenizer_dir, tmp_path, case):
+    settings = comparison_settings(**COMPARISON_CASES[case])
+    path = tiny_checkpoints.path("qwen2")
+    expected_history, expected_params = run_trl(path, pad_tokenizer_dir, tmp_path / "trl", settings)
+    history, params = run_torchlike(path, pad_tokenizer_dir, tmp_path / "ours", settings)
+    expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
+    ours = {entry["step"]: entry for entry in history if "loss" in entry}
+
+    assert list(ours) == list(expected) == [1, 2, 3]
+    assert all(set(ours[step]) == set(expected[step]) for step in ours)
+    assert set(METRICS) <= set(expected[1])
+    assert all(entry["grad_norm"] > settings["max_grad_norm"] for entry in expected.values())  # clipping is on
+    # TRL rounds the logged loss to 4 decimals (so does torchlike): equal, or one unit of the 4th apart.
+    np.testing.assert_allclose(logged(history, "loss"), logged(expected_history, "loss"), rtol=1e-4, atol=1.01e-4)
+    for key in ("grad_norm", "learning_rate", *METRICS):
+        if key == "rewards/accuracies":
+            continue
+        np.testing.assert_allclose(logged(history, key), logged(expected_history, key), rtol=1e-4, atol=1e-6,
+                                   err_msg=key)
+    # Step 1 scores the initial weights against their copy: chosen > rejected is decided by float noise.
+    assert [ours[step]["rewards/accuracies"] for step in (2, 3)] == \
+        [expected[step]["rewards/accuracies"] for step in (2, 3)]
+    assert set(params) == set(expected_params)
+    for name, value in expected_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+
+
+def test_ignoring_beta_fails_the_comparison(tiny_checkpoints, pad_tokenizer_dir, tmp_path, monkeypatch):
+    """The comparison above is sharp: a trainer that ignores ``beta`` (always TRL's default 0.1) is caught."""
+    settings = {**comparison_settings(beta=0.2), "max_steps": 2}
+    path = tiny_checkpoints.path("qwen2")
+    expected_history, _ = run_trl(path, pad_tokenizer_dir, tmp_path / "trl", settings)
+    monkeypatch.setattr(OnlineDPOTrainer, "_beta_of", lambda self, epoch: 0.1)
+    history, _ = run_torchlike(path, pad_tokenizer_dir, tmp_path / "ours", settings)
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(logged(history, "grad_norm"), logged(expected_history, "grad_norm"), rtol=1e-4)
+
+
+def test_a_beta_list_gives_each_epoch_its_beta_where_trl_fails_after_the_first_step(tiny_checkpoints,
+                                                                                   pad_tokenizer_dir, tmp_path):
+    """TRL documents a list as one beta per epoch, but TRL 1.16 indexes it with the fractional ``state.epoch`` and
+    raises ``TypeError`` at its second step; torchlike takes the epoch's entry (4 steps per epoch here)."""
+    settings = {**comparison_settings(beta=[0.1, 0.3]), "max_steps": 5}
+    trainer = trl_trainer(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path / "trl", settings)
+    with pytest.raises(TypeError, match="list indices must be integers"):
+        trainer.train()
+    history, _ = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path / "ours", settings)
+    assert logged(history, "beta") == pytest.approx([0.1] * 4 + [0.3])
+    assert logged(history, "beta")[0] == pytest.approx(logged(trainer.state.log_history, "beta")[0])
+
+
+# --- TRL's errors and config ----------------------------------------------------------------------------------------
+
+def trl_error(path, tokenizer_path, tmp_path, error=ValueError, **arguments) -> str:
+    values = dict(model=transformers.AutoModelForCausalLM.from_pretrained(path), reward_funcs=token_reward,
+                  args=trl_online_dpo.OnlineDPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
+                  train_dataset=datasets.Dataset.from_dict({"prompt": tiny.PROMPTS}),
+                  processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path))
+    with pytest.raises(error) as caught:
+        trl_online_dpo.OnlineDPOTrainer(**{**values, **arguments})
+    return str(caught.value)
+
+
+def torchlike_error(path, tokenizer_path, tmp_path, error=ValueError, **arguments) -> str:
+    values = dict(model=torchlike.AutoModelForCausalLM.from_pretrained(path), reward_funcs=token_reward,
+                  args=OnlineDPOConfig(output_dir=str(tmp_path), report_to="none"),
+                  train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                  processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
+    with pytest.raises(error) as caught:
+        OnlineDPOTrainer(**{**values, **arguments})
+    return str(caught.value)
+
+
+ERROR_CASES = {
+    "no train_dataset": lambda config, model: {"train_dataset": None},
+    "the model as ref_model": lambda config, model: {"model": model, "ref_model": model},
+    "no reward_funcs": lambda config, model: {"reward_funcs": None},
+    "reward processing classes not one per function": lambda config, model: {"reward_processing_classes": [None] * 2},
+    "reward_weights not one per function": lambda config, model: {"args": config(reward_weights=[1.0, 2.0])},
+    "no processing_class": lambda config, model: {"processing_class": None},
+    "model_init_kwargs with a loaded model": lambda config, model: {"args": config(model_init_kwargs={"dtype":
+                                                                                                     "float32"})},
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_bad_arguments_are_refused_in_trls_words(tiny_checkpoints, pad_tokenizer_dir, tmp_path, case):
+    path = tiny_checkpoints.path("qwen2")
+
+    def trl_config(**values):
+        return trl_online_dpo.OnlineDPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **values)
+
+    def our_config(**values):
+        return OnlineDPOConfig(output_dir=str(tmp_path), report_to="none", **values)
+
+    expected = trl_error(path, pad_tokenizer_dir, tmp_path, **ERROR_CASES[case](
+        trl_config, transformers.AutoModelForCausalLM.from_pretrained(path)))
+    ours = torchlike_error(path, pad_tokenizer_dir, tmp_path, **ERROR_CASES[case](
+        our_config, torchlike.AutoModelForCausalLM.from_pretrained(path)))
+    assert ours == expected
+
+
+def test_an_unknown_loss_type_is_refused_in_trls_words(tiny_checkpoints, pad_tokenizer_dir, tmp_path):
+    """TRL raises at its first step; torchlike at construction, with the same error."""
+    settings = {**comparison_settings(loss_type="hinge"), "max_steps": 1}
+    trainer = trl_trainer(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path / "trl", settings)
+    with pytest.raises(NotImplementedError) as expected:
+        trainer.train()
+    with pytest.raises(NotImplementedError) as ours:
+        torchlike_trainer(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path / "ours", settings)
+    assert str(ours.value) == str(expected.value) == "invalid loss type hinge"
+
+
+def test_max_new_tokens_not_below_max_length_warns_in_trls_words(tmp_path):
+    def caught(config_class, **values) -> list[str]:
+        with warnings.catch_warnings(record=True) as records:
+            warnings.simplefilter("always")
+            config_class(output_dir=str(tmp_path), max_new_tokens=64, max_length=64, **values)
+        return [str(record.message) for record in records if "max_new_tokens" in str(record.message)]
+
+    expected = caught(trl_online_dpo.OnlineDPOConfig, use_cpu=True)
+    assert len(expected) == 1 and caught(OnlineDPOConfig) == expected
+
+
+@pytest.mark.parametrize("beta", [[0.3], [0.1, 0.2], 0.5])
+def test_a_one_element_beta_list_becomes_its_value_as_in_trl(tmp_path, beta):
+    expected = trl_online_dpo.OnlineDPOConfig(output_dir=str(tmp_path), use_cpu=True, beta=beta).beta
+    assert OnlineDPOConfig(output_dir=str(tmp_path), beta=beta).beta == expected
+
+
+def test_online_dpo_defaults_are_trls(tmp_path):
+    theirs = trl_online_dpo.OnlineDPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    ours = OnlineDPOConfig(output_dir=str(tmp_path))
+    for name in ("beta", "loss_type", "max_new_tokens", "max_length", "temperature", "top_k", "learning_rate",
+                 "remove_unused_columns", "logging_steps", "gradient_checkpointing", "bf16", "disable_dropout"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_vllm_server_mode_is_refused_with_a_reason(tmp_path):
+    from torchlike.field_support import check_unsupported
+
+    with pytest.raises(ValueError, match="vllm_mode='server': TRL's vLLM server mode"):
+        check_unsupported(OnlineDPOConfig(output_dir=str(tmp_path), vllm_mode="server"))
+
+
+def test_the_constructor_takes_trls_arguments_in_trls_order():
+    import inspect
+
+    theirs = list(inspect.signature(trl_online_dpo.OnlineDPOTrainer.__init__).parameters)
+    ours = list(inspect.signature(OnlineDPOTrainer.__init__).parameters)
+    assert ours[:len(theirs)] == theirs and ours[len(theirs):] == ["quantization_config"]
