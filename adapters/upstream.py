@@ -166,6 +166,14 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         ("adapters/runtime/tracing.py:fast_tracing", "adapters/model/tunix_model.py:build_abstract_model"),
     ),
     Workaround(
+        "google-tunix", "<=0.1.7",
+        "Gemma3's vision encoder cuts its output from the gradient (apply_stop_gradient), so full fine-tuning "
+        "would never train the vision tower as transformers does, and its get_model_input (the call Qwix traces "
+        "to apply LoRA) hard-codes 896 x 896 images whatever the config's size; the stop is lifted after building "
+        "and the dummy images take the config's size.",
+        ("adapters/families/gemma3_multimodal.py:build_model", "adapters/lora/runtime.py:model_input"),
+    ),
+    Workaround(
         "transformers", ">=5.12,<5.25",
         "TensorBoardCallback reads only $TENSORBOARD_LOGGING_DIR, not TrainingArguments.logging_dir; the "
         "callback is pointed at logging_dir.",

@@ -227,7 +227,7 @@ def generate(
     resolved, max_length_was_set = resolve_generation_settings(model.generation_config, generation_config, **settings)
     _check_search_settings(resolved)
     sampling_settings = sampling.SamplingSettings.from_mapping(resolved)
-    vocab_size = int(model.config.vocab_size)
+    vocab_size = int(model.config.get_text_config().vocab_size)
     eos_token_ids = _token_ids(resolved["eos_token_id"], "eos_token_id", vocab_size)
     pad_token_id = resolved["pad_token_id"]
     if pad_token_id is None and eos_token_ids:

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from .adapters.checkpoint import hf_checkpoint
+from .adapters.families import all_families
 from .adapters.lora.merge import merge_factors
 from .adapters.model import weight_plan
 from .adapters.model.nnx_state import dotted_path, parameter_slots
@@ -114,6 +115,12 @@ def _is_tied_head_copy(model, name: str, read_name, embedding_at) -> bool:
         np.array_equal(np.asarray(head).astype(embedding.dtype), np.asarray(embedding)))
 
 
+def _decoder(family_name: str) -> str:
+    """The text family a family's model is built around (``Family.decoder``; a text family's own name)."""
+    return next((family.decoder or family.name for family in all_families() if family.name == family_name),
+                family_name)
+
+
 def load_state_dict(
     model,
     state_dict: Mapping,
@@ -129,7 +136,7 @@ def load_state_dict(
                         "torchlike.load(path) or a dict of arrays.")
     family = model.family
     metadata = dict(getattr(state_dict, "metadata", None) or {})
-    if metadata.get("family") not in (None, family.name):
+    if metadata.get("family") not in (None, family.name) and _decoder(metadata["family"]) != _decoder(family.name):
         raise ValueError(f"the checkpoint holds a {metadata['family']} model but this model is {family.name}; "
                          "load it into a model of the same family (and size).")
     lazy = hasattr(state_dict, "restore") and hasattr(state_dict, "shape_dtype")

@@ -231,6 +231,11 @@ class Family:
             ``forward``/``hidden_states`` take them (their ``images`` keyword), for a family whose module encodes
             images; ``None``: the model takes no images.
         no_images_reason: why a model of this family takes no images (a tower Tunix lacks), for the error.
+        in_memory_prefixes: ``(checkpoint prefix, in-memory prefix)`` pairs where ``transformers`` names a module
+            otherwise in memory than its checkpoints do (``language_model.model.`` is ``model.language_model.``):
+            PEFT adapters name modules as the model in memory does (:meth:`in_memory_name`).
+        decoder: the text family whose decoder a multimodal family's model is built around (``"gemma3"``): state
+            dicts of the one load into the other, less the towers; empty for a text family (itself).
     """
 
     name: str
@@ -252,6 +257,8 @@ class Family:
     kept_hf_keys: tuple[str, ...] = ()
     images: Callable[..., Any] | None = None
     no_images_reason: str = ""
+    in_memory_prefixes: tuple[tuple[str, str], ...] = ()
+    decoder: str = ""
 
     def for_config(self, hf_config) -> Family:
         """This family with the rows ``hf_config`` adds (``config_weights``); the family itself when it adds none."""
@@ -298,6 +305,13 @@ class Family:
 
     def is_ignored(self, hf_name: str) -> bool:
         return any(re.fullmatch(pattern, hf_name) for pattern in self.ignored_hf_keys)
+
+    def in_memory_name(self, hf_name: str) -> str:
+        """The name ``transformers`` gives the checkpoint tensor ``hf_name`` in memory (``in_memory_prefixes``)."""
+        for saved, in_memory in self.in_memory_prefixes:
+            if hf_name.startswith(saved):
+                return in_memory + hf_name[len(saved):]
+        return hf_name
 
     def is_kept(self, hf_name: str) -> bool:
         """Whether ``hf_name`` is a tensor passed through import and export unchanged (``kept_hf_keys``)."""

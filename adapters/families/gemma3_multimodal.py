@@ -207,4 +207,7 @@ FAMILY = Family(
     norms_scale_by_one_plus_weight=True,
     kept_hf_keys=KEPT_KEYS,
     images=images,
+    decoder="gemma3",
+    in_memory_prefixes=((TEXT_PREFIX, TEXT_ALIASES[0]), (VISION_PREFIX, VISION_ALIASES[1]),
+                        (PROJECTOR_PREFIX, PROJECTOR_ALIASES[0])),
 )

@@ -46,4 +46,5 @@ FAMILY = Family(
     quantization_excluded=gemma4.FAMILY.quantization_excluded,
     kept_hf_keys=KEPT_KEYS,
     no_images_reason=NO_VISION_ENCODER,
+    decoder="gemma4",
 )

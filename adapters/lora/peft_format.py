@@ -34,7 +34,7 @@ def peft_state(
     for module_path, (weight, a, b) in lora_factors(module).items():
         a, b = gather_to_host(a), gather_to_host(b)
         for hf_name, rule in family.nnx_to_hf(f"{module_path}.{weight}"):
-            hf_module = hf_name.removesuffix(".weight")
+            hf_module = family.in_memory_name(hf_name).removesuffix(".weight")  # PEFT names in-memory modules
             lora_a, lora_b = hf_factors(a, b, rule.stack)
             yield f"{prefix}{hf_module}.lora_A.weight", np.ascontiguousarray(lora_a)
             yield f"{prefix}{hf_module}.lora_B.weight", np.ascontiguousarray(lora_b)

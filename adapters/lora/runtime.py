@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import qwix
 from flax import nnx
@@ -203,7 +204,20 @@ def apply_lora(
         rules.append(rule(list(unquantized_targets), None))
     provider = ModeAwareLoraProvider(rules)
     with lora_mode(EVAL):
-        return qwix.apply_lora_to_model(module, provider, **module.get_model_input(), rngs=nnx.Rngs(seed))
+        return qwix.apply_lora_to_model(module, provider, **model_input(module), rngs=nnx.Rngs(seed))
+
+
+def model_input(module: nnx.Module) -> dict:
+    """The dummy call Qwix traces a Tunix model with (its ``get_model_input``), with images of the model's own size:
+    Tunix's Gemma3 sizes them for its published vision tower (896 x 896), which a smaller position table cannot add
+    to (``adapters.upstream``)."""
+    inputs = module.get_model_input()
+    vision = getattr(getattr(module, "config", None), "vision_config", None)
+    if "images" in inputs and vision is not None:
+        batch, count = inputs["images"].shape[:2]
+        inputs["images"] = jnp.ones((batch, count, vision.image_height, vision.image_width, vision.image_channels),
+                                    jnp.float32)
+    return inputs
 
 
 def set_dropout_rng(module: nnx.Module, key: jax.Array) -> None:

@@ -39,7 +39,7 @@ __all__ = ["DistillationTrainer", "StudentTeacherTrainer", "check_vocabularies"]
 def check_vocabularies(student: CausalLM, teacher: CausalLM, method: str = "Distillation") -> None:
     """Raises TRL's ``ValueError`` when the student's and the teacher's ``vocab_size`` differ (the divergence compares
     the two full next-token distributions); ``method`` names the trainer's method in the message, as TRL's do."""
-    student_vocab, teacher_vocab = student.config.vocab_size, teacher.config.vocab_size
+    student_vocab, teacher_vocab = (model.config.get_text_config().vocab_size for model in (student, teacher))
     if student_vocab != teacher_vocab:
         raise ValueError(f"The student model has vocab_size {student_vocab} but the teacher model has vocab_size "
                          f"{teacher_vocab}. {method} compares the teacher's full next-token distribution, which "

@@ -360,7 +360,7 @@ class OnlineTrainer(TRLTrainer):
             return [result for piece in multihost.allgather_objects(mine) for result in piece]
 
         loop = self.tool_calling.run(prompts, first, generate, max_completion_length=self._completion_limit,
-                                     max_model_length=self.model.config.max_position_embeddings,
+                                     max_model_length=self.model.config.get_text_config().max_position_embeddings,
                                      max_iterations=self.args.max_tool_calling_iterations, tools=tools,
                                      call_rows=call_rows)
         tokens, completion_mask, ended = self._completion_arrays(loop.completion_ids)
