@@ -12,6 +12,7 @@ import transformers
 import trl
 import trl.experimental.cpo as trl_cpo
 import trl.experimental.gkd as trl_gkd
+import trl.experimental.online_dpo as trl_online_dpo
 import trl.experimental.orpo as trl_orpo
 
 from tests.helpers.config_fields import (
@@ -42,6 +43,8 @@ from torchlike.trl.experimental.cpo import CPOConfig
 from torchlike.trl.experimental.cpo.cpo_fields import CPO_FIELD_SUPPORT
 from torchlike.trl.experimental.gkd import GKDConfig
 from torchlike.trl.experimental.gkd.gkd_fields import GKD_FIELD_SUPPORT
+from torchlike.trl.experimental.online_dpo import OnlineDPOConfig
+from torchlike.trl.experimental.online_dpo.online_dpo_fields import ONLINE_DPO_FIELD_SUPPORT
 from torchlike.trl.experimental.orpo import ORPOConfig
 from torchlike.trl.experimental.orpo.orpo_fields import ORPO_FIELD_SUPPORT
 from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
@@ -94,6 +97,8 @@ CASES = {
     "ORPOConfig": ConfigCase(trl_orpo.ORPOConfig, ORPOConfig, ORPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "CPOConfig": ConfigCase(trl_cpo.CPOConfig, CPOConfig, CPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "GKDConfig": ConfigCase(trl_gkd.GKDConfig, GKDConfig, GKD_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
+    "OnlineDPOConfig": ConfigCase(trl_online_dpo.OnlineDPOConfig, OnlineDPOConfig, ONLINE_DPO_FIELD_SUPPORT,
+                                  frozenset(TORCHLIKE_FIELDS)),
 }
 #: The tables of the TRL configs' own fields (TrainingArguments and SFTConfig share FIELD_SUPPORT, which
 #: test_training_config.py checks against both).
@@ -122,6 +127,7 @@ POST_INIT_SETTINGS = {
                                 "teacher_model_init_kwargs": '{"dtype": "bfloat16"}'},
                            {"beta": 0.5, "max_completion_length": 64, "top_k": 20, "min_p": 0.05,
                             "generation_kwargs": {"top_p": 0.9}, "shuffle_dataset": False}],
+    "OnlineDPOConfig": [{}, {"beta": [0.3], "loss_type": "ipo"}, {"beta": [0.1, 0.2], "missing_eos_penalty": 1.0}],
 }
 POST_INIT_CASES = [pytest.param(CASES[name], settings, id=f"{name}-{index}")
                    for name, all_settings in POST_INIT_SETTINGS.items() for index, settings in enumerate(all_settings)]

@@ -17,6 +17,8 @@ import transformers
 import torchlike
 from tests import tiny
 from tests.helpers.logs import logged
+from tests.helpers.scripts import TINY_RUN, WORDS, assert_hf_loadable, write_jsonl
+from torchlike import cli
 from torchlike.trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -290,3 +292,19 @@ def test_the_constructor_takes_trls_arguments_in_trls_order():
     theirs = list(inspect.signature(trl_online_dpo.OnlineDPOTrainer.__init__).parameters)
     ours = list(inspect.signature(OnlineDPOTrainer.__init__).parameters)
     assert ours[:len(theirs)] == theirs and ours[len(theirs):] == ["quantization_config"]
+
+
+# --- the command line, sampling for real ----------------------------------------------------------------------------
+
+def test_torchlike_online_dpo_command_samples_ranks_trains_and_saves(script_model, tmp_path, capsys):
+    """``torchlike online_dpo`` with a reward function by import path: the policy's own samples (at most
+    max_new_tokens each) are ranked and trained on, every step logs TRL's metrics, the model is saved."""
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl",
+                              [{"prompt": " ".join(WORDS[i:i + 3])} for i in range(8)]).parent
+    assert cli.main(["online_dpo", "--model_name_or_path", str(script_model), "--dataset_name", str(dataset_dir),
+                     "--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "2",
+                     "--max_new_tokens", "4", "--learning_rate", "1e-3", "--reward_funcs",
+                     "tests.script_rewards.completion_length_reward", *TINY_RUN]) == 0
+    out = capsys.readouterr().out
+    assert "Training completed" in out and out.count("'objective/scores_margin'") == 2
+    assert_hf_loadable(tmp_path / "out")

@@ -78,6 +78,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("orpo", "ORPOConfig", "ORPOTrainer", f"{_EXPERIMENTAL}.orpo", script=False),
     TrainerEntry("cpo", "CPOConfig", "CPOTrainer", f"{_EXPERIMENTAL}.cpo", script=False),
     TrainerEntry("gkd", "GKDConfig", "GKDTrainer", f"{_EXPERIMENTAL}.gkd", script=False),
+    TrainerEntry("online_dpo", "OnlineDPOConfig", "OnlineDPOTrainer", f"{_EXPERIMENTAL}.online_dpo", script=True),
 )
 
 

@@ -64,7 +64,7 @@ class OnlineDPOConfig(TRLConfig):
     generation_kwargs: dict | None = None
     cache_implementation: str | None = None
     missing_eos_penalty: float | None = None
-    beta: list[float] | float = field(default_factory=lambda: [0.1])
+    beta: list[float] = field(default_factory=lambda: [0.1])  # TRL's type (for the parser); one value becomes a float
     loss_type: str = "sigmoid"
     disable_dropout: bool = True
     use_vllm: bool = False
