@@ -9,6 +9,8 @@ train step reads them from a table, so every schedule and every keyword transfor
 
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -70,13 +72,17 @@ def learning_rate_schedule(args, total_steps: int) -> LearningRateSchedule:
     return LearningRateSchedule([peak * lr_lambda(step) for step in range(total_steps)])
 
 
+_LAYER_NORM = re.compile(r"(^|\.)ln\d*\.")
+
+
 def _decay_mask(params):
-    """transformers decays every weight except biases and normalisation weights."""
+    """transformers decays every weight except biases and normalisation weights (Tunix names its vision tower's
+    layer norms ``ln1``/``ln2``)."""
     import jax
 
     def decays(path, _):
         name = dotted_path(path).lower()
-        return not ("norm" in name or name.endswith("bias") or "_bias" in name)
+        return not ("norm" in name or name.endswith("bias") or "_bias" in name or _LAYER_NORM.search(name))
 
     return jax.tree_util.tree_map_with_path(decays, params)
 

@@ -29,7 +29,7 @@ from tunix.rl import algo_core as tunix_algo_core
 from tunix.rl import common as tunix_common
 
 from ..families import Family
-from ..model.tunix_model import batch_positions_and_attention
+from ..model.tunix_model import batch_positions_and_attention, image_inputs
 
 #: Bytes of float32 logits one block may hold, over the whole batch: ``"auto"`` blocks have
 #: ``LOGITS_BLOCK_BYTES // (4 * batch * vocab)`` positions. Autodiff keeps a few such copies (logits, softmax, their
@@ -216,7 +216,8 @@ def hidden_states(family: Family, module: nnx.Module, batch: dict) -> jax.Array:
     """``[B, T, H]`` final-norm hidden states of a padded ``input_ids``/``attention_mask`` batch, packed rows when
     it has ``position_ids`` (the inputs of ``tunix_model.causal_lm_logits``'s head)."""
     positions, attention = batch_positions_and_attention(batch)
-    return family.hidden_states(module, batch["input_ids"].astype(jnp.int32), positions, attention)
+    return family.hidden_states(module, batch["input_ids"].astype(jnp.int32), positions, attention,
+                                **image_inputs(batch))
 
 
 def next_token_scores(family: Family, module: nnx.Module, batch: dict, *, last: int | None = None,

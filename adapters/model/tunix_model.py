@@ -317,12 +317,23 @@ def batch_positions_and_attention(batch: dict):
     """``(positions [B, T], attention [B, T, T])`` for a batch with ``attention_mask``: positions counted from the
     mask and plain causal attention (:func:`positions_from_mask`, :func:`causal_attention`), or, when the batch has
     ``position_ids`` (packed rows), those positions and attention kept inside each packed sequence
-    (:func:`segment_ids_from_positions`), so no token sees another sequence of its row."""
+    (:func:`segment_ids_from_positions`), so no token sees another sequence of its row; with ``token_type_ids``
+    (a vision-language batch), each image's tokens also see each other both ways (:func:`image_blocks`)."""
     mask = batch["attention_mask"].astype(bool)
     if "position_ids" not in batch:
-        return positions_from_mask(mask), causal_attention(mask)
-    position_ids = batch["position_ids"].astype(jnp.int32)
-    return position_ids, causal_attention(mask, segment_ids_from_positions(position_ids))
+        positions, attention = positions_from_mask(mask), causal_attention(mask)
+    else:
+        positions = batch["position_ids"].astype(jnp.int32)
+        attention = causal_attention(mask, segment_ids_from_positions(positions))
+    if "token_type_ids" in batch:
+        attention = attention | image_blocks(batch["token_type_ids"])
+    return positions, attention
+
+
+def image_inputs(batch: dict) -> dict:
+    """The keyword inputs a multimodal family's ``forward``/``hidden_states`` take from a batch: its ``images``
+    (``Family.images``), when the batch has them."""
+    return {"images": batch["images"]} if "images" in batch else {}
 
 
 def image_blocks(token_type_ids):
@@ -352,7 +363,7 @@ def causal_lm_logits(family: Family, module: nnx.Module, batch: dict) -> jax.Arr
     """Logits ``[B, T, V]`` of a padded ``input_ids``/``attention_mask`` batch (packed rows when it has
     ``position_ids``: :func:`batch_positions_and_attention`), for use inside a jitted step."""
     positions, attention = batch_positions_and_attention(batch)
-    return family.forward(module, batch["input_ids"].astype(jnp.int32), positions, attention)
+    return family.forward(module, batch["input_ids"].astype(jnp.int32), positions, attention, **image_inputs(batch))
 
 
 @nnx.jit(static_argnums=(0, 1))

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..modeling import CausalLM
 
 __all__ = ["PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
-           "check_text_dataset", "default_output_dir", "load_model"]
+           "check_text_dataset", "default_output_dir", "is_vision_dataset", "load_model"]
 
 
 def default_output_dir(model: ModelLike, suffix: str) -> str:
@@ -81,19 +81,26 @@ def load_model(model: ModelLike, args: TrainingArguments, quantization_config: Q
     return model
 
 
-def check_text_dataset(dataset: DatasetLike | list[dict] | None) -> None:
-    """TRL's refusal of vision data (an ``image`` or ``images`` column) for a text model: torchlike's models are
-    text-only."""
+def is_vision_dataset(dataset: DatasetLike | list[dict] | None) -> bool:
+    """Whether a dataset has TRL's vision columns (``image`` or ``images``); a plain iterator is not read, so that no
+    row is consumed."""
     if dataset is None:
-        return
+        return False
     names = getattr(dataset, "column_names", None)
-    if names is None:  # a list of rows; a plain iterator is not read, so that no row is consumed
+    if names is None:
         first = dataset[0] if isinstance(dataset, list) and dataset else None
         names = list(first) if isinstance(first, dict) else []
-    if "image" in names or "images" in names:
+    return "image" in names or "images" in names
+
+
+def check_text_dataset(dataset: DatasetLike | list[dict] | None) -> None:
+    """TRL's refusal of vision data (an ``image`` or ``images`` column) for a text model (torchlike's trainers other
+    than SFT take text data)."""
+    if is_vision_dataset(dataset):
         raise ValueError("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the "
                          "provided model does not seem to be a vision-language model. Please check your model and "
-                         "dataset. (torchlike's model families are text-only.)")
+                         "dataset. (In torchlike, SFTTrainer trains vision-language data, on a checkpoint with a "
+                         "vision tower; this trainer takes text data.)")
 
 
 def check_reference_sync(args: TrainingArguments, model: CausalLM, trainer: str) -> None:

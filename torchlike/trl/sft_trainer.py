@@ -15,10 +15,11 @@ from ..training.batches import check_single_dataset, each_dataset, epoch_batches
 from ..training.losses import with_virtual_tokens
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_config import round_up_to_multiple
-from .base_trainer import TRLTrainer, check_text_dataset
+from .base_trainer import TRLTrainer, check_text_dataset, is_vision_dataset
 from .data_utils import load_chat_template
 from .sft_config import SFTConfig
 from .sft_data import SFTRows, collate_sft_batch, is_prepared, prepare_sft_dataset, unprepared_sft_examples
+from .sft_vision import VisionLanguageCollator, check_vision_settings
 
 __all__ = ["SFTTrainer"]
 
@@ -74,7 +75,9 @@ class SFTTrainer(TRLTrainer):
         if train_dataset is None:
             raise ValueError("`train_dataset` is required")
         check_single_dataset(train_dataset, "train_dataset")
-        check_text_dataset(train_dataset)
+        self._is_vision_dataset = is_vision_dataset(train_dataset)
+        if self._is_vision_dataset:
+            check_vision_settings(args, data_collator)
         self.padding_free = args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"})
         if self.padding_free and data_collator is not None:
             raise ValueError("Passing a custom data collator is not supported when using padding-free.")
@@ -86,7 +89,15 @@ class SFTTrainer(TRLTrainer):
             raise ValueError("You passed a `compute_loss_func` together with `loss_type='dft'` to the `SFTTrainer`. "
                              "When using `loss_type='dft'`, the loss function is internally set to the DFT loss, so "
                              "passing a `compute_loss_func` is not allowed.")
+        given_processing_class = processing_class
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        if self._is_vision_dataset:
+            if given_processing_class is None:
+                processing_class = None  # TRL loads a vision-language model's processor (after the checks)
+            self._init_vision(model, args, train_dataset, eval_dataset, processing_class, compute_loss_func,
+                              compute_metrics, callbacks, optimizers, preprocess_logits_for_metrics)
+            return
+        check_text_dataset(train_dataset)
         if args.chat_template_path is not None:
             load_chat_template(processing_class, args.chat_template_path)
         self.pad_token_id = self._pad_token_id(processing_class, args.pad_token if data_collator is None else None,
@@ -133,6 +144,39 @@ class SFTTrainer(TRLTrainer):
             self._pad_to_fit(SFTRows(dataset))
         self._setup_router_loss(model, args)
 
+    def _init_vision(self, model, args: SFTConfig, train_dataset, eval_dataset, processor, compute_loss_func,
+                     compute_metrics, callbacks, optimizers, preprocess_logits_for_metrics) -> None:
+        """The trainer on a vision dataset, as TRL builds it: no preparation, the rows processed batch by batch by
+        the model's processor (:class:`~torchlike.trl.sft_vision.VisionLanguageCollator`)."""
+        family = getattr(model, "family", None) or model.base_model.family
+        if family.images is None:
+            reason = f" ({family.no_images_reason}.)" if family.no_images_reason else ""
+            raise ValueError("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the "
+                             "provided model does not seem to be a vision-language model. Please check your model "
+                             f"and dataset.{reason}")
+        if processor is None:
+            from ..processing import AutoProcessor
+
+            processor = AutoProcessor.from_pretrained(model.name_or_path)
+        if not hasattr(processor, "image_processor"):
+            raise ValueError(f"a vision dataset needs the model's processor as processing_class (got "
+                             f"{type(processor).__name__}); pass torchlike.AutoProcessor.from_pretrained(<model>).")
+        config = model.config
+        self.pad_token_id = processor.tokenizer.pad_token_id
+        self.padding_free, self._pads_like_trl, self.padded_length = False, False, 1
+        rows = [train_dataset[index] for index in range(len(train_dataset))]
+        most = max((len(row.get("images") or []) + ("image" in row) for row in rows), default=1)
+        collator = VisionLanguageCollator(
+            processor, lambda ids, pixels: family.images(config, ids, pixels), max_length=args.max_length,
+            completion_only_loss=args.completion_only_loss, dataset_text_field=args.dataset_text_field,
+            pad_to_multiple_of=args.pad_to_multiple_of, images_per_row=most)
+        self._prepare_sft_dataset = lambda dataset, packing=False: dataset
+        TRLTrainer.__init__(self, model=model, args=args, data_collator=collator, train_dataset=train_dataset,
+                            eval_dataset=eval_dataset, processing_class=processor,
+                            compute_loss_func=compute_loss_func, compute_metrics=compute_metrics, callbacks=callbacks,
+                            optimizers=optimizers, preprocess_logits_for_metrics=preprocess_logits_for_metrics)
+        self._setup_router_loss(model, args)
+
     def _pad_to_fit(self, rows: Iterable[dict]) -> None:
         """Grows the one padded length of every batch (so XLA compiles each step once) to fit ``rows``: the longest
         prepared example or packed row (already truncated to max_length; TRL pads each batch to its longest), rounded
@@ -146,7 +190,10 @@ class SFTTrainer(TRLTrainer):
 
     def _batches(self, epoch: int, skip: int = 0):
         """The base Trainer's batches, read through :class:`~torchlike.trl.sft_data.SFTRows`: the collator gets each
-        row's token columns as views of the prepared dataset, not the whole row converted from Arrow."""
+        row's token columns as views of the prepared dataset, not the whole row converted from Arrow (a vision
+        dataset's rows as they are: its collator processes them)."""
+        if self._is_vision_dataset:
+            return super()._batches(epoch, skip)
         return epoch_batches(SFTRows(self.train_dataset), self._get_train_sampler(epoch), self._collate, self.mesh,
                              self._global_batch_size(), self.args.gradient_accumulation_steps,
                              self._steps_per_epoch(), skip)
@@ -171,7 +218,10 @@ class SFTTrainer(TRLTrainer):
                                  pad_to_multiple_of=self.args.pad_to_multiple_of)
 
     def _prepare_eval_dataset(self, dataset: Any) -> SFTRows:
-        """Raw data prepared like ``train_dataset`` (TRL's ``evaluate`` does too); prepared examples as they are."""
+        """Raw data prepared like ``train_dataset`` (TRL's ``evaluate`` does too); prepared examples as they are; a
+        vision dataset as it is (its collator processes the rows)."""
+        if self._is_vision_dataset:
+            return dataset
         if not is_prepared(dataset):
             dataset = self._prepare_sft_dataset(dataset)
         rows = SFTRows(dataset)
