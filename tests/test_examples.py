@@ -17,7 +17,7 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = ["demo", "distillation", "dpo", "export_for_vllm", "grpo_countdown", "kto", "lora_lenient_load",
-           "reward_model", "rloo_countdown", "sft_lora"]
+           "online_dpo", "reward_model", "rloo_countdown", "sft_lora"]
 
 
 def example(name: str) -> ModuleType:
@@ -109,6 +109,14 @@ def test_kto_starts_at_one_half_with_the_adapter_as_reference_and_logs_every_ste
     assert result["logging_steps"] == 1 and len(result["losses"]) == 3 and np.isfinite(result["losses"]).all()
     assert result["losses"][0] == pytest.approx(0.5, abs=1e-5)
     assert result["chosen_rewards"][0] == pytest.approx(0.0, abs=1e-5) and len(result["chosen_rewards"]) == 3
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(result["adapter_files"])
+
+
+def test_online_dpo_starts_at_ln2_with_the_adapter_as_reference_and_logs_every_step(tmp_path):
+    result = example("online_dpo").main(["--max-steps", "3", "--warm-up-steps", "2", "--out", str(tmp_path)])
+    assert result["logging_steps"] == 1 and len(result["losses"]) == 3 and np.isfinite(result["losses"]).all()
+    assert result["losses"][0] == pytest.approx(math.log(2), abs=1e-4)  # TRL's logged loss has 4 decimals
+    assert result["kl"][0] == pytest.approx(0.0, abs=1e-4) and len(result["scores"]) == 3
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(result["adapter_files"])
 
 
