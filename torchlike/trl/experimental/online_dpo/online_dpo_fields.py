@@ -21,7 +21,9 @@ ONLINE_DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     # --- TrainingArguments fields whose meaning online DPO changes ---
     "per_device_train_batch_size": honoured("Prompts per data-parallel shard and micro-batch, as in TRL: each is "
                                             "sampled twice, so a micro-batch trains on twice as many completions "
-                                            "(one chosen, one rejected per prompt)."),
+                                            "(one chosen, one rejected per prompt). An epoch's last partial "
+                                            "batch (and a partial accumulation window) is dropped, where TRL "
+                                            "trains on it."),
     "gradient_accumulation_steps": honoured("Micro-batches per optimizer step, each sampled with the weights of the "
                                             "steps before it. As TRL (its training_step back-propagates each "
                                             "micro-batch's mean loss undivided), the gradients of the window are "
