@@ -41,8 +41,8 @@ from ..type_aliases import (
     RewardFunc,
     Tokenizer,
 )
-from . import entropy_control, reward_models
-from .base_trainer import check_text_dataset
+from . import entropy_control, grpo_vision, reward_models
+from .base_trainer import is_vision_dataset
 from .environments import EMPTY_PROMPT, EnvironmentPool
 from .grpo_config import GRPOConfig
 from .grpo_data import prepare_prompts
@@ -147,11 +147,10 @@ class GRPOTrainer(OnlineTrainer):
                              "environment defines a `get_reward` method.")
         if train_dataset is None:
             train_dataset = self._environment_dataset(environments, args)
-        for dataset in [train_dataset, *batches.each_dataset(eval_dataset)]:
-            check_text_dataset(dataset)
         self._check_algorithm(args, model)
         self._setup_sampling(args, model, processing_class)
         self._setup_tools(tools, processing_class, args, environments)
+        self._processor = self._vision_processor(train_dataset, eval_dataset, model, processing_class)
         self._check_sampling_ahead(args)
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
@@ -273,8 +272,36 @@ class GRPOTrainer(OnlineTrainer):
         if self.tools:  # with TRL's training copy of the chat template where the tokenizer's is not prefix-preserving
             template_kwargs = {**self.tool_calling.chat_template_kwargs, "tools": self.tools}
         default_prompt = EMPTY_PROMPT if self.environment_pool is not None else None
+        if self._processor is not None and dataset is not None and is_vision_dataset(dataset):
+            rows = grpo_vision.prepare_vision_prompts(dataset, self._processor, name, template_kwargs)
+            self._image_slots = max(self._image_slots, *(len(grpo_vision.row_images(row)) for row in rows))
+            return rows
         return prepare_prompts(dataset, self.tokenizer, name, getattr(self.args, "max_prompt_length", None),
                                template_kwargs, default_prompt)
+
+    def _vision_processor(self, train_dataset: Any, eval_dataset: Any, model: Any, processing_class: Any) -> Any:
+        """The processor that prepares image prompts (TRL's ``images``/``image`` column), or ``None`` for text data.
+
+        Raises:
+            ValueError: image prompts for a model without a vision tower (TRL's words, and torchlike's reason), with
+                tools or environments, or without the model's processor as ``processing_class``.
+        """
+        if not any(is_vision_dataset(dataset) for dataset in [train_dataset, *batches.each_dataset(eval_dataset)]):
+            return None
+        family = model.family
+        if family.images is None:
+            reason = f" ({family.no_images_reason}.)" if family.no_images_reason else ""
+            raise ValueError("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the "
+                             "provided model does not seem to be a vision-language model. Please check your model "
+                             f"and dataset.{reason}")
+        if not hasattr(processing_class, "image_processor"):
+            raise ValueError(f"image prompts need the model's processor as processing_class (got "
+                             f"{type(processing_class).__name__}); pass torchlike.AutoProcessor.from_pretrained(...).")
+        if self.tools or self.environment_pool is not None:
+            raise ValueError("image prompts with tools or an environment_factory are not supported by torchlike yet "
+                             "(the tool results would need their images merged into the completions); train without "
+                             "tools, or on text prompts.")
+        return processing_class
 
     # ------------------------------------------------------------------ batches
     _generation_batch_fields = ("per_device_train_batch_size x data-parallel size x steps_per_generation / "

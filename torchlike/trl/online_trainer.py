@@ -34,6 +34,7 @@ from ..adapters.losses import grpo as grpo_losses
 from ..adapters.rollout import sampling
 from ..training.batches import sampler_order
 from ..version import repetition_penalty_skips_left_padding
+from . import grpo_vision
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer
 from .environments import EMPTY_PROMPT, EnvironmentPool
@@ -99,6 +100,8 @@ class Rollout:
         extra: ``rollout_func``'s extra per-completion fields (passed to the reward functions).
         environments: each rollout's environment instance (``environment_factory``; the reward functions receive
             them as ``environments``), or ``None``.
+        images: ``[N, slots, H, W, C]`` each prompt's images (image prompts, :mod:`.grpo_vision`), or ``None``.
+        prompt_token_types: ``[N, P]`` 1 on the prompts' image tokens, or ``None``.
     """
 
     rows: list[dict]
@@ -115,6 +118,8 @@ class Rollout:
     sampling_logps: np.ndarray | None = None
     extra: dict[str, list] = dataclasses.field(default_factory=dict)
     environments: list | None = None
+    images: np.ndarray | None = None
+    prompt_token_types: np.ndarray | None = None
 
     @property
     def model_tokens(self) -> np.ndarray:
@@ -122,10 +127,15 @@ class Rollout:
         return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     def columns(self) -> dict[str, np.ndarray]:
-        """The step's token columns: ``input_ids`` and ``attention_mask`` ``[N, P + C]`` and ``completion_mask``."""
-        return {"input_ids": np.concatenate([self.prompt_ids, self.tokens], axis=1),
-                "attention_mask": np.concatenate([self.prompt_mask, self.completion_mask], axis=1),
-                "completion_mask": self.completion_mask}
+        """The step's token columns: ``input_ids`` and ``attention_mask`` ``[N, P + C]`` and ``completion_mask``; with
+        image prompts also ``images`` and ``token_type_ids`` (the prompts' types, 0 on the completions)."""
+        columns = {"input_ids": np.concatenate([self.prompt_ids, self.tokens], axis=1),
+                   "attention_mask": np.concatenate([self.prompt_mask, self.completion_mask], axis=1),
+                   "completion_mask": self.completion_mask}
+        if self.images is not None:
+            columns["images"] = self.images
+            columns["token_type_ids"] = np.concatenate([self.prompt_token_types, np.zeros_like(self.tokens)], axis=1)
+        return columns
 
 
 class OnlineTrainer(TRLTrainer):
@@ -159,11 +169,12 @@ class OnlineTrainer(TRLTrainer):
         config_fields = {field.name for field in dataclasses.fields(args)}
         from_config = {name: getattr(args, name) for name in names if name in config_fields}
         self.sampling = sampling.SamplingSettings.from_mapping({**from_config, "do_sample": True, **extra})
-        self.tokenizer = processing_class
-        self.pad_token_id = self._pad_token_id(processing_class, None)
+        tokenizer = getattr(processing_class, "tokenizer", processing_class)  # a processor's tokenizer
+        self.tokenizer = tokenizer
+        self.pad_token_id = self._pad_token_id(tokenizer, None)
         eos = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        self.eos_token_ids = eos if processing_class.eos_token_id in eos else [processing_class.eos_token_id, *eos]
+        self.eos_token_ids = eos if tokenizer.eos_token_id in eos else [tokenizer.eos_token_id, *eos]
         self._pending_metrics: dict[str, list[float]] = {}
         self._rollout_engine: rollout.RolloutEngine | None = None
         self._background_engine: rollout.RolloutEngine | None = None
@@ -423,6 +434,8 @@ class OnlineTrainer(TRLTrainer):
         record = Rollout(rows=rows, seed=seed, prompt_ids=prompts, prompt_mask=prompt_mask, tokens=tokens,
                          completion_mask=completion_mask, ended=ended, completion_ids=completions,
                          sampling_logps=sampling_logps, extra=extra, environments=environments)
+        if self._image_slots:
+            record.images, record.prompt_token_types = self._vision_inputs(rows, prompts)
         # TRL's tool_mask: 0 on tokens the model did not write (tool results, rollout_func's env_mask): not trained.
         if self.tools:
             tokens, completion_mask, ended, tool_mask, loop = self._call_tools(prompts, prompt_mask, tokens,
@@ -433,6 +446,17 @@ class OnlineTrainer(TRLTrainer):
         elif "env_mask" in extra:
             record.tool_mask = self._mask_array(extra.pop("env_mask"), completion_mask, "env_mask")
         return record
+
+    _image_slots = 0
+    """Image slots per prompt (the most images a prompt of the data has); 0: text prompts."""
+
+    def _vision_inputs(self, rows: list[dict], prompt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(images, token types)`` of a generation batch's image prompts (:func:`.grpo_vision.rows_vision_inputs`)."""
+        config = self.model.config
+        vision = config.vision_config
+        return grpo_vision.rows_vision_inputs(
+            rows, prompt_ids, lambda ids, pixels: self.model.family.images(config, ids, pixels), self._image_slots,
+            (vision.image_size, vision.image_size, vision.num_channels))
 
     def _reset_environments(self, rows: list[dict]) -> tuple[list[dict], list]:
         """Each row's environment instance (:meth:`.environments.EnvironmentPool.assign`), reset with the row's columns

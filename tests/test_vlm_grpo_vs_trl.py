@@ -1,0 +1,82 @@
+"""GRPOTrainer on image prompts equals the real ``trl.GRPOTrainer`` step for step on a Gemma 3
+``*ForConditionalGeneration`` checkpoint: TRL's vision prompt data (a conversational ``prompt`` beside an ``image``)
+processed by the model's processor, the completions scripted on both sides (the same tokens for the same rows), and
+the loss's forward passes taking the images and the both-ways attention inside each image."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import torchlike
+from tests import tiny
+from tests.helpers.logs import logged
+from tests.helpers.vision import save_tiny_vlm
+from torchlike.testing import tiny_image
+from torchlike.trl import GRPOConfig, GRPOTrainer
+
+PROMPT = [{"role": "user", "content": "the quick brown fox"}]
+
+
+@pytest.fixture(scope="module")
+def vlm_path(tmp_path_factory):
+    return save_tiny_vlm(tmp_path_factory.mktemp("vlm-grpo"))
+
+
+def image_rows(count: int = 8) -> list[dict]:
+    # One prompt text for every row (different images): TRL pads the prompts' token types on the processor's side
+    # (right) and their ids on the left, which agree only for prompts of one length.
+    return [{"prompt": PROMPT, "image": tiny_image(seed)} for seed in range(count)]
+
+
+def scripted(count: int) -> tuple[list[list[int]], list[list[float]]]:
+    """Completions for the rows of a generation batch, by row: varying lengths, some ending with EOS."""
+    completions = []
+    for row in range(count):
+        rng = np.random.default_rng([7, row])
+        length = int(rng.integers(2, tiny.COMPLETION_LENGTH + 1))
+        ids = rng.integers(3, 100, size=length).tolist()
+        if row % 3 == 0 and length < tiny.COMPLETION_LENGTH:
+            ids[-1] = tiny.EOS
+        completions.append(ids)
+    return completions, [[0.0] * len(ids) for ids in completions]
+
+
+SETTINGS = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=3),
+                per_device_train_batch_size=4, num_generations=4)
+
+
+def test_vlm_grpo_matches_trl_step_for_step(vlm_path, tmp_path, monkeypatch):
+    import datasets
+    import torch
+    import transformers
+    import trl
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
+    reference = trl.GRPOTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        reward_funcs=[tiny.token_reward, tiny.length_reward],
+        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **SETTINGS),
+        train_dataset=datasets.Dataset.from_list(image_rows()),
+        processing_class=transformers.AutoProcessor.from_pretrained(vlm_path))
+    reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
+    expected = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")[0]
+
+    trainer = GRPOTrainer(model=str(vlm_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
+                          args=GRPOConfig(output_dir=str(tmp_path / "ours"), **SETTINGS), train_dataset=image_rows(),
+                          processing_class=torchlike.AutoProcessor.from_pretrained(vlm_path))
+    trainer._generate_single_turn = lambda prompt_ids, seed: scripted(len(prompt_ids))
+    ours = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")[0]
+    assert len(logged(expected, "loss")) == SETTINGS["max_steps"]
+    for key in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length"):
+        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+
+
+def test_image_prompts_for_a_text_only_model_are_refused_as_trl_does(tiny_checkpoints, tmp_path):
+    with pytest.raises(ValueError, match=r"The dataset appears to be vision-related .* does not seem to be a "
+                                         r"vision-language model"):
+        GRPOTrainer(model=str(tiny_checkpoints.path("gemma3")), reward_funcs=tiny.length_reward,
+                    args=GRPOConfig(output_dir=str(tmp_path), report_to="none"), train_dataset=image_rows(2))
