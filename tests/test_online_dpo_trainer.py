@@ -17,6 +17,7 @@ import transformers
 import torchlike
 from tests import tiny
 from tests.helpers.logs import logged
+from tests.helpers.models import hf_classifier
 from tests.helpers.scripts import TINY_RUN, WORDS, assert_hf_loadable, write_jsonl
 from torchlike import cli
 from torchlike.trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
@@ -35,6 +36,17 @@ METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "o
 def pad_tokenizer_dir(tmp_path_factory):
     """The tests' tokenizer with ``<pad>`` as its pad token (TRL would pad with the eos token otherwise)."""
     return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(pad_tokenizer_dir, tmp_path_factory):
+    """A tiny random Qwen2 reward model (one label) with the tests' tokenizer, as a path."""
+    path = tmp_path_factory.mktemp("reward_model")
+    model = hf_classifier("qwen2", num_labels=1, seed=3)
+    model.config.pad_token_id = 0
+    model.save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(pad_tokenizer_dir).save_pretrained(path)
+    return path
 
 
 # --- the same completions on both sides ------------------------------------------------------------------------------
@@ -91,19 +103,20 @@ def comparison_settings(**case) -> dict:
                 reward_weights=[1.0, 0.5], **case)
 
 
-def trl_trainer(path, tokenizer_path, output_dir, settings):
+def trl_trainer(path, tokenizer_path, output_dir, settings, reward_funcs=(token_reward, text_length_reward)):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
     trainer = trl_online_dpo.OnlineDPOTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-        reward_funcs=[token_reward, text_length_reward],
+        reward_funcs=list(reward_funcs),
         args=trl_online_dpo.OnlineDPOConfig(output_dir=str(output_dir), use_cpu=True, **settings),
         train_dataset=datasets.Dataset.from_dict({"prompt": tiny.PROMPTS}), processing_class=tokenizer)
     trainer.model.generate = scripted_generate(tokenizer.pad_token_id)
     return trainer
 
 
-def torchlike_trainer(path, tokenizer_path, output_dir, settings) -> OnlineDPOTrainer:
-    trainer = OnlineDPOTrainer(model=str(path), reward_funcs=[token_reward, text_length_reward],
+def torchlike_trainer(path, tokenizer_path, output_dir, settings,
+                      reward_funcs=(token_reward, text_length_reward)) -> OnlineDPOTrainer:
+    trainer = OnlineDPOTrainer(model=str(path), reward_funcs=list(reward_funcs),
                                args=OnlineDPOConfig(output_dir=str(output_dir), **settings),
                                train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
                                processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
@@ -111,19 +124,19 @@ def torchlike_trainer(path, tokenizer_path, output_dir, settings) -> OnlineDPOTr
     return trainer
 
 
-def run_trl(path, tokenizer_path, output_dir, settings):
+def run_trl(path, tokenizer_path, output_dir, settings, **reward_funcs):
     """TRL's log history and final parameters."""
-    trainer = trl_trainer(path, tokenizer_path, output_dir, settings)
+    trainer = trl_trainer(path, tokenizer_path, output_dir, settings, **reward_funcs)
     trainer.train()
     params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
     return trainer.state.log_history, params
 
 
-def run_torchlike(path, tokenizer_path, output_dir, settings):
+def run_torchlike(path, tokenizer_path, output_dir, settings, **reward_funcs):
     """torchlike's log history and final parameters as exported."""
     from safetensors.numpy import load_file
 
-    trainer = torchlike_trainer(path, tokenizer_path, output_dir, settings)
+    trainer = torchlike_trainer(path, tokenizer_path, output_dir, settings, **reward_funcs)
     trainer.train()
     trainer.model.save_pretrained(output_dir / "model")
     return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
@@ -137,15 +150,20 @@ COMPARISON_CASES = {
     # prompt + completion); a second epoch.
     "ipo, accumulation 2, prompts cut by max_length": dict(loss_type="ipo", beta=0.5, gradient_accumulation_steps=2,
                                                            max_length=8),
+    # A reward model (by path, its tokenizer loaded from there) scoring prompt + completion, beside a function.
+    "sigmoid, a reward model and a reward function": dict(reward_model=True, beta=0.1),
 }
 
 
 @pytest.mark.parametrize("case", list(COMPARISON_CASES))
-def test_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, pad_tokenizer_dir, tmp_path, case):
-    settings = comparison_settings(**COMPARISON_CASES[case])
+def test_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, pad_tokenizer_dir, reward_model_dir,
+                                                            tmp_path, case):
+    case = dict(COMPARISON_CASES[case])
+    rewards = {"reward_funcs": (str(reward_model_dir), token_reward)} if case.pop("reward_model", False) else {}
+    settings = comparison_settings(**case)
     path = tiny_checkpoints.path("qwen2")
-    expected_history, expected_params = run_trl(path, pad_tokenizer_dir, tmp_path / "trl", settings)
-    history, params = run_torchlike(path, pad_tokenizer_dir, tmp_path / "ours", settings)
+    expected_history, expected_params = run_trl(path, pad_tokenizer_dir, tmp_path / "trl", settings, **rewards)
+    history, params = run_torchlike(path, pad_tokenizer_dir, tmp_path / "ours", settings, **rewards)
     expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
     ours = {entry["step"]: entry for entry in history if "loss" in entry}
 

@@ -141,7 +141,8 @@ def reward_functions(reward_funcs: Sequence[RewardFunc], reward_processing_class
         reward_processing_classes: ``None``, one tokenizer (for a single reward function) or a list with one entry per
             reward function; a reward model whose entry is ``None`` loads the tokenizer of its path. Entries of reward
             functions are ignored, as in TRL.
-        args: the trainer's config (``model_init_kwargs``, ``chat_template_kwargs``, the mesh settings).
+        args: the trainer's config (``model_init_kwargs``, ``chat_template_kwargs`` where it has the field, the mesh
+            settings).
         policy: the model the trainer trains. When there is a reward model, the policy is placed on the trainer's mesh
             now (``resolve_mesh``, which the trainer then finds in place) and the reward models on the same mesh.
 
@@ -175,7 +176,9 @@ def reward_functions(reward_funcs: Sequence[RewardFunc], reward_processing_class
             source = function if isinstance(function, str) else model.name_or_path
             tokenizer = AutoTokenizer.from_pretrained(source, revision=init_kwargs.get("revision"))
         name = _name(function) if isinstance(function, str) else None  # else the loaded model's name_or_path
-        reward = RewardModel(model, tokenizer, name=name, chat_template_kwargs=args.chat_template_kwargs)
+        # OnlineDPOConfig has no chat_template_kwargs: TRL's online DPO renders the conversations without any.
+        template_kwargs = args.chat_template_kwargs if hasattr(args, "chat_template_kwargs") else None
+        reward = RewardModel(model, tokenizer, name=name, chat_template_kwargs=template_kwargs)
         reward.place_on(resolve_mesh(args, policy))
         functions.append(reward)
     return functions
