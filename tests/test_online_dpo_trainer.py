@@ -26,6 +26,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 trl_online_dpo = pytest.importorskip("trl.experimental.online_dpo")
 
 MAX_NEW_TOKENS = 6
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '</s>' }}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
 #: Every metric TRL 1.16's OnlineDPOTrainer logs with reward functions, beside loss, grad_norm and learning_rate.
 METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
            "objective/scores", "objective/scores_margin", "rewards/chosen", "rewards/rejected", "rewards/margins",
@@ -34,8 +36,13 @@ METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "o
 
 @pytest.fixture(scope="module")
 def pad_tokenizer_dir(tmp_path_factory):
-    """The tests' tokenizer with ``<pad>`` as its pad token (TRL would pad with the eos token otherwise)."""
-    return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
+    """The tests' tokenizer with ``<pad>`` as its pad token (TRL would pad with the eos token otherwise) and a chat
+    template."""
+    path = tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = CHAT_TEMPLATE  # for the conversational prompts
+    tokenizer.save_pretrained(path)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +96,9 @@ def token_reward(completion_ids, **kwargs):
 
 
 def text_length_reward(completions, **kwargs):
-    return [len(completion) / 10 for completion in completions]
+    """The completion text's length / 10 (a conversational completion is one assistant message)."""
+    texts = [completion if isinstance(completion, str) else completion[0]["content"] for completion in completions]
+    return [len(text) / 10 for text in texts]
 
 
 def comparison_settings(**case) -> dict:
@@ -103,40 +112,46 @@ def comparison_settings(**case) -> dict:
                 reward_weights=[1.0, 0.5], **case)
 
 
-def trl_trainer(path, tokenizer_path, output_dir, settings, reward_funcs=(token_reward, text_length_reward)):
+def prompt_rows(conversational: bool) -> list[dict]:
+    """:data:`tiny.PROMPTS` as text, or as one user message each."""
+    return [{"prompt": [{"role": "user", "content": prompt}] if conversational else prompt} for prompt in tiny.PROMPTS]
+
+
+def trl_trainer(path, tokenizer_path, output_dir, settings, reward_funcs=(token_reward, text_length_reward),
+                conversational=False):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
     trainer = trl_online_dpo.OnlineDPOTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
         reward_funcs=list(reward_funcs),
         args=trl_online_dpo.OnlineDPOConfig(output_dir=str(output_dir), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_dict({"prompt": tiny.PROMPTS}), processing_class=tokenizer)
+        train_dataset=datasets.Dataset.from_list(prompt_rows(conversational)), processing_class=tokenizer)
     trainer.model.generate = scripted_generate(tokenizer.pad_token_id)
     return trainer
 
 
-def torchlike_trainer(path, tokenizer_path, output_dir, settings,
-                      reward_funcs=(token_reward, text_length_reward)) -> OnlineDPOTrainer:
+def torchlike_trainer(path, tokenizer_path, output_dir, settings, reward_funcs=(token_reward, text_length_reward),
+                      conversational=False) -> OnlineDPOTrainer:
     trainer = OnlineDPOTrainer(model=str(path), reward_funcs=list(reward_funcs),
                                args=OnlineDPOConfig(output_dir=str(output_dir), **settings),
-                               train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                               train_dataset=prompt_rows(conversational),
                                processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
     trainer._generate_single_turn = scripted_turn
     return trainer
 
 
-def run_trl(path, tokenizer_path, output_dir, settings, **reward_funcs):
-    """TRL's log history and final parameters."""
-    trainer = trl_trainer(path, tokenizer_path, output_dir, settings, **reward_funcs)
+def run_trl(path, tokenizer_path, output_dir, settings, **data):
+    """TRL's log history and final parameters (``data``: the reward functions, conversational prompts)."""
+    trainer = trl_trainer(path, tokenizer_path, output_dir, settings, **data)
     trainer.train()
     params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
     return trainer.state.log_history, params
 
 
-def run_torchlike(path, tokenizer_path, output_dir, settings, **reward_funcs):
+def run_torchlike(path, tokenizer_path, output_dir, settings, **data):
     """torchlike's log history and final parameters as exported."""
     from safetensors.numpy import load_file
 
-    trainer = torchlike_trainer(path, tokenizer_path, output_dir, settings, **reward_funcs)
+    trainer = torchlike_trainer(path, tokenizer_path, output_dir, settings, **data)
     trainer.train()
     trainer.model.save_pretrained(output_dir / "model")
     return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
@@ -150,8 +165,10 @@ COMPARISON_CASES = {
     # prompt + completion); a second epoch.
     "ipo, accumulation 2, prompts cut by max_length": dict(loss_type="ipo", beta=0.5, gradient_accumulation_steps=2,
                                                            max_length=8),
-    # A reward model (by path, its tokenizer loaded from there) scoring prompt + completion, beside a function.
-    "sigmoid, a reward model and a reward function": dict(reward_model=True, beta=0.1),
+    # A reward model (by path, its tokenizer loaded from there) scoring the rendered conversation, beside a function
+    # that reads the completions as assistant messages.
+    "sigmoid, conversational prompts, a reward model and a reward function": dict(reward_model=True,
+                                                                                  conversational=True, beta=0.1),
 }
 
 
@@ -159,11 +176,13 @@ COMPARISON_CASES = {
 def test_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, pad_tokenizer_dir, reward_model_dir,
                                                             tmp_path, case):
     case = dict(COMPARISON_CASES[case])
-    rewards = {"reward_funcs": (str(reward_model_dir), token_reward)} if case.pop("reward_model", False) else {}
+    data = {"conversational": case.pop("conversational", False)}
+    if case.pop("reward_model", False):
+        data["reward_funcs"] = (str(reward_model_dir), text_length_reward)
     settings = comparison_settings(**case)
     path = tiny_checkpoints.path("qwen2")
-    expected_history, expected_params = run_trl(path, pad_tokenizer_dir, tmp_path / "trl", settings, **rewards)
-    history, params = run_torchlike(path, pad_tokenizer_dir, tmp_path / "ours", settings, **rewards)
+    expected_history, expected_params = run_trl(path, pad_tokenizer_dir, tmp_path / "trl", settings, **data)
+    history, params = run_torchlike(path, pad_tokenizer_dir, tmp_path / "ours", settings, **data)
     expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
     ours = {entry["step"]: entry for entry in history if "loss" in entry}
 

@@ -23,11 +23,18 @@ __all__ = ["contains_end_token", "prepare_prompt_rows", "preference_columns", "r
 
 
 def prompt_text(prompt: str | list[dict], tokenizer: Tokenizer) -> str:
-    """A prompt as TRL's ``maybe_apply_chat_template`` renders it: text as it is; messages through the chat template,
-    with the generation prompt (continuing the last message when it is the assistant's)."""
+    """A prompt as TRL's ``maybe_apply_chat_template({"prompt": prompt})`` renders it: text as it is; messages through
+    the chat template with the generation prompt after a user or tool turn, continuing a last assistant turn.
+
+    Raises:
+        ValueError: the last message has another role (TRL's message).
+    """
     if isinstance(prompt, str):
         return prompt
-    continues = prompt[-1]["role"] == "assistant"
+    last_role = prompt[-1]["role"]
+    if last_role not in ("user", "tool", "assistant"):
+        raise ValueError(f"Invalid role in the last message: {last_role}")
+    continues = last_role == "assistant"
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=not continues,
                                          continue_final_message=continues)
 
