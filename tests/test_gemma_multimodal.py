@@ -17,6 +17,7 @@ import torchlike
 from tests.helpers.models import randomize_lora_, valid_max_diff
 from tests.helpers.vision import save_tiny_vlm, vlm_batch
 from torchlike.peft import LoraConfig, get_peft_model
+from torchlike.testing import tiny_image
 
 FAMILIES = ["gemma3", "gemma4"]
 
@@ -238,3 +239,23 @@ def test_sft_trainer_takes_a_multimodal_checkpoint_with_lora_on_trls_defaults(vl
     assert output.global_step == 2 and np.isfinite(output.training_loss)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 2 and losses[0] > 0
+
+
+def test_greedy_generate_with_an_image_equals_transformers(vlm_dirs):
+    path = vlm_dirs("gemma3")
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    processor = torchlike.AutoProcessor.from_pretrained(path)
+    inputs = dict(vlm_batch(processor, count=1, text_only_row=False))
+    # Two rows left-padded, as generation takes them.
+    padded = processor(text=processor.apply_chat_template(
+        [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+         for text in ("the quick brown fox", "hello world")], tokenize=False, add_generation_prompt=True),
+        images=[[tiny_image(0)], [tiny_image(1)]], padding=True, padding_side="left", return_tensors="np")
+    for batch in (inputs, dict(padded)):
+        with torch.no_grad():
+            theirs = hf_vlm(path).generate(**{key: torch.tensor(value) for key, value in batch.items()},
+                                           max_new_tokens=6, do_sample=False).numpy()
+        ours = np.asarray(model.generate(**batch, max_new_tokens=6, do_sample=False))
+        np.testing.assert_array_equal(ours[:, -6:], theirs[:, -6:])
+    with pytest.raises(ValueError, match=r"the paged rollout engine does not take image prompts yet"):
+        model.generate(**dict(padded), max_new_tokens=2, rollout_engine="paged")

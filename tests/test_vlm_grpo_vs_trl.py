@@ -68,7 +68,7 @@ def test_vlm_grpo_matches_trl_step_for_step(vlm_path, tmp_path, monkeypatch):
     trainer = GRPOTrainer(model=str(vlm_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
                           args=GRPOConfig(output_dir=str(tmp_path / "ours"), **SETTINGS), train_dataset=image_rows(),
                           processing_class=torchlike.AutoProcessor.from_pretrained(vlm_path))
-    trainer._generate_single_turn = lambda prompt_ids, seed: scripted(len(prompt_ids))
+    trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
     ours = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")[0]
     assert len(logged(expected, "loss")) == SETTINGS["max_steps"]
     for key in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length"):
@@ -80,3 +80,25 @@ def test_image_prompts_for_a_text_only_model_are_refused_as_trl_does(tiny_checkp
                                          r"vision-language model"):
         GRPOTrainer(model=str(tiny_checkpoints.path("gemma3")), reward_funcs=tiny.length_reward,
                     args=GRPOConfig(output_dir=str(tmp_path), report_to="none"), train_dataset=image_rows(2))
+
+
+def test_vlm_grpo_samples_its_completions_with_the_images(vlm_path, tmp_path):
+    trainer = GRPOTrainer(model=str(vlm_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
+                          args=GRPOConfig(output_dir=str(tmp_path), **dict(SETTINGS, max_steps=1)),
+                          train_dataset=image_rows(4),
+                          processing_class=torchlike.AutoProcessor.from_pretrained(vlm_path))
+    requests = []
+    engine_generate = trainer.rollout_engine.generate
+
+    def recording(batch_requests, settings):
+        requests.extend(batch_requests)
+        return engine_generate(batch_requests, settings)
+
+    trainer.rollout_engine.generate = recording
+    output = trainer.train()
+    assert output.global_step == 1 and np.isfinite(output.training_loss)
+    # Every prompt was one request (its num_generations samples share a prefill) carrying its own image.
+    assert [request.num_samples for request in requests] == [SETTINGS["num_generations"]] * len(requests)
+    assert all(request.images is not None and request.images.shape[0] == 1 for request in requests)
+    assert not np.array_equal(requests[0].images, requests[1].images)
+    assert sum(request.token_type_ids.count(1) for request in requests[:1]) == 4  # one image's soft tokens

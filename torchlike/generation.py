@@ -17,6 +17,7 @@ counts the prompt's ids as the installed ``transformers`` does (:mod:`torchlike.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -211,6 +212,8 @@ def generate(
     output_logprobs: bool = False,
     rollout_engine: str = "static",
     use_cache: bool | None = None,
+    pixel_values: Any = None,
+    token_type_ids: Any = None,
     **settings: Any,
 ) -> Any:
     """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
@@ -238,7 +241,7 @@ def generate(
     returns_torch = hasattr(inputs, "detach") and hasattr(inputs, "cpu")
     ids, mask = _prompt_arrays(inputs, attention_mask, tokenizer, pad_token_id, eos_token_ids, vocab_size)
     prompt_length = ids.shape[1]
-    limit = getattr(model.config, "max_position_embeddings", None)
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     max_new_tokens = resolved["max_new_tokens"]
     if max_new_tokens is None:
         max_length = resolved["max_length"]
@@ -257,6 +260,8 @@ def generate(
     copies = int(resolved["num_return_sequences"])
     requests = _requests(ids, mask, int(max_new_tokens), copies,
                          sampling.random_seed() if seed is None else int(seed))
+    if pixel_values is not None:
+        requests = _with_images(model, requests, ids, mask, pixel_values, token_type_ids is not None)
     pad = 0 if pad_token_id is None else int(pad_token_id)
     if rollout_engine == "paged":
         engine = rollout.PagedEngine(model.module, eos_token_ids=eos_token_ids, pad_token_id=pad,
@@ -276,6 +281,22 @@ def generate(
     if resolved["return_dict_in_generate"]:
         return GenerateDecoderOnlyOutput(sequences=sequences, logprobs=logprobs if output_logprobs else None)
     return sequences
+
+
+def _with_images(model: Any, requests: list[rollout.RolloutRequest], ids: np.ndarray, mask: np.ndarray,
+                 pixel_values: Any, both_ways: bool) -> list[rollout.RolloutRequest]:
+    """The requests of a prompt batch with each row's images (``CausalLM._images``); with ``both_ways`` (the caller
+    gave ``token_type_ids``, as a processor returns them) each image's tokens attend to each other both ways in the
+    prefill, as in ``transformers``, else causally (what ``transformers`` does without them)."""
+    images = model._images(ids, pixel_values)
+    image_token = model.config.image_token_id
+    out = []
+    for row, request in enumerate(requests):
+        real = ids[row][mask[row].astype(bool)]
+        count = int((real == image_token).sum()) // model.config.mm_tokens_per_image
+        types = (real == image_token).astype(np.int32) if both_ways else np.zeros(len(real), np.int32)
+        out.append(dataclasses.replace(request, images=images[row, :max(count, 1)], token_type_ids=tuple(types)))
+    return out
 
 
 def _requests(ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, copies: int,

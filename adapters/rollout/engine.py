@@ -18,6 +18,7 @@ program: the trainers' default, the fastest at the shapes measured in ``benchmar
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -43,6 +44,9 @@ class RolloutRequest:
             ``(seed, first_sample + j)`` (``generate`` numbers the rows of its batch so: row ``i`` draws ``(seed, i)``).
         penalised_ids: ids the repetition penalty counts as seen besides the prompt's own (``generate`` passes a
             row's left padding where the installed ``transformers`` counts it); the model never sees them.
+        images: ``[N, H, W, C]`` the prompt's images, in the order of its image tokens (a model with a vision
+            tower), or ``None``.
+        token_type_ids: the prompt's token types (1 on image tokens), with ``images``.
     """
 
     prompt_ids: tuple[int, ...]
@@ -51,6 +55,8 @@ class RolloutRequest:
     seed: int = 0
     first_sample: int = 0
     penalised_ids: tuple[int, ...] = ()
+    images: np.ndarray | None = field(default=None, compare=False, repr=False)
+    token_type_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(int(token) for token in self.prompt_ids))
@@ -63,6 +69,10 @@ class RolloutRequest:
             raise ValueError(f"RolloutRequest.num_samples must be >= 1, got {self.num_samples}.")
         if self.first_sample < 0:
             raise ValueError(f"RolloutRequest.first_sample must be >= 0, got {self.first_sample}.")
+        object.__setattr__(self, "token_type_ids", tuple(int(kind) for kind in self.token_type_ids))
+        if self.images is not None and len(self.token_type_ids) != len(self.prompt_ids):
+            raise ValueError(f"RolloutRequest with images needs token_type_ids for its {len(self.prompt_ids)} prompt "
+                             f"tokens, got {len(self.token_type_ids)}.")
 
 
 @dataclass
@@ -145,12 +155,14 @@ class StaticEngine:
             penalised[row, width - len(prompt) - len(extra):width - len(prompt)] = True
         counted = sampling.penalised_prompt_positions(prompt_mask, self.repetition_penalty_skips_left_padding)
         spread = self.batch_sharding is not None and len(rows) % self.data_parallel_size == 0
+        images, token_types = request_images([requests[index] for index, _ in rows], width)
         result = sampling.generate_tokens(
             self.module, prompt_ids, prompt_mask, max(request.max_new_tokens for request in requests), settings,
             eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, lora=self.lora, return_logprobs=True,
             penalised_positions=counted | penalised, batch_sharding=self.batch_sharding if spread else None,
             row_streams=(np.array([requests[index].seed for index, _ in rows]),
-                         np.array([requests[index].first_sample + sample for index, sample in rows])))
+                         np.array([requests[index].first_sample + sample for index, sample in rows])),
+            images=images, token_type_ids=token_types)
         outputs = [RequestOutput() for _ in requests]
         ends = np.asarray(self.eos_token_ids, np.int64)
         for row, (index, _) in enumerate(rows):
@@ -162,6 +174,22 @@ class StaticEngine:
             outputs[index].logprobs.append(logprobs[:stop].astype(np.float32))
             outputs[index].ended.append(bool(hits.size))
         return outputs
+
+
+def request_images(requests: Sequence[RolloutRequest], width: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(images [R, N, H, W, C], token types [R, width])`` of requests laid out as left-padded rows (zero images
+    after each row's own; ``N`` the most any request has), or ``(None, None)`` when none has images."""
+    with_images = [request.images for request in requests if request.images is not None]
+    if not with_images:
+        return None, None
+    slots = max(len(images) for images in with_images)
+    images = np.zeros((len(requests), slots, *with_images[0].shape[1:]), np.float32)
+    token_types = np.zeros((len(requests), width), np.int32)
+    for row, request in enumerate(requests):
+        if request.images is not None:
+            images[row, :len(request.images)] = request.images
+            token_types[row, width - len(request.token_type_ids):] = request.token_type_ids
+    return images, token_types
 
 
 def weights_snapshot(module: nnx.Module) -> nnx.Module:
@@ -179,29 +207,38 @@ def request_seed(seed: int, index: int) -> int:
 
 
 def requests_from_rows(prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int,
-                       seed: int) -> tuple[list[RolloutRequest], list[tuple[int, int]]]:
-    """Requests for the rows of a left-padded prompt batch, consecutive equal prompts as one request's samples
-    (a GRPO generation batch repeats each prompt ``num_generations`` times in a row).
+                       seed: int, images: np.ndarray | None = None, token_type_ids: np.ndarray | None = None
+                       ) -> tuple[list[RolloutRequest], list[tuple[int, int]]]:
+    """Requests for the rows of a left-padded prompt batch, consecutive equal prompts (with equal images) as one
+    request's samples (a GRPO generation batch repeats each prompt ``num_generations`` times in a row).
 
     Args:
         prompt_ids: ``[N, P]`` token ids; prompt_mask: ``[N, P]``, 1 on real tokens.
         max_new_tokens: every completion's limit.
         seed: the round's seed (:func:`request_seed` gives each request its own).
+        images: ``[N, slots, H, W, C]`` each row's images (zero slots after its own), or ``None``.
+        token_type_ids: ``[N, P]`` 1 on image tokens, with ``images``.
 
     Returns:
         ``(requests, places)``: ``places[row] = (request index, sample index)`` of each row.
     """
     requests: list[RolloutRequest] = []
     places: list[tuple[int, int]] = []
-    previous = None
-    for ids, mask in zip(np.asarray(prompt_ids), np.asarray(prompt_mask), strict=True):
-        prompt = tuple(int(token) for token in ids[np.asarray(mask).astype(bool)])
-        if prompt == previous:
+    previous = previous_images = None
+    for row, (ids, mask) in enumerate(zip(np.asarray(prompt_ids), np.asarray(prompt_mask), strict=True)):
+        real = np.asarray(mask).astype(bool)
+        prompt = tuple(int(token) for token in ids[real])
+        row_images = None if images is None else np.asarray(images[row])
+        same_images = row_images is None or (previous_images is not None and np.array_equal(row_images,
+                                                                                           previous_images))
+        vision = {} if row_images is None else {"images": row_images,
+                                                 "token_type_ids": np.asarray(token_type_ids[row])[real]}
+        if prompt == previous and same_images:
             last = requests[-1]
-            requests[-1] = RolloutRequest(last.prompt_ids, max_new_tokens, last.num_samples + 1, last.seed)
+            requests[-1] = dataclasses.replace(last, num_samples=last.num_samples + 1)
         else:
-            requests.append(RolloutRequest(prompt, max_new_tokens, 1, request_seed(seed, len(requests))))
-            previous = prompt
+            requests.append(RolloutRequest(prompt, max_new_tokens, 1, request_seed(seed, len(requests)), **vision))
+            previous, previous_images = prompt, row_images
         places.append((len(requests) - 1, requests[-1].num_samples - 1))
     return requests, places
 
@@ -220,5 +257,5 @@ def rows_from_outputs(outputs: Sequence[RequestOutput], places: Sequence[tuple[i
     return tokens, logprobs
 
 
-__all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "request_seed", "requests_from_rows",
-           "rows_from_outputs", "weights_snapshot"]
+__all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "request_images", "request_seed",
+           "requests_from_rows", "rows_from_outputs", "weights_snapshot"]

@@ -376,11 +376,15 @@ class PagedEngine:
             One :class:`~.engine.RequestOutput` per request, in order.
 
         Raises:
-            ValueError: a request cannot fit the page pool even alone (the message names ``kv_cache_tokens``).
+            ValueError: a request cannot fit the page pool even alone (the message names ``kv_cache_tokens``), or a
+                request has images.
         """
         requests = list(requests)
         if not requests:
             return []
+        if any(request.images is not None for request in requests):
+            raise ValueError("the paged rollout engine does not take image prompts yet (its chunked prefill would "
+                             "split an image's tokens); use rollout_engine='static' (the default) for them.")
         self.stats = EngineStats(page_size=self.config.page_size)
         return _Run(self, requests, settings).run()
 

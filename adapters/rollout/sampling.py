@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding
 from ..distributed.mesh import place_array
 from ..distributed.multihost import gather_to_host
 from ..lora import runtime as lora_runtime
-from ..model.tunix_model import positions_from_mask
+from ..model.tunix_model import image_blocks, positions_from_mask
 from ..runtime.tracing import record_trace, traced_cheaply
 from .sampling_settings import UNSUPPORTED_GENERATION_SETTINGS, SamplingSettings, SamplingSwitches, SamplingValues
 
@@ -295,7 +295,7 @@ class DecodeResult(NamedTuple):
 
 
 def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted, max_new_tokens, values, end_ids,
-                    pad_id, row_seeds, row_samples):
+                    pad_id, row_seeds, row_samples, images=None, token_types=None):
     batch, prompt_bucket = prompt_ids.shape
     new_bucket = program.new_tokens_bucket
     record_trace("generate", {"batch": batch, "prompt bucket": prompt_bucket, "new-token bucket": new_bucket,
@@ -303,9 +303,9 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
     graphdef, state = nnx.split(module)
     temperature = values.temperature if program.switches.do_sample else 1.0
 
-    def forward(tokens, positions, cache, attention):
+    def forward(tokens, positions, cache, attention, **inputs):
         # Merged at trace time only; Tunix decoders all take (tokens, positions, cache, mask) positionally.
-        logits, cache = nnx.merge(graphdef, state)(tokens, positions, cache, attention)
+        logits, cache = nnx.merge(graphdef, state)(tokens, positions, cache, attention, **inputs)
         return logits.astype(jnp.float32), cache
 
     prompt_mask = prompt_mask.astype(bool)
@@ -323,7 +323,13 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
     # goes through the same one-token step as the decode loop.
     head = prompt_bucket - 1
     causal = jnp.arange(prompt_bucket + new_bucket)[None, :] <= jnp.arange(head)[:, None]
-    _, cache = forward(prompt_ids[:, :head], positions[:, :head], cache, causal[None] & keys_up_to(0)[:, None, :])
+    prefill_attention = causal[None] & keys_up_to(0)[:, None, :]
+    inputs = {}
+    if images is not None:  # image prompts: the images replace their tokens, which see each other both ways
+        blocks = image_blocks(token_types)[:, :head]
+        prefill_attention = prefill_attention | jnp.pad(blocks, ((0, 0), (0, 0), (0, new_bucket)))
+        inputs = {"images": images}
+    _, cache = forward(prompt_ids[:, :head], positions[:, :head], cache, prefill_attention, **inputs)
     logits, cache = forward(prompt_ids[:, head:], positions[:, head:], cache, keys_up_to(0)[:, None, :])
 
     seen = None
@@ -393,6 +399,8 @@ def generate_tokens(
     batch_sharding: NamedSharding | None = None,
     row_streams: tuple[np.ndarray, np.ndarray] | None = None,
     penalised_positions: np.ndarray | None = None,
+    images: np.ndarray | None = None,
+    token_type_ids: np.ndarray | None = None,
 ) -> DecodeResult:
     """Generates up to ``max_new_tokens`` tokens for a left-padded batch with a Tunix decoder.
 
@@ -423,6 +431,10 @@ def generate_tokens(
             ``(seed, row index)``, so a completion's tokens match a rollout engine's for the same request.
         penalised_positions: ``[B, P]``, true where the repetition penalty counts the id of ``input_ids``, in place
             of the rule ``repetition_penalty_skips_left_padding`` names.
+        images: ``[B, N, H, W, C]`` the prompts' images (a model with a vision tower, ``Family.images``), which the
+            prefill puts in place of their image tokens; ``None``: text prompts.
+        token_type_ids: ``[B, P]``, 1 on the prompts' image tokens (given with ``images``): each image's tokens
+            attend to each other both ways in the prefill.
 
     Returns:
         :class:`DecodeResult` whose ``tokens`` have as many columns as steps were run (fewer than
@@ -447,12 +459,18 @@ def generate_tokens(
     if batch_sharding is not None:
         padded_ids, padded_mask, counted, row_seeds, row_samples = (
             place_array(rows, batch_sharding) for rows in (padded_ids, padded_mask, counted, row_seeds, row_samples))
+    token_types = None
+    if images is not None:
+        images = np.asarray(images, np.float32)
+        token_types = np.pad(np.asarray(token_type_ids, np.int32), ((0, 0), (extra, 0)))
+        if batch_sharding is not None:
+            images, token_types = (place_array(rows, batch_sharding) for rows in (images, token_types))
     with lora_runtime.lora_mode(lora):
         tokens, logprobs, steps = _compiled_decode(
             program, module, padded_ids, padded_mask, counted, np.int32(max_new_tokens),
             SamplingValues(*(np.float32(value) for value in settings.traced_values())),
             end_token_array(eos_token_ids),
-            np.int32(pad_token_id), row_seeds, row_samples,
+            np.int32(pad_token_id), row_seeds, row_samples, images, token_types,
         )
     steps = int(gather_to_host(steps))
     return DecodeResult(

@@ -303,16 +303,18 @@ class OnlineTrainer(TRLTrainer):
         return (int(seed), int(max_new_tokens), np.asarray(prompt_ids).tobytes(), np.asarray(prompt_mask).tobytes())
 
     def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int,
-                seed: int) -> tuple[np.ndarray, np.ndarray]:
+                seed: int, vision: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens [N, steps], log-probs [N, steps])`` sampled by the policy after left-padded prompts (pad and
         log-prob 0 after a row's end token); the rows of one prompt in a row are one request's samples (one prefill).
-        Prompts :meth:`_sample_ahead` started are taken from there (sampled with the weights of that moment)."""
+        Prompts :meth:`_sample_ahead` started are taken from there (sampled with the weights of that moment).
+        ``vision``: the prompts' ``(images, token types)`` (:meth:`_vision_inputs`) for image prompts."""
         ahead = self._sampled_ahead.pop(self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed), None)
         if ahead is not None:
             places, pending = ahead
             outputs = pending.result()
         else:
-            requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
+            requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed,
+                                                          *(vision or ()))
             engine = self.rollout_engine
             engine.update_weights(self._sampling_module)
             outputs = engine.generate(requests, self.sampling)
@@ -388,13 +390,15 @@ class OnlineTrainer(TRLTrainer):
         return self._left_padded(prompt_ids, width)
 
     # ------------------------------------------------------------------ the generation path
-    def _generate_single_turn(self, prompt_ids: list[list[int]], seed: int) -> tuple[list[list[int]],
-                                                                                      list[list[float]] | None]:
+    def _generate_single_turn(self, prompt_ids: list[list[int]], seed: int,
+                              vision: tuple[np.ndarray, np.ndarray] | None = None
+                              ) -> tuple[list[list[int]], list[list[float]] | None]:
         """One completion per prompt from the rollout engine (TRL's ``_generate_single_turn``): sampled with the
         config's settings, cut after the first end token (kept), at most ``max_completion_length`` tokens; with
-        the engine's log-prob of each token (``None`` where completions come without them)."""
+        the engine's log-prob of each token (``None`` where completions come without them). ``vision``: image
+        prompts' ``(images, token types)``, laid out like :meth:`_prompt_arrays`."""
         prompts, mask = self._prompt_arrays(prompt_ids)
-        sampled, logps = self._sample(prompts, mask, self._completion_limit, seed)
+        sampled, logps = self._sample(prompts, mask, self._completion_limit, seed, vision)
         kept, _ = grpo_losses.completion_mask(sampled, self.eos_token_ids)
         lengths = kept.sum(axis=1)
         return ([row[:int(n)].tolist() for row, n in zip(sampled, lengths, strict=True)],
@@ -414,7 +418,11 @@ class OnlineTrainer(TRLTrainer):
             logps = None
         else:
             prompt_ids = [list(row["prompt_ids"]) for row in rows]
-            completions, logps = self._generate_single_turn(prompt_ids, seed)
+            if self._image_slots:
+                vision = self._vision_inputs(rows, self._prompt_arrays(prompt_ids)[0])
+                completions, logps = self._generate_single_turn(prompt_ids, seed, vision)
+            else:
+                completions, logps = self._generate_single_turn(prompt_ids, seed)
             extra = {}
         source = "rollout_func" if self.rollout_func is not None else "the sampler"
         if len(completions) != len(rows):
