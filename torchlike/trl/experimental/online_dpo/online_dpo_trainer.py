@@ -151,7 +151,7 @@ class OnlineDPOTrainer(OnlineTrainer):
         self.reward_weights = np.asarray(args.reward_weights or [1.0] * len(self.reward_funcs), np.float32)
         self._setup_sampling(args, model, processing_class)
         self.tools, self.tool_calling = [], None
-        train_rows = prepare_prompt_rows(train_dataset, processing_class, "train_dataset")
+        train_rows = self._prepare(train_dataset, "train_dataset")
         self.prompt_length = sampling.bucket_length(max(len(row["prompt_ids"]) for row in train_rows))
         largest = max([self.pad_token_id, *self.eos_token_ids, *(max(row["prompt_ids"], default=0)
                                                                  for row in train_rows)])
