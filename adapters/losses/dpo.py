@@ -405,7 +405,9 @@ def dpo_loss(
 def _pair_token_log_probs(family, module, batch: dict, with_metrics: bool = False,
                           block_size: logprobs.BlockSize = "auto", with_log_sum_sq_probs: bool = False
                           ) -> tuple[logprobs.TokenScores, jax.Array]:
-    """One forward pass over the chosen rows stacked on the rejected rows (``2B``, TRL's layout).
+    """One forward pass over the chosen rows stacked on the rejected rows (``2B``, TRL's layout). A vision-language
+    batch (``chosen_token_type_ids``/``rejected_token_type_ids`` and the pairs' ``images``) gives each pair's images
+    to both of its rows, as TRL's vision collator repeats them for the chosen and the rejected sequence.
 
     Returns:
         ``(scores, mask)``: the per-token scores ``[2B, T-1]`` of ``logprobs.next_token_scores`` (the
@@ -415,9 +417,13 @@ def _pair_token_log_probs(family, module, batch: dict, with_metrics: bool = Fals
     def stacked(name: str) -> jax.Array:
         return jnp.concatenate([batch[f"chosen_{name}"], batch[f"rejected_{name}"]])
 
-    scores = logprobs.next_token_scores(
-        family, module, {"input_ids": stacked("input_ids"), "attention_mask": stacked("attention_mask")},
-        with_metrics=with_metrics, block_size=block_size, with_log_sum_sq_probs=with_log_sum_sq_probs)
+    inputs = {"input_ids": stacked("input_ids"), "attention_mask": stacked("attention_mask")}
+    if "chosen_token_type_ids" in batch:
+        inputs["token_type_ids"] = stacked("token_type_ids")
+    if "images" in batch:
+        inputs["images"] = jnp.concatenate([batch["images"], batch["images"]])
+    scores = logprobs.next_token_scores(family, module, inputs, with_metrics=with_metrics, block_size=block_size,
+                                        with_log_sum_sq_probs=with_log_sum_sq_probs)
     mask = stacked("completion_mask")[:, 1:]
     return scores._replace(log_probs=jnp.where(mask.astype(bool), scores.log_probs, 0.0)), mask
 
@@ -471,7 +477,9 @@ def preference_loss(family: Family, settings: DPOLossSettings, block_size: logpr
         block_size: positions per block of the log-prob computation (:data:`.logprobs.BlockSize`: ``"auto"``, a
             number, or ``None`` for the whole sequence at once).
 
-    The batch holds ``collate_preference_batch``'s columns with ``ref_chosen_logps``/``ref_rejected_logps``.
+    The batch holds ``collate_preference_batch``'s columns with ``ref_chosen_logps``/``ref_rejected_logps``; a
+    vision-language batch also ``chosen_token_type_ids``/``rejected_token_type_ids`` and ``images`` (one set per
+    pair).
     """
     weighted = list(zip(settings.loss_type, settings.loss_weights, strict=True))
     whole_batch = [(name, weight) for name, weight in weighted if name in BATCH_LOSS_TYPES]

@@ -82,3 +82,20 @@ def vlm_batch(processor: transformers.ProcessorMixin, count: int = 2, seed: int 
     conversations, images = vision_conversations(count, seed, text_only_row)
     texts = processor.apply_chat_template(conversations, tokenize=False)
     return processor(text=texts, images=images, padding=True, add_special_tokens=False, return_tensors="np")
+
+
+def vision_preferences(count: int = 2, seed: int = 0, text_only_row: bool = True) -> list[dict]:
+    """``count`` TRL vision preference rows, then, with ``text_only_row``, one without an image: the prompt is the
+    user turn of :func:`vision_conversations` (its image, if any, in ``images``), ``chosen`` its assistant answer and
+    ``rejected`` the next answer of ``ANSWERS``.
+
+    Returns:
+        Rows with ``prompt``, ``chosen``, ``rejected`` (message lists of typed parts) and ``images``.
+    """
+    conversations, images = vision_conversations(count, seed, text_only_row)
+    rows = []
+    for row, (conversation, row_images) in enumerate(zip(conversations, images, strict=True)):
+        rejected = [{"role": "assistant", "content": [{"type": "text", "text": ANSWERS[(row + 1) % len(ANSWERS)]}]}]
+        rows.append({"prompt": conversation[:1], "chosen": conversation[1:], "rejected": rejected,
+                     "images": row_images})
+    return rows

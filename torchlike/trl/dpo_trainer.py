@@ -6,6 +6,10 @@ log-probabilities are computed once, before training, by a jitted forward of the
 base weights with the LoRA adapter off when the adapter is new; else the initial weights) and stored with each
 example. TRL computes them in every step by default; the values are the same, since the reference is frozen and has no
 dropout, and no second copy of the model is kept for full fine-tuning.
+
+A vision dataset (``images`` or ``image`` beside ``prompt``/``chosen``/``rejected``) on a vision-language model is
+processed batch by batch by the model's processor (:class:`~torchlike.trl.dpo_vision.VisionPreferenceCollator`), for
+the reference pass as for the steps: each pair's images go through the vision tower with both its sequences.
 """
 
 from __future__ import annotations
@@ -17,9 +21,16 @@ from typing import Any
 from ..adapters.losses import dpo as dpo_losses
 from ..adapters.losses.dpo import preference_loss
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
-from .base_trainer import PrecomputedReferenceTrainer
+from .base_trainer import PrecomputedReferenceTrainer, is_vision_dataset
 from .dpo_config import DPOConfig
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
+from .dpo_vision import (
+    VisionPreferenceCollator,
+    check_vision_preference_model,
+    check_vision_preference_settings,
+    most_images,
+    vision_preference_rows,
+)
 
 __all__ = ["DPOTrainer", "preference_loss"]
 
@@ -39,10 +50,13 @@ class DPOTrainer(PrecomputedReferenceTrainer):
             must return ``collate_preference_batch``'s columns with one row per example.
         train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in a TRL
             preference format (``prompt``/``chosen``/``rejected``, or implicit prompt ``chosen``/``rejected``;
-            strings or message lists). ``train_dataset`` is required; ``eval_dataset`` may be a dict of datasets (a
+            strings or message lists); with an ``images`` (or ``image``) column, TRL's vision preference data for a
+            vision-language model (explicit prompt; ``trainer.train_dataset`` is then its rows as dicts with the
+            reference columns added). ``train_dataset`` is required; ``eval_dataset`` may be a dict of datasets (a
             ``datasets.DatasetDict``), each prepared and scored by the reference alike and evaluated with its own
             loss name (``eval_<name>_loss``; TRL's own metrics stay ``eval_rewards/chosen``..., as TRL logs them).
-        processing_class: the tokenizer (default: loaded from the model's path).
+        processing_class: the tokenizer, or for vision data the model's processor (default: loaded from the
+            model's path, the processor for vision data).
         compute_metrics: ``EvalPrediction -> dict``, as TRL (which deprecates it, with a ``FutureWarning``, since
             its logits take an extra forward pass): the logits of the chosen rows, then the rejected rows, of each
             batch and ``label_ids`` their ``input_ids`` (prompt + response, right-padded as TRL's collator pads).
@@ -75,27 +89,42 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         args = self._trl_args(model, args)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: preference pairs ('prompt', 'chosen', 'rejected').")
+        self._is_vision_dataset = is_vision_dataset(train_dataset)
+        if self._is_vision_dataset:
+            check_vision_preference_settings(args, data_collator, compute_metrics)
         self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
         if args.use_weighting and {"aot", "aot_unpaired"} & set(args.loss_type):
             raise NotImplementedError("WPO-style weighting is not implemented for 'aot' or 'aot_unpaired' because "
                                       "those losses sort samples, which would misalign per-pair weights.")
+        given_processing_class = processing_class
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self._setup_router_loss(model, args)
         self.ref_model = ref_model
-        self.pad_token_id = self._pad_token_id(processing_class, args.pad_token)
+        tokenizer = processing_class
+        if self._is_vision_dataset:
+            processing_class = self._vision_processor(model, ref_model, given_processing_class)
+            tokenizer = processing_class.tokenizer
+        self.pad_token_id = self._pad_token_id(tokenizer, args.pad_token)
         for config in (model.config, model.generation_config):
             config.pad_token_id = self.pad_token_id  # TRL mirrors the pad token onto the model
+        if self._is_vision_dataset:
+            config = model.config
+            collator = self._vision_collator = VisionPreferenceCollator(
+                processing_class, lambda ids, pixels: self._family(model).images(config, ids, pixels),
+                self.pad_token_id, max_length=args.max_length)
+        else:
+            collator = data_collator or (lambda rows: collate_preference_batch(
+                rows, self.pad_token_id, self.padded_length, args.max_length, args.truncation_mode))
         train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
-        collator = data_collator or (lambda rows: collate_preference_batch(
-            rows, self.pad_token_id, self.padded_length, args.max_length, args.truncation_mode))
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
                          eval_dataset=eval_examples, processing_class=processing_class,
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers)
         self._start_reference(ref_model, train_examples, eval_examples)
         self._warn_if_sorting_loss_sees_padding()
         # What TRL users read: a datasets.Dataset with TRL's columns (prompt_ids, chosen_ids, rejected_ids and the
-        # precomputed ref_chosen_logps / ref_rejected_logps).
-        self._show_prepared_datasets(train_examples, eval_examples)
+        # precomputed ref_chosen_logps / ref_rejected_logps). TRL leaves vision data unprepared: its rows stay.
+        if not self._is_vision_dataset:
+            self._show_prepared_datasets(train_examples, eval_examples)
 
     # ------------------------------------------------------------------ compute_metrics
     def _metrics_rows(self, batch: dict) -> tuple[Any, Any]:
@@ -117,8 +146,42 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         return jax.tree.map(lambda array: np.asarray(array)[kept], found), len(kept)
 
     # ------------------------------------------------------------------ data
+    def _check_reference_settings(self, args: Any, model: Any, ref_model: Any, train_dataset: Any,
+                                  eval_dataset: Any) -> None:
+        """The base checks; a vision dataset is refused only for a model that is not a vision-language one, as TRL
+        refuses it (:meth:`_vision_processor`), so the base's text-data checks do not read it (a vision dataset is
+        never a dict of datasets)."""
+        super()._check_reference_settings(args, model, ref_model, None if self._is_vision_dataset else train_dataset,
+                                          eval_dataset)
+
+    @staticmethod
+    def _family(model: Any) -> Any:
+        """The adapter family of a model or of the base model of a ``PeftModel``."""
+        return getattr(model, "family", None) or model.base_model.family
+
+    def _vision_processor(self, model: Any, ref_model: Any, processing_class: Any) -> Any:
+        """The processor of a vision dataset (the model's, loaded from its path when none is given), after TRL's
+        refusal of vision data for a model (or ``ref_model``) that is not a vision-language one."""
+        family = self._family(model)
+        check_vision_preference_model(family, processing_class)
+        if ref_model is not None:
+            check_vision_preference_model(self._family(ref_model), which="ref_model")
+        if processing_class is None:
+            from ..processing import AutoProcessor
+
+            processing_class = AutoProcessor.from_pretrained(model.name_or_path)
+            check_vision_preference_model(family, processing_class)
+        return processing_class
+
     def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
-        """Prepared examples of ``dataset``, checked against the vocabulary of the models that will read them."""
+        """Prepared examples of ``dataset``, checked against the vocabulary of the models that will read them; the
+        rows of a vision dataset as they are (its collator processes them), with image slots for the most images a
+        row has."""
+        if self._is_vision_dataset:
+            rows = vision_preference_rows(dataset)
+            collator = self._vision_collator
+            collator.images_per_row = max(collator.images_per_row, most_images(rows))
+            return rows
         examples = prepare_preference_examples(dataset, tokenizer, max_length=args.max_length,
                                                truncation_mode=args.truncation_mode, num_proc=args.dataset_num_proc)
         largest = max([self.pad_token_id, *(max(e[key], default=0) for e in examples
@@ -127,6 +190,8 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         return examples
 
     def _padded_length(self, examples: list[dict]) -> int:
+        if self._is_vision_dataset:
+            return 1  # the vision collator pads each batch to a bucketed length
         args = self.args
         return padded_length(examples, args.max_length, args.truncation_mode, args.pad_to_multiple_of)
 

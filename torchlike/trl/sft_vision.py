@@ -17,7 +17,8 @@ import numpy as np
 from .base_config import round_up_to_multiple
 from .data_utils import is_message_list
 
-__all__ = ["VisionLanguageCollator", "check_vision_settings", "prepare_multimodal_messages"]
+__all__ = ["VisionLanguageCollator", "batch_images", "check_vision_settings", "flush_left", "images_in_slots",
+           "prepare_multimodal_messages", "with_image_list"]
 
 LENGTH_BUCKET = 32
 """Batches are padded to a multiple of this many tokens (TRL pads to the longest row), so a run compiles its step for
@@ -94,12 +95,66 @@ def prepare_multimodal_messages(messages: Sequence[Mapping[str, Any]], images: S
     return prepared
 
 
-def _flush_left(mask: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-    """TRL's ``flush_left``: each row's real tokens moved to its start, then the columns no row uses dropped."""
+def flush_left(mask: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """TRL's ``flush_left``: each row's real tokens moved to its start, then the columns no row uses dropped.
+
+    Args:
+        mask: ``[B, T]``, nonzero on real tokens.
+        arrays: ``[B, T]`` arrays moved with it (token ids, completion masks, token types).
+
+    Returns:
+        ``mask`` and each of ``arrays``, rearranged and cut to the longest row.
+    """
     order = np.argsort(~mask.astype(bool), axis=1, kind="stable")
     moved = [np.take_along_axis(array, order, axis=1) for array in (mask, *arrays)]
     width = int(mask.sum(axis=1).max(initial=0))
     return tuple(array[:, :width] for array in moved)
+
+
+def with_image_list(example: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a vision example whose images are a list under ``images`` (TRL's collators turn a single ``image``
+    into ``images=[image]``; an example with neither gets ``[]``)."""
+    example = dict(example)
+    if "image" in example:
+        example["images"] = [example.pop("image")]
+    example.setdefault("images", [])
+    return example
+
+
+def batch_images(examples: Sequence[Mapping[str, Any]]) -> list | None:
+    """The ``images`` lists of a batch for the processor, ``None`` when no example has one (transformers' processors
+    want at least one image when given ``images``)."""
+    images = [example["images"] for example in examples]
+    return None if all(not row for row in images) else images
+
+
+def images_in_slots(processor: Any, images: Any, input_ids: np.ndarray, pixel_values: np.ndarray | None,
+                    images_per_row: int) -> np.ndarray:
+    """Each row's images, in token order, in ``images_per_row`` slots (zeros past a row's own), for the JAX step.
+
+    Args:
+        processor: the model's processor (its ``image_processor.size`` shapes an image-less batch).
+        images: ``(input_ids, pixel_values) -> [B, N, H, W, C]`` (the family's ``Family.images`` on its config).
+        input_ids: ``[B, T]`` processed token ids (image tokens included).
+        pixel_values: the processor's ``pixel_values`` of every image of the batch, ``None`` when it has none.
+        images_per_row: the slots per row.
+
+    Returns:
+        float32 ``[B, images_per_row, H, W, C]``.
+
+    Raises:
+        ValueError: a row has more images than ``images_per_row``.
+    """
+    if pixel_values is None:
+        size = processor.image_processor.size
+        return np.zeros((len(input_ids), images_per_row, size["height"], size["width"], 3), np.float32)
+    per_row = images(input_ids, np.asarray(pixel_values, np.float32))
+    if per_row.shape[1] > images_per_row:
+        raise ValueError(f"a row has {per_row.shape[1]} images, more than the {images_per_row} the dataset's rows were "
+                         "counted to have.")
+    slots = np.zeros((len(input_ids), images_per_row, *per_row.shape[2:]), np.float32)
+    slots[:, :per_row.shape[1]] = per_row
+    return slots
 
 
 class VisionLanguageCollator:
@@ -132,7 +187,7 @@ class VisionLanguageCollator:
         self.images_per_row = max(int(images_per_row), 1)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-        examples = [self._with_images(example) for example in examples]
+        examples = [with_image_list(example) for example in examples]
         if "messages" in examples[0] or self.dataset_text_field in examples[0]:
             if self.completion_only_loss:
                 raise ValueError("The `completion_only_loss` argument is not supported for language modeling "
@@ -144,21 +199,9 @@ class VisionLanguageCollator:
             raise KeyError(f"Unexpected input keys in examples: {list(examples[0].keys())}.")
         return self._laid_out(processed, loss_mask)
 
-    @staticmethod
-    def _with_images(example: Mapping[str, Any]) -> dict[str, Any]:
-        example = dict(example)
-        if "image" in example:
-            example["images"] = [example.pop("image")]
-        example.setdefault("images", [])
-        return example
-
     def _processor_kwargs(self, padding_side: str = "right") -> dict[str, Any]:
         return {"padding": True, "padding_side": padding_side, "truncation": self.max_length is not None,
                 "max_length": self.max_length, "add_special_tokens": False}
-
-    def _batch_images(self, examples: Sequence[Mapping[str, Any]]) -> list | None:
-        images = [example["images"] for example in examples]
-        return None if all(not row for row in images) else images  # transformers wants at least one image
 
     def _language_modeling(self, examples: Sequence[Mapping[str, Any]]) -> tuple[dict, np.ndarray]:
         if "messages" in examples[0]:
@@ -169,7 +212,7 @@ class VisionLanguageCollator:
                 processor_kwargs=self._processor_kwargs())
         else:
             texts = [example[self.dataset_text_field] for example in examples]
-            processed = self.processor(images=self._batch_images(examples), text=texts, return_tensors="np",
+            processed = self.processor(images=batch_images(examples), text=texts, return_tensors="np",
                                        **self._processor_kwargs())
         return dict(processed), np.asarray(processed["attention_mask"])
 
@@ -187,7 +230,7 @@ class VisionLanguageCollator:
             else:
                 prompts.append(example["prompt"])
                 completions.append(example["completion"])
-        prompt_part = self.processor(images=self._batch_images(examples), text=prompts, return_tensors="np",
+        prompt_part = self.processor(images=batch_images(examples), text=prompts, return_tensors="np",
                                      padding=True, padding_side="left", add_special_tokens=False)
         completion_part = self.processor(text=completions, return_tensors="np", padding=True,
                                          padding_side="right", add_special_tokens=False)
@@ -197,7 +240,7 @@ class VisionLanguageCollator:
                                        axis=1)
         types = np.concatenate([prompt_part.get("token_type_ids", np.zeros_like(prompt_part["input_ids"])),
                                 np.zeros_like(completion_part["input_ids"])], axis=1)
-        mask, ids, in_completion, types = _flush_left(mask, ids, in_completion, types)
+        mask, ids, in_completion, types = flush_left(mask, ids, in_completion, types)
         if self.max_length is not None:
             mask, ids, in_completion, types = (array[:, :self.max_length] for array in (mask, ids, in_completion,
                                                                                         types))
@@ -220,17 +263,6 @@ class VisionLanguageCollator:
         types = processed.get("token_type_ids", np.zeros_like(ids))
         batch = {"input_ids": padded(ids, pad_id), "attention_mask": padded(processed["attention_mask"]),
                  "loss_mask": padded(loss_mask), "token_type_ids": padded(types)}
-        pixel_values = processed.get("pixel_values")
-        if pixel_values is None:
-            size = self.processor.image_processor.size
-            shape = (len(ids), self.images_per_row, size["height"], size["width"], 3)
-            batch["images"] = np.zeros(shape, np.float32)
-            return batch
-        images = self.images(ids, np.asarray(pixel_values, np.float32))
-        if images.shape[1] > self.images_per_row:
-            raise ValueError(f"a row has {images.shape[1]} images, more than the {self.images_per_row} the dataset's "
-                             "rows were counted to have.")
-        slots = np.zeros((len(ids), self.images_per_row, *images.shape[2:]), np.float32)
-        slots[:, :images.shape[1]] = images
-        batch["images"] = slots
+        batch["images"] = images_in_slots(self.processor, self.images, ids, processed.get("pixel_values"),
+                                          self.images_per_row)
         return batch
