@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,17 +69,18 @@ class ExampleParser(argparse.ArgumentParser):
 
 
 @contextlib.contextmanager
-def workspace(model: str | None, out: str | None) -> Iterator[tuple[str, Path]]:
+def workspace(model: str | None, out: str | None,
+              build: Callable[[Path], Path] | None = None) -> Iterator[tuple[str, Path]]:
     """``(model source, output directory)`` for one run.
 
-    With no ``model`` the embedded default is built, inside ``out`` (as ``out/base``, so saved adapters keep a
-    base to load onto) or in the temporary directory. With no ``out`` everything is written to a temporary
-    directory removed on exit.
+    With no ``model`` the embedded default (``build``, by default :func:`build_embedded_default`) is built, inside
+    ``out`` (as ``out/base``, so saved adapters keep a base to load onto) or in the temporary directory. With no
+    ``out`` everything is written to a temporary directory removed on exit.
     """
     with tempfile.TemporaryDirectory(prefix="torchlike-example-") as scratch:
         directory = Path(out) if out else Path(scratch)
         directory.mkdir(parents=True, exist_ok=True)
-        yield model or str(build_embedded_default(directory / "base")), directory
+        yield model or str((build or build_embedded_default)(directory / "base")), directory
 
 
 def logged(trainer: Any, key: str) -> list[float]:

@@ -17,7 +17,7 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = ["demo", "distillation", "dpo", "export_for_vllm", "grpo_countdown", "kto", "lora_lenient_load",
-           "online_dpo", "reward_model", "rloo_countdown", "sft_lora"]
+           "online_dpo", "reward_model", "rloo_countdown", "sft_lora", "vlm_sft"]
 
 
 def example(name: str) -> ModuleType:
@@ -75,6 +75,14 @@ def test_countdown_problems_are_solved_by_their_solution_and_pairs_prefer_it():
         if pair["prompt"] == problem["prompt"]:
             assert countdown.is_correct(pair["chosen"], problem["numbers"], problem["target"])
             assert not countdown.is_correct(pair["rejected"], problem["numbers"], problem["target"])
+
+
+def test_vlm_sft_trains_on_images_saves_the_adapter_and_reloads_it_exactly(tmp_path):
+    result = example("vlm_sft").main(["--max-steps", "3", "--out", str(tmp_path)])
+    assert len(result["losses"]) == 3 and np.isfinite(result["losses"]).all()
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(result["adapter_files"])
+    assert result["reload_max_abs_diff"] <= 1e-6
+    assert len(result["answers"]) == 4 and all(isinstance(answer, str) for answer in result["answers"])
 
 
 def test_sft_lora_trains_the_adapter_saves_it_and_reloads_it_exactly(tmp_path):
