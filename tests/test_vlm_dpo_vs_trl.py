@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import torchlike
-from tests.helpers.logs import logged
+from tests.helpers.logs import evaluated, logged
 from tests.helpers.vision import save_tiny_vlm, vision_preferences
 from torchlike.trl import DPOConfig, DPOTrainer
 
@@ -28,7 +28,7 @@ def vlm_path(tmp_path_factory):
     return save_tiny_vlm(tmp_path_factory.mktemp("vlm-dpo"))
 
 
-def test_vlm_dpo_matches_trl_step_for_step(vlm_path, tmp_path):
+def test_vlm_dpo_matches_trl_step_for_step_and_in_evaluation(vlm_path, tmp_path):
     import datasets
     import torch
     import transformers
@@ -36,11 +36,12 @@ def test_vlm_dpo_matches_trl_step_for_step(vlm_path, tmp_path):
     from torch.utils.data import SequentialSampler
 
     rows = vision_preferences(7, seed=5)  # seven pairs with an image, the last one without
+    held_out = vision_preferences(2, seed=11)
     reference = trl.DPOTrainer(
         model=transformers.AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32,
                                                                         attn_implementation="eager"),
         args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **SETTINGS),
-        train_dataset=datasets.Dataset.from_list(rows),
+        train_dataset=datasets.Dataset.from_list(rows), eval_dataset=datasets.Dataset.from_list(held_out),
         processing_class=transformers.AutoProcessor.from_pretrained(vlm_path))
     reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
     reference.train()
@@ -48,6 +49,7 @@ def test_vlm_dpo_matches_trl_step_for_step(vlm_path, tmp_path):
     trainer = DPOTrainer(model=str(vlm_path), args=DPOConfig(output_dir=str(tmp_path / "ours"),
                                                              train_sampling_strategy="sequential", **SETTINGS),
                          train_dataset=datasets.Dataset.from_list(rows),
+                         eval_dataset=datasets.Dataset.from_list(held_out),
                          processing_class=torchlike.AutoProcessor.from_pretrained(vlm_path))
     trainer.train()
     expected = [entry for entry in reference.state.log_history if "loss" in entry]
@@ -56,11 +58,16 @@ def test_vlm_dpo_matches_trl_step_for_step(vlm_path, tmp_path):
     assert [set(entry) for entry in ours] == [set(entry) for entry in expected]  # the same metrics
     assert min(logged(expected, "grad_norm")) > SETTINGS["max_grad_norm"]  # clipping is active every step
     for key in ("loss", "grad_norm", "learning_rate", *METRICS):
-        # atol: step 1's rewards are 0 in TRL and float noise here (the reference pass and the step are two programs).
+        # atol: the rewards of the steps at the initial weights are 0, where a float-noise difference is not relative.
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, atol=1e-6, err_msg=key)
     assert logged(ours, "num_tokens") == logged(expected, "num_tokens")
     # Step 1 scores the initial weights (lr 0), where chosen > rejected is decided by float noise.
     assert logged(ours, "rewards/accuracies")[1:] == logged(expected, "rewards/accuracies")[1:]
+    # The held-out pairs scored by the trained policy against the initial reference.
+    expected_eval, ours_eval = evaluated(reference), evaluated(trainer)
+    assert set(ours_eval) == set(expected_eval) >= {"eval_loss", "eval_rewards/margins", "eval_logps/chosen"}
+    for key, value in expected_eval.items():
+        np.testing.assert_allclose(ours_eval[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
 
 
 @pytest.mark.parametrize(("setting", "error", "words"), [
