@@ -73,3 +73,15 @@ def test_vision_data_on_a_text_only_model_is_refused_as_trl_does(tiny_checkpoint
                                          r"vision-language model"):
         SFTTrainer(model=str(tiny_checkpoints.path("gemma3")), train_dataset=vision_rows(3),
                    args=SFTConfig(output_dir=str(tmp_path), report_to="none"))
+
+
+def test_a_processor_that_does_not_match_the_checkpoint_is_a_named_error(vlm_path, tmp_path):
+    import transformers
+
+    processor = torchlike.AutoProcessor.from_pretrained(vlm_path)
+    other = transformers.Gemma3Processor(image_processor=processor.image_processor, tokenizer=processor.tokenizer,
+                                         chat_template=processor.chat_template, image_seq_length=9)
+    with pytest.raises(ValueError, match=r"The processor does not match the checkpoint:\n- the processor's "
+                                         r"image_seq_length is 9 but the checkpoint's mm_tokens_per_image is 4"):
+        SFTTrainer(model=str(vlm_path), train_dataset=vision_rows(3), processing_class=other,
+                   args=SFTConfig(output_dir=str(tmp_path), report_to="none"))

@@ -30,6 +30,7 @@ from ..adapters.lora import runtime as lora_runtime
 from ..adapters.losses import grpo as grpo_losses
 from ..adapters.rollout import sampling
 from ..adapters.training import train_step
+from ..processing import check_processor_matches
 from ..training import batches, checkpoints, step_logs
 from ..type_aliases import (
     DatasetLike,
@@ -304,6 +305,7 @@ class GRPOTrainer(OnlineTrainer):
         if self.args.max_staleness > 0:
             raise ValueError(f"max_staleness={self.args.max_staleness} with image prompts is not supported by "
                              "torchlike yet (the background sampler takes text prompts); use max_staleness=0.")
+        check_processor_matches(processing_class, model.config)
         return processing_class
 
     # ------------------------------------------------------------------ batches

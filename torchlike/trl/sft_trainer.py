@@ -11,6 +11,7 @@ import numpy as np
 
 from ..adapters.model import neftune
 from ..adapters.training import train_step
+from ..processing import check_processor_matches
 from ..training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
 from ..training.losses import with_virtual_tokens
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
@@ -161,6 +162,7 @@ class SFTTrainer(TRLTrainer):
         if not hasattr(processor, "image_processor"):
             raise ValueError(f"a vision dataset needs the model's processor as processing_class (got "
                              f"{type(processor).__name__}); pass torchlike.AutoProcessor.from_pretrained(<model>).")
+        check_processor_matches(processor, model.config)
         config = model.config
         self.pad_token_id = processor.tokenizer.pad_token_id
         self.padding_free, self._pads_like_trl, self.padded_length = False, False, 1
