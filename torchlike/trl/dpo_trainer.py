@@ -108,10 +108,10 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         for config in (model.config, model.generation_config):
             config.pad_token_id = self.pad_token_id  # TRL mirrors the pad token onto the model
         if self._is_vision_dataset:
-            config = model.config
+            family, config = self._family(model), model.config
             collator = self._vision_collator = VisionPreferenceCollator(
-                processing_class, lambda ids, pixels: self._family(model).images(config, ids, pixels),
-                self.pad_token_id, max_length=args.max_length)
+                processing_class, lambda ids, pixels: family.images(config, ids, pixels), self.pad_token_id,
+                max_length=args.max_length)
         else:
             collator = data_collator or (lambda rows: collate_preference_batch(
                 rows, self.pad_token_id, self.padded_length, args.max_length, args.truncation_mode))
