@@ -259,3 +259,15 @@ def test_greedy_generate_with_an_image_equals_transformers(vlm_dirs):
         np.testing.assert_array_equal(ours[:, -6:], theirs[:, -6:])
     with pytest.raises(ValueError, match=r"the paged rollout engine does not take image prompts yet"):
         model.generate(**dict(padded), max_new_tokens=2, rollout_engine="paged")
+
+
+def test_from_config_starts_the_vision_layer_norms_at_one_and_the_gemma_norms_at_zero():
+    from torchlike.testing import tiny_multimodal_config
+
+    model = torchlike.AutoModelForCausalLM.from_config(tiny_multimodal_config("gemma3"))
+    weights = model.state_dict()
+    assert np.all(np.asarray(weights["vision_encoder.siglip_encoder.transformer.blocks.0.ln1.scale"]) == 1.0)
+    assert np.all(np.asarray(weights["vision_encoder.siglip_encoder.transformer.encoder_norm.scale"]) == 1.0)
+    assert np.all(np.asarray(weights["embedder.mm_soft_embedding_norm.scale"]) == 0.0)
+    assert np.all(np.asarray(weights["final_norm.scale"]) == 0.0)
+    assert np.all(np.asarray(weights["layers.0.pre_attention_norm.scale"]) == 0.0)

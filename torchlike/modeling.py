@@ -6,6 +6,7 @@ import contextlib
 import copy
 import difflib
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
@@ -964,8 +965,11 @@ class AutoModelForCausalLM:
 
         def random_tensors():
             for spec in specs:
-                if spec.name.endswith("norm.weight"):
-                    value = 0.0 if family.norms_scale_by_one_plus_weight else 1.0  # the neutral norm weight
+                if re.search(r"norm\d*\.weight$", spec.name):
+                    # The neutral norm weight: 0 for a (1 + w) RMS norm, 1 for a plain one and for a vision tower's
+                    # layer norms (SigLIP's), whatever the decoder's norms are.
+                    one_plus = family.norms_scale_by_one_plus_weight and "vision_tower." not in spec.name
+                    value = 0.0 if one_plus else 1.0
                     yield spec.name, np.full(spec.shape, value, np.float32), "random init"
                 elif spec.name.endswith(".bias"):
                     yield spec.name, np.zeros(spec.shape, np.float32), "random init"
