@@ -20,6 +20,7 @@ from typing import Any
 
 from ..adapters.losses import dpo as dpo_losses
 from ..adapters.losses.dpo import preference_loss
+from ..processing import check_processor_matches
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import PrecomputedReferenceTrainer, is_vision_dataset
 from .dpo_config import DPOConfig
@@ -161,7 +162,8 @@ class DPOTrainer(PrecomputedReferenceTrainer):
 
     def _vision_processor(self, model: Any, ref_model: Any, processing_class: Any) -> Any:
         """The processor of a vision dataset (the model's, loaded from its path when none is given), after TRL's
-        refusal of vision data for a model (or ``ref_model``) that is not a vision-language one."""
+        refusal of vision data for a model (or ``ref_model``) that is not a vision-language one, checked against the
+        checkpoint (:func:`~torchlike.processing.check_processor_matches`)."""
         family = self._family(model)
         check_vision_preference_model(family, processing_class)
         if ref_model is not None:
@@ -171,6 +173,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
 
             processing_class = AutoProcessor.from_pretrained(model.name_or_path)
             check_vision_preference_model(family, processing_class)
+        check_processor_matches(processing_class, model.config)
         return processing_class
 
     def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
