@@ -387,9 +387,13 @@ class PrecomputedReferenceTrainer(TRLTrainer):
     _reference_columns: tuple[str, ...] = ()
     _counts_step_tokens = True
 
+    _takes_vision_data = False
+    """Whether the trainer trains on TRL's vision datasets (it then refuses them itself for a text-only model)."""
+
     def _check_reference_settings(self, args: Any, model: Any, ref_model: Any, train_dataset: Any,
                                   eval_dataset: Any) -> None:
-        """TRL's checks of the datasets and the reference settings, with its wording."""
+        """TRL's checks of the datasets and the reference settings, with its wording (vision data refused unless
+        the trainer takes it, :attr:`_takes_vision_data`)."""
         import datasets
 
         from ..training.batches import check_single_dataset, each_dataset
@@ -399,7 +403,8 @@ class PrecomputedReferenceTrainer(TRLTrainer):
                                                  [train_dataset, *each_dataset(eval_dataset)]):
             raise ValueError("`precompute_ref_log_probs=True` is not supported with IterableDataset. Please use a "
                              "map-style Dataset or set `precompute_ref_log_probs=False`.")
-        check_text_dataset(train_dataset)
+        if not self._takes_vision_data:
+            check_text_dataset(train_dataset)
         if args.sync_ref_model and args.precompute_ref_log_probs:
             raise ValueError("You cannot use `sync_ref_model=True` together with `precompute_ref_log_probs=True`. "
                              "`precompute_ref_log_probs=True` assumes a fixed reference model, but with "

@@ -79,6 +79,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
     _config_class = DPOConfig
     _output_suffix = "DPO"
     _tag_names = ["trl", "dpo"]
+    _takes_vision_data = True  # refused for a text-only model by _vision_processor, in TRL's words
     _reference_columns = ("ref_chosen_logps", "ref_rejected_logps")
 
     def __init__(self, model: ModelLike, ref_model: ModelLike | None = None, args: DPOConfig | None = None,
@@ -147,14 +148,6 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         return jax.tree.map(lambda array: np.asarray(array)[kept], found), len(kept)
 
     # ------------------------------------------------------------------ data
-    def _check_reference_settings(self, args: Any, model: Any, ref_model: Any, train_dataset: Any,
-                                  eval_dataset: Any) -> None:
-        """The base checks; a vision dataset is refused only for a model that is not a vision-language one, as TRL
-        refuses it (:meth:`_vision_processor`), so the base's text-data checks do not read it (a vision dataset is
-        never a dict of datasets)."""
-        super()._check_reference_settings(args, model, ref_model, None if self._is_vision_dataset else train_dataset,
-                                          eval_dataset)
-
     @staticmethod
     def _family(model: Any) -> Any:
         """The adapter family of a model or of the base model of a ``PeftModel``."""
