@@ -271,3 +271,17 @@ def test_from_config_starts_the_vision_layer_norms_at_one_and_the_gemma_norms_at
     assert np.all(np.asarray(weights["embedder.mm_soft_embedding_norm.scale"]) == 0.0)
     assert np.all(np.asarray(weights["final_norm.scale"]) == 0.0)
     assert np.all(np.asarray(weights["layers.0.pre_attention_norm.scale"]) == 0.0)
+
+
+def test_gemma4_lora_on_peft_default_targets_loads_in_peft_with_the_same_logits(vlm_dirs, tmp_path):
+    path = vlm_dirs("gemma4")
+    # target_modules=None: PEFT's default for model_type "gemma4", the language model's q_proj and v_proj (a regex).
+    model = get_peft_model(torchlike.AutoModelForImageTextToText.from_pretrained(path),
+                           LoraConfig(r=4, lora_alpha=16, task_type="CAUSAL_LM"))
+    randomize_lora_(model)
+    model.save_pretrained(tmp_path / "adapter")
+    keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert keys and all(key.startswith("base_model.model.model.language_model.layers.") for key in keys)
+    reference = peft.PeftModel.from_pretrained(hf_vlm(path), tmp_path / "adapter").eval()
+    batch = text_batch("right")
+    assert valid_max_diff(model(**batch).logits, reference_logits(reference, batch), batch["attention_mask"]) <= 1e-4
