@@ -398,7 +398,10 @@ class OnlineTrainer(TRLTrainer):
         the engine's log-prob of each token (``None`` where completions come without them). ``vision``: image
         prompts' ``(images, token types)``, laid out like :meth:`_prompt_arrays`."""
         prompts, mask = self._prompt_arrays(prompt_ids)
-        sampled, logps = self._sample(prompts, mask, self._completion_limit, seed, vision)
+        if vision is None:
+            sampled, logps = self._sample(prompts, mask, self._completion_limit, seed)
+        else:
+            sampled, logps = self._sample(prompts, mask, self._completion_limit, seed, vision)
         kept, _ = grpo_losses.completion_mask(sampled, self.eos_token_ids)
         lengths = kept.sum(axis=1)
         return ([row[:int(n)].tolist() for row, n in zip(sampled, lengths, strict=True)],
