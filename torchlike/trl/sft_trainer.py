@@ -166,12 +166,10 @@ class SFTTrainer(TRLTrainer):
         config = model.config
         self.pad_token_id = processor.tokenizer.pad_token_id
         self.padding_free, self._pads_like_trl, self.padded_length = False, False, 1
-        rows = [train_dataset[index] for index in range(len(train_dataset))]
-        most = max((len(row.get("images") or []) + ("image" in row) for row in rows), default=1)
         collator = VisionLanguageCollator(
             processor, lambda ids, pixels: family.images(config, ids, pixels), max_length=args.max_length,
             completion_only_loss=args.completion_only_loss, dataset_text_field=args.dataset_text_field,
-            pad_to_multiple_of=args.pad_to_multiple_of, images_per_row=most)
+            pad_to_multiple_of=args.pad_to_multiple_of)
         self._prepare_sft_dataset = lambda dataset, packing=False: dataset
         TRLTrainer.__init__(self, model=model, args=args, data_collator=collator, train_dataset=train_dataset,
                             eval_dataset=eval_dataset, processing_class=processor,

@@ -129,7 +129,7 @@ def batch_images(examples: Sequence[Mapping[str, Any]]) -> list | None:
 
 
 def images_in_slots(processor: Any, images: Any, input_ids: np.ndarray, pixel_values: np.ndarray | None,
-                    images_per_row: int) -> np.ndarray:
+                    images_per_row: int | None) -> np.ndarray:
     """Each row's images, in token order, in ``images_per_row`` slots (zeros past a row's own), for the JAX step.
 
     Args:
@@ -137,7 +137,8 @@ def images_in_slots(processor: Any, images: Any, input_ids: np.ndarray, pixel_va
         images: ``(input_ids, pixel_values) -> [B, N, H, W, C]`` (the family's ``Family.images`` on its config).
         input_ids: ``[B, T]`` processed token ids (image tokens included).
         pixel_values: the processor's ``pixel_values`` of every image of the batch, ``None`` when it has none.
-        images_per_row: the slots per row.
+        images_per_row: the slots per row; ``None``: the batch's most images per row rounded up to a power of two
+            (a few shapes over a run, without counting every example's images first).
 
     Returns:
         float32 ``[B, images_per_row, H, W, C]``.
@@ -147,8 +148,10 @@ def images_in_slots(processor: Any, images: Any, input_ids: np.ndarray, pixel_va
     """
     if pixel_values is None:
         size = processor.image_processor.size
-        return np.zeros((len(input_ids), images_per_row, size["height"], size["width"], 3), np.float32)
+        return np.zeros((len(input_ids), images_per_row or 1, size["height"], size["width"], 3), np.float32)
     per_row = images(input_ids, np.asarray(pixel_values, np.float32))
+    if images_per_row is None:
+        images_per_row = 1 << max(per_row.shape[1] - 1, 0).bit_length()
     if per_row.shape[1] > images_per_row:
         raise ValueError(f"a row has {per_row.shape[1]} images, more than the {images_per_row} the dataset's rows were "
                          "counted to have.")
@@ -169,7 +172,7 @@ class VisionLanguageCollator:
         dataset_text_field: the text column of non-conversational language-modelling rows.
         pad_to_multiple_of: TRL's padding multiple (the bucket length is also a multiple of it).
         images_per_row: the image slots every batch gets per row (the most images any example has), so every batch
-            has one shape.
+            has one shape; ``None``: each batch's most, rounded up to a power of two (:func:`images_in_slots`).
 
     Returns from ``__call__``: ``input_ids``, ``attention_mask``, ``loss_mask`` (TRL's labels other than ``-100``),
     ``token_type_ids`` (1 on image tokens) and ``images`` ``[B, images_per_row, H, W, C]``.
@@ -177,14 +180,14 @@ class VisionLanguageCollator:
 
     def __init__(self, processor: Any, images: Any, max_length: int | None = None,
                  completion_only_loss: bool | None = None, dataset_text_field: str = "text",
-                 pad_to_multiple_of: int | None = None, images_per_row: int = 1):
+                 pad_to_multiple_of: int | None = None, images_per_row: int | None = None):
         self.processor = processor
         self.images = images
         self.max_length = max_length
         self.completion_only_loss = completion_only_loss
         self.dataset_text_field = dataset_text_field
         self.pad_to_multiple_of = pad_to_multiple_of
-        self.images_per_row = max(int(images_per_row), 1)
+        self.images_per_row = None if images_per_row is None else max(int(images_per_row), 1)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
         examples = [with_image_list(example) for example in examples]
