@@ -255,10 +255,9 @@ def test_greedy_generate_with_an_image_equals_transformers(vlm_dirs):
         with torch.no_grad():
             theirs = hf_vlm(path).generate(**{key: torch.tensor(value) for key, value in batch.items()},
                                            max_new_tokens=6, do_sample=False).numpy()
-        ours = np.asarray(model.generate(**batch, max_new_tokens=6, do_sample=False))
-        np.testing.assert_array_equal(ours[:, -6:], theirs[:, -6:])
-    with pytest.raises(ValueError, match=r"the paged rollout engine does not take image prompts yet"):
-        model.generate(**dict(padded), max_new_tokens=2, rollout_engine="paged")
+        for engine in ("static", "paged"):
+            ours = np.asarray(model.generate(**batch, max_new_tokens=6, do_sample=False, rollout_engine=engine))
+            np.testing.assert_array_equal(ours[:, -6:], theirs[:, -6:], err_msg=engine)
 
 
 def test_from_config_starts_the_vision_layer_norms_at_one_and_the_gemma_norms_at_zero():

@@ -43,9 +43,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..distributed import mesh as mesh_lib
 from ..distributed.multihost import gather_to_host
 from ..lora import runtime as lora_runtime
-from ..model.tunix_model import positions_from_mask
+from ..model.tunix_model import image_blocks, positions_from_mask
 from ..runtime.tracing import record_trace, traced_cheaply
-from .engine import RequestOutput, RolloutRequest
+from .engine import RequestOutput, RolloutRequest, request_images
 from .pages import TRASH_PAGE, PagePool
 from .sampling import (
     bucket_length,
@@ -178,14 +178,17 @@ class _Slot:
 # --------------------------------------------------------------------------- programs
 
 
-def _forward(module, tokens, positions, cache, mask):
-    logits, cache = module(tokens, positions, cache, mask)
+def _forward(module, tokens, positions, cache, mask, **inputs):
+    logits, cache = module(tokens, positions, cache, mask, **inputs)
     return logits.astype(jnp.float32), cache
 
 
-def _prefill_program(programs: _Programs, module, pool, prompt_ids, prompt_mask, page_index, page_offset):
+def _prefill_program(programs: _Programs, module, pool, prompt_ids, prompt_mask, page_index, page_offset,
+                     images=None, token_types=None):
     """Runs left-padded prompts ``[G, P]`` once, writes their keys/values to ``(page_index, page_offset) [G, P]``
-    (the trash page for padding) and returns ``(last logits [G, V], pool)``."""
+    (the trash page for padding) and returns ``(last logits [G, V], pool)``. ``images`` ``[G, N, H, W, C]`` and
+    ``token_types`` ``[G, P]`` (image prompts) put the images in place of their tokens, which see each other both
+    ways."""
     groups, width = prompt_ids.shape
     record_trace("generate", {"engine program": "prefill", "requests": groups, "prompt bucket": width})
     prompt_mask = prompt_mask.astype(bool)
@@ -194,8 +197,12 @@ def _prefill_program(programs: _Programs, module, pool, prompt_ids, prompt_mask,
     # As the static sampler: all but the last token fill the cache (their logits unused), the last one gives logits.
     head = width - 1
     causal = jnp.arange(width)[None, :] <= jnp.arange(head)[:, None]
-    _, cache = _forward(module, prompt_ids[:, :head], positions[:, :head], cache,
-                        causal[None] & prompt_mask[:, None, :])
+    attention = causal[None] & prompt_mask[:, None, :]
+    inputs = {}
+    if images is not None:
+        attention = attention | image_blocks(token_types)[:, :head]
+        inputs = {"images": images}
+    _, cache = _forward(module, prompt_ids[:, :head], positions[:, :head], cache, attention, **inputs)
     logits, cache = _forward(module, prompt_ids[:, head:], positions[:, head:], cache,
                              prompt_mask[:, None, :])
     pool = {name: {part: pool[name][part].at[page_index, page_offset].set(cache[name][part]) for part in ("k", "v")}
@@ -376,15 +383,11 @@ class PagedEngine:
             One :class:`~.engine.RequestOutput` per request, in order.
 
         Raises:
-            ValueError: a request cannot fit the page pool even alone (the message names ``kv_cache_tokens``), or a
-                request has images.
+            ValueError: a request cannot fit the page pool even alone (the message names ``kv_cache_tokens``).
         """
         requests = list(requests)
         if not requests:
             return []
-        if any(request.images is not None for request in requests):
-            raise ValueError("the paged rollout engine does not take image prompts yet (its chunked prefill would "
-                             "split an image's tokens); use rollout_engine='static' (the default) for them.")
         self.stats = EngineStats(page_size=self.config.page_size)
         return _Run(self, requests, settings).run()
 
@@ -528,7 +531,9 @@ class _Run:
                 group.pages = [self.pages.take() for _ in range(need)]
                 self.engine.stats.prefills += 1
             count = min(group.prompt_length - group.prefilled, self.prefill_budget)
-            self.prefill_budget -= count
+            if group.request.images is not None:  # an image prompt is prefilled whole: a chunk could split an image
+                count = group.prompt_length - group.prefilled
+            self.prefill_budget = max(self.prefill_budget - count, 0)
             chosen.append((group, count))
             covered += group.request.num_samples
         if not chosen:
@@ -558,8 +563,12 @@ class _Run:
             token = np.arange(count)
             page_index[row, width - count:] = np.asarray(group.pages)[token // page_size]
             page_offset[row, width - count:] = token % page_size
+        images, token_types = request_images([group.request for group, _ in chosen], width)
+        if images is not None:  # the padding rows get no images
+            images = np.pad(images, ((0, rows - len(chosen)),) + ((0, 0),) * (images.ndim - 1))
+            token_types = np.pad(token_types, ((0, rows - len(chosen)), (0, 0)))
         logits, self.pool = _prefill(self.programs, self.engine.module, self.pool, prompt_ids, prompt_mask,
-                                     page_index, page_offset)
+                                     page_index, page_offset, images, token_types)
         self._prefilled(chosen, logits)
 
     def _prefill_chunk(self, chosen: list[tuple[_Group, int]]) -> None:
