@@ -12,6 +12,7 @@ import torchlike
 from tests import tiny
 from tests.helpers.logs import logged
 from tests.helpers.vision import save_tiny_vlm
+from torchlike.adapters import rollout
 from torchlike.testing import tiny_image
 from torchlike.trl import GRPOConfig, GRPOTrainer
 
@@ -82,21 +83,24 @@ def test_image_prompts_for_a_text_only_model_are_refused_as_trl_does(tiny_checkp
                     args=GRPOConfig(output_dir=str(tmp_path), report_to="none"), train_dataset=image_rows(2))
 
 
-def test_vlm_grpo_samples_its_completions_with_the_images(vlm_path, tmp_path):
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_vlm_grpo_samples_its_completions_with_the_images(vlm_path, tmp_path, max_staleness, monkeypatch):
+    # max_staleness=1: the next generation batch is sampled, with its images, while the current one trains.
     trainer = GRPOTrainer(model=str(vlm_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
-                          args=GRPOConfig(output_dir=str(tmp_path), **dict(SETTINGS, max_steps=1)),
+                          args=GRPOConfig(output_dir=str(tmp_path), max_staleness=max_staleness,
+                                          **dict(SETTINGS, max_steps=1 + max_staleness)),
                           train_dataset=image_rows(4),
                           processing_class=torchlike.AutoProcessor.from_pretrained(vlm_path))
     requests = []
-    engine_generate = trainer.rollout_engine.generate
+    engine_generate = rollout.StaticEngine.generate
 
-    def recording(batch_requests, settings):
+    def recording(engine, batch_requests, settings):  # the training engine's and the background one's
         requests.extend(batch_requests)
-        return engine_generate(batch_requests, settings)
+        return engine_generate(engine, batch_requests, settings)
 
-    trainer.rollout_engine.generate = recording
+    monkeypatch.setattr(rollout.StaticEngine, "generate", recording)
     output = trainer.train()
-    assert output.global_step == 1 and np.isfinite(output.training_loss)
+    assert output.global_step == 1 + max_staleness and np.isfinite(output.training_loss)
     # Every prompt was one request (its num_generations samples share a prefill) carrying its own image.
     assert [request.num_samples for request in requests] == [SETTINGS["num_generations"]] * len(requests)
     assert all(request.images is not None and request.images.shape[0] == 1 for request in requests)

@@ -302,9 +302,6 @@ class GRPOTrainer(OnlineTrainer):
             raise ValueError("image prompts with tools or an environment_factory are not supported by torchlike yet "
                              "(the tool results would need their images merged into the completions); train without "
                              "tools, or on text prompts.")
-        if self.args.max_staleness > 0:
-            raise ValueError(f"max_staleness={self.args.max_staleness} with image prompts is not supported by "
-                             "torchlike yet (the background sampler takes text prompts); use max_staleness=0.")
         check_processor_matches(processing_class, model.config)
         return processing_class
 

@@ -320,14 +320,17 @@ class OnlineTrainer(TRLTrainer):
             outputs = engine.generate(requests, self.sampling)
         return rollout.rows_from_outputs(outputs, places, self.pad_token_id)
 
-    def _sample_ahead(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> None:
+    def _sample_ahead(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int,
+                      vision: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Starts sampling these prompts in a background thread with a snapshot of the policy's current weights
         (generation overlapped with training); the :meth:`_sample` call with the same arguments takes the result.
-        With several processes they are sampled at once, in this thread, with the same snapshot."""
+        With several processes they are sampled at once, in this thread, with the same snapshot. ``vision``: as
+        :meth:`_sample` takes it."""
         if self._background_engine is None:
             self._background_engine = self._build_rollout_engine()
             self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchlike-rollout")
-        requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed)
+        requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed,
+                                                      *(vision or ()))
         self._background_engine.update_weights(rollout.weights_snapshot(self._sampling_module))
         if multihost.process_count() > 1:
             # Every process must issue JAX's cross-process collectives in the same order, which a second thread
@@ -649,10 +652,11 @@ class OnlineTrainer(TRLTrainer):
 
     def _sample_generation_ahead(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> None:
         """Starts sampling a training generation batch in the background; :meth:`_generate` takes the result."""
-        prompt_ids = [list(row["prompt_ids"]) for row in self._generation_rows(prompt_rows)]
-        prompts, mask = self._prompt_arrays(prompt_ids)
-        self._sample_ahead(prompts, mask, self._completion_limit, self._generation_seed(epoch,
-                                                                                                  generation_index))
+        rows = self._generation_rows(prompt_rows)
+        prompts, mask = self._prompt_arrays([list(row["prompt_ids"]) for row in rows])
+        vision = self._vision_inputs(rows, prompts) if self._image_slots else None
+        self._sample_ahead(prompts, mask, self._completion_limit, self._generation_seed(epoch, generation_index),
+                           vision)
 
     def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
         """The generation batches of ``epoch`` (each sampled when its first micro-batch is due, with the weights of
