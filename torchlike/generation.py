@@ -285,17 +285,16 @@ def generate(
 
 def _with_images(model: Any, requests: list[rollout.RolloutRequest], ids: np.ndarray, mask: np.ndarray,
                  pixel_values: Any, both_ways: bool) -> list[rollout.RolloutRequest]:
-    """The requests of a prompt batch with each row's images (``CausalLM._images``); with ``both_ways`` (the caller
+    """The requests of a prompt batch with each row's images (``CausalLM.image_inputs``); with ``both_ways`` (the caller
     gave ``token_type_ids``, as a processor returns them) each image's tokens attend to each other both ways in the
     prefill, as in ``transformers``, else causally (what ``transformers`` does without them)."""
-    images = model._images(ids, pixel_values)
-    image_token = model.config.image_token_id
+    images = model.image_inputs(ids, pixel_values)
+    image_token = model.config.image_token_id  # transformers' name in every vision-language config
     out = []
     for row, request in enumerate(requests):
         real = ids[row][mask[row].astype(bool)]
-        count = int((real == image_token).sum()) // model.config.mm_tokens_per_image
         types = (real == image_token).astype(np.int32) if both_ways else np.zeros(len(real), np.int32)
-        out.append(dataclasses.replace(request, images=images[row, :max(count, 1)], token_type_ids=tuple(types)))
+        out.append(dataclasses.replace(request, images=images[row], token_type_ids=tuple(types)))
     return out
 
 

@@ -186,15 +186,23 @@ class CausalLM:
         mask = np.ones_like(ids) if attention_mask is None else to_numpy_2d(attention_mask, "attention_mask")
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask shape {mask.shape} does not match input_ids shape {ids.shape}.")
-        images = None if pixel_values is None else self._images(ids, pixel_values)
+        images = None if pixel_values is None else self.image_inputs(ids, pixel_values)
         types = None if token_type_ids is None else to_numpy_2d(token_type_ids, "token_type_ids")
         with entered(self.mesh) if self.mesh is not None else contextlib.nullcontext():
             logits = tunix_model.forward_logits(self.family, self.module, ids, mask, lora=self._lora_mode,
                                                 images=images, token_type_ids=types)
         return CausalLMOutput(logits=logits)
 
-    def _images(self, input_ids: np.ndarray, pixel_values: Any) -> np.ndarray:
-        """``pixel_values`` as the module takes images (``Family.images``).
+    def image_inputs(self, input_ids: np.ndarray, pixel_values: Any) -> np.ndarray:
+        """The processor's ``pixel_values`` as the module takes images (``Family.images``): ``[B, N, H, W, C]``, each
+        row's images in the order of its image tokens.
+
+        Args:
+            input_ids: ``(batch, sequence)`` token ids whose image tokens the images fill.
+            pixel_values: ``(num_images, channels, height, width)``, every image of the batch in token order.
+
+        Returns:
+            float32 ``[B, N, H, W, C]`` (zero images after a row's own).
 
         Raises:
             ValueError: this model has no vision tower (why, and what to load instead).
@@ -260,6 +268,8 @@ class CausalLM:
             pad_token_id: written after a row ended (default: the first end token).
             seed: sampling seed; ``None`` draws a fresh one per call, so two calls differ. Output row ``i`` draws
                 from its own stream ``(seed, i)`` (``torchlike.adapters.rollout.sampling.stream_keys``).
+            pixel_values, token_type_ids: a vision-language model's images and token types, as its processor
+                returns them (see :meth:`__call__`); the prefill puts the images in place of their tokens.
             generation_config: a ``transformers.GenerationConfig`` for this call.
             tokenizer: tokenizes text prompts (``processing_class`` is an alias).
             output_logprobs: with ``return_dict_in_generate=True``, also return each new token's
