@@ -79,6 +79,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("cpo", "CPOConfig", "CPOTrainer", f"{_EXPERIMENTAL}.cpo", script=False),
     TrainerEntry("gkd", "GKDConfig", "GKDTrainer", f"{_EXPERIMENTAL}.gkd", script=False),
     TrainerEntry("online_dpo", "OnlineDPOConfig", "OnlineDPOTrainer", f"{_EXPERIMENTAL}.online_dpo", script=True),
+    TrainerEntry("xpo", "XPOConfig", "XPOTrainer", f"{_EXPERIMENTAL}.xpo", script=False),
 )
 
 

@@ -1,0 +1,66 @@
+"""Running a script against an older TRL release (TRL 1.0.0, which still ships ``trl.experimental.xpo``) in a child
+process, and what both sides of a comparison with it share.
+
+The release is an unpacked wheel at ``$TORCHLIKE_TRL_LEGACY`` (default ``<tmp>/torchlike-trl-1.0.0``; ``.ci/run``
+puts it there). The child puts it first on ``PYTHONPATH``, so it shadows the installed TRL while using the installed
+transformers and torch; the repository root follows, so the child can import ``tests.helpers``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LEGACY_TRL = Path(os.environ.get("TORCHLIKE_TRL_LEGACY", os.path.join(tempfile.gettempdir(), "torchlike-trl-1.0.0")))
+LEGACY_TRL_VERSION = "1.0.0"
+
+
+def require_legacy_trl() -> Path:
+    """The unpacked TRL 1.0.0, or skips the test saying where it was looked for and how to get it."""
+    if not (LEGACY_TRL / "trl" / "__init__.py").is_file():
+        pytest.skip(f"TRL {LEGACY_TRL_VERSION} is not unpacked at {LEGACY_TRL} (set TORCHLIKE_TRL_LEGACY, or run: "
+                    f"pip download trl=={LEGACY_TRL_VERSION} --no-deps -d DIR && unzip DIR/trl-*.whl -d {LEGACY_TRL})")
+    return LEGACY_TRL
+
+
+def run_legacy_trl(script: str, arguments: dict[str, Any], timeout: float = 300) -> None:
+    """Runs ``script`` (Python source) in a child process with TRL 1.0.0 first on the path; the script reads its
+    ``arguments`` as JSON from ``sys.argv[1]``.
+
+    Raises:
+        AssertionError: the child failed; the message holds its standard error.
+    """
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(require_legacy_trl()), str(ROOT)]),
+                   "TRL_EXPERIMENTAL_SILENCE": "1"}
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(arguments)], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"the TRL {LEGACY_TRL_VERSION} script failed:\n{done.stderr[-6000:]}"
+
+
+def scripted_completion(prompt_ids: list[int], copy: int, max_new_tokens: int, vocab_size: int,
+                        eos_token_id: int) -> list[int]:
+    """A fixed completion per (prompt, sampler: 0 the policy, 1 the reference): 2 to ``max_new_tokens`` tokens, ending
+    with ``eos_token_id`` when shorter than the limit, with or without it at the limit."""
+    rng = np.random.default_rng([zlib.crc32(bytes(np.asarray(prompt_ids, np.uint8))), copy])
+    length = int(rng.integers(2, max_new_tokens + 1))
+    completion = rng.integers(3, vocab_size, size=length).tolist()
+    if length < max_new_tokens or rng.random() < 0.5:
+        completion[-1] = eos_token_id
+    return completion
+
+
+class LongerCompletionJudge:
+    """A pairwise judge (TRL's ``BasePairwiseJudge.judge``) preferring the longer text, the first on a tie."""
+
+    def judge(self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True) -> list[int]:
+        return [0 if len(first) >= len(second) else 1 for first, second in completions]

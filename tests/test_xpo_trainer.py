@@ -1,0 +1,188 @@
+"""torchlike.trl.experimental.xpo: TRL 1.0.0's XPO trainer step for step against the real
+``trl.experimental.xpo.XPOTrainer`` (TRL 1.0.0, run in a child process: TRL 1.16 no longer ships it) on the same
+scripted completions and judge, and TRL 1.0.0's config fields and errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import transformers
+
+import torchlike
+from tests import tiny
+from tests.helpers.legacy_trl import LongerCompletionJudge, require_legacy_trl, run_legacy_trl, scripted_completion
+from tests.helpers.logs import logged
+from torchlike.trl.experimental.xpo import XPOConfig, XPOTrainer
+
+MAX_NEW_TOKENS = 6
+#: Every metric TRL 1.0.0's XPOTrainer logs with a judge, beside loss, grad_norm and learning_rate.
+METRICS = ("loss/dpo", "loss/xpo", "objective/kl", "objective/entropy", "rewards/chosen", "rewards/rejected",
+           "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected", "val/model_contain_eos_token",
+           "val/ref_contain_eos_token", "alpha", "beta")
+SETTINGS = dict(per_device_train_batch_size=4, max_new_tokens=MAX_NEW_TOKENS, max_steps=3, learning_rate=1e-2,
+                weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0, bf16=False,
+                report_to="none", save_strategy="no", train_sampling_strategy="sequential", beta=0.2, alpha=0.05)
+"""Both trainers' settings: a decaying learning rate, weight decay, clipping, an Adam epsilon above float noise, the
+prompts in dataset order, float32, and an ``alpha`` large enough to move the gradient."""
+
+#: TRL 1.0.0's side: trains on the scripted completions (the policy's copy 0, the reference's copy 1) and writes its
+#: log history and final weights.
+TRL_SCRIPT = """
+import json, sys
+import numpy as np, torch, datasets, transformers
+from trl.experimental.xpo import XPOConfig, XPOTrainer
+from tests.helpers.legacy_trl import LongerCompletionJudge, scripted_completion
+
+arguments = json.loads(sys.argv[1])
+tokenizer = transformers.AutoTokenizer.from_pretrained(arguments["tokenizer"])
+
+def scripted_generate(copy):
+    def generate(input_ids, attention_mask, generation_config=None, **kwargs):
+        completions = [scripted_completion(ids[mask.bool()].tolist(), copy, *arguments["script"])
+                       for ids, mask in zip(input_ids, attention_mask)]
+        tokens = torch.full((len(completions), max(map(len, completions))), tokenizer.pad_token_id,
+                            dtype=input_ids.dtype)
+        for row, completion in enumerate(completions):
+            tokens[row, :len(completion)] = torch.tensor(completion)
+        return torch.cat([input_ids, tokens], dim=1)
+    return generate
+
+trainer = XPOTrainer(
+    model=transformers.AutoModelForCausalLM.from_pretrained(arguments["model"], dtype=torch.float32),
+    judge=LongerCompletionJudge(),
+    args=XPOConfig(output_dir=arguments["output_dir"], use_cpu=True, **arguments["settings"]),
+    train_dataset=datasets.Dataset.from_dict({"prompt": arguments["prompts"]}), processing_class=tokenizer)
+trainer.model.generate = scripted_generate(0)
+trainer.ref_model.generate = scripted_generate(1)
+trainer.train()
+json.dump(trainer.state.log_history, open(arguments["output_dir"] + "/log_history.json", "w"))
+np.savez(arguments["output_dir"] + "/weights.npz",
+         **{name: value.detach().numpy() for name, value in trainer.model.state_dict().items()})
+"""
+
+
+@pytest.fixture(scope="module")
+def pad_tokenizer_dir(tmp_path_factory):
+    """The tests' tokenizer with ``<pad>`` as its pad token (TRL would pad with the eos token otherwise)."""
+    return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
+
+
+def script_arguments() -> tuple[int, int, int]:
+    return MAX_NEW_TOKENS, tiny.VOCAB, tiny.EOS
+
+
+@pytest.fixture(scope="module")
+def trl_run(tiny_checkpoints, pad_tokenizer_dir, tmp_path_factory):
+    """TRL 1.0.0's log history and final weights on :data:`SETTINGS`."""
+    require_legacy_trl()
+    output_dir = tmp_path_factory.mktemp("trl_xpo")
+    run_legacy_trl(TRL_SCRIPT, {"model": str(tiny_checkpoints.path("qwen2")), "tokenizer": str(pad_tokenizer_dir),
+                                "output_dir": str(output_dir), "settings": SETTINGS, "prompts": tiny.PROMPTS,
+                                "script": script_arguments()})
+    history = json.loads((output_dir / "log_history.json").read_text())
+    with np.load(output_dir / "weights.npz") as weights:
+        return history, dict(weights)
+
+
+def run_torchlike(path, tokenizer_path, output_dir, settings) -> tuple[list[dict], dict]:
+    """torchlike's log history and final parameters as exported, on the same scripted completions."""
+    from safetensors.numpy import load_file
+
+    trainer = XPOTrainer(model=str(path), judge=LongerCompletionJudge(),
+                         args=XPOConfig(output_dir=str(output_dir), **settings),
+                         train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                         processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
+
+    def scripted_turn(prompt_ids, seed):
+        copy = int(trainer._sampling_reference)
+        return [scripted_completion(ids, copy, *script_arguments()) for ids in prompt_ids], None
+
+    trainer._generate_single_turn = scripted_turn
+    trainer.train()
+    trainer.model.save_pretrained(output_dir / "model")
+    return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
+
+
+# --- step for step against trl.experimental.xpo.XPOTrainer (TRL 1.0.0) ----------------------------------------------
+
+def test_losses_metrics_and_weights_match_trl_1_0_step_for_step(trl_run, tiny_checkpoints, pad_tokenizer_dir,
+                                                                 tmp_path):
+    expected_history, expected_params = trl_run
+    history, params = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path, SETTINGS)
+    expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
+    ours = {entry["step"]: entry for entry in history if "loss" in entry}
+
+    assert list(ours) == list(expected) == [1, 2, 3]
+    assert all(set(ours[step]) == set(expected[step]) for step in ours)
+    assert set(METRICS) <= set(expected[1])
+    # TRL rounds the logged loss to 4 decimals (so does torchlike): equal, or one unit of the 4th apart.
+    np.testing.assert_allclose(logged(history, "loss"), logged(expected_history, "loss"), rtol=1e-4, atol=1.01e-4)
+    for key in ("grad_norm", "learning_rate", *METRICS):
+        if key == "rewards/accuracies":
+            continue
+        np.testing.assert_allclose(logged(history, key), logged(expected_history, key), rtol=1e-4, atol=1e-6,
+                                   err_msg=key)
+    # Step 1 scores the initial weights against their copy: chosen > rejected is decided by float noise.
+    assert [ours[step]["rewards/accuracies"] for step in (2, 3)] == \
+        [expected[step]["rewards/accuracies"] for step in (2, 3)]
+    assert set(params) == set(expected_params)
+    for name, value in expected_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+
+
+def test_ignoring_alpha_fails_the_comparison(trl_run, tiny_checkpoints, pad_tokenizer_dir, tmp_path, monkeypatch):
+    """The comparison above is sharp: a trainer that ignores ``alpha`` (always TRL's default 1e-5) is caught."""
+    expected_history, _ = trl_run
+    monkeypatch.setattr(XPOTrainer, "_alpha_of", lambda self, epoch: 1e-5)
+    history, _ = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path,
+                               {**SETTINGS, "max_steps": 2})
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(logged(history, "grad_norm"), logged(expected_history, "grad_norm")[:2],
+                                   rtol=1e-4)
+
+
+# --- TRL 1.0.0's config and errors ----------------------------------------------------------------------------------
+
+FIELDS_SCRIPT = """
+import dataclasses, json, sys
+from trl.experimental.xpo import XPOConfig
+arguments = json.loads(sys.argv[1])
+config = XPOConfig(output_dir=arguments["output_dir"], use_cpu=True)
+values = {name: repr(getattr(config, name)) for name in ("alpha", "beta", "loss_type", "max_new_tokens", "judge",
+                                                         "use_transformers_paged", "learning_rate")}
+json.dump({"fields": [item.name for item in dataclasses.fields(XPOConfig)], "values": values},
+          open(arguments["output_dir"] + "/fields.json", "w"))
+"""
+
+
+def test_every_trl_1_0_xpo_config_field_exists_with_its_default(tmp_path):
+    run_legacy_trl(FIELDS_SCRIPT, {"output_dir": str(tmp_path)})
+    theirs = json.loads((tmp_path / "fields.json").read_text())
+    ours = XPOConfig(output_dir=str(tmp_path))
+    assert set(theirs["fields"]) <= {item.name for item in __import__("dataclasses").fields(XPOConfig)}
+    assert {name: repr(getattr(ours, name)) for name in theirs["values"]} == theirs["values"]
+
+
+@pytest.mark.parametrize("alpha", [[0.3], [0.1, 0.2], 0.5])
+def test_a_one_element_alpha_list_becomes_its_value(tmp_path, alpha):
+    assert XPOConfig(output_dir=str(tmp_path), alpha=alpha).alpha == (alpha[0] if alpha == [0.3] else alpha)
+
+
+def test_neither_judge_nor_reward_funcs_is_refused_in_trls_words(tiny_checkpoints, pad_tokenizer_dir, tmp_path):
+    with pytest.raises(ValueError, match="One of `judge` or `reward_funcs` must be provided."):
+        XPOTrainer(model=str(tiny_checkpoints.path("qwen2")), args=XPOConfig(output_dir=str(tmp_path)),
+                   train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                   processing_class=transformers.AutoTokenizer.from_pretrained(pad_tokenizer_dir))
+
+
+def test_more_than_one_reward_function_is_refused_in_trls_words(tiny_checkpoints, pad_tokenizer_dir, tmp_path):
+    def reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match="XPOTrainer only supports one reward function/model."):
+        XPOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=[reward, reward],
+                   args=XPOConfig(output_dir=str(tmp_path)),
+                   train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                   processing_class=transformers.AutoTokenizer.from_pretrained(pad_tokenizer_dir))

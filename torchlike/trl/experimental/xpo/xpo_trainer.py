@@ -1,0 +1,222 @@
+"""``XPOTrainer``: TRL 1.0.0's ``trl.experimental.xpo.XPOTrainer`` (Exploratory Preference Optimization) on torchlike's
+``OnlineDPOTrainer``.
+
+Each micro-batch takes ``per_device_train_batch_size`` prompts (per data-parallel shard) and samples one completion of
+each with the policy and one with the reference (the frozen reference, or the base with the adapter off). A judge
+(``judge.judge(prompts, pairs)``, TRL's ``BasePairwiseJudge``) or one reward function or model (less
+``missing_eos_penalty`` for a completion without an end token) picks the chosen one of each pair; the loss is online
+DPO's on the pair plus ``alpha`` times the policy's summed log-probability of the reference's completion
+(``adapters.losses.xpo``). TRL 1.0.0's ``loss/*``, ``objective/*``, ``rewards/*``, ``logps/*``, ``val/*``, ``alpha``
+and ``beta`` metrics are logged, as means over the micro-batches since the last log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jinja2
+import numpy as np
+
+from ....adapters.losses import online_dpo as online_dpo_losses
+from ....adapters.losses import xpo as xpo_losses
+from ....adapters.rollout import RolloutEngine
+from ....type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RewardFunc,
+    Tokenizer,
+)
+from ...data_utils import is_conversational
+from ...online_trainer import Rollout
+from ..online_dpo.online_dpo_data import contains_end_token, preference_columns, ranked_order
+from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
+from .xpo_config import XPOConfig
+
+__all__ = ["JUDGE_CHAT_TEMPLATE", "XPOTrainer"]
+
+#: TRL's ``SIMPLE_CHAT_TEMPLATE``: how TRL 1.0.0's XPO renders conversational prompts and completions for a judge.
+JUDGE_CHAT_TEMPLATE = ("{% for message in messages %}{{message['role'].capitalize() + ': ' + message['content'] + "
+                       "'\n\n'}}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+
+
+class XPOTrainer(OnlineDPOTrainer):
+    """``trl.experimental.xpo.XPOTrainer`` with TRL 1.0.0's signature, training a torchlike model on a JAX mesh.
+
+    Args:
+        model, ref_model, args, train_dataset, processing_class, peft_config, callbacks, optimizers,
+            quantization_config: as :class:`~torchlike.trl.experimental.online_dpo.OnlineDPOTrainer` takes them
+            (``args`` an :class:`XPOConfig`).
+        reward_funcs: one reward function or model (a one-element list too), as ``OnlineDPOTrainer`` calls them; TRL
+            1.0.0 takes a reward model only.
+        judge: an object with ``judge(prompts, completion_pairs) -> list[int]`` (TRL's ``BasePairwiseJudge``); rank 0
+            prefers the policy's completion. Given with ``reward_funcs``, the judge is used (TRL's warning).
+        data_collator, eval_dataset, compute_metrics, preprocess_logits_for_metrics: refused, as by
+            ``OnlineDPOTrainer``.
+        reward_processing_classes: the reward model's tokenizer (``None``: its own).
+
+    Raises:
+        ValueError: neither ``judge`` nor ``reward_funcs``, or more than one reward function (TRL's messages), and
+            ``OnlineDPOTrainer``'s errors.
+        NotImplementedError: a ``loss_type`` other than ``"sigmoid"`` and ``"ipo"`` (TRL's message).
+
+    Example:
+
+    ```python
+    >>> from torchlike.trl.experimental.xpo import XPOConfig, XPOTrainer
+    >>> class LongerJudge:
+    ...     def judge(self, prompts, completions, shuffle_order=True):
+    ...         return [0 if len(first) >= len(second) else 1 for first, second in completions]
+    >>> trainer = XPOTrainer(model="path/to/Qwen2.5-0.5B-Instruct", judge=LongerJudge(),
+    ...                      args=XPOConfig("out", max_new_tokens=32, alpha=1e-5),
+    ...                      train_dataset=[{"prompt": "Say hello."}] * 64, processing_class=tokenizer)
+    >>> trainer.train()
+    ```
+    """
+
+    _config_class = XPOConfig
+    _output_suffix = "XPO"
+    _tag_names = ["trl", "xpo"]
+
+    def __init__(self, model: ModelLike, ref_model: ModelLike | None = None,
+                 reward_funcs: RewardFunc | list[RewardFunc] | None = None, judge: Any | None = None,
+                 args: XPOConfig | None = None, data_collator: Callable | None = None,
+                 train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
+                 processing_class: ProcessingClass | None = None,
+                 reward_processing_classes: Tokenizer | list[Tokenizer] | None = None,
+                 peft_config: PeftConfigLike | None = None, compute_metrics: Callable | None = None,
+                 callbacks: list | None = None, optimizers: tuple = (None, None),
+                 preprocess_logits_for_metrics: Callable | None = None,
+                 quantization_config: QuantizationConfig | None = None):
+        if judge is None and reward_funcs is None:
+            raise ValueError("One of `judge` or `reward_funcs` must be provided.")
+        if judge is not None and reward_funcs is not None:
+            warnings.warn("Both `judge` and `reward_funcs` are provided. Using `judge` and ignoring `reward_funcs`.",
+                          UserWarning, stacklevel=2)
+            reward_funcs = None
+        if reward_funcs is not None and isinstance(reward_funcs, list) and len(reward_funcs) != 1:
+            raise ValueError("XPOTrainer only supports one reward function/model.")
+        self.judge = judge
+        self._sampling_reference = False
+        self._reference_engine: RolloutEngine | None = None
+        super().__init__(model=model, ref_model=ref_model, reward_funcs=[] if reward_funcs is None else reward_funcs,
+                         args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class,
+                         reward_processing_classes=reward_processing_classes, peft_config=peft_config,
+                         compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
+                         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+                         quantization_config=quantization_config)
+        self._alpha = self.args.alpha
+
+    @property
+    def alpha(self) -> float:
+        """XPO's weight of the current epoch: ``args.alpha``, or with a list its entry for the epoch (the last one
+        after it)."""
+        return self._alpha_of(int(self.state.epoch or 0))
+
+    def _alpha_of(self, epoch: int) -> float:
+        if isinstance(self._alpha, list):
+            return self._alpha[min(epoch, len(self._alpha) - 1)]
+        return self._alpha
+
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL 1.0.0's XPO loss (:func:`adapters.losses.xpo.xpo_step_loss`) with the config's settings."""
+        settings = online_dpo_losses.OnlineDPOLossSettings.from_config(self.args)
+        return xpo_losses.xpo_step_loss(self.model.family, settings, scored=self.judge is None), None
+
+    def _prepare(self, dataset: Any, name: str) -> list[dict]:
+        """Online DPO's prompt rows, each prompt after the tokenizer's BOS token unless it starts with it, as TRL
+        1.0.0's ``tokenize_row`` (XPO's ``training_step`` tokenises with it)."""
+        rows = super()._prepare(dataset, name)
+        bos = self.tokenizer.bos_token_id
+        if bos is not None:
+            for row in rows:
+                if not row["prompt_ids"] or row["prompt_ids"][0] != bos:
+                    row["prompt_ids"] = [bos, *row["prompt_ids"]]
+        return rows
+
+    # ------------------------------------------------------------------ sampling from the reference
+    @property
+    def _sampling_module(self):
+        """The reference's module while the reference's completions are sampled, else the policy's."""
+        return self.reference.module if self._sampling_reference else super()._sampling_module
+
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        """The policy's engine, or while the reference samples its own (in the reference's LoRA mode)."""
+        if not self._sampling_reference:
+            return super().rollout_engine
+        if self._reference_engine is None:
+            self._reference_engine = self._build_rollout_engine()
+            self._reference_engine.lora = self.reference.lora
+        return self._reference_engine
+
+    def _generate_with_reference(self, rows: list[dict], seed: int) -> Rollout:
+        """One completion per row sampled by the reference (TRL 1.0.0's ``ref_model.generate``), with a seed of its
+        own."""
+        self._sampling_reference = True
+        try:
+            return self._generate(rows, int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
+        finally:
+            self._sampling_reference = False
+
+    # ------------------------------------------------------------------ batches
+    def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
+        """Samples one completion of each prompt with the policy, then one with the reference, picks the chosen one
+        of each pair (judge or reward) and returns the step's columns with the reference's log-probabilities."""
+        rows = list(prompt_rows)
+        seed = self._generation_seed(epoch, generation_index)
+        record = joined(self._generate(rows, seed), self._generate_with_reference(rows, seed))
+        half = len(rows)
+        contain_eos = contains_end_token(record.tokens, record.tokens.shape[1], self.eos_token_ids)
+        if self.judge is not None:
+            policy_wins = self._judged(record)
+            rewards = np.zeros(2 * half, np.float32)
+            ranking = np.concatenate([policy_wins, ~policy_wins]).astype(np.float32)
+        else:
+            rewards = np.nansum(self._score(record), axis=1).astype(np.float32)
+            if self.args.missing_eos_penalty is not None:
+                rewards = rewards - np.float32(self.args.missing_eos_penalty) * ~contain_eos
+            ranking = rewards
+        # TRL 1.0.0's XPO scores prompt and completion whole: a max_length that cuts nothing.
+        uncut = record.prompt_ids.shape[1] + record.tokens.shape[1]
+        columns = preference_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
+                                     ranking, None, self._beta_of(epoch), self.eos_token_ids, uncut)
+        order = ranked_order(ranking)
+        columns["rewards"] = rewards[order]
+        columns["from_reference"] = (order >= half).astype(np.float32)
+        columns["alpha"] = np.full(2 * half, self._alpha_of(epoch), np.float32)
+        columns["ref_logps"] = self._reference_log_probs(columns)
+        return columns
+
+    def _judged(self, record: Rollout) -> np.ndarray:
+        """``[B]`` whether the judge prefers the policy's completion of each prompt, asked as TRL 1.0.0's
+        ``_compute_judge`` asks: decoded completions without special tokens, stripped; conversational prompts and
+        completions rendered with :data:`JUDGE_CHAT_TEMPLATE`."""
+        half = len(record.rows) // 2
+        prompts = [row["prompt"] for row in record.rows[:half]]
+        texts = [text.strip() for text in self.tokenizer.batch_decode(record.completion_ids,
+                                                                      skip_special_tokens=True)]
+        if is_conversational({"prompt": prompts[0]}):
+            template = jinja2.Environment().from_string(JUDGE_CHAT_TEMPLATE)
+            prompts = [template.render(messages=prompt) for prompt in prompts]
+            texts = [template.render(messages=[{"role": "assistant", "content": text}]) for text in texts]
+        ranks = self.judge.judge(prompts, list(zip(texts[:half], texts[half:], strict=True)))
+        return np.array([rank == 0 for rank in ranks])
+
+
+def joined(policy: Rollout, reference: Rollout) -> Rollout:
+    """The two rollouts of the same prompts as one: the policy's completions, then the reference's."""
+    def stacked(name: str) -> np.ndarray:
+        return np.concatenate([getattr(policy, name), getattr(reference, name)])
+
+    return dataclasses.replace(policy, rows=policy.rows + reference.rows, prompt_ids=stacked("prompt_ids"),
+                               prompt_mask=stacked("prompt_mask"), tokens=stacked("tokens"),
+                               completion_mask=stacked("completion_mask"), ended=stacked("ended"),
+                               completion_ids=policy.completion_ids + reference.completion_ids, sampling_logps=None)
