@@ -284,3 +284,9 @@ def test_gemma4_lora_on_peft_default_targets_loads_in_peft_with_the_same_logits(
     reference = peft.PeftModel.from_pretrained(hf_vlm(path), tmp_path / "adapter").eval()
     batch = text_batch("right")
     assert valid_max_diff(model(**batch).logits, reference_logits(reference, batch), batch["attention_mask"]) <= 1e-4
+    # The merged model keeps the towers Tunix lacks, so its export is a whole Gemma4ForConditionalGeneration.
+    model.merge_and_unload().save_pretrained(tmp_path / "merged")
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    source = load_file(path / "model.safetensors")
+    towers = [name for name in source if name.startswith(("model.vision_tower.", "model.embed_vision."))]
+    assert towers and all(np.array_equal(merged[name], source[name]) for name in towers)

@@ -76,7 +76,7 @@ class PeftModel(CausalLM):
     def __init__(self, base_model: CausalLM, module, peft_config: LoraConfig, adapter_name: str = "default",
                  is_trainable: bool = True):
         super().__init__(module, base_model.config, base_model.family, base_model.generation_config,
-                         base_model.mesh, base_model.name_or_path)
+                         base_model.mesh, base_model.name_or_path, kept_weights=base_model.kept_weights)
         self.base_model = base_model
         self.peft_config = {adapter_name: peft_config}
         self.active_adapter = adapter_name
@@ -199,7 +199,7 @@ class PeftModel(CausalLM):
         merged.update(saved_modules.current_values(self.module, self.modules_to_save))
         module = replace_parameters(self.base_model.module, merged)
         return type(self.base_model)(module, self.config, self.family, self.generation_config, self.mesh,
-                                     self.name_or_path)
+                                     self.name_or_path, kept_weights=self.kept_weights)
 
     def save_pretrained(self, save_directory: str | os.PathLike, safe_serialization: bool = True,
                         is_main_process: bool = True, **kwargs: Any) -> None:
