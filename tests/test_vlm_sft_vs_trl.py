@@ -9,7 +9,7 @@ import pytest
 
 import torchlike
 from tests.helpers.logs import logged
-from tests.helpers.vision import save_tiny_vlm, vision_conversations
+from tests.helpers.vision import processor_with_image_seq_length, save_tiny_vlm, vision_conversations
 from torchlike.trl import SFTConfig, SFTTrainer
 
 # float32 on both sides (bf16 off); gradient checkpointing stays at TRL's default (on). Clipping is active.
@@ -76,11 +76,7 @@ def test_vision_data_on_a_text_only_model_is_refused_as_trl_does(tiny_checkpoint
 
 
 def test_a_processor_that_does_not_match_the_checkpoint_is_a_named_error(vlm_path, tmp_path):
-    import transformers
-
-    processor = torchlike.AutoProcessor.from_pretrained(vlm_path)
-    other = transformers.Gemma3Processor(image_processor=processor.image_processor, tokenizer=processor.tokenizer,
-                                         chat_template=processor.chat_template, image_seq_length=9)
+    other = processor_with_image_seq_length(vlm_path, 9)
     with pytest.raises(ValueError, match=r"The processor does not match the checkpoint:\n- the processor's "
                                          r"image_seq_length is 9 but the checkpoint's mm_tokens_per_image is 4"):
         SFTTrainer(model=str(vlm_path), train_dataset=vision_rows(3), processing_class=other,

@@ -99,3 +99,13 @@ def vision_preferences(count: int = 2, seed: int = 0, text_only_row: bool = True
         rows.append({"prompt": conversation[:1], "chosen": conversation[1:], "rejected": rejected,
                      "images": row_images})
     return rows
+
+
+def processor_with_image_seq_length(path: Path, image_seq_length: int) -> transformers.ProcessorMixin:
+    """The processor saved at ``path`` rebuilt with another ``image_seq_length`` (a processor that does not match its
+    checkpoint: each image then expands to that many soft tokens)."""
+    import torchlike
+
+    processor = torchlike.AutoProcessor.from_pretrained(path)
+    return transformers.Gemma3Processor(image_processor=processor.image_processor, tokenizer=processor.tokenizer,
+                                        chat_template=processor.chat_template, image_seq_length=image_seq_length)
