@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from ..modeling import CausalLM
 
 __all__ = ["PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
-           "check_text_dataset", "default_output_dir", "is_vision_dataset", "load_model"]
+           "NOT_A_VISION_MODEL", "check_text_dataset", "check_vision_model", "default_output_dir", "is_vision_dataset",
+           "load_model", "vision_processor"]
 
 
 def default_output_dir(model: ModelLike, suffix: str) -> str:
@@ -93,14 +94,57 @@ def is_vision_dataset(dataset: DatasetLike | list[dict] | None) -> bool:
     return "image" in names or "images" in names
 
 
+NOT_A_VISION_MODEL = ("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the provided "
+                      "model does not seem to be a vision-language model. Please check your model and dataset.")
+"""TRL's refusal of vision data for a model that is not a vision-language one."""
+
+
 def check_text_dataset(dataset: DatasetLike | list[dict] | None) -> None:
-    """TRL's refusal of vision data (an ``image`` or ``images`` column) for a text model (torchlike's trainers other
-    than SFT take text data)."""
+    """TRL's refusal of vision data (an ``image`` or ``images`` column), for the trainers that take text data only."""
     if is_vision_dataset(dataset):
-        raise ValueError("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the "
-                         "provided model does not seem to be a vision-language model. Please check your model and "
-                         "dataset. (In torchlike, SFTTrainer trains vision-language data, on a checkpoint with a "
-                         "vision tower; this trainer takes text data.)")
+        raise ValueError(f"{NOT_A_VISION_MODEL} (In torchlike, SFTTrainer, DPOTrainer, GRPOTrainer and RLOOTrainer "
+                         "train vision-language data, on a checkpoint with a vision tower; this trainer takes text "
+                         "data.)")
+
+
+def check_vision_model(family: Any, processing_class: Any = None, which: str = "model") -> None:
+    """TRL's refusal of vision data for a model that is not a vision-language one: a model family that takes no
+    images (with the family's reason, e.g. a tower Tunix lacks), or a ``processing_class`` without an image processor
+    (a tokenizer).
+
+    Args:
+        family: the model's adapter family (``Family.images`` is ``None`` for a text-only one).
+        processing_class: the trainer's processing class (``None``: not checked).
+        which: the model's name in the message (``"model"`` or ``"ref_model"``).
+
+    Raises:
+        ValueError: TRL's message, with torchlike's reason.
+    """
+    if family is None or family.images is None:
+        reason = f" ({family.no_images_reason}.)" if family is not None and family.no_images_reason else ""
+        raise ValueError(f"{NOT_A_VISION_MODEL} (The {which} takes no images.){reason}")
+    if processing_class is not None and not hasattr(processing_class, "image_processor"):
+        raise ValueError(f"{NOT_A_VISION_MODEL} (The processing_class is a {type(processing_class).__name__}; pass "
+                         "the model's processor: torchlike.AutoProcessor.from_pretrained(<model>).)")
+
+
+def vision_processor(model: CausalLM, processing_class: Any) -> Any:
+    """The processor a trainer of vision data uses: ``processing_class``, or, as TRL loads it for a vision-language
+    model, the model's (``AutoProcessor`` on its path) when none is given; after :func:`check_vision_model` and
+    checked against the checkpoint (:func:`~torchlike.processing.check_processor_matches`).
+
+    Raises:
+        ValueError: TRL's refusal (a text-only model or a tokenizer), or a processor that does not match the
+            checkpoint.
+    """
+    from ..processing import AutoProcessor, check_processor_matches
+
+    check_vision_model(model.family, processing_class)
+    if processing_class is None:
+        processing_class = AutoProcessor.from_pretrained(model.name_or_path)
+        check_vision_model(model.family, processing_class)
+    check_processor_matches(processing_class, model.config)
+    return processing_class
 
 
 def check_reference_sync(args: TrainingArguments, model: CausalLM, trainer: str) -> None:

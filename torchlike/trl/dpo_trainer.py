@@ -20,14 +20,12 @@ from typing import Any
 
 from ..adapters.losses import dpo as dpo_losses
 from ..adapters.losses.dpo import preference_loss
-from ..processing import check_processor_matches
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
-from .base_trainer import PrecomputedReferenceTrainer, is_vision_dataset
+from .base_trainer import PrecomputedReferenceTrainer, check_vision_model, is_vision_dataset, vision_processor
 from .dpo_config import DPOConfig
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
 from .dpo_vision import (
     VisionPreferenceCollator,
-    check_vision_preference_model,
     check_vision_preference_settings,
     most_images,
     vision_preference_rows,
@@ -110,7 +108,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         for config in (model.config, model.generation_config):
             config.pad_token_id = self.pad_token_id  # TRL mirrors the pad token onto the model
         if self._is_vision_dataset:
-            family, config = self._family(model), model.config
+            family, config = model.family, model.config
             collator = self._vision_collator = VisionPreferenceCollator(
                 processing_class, lambda ids, pixels: family.images(config, ids, pixels), self.pad_token_id,
                 max_length=args.max_length)
@@ -149,25 +147,13 @@ class DPOTrainer(PrecomputedReferenceTrainer):
 
     # ------------------------------------------------------------------ data
     @staticmethod
-    def _family(model: Any) -> Any:
-        """The adapter family of a model or of the base model of a ``PeftModel``."""
-        return getattr(model, "family", None) or model.base_model.family
-
-    def _vision_processor(self, model: Any, ref_model: Any, processing_class: Any) -> Any:
-        """The processor of a vision dataset (the model's, loaded from its path when none is given), after TRL's
-        refusal of vision data for a model (or ``ref_model``) that is not a vision-language one, checked against the
-        checkpoint (:func:`~torchlike.processing.check_processor_matches`)."""
-        family = self._family(model)
-        check_vision_preference_model(family, processing_class)
+    def _vision_processor(model: Any, ref_model: Any, processing_class: Any) -> Any:
+        """The processor of a vision dataset (:func:`.base_trainer.vision_processor`), after TRL's refusal of vision
+        data for a ``ref_model`` that is not a vision-language one."""
+        processor = vision_processor(model, processing_class)
         if ref_model is not None:
-            check_vision_preference_model(self._family(ref_model), which="ref_model")
-        if processing_class is None:
-            from ..processing import AutoProcessor
-
-            processing_class = AutoProcessor.from_pretrained(model.name_or_path)
-            check_vision_preference_model(family, processing_class)
-        check_processor_matches(processing_class, model.config)
-        return processing_class
+            check_vision_model(ref_model.family, which="ref_model")
+        return processor
 
     def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
         """Prepared examples of ``dataset``, checked against the vocabulary of the models that will read them; the

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..type_aliases import DatasetLike, ProcessingClass
+from ..type_aliases import DatasetLike
 from .base_config import round_up_to_multiple
 from .data_utils import apply_chat_template, describe, is_message_list
 from .sft_vision import (
@@ -28,12 +28,9 @@ from .sft_vision import (
     with_image_list,
 )
 
-__all__ = ["VisionPreferenceCollator", "check_vision_preference_model", "check_vision_preference_settings",
-           "most_images", "vision_preference_rows"]
+__all__ = ["VisionPreferenceCollator", "check_vision_preference_settings", "most_images", "vision_preference_rows"]
 
 _RESPONSES = ("chosen", "rejected")
-_NOT_A_VISION_MODEL = ("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the provided "
-                       "model does not seem to be a vision-language model. Please check your model and dataset.")
 
 
 def check_vision_preference_settings(args: Any, data_collator: Callable | None,
@@ -72,27 +69,6 @@ def check_vision_preference_settings(args: Any, data_collator: Callable | None,
         raise ValueError("compute_metrics is not supported for vision datasets in torchlike: the logits it reads "
                          "would be computed without the images. Read the logged DPO metrics (rewards/*, logps/*) "
                          "instead.")
-
-
-def check_vision_preference_model(family: Any, processing_class: ProcessingClass | None = None,
-                                  which: str = "model") -> None:
-    """TRL's refusal of vision data for a model that is not a vision-language one: a model family that takes no
-    images, or a ``processing_class`` without an image processor (a tokenizer).
-
-    Args:
-        family: the model's adapter family (``Family.images`` is ``None`` for a text-only one).
-        processing_class: the trainer's processing class (``None``: not checked).
-        which: the model's name in the message (``"model"`` or ``"ref_model"``).
-
-    Raises:
-        ValueError: TRL's message, with torchlike's reason.
-    """
-    if family is None or family.images is None:
-        reason = f" ({family.no_images_reason}.)" if family is not None and family.no_images_reason else ""
-        raise ValueError(f"{_NOT_A_VISION_MODEL} (The {which} takes no images.){reason}")
-    if processing_class is not None and not hasattr(processing_class, "image_processor"):
-        raise ValueError(f"{_NOT_A_VISION_MODEL} (The processing_class is a {type(processing_class).__name__}; pass "
-                         "the model's processor: torchlike.AutoProcessor.from_pretrained(<model>).)")
 
 
 def vision_preference_rows(dataset: DatasetLike | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -30,7 +30,6 @@ from ..adapters.lora import runtime as lora_runtime
 from ..adapters.losses import grpo as grpo_losses
 from ..adapters.rollout import sampling
 from ..adapters.training import train_step
-from ..processing import check_processor_matches
 from ..training import batches, checkpoints, step_logs
 from ..type_aliases import (
     DatasetLike,
@@ -43,7 +42,7 @@ from ..type_aliases import (
     Tokenizer,
 )
 from . import entropy_control, grpo_vision, reward_models
-from .base_trainer import is_vision_dataset
+from .base_trainer import is_vision_dataset, vision_processor
 from .environments import EMPTY_PROMPT, EnvironmentPool
 from .grpo_config import GRPOConfig
 from .grpo_data import prepare_prompts
@@ -289,21 +288,12 @@ class GRPOTrainer(OnlineTrainer):
         """
         if not any(is_vision_dataset(dataset) for dataset in [train_dataset, *batches.each_dataset(eval_dataset)]):
             return None
-        family = model.family
-        if family.images is None:
-            reason = f" ({family.no_images_reason}.)" if family.no_images_reason else ""
-            raise ValueError("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the "
-                             "provided model does not seem to be a vision-language model. Please check your model "
-                             f"and dataset.{reason}")
-        if not hasattr(processing_class, "image_processor"):
-            raise ValueError(f"image prompts need the model's processor as processing_class (got "
-                             f"{type(processing_class).__name__}); pass torchlike.AutoProcessor.from_pretrained(...).")
+        processor = vision_processor(model, processing_class)
         if self.tools or self.environment_pool is not None:
             raise ValueError("image prompts with tools or an environment_factory are not supported by torchlike yet "
                              "(the tool results would need their images merged into the completions); train without "
                              "tools, or on text prompts.")
-        check_processor_matches(processing_class, model.config)
-        return processing_class
+        return processor
 
     # ------------------------------------------------------------------ batches
     _generation_batch_fields = ("per_device_train_batch_size x data-parallel size x steps_per_generation / "

@@ -11,12 +11,11 @@ import numpy as np
 
 from ..adapters.model import neftune
 from ..adapters.training import train_step
-from ..processing import check_processor_matches
 from ..training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
 from ..training.losses import with_virtual_tokens
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_config import round_up_to_multiple
-from .base_trainer import TRLTrainer, check_text_dataset, is_vision_dataset
+from .base_trainer import TRLTrainer, check_text_dataset, is_vision_dataset, vision_processor
 from .data_utils import load_chat_template
 from .sft_config import SFTConfig
 from .sft_data import SFTRows, collate_sft_batch, is_prepared, prepare_sft_dataset, unprepared_sft_examples
@@ -149,20 +148,8 @@ class SFTTrainer(TRLTrainer):
                      compute_metrics, callbacks, optimizers, preprocess_logits_for_metrics) -> None:
         """The trainer on a vision dataset, as TRL builds it: no preparation, the rows processed batch by batch by
         the model's processor (:class:`~torchlike.trl.sft_vision.VisionLanguageCollator`)."""
-        family = getattr(model, "family", None) or model.base_model.family
-        if family.images is None:
-            reason = f" ({family.no_images_reason}.)" if family.no_images_reason else ""
-            raise ValueError("The dataset appears to be vision-related (contains 'image' or 'images' keys), but the "
-                             "provided model does not seem to be a vision-language model. Please check your model "
-                             f"and dataset.{reason}")
-        if processor is None:
-            from ..processing import AutoProcessor
-
-            processor = AutoProcessor.from_pretrained(model.name_or_path)
-        if not hasattr(processor, "image_processor"):
-            raise ValueError(f"a vision dataset needs the model's processor as processing_class (got "
-                             f"{type(processor).__name__}); pass torchlike.AutoProcessor.from_pretrained(<model>).")
-        check_processor_matches(processor, model.config)
+        family = model.family
+        processor = vision_processor(model, processor)
         config = model.config
         self.pad_token_id = processor.tokenizer.pad_token_id
         self.padding_free, self._pads_like_trl, self.padded_length = False, False, 1
