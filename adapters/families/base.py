@@ -321,8 +321,9 @@ class Family:
 def reprefixed(rows: tuple[WeightRule, ...], old: str, new: str, aliases: tuple[str, ...] = ()
                ) -> tuple[WeightRule, ...]:
     """A table's rows with the HF prefix ``old`` replaced by ``new`` (a text decoder's rows inside a multimodal
-    checkpoint: ``model.layers.0...`` -> ``language_model.model.layers.0...``), plus, for each prefix in ``aliases``,
-    ``load_only`` rows reading the same tensors under that prefix (the names ``transformers`` uses in memory).
+    checkpoint: ``model.layers.0...`` -> ``language_model.model.layers.0...``; ``old=""`` puts rows written relative
+    to a tower under its prefix), plus, for each prefix in ``aliases``, ``load_only`` rows reading the same tensors
+    under that prefix (the names ``transformers`` uses in memory).
 
     Raises:
         ValueError: a row whose HF name does not start with ``old``.

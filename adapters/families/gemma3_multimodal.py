@@ -62,19 +62,14 @@ def _vision_rows() -> tuple[WeightRule, ...]:
     return tuple(rows)
 
 
-def _under(prefix: str, aliases: tuple[str, ...], rows: tuple[WeightRule, ...]) -> tuple[WeightRule, ...]:
-    return reprefixed(tuple(WeightRule("@" + rule.hf, rule.nnx, rule.layout, rule.stack) for rule in rows), "@",
-                      prefix, aliases)
-
-
 WEIGHTS: tuple[WeightRule, ...] = (
     reprefixed(gemma3.TEXT_WEIGHTS, "model.", TEXT_PREFIX, TEXT_ALIASES)
-    + _under(VISION_PREFIX, VISION_ALIASES, _vision_rows())
-    + _under(PROJECTOR_PREFIX, PROJECTOR_ALIASES, (
+    + reprefixed(_vision_rows(), "", VISION_PREFIX, VISION_ALIASES)
+    + reprefixed((
         # Both sides apply the RMS norm as (1 + w) with eps 1e-6 (the vision config's layer_norm_eps, checked).
         WeightRule("mm_soft_emb_norm.weight", "embedder.mm_soft_embedding_norm.scale"),
         WeightRule("mm_input_projection_weight", "embedder.mm_input_projection.w"),
-    ))
+    ), "", PROJECTOR_PREFIX, PROJECTOR_ALIASES)
 )
 
 IGNORED_KEYS: tuple[str, ...] = (r"lm_head\.weight", r"language_model\.lm_head\.weight")

@@ -465,12 +465,13 @@ class OnlineTrainer(TRLTrainer):
     """Image slots per prompt (the most images a prompt of the data has); 0: text prompts."""
 
     def _vision_inputs(self, rows: list[dict], prompt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(images, token types)`` of a generation batch's image prompts (:func:`.grpo_vision.rows_vision_inputs`)."""
+        """``(images, token types)`` of a generation batch's image prompts (:func:`.grpo_vision.rows_vision_inputs`),
+        the image size the processor's."""
         config = self.model.config
-        vision = config.vision_config
+        size = self.processing_class.image_processor.size
         return grpo_vision.rows_vision_inputs(
             rows, prompt_ids, lambda ids, pixels: self.model.family.images(config, ids, pixels), self._image_slots,
-            (vision.image_size, vision.image_size, vision.num_channels))
+            (size["height"], size["width"], 3))
 
     def _reset_environments(self, rows: list[dict]) -> tuple[list[dict], list]:
         """Each row's environment instance (:meth:`.environments.EnvironmentPool.assign`), reset with the row's columns
