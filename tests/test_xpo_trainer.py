@@ -13,7 +13,7 @@ import transformers
 import torchlike
 from tests import tiny
 from tests.helpers.legacy_trl import LongerCompletionJudge, require_legacy_trl, run_legacy_trl, scripted_completion
-from tests.helpers.logs import logged
+from tests.helpers.logs import assert_online_preference_run_matches, logged
 from torchlike.trl.experimental.xpo import XPOConfig, XPOTrainer
 
 MAX_NEW_TOKENS = 6
@@ -111,25 +111,7 @@ def test_losses_metrics_and_weights_match_trl_1_0_step_for_step(trl_run, tiny_ch
                                                                  tmp_path):
     expected_history, expected_params = trl_run
     history, params = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path, SETTINGS)
-    expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
-    ours = {entry["step"]: entry for entry in history if "loss" in entry}
-
-    assert list(ours) == list(expected) == [1, 2, 3]
-    assert all(set(ours[step]) == set(expected[step]) for step in ours)
-    assert set(METRICS) <= set(expected[1])
-    # TRL rounds the logged loss to 4 decimals (so does torchlike): equal, or one unit of the 4th apart.
-    np.testing.assert_allclose(logged(history, "loss"), logged(expected_history, "loss"), rtol=1e-4, atol=1.01e-4)
-    for key in ("grad_norm", "learning_rate", *METRICS):
-        if key == "rewards/accuracies":
-            continue
-        np.testing.assert_allclose(logged(history, key), logged(expected_history, key), rtol=1e-4, atol=1e-6,
-                                   err_msg=key)
-    # Step 1 scores the initial weights against their copy: chosen > rejected is decided by float noise.
-    assert [ours[step]["rewards/accuracies"] for step in (2, 3)] == \
-        [expected[step]["rewards/accuracies"] for step in (2, 3)]
-    assert set(params) == set(expected_params)
-    for name, value in expected_params.items():
-        np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+    assert_online_preference_run_matches(history, expected_history, params, expected_params, METRICS)
 
 
 def test_ignoring_alpha_fails_the_comparison(trl_run, tiny_checkpoints, pad_tokenizer_dir, tmp_path, monkeypatch):
