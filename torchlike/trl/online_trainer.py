@@ -419,6 +419,7 @@ class OnlineTrainer(TRLTrainer):
         if self.environment_pool is not None:
             rows, environments = self._reset_environments(rows)
             row_tools = [self.environment_pool.tools_of(environment) for environment in environments]
+        vision = None
         if self.rollout_func is not None:
             prompt_ids, completions, extra = self._custom_rollout(rows)
             logps = None
@@ -448,8 +449,8 @@ class OnlineTrainer(TRLTrainer):
         record = Rollout(rows=rows, seed=seed, prompt_ids=prompts, prompt_mask=prompt_mask, tokens=tokens,
                          completion_mask=completion_mask, ended=ended, completion_ids=completions,
                          sampling_logps=sampling_logps, extra=extra, environments=environments)
-        if self._image_slots:
-            record.images, record.prompt_token_types = self._vision_inputs(rows, prompts)
+        if self._image_slots:  # the images the sampler was given, laid out like these prompts
+            record.images, record.prompt_token_types = vision or self._vision_inputs(rows, prompts)
         # TRL's tool_mask: 0 on tokens the model did not write (tool results, rollout_func's env_mask): not trained.
         if self.tools:
             tokens, completion_mask, ended, tool_mask, loop = self._call_tools(prompts, prompt_mask, tokens,
