@@ -9,6 +9,7 @@ transformers and torch; the repository root follows, so the child can import ``t
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -64,3 +65,14 @@ class LongerCompletionJudge:
 
     def judge(self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True) -> list[int]:
         return [0 if len(first) >= len(second) else 1 for first, second in completions]
+
+
+class LongerCompletionScoreJudge:
+    """A pairwise judge that can score (TRL's ``judge(..., return_scores=True)``, as Nash-MD asks): the probability
+    that the first text is better is the sigmoid of the length difference in units of 8 characters; without
+    ``return_scores``, the rank of the likelier one."""
+
+    def judge(self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True,
+              return_scores: bool = False) -> list[float] | list[int]:
+        scores = [1.0 / (1.0 + math.exp((len(second) - len(first)) / 8)) for first, second in completions]
+        return scores if return_scores else [0 if score >= 0.5 else 1 for score in scores]

@@ -1,0 +1,248 @@
+"""torchlike.trl.experimental.nash_md: TRL 1.0.0's Nash-MD trainer step for step against the real
+``trl.experimental.nash_md.NashMDTrainer`` (TRL 1.0.0, run in a child process: TRL 1.16 no longer ships it) on the same
+scripted completions and judge; sampling from the policy/reference geometric mixture on the rollout engines; TRL
+1.0.0's config fields and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import transformers
+
+import torchlike
+from tests import tiny
+from tests.helpers.legacy_trl import (
+    LongerCompletionScoreJudge,
+    require_legacy_trl,
+    run_legacy_trl,
+    scripted_completion,
+)
+from tests.helpers.logs import assert_online_preference_run_matches, logged
+from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest, StaticEngine
+from torchlike.adapters.rollout.mixture import GeometricMixture
+from torchlike.adapters.rollout.sampling_settings import SamplingSettings
+from torchlike.trl.experimental.nash_md import NashMDConfig, NashMDTrainer
+
+MAX_NEW_TOKENS = 6
+#: Every metric TRL 1.0.0's NashMDTrainer logs with a judge, beside loss, grad_norm and learning_rate.
+METRICS = ("loss/kl", "objective/entropy", "loss/score", "rewards/probabilities", "rewards/accuracies",
+           "rewards/margins", "logps/chosen", "logps/rejected", "val/model_contain_eos_token",
+           "val/ref_contain_eos_token", "beta", "mixture_coef")
+SETTINGS = dict(per_device_train_batch_size=4, max_new_tokens=MAX_NEW_TOKENS, max_steps=3, learning_rate=1e-2,
+                weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0, bf16=False,
+                report_to="none", save_strategy="no", train_sampling_strategy="sequential", beta=0.2,
+                mixture_coef=0.3)
+"""Both trainers' settings: a decaying learning rate, weight decay, clipping, an Adam epsilon above float noise, the
+prompts in dataset order, float32, a ``beta`` other than the default and a ``mixture_coef`` other than the default."""
+
+#: TRL 1.0.0's side: trains on the scripted completions (the policy's copy 0, the mixture's copy 1) and writes its
+#: log history and final weights.
+TRL_SCRIPT = """
+import json, sys
+import numpy as np, torch, datasets, transformers
+from trl.experimental.nash_md import NashMDConfig, NashMDTrainer, nash_md_trainer
+from tests.helpers.legacy_trl import LongerCompletionScoreJudge, scripted_completion
+
+arguments = json.loads(sys.argv[1])
+tokenizer = transformers.AutoTokenizer.from_pretrained(arguments["tokenizer"])
+
+def scripted_generate(copy):
+    def generate(input_ids, attention_mask, generation_config=None, **kwargs):
+        completions = [scripted_completion(ids[mask.bool()].tolist(), copy, *arguments["script"])
+                       for ids, mask in zip(input_ids, attention_mask)]
+        tokens = torch.full((len(completions), max(map(len, completions))), tokenizer.pad_token_id,
+                            dtype=input_ids.dtype)
+        for row, completion in enumerate(completions):
+            tokens[row, :len(completion)] = torch.tensor(completion)
+        return torch.cat([input_ids, tokens], dim=1)
+    return generate
+
+trainer = NashMDTrainer(
+    model=transformers.AutoModelForCausalLM.from_pretrained(arguments["model"], dtype=torch.float32),
+    judge=LongerCompletionScoreJudge(),
+    args=NashMDConfig(output_dir=arguments["output_dir"], use_cpu=True, **arguments["settings"]),
+    train_dataset=datasets.Dataset.from_dict({"prompt": arguments["prompts"]}), processing_class=tokenizer)
+trainer.model.generate = scripted_generate(0)
+mixture_generate = scripted_generate(1)
+nash_md_trainer.GeometricMixtureWrapper.generate = lambda self, **kwargs: mixture_generate(**kwargs)
+trainer.train()
+json.dump(trainer.state.log_history, open(arguments["output_dir"] + "/log_history.json", "w"))
+np.savez(arguments["output_dir"] + "/weights.npz",
+         **{name: value.detach().numpy() for name, value in trainer.model.state_dict().items()})
+"""
+
+
+@pytest.fixture(scope="module")
+def pad_tokenizer_dir(tmp_path_factory):
+    """The tests' tokenizer with ``<pad>`` as its pad token (TRL would pad with the eos token otherwise)."""
+    return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
+
+
+def script_arguments() -> tuple[int, int, int]:
+    return MAX_NEW_TOKENS, tiny.VOCAB, tiny.EOS
+
+
+@pytest.fixture(scope="module")
+def trl_run(tiny_checkpoints, pad_tokenizer_dir, tmp_path_factory):
+    """TRL 1.0.0's log history and final weights on :data:`SETTINGS`."""
+    require_legacy_trl()
+    output_dir = tmp_path_factory.mktemp("trl_nash_md")
+    run_legacy_trl(TRL_SCRIPT, {"model": str(tiny_checkpoints.path("qwen2")), "tokenizer": str(pad_tokenizer_dir),
+                                "output_dir": str(output_dir), "settings": SETTINGS, "prompts": tiny.PROMPTS,
+                                "script": script_arguments()})
+    history = json.loads((output_dir / "log_history.json").read_text())
+    with np.load(output_dir / "weights.npz") as weights:
+        return history, dict(weights)
+
+
+def run_torchlike(path, tokenizer_path, output_dir, settings) -> tuple[list[dict], dict]:
+    """torchlike's log history and final parameters as exported, on the same scripted completions."""
+    from safetensors.numpy import load_file
+
+    trainer = NashMDTrainer(model=str(path), judge=LongerCompletionScoreJudge(),
+                            args=NashMDConfig(output_dir=str(output_dir), **settings),
+                            train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                            processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
+
+    def scripted_turn(prompt_ids, seed):
+        copy = int(trainer._sampled_mixture_coef is not None)
+        return [scripted_completion(ids, copy, *script_arguments()) for ids in prompt_ids], None
+
+    trainer._generate_single_turn = scripted_turn
+    trainer.train()
+    trainer.model.save_pretrained(output_dir / "model")
+    return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
+
+
+# --- step for step against trl.experimental.nash_md.NashMDTrainer (TRL 1.0.0) ---------------------------------------
+
+def test_losses_metrics_and_weights_match_trl_1_0_step_for_step(trl_run, tiny_checkpoints, pad_tokenizer_dir,
+                                                                 tmp_path):
+    expected_history, expected_params = trl_run
+    history, params = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path, SETTINGS)
+    assert_online_preference_run_matches(history, expected_history, params, expected_params, METRICS)
+
+
+def test_ignoring_beta_fails_the_comparison(trl_run, tiny_checkpoints, pad_tokenizer_dir, tmp_path, monkeypatch):
+    """The comparison above is sharp: a trainer that ignores ``beta`` (always TRL's default 0.1) is caught by the
+    gradient norm once the policy has moved from the reference (step 2)."""
+    expected_history, _ = trl_run
+    monkeypatch.setattr(NashMDTrainer, "_beta_of", lambda self, epoch: 0.1)
+    history, _ = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path,
+                               {**SETTINGS, "max_steps": 2})
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(logged(history, "grad_norm"), logged(expected_history, "grad_norm")[:2],
+                                   rtol=1e-4)
+
+
+# --- sampling from the geometric mixture ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def wandering_reference(tmp_path_factory):
+    """A tiny Qwen2 reference with other weights than the policy (``tiny_checkpoints``' qwen2), same vocabulary."""
+    _, model = tiny.wandering_model("qwen2", tmp_path_factory.mktemp("wandering_reference"))
+    return model
+
+
+def mixed_argmax(policy, reference, ids: list[int], mixture_coef: float) -> np.ndarray:
+    """``[len(ids)]`` the argmax of ``c * reference + (1 - c) * policy`` logits at each position, from both models'
+    full forward passes."""
+    batch, mask = np.array([ids]), np.ones((1, len(ids)), np.int32)
+    policy_logits = np.asarray(policy(batch, attention_mask=mask).logits, np.float32)[0]
+    reference_logits = np.asarray(reference(batch, attention_mask=mask).logits, np.float32)[0]
+    return (mixture_coef * reference_logits + (1 - mixture_coef) * policy_logits).argmax(-1)
+
+
+def test_the_trainer_samples_greedily_from_the_mixture_of_policy_and_reference(tiny_checkpoints, pad_tokenizer_dir,
+                                                                               wandering_reference, tmp_path):
+    """``mixture_coef=0`` samples the policy's greedy completions, 1 the reference's, and 0.4 the argmax of the mixed
+    logits at every step, as both models' full forward passes give them."""
+    trainer = NashMDTrainer(model=str(tiny_checkpoints.path("qwen2")), ref_model=wandering_reference,
+                            judge=LongerCompletionScoreJudge(),
+                            args=NashMDConfig(output_dir=str(tmp_path), max_new_tokens=8, report_to="none",
+                                              generation_kwargs={"do_sample": False}),
+                            train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS[:3]],
+                            processing_class=torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir))
+    rows = list(trainer.train_dataset)
+    policy_greedy = trainer._generate(rows, seed=0).completion_ids
+    sampled = {coef: trainer._generate_with_mixture(rows, 0, coef).completion_ids for coef in (0.0, 1.0, 0.4)}
+    assert sampled[0.0] == policy_greedy
+    assert sampled[1.0] != policy_greedy
+    for coef, completions in sampled.items():
+        for row, completion in zip(rows, completions, strict=True):
+            prompt = list(row["prompt_ids"])
+            expected = mixed_argmax(trainer.model, wandering_reference, prompt + completion[:-1], coef)
+            assert completion == expected[len(prompt) - 1:].tolist(), coef
+
+
+def test_the_paged_engine_samples_the_mixture_as_the_static_engine(tiny_checkpoints, wandering_reference):
+    policy = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype="float32")
+    mixture = GeometricMixture(policy.module, wandering_reference.module, 0.4)
+    rng = np.random.default_rng(0)
+    requests = [RolloutRequest(rng.integers(3, tiny.VOCAB, size=length).tolist(), 8, num_samples=2, seed=index)
+                for index, length in enumerate((5, 9, 3))]
+    settings = SamplingSettings(do_sample=True, temperature=0.9, top_k=20)
+    static = StaticEngine(mixture).generate(requests, settings)
+    paged = PagedEngine(mixture, PagedEngineConfig(max_num_seqs=2, page_size=4)).generate(requests, settings)
+    assert [[ids.tolist() for ids in output.token_ids] for output in paged] == \
+        [[ids.tolist() for ids in output.token_ids] for output in static]
+
+
+def test_a_reference_with_another_vocabulary_size_is_refused(tiny_checkpoints, tmp_path):
+    policy = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype="float32")
+    config = tiny.CASES["qwen2"]()
+    config.vocab_size += 8
+    tiny.build_hf_model(config).save_pretrained(tmp_path / "wider")
+    wider = torchlike.AutoModelForCausalLM.from_pretrained(tmp_path / "wider", dtype="float32")
+    with pytest.raises(ValueError, match="same vocabulary"):
+        GeometricMixture(policy.module, wider.module, 0.5)
+
+
+# --- TRL 1.0.0's config and errors ----------------------------------------------------------------------------------
+
+FIELDS_SCRIPT = """
+import dataclasses, json, sys
+from trl.experimental.nash_md import NashMDConfig
+arguments = json.loads(sys.argv[1])
+config = NashMDConfig(output_dir=arguments["output_dir"], use_cpu=True)
+values = {name: repr(getattr(config, name)) for name in ("mixture_coef", "beta", "loss_type", "max_new_tokens",
+                                                         "judge", "use_transformers_paged", "learning_rate",
+                                                         "temperature", "missing_eos_penalty")}
+json.dump({"fields": [item.name for item in dataclasses.fields(NashMDConfig)], "values": values},
+          open(arguments["output_dir"] + "/fields.json", "w"))
+"""
+
+
+def test_every_trl_1_0_nash_md_config_field_exists_with_its_default(tmp_path):
+    run_legacy_trl(FIELDS_SCRIPT, {"output_dir": str(tmp_path)})
+    theirs = json.loads((tmp_path / "fields.json").read_text())
+    ours = NashMDConfig(output_dir=str(tmp_path))
+    assert set(theirs["fields"]) <= {item.name for item in dataclasses.fields(NashMDConfig)}
+    assert {name: repr(getattr(ours, name)) for name in theirs["values"]} == theirs["values"]
+
+
+@pytest.mark.parametrize("mixture_coef", [[0.3], [0.1, 0.2], 0.5])
+def test_a_one_element_mixture_coef_list_becomes_its_value(tmp_path, mixture_coef):
+    expected = mixture_coef[0] if mixture_coef == [0.3] else mixture_coef
+    assert NashMDConfig(output_dir=str(tmp_path), mixture_coef=mixture_coef).mixture_coef == expected
+
+
+def test_neither_judge_nor_reward_funcs_is_refused_in_trls_words(tiny_checkpoints, pad_tokenizer_dir, tmp_path):
+    with pytest.raises(ValueError, match="One of `judge` or `reward_funcs` must be provided."):
+        NashMDTrainer(model=str(tiny_checkpoints.path("qwen2")), args=NashMDConfig(output_dir=str(tmp_path)),
+                      train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                      processing_class=transformers.AutoTokenizer.from_pretrained(pad_tokenizer_dir))
+
+
+def test_more_than_one_reward_function_is_refused_in_trls_words(tiny_checkpoints, pad_tokenizer_dir, tmp_path):
+    def reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match="NashMDTrainer only supports one reward function/model."):
+        NashMDTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=[reward, reward],
+                      args=NashMDConfig(output_dir=str(tmp_path)),
+                      train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                      processing_class=transformers.AutoTokenizer.from_pretrained(pad_tokenizer_dir))

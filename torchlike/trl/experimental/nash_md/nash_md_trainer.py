@@ -1,0 +1,228 @@
+"""``NashMDTrainer``: TRL 1.0.0's ``trl.experimental.nash_md.NashMDTrainer`` (Nash-MD, "Nash Learning from Human
+Feedback") on torchlike's ``OnlineDPOTrainer``.
+
+Each micro-batch takes ``per_device_train_batch_size`` prompts (per data-parallel shard) and samples one completion of
+each with the policy and one with the geometric mixture of policy and reference (per-token
+``log_softmax(mixture_coef * reference + (1 - mixture_coef) * policy)``, TRL's ``GeometricMixtureWrapper``:
+``adapters.rollout.mixture``, on either rollout engine). A judge (``judge.judge(prompts, pairs, return_scores=True)``,
+the probability that the first completion is better) or one reward function or model (the sigmoid of the reward
+difference, less ``missing_eos_penalty`` for a completion without an end token) gives the probability that the
+policy's completion beats the mixture's; the loss is TRL's REINFORCE score term plus ``beta`` times its KL term, on
+the policy's completions (``adapters.losses.nash_md``). TRL 1.0.0's ``loss/*``, ``objective/entropy``, ``rewards/*``,
+``logps/*``, ``val/*``, ``beta`` and ``mixture_coef`` metrics are logged, as means over the micro-batches since the
+last log.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jinja2
+import numpy as np
+
+from ....adapters.losses import nash_md as nash_md_losses
+from ....adapters.rollout import RolloutEngine
+from ....adapters.rollout.mixture import GeometricMixture
+from ....type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RewardFunc,
+)
+from ...data_utils import is_conversational
+from ...online_trainer import GenerationSchedule, Rollout
+from ..online_dpo.online_dpo_data import contains_end_token
+from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
+from ..xpo.xpo_trainer import JUDGE_CHAT_TEMPLATE, joined
+from .nash_md_config import NashMDConfig
+
+__all__ = ["NashMDTrainer"]
+
+
+class NashMDTrainer(OnlineDPOTrainer):
+    """``trl.experimental.nash_md.NashMDTrainer`` with TRL 1.0.0's signature, training a torchlike model on a JAX mesh.
+
+    Args:
+        model, ref_model, args, train_dataset, processing_class, peft_config, callbacks, optimizers,
+            quantization_config: as :class:`~torchlike.trl.experimental.online_dpo.OnlineDPOTrainer` takes them
+            (``args`` a :class:`NashMDConfig`).
+        reward_funcs: one reward function or model (a one-element list too), as ``OnlineDPOTrainer`` calls them (a
+            reward model reads the policy's tokenizer, as TRL 1.0.0 passes it); TRL 1.0.0 takes a reward model only.
+        judge: an object with ``judge(prompts, completion_pairs, return_scores=True) -> list[float]`` (TRL's
+            ``BasePairwiseJudge``): the probability that each pair's first completion (the policy's) is better. Given
+            with ``reward_funcs``, the judge is used (TRL's warning).
+        data_collator, eval_dataset, compute_metrics, preprocess_logits_for_metrics: refused, as by
+            ``OnlineDPOTrainer``.
+
+    Raises:
+        ValueError: neither ``judge`` nor ``reward_funcs``, or more than one reward function (TRL's messages), the
+            policy and reference vocabularies of different sizes (at the first mixture sample), and
+            ``OnlineDPOTrainer``'s errors.
+
+    Example:
+
+    ```python
+    >>> from torchlike.trl.experimental.nash_md import NashMDConfig, NashMDTrainer
+    >>> class LongerJudge:
+    ...     def judge(self, prompts, completions, shuffle_order=True, return_scores=False):
+    ...         return [1.0 if len(first) >= len(second) else 0.0 for first, second in completions]
+    >>> trainer = NashMDTrainer(model="path/to/Qwen2.5-0.5B-Instruct", judge=LongerJudge(),
+    ...                         args=NashMDConfig("out", max_new_tokens=32, mixture_coef=0.5),
+    ...                         train_dataset=[{"prompt": "Say hello."}] * 64, processing_class=tokenizer)
+    >>> trainer.train()
+    ```
+    """
+
+    _config_class = NashMDConfig
+    _output_suffix = "NashMD"
+    _tag_names = ["trl", "nash-md"]
+
+    def __init__(self, model: ModelLike, ref_model: ModelLike | None = None,
+                 reward_funcs: RewardFunc | list[RewardFunc] | None = None, judge: Any | None = None,
+                 args: NashMDConfig | None = None, data_collator: Callable | None = None,
+                 train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
+                 processing_class: ProcessingClass | None = None, peft_config: PeftConfigLike | None = None,
+                 compute_metrics: Callable | None = None, callbacks: list | None = None,
+                 optimizers: tuple = (None, None), preprocess_logits_for_metrics: Callable | None = None,
+                 quantization_config: QuantizationConfig | None = None):
+        if judge is None and reward_funcs is None:
+            raise ValueError("One of `judge` or `reward_funcs` must be provided.")
+        if judge is not None and reward_funcs is not None:
+            warnings.warn("Both `judge` and `reward_funcs` are provided. Using `judge` and ignoring `reward_funcs`.",
+                          UserWarning, stacklevel=2)
+            reward_funcs = None
+        if reward_funcs is not None and isinstance(reward_funcs, list) and len(reward_funcs) != 1:
+            raise ValueError("NashMDTrainer only supports one reward function/model.")
+        self.judge = judge
+        self._sampled_mixture_coef: float | None = None
+        self._mixture_engine: RolloutEngine | None = None
+        super().__init__(model=model, ref_model=ref_model, reward_funcs=[] if reward_funcs is None else reward_funcs,
+                         args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class,
+                         reward_processing_classes=None if reward_funcs is None else processing_class,
+                         peft_config=peft_config,
+                         compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
+                         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+                         quantization_config=quantization_config)
+        self._mixture_coef = self.args.mixture_coef
+
+    @property
+    def mixture_coef(self) -> float:
+        """The mixture coefficient of the current epoch: ``args.mixture_coef``, or with a list its entry for the epoch
+        (the last one after it)."""
+        return self._mixture_coef_of(int(self.state.epoch or 0))
+
+    def _mixture_coef_of(self, epoch: int) -> float:
+        if isinstance(self._mixture_coef, list):
+            return self._mixture_coef[min(epoch, len(self._mixture_coef) - 1)]
+        return self._mixture_coef
+
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL 1.0.0's Nash-MD loss (:func:`adapters.losses.nash_md.nash_md_step_loss`) with the config's settings."""
+        return nash_md_losses.nash_md_step_loss(self.model.family, self.args.gradient_accumulation_steps,
+                                                scored=self.judge is None), None
+
+    def _prepare(self, dataset: Any, name: str) -> list[dict]:
+        """Online DPO's prompt rows, each prompt after the tokenizer's BOS token unless it starts with it, as TRL
+        1.0.0's ``tokenize_row`` (Nash-MD's ``training_step`` tokenises with it)."""
+        rows = super()._prepare(dataset, name)
+        bos = self.tokenizer.bos_token_id
+        if bos is not None:
+            for row in rows:
+                if not row["prompt_ids"] or row["prompt_ids"][0] != bos:
+                    row["prompt_ids"] = [bos, *row["prompt_ids"]]
+        return rows
+
+    # ------------------------------------------------------------------ sampling from the mixture
+    @property
+    def _sampling_module(self):
+        """While the mixture's completions are sampled, the policy and the reference as one
+        :class:`~torchlike.adapters.rollout.mixture.GeometricMixture` decoder; else the policy."""
+        policy = super()._sampling_module
+        if self._sampled_mixture_coef is None:
+            return policy
+        return GeometricMixture(policy, self.reference.module, self._sampled_mixture_coef, self.reference.lora)
+
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        """The policy's engine, or while the mixture samples its own (its KV cache holds both models' layers)."""
+        if self._sampled_mixture_coef is None:
+            return super().rollout_engine
+        if self._mixture_engine is None:
+            self._mixture_engine = self._build_rollout_engine()
+        return self._mixture_engine
+
+    def _generate_with_mixture(self, rows: list[dict], seed: int, mixture_coef: float) -> Rollout:
+        """One completion per row sampled from the geometric mixture (TRL 1.0.0's ``GeometricMixtureWrapper``), with
+        a seed of its own."""
+        self._sampled_mixture_coef = mixture_coef
+        try:
+            return self._generate(rows, int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
+        finally:
+            self._sampled_mixture_coef = None
+
+    # ------------------------------------------------------------------ batches
+    def _generation_schedule(self) -> GenerationSchedule:
+        """One generation per micro-batch: one policy completion of each of its prompts (the mixture's completions
+        are not trained on), trained on once."""
+        return GenerationSchedule(self._global_batch_size(), 1, 1, 1)
+
+    def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
+        """Samples one completion of each prompt with the policy, then one with the mixture, takes the probability
+        that the policy's wins (judge or rewards) and returns the step's columns (the policy's completions) with the
+        reference's log-probabilities."""
+        rows = list(prompt_rows)
+        seed = self._generation_seed(epoch, generation_index)
+        mixture_coef = self._mixture_coef_of(epoch)
+        policy = self._generate(rows, seed)
+        mixture = self._generate_with_mixture(rows, seed, mixture_coef)
+        contain_eos, mixture_contain_eos = (contains_end_token(record.tokens, record.tokens.shape[1],
+                                                               self.eos_token_ids) for record in (policy, mixture))
+        size = len(rows)
+        rewards = mixture_rewards = np.zeros(size, np.float32)
+        if self.judge is not None:
+            probability = self._judged(joined(policy, mixture))
+        else:
+            scores = np.nansum(self._score(joined(policy, mixture)), axis=1).astype(np.float32)
+            if self.args.missing_eos_penalty is not None:
+                scores = scores - np.float32(self.args.missing_eos_penalty) * ~np.concatenate(
+                    [contain_eos, mixture_contain_eos])
+            rewards, mixture_rewards = scores[:size], scores[size:]
+            probability = 0.5 * (1.0 + np.tanh(0.5 * (rewards - mixture_rewards)))  # the sigmoid, overflow-free
+        ids = np.concatenate([policy.prompt_ids, policy.tokens], axis=1)
+        columns = {
+            "input_ids": ids,
+            "attention_mask": np.concatenate([policy.prompt_mask, policy.completion_mask], axis=1),
+            "position_ids": np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape).copy(),
+            "completion_mask": policy.completion_mask,
+            "completion_window": policy.completion_mask,
+            "probability": np.asarray(probability, np.float32),
+            "contain_eos": contain_eos.astype(np.float32),
+            "mixture_contain_eos": mixture_contain_eos.astype(np.float32),
+            "rewards": rewards,
+            "mixture_rewards": mixture_rewards,
+            "beta": np.full(size, self._beta_of(epoch), np.float32),
+            "mixture_coef": np.full(size, mixture_coef, np.float32),
+        }
+        columns["ref_logps"] = self._reference_log_probs(columns)
+        return columns
+
+    def _judged(self, record: Rollout) -> np.ndarray:
+        """``[B]`` the judge's probability that the policy's completion of each prompt beats the mixture's, asked as
+        TRL 1.0.0's ``_compute_judge`` asks: decoded completions without special tokens, stripped; conversational
+        prompts and completions rendered with TRL's ``SIMPLE_CHAT_TEMPLATE``."""
+        half = len(record.rows) // 2
+        prompts = [row["prompt"] for row in record.rows[:half]]
+        texts = [text.strip() for text in self.tokenizer.batch_decode(record.completion_ids,
+                                                                      skip_special_tokens=True)]
+        if is_conversational({"prompt": prompts[0]}):
+            template = jinja2.Environment().from_string(JUDGE_CHAT_TEMPLATE)
+            prompts = [template.render(messages=prompt) for prompt in prompts]
+            texts = [template.render(messages=[{"role": "assistant", "content": text}]) for text in texts]
+        scores = self.judge.judge(prompts, list(zip(texts[:half], texts[half:], strict=True)), return_scores=True)
+        return np.asarray(scores, np.float32)
