@@ -56,8 +56,10 @@ __all__ = [
     "ACCEPTED_FORMATS",
     "check_desirability_balance",
     "collate_unpaired_batch",
+    "desirability_label",
     "padded_length",
     "prepare_unpaired_examples",
+    "unpaired_rows",
 ]
 
 ACCEPTED_FORMATS = (
@@ -70,12 +72,17 @@ ACCEPTED_FORMATS = (
 _PROMPT_COLUMNS = ("prompt", "completion")
 
 
-def _format_error(columns: Sequence[str], detail: str) -> ValueError:
+def _format_error(columns: Sequence[str], detail: str, trainer: str = "KTO") -> ValueError:
     formats = "\n".join(f"  - {fmt}" for fmt in ACCEPTED_FORMATS)
-    return ValueError(f"The KTO dataset {detail}. Found columns: {list(columns)}. Accepted formats:\n{formats}")
+    return ValueError(f"The {trainer} dataset {detail}. Found columns: {list(columns)}. Accepted formats:\n{formats}")
 
 
-def _label(value: Any, index: int) -> bool:
+def desirability_label(value: Any, index: int) -> bool:
+    """Example ``index``'s ``label`` as a bool (True or 1: desirable; False or 0: undesirable).
+
+    Raises:
+        ValueError: any other value.
+    """
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
         return bool(value)
     raise ValueError(f"Example {index}: 'label' should be True (desirable completion) or False (undesirable); "
@@ -109,15 +116,27 @@ class _UnpairedTokenizer(PromptResponseTokenizer):
         full_ids = self._ids(prompt + completion, template_kwargs)
         prompt_length = self._prompt_length(prompt_ids, [full_ids], index)
         return {"prompt_ids": prompt_ids[:prompt_length], "completion_ids": full_ids[prompt_length:],
-                "label": _label(example["label"], index)}
+                "label": desirability_label(example["label"], index)}
 
 
-def _unpaired_rows(dataset: Iterable[Mapping[str, Any]], num_proc: int | None) -> list[dict[str, Any]]:
-    """The dataset's rows in TRL's unpaired layout (``prompt``, ``completion``, ``label`` and the other columns)."""
+def unpaired_rows(dataset: Iterable[Mapping[str, Any]], num_proc: int | None,
+                  trainer: str = "KTO") -> list[dict[str, Any]]:
+    """The dataset's rows in TRL's unpaired layout (``prompt``, ``completion``, ``label`` and the other columns):
+    an implicit prompt split off and paired data unpaired, as TRL's ``maybe_extract_prompt`` and
+    ``maybe_unpair_preference_dataset`` do.
+
+    Args:
+        dataset: rows in one of ``ACCEPTED_FORMATS``.
+        num_proc: ``dataset_num_proc`` (the unpairing blocks restart at each process's shard).
+        trainer: the trainer's name in error messages.
+
+    Raises:
+        ValueError: an empty dataset, or missing columns (the message lists those found and the accepted formats).
+    """
     rows = list(dataset)
     if not rows:
-        raise ValueError(f"The KTO dataset is empty ({type(dataset).__name__} with no examples); pass at least one "
-                         "example.")
+        raise ValueError(f"The {trainer} dataset is empty ({type(dataset).__name__} with no examples); pass at least "
+                         "one example.")
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise TypeError(f"Example {index} should be a dict of columns; found {describe(row)}.")
@@ -126,13 +145,13 @@ def _unpaired_rows(dataset: Iterable[Mapping[str, Any]], num_proc: int | None) -
     if "prompt" not in first:
         if not paired:
             raise _format_error(columns, "has no 'prompt' column, and its prompt cannot be extracted: that needs "
-                                         "paired 'chosen' and 'rejected' columns")
+                                         "paired 'chosen' and 'rejected' columns", trainer)
         rows = [{**row, **extract_prompt(row)} for row in rows]
     if paired:
         return unpair_preference_dataset(rows, num_proc)
     missing = [key for key in ("completion", "label") if key not in first]
     if missing:
-        raise _format_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column")
+        raise _format_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column", trainer)
     return rows
 
 
@@ -188,7 +207,7 @@ def prepare_unpaired_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: T
 
     if isinstance(dataset, datasets.IterableDataset):
         num_proc = None  # TRL passes num_proc to map only for a map-style Dataset
-    rows = _unpaired_rows(dataset, num_proc)
+    rows = unpaired_rows(dataset, num_proc)
     tokenize = _UnpairedTokenizer(tokenizer, rows[0])
     for index, row in enumerate(rows):
         tokenize.check_layout(row, index)

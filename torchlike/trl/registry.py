@@ -80,6 +80,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("gkd", "GKDConfig", "GKDTrainer", f"{_EXPERIMENTAL}.gkd", script=False),
     TrainerEntry("online_dpo", "OnlineDPOConfig", "OnlineDPOTrainer", f"{_EXPERIMENTAL}.online_dpo", script=True),
     TrainerEntry("xpo", "XPOConfig", "XPOTrainer", f"{_EXPERIMENTAL}.xpo", script=False),
+    TrainerEntry("bco", "BCOConfig", "BCOTrainer", f"{_EXPERIMENTAL}.bco", script=False),
     TrainerEntry("nash_md", "NashMDConfig", "NashMDTrainer", f"{_EXPERIMENTAL}.nash_md", script=False),
 )
 

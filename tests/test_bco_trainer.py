@@ -1,0 +1,275 @@
+"""torchlike.trl.experimental.bco: TRL 1.0.0's BCO trainer step for step against the real
+``trl.experimental.bco.BCOTrainer`` (TRL 1.0.0, run in a child process: TRL 1.16 no longer ships it), with and without
+underlying distribution matching, its checkpointed running reward mean, and TRL 1.0.0's config fields and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import torchlike
+from tests import tiny
+from tests.helpers.bco import DATA, EVAL_DATA, prompt_features
+from tests.helpers.legacy_trl import require_legacy_trl, run_legacy_trl
+from tests.helpers.logs import evaluated, logged
+from torchlike.field_support import field_table
+from torchlike.training_args import TrainingArguments
+from torchlike.trl.experimental.bco import BCOConfig, BCOTrainer
+
+SETTINGS = dict(max_length=12, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                gradient_accumulation_steps=2, max_steps=6, learning_rate=1e-2, warmup_steps=2, weight_decay=0.1,
+                max_grad_norm=0.05, adam_epsilon=1e-4, logging_steps=1, seed=0, bf16=False, beta=0.1,
+                report_to="none", save_strategy="steps", save_steps=3)
+"""Both trainers' settings: gradient accumulation, truncation to max_length=12 (several completions are cut), three
+epochs of DATA (so the running delta takes in rewards of many micro-batches), a warmup, weight decay, clipping
+(max_grad_norm below every step's norm), an Adam epsilon above float noise, and a checkpoint at step 3.
+
+bf16 off: comparisons step for step run in float32 on both sides, the project's convention (TRL's bf16 is torch
+autocast, torchlike casts the weights; their bf16 roundings differ far above the tolerance compared here)."""
+
+#: Every metric TRL 1.0.0's BCOTrainer logs, beside loss, grad_norm and learning_rate.
+METRICS = ("delta", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
+           "logits/chosen", "logits/rejected")
+#: The logits metrics sum every logit of TRL's padded batch (thousands of values of either sign), so their float noise
+#: is absolute, not relative to a sum that may lie near 0.
+LOGITS_ATOL = 2e-3
+
+#: TRL 1.0.0's side: each case trains on DATA (UDM with the shared embedding function), evaluates on EVAL_DATA and
+#: writes its log history, evaluation metrics, final weights and the running.json of its checkpoint; then the config's
+#: fields and defaults.
+TRL_SCRIPT = """
+import dataclasses, json, os, sys
+import numpy as np, torch, datasets, transformers
+from trl.experimental.bco import BCOConfig, BCOTrainer
+from tests.helpers.bco import DATA, EVAL_DATA, prompt_features
+
+arguments = json.loads(sys.argv[1])
+for case in arguments["cases"]:
+    output_dir = os.path.join(arguments["output_dir"], case)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(arguments["tokenizer"])
+    udm = {"embedding_func": prompt_features, "embedding_tokenizer": tokenizer} if case == "udm" else {}
+    trainer = BCOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(arguments["model"], dtype=torch.float32),
+        args=BCOConfig(output_dir=output_dir, use_cpu=True, **arguments["settings"]),
+        train_dataset=datasets.Dataset.from_list(DATA), eval_dataset=datasets.Dataset.from_list(EVAL_DATA),
+        processing_class=tokenizer, **udm)
+    trainer.train()
+    metrics = {key: value for key, value in trainer.evaluate().items()
+               if key not in ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")}
+    running = json.load(open(os.path.join(output_dir, "checkpoint-3", "running.json")))
+    json.dump({"history": trainer.state.log_history, "eval": metrics, "running": running},
+              open(os.path.join(output_dir, "run.json"), "w"))
+    np.savez(os.path.join(output_dir, "weights.npz"),
+             **{name: value.detach().numpy() for name, value in trainer.model.state_dict().items()})
+config = BCOConfig(output_dir=arguments["output_dir"], use_cpu=True)
+json.dump({"fields": [item.name for item in dataclasses.fields(BCOConfig)],
+           "values": {item.name: repr(getattr(config, item.name)) for item in dataclasses.fields(BCOConfig)
+                      if item.name in arguments["compared_fields"]}},
+          open(os.path.join(arguments["output_dir"], "fields.json"), "w"))
+"""
+
+#: The fields TRL 1.0.0's BCOConfig declares or changes the default of.
+BCO_FIELDS = ("learning_rate", "logging_steps", "gradient_checkpointing", "bf16", "max_length",
+              "max_completion_length", "beta", "disable_dropout", "generate_during_eval", "is_encoder_decoder",
+              "precompute_ref_log_probs", "model_init_kwargs", "dataset_num_proc", "prompt_sample_size",
+              "min_density_ratio", "max_density_ratio")
+
+
+@pytest.fixture(scope="module")
+def pad_tokenizer_dir(tmp_path_factory):
+    """The tests' tokenizer with ``<pad>`` as its pad token (TRL's BCO collator pads with it; it has ``<s>`` as BOS,
+    which BCO's tokenisation puts before each prompt)."""
+    return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def trl_runs(tiny_checkpoints, pad_tokenizer_dir, tmp_path_factory):
+    """TRL 1.0.0's runs on :data:`SETTINGS` (``"plain"`` and ``"udm"``: history, evaluation metrics, weights,
+    checkpointed running moments) and its config's fields (``"fields"``)."""
+    require_legacy_trl()
+    output_dir = tmp_path_factory.mktemp("trl_bco")
+    run_legacy_trl(TRL_SCRIPT, {"model": str(tiny_checkpoints.path("qwen2")), "tokenizer": str(pad_tokenizer_dir),
+                                "output_dir": str(output_dir), "settings": SETTINGS, "cases": ["plain", "udm"],
+                                "compared_fields": BCO_FIELDS})
+    runs = {}
+    for case in ("plain", "udm"):
+        run = json.loads((output_dir / case / "run.json").read_text())
+        with np.load(output_dir / case / "weights.npz") as weights:
+            runs[case] = {**run, "params": dict(weights)}
+    return {**runs, "fields": json.loads((output_dir / "fields.json").read_text())}
+
+
+def bco_trainer(path, tokenizer_path, output_dir, settings: dict, udm: bool = False) -> BCOTrainer:
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_path)
+    extra = {"embedding_func": prompt_features, "embedding_tokenizer": tokenizer} if udm else {}
+    return BCOTrainer(model=str(path), args=BCOConfig(output_dir=str(output_dir), **settings), train_dataset=DATA,
+                      eval_dataset=EVAL_DATA, processing_class=tokenizer, **extra)
+
+
+def run_torchlike(path, tokenizer_path, output_dir, settings: dict, udm: bool = False) -> dict:
+    """torchlike's run: log history, evaluation metrics and final parameters as exported (HF names)."""
+    from safetensors.numpy import load_file
+
+    trainer = bco_trainer(path, tokenizer_path, output_dir, settings, udm)
+    trainer.train()
+    metrics = evaluated(trainer)
+    trainer.model.save_pretrained(output_dir / "model")
+    return {"history": trainer.state.log_history, "eval": metrics, "trainer": trainer,
+            "params": load_file(output_dir / "model" / "model.safetensors")}
+
+
+@pytest.fixture(scope="module")
+def our_run(tiny_checkpoints, pad_tokenizer_dir, tmp_path_factory):
+    """torchlike's run without UDM on :data:`SETTINGS` (its checkpoint-3 serves the resume test)."""
+    return run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path_factory.mktemp("ours"), SETTINGS)
+
+
+def assert_run_matches(ours: dict, theirs: dict, steps: int) -> None:
+    """The same logged steps and metric names, loss, grad norm, learning rate and :data:`METRICS` within rtol 1e-4
+    (logits within :data:`LOGITS_ATOL`), and the same final parameters and evaluation metrics."""
+    expected = {entry["step"]: entry for entry in theirs["history"] if "loss" in entry}
+    found = {entry["step"]: entry for entry in ours["history"] if "loss" in entry}
+    assert list(found) == list(expected) == list(range(1, steps + 1))
+    assert all(set(found[step]) == set(expected[step]) for step in found)
+    assert all(entry["grad_norm"] > SETTINGS["max_grad_norm"] for entry in expected.values())  # clipping is on
+    for key in ("loss", "grad_norm", "learning_rate", *METRICS):
+        atol = LOGITS_ATOL if key.startswith("logits/") else 1e-6
+        np.testing.assert_allclose(logged(ours["history"], key), logged(theirs["history"], key), rtol=1e-4,
+                                   atol=atol, err_msg=key)
+    assert set(ours["eval"]) == set(theirs["eval"])
+    for key, value in theirs["eval"].items():
+        atol = LOGITS_ATOL if key.startswith("eval_logits/") else 1e-6
+        np.testing.assert_allclose(ours["eval"][key], value, rtol=1e-4, atol=atol, err_msg=key)
+    assert set(ours["params"]) == set(theirs["params"])
+    for name, value in theirs["params"].items():
+        np.testing.assert_allclose(ours["params"][name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+
+
+# --- step for step against trl.experimental.bco.BCOTrainer (TRL 1.0.0) ----------------------------------------------
+
+def test_losses_metrics_evaluation_and_weights_match_trl_1_0_step_for_step(trl_runs, our_run):
+    assert_run_matches(our_run, trl_runs["plain"], SETTINGS["max_steps"])
+    assert logged(our_run["history"], "delta")[-1] != 0.0  # the running mean has moved
+
+
+def test_running_json_of_a_checkpoint_matches_trl(trl_runs, our_run):
+    with open(f"{our_run['trainer'].args.output_dir}/checkpoint-3/running.json", encoding="utf-8") as file:
+        saved = json.load(file)
+    assert set(saved) == {"mean", "std", "var", "count"}
+    for key, value in trl_runs["plain"]["running"].items():
+        np.testing.assert_allclose(saved[key], value, rtol=1e-4, err_msg=key)
+
+
+def test_underlying_distribution_matching_matches_trl_1_0_step_for_step(trl_runs, tiny_checkpoints,
+                                                                        pad_tokenizer_dir, tmp_path):
+    ours = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path, SETTINGS, udm=True)
+    weights = [row["udm_weight"] for row in ours["trainer"].train_dataset if not row["label"]]
+    inside = [weight for weight in weights if 0.5 < weight < 10.0]  # not at TRL's default clamps
+    assert len(set(np.round(inside, 4))) > 1  # the classifier weighs the undesirable examples differently
+    assert_run_matches(ours, trl_runs["udm"], SETTINGS["max_steps"])
+
+
+@pytest.mark.parametrize("ignored", ["running delta", "UDM weights"])
+def test_ignoring_the_delta_or_the_udm_weights_fails_the_comparison(trl_runs, tiny_checkpoints, pad_tokenizer_dir,
+                                                                   tmp_path, monkeypatch, ignored):
+    """The comparisons above are sharp: a trainer whose delta stays 0, or whose UDM weights are all 1, is caught (the
+    delta first moves at step 3, after the warmup's step at learning rate 0; the weights change step 1's loss)."""
+    from torchlike.adapters.losses import bco as bco_losses
+
+    if ignored == "running delta":
+        monkeypatch.setattr(bco_losses.RunningMoments, "update", lambda self, values: None)
+        steps, case = 3, "plain"
+    else:
+        monkeypatch.setattr(BCOTrainer, "_add_density_ratio_weights", lambda self: [
+            example.update(udm_weight=1.0) for examples in (self._prepared[0],) for example in examples])
+        steps, case = 1, "udm"
+    ours = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path,
+                         {**SETTINGS, "max_steps": steps, "save_strategy": "no"}, udm=case == "udm")
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(logged(ours["history"], "loss"), logged(trl_runs[case]["history"], "loss")[:steps],
+                                   rtol=1e-4)
+
+
+# --- checkpoints ----------------------------------------------------------------------------------------------------
+
+def test_resuming_restores_the_running_moments_and_continues_as_a_straight_run(our_run, tiny_checkpoints,
+                                                                                pad_tokenizer_dir):
+    folder = f"{our_run['trainer'].args.output_dir}/checkpoint-3"
+    trainer = bco_trainer(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, our_run["trainer"].args.output_dir,
+                          {**SETTINGS, "save_strategy": "no"})
+    trainer.train(resume_from_checkpoint=folder)
+    straight = {entry["step"]: entry for entry in our_run["history"] if "loss" in entry}
+    resumed = {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
+    for step in (4, 5, 6):
+        assert set(resumed[step]) == set(straight[step])
+        for key, value in straight[step].items():
+            np.testing.assert_allclose(resumed[step][key], value, rtol=1e-6, atol=1e-7, err_msg=f"{key} {step}")
+    assert trainer.running.count == our_run["trainer"].running.count
+    np.testing.assert_allclose(dataclasses.astuple(trainer.running), dataclasses.astuple(our_run["trainer"].running),
+                               rtol=1e-6)
+    for name, value in trainer.model.state_dict().items():
+        np.testing.assert_allclose(np.asarray(value), np.asarray(our_run["trainer"].model.state_dict()[name]),
+                                   rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+# --- TRL 1.0.0's config and errors ----------------------------------------------------------------------------------
+
+def test_every_trl_1_0_bco_config_field_exists_with_its_default_and_is_classified(trl_runs, tmp_path):
+    theirs = trl_runs["fields"]
+    ours = BCOConfig(output_dir=str(tmp_path), use_cpu=True)
+    our_fields = {item.name for item in dataclasses.fields(BCOConfig)}
+    assert set(theirs["fields"]) <= our_fields
+    assert {name: repr(getattr(ours, name)) for name in theirs["values"]} == theirs["values"]
+    assert set(theirs["fields"]) <= set(field_table(BCOConfig))
+
+
+def refusal_case(name: str, tiny_checkpoints, pad_tokenizer_dir, tmp_path) -> dict:
+    """The constructor arguments of each TRL 1.0.0 validation error."""
+    path = str(tiny_checkpoints.path("qwen2"))
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir)
+    arguments = {"model": path, "args": BCOConfig(output_dir=str(tmp_path)), "train_dataset": DATA,
+                 "processing_class": tokenizer}
+    if name == "TrainingArguments":
+        arguments["args"] = TrainingArguments(output_dir=str(tmp_path))
+    elif name == "no train_dataset":
+        arguments["train_dataset"] = None
+    elif name == "ref_model is model":
+        arguments["model"] = arguments["ref_model"] = torchlike.AutoModelForCausalLM.from_pretrained(path)
+    elif name == "model_init_kwargs with a loaded model":
+        arguments["model"] = torchlike.AutoModelForCausalLM.from_pretrained(path)
+        arguments["args"] = BCOConfig(output_dir=str(tmp_path), model_init_kwargs={"dtype": "float32"})
+    elif name == "no processing_class":
+        arguments["processing_class"] = None
+    return arguments
+
+
+TRL_ERRORS = {
+    "TrainingArguments": "Please use `BCOConfig` instead `TrainingArguments`.",
+    "no train_dataset": "`train_dataset` is required",
+    "ref_model is model": "`model` and `ref_model` cannot be the same object. If you want `ref_model` to be the same "
+                          "as `model`, you must mass a copy of it, or `None` if you use peft.",
+    "model_init_kwargs with a loaded model": "You passed model_kwargs to the BCOTrainer. But your model is already "
+                                             "instantiated.",
+    "no processing_class": "max_length or a processing_class must be specified when using the default "
+                           "DPODataCollatorWithPadding",
+}
+
+
+@pytest.mark.parametrize("case", list(TRL_ERRORS))
+def test_trl_1_0_validation_errors_word_for_word(case, tiny_checkpoints, pad_tokenizer_dir, tmp_path):
+    with pytest.raises(ValueError) as raised:
+        BCOTrainer(**refusal_case(case, tiny_checkpoints, pad_tokenizer_dir, tmp_path))
+    assert str(raised.value) == TRL_ERRORS[case]
+
+
+def test_udm_without_scikit_learn_is_trls_import_error(tiny_checkpoints, pad_tokenizer_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    arguments = refusal_case("none", tiny_checkpoints, pad_tokenizer_dir, tmp_path)
+    with pytest.raises(ImportError) as raised:
+        BCOTrainer(**arguments, embedding_func=prompt_features, embedding_tokenizer=arguments["processing_class"])
+    assert str(raised.value) == ("BCOTrainer with UDM requires the scikit-learn and joblib libraries. Please install "
+                                 "it with `pip install scikit-learn joblib`.")

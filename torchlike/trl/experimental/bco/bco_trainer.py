@@ -1,0 +1,331 @@
+"""``BCOTrainer``: TRL 1.0.0's Binary Classifier Optimization trainer (``trl.experimental.bco``) and constructor on
+torchlike's ``Trainer``.
+
+Each step scores the completions of a batch of unpaired examples and applies TRL's BCO loss
+(``adapters.losses.bco``): the implied rewards shifted by ``delta``, the running mean of every reward seen in
+training (TRL's ``RunningMoments``, updated with each micro-batch's rewards before its loss reads it, saved as
+``running.json`` in each checkpoint and restored on resume). The rewards that update it are computed before each
+step by a forward pass without gradient at the step's weights, so the compiled step reads each micro-batch's
+``delta`` as an input. The reference log-probabilities are computed once, before training, as for KTO.
+
+With ``embedding_func`` and ``embedding_tokenizer``, underlying distribution matching (UDM,
+:mod:`.bco_udm`) weighs each undesirable example by the density ratio a logistic-regression classifier of prompt
+embeddings gives it, fitted at construction as TRL fits it; the classifier is saved as ``clf.pkl`` in each checkpoint
+and restored on resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ....adapters.losses import bco as bco_losses
+from ....adapters.training import step_metrics
+from ....training_args import TrainingArguments
+from ....type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+)
+from ...base_trainer import PrecomputedReferenceTrainer
+from . import bco_udm
+from .bco_config import BCOConfig
+from .bco_data import collate_bco_batch, padded_length, prepare_bco_examples
+
+__all__ = ["BCOTrainer"]
+
+
+class BCOTrainer(PrecomputedReferenceTrainer):
+    """``trl.experimental.bco.BCOTrainer`` (TRL 1.0.0) with its signature, training a torchlike model on a JAX mesh.
+
+    Args:
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+            ``args.model_init_kwargs`` (float32 unless they set ``dtype``).
+        ref_model: the reference model. ``None``: with a new LoRA adapter the base weights (adapter off), otherwise
+            the initial weights of ``model``.
+        args: :class:`BCOConfig` (default: one with ``output_dir="<model>-BCO"``).
+        train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in TRL's unpaired
+            preference format (``prompt``/``completion``/``label``), or paired preference data unpaired as TRL does;
+            strings or message lists. ``train_dataset`` is required and read in order, as TRL's BCO reads it.
+        processing_class: the tokenizer (required, as in TRL).
+        data_collator: replaces the fixed-shape collator; it receives prepared examples (``prompt_ids``,
+            ``completion_ids``, ``label``, ``ref_logps``, and ``udm_weight`` under UDM) and must return
+            ``collate_bco_batch``'s columns with one row per example.
+        model_init, preprocess_logits_for_metrics, compute_metrics: refused (pass the model; TRL's
+            ``compute_metrics`` only receives the ``eval_logits/*`` metrics, which ``evaluate()`` returns).
+        callbacks: ``transformers.TrainerCallback`` objects (or classes).
+        optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
+        peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter.
+        model_adapter_name, ref_adapter_name: refused (a torchlike model holds one adapter; the reference of a LoRA
+            model is its base weights).
+        embedding_func: ``(input_ids=, attention_mask=) -> [B, D]`` prompt embeddings for UDM, called with torch
+            ``int64`` tensors as TRL calls it (see :mod:`.bco_udm`); needs ``embedding_tokenizer``.
+        embedding_tokenizer: the tokenizer of ``embedding_func``.
+        quantization_config: a ``BitsAndBytesConfig``-like request applied when ``model`` is a string.
+
+    Example:
+
+    ```python
+    >>> from torchlike.trl.experimental.bco import BCOConfig, BCOTrainer
+    >>> data = [{"prompt": "The sky is", "completion": " blue.", "label": True},
+    ...         {"prompt": "The sky is", "completion": " green.", "label": False}] * 32
+    >>> trainer = BCOTrainer(model="path/to/qwen2", args=BCOConfig("out"), train_dataset=data,
+    ...                      processing_class=tokenizer)
+    >>> trainer.train()
+    ```
+    """
+
+    _config_class = BCOConfig
+    _output_suffix = "BCO"
+    _tag_names = ["trl", "bco"]
+
+    def __init__(self, model: ModelLike = None, ref_model: ModelLike | None = None, args: BCOConfig | None = None,
+                 train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
+                 processing_class: ProcessingClass | None = None, data_collator: Callable | None = None,
+                 model_init: Callable | None = None, callbacks: list | None = None, optimizers: tuple = (None, None),
+                 preprocess_logits_for_metrics: Callable | None = None, peft_config: PeftConfigLike | None = None,
+                 compute_metrics: Callable | None = None, model_adapter_name: str | None = None,
+                 ref_adapter_name: str | None = None, embedding_func: Callable | None = None,
+                 embedding_tokenizer: ProcessingClass | None = None,
+                 quantization_config: QuantizationConfig | None = None):
+        if embedding_func is not None:
+            bco_udm.require_udm_libraries()
+        if type(args) is TrainingArguments:
+            raise ValueError("Please use `BCOConfig` instead `TrainingArguments`.")
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required")
+        if not isinstance(model, str) and model is not None and ref_model is model:
+            raise ValueError("`model` and `ref_model` cannot be the same object. If you want `ref_model` to be the "
+                             "same as `model`, you must mass a copy of it, or `None` if you use peft.")
+        args = self._trl_args(model, args)
+        if args.model_init_kwargs is not None and not isinstance(model, str):
+            raise ValueError("You passed model_kwargs to the BCOTrainer. But your model is already instantiated.")
+        self._refuse_unsupported(model_init=model_init, preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+                                 compute_metrics=compute_metrics, model_adapter_name=model_adapter_name,
+                                 ref_adapter_name=ref_adapter_name)
+        if processing_class is None:
+            raise ValueError("max_length or a processing_class must be specified when using the default "
+                             "DPODataCollatorWithPadding")
+        if embedding_func is not None and embedding_tokenizer is None:
+            raise ValueError("embedding_func needs embedding_tokenizer: underlying distribution matching embeds the "
+                             "prompts as that tokenizer tokenises them. Pass both, or neither.")
+        self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        self._setup_model_router_loss(model)
+        self.ref_model = ref_model
+        self.embedding_func, self.embedding_tokenizer = embedding_func, embedding_tokenizer
+        self.pad_token_id = self._pad_token_id(processing_class, None)
+        self.running = bco_losses.RunningMoments()
+        self.clf = None
+        self._evaluating = False
+        self.loss_settings = bco_losses.BCOLossSettings.from_config(args,
+                                                                    router_aux_loss_coef=self._router_loss_weight())
+        train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
+        collator = data_collator or (lambda rows: collate_bco_batch(rows, self.pad_token_id, self.padded_length,
+                                                                    self.running.mean))
+        super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
+                         eval_dataset=eval_examples, processing_class=processing_class, callbacks=callbacks,
+                         optimizers=optimizers)
+        self._start_reference(ref_model, train_examples, eval_examples)
+        self._prepared = (train_examples, eval_examples)
+        if self.match_underlying_distribution:
+            self._embed = bco_udm.PromptEmbedder(embedding_func, self.pad_token_id, embedding_tokenizer.pad_token_id)
+            self.clf = bco_udm.fit_density_ratio_classifier(train_examples, self._embed,
+                                                            args.per_device_train_batch_size,
+                                                            args.prompt_sample_size, args.seed)
+            self._add_density_ratio_weights()
+        # What TRL users read: a datasets.Dataset with the prepared columns (and ref_logps, udm_weight).
+        self._show_prepared_datasets(train_examples, eval_examples)
+
+    @staticmethod
+    def _refuse_unsupported(**given: Any) -> None:
+        reasons = {"model_init": "pass the model itself",
+                   "preprocess_logits_for_metrics": "TRL's prediction_step hands it no logits, only the "
+                                                    "eval_logits/* metrics, which evaluate() returns",
+                   "compute_metrics": "TRL's prediction_step hands it only the eval_logits/* metrics, which "
+                                      "evaluate() returns",
+                   "model_adapter_name": "a torchlike model holds one adapter",
+                   "ref_adapter_name": "a torchlike model holds one adapter; the reference of a LoRA model is its "
+                                       "base weights"}
+        for name, value in given.items():
+            if value is not None:
+                raise ValueError(f"BCOTrainer does not support {name} in torchlike: {reasons[name]}.")
+
+    @property
+    def match_underlying_distribution(self) -> bool:
+        """Whether UDM weighs the undesirable examples (TRL's property): ``embedding_func`` and
+        ``embedding_tokenizer`` are both given."""
+        return self.embedding_func is not None and self.embedding_tokenizer is not None
+
+    def _setup_model_router_loss(self, model: Any) -> None:
+        """TRL 1.0.0's BCO rule for a mixture-of-experts model: the router loss is added when the model config sets
+        ``output_router_logits``, times its ``router_aux_loss_coef``."""
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.aux_loss_enabled = bool(getattr(text_config, "output_router_logits", False))
+        self.router_aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0)
+
+    # ------------------------------------------------------------------ data
+    def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
+        """Prepared examples of ``dataset`` (TRL 1.0.0's BCO tokenisation), checked against the vocabulary of the
+        models that will read them."""
+        examples = prepare_bco_examples(dataset, tokenizer, max_length=args.max_length, num_proc=args.dataset_num_proc,
+                                        embedding_tokenizer=self.embedding_tokenizer)
+        largest = max([self.pad_token_id, *(max(e[key], default=0) for e in examples
+                                            for key in ("prompt_ids", "completion_ids"))])
+        self._check_token_ids(largest, tokenizer, {"model": model, "ref_model": self.ref_model})
+        return examples
+
+    def _padded_length(self, examples: list[dict]) -> int:
+        return padded_length(examples)
+
+    def _get_train_sampler(self, epoch: int) -> np.ndarray:
+        """Dataset order, every epoch: TRL's BCO reads its training data with a ``SequentialSampler``."""
+        return np.arange(len(self.train_dataset))
+
+    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+        """Raw data prepared and scored by the reference, and weighed by the UDM classifier, as the trainer's own
+        evaluation data."""
+        prepared = "ref_logps" in next(iter(dataset), {})
+        examples = super()._prepare_eval_dataset(dataset)
+        if self.match_underlying_distribution and not prepared:
+            bco_udm.add_density_ratio_weights(examples, self.clf, self._embed, self.args.per_device_eval_batch_size,
+                                              self.args.min_density_ratio, self.args.max_density_ratio)
+        return examples
+
+    def _add_density_ratio_weights(self) -> None:
+        """Sets ``udm_weight`` on the training and evaluation examples from ``self.clf``, in the batches TRL embeds."""
+        from ....training.batches import each_dataset
+
+        args = self.args
+        train_examples, eval_examples = self._prepared
+        for examples, batch_size in ((train_examples, args.per_device_train_batch_size),
+                                     *((examples, args.per_device_eval_batch_size)
+                                       for examples in each_dataset(eval_examples))):
+            bco_udm.add_density_ratio_weights(examples, self.clf, self._embed, batch_size, args.min_density_ratio,
+                                              args.max_density_ratio)
+
+    # ------------------------------------------------------------------ reference
+    @property
+    def _reference_columns(self) -> tuple[str, ...]:
+        return ("ref_logps",)
+
+    def _reference_pass(self) -> Callable:
+        """``(module, batch) -> (ref_logps [B],)`` of ``self.reference``."""
+        return bco_losses.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh)
+
+    # ------------------------------------------------------------------ Trainer hooks
+    def _step_loss(self) -> tuple[Callable, None]:
+        """TRL's BCO loss (:func:`adapters.losses.bco.bco_step_loss`) with the config's settings."""
+        config = self.model.config
+        vocab_size = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
+        return bco_losses.bco_step_loss(self.model.family, self.loss_settings, vocab_size), None
+
+    def _loss(self) -> tuple[Callable, Callable | None]:
+        """The step loss; in evaluation each batch's loss weighs by its examples, as transformers' evaluation loop
+        repeats a batch's loss once per example (training averages the micro-batches, as TRL)."""
+        import jax.numpy as jnp
+
+        loss, count_items = super()._loss()
+        if not self._evaluating:
+            return loss, count_items
+
+        def per_example(module, batch, num_items_in_batch=None):
+            value, _, metrics = loss(module, batch, num_items_in_batch)
+            examples = batch["attention_mask"].any(-1).sum().astype(jnp.float32)
+            return value * examples, examples, metrics
+
+        return per_example, count_items
+
+    def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
+        self._evaluating = True
+        try:
+            return super()._evaluation_loop(examples, metric_key_prefix)
+        finally:
+            self._evaluating = False
+
+    def _run_step(self, step_fn: Callable, batch: dict, step: int) -> dict:
+        """Updates the running reward moments with each micro-batch's rewards at the step's weights (TRL updates them
+        in each micro-batch's loss) and runs the step with each micro-batch's ``delta``."""
+        import jax
+
+        rewards, real = (np.asarray(values) for values in jax.device_get(self._micro_batch_rewards(batch)))
+        deltas = np.empty(real.shape, np.float32)
+        for index in range(real.shape[0]):
+            if real[index].any():
+                self.running.update(rewards[index][real[index]])
+            deltas[index] = self.running.mean
+        batch = {**batch, "delta": jax.device_put(deltas, batch["delta"].sharding)}
+        return super()._run_step(step_fn, batch, step)
+
+    def _micro_batch_rewards(self, batch: dict) -> tuple[Any, Any]:
+        """``(rewards [A, B], real rows [A, B])`` of a micro-batch group under the current weights, jitted once."""
+        if not hasattr(self, "_group_rewards"):
+            import jax.numpy as jnp
+            from flax import nnx
+
+            from ....adapters.training import train_step
+
+            rewards = bco_losses.policy_rewards(self.model.family, self.loss_settings)
+            compute_dtype = self._compute_dtype()
+
+            @nnx.jit
+            def group_rewards(module, micro_batches):
+                module = train_step.cast_floating(module, compute_dtype)
+                count = micro_batches["input_ids"].shape[0]
+                values = [rewards(module, {key: value[index] for key, value in micro_batches.items()})
+                          for index in range(count)]
+                return jnp.stack(values), micro_batches["attention_mask"].any(-1)
+
+            self._group_rewards = group_rewards
+        return self._group_rewards(self._module, batch)
+
+    # ------------------------------------------------------------------ logs
+    def log(self, logs: dict[str, float]) -> None:
+        """Records ``logs`` with TRL's values: the reward, log-prob and logit sums divided by their example counts
+        over the micro-batches since the last log, and ``rewards/margins`` (chosen minus rejected) when both were
+        seen, as TRL's ``BCOTrainer.log`` computes them. ``logs`` itself is updated, as TRL's ``log`` updates it."""
+        finished = step_metrics.finish_metrics(logs)
+        for prefix in ("", "eval_"):
+            chosen, rejected = finished.get(f"{prefix}rewards/chosen"), finished.get(f"{prefix}rewards/rejected")
+            if chosen is not None and rejected is not None:
+                finished[f"{prefix}rewards/margins"] = chosen - rejected
+        logs.clear()
+        logs.update(finished)
+        super().log(logs)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, step: int) -> Path:
+        """The Trainer's checkpoint plus, as TRL saves them with the optimizer state (so not with
+        ``save_only_model``), the running reward moments (``running.json``) and, under UDM, the classifier
+        (``clf.pkl``)."""
+        folder = super()._save_checkpoint(step)
+        if not self.args.save_only_model and self.state.is_world_process_zero:
+            self.running.save_to_json(Path(folder) / bco_losses.RUNNING_NAME)
+            if self.match_underlying_distribution:
+                import joblib
+
+                joblib.dump(self.clf, Path(folder) / bco_udm.CLF_NAME, compress=True)
+        return folder
+
+    def _resume(self, checkpoint: str | bool) -> int:
+        """The Trainer's resume plus, when the checkpoint has them, the running reward moments and, under UDM, the
+        classifier (whose weights then replace those of the fitted one)."""
+        from ....training import checkpoints
+
+        step = super()._resume(checkpoint)
+        folder = Path(checkpoints.find_checkpoint(self.args.output_dir, checkpoint))
+        if (folder / bco_losses.RUNNING_NAME).is_file():
+            self.running = bco_losses.RunningMoments.load_from_json(folder / bco_losses.RUNNING_NAME)
+        if self.match_underlying_distribution and (folder / bco_udm.CLF_NAME).is_file():
+            import joblib
+
+            self.clf = joblib.load(folder / bco_udm.CLF_NAME)
+            self._add_density_ratio_weights()
+            self._show_prepared_datasets(*self._prepared)
+        return step
