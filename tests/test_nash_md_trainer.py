@@ -21,7 +21,7 @@ from tests.helpers.legacy_trl import (
     scripted_completion,
 )
 from tests.helpers.logs import assert_online_preference_run_matches, logged
-from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest, StaticEngine
+from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest
 from torchlike.adapters.rollout.mixture import GeometricMixture
 from torchlike.adapters.rollout.sampling_settings import SamplingSettings
 from torchlike.trl.experimental.nash_md import NashMDConfig, NashMDTrainer
@@ -31,17 +31,22 @@ MAX_NEW_TOKENS = 6
 METRICS = ("loss/kl", "objective/entropy", "loss/score", "rewards/probabilities", "rewards/accuracies",
            "rewards/margins", "logps/chosen", "logps/rejected", "val/model_contain_eos_token",
            "val/ref_contain_eos_token", "beta", "mixture_coef")
-SETTINGS = dict(per_device_train_batch_size=4, max_new_tokens=MAX_NEW_TOKENS, max_steps=3, learning_rate=1e-2,
+SETTINGS = dict(per_device_train_batch_size=4, max_new_tokens=MAX_NEW_TOKENS, max_steps=3, learning_rate=2e-2,
                 weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0, bf16=False,
                 report_to="none", save_strategy="no", train_sampling_strategy="sequential", beta=0.2,
                 mixture_coef=0.3)
-"""Both trainers' settings: a decaying learning rate, weight decay, clipping, an Adam epsilon above float noise, the
-prompts in dataset order, float32, a ``beta`` other than the default and a ``mixture_coef`` other than the default."""
+"""Both trainers' settings: a decaying learning rate large enough that the policy leaves the reference by step 2 (the
+logged KL, a difference of two sums of log-probabilities, is then well above their float noise), weight decay,
+clipping, an Adam epsilon above float noise, the prompts in dataset order, float32, and a ``beta`` and a
+``mixture_coef`` other than the defaults."""
+#: The NashMDConfig fields whose defaults are compared with TRL 1.0.0's.
+DEFAULTS = ("mixture_coef", "beta", "loss_type", "max_new_tokens", "judge", "use_transformers_paged", "learning_rate",
+            "temperature", "missing_eos_penalty")
 
 #: TRL 1.0.0's side: trains on the scripted completions (the policy's copy 0, the mixture's copy 1) and writes its
-#: log history and final weights.
+#: log history and final weights, then NashMDConfig's fields and the defaults of :data:`DEFAULTS`.
 TRL_SCRIPT = """
-import json, sys
+import dataclasses, json, sys
 import numpy as np, torch, datasets, transformers
 from trl.experimental.nash_md import NashMDConfig, NashMDTrainer, nash_md_trainer
 from tests.helpers.legacy_trl import LongerCompletionScoreJudge, scripted_completion
@@ -70,6 +75,10 @@ mixture_generate = scripted_generate(1)
 nash_md_trainer.GeometricMixtureWrapper.generate = lambda self, **kwargs: mixture_generate(**kwargs)
 trainer.train()
 json.dump(trainer.state.log_history, open(arguments["output_dir"] + "/log_history.json", "w"))
+defaults = NashMDConfig(output_dir=arguments["output_dir"], use_cpu=True)
+json.dump({"fields": [item.name for item in dataclasses.fields(NashMDConfig)],
+           "values": {name: repr(getattr(defaults, name)) for name in arguments["defaults"]}},
+          open(arguments["output_dir"] + "/fields.json", "w"))
 np.savez(arguments["output_dir"] + "/weights.npz",
          **{name: value.detach().numpy() for name, value in trainer.model.state_dict().items()})
 """
@@ -87,15 +96,15 @@ def script_arguments() -> tuple[int, int, int]:
 
 @pytest.fixture(scope="module")
 def trl_run(tiny_checkpoints, pad_tokenizer_dir, tmp_path_factory):
-    """TRL 1.0.0's log history and final weights on :data:`SETTINGS`."""
+    """TRL 1.0.0's log history and final weights on :data:`SETTINGS`, and its config's fields and defaults."""
     require_legacy_trl()
     output_dir = tmp_path_factory.mktemp("trl_nash_md")
     run_legacy_trl(TRL_SCRIPT, {"model": str(tiny_checkpoints.path("qwen2")), "tokenizer": str(pad_tokenizer_dir),
                                 "output_dir": str(output_dir), "settings": SETTINGS, "prompts": tiny.PROMPTS,
-                                "script": script_arguments()})
+                                "script": script_arguments(), "defaults": DEFAULTS})
     history = json.loads((output_dir / "log_history.json").read_text())
     with np.load(output_dir / "weights.npz") as weights:
-        return history, dict(weights)
+        return history, dict(weights), json.loads((output_dir / "fields.json").read_text())
 
 
 def run_torchlike(path, tokenizer_path, output_dir, settings) -> tuple[list[dict], dict]:
@@ -121,7 +130,7 @@ def run_torchlike(path, tokenizer_path, output_dir, settings) -> tuple[list[dict
 
 def test_losses_metrics_and_weights_match_trl_1_0_step_for_step(trl_run, tiny_checkpoints, pad_tokenizer_dir,
                                                                  tmp_path):
-    expected_history, expected_params = trl_run
+    expected_history, expected_params, _ = trl_run
     history, params = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path, SETTINGS)
     assert_online_preference_run_matches(history, expected_history, params, expected_params, METRICS)
 
@@ -129,7 +138,7 @@ def test_losses_metrics_and_weights_match_trl_1_0_step_for_step(trl_run, tiny_ch
 def test_ignoring_beta_fails_the_comparison(trl_run, tiny_checkpoints, pad_tokenizer_dir, tmp_path, monkeypatch):
     """The comparison above is sharp: a trainer that ignores ``beta`` (always TRL's default 0.1) is caught by the
     gradient norm once the policy has moved from the reference (step 2)."""
-    expected_history, _ = trl_run
+    expected_history, _, _ = trl_run
     monkeypatch.setattr(NashMDTrainer, "_beta_of", lambda self, epoch: 0.1)
     history, _ = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path,
                                {**SETTINGS, "max_steps": 2})
@@ -150,9 +159,11 @@ def wandering_reference(tmp_path_factory):
 def mixed_argmax(policy, reference, ids: list[int], mixture_coef: float) -> np.ndarray:
     """``[len(ids)]`` the argmax of ``c * reference + (1 - c) * policy`` logits at each position, from both models'
     full forward passes."""
-    batch, mask = np.array([ids]), np.ones((1, len(ids)), np.int32)
-    policy_logits = np.asarray(policy(batch, attention_mask=mask).logits, np.float32)[0]
-    reference_logits = np.asarray(reference(batch, attention_mask=mask).logits, np.float32)[0]
+    # Right-padded to one width (causal: the padding changes no earlier position), so each model compiles once.
+    batch, mask = np.zeros((1, 32), np.int32), np.zeros((1, 32), np.int32)
+    batch[0, :len(ids)], mask[0, :len(ids)] = ids, 1
+    policy_logits = np.asarray(policy(batch, attention_mask=mask).logits, np.float32)[0, :len(ids)]
+    reference_logits = np.asarray(reference(batch, attention_mask=mask).logits, np.float32)[0, :len(ids)]
     return (mixture_coef * reference_logits + (1 - mixture_coef) * policy_logits).argmax(-1)
 
 
@@ -178,17 +189,18 @@ def test_the_trainer_samples_greedily_from_the_mixture_of_policy_and_reference(t
             assert completion == expected[len(prompt) - 1:].tolist(), coef
 
 
-def test_the_paged_engine_samples_the_mixture_as_the_static_engine(tiny_checkpoints, wandering_reference):
+def test_the_paged_engine_samples_greedily_from_the_mixture(tiny_checkpoints, wandering_reference):
+    """The paged engine takes the mixture as it takes one decoder (both models' layers paged side by side)."""
     policy = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype="float32")
-    mixture = GeometricMixture(policy.module, wandering_reference.module, 0.4)
-    rng = np.random.default_rng(0)
-    requests = [RolloutRequest(rng.integers(3, tiny.VOCAB, size=length).tolist(), 8, num_samples=2, seed=index)
-                for index, length in enumerate((5, 9, 3))]
-    settings = SamplingSettings(do_sample=True, temperature=0.9, top_k=20)
-    static = StaticEngine(mixture).generate(requests, settings)
-    paged = PagedEngine(mixture, PagedEngineConfig(max_num_seqs=2, page_size=4)).generate(requests, settings)
-    assert [[ids.tolist() for ids in output.token_ids] for output in paged] == \
-        [[ids.tolist() for ids in output.token_ids] for output in static]
+    engine = PagedEngine(GeometricMixture(policy.module, wandering_reference.module, 0.4),
+                         PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=8),
+                         eos_token_ids=[tiny.EOS])
+    prompts = [[1, 17, 40, 9, 71], [1, 5, 88, 23, 64, 12, 30, 41, 7], [1, 99, 3]]
+    outputs = engine.generate([RolloutRequest(prompt, 8) for prompt in prompts], SamplingSettings(do_sample=False))
+    for prompt, output in zip(prompts, outputs, strict=True):
+        completion = output.token_ids[0].tolist()
+        expected = mixed_argmax(policy, wandering_reference, prompt + completion[:-1], 0.4)
+        assert completion == expected[len(prompt) - 1:].tolist()
 
 
 def test_a_reference_with_another_vocabulary_size_is_refused(tiny_checkpoints, tmp_path):
@@ -203,22 +215,8 @@ def test_a_reference_with_another_vocabulary_size_is_refused(tiny_checkpoints, t
 
 # --- TRL 1.0.0's config and errors ----------------------------------------------------------------------------------
 
-FIELDS_SCRIPT = """
-import dataclasses, json, sys
-from trl.experimental.nash_md import NashMDConfig
-arguments = json.loads(sys.argv[1])
-config = NashMDConfig(output_dir=arguments["output_dir"], use_cpu=True)
-values = {name: repr(getattr(config, name)) for name in ("mixture_coef", "beta", "loss_type", "max_new_tokens",
-                                                         "judge", "use_transformers_paged", "learning_rate",
-                                                         "temperature", "missing_eos_penalty")}
-json.dump({"fields": [item.name for item in dataclasses.fields(NashMDConfig)], "values": values},
-          open(arguments["output_dir"] + "/fields.json", "w"))
-"""
-
-
-def test_every_trl_1_0_nash_md_config_field_exists_with_its_default(tmp_path):
-    run_legacy_trl(FIELDS_SCRIPT, {"output_dir": str(tmp_path)})
-    theirs = json.loads((tmp_path / "fields.json").read_text())
+def test_every_trl_1_0_nash_md_config_field_exists_with_its_default(trl_run, tmp_path):
+    theirs = trl_run[2]
     ours = NashMDConfig(output_dir=str(tmp_path))
     assert set(theirs["fields"]) <= {item.name for item in dataclasses.fields(NashMDConfig)}
     assert {name: repr(getattr(ours, name)) for name in theirs["values"]} == theirs["values"]
