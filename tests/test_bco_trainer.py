@@ -110,11 +110,11 @@ def trl_child(tiny_checkpoints, pad_tokenizer_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def our_runs(trl_child, tiny_checkpoints, pad_tokenizer_dir, tmp_path_factory):
-    """torchlike's runs on :data:`SETTINGS` without and with UDM (the first one's checkpoint-3 serves the resume
-    test)."""
+    """torchlike's runs on :data:`SETTINGS` without and with UDM (their checkpoint-3 serve the resume tests)."""
     path = tiny_checkpoints.path("qwen2")
     return {"plain": run_torchlike(path, pad_tokenizer_dir, tmp_path_factory.mktemp("plain"), SETTINGS),
-            "udm": run_torchlike(path, pad_tokenizer_dir, tmp_path_factory.mktemp("udm"), UDM_SETTINGS, udm=True)}
+            "udm": run_torchlike(path, pad_tokenizer_dir, tmp_path_factory.mktemp("udm"),
+                                 {**UDM_SETTINGS, "save_strategy": "steps"}, udm=True)}
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +237,28 @@ def test_resuming_restores_the_running_moments_and_continues_as_a_straight_run(o
     for name, value in trainer.model.state_dict().items():
         np.testing.assert_allclose(np.asarray(value), np.asarray(our_run["trainer"].model.state_dict()[name]),
                                    rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_resuming_with_udm_restores_the_saved_classifier_and_its_weights(our_runs, tiny_checkpoints,
+                                                                        pad_tokenizer_dir):
+    """TRL reloads ``clf.pkl`` on resume: a classifier saved there (here the fitted one, reversed) replaces the one the
+    trainer fitted, and the undesirable examples are weighed by it."""
+    import joblib
+
+    output_dir = our_runs["udm"]["trainer"].args.output_dir
+    saved = joblib.load(f"{output_dir}/checkpoint-3/clf.pkl")
+    np.testing.assert_array_equal(saved.coef_, our_runs["udm"]["trainer"].clf.coef_)
+    saved.coef_, saved.intercept_ = -saved.coef_, -saved.intercept_
+    joblib.dump(saved, f"{output_dir}/checkpoint-3/clf.pkl", compress=True)
+    trainer = bco_trainer(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, output_dir, UDM_SETTINGS, udm=True)
+    fitted = [row["udm_weight"] for row in trainer.train_dataset]
+    trainer.train(resume_from_checkpoint=f"{output_dir}/checkpoint-3")
+    np.testing.assert_array_equal(trainer.clf.coef_, saved.coef_)
+    reversed_weights = [row["udm_weight"] for row in trainer.train_dataset]
+    assert all(weight == 1.0 for weight, row in zip(reversed_weights, DATA, strict=True) if row["label"])
+    assert reversed_weights != fitted
+    np.testing.assert_allclose(dataclasses.astuple(trainer.running),
+                               dataclasses.astuple(our_runs["udm"]["trainer"].running), rtol=1e-6)
 
 
 # --- TRL 1.0.0's config and errors ----------------------------------------------------------------------------------
