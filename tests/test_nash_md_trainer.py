@@ -147,6 +147,36 @@ def test_ignoring_beta_fails_the_comparison(trl_run, tiny_checkpoints, pad_token
                                    rtol=1e-4)
 
 
+def test_with_a_reward_function_the_probability_is_the_sigmoid_of_the_reward_difference(tiny_checkpoints,
+                                                                                         pad_tokenizer_dir, tmp_path):
+    """With one reward function, each completion's reward less ``missing_eos_penalty`` without an end token gives
+    the probability that the policy's completion wins (the sigmoid of the difference) and ``rewards/chosen`` and
+    ``rewards/rejected`` (the policy's and the mixture's means), as TRL 1.0.0's ``_compute_rewards``."""
+    def length_reward(completion_ids, **kwargs):
+        return [float(len(ids)) for ids in completion_ids]
+
+    trainer = NashMDTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=length_reward,
+                            args=NashMDConfig(output_dir=str(tmp_path),
+                                              **{**SETTINGS, "max_steps": 1, "missing_eos_penalty": 2.0}),
+                            train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                            processing_class=torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir))
+    sampled = {}
+
+    def scripted_turn(prompt_ids, seed):
+        copy = int(trainer._sampled_mixture_coef is not None)
+        sampled[copy] = [scripted_completion(ids, copy, *script_arguments()) for ids in prompt_ids]
+        return sampled[copy], None
+
+    trainer._generate_single_turn = scripted_turn
+    trainer.train()
+    rewards = [np.array([len(ids) - 2.0 * (tiny.EOS not in ids) for ids in sampled[copy]]) for copy in (0, 1)]
+    assert (rewards[0] != rewards[1]).any()
+    (log,) = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert log["rewards/chosen"] == pytest.approx(rewards[0].mean(), rel=1e-6)
+    assert log["rewards/rejected"] == pytest.approx(rewards[1].mean(), rel=1e-6)
+    assert log["rewards/probabilities"] == pytest.approx((1 / (1 + np.exp(rewards[1] - rewards[0]))).mean(), rel=1e-6)
+
+
 # --- sampling from the geometric mixture ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -186,6 +216,32 @@ def test_the_trainer_samples_greedily_from_the_mixture_of_policy_and_reference(t
         for row, completion in zip(rows, completions, strict=True):
             prompt = list(row["prompt_ids"])
             expected = mixed_argmax(trainer.model, wandering_reference, prompt + completion[:-1], coef)
+            assert completion == expected[len(prompt) - 1:].tolist(), coef
+
+
+def test_a_lora_policy_mixes_with_its_own_base_as_the_reference(tiny_checkpoints, pad_tokenizer_dir, tmp_path):
+    """With ``peft_config`` the reference is the policy's module with its adapter off: ``mixture_coef=1`` samples the
+    base model's greedy completions, 0 the adapted policy's."""
+    path = tiny_checkpoints.path("qwen2")
+    trainer = NashMDTrainer(model=str(path), judge=LongerCompletionScoreJudge(),
+                            args=NashMDConfig(output_dir=str(tmp_path), max_new_tokens=8, report_to="none",
+                                              generation_kwargs={"do_sample": False}),
+                            train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS[:3]],
+                            processing_class=torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir),
+                            peft_config=torchlike.peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj",
+                                                                                                   "down_proj"]))
+    rng = np.random.default_rng(0)
+    trainer.model.load_state_dict({name: rng.normal(0, 2.0, value.shape).astype(np.float32)
+                                   for name, value in trainer.model.state_dict().items()
+                                   if name.endswith("lora_b")}, strict=False)
+    base = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    rows = list(trainer.train_dataset)
+    sampled = {coef: trainer._generate_with_mixture(rows, 0, coef).completion_ids for coef in (0.0, 1.0)}
+    assert sampled[0.0] != sampled[1.0]
+    for coef, completions in sampled.items():
+        for row, completion in zip(rows, completions, strict=True):
+            prompt = list(row["prompt_ids"])
+            expected = mixed_argmax(trainer.model, base, prompt + completion[:-1], coef)
             assert completion == expected[len(prompt) - 1:].tolist(), coef
 
 

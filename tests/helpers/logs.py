@@ -20,9 +20,9 @@ def evaluated(trainer: Any) -> dict[str, float]:
 
 def assert_online_preference_run_matches(history: list[dict], expected_history: list[dict], params: dict,
                                          expected_params: dict, metrics: tuple[str, ...]) -> None:
-    """An online preference run (Online DPO, XPO) equal to TRL's, step for step: the same three logged steps with the
-    same keys, the loss (TRL and torchlike round it to 4 decimals: equal, or one unit of the 4th apart), grad norm,
-    learning rate and ``metrics`` within rtol 1e-4 (atol 1e-6), ``rewards/accuracies`` equal from step 2 (step 1
+    """An online preference run (Online DPO, XPO, Nash-MD) equal to TRL's, step for step: the same three logged steps
+    with the same keys, the loss (TRL and torchlike round it to 4 decimals: equal, or one unit of the 4th apart), grad
+    norm, learning rate and ``metrics`` within rtol 1e-4 (atol 1e-6), ``rewards/accuracies`` equal from step 2 (step 1
     scores the initial weights against their copy, where chosen > rejected is decided by float noise), and the final
     parameters within rtol 1e-4 (atol 5e-6)."""
     import numpy as np
