@@ -16,6 +16,7 @@ and restored on resume.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -254,7 +255,7 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         in each micro-batch's loss) and runs the step with each micro-batch's ``delta``."""
         import jax
 
-        rewards, real = (np.asarray(values) for values in jax.device_get(self._micro_batch_rewards(batch)))
+        rewards, real = (np.asarray(values) for values in jax.device_get(self._group_rewards(self._module, batch)))
         deltas = np.empty(real.shape, np.float32)
         for index in range(real.shape[0]):
             if real[index].any():
@@ -263,27 +264,27 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         batch = {**batch, "delta": jax.device_put(deltas, batch["delta"].sharding)}
         return super()._run_step(step_fn, batch, step)
 
-    def _micro_batch_rewards(self, batch: dict) -> tuple[Any, Any]:
-        """``(rewards [A, B], real rows [A, B])`` of a micro-batch group under the current weights, jitted once."""
-        if not hasattr(self, "_group_rewards"):
-            import jax.numpy as jnp
-            from flax import nnx
+    @functools.cached_property
+    def _group_rewards(self) -> Callable:
+        """``(module, micro-batch group) -> (rewards [A, B], real rows [A, B])``: the policy's rewards of each
+        micro-batch, jitted (TRL computes them in each micro-batch's forward pass)."""
+        import jax.numpy as jnp
+        from flax import nnx
 
-            from ....adapters.training import train_step
+        from ....adapters.training import train_step
 
-            rewards = bco_losses.policy_rewards(self.model.family, self.loss_settings)
-            compute_dtype = self._compute_dtype()
+        rewards = bco_losses.policy_rewards(self.model.family, self.loss_settings)
+        compute_dtype = self._compute_dtype()
 
-            @nnx.jit
-            def group_rewards(module, micro_batches):
-                module = train_step.cast_floating(module, compute_dtype)
-                count = micro_batches["input_ids"].shape[0]
-                values = [rewards(module, {key: value[index] for key, value in micro_batches.items()})
-                          for index in range(count)]
-                return jnp.stack(values), micro_batches["attention_mask"].any(-1)
+        @nnx.jit
+        def group_rewards(module, micro_batches):
+            module = train_step.cast_floating(module, compute_dtype)
+            count = micro_batches["input_ids"].shape[0]
+            values = [rewards(module, {key: value[index] for key, value in micro_batches.items()})
+                      for index in range(count)]
+            return jnp.stack(values), micro_batches["attention_mask"].any(-1)
 
-            self._group_rewards = group_rewards
-        return self._group_rewards(self._module, batch)
+        return group_rewards
 
     # ------------------------------------------------------------------ logs
     def log(self, logs: dict[str, float]) -> None:
