@@ -59,6 +59,10 @@ class NashMDTrainer(OnlineDPOTrainer):
         data_collator, eval_dataset, compute_metrics, preprocess_logits_for_metrics: refused, as by
             ``OnlineDPOTrainer``.
 
+    With ``peft_config`` (and no ``ref_model``) the reference of both the loss and the mixture is the base model with
+    the adapter off. TRL 1.0.0 mixes with the PEFT model's ``get_base_model()``, whose adapter layers stay active, so
+    its mixture samples the adapted policy whatever ``mixture_coef`` is; torchlike samples the mixture it documents.
+
     Raises:
         ValueError: neither ``judge`` nor ``reward_funcs``, or more than one reward function (TRL's messages), the
             policy and reference vocabularies of different sizes (at the first mixture sample), and
