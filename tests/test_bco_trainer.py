@@ -133,6 +133,7 @@ def trl_runs(trl_child, our_runs):
 
 
 def bco_trainer(path, tokenizer_path, output_dir, settings: dict, udm: bool = False) -> BCOTrainer:
+    """torchlike's BCOTrainer on DATA (evaluating on EVAL_DATA), with UDM by :func:`prompt_features` when asked."""
     tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_path)
     extra = {"embedding_func": prompt_features, "embedding_tokenizer": tokenizer} if udm else {}
     return BCOTrainer(model=str(path), args=BCOConfig(output_dir=str(output_dir), **settings), train_dataset=DATA,

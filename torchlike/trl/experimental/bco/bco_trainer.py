@@ -116,6 +116,9 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         if embedding_func is not None and embedding_tokenizer is None:
             raise ValueError("embedding_func needs embedding_tokenizer: underlying distribution matching embeds the "
                              "prompts as that tokenizer tokenises them. Pass both, or neither.")
+        if embedding_func is not None and embedding_tokenizer.pad_token_id is None:
+            raise ValueError("embedding_tokenizer has no pad token: underlying distribution matching pads each batch "
+                             "of prompts with it, as TRL does. Set embedding_tokenizer.pad_token first.")
         self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self._setup_model_router_loss(model)
