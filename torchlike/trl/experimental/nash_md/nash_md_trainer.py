@@ -15,11 +15,9 @@ last log.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
-import jinja2
 import numpy as np
 
 from ....adapters.losses import nash_md as nash_md_losses
@@ -34,11 +32,10 @@ from ....type_aliases import (
     QuantizationConfig,
     RewardFunc,
 )
-from ...data_utils import is_conversational
 from ...online_trainer import GenerationSchedule, Rollout
+from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
 from ..online_dpo.online_dpo_data import contains_end_token
 from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
-from ..xpo.xpo_trainer import JUDGE_CHAT_TEMPLATE, joined
 from .nash_md_config import NashMDConfig
 
 __all__ = ["NashMDTrainer"]
@@ -94,21 +91,14 @@ class NashMDTrainer(OnlineDPOTrainer):
                  compute_metrics: Callable | None = None, callbacks: list | None = None,
                  optimizers: tuple = (None, None), preprocess_logits_for_metrics: Callable | None = None,
                  quantization_config: QuantizationConfig | None = None):
-        if judge is None and reward_funcs is None:
-            raise ValueError("One of `judge` or `reward_funcs` must be provided.")
-        if judge is not None and reward_funcs is not None:
-            warnings.warn("Both `judge` and `reward_funcs` are provided. Using `judge` and ignoring `reward_funcs`.",
-                          UserWarning, stacklevel=2)
-            reward_funcs = None
-        if reward_funcs is not None and isinstance(reward_funcs, list) and len(reward_funcs) != 1:
-            raise ValueError("NashMDTrainer only supports one reward function/model.")
+        reward_funcs = one_judge_or_reward(judge, reward_funcs, "NashMDTrainer")
         self.judge = judge
         self._sampled_mixture_coef: float | None = None
         self._mixture_engine: RolloutEngine | None = None
-        super().__init__(model=model, ref_model=ref_model, reward_funcs=[] if reward_funcs is None else reward_funcs,
+        super().__init__(model=model, ref_model=ref_model, reward_funcs=reward_funcs,
                          args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
-                         reward_processing_classes=None if reward_funcs is None else processing_class,
+                         reward_processing_classes=processing_class if reward_funcs else None,
                          peft_config=peft_config,
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
                          preprocess_logits_for_metrics=preprocess_logits_for_metrics,
@@ -122,9 +112,7 @@ class NashMDTrainer(OnlineDPOTrainer):
         return self._mixture_coef_of(int(self.state.epoch or 0))
 
     def _mixture_coef_of(self, epoch: int) -> float:
-        if isinstance(self._mixture_coef, list):
-            return self._mixture_coef[min(epoch, len(self._mixture_coef) - 1)]
-        return self._mixture_coef
+        return epoch_value(self._mixture_coef, epoch)
 
     def _step_loss(self) -> tuple[Callable, None]:
         """TRL 1.0.0's Nash-MD loss (:func:`adapters.losses.nash_md.nash_md_step_loss`) with the config's settings."""
@@ -134,13 +122,7 @@ class NashMDTrainer(OnlineDPOTrainer):
     def _prepare(self, dataset: Any, name: str) -> list[dict]:
         """Online DPO's prompt rows, each prompt after the tokenizer's BOS token unless it starts with it, as TRL
         1.0.0's ``tokenize_row`` (Nash-MD's ``training_step`` tokenises with it)."""
-        rows = super()._prepare(dataset, name)
-        bos = self.tokenizer.bos_token_id
-        if bos is not None:
-            for row in rows:
-                if not row["prompt_ids"] or row["prompt_ids"][0] != bos:
-                    row["prompt_ids"] = [bos, *row["prompt_ids"]]
-        return rows
+        return with_bos_first(super()._prepare(dataset, name), self.tokenizer.bos_token_id)
 
     # ------------------------------------------------------------------ sampling from the mixture
     @property
@@ -218,15 +200,5 @@ class NashMDTrainer(OnlineDPOTrainer):
 
     def _judged(self, record: Rollout) -> np.ndarray:
         """``[B]`` the judge's probability that the policy's completion of each prompt beats the mixture's, asked as
-        TRL 1.0.0's ``_compute_judge`` asks: decoded completions without special tokens, stripped; conversational
-        prompts and completions rendered with TRL's ``SIMPLE_CHAT_TEMPLATE``."""
-        half = len(record.rows) // 2
-        prompts = [row["prompt"] for row in record.rows[:half]]
-        texts = [text.strip() for text in self.tokenizer.batch_decode(record.completion_ids,
-                                                                      skip_special_tokens=True)]
-        if is_conversational({"prompt": prompts[0]}):
-            template = jinja2.Environment().from_string(JUDGE_CHAT_TEMPLATE)
-            prompts = [template.render(messages=prompt) for prompt in prompts]
-            texts = [template.render(messages=[{"role": "assistant", "content": text}]) for text in texts]
-        scores = self.judge.judge(prompts, list(zip(texts[:half], texts[half:], strict=True)), return_scores=True)
-        return np.asarray(scores, np.float32)
+        TRL 1.0.0's ``_compute_judge`` asks (:func:`~..online_dpo.judged_pairs.judge_inputs`)."""
+        return np.asarray(self.judge.judge(*judge_inputs(record, self.tokenizer), return_scores=True), np.float32)

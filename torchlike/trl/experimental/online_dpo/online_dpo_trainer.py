@@ -37,6 +37,7 @@ from ....type_aliases import (
 from ... import reward_models
 from ...base_trainer import check_causal_lm, check_text_dataset
 from ...online_trainer import GenerationSchedule, OnlineTrainer, reward_name
+from .judged_pairs import epoch_value
 from .online_dpo_config import OnlineDPOConfig
 from .online_dpo_data import preference_columns, prepare_prompt_rows
 
@@ -172,9 +173,7 @@ class OnlineDPOTrainer(OnlineTrainer):
         return self._beta_of(int(self.state.epoch or 0))
 
     def _beta_of(self, epoch: int) -> float:
-        if isinstance(self._beta, list):
-            return self._beta[min(epoch, len(self._beta) - 1)]
-        return self._beta
+        return epoch_value(self._beta, epoch)
 
     # ------------------------------------------------------------------ set-up
     def _prepare(self, dataset: Any, name: str) -> list[dict]:

@@ -12,12 +12,9 @@ and ``beta`` metrics are logged, as means over the micro-batches since the last 
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from collections.abc import Callable
 from typing import Any
 
-import jinja2
 import numpy as np
 
 from ....adapters.losses import online_dpo as online_dpo_losses
@@ -33,17 +30,13 @@ from ....type_aliases import (
     RewardFunc,
     Tokenizer,
 )
-from ...data_utils import is_conversational
 from ...online_trainer import Rollout
+from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
 from ..online_dpo.online_dpo_data import contains_end_token, preference_columns, ranked_order
 from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
 from .xpo_config import XPOConfig
 
-__all__ = ["JUDGE_CHAT_TEMPLATE", "XPOTrainer"]
-
-#: TRL's ``SIMPLE_CHAT_TEMPLATE``: how TRL 1.0.0's XPO renders conversational prompts and completions for a judge.
-JUDGE_CHAT_TEMPLATE = ("{% for message in messages %}{{message['role'].capitalize() + ': ' + message['content'] + "
-                       "'\n\n'}}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+__all__ = ["XPOTrainer"]
 
 
 class XPOTrainer(OnlineDPOTrainer):
@@ -94,18 +87,11 @@ class XPOTrainer(OnlineDPOTrainer):
                  callbacks: list | None = None, optimizers: tuple = (None, None),
                  preprocess_logits_for_metrics: Callable | None = None,
                  quantization_config: QuantizationConfig | None = None):
-        if judge is None and reward_funcs is None:
-            raise ValueError("One of `judge` or `reward_funcs` must be provided.")
-        if judge is not None and reward_funcs is not None:
-            warnings.warn("Both `judge` and `reward_funcs` are provided. Using `judge` and ignoring `reward_funcs`.",
-                          UserWarning, stacklevel=2)
-            reward_funcs = None
-        if reward_funcs is not None and isinstance(reward_funcs, list) and len(reward_funcs) != 1:
-            raise ValueError("XPOTrainer only supports one reward function/model.")
+        reward_funcs = one_judge_or_reward(judge, reward_funcs, "XPOTrainer")
         self.judge = judge
         self._sampling_reference = False
         self._reference_engine: RolloutEngine | None = None
-        super().__init__(model=model, ref_model=ref_model, reward_funcs=[] if reward_funcs is None else reward_funcs,
+        super().__init__(model=model, ref_model=ref_model, reward_funcs=reward_funcs,
                          args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
                          reward_processing_classes=reward_processing_classes, peft_config=peft_config,
@@ -121,9 +107,7 @@ class XPOTrainer(OnlineDPOTrainer):
         return self._alpha_of(int(self.state.epoch or 0))
 
     def _alpha_of(self, epoch: int) -> float:
-        if isinstance(self._alpha, list):
-            return self._alpha[min(epoch, len(self._alpha) - 1)]
-        return self._alpha
+        return epoch_value(self._alpha, epoch)
 
     def _step_loss(self) -> tuple[Callable, None]:
         """TRL 1.0.0's XPO loss (:func:`adapters.losses.xpo.xpo_step_loss`) with the config's settings."""
@@ -133,13 +117,7 @@ class XPOTrainer(OnlineDPOTrainer):
     def _prepare(self, dataset: Any, name: str) -> list[dict]:
         """Online DPO's prompt rows, each prompt after the tokenizer's BOS token unless it starts with it, as TRL
         1.0.0's ``tokenize_row`` (XPO's ``training_step`` tokenises with it)."""
-        rows = super()._prepare(dataset, name)
-        bos = self.tokenizer.bos_token_id
-        if bos is not None:
-            for row in rows:
-                if not row["prompt_ids"] or row["prompt_ids"][0] != bos:
-                    row["prompt_ids"] = [bos, *row["prompt_ids"]]
-        return rows
+        return with_bos_first(super()._prepare(dataset, name), self.tokenizer.bos_token_id)
 
     # ------------------------------------------------------------------ sampling from the reference
     @property
@@ -197,26 +175,6 @@ class XPOTrainer(OnlineDPOTrainer):
 
     def _judged(self, record: Rollout) -> np.ndarray:
         """``[B]`` whether the judge prefers the policy's completion of each prompt, asked as TRL 1.0.0's
-        ``_compute_judge`` asks: decoded completions without special tokens, stripped; conversational prompts and
-        completions rendered with :data:`JUDGE_CHAT_TEMPLATE`."""
-        half = len(record.rows) // 2
-        prompts = [row["prompt"] for row in record.rows[:half]]
-        texts = [text.strip() for text in self.tokenizer.batch_decode(record.completion_ids,
-                                                                      skip_special_tokens=True)]
-        if is_conversational({"prompt": prompts[0]}):
-            template = jinja2.Environment().from_string(JUDGE_CHAT_TEMPLATE)
-            prompts = [template.render(messages=prompt) for prompt in prompts]
-            texts = [template.render(messages=[{"role": "assistant", "content": text}]) for text in texts]
-        ranks = self.judge.judge(prompts, list(zip(texts[:half], texts[half:], strict=True)))
+        ``_compute_judge`` asks (:func:`~.judged_pairs.judge_inputs`)."""
+        ranks = self.judge.judge(*judge_inputs(record, self.tokenizer))
         return np.array([rank == 0 for rank in ranks])
-
-
-def joined(policy: Rollout, reference: Rollout) -> Rollout:
-    """The two rollouts of the same prompts as one: the policy's completions, then the reference's."""
-    def stacked(name: str) -> np.ndarray:
-        return np.concatenate([getattr(policy, name), getattr(reference, name)])
-
-    return dataclasses.replace(policy, rows=policy.rows + reference.rows, prompt_ids=stacked("prompt_ids"),
-                               prompt_mask=stacked("prompt_mask"), tokens=stacked("tokens"),
-                               completion_mask=stacked("completion_mask"), ended=stacked("ended"),
-                               completion_ids=policy.completion_ids + reference.completion_ids, sampling_logps=None)
