@@ -19,7 +19,9 @@ PROBE = Path(__file__).with_name("xla_cpu_probe.py")
 
 def probe(**env) -> dict:
     environment = {key: value for key, value in os.environ.items() if key != "TORCHLIKE_CPU_SCHEDULER"}
-    environment.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", **env})
+    # The suite's compile settings, without a scheduler flag (which would stop torchlike from setting its own).
+    flags = " ".join(flag for flag in os.environ.get("XLA_FLAGS", "").split() if xla_cpu.FLAG not in flag)
+    environment.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, **env})
     out = subprocess.run([sys.executable, str(PROBE)], env=environment, capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr[-2000:]
@@ -30,7 +32,7 @@ def test_rematerialised_layers_stop_adding_temporaries():
     tuned, untuned = probe(), probe(TORCHLIKE_CPU_SCHEDULER="concurrency")
     assert tuned["status"] == "applied"
     assert untuned["status"] == "turned off by TORCHLIKE_CPU_SCHEDULER=concurrency"
-    per_layer = {name: (run["temp_bytes"]["6"] - run["temp_bytes"]["2"]) / 4
+    per_layer = {name: (run["temp_bytes"]["4"] - run["temp_bytes"]["2"]) / 2
                  for name, run in (("tuned", tuned), ("untuned", untuned))}
     # The memory scheduler keeps one layer's recomputed attention live at a time.
     assert per_layer["tuned"] < 2e6, per_layer
@@ -38,7 +40,7 @@ def test_rematerialised_layers_stop_adding_temporaries():
         # jaxlib 0.10's concurrency scheduler keeps every layer's live (~27 MB a layer at seq 512); jaxlib 0.12's
         # no longer does (measured: 0.13 MB a layer), where the setting changes nothing.
         assert per_layer["untuned"] > 10e6, per_layer
-        assert untuned["temp_bytes"]["6"] > 3 * tuned["temp_bytes"]["6"]
+        assert untuned["temp_bytes"]["4"] > 3 * tuned["temp_bytes"]["4"]
 
 
 def test_a_setting_of_the_flag_in_xla_flags_is_left_alone(monkeypatch):

@@ -1,5 +1,5 @@
 """Run as a script: imports torchlike, then compiles a rematerialised SFT step's gradient of a tiny Qwen2 (hidden 64)
-with 2 and with 6 layers at sequence length 512, and prints a JSON line with the scheduler status and XLA's temporary
+with 2 and with 4 layers at sequence length 512, and prints a JSON line with the scheduler status and XLA's temporary
 bytes for each depth."""
 
 # ruff: noqa: I001  (torchlike must be imported before JAX starts)
@@ -17,6 +17,7 @@ from torchlike.adapters.families import family_for_config  # noqa: E402
 from torchlike.testing import tiny_config  # noqa: E402
 
 SEQ = 512
+LAYERS = (2, 4)
 
 
 def temporaries(layers: int) -> int:
@@ -36,4 +37,4 @@ def temporaries(layers: int) -> int:
     return jax.jit(jax.grad(value)).lower(params, batch).compile().memory_analysis().temp_size_in_bytes
 
 
-print(json.dumps({"status": xla_cpu.status, "temp_bytes": {layers: temporaries(layers) for layers in (2, 6)}}))
+print(json.dumps({"status": xla_cpu.status, "temp_bytes": {layers: temporaries(layers) for layers in LAYERS}}))
