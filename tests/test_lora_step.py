@@ -126,12 +126,10 @@ def test_lora_step_auto_merges_on_cpu_and_factored_or_dropout_do_not(tiny_checkp
         SFTConfig(output_dir=str(tmp_path), lora_step="fused")
 
 
-@pytest.mark.parametrize("bf16", [False, True])
-def test_lora_sft_gives_the_same_losses_with_merged_and_factored_steps(bf16, tiny_checkpoints, tokenizer_dir,
-                                                                      tmp_path):
+def test_lora_sft_gives_the_same_losses_with_merged_and_factored_steps(tiny_checkpoints, tokenizer_dir, tmp_path):
     runs = {}
-    for choice in ("merged", "factored"):
-        trainer = sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path / choice, choice, bf16=bf16)
+    for choice in ("merged", "factored"):  # with TRL's default bf16 (float32 is compared in the tests above)
+        trainer = sft_trainer(tiny_checkpoints, tokenizer_dir, tmp_path / choice, choice, bf16=True)
         trainer.train()
         runs[choice] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(runs["merged"]) == 4 and runs["merged"][-1] < runs["merged"][0]

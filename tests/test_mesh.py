@@ -126,15 +126,17 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def two_processes(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
     """Two processes x 4 CPU devices, joined by jax.distributed (gloo collectives) into one 8-device mesh, run
-    SFT, GRPO with LoRA, and TRL's ``sft.py`` and ``grpo.py`` (imports rewritten) into one shared folder."""
+    SFT, GRPO with LoRA (also sampling ahead), and TRL's ``sft.py`` and ``dpo.py`` with PEFT (imports rewritten) into
+    one shared folder. (TRL's ``grpo.py`` runs on one process in test_trl_scripts.py; GRPO with LoRA on two processes
+    is the direct run here, checked against one process of 8 and exported byte for byte.)"""
     folder = tmp_path_factory.mktemp("distributed")
     model_dir = build_script_model_dir(tiny_checkpoints.path(MESH_CASES[0]), tokenizer_dir, folder / "script-model")
     scripts = {}
-    for name, per_device in (("sft", "1"), ("grpo", "2"), ("dpo", "1")):
+    for name in ("sft", "dpo"):
         script, _ = port_trl_script(name, folder)
-        extra = ["--use_peft", "--lora_r", "4"] if name in ("grpo", "dpo") else []
+        extra = ["--use_peft", "--lora_r", "4"] if name == "dpo" else []
         scripts[name] = (str(script), [*script_arguments(name, model_dir, folder / name), *extra,
-                                       "--per_device_train_batch_size", per_device,
+                                       "--per_device_train_batch_size", "1",
                                        "--save_strategy", "steps", "--save_steps", "2"])
     jobs = folder / "jobs.json"
     jobs.write_text(json.dumps({"checkpoint": str(tiny_checkpoints.path(MESH_CASES[0])),
@@ -248,20 +250,6 @@ def test_trl_sft_script_on_two_processes_saves_what_one_process_exports(two_proc
     assert_hf_loadable(out)
     assert "Training completed" in two_processes["outputs"][0]
     assert transformers.AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
-
-
-def test_trl_grpo_script_with_peft_on_two_processes_saves_what_one_process_exports(two_processes, tmp_path):
-    import peft
-    import transformers
-
-    out = two_processes["folder"] / "grpo" / "out"
-    saved = json.loads((out / "adapter_config.json").read_text())
-    lora = {"r": saved["r"], "lora_alpha": saved["lora_alpha"], "target_modules": saved["target_modules"],
-            "lora_dropout": saved["lora_dropout"]}
-    expected = _export_of(out / "checkpoint-2" / "model", two_processes["model_dir"], tmp_path / "one", lora=lora)
-    _same_files(out, expected, ["adapter_model.safetensors"])
-    base = transformers.AutoModelForCausalLM.from_pretrained(two_processes["model_dir"])
-    assert any("lora_B" in name for name, _ in peft.PeftModel.from_pretrained(base, out).named_parameters())
 
 
 def test_trl_dpo_script_with_peft_on_two_processes_saves_what_one_process_exports(two_processes, tmp_path):
