@@ -75,13 +75,13 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("kto", "KTOConfig", "KTOTrainer", _STABLE, script=True),
     TrainerEntry("reward", "RewardConfig", "RewardTrainer", _STABLE, script=True),
     TrainerEntry("distillation", "DistillationConfig", "DistillationTrainer", _STABLE, script=True),
-    TrainerEntry("orpo", "ORPOConfig", "ORPOTrainer", f"{_EXPERIMENTAL}.orpo", script=False),
-    TrainerEntry("cpo", "CPOConfig", "CPOTrainer", f"{_EXPERIMENTAL}.cpo", script=False),
-    TrainerEntry("gkd", "GKDConfig", "GKDTrainer", f"{_EXPERIMENTAL}.gkd", script=False),
+    TrainerEntry("orpo", "ORPOConfig", "ORPOTrainer", f"{_EXPERIMENTAL}.orpo", script=True),
+    TrainerEntry("cpo", "CPOConfig", "CPOTrainer", f"{_EXPERIMENTAL}.cpo", script=True),
+    TrainerEntry("gkd", "GKDConfig", "GKDTrainer", f"{_EXPERIMENTAL}.gkd", script=True),
     TrainerEntry("online_dpo", "OnlineDPOConfig", "OnlineDPOTrainer", f"{_EXPERIMENTAL}.online_dpo", script=True),
-    TrainerEntry("xpo", "XPOConfig", "XPOTrainer", f"{_EXPERIMENTAL}.xpo", script=False),
-    TrainerEntry("bco", "BCOConfig", "BCOTrainer", f"{_EXPERIMENTAL}.bco", script=False),
-    TrainerEntry("nash_md", "NashMDConfig", "NashMDTrainer", f"{_EXPERIMENTAL}.nash_md", script=False),
+    TrainerEntry("xpo", "XPOConfig", "XPOTrainer", f"{_EXPERIMENTAL}.xpo", script=True),
+    TrainerEntry("bco", "BCOConfig", "BCOTrainer", f"{_EXPERIMENTAL}.bco", script=True),
+    TrainerEntry("nash_md", "NashMDConfig", "NashMDTrainer", f"{_EXPERIMENTAL}.nash_md", script=True),
 )
 
 

@@ -3,6 +3,7 @@ the dataset (a mixture from ``--config`` or ``--dataset_name``), then train, sav
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
     from torchlike.trl.base_config import TRLConfig
     from torchlike.trl.base_trainer import TRLTrainer
 
-__all__ = ["load_script_dataset", "run_training_script"]
+__all__ = ["REMOTE_JUDGES", "load_script_dataset", "refuse_remote_judge", "run_ranked_online_script",
+           "run_training_script"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,35 +84,48 @@ def load_script_dataset(script_args: ScriptArguments,
 
 def run_training_script(trainer_class: type[TRLTrainer], script_args: ScriptArguments, training_args: TRLConfig,
                         model_args: ModelConfig, dataset_args: DatasetMixtureConfig,
-                        **trainer_kwargs: Any) -> TRLTrainer:
+                        trust_remote_code: bool | None = None, **trainer_kwargs: Any) -> TRLTrainer:
     """TRL's ``main`` of a training script: build the trainer from the parsed arguments, train, save, push.
 
     ``training_args.model_init_kwargs`` gets the model's revision, ``trust_remote_code``, attention implementation
     and dtype, with the user's own ``model_init_kwargs`` winning, as in TRL.
 
     Args:
-        trainer_class: ``SFTTrainer``, ``GRPOTrainer`` or ``DPOTrainer``.
+        trainer_class: ``SFTTrainer``, ``GRPOTrainer``, ``DPOTrainer``...
         script_args: the dataset arguments.
         training_args: the trainer's config (``SFTConfig``...).
         model_args: the model, LoRA and quantisation arguments.
         dataset_args: the dataset mixture.
+        trust_remote_code: for a config without that field (``BCOConfig``, whose script reads it elsewhere);
+            default ``training_args.trust_remote_code``.
         **trainer_kwargs: further trainer arguments (``reward_funcs`` for GRPO).
 
     Returns:
         The trained trainer.
+
+    Raises:
+        ValueError: ``--load_in_4bit``/``--load_in_8bit`` for a trainer that takes no ``quantization_config``
+            (ORPO, CPO).
     """
-    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
+    if trust_remote_code is None:
+        trust_remote_code = training_args.trust_remote_code
+    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=trust_remote_code,
                              attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
 
+    quantization_config = get_quantization_config(model_args)
+    if "quantization_config" in inspect.signature(trainer_class).parameters:
+        trainer_kwargs["quantization_config"] = quantization_config
+    elif quantization_config is not None:
+        raise ValueError(f"--load_in_4bit/--load_in_8bit: {trainer_class.__name__} takes no quantization_config (as "
+                         "in TRL), so it cannot train a quantised model; drop the flag.")
     dataset = load_script_dataset(script_args, dataset_args)
     trainer = trainer_class(
         model=model_args.model_name_or_path,
         args=training_args,
         train_dataset=dataset[script_args.dataset_train_split],
         eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
-        quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
         **trainer_kwargs,
     )
@@ -123,3 +138,63 @@ def run_training_script(trainer_class: type[TRLTrainer], script_args: ScriptArgu
         trainer.accelerator.print(f"🤗 Model pushed to the Hub in https://huggingface.co/{trainer.hub_model_id}.")
     trainer.end()
     return trainer
+
+
+#: The ``--judge`` names of TRL 1.0.0's ``examples/scripts/xpo.py`` and ``nash_md.py`` (their ``JUDGES``), each with
+#: what keeps it from running here.
+REMOTE_JUDGES = {
+    "pair_rm": "TRL's PairRMJudge needs the llm-blender package and downloads the llm-blender/PairRM model",
+    "openai": "TRL's OpenAIPairwiseJudge asks OpenAI's API",
+    "hf": "TRL's HfPairwiseJudge asks the Hugging Face Inference API",
+}
+
+
+def refuse_remote_judge(judge: str | None) -> None:
+    """Refuses ``--judge``: every judge TRL's scripts name needs a network service or a package torchlike does not
+    have.
+
+    Args:
+        judge: the config's ``judge`` (``None``: nothing to refuse).
+
+    Raises:
+        ValueError: any ``judge``, with what it would need and the option to use instead.
+    """
+    if judge is None:
+        return
+    reason = REMOTE_JUDGES.get(judge, f"TRL's scripts name no such judge (theirs: {', '.join(REMOTE_JUDGES)})")
+    raise ValueError(f"--judge {judge}: {reason}, which torchlike's command does not run. Rank the completions with a "
+                     "reward instead: --reward_model_path (a sequence-classification model) or --reward_funcs. In "
+                     "Python, the trainer's `judge` argument takes any local judge object.")
+
+
+def run_ranked_online_script(trainer_class: type[TRLTrainer], script_args: ScriptArguments,
+                             training_args: TRLConfig, model_args: ModelConfig, dataset_args: DatasetMixtureConfig,
+                             reward_funcs: list[Any]) -> TRLTrainer:
+    """The ``main`` of TRL 1.0.0's XPO and Nash-MD scripts: one reward ranks the sampled completions (``--judge`` is
+    refused, see :func:`refuse_remote_judge`); the tokenizer is the model's.
+
+    Args:
+        trainer_class: ``XPOTrainer`` or ``NashMDTrainer``.
+        script_args: the dataset arguments.
+        training_args: the trainer's config (``judge`` among its fields).
+        model_args: the model, LoRA and quantisation arguments.
+        dataset_args: the dataset mixture.
+        reward_funcs: the reward of ``--reward_model_path`` and ``--reward_funcs``
+            (``torchlike.trl.scripts.grpo.load_reward_funcs``).
+
+    Returns:
+        The trained trainer.
+
+    Raises:
+        ValueError: a ``--judge``, no reward, or more than one (these trainers rank with exactly one).
+    """
+    from torchlike import AutoTokenizer
+
+    refuse_remote_judge(training_args.judge)
+    if len(reward_funcs) != 1:
+        raise ValueError(f"{trainer_class.__name__} ranks its completions with one reward, got {len(reward_funcs)}: "
+                         "set either `--reward_model_path` or one `--reward_funcs`.")
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                              trust_remote_code=training_args.trust_remote_code)
+    return run_training_script(trainer_class, script_args, training_args, model_args, dataset_args,
+                               reward_funcs=reward_funcs, processing_class=tokenizer)

@@ -1,0 +1,149 @@
+"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco``: TRL's experimental trainers from the command line, taking the flags of
+TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory transformers loads,
+and what cannot run here (a remote ``--judge``, a quantised ORPO model) is refused in words."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from tests.helpers.bco import DATA as UNPAIRED_ROWS
+from tests.helpers.scripts import WORDS, assert_hf_loadable, preference_rows, write_jsonl
+from tests.helpers.tokenizers import CHAT_TEMPLATE
+from torchlike import cli
+
+# One optimizer step, no checkpoint or report.
+ONE_STEP = ["--max_steps", "1", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1"]
+
+#: Per command, flags of TRL's example script (its config's own fields and the script's) that --help must list.
+TRL_SCRIPT_FLAGS = {
+    "orpo": ["--beta", "--max_length", "--disable_dropout"],
+    "cpo": ["--loss_type", "--cpo_alpha", "--simpo_gamma"],
+    "gkd": ["--teacher_model_name_or_path", "--teacher_model_init_kwargs", "--lmbda", "--seq_kd", "--max_new_tokens"],
+    "xpo": ["--judge", "--reward_model_path", "--reward_funcs", "--alpha", "--max_new_tokens", "--missing_eos_penalty"],
+    "nash_md": ["--judge", "--reward_model_path", "--reward_funcs", "--mixture_coef", "--max_new_tokens",
+                "--missing_eos_penalty"],
+    "bco": ["--embedding_model_name_or_path", "--embedding_tokenizer_name_or_path", "--trust_remote_code",
+            "--prompt_sample_size", "--min_density_ratio", "--max_density_ratio"],
+}
+SHARED_FLAGS = ["--model_name_or_path", "--dataset_name", "--dataset_train_split", "--use_peft", "--lora_r",
+                "--output_dir", "--learning_rate"]
+
+
+def common_arguments(model_dir, dataset_dir, tmp_path) -> list[str]:
+    return ["--model_name_or_path", str(model_dir), "--dataset_name", str(dataset_dir),
+            "--output_dir", str(tmp_path / "out"), *ONE_STEP]
+
+
+def prompt_rows(count: int = 8) -> list[dict]:
+    return [{"prompt": " ".join(WORDS[i:i + 3])} for i in range(count)]
+
+
+@pytest.mark.parametrize("name", sorted(TRL_SCRIPT_FLAGS))
+def test_help_lists_the_config_and_script_flags_of_trls_example_script(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([name, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert f"torchlike {name}" in out
+    missing = [flag for flag in SHARED_FLAGS + TRL_SCRIPT_FLAGS[name] if f"{flag} " not in out]
+    assert not missing
+
+
+@pytest.mark.parametrize("name, config", [("orpo", "ORPOConfig"), ("cpo", "CPOConfig"), ("gkd", "GKDConfig")])
+def test_parser_accepts_every_flag_of_trls_parser(name, config, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    trl = pytest.importorskip("trl")
+    trl_config = getattr(importlib.import_module(f"trl.experimental.{name}"), config)
+    theirs = trl.TrlParser((trl.ScriptArguments, trl_config, trl.ModelConfig, trl.DatasetMixtureConfig))
+    ours = importlib.import_module(f"torchlike.trl.scripts.{name}").make_parser()
+    flags = {parser: {option for action in parser._actions for option in action.option_strings}
+             for parser in (ours, theirs)}
+    assert flags[theirs] <= flags[ours]
+
+
+@pytest.mark.parametrize("name", ["orpo", "cpo"])
+def test_paired_preference_command_trains_and_saves(name, script_model, tmp_path, capsys):
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", preference_rows()).parent
+    assert cli.main([name, *common_arguments(script_model, dataset_dir, tmp_path),
+                     "--per_device_train_batch_size", "2", "--max_length", "32"]) == 0
+    assert "Training completed" in capsys.readouterr().out
+    assert_hf_loadable(tmp_path / "out")
+
+
+def test_gkd_command_distils_the_teacher_and_saves(script_model, tmp_path, capsys):
+    rows = [{"messages": [{"role": "user", "content": " ".join(WORDS[i:i + 3])},
+                          {"role": "assistant", "content": " ".join(WORDS[i + 3:i + 5])}]} for i in range(8)]
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", rows).parent
+    template = tmp_path / "chat_template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    assert cli.main(["gkd", *common_arguments(script_model, dataset_dir, tmp_path),
+                     "--teacher_model_name_or_path", str(script_model), "--chat_template_path", str(template),
+                     "--per_device_train_batch_size", "2", "--max_length", "32", "--max_new_tokens", "4",
+                     "--lmbda", "1.0"]) == 0
+    assert "Training completed" in capsys.readouterr().out
+    assert_hf_loadable(tmp_path / "out")
+
+
+def test_gkd_command_without_a_teacher_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--teacher_model_name_or_path"):
+        cli.main(["gkd", "--model_name_or_path", str(tmp_path), "--dataset_name", str(tmp_path),
+                  "--output_dir", str(tmp_path / "out")])
+
+
+def test_xpo_command_ranks_with_a_reward_model_and_saves(script_model, tmp_path, capsys):
+    import transformers
+
+    reward_model = tmp_path / "tiny-reward-model"
+    transformers.AutoModelForSequenceClassification.from_pretrained(script_model, num_labels=1).save_pretrained(
+        reward_model)
+    transformers.AutoTokenizer.from_pretrained(script_model).save_pretrained(reward_model)
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", prompt_rows()).parent
+    assert cli.main(["xpo", *common_arguments(script_model, dataset_dir, tmp_path), "--reward_model_path",
+                     str(reward_model), "--per_device_train_batch_size", "2", "--max_new_tokens", "4"]) == 0
+    assert "Training completed" in capsys.readouterr().out
+    assert_hf_loadable(tmp_path / "out")
+
+
+def test_nash_md_command_ranks_with_a_reward_function_and_saves(script_model, tmp_path, capsys):
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", prompt_rows()).parent
+    assert cli.main(["nash_md", *common_arguments(script_model, dataset_dir, tmp_path), "--reward_funcs",
+                     "tests.script_rewards.completion_length_reward", "--per_device_train_batch_size", "2",
+                     "--max_new_tokens", "4"]) == 0
+    assert "Training completed" in capsys.readouterr().out
+    assert_hf_loadable(tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", ["xpo", "nash_md"])
+@pytest.mark.parametrize("judge", ["pair_rm", "openai", "hf"])
+def test_trls_judges_are_refused_naming_the_reward_options(name, judge, tmp_path):
+    with pytest.raises(ValueError, match=f"--judge {judge}: .*--reward_model_path.*--reward_funcs"):
+        cli.main([name, "--model_name_or_path", str(tmp_path), "--dataset_name", str(tmp_path),
+                  "--output_dir", str(tmp_path / "out"), "--judge", judge])
+
+
+def test_online_command_with_two_rewards_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="XPOTrainer ranks its completions with one reward, got 2"):
+        cli.main(["xpo", "--model_name_or_path", str(tmp_path), "--dataset_name", str(tmp_path),
+                  "--output_dir", str(tmp_path / "out"), "--reward_model_path", str(tmp_path),
+                  "--reward_funcs", "think_format_reward"])
+
+
+def test_quantised_model_is_refused_for_a_trainer_without_quantization_config(tmp_path):
+    with pytest.raises(ValueError, match="--load_in_4bit/--load_in_8bit: ORPOTrainer takes no quantization_config"):
+        cli.main(["orpo", "--model_name_or_path", str(tmp_path), "--dataset_name", str(tmp_path),
+                  "--output_dir", str(tmp_path / "out"), "--load_in_4bit"])
+
+
+def test_bco_command_fits_udm_on_the_embedding_models_prompt_embeddings(script_model, tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    bco = importlib.import_module("torchlike.trl.scripts.bco")
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", UNPAIRED_ROWS).parent
+    arguments = bco.make_parser(prog="torchlike bco").parse_args_and_config(
+        [*common_arguments(script_model, dataset_dir, tmp_path), "--embedding_model_name_or_path", str(script_model),
+         "--per_device_train_batch_size", "4", "--max_length", "32"])
+    trainer = bco.main(*arguments)
+    assert trainer.clf is not None  # the density-ratio classifier UDM fits
+    assert "Training completed" in capsys.readouterr().out
+    assert_hf_loadable(tmp_path / "out")
