@@ -9,27 +9,12 @@ import pytest
 
 import torchlike
 from tests import tiny
+from tests.helpers.data import UNPAIRED
 from tests.helpers.tokenizers import tokenizer_for
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import KTOConfig, KTOTrainer
 
-# Micro-batches of 4 in order: mixed, mixed, desirable only (TRL records no rewards/rejected for it), mixed.
-DATA = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy dog", "label": True},
-        {"prompt": "one two", "completion": " hello world, this is a tiny tokenizer", "label": False},
-        {"prompt": "hello world, this is", "completion": " a tiny tokenizer", "label": True},
-        {"prompt": "seven eight", "completion": " the lazy fox", "label": False},
-        {"prompt": "one two", "completion": " three four five", "label": False},
-        {"prompt": "seven eight", "completion": " nine ten", "label": True},
-        {"prompt": "the quick brown", "completion": " dog", "label": False},
-        {"prompt": "hello world, this is", "completion": " one two three four", "label": False},
-        {"prompt": "the lazy", "completion": " dog jumps over the quick brown fox", "label": True},
-        {"prompt": "one", "completion": " two three four five six", "label": True},
-        {"prompt": "this is", "completion": " a tiny world", "label": True},
-        {"prompt": "seven", "completion": " eight nine ten", "label": True},
-        {"prompt": "the quick", "completion": " brown fox", "label": False},
-        {"prompt": "hello", "completion": " world, this is a tiny tokenizer", "label": True},
-        {"prompt": "three four", "completion": " five six seven eight nine ten", "label": True},
-        {"prompt": "the lazy dog", "completion": " jumps", "label": False}]
+DATA = UNPAIRED
 
 
 def comparison_settings(loss_type: str) -> dict:

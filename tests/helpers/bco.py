@@ -3,23 +3,10 @@ dataset and a deterministic prompt-embedding function for underlying distributio
 
 from __future__ import annotations
 
-#: Micro-batches of 4 in order: mixed, mixed, desirable only, mixed; several completions are cut by max_length=12.
-DATA = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy dog", "label": True},
-        {"prompt": "one two", "completion": " hello world, this is a tiny tokenizer", "label": False},
-        {"prompt": "hello world, this is", "completion": " a tiny tokenizer", "label": True},
-        {"prompt": "seven eight", "completion": " the lazy fox", "label": False},
-        {"prompt": "one two", "completion": " three four five", "label": False},
-        {"prompt": "seven eight", "completion": " nine ten", "label": True},
-        {"prompt": "the quick brown", "completion": " dog", "label": False},
-        {"prompt": "hello world, this is", "completion": " one two three four", "label": False},
-        {"prompt": "the lazy", "completion": " dog jumps over the quick brown fox", "label": True},
-        {"prompt": "one", "completion": " two three four five six", "label": True},
-        {"prompt": "this is", "completion": " a tiny world", "label": True},
-        {"prompt": "seven", "completion": " eight nine ten", "label": True},
-        {"prompt": "the quick", "completion": " brown fox", "label": False},
-        {"prompt": "hello", "completion": " world, this is a tiny tokenizer", "label": True},
-        {"prompt": "three four", "completion": " five six seven eight nine ten", "label": True},
-        {"prompt": "the lazy dog", "completion": " jumps", "label": False}]
+from tests.helpers.data import UNPAIRED
+
+#: KTO's comparison data (:data:`tests.helpers.data.UNPAIRED`); several completions are cut by max_length=12.
+DATA = UNPAIRED
 
 #: Evaluation data: a partial last batch (5 examples in batches of 4) and one batch without desirable examples.
 EVAL_DATA = [{"prompt": "the lazy", "completion": " brown dog", "label": True},

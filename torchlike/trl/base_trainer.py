@@ -201,6 +201,11 @@ class TRLTrainer(Trainer):
     _tag_names: list[str] = ["trl"]
     #: Whether the step loss reports ``num_tokens`` per micro-batch, which :meth:`log` makes TRL's running total.
     _counts_step_tokens = False
+    #: The batch column (``[rows, positions]``) whose rows with any position set are a batch's examples when
+    #: ``evaluate()`` weighs each batch's loss by them, as transformers' evaluation loop repeats a batch's loss once per
+    #: example (training averages the micro-batches, as TRL); ``None``: every batch weighs alike.
+    _evaluation_rows_key: str | None = None
+    _evaluating: bool = False
     #: TRL's attribute: whether the Mixture-of-Experts router loss is added to the step loss (set by
     #: :meth:`_setup_router_loss` in the trainers that add it).
     aux_loss_enabled: bool = False
@@ -368,7 +373,28 @@ class TRLTrainer(Trainer):
 
     def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
         """The Trainer's evaluation, its metrics finished as :meth:`log` finishes them."""
-        return step_metrics.finish_metrics(super()._evaluation_loop(examples, metric_key_prefix))
+        self._evaluating = True
+        try:
+            return step_metrics.finish_metrics(super()._evaluation_loop(examples, metric_key_prefix))
+        finally:
+            self._evaluating = False
+
+    def _loss(self) -> tuple[Callable, Callable | None]:
+        """The Trainer's loss; in evaluation, with ``_evaluation_rows_key``, each batch's loss weighed by its
+        examples."""
+        loss, count_items = super()._loss()
+        if not self._evaluating or self._evaluation_rows_key is None:
+            return loss, count_items
+        rows_key = self._evaluation_rows_key
+
+        def weighed_by_examples(module, batch, num_items_in_batch=None):
+            import jax.numpy as jnp
+
+            value, _, metrics = loss(module, batch, num_items_in_batch)
+            examples = batch[rows_key].any(-1).sum().astype(jnp.float32)
+            return value * examples, examples, metrics
+
+        return weighed_by_examples, count_items
 
     # ------------------------------------------------------------------ reference policy
     def _init_reference(self, ref_model: Any = None, *, adapter_off: bool = False,

@@ -34,7 +34,7 @@ class PairwisePreferenceTrainer(TRLTrainer):
 
     #: TRL's attribute: the weight of the router loss, read from the model config.
     aux_loss_coef: float = 0.0
-    _evaluating: bool = False
+    _evaluation_rows_key = "chosen_attention_mask"
     #: TRL's attribute: torchlike's model families are decoder-only.
     is_encoder_decoder: bool = False
 
@@ -127,27 +127,3 @@ class PairwisePreferenceTrainer(TRLTrainer):
     def _step_metric_prefix(self, metric_key_prefix: str) -> str:
         """``"eval"``: TRL logs its metrics as ``eval_<metric>`` whatever the dataset's name."""
         return "eval"
-
-    # ------------------------------------------------------------------ Trainer hooks
-    def _loss(self) -> tuple[Callable, Callable | None]:
-        """The subclass's ``_step_loss``; in evaluation each batch's loss weighs by its pairs, as transformers'
-        evaluation loop repeats a batch's loss once per example (training averages the micro-batches, as TRL)."""
-        import jax.numpy as jnp
-
-        loss, count_items = super()._loss()
-        if not self._evaluating:
-            return loss, count_items
-
-        def per_pair(module, batch, num_items_in_batch=None):
-            value, _, metrics = loss(module, batch, num_items_in_batch)
-            pairs = batch["chosen_attention_mask"].any(-1).sum().astype(jnp.float32)
-            return value * pairs, pairs, metrics
-
-        return per_pair, count_items
-
-    def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
-        self._evaluating = True
-        try:
-            return super()._evaluation_loop(examples, metric_key_prefix)
-        finally:
-            self._evaluating = False

@@ -85,6 +85,7 @@ class BCOTrainer(PrecomputedReferenceTrainer):
     _config_class = BCOConfig
     _output_suffix = "BCO"
     _tag_names = ["trl", "bco"]
+    _evaluation_rows_key = "attention_mask"
 
     def __init__(self, model: ModelLike = None, ref_model: ModelLike | None = None, args: BCOConfig | None = None,
                  train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
@@ -127,7 +128,6 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         self.pad_token_id = self._pad_token_id(processing_class, None)
         self.running = bco_losses.RunningMoments()
         self.clf = None
-        self._evaluating = False
         self.loss_settings = bco_losses.BCOLossSettings.from_config(args,
                                                                     router_aux_loss_coef=self._router_loss_weight())
         train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
@@ -230,28 +230,6 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         vocab_size = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
         return bco_losses.bco_step_loss(self.model.family, self.loss_settings, vocab_size), None
 
-    def _loss(self) -> tuple[Callable, Callable | None]:
-        """The step loss; in evaluation each batch's loss weighs by its examples, as transformers' evaluation loop
-        repeats a batch's loss once per example (training averages the micro-batches, as TRL)."""
-        import jax.numpy as jnp
-
-        loss, count_items = super()._loss()
-        if not self._evaluating:
-            return loss, count_items
-
-        def per_example(module, batch, num_items_in_batch=None):
-            value, _, metrics = loss(module, batch, num_items_in_batch)
-            examples = batch["attention_mask"].any(-1).sum().astype(jnp.float32)
-            return value * examples, examples, metrics
-
-        return per_example, count_items
-
-    def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
-        self._evaluating = True
-        try:
-            return super()._evaluation_loop(examples, metric_key_prefix)
-        finally:
-            self._evaluating = False
 
     def _run_step(self, step_fn: Callable, batch: dict, step: int) -> dict:
         """Updates the running reward moments with each micro-batch's rewards at the step's weights (TRL updates them
