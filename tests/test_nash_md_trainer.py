@@ -49,29 +49,18 @@ TRL_SCRIPT = """
 import dataclasses, json, sys
 import numpy as np, torch, datasets, transformers
 from trl.experimental.nash_md import NashMDConfig, NashMDTrainer, nash_md_trainer
-from tests.helpers.legacy_trl import LongerCompletionScoreJudge, scripted_completion
+from tests.helpers.legacy_trl import LongerCompletionScoreJudge, scripted_generate
 
 arguments = json.loads(sys.argv[1])
 tokenizer = transformers.AutoTokenizer.from_pretrained(arguments["tokenizer"])
-
-def scripted_generate(copy):
-    def generate(input_ids, attention_mask, generation_config=None, **kwargs):
-        completions = [scripted_completion(ids[mask.bool()].tolist(), copy, *arguments["script"])
-                       for ids, mask in zip(input_ids, attention_mask)]
-        tokens = torch.full((len(completions), max(map(len, completions))), tokenizer.pad_token_id,
-                            dtype=input_ids.dtype)
-        for row, completion in enumerate(completions):
-            tokens[row, :len(completion)] = torch.tensor(completion)
-        return torch.cat([input_ids, tokens], dim=1)
-    return generate
 
 trainer = NashMDTrainer(
     model=transformers.AutoModelForCausalLM.from_pretrained(arguments["model"], dtype=torch.float32),
     judge=LongerCompletionScoreJudge(),
     args=NashMDConfig(output_dir=arguments["output_dir"], use_cpu=True, **arguments["settings"]),
     train_dataset=datasets.Dataset.from_dict({"prompt": arguments["prompts"]}), processing_class=tokenizer)
-trainer.model.generate = scripted_generate(0)
-mixture_generate = scripted_generate(1)
+trainer.model.generate = scripted_generate(tokenizer, 0, arguments["script"])
+mixture_generate = scripted_generate(tokenizer, 1, arguments["script"])
 nash_md_trainer.GeometricMixtureWrapper.generate = lambda self, **kwargs: mixture_generate(**kwargs)
 trainer.train()
 json.dump(trainer.state.log_history, open(arguments["output_dir"] + "/log_history.json", "w"))

@@ -60,6 +60,24 @@ def scripted_completion(prompt_ids: list[int], copy: int, max_new_tokens: int, v
     return completion
 
 
+def scripted_generate(tokenizer: Any, copy: int, script: tuple[int, int, int]) -> Any:
+    """A ``model.generate`` for TRL's side of a comparison: each prompt (its unmasked ids) followed by its
+    :func:`scripted_completion` (``copy``; ``script`` its ``max_new_tokens, vocab_size, eos_token_id``), padded with
+    the tokenizer's pad token, as ``generate`` returns prompt and completion ids."""
+    import torch
+
+    def generate(input_ids, attention_mask, generation_config=None, **kwargs):
+        completions = [scripted_completion(ids[mask.bool()].tolist(), copy, *script)
+                       for ids, mask in zip(input_ids, attention_mask, strict=True)]
+        tokens = torch.full((len(completions), max(map(len, completions))), tokenizer.pad_token_id,
+                            dtype=input_ids.dtype)
+        for row, completion in enumerate(completions):
+            tokens[row, :len(completion)] = torch.tensor(completion)
+        return torch.cat([input_ids, tokens], dim=1)
+
+    return generate
+
+
 class LongerCompletionJudge:
     """A pairwise judge (TRL's ``BasePairwiseJudge.judge``) preferring the longer text, the first on a tie."""
 
