@@ -1,6 +1,7 @@
 """The ``torchlike`` command, as TRL's ``trl`` command: ``torchlike sft|grpo|rloo|dpo|kto|reward|distillation
-[arguments] [--config file.yaml]`` runs a training script in this process; ``torchlike env`` prints the versions and
-devices to quote in a bug report.
+[arguments] [--config file.yaml]`` runs a training script in this process, and ``torchlike
+online_dpo|orpo|cpo|gkd|xpo|nash_md|bco`` the trainers of ``trl.experimental`` as TRL's ``examples/scripts`` run
+them; ``torchlike env`` prints the versions and devices to quote in a bug report.
 
 Unlike ``trl``, there is no ``accelerate launch`` behind the training commands (the JAX mesh takes the place of its
 processes), so every command-line flag and config-file key must be an argument of the script: anything else is an

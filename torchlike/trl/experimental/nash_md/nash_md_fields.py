@@ -35,8 +35,8 @@ NASH_MD_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "missing_eos_penalty": honoured("Subtracted from the reward of every completion (the policy's and the "
                                     "mixture's) without an end token before the probability that the policy's wins "
                                     "is taken; with a judge it has no effect, as in TRL 1.0.0."),
-    "reward_model_path": ignored("Read by TRL's example script only; the trainer takes reward_funcs or judge, and "
-                                 "torchlike has no nash_md command."),
+    "reward_model_path": honoured("As in TRL, the trainer does not read it (it takes reward_funcs or judge); the "
+                                  "`torchlike nash_md` command loads it as its reward model, as TRL's example script."),
     "judge": XPO_FIELD_SUPPORT["judge"],
     "use_transformers_paged": XPO_FIELD_SUPPORT["use_transformers_paged"],
 }

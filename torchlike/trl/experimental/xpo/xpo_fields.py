@@ -27,9 +27,11 @@ XPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "missing_eos_penalty": honoured("Subtracted from the reward of every completion (the policy's and the "
                                     "reference's) without an end token before they are compared; with a judge it "
                                     "has no effect, as in TRL 1.0.0."),
-    "reward_model_path": ignored("Read by TRL's example script only; the trainer takes reward_funcs or judge, and "
-                                 "torchlike has no xpo command."),
-    "judge": ignored("The name of a judge for TRL's example script; the trainer takes a judge object (judge=)."),
+    "reward_model_path": honoured("As in TRL, the trainer does not read it (it takes reward_funcs or judge); the "
+                                  "`torchlike xpo` command loads it as its reward model, as TRL's example script."),
+    "judge": ignored("The name of a judge for TRL's example script; the trainer takes a judge object (judge=), and "
+                     "the torchlike commands refuse TRL's judge names (each needs a remote service or llm-blender's "
+                     "PairRM)."),
     "use_transformers_paged": ignored("transformers' paged generation; torchlike samples with its own JAX rollout "
                                       "engine."),
 }
