@@ -608,16 +608,22 @@ class Trainer:
         ``hub_strategy="every_save"``."""
         args = self.args
         record_callback_states(self.state, self.callback_handler.callbacks, self.control)
-        export = None
-        if self._trainable_model.family is not None:
-            def export(folder):
+
+        def export(folder):
+            if self._trainable_model.family is not None:
                 hub.export_model(self._trainable_model, folder, self.processing_class)
+            self._save_checkpoint_extras(Path(folder))
+
         folder = checkpoints.write_checkpoint(args.output_dir, step, self._trainable_model, self.optimizer,
                                               self.state, args.save_only_model, args.save_total_limit, export)
         self._event("on_save")
         if args.push_to_hub and args.hub_strategy == "every_save":
             self.push_to_hub(commit_message=f"Training in progress, step {step}")
         return folder
+
+    def _save_checkpoint_extras(self, folder: Path) -> None:
+        """Writes a trainer's own files into a checkpoint being written (on every process, before the folder counts
+        as a checkpoint: ``trainer_state.json`` comes after them). The Trainer has none."""
 
     def _resume(self, checkpoint: str | bool) -> int:
         """Restores the checkpoint ``resume_from_checkpoint`` names; returns its step.

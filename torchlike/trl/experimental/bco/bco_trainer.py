@@ -230,7 +230,6 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         vocab_size = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
         return bco_losses.bco_step_loss(self.model.family, self.loss_settings, vocab_size), None
 
-
     def _run_step(self, step_fn: Callable, batch: dict, step: int) -> dict:
         """Updates the running reward moments with each micro-batch's rewards at the step's weights (TRL updates them
         in each micro-batch's loss) and runs the step with each micro-batch's ``delta``."""
@@ -282,18 +281,18 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         super().log(logs)
 
     # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self, step: int) -> Path:
-        """The Trainer's checkpoint plus, as TRL saves them with the optimizer state (so not with
-        ``save_only_model``), the running reward moments (``running.json``) and, under UDM, the classifier
-        (``clf.pkl``)."""
-        folder = super()._save_checkpoint(step)
-        if not self.args.save_only_model and self.state.is_world_process_zero:
-            self.running.save_to_json(Path(folder) / bco_losses.RUNNING_NAME)
-            if self.match_underlying_distribution:
-                import joblib
+    def _save_checkpoint_extras(self, folder: Path) -> None:
+        """As TRL saves them with the optimizer state (so not with ``save_only_model``): the running reward moments
+        (``running.json``) and, under UDM, the classifier (``clf.pkl``), written by process 0 before the checkpoint
+        counts as one."""
+        if self.args.save_only_model or not self.state.is_world_process_zero:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        self.running.save_to_json(folder / bco_losses.RUNNING_NAME)
+        if self.match_underlying_distribution:
+            import joblib
 
-                joblib.dump(self.clf, Path(folder) / bco_udm.CLF_NAME, compress=True)
-        return folder
+            joblib.dump(self.clf, folder / bco_udm.CLF_NAME, compress=True)
 
     def _resume(self, checkpoint: str | bool) -> int:
         """The Trainer's resume plus, when the checkpoint has them, the running reward moments and, under UDM, the
