@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-from tests.helpers.bco import DATA as UNPAIRED_ROWS
+from tests.helpers.data import UNPAIRED as UNPAIRED_ROWS
 from tests.helpers.scripts import WORDS, assert_hf_loadable, preference_rows, write_jsonl
 from tests.helpers.tokenizers import CHAT_TEMPLATE
 from torchlike import cli
