@@ -52,6 +52,13 @@ def tokenizer_dir(tmp_path_factory):
     return tiny.build_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
+@pytest.fixture(scope="session")
+def pad_tokenizer_dir(tmp_path_factory):
+    """The tests' tokenizer with ``<pad>`` as its pad token (TRL pads with the eos token otherwise); its BOS is
+    ``<s>``."""
+    return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
+
+
 @pytest.fixture
 def tokenizer(tokenizer_dir):
     """torchlike's tokenizer of ``tokenizer_dir``, a fresh one per test."""

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import torchlike
-from tests import tiny
 from tests.helpers.bco import DATA, EVAL_DATA, prompt_features
 from tests.helpers.legacy_trl import require_legacy_trl, run_legacy_trl
 from tests.helpers.logs import evaluated, logged
@@ -82,13 +81,6 @@ BCO_FIELDS = ("learning_rate", "logging_steps", "gradient_checkpointing", "bf16"
               "max_completion_length", "beta", "disable_dropout", "generate_during_eval", "is_encoder_decoder",
               "precompute_ref_log_probs", "model_init_kwargs", "dataset_num_proc", "prompt_sample_size",
               "min_density_ratio", "max_density_ratio")
-
-
-@pytest.fixture(scope="module")
-def pad_tokenizer_dir(tmp_path_factory):
-    """The tests' tokenizer with ``<pad>`` as its pad token (TRL's BCO collator pads with it; it has ``<s>`` as BOS,
-    which BCO's tokenisation puts before each prompt)."""
-    return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
 
 
 @pytest.fixture(scope="module")

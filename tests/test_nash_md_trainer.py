@@ -73,12 +73,6 @@ np.savez(arguments["output_dir"] + "/weights.npz",
 """
 
 
-@pytest.fixture(scope="module")
-def pad_tokenizer_dir(tmp_path_factory):
-    """The tests' tokenizer with ``<pad>`` as its pad token (TRL would pad with the eos token otherwise)."""
-    return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
-
-
 def script_arguments() -> tuple[int, int, int]:
     return MAX_NEW_TOKENS, tiny.VOCAB, tiny.EOS
 
