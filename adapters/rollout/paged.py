@@ -44,6 +44,7 @@ from ..distributed import mesh as mesh_lib
 from ..distributed.multihost import gather_to_host
 from ..lora import runtime as lora_runtime
 from ..model.tunix_model import image_blocks, positions_from_mask
+from ..runtime.float32_dots import float32_dots
 from ..runtime.tracing import record_trace, traced_cheaply
 from .engine import RequestOutput, RolloutRequest, request_images
 from .pages import TRASH_PAGE, PagePool
@@ -179,7 +180,7 @@ class _Slot:
 
 
 def _forward(module, tokens, positions, cache, mask, **inputs):
-    logits, cache = module(tokens, positions, cache, mask, **inputs)
+    logits, cache = float32_dots(module)(tokens, positions, cache, mask, **inputs)
     return logits.astype(jnp.float32), cache
 
 
