@@ -12,10 +12,10 @@ down to finish in about 10 minutes on 2 cores: 8 prompts x 4 generations, 128 ne
 Random weights sample every token alike, so the checkpoint gets an *end-token feature*: hidden dimension 0 of the
 residual stream is a constant (every embedding row holds it, no layer writes to it, the layers' norms ignore it),
 so after the final norm it is a positive input to the logits that the tokens change little, and the end token's
-``lm_head`` row reads only it. Its weight is set on a forward pass of random ids, at the positions completions take,
-so that a token ends a completion with the per-step probability that gives a median length of ``N / 4`` (lengths
-then spread geometrically: most completions are short, a few run to ``N``, as GRPO rollouts do). The measured
-length distribution is printed for every side.
+``lm_head`` row reads only it. Its weight is set on a forward pass of 16 rows of random ids, at the positions
+completions take, so that half of those rows would end within ``N / 4`` tokens (lengths then spread about
+geometrically: most completions are short, a few run to ``N``, as GRPO rollouts do). The measured length
+distribution is printed for every side.
 
 Sides, on the same requests in the same process:
 
@@ -109,22 +109,26 @@ SAMPLING = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)  # TRL GRPO
 # --------------------------------------------------------------------------- the checkpoint
 
 
-def end_probability(new_tokens: int) -> float:
-    """The per-step end probability whose geometric length distribution has median ``new_tokens / 4``."""
-    return 1.0 - 0.5 ** (4.0 / new_tokens)
+CALIBRATION_ROWS = 16
 
 
-def end_weight(feature: Any, others: Any, target: float) -> float:
-    """The weight ``w`` whose mean end probability ``sigmoid(w * feature - others)`` over the calibration positions is
-    ``target`` (bisection; the mean, not the median, sets the geometric lengths' median when steps differ)."""
+def end_weight(feature: Any, others: Any, steps: int) -> float:
+    """The weight ``w`` at which half of the calibration rows would have ended within ``steps`` tokens: the mean
+    over rows of ``prod_t (1 - sigmoid(w * feature[r, t] - others[r, t]))`` over their first ``steps`` positions is
+    1/2 (bisection). Rows and positions differ in their end probability, so this sets the median length where one
+    mean probability per step would not."""
     import torch
 
+    def survival(weight: float) -> float:
+        ends = torch.sigmoid(weight * feature[:, :steps] - others[:, :steps]).double()
+        return float(torch.exp(torch.log1p(-ends).sum(dim=-1)).mean())
+
     low, high = 0.0, 1.0
-    while torch.sigmoid(high * feature - others).mean() < target:
+    while survival(high) > 0.5:
         high *= 2
     for _ in range(60):
         middle = (low + high) / 2
-        low, high = (middle, high) if torch.sigmoid(middle * feature - others).mean() < target else (low, middle)
+        low, high = (middle, high) if survival(middle) > 0.5 else (low, middle)
     return (low + high) / 2
 
 
@@ -149,20 +153,27 @@ def build_checkpoint(directory: Path, args: argparse.Namespace) -> dict[str, flo
         model.lm_head.weight[:, feature] = 0.0
         model.lm_head.weight[END_TOKEN, :] = 0.0
         # Calibrate on random ids (sampled tokens are near-uniform, so they look alike to the model), at the
-        # positions completions take: the feature after the norm drifts with the position.
+        # positions completions take: the feature after the norm drifts with the position. One row at a time:
+        # a row's logits at the gpu preset's vocabulary are 300 MB.
         width = args.prompt + args.new_tokens
-        ids = torch.from_numpy(np.random.default_rng(1).integers(3, args.vocab, size=(2, width)))
-        hidden = model.model(input_ids=ids).last_hidden_state[:, args.prompt:].reshape(-1, args.hidden)
-        logits = model.lm_head(hidden)
-        logits[:, END_TOKEN] = -math.inf
-        others = torch.logsumexp(logits, dim=-1)
-        target = end_probability(args.new_tokens)
-        weight = end_weight(hidden[:, feature], others, target)
+        ids = torch.from_numpy(np.random.default_rng(1).integers(3, args.vocab, size=(CALIBRATION_ROWS, width)))
+        features, others = [], []
+        for row in ids:
+            hidden = model.model(input_ids=row[None]).last_hidden_state[0, args.prompt:]
+            logits = model.lm_head(hidden)
+            logits[:, END_TOKEN] = -math.inf
+            features.append(hidden[:, feature])
+            others.append(torch.logsumexp(logits, dim=-1))
+        features, others = torch.stack(features), torch.stack(others)
+        quarter = max(args.new_tokens // 4, 1)
+        weight = end_weight(features, others, quarter)
         model.lm_head.weight[END_TOKEN, feature] = weight
+        mean_end = float(torch.sigmoid(weight * features[:, :quarter] - others[:, :quarter]).mean())
     model.generation_config.eos_token_id = END_TOKEN
     model.to(getattr(torch, args.dtype)).save_pretrained(directory)
-    return {"end_token": END_TOKEN, "end_weight": weight, "end_probability_per_step": target,
-            "feature_after_norm_median": float(torch.median(hidden[:, feature]))}
+    return {"end_token": END_TOKEN, "end_weight": weight, "calibration_rows": CALIBRATION_ROWS,
+            "median_length_aimed_at": quarter, "mean_end_probability_per_step": mean_end,
+            "feature_after_norm_median": float(torch.median(features))}
 
 
 # --------------------------------------------------------------------------- the workload

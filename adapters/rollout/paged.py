@@ -12,10 +12,11 @@ The split follows JetStream and vLLM: a scheduler in plain Python owns the reque
 - **admit** puts completions into free slots: each copies its request's last, partly filled prompt page (the full
   pages stay shared by every completion of the request), draws its first token from the request's logits with its
   own stream and starts its repetition-penalty memory;
-- **decode** advances every slot by one token. Each slot's pages are gathered into a view that ends where the
-  slot's tokens end (right-aligned, so a slot's tokens keep consecutive cache slots and the sliding-window layers
-  of Gemma 2/3/4 see them as ``transformers`` does), the Tunix decoder runs one step on that view, and the new
-  token's keys and values are written back to the slot's page.
+- **decode** advances every slot by ``decode_steps`` tokens. Each slot's pages are gathered once into a view that
+  ends where the slot's tokens end (right-aligned, so a slot's tokens keep consecutive cache slots and the
+  sliding-window layers of Gemma 2/3/4 see them as ``transformers`` does), the Tunix decoder runs the steps on that
+  view as the static sampler runs its cache, and the new tokens' keys and values are written to the slot's pages
+  after the last step.
 
 When a completion ends (an end token or its ``max_new_tokens``) its pages go back to the pool and its slot takes the
 next waiting completion, whose request is prefilled between two decode steps if it was not already. Admission
@@ -234,29 +235,51 @@ def _admit_program(programs: _Programs, pool, seen, logits, slots, tail_from, ta
     return tokens, logprobs, pool, seen
 
 
-def _step_on_pages(module, pool, tokens, lengths, page_table, active, view):
-    """Feeds ``tokens [R]`` at positions ``lengths [R]``, row ``r`` attending to its first ``lengths[r]`` tokens in
-    its pages ``page_table [R, W]``, and writes the fed tokens' keys and values to their pages (rows not
-    ``active`` write to the trash page). Returns ``(logits [R, V], pool)``."""
+def _gather_view(pool, lengths, page_table, view, extra):
+    """Each row's cached tokens gathered from its pages ``page_table [R, W]`` into a cache of ``view + extra``
+    columns, right-aligned: row ``r``'s ``lengths[r]`` tokens end at column ``view - 1`` (so its tokens keep
+    consecutive columns and the sliding-window layers of Gemma 2/3/4 see them as ``transformers`` does) and Tunix
+    writes the next fed tokens at columns ``view``, ``view + 1``... (its ``end_index``, the same for every row).
+
+    Returns ``(cache, cached [R, view + extra] bool: the columns holding the rows' tokens)``.
+    """
     rows, width = page_table.shape
     page_size = next(iter(pool.values()))["k"].shape[1]
-    # Column c of a row's view holds its token c - (view - length): the row's tokens end at column view - 1 and
-    # Tunix writes the fed token at column ``view`` (its end_index, the same for every row).
-    token_index = jnp.arange(view + 1)[None, :] - (view - lengths)[:, None]
+    token_index = jnp.arange(view)[None, :] - (view - lengths)[:, None]
     cached = (token_index >= 0) & (token_index < lengths[:, None])
     safe_index = jnp.clip(token_index, 0, width * page_size - 1)
     page = jnp.where(cached, jnp.take_along_axis(page_table, safe_index // page_size, axis=1), TRASH_PAGE)
     offset = jnp.where(cached, safe_index % page_size, 0)
-    cache = {name: {"k": pool[name]["k"][page, offset], "v": pool[name]["v"][page, offset],
+    padding = ((0, 0), (0, extra), (0, 0), (0, 0))
+    cache = {name: {"k": jnp.pad(pool[name]["k"][page, offset], padding),
+                    "v": jnp.pad(pool[name]["v"][page, offset], padding),
                     "end_index": jnp.full((rows,), view, jnp.int32)} for name in pool}
+    return cache, jnp.pad(cached, ((0, 0), (0, extra)))
+
+
+def _write_fed(pool, cache, lengths, page_table, fed, view):
+    """Writes the keys and values of the tokens fed at cache columns ``view + s`` (``s < fed.shape[1]``) to their
+    pages: row ``r``'s token ``s`` is at position ``lengths[r] + s``; those not ``fed [R, S]`` go to the trash
+    page."""
+    width = page_table.shape[1]
+    page_size = next(iter(pool.values()))["k"].shape[1]
+    positions = lengths[:, None] + jnp.arange(fed.shape[1])[None, :]
+    page = jnp.take_along_axis(page_table, jnp.minimum(positions // page_size, width - 1), axis=1)
+    page = jnp.where(fed, page, TRASH_PAGE)
+    offset = jnp.where(fed, positions % page_size, 0)
+    columns = slice(view, view + fed.shape[1])
+    return {name: {part: pool[name][part].at[page, offset].set(cache[name][part][:, columns])
+                   for part in ("k", "v")} for name in pool}
+
+
+def _step_on_pages(module, pool, tokens, lengths, page_table, active, view):
+    """Feeds ``tokens [R]`` at positions ``lengths [R]``, row ``r`` attending to its first ``lengths[r]`` tokens in
+    its pages ``page_table [R, W]``, and writes the fed tokens' keys and values to their pages (rows not
+    ``active`` write to the trash page). Returns ``(logits [R, V], pool)``."""
+    cache, cached = _gather_view(pool, lengths, page_table, view, 1)
     mask = cached.at[:, view].set(True)[:, None, :]
     logits, cache = _forward(module, tokens[:, None], lengths[:, None], cache, mask)
-    write_page = jnp.take_along_axis(page_table, jnp.minimum(lengths // page_size, width - 1)[:, None], axis=1)[:, 0]
-    write_page = jnp.where(active, write_page, TRASH_PAGE)
-    write_offset = jnp.where(active, lengths % page_size, 0)
-    pool = {name: {part: pool[name][part].at[write_page, write_offset].set(cache[name][part][:, view])
-                   for part in ("k", "v")} for name in pool}
-    return logits[:, 0], pool
+    return logits[:, 0], _write_fed(pool, cache, lengths, page_table, active[:, None], view)
 
 
 def _prefill_chunk_program(programs: _Programs, module, pool, chunk_ids, starts, counts, page_table):
@@ -286,22 +309,30 @@ def _prefill_chunk_program(programs: _Programs, module, pool, chunk_ids, starts,
 def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens, lengths, page_table, live, seeds,
                     samples, steps, limits, values, end_ids):
     """``programs.steps`` tokens for each of ``R`` rows, row ``r`` being slot ``slot_index[r]`` (``S``, out of
-    range, for padding). Each step feeds a row's last token at position ``lengths [R]``; a row stops once it draws
-    an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had).
+    range, for padding). Each step feeds a row's last token at position ``lengths [R]`` plus the step; a row stops
+    once it draws an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had).
+
+    The rows' pages are gathered once into a right-aligned cache (:func:`_gather_view`) that the steps extend as
+    the static sampler's does, and the fed tokens' keys and values go to their pages once, after the last step.
 
     Returns ``(tokens [R, steps], logprobs [R, steps], pool, seen)``, ``-1`` after a row stopped.
     """
-    slots = page_table.shape[0]
-    record_trace("generate", {"engine program": "decode", "slots": slots, "view": programs.view,
-                              "steps": programs.steps, "switches": programs.switches})
+    rows = page_table.shape[0]
+    view, count = programs.view, programs.steps
+    record_trace("generate", {"engine program": "decode", "slots": rows, "view": view, "steps": count,
+                              "switches": programs.switches})
     graphdef, state = nnx.split(module)
     temperature = values.temperature if programs.switches.do_sample else 1.0
+    cache, cached = _gather_view(pool, lengths, page_table, view, count)
+    columns = jnp.arange(view + count)[None, :]
 
     def one_step(step, carry):
-        pool, seen, tokens, lengths, done, out_tokens, out_logprobs = carry
+        cache, seen, tokens, done, out_tokens, out_logprobs = carry
         active = live & ~done
-        logits, pool = _step_on_pages(nnx.merge(graphdef, state), pool, tokens, lengths, page_table, active,
-                                      programs.view)
+        mask = (cached | ((columns >= view) & (columns <= view + step)))[:, None, :]
+        logits, cache = _forward(nnx.merge(graphdef, state), tokens[:, None], (lengths + step)[:, None], cache,
+                                 mask)
+        logits = logits[:, 0]
         row_seen = seen.at[slot_index].get(mode="clip") if programs.switches.repetition_penalty else None
         drawn = choose_tokens_per_row(logits, stream_keys(seeds, samples, steps + step), programs.switches, values,
                                       row_seen)
@@ -312,13 +343,13 @@ def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens,
         out_tokens = out_tokens.at[:, step].set(jnp.where(active, drawn, -1))
         out_logprobs = out_logprobs.at[:, step].set(jnp.where(active, logprobs, 0.0))
         ended = jnp.isin(drawn, end_ids) | (steps + step + 1 >= limits)
-        return (pool, seen, jnp.where(active, drawn, tokens), lengths + active.astype(jnp.int32),
-                done | (active & ended), out_tokens, out_logprobs)
+        return cache, seen, jnp.where(active, drawn, tokens), done | (active & ended), out_tokens, out_logprobs
 
-    count = programs.steps
-    carry = (pool, seen, tokens, lengths, jnp.zeros_like(live), jnp.full((slots, count), -1, jnp.int32),
-             jnp.zeros((slots, count), jnp.float32))
-    pool, seen, _, _, _, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, one_step, carry)
+    carry = (cache, seen, tokens, jnp.zeros_like(live), jnp.full((rows, count), -1, jnp.int32),
+             jnp.zeros((rows, count), jnp.float32))
+    cache, seen, _, _, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, one_step, carry)
+    # A step's fed token is kept when the row was active at that step, i.e. drew a token there.
+    pool = _write_fed(pool, cache, lengths, page_table, out_tokens >= 0, view)
     return out_tokens, out_logprobs, pool, seen
 
 
@@ -717,7 +748,7 @@ class _Run:
             samples[row] = request.first_sample + slot.sample
             steps[row] = len(slot.tokens)
             limits[row] = request.max_new_tokens
-        programs = _Programs(self.switches, engine.lora, bucket_length(int(lengths.max()) + count), count)
+        programs = _Programs(self.switches, engine.lora, bucket_length(int(lengths.max())), count)
         arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps, limits)
         if self.sharding is not None:
             arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
