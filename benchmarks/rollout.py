@@ -47,7 +47,7 @@ full-length tokens/s.
 Run (from the repository root)::
 
     nice -n 10 .venv/bin/python benchmarks/rollout.py                  # CPU preset: 8 x 4, 128 new tokens
-    nice -n 10 .venv/bin/python benchmarks/rollout.py --preset cpu-refill   # 16 x 8, 256 new tokens, 32 slots
+    nice -n 10 .venv/bin/python benchmarks/rollout.py --preset cpu-refill   # 16 x 8, 256 new tokens, 64 slots
     .venv/bin/python benchmarks/rollout.py --preset gpu                # 64 x 8, 512 new tokens (the issue's)
     .venv/bin/python benchmarks/rollout.py --prompts 16 --new-tokens 64 --vocab 151936
 
@@ -97,7 +97,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # More completions than slots, so the paged engine refills its slots as completions end (the regime of the
     # issue's workload, which the "cpu" preset never reaches): about 15 minutes on 2 cores.
     "cpu-refill": dict(prompts=16, generations=8, new_tokens=256, prompt=128, layers=4, hidden=896, intermediate=4864,
-                       heads=14, kv_heads=2, vocab=32000, dtype="bfloat16", max_num_seqs=32),
+                       heads=14, kv_heads=2, vocab=32000, dtype="bfloat16", max_num_seqs=64),
 }
 END_TOKEN = 2  # tiny_config's eos id; prompts draw ids from 3 up
 END_FEATURE = 0  # the hidden dimension that carries the end-token feature
@@ -384,7 +384,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the preset's")
     parser.add_argument("--max-num-seqs", type=int, help="paged engine slots (default: every completion)")
     parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--decode-steps", type=int, default=8, help="paged engine tokens per decode call")
+    parser.add_argument("--decode-steps", type=int, default=16, help="paged engine tokens per decode call")
     parser.add_argument("--kv-cache-tokens", type=int, help="paged engine pool (default: the engine's sizing)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma-separated sides to leave out: paged, static, "

@@ -155,6 +155,9 @@ def test_pages_in_use_track_the_live_tokens_and_are_all_freed(wandering_qwen2):
     assert stats.peak_pages_in_use < stats.pages
     # Completions of different length: the pages held fall as completions end.
     assert in_use[-1] < in_use.max()
+    # As they end, the decode program shrinks: never more than twice the live completions' rows.
+    assert all(live <= rows < 2 * live for live, rows in stats.decode_rows)
+    assert {rows for _, rows in stats.decode_rows} >= {slots, slots // 2}
 
 
 def test_a_pool_smaller_than_the_static_batch_runs_the_workload(wandering_qwen2):

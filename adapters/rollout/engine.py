@@ -12,8 +12,9 @@ Every request carries its own PRNG stream: completion ``i`` of a request with se
 share the call, their order, or how an engine batches them.
 
 Two engines implement the protocol: :class:`StaticEngine` (one left-padded batch decoded to its longest row in one
-program: the trainers' default, the fastest at the shapes measured in ``benchmarks/rollout.py``) and
-:class:`~.paged.PagedEngine` (paged KV cache, continuous batching, shared prompts: a fraction of the KV memory).
+program: the trainers' default, the fewest programs to compile) and :class:`~.paged.PagedEngine` (paged KV cache,
+continuous batching, shared prompts: a fraction of the KV memory, and faster when completion lengths are long-tailed,
+as ``benchmarks/rollout.py`` measures).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class PagedEngineConfig:
     page_size: int = 16
     kv_cache_tokens: int | None = None
     max_prefill_requests: int = 8
-    decode_steps: int = 8
+    decode_steps: int = 16
     max_num_batched_tokens: int = 2048
 
     @classmethod
@@ -114,6 +114,7 @@ class EngineStats:
         slot_steps: tokens the decode steps added to live completions.
         row_steps: rows the decode steps ran (live completions, those that ended within the call, and padding to
             the program's row count), summed.
+        decode_rows: ``(live completions, program rows)`` of each decode call.
         pages: pages in the pool (the trash page excluded); page_size: tokens per page.
         peak_pages_in_use: the most pages held at once.
         pages_in_use_per_step: pages held after each decode step.
@@ -128,6 +129,7 @@ class EngineStats:
     decode_steps: int = 0
     slot_steps: int = 0
     row_steps: int = 0
+    decode_rows: list[tuple[int, int]] = field(default_factory=list)
     pages: int = 0
     page_size: int = 0
     peak_pages_in_use: int = 0
@@ -710,11 +712,12 @@ class _Run:
             self.fed[slot_index] = token
 
     def _decode_rows(self, live: int) -> int:
-        """The rows of the decode program for ``live`` completions: the slot count divided by 4 while that still
-        holds them (and the mesh's data shards), so a long tail of few completions runs a small program."""
+        """The rows of the decode program for ``live`` completions: the slot count halved while that still holds
+        them (and the mesh's data shards), so the rows run are never more than twice the live ones (the slot count
+        aside) and a long tail of few completions runs a small program."""
         rows = self.num_slots
-        while rows // 4 >= max(live, self.parallel) and (rows // 4) % self.parallel == 0:
-            rows //= 4
+        while rows // 2 >= max(live, self.parallel) and (rows // 2) % self.parallel == 0:
+            rows //= 2
         return rows
 
     def _decode_step(self, live: list[int]) -> None:
@@ -759,6 +762,7 @@ class _Run:
         stats.decode_calls += 1
         stats.decode_steps += count
         stats.row_steps += rows * count
+        stats.decode_rows.append((len(live), rows))
         produced = (tokens[:len(live)] >= 0).sum(axis=1)
         stats.slot_steps += int(produced.sum())
         for row, index in enumerate(live):

@@ -255,9 +255,9 @@ class GRPOConfig(OnlineRLConfig):
         max_prompt_length (`int`, *optional*): torchlike only; removed from TRL in 0.28 and accepted here with a
             ``FutureWarning``: longer prompts keep their last ``max_prompt_length`` tokens.
         rollout_engine (`str`, defaults to ``"static"``): torchlike only. ``"static"``: one left-padded batch decoded
-            to its longest row in one program (the fastest at the shapes ``benchmarks/rollout.py`` measures);
-            ``"paged"``: the paged, continuously batched engine (``torchlike.adapters.rollout``: a fraction of the KV
-            memory, for generation batches a static batch cannot hold).
+            to its longest row in one program (the fewest programs to compile); ``"paged"``: the paged, continuously
+            batched engine (``torchlike.adapters.rollout``: a fraction of the KV memory, and faster when completion
+            lengths are long-tailed, as ``benchmarks/rollout.py`` measures).
         rollout_max_num_seqs (`int`, defaults to 256): torchlike only; completions decoded together (vLLM's
             ``max_num_seqs``); the others wait for a slot.
         rollout_page_size (`int`, defaults to 16): torchlike only; tokens per KV-cache page (vLLM's ``block_size``).

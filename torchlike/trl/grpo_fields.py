@@ -188,10 +188,11 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "transformers_continuous_batching_config": ignored(_NO_TORCH_GENERATION),
     "use_transformers_paged": ignored(_NO_TORCH_GENERATION),
     # --- removed from TRL, kept by torchlike ---
-    "rollout_engine": honoured("torchlike: 'static' (the default, the fastest at the measured shapes) samples with "
+    "rollout_engine": honoured("torchlike: 'static' (the default, the fewest compiled programs) samples with "
                                "one left-padded batch decoded to its longest row in one program; 'paged' with the "
                                "paged, continuously batched engine (torchlike.adapters.rollout: pages freed as "
-                               "completions end, one prefill per prompt group, a fraction of the KV memory)."),
+                               "completions end, one prefill per prompt group, a fraction of the KV memory; faster "
+                               "when completion lengths are long-tailed)."),
     "rollout_max_num_seqs": honoured("torchlike: completions decoded together (vLLM's max_num_seqs); the others "
                                      "wait and take the slots of completions that end."),
     "rollout_page_size": honoured("torchlike: tokens per KV-cache page (vLLM's block_size)."),
