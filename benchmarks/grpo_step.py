@@ -26,11 +26,12 @@ set to whether it is bfloat16: the cpu preset is a float32 comparison):
     ``trl.GRPOTrainer`` on ``transformers.AutoModelForCausalLM`` (sdpa) from the same directory, a ``datasets.Dataset``
     of the same prompts, ``trl.GRPOConfig(use_cpu=<cpu preset>, bf16=<bf16 preset>, report_to="none", ...)``;
     generation with ``model.generate`` (``use_vllm=False``).
-``torchlike_static``, ``torchlike_async``
-    torchlike with ``rollout_engine="static"`` (one left-padded batch decoded to its longest row, the sampler the paged
-    engine replaced) and with ``max_staleness=1`` (the next generation batch sampled while the current one trains);
-    ``vs static`` is a side's median over ``torchlike_static``'s (goals: the paged engine <= 0.6x, sampling ahead
-    <= 1 / 1.3 of the synchronous paged step).
+``torchlike_static``, ``torchlike_paged``, ``torchlike_async``
+    torchlike with ``rollout_engine="static"`` (one left-padded batch decoded to its longest row), with
+    ``rollout_engine="paged"`` (the paged, continuously batched engine) and with the paged engine and
+    ``max_staleness=1`` (the next generation batch sampled while the current one trains); ``vs static`` is a side's
+    median over ``torchlike_static``'s (goals: the paged engine <= 0.6x, sampling ahead <= 1 / 1.3 of the synchronous
+    paged step).
 ``tunix``
     The Tunix Qwen2 from ``tunix.models.qwen2.params.create_model_from_safe_tensors`` (same weights,
     ``ModelConfig(remat_config=RematConfig.DECODER)``; the rollout runs the same module), the HF tokenizer
@@ -122,11 +123,12 @@ from benchmarks.harness import (  # noqa: E402  (after the path set-up above)
 )
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "grpo_step.json"
-SIDES = ("torchlike", "torchlike_static", "torchlike_async", "trl", "tunix")
-# torchlike's rollout settings per side: the default paged engine, the static batch sampler it replaced, and the paged
-# engine sampling the next generation batch while the current one trains.
+SIDES = ("torchlike", "torchlike_static", "torchlike_paged", "torchlike_async", "trl", "tunix")
+# torchlike's rollout settings per side: GRPOConfig's defaults, the static batch sampler, the paged engine, and the
+# paged engine sampling the next generation batch while the current one trains.
 TORCHLIKE_ROLLOUTS: dict[str, dict[str, Any]] = {"torchlike": {}, "torchlike_static": {"rollout_engine": "static"},
-                                                 "torchlike_async": {"max_staleness": 1}}
+                                                 "torchlike_paged": {"rollout_engine": "paged"},
+                                                 "torchlike_async": {"rollout_engine": "paged", "max_staleness": 1}}
 # build_word_tokenizer's words: ids 0-3 are its special tokens, id i >= 4 is the word t<i>. Not imported from
 # torchlike.testing here: importing torchlike tunes the allocator, and the TRL child imports this module.
 FIRST_WORD_ID = 4
