@@ -218,13 +218,11 @@ def sample_categorical(key: jax.Array, scores: jax.Array) -> jax.Array:
 def first_argmax(scores: jax.Array) -> jax.Array:
     """``argmax`` over the last axis (the first index on ties, as ``torch.argmax``): ``[B]`` int32.
 
-    Written as a max and a min because ``jnp.argmax`` lowers to a variadic reduction that XLA's
-    CPU backend runs much slower, a visible share of a small model's decode step.
+    ``jnp.argmax`` reduces values and indices together. A maximum taken first and then compared with the scores is
+    not safe: XLA may compute the scores (a log-softmax, say) once for the maximum and again for the comparison, with
+    different roundings, so that no score equals the maximum.
     """
-    best = jnp.max(scores, axis=-1, keepdims=True)
-    index = jnp.arange(scores.shape[-1], dtype=jnp.int32)
-    first = jnp.min(jnp.where(scores == best, index, scores.shape[-1] - 1), axis=-1)
-    return first.astype(jnp.int32)
+    return jnp.argmax(scores, axis=-1).astype(jnp.int32)
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: jax.Array | float = 1.0) -> jax.Array:
