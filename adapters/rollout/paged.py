@@ -19,7 +19,7 @@ The split follows JetStream and vLLM: a scheduler in plain Python owns the reque
   after the last step.
 
 When a completion ends (an end token or its ``max_new_tokens``) its pages go back to the pool and its slot takes the
-next waiting completion, whose request is prefilled between two decode steps if it was not already. Admission
+next waiting completion, whose request is prefilled between two decode calls if it was not already. Admission
 reserves a completion's worst case (its prompt's last page plus ``max_new_tokens``) so a running completion never
 waits for a page, while pages are handed out only as tokens arrive: the pages in use track the live tokens.
 

@@ -265,7 +265,7 @@ class GRPOConfig(OnlineRLConfig):
             slot and prompt (what ``vllm_gpu_memory_utilization`` sizes in vLLM). ``None``: room for every slot's
             longest completion.
         rollout_max_num_batched_tokens (`int`, defaults to 2048): torchlike only; with ``rollout_engine="paged"``, the
-            most prompt tokens prefilled between two decode steps (vLLM's ``max_num_batched_tokens``): a longer prompt
+            most prompt tokens prefilled between two decode calls (vLLM's ``max_num_batched_tokens``): a longer prompt
             is prefilled in chunks while the running completions keep decoding.
         max_staleness (`int`, defaults to 0): torchlike only (TRL's ``AsyncGRPOConfig`` name). ``0``: each generation
             batch is sampled with the current policy before it trains (synchronous, as ``GRPOTrainer``). ``>= 1``:

@@ -197,7 +197,7 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                      "wait and take the slots of completions that end."),
     "rollout_page_size": honoured("torchlike: tokens per KV-cache page (vLLM's block_size)."),
     "rollout_max_num_batched_tokens": honoured("torchlike: the most prompt tokens the paged engine prefills between "
-                                               "two decode steps (vLLM's max_num_batched_tokens); longer prompts are "
+                                               "two decode calls (vLLM's max_num_batched_tokens); longer prompts are "
                                                "prefilled in chunks while the running completions keep decoding."),
     "max_staleness": honoured("torchlike (TRL's AsyncGRPOConfig name): 0 samples each generation batch before it "
                               "trains; >= 1 samples the next one while the current one trains (the optimizer "
