@@ -204,15 +204,16 @@ def sample_categorical(key: jax.Array, scores: jax.Array) -> jax.Array:
     blocks = jnp.pad(weights, ((0, 0), (0, -count % block))).reshape(scores.shape[0], -1, block)
     sums = jnp.sum(blocks, axis=-1)
     running = jnp.cumsum(sums, axis=-1)
-    target = jax.random.uniform(key, (scores.shape[0], 1), jnp.float32) * running[:, -1:]
+    total = running[:, -1:]
+    # Below the total, so the block chosen has weight (a product that rounds up to the total would pick past it).
+    target = jnp.minimum(jax.random.uniform(key, total.shape, jnp.float32) * total, jnp.nextafter(total, 0.0))
     chosen = jnp.minimum(jnp.sum(running <= target, axis=-1), sums.shape[-1] - 1)[:, None]
     before = jnp.take_along_axis(running - sums, chosen, axis=-1)
-    inside = jnp.cumsum(jnp.take_along_axis(blocks, chosen[:, :, None], axis=1)[:, 0], axis=-1) + before
-    picked = chosen[:, 0] * block + jnp.minimum(jnp.sum(inside <= target, axis=-1), block - 1)
-    # Rounding can put the target past the last token with weight (once in about 2**24 draws): take the best one.
-    picked = jnp.minimum(picked, count - 1)
-    usable = jnp.take_along_axis(weights, picked[:, None], axis=-1)[:, 0] > 0
-    return jnp.where(usable, picked, first_argmax(scores)).astype(jnp.int32)
+    members = jnp.take_along_axis(blocks, chosen[:, :, None], axis=1)[:, 0]
+    inside = jnp.cumsum(members, axis=-1) + before
+    # Rounding can put the target past the block's last token with weight (about once in 2**24 draws): that one.
+    last = block - 1 - jnp.argmax(members[:, ::-1] > 0, axis=-1)
+    return (chosen[:, 0] * block + jnp.minimum(jnp.sum(inside <= target, axis=-1), last)).astype(jnp.int32)
 
 
 def first_argmax(scores: jax.Array) -> jax.Array:
