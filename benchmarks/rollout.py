@@ -88,14 +88,14 @@ if TYPE_CHECKING:
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "rollout.json"
 PRESETS: dict[str, dict[str, Any]] = {
-    # Scaled down so the script takes about 10 minutes on 2 cores: XLA:CPU's bfloat16 matmuls are slow, and the
-    # 151936-row lm_head is most of a decode step's weights.
+    # Scaled down for 2 cores: the 151936-row lm_head is most of a decode step's weights, and the transformers
+    # sides take most of the run.
     "cpu": dict(prompts=8, generations=4, new_tokens=128, prompt=128, layers=4, hidden=896, intermediate=4864,
                 heads=14, kv_heads=2, vocab=32000, dtype="bfloat16"),
     "gpu": dict(prompts=64, generations=8, new_tokens=512, prompt=128, layers=4, hidden=896, intermediate=4864,
                 heads=14, kv_heads=2, vocab=151936, dtype="bfloat16"),
     # More completions than slots, so the paged engine refills its slots as completions end (the regime of the
-    # issue's workload, which the "cpu" preset never reaches): about 15 minutes on 2 cores.
+    # issue's workload, which the "cpu" preset never reaches): about 10 minutes on 2 cores.
     "cpu-refill": dict(prompts=16, generations=8, new_tokens=256, prompt=128, layers=4, hidden=896, intermediate=4864,
                        heads=14, kv_heads=2, vocab=32000, dtype="bfloat16", max_num_seqs=64),
 }
@@ -383,8 +383,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{name}", type=int, help="default: the preset's")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the preset's")
     parser.add_argument("--max-num-seqs", type=int, help="paged engine slots (default: every completion)")
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--decode-steps", type=int, default=16, help="paged engine tokens per decode call")
+    parser.add_argument("--page-size", type=int, help="paged engine tokens per page (default: the engine's)")
+    parser.add_argument("--decode-steps", type=int,
+                        help="paged engine tokens per decode call (default: the engine's)")
     parser.add_argument("--kv-cache-tokens", type=int, help="paged engine pool (default: the engine's sizing)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma-separated sides to leave out: paged, static, "
@@ -455,8 +456,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model = torchlike.AutoModelForCausalLM.from_pretrained(folder, dtype=args.dtype)
     print(f"checkpoint built and loaded by both libraries in {time.perf_counter() - start:.1f} s", flush=True)
 
-    paged_config = PagedEngineConfig(max_num_seqs=args.max_num_seqs, page_size=args.page_size,
-                                     kv_cache_tokens=args.kv_cache_tokens, decode_steps=args.decode_steps)
+    chosen = {"page_size": args.page_size, "decode_steps": args.decode_steps}
+    paged_config = PagedEngineConfig(max_num_seqs=args.max_num_seqs, kv_cache_tokens=args.kv_cache_tokens,
+                                     **{name: value for name, value in chosen.items() if value is not None})
     engines = {
         "paged": lambda: PagedEngine(model.module, paged_config, eos_token_ids=[END_TOKEN]),
         "static": lambda: StaticEngine(model.module, eos_token_ids=[END_TOKEN]),
