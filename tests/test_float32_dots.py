@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.extend import core
 
 import torchlike
@@ -78,3 +79,40 @@ def test_float32_dots_and_nested_programs():
     assert [a.dtype for a in got] == [a.dtype for a in want]
     np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
     np.testing.assert_array_equal(got[1], want[1])
+
+
+def table_conversions(hlo: str, table_shape: tuple[int, ...]) -> int:
+    """Instructions of an optimized XLA program that convert a bfloat16 ``table_shape`` array to float32."""
+    dims = ",".join(str(size) for size in table_shape)
+    return sum(1 for line in hlo.splitlines() if f" = f32[{dims}]" in line and "convert" in line)
+
+
+def test_embedding_rows_are_gathered_from_the_tables_bits(bf16_forward, monkeypatch):
+    """XLA:CPU converts a whole bfloat16 table to float32 before gathering rows from it, and hoists that out of a
+    decode loop: once per program call. With ``gather_tables`` the rows come from the table's bits (same values),
+    and the compiled loop converts no table."""
+    module, (tokens, positions, cache, mask) = bf16_forward
+    tables = f32.gather_tables(module)
+    table = module.embedder.input_embedding.get_value()
+    assert list(tables) == [("embedder", "input_embedding")]
+    assert tables[("embedder", "input_embedding")].dtype == jnp.uint16
+
+    graphdef, state = nnx.split(module)
+
+    def loop(state, tables, tokens):  # the weights are arguments, as in the engines' programs
+        def step(_, carry):
+            tokens, total = carry
+            logits, _ = f32.float32_dots(nnx.merge(graphdef, state), tables)(tokens, positions, cache, mask)
+            return jnp.argmax(logits[:, -1], -1)[:, None].astype(jnp.int32), total + logits.sum()
+        return jax.lax.fori_loop(0, 4, step, (tokens, jnp.float32(0)))
+
+    with_bits = jax.jit(loop).lower(state, tables, tokens).compile()
+    without = jax.jit(loop).lower(state, {}, tokens).compile()
+    assert table_conversions(without.as_text(), table.shape) >= 1  # what the bits are for
+    assert table_conversions(with_bits.as_text(), table.shape) == 0
+    got, want = with_bits(state, tables, tokens), without(state, {}, tokens)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    assert float(got[1]) == float(want[1])
+
+    monkeypatch.setenv(f32.ENV, "0")
+    assert f32.gather_tables(module) == {}

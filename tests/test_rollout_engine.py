@@ -6,6 +6,7 @@ static batch would need."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -16,6 +17,7 @@ from tests import tiny
 from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest, StaticEngine
 from torchlike.adapters.rollout.sampling import cache_size
 from torchlike.adapters.rollout.sampling_settings import SamplingSettings
+from torchlike.adapters.runtime.tracing import TRACE_COUNTS
 
 FAMILIES = ["qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe"]
 PROMPT_LENGTHS = (5, 17, 9, 30, 3)
@@ -125,6 +127,32 @@ def test_paged_engine_equals_the_static_batch_sampler(wandering_qwen2):
         assert [row.tolist() for row in ours.token_ids] == [row.tolist() for row in theirs.token_ids]
         assert ours.ended == theirs.ended
         np.testing.assert_allclose(np.concatenate(ours.logprobs), np.concatenate(theirs.logprobs), atol=1e-5)
+
+
+def test_each_program_compiles_once_per_trace_and_a_second_call_compiles_nothing(wandering_qwen2):
+    """The pool and the penalty memory start committed to the device, as the programs' outputs that replace them
+    are: an uncommitted first version compiled the programs that take it a second time, on the same trace (the
+    pool's within the next call)."""
+    _, model = wandering_qwen2
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=3),
+                         eos_token_ids=[7])
+    requests = [RolloutRequest(prompt, NEW_TOKENS - 1, num_samples=2, seed=5) for prompt in prompts()]
+    lowered = []
+
+    def listen(event: str, duration: float, fun_name: str = "", **_: object) -> None:
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration" and fun_name.endswith("_program)"):
+            lowered.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        traces = TRACE_COUNTS["generate"]
+        engine.generate(requests, SAMPLING)
+        assert len(lowered) == TRACE_COUNTS["generate"] - traces, lowered
+        lowered.clear()
+        engine.generate(requests, SAMPLING)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert lowered == []
 
 
 def test_a_prompt_group_is_prefilled_once_not_once_per_completion(wandering_qwen2):

@@ -45,7 +45,7 @@ from ..distributed import mesh as mesh_lib
 from ..distributed.multihost import gather_to_host
 from ..lora import runtime as lora_runtime
 from ..model.tunix_model import image_blocks, positions_from_mask
-from ..runtime.float32_dots import float32_dots
+from ..runtime.float32_dots import float32_dots, gather_tables
 from ..runtime.tracing import record_trace, traced_cheaply
 from .engine import RequestOutput, RolloutRequest, request_images
 from .pages import TRASH_PAGE, PagePool
@@ -182,12 +182,12 @@ class _Slot:
 # --------------------------------------------------------------------------- programs
 
 
-def _forward(module, tokens, positions, cache, mask, **inputs):
-    logits, cache = float32_dots(module)(tokens, positions, cache, mask, **inputs)
+def _forward(module, tables, tokens, positions, cache, mask, **inputs):
+    logits, cache = float32_dots(module, tables)(tokens, positions, cache, mask, **inputs)
     return logits.astype(jnp.float32), cache
 
 
-def _prefill_program(programs: _Programs, module, pool, prompt_ids, prompt_mask, page_index, page_offset,
+def _prefill_program(programs: _Programs, module, tables, pool, prompt_ids, prompt_mask, page_index, page_offset,
                      images=None, token_types=None):
     """Runs left-padded prompts ``[G, P]`` once, writes their keys/values to ``(page_index, page_offset) [G, P]``
     (the trash page for padding) and returns ``(last logits [G, V], pool)``. ``images`` ``[G, N, H, W, C]`` and
@@ -206,8 +206,8 @@ def _prefill_program(programs: _Programs, module, pool, prompt_ids, prompt_mask,
     if images is not None:
         attention = attention | image_blocks(token_types)[:, :head]
         inputs = {"images": images}
-    _, cache = _forward(module, prompt_ids[:, :head], positions[:, :head], cache, attention, **inputs)
-    logits, cache = _forward(module, prompt_ids[:, head:], positions[:, head:], cache,
+    _, cache = _forward(module, tables, prompt_ids[:, :head], positions[:, :head], cache, attention, **inputs)
+    logits, cache = _forward(module, tables, prompt_ids[:, head:], positions[:, head:], cache,
                              prompt_mask[:, None, :])
     pool = {name: {part: pool[name][part].at[page_index, page_offset].set(cache[name][part]) for part in ("k", "v")}
             for name in pool}
@@ -274,17 +274,17 @@ def _write_fed(pool, cache, lengths, page_table, fed, view):
                    for part in ("k", "v")} for name in pool}
 
 
-def _step_on_pages(module, pool, tokens, lengths, page_table, active, view):
+def _step_on_pages(module, tables, pool, tokens, lengths, page_table, active, view):
     """Feeds ``tokens [R]`` at positions ``lengths [R]``, row ``r`` attending to its first ``lengths[r]`` tokens in
     its pages ``page_table [R, W]``, and writes the fed tokens' keys and values to their pages (rows not
     ``active`` write to the trash page). Returns ``(logits [R, V], pool)``."""
     cache, cached = _gather_view(pool, lengths, page_table, view, 1)
     mask = cached.at[:, view].set(True)[:, None, :]
-    logits, cache = _forward(module, tokens[:, None], lengths[:, None], cache, mask)
+    logits, cache = _forward(module, tables, tokens[:, None], lengths[:, None], cache, mask)
     return logits[:, 0], _write_fed(pool, cache, lengths, page_table, active[:, None], view)
 
 
-def _prefill_chunk_program(programs: _Programs, module, pool, chunk_ids, starts, counts, page_table):
+def _prefill_chunk_program(programs: _Programs, module, tables, pool, chunk_ids, starts, counts, page_table):
     """Continues prompts whose first ``starts [G]`` tokens are in their pages ``page_table [G, W]``: feeds row
     ``g``'s next ``counts[g]`` tokens ``chunk_ids [G, C]`` one at a time through the decode step's page view
     (:func:`_step_on_pages`: a multi-token call cannot continue a cache in every Tunix family, see
@@ -300,7 +300,7 @@ def _prefill_chunk_program(programs: _Programs, module, pool, chunk_ids, starts,
 
     def one_token(step, carry):
         pool, last = carry
-        logits, pool = _step_on_pages(nnx.merge(graphdef, state), pool, chunk_ids[:, step], starts + step,
+        logits, pool = _step_on_pages(nnx.merge(graphdef, state), tables, pool, chunk_ids[:, step], starts + step,
                                       page_table, step < counts, programs.view)
         return pool, jnp.where((step == counts - 1)[:, None], logits, last)
 
@@ -308,8 +308,8 @@ def _prefill_chunk_program(programs: _Programs, module, pool, chunk_ids, starts,
     return last, pool
 
 
-def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens, lengths, page_table, live, seeds,
-                    samples, steps, limits, values, end_ids):
+def _decode_program(programs: _Programs, module, tables, pool, seen, slot_index, tokens, lengths, page_table, live,
+                    seeds, samples, steps, limits, values, end_ids):
     """``programs.steps`` tokens for each of ``R`` rows, row ``r`` being slot ``slot_index[r]`` (``S``, out of
     range, for padding). Each step feeds a row's last token at position ``lengths [R]`` plus the step; a row stops
     once it draws an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had).
@@ -332,7 +332,7 @@ def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens,
         cache, seen, tokens, done, out_tokens, out_logprobs = carry
         active = live & ~done
         mask = (cached | ((columns >= view) & (columns <= view + step)))[:, None, :]
-        logits, cache = _forward(nnx.merge(graphdef, state), tokens[:, None], (lengths + step)[:, None], cache,
+        logits, cache = _forward(nnx.merge(graphdef, state), tables, tokens[:, None], (lengths + step)[:, None], cache,
                                  mask)
         logits = logits[:, 0]
         row_seen = seen.at[slot_index].get(mode="clip") if programs.switches.repetition_penalty else None
@@ -355,10 +355,10 @@ def _decode_program(programs: _Programs, module, pool, seen, slot_index, tokens,
     return out_tokens, out_logprobs, pool, seen
 
 
-_prefill = traced_cheaply(nnx.jit(_prefill_program, static_argnums=(0,), donate_argnums=(2,)))
-_prefill_chunk = traced_cheaply(nnx.jit(_prefill_chunk_program, static_argnums=(0,), donate_argnums=(2,)))
+_prefill = traced_cheaply(nnx.jit(_prefill_program, static_argnums=(0,), donate_argnums=(3,)))
+_prefill_chunk = traced_cheaply(nnx.jit(_prefill_chunk_program, static_argnums=(0,), donate_argnums=(3,)))
 _admit = traced_cheaply(jax.jit(_admit_program, static_argnums=(0,), donate_argnums=(1, 2)))
-_decode = traced_cheaply(nnx.jit(_decode_program, static_argnums=(0,), donate_argnums=(2, 3)))
+_decode = traced_cheaply(nnx.jit(_decode_program, static_argnums=(0,), donate_argnums=(3, 4)))
 
 
 def _power_of_two(count: int) -> int:
@@ -432,13 +432,12 @@ class PagedEngine:
         if self._pool is None or self._pool_pages != pages:
             shapes = jax.eval_shape(lambda: init_cache(self.module, 1, 1))
             page_size = self.config.page_size
-            sharding = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec())
 
             def zeros():
                 return {name: {part: jnp.zeros((pages, page_size, *entry[part].shape[2:]), entry[part].dtype)
                                for part in ("k", "v")} for name, entry in shapes.items()}
 
-            self._pool = jax.jit(zeros, out_shardings=sharding)()
+            self._pool = jax.jit(zeros, out_shardings=self._replicated())()
             self._pool_pages = pages
         entries = [entry[part] for entry in self._pool.values() for part in ("k", "v")]
         self.stats.kv_bytes_per_token = int(sum(array.dtype.itemsize * np.prod(array.shape[2:]) for array in entries))
@@ -447,6 +446,19 @@ class PagedEngine:
 
     def _keep_pool(self, pool: dict, pages: int) -> None:
         self._pool, self._pool_pages = pool, pages
+
+    def _replicated(self) -> jax.sharding.Sharding:
+        """Where the engine's own arrays (pool, penalty memory) live: replicated over the mesh, or on the module's
+        device. Made *committed* there, as the programs' outputs that replace them are: an uncommitted first version
+        would compile each program that takes it a second time."""
+        if self.mesh is not None:
+            return NamedSharding(self.mesh, PartitionSpec())
+        leaf = jax.tree.leaves(nnx.state(self.module))[0]
+        return jax.sharding.SingleDeviceSharding(min(leaf.devices(), key=lambda device: device.id))
+
+    def _zeros(self, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+        """Zeros placed as :meth:`_replicated` says."""
+        return mesh_lib.place_array(np.zeros(shape, dtype), self._replicated())
 
 
 class _Run:
@@ -485,13 +497,15 @@ class _Run:
         engine.stats.pages = self.pages.usable
         self.pool = engine._take_pool(self.pages.num_pages)
         vocab = engine.module.embedder.input_embedding.get_value().shape[0]
-        self.seen = jnp.zeros((self.num_slots, vocab if self.switches.repetition_penalty else 1), bool)
+        self.seen = engine._zeros((self.num_slots, vocab if self.switches.repetition_penalty else 1), bool)
         self.slots: list[_Slot | None] = [None] * self.num_slots
         self.fed = np.zeros(self.num_slots, np.int32)
         self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
         self.programs = _Programs(self.switches, engine.lora)
         self.prefill_budget = config.max_num_batched_tokens  # prompt tokens left to prefill before the next decode
         self.end_array = end_token_array(engine.eos_token_ids)
+        # The embedding tables' bits for this call's programs (XLA:CPU only, see ``float32_dots``).
+        self.tables = gather_tables(engine.module)
 
     def _own_pages(self, request: RolloutRequest) -> int:
         """A completion's worst case beyond its request's shared full pages (the last new token is never fed)."""
@@ -601,7 +615,7 @@ class _Run:
         if images is not None:  # the padding rows get no images
             images = np.pad(images, ((0, rows - len(chosen)),) + ((0, 0),) * (images.ndim - 1))
             token_types = np.pad(token_types, ((0, rows - len(chosen)), (0, 0)))
-        logits, self.pool = _prefill(self.programs, self.engine.module, self.pool, prompt_ids, prompt_mask,
+        logits, self.pool = _prefill(self.programs, self.engine.module, self.tables, self.pool, prompt_ids, prompt_mask,
                                      page_index, page_offset, images, token_types)
         self._prefilled(chosen, logits)
 
@@ -619,8 +633,8 @@ class _Run:
         # One view for the call's longest prompt, so every chunk of the call runs one program per row count.
         longest = max(group.prompt_length for group in self.groups)
         programs = _Programs(self.switches, self.engine.lora, view=bucket_length(longest))
-        logits, self.pool = _prefill_chunk(programs, self.engine.module, self.pool, chunk_ids, starts, counts,
-                                           page_table)
+        logits, self.pool = _prefill_chunk(programs, self.engine.module, self.tables, self.pool, chunk_ids, starts,
+                                           counts, page_table)
         self._prefilled(chosen, logits)
 
     def _prefilled(self, chosen: list[tuple[_Group, int]], logits: jax.Array) -> None:
@@ -755,7 +769,7 @@ class _Run:
         arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps, limits)
         if self.sharding is not None:
             arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
-        tokens, logprobs, self.pool, self.seen = _decode(programs, engine.module, self.pool, self.seen,
+        tokens, logprobs, self.pool, self.seen = _decode(programs, engine.module, self.tables, self.pool, self.seen,
                                                          *arrays, self.values, self.end_array)
         tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
         stats = engine.stats
