@@ -32,10 +32,13 @@ Sides, on the same requests in the same process:
     ``use_transformers_paged`` (``max_memory_percent=0.5``); a failure is recorded and the run goes on.
 
 The torchlike engines run once untimed on the same requests (compilation happens there: ``first_call_s``), then
-once timed; the transformers sides run a small untimed warm-up. Each side reports
-*useful* tokens/s: the tokens of every completion up to and including its end token, summed, over the wall
-seconds of the call. The engines also run the *full-length* variant (no end token, every completion runs ``N``
-tokens) and report their tokens/s ratio long-tailed / full-length. KV memory: the paged engine's peak pages in use
+``--repeats`` timed rounds, taking turns (paged, static, paged, static...: this machine's speed drifts by up to
+1.5x between minutes, and a slow spell then hits both); the transformers sides run a small untimed warm-up, then
+once timed. Each side reports *useful* tokens/s: the tokens of every completion up to and including its end token,
+summed, over the wall seconds of the call (an engine: its median round; every round is listed). In each round the
+engines also run the *full-length* variant (no end token, every completion runs ``N`` tokens) and report the
+median of their tokens/s ratios long-tailed / full-length. ``paged_vs_static`` is the median of the rounds'
+ratios. KV memory: the paged engine's peak pages in use
 x page size x bytes per token, against the static batch's cache (rows x ``cache_size(prompt, N)`` x bytes per
 token). The paged engine's timed long-tailed call also times its three programs (prefill, admit, decode) and
 counts its decode steps and how many of their rows were live, to show where its time goes.
@@ -91,13 +94,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Scaled down for 2 cores: the 151936-row lm_head is most of a decode step's weights, and the transformers
     # sides take most of the run.
     "cpu": dict(prompts=8, generations=4, new_tokens=128, prompt=128, layers=4, hidden=896, intermediate=4864,
-                heads=14, kv_heads=2, vocab=32000, dtype="bfloat16"),
+                heads=14, kv_heads=2, vocab=32000, dtype="bfloat16", repeats=1),
     "gpu": dict(prompts=64, generations=8, new_tokens=512, prompt=128, layers=4, hidden=896, intermediate=4864,
-                heads=14, kv_heads=2, vocab=151936, dtype="bfloat16"),
+                heads=14, kv_heads=2, vocab=151936, dtype="bfloat16", repeats=3),
     # More completions than slots, so the paged engine refills its slots as completions end (the regime of the
     # issue's workload, which the "cpu" preset never reaches): about 10 minutes on 2 cores.
     "cpu-refill": dict(prompts=16, generations=8, new_tokens=256, prompt=128, layers=4, hidden=896, intermediate=4864,
-                       heads=14, kv_heads=2, vocab=32000, dtype="bfloat16", max_num_seqs=64),
+                       heads=14, kv_heads=2, vocab=32000, dtype="bfloat16", max_num_seqs=64, repeats=3),
 }
 END_TOKEN = 2  # tiny_config's eos id; prompts draw ids from 3 up
 END_FEATURE = 0  # the hidden dimension that carries the end-token feature
@@ -233,16 +236,15 @@ def trace_count() -> int:
     return TRACE_COUNTS["generate"]
 
 
-def run_engine(engine: Any, requests: list[RolloutRequest], settings: SamplingSettings, limit: int) -> dict[str, Any]:
-    """An untimed call on the same requests (it compiles every program the timed calls run: ``first_call_s``), the
-    timed long-tailed call (the paged engine's programs timed, see :func:`timed_programs`), then the timed
+def timed_round(engine: Any, requests: list[RolloutRequest], settings: SamplingSettings,
+                limit: int) -> dict[str, Any]:
+    """One timed long-tailed call (the paged engine's programs timed, see :func:`timed_programs`), then one timed
     full-length call (the same engine with no end token)."""
-    first_s, _ = timed(lambda: engine_lengths(engine, requests, settings))
     traces = trace_count()
     timings: dict[str, list[float]] = {}
     with timed_programs(timings):
         seconds, lengths = timed(lambda: engine_lengths(engine, requests, settings))
-    record = {"first_call_s": first_s, **rate_record(seconds, lengths, limit), "stats": engine_stats(engine),
+    record = {**rate_record(seconds, lengths, limit), "stats": engine_stats(engine),
               "compiles_in_timed_call": trace_count() - traces}
     if timings:
         record["profile"] = where_the_time_goes(engine, seconds, timings)
@@ -255,6 +257,18 @@ def run_engine(engine: Any, requests: list[RolloutRequest], settings: SamplingSe
     record["full_length"] = {**rate_record(seconds, lengths, limit), "stats": engine_stats(engine),
                              "compiles_in_timed_call": trace_count() - traces}
     record["long_tail_vs_full_length"] = record["tokens_per_s"] / record["full_length"]["tokens_per_s"]
+    return record
+
+
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median long-tailed tokens/s (the lower middle one of an even count), with every round's
+    tokens/s and long-tailed / full-length ratio listed and that ratio's median."""
+    ordered = sorted(rounds, key=lambda record: record["tokens_per_s"])
+    record = dict(ordered[(len(ordered) - 1) // 2])
+    record["rounds_tokens_per_s"] = [entry["tokens_per_s"] for entry in rounds]
+    record["rounds_full_length_tokens_per_s"] = [entry["full_length"]["tokens_per_s"] for entry in rounds]
+    record["rounds_long_tail_vs_full_length"] = [entry["long_tail_vs_full_length"] for entry in rounds]
+    record["long_tail_vs_full_length"] = float(np.median(record["rounds_long_tail_vs_full_length"]))
     return record
 
 
@@ -387,6 +401,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--decode-steps", type=int,
                         help="paged engine tokens per decode call (default: the engine's)")
     parser.add_argument("--kv-cache-tokens", type=int, help="paged engine pool (default: the engine's sizing)")
+    parser.add_argument("--repeats", type=int, help="timed rounds of the torchlike engines, taking turns; each "
+                        "engine reports its median round (default: the preset's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma-separated sides to leave out: paged, static, "
                         "transformers_generate, transformers_generate_batch")
@@ -463,16 +479,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "paged": lambda: PagedEngine(model.module, paged_config, eos_token_ids=[END_TOKEN]),
         "static": lambda: StaticEngine(model.module, eos_token_ids=[END_TOKEN]),
     }
-    for name, build in engines.items():
-        if name in skipped:
-            continue
-        engine = build()
-        results[name] = run_engine(engine, requests, settings, args.new_tokens)
-        print(f"{name}: {results[name]['tokens_per_s']:.1f} useful tokens/s in {results[name]['seconds']:.1f} s "
-              f"(first call {results[name]['first_call_s']:.1f} s); full length "
-              f"{results[name]['full_length']['tokens_per_s']:.1f} tokens/s in "
-              f"{results[name]['full_length']['seconds']:.1f} s; {describe_lengths(results[name]['lengths'])}",
-              flush=True)
+    built = {name: build() for name, build in engines.items() if name not in skipped}
+    first_call_s = {}
+    for name, engine in built.items():  # compiles every program the timed calls run
+        first_call_s[name], _ = timed(lambda engine=engine: engine_lengths(engine, requests, settings))
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in built}
+    for round_index in range(args.repeats):  # the engines take turns, so a slow spell of the machine hits both
+        for name, engine in built.items():
+            record = timed_round(engine, requests, settings, args.new_tokens)
+            rounds[name].append(record)
+            print(f"{name} (round {round_index + 1}/{args.repeats}): {record['tokens_per_s']:.1f} useful tokens/s in "
+                  f"{record['seconds']:.1f} s; full length {record['full_length']['tokens_per_s']:.1f} tokens/s in "
+                  f"{record['full_length']['seconds']:.1f} s; {describe_lengths(record['lengths'])}", flush=True)
+    for name, engine in built.items():
+        results[name] = {"first_call_s": first_call_s[name], **median_round(rounds[name])}
         engine.close()
     sides = {"transformers_generate": run_transformers_generate, "transformers_generate_batch": run_generate_batch}
     for name, run in sides.items():
@@ -486,7 +506,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{describe_lengths(results[name]['lengths'])}", flush=True)
 
     ratios = {
-        "paged_vs_static": ratio(results, "paged", "static"),
+        # The median of the rounds' ratios (each round runs both engines back to back).
+        "paged_vs_static": (float(np.median([ours["tokens_per_s"] / theirs["tokens_per_s"] for ours, theirs
+                                             in zip(rounds["paged"], rounds["static"], strict=True)]))
+                            if "paged" in rounds and "static" in rounds else None),
         "paged_vs_transformers_generate_batch": ratio(results, "paged", "transformers_generate_batch"),
         "paged_vs_transformers_generate": ratio(results, "paged", "transformers_generate"),
         "paged_long_tail_vs_full_length": results.get("paged", {}).get("long_tail_vs_full_length"),

@@ -82,7 +82,7 @@ class PagedEngineConfig:
     page_size: int = 16
     kv_cache_tokens: int | None = None
     max_prefill_requests: int = 8
-    decode_steps: int = 16
+    decode_steps: int = 8
     max_num_batched_tokens: int = 2048
 
     @classmethod
