@@ -53,6 +53,9 @@ Run (from the repository root)::
     nice -n 10 .venv/bin/python benchmarks/rollout.py --preset cpu-refill   # 16 x 8, 256 new tokens, 64 slots
     .venv/bin/python benchmarks/rollout.py --preset gpu                # 64 x 8, 512 new tokens (the issue's)
     .venv/bin/python benchmarks/rollout.py --prompts 16 --new-tokens 64 --vocab 151936
+    # the gpu preset's workload on the CPU, paged (64 slots) against static and generate_batch (about an hour):
+    nice -n 10 .venv/bin/python benchmarks/rollout.py --preset gpu --max-num-seqs 64 --repeats 1 --no-full-length \
+        --skip transformers_generate
 
 Results are printed and written to ``benchmarks/results/rollout.json`` (``--output``).
 This is a script, never part of the test suite.
@@ -237,9 +240,9 @@ def trace_count() -> int:
 
 
 def timed_round(engine: Any, requests: list[RolloutRequest], settings: SamplingSettings,
-                limit: int) -> dict[str, Any]:
-    """One timed long-tailed call (the paged engine's programs timed, see :func:`timed_programs`), then one timed
-    full-length call (the same engine with no end token)."""
+                limit: int, full_length: bool = True) -> dict[str, Any]:
+    """One timed long-tailed call (the paged engine's programs timed, see :func:`timed_programs`), then, with
+    ``full_length``, one timed full-length call (the same engine with no end token)."""
     traces = trace_count()
     timings: dict[str, list[float]] = {}
     with timed_programs(timings):
@@ -248,6 +251,8 @@ def timed_round(engine: Any, requests: list[RolloutRequest], settings: SamplingS
               "compiles_in_timed_call": trace_count() - traces}
     if timings:
         record["profile"] = where_the_time_goes(engine, seconds, timings)
+    if not full_length:
+        return record
     end_tokens, engine.eos_token_ids = engine.eos_token_ids, []
     traces = trace_count()
     try:
@@ -262,10 +267,12 @@ def timed_round(engine: Any, requests: list[RolloutRequest], settings: SamplingS
 
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The round with the median long-tailed tokens/s (the lower middle one of an even count), with every round's
-    tokens/s and long-tailed / full-length ratio listed and that ratio's median."""
+    tokens/s and long-tailed / full-length ratio listed and that ratio's median (when the rounds ran both)."""
     ordered = sorted(rounds, key=lambda record: record["tokens_per_s"])
     record = dict(ordered[(len(ordered) - 1) // 2])
     record["rounds_tokens_per_s"] = [entry["tokens_per_s"] for entry in rounds]
+    if "full_length" not in record:
+        return record
     record["rounds_full_length_tokens_per_s"] = [entry["full_length"]["tokens_per_s"] for entry in rounds]
     record["rounds_long_tail_vs_full_length"] = [entry["long_tail_vs_full_length"] for entry in rounds]
     record["long_tail_vs_full_length"] = float(np.median(record["rounds_long_tail_vs_full_length"]))
@@ -403,6 +410,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-tokens", type=int, help="paged engine pool (default: the engine's sizing)")
     parser.add_argument("--repeats", type=int, help="timed rounds of the torchlike engines, taking turns; each "
                         "engine reports its median round (default: the preset's)")
+    parser.add_argument("--no-full-length", action="store_true", help="leave out the engines' full-length calls "
+                        "(and the long-tailed / full-length ratios): halves a run at the issue's full workload")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma-separated sides to leave out: paged, static, "
                         "transformers_generate, transformers_generate_batch")
@@ -486,11 +495,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in built}
     for round_index in range(args.repeats):  # the engines take turns, so a slow spell of the machine hits both
         for name, engine in built.items():
-            record = timed_round(engine, requests, settings, args.new_tokens)
+            record = timed_round(engine, requests, settings, args.new_tokens, full_length=not args.no_full_length)
             rounds[name].append(record)
+            full = record.get("full_length")
+            full_text = (f"full length {full['tokens_per_s']:.1f} tokens/s in {full['seconds']:.1f} s; " if full
+                         else "")
             print(f"{name} (round {round_index + 1}/{args.repeats}): {record['tokens_per_s']:.1f} useful tokens/s in "
-                  f"{record['seconds']:.1f} s; full length {record['full_length']['tokens_per_s']:.1f} tokens/s in "
-                  f"{record['full_length']['seconds']:.1f} s; {describe_lengths(record['lengths'])}", flush=True)
+                  f"{record['seconds']:.1f} s; {full_text}{describe_lengths(record['lengths'])}", flush=True)
     for name, engine in built.items():
         results[name] = {"first_call_s": first_call_s[name], **median_round(rounds[name])}
         engine.close()
