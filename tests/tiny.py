@@ -44,7 +44,24 @@ CASES = {
                                       hidden_size_per_layer_input=8, num_kv_shared_layers=2, use_double_wide_mlp=True,
                                       num_key_value_heads=1),
     "qwen3_moe": lambda: tiny_config("qwen3_moe"),
+    # The families on the native decoder (see torchlike.testing for what each tiny config exercises).
+    "mistral": lambda: tiny_config("mistral"),
+    "ministral": lambda: tiny_config("ministral"),
+    "phi3": lambda: tiny_config("phi3"),
+    # Phi-3's LongRoPE: rows of 24 tokens pass original_max_position_embeddings (16), so the long factors apply.
+    "phi3_longrope": lambda: tiny_config("phi3", sliding_window=None, tie_word_embeddings=False, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "factor": 8.0,
+        "short_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5], "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]}),
+    "smollm3": lambda: tiny_config("smollm3"),
+    "olmo2": lambda: tiny_config("olmo2"),
+    "olmo3": lambda: tiny_config("olmo3"),
+    "gpt_neox": lambda: tiny_config("gpt_neox"),
+    "gpt_neox_sequential": lambda: tiny_config("gpt_neox", use_parallel_residual=False, attention_bias=False),
+    "granite": lambda: tiny_config("granite"),
 }
+NATIVE_CASES = ["mistral", "ministral", "phi3", "phi3_longrope", "smollm3", "olmo2", "olmo3", "gpt_neox",
+                "gpt_neox_sequential", "granite"]
+"""The cases on torchlike's native decoder."""
 
 
 def build_hf_model(config, seed: int = 0, dtype=torch.float32) -> transformers.PreTrainedModel:

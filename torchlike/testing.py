@@ -82,6 +82,26 @@ _FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_moe": ("Qwen3MoeConfig", dict(
         rope_theta=10000.0, tie_word_embeddings=False, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0])),
+    # The families on torchlike's native decoder. Mistral: every layer slides, a window (8) shorter than a typical
+    # test row. Ministral: sliding and full layers taking turns.
+    "mistral": ("MistralConfig", dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False)),
+    "ministral": ("MinistralConfig", dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False)),
+    # Phi-3: fused qkv_proj and gate_up_proj, Phi-4-mini's partial rotary (0.75) and tied embeddings, a window of 8.
+    "phi3": ("Phi3Config", dict(sliding_window=8, tie_word_embeddings=True, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75})),
+    # SmolLM3: the second layer without rope (no_rope_layers), tied embeddings.
+    "smollm3": ("SmolLM3Config", dict(rope_theta=10000.0, no_rope_layers=[1, 0], tie_word_embeddings=True)),
+    # OLMo 2: norms after attention and MLP, query/key norms over the whole projections.
+    "olmo2": ("Olmo2Config", dict(rope_theta=10000.0, tie_word_embeddings=False)),
+    # OLMo 3: OLMo 2 with sliding and full layers taking turns.
+    "olmo3": ("Olmo3Config", dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False)),
+    # GPT-NeoX / Pythia: multi-head attention, a quarter of each head rotated, parallel residual, LayerNorm biases.
+    "gpt_neox": ("GPTNeoXConfig", dict(num_key_value_heads=4, layer_norm_eps=1e-5, tie_word_embeddings=False,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                        "partial_rotary_factor": 0.25})),
+    # Granite: Granite 3's multipliers (embeddings x12, attention scale 1/64, residual branches x0.22, logits / 8).
+    "granite": ("GraniteConfig", dict(rope_theta=10000.0, tie_word_embeddings=True, embedding_multiplier=12.0,
+                                      attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0)),
 }
 FAMILIES = tuple(_FAMILIES)
 
@@ -99,8 +119,7 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
         overrides: any config field, e.g. ``hidden_size=256, num_hidden_layers=4`` for a larger model.
 
     Returns:
-        A ``Qwen2Config``, ``Qwen3Config``, ``LlamaConfig``, ``Gemma2Config``, ``Gemma3TextConfig``,
-        ``Gemma4TextConfig`` or ``Qwen3MoeConfig``.
+        The family's ``transformers`` config (``Qwen2Config``, ``MistralConfig``, ``GPTNeoXConfig``...).
     """
     import transformers
 
@@ -111,7 +130,7 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
     fields.setdefault("head_dim", fields["hidden_size"] // fields["num_attention_heads"])
     if family == "gemma3":
         fields.setdefault("query_pre_attn_scalar", fields["head_dim"])
-    if family in ("gemma3", "gemma4"):
+    if family in ("gemma3", "gemma4", "ministral", "olmo3"):
         fields.setdefault("layer_types", [("sliding_attention", "full_attention")[layer % 2]
                                           for layer in range(fields["num_hidden_layers"])])
     return getattr(transformers, class_name)(**fields)

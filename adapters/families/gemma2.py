@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 from tunix.models.gemma import model as tunix_gemma
 
+from ..model.attention_masks import sliding_window_mask
 from ..model.rope import attention_with_rope
 from .base import (
     GEMMA_IGNORED_KEYS,
@@ -24,17 +25,6 @@ from .base import (
 WEIGHTS: tuple[WeightRule, ...] = gemma_weights(post_attention_norm="post_attn_norm")
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
-
-
-def sliding_window_mask(query_count: int, key_count: int, first_query_index: jax.Array | int,
-                        window: int) -> jax.Array:
-    """``[1, T, S]`` bool: key slot ``k`` is inside query ``t``'s window when ``k > first_query_index + t - window``.
-
-    transformers' ``sliding_window_overlay`` on cache slots (array indices, padding included): a query sees itself
-    and the ``window - 1`` slots before it; the causal and padding masks do the rest.
-    """
-    query_index = first_query_index + jnp.arange(query_count)
-    return (jnp.arange(key_count)[None, :] > query_index[:, None] - window)[None]
 
 
 class Gemma2Attention(tunix_gemma.Attention):

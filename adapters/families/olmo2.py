@@ -1,0 +1,50 @@
+"""OLMo 2 and OLMo 3 (``Olmo2ForCausalLM``, ``Olmo3ForCausalLM``) on the native decoder: norms after the attention and
+the MLP instead of before (no input norm), RMS norms over the whole query and key projections, and OLMo 3's sliding
+layers (``layer_types``)."""
+
+from __future__ import annotations
+
+from ..model.native_decoder import DecoderSpec
+from .base import DECODER_IGNORED_KEYS
+from .native import (
+    LAYER,
+    NNX_LAYER,
+    check_native_config,
+    layer_types_windows,
+    llama_rows,
+    lora_targets_of,
+    native_family,
+    norm_rows,
+    rope_of,
+    sizes,
+)
+
+
+def spec_from_config(hf_config, dtype) -> DecoderSpec:
+    """The decoder spec of an OLMo 2 or OLMo 3 config."""
+    family = hf_config.model_type
+    check_native_config(hf_config, family)
+    rope = rope_of(hf_config, family)
+    bias = bool(getattr(hf_config, "attention_bias", False))
+    return DecoderSpec(**sizes(hf_config, dtype), ropes=(rope,) * hf_config.num_hidden_layers,
+                       windows=layer_types_windows(hf_config, family), norm_eps=hf_config.rms_norm_eps,
+                       block="post_norm", qk_norm="projection", activation=hf_config.hidden_act,
+                       attention_bias=bias, output_bias=bias)
+
+
+
+# Every bias row is listed: a config without biases has no bias parameter for them to fill.
+WEIGHTS = llama_rows(attention_bias=True, output_bias=True,
+                     norms=("post_attention_layernorm", "post_feedforward_layernorm")) + norm_rows(
+    f"{LAYER}.self_attn.q_norm", f"{NNX_LAYER}.attn.q_norm") + norm_rows(
+    f"{LAYER}.self_attn.k_norm", f"{NNX_LAYER}.attn.k_norm")
+
+FAMILY = native_family(
+    name="olmo2",
+    model_types=("olmo2", "olmo3"),
+    architectures=("Olmo2ForCausalLM", "Olmo3ForCausalLM"),
+    spec_from_config=spec_from_config,
+    weights=WEIGHTS,
+    lora_targets=lora_targets_of(),
+    ignored_hf_keys=DECODER_IGNORED_KEYS,
+)

@@ -1,0 +1,390 @@
+"""torchlike's own NNX decoder for the families Tunix lacks: one generic block with per-family switches.
+
+MaxText's design (``layers/decoders.py``): one decoder block, the differences between families as fields of a frozen
+:class:`DecoderSpec` (norm kind, residual wiring, fused projections, partial rotary, sliding layers, multipliers,
+QK norms), and a thin family module that builds the spec from a ``transformers`` config and lists the weight table.
+No JAX library fits the pins for this (ARCHITECTURE.md says which were checked), so it is written once, here.
+
+The module keeps the surface every other room uses of a decoder (:mod:`.decoder_contract`): ``embedder`` with
+``input_embedding``/``encode``/``decode``, ``layers``, ``final_norm``, the call
+``(tokens [B, T], positions [B, T], cache | None, mask [B, T, S]) -> (float32 logits, cache)`` with the cache
+``{"layer_i": {"k", "v": [B, S, K, D], "end_index": [B]}}`` written at ``end_index[0]``, and
+:meth:`NativeDecoder.kv_cache_shapes`. Every projection is an ``nnx.Linear`` named as the Hugging Face module it holds
+(a fused ``qkv_proj`` stays one module), so Qwix's LoRA adapts it as PEFT adapts the HF module and the PEFT adapter
+round-trips tensor for tensor.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .attention_masks import sliding_window_mask
+
+MASKED = -2.3819763e38  # what Tunix's attention writes for hidden keys: a finite lowest value, so no row is NaN
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+"""``transformers``' ``ACT2FN`` names the decoder computes, with the same formula (exact or tanh GELU)."""
+
+NORMS = ("rms", "layer")
+BLOCKS = ("sequential", "post_norm", "parallel")
+QKV_LAYOUTS = ("split", "fused", "fused_per_head")
+MLPS = ("gated", "gated_fused", "plain")
+QK_NORMS = ("none", "head", "projection")
+
+
+class Remat(enum.Enum):
+    """Whether a decoder layer recomputes its activations in the backward pass (``gradient_checkpointing``);
+    ``adapters.training.train_step.rematerialised`` sets ``BLOCK`` while a train step is traced."""
+
+    NONE = "none"
+    BLOCK = "block"
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Rotary embedding of a layer, as ``transformers`` computes it.
+
+    Args:
+        inv_freq: inverse frequencies, one per rotated pair (``rotary_dim // 2``): the first ``rotary_dim`` features of
+            each head rotate (half-split, ``rotate_half``), the rest pass through.
+        attention_factor: multiplies ``cos`` and ``sin`` (YaRN's and LongRoPE's ``attention_scaling``).
+        long_inv_freq: LongRoPE's frequencies for a call whose largest position reaches
+            ``original_max_position_embeddings`` (``transformers`` switches per forward call); ``()`` for one set.
+        original_max_position_embeddings: LongRoPE's switch point.
+    """
+
+    inv_freq: tuple[float, ...]
+    attention_factor: float = 1.0
+    long_inv_freq: tuple[float, ...] = ()
+    original_max_position_embeddings: int = 0
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * len(self.inv_freq)
+
+    def cos_sin(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``cos, sin`` of ``[B, T, rotary_dim // 2]`` in float32 for ``positions [B, T]``."""
+        inv_freq = jnp.asarray(self.inv_freq, jnp.float32)
+        if self.long_inv_freq:
+            longest = jnp.max(positions) + 1
+            inv_freq = jnp.where(longest > self.original_max_position_embeddings,
+                                 jnp.asarray(self.long_inv_freq, jnp.float32), inv_freq)
+        angles = positions.astype(jnp.float32)[..., None] * inv_freq
+        return jnp.cos(angles) * self.attention_factor, jnp.sin(angles) * self.attention_factor
+
+    def apply(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        """Rotates the first :attr:`rotary_dim` features of ``x [B, T, N, D]`` (``transformers``' ``rotate_half``)."""
+        rotated, passed = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
+        cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+        first, second = jnp.split(rotated, 2, axis=-1)
+        out = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+        return jnp.concatenate([out, passed], axis=-1) if passed.shape[-1] else out
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """Everything the native decoder needs to know of one model, as switches (see the module docstring).
+
+    Args:
+        num_layers, vocab_size, hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim: the sizes.
+        norm: ``"rms"`` (``x / rms(x) * weight``, float32 inside) or ``"layer"`` (LayerNorm, with ``norm_bias``).
+        norm_eps: the norms' epsilon.
+        block: how a layer wires its residuals: ``"sequential"`` (Llama: ``h = x + attn(norm(x))``,
+            ``h + mlp(norm(h))``), ``"post_norm"`` (OLMo 2: ``h = x + norm(attn(x))``, ``h + norm(mlp(h))``) or
+            ``"parallel"`` (GPT-NeoX: ``x + attn(norm1(x)) + mlp(norm2(x))``).
+        qkv: ``"split"`` (``q_proj``, ``k_proj``, ``v_proj``), ``"fused"`` (one ``qkv_proj``: rows ``[q; k; v]``,
+            Phi-3) or ``"fused_per_head"`` (one ``query_key_value``: per head ``[q, k, v]``, GPT-NeoX).
+        qkv_name, output_name: the NNX names of the fused projection and the output projection.
+        mlp: ``"gated"`` (``down(act(gate(x)) * up(x))``), ``"gated_fused"`` (``gate_up_proj`` rows ``[gate; up]``,
+            Phi-3) or ``"plain"`` (``down(act(up(x)))``).
+        activation: a key of :data:`ACTIVATIONS`.
+        attention_bias, output_bias, mlp_bias: which projections carry a bias.
+        qk_norm: ``"none"``, ``"head"`` (an RMS norm of each head, Qwen3-style) or ``"projection"`` (an RMS norm over
+            the whole query and key projections, OLMo 2).
+        ropes: each layer's :class:`Rope`, ``None`` for a layer without rotary embedding (SmolLM3's NoPE layers).
+        windows: each layer's sliding window (keys within ``window - 1`` slots before the query), ``None``: full.
+        attention_scale: queries times keys are multiplied by it (``head_dim ** -0.5``; Granite's
+            ``attention_multiplier``).
+        embedding_multiplier: the embeddings are multiplied by it (Granite).
+        residual_multiplier: each block's attention and MLP outputs are multiplied by it before the residual add.
+        logits_divisor: the logits are divided by it (Granite's ``logits_scaling``).
+        tie_embeddings: the output head is the input embedding.
+        dtype: the parameters' dtype.
+    """
+
+    num_layers: int
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ropes: tuple[Rope | None, ...]
+    windows: tuple[int | None, ...]
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    norm_bias: bool = False
+    block: str = "sequential"
+    qkv: str = "split"
+    qkv_name: str = "qkv_proj"
+    output_name: str = "o_proj"
+    mlp: str = "gated"
+    activation: str = "silu"
+    attention_bias: bool = False
+    output_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: str = "none"
+    attention_scale: float | None = None
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_divisor: float = 1.0
+    tie_embeddings: bool = False
+    dtype: jnp.dtype = jnp.float32
+
+    def __post_init__(self):
+        for name, value, choices in (("norm", self.norm, NORMS), ("block", self.block, BLOCKS),
+                                     ("qkv", self.qkv, QKV_LAYOUTS), ("mlp", self.mlp, MLPS),
+                                     ("qk_norm", self.qk_norm, QK_NORMS), ("activation", self.activation, ACTIVATIONS)):
+            if value not in choices:
+                raise ValueError(f"DecoderSpec.{name}={value!r}; choose one of {list(choices)}.")
+        if len(self.ropes) != self.num_layers or len(self.windows) != self.num_layers:
+            raise ValueError(f"DecoderSpec: ropes ({len(self.ropes)}) and windows ({len(self.windows)}) need one entry "
+                             f"per layer ({self.num_layers}).")
+        if self.qkv == "fused_per_head" and self.num_kv_heads != self.num_heads:
+            raise ValueError("DecoderSpec: qkv='fused_per_head' holds as many key/value heads as query heads.")
+
+    @property
+    def scale(self) -> float:
+        return self.attention_scale if self.attention_scale is not None else self.head_dim ** -0.5
+
+
+# The mesh axes of each kind of parameter: the names Tunix's models use, so both shard alike on one mesh.
+_IN_OUT = ("fsdp", "tp")
+_OUT_IN = ("tp", "fsdp")
+
+
+def _linear(spec: DecoderSpec, inputs: int, outputs: int, bias: bool, axes: tuple, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(inputs, outputs, use_bias=bias, param_dtype=spec.dtype, rngs=rngs,
+                      kernel_init=nnx.with_partitioning(nnx.initializers.normal(0.02), axes),
+                      bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],)))
+
+
+class Norm(nnx.Module):
+    """RMS norm or LayerNorm as ``transformers`` computes them: in float32, cast back to the input's dtype, then
+    scaled (``scale``) and shifted (``bias``, LayerNorm with a bias)."""
+
+    def __init__(self, size: int, kind: str, eps: float, bias: bool, dtype, rngs: nnx.Rngs):
+        self.kind = kind
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((size,), dtype))
+        self.bias = nnx.Param(jnp.zeros((size,), dtype)) if bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        values = x.astype(jnp.float32)
+        if self.kind == "layer":
+            values = values - jnp.mean(values, axis=-1, keepdims=True)
+        normalised = values * jax.lax.rsqrt(jnp.mean(values * values, axis=-1, keepdims=True) + self.eps)
+        out = self.scale.get_value().astype(jnp.float32) * normalised
+        if self.bias is not None:
+            out = out + self.bias.get_value().astype(jnp.float32)
+        return out.astype(x.dtype)
+
+
+def _norm(spec: DecoderSpec, size: int, rngs: nnx.Rngs) -> Norm:
+    return Norm(size, spec.norm, spec.norm_eps, spec.norm_bias, spec.dtype, rngs)
+
+
+class Embedder(nnx.Module):
+    """The token embedding: ``encode`` looks rows up, ``decode`` is the tied output head."""
+
+    def __init__(self, spec: DecoderSpec, rngs: nnx.Rngs):
+        self.input_embedding = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (spec.vocab_size,
+                                                                                       spec.hidden_size), spec.dtype),
+                                         sharding=_OUT_IN)
+
+    def encode(self, tokens: jax.Array) -> jax.Array:
+        return self.input_embedding[(tokens,)]
+
+    def decode(self, hidden: jax.Array) -> jax.Array:
+        return jnp.dot(hidden, self.input_embedding.get_value().astype(hidden.dtype).T)
+
+
+class Attention(nnx.Module):
+    """Multi-head attention with grouped key/value heads, the layer's rope and window, and the Tunix KV cache."""
+
+    def __init__(self, spec: DecoderSpec, layer: int, rngs: nnx.Rngs):
+        self.spec = spec
+        self.rope = spec.ropes[layer]
+        self.window = spec.windows[layer]
+        hidden, heads, kv_heads, head_dim = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
+        bias = spec.attention_bias
+        if spec.qkv == "split":
+            self.q_proj = _linear(spec, hidden, heads * head_dim, bias, _IN_OUT, rngs)
+            self.k_proj = _linear(spec, hidden, kv_heads * head_dim, bias, _IN_OUT, rngs)
+            self.v_proj = _linear(spec, hidden, kv_heads * head_dim, bias, _IN_OUT, rngs)
+        else:
+            width = (heads + 2 * kv_heads) * head_dim
+            setattr(self, spec.qkv_name, _linear(spec, hidden, width, bias, _IN_OUT, rngs))
+        setattr(self, spec.output_name, _linear(spec, heads * head_dim, hidden, spec.output_bias, _OUT_IN, rngs))
+        if spec.qk_norm == "head":
+            self.q_norm = Norm(head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
+            self.k_norm = Norm(head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
+        elif spec.qk_norm == "projection":
+            self.q_norm = Norm(heads * head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
+            self.k_norm = Norm(kv_heads * head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
+
+    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Queries ``[B, T, N, D]``, keys and values ``[B, T, K, D]``."""
+        spec = self.spec
+        batch, length = x.shape[:2]
+        heads, kv_heads, head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        if spec.qkv == "split":
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        elif spec.qkv == "fused":
+            qkv = getattr(self, spec.qkv_name)(x)
+            q, k, v = jnp.split(qkv, [heads * head_dim, (heads + kv_heads) * head_dim], axis=-1)
+        else:
+            qkv = getattr(self, spec.qkv_name)(x).reshape(batch, length, heads, 3 * head_dim)
+            q, k, v = jnp.split(qkv, 3, axis=-1)
+        if spec.qk_norm == "projection":
+            q, k = self.q_norm(q.reshape(batch, length, -1)), self.k_norm(k.reshape(batch, length, -1))
+        q = q.reshape(batch, length, heads, head_dim)
+        k = k.reshape(batch, length, kv_heads, head_dim)
+        v = v.reshape(batch, length, kv_heads, head_dim)
+        if spec.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def __call__(self, x, positions, cache, mask):
+        spec = self.spec
+        q, k, v = self._project(x)
+        if self.rope is not None:
+            cos, sin = self.rope.cos_sin(positions)
+            q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
+        first = 0
+        if cache is not None:
+            first = cache["end_index"][0]
+            slot = (0, first % cache["k"].shape[1], 0, 0)
+            k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), slot)
+            v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), slot)
+            cache = {"k": k, "v": v, "end_index": cache["end_index"] + x.shape[1]}
+        if self.window is not None:
+            mask = mask & sliding_window_mask(x.shape[1], mask.shape[-1], first, self.window)
+        batch, length, heads, head_dim = q.shape
+        kv_heads = spec.num_kv_heads
+        grouped = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
+        scores = jnp.einsum("BTKGD,BSKD->BKGTS", grouped, k.astype(q.dtype)) * spec.scale
+        scores = jnp.where(mask[:, None, None, :, :], scores, MASKED)
+        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
+        out = jnp.einsum("BKGTS,BSKD->BTKGD", probs, v).reshape(batch, length, heads * head_dim)
+        return getattr(self, spec.output_name)(out.astype(x.dtype)), cache
+
+
+class MLP(nnx.Module):
+    """The feed-forward block: gated (separate or fused gate and up projections) or plain."""
+
+    def __init__(self, spec: DecoderSpec, rngs: nnx.Rngs):
+        self.kind = spec.mlp
+        self.activation = spec.activation
+        hidden, inner, bias = spec.hidden_size, spec.intermediate_size, spec.mlp_bias
+        if spec.mlp == "gated":
+            self.gate_proj = _linear(spec, hidden, inner, bias, _IN_OUT, rngs)
+        if spec.mlp == "gated_fused":
+            self.gate_up_proj = _linear(spec, hidden, 2 * inner, bias, _IN_OUT, rngs)
+        else:
+            self.up_proj = _linear(spec, hidden, inner, bias, _IN_OUT, rngs)
+        self.down_proj = _linear(spec, inner, hidden, bias, _OUT_IN, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATIONS[self.activation]
+        if self.kind == "gated":
+            inner = act(self.gate_proj(x)) * self.up_proj(x)
+        elif self.kind == "gated_fused":
+            gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
+            inner = up * act(gate)
+        else:
+            inner = act(self.up_proj(x))
+        return self.down_proj(inner)
+
+
+class DecoderLayer(nnx.Module):
+    """One decoder block, its residual wiring chosen by ``DecoderSpec.block``."""
+
+    def __init__(self, spec: DecoderSpec, layer: int, rngs: nnx.Rngs):
+        self.block_kind = spec.block
+        self.residual_multiplier = spec.residual_multiplier
+        self.remat_config = Remat.NONE
+        if spec.block != "post_norm":
+            self.input_layernorm = _norm(spec, spec.hidden_size, rngs)
+        self.attn = Attention(spec, layer, rngs)
+        self.post_attention_layernorm = _norm(spec, spec.hidden_size, rngs)
+        if spec.block == "post_norm":
+            self.post_feedforward_layernorm = _norm(spec, spec.hidden_size, rngs)
+        self.mlp = MLP(spec, rngs)
+
+    def block(self, x, positions, cache, mask):
+        scale = self.residual_multiplier
+        if self.block_kind == "post_norm":
+            attended, cache = self.attn(x, positions, cache, mask)
+            x = x + self.post_attention_layernorm(attended)
+            return cache, x + self.post_feedforward_layernorm(self.mlp(x))
+        attended, cache = self.attn(self.input_layernorm(x), positions, cache, mask)
+        if self.block_kind == "parallel":
+            return cache, x + attended + self.mlp(self.post_attention_layernorm(x))
+        x = x + attended * scale if scale != 1.0 else x + attended
+        fed = self.mlp(self.post_attention_layernorm(x))
+        return cache, x + fed * scale if scale != 1.0 else x + fed
+
+    def __call__(self, x, positions, cache, mask):
+        if self.remat_config == Remat.BLOCK:
+            return nnx.remat(type(self).block)(self, x, positions, cache, mask)
+        return self.block(x, positions, cache, mask)
+
+
+class NativeDecoder(nnx.Module):
+    """The native decoder (see the module docstring). ``config`` is its :class:`DecoderSpec`."""
+
+    def __init__(self, spec: DecoderSpec, *, rngs: nnx.Rngs):
+        self.config = spec
+        self.embedder = Embedder(spec, rngs)
+        self.layers = nnx.List([DecoderLayer(spec, layer, rngs) for layer in range(spec.num_layers)])
+        self.final_norm = _norm(spec, spec.hidden_size, rngs)
+        if not spec.tie_embeddings:
+            self.lm_head = _linear(spec, spec.hidden_size, spec.vocab_size, False, _IN_OUT, rngs)
+
+    def kv_cache_shapes(self) -> dict[str, tuple[int, int]]:
+        """Each cached layer's ``(kv_heads, head_dim)``, by cache key."""
+        return {f"layer_{index}": (self.config.num_kv_heads, self.config.head_dim)
+                for index in range(self.config.num_layers)}
+
+    def head(self, hidden: jax.Array) -> jax.Array:
+        """The output head on final-norm ``hidden`` states: float32 logits."""
+        logits = self.embedder.decode(hidden) if self.config.tie_embeddings else self.lm_head(hidden)
+        logits = logits.astype(jnp.float32)
+        return logits / self.config.logits_divisor if self.config.logits_divisor != 1.0 else logits
+
+    def __call__(self, tokens, positions, cache, attention_mask):
+        x = self.embedder.encode(tokens)
+        if self.config.embedding_multiplier != 1.0:
+            x = x * jnp.asarray(self.config.embedding_multiplier, x.dtype)
+        new_cache = None if cache is None else {}
+        for index, layer in enumerate(self.layers):
+            name = f"layer_{index}"
+            layer_cache, x = layer(x, positions, None if cache is None else cache[name], attention_mask)
+            if cache is not None:
+                new_cache[name] = layer_cache
+        return self.head(self.final_norm(x)), new_cache
