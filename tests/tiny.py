@@ -49,9 +49,11 @@ CASES = {
     "ministral": lambda: tiny_config("ministral"),
     "phi3": lambda: tiny_config("phi3"),
     # Phi-3's LongRoPE: rows of 24 tokens pass original_max_position_embeddings (16), so the long factors apply.
-    "phi3_longrope": lambda: tiny_config("phi3", sliding_window=None, tie_word_embeddings=False, rope_parameters={
+    "phi3_longrope": lambda: tiny_config("phi3", sliding_window=None, tie_word_embeddings=False,
+                                         original_max_position_embeddings=16, rope_parameters={
         "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "factor": 8.0,
-        "short_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5], "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]}),
+        "short_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+        "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]}),
     "smollm3": lambda: tiny_config("smollm3"),
     "olmo2": lambda: tiny_config("olmo2"),
     "olmo3": lambda: tiny_config("olmo3"),

@@ -371,6 +371,12 @@ class NativeDecoder(nnx.Module):
         return {f"layer_{index}": (self.config.num_kv_heads, self.config.head_dim)
                 for index in range(self.config.num_layers)}
 
+    def get_model_input(self) -> dict[str, jax.Array | None]:
+        """A dummy call's arguments (Qwix traces the model with them to place its LoRA factors), as Tunix's models
+        give them: two rows of one token."""
+        return {"tokens": jnp.ones((2, 1), jnp.int32), "positions": jnp.zeros((2, 1), jnp.int32), "cache": None,
+                "attention_mask": jnp.ones((2, 1, 1), bool)}
+
     def head(self, hidden: jax.Array) -> jax.Array:
         """The output head on final-norm ``hidden`` states: float32 logits."""
         logits = self.embedder.decode(hidden) if self.config.tie_embeddings else self.lm_head(hidden)

@@ -1,0 +1,211 @@
+"""The families on torchlike's native decoder (Mistral, Ministral, Phi-3, SmolLM3, OLMo 2/3, GPT-NeoX, Granite) against
+``transformers``: fp32 logits on padded rows, greedy tokens on both rollout engines, the export round trip, the PEFT
+adapter, state-dict surgery after ``get_peft_model``, and the config fields each refuses by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import peft
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+
+import torchlike
+from tests import tiny
+from tests.helpers.models import randomize_lora_, valid_max_diff
+from torchlike.adapters.families import UnsupportedConfigError, family_for_config
+from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest
+from torchlike.adapters.rollout.sampling_settings import SamplingSettings
+from torchlike.peft import LoraConfig, get_peft_model
+
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def references(tiny_checkpoints):
+    """Each case's checkpoint and its ``transformers`` model (fp32, eager attention)."""
+    loaded = {}
+
+    def reference(case: str):
+        if case not in loaded:
+            path = tiny_checkpoints.path(case)
+            loaded[case] = path, transformers.AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch.float32, attn_implementation="eager").eval()
+        return loaded[case]
+
+    return reference
+
+
+def padded_logits(model) -> np.ndarray:
+    ids, mask, _ = tiny.padded_batch()
+    return np.asarray(model(ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("case", tiny.NATIVE_CASES)
+def test_fp32_logits_equal_transformers_eager_on_left_and_right_padded_rows(case, references):
+    path, reference = references(case)
+    ids, mask, positions = tiny.padded_batch()
+    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    assert valid_max_diff(padded_logits(model), tiny.hf_logits(reference, ids, mask, positions), mask) <= 1e-4
+
+
+def _without_window(model):
+    for layer in model.module.layers:
+        layer.attn.window = None
+
+
+def _rope_on_every_layer(model):
+    rope = next(layer.attn.rope for layer in model.module.layers if layer.attn.rope is not None)
+    for layer in model.module.layers:
+        layer.attn.rope = rope
+
+
+def _short_factors_only(model):
+    for layer in model.module.layers:
+        layer.attn.rope = dataclasses.replace(layer.attn.rope, long_inv_freq=())
+
+
+def _sequential_residual(model):
+    for layer in model.module.layers:
+        layer.block_kind = "sequential"
+
+
+def _no_multipliers(model):
+    model.module.config = dataclasses.replace(model.module.config, embedding_multiplier=1.0, logits_divisor=1.0)
+    for layer in model.module.layers:
+        layer.residual_multiplier = 1.0
+
+
+SWITCHES = [("mistral", _without_window), ("ministral", _without_window), ("phi3", _without_window),
+            ("olmo3", _without_window), ("smollm3", _rope_on_every_layer), ("phi3_longrope", _short_factors_only),
+            ("gpt_neox", _sequential_residual), ("granite", _no_multipliers)]
+
+
+@pytest.mark.parametrize(("case", "switch_off"), SWITCHES, ids=[case for case, _ in SWITCHES])
+def test_each_family_switch_changes_the_logits_the_parity_test_checks(case, switch_off, tiny_checkpoints):
+    """The parity test would fail if a family's switch were ignored: turning it off moves the logits by far more than
+    its 1e-4 tolerance."""
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path(case), dtype="float32")
+    ids, mask, _ = tiny.padded_batch()
+    honoured = padded_logits(model)
+    switch_off(model)
+    assert valid_max_diff(padded_logits(model), honoured, mask) > 1e-2
+
+
+def _prompts(seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, tiny.VOCAB, size=length).tolist() for length in (5, 13, 11)]  # 13 > the windows (8)
+
+
+def _hf_greedy(reference, prompt: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+# LongRoPE switches factors for a whole call once its largest position passes original_max_position_embeddings (as
+# transformers' and vLLM's batched forward do), so a batch's tokens are not one-prompt generate's: its forward is
+# checked above.
+GENERATED_CASES = [case for case in tiny.NATIVE_CASES if case != "phi3_longrope"]
+
+
+@pytest.mark.parametrize("case", GENERATED_CASES)
+def test_greedy_tokens_equal_transformers_generate_on_both_rollout_engines(case, references):
+    path, reference = references(case)
+    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    prompts = _prompts()
+    expected = [_hf_greedy(reference, prompt) for prompt in prompts]
+
+    width = max(map(len, prompts))
+    ids = np.zeros((len(prompts), width), np.int64)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate(prompts):  # left-padded, as generate takes them
+        ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
+    static = model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
+    assert np.asarray(static)[:, width:].tolist() == expected
+
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=2, page_size=4, max_num_batched_tokens=6))
+    outputs = engine.generate([RolloutRequest(prompt, NEW_TOKENS) for prompt in prompts], SamplingSettings())
+    assert [output.token_ids[0].tolist() for output in outputs] == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", tiny.NATIVE_CASES)
+def test_save_pretrained_round_trips_bit_exact_and_transformers_reloads_it(case, dtype, tiny_checkpoints, tmp_path):
+    path = tiny_checkpoints.path(case, dtype=dtype)
+    name = str(dtype).removeprefix("torch.")
+    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype=name)
+    model.save_pretrained(tmp_path)
+    original, exported = load_file(path / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+    assert sorted(exported) == sorted(original)
+    for key, value in original.items():
+        assert exported[key].dtype == value.dtype and np.array_equal(exported[key], value), key
+
+    reloaded, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype, output_loading_info=True,
+                                                                       attn_implementation="eager")
+    assert info["missing_keys"] == set() or not info["missing_keys"]
+    assert not info["unexpected_keys"] and not info["mismatched_keys"]
+    if dtype == torch.float32:
+        ids, mask, positions = tiny.padded_batch()
+        assert valid_max_diff(padded_logits(model), tiny.hf_logits(reloaded.eval(), ids, mask, positions), mask) <= 1e-4
+
+
+def _lora_config(case: str, path) -> LoraConfig:
+    """PEFT's default targets for the model type where PEFT has them, else every linear layer."""
+    family = family_for_config(transformers.AutoConfig.from_pretrained(path))
+    targets = None if family.default_lora_targets else "all-linear"
+    return LoraConfig(r=4, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM")
+
+
+@pytest.mark.parametrize("case", tiny.NATIVE_CASES)
+def test_the_peft_adapter_loads_in_peft_with_the_same_logits(case, references, tmp_path):
+    path, _ = references(case)
+    model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32"),
+                           _lora_config(case, path))
+    randomize_lora_(model)
+    model.save_pretrained(tmp_path / "adapter")
+    reference = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager"),
+        tmp_path / "adapter").eval()
+    ids, mask, positions = tiny.padded_batch()
+    assert valid_max_diff(padded_logits(model), tiny.hf_logits(reference, ids, mask, positions), mask) <= 1e-4
+    if case in ("phi3", "gpt_neox"):  # a fused projection is one PEFT module, adapted as a whole
+        fused = {"phi3": "self_attn.qkv_proj", "gpt_neox": "attention.query_key_value"}[case]
+        assert any(fused in name for name, _ in reference.named_modules() if name.endswith("lora_A"))
+
+
+@pytest.mark.parametrize("case", ["mistral", "phi3", "gpt_neox"])
+def test_load_state_dict_after_get_peft_model_reports_the_adapter_missing(case, tiny_checkpoints):
+    path = tiny_checkpoints.path(case)
+    base = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    expected = padded_logits(base)
+    state = base.state_dict()
+    target = get_peft_model(torchlike.AutoModelForCausalLM.from_config(base.config, dtype="float32", seed=1),
+                            _lora_config(case, path))
+    missing, unexpected = target.load_state_dict(state, strict=False)
+    assert unexpected == [] and missing and all("lora" in key for key in missing)
+    np.testing.assert_array_equal(padded_logits(target), expected)
+
+
+REFUSED = [
+    ("mistral", dict(attention_dropout=0.1), "attention_dropout=0.1"),
+    ("mistral", dict(hidden_act="mish"), "hidden_act='mish'"),
+    ("mistral", dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+     "rope_type='dynamic'"),
+    ("gpt_neox", dict(hidden_dropout=0.1), "hidden_dropout=0.1"),
+    ("ministral", dict(layer_types=["chunked_attention", "full_attention"]), "chunked_attention"),
+    ("phi3", dict(attention_bias=True), "attention_bias=True"),
+]
+
+
+@pytest.mark.parametrize(("family", "change", "field"), REFUSED, ids=[field for _, _, field in REFUSED])
+def test_a_config_feature_the_family_does_not_compute_is_refused_by_name(family, change, field):
+    from torchlike.testing import tiny_config
+
+    config = tiny_config(family, **change)
+    with pytest.raises(UnsupportedConfigError, match=field.replace("(", r"\(").replace("[", r"\[")):
+        torchlike.AutoModelForCausalLM.from_config(config, dtype="float32")
