@@ -100,9 +100,9 @@ def test_logits_equal_peft_with_the_same_virtual_token_weights(kind, qwen2_path)
         peft_config.num_layers, peft_config.token_dim, peft_config.num_attention_heads)
 
 
-@pytest.mark.parametrize("case", ["qwen3", "llama32"])
+@pytest.mark.parametrize("case", ["qwen3", "llama32", "mistral", "phi3", "gpt_neox", "granite", "olmo2", "smollm3"])
 @pytest.mark.parametrize("kind", ["prompt_tuning", "prefix_tuning"])
-def test_qwen3_and_llama3_logits_equal_peft(case, kind, tiny_checkpoints):
+def test_logits_equal_peft_on_each_family_with_prompt_learning(case, kind, tiny_checkpoints):
     path = tiny_checkpoints.path(case)
     peft_config, config = configs(kind)
     torch.manual_seed(0)

@@ -205,7 +205,7 @@ class AutoModelForSequenceClassification:
                                   device_map=device_map, trust_remote_code=trust_remote_code, revision=revision,
                                   cache_dir=cache_dir, token=token, local_files_only=local_files_only)
         source = loading.source
-        family = classification.classifier_family(source.family)
+        family = classification.classifier_family(source.family, source.config.model_type)
         tensors, report = classification.with_score_tensor(source.tensors(), source.config, seed=seed,
                                                            ignore_mismatched_sizes=ignore_mismatched_sizes)
         module = tunix_model.load_weights(family, source.config, tensors, loading.dtype, mesh=loading.mesh,

@@ -236,6 +236,11 @@ class Family:
             PEFT adapters name modules as the model in memory does (:meth:`in_memory_name`).
         decoder: the text family whose decoder a multimodal family's model is built around (``"gemma3"``): state
             dicts of the one load into the other, less the towers; empty for a text family (itself).
+        sequence_classification: ``model_type`` -> the ``transformers`` ``*ForSequenceClassification`` class of that
+            model type (its ``architectures`` on export); empty where ``transformers`` has none.
+        prompt_learning: peft's prompt learning (prompt tuning, P-tuning, prefix tuning) applies: the embedder is a
+            plain table lookup whose output peft prepends the virtual tokens to, and the decoder takes a prefix in
+            its KV cache.
     """
 
     name: str
@@ -259,6 +264,8 @@ class Family:
     no_images_reason: str = ""
     in_memory_prefixes: tuple[tuple[str, str], ...] = ()
     decoder: str = ""
+    sequence_classification: Mapping[str, str] = field(default_factory=dict)
+    prompt_learning: bool = False
 
     def for_config(self, hf_config) -> Family:
         """This family with the rows ``hf_config`` adds (``config_weights``); the family itself when it adds none."""

@@ -136,4 +136,5 @@ FAMILY = Family(
     lora_targets=GEMMA_LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma2"
     norms_scale_by_one_plus_weight=True,
+    sequence_classification={"gemma2": "Gemma2ForSequenceClassification"},
 )

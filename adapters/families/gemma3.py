@@ -216,4 +216,5 @@ FAMILY = Family(
     lora_targets=GEMMA_LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma3_text"
     norms_scale_by_one_plus_weight=True,
+    sequence_classification={"gemma3_text": "Gemma3TextForSequenceClassification"},
 )

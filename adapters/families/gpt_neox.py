@@ -49,4 +49,5 @@ FAMILY = native_family(
     default_lora_targets=("query_key_value",),  # PEFT's default for model_type "gpt_neox"
     ignored_hf_keys=(r"gpt_neox\.rotary_emb\..*", r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias)",
                      r"gpt_neox\.layers\.\d+\.attention\.rotary_emb\..*"),
+    sequence_classification={"gpt_neox": "GPTNeoXForSequenceClassification"},
 )

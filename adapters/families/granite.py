@@ -1,5 +1,5 @@
 """IBM Granite (``GraniteForCausalLM``) on the native decoder: the Llama layout with Granite's multipliers (embeddings,
-attention scale, residual branches) and its logits divisor."""
+attention scale, residual branches) and its logits divisor. ``transformers`` has no Granite sequence classifier."""
 
 from __future__ import annotations
 

@@ -61,4 +61,6 @@ FAMILY = Family(
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     lora_targets=DECODER_LORA_TARGETS,
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "llama"
+    sequence_classification={"llama": "LlamaForSequenceClassification"},
+    prompt_learning=True,
 )

@@ -8,4 +8,5 @@ import dataclasses
 from .mistral import FAMILY as MISTRAL
 
 FAMILY = dataclasses.replace(MISTRAL, name="ministral", model_types=("ministral",),
-                             architectures=("MinistralForCausalLM",), default_lora_targets=())
+                             architectures=("MinistralForCausalLM",), default_lora_targets=(),
+                             sequence_classification={"ministral": "MinistralForSequenceClassification"})

@@ -41,4 +41,5 @@ FAMILY = native_family(
     lora_targets=lora_targets_of(),
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "mistral"
     ignored_hf_keys=DECODER_IGNORED_KEYS,
+    sequence_classification={"mistral": "MistralForSequenceClassification"},
 )

@@ -127,6 +127,7 @@ def native_family(name: str, model_types: tuple[str, ...], architectures: tuple[
                   ignored_hf_keys: tuple[str, ...] = (), **fields: Any) -> Family:
     """A :class:`Family` on the native decoder: ``spec_from_config(hf_config, dtype)`` builds its spec (and refuses
     what it cannot honour); the rest is the family table."""
+    fields.setdefault("prompt_learning", True)  # the embedder is a table lookup; prefixes ride in the KV cache
     return Family(name=name, model_types=model_types, architectures=architectures, weights=weights,
                   build_model=functools.partial(build_native_model, spec_from_config), forward=decoder_forward,
                   hidden_states=decoder_hidden_states, logits_from_hidden=native_logits_from_hidden,

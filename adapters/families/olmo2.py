@@ -47,4 +47,5 @@ FAMILY = native_family(
     weights=WEIGHTS,
     lora_targets=lora_targets_of(),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
+    sequence_classification={"olmo2": "Olmo2ForSequenceClassification", "olmo3": "Olmo3ForSequenceClassification"},
 )

@@ -51,4 +51,5 @@ FAMILY = native_family(
     weights=WEIGHTS,
     lora_targets=lora_targets_of(attention=("qkv_proj", "o_proj"), mlp=("gate_up_proj", "down_proj")),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
+    sequence_classification={"phi3": "Phi3ForSequenceClassification"},
 )

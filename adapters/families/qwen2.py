@@ -71,4 +71,6 @@ FAMILY = Family(
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "qwen2"
     # Tunix's attention Einsum cannot take Qwix's quantised weights (see adapters.upstream).
     quantization_excluded=("q_proj", "k_proj", "v_proj", "o_proj"),
+    sequence_classification={"qwen2": "Qwen2ForSequenceClassification"},
+    prompt_learning=True,
 )

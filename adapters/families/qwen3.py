@@ -73,4 +73,6 @@ FAMILY = Family(
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "qwen3"
     # Tunix's attention Einsum cannot take Qwix's quantised weights (see adapters.upstream).
     quantization_excluded=("q_proj", "k_proj", "v_proj", "o_proj"),
+    sequence_classification={"qwen3": "Qwen3ForSequenceClassification"},
+    prompt_learning=True,
 )

@@ -282,4 +282,5 @@ FAMILY = Family(
     config_weights=expert_weights,
     lora_refused=LORA_REFUSED,
     router_logits=run_recording_router_logits,
+    sequence_classification={"qwen3_moe": "Qwen3MoeForSequenceClassification"},
 )

@@ -35,4 +35,5 @@ FAMILY = native_family(
     weights=WEIGHTS,
     lora_targets=lora_targets_of(),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
+    sequence_classification={"smollm3": "SmolLM3ForSequenceClassification"},
 )

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..families import Family
+from ..families import Family, all_families
 from ..lora.runtime import adapter_disabled
 
 PROMPT_TUNING = "PROMPT_TUNING"
@@ -46,12 +46,6 @@ PEFT_TYPES = (PROMPT_TUNING, P_TUNING, PREFIX_TUNING)
 
 ENCODER_NAME = "prompt_encoder"
 """The attribute of the Tunix module that holds the prompt encoder (the first part of its parameters' paths)."""
-
-SUPPORTED_FAMILIES = ("qwen2", "qwen3", "llama3")
-"""Families whose Tunix embedder is a plain table lookup, as the Hugging Face ``embed_tokens`` whose output peft
-prepends the virtual tokens to, and whose decoders take a ``{"layer_i": {"k", "v", "end_index"}}`` KV cache. The
-Gemma decoders scale the embeddings in the model (Gemma 2, so peft scales the virtual tokens too) or derive per-layer
-inputs from the token ids (Gemma 4), which placeholder ids cannot reproduce."""
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {"relu": jax.nn.relu, "tanh": jnp.tanh}
 
@@ -131,10 +125,11 @@ def token_embeddings(module: nnx.Module, ids: np.ndarray) -> jax.Array:
 
 
 def check_family(family: Family) -> None:
-    """Raises ``ValueError`` for a family prompt learning is not implemented for (see :data:`SUPPORTED_FAMILIES`)."""
-    if family.name not in SUPPORTED_FAMILIES:
+    """Raises ``ValueError`` for a family prompt learning is not implemented for (``Family.prompt_learning``)."""
+    if not family.prompt_learning:
+        supported = sorted(other.name for other in all_families() if other.prompt_learning)
         raise ValueError(f"prompt learning (prompt tuning, P-tuning, prefix tuning) is implemented for "
-                         f"{list(SUPPORTED_FAMILIES)}, not {family.name}: its decoder scales the input embeddings or "
+                         f"{supported}, not {family.name}: its decoder scales the input embeddings or "
                          "derives per-layer inputs from the token ids, so virtual tokens would not be fed as peft "
                          "feeds them. Use a LoraConfig for this model.")
 

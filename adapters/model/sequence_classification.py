@@ -32,40 +32,38 @@ SCORE_HF_NAME = "score.weight"
 SCORE_NNX_PATH = "score.kernel"
 SCORE_RULE = WeightRule(SCORE_HF_NAME, SCORE_NNX_PATH, TRANSPOSED)
 
-ARCHITECTURES = {
-    "qwen2": "Qwen2ForSequenceClassification",
-    "qwen3": "Qwen3ForSequenceClassification",
-    "llama3": "LlamaForSequenceClassification",
-    "gemma2": "Gemma2ForSequenceClassification",
-    "gemma3": "Gemma3TextForSequenceClassification",
-    "qwen3_moe": "Qwen3MoeForSequenceClassification",
-}
-"""The ``transformers`` class of each family's classifier (``config.architectures`` on export)."""
-
-_classifier_families: dict[str, Family] = {}
+_classifier_families: dict[tuple[str, str], Family] = {}
 
 
-def classifier_family(family: Family) -> Family:
+def classifier_family(family: Family, model_type: str | None = None) -> Family:
     """The ``*ForSequenceClassification`` table of a causal-LM family: its decoder rows without ``lm_head``, plus
     ``score.weight (num_labels, hidden) <-> score.kernel (hidden, num_labels)``, and a ``build_model`` that adds the
     ``score`` head to the decoder; its ``forward`` and ``logits_from_hidden`` refuse (there is no LM head to give
     logits). One object per family, so compiled programs and built abstract models are reused.
 
+    Args:
+        family: the causal-LM family table.
+        model_type: the checkpoint's ``config.model_type`` (a family reading several names the classifier class
+            of each, ``Family.sequence_classification``); ``None``: the family's first model type.
+
     Raises:
-        ValueError: ``transformers`` has no classifier of the family (Gemma 4), so there is no checkpoint layout
-            to follow.
+        ValueError: ``transformers`` has no classifier of the model type (Gemma 4, Granite), so there is no checkpoint
+            layout to follow.
     """
-    if family.name not in ARCHITECTURES:
+    model_type = model_type or family.model_types[0]
+    architecture = family.sequence_classification.get(model_type)
+    if architecture is None:
         raise ValueError(f"{family.name} has no sequence-classification model in transformers (no "
-                         f"*ForSequenceClassification class for it), so torchlike has none either; the families with "
-                         f"one are {sorted(ARCHITECTURES)}. Load the checkpoint with AutoModelForCausalLM instead.")
-    if family.name not in _classifier_families:
+                         f"*ForSequenceClassification class for model_type {model_type!r}), so torchlike has none "
+                         "either. Load the checkpoint with AutoModelForCausalLM instead.")
+    key = (family.name, model_type)
+    if key not in _classifier_families:
         weights = tuple(rule for rule in family.weights if not rule.hf.startswith("lm_head.")) + (SCORE_RULE,)
-        _classifier_families[family.name] = dataclasses.replace(
-            family, architectures=(ARCHITECTURES[family.name],), weights=weights,
+        _classifier_families[key] = dataclasses.replace(
+            family, architectures=(architecture,), weights=weights,
             build_model=functools.partial(build_classifier, family.build_model),
             forward=_no_language_model_head, logits_from_hidden=_no_language_model_head)
-    return _classifier_families[family.name]
+    return _classifier_families[key]
 
 
 def _no_language_model_head(*args: Any) -> None:
