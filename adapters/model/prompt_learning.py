@@ -38,6 +38,7 @@ from flax import nnx
 
 from ..families import Family, all_families
 from ..lora.runtime import adapter_disabled
+from . import decoder_contract
 
 PROMPT_TUNING = "PROMPT_TUNING"
 P_TUNING = "P_TUNING"
@@ -121,7 +122,7 @@ def linear_init(key: jax.Array, fan_in: int, fan_out: int) -> tuple[np.ndarray, 
 def token_embeddings(module: nnx.Module, ids: np.ndarray) -> jax.Array:
     """The rows ``ids`` of the Tunix decoder's input embedding table (peft's ``word_embeddings(ids)`` for the
     supported families, whose embedder does not scale)."""
-    return module.embedder.input_embedding.get_value()[jnp.asarray(ids)]
+    return decoder_contract.embedding_table(module)[jnp.asarray(ids)]
 
 
 def check_family(family: Family) -> None:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..lora import runtime as lora_runtime
+from ..model import decoder_contract
 from .sampling import init_cache
 
 __all__ = ["GeometricMixture", "MixtureCoefficient", "mixture_scores"]
@@ -43,10 +44,6 @@ def mixture_scores(policy_logits: jax.Array, reference_logits: jax.Array, mixtur
     return jax.nn.log_softmax(mixed, axis=-1)
 
 
-def _embedding(module: nnx.Module) -> jax.Array:
-    return module.embedder.input_embedding.get_value()
-
-
 class GeometricMixture(nnx.Module):
     """A policy and a reference decoding together, scored as their geometric mixture (see the module docstring).
 
@@ -62,7 +59,7 @@ class GeometricMixture(nnx.Module):
 
     def __init__(self, policy: nnx.Module, reference: nnx.Module, mixture_coef: float,
                  reference_lora: str = lora_runtime.EVAL):
-        vocabularies = _embedding(policy).shape[0], _embedding(reference).shape[0]
+        vocabularies = decoder_contract.vocab_size(policy), decoder_contract.vocab_size(reference)
         if vocabularies[0] != vocabularies[1]:
             raise ValueError(f"the policy's vocabulary has {vocabularies[0]} rows and the reference's "
                              f"{vocabularies[1]}: the geometric mixture adds their logits token by token, so both "
@@ -108,7 +105,7 @@ class GeometricMixture(nnx.Module):
     @staticmethod
     def _member(module: nnx.Module, prefix: str, tokens, positions, cache: dict, attention_mask, inputs: dict):
         """One model's call on its own layers of the shared cache (cast to its dtype and back)."""
-        dtype = _embedding(module).dtype
+        dtype = decoder_contract.embedding_table(module).dtype
         own = {name[len(prefix):]: {part: value.astype(dtype) if part in ("k", "v") else value
                                     for part, value in layer.items()}
                for name, layer in cache.items() if name.startswith(prefix)}

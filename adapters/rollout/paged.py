@@ -44,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..distributed import mesh as mesh_lib
 from ..distributed.multihost import gather_to_host
 from ..lora import runtime as lora_runtime
+from ..model import decoder_contract
 from ..model.tunix_model import image_blocks, positions_from_mask
 from ..runtime.float32_dots import float32_dots, gather_tables
 from ..runtime.tracing import record_trace, traced_cheaply
@@ -296,7 +297,7 @@ def _prefill_chunk_program(programs: _Programs, module, tables, pool, chunk_ids,
     record_trace("generate", {"engine program": "prefill chunk", "requests": groups, "chunk bucket": width,
                               "view": programs.view})
     graphdef, state = nnx.split(module)
-    vocab = module.embedder.input_embedding.get_value().shape[0]
+    vocab = decoder_contract.vocab_size(module)
 
     def one_token(step, carry):
         pool, last = carry
@@ -496,7 +497,7 @@ class _Run:
         self.pages = PagePool(pages + 1, page_size)
         engine.stats.pages = self.pages.usable
         self.pool = engine._take_pool(self.pages.num_pages)
-        vocab = engine.module.embedder.input_embedding.get_value().shape[0]
+        vocab = decoder_contract.vocab_size(engine.module)
         self.seen = engine._zeros((self.num_slots, vocab if self.switches.repetition_penalty else 1), bool)
         self.slots: list[_Slot | None] = [None] * self.num_slots
         self.fed = np.zeros(self.num_slots, np.int32)

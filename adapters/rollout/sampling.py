@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding
 from ..distributed.mesh import place_array
 from ..distributed.multihost import gather_to_host
 from ..lora import runtime as lora_runtime
+from ..model import decoder_contract
 from ..model.tunix_model import image_blocks, positions_from_mask
 from ..runtime.float32_dots import float32_dots
 from ..runtime.tracing import record_trace, traced_cheaply
@@ -276,26 +277,18 @@ def choose_tokens_per_row(logits: jax.Array, keys: jax.Array, switches: Sampling
 
 
 def init_cache(module: nnx.Module, batch_size: int, size: int) -> dict[str, dict[str, jax.Array]]:
-    """An empty Tunix KV cache: ``{"layer_i": {"k", "v": [B, size, kv_heads, head_dim], "end_index": [B]}}``.
-
-    Every Tunix decoder (Qwen2/3, Llama 3, Gemma 2/3/4) reads this layout and writes at
-    ``end_index[0]``; the cache dtype is the embedding's, which is what the projections produce. A module
-    with a ``kv_cache_shapes()`` method (Gemma 4: per-layer head sizes, KV-shared layers without a cache)
-    names its layers and their ``(kv_heads, head_dim)``; otherwise every layer has the config's.
-    """
-    config = module.config
-    if hasattr(module, "kv_cache_shapes"):
-        layers = module.kv_cache_shapes()
-    else:
-        layers = {f"layer_{index}": (config.num_kv_heads, config.head_dim) for index in range(config.num_layers)}
-    dtype = module.embedder.input_embedding.get_value().dtype
+    """An empty KV cache of the model contract (:mod:`adapters.model.decoder_contract`): ``{"layer_i": {"k", "v":
+    [B, size, kv_heads, head_dim], "end_index": [B]}}`` for each layer of
+    :func:`~adapters.model.decoder_contract.kv_cache_shapes`, in the embedding table's dtype (what the projections
+    produce)."""
+    dtype = decoder_contract.embedding_table(module).dtype
     return {
         name: {
             "k": jnp.zeros((batch_size, size, *heads), dtype),
             "v": jnp.zeros((batch_size, size, *heads), dtype),
             "end_index": jnp.zeros((batch_size,), jnp.int32),
         }
-        for name, heads in layers.items()
+        for name, heads in decoder_contract.kv_cache_shapes(module).items()
     }
 
 

@@ -17,7 +17,13 @@ with each adapter as a ``LoRARequest`` (under its name). The last line printed i
 from __future__ import annotations
 
 import json
+import os
 import sys
+
+# Python puts this script's folder first on sys.path, and tests/helpers has modules named like vLLM's dependencies
+# (tokenizers.py, data.py): drop it, so that ``import tokenizers`` finds the package.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != _HERE]
 
 
 def run(job: dict) -> dict:
