@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 import peft
 import pytest
@@ -68,6 +69,12 @@ def _short_factors_only(model):
         layer.attn.rope = dataclasses.replace(layer.attn.rope, long_inv_freq=())
 
 
+def _half_split_rope(model):
+    for layer in model.module.layers:
+        if layer.attn.rope is not None:
+            layer.attn.rope = dataclasses.replace(layer.attn.rope, interleaved=False)
+
+
 def _sequential_residual(model):
     for layer in model.module.layers:
         layer.block_kind = "sequential"
@@ -79,12 +86,19 @@ def _no_multipliers(model):
         layer.residual_multiplier = 1.0
 
 
-SWITCHES = [("mistral", _without_window), ("ministral", _without_window), ("phi3", _without_window),
+def _no_sinks(model):
+    for layer in model.module.layers:
+        layer.attn.sinks.set_value(jnp.full_like(layer.attn.sinks.get_value(), -1e30))
+
+
+SWITCHES = [("gpt_oss", _no_sinks), ("gpt_oss", _without_window),
+            ("mistral", _without_window), ("ministral", _without_window), ("phi3", _without_window),
             ("olmo3", _without_window), ("smollm3", _rope_on_every_layer), ("phi3_longrope", _short_factors_only),
-            ("gpt_neox", _sequential_residual), ("granite", _no_multipliers)]
+            ("gpt_neox", _sequential_residual), ("granite", _no_multipliers), ("cohere2", _rope_on_every_layer),
+            ("cohere2", _half_split_rope)]
 
 
-@pytest.mark.parametrize(("case", "switch_off"), SWITCHES, ids=[case for case, _ in SWITCHES])
+@pytest.mark.parametrize(("case", "switch_off"), SWITCHES, ids=[f"{case}-{off.__name__}" for case, off in SWITCHES])
 def test_each_family_switch_changes_the_logits_the_parity_test_checks(case, switch_off, tiny_checkpoints):
     """The parity test would fail if a family's switch were ignored: turning it off moves the logits by far more than
     its 1e-4 tolerance."""
@@ -209,3 +223,37 @@ def test_a_config_feature_the_family_does_not_compute_is_refused_by_name(family,
     config = tiny_config(family, **change)
     with pytest.raises(UnsupportedConfigError, match=field.replace("(", r"\(").replace("[", r"\[")):
         torchlike.AutoModelForCausalLM.from_config(config, dtype="float32")
+
+
+def test_gpt_oss_router_aux_loss_equals_transformers_and_is_added_to_the_loss(references):
+    from torchlike.adapters.losses import router as router_loss
+    from torchlike.adapters.model.tunix_model import causal_attention, positions_from_mask
+    from torchlike.adapters.training import train_step
+
+    path, reference = references("gpt_oss")
+    model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    ids, mask, _ = tiny.padded_batch()
+    labels = np.where(mask.astype(bool), ids, -100)
+    reference.router_aux_loss_coef = 0.25
+    with torch.no_grad():
+        out = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), labels=torch.tensor(labels),
+                        output_router_logits=True)
+    tokens, valid = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, bool)
+
+    def forward(module):
+        return model.family.forward(module, tokens, positions_from_mask(valid), causal_attention(valid))
+
+    _, record = model.family.router_logits(forward, model.module)
+    assert len(record.logits) == model.config.num_hidden_layers and record.top_k == 2
+    aux = router_loss.load_balancing_loss(record.logits, jnp.asarray(mask), record.top_k)
+    assert abs(float(aux) - float(out.aux_loss)) <= 1e-5
+    batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.asarray(mask), "loss_mask": jnp.asarray(mask)}
+    value, count, metrics = train_step.causal_lm_loss(model.family, router_aux_loss_coef=0.25)(model.module, batch)
+    assert abs(float(value / count) - float(out.loss)) <= 1e-5
+    assert abs(float(metrics["aux_loss"]) - float(out.aux_loss)) <= 1e-5
+
+
+def test_lora_on_gpt_oss_experts_is_refused_naming_the_module(tiny_checkpoints):
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("gpt_oss"), dtype="float32")
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.experts.*stacked parameters"):
+        get_peft_model(model, LoraConfig(target_modules=["experts"]))

@@ -60,9 +60,11 @@ CASES = {
     "gpt_neox": lambda: tiny_config("gpt_neox"),
     "gpt_neox_sequential": lambda: tiny_config("gpt_neox", use_parallel_residual=False, attention_bias=False),
     "granite": lambda: tiny_config("granite"),
+    "cohere2": lambda: tiny_config("cohere2"),
+    "gpt_oss": lambda: tiny_config("gpt_oss"),
 }
 NATIVE_CASES = ["mistral", "ministral", "phi3", "phi3_longrope", "smollm3", "olmo2", "olmo3", "gpt_neox",
-                "gpt_neox_sequential", "granite"]
+                "gpt_neox_sequential", "granite", "cohere2", "gpt_oss"]
 """The cases on torchlike's native decoder."""
 
 

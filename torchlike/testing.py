@@ -102,6 +102,17 @@ _FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # Granite: Granite 3's multipliers (embeddings x12, attention scale 1/64, residual branches x0.22, logits / 8).
     "granite": ("GraniteConfig", dict(rope_theta=10000.0, tie_word_embeddings=True, embedding_multiplier=12.0,
                                       attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0)),
+    # Cohere 2: one norm for the parallel attention and MLP, interleaved rope on the sliding layers only (alternating
+    # with full layers), a window of 8, the logit scale of Command R7B (0.25), tied embeddings.
+    "cohere2": ("Cohere2Config", dict(rope_theta=10000.0, sliding_window=8, logit_scale=0.25, layer_norm_eps=1e-5,
+                                      tie_word_embeddings=True)),
+    # GPT-OSS: 4 experts of 32, 2 per token, sliding and full layers taking turns (a window of 8), attention sinks,
+    # YaRN rope as published (factor 32 over an original 4096 positions).
+    "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
+                                     tie_word_embeddings=False, rope_parameters={
+                                         "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                         "truncate": False, "original_max_position_embeddings": 4096,
+                                         "rope_theta": 150000.0})),
 }
 FAMILIES = tuple(_FAMILIES)
 
@@ -130,7 +141,7 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
     fields.setdefault("head_dim", fields["hidden_size"] // fields["num_attention_heads"])
     if family == "gemma3":
         fields.setdefault("query_pre_attn_scalar", fields["head_dim"])
-    if family in ("gemma3", "gemma4", "ministral", "olmo3"):
+    if family in ("gemma3", "gemma4", "ministral", "olmo3", "cohere2", "gpt_oss"):
         fields.setdefault("layer_types", [("sliding_attention", "full_attention")[layer % 2]
                                           for layer in range(fields["num_hidden_layers"])])
     return getattr(transformers, class_name)(**fields)

@@ -36,10 +36,11 @@ def rope_parameters_of(hf_config, layer_type: str | None = None) -> Mapping[str,
     return parameters
 
 
-def rope_of(hf_config, family: str, layer_type: str | None = None) -> Rope:
+def rope_of(hf_config, family: str, layer_type: str | None = None, interleaved: bool = False) -> Rope:
     """A layer's :class:`Rope` computed as ``transformers`` computes it: the default frequencies
     ``1 / theta ** (2i / rotary_dim)`` over ``rotary_dim = head_dim * partial_rotary_factor``, or the scaled ones of
-    ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` with their attention factor (LongRoPE: both sets).
+    ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` with their attention factor (LongRoPE: both sets);
+    ``interleaved``: Cohere's pairing of neighbouring features.
 
     Raises:
         UnsupportedConfigError: a rope type outside :data:`ROPE_TYPES`, named with the field.
@@ -55,27 +56,28 @@ def rope_of(hf_config, family: str, layer_type: str | None = None) -> Rope:
         rotary_dim = int(head_dim_of(hf_config) * parameters.get("partial_rotary_factor", 1.0))
         exponents = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(rotary_dim)
         inv_freq = 1.0 / (np.float32(parameters["rope_theta"]) ** exponents)
-        return Rope(_floats(inv_freq))
+        return Rope(_floats(inv_freq), interleaved=interleaved)
     inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, None, **keywords)
     if rope_type != "longrope":
-        return Rope(_floats(inv_freq.numpy()), float(factor))
+        return Rope(_floats(inv_freq.numpy()), float(factor), interleaved=interleaved)
     original = int(parameters["original_max_position_embeddings"])
     long_inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](hf_config, None, seq_len=original + 1, **keywords)
-    return Rope(_floats(inv_freq.numpy()), float(factor), _floats(long_inv_freq.numpy()), original)
+    return Rope(_floats(inv_freq.numpy()), float(factor), _floats(long_inv_freq.numpy()), original, interleaved)
 
 
 def _floats(values) -> tuple[float, ...]:
     return tuple(float(value) for value in np.asarray(values, np.float32))
 
 
-def check_native_config(hf_config, family: str, activation_field: str = "hidden_act") -> None:
+def check_native_config(hf_config, family: str, activation_field: str | None = "hidden_act") -> None:
     """Refuses what no native family computes: dropout during training, an activation outside
-    :data:`~adapters.model.native_decoder.ACTIVATIONS`, attention other than causal."""
+    :data:`~adapters.model.native_decoder.ACTIVATIONS` (``activation_field=None``: the family's activation is fixed,
+    whatever the config says), attention other than causal."""
     for name in DROPOUT_FIELDS:
         value = getattr(hf_config, name, 0.0) or 0.0
         require(float(value) == 0.0, f"{family}: {name}={value} is not supported (torchlike trains without dropout); "
                                      f"set {name}=0.0 in config.json.")
-    activation = getattr(hf_config, activation_field, "silu")
+    activation = getattr(hf_config, activation_field, "silu") if activation_field else "silu"
     require(activation in ACTIVATIONS, f"{family}: {activation_field}={activation!r} is not supported; supported: "
                                        f"{sorted(ACTIVATIONS)}.")
     require(not getattr(hf_config, "use_bidirectional_attention", False),

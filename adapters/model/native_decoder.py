@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,9 +41,9 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 """``transformers``' ``ACT2FN`` names the decoder computes, with the same formula (exact or tanh GELU)."""
 
 NORMS = ("rms", "layer")
-BLOCKS = ("sequential", "post_norm", "parallel")
+BLOCKS = ("sequential", "post_norm", "parallel", "parallel_shared_norm")
 QKV_LAYOUTS = ("split", "fused", "fused_per_head")
-MLPS = ("gated", "gated_fused", "plain")
+MLPS = ("gated", "gated_fused", "plain", "gpt_oss_experts")
 QK_NORMS = ("none", "head", "projection")
 
 
@@ -65,12 +66,15 @@ class Rope:
         long_inv_freq: LongRoPE's frequencies for a call whose largest position reaches
             ``original_max_position_embeddings`` (``transformers`` switches per forward call); ``()`` for one set.
         original_max_position_embeddings: LongRoPE's switch point.
+        interleaved: pairs are neighbouring features ``(2i, 2i + 1)`` (Cohere's ``rotate_half``) instead of
+            ``(i, i + rotary_dim / 2)``.
     """
 
     inv_freq: tuple[float, ...]
     attention_factor: float = 1.0
     long_inv_freq: tuple[float, ...] = ()
     original_max_position_embeddings: int = 0
+    interleaved: bool = False
 
     @property
     def rotary_dim(self) -> int:
@@ -87,11 +91,16 @@ class Rope:
         return jnp.cos(angles) * self.attention_factor, jnp.sin(angles) * self.attention_factor
 
     def apply(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-        """Rotates the first :attr:`rotary_dim` features of ``x [B, T, N, D]`` (``transformers``' ``rotate_half``)."""
+        """Rotates the first :attr:`rotary_dim` features of ``x [B, T, N, D]`` (``transformers``' ``rotate_half``, or
+        Cohere's interleaved one)."""
         rotated, passed = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
         cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
-        first, second = jnp.split(rotated, 2, axis=-1)
-        out = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+        if self.interleaved:
+            even, odd = rotated[..., 0::2], rotated[..., 1::2]
+            out = jnp.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1).reshape(rotated.shape)
+        else:
+            first, second = jnp.split(rotated, 2, axis=-1)
+            out = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
         return jnp.concatenate([out, passed], axis=-1) if passed.shape[-1] else out
 
 
@@ -104,13 +113,17 @@ class DecoderSpec:
         norm: ``"rms"`` (``x / rms(x) * weight``, float32 inside) or ``"layer"`` (LayerNorm, with ``norm_bias``).
         norm_eps: the norms' epsilon.
         block: how a layer wires its residuals: ``"sequential"`` (Llama: ``h = x + attn(norm(x))``,
-            ``h + mlp(norm(h))``), ``"post_norm"`` (OLMo 2: ``h = x + norm(attn(x))``, ``h + norm(mlp(h))``) or
-            ``"parallel"`` (GPT-NeoX: ``x + attn(norm1(x)) + mlp(norm2(x))``).
+            ``h + mlp(norm(h))``), ``"post_norm"`` (OLMo 2: ``h = x + norm(attn(x))``, ``h + norm(mlp(h))``),
+            ``"parallel"`` (GPT-NeoX: ``x + attn(norm1(x)) + mlp(norm2(x))``) or ``"parallel_shared_norm"`` (Cohere:
+            ``x + attn(norm(x)) + mlp(norm(x))``, one norm).
         qkv: ``"split"`` (``q_proj``, ``k_proj``, ``v_proj``), ``"fused"`` (one ``qkv_proj``: rows ``[q; k; v]``,
             Phi-3) or ``"fused_per_head"`` (one ``query_key_value``: per head ``[q, k, v]``, GPT-NeoX).
         qkv_name, output_name: the NNX names of the fused projection and the output projection.
         mlp: ``"gated"`` (``down(act(gate(x)) * up(x))``), ``"gated_fused"`` (``gate_up_proj`` rows ``[gate; up]``,
-            Phi-3) or ``"plain"`` (``down(act(up(x)))``).
+            Phi-3), ``"plain"`` (``down(act(up(x)))``) or ``"gpt_oss_experts"`` (:class:`GptOssExperts`: a router
+            with a bias picks ``num_experts_per_tok`` of ``num_experts`` experts).
+        num_experts, num_experts_per_tok: the experts of a mixture-of-experts MLP and how many each token uses.
+        attention_sinks: each head has a learned sink logit that joins the softmax and is then dropped (GPT-OSS).
         activation: a key of :data:`ACTIVATIONS`.
         attention_bias, output_bias, mlp_bias: which projections carry a bias.
         qk_norm: ``"none"``, ``"head"`` (an RMS norm of each head, Qwen3-style) or ``"projection"`` (an RMS norm over
@@ -122,6 +135,7 @@ class DecoderSpec:
         embedding_multiplier: the embeddings are multiplied by it (Granite).
         residual_multiplier: each block's attention and MLP outputs are multiplied by it before the residual add.
         logits_divisor: the logits are divided by it (Granite's ``logits_scaling``).
+        logits_multiplier: the logits are multiplied by it (Cohere's ``logit_scale``).
         tie_embeddings: the output head is the input embedding.
         dtype: the parameters' dtype.
     """
@@ -148,10 +162,14 @@ class DecoderSpec:
     output_bias: bool = False
     mlp_bias: bool = False
     qk_norm: str = "none"
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    attention_sinks: bool = False
     attention_scale: float | None = None
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_divisor: float = 1.0
+    logits_multiplier: float = 1.0
     tie_embeddings: bool = False
     dtype: jnp.dtype = jnp.float32
 
@@ -240,6 +258,8 @@ class Attention(nnx.Module):
             width = (heads + 2 * kv_heads) * head_dim
             setattr(self, spec.qkv_name, _linear(spec, hidden, width, bias, _IN_OUT, rngs))
         setattr(self, spec.output_name, _linear(spec, heads * head_dim, hidden, spec.output_bias, _OUT_IN, rngs))
+        if spec.attention_sinks:
+            self.sinks = nnx.Param(jnp.zeros((heads,), spec.dtype))
         if spec.qk_norm == "head":
             self.q_norm = Norm(head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
             self.k_norm = Norm(head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
@@ -289,7 +309,14 @@ class Attention(nnx.Module):
         grouped = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
         scores = jnp.einsum("BTKGD,BSKD->BKGTS", grouped, k.astype(q.dtype)) * spec.scale
         scores = jnp.where(mask[:, None, None, :, :], scores, MASKED)
-        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
+        if spec.attention_sinks:
+            # transformers joins each head's sink logit as one more key, takes the softmax, then drops that column.
+            sinks = self.sinks.get_value().astype(scores.dtype).reshape(kv_heads, heads // kv_heads)
+            sinks = jnp.broadcast_to(sinks[None, :, :, None, None], (*scores.shape[:-1], 1))
+            probs = jax.nn.softmax(jnp.concatenate([scores, sinks], axis=-1).astype(jnp.float32), axis=-1)
+            probs = probs[..., :-1].astype(v.dtype)
+        else:
+            probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
         out = jnp.einsum("BKGTS,BSKD->BTKGD", probs, v).reshape(batch, length, heads * head_dim)
         return getattr(self, spec.output_name)(out.astype(x.dtype)), cache
 
@@ -321,6 +348,83 @@ class MLP(nnx.Module):
         return self.down_proj(inner)
 
 
+class GptOssExperts(nnx.Module):
+    """GPT-OSS's mixture-of-experts MLP as ``transformers``' ``GptOssMLP`` computes it: router logits
+    ``x @ router + bias``, the top ``num_experts_per_tok`` of them softmaxed, and each chosen expert's
+    ``((up + 1) * gate * sigmoid(1.702 * gate)) @ down + down_bias`` with ``gate, up`` the even and odd columns of
+    ``x @ gate_up_proj + gate_up_proj_bias``, clamped to 7 (``up`` on both sides). Only the chosen experts run
+    (``jax.lax.ragged_dot``, a grouped matmul). The expert tensors keep ``transformers``' layout: ``gate_up_proj``
+    ``[E, H, 2I]``, ``down_proj`` ``[E, I, H]``.
+
+    Attributes:
+        records_router_logits: sow the router logits as ``nnx.Intermediate`` ``router_logits`` (the load-balancing
+            loss reads them, :func:`run_recording_router_logits`).
+    """
+
+    ALPHA = 1.702
+    LIMIT = 7.0
+
+    def __init__(self, spec: DecoderSpec, rngs: nnx.Rngs):
+        experts, hidden, inner = spec.num_experts, spec.hidden_size, spec.intermediate_size
+        self.top_k = spec.num_experts_per_tok
+        self.records_router_logits = False
+        self.router = _linear(spec, hidden, experts, True, (None, None), rngs)
+        normal = nnx.initializers.normal(0.02)
+        self.gate_up_proj = nnx.Param(normal(rngs.params(), (experts, hidden, 2 * inner), spec.dtype),
+                                      sharding=("fsdp", None, "tp"))
+        self.gate_up_proj_bias = nnx.Param(jnp.zeros((experts, 2 * inner), spec.dtype))
+        self.down_proj = nnx.Param(normal(rngs.params(), (experts, inner, hidden), spec.dtype),
+                                   sharding=("fsdp", "tp", None))
+        self.down_proj_bias = nnx.Param(jnp.zeros((experts, hidden), spec.dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        router_logits = self.router(x)
+        if self.records_router_logits:
+            self.sow(nnx.Intermediate, "router_logits", router_logits)
+        top_logits, experts = jax.lax.top_k(router_logits, self.top_k)
+        weights = jax.nn.softmax(top_logits, axis=-1)
+        hidden = x.shape[-1]
+        count = self.gate_up_proj.shape[0]
+        chosen = experts.reshape(-1)
+        order = jnp.argsort(chosen, stable=True)
+        rows = jnp.repeat(x.reshape(-1, hidden), self.top_k, axis=0)[order]
+        sizes = jnp.bincount(chosen, length=count).astype(jnp.int32)
+        gate_up = jax.lax.ragged_dot(rows, self.gate_up_proj.get_value().astype(x.dtype), sizes)
+        gate_up = gate_up + self.gate_up_proj_bias.get_value().astype(x.dtype)[chosen[order]]
+        gate = jnp.minimum(gate_up[:, 0::2], self.LIMIT)
+        up = jnp.clip(gate_up[:, 1::2], -self.LIMIT, self.LIMIT)
+        activations = (up + 1) * (gate * jax.nn.sigmoid(gate * self.ALPHA))
+        outputs = jax.lax.ragged_dot(activations, self.down_proj.get_value().astype(x.dtype), sizes)
+        outputs = outputs + self.down_proj_bias.get_value().astype(x.dtype)[chosen[order]]
+        outputs = jnp.zeros_like(outputs).at[order].set(outputs).reshape(*experts.shape, hidden)
+        return jnp.einsum("BTKD,BTK->BTD", outputs, weights.astype(outputs.dtype))
+
+
+def _mlp(spec: DecoderSpec, rngs: nnx.Rngs) -> nnx.Module:
+    return GptOssExperts(spec, rngs) if spec.mlp == "gpt_oss_experts" else MLP(spec, rngs)
+
+
+def run_recording_router_logits(run: Callable[[nnx.Module], Any], module: NativeDecoder) -> tuple[Any, list]:
+    """``run(module)``, and the router logits ``[B, T, E]`` of the forward passes it ran, mixture layer by mixture
+    layer (captured with ``nnx.capture``, so they come out of ``nnx.remat`` too); the module is left as it was."""
+    blocks = [layer.mlp for layer in module.layers if isinstance(layer.mlp, GptOssExperts)]
+
+    def recording(module):
+        for block in blocks:
+            block.records_router_logits = True
+        try:
+            return run(module)
+        finally:
+            for block in blocks:
+                block.records_router_logits = False
+
+    result, sown = nnx.capture(recording, nnx.Intermediate)(module)
+    logits = []
+    for _, variable in sorted(nnx.to_flat_state(sown), key=lambda item: item[0]):
+        logits.extend(variable.get_value())
+    return result, logits
+
+
 class DecoderLayer(nnx.Module):
     """One decoder block, its residual wiring chosen by ``DecoderSpec.block``."""
 
@@ -331,10 +435,11 @@ class DecoderLayer(nnx.Module):
         if spec.block != "post_norm":
             self.input_layernorm = _norm(spec, spec.hidden_size, rngs)
         self.attn = Attention(spec, layer, rngs)
-        self.post_attention_layernorm = _norm(spec, spec.hidden_size, rngs)
+        if spec.block != "parallel_shared_norm":
+            self.post_attention_layernorm = _norm(spec, spec.hidden_size, rngs)
         if spec.block == "post_norm":
             self.post_feedforward_layernorm = _norm(spec, spec.hidden_size, rngs)
-        self.mlp = MLP(spec, rngs)
+        self.mlp = _mlp(spec, rngs)
 
     def block(self, x, positions, cache, mask):
         scale = self.residual_multiplier
@@ -342,7 +447,10 @@ class DecoderLayer(nnx.Module):
             attended, cache = self.attn(x, positions, cache, mask)
             x = x + self.post_attention_layernorm(attended)
             return cache, x + self.post_feedforward_layernorm(self.mlp(x))
-        attended, cache = self.attn(self.input_layernorm(x), positions, cache, mask)
+        normed = self.input_layernorm(x)
+        attended, cache = self.attn(normed, positions, cache, mask)
+        if self.block_kind == "parallel_shared_norm":
+            return cache, x + attended + self.mlp(normed)
         if self.block_kind == "parallel":
             return cache, x + attended + self.mlp(self.post_attention_layernorm(x))
         x = x + attended * scale if scale != 1.0 else x + attended
@@ -380,6 +488,8 @@ class NativeDecoder(nnx.Module):
     def head(self, hidden: jax.Array) -> jax.Array:
         """The output head on final-norm ``hidden`` states: float32 logits."""
         logits = self.embedder.decode(hidden) if self.config.tie_embeddings else self.lm_head(hidden)
+        if self.config.logits_multiplier != 1.0:
+            logits = logits * jnp.asarray(self.config.logits_multiplier, logits.dtype)
         logits = logits.astype(jnp.float32)
         return logits / self.config.logits_divisor if self.config.logits_divisor != 1.0 else logits
 

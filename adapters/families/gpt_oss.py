@@ -1,0 +1,79 @@
+"""GPT-OSS (``GptOssForCausalLM``) on the native decoder: attention with a bias on every projection and a learned sink
+per head, sliding and full layers by ``layer_types``, YaRN rope, and a mixture-of-experts MLP whose router has a bias
+(:class:`~adapters.model.native_decoder.GptOssExperts`), with ``transformers``' load-balancing loss."""
+
+from __future__ import annotations
+
+from ..losses.router import RouterRecord
+from ..model.native_decoder import DecoderSpec, run_recording_router_logits
+from .base import DECODER_IGNORED_KEYS, WeightRule, require
+from .native import (
+    LAYER,
+    NNX_LAYER,
+    check_native_config,
+    layer_types_windows,
+    linear_rows,
+    lora_targets_of,
+    native_family,
+    norm_rows,
+    rope_of,
+    sizes,
+)
+
+
+def spec_from_config(hf_config, dtype) -> DecoderSpec:
+    """The decoder spec of a GPT-OSS config."""
+    check_native_config(hf_config, "gpt_oss", activation_field=None)  # the experts' clamped SwiGLU is fixed
+    experts, top_k = hf_config.num_local_experts, hf_config.num_experts_per_tok
+    require(0 < top_k <= experts, f"gpt_oss: num_experts_per_tok={top_k} must be between 1 and num_local_experts="
+                                  f"{experts}.")
+    rope = rope_of(hf_config, "gpt_oss")
+    bias = bool(hf_config.attention_bias)
+    return DecoderSpec(**sizes(hf_config, dtype), ropes=(rope,) * hf_config.num_hidden_layers,
+                       windows=layer_types_windows(hf_config, "gpt_oss"), norm_eps=hf_config.rms_norm_eps,
+                       attention_bias=bias, output_bias=bias, attention_sinks=True, mlp="gpt_oss_experts",
+                       num_experts=experts, num_experts_per_tok=top_k)
+
+
+EXPERTS, NNX_EXPERTS = f"{LAYER}.mlp.experts", f"{NNX_LAYER}.mlp"
+
+# Every bias row is listed: a config without attention biases has no bias parameter for them to fill.
+WEIGHTS: tuple[WeightRule, ...] = (
+    WeightRule("model.embed_tokens.weight", "embedder.input_embedding"),
+    *(row for projection in ("q_proj", "k_proj", "v_proj", "o_proj")
+      for row in linear_rows(f"{LAYER}.self_attn.{projection}", f"{NNX_LAYER}.attn.{projection}", bias=True)),
+    WeightRule(f"{LAYER}.self_attn.sinks", f"{NNX_LAYER}.attn.sinks"),
+    *linear_rows(f"{LAYER}.mlp.router", f"{NNX_LAYER}.mlp.router", bias=True),
+    # transformers keeps the experts as stacked parameters in the layout the NNX module holds.
+    WeightRule(f"{EXPERTS}.gate_up_proj", f"{NNX_EXPERTS}.gate_up_proj"),
+    WeightRule(f"{EXPERTS}.gate_up_proj_bias", f"{NNX_EXPERTS}.gate_up_proj_bias"),
+    WeightRule(f"{EXPERTS}.down_proj", f"{NNX_EXPERTS}.down_proj"),
+    WeightRule(f"{EXPERTS}.down_proj_bias", f"{NNX_EXPERTS}.down_proj_bias"),
+    *norm_rows(f"{LAYER}.input_layernorm", f"{NNX_LAYER}.input_layernorm"),
+    *norm_rows(f"{LAYER}.post_attention_layernorm", f"{NNX_LAYER}.post_attention_layernorm"),
+    *norm_rows("model.norm", "final_norm"),
+    *linear_rows("lm_head", "lm_head"),
+)
+
+
+def router_logits(run, module):
+    """``(run(module), RouterRecord)``: the router logits of the forward passes ``run`` makes
+    (``Family.router_logits``)."""
+    result, logits = run_recording_router_logits(run, module)
+    return result, RouterRecord(top_k=module.config.num_experts_per_tok, logits=logits)
+
+
+FAMILY = native_family(
+    name="gpt_oss",
+    model_types=("gpt_oss",),
+    architectures=("GptOssForCausalLM",),
+    spec_from_config=spec_from_config,
+    weights=WEIGHTS,
+    lora_targets=lora_targets_of(mlp=()),
+    ignored_hf_keys=DECODER_IGNORED_KEYS,
+    router_logits=router_logits,
+    lora_refused={r".*\.mlp\.experts.*": "the experts are stacked parameters, not linear modules (PEFT reaches them "
+                                          "only through target_parameters)",
+                  r".*\.mlp\.router": "the router is not a linear module in transformers' GPT-OSS"},
+    sequence_classification={"gpt_oss": "GptOssForSequenceClassification"},
+)
