@@ -255,5 +255,9 @@ def test_gpt_oss_router_aux_loss_equals_transformers_and_is_added_to_the_loss(re
 
 def test_lora_on_gpt_oss_experts_is_refused_naming_the_module(tiny_checkpoints):
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("gpt_oss"), dtype="float32")
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.experts.*stacked parameters"):
+    with pytest.raises(ValueError, match=r"\['experts'\] matches no module.*model\.layers\.0\.mlp\.experts.*"
+                                         r"stacked parameters"):
         get_peft_model(model, LoraConfig(target_modules=["experts"]))
+    # Llama's list of projections adapts the attention, as in PEFT (GPT-OSS has no linear MLP projections).
+    adapted = get_peft_model(model, LoraConfig(target_modules=["q_proj", "v_proj", "down_proj"]))
+    assert {key.split(".")[3] for key in adapted.state_dict() if "lora" in key} == {"q_proj", "v_proj"}

@@ -26,7 +26,8 @@ SETTINGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, ma
 LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
                 "phi3_longrope": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
                 "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
-                "gpt_neox_sequential": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]}
+                "gpt_neox_sequential": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+                "gpt_oss": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 # Below every step's gradient norm, so clipping is active (Granite's logits divisor keeps its gradients small).
 MAX_GRAD_NORM = {False: 0.1, True: 0.005}
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

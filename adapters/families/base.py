@@ -221,6 +221,9 @@ class Family:
             a mixture-of-experts model, whose count the config sets.
         lora_refused: HF module-name regex -> why LoRA cannot adapt the modules it names (stacked experts): a
             ``target_modules`` naming one of them raises with the reason instead of adapting the others.
+        lora_not_linear: HF module-name regex -> why: modules that are not ``nn.Linear`` in ``transformers`` (GPT-OSS's
+            stacked experts and router), which ``target_modules`` never adapts, as in PEFT; a name that reaches only
+            them is refused with the reason.
         router_logits: ``(run, module) -> (run(module), RouterRecord)``: runs ``run`` and returns, with its result, an
             :class:`adapters.router_loss.RouterRecord` of the router logits of the forward passes it ran
             (mixture-of-experts families; ``None`` for dense ones).
@@ -258,6 +261,7 @@ class Family:
     norms_scale_by_one_plus_weight: bool = False
     config_weights: Callable[[Any], tuple[WeightRule, ...]] | None = None
     lora_refused: Mapping[str, str] = field(default_factory=dict)
+    lora_not_linear: Mapping[str, str] = field(default_factory=dict)
     router_logits: Callable[..., Any] | None = None
     kept_hf_keys: tuple[str, ...] = ()
     images: Callable[..., Any] | None = None

@@ -72,7 +72,7 @@ FAMILY = native_family(
     lora_targets=lora_targets_of(mlp=()),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     router_logits=router_logits,
-    lora_refused={r".*\.mlp\.experts.*": "the experts are stacked parameters, not linear modules (PEFT reaches them "
+    lora_not_linear={r".*\.mlp\.experts.*": "the experts are stacked parameters, not linear modules (PEFT reaches them "
                                           "only through target_parameters)",
                   r".*\.mlp\.router": "the router is not a linear module in transformers' GPT-OSS"},
     sequence_classification={"gpt_oss": "GptOssForSequenceClassification"},

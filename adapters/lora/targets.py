@@ -44,7 +44,8 @@ def adaptable_modules(family: Family, module: nnx.Module) -> list[LoraTarget]:
 def _check_not_refused(family: Family, module: nnx.Module, target_modules: list[str] | str) -> None:
     """Raises when ``target_modules`` names a module the family refuses (``Family.lora_refused``), naming it and
     giving the reason. The modules are those of the table's HF weights and their parents."""
-    if not family.lora_refused:
+    refused = family.lora_refused
+    if not refused:
         return
     found = set()
     for nnx_path in flat_variables(module):
@@ -52,10 +53,29 @@ def _check_not_refused(family: Family, module: nnx.Module, target_modules: list[
             parts = hf_name.removesuffix(".weight").split(".")
             found.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
     for hf_module in sorted(found):
-        reason = next((why for pattern, why in family.lora_refused.items() if re.fullmatch(pattern, hf_module)), None)
+        reason = next((why for pattern, why in refused.items() if re.fullmatch(pattern, hf_module)), None)
         if reason is not None and _names(hf_module, target_modules):
             raise ValueError(f"target_modules={target_modules!r} names {hf_module}, which LoRA cannot adapt in the "
                              f"{family.name} model: {reason}.")
+
+
+def _not_linear_note(family: Family, module: nnx.Module, names: list[str]) -> str:
+    """Why the HF modules ``names`` point at cannot be adapted (``Family.lora_not_linear``: not ``nn.Linear`` in
+    ``transformers``, so PEFT's ``target_modules`` never reaches them either), or ``""``."""
+    if not family.lora_not_linear:
+        return ""
+    found = set()
+    for nnx_path in flat_variables(module):
+        for hf_name, _rule in family.nnx_to_hf(nnx_path):
+            parts = hf_name.removesuffix(".weight").split(".")
+            found.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
+    notes = {}
+    for hf_module in sorted(found):
+        reason = next((why for pattern, why in family.lora_not_linear.items() if re.fullmatch(pattern, hf_module)),
+                      None)
+        if reason and _names(hf_module, names):
+            notes.setdefault(reason, hf_module)
+    return "".join(f" {hf_module} is not adapted: {reason}." for reason, hf_module in notes.items())
 
 
 def default_target_modules(family: Family) -> list[str] | str:
@@ -100,13 +120,17 @@ def select_targets(family: Family, module: nnx.Module, target_modules) -> list[L
     candidates = adaptable_modules(family, module)
     known = sorted(family.lora_targets)
     if not isinstance(target_modules, str):
-        unknown = [n for n in target_modules if not any(_names(m, [n]) for t in candidates for m in t.hf_modules)]
+        # A name reaching only modules that are not linear in transformers is skipped, as PEFT skips it.
+        unknown = [n for n in target_modules if not any(_names(m, [n]) for t in candidates for m in t.hf_modules)
+                   and not _not_linear_note(family, module, [n])]
         if unknown:
             raise ValueError(f"target_modules {unknown} match no module of this {family.name} model; valid names: "
                              f"{known} (or full names like 'model.layers.0.self_attn.q_proj', a regex, 'all-linear').")
     chosen = [t for t in candidates if any(_names(m, target_modules) for m in t.hf_modules)]
     if not chosen:
-        raise ValueError(f"target_modules={target_modules!r} matches no module; valid names: {known}.")
+        named = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+        raise ValueError(f"target_modules={target_modules!r} matches no module; valid names: {known}."
+                         f"{_not_linear_note(family, module, named)}")
     return chosen
 
 

@@ -1,21 +1,28 @@
-"""Greedy tokens from vLLM for a checkpoint, optionally with a PEFT LoRA adapter: the vLLM side of
+"""vLLM's greedy tokens for checkpoints, optionally with PEFT LoRA adapters: the vLLM side of
 ``tests/test_vllm_serving.py``.
 
 Run with the python of a venv that has vLLM (``TORCHLIKE_VLLM_PYTHON``); it imports only vLLM, torch and the standard
-library, never torchlike. The job is a JSON object, given as the first argument or on standard input::
+library, never torchlike. The job is a JSON object, or a list of them served one after the other in this one process,
+given as the first argument or on standard input::
 
     {"model": "/path/to/checkpoint", "prompts": [[5, 6, 7], [8, 9]], "max_new_tokens": 8,
      "adapters": {"lora": "/path/to/adapter"}, "max_lora_rank": 8, "dtype": "float32", "max_model_len": 128}
 
-``adapters`` (optional) names PEFT adapter folders; with any, vLLM starts with ``enable_lora=True``. The prompts are
-generated greedily (temperature 0, ``ignore_eos``) once on the checkpoint alone (under the key ``"base"``) and once
-with each adapter as a ``LoRARequest`` (under its name). The last line printed is the answer, JSON::
+vLLM starts on ``model`` (no tokenizer, eager, float32 unless ``dtype`` says otherwise), with ``enable_lora=True``
+when ``adapters`` (names of PEFT adapter folders) is given. Each prompt is generated greedily (temperature 0,
+``ignore_eos``) once on the checkpoint alone, under the name ``"base"``, and once with each adapter as a
+``LoRARequest``, under the adapter's name. The last line printed is the answer, JSON, one entry per job::
 
-    {"vllm": "0.32.0", "tokens": {"base": [[...], [...]], "lora": [[...], [...]]}}
+    {"vllm": "0.32.0", "transformers": "5.19.0", "jobs": [{"base": {"tokens": [[...], ...],
+     "logprobs": [[...], ...], "prompt_logprobs": [[...], ...]}, "lora": {...}}]}
+
+``logprobs`` are those of the generated tokens; ``prompt_logprobs`` those of each prompt token after the first, given
+the tokens before it (vLLM's raw log-probabilities). A job that fails has ``{"error": "<type>: <message>"}`` instead.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -24,11 +31,20 @@ import sys
 # (tokenizers.py, data.py): drop it, so that ``import tokenizers`` finds the package.
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != _HERE]
+# The engine in this process (no engine-core and worker processes to start: each would import vLLM again), no hub.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def run(job: dict) -> dict:
-    """Starts vLLM on ``job["model"]`` and returns its greedy tokens for each prompt, without and with each adapter."""
+def _chosen_logprobs(steps: list, tokens: list[int]) -> list[float]:
+    """The log-probability of each chosen token from vLLM's per-step ``{token: Logprob}`` dictionaries."""
+    return [step[token].logprob for step, token in zip(steps, tokens, strict=True)]
+
+
+def serve(job: dict) -> dict:
+    """Starts vLLM on ``job["model"]`` and returns, per request name, its greedy tokens and log-probabilities."""
     import vllm
+    from vllm.distributed import cleanup_dist_env_and_memory
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
 
@@ -39,23 +55,43 @@ def run(job: dict) -> dict:
     if adapters:
         options.update(enable_lora=True, max_lora_rank=job.get("max_lora_rank", 8), max_loras=len(adapters))
     llm = vllm.LLM(**options)
-    sampling = vllm.SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True,
-                                   detokenize=False)
-    prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in job["prompts"]]
-    requests = {"base": None, **{name: LoRARequest(name, index + 1, path)
-                                 for index, (name, path) in enumerate(adapters.items())}}
-    tokens = {}
-    for name, request in requests.items():
-        outputs = llm.generate(prompts, sampling, lora_request=request, use_tqdm=False)
-        tokens[name] = [list(output.outputs[0].token_ids) for output in outputs]
-    return {"vllm": vllm.__version__, "tokens": tokens}
+    try:
+        sampling = vllm.SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True,
+                                       detokenize=False, logprobs=0, prompt_logprobs=0)
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in job["prompts"]]
+        requests = {"base": None, **{name: LoRARequest(name, index + 1, path)
+                                     for index, (name, path) in enumerate(adapters.items())}}
+        results = {}
+        for name, request in requests.items():
+            outputs = llm.generate(prompts, sampling, lora_request=request, use_tqdm=False)
+            results[name] = {
+                "tokens": [list(output.outputs[0].token_ids) for output in outputs],
+                "logprobs": [_chosen_logprobs(output.outputs[0].logprobs, output.outputs[0].token_ids)
+                             for output in outputs],
+                "prompt_logprobs": [_chosen_logprobs(output.prompt_logprobs[1:], output.prompt_token_ids[1:])
+                                    for output in outputs],
+            }
+        return results
+    finally:
+        del llm
+        gc.collect()
+        cleanup_dist_env_and_memory()
 
 
 def main() -> None:
     job = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
-    answer = run(job)
+    import transformers
+    import vllm
+
+    answers = []
+    for one in job if isinstance(job, list) else [job]:
+        try:
+            answers.append(serve(one))
+        except Exception as error:  # reported per job, so that one family's failure leaves the others' answers
+            answers.append({"error": f"{type(error).__name__}: {error}"})
     sys.stdout.flush()
-    print(json.dumps(answer), flush=True)
+    print(json.dumps({"vllm": vllm.__version__, "transformers": transformers.__version__, "jobs": answers}),
+          flush=True)
 
 
 if __name__ == "__main__":

