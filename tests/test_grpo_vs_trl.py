@@ -38,6 +38,13 @@ CASES = {
     "dapo, Qwen3-MoE with its router loss, accumulation 2": dict(model="qwen3_moe", loss_type="dapo",
                                                                 gradient_accumulation_steps=2,
                                                                 router_aux_loss_coef=0.05),
+    # The native decoder: a dense family (Mistral, sliding window) and a mixture-of-experts one (GPT-OSS, its router
+    # loss).
+    "grpo, Mistral, 3 steps per generation of 2": dict(model="mistral", loss_type="grpo",
+                                                       gradient_accumulation_steps=3, steps_per_generation=2),
+    "dapo, GPT-OSS with its router loss, accumulation 2": dict(model="gpt_oss", loss_type="dapo",
+                                                              gradient_accumulation_steps=2,
+                                                              router_aux_loss_coef=0.05),
 }
 
 
