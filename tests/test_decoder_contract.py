@@ -17,7 +17,8 @@ from torchlike.adapters.model.tunix_model import causal_attention, positions_fro
 from torchlike.adapters.rollout.sampling import init_cache
 
 TUNIX_CASES = ["qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe"]
-NATIVE_CASES = ["mistral", "phi3", "smollm3", "olmo2", "gpt_neox", "granite"]
+NATIVE_CASES = ["mistral", "phi3", "smollm3", "olmo2", "gpt_neox", "granite", "cohere2", "gpt_oss", "glm4_moe",
+                "deepseek_v3"]
 
 
 @pytest.fixture(scope="module", params=TUNIX_CASES + NATIVE_CASES)

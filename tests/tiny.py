@@ -62,9 +62,11 @@ CASES = {
     "granite": lambda: tiny_config("granite"),
     "cohere2": lambda: tiny_config("cohere2"),
     "gpt_oss": lambda: tiny_config("gpt_oss"),
+    "glm4_moe": lambda: tiny_config("glm4_moe"),
+    "deepseek_v3": lambda: tiny_config("deepseek_v3"),
 }
 NATIVE_CASES = ["mistral", "ministral", "phi3", "phi3_longrope", "smollm3", "olmo2", "olmo3", "gpt_neox",
-                "gpt_neox_sequential", "granite", "cohere2", "gpt_oss"]
+                "gpt_neox_sequential", "granite", "cohere2", "gpt_oss", "glm4_moe", "deepseek_v3"]
 """The cases on torchlike's native decoder."""
 
 
@@ -401,3 +403,21 @@ def compare_pairwise_logs(ours: list[dict], theirs: list[dict], keys: tuple[str,
     # Steps 1 and 2 score the initial weights (warmup starts at lr 0): chosen > rejected may be decided by noise.
     assert [found[step]["rewards/accuracies"] for step in (3, 4)] == \
         [expected[step]["rewards/accuracies"] for step in (3, 4)]
+
+
+#: Every linear module of a native case, named as PEFT names them (a fused projection is one module), where they are
+#: not the Llama names.
+_NATIVE_LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+                        "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+                        "gpt_oss": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                        "glm4_moe": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                        "deepseek_v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]}
+LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_targets(case: str) -> list[str]:
+    """The LoRA ``target_modules`` adapting every linear module of a case that LoRA adapts as PEFT does (GPT-OSS's
+    experts and router are not linear modules; DeepSeek-V3's and GLM-4 MoE's MLP names reach their routed experts in
+    PEFT, so only their attention is adapted)."""
+    family = case.removesuffix("_longrope").removesuffix("_sequential")
+    return list(_NATIVE_LORA_TARGETS.get(family, LLAMA_LORA_TARGETS))

@@ -113,6 +113,20 @@ _FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                          "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                          "truncate": False, "original_max_position_embeddings": 4096,
                                          "rope_theta": 150000.0})),
+    # GLM-4 MoE: the first layer dense, then 8 experts of 32 in 4 groups (2 chosen within the best 2 groups), a shared
+    # expert, per-head QK norms, biases on q/k/v, half of each head rotated.
+    "glm4_moe": ("Glm4MoeConfig", dict(
+        rope_theta=10000.0, tie_word_embeddings=False, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=1.5, use_qk_norm=True, attention_bias=True)),
+    # DeepSeek-V3: latent attention (query rank 32, key/value latent 16, 16 + 8 rotated query/key features, values of
+    # 16), interleaved YaRN rope with its attention scale, DeepSeek-V3's router on the second layer.
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        tie_word_embeddings=False, num_key_value_heads=4, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+        q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8,
+        rope_parameters={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0})),
 }
 FAMILIES = tuple(_FAMILIES)
 
@@ -159,7 +173,8 @@ def random_model(config: transformers.PretrainedConfig, seed: int = 0, dtype: st
         dtype: the weights' dtype, a name (``"bfloat16"``) or a ``torch.dtype``.
         every_parameter: draw every parameter again from a generator seeded with ``seed``: norms
             ``1 + N(0, 0.2²)``, the rest (biases included) ``N(0, 0.08²)``, so that no weight-mapping error hides
-            behind the zeros and ones ``transformers`` starts biases and norms from.
+            behind the zeros and ones ``transformers`` starts biases and norms from; the routers' saved
+            ``e_score_correction_bias`` buffers (DeepSeek-V3, GLM-4 MoE), which choose experts, are drawn too.
         attn_implementation: passed to ``from_config`` (``"eager"`` for reference logits; ``None``: the default).
 
     Returns:
@@ -178,6 +193,9 @@ def random_model(config: transformers.PretrainedConfig, seed: int = 0, dtype: st
                     parameter.copy_(1.0 + 0.2 * torch.randn(parameter.shape, generator=generator))
                 else:
                     parameter.copy_(0.08 * torch.randn(parameter.shape, generator=generator))
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.copy_(0.08 * torch.randn(buffer.shape, generator=generator))
     return model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype).eval()
 
 

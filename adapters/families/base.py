@@ -224,6 +224,8 @@ class Family:
         lora_not_linear: HF module-name regex -> why: modules that are not ``nn.Linear`` in ``transformers`` (GPT-OSS's
             stacked experts and router), which ``target_modules`` never adapts, as in PEFT; a name that reaches only
             them is refused with the reason.
+        all_linear_refused: why ``target_modules="all-linear"`` is refused (PEFT's ``"all-linear"`` on DeepSeek-V3 and
+            GLM-4 MoE also adapts the stacked experts and the router through ``target_parameters``); empty: accepted.
         router_logits: ``(run, module) -> (run(module), RouterRecord)``: runs ``run`` and returns, with its result, an
             :class:`adapters.router_loss.RouterRecord` of the router logits of the forward passes it ran
             (mixture-of-experts families; ``None`` for dense ones).
@@ -262,6 +264,7 @@ class Family:
     config_weights: Callable[[Any], tuple[WeightRule, ...]] | None = None
     lora_refused: Mapping[str, str] = field(default_factory=dict)
     lora_not_linear: Mapping[str, str] = field(default_factory=dict)
+    all_linear_refused: str = ""
     router_logits: Callable[..., Any] | None = None
     kept_hf_keys: tuple[str, ...] = ()
     images: Callable[..., Any] | None = None

@@ -34,6 +34,8 @@ def adaptable_modules(family: Family, module: nnx.Module) -> list[LoraTarget]:
             hf_module = hf_name.removesuffix(".weight")
             if hf_module.rsplit(".", 1)[-1] not in family.lora_targets or not hf_name.endswith(".weight"):
                 continue
+            if any(re.fullmatch(pattern, hf_module) for pattern in family.lora_not_linear):
+                continue
             module_path = parent.replace(".", "/")
             previous = found.get(module_path)
             modules = (previous.hf_modules if previous else ()) + (hf_module,)
@@ -111,11 +113,16 @@ def select_targets(family: Family, module: nnx.Module, target_modules) -> list[L
             (the family's :func:`default_target_modules`).
 
     Raises:
-        ValueError: nothing matched, naming the valid module names; or ``target_modules`` names a module the family
-            refuses (``Family.lora_refused``), with the reason.
+        ValueError: nothing matched, naming the valid module names; ``target_modules`` names a module the family
+            refuses (``Family.lora_refused``), with the reason; or ``"all-linear"`` where the family refuses it
+            (``Family.all_linear_refused``).
     """
     if target_modules is None:
         target_modules = default_target_modules(family)
+    if target_modules == "all-linear" and family.all_linear_refused:
+        raise ValueError(f"target_modules='all-linear' is not supported for the {family.name} model: "
+                         f"{family.all_linear_refused}. Name the modules to adapt instead, e.g. "
+                         f"{sorted(family.lora_targets)}.")
     _check_not_refused(family, module, target_modules)
     candidates = adaptable_modules(family, module)
     known = sorted(family.lora_targets)

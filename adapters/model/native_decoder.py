@@ -26,6 +26,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention_masks import sliding_window_mask
+from .experts import routed_experts
+from .nnx_state import Buffer
 
 MASKED = -2.3819763e38  # what Tunix's attention writes for hidden keys: a finite lowest value, so no row is NaN
 
@@ -105,6 +107,53 @@ class Rope:
 
 
 @dataclass(frozen=True)
+class RoutedSpec:
+    """DeepSeek-V3's mixture of experts (GLM-4 MoE has the same): a float32 router whose sigmoid scores, plus a
+    per-expert correction bias, choose ``num_experts_per_tok`` of ``num_experts`` experts within the ``topk_group``
+    best of ``n_group`` groups (a group scores as the sum of its two best experts); the chosen scores, renormalised
+    when ``norm_topk_prob``, times ``routed_scaling_factor``, weigh the experts' gated MLPs; a shared gated MLP of
+    ``n_shared_experts`` experts' width is added.
+
+    Args:
+        layers: which layers hold experts (the others keep the dense MLP).
+    """
+
+    num_experts: int
+    num_experts_per_tok: int
+    intermediate_size: int
+    n_shared_experts: int
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    layers: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class LatentAttentionSpec:
+    """DeepSeek-V3's multi-head latent attention: queries through a low-rank ``q_a_proj`` / norm / ``q_b_proj``
+    (or one ``q_proj`` when ``q_lora_rank`` is ``None``); keys and values from a ``kv_lora_rank`` latent
+    (``kv_a_proj_with_mqa``, norm, ``kv_b_proj``) whose last ``qk_rope_head_dim`` features are one rotary key shared
+    by every head. Each head's query and key are ``qk_nope_head_dim`` features without position plus
+    ``qk_rope_head_dim`` rotated ones; its value has ``v_head_dim``.
+
+    Args:
+        latent_norm_eps: the epsilon of the two latent norms (``transformers`` leaves them at its default, 1e-6).
+    """
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    latent_norm_eps: float = 1e-6
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class DecoderSpec:
     """Everything the native decoder needs to know of one model, as switches (see the module docstring).
 
@@ -123,6 +172,9 @@ class DecoderSpec:
             Phi-3), ``"plain"`` (``down(act(up(x)))``) or ``"gpt_oss_experts"`` (:class:`GptOssExperts`: a router
             with a bias picks ``num_experts_per_tok`` of ``num_experts`` experts).
         num_experts, num_experts_per_tok: the experts of a mixture-of-experts MLP and how many each token uses.
+        routed: DeepSeek-style routed experts (:class:`RoutedSpec`), on the layers it names; ``None``: none.
+        latent_attention: multi-head latent attention (:class:`LatentAttentionSpec`, DeepSeek-V3) instead of
+            ``q/k/v_proj``; ``None``: none.
         attention_sinks: each head has a learned sink logit that joins the softmax and is then dropped (GPT-OSS).
         activation: a key of :data:`ACTIVATIONS`.
         attention_bias, output_bias, mlp_bias: which projections carry a bias.
@@ -164,6 +216,8 @@ class DecoderSpec:
     qk_norm: str = "none"
     num_experts: int = 0
     num_experts_per_tok: int = 0
+    routed: RoutedSpec | None = None
+    latent_attention: LatentAttentionSpec | None = None
     attention_sinks: bool = False
     attention_scale: float | None = None
     embedding_multiplier: float = 1.0
@@ -188,6 +242,13 @@ class DecoderSpec:
     @property
     def scale(self) -> float:
         return self.attention_scale if self.attention_scale is not None else self.head_dim ** -0.5
+
+    @property
+    def cache_head_dim(self) -> int:
+        """The KV cache's head size: ``head_dim``, or latent attention's wider of its key and value heads (its values
+        are kept zero-padded to the keys' size)."""
+        latent = self.latent_attention
+        return self.head_dim if latent is None else max(latent.qk_head_dim, latent.v_head_dim)
 
 
 # The mesh axes of each kind of parameter: the names Tunix's models use, so both shard alike on one mesh.
@@ -250,6 +311,21 @@ class Attention(nnx.Module):
         self.window = spec.windows[layer]
         hidden, heads, kv_heads, head_dim = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
         bias = spec.attention_bias
+        latent = spec.latent_attention
+        if latent is not None:
+            if latent.q_lora_rank is None:
+                self.q_proj = _linear(spec, hidden, heads * latent.qk_head_dim, False, _IN_OUT, rngs)
+            else:
+                self.q_a_proj = _linear(spec, hidden, latent.q_lora_rank, bias, _IN_OUT, rngs)
+                self.q_a_layernorm = Norm(latent.q_lora_rank, "rms", latent.latent_norm_eps, False, spec.dtype, rngs)
+                self.q_b_proj = _linear(spec, latent.q_lora_rank, heads * latent.qk_head_dim, False, _IN_OUT, rngs)
+            self.kv_a_proj_with_mqa = _linear(spec, hidden, latent.kv_lora_rank + latent.qk_rope_head_dim, bias,
+                                              _IN_OUT, rngs)
+            self.kv_a_layernorm = Norm(latent.kv_lora_rank, "rms", latent.latent_norm_eps, False, spec.dtype, rngs)
+            self.kv_b_proj = _linear(spec, latent.kv_lora_rank,
+                                     heads * (latent.qk_nope_head_dim + latent.v_head_dim), False, _IN_OUT, rngs)
+            self.o_proj = _linear(spec, heads * latent.v_head_dim, hidden, spec.output_bias, _OUT_IN, rngs)
+            return
         if spec.qkv == "split":
             self.q_proj = _linear(spec, hidden, heads * head_dim, bias, _IN_OUT, rngs)
             self.k_proj = _linear(spec, hidden, kv_heads * head_dim, bias, _IN_OUT, rngs)
@@ -289,12 +365,44 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
 
+    def _project_latent(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Latent attention's queries and keys ``[B, T, N, qk_head_dim]`` (rope applied to their last
+        ``qk_rope_head_dim`` features) and values ``[B, T, N, cache_head_dim]`` (zero-padded)."""
+        spec, latent = self.spec, self.spec.latent_attention
+        batch, length = x.shape[:2]
+        heads, nope, rope_dim = spec.num_heads, latent.qk_nope_head_dim, latent.qk_rope_head_dim
+        if latent.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.reshape(batch, length, heads, latent.qk_head_dim)
+        compressed, k_rot = jnp.split(self.kv_a_proj_with_mqa(x), [latent.kv_lora_rank], axis=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(compressed)).reshape(batch, length, heads, nope + latent.v_head_dim)
+        k_pass, v = jnp.split(kv, [nope], axis=-1)
+        q_pass, q_rot = jnp.split(q, [nope], axis=-1)
+        k_rot = k_rot.reshape(batch, length, 1, rope_dim)
+        cos, sin = self.rope.cos_sin(positions)
+        q_rot, k_rot = self.rope.apply(q_rot, cos, sin), self.rope.apply(k_rot, cos, sin)
+        q = jnp.concatenate([q_pass, q_rot], axis=-1)
+        k = jnp.concatenate([k_pass, jnp.broadcast_to(k_rot, (*k_pass.shape[:-1], rope_dim))], axis=-1)
+        padding = spec.cache_head_dim - latent.v_head_dim
+        if padding:
+            v = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, padding)))
+        k_padding = spec.cache_head_dim - latent.qk_head_dim
+        if k_padding:
+            q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, k_padding)))
+            k = jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, k_padding)))
+        return q, k, v
+
     def __call__(self, x, positions, cache, mask):
         spec = self.spec
-        q, k, v = self._project(x)
-        if self.rope is not None:
-            cos, sin = self.rope.cos_sin(positions)
-            q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
+        if spec.latent_attention is not None:
+            q, k, v = self._project_latent(x, positions)
+        else:
+            q, k, v = self._project(x)
+            if self.rope is not None:
+                cos, sin = self.rope.cos_sin(positions)
+                q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         first = 0
         if cache is not None:
             first = cache["end_index"][0]
@@ -317,17 +425,20 @@ class Attention(nnx.Module):
             probs = probs[..., :-1].astype(v.dtype)
         else:
             probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
-        out = jnp.einsum("BKGTS,BSKD->BTKGD", probs, v).reshape(batch, length, heads * head_dim)
+        out = jnp.einsum("BKGTS,BSKD->BTKGD", probs, v).reshape(batch, length, heads, head_dim)
+        if spec.latent_attention is not None:
+            out = out[..., :spec.latent_attention.v_head_dim]
+        out = out.reshape(batch, length, -1)
         return getattr(self, spec.output_name)(out.astype(x.dtype)), cache
 
 
 class MLP(nnx.Module):
     """The feed-forward block: gated (separate or fused gate and up projections) or plain."""
 
-    def __init__(self, spec: DecoderSpec, rngs: nnx.Rngs):
+    def __init__(self, spec: DecoderSpec, rngs: nnx.Rngs, intermediate_size: int | None = None):
         self.kind = spec.mlp
         self.activation = spec.activation
-        hidden, inner, bias = spec.hidden_size, spec.intermediate_size, spec.mlp_bias
+        hidden, inner, bias = spec.hidden_size, intermediate_size or spec.intermediate_size, spec.mlp_bias
         if spec.mlp == "gated":
             self.gate_proj = _linear(spec, hidden, inner, bias, _IN_OUT, rngs)
         if spec.mlp == "gated_fused":
@@ -400,8 +511,58 @@ class GptOssExperts(nnx.Module):
         return jnp.einsum("BTKD,BTK->BTD", outputs, weights.astype(outputs.dtype))
 
 
-def _mlp(spec: DecoderSpec, rngs: nnx.Rngs) -> nnx.Module:
-    return GptOssExperts(spec, rngs) if spec.mlp == "gpt_oss_experts" else MLP(spec, rngs)
+class RoutedExperts(nnx.Module):
+    """DeepSeek-V3's and GLM-4 MoE's mixture of experts as ``transformers`` computes it (see :class:`RoutedSpec`):
+    ``router`` (float32 logits, no bias), ``e_score_correction_bias`` (a :class:`~.nnx_state.Buffer`: loaded and
+    saved, never trained), the experts' stacked ``gate_proj``/``up_proj`` ``[E, H, I]`` and ``down_proj``
+    ``[E, I, H]`` (only the chosen ones run, :func:`~.experts.routed_experts`) and ``shared_experts``, a gated MLP."""
+
+    def __init__(self, spec: DecoderSpec, rngs: nnx.Rngs):
+        routed = spec.routed
+        self.routed = routed
+        hidden, inner, experts = spec.hidden_size, routed.intermediate_size, routed.num_experts
+        self.router = _linear(spec, hidden, experts, False, (None, None), rngs)
+        self.e_score_correction_bias = Buffer(jnp.zeros((experts,), jnp.float32))
+        normal = nnx.initializers.normal(0.02)
+        self.gate_proj = nnx.Param(normal(rngs.params(), (experts, hidden, inner), spec.dtype),
+                                   sharding=("fsdp", None, "tp"))
+        self.up_proj = nnx.Param(normal(rngs.params(), (experts, hidden, inner), spec.dtype),
+                                 sharding=("fsdp", None, "tp"))
+        self.down_proj = nnx.Param(normal(rngs.params(), (experts, inner, hidden), spec.dtype),
+                                   sharding=("fsdp", "tp", None))
+        self.shared_experts = MLP(spec, rngs, intermediate_size=inner * routed.n_shared_experts)
+
+    def route(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(chosen experts [B, T, K], their float32 weights [B, T, K])`` for tokens ``x``."""
+        routed = self.routed
+        kernel = self.router.kernel.get_value().astype(jnp.float32)
+        scores = jax.nn.sigmoid(x.astype(jnp.float32) @ kernel)
+        for_choice = scores + self.e_score_correction_bias.get_value().astype(jnp.float32)
+        grouped = for_choice.reshape(*for_choice.shape[:-1], routed.n_group, -1)
+        group_scores = jax.lax.top_k(grouped, 2)[0].sum(axis=-1)
+        _, best_groups = jax.lax.top_k(group_scores, routed.topk_group)
+        group_mask = jnp.zeros_like(group_scores, bool).at[
+            (*jnp.indices(best_groups.shape)[:-1], best_groups)].set(True)
+        expert_mask = jnp.repeat(group_mask, routed.num_experts // routed.n_group, axis=-1)
+        _, experts = jax.lax.top_k(jnp.where(expert_mask, for_choice, -jnp.inf), routed.num_experts_per_tok)
+        weights = jnp.take_along_axis(scores, experts, axis=-1)
+        if routed.norm_topk_prob:
+            weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+        return experts, weights * routed.routed_scaling_factor
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        experts, weights = self.route(x)
+        routed = routed_experts(x, experts, weights.astype(x.dtype), self.gate_proj.get_value().astype(x.dtype),
+                                self.up_proj.get_value().astype(x.dtype), self.down_proj.get_value().astype(x.dtype))
+        return routed + self.shared_experts(x)
+
+
+def _mlp(spec: DecoderSpec, layer: int, rngs: nnx.Rngs) -> nnx.Module:
+    if spec.mlp == "gpt_oss_experts":
+        return GptOssExperts(spec, rngs)
+    if spec.routed is not None and spec.routed.layers[layer]:
+        return RoutedExperts(spec, rngs)
+    return MLP(spec, rngs)
 
 
 def run_recording_router_logits(run: Callable[[nnx.Module], Any], module: NativeDecoder) -> tuple[Any, list]:
@@ -439,7 +600,7 @@ class DecoderLayer(nnx.Module):
             self.post_attention_layernorm = _norm(spec, spec.hidden_size, rngs)
         if spec.block == "post_norm":
             self.post_feedforward_layernorm = _norm(spec, spec.hidden_size, rngs)
-        self.mlp = _mlp(spec, rngs)
+        self.mlp = _mlp(spec, layer, rngs)
 
     def block(self, x, positions, cache, mask):
         scale = self.residual_multiplier
@@ -476,7 +637,7 @@ class NativeDecoder(nnx.Module):
 
     def kv_cache_shapes(self) -> dict[str, tuple[int, int]]:
         """Each cached layer's ``(kv_heads, head_dim)``, by cache key."""
-        return {f"layer_{index}": (self.config.num_kv_heads, self.config.head_dim)
+        return {f"layer_{index}": (self.config.num_kv_heads, self.config.cache_head_dim)
                 for index in range(self.config.num_layers)}
 
     def get_model_input(self) -> dict[str, jax.Array | None]:

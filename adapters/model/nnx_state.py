@@ -17,6 +17,16 @@ import jax
 from flax import nnx
 
 
+class Buffer(nnx.Param):
+    """A parameter loaded from and saved with the weights but never trained: what a PyTorch module keeps in a
+    registered buffer (DeepSeek-V3's router ``e_score_correction_bias``). The optimizer's filter
+    :data:`TRAINABLE` leaves it out, so full fine-tuning neither steps nor decays it."""
+
+
+TRAINABLE = nnx.All(nnx.Param, nnx.Not(Buffer))
+"""The NNX filter of the parameters full fine-tuning trains: every ``nnx.Param`` but a :class:`Buffer`."""
+
+
 @dataclass
 class ParameterSlot:
     """Where one array of a module lives: the variable and, for pytree values, the leaf index."""

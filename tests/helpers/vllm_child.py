@@ -13,11 +13,12 @@ when ``adapters`` (names of PEFT adapter folders) is given. Each prompt is gener
 ``ignore_eos``) once on the checkpoint alone, under the name ``"base"``, and once with each adapter as a
 ``LoRARequest``, under the adapter's name. The last line printed is the answer, JSON, one entry per job::
 
-    {"vllm": "0.32.0", "transformers": "5.19.0", "jobs": [{"base": {"tokens": [[...], ...],
-     "logprobs": [[...], ...], "prompt_logprobs": [[...], ...]}, "lora": {...}}]}
+    {"vllm": "0.32.0", "transformers": "5.19.0",
+     "jobs": [{"base": {"tokens": [[...], ...], "logprobs": [[...], ...]}, "lora": {...}}]}
 
-``logprobs`` are those of the generated tokens; ``prompt_logprobs`` those of each prompt token after the first, given
-the tokens before it (vLLM's raw log-probabilities). A job that fails has ``{"error": "<type>: <message>"}`` instead.
+``logprobs`` are vLLM's raw log-probabilities of the generated tokens. A job that fails has
+``{"error": "<type>: <message>"}`` instead. (No prompt log-probabilities: with ``enable_lora``, vLLM 0.32.0's CPU LoRA
+logits path fails on them for tied-embedding models, ``einsum(): subscript b has size 3 ...``.)
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def serve(job: dict) -> dict:
     llm = vllm.LLM(**options)
     try:
         sampling = vllm.SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True,
-                                       detokenize=False, logprobs=0, prompt_logprobs=0)
+                                       detokenize=False, logprobs=0)
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in job["prompts"]]
         requests = {"base": None, **{name: LoRARequest(name, index + 1, path)
                                      for index, (name, path) in enumerate(adapters.items())}}
@@ -68,8 +69,6 @@ def serve(job: dict) -> dict:
                 "tokens": [list(output.outputs[0].token_ids) for output in outputs],
                 "logprobs": [_chosen_logprobs(output.outputs[0].logprobs, output.outputs[0].token_ids)
                              for output in outputs],
-                "prompt_logprobs": [_chosen_logprobs(output.prompt_logprobs[1:], output.prompt_token_ids[1:])
-                                    for output in outputs],
             }
         return results
     finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -107,8 +109,6 @@ class LoraConfig:
             "layers_to_transform": (self.layers_to_transform is not None or self.layers_pattern is not None,
                                     "select layers with a target_modules regex instead, e.g. "
                                     r"r'model\.layers\.(0|1)\.self_attn\.q_proj'."),
-            "rank_pattern": (bool(self.rank_pattern) or bool(self.alpha_pattern),
-                             "per-module ranks/alphas are not supported; one r and lora_alpha apply to all targets."),
             "exclude_modules": (self.exclude_modules is not None,
                                 "express exclusions in a target_modules regex instead."),
             "task_type": (self.task_type not in (None, TaskType.CAUSAL_LM, TaskType.SEQ_CLS),
@@ -120,6 +120,24 @@ class LoraConfig:
         for name, (refused, why) in refusals.items():
             if refused:
                 raise ValueError(f"LoraConfig.{name}={getattr(self, name)!r} is not supported: {why}")
+
+    def check_patterns(self, adapted_modules: list[str]) -> None:
+        """Refuses a ``rank_pattern``/``alpha_pattern`` entry that reaches one of ``adapted_modules`` (HF module names):
+        one ``r`` and ``lora_alpha`` apply to every target. An entry that reaches none is ignored with PEFT's
+        warning (``peft`` writes such entries for some mixture-of-experts model types).
+
+        Raises:
+            ValueError: naming the field, the entry and a module it reaches.
+        """
+        for name in ("rank_pattern", "alpha_pattern"):
+            for pattern in getattr(self, name) or {}:
+                reached = [module for module in adapted_modules if re.match(rf"(.*\.)?({pattern})$", module)]
+                if reached:
+                    raise ValueError(f"LoraConfig.{name}={getattr(self, name)!r} is not supported: per-module ranks/"
+                                     f"alphas are not supported ({pattern!r} reaches {reached[0]}); one r and "
+                                     "lora_alpha apply to all targets.")
+                warnings.warn(f"LoraConfig.{name}: {pattern!r} matches no targeted module and is ignored (as peft "
+                              "ignores it).", stacklevel=3)
 
     @property
     def scale(self) -> float:

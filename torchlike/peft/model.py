@@ -342,6 +342,7 @@ def get_peft_model(model: CausalLM, peft_config: LoraConfig, adapter_name: str =
     if peft_config.target_modules is None:
         peft_config.target_modules = lora_targets.default_target_modules(model.family)
     targets = lora_targets.select_targets(model.family, model.module, peft_config.target_modules)
+    peft_config.check_patterns([name for target in targets for name in target.hf_modules])
     _name_fused_partners(model.family.name, targets, peft_config)
     quantization = peft_config.quantize_base or getattr(model, "quantization", None)
     plain: list[lora_targets.LoraTarget] = []

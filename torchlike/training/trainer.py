@@ -24,7 +24,7 @@ import numpy as np
 
 from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.lora import runtime as lora_runtime
-from ..adapters.model import neftune
+from ..adapters.model import neftune, nnx_state
 from ..adapters.training import train_step
 from ..optim import build_optimizer
 from . import batches, checkpoints, hub, step_logs
@@ -241,10 +241,8 @@ class Trainer:
     def _trainable(self):
         """The NNX filter of the parameters the optimizer updates: an adapter's (its LoRA factors, and the
         ``modules_to_save`` such as a classifier's ``score`` head: ``PeftModel.trainable_filter``), else every
-        parameter."""
-        from flax import nnx
-
-        return self._trainable_model.trainable_filter if self._is_lora() else nnx.Param
+        parameter but the buffers (``nnx_state.TRAINABLE``)."""
+        return self._trainable_model.trainable_filter if self._is_lora() else nnx_state.TRAINABLE
 
     def _loss(self) -> tuple[Callable, Callable | None]:
         """The step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)`` and, for
