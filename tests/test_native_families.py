@@ -290,3 +290,14 @@ def test_all_linear_is_refused_where_peft_would_adapt_the_routed_experts(case, t
     # PEFT applies the MLP names to the routed experts' parameters on these model types.
     with pytest.raises(ValueError, match=r"names model\.layers\.0\.mlp\.gate_proj.*routed experts"):
         get_peft_model(model, LoraConfig(target_modules=["gate_proj", "o_proj"]))
+
+
+def test_olmo3_export_writes_its_rope_per_layer_type_too(tiny_checkpoints, tmp_path):
+    """Later transformers (and vLLM) read OLMo 3's rope per layer type; the flat keys stay for the pinned one."""
+    import json
+
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("olmo3"), dtype="float32")
+    model.save_pretrained(tmp_path)
+    rope = json.loads((tmp_path / "config.json").read_text())["rope_parameters"]
+    assert rope["rope_theta"] == 10000.0
+    assert rope["sliding_attention"] == rope["full_attention"] == {"rope_theta": 10000.0, "rope_type": "default"}

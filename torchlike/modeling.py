@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import json
 import os
 import re
 import tempfile
@@ -735,6 +736,10 @@ class CausalLM:
         if not getattr(config, "architectures", None):
             config.architectures = [self.family.architectures[0]]
         config.save_pretrained(folder)
+        if self.family.export_config is not None:
+            path = Path(folder) / "config.json"
+            path.write_text(json.dumps(self.family.export_config(json.loads(path.read_text())), indent=2,
+                                       sort_keys=True) + "\n")
         self.generation_config.save_pretrained(folder)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)

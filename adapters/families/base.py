@@ -224,6 +224,9 @@ class Family:
         lora_not_linear: HF module-name regex -> why: modules that are not ``nn.Linear`` in ``transformers`` (GPT-OSS's
             stacked experts and router), which ``target_modules`` never adapts, as in PEFT; a name that reaches only
             them is refused with the reason.
+        export_config: ``config.json``'s contents -> what to write instead on export, where the serving stack reads
+            the config otherwise than the ``transformers`` pinned here (OLMo 3's rope per layer type); ``None``: as
+            ``transformers`` writes it.
         all_linear_refused: why ``target_modules="all-linear"`` is refused (PEFT's ``"all-linear"`` on DeepSeek-V3 and
             GLM-4 MoE also adapts the stacked experts and the router through ``target_parameters``); empty: accepted.
         router_logits: ``(run, module) -> (run(module), RouterRecord)``: runs ``run`` and returns, with its result, an
@@ -265,6 +268,7 @@ class Family:
     lora_refused: Mapping[str, str] = field(default_factory=dict)
     lora_not_linear: Mapping[str, str] = field(default_factory=dict)
     all_linear_refused: str = ""
+    export_config: Callable[[dict], dict] | None = None
     router_logits: Callable[..., Any] | None = None
     kept_hf_keys: tuple[str, ...] = ()
     images: Callable[..., Any] | None = None

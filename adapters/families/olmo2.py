@@ -33,6 +33,18 @@ def spec_from_config(hf_config, dtype) -> DecoderSpec:
 
 
 
+def export_config(config: dict) -> dict:
+    """OLMo 3's ``config.json`` with its flat ``rope_parameters`` also written per layer type: later ``transformers``
+    (and so vLLM) read OLMo 3's rope per layer type and take a flat one for a different ``rope_theta``; the flat keys
+    stay for the ``transformers`` pinned here."""
+    rope = config.get("rope_parameters")
+    if config.get("model_type") != "olmo3" or not isinstance(rope, dict) or "rope_theta" not in rope:
+        return config
+    flat = {key: value for key, value in rope.items() if not isinstance(value, dict)}
+    per_type = {layer_type: dict(flat) for layer_type in set(config.get("layer_types") or ())}
+    return {**config, "rope_parameters": {**rope, **per_type}}
+
+
 # Every bias row is listed: a config without biases has no bias parameter for them to fill.
 WEIGHTS = llama_rows(attention_bias=True, output_bias=True,
                      norms=("post_attention_layernorm", "post_feedforward_layernorm")) + norm_rows(
@@ -47,5 +59,6 @@ FAMILY = native_family(
     weights=WEIGHTS,
     lora_targets=lora_targets_of(),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
+    export_config=export_config,
     sequence_classification={"olmo2": "Olmo2ForSequenceClassification", "olmo3": "Olmo3ForSequenceClassification"},
 )
