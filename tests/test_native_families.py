@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import peft
 import pytest
@@ -301,3 +302,61 @@ def test_olmo3_export_writes_its_rope_per_layer_type_too(tiny_checkpoints, tmp_p
     rope = json.loads((tmp_path / "config.json").read_text())["rope_parameters"]
     assert rope["rope_theta"] == 10000.0
     assert rope["sliding_attention"] == rope["full_attention"] == {"rope_theta": 10000.0, "rope_type": "default"}
+
+
+def _mxfp4_pack(values: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random MXFP4 codes for a tensor laid out as ``values`` ``[E, columns, rows]``: ``(blocks, scales, the exact
+    float32 values they hold, in ``values``' layout)``."""
+    from torchlike.adapters.checkpoint.mxfp4 import FP4_VALUES
+
+    experts, columns, rows = values.shape
+    codes = rng.integers(0, 16, size=(experts, rows, columns // 32, 32)).astype(np.uint8)
+    scales = rng.integers(120, 126, size=(experts, rows, columns // 32)).astype(np.uint8)
+    exact = np.ldexp(FP4_VALUES[codes], (scales.astype(np.int32) - 127)[..., None]).reshape(experts, rows, columns)
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return blocks, scales, np.swapaxes(exact, 1, 2)
+
+
+def test_gpt_oss_mxfp4_experts_are_dequantised_on_import_and_exported_in_bf16(tmp_path):
+    """An MXFP4 checkpoint (the layout OpenAI publishes: ``<name>_blocks``, ``<name>_scales``) loads with the values
+    transformers dequantises, and exports as plain bfloat16 experts without the MXFP4 ``quantization_config``."""
+    import json
+
+    from safetensors.numpy import save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    rng = np.random.default_rng(0)
+    reference = tiny.build_hf_model(tiny.CASES["gpt_oss"](), dtype=torch.bfloat16)
+    state = {name: tensor.float().numpy() for name, tensor in reference.state_dict().items()}
+    quantized = {}
+    for name in [name for name in state if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales, exact = _mxfp4_pack(state.pop(name), rng)
+        quantized[name + "_blocks"], quantized[name + "_scales"] = blocks, scales
+        state[name] = exact
+        # transformers' own dequantisation of the pair gives these values
+        theirs = convert_moe_packed_tensors(torch.tensor(blocks), torch.tensor(scales)).float().numpy()
+        np.testing.assert_array_equal(theirs, exact)
+    with torch.no_grad():  # the plain reference holds exactly the quantised values
+        reference.load_state_dict({name: torch.tensor(value).to(torch.bfloat16) for name, value in state.items()})
+    reference.save_pretrained(tmp_path / "plain")
+    (tmp_path / "mxfp4").mkdir()
+    tensors = {name: value.astype(ml_dtypes.bfloat16) for name, value in state.items()
+               if not name.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    save_file({**tensors, **quantized}, str(tmp_path / "mxfp4" / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((tmp_path / "plain" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                                          "model.layers.*.mlp.router"]}
+    (tmp_path / "mxfp4" / "config.json").write_text(json.dumps(config))
+
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tmp_path / "mxfp4", dtype="bfloat16")
+    plain = torchlike.AutoModelForCausalLM.from_pretrained(tmp_path / "plain", dtype="bfloat16")
+    ours, expected = model.state_dict(), plain.state_dict()
+    assert sorted(ours) == sorted(expected)
+    for key, value in expected.items():
+        assert np.array_equal(np.asarray(ours[key]), np.asarray(value)), key
+    model.save_pretrained(tmp_path / "exported")
+    assert "quantization_config" not in json.loads((tmp_path / "exported" / "config.json").read_text())
+    exported, original = load_file(tmp_path / "exported" / "model.safetensors"), load_file(
+        tmp_path / "plain" / "model.safetensors")
+    assert sorted(exported) == sorted(original)
+    assert all(np.array_equal(exported[key], original[key]) for key in original)

@@ -227,6 +227,8 @@ class Family:
         export_config: ``config.json``'s contents -> what to write instead on export, where the serving stack reads
             the config otherwise than the ``transformers`` pinned here (OLMo 3's rope per layer type); ``None``: as
             ``transformers`` writes it.
+        import_tensors: ``(hf name, array, origin)`` stream -> the stream the weight table reads, for checkpoints
+            published in a storage format of their own (GPT-OSS's MXFP4 experts, dequantised); ``None``: as stored.
         all_linear_refused: why ``target_modules="all-linear"`` is refused (PEFT's ``"all-linear"`` on DeepSeek-V3 and
             GLM-4 MoE also adapts the stacked experts and the router through ``target_parameters``); empty: accepted.
         router_logits: ``(run, module) -> (run(module), RouterRecord)``: runs ``run`` and returns, with its result, an
@@ -269,6 +271,7 @@ class Family:
     lora_not_linear: Mapping[str, str] = field(default_factory=dict)
     all_linear_refused: str = ""
     export_config: Callable[[dict], dict] | None = None
+    import_tensors: Callable[[Any], Any] | None = None
     router_logits: Callable[..., Any] | None = None
     kept_hf_keys: tuple[str, ...] = ()
     images: Callable[..., Any] | None = None

@@ -1,9 +1,11 @@
 """GPT-OSS (``GptOssForCausalLM``) on the native decoder: attention with a bias on every projection and a learned sink
 per head, sliding and full layers by ``layer_types``, YaRN rope, and a mixture-of-experts MLP whose router has a bias
-(:class:`~adapters.model.native_decoder.GptOssExperts`), with ``transformers``' load-balancing loss."""
+(:class:`~adapters.model.native_decoder.GptOssExperts`), with ``transformers``' load-balancing loss. The published
+MXFP4 experts are dequantised on import (:mod:`adapters.checkpoint.mxfp4`) and exported in bfloat16."""
 
 from __future__ import annotations
 
+from ..checkpoint import mxfp4
 from ..losses.router import RouterRecord
 from ..model.native_decoder import DecoderSpec, run_recording_router_logits
 from .base import DECODER_IGNORED_KEYS, WeightRule, require
@@ -56,6 +58,14 @@ WEIGHTS: tuple[WeightRule, ...] = (
 )
 
 
+def export_config(config: dict) -> dict:
+    """``config.json`` without an MXFP4 ``quantization_config``: the experts are exported in bfloat16."""
+    quantization = config.get("quantization_config") or {}
+    if quantization.get("quant_method") != "mxfp4":
+        return config
+    return {key: value for key, value in config.items() if key != "quantization_config"}
+
+
 def router_logits(run, module):
     """``(run(module), RouterRecord)``: the router logits of the forward passes ``run`` makes
     (``Family.router_logits``)."""
@@ -72,6 +82,8 @@ FAMILY = native_family(
     lora_targets=lora_targets_of(mlp=()),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     router_logits=router_logits,
+    import_tensors=mxfp4.dequantized,
+    export_config=export_config,
     lora_not_linear={r".*\.mlp\.experts.*": "the experts are stacked parameters, not linear modules (PEFT reaches them "
                                           "only through target_parameters)",
                   r".*\.mlp\.router": "the router is not a linear module in transformers' GPT-OSS"},
