@@ -40,10 +40,14 @@ VLLM_PYTHON = os.environ.get("TORCHLIKE_VLLM_PYTHON", "")
 CHILD = Path(__file__).parent / "helpers" / "vllm_child.py"
 CHILD_TIMEOUT_S = 1800
 
-FAMILIES = ["qwen2", "mistral", "ministral", "phi3", "smollm3", "olmo2",
-            "olmo3", "gpt_neox", "granite"]
+FAMILIES = ["qwen2", "mistral", "ministral", "phi3", "smollm3", "olmo2", "olmo3", "gpt_neox", "granite", "cohere2",
+            "gpt_oss", "glm4_moe", "deepseek_v3"]
 # A shape vLLM's CPU attention has kernels for (head size 32), still tiny: hidden 64, 2 layers, vocabulary 128.
 VLLM_SHAPE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+# vLLM's CPU latent attention (MLA) decodes only a latent of 512 plus 64 rotated features (576).
+MLA_SHAPE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=32, kv_lora_rank=512,
+                 qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32, head_dim=64)
+SHAPES = {"gpt_neox": dict(VLLM_SHAPE, num_key_value_heads=2), "deepseek_v3": MLA_SHAPE}
 PROMPT_LENGTHS = (4, 9, 16)  # the longer two pass the tiny sliding window (8)
 NEW_TOKENS = 12
 LORA_RANK = 8
@@ -61,8 +65,12 @@ def _prompts() -> list[list[int]]:
 def _hf_model(family: str) -> transformers.PreTrainedModel:
     """A tiny ``family`` model, every parameter random, the non-norm ones doubled (std 0.16) so that greedy decoding
     wanders instead of repeating one token; eager attention, float32."""
-    overrides = dict(VLLM_SHAPE, num_key_value_heads=2) if family == "gpt_neox" else VLLM_SHAPE
-    model = random_model(tiny_config(family, **overrides), every_parameter=True, attn_implementation="eager")
+    config = tiny_config(family, **SHAPES.get(family, VLLM_SHAPE))
+    if family == "cohere2":
+        # tiny_config's shared rms_norm_eps is no Cohere2Config field, but it is saved, and vLLM's Cohere models read
+        # its presence as "RMSNorm" (transformers' Cohere 2 has LayerNorm): a real Cohere 2 config.json has none.
+        del config.rms_norm_eps
+    model = random_model(config, every_parameter=True, attn_implementation="eager")
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" not in name:
