@@ -360,3 +360,22 @@ def test_gpt_oss_mxfp4_experts_are_dequantised_on_import_and_exported_in_bf16(tm
         tmp_path / "plain" / "model.safetensors")
     assert sorted(exported) == sorted(original)
     assert all(np.array_equal(exported[key], original[key]) for key in original)
+
+
+def test_deepseek_multi_token_prediction_layers_are_not_loaded_and_named_in_a_note(tiny_checkpoints, tmp_path):
+    import json
+
+    from safetensors.numpy import save_file
+
+    source = tiny_checkpoints.path("deepseek_v3")
+    tensors = load_file(source / "model.safetensors")
+    tensors["model.layers.2.self_attn.q_a_proj.weight"] = tensors["model.layers.1.self_attn.q_a_proj.weight"]
+    tensors["model.layers.2.enorm.weight"] = tensors["model.norm.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    with pytest.warns(UserWarning, match=r"1 multi-token-prediction layer.*model\.layers\.2\.\*.*not loaded") as seen:
+        model = torchlike.AutoModelForCausalLM.from_pretrained(tmp_path, dtype="float32")
+    assert not any("were not used" in str(warning.message) for warning in seen)
+    reference = torchlike.AutoModelForCausalLM.from_pretrained(source, dtype="float32")
+    np.testing.assert_array_equal(padded_logits(model), padded_logits(reference))

@@ -192,6 +192,17 @@ def load_weights(
             f"{hf_names[:8]}{' ...' if len(hf_names) > 8 else ''}. The checkpoint is incomplete or "
             "config.json does not describe it (e.g. num_hidden_layers, tie_word_embeddings)."
         )
+    prediction_layers = [name for name in unexpected if _is_prediction_layer(name, hf_config)]
+    if prediction_layers:
+        unexpected = [name for name in unexpected if name not in prediction_layers]
+        layers = sorted({int(name.split(".")[2]) for name in prediction_layers})
+        warnings.warn(
+            f"{source}: the {len(layers)} multi-token-prediction layer(s) after the last decoder layer "
+            f"(model.layers.{', '.join(map(str, layers))}.*, num_nextn_predict_layers="
+            f"{hf_config.num_nextn_predict_layers}) are not loaded: the model predicts the next token, as the "
+            "transformers model does.",
+            stacklevel=3,
+        )
     if unexpected:
         warnings.warn(
             f"Some weights of {source} were not used by the {family.name} model: {unexpected[:8]}"
@@ -199,6 +210,18 @@ def load_weights(
             stacklevel=3,
         )
     return nnx.merge(graphdef, state)
+
+
+_DECODER_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _is_prediction_layer(name: str, hf_config) -> bool:
+    """Whether ``name`` belongs to a multi-token-prediction layer a checkpoint publishes after its decoder layers
+    (DeepSeek-V3's and GLM-4 MoE's ``num_nextn_predict_layers``), which ``transformers`` does not build."""
+    extra = getattr(hf_config, "num_nextn_predict_layers", 0) or 0
+    match = _DECODER_LAYER.match(name)
+    layers = hf_config.num_hidden_layers
+    return bool(extra and match and layers <= int(match[1]) < layers + extra)
 
 
 class KeptTensors:
