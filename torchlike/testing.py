@@ -44,91 +44,6 @@ _SHAPE: dict[str, Any] = dict(
     num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
     pad_token_id=0, bos_token_id=1, eos_token_id=2,
 )
-LLAMA32_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-# Per family: the config class and what sets it apart from the shared tiny shape.
-_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "qwen2": ("Qwen2Config", dict(rope_theta=10000.0, tie_word_embeddings=False)),
-    "qwen3": ("Qwen3Config", dict(rope_theta=10000.0, tie_word_embeddings=False)),
-    "llama3": ("LlamaConfig", dict(rope_theta=500000.0, tie_word_embeddings=False)),
-    # Llama 3.2: Llama 3's scaled rope and tied embeddings.
-    "llama32": ("LlamaConfig", dict(rope_parameters=LLAMA32_ROPE, tie_word_embeddings=True)),
-    # Gemma 3 text: sliding and full attention layers taking turns, a window (8) shorter than a typical test
-    # row, and a linear-scaled global rope as the 4B+ checkpoints have.
-    "gemma3": ("Gemma3TextConfig", dict(
-        sliding_window=8, tie_word_embeddings=True,
-        rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
-        })),
-    # Gemma 2: sliding and full attention layers taking turns (transformers' default layer_types), a window (4)
-    # shorter than a typical test row, attention and final soft-caps small enough to bind on random weights, and
-    # queries scaled by a query_pre_attn_scalar other than head_dim (as Gemma 2 27B is).
-    "gemma2": ("Gemma2Config", dict(
-        sliding_window=4, tie_word_embeddings=True, attn_logit_softcapping=5.0, final_logit_softcapping=5.0,
-        query_pre_attn_scalar=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
-    # Gemma 4 text: sliding and full attention layers taking turns, a window (8) shorter than a typical test row,
-    # full layers with their own head size (32) and proportional rope on a quarter of it, a binding final soft-cap,
-    # no per-layer inputs (transformers' default has them).
-    "gemma4": ("Gemma4TextConfig", dict(
-        sliding_window=8, tie_word_embeddings=True, global_head_dim=32, final_logit_softcapping=5.0,
-        hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB_SIZE,
-        rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
-        })),
-    # Qwen3 MoE: 3 layers, the first dense (mlp_only_layers), the others 4 experts of 32 with 2 chosen per token and
-    # their weights renormalised; the dense layer's MLP keeps the tiny intermediate size (128).
-    "qwen3_moe": ("Qwen3MoeConfig", dict(
-        rope_theta=10000.0, tie_word_embeddings=False, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0])),
-    # The families on torchlike's native decoder. Mistral: every layer slides, a window (8) shorter than a typical
-    # test row. Ministral: sliding and full layers taking turns.
-    "mistral": ("MistralConfig", dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False)),
-    "ministral": ("MinistralConfig", dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False)),
-    # Phi-3: fused qkv_proj and gate_up_proj, Phi-4-mini's partial rotary (0.75) and tied embeddings, a window of 8.
-    "phi3": ("Phi3Config", dict(sliding_window=8, tie_word_embeddings=True, rope_parameters={
-        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75})),
-    # SmolLM3: the second layer without rope (no_rope_layers), tied embeddings.
-    "smollm3": ("SmolLM3Config", dict(rope_theta=10000.0, no_rope_layers=[1, 0], tie_word_embeddings=True)),
-    # OLMo 2: norms after attention and MLP, query/key norms over the whole projections.
-    "olmo2": ("Olmo2Config", dict(rope_theta=10000.0, tie_word_embeddings=False)),
-    # OLMo 3: OLMo 2 with sliding and full layers taking turns.
-    "olmo3": ("Olmo3Config", dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False)),
-    # GPT-NeoX / Pythia: multi-head attention, a quarter of each head rotated, parallel residual, LayerNorm biases.
-    "gpt_neox": ("GPTNeoXConfig", dict(num_key_value_heads=4, layer_norm_eps=1e-5, tie_word_embeddings=False,
-                                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                        "partial_rotary_factor": 0.25})),
-    # Granite: Granite 3's multipliers (embeddings x12, attention scale 1/64, residual branches x0.22, logits / 8).
-    "granite": ("GraniteConfig", dict(rope_theta=10000.0, tie_word_embeddings=True, embedding_multiplier=12.0,
-                                      attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0)),
-    # Cohere 2: one norm for the parallel attention and MLP, interleaved rope on the sliding layers only (alternating
-    # with full layers), a window of 8, the logit scale of Command R7B (0.25), tied embeddings.
-    "cohere2": ("Cohere2Config", dict(rope_theta=10000.0, sliding_window=8, logit_scale=0.25, layer_norm_eps=1e-5,
-                                      tie_word_embeddings=True)),
-    # GPT-OSS: 4 experts of 32, 2 per token, sliding and full layers taking turns (a window of 8), attention sinks,
-    # YaRN rope as published (factor 32 over an original 4096 positions).
-    "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
-                                     tie_word_embeddings=False, rope_parameters={
-                                         "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                         "truncate": False, "original_max_position_embeddings": 4096,
-                                         "rope_theta": 150000.0})),
-    # GLM-4 MoE: the first layer dense, then 8 experts of 32 in 4 groups (2 chosen within the best 2 groups), a shared
-    # expert, per-head QK norms, biases on q/k/v, half of each head rotated.
-    "glm4_moe": ("Glm4MoeConfig", dict(
-        rope_theta=10000.0, tie_word_embeddings=False, n_routed_experts=8, n_group=4, topk_group=2,
-        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
-        routed_scaling_factor=1.5, use_qk_norm=True, attention_bias=True)),
-    # DeepSeek-V3: latent attention (query rank 32, key/value latent 16, 16 + 8 rotated query/key features, values of
-    # 16), interleaved YaRN rope with its attention scale, DeepSeek-V3's router on the second layer.
-    "deepseek_v3": ("DeepseekV3Config", dict(
-        tie_word_embeddings=False, num_key_value_heads=4, n_routed_experts=8, n_group=4, topk_group=2,
-        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
-        q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8,
-        rope_parameters={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
-                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0})),
-}
-FAMILIES = tuple(_FAMILIES)
 
 
 def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
@@ -140,7 +55,8 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
     4's ``layer_types`` alternate sliding and full attention over the layers.
 
     Args:
-        family: one of :data:`FAMILIES` (``llama32`` is Llama 3.2: Llama 3 with its rope scaling, tied).
+        family: a tiny config's name (``Family.tiny_configs`` of the registered families: ``qwen2``, ``llama32`` is
+            Llama 3.2 (Llama 3 with its rope scaling, tied), ``mistral``, ``deepseek_v3``...).
         overrides: any config field, e.g. ``hidden_size=256, num_hidden_layers=4`` for a larger model.
 
     Returns:
@@ -148,17 +64,20 @@ def tiny_config(family: str = "qwen2", **overrides: Any) -> Any:
     """
     import transformers
 
-    if family not in _FAMILIES:
-        raise ValueError(f"tiny_config: unknown family {family!r}; choose one of {', '.join(FAMILIES)}.")
-    class_name, settings = _FAMILIES[family]
-    fields = {**_SHAPE, **settings, **overrides}
+    from .adapters.families import tiny_configs
+
+    configs = tiny_configs()
+    if family not in configs:
+        raise ValueError(f"tiny_config: unknown family {family!r}; choose one of {', '.join(configs)}.")
+    tiny = configs[family]
+    fields = {**_SHAPE, **tiny.fields, **overrides}
     fields.setdefault("head_dim", fields["hidden_size"] // fields["num_attention_heads"])
-    if family == "gemma3":
-        fields.setdefault("query_pre_attn_scalar", fields["head_dim"])
-    if family in ("gemma3", "gemma4", "ministral", "olmo3", "cohere2", "gpt_oss"):
+    for name, source in tiny.copied_fields.items():
+        fields.setdefault(name, fields[source])
+    if tiny.alternating_layer_types:
         fields.setdefault("layer_types", [("sliding_attention", "full_attention")[layer % 2]
                                           for layer in range(fields["num_hidden_layers"])])
-    return getattr(transformers, class_name)(**fields)
+    return getattr(transformers, tiny.config_class)(**fields)
 
 
 def random_model(config: transformers.PretrainedConfig, seed: int = 0, dtype: str | torch.dtype = "float32",

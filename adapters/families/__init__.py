@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Family, UnsupportedConfigError
+from .base import Family, TinyConfig, UnsupportedConfigError
 
 _FAMILY_MODULES = ("qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe", "gemma3_multimodal",
                    "gemma4_multimodal", "mistral", "ministral", "phi3", "smollm3", "olmo2",
@@ -62,5 +62,10 @@ def family_for_config(hf_config, source: str = "config.json") -> Family:
     return family.for_config(hf_config)
 
 
-__all__ = ["Family", "UnknownArchitectureError", "UnsupportedConfigError", "all_families",
+def tiny_configs() -> dict[str, TinyConfig]:
+    """Every family's tiny test configs by name (``Family.tiny_configs``), in registry order."""
+    return {name: config for family in all_families() for name, config in family.tiny_configs.items()}
+
+
+__all__ = ["Family", "TinyConfig", "UnknownArchitectureError", "UnsupportedConfigError", "all_families", "tiny_configs",
            "family_for_config", "family_table", "supported_architectures"]

@@ -188,6 +188,25 @@ def _template_regex(template: str) -> re.Pattern:
 
 
 @dataclass(frozen=True)
+class TinyConfig:
+    """A tiny test config of a family (``torchlike.testing.tiny_config`` builds it): the ``transformers`` config class
+    and the fields that set it apart from the shared tiny shape.
+
+    Args:
+        config_class: the ``transformers`` config class name (``"Qwen2Config"``).
+        fields: the family's own settings, on top of the shared shape.
+        alternating_layer_types: ``layer_types`` alternate sliding and full attention over the layers unless given.
+        copied_fields: field -> the field whose value it takes unless given (Gemma 3's ``query_pre_attn_scalar`` is
+            the head size).
+    """
+
+    config_class: str
+    fields: Mapping[str, Any]
+    alternating_layer_types: bool = False
+    copied_fields: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Family:
     """Everything torchlike knows about one model family, as data plus two small functions.
 
@@ -224,6 +243,7 @@ class Family:
         lora_not_linear: HF module-name regex -> why: modules that are not ``nn.Linear`` in ``transformers`` (GPT-OSS's
             stacked experts and router), which ``target_modules`` never adapts, as in PEFT; a name that reaches only
             them is refused with the reason.
+        tiny_configs: the family's tiny test configs by name (``torchlike.testing.tiny_config(name)``).
         export_config: ``config.json``'s contents -> what to write instead on export, where the serving stack reads
             the config otherwise than the ``transformers`` pinned here (OLMo 3's rope per layer type); ``None``: as
             ``transformers`` writes it.
@@ -271,6 +291,7 @@ class Family:
     lora_not_linear: Mapping[str, str] = field(default_factory=dict)
     all_linear_refused: str = ""
     export_config: Callable[[dict], dict] | None = None
+    tiny_configs: Mapping[str, TinyConfig] = field(default_factory=dict)
     import_tensors: Callable[[Any], Any] | None = None
     router_logits: Callable[..., Any] | None = None
     kept_hf_keys: tuple[str, ...] = ()

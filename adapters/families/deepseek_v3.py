@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from ..model.native_decoder import DecoderSpec, LatentAttentionSpec
-from .base import DECODER_IGNORED_KEYS, WeightRule
+from .base import DECODER_IGNORED_KEYS, TinyConfig, WeightRule
 from .native import (
     LAYER,
     NNX_LAYER,
@@ -73,6 +73,18 @@ WEIGHTS: tuple[WeightRule, ...] = (
     *linear_rows("lm_head", "lm_head"),
 )
 
+TINY_CONFIGS = {
+    # DeepSeek-V3: latent attention (query rank 32, key/value latent 16, 16 + 8 rotated query/key features, values of
+    # 16), interleaved YaRN rope with its attention scale, DeepSeek-V3's router on the second layer.
+    "deepseek_v3": TinyConfig("DeepseekV3Config", dict(
+        tie_word_embeddings=False, num_key_value_heads=4, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+        q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8,
+        rope_parameters={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0})),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = native_family(
     name="deepseek_v3",
     model_types=("deepseek_v3",),
@@ -87,4 +99,5 @@ FAMILY = native_family(
     all_linear_refused=ALL_LINEAR_REFUSED,
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     sequence_classification={"deepseek_v3": "DeepseekV3ForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

@@ -13,6 +13,7 @@ from .base import (
     GEMMA_IGNORED_KEYS,
     GEMMA_LORA_TARGETS,
     Family,
+    TinyConfig,
     WeightRule,
     decoder_forward,
     decoder_hidden_states,
@@ -123,6 +124,16 @@ def logits_from_hidden(module: tunix_gemma.Gemma, hidden: jax.Array) -> jax.Arra
     return logits.astype(jnp.float32)
 
 
+TINY_CONFIGS = {
+    # Gemma 2: sliding and full attention layers taking turns (transformers' default layer_types), a window (4)
+    # shorter than a typical test row, attention and final soft-caps small enough to bind on random weights, and
+    # queries scaled by a query_pre_attn_scalar other than head_dim (as Gemma 2 27B is).
+    "gemma2": TinyConfig("Gemma2Config", dict(
+        sliding_window=4, tie_word_embeddings=True, attn_logit_softcapping=5.0, final_logit_softcapping=5.0,
+        query_pre_attn_scalar=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = Family(
     name="gemma2",
     model_types=("gemma2",),
@@ -137,4 +148,5 @@ FAMILY = Family(
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma2"
     norms_scale_by_one_plus_weight=True,
     sequence_classification={"gemma2": "Gemma2ForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

@@ -15,6 +15,7 @@ from .base import (
     GEMMA_IGNORED_KEYS,
     GEMMA_LORA_TARGETS,
     Family,
+    TinyConfig,
     UnsupportedConfigError,
     WeightRule,
     decoder_hidden_states,
@@ -203,6 +204,18 @@ def logits_from_hidden(module: tunix_gemma3.Gemma3, hidden: jax.Array) -> jax.Ar
     return head_logits(module, hidden, tied=True)
 
 
+TINY_CONFIGS = {
+    # Gemma 3 text: sliding and full attention layers taking turns, a window (8) shorter than a typical test
+    # row, and a linear-scaled global rope as the 4B+ checkpoints have.
+    "gemma3": TinyConfig("Gemma3TextConfig", dict(
+        sliding_window=8, tie_word_embeddings=True,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+        }), alternating_layer_types=True, copied_fields={'query_pre_attn_scalar': 'head_dim'}),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = Family(
     name="gemma3",
     model_types=("gemma3_text",),
@@ -217,4 +230,5 @@ FAMILY = Family(
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "gemma3_text"
     norms_scale_by_one_plus_weight=True,
     sequence_classification={"gemma3_text": "Gemma3TextForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

@@ -22,6 +22,7 @@ from .base import (
     TRANSPOSED,
     Family,
     Layout,
+    TinyConfig,
     WeightRule,
     decoder_forward,
     decoder_hidden_states,
@@ -383,6 +384,20 @@ def logits_from_hidden(module: Gemma4Decoder, hidden: jax.Array) -> jax.Array:
     return logits
 
 
+TINY_CONFIGS = {
+    # Gemma 4 text: sliding and full attention layers taking turns, a window (8) shorter than a typical test row,
+    # full layers with their own head size (32) and proportional rope on a quarter of it, a binding final soft-cap,
+    # no per-layer inputs (transformers' default has them).
+    "gemma4": TinyConfig("Gemma4TextConfig", dict(
+        sliding_window=8, tie_word_embeddings=True, global_head_dim=32, final_logit_softcapping=5.0,
+        hidden_size_per_layer_input=0,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+        }), alternating_layer_types=True, copied_fields={'vocab_size_per_layer_input': 'vocab_size'}),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = Family(
     name="gemma4",
     # Not "gemma4": Gemma4ForConditionalGeneration wraps this decoder with vision and audio towers Tunix lacks.
@@ -398,4 +413,5 @@ FAMILY = Family(
     default_lora_targets=(),  # PEFT has none for model_type "gemma4_text"
     # Tunix's Gemma4 Einsum casts its weight with jnp.astype, which Qwix's quantised weights do not take.
     quantization_excluded=("q_proj", "k_proj", "v_proj", "o_proj", "per_layer_input_gate", "per_layer_projection"),
+    tiny_configs=TINY_CONFIGS,
 )

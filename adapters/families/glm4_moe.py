@@ -6,7 +6,7 @@ mixture of experts (:mod:`.routed_experts`). The multi-token-prediction layers p
 from __future__ import annotations
 
 from ..model.native_decoder import DecoderSpec
-from .base import DECODER_IGNORED_KEYS
+from .base import DECODER_IGNORED_KEYS, TinyConfig
 from .native import (
     LAYER,
     NNX_LAYER,
@@ -37,6 +37,16 @@ WEIGHTS = llama_rows(attention_bias=True) + ROUTER_ROWS + norm_rows(
     f"{LAYER}.self_attn.q_norm", f"{NNX_LAYER}.attn.q_norm") + norm_rows(
     f"{LAYER}.self_attn.k_norm", f"{NNX_LAYER}.attn.k_norm")
 
+TINY_CONFIGS = {
+    # GLM-4 MoE: the first layer dense, then 8 experts of 32 in 4 groups (2 chosen within the best 2 groups), a shared
+    # expert, per-head QK norms, biases on q/k/v, half of each head rotated.
+    "glm4_moe": TinyConfig("Glm4MoeConfig", dict(
+        rope_theta=10000.0, tie_word_embeddings=False, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=1.5, use_qk_norm=True, attention_bias=True)),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = native_family(
     name="glm4_moe",
     model_types=("glm4_moe",),
@@ -49,4 +59,5 @@ FAMILY = native_family(
     lora_refused=MLP_REFUSED,
     all_linear_refused=ALL_LINEAR_REFUSED,
     ignored_hf_keys=DECODER_IGNORED_KEYS,
+    tiny_configs=TINY_CONFIGS,
 )

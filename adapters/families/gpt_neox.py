@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ..model.native_decoder import DecoderSpec
-from .base import WeightRule
+from .base import TinyConfig, WeightRule
 from .native import check_native_config, linear_rows, lora_targets_of, native_family, norm_rows, rope_of, sizes
 
 LAYER, NNX_LAYER = "gpt_neox.layers.{layer}", "layers.{layer}"
@@ -38,6 +38,14 @@ WEIGHTS: tuple[WeightRule, ...] = (
     *linear_rows("embed_out", "lm_head"),
 )
 
+TINY_CONFIGS = {
+    # GPT-NeoX / Pythia: multi-head attention, a quarter of each head rotated, parallel residual, LayerNorm biases.
+    "gpt_neox": TinyConfig("GPTNeoXConfig", dict(
+        num_key_value_heads=4, layer_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = native_family(
     name="gpt_neox",
     model_types=("gpt_neox",),
@@ -50,4 +58,5 @@ FAMILY = native_family(
     ignored_hf_keys=(r"gpt_neox\.rotary_emb\..*", r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias)",
                      r"gpt_neox\.layers\.\d+\.attention\.rotary_emb\..*"),
     sequence_classification={"gpt_neox": "GPTNeoXForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

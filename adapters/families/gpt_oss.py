@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..checkpoint import mxfp4
 from ..losses.router import RouterRecord
 from ..model.native_decoder import DecoderSpec, run_recording_router_logits
-from .base import DECODER_IGNORED_KEYS, WeightRule, require
+from .base import DECODER_IGNORED_KEYS, TinyConfig, WeightRule, require
 from .native import (
     LAYER,
     NNX_LAYER,
@@ -73,6 +73,17 @@ def router_logits(run, module):
     return result, RouterRecord(top_k=module.config.num_experts_per_tok, logits=logits)
 
 
+TINY_CONFIGS = {
+    # GPT-OSS: 4 experts of 32, 2 per token, sliding and full layers taking turns (a window of 8), attention sinks,
+    # YaRN rope as published (factor 32 over an original 4096 positions).
+    "gpt_oss": TinyConfig("GptOssConfig", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096, "rope_theta": 150000.0}),
+        alternating_layer_types=True),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = native_family(
     name="gpt_oss",
     model_types=("gpt_oss",),
@@ -88,4 +99,5 @@ FAMILY = native_family(
                                           "only through target_parameters)",
                   r".*\.mlp\.router": "the router is not a linear module in transformers' GPT-OSS"},
     sequence_classification={"gpt_oss": "GptOssForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

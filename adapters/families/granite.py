@@ -4,7 +4,7 @@ attention scale, residual branches) and its logits divisor. ``transformers`` has
 from __future__ import annotations
 
 from ..model.native_decoder import DecoderSpec
-from .base import DECODER_IGNORED_KEYS
+from .base import DECODER_IGNORED_KEYS, TinyConfig
 from .native import check_native_config, llama_rows, lora_targets_of, native_family, rope_of, sizes
 
 
@@ -26,6 +26,14 @@ def spec_from_config(hf_config, dtype) -> DecoderSpec:
 # Every bias row is listed: a config without biases has no bias parameter for them to fill.
 WEIGHTS = llama_rows(attention_bias=True, output_bias=True, mlp_bias=True)
 
+TINY_CONFIGS = {
+    # Granite: Granite 3's multipliers (embeddings x12, attention scale 1/64, residual branches x0.22, logits / 8).
+    "granite": TinyConfig("GraniteConfig", dict(
+        rope_theta=10000.0, tie_word_embeddings=True, embedding_multiplier=12.0, attention_multiplier=0.015625,
+        residual_multiplier=0.22, logits_scaling=8.0)),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = native_family(
     name="granite",
     model_types=("granite",),
@@ -34,4 +42,5 @@ FAMILY = native_family(
     weights=WEIGHTS,
     lora_targets=lora_targets_of(),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
+    tiny_configs=TINY_CONFIGS,
 )

@@ -10,6 +10,7 @@ from .base import (
     DECODER_LORA_TARGETS,
     DECODER_WEIGHTS,
     Family,
+    TinyConfig,
     check_decoder_config,
     decoder_forward,
     decoder_hidden_states,
@@ -49,6 +50,15 @@ def logits_from_hidden(module, hidden):
     return head_logits(module, hidden, tied=module.config.weight_tying)
 
 
+LLAMA32_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+TINY_CONFIGS = {
+    "llama3": TinyConfig("LlamaConfig", dict(rope_theta=500000.0, tie_word_embeddings=False)),
+    # Llama 3.2: Llama 3's scaled rope and tied embeddings.
+    "llama32": TinyConfig("LlamaConfig", dict(rope_parameters=LLAMA32_ROPE, tie_word_embeddings=True)),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = Family(
     name="llama3",
     model_types=("llama",),
@@ -63,4 +73,5 @@ FAMILY = Family(
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "llama"
     sequence_classification={"llama": "LlamaForSequenceClassification"},
     prompt_learning=True,
+    tiny_configs=TINY_CONFIGS,
 )

@@ -5,7 +5,7 @@ layers)."""
 from __future__ import annotations
 
 from ..model.native_decoder import DecoderSpec
-from .base import DECODER_IGNORED_KEYS, require
+from .base import DECODER_IGNORED_KEYS, TinyConfig, require
 from .native import (
     check_native_config,
     layer_types_windows,
@@ -32,6 +32,13 @@ def spec_from_config(hf_config, dtype) -> DecoderSpec:
                        norm_eps=hf_config.rms_norm_eps, activation=hf_config.hidden_act)
 
 
+TINY_CONFIGS = {
+    # The families on torchlike's native decoder. Mistral: every layer slides, a window (8) shorter than a typical
+    # test row. Ministral: sliding and full layers taking turns.
+    "mistral": TinyConfig("MistralConfig", dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False)),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = native_family(
     name="mistral",
     model_types=("mistral",),
@@ -42,4 +49,5 @@ FAMILY = native_family(
     default_lora_targets=("q_proj", "v_proj"),  # PEFT's default for model_type "mistral"
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     sequence_classification={"mistral": "MistralForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

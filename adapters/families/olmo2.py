@@ -5,7 +5,7 @@ layers (``layer_types``)."""
 from __future__ import annotations
 
 from ..model.native_decoder import DecoderSpec
-from .base import DECODER_IGNORED_KEYS
+from .base import DECODER_IGNORED_KEYS, TinyConfig
 from .native import (
     LAYER,
     NNX_LAYER,
@@ -51,6 +51,15 @@ WEIGHTS = llama_rows(attention_bias=True, output_bias=True,
     f"{LAYER}.self_attn.q_norm", f"{NNX_LAYER}.attn.q_norm") + norm_rows(
     f"{LAYER}.self_attn.k_norm", f"{NNX_LAYER}.attn.k_norm")
 
+TINY_CONFIGS = {
+    # OLMo 2: norms after attention and MLP, query/key norms over the whole projections.
+    "olmo2": TinyConfig("Olmo2Config", dict(rope_theta=10000.0, tie_word_embeddings=False)),
+    # OLMo 3: OLMo 2 with sliding and full layers taking turns.
+    "olmo3": TinyConfig("Olmo3Config", dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False),
+                        alternating_layer_types=True),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = native_family(
     name="olmo2",
     model_types=("olmo2", "olmo3"),
@@ -61,4 +70,5 @@ FAMILY = native_family(
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     export_config=export_config,
     sequence_classification={"olmo2": "Olmo2ForSequenceClassification", "olmo3": "Olmo3ForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

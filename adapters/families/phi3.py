@@ -5,7 +5,7 @@ and LongRoPE (the 128k checkpoints), a sliding window on every layer when ``slid
 from __future__ import annotations
 
 from ..model.native_decoder import DecoderSpec
-from .base import DECODER_IGNORED_KEYS, WeightRule, require
+from .base import DECODER_IGNORED_KEYS, TinyConfig, WeightRule, require
 from .native import (
     LAYER,
     NNX_LAYER,
@@ -43,6 +43,13 @@ WEIGHTS: tuple[WeightRule, ...] = (
     *linear_rows("lm_head", "lm_head"),
 )
 
+TINY_CONFIGS = {
+    # Phi-3: fused qkv_proj and gate_up_proj, Phi-4-mini's partial rotary (0.75) and tied embeddings, a window of 8.
+    "phi3": TinyConfig("Phi3Config", dict(sliding_window=8, tie_word_embeddings=True, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75})),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = native_family(
     name="phi3",
     model_types=("phi3",),
@@ -52,4 +59,5 @@ FAMILY = native_family(
     lora_targets=lora_targets_of(attention=("qkv_proj", "o_proj"), mlp=("gate_up_proj", "down_proj")),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     sequence_classification={"phi3": "Phi3ForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

@@ -10,6 +10,7 @@ from .base import (
     DECODER_LORA_TARGETS,
     DECODER_WEIGHTS,
     Family,
+    TinyConfig,
     WeightRule,
     check_decoder_config,
     decoder_forward,
@@ -59,6 +60,11 @@ def logits_from_hidden(module, hidden):
     return head_logits(module, hidden, tied=module.config.use_tied_embedding)
 
 
+TINY_CONFIGS = {
+    "qwen3": TinyConfig("Qwen3Config", dict(rope_theta=10000.0, tie_word_embeddings=False)),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = Family(
     name="qwen3",
     model_types=("qwen3",),
@@ -75,4 +81,5 @@ FAMILY = Family(
     quantization_excluded=("q_proj", "k_proj", "v_proj", "o_proj"),
     sequence_classification={"qwen3": "Qwen3ForSequenceClassification"},
     prompt_learning=True,
+    tiny_configs=TINY_CONFIGS,
 )

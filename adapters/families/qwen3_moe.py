@@ -31,6 +31,7 @@ from .base import (
     TRANSPOSED,
     Family,
     Layout,
+    TinyConfig,
     WeightRule,
     decoder_forward,
     decoder_hidden_states,
@@ -241,6 +242,15 @@ def logits_from_hidden(module: tunix_qwen3.Qwen3, hidden: jax.Array) -> jax.Arra
     return head_logits(module, hidden, tied=module.config.use_tied_embedding)
 
 
+TINY_CONFIGS = {
+    # Qwen3 MoE: 3 layers, the first dense (mlp_only_layers), the others 4 experts of 32 with 2 chosen per token and
+    # their weights renormalised; the dense layer's MLP keeps the tiny intermediate size (128).
+    "qwen3_moe": TinyConfig("Qwen3MoeConfig", dict(
+        rope_theta=10000.0, tie_word_embeddings=False, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0])),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = Family(
     name="qwen3_moe",
     model_types=("qwen3_moe",),
@@ -259,4 +269,5 @@ FAMILY = Family(
     lora_refused=LORA_REFUSED,
     router_logits=run_recording_router_logits,
     sequence_classification={"qwen3_moe": "Qwen3MoeForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

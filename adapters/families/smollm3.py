@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..model.native_decoder import DecoderSpec
-from .base import DECODER_IGNORED_KEYS, require
+from .base import DECODER_IGNORED_KEYS, TinyConfig, require
 from .native import check_native_config, layer_types_windows, llama_rows, lora_targets_of, native_family, rope_of, sizes
 
 
@@ -27,6 +27,12 @@ def spec_from_config(hf_config, dtype) -> DecoderSpec:
 # Every bias row is listed: a config without biases has no bias parameter for them to fill.
 WEIGHTS = llama_rows(attention_bias=True, output_bias=True, mlp_bias=True)
 
+TINY_CONFIGS = {
+    # SmolLM3: the second layer without rope (no_rope_layers), tied embeddings.
+    "smollm3": TinyConfig("SmolLM3Config", dict(rope_theta=10000.0, no_rope_layers=[1, 0], tie_word_embeddings=True)),
+}
+"""The tests' and examples' tiny configs of the family (``torchlike.testing.tiny_config``)."""
+
 FAMILY = native_family(
     name="smollm3",
     model_types=("smollm3",),
@@ -36,4 +42,5 @@ FAMILY = native_family(
     lora_targets=lora_targets_of(),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     sequence_classification={"smollm3": "SmolLM3ForSequenceClassification"},
+    tiny_configs=TINY_CONFIGS,
 )

@@ -27,6 +27,7 @@ import gc
 import json
 import os
 import sys
+import traceback
 
 # Python puts this script's folder first on sys.path, and tests/helpers has modules named like vLLM's dependencies
 # (tokenizers.py, data.py): drop it, so that ``import tokenizers`` finds the package.
@@ -54,9 +55,11 @@ def serve(job: dict) -> dict:
                    enforce_eager=True, max_model_len=job.get("max_model_len", 128), max_num_seqs=8, seed=0,
                    kv_cache_memory_bytes=job.get("kv_cache_memory_bytes", 64 << 20))
     if adapters:
-        options.update(enable_lora=True, max_lora_rank=job.get("max_lora_rank", 8), max_loras=len(adapters))
-    llm = vllm.LLM(**options)
+        options.update(enable_lora=True, max_lora_rank=job.get("max_lora_rank", 8), max_loras=len(adapters),
+                       lora_target_modules=job.get("lora_target_modules"))
+    llm = None
     try:
+        llm = vllm.LLM(**options)
         sampling = vllm.SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True,
                                        detokenize=False, logprobs=0)
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in job["prompts"]]
@@ -87,6 +90,7 @@ def main() -> None:
         try:
             answers.append(serve(one))
         except Exception as error:  # reported per job, so that one family's failure leaves the others' answers
+            traceback.print_exc(file=sys.stderr)
             answers.append({"error": f"{type(error).__name__}: {error}"})
     sys.stdout.flush()
     print(json.dumps({"vllm": vllm.__version__, "transformers": transformers.__version__, "jobs": answers}),
