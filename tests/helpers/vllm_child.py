@@ -17,8 +17,10 @@ when ``adapters`` (names of PEFT adapter folders) is given. Each prompt is gener
      "jobs": [{"base": {"tokens": [[...], ...], "logprobs": [[...], ...]}, "lora": {...}}]}
 
 ``logprobs`` are vLLM's raw log-probabilities of the generated tokens. A job that fails has
-``{"error": "<type>: <message>"}`` instead. (No prompt log-probabilities: with ``enable_lora``, vLLM 0.32.0's CPU LoRA
-logits path fails on them for tied-embedding models, ``einsum(): subscript b has size 3 ...``.)
+``{"error": "<type>: <message>"}`` instead (its traceback goes to standard error); a job with adapters that fails is
+served again without them, so that it keeps its ``"base"`` answer and each adapter gets the error (vLLM 0.32.0's CPU
+build cannot run mixture-of-experts models with LoRA enabled). (No prompt log-probabilities: with ``enable_lora``,
+vLLM 0.32.0's CPU LoRA logits path fails on them for tied-embedding models, ``einsum(): subscript b has size 3 ...``.)
 """
 
 from __future__ import annotations
@@ -55,8 +57,7 @@ def serve(job: dict) -> dict:
                    enforce_eager=True, max_model_len=job.get("max_model_len", 128), max_num_seqs=8, seed=0,
                    kv_cache_memory_bytes=job.get("kv_cache_memory_bytes", 64 << 20))
     if adapters:
-        options.update(enable_lora=True, max_lora_rank=job.get("max_lora_rank", 8), max_loras=len(adapters),
-                       lora_target_modules=job.get("lora_target_modules"))
+        options.update(enable_lora=True, max_lora_rank=job.get("max_lora_rank", 8), max_loras=len(adapters))
     llm = None
     try:
         llm = vllm.LLM(**options)
@@ -80,18 +81,38 @@ def serve(job: dict) -> dict:
         cleanup_dist_env_and_memory()
 
 
+def _serve_or_error(job: dict) -> dict:
+    """:func:`serve`, or ``{"error": "<type>: <message>"}`` (traceback on standard error) when vLLM fails."""
+    try:
+        return serve(job)
+    except Exception as error:  # reported per job, so that one family's failure leaves the others' answers
+        traceback.print_exc(file=sys.stderr)
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
+def serve_job(job: dict) -> dict:
+    """:func:`_serve_or_error`; when a job with adapters fails, the checkpoint is served again without them, so that
+    its ``"base"`` answer survives an engine that cannot start or run with LoRA, and each adapter gets the error."""
+    from vllm.distributed import cleanup_dist_env_and_memory
+
+    answer = _serve_or_error(job)
+    # A failed engine (held by the exception's traceback until the error was reported) must be collected and the
+    # process groups torn down before the next engine starts: otherwise the next job fails with "pipeline model
+    # parallel group is not initialized".
+    gc.collect()
+    cleanup_dist_env_and_memory()
+    if "error" in answer and job.get("adapters"):
+        base = serve_job({key: value for key, value in job.items() if key != "adapters"})
+        answer = {"base": base.get("base", base), **{name: answer for name in job["adapters"]}}
+    return answer
+
+
 def main() -> None:
     job = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
     import transformers
     import vllm
 
-    answers = []
-    for one in job if isinstance(job, list) else [job]:
-        try:
-            answers.append(serve(one))
-        except Exception as error:  # reported per job, so that one family's failure leaves the others' answers
-            traceback.print_exc(file=sys.stderr)
-            answers.append({"error": f"{type(error).__name__}: {error}"})
+    answers = [serve_job(one) for one in (job if isinstance(job, list) else [job])]
     sys.stdout.flush()
     print(json.dumps({"vllm": vllm.__version__, "transformers": transformers.__version__, "jobs": answers}),
           flush=True)
