@@ -16,9 +16,11 @@ import pytest
 from tests import distributed_worker, mesh_checks
 from tests.helpers.scripts import assert_hf_loadable, build_script_model_dir, port_trl_script, script_arguments
 
-MESH_CASES = ["qwen2", "qwen3_tied", "llama32", "gemma3", "qwen3_moe"]
-# (query projection path, its full shape, its shard shape on fsdp=4 x tp=2)
-QUERY_PROJECTION = {"gemma3": ("layers.0.attn.q_einsum.w", [4, 64, 16], [2, 16, 16])}
+MESH_CASES = ["qwen2", "qwen3_tied", "llama32", "gemma3", "qwen3_moe", "mistral"]
+# (query projection path, its full shape, its shard shape on fsdp=4 x tp=2); the native decoder's projections are
+# nnx.Linear kernels (hidden, heads * head_dim).
+QUERY_PROJECTION = {"gemma3": ("layers.0.attn.q_einsum.w", [4, 64, 16], [2, 16, 16]),
+                    "mistral": ("layers.0.attn.q_proj.kernel", [64, 64], [16, 32])}
 DECODER_QUERY_PROJECTION = ("layers.0.attn.q_proj.w", [64, 4, 16], [16, 2, 16])
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -379,3 +379,21 @@ def test_deepseek_multi_token_prediction_layers_are_not_loaded_and_named_in_a_no
     assert not any("were not used" in str(warning.message) for warning in seen)
     reference = torchlike.AutoModelForCausalLM.from_pretrained(source, dtype="float32")
     np.testing.assert_array_equal(padded_logits(model), padded_logits(reference))
+
+
+@pytest.mark.parametrize("case", ["mistral", "phi3"])
+def test_qlora_quantises_every_adapted_projection_and_keeps_the_outputs(case, tiny_checkpoints):
+    """Qwix's QLoRA on the native decoder: every adapted nnx.Linear (the attention too, fused ones included) holds
+    quantised base weights, and the outputs stay those of the model up to 8-bit rounding."""
+    base = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path(case), dtype="float32")
+    targets = tiny.lora_targets(case)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets, quantize_base="int8"))
+    keys = list(model.state_dict())
+    attention = "qkv_proj" if case == "phi3" else "q_proj"
+    assert any(key.startswith(f"layers.0.attn.{attention}.kernel.") and "qvalue" in key for key in keys)
+    assert any(key.startswith("layers.0.mlp.down_proj.kernel.") and "qvalue" in key for key in keys)
+    ids, mask, _ = tiny.padded_batch()
+    quantised, reference = padded_logits(model), padded_logits(base)
+    valid = mask.astype(bool)
+    assert 0 < valid_max_diff(quantised, reference, mask) < 0.1
+    assert np.corrcoef(quantised[valid].ravel(), reference[valid].ravel())[0, 1] > 0.99
