@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ..checkpoint import mxfp4
 from ..losses.router import RouterRecord
-from ..model.native_decoder import DecoderSpec, run_recording_router_logits
+from ..model.experts import run_recording_router_logits
+from ..model.native_decoder import DecoderSpec, GptOssExperts
 from .base import DECODER_IGNORED_KEYS, TinyConfig, WeightRule, require
 from .native import (
     LAYER,
@@ -69,7 +70,7 @@ def export_config(config: dict) -> dict:
 def router_logits(run, module):
     """``(run(module), RouterRecord)``: the router logits of the forward passes ``run`` makes
     (``Family.router_logits``)."""
-    result, logits = run_recording_router_logits(run, module)
+    result, logits = run_recording_router_logits(run, module, GptOssExperts)
     return result, RouterRecord(top_k=module.config.num_experts_per_tok, logits=logits)
 
 

@@ -24,6 +24,7 @@ from tunix.models.qwen3 import model as tunix_qwen3
 
 from ..losses.router import RouterRecord
 from ..model.experts import routed_experts
+from ..model.experts import run_recording_router_logits as recorded_router_logits
 from ..model.rope import attention_with_rope
 from .base import (
     DECODER_IGNORED_KEYS,
@@ -214,27 +215,10 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_qwen3.Qwen3:
 
 def run_recording_router_logits(run: Callable[[tunix_qwen3.Qwen3], R], module: tunix_qwen3.Qwen3
                                 ) -> tuple[R, RouterRecord]:
-    """``run(module)``, and the router logits of the forward passes it ran, sparse layer by sparse layer.
-
-    The sparse layers sow their logits while ``run`` runs, captured by ``nnx.capture`` (so they come out of
-    ``nnx.remat`` under ``gradient_checkpointing`` too); the module is left as it was.
-    """
-    blocks = [layer.mlp for layer in module.layers if isinstance(layer.mlp, SparseMoeBlock)]
-
-    def recording(module):
-        for block in blocks:
-            block.records_router_logits = True
-        try:
-            return run(module)
-        finally:
-            for block in blocks:
-                block.records_router_logits = False
-
-    result, sown = nnx.capture(recording, nnx.Intermediate)(module)
-    record = RouterRecord(top_k=module.config.num_experts_per_tok)
-    for _, variable in sorted(nnx.to_flat_state(sown), key=lambda item: item[0]):
-        record.logits.extend(variable.get_value())
-    return result, record
+    """``run(module)``, and the router logits of the forward passes it ran, sparse layer by sparse layer
+    (:func:`~adapters.model.experts.run_recording_router_logits` over the :class:`SparseMoeBlock` layers)."""
+    result, logits = recorded_router_logits(run, module, SparseMoeBlock)
+    return result, RouterRecord(top_k=module.config.num_experts_per_tok, logits=logits)
 
 
 def logits_from_hidden(module: tunix_qwen3.Qwen3, hidden: jax.Array) -> jax.Array:

@@ -1,6 +1,10 @@
-"""Mixture-of-experts pieces the decoders share: the chosen experts run as grouped matmuls."""
+"""Mixture-of-experts pieces the decoders share: the chosen experts run as grouped matmuls, and the router logits
+recorded for the load-balancing loss."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,3 +34,27 @@ def routed_experts(x: jax.Array, experts: jax.Array, weights: jax.Array, gate: j
     outputs = jax.lax.ragged_dot(activations, down, group_sizes)
     outputs = jnp.zeros_like(outputs).at[order].set(outputs).reshape(*experts.shape, hidden_size)
     return jnp.einsum("BTKD,BTK->BTD", outputs, weights)
+
+
+def run_recording_router_logits(run: Callable[[nnx.Module], Any], module: nnx.Module,
+                                block_type: type) -> tuple[Any, list[jax.Array]]:
+    """``run(module)``, and the router logits ``[B, T, E]`` of the forward passes it ran, mixture layer by mixture
+    layer: each ``layer.mlp`` of ``block_type`` sows them as ``nnx.Intermediate`` ``router_logits`` while its
+    ``records_router_logits`` is on. They are captured by ``nnx.capture``, so they come out of ``nnx.remat`` under
+    ``gradient_checkpointing`` too; the module is left as it was."""
+    blocks = [layer.mlp for layer in module.layers if isinstance(layer.mlp, block_type)]
+
+    def recording(module):
+        for block in blocks:
+            block.records_router_logits = True
+        try:
+            return run(module)
+        finally:
+            for block in blocks:
+                block.records_router_logits = False
+
+    result, sown = nnx.capture(recording, nnx.Intermediate)(module)
+    logits = []
+    for _, variable in sorted(nnx.to_flat_state(sown), key=lambda item: item[0]):
+        logits.extend(variable.get_value())
+    return result, logits

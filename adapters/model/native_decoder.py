@@ -19,7 +19,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -469,7 +468,7 @@ class GptOssExperts(nnx.Module):
 
     Attributes:
         records_router_logits: sow the router logits as ``nnx.Intermediate`` ``router_logits`` (the load-balancing
-            loss reads them, :func:`run_recording_router_logits`).
+            loss reads them, :func:`~.experts.run_recording_router_logits`).
     """
 
     ALPHA = 1.702
@@ -563,27 +562,6 @@ def _mlp(spec: DecoderSpec, layer: int, rngs: nnx.Rngs) -> nnx.Module:
     if spec.routed is not None and spec.routed.layers[layer]:
         return RoutedExperts(spec, rngs)
     return MLP(spec, rngs)
-
-
-def run_recording_router_logits(run: Callable[[nnx.Module], Any], module: NativeDecoder) -> tuple[Any, list]:
-    """``run(module)``, and the router logits ``[B, T, E]`` of the forward passes it ran, mixture layer by mixture
-    layer (captured with ``nnx.capture``, so they come out of ``nnx.remat`` too); the module is left as it was."""
-    blocks = [layer.mlp for layer in module.layers if isinstance(layer.mlp, GptOssExperts)]
-
-    def recording(module):
-        for block in blocks:
-            block.records_router_logits = True
-        try:
-            return run(module)
-        finally:
-            for block in blocks:
-                block.records_router_logits = False
-
-    result, sown = nnx.capture(recording, nnx.Intermediate)(module)
-    logits = []
-    for _, variable in sorted(nnx.to_flat_state(sown), key=lambda item: item[0]):
-        logits.extend(variable.get_value())
-    return result, logits
 
 
 class DecoderLayer(nnx.Module):
