@@ -393,7 +393,10 @@ class Attention(nnx.Module):
             k = jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, k_padding)))
         return q, k, v
 
-    def __call__(self, x, positions, cache, mask):
+    def __call__(self, x: jax.Array, positions: jax.Array, cache: dict | None,
+                 mask: jax.Array) -> tuple[jax.Array, dict | None]:
+        """Attends ``x [B, T, H]`` (keys ``mask [B, T, S]`` allows, and the layer's window) and returns ``(output,
+        the layer's updated cache or None)``."""
         spec = self.spec
         if spec.latent_attention is not None:
             q, k, v = self._project_latent(x, positions)
@@ -632,7 +635,20 @@ class NativeDecoder(nnx.Module):
         logits = logits.astype(jnp.float32)
         return logits / self.config.logits_divisor if self.config.logits_divisor != 1.0 else logits
 
-    def __call__(self, tokens, positions, cache, attention_mask):
+    def __call__(self, tokens: jax.Array, positions: jax.Array, cache: dict | None,
+                 attention_mask: jax.Array) -> tuple[jax.Array, dict | None]:
+        """The model contract's call (:mod:`.decoder_contract`).
+
+        Args:
+            tokens: ``[B, T]`` token ids.
+            positions: ``[B, T]`` their positions (rope).
+            cache: ``None`` (the ``T`` tokens attend to each other) or the KV cache of :meth:`kv_cache_shapes`, the new
+                keys and values written at slot ``end_index[0]``.
+            attention_mask: ``[B, T, S]`` bool, ``S`` being ``T`` or the cache's size: which keys each query sees.
+
+        Returns:
+            ``(float32 logits [B, T, V], the updated cache or None)``.
+        """
         x = self.embedder.encode(tokens)
         if self.config.embedding_multiplier != 1.0:
             x = x * jnp.asarray(self.config.embedding_multiplier, x.dtype)
