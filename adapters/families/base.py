@@ -21,7 +21,7 @@ import numpy as np
 
 
 class UnsupportedConfigError(ValueError):
-    """config.json asks for a feature this family's Tunix model does not implement."""
+    """config.json asks for a feature this family's model (Tunix's or the native decoder) does not implement."""
 
 
 class Layout:
