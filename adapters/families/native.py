@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..model.native_decoder import ACTIVATIONS, DecoderSpec, NativeDecoder, Rope
+from ..model.rope import default_inverse_frequencies
 from .base import TRANSPOSED, Family, WeightRule, decoder_forward, decoder_hidden_states, head_dim_of, require
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
@@ -54,8 +55,7 @@ def rope_of(hf_config, family: str, layer_type: str | None = None, interleaved: 
     keywords = {"layer_type": layer_type} if layer_type is not None and layer_type in hf_config.rope_parameters else {}
     if rope_type == "default":
         rotary_dim = int(head_dim_of(hf_config) * parameters.get("partial_rotary_factor", 1.0))
-        exponents = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(rotary_dim)
-        inv_freq = 1.0 / (np.float32(parameters["rope_theta"]) ** exponents)
+        inv_freq = default_inverse_frequencies(float(parameters["rope_theta"]), rotary_dim)
         return Rope(_floats(inv_freq), interleaved=interleaved)
     inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, None, **keywords)
     if rope_type != "longrope":

@@ -43,38 +43,38 @@ def adaptable_modules(family: Family, module: nnx.Module) -> list[LoraTarget]:
     return list(found.values())
 
 
-def _check_not_refused(family: Family, module: nnx.Module, target_modules: list[str] | str) -> None:
-    """Raises when ``target_modules`` names a module the family refuses (``Family.lora_refused``), naming it and
-    giving the reason. The modules are those of the table's HF weights and their parents."""
-    refused = family.lora_refused
-    if not refused:
-        return
+def _named_modules(family: Family, module: nnx.Module) -> list[str]:
+    """The HF modules of the table's weights in ``module`` and their parents (``model.layers``...), sorted."""
     found = set()
     for nnx_path in flat_variables(module):
         for hf_name, _rule in family.nnx_to_hf(nnx_path):
             parts = hf_name.removesuffix(".weight").split(".")
             found.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
-    for hf_module in sorted(found):
-        reason = next((why for pattern, why in refused.items() if re.fullmatch(pattern, hf_module)), None)
+    return sorted(found)
+
+
+def _reason(patterns: dict[str, str], hf_module: str) -> str | None:
+    """The reason of the first pattern of ``patterns`` (HF module regex -> reason) that ``hf_module`` matches."""
+    return next((why for pattern, why in patterns.items() if re.fullmatch(pattern, hf_module)), None)
+
+
+def _check_not_refused(family: Family, modules: list[str], target_modules: list[str] | str) -> None:
+    """Raises when ``target_modules`` names one of ``modules`` (:func:`_named_modules`) the family refuses
+    (``Family.lora_refused``), naming it and giving the reason."""
+    for hf_module in modules:
+        reason = _reason(family.lora_refused, hf_module)
         if reason is not None and _names(hf_module, target_modules):
             raise ValueError(f"target_modules={target_modules!r} names {hf_module}, which LoRA cannot adapt in the "
                              f"{family.name} model: {reason}.")
 
 
-def _not_linear_note(family: Family, module: nnx.Module, names: list[str]) -> str:
-    """Why the HF modules ``names`` point at cannot be adapted (``Family.lora_not_linear``: not ``nn.Linear`` in
-    ``transformers``, so PEFT's ``target_modules`` never reaches them either), or ``""``."""
-    if not family.lora_not_linear:
-        return ""
-    found = set()
-    for nnx_path in flat_variables(module):
-        for hf_name, _rule in family.nnx_to_hf(nnx_path):
-            parts = hf_name.removesuffix(".weight").split(".")
-            found.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
+def _not_linear_note(family: Family, modules: list[str], names: list[str]) -> str:
+    """Why the ``modules`` (:func:`_named_modules`) that ``names`` point at cannot be adapted
+    (``Family.lora_not_linear``: not ``nn.Linear`` in ``transformers``, so PEFT's ``target_modules`` never reaches
+    them either), or ``""``."""
     notes = {}
-    for hf_module in sorted(found):
-        reason = next((why for pattern, why in family.lora_not_linear.items() if re.fullmatch(pattern, hf_module)),
-                      None)
+    for hf_module in modules:
+        reason = _reason(family.lora_not_linear, hf_module)
         if reason and _names(hf_module, names):
             notes.setdefault(reason, hf_module)
     return "".join(f" {hf_module} is not adapted: {reason}." for reason, hf_module in notes.items())
@@ -123,13 +123,14 @@ def select_targets(family: Family, module: nnx.Module, target_modules) -> list[L
         raise ValueError(f"target_modules='all-linear' is not supported for the {family.name} model: "
                          f"{family.all_linear_refused}. Name the modules to adapt instead, e.g. "
                          f"{sorted(family.lora_targets)}.")
-    _check_not_refused(family, module, target_modules)
+    modules = _named_modules(family, module) if family.lora_refused or family.lora_not_linear else []
+    _check_not_refused(family, modules, target_modules)
     candidates = adaptable_modules(family, module)
     known = sorted(family.lora_targets)
     if not isinstance(target_modules, str):
         # A name reaching only modules that are not linear in transformers is skipped, as PEFT skips it.
         unknown = [n for n in target_modules if not any(_names(m, [n]) for t in candidates for m in t.hf_modules)
-                   and not _not_linear_note(family, module, [n])]
+                   and not _not_linear_note(family, modules, [n])]
         if unknown:
             raise ValueError(f"target_modules {unknown} match no module of this {family.name} model; valid names: "
                              f"{known} (or full names like 'model.layers.0.self_attn.q_proj', a regex, 'all-linear').")
@@ -137,7 +138,7 @@ def select_targets(family: Family, module: nnx.Module, target_modules) -> list[L
     if not chosen:
         named = [target_modules] if isinstance(target_modules, str) else list(target_modules)
         raise ValueError(f"target_modules={target_modules!r} matches no module; valid names: {known}."
-                         f"{_not_linear_note(family, module, named)}")
+                         f"{_not_linear_note(family, modules, named)}")
     return chosen
 
 

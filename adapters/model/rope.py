@@ -53,14 +53,19 @@ def rope_inverse_frequencies(
         )
     if float(rope_parameters.get("partial_rotary_factor", 1.0)) != 1.0:
         raise UnsupportedRopeScalingError(f"{config_name}: partial_rotary_factor != 1 is not supported.")
-    theta = float(rope_parameters["rope_theta"])
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv_freq = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+    inv_freq = default_inverse_frequencies(float(rope_parameters["rope_theta"]), head_dim)
     if rope_type == "linear":
         inv_freq = inv_freq / np.float32(rope_parameters["factor"])
     elif rope_type == "llama3":
         inv_freq = _llama3_scaled(inv_freq, rope_parameters)
     return tuple(float(x) for x in inv_freq.astype(np.float32))
+
+
+def default_inverse_frequencies(theta: float, rotary_dim: int) -> np.ndarray:
+    """``1 / theta ** (2i / rotary_dim)`` for ``i < rotary_dim / 2``, float32, computed as ``transformers``' default
+    rope does (integer exponents cast to float32 before the division)."""
+    exponents = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(rotary_dim)
+    return (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
 
 
 def _llama3_scaled(inv_freq: np.ndarray, params: Mapping) -> np.ndarray:
