@@ -1,23 +1,47 @@
-"""Run as a script: imports torchlike, then counts minor page faults per call of a jitted function with a
-64 MiB temporary (a train step's activations in small); prints a JSON line with the allocator status and
-faults per call."""
+"""Run as a script: imports torchlike (which tunes glibc's malloc, adapters.runtime.host_memory), then, from a thread
+other than the main one (as XLA's runtime threads allocate), allocates a 64 MiB block, frees it and allocates it again.
+Prints a JSON line with the allocator status and what glibc's ``mallinfo2`` counters showed: bytes served by
+``mmap`` while the block was held, main-arena bytes kept after the free, and whether the second allocation reused
+the first's address. These are the allocator's bookkeeping, not timings or page-fault counts, so they do not depend on
+the machine's load (``benchmarks/host_memory.py`` measures the page faults this saves)."""
 
+import ctypes
 import json
-import resource
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import threading
 
 import torchlike  # noqa: F401  (before JAX starts, as a user's script does)
 from torchlike.adapters.runtime import host_memory
 
-step = jax.jit(lambda x, w: (x @ w) @ w.T)  # x @ w: a [4096, 4096] float32 temporary
-x, w = jnp.ones((4096, 64), jnp.float32), jnp.ones((64, 4096), jnp.float32) / 64
-for _ in range(3):
-    step(x, w).block_until_ready()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-calls = 10
-for _ in range(calls):
-    step(x, w).block_until_ready()
-faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
-print(json.dumps({"status": host_memory.status, "faults_per_call": faults}))
+BLOCK = 64 * 1024**2
+
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+result: dict = {"status": host_memory.status}
+
+
+def allocate_twice() -> None:
+    before = libc.mallinfo2()
+    first = libc.malloc(BLOCK)
+    ctypes.memset(first, 1, BLOCK)
+    held = libc.mallinfo2()
+    libc.free(first)
+    freed = libc.mallinfo2()
+    second = libc.malloc(BLOCK)
+    libc.free(second)
+    result.update(mmapped_while_held=held.hblkhd - before.hblkhd, main_arena_kept_after_free=freed.arena - before.arena,
+                  address_reused=first == second)
+
+
+thread = threading.Thread(target=allocate_twice)
+thread.start()
+thread.join()
+print(json.dumps(result))

@@ -54,7 +54,8 @@ def test_help_lists_the_config_and_script_flags_of_trls_example_script(name, cap
 @pytest.mark.parametrize("name, config", [("orpo", "ORPOConfig"), ("cpo", "CPOConfig"), ("gkd", "GKDConfig")])
 def test_parser_accepts_every_flag_of_trls_parser(name, config, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    trl = pytest.importorskip("trl")
+    import trl
+
     trl_config = getattr(importlib.import_module(f"trl.experimental.{name}"), config)
     theirs = trl.TrlParser((trl.ScriptArguments, trl_config, trl.ModelConfig, trl.DatasetMixtureConfig))
     ours = importlib.import_module(f"torchlike.trl.scripts.{name}").make_parser()
@@ -137,7 +138,6 @@ def test_quantised_model_is_refused_for_a_trainer_without_quantization_config(tm
 
 
 def test_bco_command_fits_udm_on_the_embedding_models_prompt_embeddings(script_model, tmp_path, capsys):
-    pytest.importorskip("sklearn")
     bco = importlib.import_module("torchlike.trl.scripts.bco")
     dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", UNPAIRED_ROWS).parent
     arguments = bco.make_parser(prog="torchlike bco").parse_args_and_config(

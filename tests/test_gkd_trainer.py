@@ -4,6 +4,7 @@ loss against ``GKDTrainer.generalized_jsd_loss``, TRL's on-policy draws and erro
 
 from __future__ import annotations
 
+import importlib
 import os
 import types
 import zlib
@@ -24,7 +25,7 @@ from torchlike.trl.experimental.gkd import GKDConfig, GKDTrainer
 from torchlike.trl.experimental.gkd.gkd_data import dataset_columns, tokenize_conversation
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-trl_gkd = pytest.importorskip("trl.experimental.gkd")
+trl_gkd = importlib.import_module("trl.experimental.gkd")
 
 CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '</s>' }}"
                  "{% endfor %}{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")

@@ -1,4 +1,8 @@
-"""torchlike keeps freed host buffers mapped on CPU-only JAX (adapters.runtime.host_memory), unless told not to."""
+"""torchlike keeps freed host buffers mapped on CPU-only JAX (adapters.runtime.host_memory), unless told not to.
+
+What is asserted is glibc's bookkeeping for one 64 MiB block allocated from a worker thread (``host_memory_probe.py``),
+which is the same on a busy or an idle machine; the page faults per step this saves are measured by
+``benchmarks/host_memory.py``."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 import pytest
 
 PROBE = Path(__file__).with_name("host_memory_probe.py")
+BLOCK = 64 * 1024**2
 
 
 def probe(**env) -> dict:
@@ -23,14 +28,19 @@ def probe(**env) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.platform("glibc")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_a_64mib_temporary_is_reused_instead_of_faulted_in_again():
+def test_a_64mib_block_freed_by_a_worker_thread_stays_in_the_main_arena_and_is_reused():
     tuned, untuned = probe(), probe(TORCHLIKE_HOST_MALLOC="0")
     assert tuned["status"] == "applied"
     assert untuned["status"] == "turned off by TORCHLIKE_HOST_MALLOC"
-    assert untuned["faults_per_call"] > 12000  # 64 MiB of fresh 4 KiB pages every call
-    # Mostly reused (0-5,000 faults seen: which buffers a call frees before the next allocates varies).
-    assert tuned["faults_per_call"] < untuned["faults_per_call"] / 2
+    # Untuned, glibc serves the block with mmap and unmaps it on free: every step faults in fresh pages.
+    assert untuned["mmapped_while_held"] >= BLOCK
+    assert untuned["main_arena_kept_after_free"] < BLOCK
+    # Tuned, the worker thread allocates from the main arena's heap, which keeps the freed block for the next one.
+    assert tuned["mmapped_while_held"] == 0
+    assert tuned["main_arena_kept_after_free"] >= BLOCK
+    assert tuned["address_reused"]
 
 
 def test_an_allocator_the_user_configured_is_left_alone():

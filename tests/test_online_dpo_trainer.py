@@ -4,6 +4,7 @@ behaviour, and a beta list taken per epoch."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 import zlib
@@ -23,7 +24,7 @@ from torchlike import cli
 from torchlike.trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-trl_online_dpo = pytest.importorskip("trl.experimental.online_dpo")
+trl_online_dpo = importlib.import_module("trl.experimental.online_dpo")
 
 MAX_NEW_TOKENS = 6
 CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '</s>' }}"

@@ -73,7 +73,8 @@ def test_math_rewards_without_math_verify_raise_import_error_saying_what_to_inst
 
 
 def test_math_rewards_equal_trl_when_math_verify_is_installed():
-    pytest.importorskip("math_verify")
+    import math_verify  # noqa: F401  (a test dependency: the reference is installed)
+
     completions = [[{"content": r"<think>x</think> so \boxed{\frac{1}{3}}"}],
                    [{"content": r"<think>x</think> so \boxed{\frac{1}{2}}"}],
                    [{"content": r"no reasoning \boxed{\frac{1}{3}}"}]]

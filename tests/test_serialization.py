@@ -161,6 +161,7 @@ def _bytes_read() -> int:
     raise AssertionError("no rchar in /proc/self/io")
 
 
+@pytest.mark.platform("Linux /proc")
 @pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux /proc/self/io")
 def test_load_reads_only_the_manifest_and_restore_only_the_requested_keys(tmp_path):
     big = np.random.default_rng(0).standard_normal(1024 * 1024).astype(np.float32)  # 4 MB, incompressible

