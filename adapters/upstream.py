@@ -58,7 +58,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "query_pre_attn_scalar), compares cache slots with token positions for the sliding window (wrong on "
         "left-padded rows and in the sampler's decode) and builds a fused qkv_einsum when num_kv_heads == "
         "num_heads; the attention is subclassed with the window on cache slots, the query scalar and "
-        "adapters.rope, and the q/kv weights are split.",
+        "adapters.model.rope, and the q/kv weights are split.",
         ("adapters/families/gemma2.py:Gemma2Attention", "adapters/families/gemma2.py:build_model",
          "adapters/families/base.py:split_fused_qkv"),
     ),

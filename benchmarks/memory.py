@@ -9,8 +9,8 @@ and the gradients of every parameter once (no optimizer update: its state is the
 bfloat16 compute and gradient checkpointing (each decoder layer rematerialised), as TRL's defaults on a GPU:
 
 ``torchlike-chunked``
-    The Tunix module of ``family.build_model`` (random init), ``adapters.train_step.causal_lm_loss`` (SFT) or
-    ``adapters.grpo_losses.grpo_step_loss`` (GRPO, ``loss_type="dapo"``, ``beta=0``) with ``block_size`` ``--block``
+    The Tunix module of ``family.build_model`` (random init), ``adapters.training.train_step.causal_lm_loss`` (SFT) or
+    ``adapters.losses.grpo.grpo_step_loss`` (GRPO, ``loss_type="dapo"``, ``beta=0``) with ``block_size`` ``--block``
     (default ``"auto"``), the parameters cast to bfloat16 inside the program and ``rematerialised``, jitted and
     compiled ahead of the measured call.
 ``torchlike-unchunked``

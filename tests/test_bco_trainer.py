@@ -16,6 +16,7 @@ import torchlike
 from tests.helpers.bco import DATA, EVAL_DATA, prompt_features
 from tests.helpers.legacy_trl import require_legacy_trl, run_legacy_trl
 from tests.helpers.logs import evaluated, logged
+from tests.helpers.models import with_config
 from torchlike.field_support import field_table
 from torchlike.training_args import TrainingArguments
 from torchlike.trl.experimental.bco import BCOConfig, BCOTrainer
@@ -34,6 +35,11 @@ autocast, torchlike casts the weights; their bf16 roundings differ far above the
 UDM_SETTINGS = {**SETTINGS, "max_steps": 3, "save_strategy": "no"}
 """The UDM comparison's settings: three steps (the first two score the initial weights, the third moves delta)."""
 
+#: The settings of each case both trainers run: ``"moe"`` trains a Qwen3-MoE whose config asks for its router loss
+#: (TRL 1.0.0's BCOTrainer adds ``router_aux_loss_coef * aux_loss`` when the config sets ``output_router_logits``),
+#: three steps as UDM's.
+CASES = {"plain": SETTINGS, "udm": UDM_SETTINGS, "moe": UDM_SETTINGS}
+
 #: Every metric TRL 1.0.0's BCOTrainer logs, beside loss, grad_norm and learning_rate.
 METRICS = ("delta", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
            "logits/chosen", "logits/rejected")
@@ -42,11 +48,12 @@ METRICS = ("delta", "rewards/chosen", "rewards/rejected", "rewards/margins", "lo
 LOGITS_ATOL = 2e-3
 
 #: TRL 1.0.0's side: each case trains on DATA (UDM with the shared embedding function), evaluates on EVAL_DATA and
-#: writes its log history, evaluation metrics, final weights and the running.json of its checkpoint; then the config's
-#: fields and defaults.
+#: writes its log history, evaluation metrics, final weights as saved and the running.json of its checkpoint; then the
+#: config's fields and defaults.
 TRL_SCRIPT = """
 import dataclasses, json, os, sys
 import numpy as np, torch, datasets, transformers
+from safetensors.numpy import load_file
 from trl.experimental.bco import BCOConfig, BCOTrainer
 from tests.helpers.bco import DATA, EVAL_DATA, prompt_features
 
@@ -56,7 +63,7 @@ for case, settings in arguments["cases"].items():
     tokenizer = transformers.AutoTokenizer.from_pretrained(arguments["tokenizer"])
     udm = {"embedding_func": prompt_features, "embedding_tokenizer": tokenizer} if case == "udm" else {}
     trainer = BCOTrainer(
-        model=transformers.AutoModelForCausalLM.from_pretrained(arguments["model"], dtype=torch.float32),
+        model=transformers.AutoModelForCausalLM.from_pretrained(arguments["models"][case], dtype=torch.float32),
         args=BCOConfig(output_dir=output_dir, use_cpu=True, **settings),
         train_dataset=datasets.Dataset.from_list(DATA), eval_dataset=datasets.Dataset.from_list(EVAL_DATA),
         processing_class=tokenizer, **udm)
@@ -67,8 +74,9 @@ for case, settings in arguments["cases"].items():
     running = json.load(open(running_file)) if os.path.isfile(running_file) else None
     json.dump({"history": trainer.state.log_history, "eval": metrics, "running": running},
               open(os.path.join(output_dir, "run.json"), "w"))
+    trainer.model.save_pretrained(os.path.join(output_dir, "model"))  # a MoE's experts one by one, as torchlike's
     np.savez(os.path.join(output_dir, "weights.npz"),
-             **{name: value.detach().numpy() for name, value in trainer.model.state_dict().items()})
+             **load_file(os.path.join(output_dir, "model", "model.safetensors")))
 config = BCOConfig(output_dir=arguments["output_dir"], use_cpu=True)
 json.dump({"fields": [item.name for item in dataclasses.fields(BCOConfig)],
            "values": {item.name: repr(getattr(config, item.name)) for item in dataclasses.fields(BCOConfig)
@@ -84,40 +92,51 @@ BCO_FIELDS = ("learning_rate", "logging_steps", "gradient_checkpointing", "bf16"
 
 
 @pytest.fixture(scope="module")
-def trl_child(tiny_checkpoints, pad_tokenizer_dir, tmp_path_factory):
-    """TRL 1.0.0's runs on :data:`SETTINGS` (``"plain"`` and ``"udm"``) and its config's fields, started in a child
-    process that works while torchlike's runs do (``None`` without TRL 1.0.0: the tests that read it skip)."""
+def case_models(tiny_checkpoints, tmp_path_factory) -> dict:
+    """The checkpoint each case of :data:`CASES` trains: Qwen2, and for ``"moe"`` a Qwen3-MoE whose config sets
+    ``output_router_logits`` with ``router_aux_loss_coef`` 0.5 (far above its default, so that dropping it shows)."""
+    moe = with_config(tiny_checkpoints.path("qwen3_moe"), tmp_path_factory.mktemp("bco-moe") / "model",
+                      output_router_logits=True, router_aux_loss_coef=0.5)
+    return {"plain": tiny_checkpoints.path("qwen2"), "udm": tiny_checkpoints.path("qwen2"), "moe": moe}
+
+
+@pytest.fixture(scope="module")
+def trl_child(case_models, pad_tokenizer_dir, tmp_path_factory):
+    """TRL 1.0.0's runs of :data:`CASES` and its config's fields, started in a child process that works while
+    torchlike's runs do (``None`` without TRL 1.0.0: the tests that read it skip)."""
     try:
         require_legacy_trl()
     except pytest.skip.Exception:
         yield None
         return
     output_dir = tmp_path_factory.mktemp("trl_bco")
-    arguments = {"model": str(tiny_checkpoints.path("qwen2")), "tokenizer": str(pad_tokenizer_dir),
-                 "output_dir": str(output_dir), "cases": {"plain": SETTINGS, "udm": UDM_SETTINGS},
+    arguments = {"models": {case: str(path) for case, path in case_models.items()},
+                 "tokenizer": str(pad_tokenizer_dir), "output_dir": str(output_dir), "cases": CASES,
                  "compared_fields": BCO_FIELDS}
     with ThreadPoolExecutor(max_workers=1) as executor:
         yield executor.submit(run_legacy_trl, TRL_SCRIPT, arguments), output_dir
 
 
 @pytest.fixture(scope="module")
-def our_runs(trl_child, tiny_checkpoints, pad_tokenizer_dir, tmp_path_factory):
-    """torchlike's runs on :data:`SETTINGS` without and with UDM (their checkpoint-3 serve the resume tests)."""
-    path = tiny_checkpoints.path("qwen2")
-    return {"plain": run_torchlike(path, pad_tokenizer_dir, tmp_path_factory.mktemp("plain"), SETTINGS),
-            "udm": run_torchlike(path, pad_tokenizer_dir, tmp_path_factory.mktemp("udm"),
-                                 {**UDM_SETTINGS, "save_strategy": "steps"}, udm=True)}
+def our_runs(trl_child, case_models, pad_tokenizer_dir, tmp_path_factory):
+    """torchlike's runs of :data:`CASES` (the checkpoint-3 of ``"plain"`` and ``"udm"`` serve the resume tests)."""
+    return {"plain": run_torchlike(case_models["plain"], pad_tokenizer_dir, tmp_path_factory.mktemp("plain"),
+                                   SETTINGS),
+            "udm": run_torchlike(case_models["udm"], pad_tokenizer_dir, tmp_path_factory.mktemp("udm"),
+                                 {**UDM_SETTINGS, "save_strategy": "steps"}, udm=True),
+            "moe": run_torchlike(case_models["moe"], pad_tokenizer_dir, tmp_path_factory.mktemp("moe"),
+                                 CASES["moe"])}
 
 
 @pytest.fixture(scope="module")
 def trl_runs(trl_child, our_runs):
-    """TRL 1.0.0's runs (``"plain"`` and ``"udm"``: history, evaluation metrics, weights, checkpointed running
-    moments) and its config's fields (``"fields"``), once its child process is done."""
+    """TRL 1.0.0's runs of :data:`CASES` (history, evaluation metrics, weights, checkpointed running moments) and
+    its config's fields (``"fields"``), once its child process is done."""
     require_legacy_trl()
     future, output_dir = trl_child
     future.result()
     runs = {}
-    for case in ("plain", "udm"):
+    for case in CASES:
         run = json.loads((output_dir / case / "run.json").read_text())
         with np.load(output_dir / case / "weights.npz") as weights:
             runs[case] = {**run, "params": dict(weights)}
@@ -167,9 +186,10 @@ def assert_run_matches(ours: dict, theirs: dict, steps: int) -> None:
 
 # --- step for step against trl.experimental.bco.BCOTrainer (TRL 1.0.0) ----------------------------------------------
 
-def test_losses_metrics_evaluation_and_weights_match_trl_1_0_step_for_step(trl_runs, our_runs):
-    assert_run_matches(our_runs["plain"], trl_runs["plain"], SETTINGS["max_steps"])
-    assert logged(our_runs["plain"]["history"], "delta")[-1] != 0.0  # the running mean has moved
+@pytest.mark.parametrize("case", ["plain", "moe"])
+def test_losses_metrics_evaluation_and_weights_match_trl_1_0_step_for_step(trl_runs, our_runs, case):
+    assert_run_matches(our_runs[case], trl_runs[case], CASES[case]["max_steps"])
+    assert logged(our_runs[case]["history"], "delta")[-1] != 0.0  # the running mean has moved
 
 
 def test_running_json_of_a_checkpoint_matches_trl(trl_runs, our_runs):

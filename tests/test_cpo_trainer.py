@@ -7,6 +7,7 @@ import trl.experimental.cpo as trl_cpo
 
 from tests import tiny
 from tests.helpers.data import PREFERENCES
+from tests.helpers.models import with_config
 from torchlike.trl.experimental.cpo import CPOConfig, CPOTrainer
 
 METRICS = ("loss", "grad_norm", "learning_rate", "rewards/chosen", "rewards/rejected", "rewards/margins",
@@ -29,14 +30,21 @@ CASES = {
     "ipo, cpo_alpha 0.5": dict(loss_type="ipo", cpo_alpha=0.5),
     # alphapo: simpo with cpo_alpha=0 (no NLL term).
     "simpo (alphapo)": dict(loss_type="alphapo", simpo_gamma=0.3),
+    # TRL adds a mixture-of-experts model's router loss when the model config sets output_router_logits (its only
+    # switch), times the config's router_aux_loss_coef (here far above its default, so that dropping it shows).
+    "sigmoid, Qwen3-MoE with its router loss": dict(loss_type="sigmoid", model="qwen3_moe", model_config=dict(
+        output_router_logits=True, router_aux_loss_coef=0.5)),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_cpo_losses_metrics_evaluation_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path,
                                                                            case):
-    path = tiny_checkpoints.path("qwen2")
-    settings = comparison_settings(**CASES[case])
+    options = dict(CASES[case])
+    path = tiny_checkpoints.path(options.pop("model", "qwen2"))
+    if "model_config" in options:
+        path = with_config(path, tmp_path / "model", **options.pop("model_config"))
+    settings = comparison_settings(**options)
     eval_data = PREFERENCES[1:7]  # a partial last batch: TRL's is shorter, torchlike's is padded with empty pairs
     tiny.assert_pairwise_trainer_matches_trl((trl_cpo.CPOTrainer, trl_cpo.CPOConfig), (CPOTrainer, CPOConfig), path,
                                              tokenizer_dir, tmp_path, PREFERENCES, settings, eval_data, METRICS)

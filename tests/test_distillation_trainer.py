@@ -17,6 +17,7 @@ from flax import nnx
 import torchlike
 from tests import tiny
 from tests.helpers.config_fields import quiet
+from tests.helpers.models import with_config
 from tests.helpers.tokenizers import tokenizer_for
 from tests.tiny import COMPLETION_LENGTH, EOS, PROMPTS
 from torchlike.adapters.losses import distillation as distillation_loss
@@ -127,10 +128,11 @@ def comparison_settings(**case) -> dict:
     its default). The learning rate is large enough that each step moves the weights clearly, and Adam's epsilon lies
     above float noise, so entries whose gradient is ~0 do not take lr-sized steps of either sign.
     """
-    return dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_completion_length=COMPLETION_LENGTH,
-                max_steps=10, learning_rate=1e-2, warmup_steps=2, weight_decay=0.1, max_grad_norm=0.02,
-                adam_epsilon=1e-4, logging_steps=1, seed=0, bf16=False, shuffle_dataset=False, report_to="none",
-                save_strategy="no", **case)
+    values = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                  max_completion_length=COMPLETION_LENGTH, max_steps=10, learning_rate=1e-2, warmup_steps=2,
+                  weight_decay=0.1, max_grad_norm=0.02, adam_epsilon=1e-4, logging_steps=1, seed=0, bf16=False,
+                  shuffle_dataset=False, report_to="none", save_strategy="no")
+    return {**values, **case}
 
 
 def scripted_turn(prompt_ids, seed):
@@ -152,7 +154,7 @@ def recording(sample, sampled: list):
 
 def run_trl_distillation(student, teacher, tokenizer_path, output_dir, settings, monkeypatch, sampled=None):
     """``trl.DistillationTrainer`` training on the scripted completions, or, given a ``sampled`` list, on its own
-    samples (recorded there): its log history and final parameters."""
+    samples (recorded there): its log history and final parameters as saved (HF names)."""
     import datasets
     import transformers
     import trl.trainer.distillation_trainer as trl_distillation
@@ -169,8 +171,7 @@ def run_trl_distillation(student, teacher, tokenizer_path, output_dir, settings,
     trainer._generate_single_turn = (scripted_completions if sampled is None
                                      else recording(trainer._generate_single_turn, sampled))
     trainer.train()
-    params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
-    return trainer.state.log_history, params
+    return trainer.state.log_history, tiny.saved_hf_params(trainer.model, output_dir / "model")
 
 
 def run_torchlike_distillation(student, teacher, tokenizer_path, output_dir, settings, sampled=None):
@@ -188,9 +189,18 @@ def run_torchlike_distillation(student, teacher, tokenizer_path, output_dir, set
     return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
 
 
-COMPARISON_CASES = {"beta 0 (forward KL)": dict(beta=0.0), "beta 0.5, temperature 0.7": dict(beta=0.5,
-                                                                                               temperature=0.7),
-                    "beta 1 (reverse KL)": dict(beta=1.0)}
+#: Each case: its settings over comparison_settings; ``student`` (default Qwen2) and ``student_config`` (changes to
+#: its config) choose the student.
+COMPARISON_CASES = {
+    "beta 0 (forward KL)": dict(beta=0.0),
+    "beta 0.5, temperature 0.7": dict(beta=0.5, temperature=0.7),
+    "beta 1 (reverse KL)": dict(beta=1.0),
+    # TRL's loss reads the student's backbone hidden states: it never adds a mixture-of-experts student's router loss,
+    # even when the student's config asks for it (output_router_logits), and neither does torchlike.
+    "beta 0.5, a Qwen3-MoE student asking for its router loss, which TRL does not add": dict(
+        beta=0.5, max_steps=4, student="qwen3_moe",
+        student_config=dict(output_router_logits=True, router_aux_loss_coef=0.5)),
+}
 COMPARED_METRICS = ("loss", "grad_norm", "learning_rate", "entropy", "num_tokens", "completions/mean_length",
                     "completions/min_length", "completions/max_length", "completions/clipped_ratio",
                     "completions/mean_terminated_length", "completions/min_terminated_length",
@@ -200,16 +210,20 @@ COMPARED_METRICS = ("loss", "grad_norm", "learning_rate", "entropy", "num_tokens
 @pytest.mark.parametrize("case", list(COMPARISON_CASES))
 def test_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints, tokenizer_dir, tmp_path, monkeypatch,
                                                             case):
-    """The student (Qwen2) learns from a teacher of another family (Llama 3) with the same vocabulary."""
-    settings = comparison_settings(**COMPARISON_CASES[case])
-    student, teacher = tiny_checkpoints.path("qwen2"), tiny_checkpoints.path("llama3")
+    """The student (Qwen2 unless the case says) learns from a teacher of another family (Llama 3) with the same
+    vocabulary."""
+    options = dict(COMPARISON_CASES[case])
+    student, teacher = tiny_checkpoints.path(options.pop("student", "qwen2")), tiny_checkpoints.path("llama3")
+    if "student_config" in options:
+        student = with_config(student, tmp_path / "student", **options.pop("student_config"))
+    settings = comparison_settings(**options)
     expected_history, expected_params = run_trl_distillation(student, teacher, tokenizer_dir, tmp_path / "trl",
                                                              settings, monkeypatch)
     history, params = run_torchlike_distillation(student, teacher, tokenizer_dir, tmp_path / "ours", settings)
     expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
     ours = {entry["step"]: entry for entry in history if "loss" in entry}
 
-    assert list(ours) == list(expected) == list(range(1, 11))
+    assert list(ours) == list(expected) == list(range(1, settings["max_steps"] + 1))
     assert all(set(ours[step]) == set(expected[step]) - {"step_time"} for step in ours)  # TRL's metrics, but timing
     assert all(entry["grad_norm"] > settings["max_grad_norm"] for entry in expected.values())  # clipping is on
     for key in COMPARED_METRICS:

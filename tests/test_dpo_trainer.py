@@ -16,7 +16,7 @@ from tests.helpers.data import PREFERENCES, message
 from tests.helpers.logs import logged
 from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.adapters.losses.dpo import DPOLossSettings, preference_loss
-from torchlike.peft import LoraConfig, get_peft_model
+from torchlike.peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, get_peft_model
 from torchlike.trl import DPOConfig, DPOTrainer
 from torchlike.trl.dpo_data import PreferenceDataWarning, collate_preference_batch, prepare_preference_examples
 
@@ -42,9 +42,10 @@ def config(tmp_path, **overrides):
 
 
 def sequence_log_prob(model, prompt_ids, response_ids):
-    """log p(response | prompt) from the model's own forward pass."""
+    """log p(response | prompt) from the model's own forward pass (a prompt-tuning model's logits cover its virtual
+    tokens first)."""
     ids = list(prompt_ids) + list(response_ids)
-    log_probs = jax.nn.log_softmax(jnp.asarray(model([ids]).logits[0], jnp.float32), axis=-1)
+    log_probs = jax.nn.log_softmax(jnp.asarray(model([ids]).logits[0, -len(ids):], jnp.float32), axis=-1)
     return float(sum(log_probs[t - 1, ids[t]] for t in range(len(prompt_ids), len(ids))))
 
 
@@ -210,6 +211,26 @@ def test_lora_dpo_without_ref_model_scores_against_the_base_weights_and_trains_o
     # The base weights are still the reference, so new data can be scored after training.
     metrics = trainer.evaluate(PREFERENCES[:4])
     assert metrics["eval_rewards/margins"] > 0 and np.isfinite(metrics["eval_loss"])
+
+
+@pytest.mark.parametrize("prompt_config", [PromptTuningConfig, PrefixTuningConfig])
+def test_a_prompt_learning_adapter_without_ref_model_scores_against_the_base_model(tiny_checkpoints, tokenizer_dir,
+                                                                                   tmp_path, prompt_config):
+    """With a peft prompt-learning adapter and no ref_model, TRL's reference is the model with the adapter disabled:
+    the base model without virtual tokens (prompt tuning) or prefix keys and values (prefix tuning)."""
+    base = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    tokenizer = tokenizer_for(tokenizer_dir)
+    model = get_peft_model(base, prompt_config(task_type="CAUSAL_LM", num_virtual_tokens=5))
+    # bf16 off: the stored reference log-probs are compared with a float32 forward pass at rtol 1e-5.
+    trainer = DPOTrainer(model=model, args=config(tmp_path, max_steps=1, bf16=False), train_dataset=PREFERENCES[:4],
+                         processing_class=tokenizer)
+    example = trainer.train_dataset[1]
+    kept = 20 - len(example["prompt_ids"])  # keep_start truncation to max_length
+    chosen, rejected = example["chosen_ids"][:kept], example["rejected_ids"][:kept]
+    expected = [sequence_log_prob(base, example["prompt_ids"], ids) for ids in (chosen, rejected)]
+    np.testing.assert_allclose([example["ref_chosen_logps"], example["ref_rejected_logps"]], expected, rtol=1e-5)
+    # The virtual tokens move these log-probs, so a reference that kept them would differ.
+    assert not np.isclose(sequence_log_prob(model, example["prompt_ids"], chosen), expected[0], rtol=1e-3)
 
 
 def test_an_explicit_ref_model_is_the_reference_and_stays_frozen(tiny_checkpoints, tokenizer_dir, tmp_path):

@@ -11,7 +11,7 @@ import torchlike
 from tests import tiny
 from tests.helpers.data import UNPAIRED
 from tests.helpers.tokenizers import tokenizer_for
-from torchlike.peft import LoraConfig, get_peft_model
+from torchlike.peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, get_peft_model
 from torchlike.trl import KTOConfig, KTOTrainer
 
 DATA = UNPAIRED
@@ -101,9 +101,10 @@ def test_kto_losses_metrics_and_weights_match_trl_step_for_step(tiny_checkpoints
 
 
 def completion_log_prob(model, prompt_ids, completion_ids):
-    """log p(completion | prompt) from the model's own forward pass."""
+    """log p(completion | prompt) from the model's own forward pass (a prompt-tuning model's logits cover its virtual
+    tokens first)."""
     ids = list(prompt_ids) + list(completion_ids)
-    log_probs = jax.nn.log_softmax(jnp.asarray(model([ids]).logits[0], jnp.float32), axis=-1)
+    log_probs = jax.nn.log_softmax(jnp.asarray(model([ids]).logits[0, -len(ids):], jnp.float32), axis=-1)
     return float(sum(log_probs[t - 1, ids[t]] for t in range(len(prompt_ids), len(ids))))
 
 
@@ -128,6 +129,27 @@ def test_lora_kto_without_ref_model_scores_against_the_base_weights_and_trains_o
     assert np.isfinite(metrics["eval_loss"]) and {"eval_kl", "eval_rewards/chosen", "eval_rewards/margins",
                                                   "eval_logits/rejected"} <= set(metrics)
     assert not any("present/" in key for key in metrics)
+
+
+@pytest.mark.parametrize("prompt_config", [PromptTuningConfig, PrefixTuningConfig])
+def test_a_prompt_learning_adapter_without_ref_model_scores_against_the_base_model(tiny_checkpoints, tokenizer_dir,
+                                                                                   tmp_path, prompt_config):
+    """With a peft prompt-learning adapter and no ref_model, TRL's reference is the model with the adapter disabled:
+    the base model without virtual tokens (prompt tuning) or prefix keys and values (prefix tuning)."""
+    base = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    model = get_peft_model(base, prompt_config(task_type="CAUSAL_LM", num_virtual_tokens=5))
+    # bf16 off: the stored reference log-probs are compared with a float32 forward pass at rtol 1e-5.
+    trainer = KTOTrainer(model=model, args=KTOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4,
+                                                     max_length=32, max_steps=1, bf16=False, report_to="none",
+                                                     save_strategy="no"),
+                         train_dataset=DATA[:8], processing_class=tokenizer_for(tokenizer_dir))
+    example = trainer.train_dataset[1]
+    expected = [completion_log_prob(base, example["prompt_ids"], example[column])
+                for column in ("completion_ids", "KL_completion_ids")]
+    np.testing.assert_allclose([example["ref_logps"], example["ref_KL_logps"]], expected, rtol=1e-5)
+    # The virtual tokens move these log-probs, so a reference that kept them would differ.
+    assert not np.isclose(completion_log_prob(model, example["prompt_ids"], example["completion_ids"]), expected[0],
+                          rtol=1e-3)
 
 
 def test_data_without_label_is_refused_with_the_expected_format(tiny_checkpoints, tokenizer_dir, tmp_path):

@@ -14,8 +14,9 @@ import trl
 from safetensors.numpy import load_file
 
 import torchlike
+from tests import tiny
 from tests.helpers.data import message
-from tests.helpers.models import hf_classifier
+from tests.helpers.models import hf_classifier, with_config
 from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.adapters.losses import reward as reward_loss
 from torchlike.peft import LoraConfig
@@ -61,6 +62,18 @@ def reward_model_dir(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def reward_model_dirs(reward_model_dir, tmp_path_factory):
+    """The classifiers the comparison with TRL trains, by family: :func:`reward_model_dir`'s Qwen2 and a transformers
+    Qwen3MoeForSequenceClassification (one label) whose config asks for its router loss (``output_router_logits``,
+    ``router_aux_loss_coef`` 0.5, the switch of the TRL trainers that add it)."""
+    folder = tmp_path_factory.mktemp("qwen3-moe-reward")
+    hf_classifier("qwen3_moe", num_labels=1).save_pretrained(folder / "classifier")
+    moe = with_config(folder / "classifier", folder / "with-router-logits", output_router_logits=True,
+                      router_aux_loss_coef=0.5)
+    return {"qwen2": reward_model_dir, "qwen3_moe": moe}
+
+
 def comparison_settings(**overrides) -> dict:
     """Settings both trainers get: gradient accumulation, a warmup, weight decay and clipping (max_grad_norm below
     every step's norm) are part of what is compared; max_length=24 drops one pair of STANDARD.
@@ -71,13 +84,14 @@ def comparison_settings(**overrides) -> dict:
     its default). Adam's epsilon lies above float noise, so entries whose gradient is ~0 do not take lr-sized steps of
     either sign.
     """
-    return dict(max_length=24, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=10,
-                learning_rate=3e-3, warmup_steps=2, weight_decay=0.1, max_grad_norm=0.02, adam_epsilon=1e-4,
-                logging_steps=1, seed=0, bf16=False, report_to="none", save_strategy="no", **overrides)
+    values = dict(max_length=24, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=10,
+                  learning_rate=3e-3, warmup_steps=2, weight_decay=0.1, max_grad_norm=0.02, adam_epsilon=1e-4,
+                  logging_steps=1, seed=0, bf16=False, report_to="none", save_strategy="no")
+    return {**values, **overrides}
 
 
 def run_trl(path, tokenizer, data, output_dir, settings):
-    """``trl.RewardTrainer`` on ``data`` in order: its log history and final parameters (HF names)."""
+    """``trl.RewardTrainer`` on ``data`` in order: its log history and final parameters as saved (HF names)."""
     import datasets
     from torch.utils.data import SequentialSampler
 
@@ -86,8 +100,7 @@ def run_trl(path, tokenizer, data, output_dir, settings):
                                 train_dataset=datasets.Dataset.from_list(data), processing_class=tokenizer)
     trainer._get_train_sampler = lambda *args, **kwargs: SequentialSampler(trainer.train_dataset)
     trainer.train()
-    params = {name: value.detach().numpy() for name, value in trainer.model.state_dict().items()}
-    return trainer.state.log_history, params
+    return trainer.state.log_history, tiny.saved_hf_params(trainer.model, output_dir / "model")
 
 
 def run_torchlike(path, tokenizer, data, output_dir, settings):
@@ -100,33 +113,40 @@ def run_torchlike(path, tokenizer, data, output_dir, settings):
     return trainer.state.log_history, load_file(output_dir / "model" / "model.safetensors")
 
 
+#: Each case: its data, whether it is conversational, its settings over comparison_settings, the classifier's family.
 COMPARISON_CASES = {
-    "standard, margin column, centred rewards": (STANDARD, False, dict(center_rewards_coefficient=0.01)),
-    "conversational": (CONVERSATIONAL, True, {}),
+    "standard, margin column, centred rewards": (STANDARD, False, dict(center_rewards_coefficient=0.01), "qwen2"),
+    "conversational": (CONVERSATIONAL, True, {}, "qwen2"),
+    # TRL's RewardTrainer loss reads the scores alone: it never adds a mixture-of-experts model's router loss, even
+    # when the model config asks for it, and neither does torchlike.
+    "Qwen3-MoE asking for its router loss, which TRL does not add": (STANDARD, False, dict(max_steps=4),
+                                                                     "qwen3_moe"),
 }
 COMPARED_METRICS = ("loss", "grad_norm", "learning_rate", "min_reward", "mean_reward", "max_reward", "margin")
 
 
-def compare_with_trl(reward_model_dir, tokenizer_dir, tmp_path, case) -> tuple[dict, dict, dict, dict]:
-    data, chat, overrides = COMPARISON_CASES[case]
+def compare_with_trl(reward_model_dirs, tokenizer_dir, tmp_path, case) -> tuple[dict, dict, dict, dict]:
+    data, chat, overrides, family = COMPARISON_CASES[case]
     settings = comparison_settings(**overrides)
-    chat_template = CHAT_TEMPLATE if chat else None
-    expected_history, expected_params = run_trl(reward_model_dir, tokenizer_for(tokenizer_dir, chat_template), data,
+    path, chat_template = reward_model_dirs[family], CHAT_TEMPLATE if chat else None
+    expected_history, expected_params = run_trl(path, tokenizer_for(tokenizer_dir, chat_template), data,
                                                 tmp_path / "trl", settings)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*preference pairs were dropped")
-        history, params = run_torchlike(reward_model_dir, tokenizer_for(tokenizer_dir, chat_template), data,
-                                        tmp_path / "ours", settings)
+        history, params = run_torchlike(path, tokenizer_for(tokenizer_dir, chat_template), data, tmp_path / "ours",
+                                        settings)
     expected = {entry["step"]: entry for entry in expected_history if "loss" in entry}
     ours = {entry["step"]: entry for entry in history if "loss" in entry}
     return ours, expected, params, expected_params
 
 
 @pytest.mark.parametrize("case", list(COMPARISON_CASES))
-def test_reward_losses_metrics_and_weights_match_trl_step_for_step(reward_model_dir, tokenizer_dir, tmp_path, case):
-    ours, expected, params, expected_params = compare_with_trl(reward_model_dir, tokenizer_dir, tmp_path, case)
+def test_reward_losses_metrics_and_weights_match_trl_step_for_step(reward_model_dirs, tokenizer_dir, tmp_path,
+                                                                   case):
+    ours, expected, params, expected_params = compare_with_trl(reward_model_dirs, tokenizer_dir, tmp_path, case)
 
-    assert list(ours) == list(expected) == list(range(1, 11))
+    steps = comparison_settings(**COMPARISON_CASES[case][2])["max_steps"]
+    assert list(ours) == list(expected) == list(range(1, steps + 1))
     assert all(set(ours[step]) == set(expected[step]) for step in ours)  # the same metrics, logged the same steps
     assert all(entry["grad_norm"] > 0.02 for entry in expected.values())  # clipping is on (max_grad_norm=0.02)
     for key in COMPARED_METRICS:

@@ -1,4 +1,5 @@
-"""adapters.safetensors_io: tensors read into aligned buffers (huge-page mappings for big ones) round-trip exactly."""
+"""adapters.checkpoint.safetensors_io: tensors read into aligned buffers (huge-page mappings for big ones) round-trip
+exactly."""
 
 from __future__ import annotations
 

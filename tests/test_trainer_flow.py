@@ -308,19 +308,45 @@ def test_each_checkpoint_folder_opens_with_from_pretrained_like_transformers_tra
     assert logged(resumed.state.log_history, "loss")[-2:] == pytest.approx(uninterrupted[-2:], rel=1e-6)
 
 
-def test_a_lora_checkpoint_folder_holds_the_peft_adapter(tiny_checkpoints, tmp_path):
+def test_a_lora_checkpoint_folder_holds_the_peft_adapter_of_that_step_and_the_tokenizer(tiny_checkpoints,
+                                                                                        tokenizer_dir, tmp_path):
+    """As transformers' Trainer with a peft model: ``checkpoint-N`` holds the adapter of step N in peft's format
+    (peft loads it onto the base model and gives the trained model's logits) and the tokenizer's files."""
     import peft
+    from safetensors.numpy import load_file
 
     from torchlike.peft import LoraConfig, get_peft_model
 
     model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")),
                            LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
     args = training_arguments(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, learning_rate=1e-2,
                               disable_tqdm=True)
-    torchlike.Trainer(model=model, args=args, train_dataset=tiny.padded_examples(8, seed=3)).train()
+    torchlike.Trainer(model=model, args=args, train_dataset=tiny.padded_examples(8, seed=3),
+                      processing_class=tokenizer).train()
     folder = Path(args.output_dir) / "checkpoint-2"
-    assert {"adapter_model.safetensors", "adapter_config.json"} <= {path.name for path in folder.iterdir()}
-    adapted = peft.PeftModel.from_pretrained(
-        transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")), folder)
-    trained = {name: value for name, value in adapted.named_parameters() if "lora_B" in name}
-    assert trained and any(value.abs().max() > 0 for value in trained.values())  # the step's factors, not zeros
+    assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "tokenizer_config.json"} <= {
+        path.name for path in folder.iterdir()}
+    # The adapter of step 2 (the last): what saving the trained model writes, tensor for tensor.
+    model.save_pretrained(tmp_path / "trained")
+    saved, trained = load_file(folder / "adapter_model.safetensors"), load_file(tmp_path / "trained" /
+                                                                                "adapter_model.safetensors")
+    assert sorted(saved) == sorted(trained) and any("lora_B" in name for name in saved)
+    for name, value in trained.items():
+        np.testing.assert_array_equal(saved[name], value, err_msg=name)
+    # peft reads it as the trained model: the same logits, which the trained factors move well beyond the tolerance.
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"),
+                                                             attn_implementation="eager")
+    ids, mask, _ = tiny.padded_batch()
+    valid = mask.astype(bool)
+    with torch.no_grad():
+        base_logits = base(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+        adapted = peft.PeftModel.from_pretrained(base, folder)
+        expected = adapted(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    ours = np.asarray(model(ids, attention_mask=mask).logits)
+    np.testing.assert_allclose(ours[valid], expected[valid], atol=1e-4)
+    assert np.abs(expected - base_logits)[valid].max() > 1e-2
+    reloaded = transformers.AutoTokenizer.from_pretrained(folder)
+    text = "the quick brown fox jumps over the lazy dog"
+    assert reloaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert (reloaded.eos_token, reloaded.pad_token) == (tokenizer.eos_token, tokenizer.pad_token)

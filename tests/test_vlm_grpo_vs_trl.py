@@ -16,7 +16,10 @@ from torchlike.adapters import rollout
 from torchlike.testing import tiny_image
 from torchlike.trl import GRPOConfig, GRPOTrainer
 
-PROMPT = [{"role": "user", "content": "the quick brown fox"}]
+#: One prompt text per row, each of the same token length: TRL pads the prompts' token types on the processor's side
+#: (right) and their ids on the left, which agree only for prompts of one length.
+PROMPT_TEXTS = ["the quick brown fox", "hello world this is", "jumps over the lazy", "quick fox lazy dog",
+                "the fox jumps over", "over the lazy dog", "the quick lazy fox", "the brown fox jumps"]
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +28,9 @@ def vlm_path(tmp_path_factory):
 
 
 def image_rows(count: int = 8) -> list[dict]:
-    # One prompt text for every row (different images): TRL pads the prompts' token types on the processor's side
-    # (right) and their ids on the left, which agree only for prompts of one length.
-    return [{"prompt": PROMPT, "image": tiny_image(seed)} for seed in range(count)]
+    """TRL's vision prompt rows: a conversational prompt of its own text and an image of its own, by row."""
+    return [{"prompt": [{"role": "user", "content": PROMPT_TEXTS[row]}], "image": tiny_image(row)}
+            for row in range(count)]
 
 
 def scripted(count: int) -> tuple[list[list[int]], list[list[float]]]:
@@ -64,16 +67,21 @@ def test_vlm_grpo_matches_trl_step_for_step(vlm_path, tmp_path, monkeypatch):
         train_dataset=datasets.Dataset.from_list(image_rows()),
         processing_class=transformers.AutoProcessor.from_pretrained(vlm_path))
     reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
-    expected = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")[0]
+    expected, _, expected_params = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")
 
     trainer = GRPOTrainer(model=str(vlm_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
                           args=GRPOConfig(output_dir=str(tmp_path / "ours"), **SETTINGS), train_dataset=image_rows(),
                           processing_class=torchlike.AutoProcessor.from_pretrained(vlm_path))
     trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
-    ours = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")[0]
+    ours, _, params = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")
     assert len(logged(expected, "loss")) == SETTINGS["max_steps"]
     for key in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length"):
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+    # torchlike exports the vision tower under Google's names; transformers 5 saves them without "vision_model.".
+    params = {name.replace("vision_tower.vision_model.", "vision_tower.", 1): value for name, value in params.items()}
+    assert set(params) == set(expected_params)
+    for name, value in expected_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)
 
 
 def test_image_prompts_for_a_text_only_model_are_refused_as_trl_does(tiny_checkpoints, tmp_path):

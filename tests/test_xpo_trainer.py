@@ -108,6 +108,55 @@ def test_ignoring_alpha_fails_the_comparison(trl_run, tiny_checkpoints, pad_toke
                                    rtol=1e-4)
 
 
+def greedy_completions(model: transformers.PreTrainedModel, prompts: list[list[int]], eos_token_ids: list[int],
+                       pad_token_id: int) -> list[list[int]]:
+    """``model``'s greedy completion of each prompt (token ids, unpadded), cut after its first end token."""
+    import torch
+
+    completions = []
+    for ids in prompts:
+        with torch.no_grad():
+            output = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                    do_sample=False, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eos_token_ids,
+                                    pad_token_id=pad_token_id)
+        completion = output[0, len(ids):].tolist()
+        ends = [index for index, token in enumerate(completion) if token in eos_token_ids]
+        completions.append(completion[:ends[0] + 1] if ends else completion)
+    return completions
+
+
+def test_the_reference_model_samples_the_reference_completions(tiny_checkpoints, pad_tokenizer_dir, tmp_path):
+    """TRL 1.0.0 samples one completion of each prompt with ``model.generate`` and one with ``ref_model.generate``:
+    with top_k=1 sampling is greedy, so a reference whose weights differ from the policy's gives its own greedy
+    completions, and the policy its own."""
+    reference_model, ref_model = tiny.wandering_model("qwen2", tmp_path / "reference")  # other weights, completions
+    trainer = XPOTrainer(model=str(tiny_checkpoints.path("qwen2")), ref_model=ref_model,
+                         judge=LongerCompletionJudge(),
+                         args=XPOConfig(output_dir=str(tmp_path / "out"), **{**SETTINGS, "max_steps": 1}, top_k=1),
+                         train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
+                         processing_class=torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir))
+    sampled = {}
+    generate = trainer._generate
+
+    def recording(rows, seed):
+        record = generate(rows, seed)
+        sampled["reference" if trainer._sampling_reference else "policy"] = record
+        return record
+
+    trainer._generate = recording
+    trainer.train()
+
+    prompts = [ids[mask.astype(bool)].tolist() for ids, mask in zip(sampled["reference"].prompt_ids,
+                                                                       sampled["reference"].prompt_mask, strict=True)]
+    ends = (trainer.eos_token_ids, trainer.pad_token_id)
+    policy_model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    expected_reference = greedy_completions(reference_model, prompts, *ends)
+    expected_policy = greedy_completions(policy_model, prompts, *ends)
+    assert all(ours != theirs for ours, theirs in zip(expected_reference, expected_policy, strict=True))
+    assert sampled["reference"].completion_ids == expected_reference
+    assert sampled["policy"].completion_ids == expected_policy
+
+
 # --- TRL 1.0.0's config and errors ----------------------------------------------------------------------------------
 
 FIELDS_SCRIPT = """

@@ -5,7 +5,7 @@
 ``state_dict()``, a safetensors dict or a PEFT adapter's tensors (translated through the family
 table), nested dicts and int key parts, ``model.``/``base_model.model.`` prefixes, ``key_map`` regex
 renames, LoRA factors the model lacks (reported, or folded in with ``merge_lora=True``) and dtype
-casts. Which key fills which parameter, and how, is ``adapters.weight_plan``'s (one ``weight_plan.apply`` call);
+casts. Which key fills which parameter, and how, is ``adapters.model.weight_plan``'s (one ``weight_plan.apply`` call);
 this module keeps torch's semantics: ``strict``, the ``IncompatibleKeys`` report and torch's message layout.
 """
 

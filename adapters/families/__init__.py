@@ -8,7 +8,7 @@ from .base import Family, TinyConfig, UnsupportedConfigError
 
 _FAMILY_MODULES = ("qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe", "gemma3_multimodal",
                    "gemma4_multimodal", "mistral", "ministral", "phi3", "smollm3", "olmo2",
-                   "gpt_neox", "granite", "cohere2", "gpt_oss", "glm4_moe", "deepseek_v3")
+                   "gpt_neox", "granite", "cohere2", "gpt_oss", "glm4_moe", "deepseek_v3", "qwen3_next", "qwen3_5")
 
 
 class UnknownArchitectureError(ValueError):
@@ -16,8 +16,13 @@ class UnknownArchitectureError(ValueError):
 
 
 def all_families() -> list[Family]:
-    """Every registered family, importing each module on first use."""
-    return [importlib.import_module(f"{__name__}.{name}").FAMILY for name in _FAMILY_MODULES]
+    """Every registered family, importing each module on first use (a module's ``FAMILY``, or its ``FAMILIES`` where
+    it holds several: Qwen3.5's text and published classes, dense and MoE)."""
+    families = []
+    for name in _FAMILY_MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        families.extend(getattr(module, "FAMILIES", None) or (module.FAMILY,))
+    return families
 
 
 def supported_architectures() -> list[str]:

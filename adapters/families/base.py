@@ -252,7 +252,7 @@ class Family:
         all_linear_refused: why ``target_modules="all-linear"`` is refused (PEFT's ``"all-linear"`` on DeepSeek-V3 and
             GLM-4 MoE also adapts the stacked experts and the router through ``target_parameters``); empty: accepted.
         router_logits: ``(run, module) -> (run(module), RouterRecord)``: runs ``run`` and returns, with its result, an
-            :class:`adapters.router_loss.RouterRecord` of the router logits of the forward passes it ran
+            :class:`adapters.losses.router.RouterRecord` of the router logits of the forward passes it ran
             (mixture-of-experts families; ``None`` for dense ones).
         kept_hf_keys: regexes of checkpoint tensors the Tunix model has no place for but the checkpoint's own class
             has (a vision or audio tower Tunix lacks): they are kept as they are, beside the module, and written back

@@ -90,7 +90,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma.Gemma:
     Raises:
         UnsupportedConfigError: for another norm eps or activation, untied embeddings, attention bias,
             bidirectional attention or unknown layer types.
-        UnsupportedRopeScalingError: for rope types ``adapters.rope`` does not implement.
+        UnsupportedRopeScalingError: for rope types ``adapters.model.rope`` does not implement.
     """
     _check_config(hf_config)
     config = tunix_gemma.ModelConfig(

@@ -151,7 +151,7 @@ class Unchanged(nnx.Module):
 
 
 class Gemma4Decoder(tunix_gemma4.Gemma4):
-    """Tunix's ``Gemma4`` with the KV cache layout the sampler builds (``adapters.sampling.init_cache``)."""
+    """Tunix's ``Gemma4`` with the KV cache layout the sampler builds (``adapters.rollout.sampling.init_cache``)."""
 
     def kv_cache_shapes(self) -> dict[str, tuple[int, int]]:
         """``{"layer_i": (kv_heads, head_dim)}`` of the layers that keep a cache: a global layer's head sizes may

@@ -128,10 +128,12 @@ def native_family(name: str, model_types: tuple[str, ...], architectures: tuple[
                   lora_targets: Mapping[str, str], default_lora_targets: tuple[str, ...] | str = (),
                   ignored_hf_keys: tuple[str, ...] = (), **fields: Any) -> Family:
     """A :class:`Family` on the native decoder: ``spec_from_config(hf_config, dtype)`` builds its spec (and refuses
-    what it cannot honour); the rest is the family table."""
+    what it cannot honour; ``fields`` may give a ``build_model`` of its own, e.g. reading a composite config's
+    ``text_config``); the rest is the family table."""
     fields.setdefault("prompt_learning", True)  # the embedder is a table lookup; prefixes ride in the KV cache
+    fields.setdefault("build_model", functools.partial(build_native_model, spec_from_config))
     return Family(name=name, model_types=model_types, architectures=architectures, weights=weights,
-                  build_model=functools.partial(build_native_model, spec_from_config), forward=decoder_forward,
+                  forward=decoder_forward,
                   hidden_states=decoder_hidden_states, logits_from_hidden=native_logits_from_hidden,
                   ignored_hf_keys=ignored_hf_keys, lora_targets=lora_targets,
                   default_lora_targets=default_lora_targets, **fields)

@@ -177,7 +177,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_qwen3.Qwen3:
     Raises:
         UnsupportedConfigError: another activation, attention bias, a sliding window, no sparse layer or a bad
             ``num_experts_per_tok``.
-        UnsupportedRopeScalingError: for rope types ``adapters.rope`` does not implement.
+        UnsupportedRopeScalingError: for rope types ``adapters.model.rope`` does not implement.
     """
     _check_config(hf_config)
     head_dim = head_dim_of(hf_config)

@@ -41,8 +41,8 @@ def peft_state(
 
 
 def load_peft_state(family: Family, module: nnx.Module, tensors: dict[str, np.ndarray], source: str) -> list[str]:
-    """Sets the LoRA factors from PEFT-layout tensors (routed and placed by :func:`adapters.weight_plan.apply`); returns
-    the PEFT keys that matched no module.
+    """Sets the LoRA factors from PEFT-layout tensors (routed and placed by
+    :func:`adapters.model.weight_plan.apply`); returns the PEFT keys that matched no module.
 
     A module stacked in Tunix (Gemma's ``kv_einsum``) may get factors for only some of its parts
     (PEFT's default targets ``v_proj`` but not ``k_proj``): the other parts' ``B`` stays zero.

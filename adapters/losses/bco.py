@@ -183,7 +183,7 @@ def bco_step_loss(family: Family, settings: BCOLossSettings, vocab_size: int,
     ``weight`` is 1 when the micro-batch holds an example, so accumulated micro-batches are averaged, as TRL divides
     by the accumulation steps. ``metrics``: :func:`bco_loss`'s and the sums ``logits/chosen`` and ``logits/rejected``
     of every logit of TRL's padded batch (with their counts). With ``settings.router_aux_loss_coef`` the router
-    load-balancing loss of the forward pass is added times it and logged as ``aux_loss``.
+    load-balancing loss of the forward pass is added times it, unlogged: TRL 1.0.0's BCOTrainer logs no ``aux_loss``.
 
     Args:
         family: the model's adapter family (its forward pass).
@@ -211,7 +211,6 @@ def bco_step_loss(family: Family, settings: BCOLossSettings, vocab_size: int,
                    PRESENCE_PREFIX + "logits/rejected": (real - desirable).sum()}
         if aux_loss is not None:
             value = value + settings.router_aux_loss_coef * aux_loss
-            metrics["aux_loss"] = aux_loss
         return value, (real.sum() > 0).astype(jnp.float32), metrics
 
     return loss

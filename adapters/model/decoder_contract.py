@@ -17,6 +17,10 @@ family or a new decoder implementation is one more module that holds it:
   at slot ``end_index[0]`` and ``end_index`` advanced by ``T``;
 - the KV-cache spec: :func:`kv_cache_shapes` (a module's own ``kv_cache_shapes()`` where its layers differ, else one
   ``(num_kv_heads, head_dim)`` for each of ``config.num_layers``), in the embedding table's dtype;
+- the recurrent-state spec of a hybrid decoder: :func:`recurrent_state_shapes` (a module's own
+  ``recurrent_state_shapes()``; none for a pure transformer). A recurrent layer's cache entry is
+  ``{state name: [B, *shape], "end_index": [B]}``, a fixed size per sequence, continued by each call and returned
+  (zeros are a fresh sequence: left padding leaves it there);
 - ``get_model_input()``: a dummy call's arguments, which Qwix traces to place LoRA factors.
 
 LoRA targets: a target is an NNX module (its ``/``-joined path, what Qwix matches) whose weight (``kernel`` of an
@@ -79,6 +83,14 @@ def kv_cache_shapes(module: Decoder) -> dict[str, tuple[int, ...]]:
         return dict(module.kv_cache_shapes())
     config = module.config
     return {f"layer_{index}": (config.num_kv_heads, config.head_dim) for index in range(config.num_layers)}
+
+
+def recurrent_state_shapes(module: Decoder) -> dict[str, dict[str, tuple[tuple[int, ...], Any]]]:
+    """Each recurrent layer's state entries ``{name: (shape without the batch axis, dtype)}`` by cache key: the
+    module's own ``recurrent_state_shapes()``; empty for a decoder of attention layers only."""
+    if hasattr(module, "recurrent_state_shapes"):
+        return {name: dict(entries) for name, entries in module.recurrent_state_shapes().items()}
+    return {}
 
 
 def missing_members(module: Any) -> list[str]:

@@ -17,6 +17,7 @@ round-trips tensor for tensor.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from flax import nnx
 
 from .attention_masks import sliding_window_mask
 from .experts import routed_experts
+from .linear_attention import GatedDeltaNet, GatedDeltaNetSpec
 from .nnx_state import Buffer
 
 MASKED = -2.3819763e38  # what Tunix's attention writes for hidden keys: a finite lowest value, so no row is NaN
@@ -46,6 +48,7 @@ BLOCKS = ("sequential", "post_norm", "parallel", "parallel_shared_norm")
 QKV_LAYOUTS = ("split", "fused", "fused_per_head")
 MLPS = ("gated", "gated_fused", "plain", "gpt_oss_experts")
 QK_NORMS = ("none", "head", "projection")
+LAYER_TYPES = ("attention", "linear_attention")
 
 
 class Remat(enum.Enum):
@@ -153,6 +156,25 @@ class LatentAttentionSpec:
 
 
 @dataclass(frozen=True)
+class SparseMoeSpec:
+    """Qwen's mixture of experts (``transformers``' ``Qwen3NextSparseMoeBlock``, Qwen3.5-MoE's alike): a softmax router
+    ``gate`` (float32 probabilities) picks ``num_experts_per_tok`` of ``num_experts`` gated-MLP experts, their
+    probabilities renormalised when ``norm_topk_prob``; a shared expert of ``shared_expert_intermediate_size``
+    (``0``: none), weighed by ``sigmoid(shared_expert_gate(x))``, is added.
+
+    Args:
+        layers: which layers hold experts (the others keep the dense MLP).
+    """
+
+    num_experts: int
+    num_experts_per_tok: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    shared_expert_intermediate_size: int
+    layers: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
 class DecoderSpec:
     """Everything the native decoder needs to know of one model, as switches (see the module docstring).
 
@@ -189,6 +211,14 @@ class DecoderSpec:
         logits_multiplier: the logits are multiplied by it (Cohere's ``logit_scale``).
         tie_embeddings: the output head is the input embedding.
         dtype: the parameters' dtype.
+        norm_offset: the RMS norms multiply by ``norm_offset + weight`` (Qwen3-Next's and Qwen3.5's ``1 + weight``,
+            their weights stored as the offset from it, initialised at zero).
+        layer_types: each layer's token mixer: ``"attention"`` or ``"linear_attention"`` (gated DeltaNet,
+            :mod:`.linear_attention`); empty: attention everywhere.
+        linear_attention: the gated DeltaNet layers' :class:`~.linear_attention.GatedDeltaNetSpec`.
+        attention_output_gate: Qwen3-Next's gated attention: ``q_proj`` gives each head's query and a gate, and the
+            attention output is multiplied by ``sigmoid(gate)`` before ``o_proj``.
+        sparse_moe: Qwen's mixture of experts (:class:`SparseMoeSpec`) on the layers it names; ``None``: none.
     """
 
     num_layers: int
@@ -225,6 +255,11 @@ class DecoderSpec:
     logits_multiplier: float = 1.0
     tie_embeddings: bool = False
     dtype: jnp.dtype = jnp.float32
+    norm_offset: float = 0.0
+    layer_types: tuple[str, ...] = ()
+    linear_attention: GatedDeltaNetSpec | None = None
+    attention_output_gate: bool = False
+    sparse_moe: SparseMoeSpec | None = None
 
     def __post_init__(self):
         for name, value, choices in (("norm", self.norm, NORMS), ("block", self.block, BLOCKS),
@@ -237,6 +272,17 @@ class DecoderSpec:
                              f"per layer ({self.num_layers}).")
         if self.qkv == "fused_per_head" and self.num_kv_heads != self.num_heads:
             raise ValueError("DecoderSpec: qkv='fused_per_head' holds as many key/value heads as query heads.")
+        if self.layer_types:
+            unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if unknown or len(self.layer_types) != self.num_layers:
+                raise ValueError(f"DecoderSpec.layer_types needs one of {list(LAYER_TYPES)} per layer "
+                                 f"({self.num_layers}); got {list(self.layer_types)}.")
+            if "linear_attention" in self.layer_types and self.linear_attention is None:
+                raise ValueError("DecoderSpec: linear_attention layers need DecoderSpec.linear_attention.")
+
+    def layer_type(self, layer: int) -> str:
+        """Layer ``layer``'s token mixer (:attr:`layer_types`)."""
+        return self.layer_types[layer] if self.layer_types else "attention"
 
     @property
     def scale(self) -> float:
@@ -262,13 +308,14 @@ def _linear(spec: DecoderSpec, inputs: int, outputs: int, bias: bool, axes: tupl
 
 
 class Norm(nnx.Module):
-    """RMS norm or LayerNorm as ``transformers`` computes them: in float32, cast back to the input's dtype, then
-    scaled (``scale``) and shifted (``bias``, LayerNorm with a bias)."""
+    """RMS norm or LayerNorm as ``transformers`` computes them: normalised, scaled (``scale``, or ``offset + scale``)
+    and shifted (``bias``, LayerNorm with a bias) in float32, then cast back to the input's dtype."""
 
-    def __init__(self, size: int, kind: str, eps: float, bias: bool, dtype, rngs: nnx.Rngs):
+    def __init__(self, size: int, kind: str, eps: float, bias: bool, dtype, rngs: nnx.Rngs, offset: float = 0.0):
         self.kind = kind
         self.eps = eps
-        self.scale = nnx.Param(jnp.ones((size,), dtype))
+        self.offset = offset
+        self.scale = nnx.Param(jnp.full((size,), 0.0 if offset else 1.0, dtype))
         self.bias = nnx.Param(jnp.zeros((size,), dtype)) if bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -276,14 +323,15 @@ class Norm(nnx.Module):
         if self.kind == "layer":
             values = values - jnp.mean(values, axis=-1, keepdims=True)
         normalised = values * jax.lax.rsqrt(jnp.mean(values * values, axis=-1, keepdims=True) + self.eps)
-        out = self.scale.get_value().astype(jnp.float32) * normalised
+        scale = self.scale.get_value().astype(jnp.float32)
+        out = (scale + self.offset if self.offset else scale) * normalised
         if self.bias is not None:
             out = out + self.bias.get_value().astype(jnp.float32)
         return out.astype(x.dtype)
 
 
 def _norm(spec: DecoderSpec, size: int, rngs: nnx.Rngs) -> Norm:
-    return Norm(size, spec.norm, spec.norm_eps, spec.norm_bias, spec.dtype, rngs)
+    return Norm(size, spec.norm, spec.norm_eps, spec.norm_bias, spec.dtype, rngs, spec.norm_offset)
 
 
 class Embedder(nnx.Module):
@@ -326,7 +374,8 @@ class Attention(nnx.Module):
             self.o_proj = _linear(spec, heads * latent.v_head_dim, hidden, spec.output_bias, _OUT_IN, rngs)
             return
         if spec.qkv == "split":
-            self.q_proj = _linear(spec, hidden, heads * head_dim, bias, _IN_OUT, rngs)
+            gated = 2 if spec.attention_output_gate else 1
+            self.q_proj = _linear(spec, hidden, gated * heads * head_dim, bias, _IN_OUT, rngs)
             self.k_proj = _linear(spec, hidden, kv_heads * head_dim, bias, _IN_OUT, rngs)
             self.v_proj = _linear(spec, hidden, kv_heads * head_dim, bias, _IN_OUT, rngs)
         else:
@@ -336,19 +385,24 @@ class Attention(nnx.Module):
         if spec.attention_sinks:
             self.sinks = nnx.Param(jnp.zeros((heads,), spec.dtype))
         if spec.qk_norm == "head":
-            self.q_norm = Norm(head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
-            self.k_norm = Norm(head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
+            self.q_norm = Norm(head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs, spec.norm_offset)
+            self.k_norm = Norm(head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs, spec.norm_offset)
         elif spec.qk_norm == "projection":
             self.q_norm = Norm(heads * head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
             self.k_norm = Norm(kv_heads * head_dim, "rms", spec.norm_eps, False, spec.dtype, rngs)
 
-    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Queries ``[B, T, N, D]``, keys and values ``[B, T, K, D]``."""
+    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+        """Queries ``[B, T, N, D]``, keys and values ``[B, T, K, D]``, and the output gate ``[B, T, N * D]`` (``None``
+        without :attr:`DecoderSpec.attention_output_gate`)."""
         spec = self.spec
         batch, length = x.shape[:2]
         heads, kv_heads, head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        gate = None
         if spec.qkv == "split":
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            if spec.attention_output_gate:  # per head: [query, gate]
+                q, gate = jnp.split(q.reshape(batch, length, heads, 2 * head_dim), 2, axis=-1)
+                gate = gate.reshape(batch, length, heads * head_dim)
         elif spec.qkv == "fused":
             qkv = getattr(self, spec.qkv_name)(x)
             q, k, v = jnp.split(qkv, [heads * head_dim, (heads + kv_heads) * head_dim], axis=-1)
@@ -362,7 +416,7 @@ class Attention(nnx.Module):
         v = v.reshape(batch, length, kv_heads, head_dim)
         if spec.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        return q, k, v
+        return q, k, v, gate
 
     def _project_latent(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Latent attention's queries and keys ``[B, T, N, qk_head_dim]`` (rope applied to their last
@@ -398,10 +452,11 @@ class Attention(nnx.Module):
         """Attends ``x [B, T, H]`` (keys ``mask [B, T, S]`` allows, and the layer's window) and returns ``(output,
         the layer's updated cache or None)``."""
         spec = self.spec
+        gate = None
         if spec.latent_attention is not None:
             q, k, v = self._project_latent(x, positions)
         else:
-            q, k, v = self._project(x)
+            q, k, v, gate = self._project(x)
             if self.rope is not None:
                 cos, sin = self.rope.cos_sin(positions)
                 q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
@@ -430,8 +485,10 @@ class Attention(nnx.Module):
         out = jnp.einsum("BKGTS,BSKD->BTKGD", probs, v).reshape(batch, length, heads, head_dim)
         if spec.latent_attention is not None:
             out = out[..., :spec.latent_attention.v_head_dim]
-        out = out.reshape(batch, length, -1)
-        return getattr(self, spec.output_name)(out.astype(x.dtype)), cache
+        out = out.reshape(batch, length, -1).astype(x.dtype)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate)
+        return getattr(self, spec.output_name)(out), cache
 
 
 class MLP(nnx.Module):
@@ -559,9 +616,56 @@ class RoutedExperts(nnx.Module):
         return routed + self.shared_experts(x)
 
 
+class SparseMoe(nnx.Module):
+    """Qwen's mixture of experts as ``transformers``' ``Qwen3NextSparseMoeBlock`` computes it (see
+    :class:`SparseMoeSpec`): the router ``gate`` (no bias), the experts' stacked ``gate_proj``/``up_proj``
+    ``[E, H, I]`` and ``down_proj`` ``[E, I, H]`` (only the chosen ones run, :func:`~.experts.routed_experts`), and the
+    gated ``shared_expert``.
+
+    Attributes:
+        records_router_logits: sow the router logits as ``nnx.Intermediate`` ``router_logits`` (the load-balancing
+            loss reads them, :func:`~.experts.run_recording_router_logits`).
+    """
+
+    def __init__(self, spec: DecoderSpec, rngs: nnx.Rngs):
+        moe = spec.sparse_moe
+        self.top_k, self.norm_topk_prob = moe.num_experts_per_tok, moe.norm_topk_prob
+        self.records_router_logits = False
+        hidden, inner, experts = spec.hidden_size, moe.intermediate_size, moe.num_experts
+        self.gate = _linear(spec, hidden, experts, False, (None, None), rngs)
+        normal = nnx.initializers.normal(0.02)
+        self.gate_proj = nnx.Param(normal(rngs.params(), (experts, hidden, inner), spec.dtype),
+                                   sharding=("fsdp", None, "tp"))
+        self.up_proj = nnx.Param(normal(rngs.params(), (experts, hidden, inner), spec.dtype),
+                                 sharding=("fsdp", None, "tp"))
+        self.down_proj = nnx.Param(normal(rngs.params(), (experts, inner, hidden), spec.dtype),
+                                   sharding=("fsdp", "tp", None))
+        if moe.shared_expert_intermediate_size:
+            self.shared_expert = MLP(spec, rngs, intermediate_size=moe.shared_expert_intermediate_size)
+            self.shared_expert_gate = _linear(spec, hidden, 1, False, (None, None), rngs)
+        else:
+            self.shared_expert = None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        router_logits = self.gate(x)
+        if self.records_router_logits:
+            self.sow(nnx.Intermediate, "router_logits", router_logits)
+        probabilities = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+        weights, experts = jax.lax.top_k(probabilities, self.top_k)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        out = routed_experts(x, experts, weights.astype(x.dtype), self.gate_proj.get_value().astype(x.dtype),
+                             self.up_proj.get_value().astype(x.dtype), self.down_proj.get_value().astype(x.dtype))
+        if self.shared_expert is not None:
+            out = out + jax.nn.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
 def _mlp(spec: DecoderSpec, layer: int, rngs: nnx.Rngs) -> nnx.Module:
     if spec.mlp == "gpt_oss_experts":
         return GptOssExperts(spec, rngs)
+    if spec.sparse_moe is not None and spec.sparse_moe.layers[layer]:
+        return SparseMoe(spec, rngs)
     if spec.routed is not None and spec.routed.layers[layer]:
         return RoutedExperts(spec, rngs)
     return MLP(spec, rngs)
@@ -576,21 +680,31 @@ class DecoderLayer(nnx.Module):
         self.remat_config = Remat.NONE
         if spec.block != "post_norm":
             self.input_layernorm = _norm(spec, spec.hidden_size, rngs)
-        self.attn = Attention(spec, layer, rngs)
+        if spec.layer_type(layer) == "linear_attention":
+            linear = functools.partial(_linear_without_bias, spec, rngs)
+            self.linear_attn = GatedDeltaNet(spec.linear_attention, spec.hidden_size, linear, spec.dtype, rngs)
+        else:
+            self.attn = Attention(spec, layer, rngs)
         if spec.block != "parallel_shared_norm":
             self.post_attention_layernorm = _norm(spec, spec.hidden_size, rngs)
         if spec.block == "post_norm":
             self.post_feedforward_layernorm = _norm(spec, spec.hidden_size, rngs)
         self.mlp = _mlp(spec, layer, rngs)
 
-    def block(self, x, positions, cache, mask):
+    def mix(self, x, positions, cache, mask, valid):
+        """The layer's token mixer: attention, or the recurrent mixer on the real tokens (``valid``)."""
+        if hasattr(self, "linear_attn"):
+            return self.linear_attn(x, valid, cache)
+        return self.attn(x, positions, cache, mask)
+
+    def block(self, x, positions, cache, mask, valid):
         scale = self.residual_multiplier
         if self.block_kind == "post_norm":
-            attended, cache = self.attn(x, positions, cache, mask)
+            attended, cache = self.mix(x, positions, cache, mask, valid)
             x = x + self.post_attention_layernorm(attended)
             return cache, x + self.post_feedforward_layernorm(self.mlp(x))
         normed = self.input_layernorm(x)
-        attended, cache = self.attn(normed, positions, cache, mask)
+        attended, cache = self.mix(normed, positions, cache, mask, valid)
         if self.block_kind == "parallel_shared_norm":
             return cache, x + attended + self.mlp(normed)
         if self.block_kind == "parallel":
@@ -599,10 +713,24 @@ class DecoderLayer(nnx.Module):
         fed = self.mlp(self.post_attention_layernorm(x))
         return cache, x + fed * scale if scale != 1.0 else x + fed
 
-    def __call__(self, x, positions, cache, mask):
+    def __call__(self, x, positions, cache, mask, valid):
         if self.remat_config == Remat.BLOCK:
-            return nnx.remat(type(self).block)(self, x, positions, cache, mask)
-        return self.block(x, positions, cache, mask)
+            return nnx.remat(type(self).block)(self, x, positions, cache, mask, valid)
+        return self.block(x, positions, cache, mask, valid)
+
+
+def _linear_without_bias(spec: DecoderSpec, rngs: nnx.Rngs, inputs: int, outputs: int) -> nnx.Linear:
+    return _linear(spec, inputs, outputs, False, _IN_OUT, rngs)
+
+
+def _token_validity(mask: jax.Array, cache: dict | None) -> jax.Array:
+    """Which of the call's tokens are real ``[B, T]``: those whose own slot their mask row shows (slot ``end_index + t``
+    of the cache, or ``t`` without one). Padding is a token no query may see, itself included."""
+    length = mask.shape[1]
+    first = jnp.zeros((), jnp.int32) if cache is None else next(iter(cache.values()))["end_index"][0]
+    slots = (first + jnp.arange(length)) % mask.shape[-1]
+    return jnp.take_along_axis(mask, jnp.broadcast_to(slots[None, :, None], (mask.shape[0], length, 1)),
+                               axis=-1)[..., 0]
 
 
 class NativeDecoder(nnx.Module):
@@ -617,9 +745,15 @@ class NativeDecoder(nnx.Module):
             self.lm_head = _linear(spec, spec.hidden_size, spec.vocab_size, False, _IN_OUT, rngs)
 
     def kv_cache_shapes(self) -> dict[str, tuple[int, int]]:
-        """Each cached layer's ``(kv_heads, head_dim)``, by cache key."""
+        """Each attention layer's ``(kv_heads, head_dim)``, by cache key."""
         return {f"layer_{index}": (self.config.num_kv_heads, self.config.cache_head_dim)
-                for index in range(self.config.num_layers)}
+                for index in range(self.config.num_layers) if self.config.layer_type(index) == "attention"}
+
+    def recurrent_state_shapes(self) -> dict[str, dict[str, tuple[tuple[int, ...], jnp.dtype]]]:
+        """Each recurrent layer's state entries ``{name: (shape without the batch axis, dtype)}``, by cache key
+        (:func:`~.decoder_contract.recurrent_state_shapes`)."""
+        return {f"layer_{index}": layer.linear_attn.state_shapes(self.config.dtype)
+                for index, layer in enumerate(self.layers) if hasattr(layer, "linear_attn")}
 
     def get_model_input(self) -> dict[str, jax.Array | None]:
         """A dummy call's arguments (Qwix traces the model with them to place its LoRA factors), as Tunix's models
@@ -653,9 +787,10 @@ class NativeDecoder(nnx.Module):
         if self.config.embedding_multiplier != 1.0:
             x = x * jnp.asarray(self.config.embedding_multiplier, x.dtype)
         new_cache = None if cache is None else {}
+        valid = _token_validity(attention_mask, cache)
         for index, layer in enumerate(self.layers):
             name = f"layer_{index}"
-            layer_cache, x = layer(x, positions, None if cache is None else cache[name], attention_mask)
+            layer_cache, x = layer(x, positions, None if cache is None else cache[name], attention_mask, valid)
             if cache is not None:
                 new_cache[name] = layer_cache
         return self.head(self.final_norm(x)), new_cache

@@ -4,7 +4,7 @@ transformers' ``neftune_post_forward_hook`` (``Trainer`` with ``neftune_noise_al
 ``Uniform(-m, m)`` noise to the embedding layer's output while the model trains, with
 ``m = alpha / sqrt(L * H)``: ``L`` the length of the batch as the model sees it (its padded length; with
 padding-free batches, the one flattened row), ``H`` the hidden size. Here the embedder's ``encode`` is wrapped for
-the duration of a loss traced by a train step (:func:`adapters.train_step.training_key` gives its key), so eval
+the duration of a loss traced by a train step (:func:`adapters.training.train_step.training_key` gives its key), so eval
 steps, log-prob passes and the sampler run the module untouched.
 """
 

@@ -197,7 +197,7 @@ def _prompted_class(original: type) -> type:
 @contextlib.contextmanager
 def _method_replaced(target: nnx.Module, name: str, make: Callable[[type], Callable]) -> Iterator[None]:
     """Within the block, ``target.<name>`` is ``make(original class)``: the instance gets a subclass of its own class
-    (as ``adapters.neftune`` wraps ``encode``), so the module tree and its parameters are untouched."""
+    (as ``adapters.model.neftune`` wraps ``encode``), so the module tree and its parameters are untouched."""
     original = type(target)
     replaced = type(original.__name__, (original,), {name: make(original), "__module__": original.__module__})
     object.__setattr__(target, "__class__", replaced)
@@ -282,11 +282,11 @@ def prefix_keys_values(settings: PromptSettings, prefix: jax.Array, batch: int, 
 
 
 def with_virtual_tokens(loss: Callable) -> Callable:
-    """A causal-LM step loss (``adapters.train_step.causal_lm_loss``) on a prompt-tuning or P-tuning module, as TRL
-    computes it with a peft model: each row's first token is scored too, predicted from the last virtual token (peft
-    prefixes ``num_virtual_tokens`` labels of ``-100``), while the step still divides by the batch's own label count
-    over ``labels[:, 1:]`` (transformers counts ``num_items_in_batch`` before peft extends the labels). The metrics
-    (``entropy``, ``mean_token_accuracy``) average over every scored token, as TRL's ``label_mask`` does.
+    """A causal-LM step loss (``adapters.training.train_step.causal_lm_loss``) on a prompt-tuning or P-tuning module,
+    as TRL computes it with a peft model: each row's first token is scored too, predicted from the last virtual token
+    (peft prefixes ``num_virtual_tokens`` labels of ``-100``), while the step still divides by the batch's own label
+    count over ``labels[:, 1:]`` (transformers counts ``num_items_in_batch`` before peft extends the labels). The
+    metrics (``entropy``, ``mean_token_accuracy``) average over every scored token, as TRL's ``label_mask`` does.
 
     The batch gets one placeholder column in front (``input_ids`` 0, ``attention_mask`` 1, ``loss_mask`` 0) that
     stands for the last virtual token (:func:`virtual_token_placeholders`).

@@ -137,7 +137,7 @@ def load_weights(
 ) -> nnx.Module:
     """Creates the Tunix module and fills it from HF tensors, one tensor at a time.
 
-    Each tensor is routed through the weight plan (:mod:`adapters.weight_plan`), transformed to the NNX layout,
+    Each tensor is routed through the weight plan (:mod:`adapters.model.weight_plan`), transformed to the NNX layout,
     cast to ``dtype`` and placed straight on its device(s) (``NamedSharding`` from the Tunix partition specs when
     ``mesh`` is given) before the next is read, so the host holds one tensor at a time.
 

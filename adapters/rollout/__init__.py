@@ -1,5 +1,6 @@
-"""Rollout engines: the boundary online trainers and ``generate`` sample through (:mod:`.engine`), the default paged,
-continuously batched engine (:mod:`.paged`) and its page bookkeeping (:mod:`.pages`)."""
+"""Rollout engines: the boundary online trainers and ``generate`` sample through, with the static engine that is
+their default (:mod:`.engine`), the paged, continuously batched engine that ``rollout_engine="paged"`` picks
+(:mod:`.paged`) and its page bookkeeping (:mod:`.pages`)."""
 
 from .engine import (
     RequestOutput,

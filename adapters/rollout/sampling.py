@@ -277,12 +277,13 @@ def choose_tokens_per_row(logits: jax.Array, keys: jax.Array, switches: Sampling
 
 
 def init_cache(module: nnx.Module, batch_size: int, size: int) -> dict[str, dict[str, jax.Array]]:
-    """An empty KV cache of the model contract (:mod:`adapters.model.decoder_contract`): ``{"layer_i": {"k", "v":
+    """An empty cache of the model contract (:mod:`adapters.model.decoder_contract`): ``{"layer_i": {"k", "v":
     [B, size, kv_heads, head_dim], "end_index": [B]}}`` for each layer of
     :func:`~adapters.model.decoder_contract.kv_cache_shapes`, in the embedding table's dtype (what the projections
-    produce)."""
+    produce), and ``{state name: zeros [B, *shape], "end_index": [B]}`` for each recurrent layer of
+    :func:`~adapters.model.decoder_contract.recurrent_state_shapes`."""
     dtype = decoder_contract.embedding_table(module).dtype
-    return {
+    cache = {
         name: {
             "k": jnp.zeros((batch_size, size, *heads), dtype),
             "v": jnp.zeros((batch_size, size, *heads), dtype),
@@ -290,6 +291,10 @@ def init_cache(module: nnx.Module, batch_size: int, size: int) -> dict[str, dict
         }
         for name, heads in decoder_contract.kv_cache_shapes(module).items()
     }
+    for name, entries in decoder_contract.recurrent_state_shapes(module).items():
+        cache[name] = {key: jnp.zeros((batch_size, *shape), kind) for key, (shape, kind) in entries.items()}
+        cache[name]["end_index"] = jnp.zeros((batch_size,), jnp.int32)
+    return cache
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Sampling settings: the ``transformers.GenerationConfig`` settings torchlike's sampler implements, as one value.
 
-``generate`` and ``GRPOTrainer`` build a :class:`SamplingSettings`; the sampler (:mod:`adapters.sampling`) compiles
-its :class:`SamplingSwitches` and traces its :class:`SamplingValues`. This module imports no JAX, so configuration
-code (the field tables) can read the names cheaply.
+``generate`` and ``GRPOTrainer`` build a :class:`SamplingSettings`; the sampler (:mod:`adapters.rollout.sampling`)
+compiles its :class:`SamplingSwitches` and traces its :class:`SamplingValues`. This module imports no JAX, so
+configuration code (the field tables) can read the names cheaply.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ about 10 ms by the next process that loads the same config.
   modification time of every source file of ``adapters`` (a family's code change makes a new entry).
 - Entries are written atomically (a temporary file renamed over the final name), so parallel processes never read a
   half-written one; a broken or unreadable entry is ignored and rebuilt.
-- Classes that torchlike derives at run time (:func:`adapters.rope.with_rope`'s subclasses, which keep Tunix's class
-  names) are pickled as the call that makes them; a model holding any other class that cannot be found by name is
-  simply not cached.
+- Classes that torchlike derives at run time (:func:`adapters.model.rope.with_rope`'s subclasses, which keep Tunix's
+  class names) are pickled as the call that makes them; a model holding any other class that cannot be found by name
+  is simply not cached.
 - The entries are pickles, read from the user's own cache directory, as JAX's compiled programs are; point
   ``TORCHLIKE_COMPILATION_CACHE`` elsewhere (or to ``off``) where that directory is shared with untrusted users.
 """

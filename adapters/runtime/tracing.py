@@ -40,8 +40,9 @@ PROGRAMS: dict[str, str] = {
     "weight_transform": "a weight's HF -> NNX layout transform",
 }
 """The jitted programs whose traces are counted, each with the name its log lines give it: the train and eval
-steps (``adapters.train_step``), the generation program (``adapters.sampling``) and the layout transforms that
-place checkpoint weights (``adapters.weight_plan``, one per weight shape, layout, dtype and sharding)."""
+steps (``adapters.training.train_step``), the generation program (``adapters.rollout.sampling``) and the layout
+transforms that place checkpoint weights (``adapters.model.weight_plan``, one per weight shape, layout, dtype and
+sharding)."""
 
 TRACE_COUNTS: dict[str, int] = dict.fromkeys(PROGRAMS, 0)
 """How many times each program of :data:`PROGRAMS` was traced."""

@@ -125,7 +125,7 @@ _micro_batch_keys: list[jax.Array] = []
 def training_key() -> jax.Array | None:
     """The random key of the micro-batch whose loss a train step (:func:`make_train_step`) is tracing, ``None``
     anywhere else (eval steps, log-prob passes, the sampler): a loss that perturbs only in training
-    (``adapters.neftune``) reads it. Step ``i``'s micro-batch ``m`` gets
+    (``adapters.model.neftune``) reads it. Step ``i``'s micro-batch ``m`` gets
     ``split(fold_in(key(seed), i), A)[m]``, so a resumed run draws what an uninterrupted one does."""
     return _micro_batch_keys[-1] if _micro_batch_keys else None
 

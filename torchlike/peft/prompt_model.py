@@ -44,7 +44,7 @@ class PromptLearningModel(PeftModel):
     """A :class:`~torchlike.peft.PeftModel` with a prompt-learning adapter (``peft.PeftModelForCausalLM`` with a
     ``PromptTuningConfig``, ``PromptEncoderConfig`` or ``PrefixTuningConfig``).
 
-    Forward passes add the virtual tokens as ``peft`` does (``adapters.prompt_learning``): with prompt tuning and
+    Forward passes add the virtual tokens as ``peft`` does (``adapters.model.prompt_learning``): with prompt tuning and
     P-tuning the logits cover the virtual tokens too (``[batch, num_virtual_tokens + sequence, vocab]``), with prefix
     tuning the input tokens only. Training updates the prompt encoder only (:attr:`trainable_filter`);
     :meth:`disable_adapter` runs the base model. Generation is not implemented (the KV cache would lack the virtual

@@ -3,7 +3,7 @@ padding of the last batch, and each process's share of the rows.
 
 Every batch of a run has the same shape, so XLA compiles the step once: a partial batch is filled with rows whose
 values (masks included) are all zero. Collation runs on each process for the rows it holds
-(``adapters.mesh.local_rows``), and the global batch is assembled on the mesh from those shares.
+(``adapters.distributed.mesh.local_rows``), and the global batch is assembled on the mesh from those shares.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Three conventions, in this order: transformers' ``compute_loss_func(outputs, labels, num_items_in_batch)``, a
 JAX-native ``loss_fn(model, batch)``, and, for a torchlike causal LM given neither, the built-in next-token loss over
 ``loss_mask``. Each becomes a step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)`` from
-``adapters.train_step``.
+``adapters.training.train_step``.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def select_loss(model: TrainableModel, compute_loss_func: Callable | None, loss_
 
 def with_virtual_tokens(model: TrainableModel, loss: Callable) -> Callable:
     """The built-in causal-LM ``loss`` as a ``peft`` prompt-tuning or P-tuning model computes it with transformers'
-    labels (the first token scored from the last virtual token: :func:`adapters.prompt_learning.with_virtual_tokens`);
-    ``loss`` itself for any other model."""
+    labels (the first token scored from the last virtual token:
+    :func:`adapters.model.prompt_learning.with_virtual_tokens`); ``loss`` itself for any other model."""
     if isinstance(model, PromptLearningModel) and model.prepends_virtual_tokens:
         return prompt_learning.with_virtual_tokens(loss)
     return loss

@@ -1,8 +1,8 @@
 """``Trainer``: the transformers training loop on a JAX device mesh, over Tunix models and optax — the recipe.
 
 The loop is ours (Tunix's ``PeftTrainer`` lacks transformers' checkpoint timing, data position and loss
-normalisation: ``adapters.upstream``); each step is a jitted ``adapters.train_step`` function on the model's NNX
-module. The flow around it is transformers' own: ``DefaultFlowCallback`` decides when to log, evaluate, save and
+normalisation: ``adapters.upstream``); each step is a jitted ``adapters.training.train_step`` function on the model's
+NNX module. The flow around it is transformers' own: ``DefaultFlowCallback`` decides when to log, evaluate, save and
 stop, ``ProgressCallback`` draws the bar and the reporting integrations receive the logs. The components it wires
 sit beside it, one job per module (the package docstring lists them).
 """
@@ -247,7 +247,7 @@ class Trainer:
     def _loss(self) -> tuple[Callable, Callable | None]:
         """The step loss ``(module, batch, num_items_in_batch) -> (value, weight, aux)`` and, for
         ``compute_loss_func``, the item counter that gives ``num_items_in_batch``; with ``neftune_noise_alpha``,
-        NEFTune noise on the input embeddings in training steps (``adapters.neftune``), as transformers' hook."""
+        NEFTune noise on the input embeddings in training steps (``adapters.model.neftune``), as transformers' hook."""
         loss, count_items = self._step_loss()
         if self.args.neftune_noise_alpha:
             loss = neftune.with_neftune(loss, self.args.neftune_noise_alpha, self._neftune_length())

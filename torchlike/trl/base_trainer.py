@@ -4,9 +4,9 @@ The config (the default ``"<model>-<SUFFIX>"`` one, a ``TrainingArguments`` conv
 model (a path or hub id loaded with ``args.model_init_kwargs``, float32 unless they set ``dtype``, as TRL's
 ``create_model_from_path``; a LoRA adapter from ``peft_config``; the trainer's tags), the default tokenizer, the pad
 token, the token-id check against every model's vocabulary, ``disable_dropout``, the reference policy
-(``adapters.reference_policy``: a ``ref_model``, the adapter-off base, a frozen copy or the initial weights) with its
-precomputed log-prob columns, and TR-DPO's reference sync. SFT, DPO and GRPO (and each new TRL trainer) are subclasses
-that add their data preparation and step loss.
+(``adapters.training.reference_policy``: a ``ref_model``, the adapter-off base, a frozen copy or the initial weights)
+with its precomputed log-prob columns, and TR-DPO's reference sync. SFT, DPO and GRPO (and each new TRL trainer) are
+subclasses that add their data preparation and step loss.
 """
 
 from __future__ import annotations
@@ -348,8 +348,8 @@ class TRLTrainer(Trainer):
     # ------------------------------------------------------------------ logs
     def log(self, logs: dict[str, float]) -> None:
         """Records ``logs`` with TRL's values: each metric that only some micro-batches record as the mean over those
-        (``adapters.step_metrics.finish_metrics``) and, when the step loss counts ``num_tokens`` per micro-batch
-        (``_counts_step_tokens``), ``num_tokens`` as TRL's running total of training tokens.
+        (``adapters.training.step_metrics.finish_metrics``) and, when the step loss counts ``num_tokens`` per
+        micro-batch (``_counts_step_tokens``), ``num_tokens`` as TRL's running total of training tokens.
 
         The step metrics arrive averaged over micro-batches and over the steps since the previous log, so the tokens
         of those steps are that mean times both counts; the total so far is read back from ``state.log_history``,
@@ -399,8 +399,8 @@ class TRLTrainer(Trainer):
     # ------------------------------------------------------------------ reference policy
     def _init_reference(self, ref_model: Any = None, *, adapter_off: bool = False,
                         copy: bool = False) -> reference_policy.ReferencePolicy:
-        """Sets ``self.reference`` (``adapters.reference_policy.choose``) and, with ``args.sync_ref_model``, TRL's
-        ``SyncRefModelCallback`` on it (a separate ``ref_model`` or a frozen copy of the policy).
+        """Sets ``self.reference`` (``adapters.training.reference_policy.choose``) and, with ``args.sync_ref_model``,
+        TRL's ``SyncRefModelCallback`` on it (a separate ``ref_model`` or a frozen copy of the policy).
 
         Args:
             ref_model: a separate reference model (placed on the trainer's mesh when it has none).

@@ -1,10 +1,11 @@
 """``DistillationTrainer``: TRL 1.16's on-policy knowledge distillation trainer and constructor on torchlike's Trainer.
 
 Every optimizer step samples one generation batch (``per_device_train_batch_size x data-parallel size x
-gradient_accumulation_steps`` prompts, one completion each) from the student with torchlike's JAX sampler
-(``adapters.sampling``), then trains the student to match a frozen teacher's next-token distribution on those
-completion tokens under TRL's generalized Jensen-Shannon divergence (``adapters.losses.distillation``: ``beta`` 0 is the
-forward KL, 1 the reverse KL), with both models' logits at ``temperature``. The loss is summed over the completion
+gradient_accumulation_steps`` prompts, one completion each) from the student with torchlike's static rollout engine
+(``adapters.rollout.engine.StaticEngine``; ``DistillationConfig`` has no ``rollout_engine``), then trains the
+student to match a frozen teacher's next-token distribution on those completion tokens under TRL's generalized
+Jensen-Shannon divergence (``adapters.losses.distillation``: ``beta`` 0 is the forward KL, 1 the reverse KL), with
+both models' logits at ``temperature``. The loss is summed over the completion
 tokens of the whole generation batch and divided by their number, as TRL's ``num_items_in_batch``. Student and teacher
 share the trainer's mesh and one jitted step; the teacher gets no gradient and no optimizer state.
 """

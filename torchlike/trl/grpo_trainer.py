@@ -1,13 +1,14 @@
 """``GRPOTrainer``: TRL's Group Relative Policy Optimization trainer, with TRL's constructor, on torchlike's Trainer.
 
 One generation batch (``per_device_train_batch_size x data-parallel size x steps_per_generation`` completions,
-``num_generations`` per prompt) is sampled with torchlike's JAX sampler (``adapters.sampling``: temperature, top-p,
-top-k, min-p, decode-time repetition penalty, KV cache sized from the prompt and ``max_completion_length``) or taken
-from the user's ``rollout_func``, continued through the model's tool calls when ``tools`` are given
-(:mod:`.tool_calling`; an ``environment_factory``'s environments reset each rollout's prompt and lend it their methods
-as tools and their ``get_reward`` as a reward, :mod:`.environments`), scored by the reward functions called TRL's way,
-turned into advantages (``adapters.losses.grpo``, TRL's estimator), then split into ``steps_per_generation``
-micro-batches that the jitted step consumes ``gradient_accumulation_steps`` at a time, ``num_iterations`` times over.
+``num_generations`` per prompt) is sampled by torchlike's rollout engine (``adapters.rollout``: the static engine
+unless ``rollout_engine="paged"``; temperature, top-p, top-k, min-p, decode-time repetition penalty, KV cache sized
+from the prompt and ``max_completion_length``) or taken from the user's ``rollout_func``, continued through the
+model's tool calls when ``tools`` are given (:mod:`.tool_calling`; an ``environment_factory``'s environments reset
+each rollout's prompt and lend it their methods as tools and their ``get_reward`` as a reward, :mod:`.environments`),
+scored by the reward functions called TRL's way, turned into advantages (``adapters.losses.grpo``, TRL's estimator),
+then split into ``steps_per_generation`` micro-batches that the jitted step consumes ``gradient_accumulation_steps``
+at a time, ``num_iterations`` times over.
 When generation and optimizer steps do not line up (TRL's rule: ``gradient_accumulation_steps % (steps_per_generation
 * num_iterations) != 0``), the log-probs of the policy that sampled the batch are kept for the ratio and clipping, as
 TRL does.

@@ -18,10 +18,10 @@ NASH_MD_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                             "An epoch's last partial batch (and a partial accumulation window) is "
                                             "dropped, where TRL trains on it."),
     "mixture_coef": honoured("The reference's weight c in the geometric mixture the second completion of each "
-                             "prompt is sampled from (per-token log_softmax(c * reference + (1 - c) * policy), on "
-                             "either rollout engine). A list gives the coefficient of each epoch (the last one after "
-                             "it), as TRL documents it; TRL 1.0.0 indexes the list with the fractional state.epoch, "
-                             "torchlike uses the epoch's index."),
+                             "prompt is sampled from (per-token log_softmax(c * reference + (1 - c) * policy), with "
+                             "the static rollout engine). A list gives the coefficient of each epoch (the last one "
+                             "after it), as TRL documents it; TRL 1.0.0 indexes the list with the fractional "
+                             "state.epoch, torchlike uses the epoch's index."),
     "beta": honoured("Weight of the KL term of Nash-MD's loss (beta times the policy's summed log-probability "
                      "weighted by the detached log-ratio to the reference). A list gives the beta of each epoch (the "
                      "last one after it), indexed by the epoch's index as for mixture_coef."),

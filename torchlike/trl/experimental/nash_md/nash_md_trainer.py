@@ -4,13 +4,13 @@ Feedback") on torchlike's ``OnlineDPOTrainer``.
 Each micro-batch takes ``per_device_train_batch_size`` prompts (per data-parallel shard) and samples one completion of
 each with the policy and one with the geometric mixture of policy and reference (per-token
 ``log_softmax(mixture_coef * reference + (1 - mixture_coef) * policy)``, TRL's ``GeometricMixtureWrapper``:
-``adapters.rollout.mixture``, on either rollout engine). A judge (``judge.judge(prompts, pairs, return_scores=True)``,
-the probability that the first completion is better) or one reward function or model (the sigmoid of the reward
-difference, less ``missing_eos_penalty`` for a completion without an end token) gives the probability that the
-policy's completion beats the mixture's; the loss is TRL's REINFORCE score term plus ``beta`` times its KL term, on
-the policy's completions (``adapters.losses.nash_md``). TRL 1.0.0's ``loss/*``, ``objective/entropy``, ``rewards/*``,
-``logps/*``, ``val/*``, ``beta`` and ``mixture_coef`` metrics are logged, as means over the micro-batches since the
-last log.
+``adapters.rollout.mixture``), both with the static rollout engine (``NashMDConfig`` has no ``rollout_engine``). A
+judge (``judge.judge(prompts, pairs, return_scores=True)``, the probability that the first completion is better) or
+one reward function or model (the sigmoid of the reward difference, less ``missing_eos_penalty`` for a completion
+without an end token) gives the probability that the policy's completion beats the mixture's; the loss is TRL's
+REINFORCE score term plus ``beta`` times its KL term, on the policy's completions (``adapters.losses.nash_md``). TRL
+1.0.0's ``loss/*``, ``objective/entropy``, ``rewards/*``, ``logps/*``, ``val/*``, ``beta`` and ``mixture_coef``
+metrics are logged, as means over the micro-batches since the last log.
 """
 
 from __future__ import annotations
