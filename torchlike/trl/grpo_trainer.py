@@ -30,7 +30,7 @@ from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.lora import runtime as lora_runtime
 from ..adapters.losses import grpo as grpo_losses
 from ..adapters.rollout import sampling
-from ..adapters.training import train_step
+from ..adapters.training import reference_policy, train_step
 from ..training import batches, checkpoints, step_logs
 from ..type_aliases import (
     DatasetLike,
@@ -167,8 +167,10 @@ class GRPOTrainer(OnlineTrainer):
         self._show_eval_dataset(eval_dataset)  # TRL does not prepare an online trainer's data
         if isinstance(train_dataset, datasets.Dataset):  # TRL keeps the user's Dataset: its columns, plus prompt_ids
             self.train_dataset = datasets.Dataset.from_list(train_rows)
-        # The reference (beta != 0): the adapter-off base with LoRA, else a frozen copy of the initial policy.
-        self.reference = self._init_reference(adapter_off=self._is_lora(), copy=True) if args.beta != 0.0 else None
+        # The reference (beta != 0), TRL's rule: the adapter-off base for a new LoRA adapter; a frozen copy of the
+        # initial policy otherwise, a pretrained adapter included (TRL's "ref" adapter, a copy of "default").
+        new_adapter = self._is_lora() and reference_policy.lora_is_new(self._module)
+        self.reference = self._init_reference(adapter_off=new_adapter, copy=True) if args.beta != 0.0 else None
         self._generation_count = 0
         self._entropy_control = self._adaptive_entropy_control(args)
 
