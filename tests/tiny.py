@@ -64,7 +64,13 @@ CASES = {
     "gpt_oss": lambda: tiny_config("gpt_oss"),
     "glm4_moe": lambda: tiny_config("glm4_moe"),
     "deepseek_v3": lambda: tiny_config("deepseek_v3"),
+    # The hybrid decoders (gated DeltaNet and gated attention layers).
+    "qwen3_next": lambda: tiny_config("qwen3_next"),
+    "qwen3_5": lambda: tiny_config("qwen3_5"),
+    "qwen3_5_moe": lambda: tiny_config("qwen3_5_moe"),
 }
+HYBRID_CASES = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
+"""The hybrid cases (recurrent layers beside attention), on the native decoder."""
 NATIVE_CASES = ["mistral", "ministral", "phi3", "phi3_longrope", "smollm3", "olmo2", "olmo3", "gpt_neox",
                 "gpt_neox_sequential", "granite", "cohere2", "gpt_oss", "glm4_moe", "deepseek_v3"]
 """The cases on torchlike's native decoder."""
@@ -411,7 +417,16 @@ _NATIVE_LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_pro
                         "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
                         "gpt_oss": ["q_proj", "k_proj", "v_proj", "o_proj"],
                         "glm4_moe": ["q_proj", "k_proj", "v_proj", "o_proj"],
-                        "deepseek_v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]}
+                        "deepseek_v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+                        # Qwen3-Next's MLP names reach its fused experts in PEFT (qwen2_moe's conversion).
+                        "qwen3_next": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba",
+                                       "out_proj"],
+                        "qwen3_5": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                    "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"],
+                        # Qwen3.5-MoE's MLP names reach the shared expert only (PEFT converts no experts for it).
+                        "qwen3_5_moe": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                        "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
+                                        "shared_expert_gate"]}
 LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

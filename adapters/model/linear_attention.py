@@ -258,4 +258,5 @@ class GatedDeltaNet(nnx.Module):
         y = self.out_proj(out.reshape(batch, length, -1))
         if state is None:
             return y, None
-        return y, {**state, "conv": conv_state.astype(state["conv"].dtype), "recurrent": recurrent}
+        return y, {**state, "conv": conv_state.astype(state["conv"].dtype), "recurrent": recurrent,
+                   "end_index": state["end_index"] + length}

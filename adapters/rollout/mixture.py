@@ -89,8 +89,16 @@ class GeometricMixture(nnx.Module):
         shapes = {}
         for prefix, member in ((POLICY_PREFIX, self.policy), (REFERENCE_PREFIX, self.reference)):
             layers = jax.eval_shape(lambda member=member: init_cache(member, 1, 1))
-            shapes.update({prefix + name: tuple(entry["k"].shape[2:]) for name, entry in layers.items()})
+            shapes.update({prefix + name: tuple(entry["k"].shape[2:]) for name, entry in layers.items()
+                           if "k" in entry})
         return shapes
+
+    def recurrent_state_shapes(self) -> dict[str, dict[str, tuple[tuple[int, ...], jnp.dtype]]]:
+        """Each recurrent layer's state entries (hybrid decoders): the policy's, then the reference's, under their
+        prefixes (read by :func:`~.sampling.init_cache`)."""
+        return {prefix + name: entries
+                for prefix, member in ((POLICY_PREFIX, self.policy), (REFERENCE_PREFIX, self.reference))
+                for name, entries in decoder_contract.recurrent_state_shapes(member).items()}
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, cache: dict, attention_mask: jax.Array,
                  **inputs) -> tuple[jax.Array, dict]:

@@ -18,6 +18,12 @@ The split follows JetStream and vLLM: a scheduler in plain Python owns the reque
   view as the static sampler runs its cache, and the new tokens' keys and values are written to the slot's pages
   after the last step.
 
+A hybrid decoder's recurrent layers (gated DeltaNet: a fixed-size state per sequence instead of keys and values, see
+``adapters.model.decoder_contract``) keep that state beside the pages: prefill returns each request's state after its
+prompt (chunked prefill continues it chunk after chunk), admission copies it into each of the request's completions'
+slots (the slot's previous state is overwritten, so a freed slot starts afresh), and decode reads and advances the
+slots' states with their pages.
+
 When a completion ends (an end token or its ``max_new_tokens``) its pages go back to the pool and its slot takes the
 next waiting completion, whose request is prefilled between two decode calls if it was not already. Admission
 reserves a completion's worst case (its prompt's last page plus ``max_new_tokens``) so a running completion never
@@ -166,6 +172,9 @@ class _Group:
         return len(self.request.prompt_ids)
 
 
+    state: dict | None = None  # recurrent layers: the state after the prefilled tokens, one row ``[1, ...]``
+
+
 @dataclass
 class _Slot:
     """A completion being decoded."""
@@ -188,12 +197,23 @@ def _forward(module, tables, tokens, positions, cache, mask, **inputs):
     return logits.astype(jnp.float32), cache
 
 
+def _states_of(cache: dict, pool: dict) -> dict:
+    """The recurrent layers' entries of ``cache`` (those the KV pool lacks), without their ``end_index``."""
+    return {name: {part: value for part, value in entry.items() if part != "end_index"}
+            for name, entry in cache.items() if name not in pool}
+
+
+def _with_states(cache: dict, states: dict, end_index: jax.Array) -> dict:
+    """``cache`` (the attention layers' view) with the recurrent layers' ``states`` added at ``end_index``."""
+    return {**cache, **{name: {**entry, "end_index": end_index} for name, entry in states.items()}}
+
+
 def _prefill_program(programs: _Programs, module, tables, pool, prompt_ids, prompt_mask, page_index, page_offset,
                      images=None, token_types=None):
     """Runs left-padded prompts ``[G, P]`` once, writes their keys/values to ``(page_index, page_offset) [G, P]``
-    (the trash page for padding) and returns ``(last logits [G, V], pool)``. ``images`` ``[G, N, H, W, C]`` and
-    ``token_types`` ``[G, P]`` (image prompts) put the images in place of their tokens, which see each other both
-    ways."""
+    (the trash page for padding) and returns ``(last logits [G, V], pool, the recurrent layers' states [G, ...])``.
+    ``images`` ``[G, N, H, W, C]`` and ``token_types`` ``[G, P]`` (image prompts) put the images in place of their
+    tokens, which see each other both ways."""
     groups, width = prompt_ids.shape
     record_trace("generate", {"engine program": "prefill", "requests": groups, "prompt bucket": width})
     prompt_mask = prompt_mask.astype(bool)
@@ -210,17 +230,19 @@ def _prefill_program(programs: _Programs, module, tables, pool, prompt_ids, prom
     _, cache = _forward(module, tables, prompt_ids[:, :head], positions[:, :head], cache, attention, **inputs)
     logits, cache = _forward(module, tables, prompt_ids[:, head:], positions[:, head:], cache,
                              prompt_mask[:, None, :])
+    states = _states_of(cache, pool)
     pool = {name: {part: pool[name][part].at[page_index, page_offset].set(cache[name][part]) for part in ("k", "v")}
             for name in pool}
-    return logits[:, -1], pool
+    return logits[:, -1], pool, states
 
 
-def _admit_program(programs: _Programs, pool, seen, logits, slots, tail_from, tail_to, prompt_ids, counted, seeds,
-                   samples, values):
-    """Admits completions into ``slots [A]`` (``S`` for padding rows): copies page ``tail_from`` to ``tail_to``,
-    draws each first token from ``logits [A, V]`` and starts the penalty memory from ``prompt_ids``/``counted``.
+def _admit_program(programs: _Programs, pool, seen, slot_states, logits, slots, tail_from, tail_to, prompt_ids,
+                   counted, seeds, samples, values, states):
+    """Admits completions into ``slots [A]`` (``S`` for padding rows): copies page ``tail_from`` to ``tail_to`` and
+    each request's recurrent ``states [A, ...]`` into its slot's, draws each first token from ``logits [A, V]`` and
+    starts the penalty memory from ``prompt_ids``/``counted``.
 
-    Returns ``(tokens [A], logprobs [A], pool, seen)``.
+    Returns ``(tokens [A], logprobs [A], pool, seen, slot_states)``.
     """
     rows = logits.shape[0]
     record_trace("generate", {"engine program": "admit", "rows": rows, "switches": programs.switches})
@@ -235,7 +257,8 @@ def _admit_program(programs: _Programs, pool, seen, logits, slots, tail_from, ta
     logprobs = token_logprobs(logits, tokens, temperature)
     if row_seen is not None:
         seen = seen.at[slots].set(mark_seen(row_seen, tokens), mode="drop")
-    return tokens, logprobs, pool, seen
+    slot_states = jax.tree.map(lambda kept, new: kept.at[slots].set(new, mode="drop"), slot_states, states)
+    return tokens, logprobs, pool, seen, slot_states
 
 
 def _gather_view(pool, lengths, page_table, view, extra):
@@ -275,23 +298,27 @@ def _write_fed(pool, cache, lengths, page_table, fed, view):
                    for part in ("k", "v")} for name in pool}
 
 
-def _step_on_pages(module, tables, pool, tokens, lengths, page_table, active, view):
+def _step_on_pages(module, tables, pool, states, tokens, lengths, page_table, active, view):
     """Feeds ``tokens [R]`` at positions ``lengths [R]``, row ``r`` attending to its first ``lengths[r]`` tokens in
-    its pages ``page_table [R, W]``, and writes the fed tokens' keys and values to their pages (rows not
-    ``active`` write to the trash page). Returns ``(logits [R, V], pool)``."""
+    its pages ``page_table [R, W]`` and continuing its recurrent ``states``, and writes the fed tokens' keys and
+    values to their pages (rows not ``active`` write to the trash page and keep their states). Returns
+    ``(logits [R, V], pool, states)``."""
     cache, cached = _gather_view(pool, lengths, page_table, view, 1)
+    cache = _with_states(cache, states, jnp.full(tokens.shape, view, jnp.int32))
     mask = cached.at[:, view].set(True)[:, None, :]
     logits, cache = _forward(module, tables, tokens[:, None], lengths[:, None], cache, mask)
-    return logits[:, 0], _write_fed(pool, cache, lengths, page_table, active[:, None], view)
+    advanced = jax.tree.map(lambda new, old: jnp.where(active.reshape(-1, *(1,) * (old.ndim - 1)), new, old),
+                            _states_of(cache, pool), states)
+    return logits[:, 0], _write_fed(pool, cache, lengths, page_table, active[:, None], view), advanced
 
 
-def _prefill_chunk_program(programs: _Programs, module, tables, pool, chunk_ids, starts, counts, page_table):
-    """Continues prompts whose first ``starts [G]`` tokens are in their pages ``page_table [G, W]``: feeds row
-    ``g``'s next ``counts[g]`` tokens ``chunk_ids [G, C]`` one at a time through the decode step's page view
-    (:func:`_step_on_pages`: a multi-token call cannot continue a cache in every Tunix family, see
-    ``adapters.upstream``) and writes their keys and values to the pages.
+def _prefill_chunk_program(programs: _Programs, module, tables, pool, chunk_ids, starts, counts, page_table, states):
+    """Continues prompts whose first ``starts [G]`` tokens are in their pages ``page_table [G, W]`` (and in their
+    recurrent ``states [G, ...]``): feeds row ``g``'s next ``counts[g]`` tokens ``chunk_ids [G, C]`` one at a time
+    through the decode step's page view (:func:`_step_on_pages`: a multi-token call cannot continue a cache in every
+    Tunix family, see ``adapters.upstream``) and writes their keys and values to the pages.
 
-    Returns ``(logits of each row's last fed token [G, V], pool)``.
+    Returns ``(logits of each row's last fed token [G, V], pool, states)``.
     """
     groups, width = chunk_ids.shape
     record_trace("generate", {"engine program": "prefill chunk", "requests": groups, "chunk bucket": width,
@@ -300,25 +327,28 @@ def _prefill_chunk_program(programs: _Programs, module, tables, pool, chunk_ids,
     vocab = decoder_contract.vocab_size(module)
 
     def one_token(step, carry):
-        pool, last = carry
-        logits, pool = _step_on_pages(nnx.merge(graphdef, state), tables, pool, chunk_ids[:, step], starts + step,
-                                      page_table, step < counts, programs.view)
-        return pool, jnp.where((step == counts - 1)[:, None], logits, last)
+        pool, states, last = carry
+        logits, pool, states = _step_on_pages(nnx.merge(graphdef, state), tables, pool, states, chunk_ids[:, step],
+                                              starts + step, page_table, step < counts, programs.view)
+        return pool, states, jnp.where((step == counts - 1)[:, None], logits, last)
 
-    pool, last = jax.lax.fori_loop(0, jnp.max(counts), one_token, (pool, jnp.zeros((groups, vocab), jnp.float32)))
-    return last, pool
+    pool, states, last = jax.lax.fori_loop(0, jnp.max(counts), one_token,
+                                           (pool, states, jnp.zeros((groups, vocab), jnp.float32)))
+    return last, pool, states
 
 
-def _decode_program(programs: _Programs, module, tables, pool, seen, slot_index, tokens, lengths, page_table, live,
-                    seeds, samples, steps, limits, values, end_ids):
+def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states, slot_index, tokens, lengths,
+                    page_table, live, seeds, samples, steps, limits, values, end_ids):
     """``programs.steps`` tokens for each of ``R`` rows, row ``r`` being slot ``slot_index[r]`` (``S``, out of
     range, for padding). Each step feeds a row's last token at position ``lengths [R]`` plus the step; a row stops
     once it draws an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had).
 
     The rows' pages are gathered once into a right-aligned cache (:func:`_gather_view`) that the steps extend as
-    the static sampler's does, and the fed tokens' keys and values go to their pages once, after the last step.
+    the static sampler's does, and the fed tokens' keys and values go to their pages once, after the last step; the
+    slots' recurrent states are read from ``slot_states`` and written back after the last step (a row that stopped
+    within the call advanced its state on, but its slot is freed and reset at its next admission).
 
-    Returns ``(tokens [R, steps], logprobs [R, steps], pool, seen)``, ``-1`` after a row stopped.
+    Returns ``(tokens [R, steps], logprobs [R, steps], pool, seen, slot_states)``, ``-1`` after a row stopped.
     """
     rows = page_table.shape[0]
     view, count = programs.view, programs.steps
@@ -327,6 +357,8 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_index,
     graphdef, state = nnx.split(module)
     temperature = values.temperature if programs.switches.do_sample else 1.0
     cache, cached = _gather_view(pool, lengths, page_table, view, count)
+    states = jax.tree.map(lambda kept: kept.at[slot_index].get(mode="clip"), slot_states)
+    cache = _with_states(cache, states, jnp.full((rows,), view, jnp.int32))
     columns = jnp.arange(view + count)[None, :]
 
     def one_step(step, carry):
@@ -352,14 +384,25 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_index,
              jnp.zeros((rows, count), jnp.float32))
     cache, seen, _, _, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, one_step, carry)
     # A step's fed token is kept when the row was active at that step, i.e. drew a token there.
-    pool = _write_fed(pool, cache, lengths, page_table, out_tokens >= 0, view)
-    return out_tokens, out_logprobs, pool, seen
+    slot_states = jax.tree.map(lambda kept, new: kept.at[slot_index].set(new, mode="drop"), slot_states,
+                               _states_of(cache, pool))
+    pool = _write_fed(pool, {name: cache[name] for name in pool}, lengths, page_table, out_tokens >= 0, view)
+    return out_tokens, out_logprobs, pool, seen, slot_states
 
 
 _prefill = traced_cheaply(nnx.jit(_prefill_program, static_argnums=(0,), donate_argnums=(3,)))
 _prefill_chunk = traced_cheaply(nnx.jit(_prefill_chunk_program, static_argnums=(0,), donate_argnums=(3,)))
-_admit = traced_cheaply(jax.jit(_admit_program, static_argnums=(0,), donate_argnums=(1, 2)))
-_decode = traced_cheaply(nnx.jit(_decode_program, static_argnums=(0,), donate_argnums=(3, 4)))
+_admit = traced_cheaply(jax.jit(_admit_program, static_argnums=(0,), donate_argnums=(1, 2, 3)))
+_decode = traced_cheaply(nnx.jit(_decode_program, static_argnums=(0,), donate_argnums=(3, 4, 5)))
+
+
+def _stacked(states: list[dict | None], rows: int) -> dict:
+    """One-row recurrent states stacked into ``rows`` rows (the first repeated as padding); ``{}`` without recurrent
+    layers."""
+    if not states or states[0] is None or not states[0]:
+        return {}
+    states = states + [states[0]] * (rows - len(states))
+    return jax.tree.map(lambda *values: jnp.concatenate(values), *states)
 
 
 def _power_of_two(count: int) -> int:
@@ -436,7 +479,7 @@ class PagedEngine:
 
             def zeros():
                 return {name: {part: jnp.zeros((pages, page_size, *entry[part].shape[2:]), entry[part].dtype)
-                               for part in ("k", "v")} for name, entry in shapes.items()}
+                               for part in ("k", "v")} for name, entry in shapes.items() if "k" in entry}
 
             self._pool = jax.jit(zeros, out_shardings=self._replicated())()
             self._pool_pages = pages
@@ -499,6 +542,10 @@ class _Run:
         self.pool = engine._take_pool(self.pages.num_pages)
         vocab = decoder_contract.vocab_size(engine.module)
         self.seen = engine._zeros((self.num_slots, vocab if self.switches.repetition_penalty else 1), bool)
+        # Recurrent layers: each slot's state (the pool holds only the attention layers' keys and values).
+        self.slot_states = {name: {part: engine._zeros((self.num_slots, *shape), kind)
+                                   for part, (shape, kind) in entries.items()}
+                            for name, entries in decoder_contract.recurrent_state_shapes(engine.module).items()}
         self.slots: list[_Slot | None] = [None] * self.num_slots
         self.fed = np.zeros(self.num_slots, np.int32)
         self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
@@ -616,9 +663,9 @@ class _Run:
         if images is not None:  # the padding rows get no images
             images = np.pad(images, ((0, rows - len(chosen)),) + ((0, 0),) * (images.ndim - 1))
             token_types = np.pad(token_types, ((0, rows - len(chosen)), (0, 0)))
-        logits, self.pool = _prefill(self.programs, self.engine.module, self.tables, self.pool, prompt_ids, prompt_mask,
-                                     page_index, page_offset, images, token_types)
-        self._prefilled(chosen, logits)
+        logits, self.pool, states = _prefill(self.programs, self.engine.module, self.tables, self.pool, prompt_ids,
+                                             prompt_mask, page_index, page_offset, images, token_types)
+        self._prefilled(chosen, logits, states)
 
     def _prefill_chunk(self, chosen: list[tuple[_Group, int]]) -> None:
         """Prefills the next ``count`` tokens of each group's started prompt (see :func:`_prefill_chunk_program`)."""
@@ -634,14 +681,17 @@ class _Run:
         # One view for the call's longest prompt, so every chunk of the call runs one program per row count.
         longest = max(group.prompt_length for group in self.groups)
         programs = _Programs(self.switches, self.engine.lora, view=bucket_length(longest))
-        logits, self.pool = _prefill_chunk(programs, self.engine.module, self.tables, self.pool, chunk_ids, starts,
-                                           counts, page_table)
-        self._prefilled(chosen, logits)
+        states = _stacked([group.state for group, _ in chosen], rows)
+        logits, self.pool, states = _prefill_chunk(programs, self.engine.module, self.tables, self.pool, chunk_ids,
+                                                   starts, counts, page_table, states)
+        self._prefilled(chosen, logits, states)
 
-    def _prefilled(self, chosen: list[tuple[_Group, int]], logits: jax.Array) -> None:
-        """Records a prefill program's chunks; a group whose prompt is complete keeps its last token's logits."""
+    def _prefilled(self, chosen: list[tuple[_Group, int]], logits: jax.Array, states: dict) -> None:
+        """Records a prefill program's chunks; each group keeps its recurrent state, and a group whose prompt is
+        complete its last token's logits."""
         stats = self.engine.stats
         for row, (group, count) in enumerate(chosen):
+            group.state = jax.tree.map(lambda value, row=row: value[row:row + 1], states)
             group.prefilled += count
             if group.prefilled == group.prompt_length:
                 group.logits = logits[row]
@@ -662,6 +712,7 @@ class _Run:
         seeds = np.zeros(rows, np.uint32)
         samples = np.zeros(rows, np.int32)
         logits = []
+        states = []
         finished_groups: list[_Group] = []
         for row, (slot, group, sample) in enumerate(admitted):
             request = group.request
@@ -682,14 +733,15 @@ class _Run:
             counted[row, :len(penalised)] = 1  # a request has no padding: the penalty counts its whole prompt
             seeds[row], samples[row] = int(request.seed) % (2**32), request.first_sample + sample
             logits.append(group.logits)
+            states.append(group.state)
             if group.next_sample == request.num_samples and group not in finished_groups:
                 finished_groups.append(group)
         for group in finished_groups:
             self._release_prompt(group)
         logits = jnp.stack(logits + [logits[0]] * (rows - len(admitted)))
-        tokens, logprobs, self.pool, self.seen = _admit(
-            self.programs, self.pool, self.seen, logits, slot_index, tail_from, tail_to, prompt_ids, counted, seeds,
-            samples, self.values)
+        tokens, logprobs, self.pool, self.seen, self.slot_states = _admit(
+            self.programs, self.pool, self.seen, self.slot_states, logits, slot_index, tail_from, tail_to, prompt_ids,
+            counted, seeds, samples, self.values, _stacked(states, rows))
         tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
         for row, (slot, _, _) in enumerate(admitted):
             self._record(slot, int(tokens[row]), float(logprobs[row]))
@@ -699,6 +751,7 @@ class _Run:
         stay referenced by the admission being built)."""
         self.pages.release(group.pages)
         group.pages = []
+        group.state = None
 
     # ------------------------------------------------------------------ decode
     def _record(self, slot_index: int, token: int, logprob: float) -> None:
@@ -770,8 +823,9 @@ class _Run:
         arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps, limits)
         if self.sharding is not None:
             arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
-        tokens, logprobs, self.pool, self.seen = _decode(programs, engine.module, self.tables, self.pool, self.seen,
-                                                         *arrays, self.values, self.end_array)
+        tokens, logprobs, self.pool, self.seen, self.slot_states = _decode(
+            programs, engine.module, self.tables, self.pool, self.seen, self.slot_states, *arrays, self.values,
+            self.end_array)
         tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
         stats = engine.stats
         stats.decode_calls += 1
