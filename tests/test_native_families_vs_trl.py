@@ -66,7 +66,8 @@ def _write_adapter(path, case: str, directory) -> None:
 
 # One case per family (the LongRoPE and sequential GPT-NeoX variants differ in the forward pass, checked against
 # transformers in test_native_families.py).
-FAMILY_CASES = [case for case in tiny.NATIVE_CASES if case not in ("phi3_longrope", "gpt_neox_sequential")]
+FAMILY_CASES = [case for case in tiny.NATIVE_CASES if case not in ("phi3_longrope", "gpt_neox_sequential")] + [
+    "qwen3_5", "qwen3_5_moe", "lfm2"]  # the hybrids (gated DeltaNet and short-convolution layers) too
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

@@ -40,15 +40,17 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
+    "relu2": lambda x: jnp.square(jax.nn.relu(x)),
 }
 """``transformers``' ``ACT2FN`` names the decoder computes, with the same formula (exact or tanh GELU)."""
 
 NORMS = ("rms", "layer")
-BLOCKS = ("sequential", "post_norm", "parallel", "parallel_shared_norm")
+BLOCKS = ("sequential", "post_norm", "parallel", "parallel_shared_norm", "single")
 QKV_LAYOUTS = ("split", "fused", "fused_per_head")
 MLPS = ("gated", "gated_fused", "plain", "gpt_oss_experts")
 QK_NORMS = ("none", "head", "projection")
-LAYER_TYPES = ("attention", "linear_attention")
+LAYER_TYPES = ("attention", "linear_attention", "mlp")
+"""Layer types the decoder builds itself; a spec's ``recurrent_mixers`` add their own."""
 
 
 class Remat(enum.Enum):
@@ -185,7 +187,8 @@ class DecoderSpec:
         block: how a layer wires its residuals: ``"sequential"`` (Llama: ``h = x + attn(norm(x))``,
             ``h + mlp(norm(h))``), ``"post_norm"`` (OLMo 2: ``h = x + norm(attn(x))``, ``h + norm(mlp(h))``),
             ``"parallel"`` (GPT-NeoX: ``x + attn(norm1(x)) + mlp(norm2(x))``) or ``"parallel_shared_norm"`` (Cohere:
-            ``x + attn(norm(x)) + mlp(norm(x))``, one norm).
+            ``x + attn(norm(x)) + mlp(norm(x))``, one norm) or ``"single"`` (Nemotron-H: each layer one component,
+            ``x + op(norm(x))``, its ``layer_types`` entry naming it: a token mixer or ``"mlp"``).
         qkv: ``"split"`` (``q_proj``, ``k_proj``, ``v_proj``), ``"fused"`` (one ``qkv_proj``: rows ``[q; k; v]``,
             Phi-3) or ``"fused_per_head"`` (one ``query_key_value``: per head ``[q, k, v]``, GPT-NeoX).
         qkv_name, output_name: the NNX names of the fused projection and the output projection.
@@ -213,8 +216,13 @@ class DecoderSpec:
         dtype: the parameters' dtype.
         norm_offset: the RMS norms multiply by ``norm_offset + weight`` (Qwen3-Next's and Qwen3.5's ``1 + weight``,
             their weights stored as the offset from it, initialised at zero).
-        layer_types: each layer's token mixer: ``"attention"`` or ``"linear_attention"`` (gated DeltaNet,
-            :mod:`.linear_attention`); empty: attention everywhere.
+        layer_types: each layer's token mixer: ``"attention"``, ``"linear_attention"`` (gated DeltaNet,
+            :mod:`.linear_attention`), a name of ``recurrent_mixers``, or ``"mlp"`` (no token mixer: a ``"single"``
+            block's MLP layer); empty: attention everywhere.
+        recurrent_mixers: ``(layer type, factory)`` pairs: ``factory(spec, layer, rngs)`` builds the recurrent token
+            mixer of layers of that type (stored under the type's name), an ``nnx.Module`` called ``(x [B, T, H],
+            valid [B, T], state | None) -> (y, state | None)`` with ``state_shapes(dtype) -> {name: (shape,
+            dtype)}`` (:mod:`.linear_attention`'s contract: LFM2's short convolution, Mamba-2).
         linear_attention: the gated DeltaNet layers' :class:`~.linear_attention.GatedDeltaNetSpec`.
         attention_output_gate: Qwen3-Next's gated attention: ``q_proj`` gives each head's query and a gate, and the
             attention output is multiplied by ``sigmoid(gate)`` before ``o_proj``.
@@ -257,6 +265,7 @@ class DecoderSpec:
     dtype: jnp.dtype = jnp.float32
     norm_offset: float = 0.0
     layer_types: tuple[str, ...] = ()
+    recurrent_mixers: tuple[tuple[str, Callable[..., nnx.Module]], ...] = ()
     linear_attention: GatedDeltaNetSpec | None = None
     attention_output_gate: bool = False
     sparse_moe: SparseMoeSpec | None = None
@@ -273,16 +282,27 @@ class DecoderSpec:
         if self.qkv == "fused_per_head" and self.num_kv_heads != self.num_heads:
             raise ValueError("DecoderSpec: qkv='fused_per_head' holds as many key/value heads as query heads.")
         if self.layer_types:
-            unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            known = [*LAYER_TYPES, *(name for name, _ in self.recurrent_mixers)]
+            unknown = sorted(set(self.layer_types) - set(known))
             if unknown or len(self.layer_types) != self.num_layers:
-                raise ValueError(f"DecoderSpec.layer_types needs one of {list(LAYER_TYPES)} per layer "
+                raise ValueError(f"DecoderSpec.layer_types needs one of {known} per layer "
                                  f"({self.num_layers}); got {list(self.layer_types)}.")
+            if "mlp" in self.layer_types and self.block != "single":
+                raise ValueError("DecoderSpec: 'mlp' layers (no token mixer) need block='single'.")
             if "linear_attention" in self.layer_types and self.linear_attention is None:
                 raise ValueError("DecoderSpec: linear_attention layers need DecoderSpec.linear_attention.")
 
     def layer_type(self, layer: int) -> str:
         """Layer ``layer``'s token mixer (:attr:`layer_types`)."""
         return self.layer_types[layer] if self.layer_types else "attention"
+
+    def recurrent_mixer(self, layer: int) -> str | None:
+        """The NNX attribute of layer ``layer``'s recurrent mixer (``linear_attn`` for gated DeltaNet, else its
+        type's name); ``None`` for attention and MLP layers."""
+        kind = self.layer_type(layer)
+        if kind == "linear_attention":
+            return "linear_attn"
+        return kind if kind in dict(self.recurrent_mixers) else None
 
     @property
     def scale(self) -> float:
@@ -305,6 +325,14 @@ def _linear(spec: DecoderSpec, inputs: int, outputs: int, bias: bool, axes: tupl
     return nnx.Linear(inputs, outputs, use_bias=bias, param_dtype=spec.dtype, rngs=rngs,
                       kernel_init=nnx.with_partitioning(nnx.initializers.normal(0.02), axes),
                       bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],)))
+
+
+def mixer_linear(spec: DecoderSpec, inputs: int, outputs: int, bias: bool, rngs: nnx.Rngs, *,
+                 to_residual: bool = False) -> nnx.Linear:
+    """A projection of a recurrent mixer (:attr:`DecoderSpec.recurrent_mixers`), built as the decoder builds its own:
+    kernel ``[inputs, outputs]`` sharded ``("fsdp", "tp")``, or ``("tp", "fsdp")`` for one writing into the residual
+    stream (``to_residual``, as ``o_proj``)."""
+    return _linear(spec, inputs, outputs, bias, _OUT_IN if to_residual else _IN_OUT, rngs)
 
 
 class Norm(nnx.Module):
@@ -678,13 +706,21 @@ class DecoderLayer(nnx.Module):
         self.block_kind = spec.block
         self.residual_multiplier = spec.residual_multiplier
         self.remat_config = Remat.NONE
+        self.kind = spec.layer_type(layer)
+        self.mixer_name = spec.recurrent_mixer(layer)
         if spec.block != "post_norm":
             self.input_layernorm = _norm(spec, spec.hidden_size, rngs)
-        if spec.layer_type(layer) == "linear_attention":
+        if self.kind == "linear_attention":
             linear = functools.partial(_linear_without_bias, spec, rngs)
             self.linear_attn = GatedDeltaNet(spec.linear_attention, spec.hidden_size, linear, spec.dtype, rngs)
-        else:
+        elif self.mixer_name is not None:
+            setattr(self, self.mixer_name, dict(spec.recurrent_mixers)[self.kind](spec, layer, rngs))
+        elif self.kind == "attention":
             self.attn = Attention(spec, layer, rngs)
+        if spec.block == "single":  # one component per layer: the token mixer above, or the MLP
+            if self.kind == "mlp":
+                self.mlp = _mlp(spec, layer, rngs)
+            return
         if spec.block != "parallel_shared_norm":
             self.post_attention_layernorm = _norm(spec, spec.hidden_size, rngs)
         if spec.block == "post_norm":
@@ -693,12 +729,18 @@ class DecoderLayer(nnx.Module):
 
     def mix(self, x, positions, cache, mask, valid):
         """The layer's token mixer: attention, or the recurrent mixer on the real tokens (``valid``)."""
-        if hasattr(self, "linear_attn"):
-            return self.linear_attn(x, valid, cache)
+        if self.mixer_name is not None:
+            return getattr(self, self.mixer_name)(x, valid, cache)
         return self.attn(x, positions, cache, mask)
 
     def block(self, x, positions, cache, mask, valid):
         scale = self.residual_multiplier
+        if self.block_kind == "single":
+            normed = self.input_layernorm(x)
+            if self.kind == "mlp":
+                return cache, x + self.mlp(normed)
+            mixed, cache = self.mix(normed, positions, cache, mask, valid)
+            return cache, x + mixed
         if self.block_kind == "post_norm":
             attended, cache = self.mix(x, positions, cache, mask, valid)
             x = x + self.post_attention_layernorm(attended)
@@ -752,8 +794,8 @@ class NativeDecoder(nnx.Module):
     def recurrent_state_shapes(self) -> dict[str, dict[str, tuple[tuple[int, ...], jnp.dtype]]]:
         """Each recurrent layer's state entries ``{name: (shape without the batch axis, dtype)}``, by cache key
         (:func:`~.decoder_contract.recurrent_state_shapes`)."""
-        return {f"layer_{index}": layer.linear_attn.state_shapes(self.config.dtype)
-                for index, layer in enumerate(self.layers) if hasattr(layer, "linear_attn")}
+        return {f"layer_{index}": getattr(layer, layer.mixer_name).state_shapes(self.config.dtype)
+                for index, layer in enumerate(self.layers) if layer.mixer_name is not None}
 
     def get_model_input(self) -> dict[str, jax.Array | None]:
         """A dummy call's arguments (Qwix traces the model with them to place its LoRA factors), as Tunix's models
@@ -790,7 +832,7 @@ class NativeDecoder(nnx.Module):
         valid = _token_validity(attention_mask, cache)
         for index, layer in enumerate(self.layers):
             name = f"layer_{index}"
-            layer_cache, x = layer(x, positions, None if cache is None else cache[name], attention_mask, valid)
-            if cache is not None:
+            layer_cache, x = layer(x, positions, None if cache is None else cache.get(name), attention_mask, valid)
+            if layer_cache is not None:  # an MLP layer has no cache entry
                 new_cache[name] = layer_cache
         return self.head(self.final_norm(x)), new_cache
