@@ -40,7 +40,8 @@ def qwen2_classifier_dir(tmp_path_factory):
 @pytest.mark.parametrize("family, num_labels", [("qwen2", 1), ("qwen2", 3), ("qwen3", 2), ("llama3", 2),
                                                 ("gemma2", 2), ("gemma3", 2), ("qwen3_moe", 2), ("mistral", 2),
                                                 ("ministral", 2), ("phi3", 2), ("smollm3", 2), ("olmo3", 2),
-                                                ("gpt_neox", 2), ("gpt_oss", 2), ("deepseek_v3", 2)])
+                                                ("gpt_neox", 2), ("gpt_oss", 2), ("deepseek_v3", 2),
+                                                ("qwen3_next", 2), ("qwen3_5", 2)])
 def test_transformers_classifier_loads_with_the_same_scores(tmp_path, padded_batch, family, num_labels):
     ids, mask, _ = padded_batch  # a right-padded, a left-padded and a full row
     reference = hf_classifier(family, num_labels)
