@@ -68,8 +68,10 @@ CASES = {
     "qwen3_next": lambda: tiny_config("qwen3_next"),
     "qwen3_5": lambda: tiny_config("qwen3_5"),
     "qwen3_5_moe": lambda: tiny_config("qwen3_5_moe"),
+    "lfm2": lambda: tiny_config("lfm2"),
+    "nemotron_h": lambda: tiny_config("nemotron_h"),
 }
-HYBRID_CASES = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
+HYBRID_CASES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2", "nemotron_h"]
 """The hybrid cases (recurrent layers beside attention), on the native decoder."""
 NATIVE_CASES = ["mistral", "ministral", "phi3", "phi3_longrope", "smollm3", "olmo2", "olmo3", "gpt_neox",
                 "gpt_neox_sequential", "granite", "cohere2", "gpt_oss", "glm4_moe", "deepseek_v3"]
@@ -426,7 +428,10 @@ _NATIVE_LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_pro
                         # Qwen3.5-MoE's MLP names reach the shared expert only (PEFT converts no experts for it).
                         "qwen3_5_moe": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                                         "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
-                                        "shared_expert_gate"]}
+                                        "shared_expert_gate"],
+                        "lfm2": ["q_proj", "k_proj", "v_proj", "out_proj", "in_proj", "w1", "w2", "w3"],
+                        # PEFT refuses LoRA on Nemotron-H's Mamba-2 out_proj (and conv1d).
+                        "nemotron_h": ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "in_proj"]}
 LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
