@@ -5,7 +5,9 @@ short runs, and the comparison of two models' logits (torchlike or transformers,
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,13 +24,31 @@ ENGLISH = ["the quick brown fox jumps over the lazy dog", "hello world, this is 
 TOKENIZER_SIZE = 320
 
 
+_BUILT: dict[tuple[int, int], Path] = {}
+"""The embedded defaults this process built, by shape: a second example run in the same process copies them."""
+
+
 def build_embedded_default(directory: Path, hidden_size: int = 128, num_layers: int = 2) -> Path:
     """Writes a tiny random Qwen2 (``hidden_size``, ``num_layers`` layers, tied embeddings) and its tokenizer to
     ``directory`` in Hugging Face format, and returns ``directory``.
 
     The tokenizer is a byte-level BPE (any text encodes) whose merges come from the arithmetic task and a little
-    English; pad ``<pad>``, bos ``<s>``, eos ``</s>``.
+    English; pad ``<pad>``, bos ``<s>``, eos ``</s>``. Both are deterministic, so a process builds each shape once
+    (training the tokenizer takes seconds) and copies it for later runs.
     """
+    built = _BUILT.get((hidden_size, num_layers))
+    if built is not None and built.is_dir():
+        shutil.copytree(built, directory, dirs_exist_ok=True)
+        return directory
+    _build(directory, hidden_size, num_layers)
+    keep = Path(tempfile.mkdtemp(prefix="torchlike-embedded-"))
+    atexit.register(shutil.rmtree, keep, True)
+    shutil.copytree(directory, keep, dirs_exist_ok=True)
+    _BUILT[(hidden_size, num_layers)] = keep
+    return directory
+
+
+def _build(directory: Path, hidden_size: int, num_layers: int) -> None:
     corpus = [p["prompt"] + answer_text(p["solution"]) for p in make_problems(400, seed=1)]
     corpus += [p["prompt"] + answer_text(p["solution"]) for p in make_problems(400, numbers_per_problem=3, seed=2)]
     build_tokenizer(directory, corpus + ENGLISH * 20, vocab_size=TOKENIZER_SIZE, any_text=True, pad_token="<pad>")
@@ -36,7 +56,6 @@ def build_embedded_default(directory: Path, hidden_size: int = 128, num_layers: 
                          hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
                          tie_word_embeddings=True)
     random_model(config).save_pretrained(directory)
-    return directory
 
 
 def trainer_settings(max_steps: int) -> dict[str, Any]:
