@@ -286,3 +286,29 @@ def test_the_moe_router_loss_equals_transformers_aux_loss(case, tiny_checkpoints
     _, aux = run_with_router_loss(family, lambda module: family.forward(module, tokens, positions, attention),
                                   model.module, jnp.asarray(mask), 1.0)
     np.testing.assert_allclose(float(aux), expected, rtol=1e-5)
+
+
+def test_sft_trains_the_published_qwen3_5_on_text_and_leaves_its_vision_weights_as_they_were(published, tokenizer_dir,
+                                                                                             tmp_path):
+    from tests.helpers.data import prompt_completion_data
+    from torchlike.trl import SFTConfig, SFTTrainer
+
+    path, _ = published
+    trainer = SFTTrainer(model=str(path), args=SFTConfig(output_dir=str(tmp_path / "run"), max_steps=3,
+                                                         per_device_train_batch_size=2, learning_rate=1e-3,
+                                                         max_length=32, logging_steps=1, report_to="none",
+                                                         save_strategy="no"),
+                         train_dataset=prompt_completion_data(6),
+                         processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+    trainer.save_model(tmp_path / "trained")
+    original, trained = load_file(path / "model.safetensors"), load_file(tmp_path / "trained" / "model.safetensors")
+    assert sorted(trained) == sorted(original)
+    for key, value in original.items():
+        if key.startswith("model.visual."):
+            assert np.array_equal(trained[key], value), key
+    moved = [key for key in original if key.startswith("model.language_model.layers.0.linear_attn.")
+             and not np.array_equal(trained[key], original[key])]
+    assert moved  # the text decoder's DeltaNet layer trained
