@@ -23,12 +23,12 @@ def length_reward(completions, **kwargs):
 
 
 def trainer_for(tiny_checkpoints, tokenizer, tmp_path, trainer_class=GRPOTrainer, config_class=GRPOConfig,
-                **overrides):
+                case: str = "qwen2", **overrides):
     values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
                   max_completion_length=12, max_steps=2, learning_rate=3e-2, logging_steps=1, report_to="none",
                   save_strategy="no", disable_tqdm=True)
     values.update(overrides)
-    return trainer_class(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=length_reward,
+    return trainer_class(model=str(tiny_checkpoints.path(case)), reward_funcs=length_reward,
                          args=config_class(**values), train_dataset=[{"prompt": p} for p in PROMPTS],
                          processing_class=tokenizer)
 
@@ -65,11 +65,12 @@ def test_sampler_importance_ratio_equals_trls_formula(mode, clip_min, clip_max):
     assert ours.shape == ((6, 1) if mode.startswith("sequence") else (6, 9))
 
 
-def test_grpo_on_the_paged_engine_equals_grpo_on_the_static_sampler(tiny_checkpoints, tokenizer, tmp_path):
+@pytest.mark.parametrize("case", ["qwen2", "qwen3_5"])  # Qwen3.5: recurrent state in the engines' slots
+def test_grpo_on_the_paged_engine_equals_grpo_on_the_static_sampler(case, tiny_checkpoints, tokenizer, tmp_path):
     # Prompts prefilled one token at a time (rollout_max_num_batched_tokens): chunked prefill changes no token.
-    paged = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "paged", rollout_engine="paged",
+    paged = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "paged", case=case, rollout_engine="paged",
                         rollout_max_num_batched_tokens=1)
-    static = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "static", rollout_engine="static")
+    static = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "static", case=case, rollout_engine="static")
     paged.train()
     static.train()
     chunks = [request for request, _, _ in paged.rollout_engine.stats.prefill_chunks]
