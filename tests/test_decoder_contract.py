@@ -18,7 +18,7 @@ from torchlike.adapters.rollout.sampling import init_cache
 
 TUNIX_CASES = ["qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe"]
 NATIVE_CASES = ["mistral", "phi3", "smollm3", "olmo2", "gpt_neox", "granite", "cohere2", "gpt_oss", "glm4_moe",
-                "deepseek_v3"]
+                "deepseek_v3", "qwen3_5", "lfm2"]  # the last two: hybrids (recurrent layers beside attention)
 
 
 @pytest.fixture(scope="module", params=TUNIX_CASES + NATIVE_CASES)
@@ -37,7 +37,8 @@ def test_one_decode_step_writes_the_cache_the_spec_describes(model):
     _, loaded = model
     module = loaded.module
     cache = init_cache(module, 2, 8)
-    assert set(cache) == set(decoder_contract.kv_cache_shapes(module))
+    attention, recurrent = decoder_contract.kv_cache_shapes(module), decoder_contract.recurrent_state_shapes(module)
+    assert set(cache) == set(attention) | set(recurrent) and not set(attention) & set(recurrent)
     tokens = jnp.asarray([[5], [9]], jnp.int32)
     mask = jnp.zeros((2, 1, 8), bool).at[:, :, 0].set(True)
     logits, written = module(tokens, jnp.zeros((2, 1), jnp.int32), cache, mask)
@@ -45,6 +46,10 @@ def test_one_decode_step_writes_the_cache_the_spec_describes(model):
     assert jax.tree.map(jnp.shape, written) == jax.tree.map(jnp.shape, cache)
     for name, layer in written.items():
         np.testing.assert_array_equal(layer["end_index"], [1, 1], err_msg=name)
+        if name in recurrent:  # a fixed-size state, advanced by the token
+            assert set(layer) == {*recurrent[name], "end_index"}, name
+            assert any(np.abs(np.asarray(layer[part])).max() > 0 for part in recurrent[name]), name
+            continue
         assert np.abs(np.asarray(layer["k"][:, 0])).max() > 0, name  # the new key went to slot end_index = 0
         assert np.abs(np.asarray(layer["k"][:, 1:])).max() == 0, name
 
