@@ -179,4 +179,12 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "callback is pointed at logging_dir.",
         ("torchlike/training/callbacks.py:point_tensorboard_at",),
     ),
+    Workaround(
+        "transformers", ">=5.12,<5.25",
+        "NemotronH's (and Zamba2's) torch Mamba-2 path sums the chunk-to-chunk decays over the wrong axis (Mamba2's "
+        "transposes them first), so its chunked outputs and final state are wrong wherever a state crosses a chunk "
+        "boundary; the Mamba-2 mixer computes the recurrence exactly and its tests take transformers' cached step "
+        "as the reference across chunks.",
+        ("tests/test_nemotron_h.py:their_steps",),
+    ),
 )

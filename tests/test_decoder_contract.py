@@ -17,8 +17,9 @@ from torchlike.adapters.model.tunix_model import causal_attention, positions_fro
 from torchlike.adapters.rollout.sampling import init_cache
 
 TUNIX_CASES = ["qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe"]
+# The last three are hybrids: recurrent layers beside attention (and Nemotron-H's MLP layers, which cache nothing).
 NATIVE_CASES = ["mistral", "phi3", "smollm3", "olmo2", "gpt_neox", "granite", "cohere2", "gpt_oss", "glm4_moe",
-                "deepseek_v3", "qwen3_5", "lfm2"]  # the last two: hybrids (recurrent layers beside attention)
+                "deepseek_v3", "qwen3_5", "lfm2", "nemotron_h"]
 
 
 @pytest.fixture(scope="module", params=TUNIX_CASES + NATIVE_CASES)

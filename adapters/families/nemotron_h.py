@@ -4,7 +4,9 @@
 (``up_proj``/``down_proj``), each wired ``x + op(norm(x))`` (``DecoderSpec.block="single"``). The checkpoints name the
 model ``backbone.`` (``backbone.embedding``, ``backbone.norm_f``), which ``transformers`` renames ``model.`` in memory.
 
-Refused by name: mixture-of-experts layers (``E``, ``moe``), which torchlike does not compute for this family.
+Refused by name: mixture-of-experts layers (``E``, ``moe``), which torchlike does not compute for this family; LoRA on
+the mixers' ``out_proj`` and ``conv1d`` (and so ``all-linear``), which PEFT refuses on Nemotron-H. The
+multi-token-prediction weights (``mtp.*``) are skipped, as ``transformers`` skips them.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ LORA_REFUSED = {r"backbone\.layers\.\d+\.mixer\.(out_proj|conv1d)": PEFT_REFUSES
 
 TINY_CONFIGS = {
     # Mamba-2, attention, Mamba-2, MLP ("M*M-"): 8 Mamba heads of 8 in 2 groups of B/C (4 heads each) with a state
-    # of 16, chunks of 32 (so an 80-token row spans a partial third chunk), the convolution with its bias.
+    # of 16, the convolution with its bias, chunks of 32 (an 80-token row ends in a partial third chunk; the state
+    # carried across chunks is checked against transformers' cached step, see adapters/upstream.py).
     "nemotron_h": TinyConfig("NemotronHConfig", dict(
         num_hidden_layers=4, layers_block_type=["mamba", "attention", "mamba", "mlp"], mamba_num_heads=8,
         mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=32, use_conv_bias=True,
