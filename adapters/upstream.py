@@ -142,6 +142,13 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     ),
     Workaround(
         "jax", ">=0.10.2,<0.13",
+        "The persistent compilation cache (jax._src.lru_cache.LRUCache.put) writes an entry in place with no lock "
+        "unless eviction is on, so a process reading an entry another process is writing loads a truncated "
+        "executable and crashes; torchlike writes each entry to a temporary file and renames it into place.",
+        ("adapters/runtime/compilation.py:atomic_cache_writes",),
+    ),
+    Workaround(
+        "jax", ">=0.10.2,<0.13",
         "A tracer's AttributeError message walks every equation traced so far (its origin); the private "
         "Tracer._origin_msg is blanked while torchlike traces.",
         ("adapters/runtime/tracing.py:fast_tracing",),

@@ -53,6 +53,7 @@ def pytest_configure(config):
     cache_dir = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                                       os.path.join(tiny.CACHE_ROOT, compilation.cache_folder_name()))
     jax.config.update("jax_compilation_cache_dir", cache_dir)
+    compilation.atomic_cache_writes()  # the two workers and their subprocesses share the folder
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     torch.manual_seed(0)
 

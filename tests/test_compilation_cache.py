@@ -48,3 +48,20 @@ def test_environment_variable_moves_or_disables_the_cache(tmp_path):
     assert any((tmp_path / "mine").iterdir())
     assert _run({"TORCHLIKE_COMPILATION_CACHE": "0"}, tmp_path) == "None"
     assert not (tmp_path / "xdg" / "torchlike").exists()
+
+
+def test_a_cache_entry_is_written_whole_to_a_temporary_file_then_renamed_into_place(tmp_path, monkeypatch):
+    """JAX writes entries in place; another process could read half of one (a truncated executable crashes)."""
+    from jax._src import lru_cache
+
+    compilation.atomic_cache_writes()
+    renamed = []
+    rename = os.replace
+    monkeypatch.setattr(os, "replace", lambda source, target: (renamed.append((source, target)),
+                                                               rename(source, target)))
+    cache = lru_cache.LRUCache(str(tmp_path), max_size=-1)
+    cache.put("entry", b"x" * 1000)
+    cache.put("entry", b"y")  # an existing entry is kept, as JAX keeps it
+    assert cache.get("entry") == b"x" * 1000
+    assert len(renamed) == 1 and Path(renamed[0][1]).name == "entry-cache" and Path(renamed[0][0]).parent == tmp_path
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["entry-cache"]  # no temporary file left

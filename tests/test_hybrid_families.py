@@ -312,3 +312,30 @@ def test_sft_trains_the_published_qwen3_5_on_text_and_leaves_its_vision_weights_
     moved = [key for key in original if key.startswith("model.language_model.layers.0.linear_attn.")
              and not np.array_equal(trained[key], original[key])]
     assert moved  # the text decoder's DeltaNet layer trained
+
+
+def test_the_published_qwen3_5_moe_loads_with_transformers_logits_and_round_trips_bit_exact(tmp_path):
+    config = transformers.Qwen3_5MoeConfig(
+        text_config=tiny_config("qwen3_5_moe").to_dict(),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           patch_size=4, temporal_patch_size=2, spatial_merge_size=2))
+    torch.manual_seed(1)
+    reference = transformers.Qwen3_5MoeForConditionalGeneration._from_config(config, attn_implementation="eager")
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            parameter.copy_(1.0 + 0.2 * torch.randn(parameter.shape) if "norm" in name
+                            else 0.08 * torch.randn(parameter.shape))
+    reference.eval().save_pretrained(tmp_path / "published")
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tmp_path / "published", dtype="float32")
+    ids, mask, _ = tiny.padded_batch()
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    assert valid_max_diff(np.asarray(model(ids, attention_mask=mask).logits), expected, mask) <= 1e-4
+    model.save_pretrained(tmp_path / "exported")
+    original = load_file(tmp_path / "published" / "model.safetensors")
+    exported = load_file(tmp_path / "exported" / "model.safetensors")
+    assert sorted(exported) == sorted(original)
+    assert any(".mlp.experts.0." in key for key in original)
+    assert any(key.startswith("model.visual.") for key in original)
+    for key, value in original.items():
+        assert np.array_equal(exported[key], value), key
