@@ -20,6 +20,17 @@ from torchlike.adapters.model import tunix_model
 from torchlike.adapters.runtime import abstract_models, compilation, tracing
 
 
+@pytest.fixture(autouse=True)
+def abstract_model_folder(tmp_path_factory, monkeypatch):
+    """The abstract models' disk entries live in the compilation cache's folder. The suite runs with JAX's persistent
+    cache off (tests/conftest.py), so these tests give torchlike that folder without turning JAX's cache on."""
+    folder = tmp_path_factory.getbasetemp() / "compilation-cache"
+    folder.mkdir(exist_ok=True)
+    monkeypatch.setattr(compilation, "_decided", True)
+    monkeypatch.setattr(compilation, "_enabled", folder)
+    return folder
+
+
 @pytest.fixture
 def abstract_builds(monkeypatch):
     """Counts the abstract model builds (``nnx.eval_shape`` of a family's constructor)."""
