@@ -40,20 +40,6 @@ from torchlike.adapters.runtime import compilation  # noqa: E402
 
 pytest_plugins = ["pytester", "tests.helpers.skip_policy"]
 
-# The slowest test files, slowest first (seconds of one worker, measured with an empty compilation cache). The
-# suite runs each file on one of two workers (`--dist loadfile`); started first, the long files do not end the run
-# on one worker while the other idles (pyproject's addopts turns off xdist's reordering by test count).
-SLOWEST_FILES = ("test_examples.py", "test_native_families.py", "test_mesh.py", "test_generate.py",
-                 "test_distillation_trainer.py", "test_native_families_vs_trl.py", "test_gkd_trainer.py",
-                 "test_gemma4.py", "test_hybrid_families.py", "test_grpo_vs_trl.py", "test_rollout_engine.py",
-                 "test_prompt_learning.py", "test_decoder_contract.py", "test_bf16_vs_trl.py", "test_dpo_trainer.py",
-                 "test_reward_trainer.py", "test_grpo_trainer.py", "test_kto_trainer.py", "test_rloo_vs_trl.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: index for index, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-
 
 def pytest_configure(config):
     import jax
