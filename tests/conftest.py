@@ -12,6 +12,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # (faster local reruns): with it, XLA:CPU crashed (a segmentation fault in a worker that had run hundreds of tests)
 # serialising or deserialising a cached executable, in 3 of the last 4 cold runs, and pytest-xdist then waits for the
 # dead worker's file forever. A cold run compiles each program about once anyway.
+# Workers of this suite live through hundreds of tests and grow to several GB; XLA:CPU has segfaulted compiling in
+# such workers (this session: 4 of 5 cold runs, never when the test reran alone). glibc's allocator is left as the
+# environment sets it here (torchlike's tuning, adapters/runtime/host_memory.py, keeps freed buffers in one heap);
+# tests/test_host_memory.py checks that tuning in its own processes.
+os.environ.setdefault("TORCHLIKE_HOST_MALLOC", "0")
 COMPILATION_CACHE = os.environ.get("TORCHLIKE_TEST_COMPILATION_CACHE", "").strip().lower() in ("1", "true", "on")
 if not COMPILATION_CACHE:
     os.environ["TORCHLIKE_COMPILATION_CACHE"] = "0"
