@@ -18,12 +18,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from tunix.models.qwen3 import model as tunix_qwen3
 
 from ..losses.router import RouterRecord
-from ..model.experts import routed_experts
+from ..model.experts import routed_experts, softmax_top_k
 from ..model.experts import run_recording_router_logits as recorded_router_logits
 from ..model.rope import attention_with_rope
 from .base import (
@@ -144,10 +143,7 @@ class SparseMoeBlock(tunix_qwen3.MoELayer):
         router_logits = self.router(x)
         if self.records_router_logits:
             self.sow(nnx.Intermediate, "router_logits", router_logits)
-        probabilities = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
-        weights, experts = jax.lax.top_k(probabilities, self.experts_per_tok)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(axis=-1, keepdims=True)
+        weights, experts = softmax_top_k(router_logits, self.experts_per_tok, self.norm_topk_prob)
         x = x.astype(self.dtype)
         return routed_experts(x, experts, weights.astype(router_logits.dtype),
                               *(parameter.value.astype(self.dtype)

@@ -11,6 +11,20 @@ import jax.numpy as jnp
 from flax import nnx
 
 
+def softmax_top_k(router_logits: jax.Array, top_k: int, renormalise: bool) -> tuple[jax.Array, jax.Array]:
+    """Qwen's routing (transformers' ``Qwen3MoeTopKRouter`` and its Qwen3-Next / Qwen3.5 twins): a float32 softmax over
+    the router logits, the ``top_k`` largest probabilities, renormalised to sum to 1 when ``renormalise``.
+
+    Returns:
+        ``(float32 weights [..., top_k], chosen experts [..., top_k])``.
+    """
+    probabilities = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+    weights, experts = jax.lax.top_k(probabilities, top_k)
+    if renormalise:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    return weights, experts
+
+
 def routed_experts(x: jax.Array, experts: jax.Array, weights: jax.Array, gate: jax.Array, up: jax.Array,
                    down: jax.Array) -> jax.Array:
     """``sum_k weights[..., k] * expert_{experts[..., k]}(x)``, with

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention_masks import sliding_window_mask
-from .experts import routed_experts
+from .experts import routed_experts, softmax_top_k
 from .linear_attention import GatedDeltaNet, GatedDeltaNetSpec
 from .nnx_state import Buffer
 
@@ -678,10 +678,7 @@ class SparseMoe(nnx.Module):
         router_logits = self.gate(x)
         if self.records_router_logits:
             self.sow(nnx.Intermediate, "router_logits", router_logits)
-        probabilities = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
-        weights, experts = jax.lax.top_k(probabilities, self.top_k)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(axis=-1, keepdims=True)
+        weights, experts = softmax_top_k(router_logits, self.top_k, self.norm_topk_prob)
         out = routed_experts(x, experts, weights.astype(x.dtype), self.gate_proj.get_value().astype(x.dtype),
                              self.up_proj.get_value().astype(x.dtype), self.down_proj.get_value().astype(x.dtype))
         if self.shared_expert is not None:
