@@ -13,7 +13,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # serialising or deserialising a cached executable, in 3 of the last 4 cold runs, and pytest-xdist then waits for the
 # dead worker's file forever. A cold run compiles each program about once anyway.
 # Workers of this suite live through hundreds of tests and grow to several GB; XLA:CPU has segfaulted compiling in
-# such workers (this session: 4 of 5 cold runs, never when the test reran alone). glibc's allocator is left as the
+# such workers (about once a cold run, never when the test reran alone; tests/helpers/crash_report.py prints the
+# stacks and reruns the test on a new worker). glibc's allocator is left as the
 # environment sets it here (torchlike's tuning, adapters/runtime/host_memory.py, keeps freed buffers in one heap);
 # tests/test_host_memory.py checks that tuning in its own processes.
 os.environ.setdefault("TORCHLIKE_HOST_MALLOC", "0")
@@ -43,7 +44,7 @@ from tests.helpers.scripts import build_script_model_dir  # noqa: E402
 from tests.helpers.tokenizers import tokenizer_for  # noqa: E402
 from torchlike.adapters.runtime import compilation  # noqa: E402
 
-pytest_plugins = ["pytester", "tests.helpers.skip_policy"]
+pytest_plugins = ["pytester", "tests.helpers.skip_policy", "tests.helpers.crash_report"]
 
 
 def pytest_configure(config):

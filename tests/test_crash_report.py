@@ -1,0 +1,61 @@
+"""A pytest-xdist worker killed by a native fault (tests/helpers/crash_report.py): its stacks are printed, the test
+it was running runs once more on the replacement worker, and a test that kills its worker twice fails the run."""
+
+from __future__ import annotations
+
+import sys
+
+TESTS = '''
+import ctypes
+import os
+import pathlib
+
+
+def test_first():
+    pass
+
+
+def test_crashes_once():
+    marker = pathlib.Path(os.environ["CRASH_MARKER"])
+    if not marker.exists():
+        marker.write_text("crashed")
+        ctypes.string_at(0)  # a segmentation fault, as XLA:CPU's compiler has had
+
+
+def test_after_the_crash():
+    pass
+
+
+def test_crashes_always():
+    if os.environ.get("CRASH_ALWAYS"):
+        ctypes.string_at(0)
+'''
+
+
+def _run(pytester, monkeypatch, always: bool):
+    pytester.makepyfile(test_inner=TESTS)
+    monkeypatch.setenv("CRASH_MARKER", str(pytester.path / "crashed-once"))
+    if always:
+        monkeypatch.setenv("CRASH_ALWAYS", "1")
+    monkeypatch.setenv("PYTHONPATH", ":".join(path for path in sys.path if path))
+    return pytester.runpytest_subprocess("-p", "tests.helpers.crash_report", "-p", "no:cacheprovider", "-n", "1",
+                                         "--dist", "loadfile", "--max-worker-restart=2", timeout=240)
+
+
+def test_a_crashed_test_reruns_once_on_a_new_worker_and_its_stacks_are_printed(pytester, monkeypatch):
+    result = _run(pytester, monkeypatch, always=False)
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("passed"), outcomes.get("rerun"), outcomes.get("failed")) == (4, 1, None)
+    assert result.ret == 0
+    out = result.stdout.str()
+    assert "CRASHED WORKER while running test_inner.py::test_crashes_once (1 time(s))" in out
+    result.stdout.fnmatch_lines(["*crashed worker gw0: its fault handler's stacks*", "*Segmentation fault*",
+                                 "*in test_crashes_once*"])
+
+
+def test_a_test_that_crashes_its_worker_twice_fails_the_run(pytester, monkeypatch):
+    result = _run(pytester, monkeypatch, always=True)
+    assert result.ret == 1
+    out = result.stdout.str()
+    assert "FAILED test_inner.py::test_crashes_always" in out
+    assert "CRASHED WORKER while running test_inner.py::test_crashes_always" in out
