@@ -4,6 +4,10 @@ it was running runs once more on the replacement worker, and a test that kills i
 from __future__ import annotations
 
 import sys
+import tomllib
+from pathlib import Path
+
+from tests.helpers import crash_report
 
 TESTS = '''
 import ctypes
@@ -59,3 +63,9 @@ def test_a_test_that_crashes_its_worker_twice_fails_the_run(pytester, monkeypatc
     out = result.stdout.str()
     assert "FAILED test_inner.py::test_crashes_always" in out
     assert "CRASHED WORKER while running test_inner.py::test_crashes_always" in out
+
+
+def test_the_suite_replaces_as_many_workers_as_it_reruns_crashed_tests():
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    addopts = project["tool"]["pytest"]["ini_options"]["addopts"]
+    assert f"--max-worker-restart={crash_report.MAX_CRASH_RERUNS}" in addopts
