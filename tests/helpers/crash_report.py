@@ -57,6 +57,13 @@ def pytest_handlecrashitem(crashitem, report, sched):
     included, for the replacement worker."""
     first = crashitem not in _crashed
     _crashed.append(crashitem)
+    # pytest-xdist 3.8's load-file scheduler requeues every file the dead worker was ever given, finished ones too;
+    # a worker then handed only a finished file gets no test to run, reports nothing and is never given more work,
+    # and the run hangs. The finished files are taken off the queue (they ran; their results are in).
+    workqueue = getattr(sched, "workqueue", None)
+    if workqueue is not None:
+        for scope in [scope for scope, tests in workqueue.items() if all(tests.values())]:
+            del workqueue[scope]
     if first and len(_crashed) <= MAX_CRASH_RERUNS:
         report.outcome = "rerun"
         report.longrepr = f"{report.longrepr}; it runs again on the replacement worker"
