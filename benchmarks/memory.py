@@ -9,7 +9,7 @@ and the gradients of every parameter once (no optimizer update: its state is the
 bfloat16 compute and gradient checkpointing (each decoder layer rematerialised), as TRL's defaults on a GPU:
 
 ``torchlike-chunked``
-    The Tunix module of ``family.build_model`` (random init), ``adapters.training.train_step.causal_lm_loss`` (SFT) or
+    The Tunix module of ``family.build_model`` (random init), ``adapters.losses.sft.sft_step_loss`` (SFT) or
     ``adapters.losses.grpo.grpo_step_loss`` (GRPO, ``loss_type="dapo"``, ``beta=0``) with ``block_size`` ``--block``
     (default ``"auto"``), the parameters cast to bfloat16 inside the program and ``rematerialised``, jitted and
     compiled ahead of the measured call.
@@ -102,13 +102,14 @@ def run_torchlike(task: str, block_size: Any, shape: dict[str, Any]) -> dict[str
     from torchlike.adapters.families import family_for_config
     from torchlike.adapters.losses import grpo as grpo_losses
     from torchlike.adapters.losses import logprobs as chunked_logprobs
+    from torchlike.adapters.losses import sft as sft_loss
     from torchlike.adapters.training import train_step
 
     config = hf_config(shape)
     family = family_for_config(config)
     module = family.build_model(config, jnp.float32, nnx.Rngs(0))
     if task == "sft":
-        loss = train_step.causal_lm_loss(family, block_size=block_size)
+        loss = sft_loss.sft_step_loss(family, block_size=block_size)
         batch = {key: batch_arrays(shape)[key] for key in ("input_ids", "attention_mask", "loss_mask")}
     else:
         settings = grpo_losses.GRPOLossSettings(

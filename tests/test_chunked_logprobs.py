@@ -13,9 +13,9 @@ from flax import nnx
 from torchlike.adapters.families import family_for_config
 from torchlike.adapters.losses import grpo as grpo_losses
 from torchlike.adapters.losses import logprobs as chunked_logprobs
-from torchlike.adapters.losses.dpo import DPOLossSettings, preference_loss
+from torchlike.adapters.losses import sft as sft_loss
+from torchlike.adapters.losses.dpo import DPOLossSettings, dpo_step_loss
 from torchlike.adapters.model import tunix_model
-from torchlike.adapters.training import train_step
 from torchlike.testing import tiny_config
 
 VOCAB = 2048  # large against a block: one 8-position block's logits are 1/8 of the sequence's
@@ -112,7 +112,7 @@ def test_block_length_pads_less_than_a_block_and_auto_fits_the_byte_budget():
 def test_sft_loss_and_gradients_match_the_whole_sequence(model):
     family, module = model
     batch = token_batch()
-    chunked, whole = (train_step.causal_lm_loss(family, block_size=size) for size in (BLOCK, None))
+    chunked, whole = (sft_loss.sft_step_loss(family, block_size=size) for size in (BLOCK, None))
     assert scan_count(chunked, module, batch) == 1 and scan_count(whole, module, batch) == 0
     assert_same(value_and_grads(chunked, module, batch), value_and_grads(whole, module, batch))
 
@@ -131,7 +131,7 @@ def test_dpo_loss_metrics_and_gradients_match_the_whole_sequence(model):
     family, module = model
     batch = dpo_batch()
     settings = DPOLossSettings(beta=0.1, loss_type=["sigmoid", "sft"])
-    chunked, whole = (preference_loss(family, settings, block_size=size) for size in (BLOCK, None))
+    chunked, whole = (dpo_step_loss(family, settings, block_size=size) for size in (BLOCK, None))
     assert scan_count(chunked, module, batch) == 1 and scan_count(whole, module, batch) == 0
     (value, weight, metrics), grads = value_and_grads(chunked, module, batch)
     (whole_value, whole_weight, whole_metrics), whole_grads = value_and_grads(whole, module, batch)
@@ -178,7 +178,7 @@ def test_chunked_loss_and_gradient_add_no_sequence_by_vocabulary_logits_to_the_t
         return grad.lower(params).compile().memory_analysis().temp_size_in_bytes
 
     trunk = temp_bytes(lambda module, batch: (chunked_logprobs.hidden_states(family, module, batch).sum(),))
-    whole = temp_bytes(train_step.causal_lm_loss(family, block_size=None))
-    chunked = temp_bytes(train_step.causal_lm_loss(family, block_size=BLOCK))
+    whole = temp_bytes(sft_loss.sft_step_loss(family, block_size=None))
+    chunked = temp_bytes(sft_loss.sft_step_loss(family, block_size=BLOCK))
     assert whole - trunk > one_copy, (trunk, whole, one_copy)
     assert chunked - trunk < one_copy / 4, (trunk, chunked, one_copy)

@@ -13,6 +13,7 @@ from flax import nnx
 import torchlike
 from tests import tiny
 from tests.helpers.data import PROMPT_ROWS, SHORT_PREFERENCES, length_reward
+from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.training import train_step
 from torchlike.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
@@ -94,7 +95,7 @@ def test_rematerialised_wraps_every_layer_while_entered_and_restores_the_module(
         def loss(params):
             module = nnx.merge(graphdef, params, rest)
             with train_step.rematerialised(module) if remat else contextlib.nullcontext():
-                return train_step.causal_lm_loss(model.family)(module, batch)[0]
+                return sft_loss.sft_step_loss(model.family)(module, batch)[0]
 
         return jax.make_jaxpr(jax.grad(loss))(params).jaxpr
 

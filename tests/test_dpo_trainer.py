@@ -15,7 +15,7 @@ from tests import tiny
 from tests.helpers.data import PREFERENCES, message
 from tests.helpers.logs import logged
 from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
-from torchlike.adapters.losses.dpo import DPOLossSettings, preference_loss
+from torchlike.adapters.losses.dpo import DPOLossSettings, dpo_step_loss
 from torchlike.peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, get_peft_model
 from torchlike.trl import DPOConfig, DPOTrainer
 from torchlike.trl.dpo_data import PreferenceDataWarning, collate_preference_batch, prepare_preference_examples
@@ -176,7 +176,7 @@ def test_rows_padding_a_partial_batch_leave_the_loss_and_metrics_unchanged(tiny_
     examples = prepare_preference_examples(PREFERENCES[:2], tokenizer_for(tokenizer_dir), max_length=20)
     for offset, example in enumerate(examples):  # a reference different from the policy, so the loss is not log 2
         example.update(ref_chosen_logps=-40.0 - offset, ref_rejected_logps=-45.0 + 3 * offset)
-    loss = preference_loss(model.family, DPOLossSettings(beta=0.1, loss_type=["sigmoid", "ipo", "sft"]))
+    loss = dpo_step_loss(model.family, DPOLossSettings(beta=0.1, loss_type=["sigmoid", "ipo", "sft"]))
     exact = collate_preference_batch(examples, 0, 24, max_length=20)
     # The Trainer fills a partial batch with all-zero rows.
     padded = {key: np.concatenate([value, np.zeros_like(value)]) for key, value in exact.items()}

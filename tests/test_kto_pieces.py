@@ -282,8 +282,8 @@ def test_trl_default_changes_are_spelled_out():
 
 
 def test_accepted_values_are_the_ones_kto_loss_computes():
-    assert kto_config.LOSS_TYPES == kto_math.KTO_LOSS_TYPES
-    assert kto_config.KL_LOSS_TYPES == kto_math.KL_LOSS_TYPES
+    assert kto_config.LOSS_TYPES is kto_math.KTO_LOSS_TYPES
+    assert kto_config.KL_LOSS_TYPES is kto_math.KL_LOSS_TYPES
 
 
 NON_DEFAULT = {"neftune_noise_alpha": 5.0, "trust_remote_code": True,

@@ -12,6 +12,7 @@ import torchlike
 from tests import tiny
 from tests.helpers.models import randomize_lora_
 from torchlike.adapters.lora import runtime as lora_runtime
+from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.training import train_step
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import SFTConfig
@@ -28,7 +29,7 @@ def lora_model(path, **config):
 def run_steps(model, merged_scale, steps=3):
     """Losses, grad norms and final factors of ``steps`` SGD steps on one padded batch."""
     optimizer = nnx.Optimizer(model.module, optax.sgd(0.2), wrt=nnx.LoRAParam)
-    step = train_step.make_train_step(train_step.causal_lm_loss(model.family), nnx.LoRAParam,
+    step = train_step.make_train_step(sft_loss.sft_step_loss(model.family), nnx.LoRAParam,
                                      merged_lora_scale=merged_scale)
     ids, mask, _ = tiny.padded_batch()
     batch = {"input_ids": ids[None], "attention_mask": mask[None], "loss_mask": mask[None]}

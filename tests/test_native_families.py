@@ -247,8 +247,8 @@ def test_a_config_feature_the_family_does_not_compute_is_refused_by_name(family,
 
 def test_gpt_oss_router_aux_loss_equals_transformers_and_is_added_to_the_loss(references):
     from torchlike.adapters.losses import router as router_loss
+    from torchlike.adapters.losses import sft as sft_loss
     from torchlike.adapters.model.tunix_model import causal_attention, positions_from_mask
-    from torchlike.adapters.training import train_step
 
     path, reference = references("gpt_oss")
     model = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
@@ -268,7 +268,7 @@ def test_gpt_oss_router_aux_loss_equals_transformers_and_is_added_to_the_loss(re
     aux = router_loss.load_balancing_loss(record.logits, jnp.asarray(mask), record.top_k)
     assert abs(float(aux) - float(out.aux_loss)) <= 1e-5
     batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.asarray(mask), "loss_mask": jnp.asarray(mask)}
-    value, count, metrics = train_step.causal_lm_loss(model.family, router_aux_loss_coef=0.25)(model.module, batch)
+    value, count, metrics = sft_loss.sft_step_loss(model.family, router_aux_loss_coef=0.25)(model.module, batch)
     assert abs(float(value / count) - float(out.loss)) <= 1e-5
     assert abs(float(metrics["aux_loss"]) - float(out.aux_loss)) <= 1e-5
 

@@ -20,8 +20,8 @@ from tests.helpers.models import max_diff_on_real_tokens, randomize_lora_, refer
 from torchlike.adapters.families import UnsupportedConfigError, family_for_config
 from torchlike.adapters.families.qwen3_moe import SparseMoeBlock, sparse_layers
 from torchlike.adapters.losses import router as router_loss
+from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.model import tunix_model
-from torchlike.adapters.training import train_step
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import SFTConfig
 from torchlike.trl.sft_trainer import SFTTrainer
@@ -201,7 +201,7 @@ def test_router_aux_loss_equals_transformers_and_is_added_to_the_loss(model, ref
     assert abs(float(aux) - expected_aux) <= 1e-5
 
     batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.asarray(mask), "loss_mask": jnp.asarray(mask)}
-    value, count, metrics = train_step.causal_lm_loss(model.family, router_aux_loss_coef=0.25)(model.module, batch)
+    value, count, metrics = sft_loss.sft_step_loss(model.family, router_aux_loss_coef=0.25)(model.module, batch)
     assert abs(float(value / count) - expected_loss) <= 1e-5
     assert abs(float(metrics["aux_loss"]) - expected_aux) <= 1e-5
 
@@ -209,7 +209,7 @@ def test_router_aux_loss_equals_transformers_and_is_added_to_the_loss(model, ref
 def test_router_aux_loss_is_refused_for_a_dense_family():
     family = family_for_config(tiny.CASES["qwen3"]())
     with pytest.raises(ValueError, match="no router"):
-        train_step.causal_lm_loss(family, router_aux_loss_coef=0.01)
+        sft_loss.sft_step_loss(family, router_aux_loss_coef=0.01)
 
 
 def test_lora_sft_logs_the_loss_with_the_router_aux_loss(checkpoint, reference, tokenizer_dir, tmp_path):

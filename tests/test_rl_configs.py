@@ -4,6 +4,7 @@ explained, and bad settings are refused in TRL's words (the field-for-field walk
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import transformers
@@ -14,10 +15,13 @@ from tests.helpers.config_fields import (
     SFT_FIELD_SUPPORT,
     unsupported_field_warnings,
 )
+from torchlike import generation
+from torchlike.adapters import rollout
 from torchlike.adapters.losses import dpo as dpo_losses
 from torchlike.adapters.losses import grpo as grpo_losses
+from torchlike.adapters.losses import sft as sft_losses
 from torchlike.field_support import check_unsupported, field_table
-from torchlike.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig, dpo_config, grpo_config
+from torchlike.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig, dpo_config, grpo_config, sft_config
 from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
 from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 from torchlike.trl.rloo_fields import RLOO_FIELD_SUPPORT
@@ -39,14 +43,28 @@ def test_trl_default_changes_are_spelled_out():
     assert GRPOConfig().remove_unused_columns is False and DPOConfig().disable_dropout is True
 
 
-def test_accepted_values_are_the_ones_the_losses_compute():
-    assert grpo_config.LOSS_TYPES == grpo_losses.GRPO_LOSS_TYPES
-    assert grpo_config.IMPORTANCE_SAMPLING_LEVELS == grpo_losses.IMPORTANCE_SAMPLING_LEVELS
-    assert grpo_config.SCALE_REWARDS == grpo_losses.SCALE_REWARDS
-    assert grpo_config.MULTI_OBJECTIVE_AGGREGATIONS == grpo_losses.MULTI_OBJECTIVE_AGGREGATIONS
-    assert dpo_config.LOSS_TYPES == dpo_losses.DPO_LOSS_TYPES
-    assert dpo_config.F_DIVERGENCE_TYPES == dpo_losses.F_DIVERGENCE_TYPES
-    assert set(dpo_config.F_DIVERGENCE_LOSS_TYPES) == dpo_losses.F_DIVERGENCE_LOSS_TYPES
+def test_the_configs_accept_the_loss_modules_own_tables():
+    """One list per choice: a config reads the loss module's table rather than keeping a copy."""
+    assert grpo_config.LOSS_TYPES is grpo_losses.GRPO_LOSS_TYPES
+    assert grpo_config.IMPORTANCE_SAMPLING_LEVELS is grpo_losses.IMPORTANCE_SAMPLING_LEVELS
+    assert grpo_config.SCALE_REWARDS is grpo_losses.SCALE_REWARDS
+    assert grpo_config.MULTI_OBJECTIVE_AGGREGATIONS is grpo_losses.MULTI_OBJECTIVE_AGGREGATIONS
+    assert dpo_config.LOSS_TYPES is dpo_losses.DPO_LOSS_TYPES
+    assert dpo_config.F_DIVERGENCE_TYPES is dpo_losses.F_DIVERGENCE_TYPES
+    assert dpo_config.F_DIVERGENCE_LOSS_TYPES is dpo_losses.F_DIVERGENCE_LOSS_TYPES
+    assert sft_config.LOSS_TYPES is sft_losses.SFT_LOSS_TYPES
+    assert generation.ROLLOUT_ENGINES == tuple(rollout.ENGINES)
+
+
+def test_one_choice_check_serves_the_configs_and_the_loss_settings():
+    root = Path(__file__).resolve().parent.parent
+    definitions = [str(path.relative_to(root)) for folder in ("torchlike", "adapters")
+                   for path in sorted((root / folder).rglob("*.py")) if "def check_choice(" in path.read_text()]
+    assert definitions == ["adapters/losses/settings.py"]
+    with pytest.raises(ValueError, match=r"loss_type='ppo' is not a recognised value\. Accepted values: 'grpo'"):
+        GRPOConfig(loss_type="ppo")
+    with pytest.raises(ValueError, match=r"loss_type='ppo' is not a recognised value\. Accepted values: 'grpo'"):
+        grpo_losses.GRPOLossSettings(loss_type="ppo")
 
 
 ISSUE_HONOURED_GRPO = ["num_generations", "num_generations_eval", "max_completion_length", "temperature", "top_p",

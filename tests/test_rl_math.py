@@ -208,7 +208,7 @@ def test_grpo_loss_jits_with_static_settings():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"loss_type": "ppo"}, "loss_type='ppo' is not one of 'grpo'"),
+    ({"loss_type": "ppo"}, "loss_type='ppo' is not a recognised value. Accepted values: 'grpo'"),
     ({"importance_sampling_level": "word"}, "importance_sampling_level='word'"),
     ({"loss_type": "dr_grpo"}, "max_completion_length"),
     ({"beta": 0.1}, "ref_per_token_logps"),
@@ -495,7 +495,7 @@ def test_sigmoid_dpo_metrics_and_smoothing():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"loss_type": "orpo"}, "loss_type='orpo' is not one of 'sigmoid'"),
+    ({"loss_type": "orpo"}, "loss_type='orpo' is not a recognised value. Accepted values: 'sigmoid'"),
     ({"loss_type": ["sigmoid", "hinge"], "loss_weights": [1.0]}, "one weight per loss type"),
     ({"loss_type": "exo_pair"}, "label_smoothing > 0"),
     ({"loss_type": "nca_pair", "f_divergence_type": "forward_kl"}, "only works with the loss types"),

@@ -122,7 +122,7 @@ def _our_loss(data, temperature, *, loss_type, entropy_coef, top_entropy_quantil
         top_entropy_quantile=top_entropy_quantile, entropy_coef=entropy_coef)
     step_loss = grpo_losses.grpo_step_loss(_stub_family(), settings, block_size=None)
     mask = data["completion_mask"]
-    token_sum = loss_type in grpo_losses.TOKEN_SUM_LOSSES
+    token_sum = loss_type in grpo_losses.NUM_ITEMS_NORMALISED_LOSSES
     batch = {"input_ids": jnp.asarray(data["input_ids"]),
              "attention_mask": jnp.ones((BATCH, PROMPT + COMPLETION), jnp.int32),
              "completion_mask": jnp.asarray(mask), "advantages": jnp.asarray(data["advantages"]),

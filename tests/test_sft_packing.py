@@ -8,8 +8,8 @@ import pytest
 
 import torchlike
 from tests.helpers.data import WORDS
+from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.model import tunix_model
-from torchlike.adapters.training import train_step
 from torchlike.trl import SFTConfig, SFTTrainer
 from torchlike.trl.packing import pack_dataset
 from torchlike.trl.sft_data import collate_sft_batch
@@ -93,7 +93,7 @@ def test_a_packed_row_gives_each_sequence_the_logits_it_has_alone(tiny_checkpoin
 def test_the_packed_loss_equals_the_unpacked_loss(tiny_checkpoints):
     model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype="float32")
     rows = tokenised_rows(12, seed=3, longest=14)
-    loss = train_step.causal_lm_loss(model.family)
+    loss = sft_loss.sft_step_loss(model.family)
     unpacked = collate_sft_batch(rows, pad_token_id=0, length=14)
     packed = collate_sft_batch(pack_dataset(rows, 32, "bfd"), pad_token_id=0, length=32, position_ids=True)
     (value, weight, _), (packed_value, packed_weight, _) = (loss(model.module, unpacked), loss(model.module, packed))

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 import torchlike
+from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.model import neftune
 from torchlike.adapters.training import train_step
 from torchlike.trl import SFTConfig, SFTTrainer
@@ -156,7 +157,7 @@ def test_dft_loss_weights_each_token_by_its_detached_probability():
              "loss_mask": jnp.asarray([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]])}
 
     def dft(module):
-        value, weight, _ = train_step.causal_lm_loss(Family, loss_type="dft")(module, batch)
+        value, weight, _ = sft_loss.sft_step_loss(Family, loss_type="dft")(module, batch)
         return value / weight
 
     log_probs = jnp.take_along_axis(jax.nn.log_softmax(hidden[:, :-1]), batch["input_ids"][:, 1:, None], -1)[..., 0]

@@ -13,6 +13,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from torchlike.adapters.training import train_step
+from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.families import family_for_config  # noqa: E402
 from torchlike.testing import tiny_config  # noqa: E402
 
@@ -25,7 +26,7 @@ def temporaries(layers: int) -> int:
     family = family_for_config(config)
     module = nnx.eval_shape(lambda: family.build_model(config, jnp.float32, nnx.Rngs(0)))
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-    loss = train_step.causal_lm_loss(family)
+    loss = sft_loss.sft_step_loss(family)
 
     def value(params, batch):
         model = nnx.merge(graphdef, params, rest)

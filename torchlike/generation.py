@@ -49,8 +49,9 @@ TRANSFORMERS_DEFAULTS: dict[str, Any] = {
 settings ``generate`` implements: the sampler's (:class:`~torchlike.adapters.rollout.sampling.SamplingSettings`)
 and the length, end, padding, search and output settings ``generate`` handles itself."""
 
-ROLLOUT_ENGINES: tuple[str, ...] = ("static", "paged")
-"""The rollout engines ``generate`` and the online trainers decode with (``rollout_engine``)."""
+ROLLOUT_ENGINES: tuple[str, ...] = tuple(rollout.ENGINES)
+"""The rollout engines ``generate`` and the online trainers decode with (``rollout_engine``), from the adapters'
+registry (:data:`torchlike.adapters.rollout.ENGINES`)."""
 
 
 @dataclass

@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .adapters.losses.settings import check_choice
 from .training_args_fields import TRAINING_ARGUMENTS_FIELD_SUPPORT
 from .version import gradient_checkpointing_is_deprecated, warmup_ratio_and_logging_dir_are_removed
 
@@ -103,31 +104,6 @@ def _enum_value(value: Any) -> Any:
     """The plain string behind a transformers enum member (``IntervalStrategy.STEPS`` -> ``"steps"``)."""
     inner = getattr(value, "value", None)
     return inner if isinstance(inner, str) else value
-
-
-def check_choice(name: str, value: object, accepted: tuple[str, ...], unsupported: dict[str, str] | None = None) -> str:
-    """Validate one enumeration field.
-
-    Args:
-        name: the field's name, for the message.
-        value: the value given (a string or a transformers enum member).
-        accepted: the values torchlike runs.
-        unsupported: values transformers/TRL know but torchlike does not run, with the reason.
-
-    Returns:
-        ``value`` as a plain string.
-
-    Raises:
-        ValueError: naming the field, the value, the reason when known, and the accepted values.
-    """
-    value = _enum_value(value)
-    accepted_text = ", ".join(repr(v) for v in accepted)
-    if value in accepted:
-        return value
-    if unsupported and value in unsupported:
-        raise ValueError(f"{name}={value!r} is not supported by torchlike: {unsupported[value]} "
-                         f"Accepted values: {accepted_text}.")
-    raise ValueError(f"{name}={value!r} is not a recognised value. Accepted values: {accepted_text}.")
 
 
 def _parse_json_dict(name: str, value: Any) -> Any:

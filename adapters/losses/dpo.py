@@ -26,7 +26,7 @@ from .settings import LossSettings, check_choice, runtime_field
 
 __all__ = ["DPO_LOSSES", "DPO_LOSS_TYPES", "DPOLossSettings", "F_DIVERGENCES", "F_DIVERGENCE_LOSS_TYPES",
            "F_DIVERGENCE_TYPES",
-           "dpo_loss", "length_desensitised_log_probs", "masked_mean", "preference_loss", "reference_pass",
+           "dpo_loss", "length_desensitised_log_probs", "masked_mean", "dpo_step_loss", "reference_pass",
            "wpo_weights"]
 
 #: DPO loss types built on the chosen-minus-rejected score, the only ones with an f-divergence generalisation.
@@ -456,7 +456,7 @@ def _token_metrics(scores: logprobs.TokenScores, mask: jax.Array) -> dict[str, j
     }
 
 
-def preference_loss(family: Family, settings: DPOLossSettings, block_size: logprobs.BlockSize = "auto") -> Callable:
+def dpo_step_loss(family: Family, settings: DPOLossSettings, block_size: logprobs.BlockSize = "auto") -> Callable:
     """The DPO step loss ``(module, batch, num_items_in_batch) -> (value, weight, metrics)`` (``Trainer._step_loss``).
 
     ``value`` is TRL's ``DPOTrainer`` loss of the micro-batch: ``sum_i loss_weights[i] * mean over pairs of

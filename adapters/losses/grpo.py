@@ -66,9 +66,9 @@ SAMPLER_CORRECTION_MODES: tuple[str, ...] = ("token_truncate", "token_mask", "se
 #: micro-batch's entropy summed over the entropy bonus's tokens, and their count (:func:`entropy_sums`). Not logged.
 ADAPTIVE_ENTROPY_SUMS = ("adaptive_entropy/entropy_sum", "adaptive_entropy/tokens")
 
-#: The batch column that carries TRL's ``num_items_in_batch`` for the :data:`TOKEN_SUM_LOSSES`: the loss tokens of the
-#: micro-batch's generation batch times ``gradient_accumulation_steps / steps_per_generation``. It is one value per
-#: generation batch, repeated on every row because the step's inputs are row-sharded arrays; the Trainer's own
+#: The batch column that carries TRL's ``num_items_in_batch`` for the :data:`NUM_ITEMS_NORMALISED_LOSSES`: the loss
+#: tokens of the micro-batch's generation batch times ``gradient_accumulation_steps / steps_per_generation``. It is one
+#: value per generation batch, repeated on every row because the step's inputs are row-sharded arrays; the Trainer's own
 #: ``num_items_in_batch`` (one count per optimizer step) cannot carry it, since a step's micro-batches may come from
 #: different generation batches. :func:`token_normaliser` reads it.
 NUM_ITEMS_COLUMN = "num_items"
@@ -518,8 +518,11 @@ POLICY_LOSSES: dict[str, tuple[PolicyLoss, Aggregation]] = {
 GRPO_LOSS_TYPES: tuple[str, ...] = tuple(POLICY_LOSSES)
 #: Loss types whose micro-batch loss is a sum over tokens divided by the generation batch's token count
 #: (TRL's ``num_items_in_batch`` normaliser, :data:`NUM_ITEMS_COLUMN`); the others are per-micro-batch means.
-TOKEN_SUM_LOSSES: tuple[str, ...] = tuple(name for name, (_, aggregation) in POLICY_LOSSES.items()
-                                          if aggregation is token_sum_aggregation)
+NUM_ITEMS_NORMALISED_LOSSES: tuple[str, ...] = tuple(name for name, (_, aggregation) in POLICY_LOSSES.items()
+                                                     if aggregation is token_sum_aggregation)
+#: Loss types that sum per-token terms, so each sequence weighs as its completion length: TRL warns that with
+#: ``importance_sampling_level="sequence"`` they do not optimise GSPO's per-sequence objective.
+LENGTH_WEIGHTED_LOSSES: tuple[str, ...] = ("bnpo", "dr_grpo", "dapo", "cispo")
 
 
 def grpo_loss(
@@ -565,9 +568,9 @@ def grpo_loss(
         advantages: ``[B]`` (or ``[B, T]``).
         completion_mask: ``[B, T]``, 1 on the completion tokens that count.
         settings: the loss settings.
-        num_items_in_batch: the :data:`TOKEN_SUM_LOSSES` divisor. TRL's is ``max(loss tokens of the generation
-            batch over all processes, 1) * gradient_accumulation_steps / steps_per_generation``; ``None`` gives
-            ``max(completion_mask.sum(), 1)`` (a batch on its own).
+        num_items_in_batch: the :data:`NUM_ITEMS_NORMALISED_LOSSES` divisor. TRL's is ``max(loss tokens of the
+            generation batch over all processes, 1) * gradient_accumulation_steps / steps_per_generation``; ``None``
+            gives ``max(completion_mask.sum(), 1)`` (a batch on its own).
         per_token_entropy: ``[B, T]``; when given, its masked mean is returned as ``metrics["entropy"]``.
         entropy_mask: ``[B, T]`` (:func:`high_entropy_mask`); only these tokens get the policy loss (the KL term
             keeps every token, as in TRL). ``None`` keeps all. The entropy bonus is :func:`entropy_bonus`.
@@ -703,8 +706,8 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
     ``tool_mask`` ``[B, C]`` (the loss then counts :func:`loss_mask`'s tokens only),
     ``advantages`` ``[B]``, optionally ``old_logps``/``ref_logps`` ``[B, C]`` and ``importance_sampling_ratio``
     ``[B, C]`` (:func:`sampler_importance_ratio`), the token normaliser :data:`NUM_ITEMS_COLUMN` of the
-    :data:`TOKEN_SUM_LOSSES` (the Trainer's ``num_items_in_batch`` argument is not read) and ``step_weight`` (``1`` for
-    per-micro-batch means, which accumulation then averages as TRL divides by the accumulation steps;
+    :data:`NUM_ITEMS_NORMALISED_LOSSES` (the Trainer's ``num_items_in_batch`` argument is not read) and ``step_weight``
+    (``1`` for per-micro-batch means, which accumulation then averages as TRL divides by the accumulation steps;
     ``1 / accumulation`` for token sums, which TRL adds up). ``block_size`` as in :func:`completion_log_probs`.
 
     With ``top_entropy_quantile < 1`` the policy loss counts only the tokens of :func:`high_entropy_mask`;
@@ -719,7 +722,7 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
     ``router_aux_loss_coef * aux_loss * step_weight``, the router load-balancing loss of the micro-batch's forward
     pass over its prompt and completion tokens (TRL's ``aux_loss / accumulation``), logged as ``aux_loss``.
     """
-    token_sum = settings.loss_type in TOKEN_SUM_LOSSES
+    token_sum = settings.loss_type in NUM_ITEMS_NORMALISED_LOSSES
 
     def loss(module, batch, num_items_in_batch=None):
         mask = loss_mask(batch)

@@ -22,16 +22,31 @@ def runtime_field(default: Any) -> Any:
     return dataclasses.field(default=default, metadata={RUNTIME: True})
 
 
-def check_choice(name: str, value: str, accepted: Sequence[str]) -> None:
-    """Raises ``ValueError`` naming the accepted values when ``value`` is not one of them.
+def check_choice(name: str, value: object, accepted: Sequence[str], unsupported: dict[str, str] | None = None) -> str:
+    """Validates one enumeration setting: the one check of a choice, for the configs and the loss settings alike.
 
     Args:
         name: the setting's name, as the user wrote it.
-        value: its value.
-        accepted: the values the loss implements.
+        value: its value (a string, or an enum member with a string ``value`` such as transformers'
+            ``IntervalStrategy.STEPS``).
+        accepted: the values torchlike runs.
+        unsupported: values transformers/TRL know but torchlike does not run, with the reason.
+
+    Returns:
+        ``value`` as a plain string.
+
+    Raises:
+        ValueError: naming the setting, the value, the reason when known, and the accepted values.
     """
-    if value not in accepted:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(repr(v) for v in accepted)}.")
+    inner = getattr(value, "value", None)
+    value = inner if isinstance(inner, str) else value
+    accepted_text = ", ".join(repr(v) for v in accepted)
+    if value in accepted:
+        return value
+    if unsupported and value in unsupported:
+        raise ValueError(f"{name}={value!r} is not supported by torchlike: {unsupported[value]} "
+                         f"Accepted values: {accepted_text}.")
+    raise ValueError(f"{name}={value!r} is not a recognised value. Accepted values: {accepted_text}.")
 
 
 class LossSettings:

@@ -282,7 +282,7 @@ def prefix_keys_values(settings: PromptSettings, prefix: jax.Array, batch: int, 
 
 
 def with_virtual_tokens(loss: Callable) -> Callable:
-    """A causal-LM step loss (``adapters.training.train_step.causal_lm_loss``) on a prompt-tuning or P-tuning module,
+    """A causal-LM step loss (``adapters.losses.sft.sft_step_loss``) on a prompt-tuning or P-tuning module,
     as TRL computes it with a peft model: each row's first token is scored too, predicted from the last virtual token
     (peft prefixes ``num_virtual_tokens`` labels of ``-100``), while the step still divides by the batch's own label
     count over ``labels[:, 1:]`` (transformers counts ``num_items_in_batch`` before peft extends the labels). The

@@ -14,5 +14,9 @@ from .engine import (
 )
 from .paged import EngineStats, PagedEngine, PagedEngineConfig
 
-__all__ = ["EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput", "RolloutEngine", "RolloutRequest",
-           "StaticEngine", "request_seed", "requests_from_rows", "rows_from_outputs", "weights_snapshot"]
+ENGINES: dict[str, type[RolloutEngine]] = {"static": StaticEngine, "paged": PagedEngine}
+"""The rollout engines by the name ``rollout_engine`` takes (the one list ``generate`` and the configs accept)."""
+
+__all__ = ["ENGINES", "EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput", "RolloutEngine",
+           "RolloutRequest", "StaticEngine", "request_seed", "requests_from_rows", "rows_from_outputs",
+           "weights_snapshot"]

@@ -1,7 +1,8 @@
-"""The jitted train and eval steps on Tunix NNX modules, with their losses, used by SFT, DPO and GRPO.
+"""The jitted train and eval steps on Tunix NNX modules, used by every trainer.
 
-The causal-LM loss with a loss mask, gradient accumulation normalised by the total number of loss tokens,
-LoRA-only or full updates, mixed precision (:func:`cast_floating`) and rematerialisation (:func:`rematerialised`).
+Gradient accumulation normalised by the total number of loss tokens, LoRA-only or full updates, mixed precision
+(:func:`cast_floating`) and rematerialisation (:func:`rematerialised`), around a step loss from ``adapters/losses/``
+(SFT's next-token loss is ``adapters.losses.sft.sft_step_loss``).
 
 Tunix's ``PeftTrainer`` averages per-micro-batch means through ``optax.MultiSteps``; transformers
 and TRL divide the summed loss by the number of loss tokens across all micro-batches. This
@@ -21,10 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ..families import Family
 from ..lora import runtime as lora_runtime
-from ..losses import logprobs
-from ..losses import router as router_loss
 from ..runtime.tracing import record_trace, traced_cheaply
 
 
@@ -61,62 +59,6 @@ def rematerialised(module: nnx.Module):
     finally:
         for undo in reversed(restore):
             undo()
-
-
-#: ``loss_type`` values of :func:`causal_lm_loss` (TRL's ``SFTConfig.loss_type``).
-CAUSAL_LM_LOSS_TYPES = ("nll", "dft")
-
-
-def causal_lm_loss(family: Family, block_size: logprobs.BlockSize = "auto", loss_type: str = "nll",
-                   router_aux_loss_coef: float = 0.0, with_metrics: bool = False) -> Callable:
-    """``loss(module, batch, num_items_in_batch) -> (summed token loss, number of loss tokens, aux)``.
-
-    ``batch`` holds ``input_ids``, ``attention_mask`` and ``loss_mask`` of shape ``[B, T]`` (and ``position_ids``
-    for packed rows, :func:`tunix_model.batch_positions_and_attention`); the label of position ``t`` is
-    ``input_ids[t]``, predicted from position ``t - 1``, counted when ``loss_mask[t]`` and ``attention_mask[t]`` are
-    both 1 (TRL's ``completion_mask`` alignment). The log-probs are computed ``block_size`` positions at a time
-    (:func:`logprobs.next_token_scores`).
-
-    The token loss is, for ``loss_type="nll"``, ``-log p`` and, for ``"dft"`` (Dynamic Fine-Tuning, TRL's
-    ``SFTTrainer.compute_loss``), ``-log p * stop_gradient(p)``: each token's NLL weighted by its own probability.
-
-    With ``router_aux_loss_coef`` (a mixture-of-experts family), the batch's load-balancing loss over its real tokens
-    (:func:`router_loss.load_balancing_loss`, logged as ``aux_loss``) is added as ``Qwen3MoeForCausalLM.forward``
-    adds it: ``mean token loss + coef * aux_loss``. It is weighted by the batch's loss tokens, so with gradient
-    accumulation the step adds the token-weighted mean of the micro-batches' aux losses (TRL: their plain mean).
-
-    With ``with_metrics``, ``aux`` adds TRL's SFT metrics over the batch's loss tokens: ``entropy`` (the mean entropy
-    of the next-token distribution) and ``mean_token_accuracy`` (the share of tokens that are the most likely one).
-
-    Raises:
-        ValueError: an unknown ``loss_type``, or ``router_aux_loss_coef`` for a family without a router.
-    """
-    if loss_type not in CAUSAL_LM_LOSS_TYPES:
-        raise ValueError(f"loss_type={loss_type!r}: expected one of {list(CAUSAL_LM_LOSS_TYPES)}.")
-    router_loss.check_router(family, router_aux_loss_coef)
-
-    def loss(module, batch, num_items_in_batch=None):
-        def scores(module):
-            return logprobs.next_token_scores(family, module, batch, block_size=block_size, with_metrics=with_metrics)
-
-        found, aux = router_loss.run_with_router_loss(family, scores, module, batch["attention_mask"],
-                                                      router_aux_loss_coef)
-        picked = found.log_probs
-        weights = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).astype(jnp.float32)
-        token_loss = -picked
-        if loss_type == "dft":
-            token_loss = token_loss * jax.lax.stop_gradient(jnp.exp(picked))
-        value, count = (token_loss * weights).sum(), weights.sum()
-        metrics = {}
-        if with_metrics:
-            valid = jnp.maximum(count, 1.0)
-            metrics = {"entropy": jax.lax.stop_gradient((found.entropies * weights).sum()) / valid,
-                       "mean_token_accuracy": (found.top1 * weights).sum() / valid}
-        if aux is None:
-            return value, count, metrics
-        return value + router_aux_loss_coef * aux * count, count, {**metrics, "aux_loss": aux}
-
-    return loss
 
 
 _micro_batch_keys: list[jax.Array] = []
@@ -223,7 +165,7 @@ def make_train_step(
     Args:
         loss: ``(module, batch, num_items_in_batch) -> (value, weight, aux)``: the step's loss is
             ``sum(values) / sum(weights)`` over the micro-batches (summed NLL / token count for
-            :func:`causal_lm_loss`), ``aux`` a dict of scalars averaged over micro-batches.
+            :func:`adapters.losses.sft.sft_step_loss`), ``aux`` a dict of scalars averaged over micro-batches.
         trainable: the NNX filter of the parameters to update (``nnx.LoRAParam`` or ``nnx.Param``).
         compute_dtype: run the forward/backward pass with parameters cast to this dtype
             (bf16 mixed precision); the optimizer keeps the full-precision weights.

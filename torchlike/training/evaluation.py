@@ -48,7 +48,7 @@ def causal_lm_found(outputs: Callable, label_names: tuple[str, ...]) -> Callable
     gives it.
 
     Args:
-        outputs: ``(module, batch) -> predictions`` (:func:`~torchlike.training.losses.select_outputs`).
+        outputs: ``(module, batch) -> predictions`` (:func:`~torchlike.training.loss_selection.select_outputs`).
         label_names: ``args.label_names``, for :func:`causal_lm_labels`.
 
     Returns:

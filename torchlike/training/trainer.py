@@ -40,7 +40,7 @@ from .callbacks import (
 from .device_mesh import resolve_mesh
 from .evaluation import PredictionGatherer, causal_lm_found, prefixed_metrics, with_predictions
 from .lora_step import dropout_in_step, merged_lora_scale
-from .losses import select_loss, select_outputs, signature_columns
+from .loss_selection import select_loss, select_outputs, signature_columns
 from .model_interface import active_lora_config, as_trainable_model
 from .prefetch import prefetched
 

@@ -516,7 +516,7 @@ class PrecomputedReferenceTrainer(TRLTrainer):
         those ids as labels (with the ``FutureWarning`` TRL gives for it); :meth:`_metrics_rows` are the rows."""
         import jax.numpy as jnp
 
-        from ..training.losses import select_outputs
+        from ..training.loss_selection import select_outputs
 
         warnings.warn("`return_outputs=True`, and the logits it passes to `compute_metrics`, are deprecated and will "
                       "be removed in v2.0.0. The fused LM head does not build the logits, so they are recomputed "

@@ -12,18 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchlike.adapters.losses.dpo import DPO_LOSS_TYPES as LOSS_TYPES
+from torchlike.adapters.losses.dpo import F_DIVERGENCE_LOSS_TYPES, F_DIVERGENCE_TYPES
 from torchlike.training_args import TrainingArguments, check_choice, reject_removed_arguments, warn_from_config
 from torchlike.trl.base_config import TRLConfig, normalise_pad_to_multiple_of
 from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
 
-#: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.losses.dpo.dpo_loss`` computes them).
-LOSS_TYPES: tuple[str, ...] = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard",
-                               "aot", "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
-#: ``f_divergence_type`` values.
-F_DIVERGENCE_TYPES: tuple[str, ...] = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
-#: Loss types that accept an ``f_divergence_type`` other than ``"reverse_kl"`` (TRL's list).
-F_DIVERGENCE_LOSS_TYPES: tuple[str, ...] = ("sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust",
-                                            "discopop", "sft")
+# The choices (``LOSS_TYPES``, ``F_DIVERGENCE_TYPES``, ``F_DIVERGENCE_LOSS_TYPES``: the loss types that accept an
+# f-divergence other than reverse KL, TRL's list) are the loss module's tables (torchlike.adapters.losses.dpo).
+
 #: ``truncation_mode`` values (``"keep_end"`` is deprecated in TRL and warns).
 TRUNCATION_MODES: tuple[str, ...] = ("keep_start", "keep_end")
 

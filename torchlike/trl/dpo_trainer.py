@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..adapters.losses import dpo as dpo_losses
-from ..adapters.losses.dpo import preference_loss
+from ..adapters.losses.dpo import dpo_step_loss
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_trainer import PrecomputedReferenceTrainer, check_vision_model, is_vision_dataset, vision_processor
 from .dpo_config import DPOConfig
@@ -31,7 +31,7 @@ from .dpo_vision import (
     vision_preference_rows,
 )
 
-__all__ = ["DPOTrainer", "preference_loss"]
+__all__ = ["DPOTrainer", "dpo_step_loss"]
 
 
 class DPOTrainer(PrecomputedReferenceTrainer):
@@ -193,6 +193,6 @@ class DPOTrainer(PrecomputedReferenceTrainer):
 
     # ------------------------------------------------------------------ Trainer hooks
     def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's DPO loss (:func:`adapters.losses.dpo.preference_loss`) with the config's settings."""
+        """TRL's DPO loss (:func:`adapters.losses.dpo.dpo_step_loss`) with the config's settings."""
         settings = dpo_losses.DPOLossSettings.from_config(self.args, router_aux_loss_coef=self._router_loss_weight())
-        return preference_loss(self.model.family, settings), None
+        return dpo_step_loss(self.model.family, settings), None

@@ -13,19 +13,23 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from torchlike.adapters.losses.grpo import (
+    GRPO_LOSS_TYPES as LOSS_TYPES,
+)
+from torchlike.adapters.losses.grpo import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    MULTI_OBJECTIVE_AGGREGATIONS,
+    SCALE_REWARDS,
+)
 from torchlike.generation import ROLLOUT_ENGINES
 from torchlike.training_args import TrainingArguments, check_choice, warn_from_config
 from torchlike.trl.base_config import TRLConfig, normalise_pad_to_multiple_of
 from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
 
-#: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.losses.grpo.grpo_loss`` computes them).
-LOSS_TYPES: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-#: ``importance_sampling_level`` values: per-token ratios or one per sequence (GSPO).
-IMPORTANCE_SAMPLING_LEVELS: tuple[str, ...] = ("token", "sequence")
-#: ``scale_rewards`` values after TRL's mapping of ``True`` -> ``"group"`` and ``False`` -> ``"none"``.
-SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none")
-#: ``multi_objective_aggregation`` values.
-MULTI_OBJECTIVE_AGGREGATIONS: tuple[str, ...] = ("sum_then_normalize", "normalize_then_sum")
+# The choices (``LOSS_TYPES``: all of TRL 1.16's loss types, ``IMPORTANCE_SAMPLING_LEVELS``, ``SCALE_REWARDS`` after
+# TRL's mapping of True/False, ``MULTI_OBJECTIVE_AGGREGATIONS``) are the loss module's tables
+# (torchlike.adapters.losses.grpo), the one list of what the loss computes.
+__all__ = ["GRPOConfig", "IMPORTANCE_SAMPLING_LEVELS", "LOSS_TYPES", "MULTI_OBJECTIVE_AGGREGATIONS", "SCALE_REWARDS"]
 
 
 def _group_sizes(batch: int) -> str:

@@ -53,9 +53,6 @@ __all__ = ["GRPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
-#: TRL's loss types that sum per-token terms, for which a sequence-level ratio weights sequences by their length.
-_TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
-
 #: Step-loss metrics that are not evaluation metrics: TRL logs ``entropy_coef`` in training only, and the adaptive
 #: entropy controller's sums are read by the trainer.
 _NOT_EVAL_METRICS = ("entropy_coef", *grpo_losses.ADAPTIVE_ENTROPY_SUMS)
@@ -221,7 +218,7 @@ class GRPOTrainer(OnlineTrainer):
         if args.loss_type == "vespo" and args.importance_sampling_level != "token":
             logger.warning("VESPO computes sequence-level importance weights internally. `importance_sampling_level` "
                            "should be set to `'token'` (the default).")
-        if args.importance_sampling_level == "sequence" and args.loss_type in _TOKEN_SUMMED_LOSSES:
+        if args.importance_sampling_level == "sequence" and args.loss_type in grpo_losses.LENGTH_WEIGHTED_LOSSES:
             logger.warning(f"When using `importance_sampling_level='sequence'`, the `'{args.loss_type}'` loss sums "
                            "per-token contributions, which effectively weights each sequence by its completion length "
                            "instead of optimizing the per-sequence objective. To reproduce the GSPO paper's setup, set "
@@ -444,7 +441,7 @@ class GRPOTrainer(OnlineTrainer):
         completion_mask = grpo_losses.loss_mask(batch)  # TRL's num_items_in_batch counts the trained tokens
         normaliser = max(float(completion_mask.sum()), 1.0) * accumulation / args.steps_per_generation
         batch[grpo_losses.NUM_ITEMS_COLUMN] = np.full(len(completion_mask), normaliser, np.float32)
-        token_sum = args.loss_type in grpo_losses.TOKEN_SUM_LOSSES
+        token_sum = args.loss_type in grpo_losses.NUM_ITEMS_NORMALISED_LOSSES
         batch["step_weight"] = np.full(len(completion_mask), 1.0 / accumulation if token_sum else 1.0, np.float32)
         corrected = "sampling_logps" in batch and args.vllm_importance_sampling_correction
         # TRL's rule for old log-probs, and (as TRL with vLLM's correction) always when the sampler's are corrected.

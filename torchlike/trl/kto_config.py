@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torchlike.adapters.losses.kto import KL_LOSS_TYPES
+from torchlike.adapters.losses.kto import KTO_LOSS_TYPES as LOSS_TYPES
 from torchlike.training_args import TrainingArguments, check_choice
 from torchlike.trl.base_config import TRLConfig, normalise_pad_to_multiple_of
 from torchlike.trl.kto_fields import KTO_FIELD_SUPPORT
 
-#: ``loss_type`` values (all of TRL 1.16's; ``torchlike.adapters.losses.kto.kto_loss`` computes them).
-LOSS_TYPES: tuple[str, ...] = ("kto", "apo_zero_unpaired")
-#: Loss types that estimate the KL term from mismatched (prompt, completion) pairs (TRL's ``calculate_KL``).
-KL_LOSS_TYPES: tuple[str, ...] = ("kto",)
+# The choices (``LOSS_TYPES``, and ``KL_LOSS_TYPES``: those that estimate the KL term from mismatched (prompt,
+# completion) pairs, TRL's ``calculate_KL``) are the loss module's tables (torchlike.adapters.losses.kto).
 
 
 @dataclass

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torchlike.adapters.losses.sft import SFT_LOSS_TYPES as LOSS_TYPES
 from torchlike.training_args import TrainingArguments, check_choice, reject_removed_arguments, warn_from_config
 from torchlike.trl.sft_fields import SFT_FIELD_SUPPORT
 
 #: ``truncation_mode`` values (``"keep_end"`` is deprecated in TRL and warns).
 TRUNCATION_MODES: tuple[str, ...] = ("keep_start", "keep_end")
-#: ``loss_type`` values (``"chunked_nll"`` is TRL's deprecated alias of ``"nll"``).
-LOSS_TYPES: tuple[str, ...] = ("nll", "dft")
+# ``LOSS_TYPES`` (``"chunked_nll"`` is TRL's deprecated alias of ``"nll"``) is the loss module's table
+# (torchlike.adapters.losses.sft).
 #: ``packing_strategy`` values (``"bfd-requeue"`` is TRL's deprecated name of ``"bfd_split"``).
 PACKING_STRATEGIES: tuple[str, ...] = ("bfd", "bfd_split", "wrapped")
 

@@ -9,10 +9,10 @@ from typing import Any
 import datasets
 import numpy as np
 
+from ..adapters.losses import sft as sft_loss
 from ..adapters.model import neftune
-from ..adapters.training import train_step
 from ..training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
-from ..training.losses import with_virtual_tokens
+from ..training.loss_selection import with_virtual_tokens
 from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer, check_text_dataset, is_vision_dataset, vision_processor
@@ -189,11 +189,11 @@ class SFTTrainer(TRLTrainer):
         """The base Trainer's loss; the built-in one with TRL's ``loss_type="dft"``, the router's load-balancing loss
         (MoE models, ``router_aux_loss_coef``) and TRL's ``entropy`` and ``mean_token_accuracy`` metrics, each row's
         first token scored from the last virtual token of a prompt-tuning or P-tuning adapter, as TRL with ``peft``
-        scores it (:func:`~torchlike.training.losses.with_virtual_tokens`; NEFTune is added by the base
+        scores it (:func:`~torchlike.training.loss_selection.with_virtual_tokens`; NEFTune is added by the base
         :meth:`Trainer._loss`)."""
         loss, count_items = super()._step_loss()
         if self._compute_loss_func is None and self._loss_fn is None:
-            loss = with_virtual_tokens(self._trainable_model, train_step.causal_lm_loss(
+            loss = with_virtual_tokens(self._trainable_model, sft_loss.sft_step_loss(
                 self._trainable_model.family, loss_type=self.args.loss_type,
                 router_aux_loss_coef=self._router_loss_weight(), with_metrics=True))
         return loss, count_items

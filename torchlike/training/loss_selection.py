@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+from ..adapters.losses import sft as sft_loss
 from ..adapters.model import prompt_learning, tunix_model
 from ..adapters.training import train_step
 from ..peft.prompt_model import PromptLearningModel
@@ -57,7 +58,7 @@ def select_loss(model: TrainableModel, compute_loss_func: Callable | None, loss_
     if family is None:
         raise ValueError("a plain NNX module needs loss_fn=(model, batch) -> loss | (loss, aux), or "
                          "compute_loss_func=(outputs, labels, num_items_in_batch) -> loss.")
-    return with_virtual_tokens(model, train_step.causal_lm_loss(family)), None
+    return with_virtual_tokens(model, sft_loss.sft_step_loss(family)), None
 
 
 def with_virtual_tokens(model: TrainableModel, loss: Callable) -> Callable:
