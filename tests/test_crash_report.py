@@ -41,14 +41,14 @@ FINISHED_FIRST = {f"test_finished_{index}": "".join(f"def test_{name}():\n    pa
                   for index in range(4)}
 
 
-def _run(pytester, monkeypatch, always: bool):
+def _run(pytester, monkeypatch, always: bool, dist: str = "loadfile"):
     pytester.makepyfile(test_inner=TESTS, **FINISHED_FIRST)
     monkeypatch.setenv("CRASH_MARKER", str(pytester.path / "crashed-once"))
     if always:
         monkeypatch.setenv("CRASH_ALWAYS", "1")
     monkeypatch.setenv("PYTHONPATH", ":".join(path for path in sys.path if path))
     return pytester.runpytest_subprocess("-p", "tests.helpers.crash_report", "-p", "no:cacheprovider", "-n", "1",
-                                         "--dist", "loadfile", "--max-worker-restart=2", timeout=120)
+                                         "--dist", dist, "--max-worker-restart=2", timeout=120)
 
 
 def test_a_crashed_test_reruns_once_on_a_new_worker_and_its_stacks_are_printed(pytester, monkeypatch):
@@ -69,6 +69,13 @@ def test_a_test_that_crashes_its_worker_twice_fails_the_run(pytester, monkeypatc
     out = result.stdout.str()
     assert "FAILED test_inner.py::test_crashes_always" in out
     assert "CRASHED WORKER while running test_inner.py::test_crashes_always" in out
+
+
+def test_under_a_scheduler_that_drops_the_crashed_test_the_crash_stays_a_failure(pytester, monkeypatch):
+    """pytest-xdist's plain load scheduling does not run a crashed test again, so it must not become a rerun."""
+    result = _run(pytester, monkeypatch, always=False, dist="load")
+    assert result.ret == 1
+    assert "FAILED test_inner.py::test_crashes_once" in result.stdout.str()
 
 
 def test_the_suite_replaces_as_many_workers_as_it_reruns_crashed_tests():

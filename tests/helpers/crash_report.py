@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -61,10 +62,12 @@ def pytest_handlecrashitem(crashitem, report, sched):
     # a worker then handed only a finished file gets no test to run, reports nothing and is never given more work,
     # and the run hangs. The finished files are taken off the queue (they ran; their results are in).
     workqueue = getattr(sched, "workqueue", None)
-    if workqueue is not None:
-        for scope in [scope for scope, tests in workqueue.items() if all(tests.values())]:
-            del workqueue[scope]
-    if first and len(_crashed) <= MAX_CRASH_RERUNS:
+    if workqueue is None:  # another scheduler (plain --dist load drops the crashed test): the crash stays a failure
+        return
+    for scope in [scope for scope, tests in workqueue.items() if all(tests.values())]:
+        del workqueue[scope]
+    requeued = any(tests.get(crashitem) is False for tests in workqueue.values())
+    if first and requeued and len(_crashed) <= MAX_CRASH_RERUNS:
         report.outcome = "rerun"
         report.longrepr = f"{report.longrepr}; it runs again on the replacement worker"
 
@@ -73,6 +76,12 @@ def pytest_report_teststatus(report, config):
     if report.outcome == "rerun":
         return "rerun", "R", ("RERUN", {"yellow": True})
     return None
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_torchlike_fault_log_dir", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
