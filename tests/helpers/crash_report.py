@@ -66,7 +66,10 @@ def pytest_handlecrashitem(crashitem, report, sched):
         return
     for scope in [scope for scope, tests in workqueue.items() if all(tests.values())]:
         del workqueue[scope]
-    requeued = any(tests.get(crashitem) is False for tests in workqueue.values())
+    # requeued: waiting in the queue, or already handed to a surviving worker by the scheduler's own rescheduling
+    units = [*workqueue.values(), *(unit for assigned in getattr(sched, "assigned_work", {}).values()
+                                    for unit in assigned.values())]
+    requeued = any(tests.get(crashitem) is False for tests in units)
     if first and requeued and len(_crashed) <= MAX_CRASH_RERUNS:
         report.outcome = "rerun"
         report.longrepr = f"{report.longrepr}; it runs again on the replacement worker"
