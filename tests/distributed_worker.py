@@ -9,8 +9,10 @@ shared output folder, as on a pod with shared storage.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import runpy
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -97,6 +99,7 @@ def run_script(script: str, arguments: list[str]) -> None:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung run's stacks (tests/test_mesh.py asks on timeout)
     import jax
 
     out_path, jobs_path = sys.argv[1:]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -152,7 +154,16 @@ def two_processes(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "tests.distributed_worker", str(folder / f"{index}.json"), str(jobs)],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [worker.communicate(timeout=900)[0] for worker in workers]
+    try:
+        outputs = [worker.communicate(timeout=900)[0] for worker in workers]
+    except subprocess.TimeoutExpired:  # a hang: every thread's stack of both processes, then stop them
+        for worker in workers:
+            worker.send_signal(signal.SIGUSR1)
+        time.sleep(5)
+        for worker in workers:
+            worker.kill()
+        stacks = [worker.communicate()[0][-6000:] for worker in workers]
+        pytest.fail("the two processes did not finish in 900 s; their stacks:\n" + "\n\n".join(stacks))
     for worker, output in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, output[-4000:]
     return {"results": [json.loads((folder / f"{index}.json").read_text()) for index in range(2)],
