@@ -27,6 +27,7 @@ import numpy as np
 
 from .adapters import rollout
 from .adapters.distributed.mesh import entered
+from .adapters.losses.settings import check_choice
 from .adapters.rollout import sampling
 from .adapters.rollout.sampling import bucket_length, cache_size
 from .adapters.runtime.tracing import TRACE_COUNTS
@@ -218,8 +219,7 @@ def generate(
     **settings: Any,
 ) -> Any:
     """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
-    if rollout_engine not in ROLLOUT_ENGINES:
-        raise ValueError(f"rollout_engine={rollout_engine!r}: expected one of {ROLLOUT_ENGINES}.")
+    check_choice("rollout_engine", rollout_engine, ROLLOUT_ENGINES)
     if use_cache is False:
         raise ValueError("use_cache=False is not supported: generation always decodes over a KV cache.")
     unknown = sorted(set(settings) - set(TRANSFORMERS_DEFAULTS))

@@ -31,7 +31,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .adapters.losses.settings import check_choice
+from .adapters.losses.settings import check_choice, enum_value
 from .training_args_fields import TRAINING_ARGUMENTS_FIELD_SUPPORT
 from .version import gradient_checkpointing_is_deprecated, warmup_ratio_and_logging_dir_are_removed
 
@@ -98,12 +98,6 @@ def warn_from_config(message: str, category: type[Warning]) -> None:
                                  or isinstance(frame.f_locals.get("self"), TrainingArguments)):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
-
-
-def _enum_value(value: Any) -> Any:
-    """The plain string behind a transformers enum member (``IntervalStrategy.STEPS`` -> ``"steps"``)."""
-    inner = getattr(value, "value", None)
-    return inner if isinstance(inner, str) else value
 
 
 def _parse_json_dict(name: str, value: Any) -> Any:
@@ -467,7 +461,7 @@ class TrainingArguments:
         """``report_to`` as a list of integrations: ``"none"`` -> ``[]``, ``"all"`` -> the installed ones."""
         accepted = ("none", "all", *REPORTERS)
         values = [value] if value is None or isinstance(value, str) else list(value)
-        values = ["none" if v is None else _enum_value(v) for v in values]
+        values = ["none" if v is None else enum_value(v) for v in values]
         for v in values:
             check_choice("report_to", v, accepted, {
                 "trackio": "torchlike reports to tensorboard and wandb only.",

@@ -22,6 +22,13 @@ def runtime_field(default: Any) -> Any:
     return dataclasses.field(default=default, metadata={RUNTIME: True})
 
 
+def enum_value(value: Any) -> Any:
+    """The plain string behind an enum member with a string ``value`` (transformers' ``IntervalStrategy.STEPS`` ->
+    ``"steps"``); any other value as given."""
+    inner = getattr(value, "value", None)
+    return inner if isinstance(inner, str) else value
+
+
 def check_choice(name: str, value: object, accepted: Sequence[str], unsupported: dict[str, str] | None = None) -> str:
     """Validates one enumeration setting: the one check of a choice, for the configs and the loss settings alike.
 
@@ -38,8 +45,7 @@ def check_choice(name: str, value: object, accepted: Sequence[str], unsupported:
     Raises:
         ValueError: naming the setting, the value, the reason when known, and the accepted values.
     """
-    inner = getattr(value, "value", None)
-    value = inner if isinstance(inner, str) else value
+    value = enum_value(value)
     accepted_text = ", ".join(repr(v) for v in accepted)
     if value in accepted:
         return value

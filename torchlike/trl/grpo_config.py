@@ -13,9 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from torchlike.adapters.losses.grpo import (
-    GRPO_LOSS_TYPES as LOSS_TYPES,
-)
+from torchlike.adapters.losses.grpo import GRPO_LOSS_TYPES as LOSS_TYPES
 from torchlike.adapters.losses.grpo import (
     IMPORTANCE_SAMPLING_LEVELS,
     MULTI_OBJECTIVE_AGGREGATIONS,
@@ -154,8 +152,7 @@ class OnlineRLConfig(TRLConfig):
                              "batch size on out-of-memory breaks this invariant. Set auto_find_batch_size=False and "
                              "lower per_device_train_batch_size instead.")
         self._resolve_generation_batch()
-        if self.rollout_engine not in ROLLOUT_ENGINES:
-            raise ValueError(f"rollout_engine={self.rollout_engine!r}: expected one of {ROLLOUT_ENGINES}.")
+        self.rollout_engine = check_choice("rollout_engine", self.rollout_engine, ROLLOUT_ENGINES)
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness!r}: expected an integer >= 0 (0: synchronous).")
         for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens",
