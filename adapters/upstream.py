@@ -152,9 +152,21 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "XLA:CPU segfaults now and then while compiling (jax's backend_compile_and_load) in a process that has "
         "compiled hundreds of programs: a core dump of one such crash shows the fault inside libgcc_s's unwinder "
         "(near _Unwind_Backtrace), called from libjax_common.so, with a corrupt chain of return addresses above it. "
+        "XLA's CpuCompiler::RunBackend calls RecordCpuCompilerStacktrace (glibc backtrace, which runs that "
+        "unwinder) on every compile, with no flag to turn it off. Calling backtrace 20 times before every compile "
+        "of 178 tests (5 files the crash had hit) never crashed: the stack it walks is sound at rest. "
         "Seen on 0.10.2, about once per cold run of the suite, a different test each time, never when the test "
         "reran. The suite prints the crashed worker's stacks and reruns its test once on a replacement worker.",
         ("tests/helpers/crash_report.py:pytest_handlecrashitem",),
+    ),
+    Workaround(
+        "jaxlib", ">=0.10.2,<0.13",
+        "Two jax.distributed CPU processes (gloo) hung for good, both idle on a futex, one inside an XLA:CPU "
+        "compile (a device_put building a GRPO trainer), in about one of six cold suite runs and in none of 11 "
+        "runs of the same job alone or beside one other test file. The two-process test stops a job that runs "
+        "past 600 s (about 90 s normally), reports every thread's Python and native (gdb) stacks, and starts it "
+        "once more.",
+        ("tests/test_mesh.py:two_processes",),
     ),
     Workaround(
         "jax", ">=0.10.2,<0.13",

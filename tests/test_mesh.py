@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -127,48 +129,99 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+#: How long one two-process job may run (about 90 s under the suite's load), and how many times it is started when it
+#: hangs. XLA:CPU has hung there (both processes idle on a futex, one inside a compile) about once in six cold suite
+#: runs, never when the job ran alone (recorded in adapters/upstream.py); the stacks of a hung attempt are reported.
+JOB_TIMEOUT = 600
+JOB_ATTEMPTS = 2
+
+
 @pytest.fixture(scope="session")
 def two_processes(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
     """Two processes x 4 CPU devices, joined by jax.distributed (gloo collectives) into one 8-device mesh, run
     SFT, GRPO with LoRA (also sampling ahead), and TRL's ``sft.py`` and ``dpo.py`` with PEFT (imports rewritten) into
     one shared folder. (TRL's ``grpo.py`` runs on one process in test_trl_scripts.py; GRPO with LoRA on two processes
     is the direct run here, checked against one process of 8 and exported byte for byte.)"""
-    folder = tmp_path_factory.mktemp("distributed")
-    model_dir = build_script_model_dir(tiny_checkpoints.path(MESH_CASES[0]), tokenizer_dir, folder / "script-model")
-    scripts = {}
-    for name in ("sft", "dpo"):
-        script, _ = port_trl_script(name, folder)
-        extra = ["--use_peft", "--lora_r", "4"] if name == "dpo" else []
-        scripts[name] = (str(script), [*script_arguments(name, model_dir, folder / name), *extra,
-                                       "--per_device_train_batch_size", "1",
-                                       "--save_strategy", "steps", "--save_steps", "2"])
-    jobs = folder / "jobs.json"
-    jobs.write_text(json.dumps({"checkpoint": str(tiny_checkpoints.path(MESH_CASES[0])),
-                                "tokenizer_dir": str(tokenizer_dir), "output_dir": str(folder),
-                                "scripts": scripts}))
-    port = _free_port()
-    workers = []
-    for index in range(2):
-        env = dict(os.environ, XLA_FLAGS=with_device_count(4), JAX_PLATFORMS="cpu",
-                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index))
-        workers.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.distributed_worker", str(folder / f"{index}.json"), str(jobs)],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [worker.communicate(timeout=900)[0] for worker in workers]
-    except subprocess.TimeoutExpired:  # a hang: every thread's stack of both processes, then stop them
-        for worker in workers:
-            worker.send_signal(signal.SIGUSR1)
-        time.sleep(5)
+    hangs = []
+    for _ in range(JOB_ATTEMPTS):
+        folder = tmp_path_factory.mktemp("distributed")
+        model_dir = build_script_model_dir(tiny_checkpoints.path(MESH_CASES[0]), tokenizer_dir,
+                                           folder / "script-model")
+        scripts = {}
+        for name in ("sft", "dpo"):
+            script, _ = port_trl_script(name, folder)
+            extra = ["--use_peft", "--lora_r", "4"] if name == "dpo" else []
+            scripts[name] = (str(script), [*script_arguments(name, model_dir, folder / name), *extra,
+                                           "--per_device_train_batch_size", "1",
+                                           "--save_strategy", "steps", "--save_steps", "2"])
+        jobs = folder / "jobs.json"
+        jobs.write_text(json.dumps({"checkpoint": str(tiny_checkpoints.path(MESH_CASES[0])),
+                                    "tokenizer_dir": str(tokenizer_dir), "output_dir": str(folder),
+                                    "scripts": scripts}))
+        port = _free_port()
+        logs = [folder / f"{index}.log" for index in range(2)]
+        workers = []
+        for index, log in enumerate(logs):
+            env = dict(os.environ, XLA_FLAGS=with_device_count(4), JAX_PLATFORMS="cpu",
+                       JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                       JAX_PROCESS_ID=str(index))
+            with log.open("w") as stream:  # a file, not a pipe: a pipe nobody drains would stall its writer
+                workers.append(subprocess.Popen(
+                    [sys.executable, "-m", "tests.distributed_worker", str(folder / f"{index}.json"), str(jobs)],
+                    cwd=ROOT, env=env, stdout=stream, stderr=subprocess.STDOUT))
+        hang = _wait_for_all(workers, logs, JOB_TIMEOUT)
+        if hang is None:
+            break
+        hangs.append(hang)
+    else:
+        pytest.fail(f"the two processes hung in each of {JOB_ATTEMPTS} attempts; their stacks:\n" +
+                    "\n\n".join(hangs))
+    if hangs:
+        warnings.warn(f"the two processes hung (no exit in {JOB_TIMEOUT} s) and were started again; the hung "
+                      f"attempt's stacks:\n{hangs[0]}", stacklevel=1)
+    return {"results": [json.loads((folder / f"{index}.json").read_text()) for index in range(2)],
+            "folder": folder, "model_dir": model_dir, "outputs": [log.read_text() for log in logs],
+            "checkpoint": tiny_checkpoints.path(MESH_CASES[0])}
+
+
+def _wait_for_all(workers: list[subprocess.Popen], logs: list[Path], timeout: float) -> str | None:
+    """Waits for the processes of one ``jax.distributed`` job: ``None`` when all exit cleanly. One that fails fails
+    the test and stops the others (they would wait for it in a collective until the timeout). On a timeout the
+    processes are stopped and every thread's stack of each (Python's, and the native ones where gdb is installed) is
+    returned."""
+    deadline = time.monotonic() + timeout
+    while any(worker.poll() is None for worker in workers):
+        failed = [index for index, worker in enumerate(workers) if worker.returncode not in (None, 0)]
+        if failed or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    else:
+        failed = [index for index, worker in enumerate(workers) if worker.returncode != 0]
+        if not failed:
+            return None
+    if failed:
+        time.sleep(30)  # the others' own errors, if any, reach their logs
         for worker in workers:
             worker.kill()
-        stacks = [worker.communicate()[0][-6000:] for worker in workers]
-        pytest.fail("the two processes did not finish in 900 s; their stacks:\n" + "\n\n".join(stacks))
-    for worker, output in zip(workers, outputs, strict=True):
-        assert worker.returncode == 0, output[-4000:]
-    return {"results": [json.loads((folder / f"{index}.json").read_text()) for index in range(2)],
-            "folder": folder, "model_dir": model_dir, "outputs": outputs,
-            "checkpoint": tiny_checkpoints.path(MESH_CASES[0])}
+            worker.wait()
+        pytest.fail("\n\n".join(f"process {index} exited with {workers[index].returncode}:\n"
+                                 f"{logs[index].read_text()[-6000:]}" for index in failed))
+    for worker in workers:
+        worker.send_signal(signal.SIGUSR1)  # tests/distributed_worker.py prints every thread's Python stack
+    time.sleep(5)
+    native = []
+    for index, worker in enumerate(workers):
+        if shutil.which("gdb"):
+            try:
+                native.append(f"process {index}, native stacks:\n" + subprocess.run(
+                    ["gdb", "-batch", "-p", str(worker.pid), "-ex", "thread apply all bt 25"], capture_output=True,
+                    text=True, timeout=300).stdout[-12000:])
+            except subprocess.TimeoutExpired:
+                native.append(f"process {index}: gdb did not print its stacks in 300 s")
+    for worker in workers:  # after every stack is read: the others fail once one is gone
+        worker.kill()
+        worker.wait()
+    return "\n\n".join([f"process {index}:\n{log.read_text()[-12000:]}" for index, log in enumerate(logs)] + native)
 
 
 def test_two_processes_of_four_devices_train_like_one_process_of_eight(two_processes, mesh_results):
