@@ -196,3 +196,39 @@ def test_online_trainers_share_one_generation_path_schedule_and_scoring():
     assert RLOOTrainer._rollout is GRPOTrainer._rollout
     assert {RLOOTrainer._advantages, RLOOTrainer._step_loss}.isdisjoint({GRPOTrainer._advantages,
                                                                          GRPOTrainer._step_loss})
+
+
+#: What a parameter typed ``Any`` must carry on its line: why its value really is anything.
+ANY_REASON = "# Any:"
+
+
+def unexplained_any_parameters(path: Path) -> list[str]:
+    """``"<function>(<parameter>)"`` of each parameter in ``path`` annotated ``Any`` (or ``Any | None``) without an
+    ``# Any: <why>`` comment on the annotation's line (issue 42: the rest are typed with torchlike/type_aliases.py)."""
+    source = path.read_text()
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+                annotation = argument.annotation
+                if annotation is not None and ast.unparse(annotation) in ("Any", "Any | None") and \
+                        ANY_REASON not in lines[annotation.lineno - 1]:
+                    found.append(f"{node.name}({argument.arg})")
+    return found
+
+
+def test_every_parameter_typed_any_says_why():
+    """A parameter is typed with the project's aliases (ModelLike, RowsLike, ProcessingClass, TRLArgs...), ``object``
+    when any value is checked at run time, and ``Any`` only where the value really is anything, saying so."""
+    found = {str(path.relative_to(ROOT)): names for path in sorted((ROOT / "torchlike").rglob("*.py"))
+             if (names := unexplained_any_parameters(path))}
+    assert found == {}, f"parameters typed Any with no '{ANY_REASON} <why>' comment: {found}"
+
+
+def test_the_any_check_fires_on_a_made_up_module(tmp_path):
+    source = tmp_path / "made_up.py"
+    source.write_text("from typing import Any\n\n\ndef f(model: Any,\n      tree: Any,  # Any: a pytree\n"
+                      "      rows: Any | None = None, *, size: int = 1, extra: Any = None) -> Any:\n    return model\n")
+    assert unexplained_any_parameters(source) == ["f(model)", "f(rows)", "f(extra)"]

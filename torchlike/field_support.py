@@ -55,11 +55,11 @@ def refused(reason: str) -> FieldSupport:
     return FieldSupport("refused", reason)
 
 
-def _is_empty(value: Any) -> bool:
+def _is_empty(value: object) -> bool:
     return value is None or (isinstance(value, (dict, list, tuple, str)) and len(value) == 0)
 
 
-def _differs(value: Any, default: Any) -> bool:
+def _differs(value: object, default: object) -> bool:
     """Whether a field's value counts as set: unequal to its default (an empty dict/list/string equals None)."""
     if _is_empty(value) and _is_empty(default):
         return False
@@ -87,7 +87,7 @@ def _defaults(cls: type) -> dict[str, Any]:
         return values
 
 
-def _shown(name: str, value: Any) -> str:
+def _shown(name: str, value: object) -> str:
     return "'<hidden>'" if name == "hub_token" else repr(value)
 
 

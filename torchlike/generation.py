@@ -21,7 +21,7 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,11 @@ from .adapters.rollout import sampling
 from .adapters.rollout.sampling import bucket_length, cache_size
 from .adapters.runtime.tracing import TRACE_COUNTS
 from .version import repetition_penalty_skips_left_padding
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+    from transformers import GenerationConfig, PreTrainedTokenizerBase
+
 
 __all__ = ["TRACE_COUNTS", "GenerateDecoderOnlyOutput", "bucket_length", "cache_size", "generate",
            "resolve_generation_settings"]
@@ -72,7 +77,8 @@ class GenerateDecoderOnlyOutput:
         return getattr(self, key)
 
 
-def resolve_generation_settings(model_generation_config: Any, generation_config: Any = None,
+def resolve_generation_settings(model_generation_config: GenerationConfig,
+                                generation_config: GenerationConfig | None = None,
                                 **overrides: Any) -> tuple[dict[str, Any], bool]:
     """The settings ``generate`` runs with, in ``transformers``' order of precedence.
 
@@ -123,7 +129,7 @@ def _check_search_settings(settings: dict[str, Any]) -> None:
         raise ValueError(f"num_return_sequences must be a positive integer, got {count!r}.")
 
 
-def _token_ids(value: Any, name: str, vocab_size: int) -> list[int]:
+def _token_ids(value: object, name: str, vocab_size: int) -> list[int]:
     """An id or a list of ids as a list, each checked against the vocabulary."""
     if value is None:
         return []
@@ -134,7 +140,8 @@ def _token_ids(value: Any, name: str, vocab_size: int) -> list[int]:
     return [int(token) for token in ids]
 
 
-def _tokenize(prompts: Sequence[str], tokenizer: Any, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+def _tokenize(prompts: Sequence[str], tokenizer: PreTrainedTokenizerBase | None,
+              pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Prompts tokenized one by one and left-padded with ``pad_token_id`` (no tokenizer pad token needed)."""
     if tokenizer is None:
         raise ValueError("generate() got text prompts but no tokenizer: pass tokenizer=AutoTokenizer.from_pretrained("
@@ -169,7 +176,8 @@ def _left_aligned(ids: np.ndarray, mask: np.ndarray, pad_token_id: int) -> tuple
     return ids, mask
 
 
-def _prompt_arrays(inputs: Any, attention_mask: Any, tokenizer: Any, pad_token_id: int | None,
+def _prompt_arrays(inputs: ArrayLike | None, attention_mask: ArrayLike | None,
+                   tokenizer: PreTrainedTokenizerBase | None, pad_token_id: int | None,
                    eos_token_ids: list[int], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
     from .arrays import to_numpy_2d
 
@@ -204,18 +212,18 @@ def _prompt_arrays(inputs: Any, attention_mask: Any, tokenizer: Any, pad_token_i
 
 
 def generate(
-    model: Any,
-    inputs: Any = None,
-    attention_mask: Any = None,
+    model: Any,  # Any: a CausalLM (torchlike.modeling imports this module, which cannot name it back)
+    inputs: ArrayLike | str | list[str] | None = None,
+    attention_mask: ArrayLike | None = None,
     *,
-    generation_config: Any = None,
-    tokenizer: Any = None,
+    generation_config: GenerationConfig | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     seed: int | None = None,
     output_logprobs: bool = False,
     rollout_engine: str = "static",
     use_cache: bool | None = None,
-    pixel_values: Any = None,
-    token_type_ids: Any = None,
+    pixel_values: ArrayLike | None = None,
+    token_type_ids: ArrayLike | None = None,
     **settings: Any,
 ) -> Any:
     """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
@@ -284,8 +292,9 @@ def generate(
     return sequences
 
 
-def _with_images(model: Any, requests: list[rollout.RolloutRequest], ids: np.ndarray, mask: np.ndarray,
-                 pixel_values: Any, both_ways: bool) -> list[rollout.RolloutRequest]:
+def _with_images(model: Any,  # Any: a CausalLM, as in generate
+                 requests: list[rollout.RolloutRequest], ids: np.ndarray, mask: np.ndarray,
+                 pixel_values: ArrayLike, both_ways: bool) -> list[rollout.RolloutRequest]:
     """The requests of a prompt batch with each row's images (``CausalLM.image_inputs``); with ``both_ways`` (the caller
     gave ``token_type_ids``, as a processor returns them) each image's tokens attend to each other both ways in the
     prefill, as in ``transformers``, else causally (what ``transformers`` does without them)."""

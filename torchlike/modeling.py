@@ -159,8 +159,9 @@ class CausalLM:
             generation_config = GenerationConfig.from_model_config(config)
         self.generation_config = generation_config
 
-    def __call__(self, input_ids: Any, attention_mask: Any = None, pixel_values: Any = None,
-                 token_type_ids: Any = None, **unused: Any) -> CausalLMOutput:
+    def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
+                 pixel_values: ArrayLike | None = None,
+                 token_type_ids: ArrayLike | None = None, **unused: Any) -> CausalLMOutput:
         """Runs the model.
 
         Args:
@@ -194,7 +195,7 @@ class CausalLM:
                                                 images=images, token_type_ids=types)
         return CausalLMOutput(logits=logits)
 
-    def image_inputs(self, input_ids: np.ndarray, pixel_values: Any) -> np.ndarray:
+    def image_inputs(self, input_ids: np.ndarray, pixel_values: ArrayLike) -> np.ndarray:
         """The processor's ``pixel_values`` as the module takes images (``Family.images``): ``[B, N, H, W, C]``, each
         row's images in the order of its image tokens.
 
@@ -553,7 +554,7 @@ class CausalLM:
         """Casts the floating-point parameters to bfloat16 in place (``to(torch.bfloat16)``); returns the model."""
         return self.to(dtype="bfloat16")
 
-    def _cast(self, dtype: Any) -> None:
+    def _cast(self, dtype: DTypeLike) -> None:
         target = resolve_dtype(dtype)
         if model_habits.has_quantized_parameters(self.module):
             raise ValueError("You cannot cast a quantized (QLoRA) model to a new dtype: Qwix holds its base weights "
@@ -565,7 +566,7 @@ class CausalLM:
         """The modules a cast must reach together (a LoRA model adds its base model's)."""
         return [self.module]
 
-    def _check_device(self, device: Any) -> None:
+    def _check_device(self, device: object) -> None:
         platform, index = _jax_platform(device)
         devices = {array_device for _, array in self.named_parameters() for array_device in array.devices()}
         on_it = all(placed.platform == platform for placed in devices) and (
@@ -786,7 +787,7 @@ def _device_and_dtype(args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any]:
     return device, dtype
 
 
-def _is_dtype_spelling(value: Any) -> bool:
+def _is_dtype_spelling(value: object) -> bool:
     if isinstance(value, str) or type(value).__module__ == "torch":
         try:
             resolve_dtype(value)
@@ -806,7 +807,7 @@ def _is_dtype_spelling(value: Any) -> bool:
 _JAX_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu", "xla": "tpu"}
 
 
-def _jax_platform(device: Any) -> tuple[str, int | None]:
+def _jax_platform(device: object) -> tuple[str, int | None]:
     """``(JAX platform, device index or None)`` for a torch-style device (``"cuda:1"``, ``torch.device``, an
     index) or a JAX device."""
     if hasattr(device, "platform") and hasattr(device, "id"):

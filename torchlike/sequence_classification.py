@@ -27,6 +27,7 @@ from .quantization import announce_quantization
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
+    from numpy.typing import ArrayLike
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["AutoModelForSequenceClassification", "SequenceClassifier", "SequenceClassifierOutput"]
@@ -84,7 +85,8 @@ class SequenceClassifier(CausalLM):
         return functools.partial(classification.sequence_scores, self.family,
                                  pad_token_id=self.config.pad_token_id)
 
-    def __call__(self, input_ids: Any, attention_mask: Any = None, **unused: Any) -> SequenceClassifierOutput:
+    def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
+                 **unused: Any) -> SequenceClassifierOutput:
         """Runs the model.
 
         Args:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -23,6 +23,9 @@ from .adapters.families import all_families
 from .adapters.lora.merge import merge_factors
 from .adapters.model import weight_plan
 from .adapters.model.nnx_state import dotted_path, parameter_slots
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["IncompatibleKeys", "StateDict", "load_state_dict", "state_dict"]
 
@@ -78,7 +81,7 @@ def _flatten(mapping: Mapping, lazy: bool) -> list[tuple[Any, str, Any]]:
     return entries
 
 
-def _as_array(value: Any, key: str):
+def _as_array(value: ArrayLike, key: str):
     if hasattr(value, "detach") and hasattr(value, "cpu"):
         value = hf_checkpoint.torch_to_numpy(value)
     if isinstance(value, jax.Array | np.ndarray) and value.dtype != object:

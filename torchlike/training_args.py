@@ -100,7 +100,7 @@ def warn_from_config(message: str, category: type[Warning]) -> None:
     warnings.warn(message, category, stacklevel=level)
 
 
-def _parse_json_dict(name: str, value: Any) -> Any:
+def _parse_json_dict(name: str, value: object) -> Any:
     """Dict fields given as JSON text (from a command line) become dicts, as in transformers."""
     if isinstance(value, str) and value.startswith("{"):
         try:
@@ -457,7 +457,7 @@ class TrainingArguments:
         if self.activation_checkpointing is None:
             self.activation_checkpointing = self.gradient_checkpointing = False
 
-    def _normalise_report_to(self, value: Any) -> list[str]:
+    def _normalise_report_to(self, value: object) -> list[str]:
         """``report_to`` as a list of integrations: ``"none"`` -> ``[]``, ``"all"`` -> the installed ones."""
         accepted = ("none", "all", *REPORTERS)
         values = [value] if value is None or isinstance(value, str) else list(value)

@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,10 @@ from .prompt_config import (
     PromptTuningConfig,
     PromptTuningInit,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+    from transformers import PretrainedConfig
 
 __all__ = ["PromptLearningModel", "get_prompt_learning_model"]
 
@@ -66,7 +70,7 @@ class PromptLearningModel(PeftModel):
         """Always empty: prompt-learning configs refuse ``modules_to_save``."""
         return []
 
-    def __call__(self, input_ids: Any, attention_mask: Any = None, **unused: Any) -> CausalLMOutput:
+    def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None, **unused: Any) -> CausalLMOutput:
         """Runs the model with the virtual tokens, as ``peft.PeftModelForCausalLM.forward`` does.
 
         Args:
@@ -225,7 +229,7 @@ def get_prompt_learning_model(model: CausalLM, peft_config: PromptLearningConfig
                                is_trainable=not peft_config.inference_mode)
 
 
-def _fill_model_fields(hf_config: Any, peft_config: PromptLearningConfig) -> prompting.PromptSettings:
+def _fill_model_fields(hf_config: PretrainedConfig, peft_config: PromptLearningConfig) -> prompting.PromptSettings:
     """Fills the config's model fields as peft's ``_prepare_prompt_learning_config`` does, refusing values that
     disagree with the model; returns the forward pass's
     :class:`~torchlike.adapters.model.prompt_learning.PromptSettings`."""

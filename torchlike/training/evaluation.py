@@ -94,7 +94,7 @@ def with_predictions(loss: Callable, found_for_metrics: Callable, whole_batch: b
     return step_loss
 
 
-def _as_torch(tree: Any) -> Any:
+def _as_torch(tree: Any) -> Any:  # Any: a pytree of host arrays (in tuples, lists and dicts)
     """Host arrays (nested in tuples, lists and dicts) as CPU torch tensors in the dtypes transformers' tensors have:
     integers as int64 (torch's ``long``, what collators build), bfloat16 as bfloat16 (the compute dtype)."""
     import torch
@@ -112,7 +112,7 @@ def _as_torch(tree: Any) -> Any:
     return jax.tree.map(convert, tree, is_leaf=lambda node: isinstance(node, torch.Tensor))
 
 
-def _cut(tree: Any, rows: int, length: int | None) -> Any:
+def _cut(tree: Any, rows: int, length: int | None) -> Any:  # Any: a pytree of host arrays
     """The first ``rows`` rows of each array (the rest pad the last batch) and, when ``length`` is given, its first
     ``length`` positions (axis 1)."""
     def cut(array):

@@ -27,6 +27,7 @@ from ..adapters.lora import runtime as lora_runtime
 from ..adapters.model import neftune, nnx_state
 from ..adapters.training import train_step
 from ..optim import build_optimizer
+from ..type_aliases import RowsLike
 from . import batches, checkpoints, hub, step_logs
 from .accelerator import Accelerator
 from .callbacks import (
@@ -534,7 +535,7 @@ class Trainer:
     def eval_dataset(self, value: EvalDatasetLike | None) -> None:
         self._shown_eval_dataset = self._eval_examples = value
 
-    def _show_eval_dataset(self, shown: Any) -> None:
+    def _show_eval_dataset(self, shown: RowsLike | dict[str, RowsLike] | None) -> None:
         """Makes ``eval_dataset`` read ``shown`` while :meth:`evaluate` keeps scoring the examples prepared from it."""
         self._shown_eval_dataset = shown
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
@@ -22,12 +22,23 @@ from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.training import reference_policy, reference_sync, step_metrics, train_step
 from ..training import Trainer
 from ..training_args import TrainingArguments
-from ..type_aliases import DatasetLike, ModelLike, QuantizationConfig
+from ..type_aliases import (
+    DatasetLike,
+    EvalRowsLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RowsLike,
+    Tokenizer,
+    TRLArgs,
+)
 from .data_utils import pad_token_id_for
 
 if TYPE_CHECKING:
     from flax import nnx
 
+    from ..adapters.families.base import Family
     from ..modeling import CausalLM
 
 __all__ = ["PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
@@ -107,7 +118,8 @@ def check_text_dataset(dataset: DatasetLike | list[dict] | None) -> None:
                          "data.)")
 
 
-def check_vision_model(family: Any, processing_class: Any = None, which: str = "model") -> None:
+def check_vision_model(family: Family | None, processing_class: ProcessingClass | None = None,
+                       which: str = "model") -> None:
     """TRL's refusal of vision data for a model that is not a vision-language one: a model family that takes no
     images (with the family's reason, e.g. a tower Tunix lacks), or a ``processing_class`` without an image processor
     (a tokenizer).
@@ -128,7 +140,7 @@ def check_vision_model(family: Any, processing_class: Any = None, which: str = "
                          "the model's processor: torchlike.AutoProcessor.from_pretrained(<model>).)")
 
 
-def vision_processor(model: CausalLM, processing_class: Any) -> Any:
+def vision_processor(model: CausalLM, processing_class: ProcessingClass | None) -> ProcessingClass:
     """The processor a trainer of vision data uses: ``processing_class``, or, as TRL loads it for a vision-language
     model, the model's (``AutoProcessor`` on its path) when none is given; after :func:`check_vision_model` and
     checked against the checkpoint (:func:`~torchlike.processing.check_processor_matches`).
@@ -220,7 +232,7 @@ class TRLTrainer(Trainer):
     def _trainer_name(self) -> str:
         return type(self).__name__
 
-    def _trl_args(self, model: Any, args: Any) -> Any:
+    def _trl_args(self, model: ModelLike, args: TrainingArguments | None) -> TRLArgs:
         """The trainer's config: ``args``; ``None`` becomes TRL's default (``output_dir="<model>-<SUFFIX>"``), a
         ``TrainingArguments`` of another class the trainer's config with its values (as TRL's ``SFTTrainer``). Its
         fields are checked here, once (ignored fields warn, refused ones raise), and ``Trainer.__init__`` does not
@@ -238,8 +250,9 @@ class TRLTrainer(Trainer):
         self.args = self._checked_args = args
         return args
 
-    def _trl_model(self, model: Any, args: Any, processing_class: Any, peft_config: Any,
-                   quantization_config: Any) -> tuple[Any, Any]:
+    def _trl_model(self, model: ModelLike, args: TRLArgs, processing_class: ProcessingClass | None,
+                   peft_config: PeftConfigLike | None,
+                   quantization_config: QuantizationConfig | None) -> tuple[CausalLM, ProcessingClass]:
         """``(model, processing_class)``: the model loaded (a path or hub id) or checked, a new LoRA adapter added
         for ``peft_config`` (seeded with ``args.seed``, as TRL seeds before creating it), ``sync_ref_model`` refused
         with an adapter, the trainer's tags added, and the tokenizer of the model's path when none is given."""
@@ -261,16 +274,17 @@ class TRLTrainer(Trainer):
         model.add_model_tags(self._tag_names)
         return model, processing_class
 
-    def _load_model(self, model: Any, args: Any, quantization_config: Any) -> Any:
+    def _load_model(self, model: ModelLike, args: TRLArgs,
+                    quantization_config: QuantizationConfig | None) -> CausalLM:
         """The trainer's model from a path or hub id, or the loaded model checked (:func:`load_model`: a causal
         LM)."""
         return load_model(model, args, quantization_config, self._trainer_name)
 
-    def _check_new_adapter(self, model: Any) -> None:
+    def _check_new_adapter(self, model: CausalLM) -> None:
         """Called with the model once ``peft_config`` has added its adapter (warnings about it go here)."""
 
     @staticmethod
-    def _pad_token_id(tokenizer: Any, pad_token: str | None, eos_token: str | None = None) -> int:
+    def _pad_token_id(tokenizer: Tokenizer, pad_token: str | None, eos_token: str | None = None) -> int:
         """TRL's pad token: ``pad_token`` (the deprecated config field; set on the tokenizer), else the tokenizer's
         pad token, else ``eos_token`` or the tokenizer's eos token."""
         if pad_token is not None:
@@ -281,7 +295,7 @@ class TRLTrainer(Trainer):
             tokenizer.pad_token = pad_token
         return pad_token_id_for(tokenizer, eos_token)
 
-    def _setup_router_loss(self, model: Any, args: Any) -> None:
+    def _setup_router_loss(self, model: CausalLM, args: TRLArgs) -> None:
         """TRL 1.16's rule for the Mixture-of-Experts load-balancing loss (transformers' ``load_balancing_loss_func``,
         ``adapters/losses/router.py``): on when the model returns router logits (Qwen3 MoE) and the coefficient
         (``args.router_aux_loss_coef``, else the model config's) is not 0; a coefficient for a model without a router
@@ -304,7 +318,7 @@ class TRLTrainer(Trainer):
         return self.router_aux_loss_coef if self.aux_loss_enabled else 0.0
 
     @staticmethod
-    def _check_token_ids(largest: int, tokenizer: Any, models: dict[str, Any]) -> None:
+    def _check_token_ids(largest: int, tokenizer: Tokenizer, models: dict[str, Any]) -> None:
         """Raises ``ValueError`` when ``largest`` (the largest token id the data or the special tokens use) is
         outside the vocabulary of one of ``models`` (``{"model": ..., "ref_model": ...}``; ``None`` entries are
         skipped)."""
@@ -319,8 +333,9 @@ class TRLTrainer(Trainer):
         """LoRA dropout in training steps, unless the config sets TRL's ``disable_dropout``."""
         return super()._lora_dropout() and not getattr(self.args, "disable_dropout", False)
 
-    def _prepare_examples(self, train_dataset: Any, eval_dataset: Any, processing_class: Any,
-                          model: Any) -> tuple[list[dict], Any]:
+    def _prepare_examples(self, train_dataset: RowsLike, eval_dataset: EvalRowsLike | None,
+                          processing_class: ProcessingClass,
+                          model: CausalLM) -> tuple[list[dict], Any]:
         """``(train examples, eval examples)`` tokenised by the subclass's ``_tokenize(dataset, tokenizer, args,
         model)``, with ``self.padded_length`` (its ``_padded_length(examples)``) fitting all of them (one padded
         length for training and evaluation, so XLA compiles each step once)."""
@@ -334,7 +349,8 @@ class TRLTrainer(Trainer):
         self.padded_length = self._padded_length([*train_examples, *every_eval_example])
         return train_examples, eval_examples
 
-    def _show_prepared_datasets(self, train_examples: list[dict], eval_examples: Any) -> None:
+    def _show_prepared_datasets(self, train_examples: list[dict],
+                                eval_examples: list[dict] | dict[str, list[dict]] | None) -> None:
         """What TRL users read in ``train_dataset`` and ``eval_dataset`` of an offline trainer: its prepared examples
         as ``datasets.Dataset`` (a dict of them for a dict of eval datasets), as TRL's ``_prepare_dataset`` leaves
         them. Training and evaluation keep reading the examples."""
@@ -397,7 +413,7 @@ class TRLTrainer(Trainer):
         return weighed_by_examples, count_items
 
     # ------------------------------------------------------------------ reference policy
-    def _init_reference(self, ref_model: Any = None, *, adapter_off: bool = False,
+    def _init_reference(self, ref_model: ModelLike | None = None, *, adapter_off: bool = False,
                         copy: bool = False) -> reference_policy.ReferencePolicy:
         """Sets ``self.reference`` (``adapters.training.reference_policy.choose``) and, with ``args.sync_ref_model``,
         TRL's ``SyncRefModelCallback`` on it (a separate ``ref_model`` or a frozen copy of the policy).
@@ -460,8 +476,9 @@ class PrecomputedReferenceTrainer(TRLTrainer):
     _takes_vision_data = False
     """Whether the trainer trains on TRL's vision datasets (it then refuses them itself for a text-only model)."""
 
-    def _check_reference_settings(self, args: Any, model: Any, ref_model: Any, train_dataset: Any,
-                                  eval_dataset: Any) -> None:
+    def _check_reference_settings(self, args: TRLArgs, model: CausalLM, ref_model: ModelLike | None,
+                                  train_dataset: RowsLike,
+                                  eval_dataset: EvalRowsLike | None) -> None:
         """TRL's checks of the datasets and the reference settings, with its wording (vision data refused unless
         the trainer takes it, :attr:`_takes_vision_data`)."""
         import datasets
@@ -487,7 +504,8 @@ class PrecomputedReferenceTrainer(TRLTrainer):
                                  "`ref_model` and the initial model will be the reference.")
             check_causal_lm(ref_model, "ref_model", self._trainer_name)
 
-    def _start_reference(self, ref_model: Any, train_examples: list[dict], eval_examples: Any) -> None:
+    def _start_reference(self, ref_model: ModelLike | None, train_examples: list[dict],
+                         eval_examples: list[dict] | dict[str, list[dict]] | None) -> None:
         """The reference (``ref_model``; else the base weights of a new adapter, valid all run long; else the
         initial weights, valid until the first step, or a frozen copy with ``sync_ref_model``) and its columns on
         the examples (with ``sync_ref_model`` the training batches are scored as they are used instead)."""
@@ -535,7 +553,7 @@ class PrecomputedReferenceTrainer(TRLTrainer):
         """``(input_ids, attention_mask)`` of the rows TRL's collator builds from ``batch`` (prompt + completion)."""
         return batch["input_ids"], batch["attention_mask"]
 
-    def _metrics_length(self, lengths: Any) -> int | None:
+    def _metrics_length(self, lengths: Sequence[int]) -> int | None:
         """TRL's collator pads each batch to its longest row, rounded up to ``pad_to_multiple_of``."""
         from .base_config import round_up_to_multiple
 
@@ -577,7 +595,7 @@ class PrecomputedReferenceTrainer(TRLTrainer):
             self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
         return super()._evaluation_loop(examples, metric_key_prefix)
 
-    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
         """Raw data prepared and scored by the reference (TRL's ``evaluate`` does too); examples that carry the
         reference columns already (the trainer's ``eval_dataset``) as they are."""
         import datasets

@@ -13,11 +13,14 @@ import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..type_aliases import DatasetLike, Tokenizer
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "MAX_DROP_WARNINGS",
@@ -54,7 +57,7 @@ UNPAIR_BLOCK_SIZE = 1000
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def describe(value: Any) -> str:
+def describe(value: object) -> str:
     """A short description of a value's type for error messages: ``"a str"``, ``"a list of dict"``, ``"an empty
     list"``.
 
@@ -89,7 +92,7 @@ def get_dataset_column_names(dataset: DatasetLike | Iterable[Mapping[str, Any]],
     return list(first) if isinstance(first, Mapping) else []
 
 
-def is_message_list(value: Any, keys: tuple[str, ...] = ("role",)) -> bool:
+def is_message_list(value: object, keys: tuple[str, ...] = ("role",)) -> bool:
     """Whether ``value`` is a non-empty list of chat messages: its first item is a dict with every key of ``keys``.
 
     Args:
@@ -187,7 +190,7 @@ def common_prefix_length(ids: Sequence[Any], other_ids: Sequence[Any]) -> int:
     return length
 
 
-def as_int_list(values: Any, name: str, index: int) -> list[int]:
+def as_int_list(values: ArrayLike, name: str, index: int) -> list[int]:
     """A column of token ids (a list, tuple, numpy, torch or JAX array) as a list of Python ints.
 
     Args:

@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,7 +25,16 @@ from ..adapters.losses import distillation as distillation_losses
 from ..adapters.rollout import sampling
 from ..adapters.training import train_step
 from ..training import batches
-from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
+from ..type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RowsLike,
+    TRLArgs,
+)
 from .base_trainer import check_causal_lm, check_text_dataset
 from .distillation_config import DistillationConfig
 from .grpo_data import prepare_prompts
@@ -55,7 +64,8 @@ class StudentTeacherTrainer(OnlineTrainer):
     student's part only. A subclass calls :meth:`_load_teacher` before ``Trainer.__init__`` and
     :meth:`_pair_with_teacher` after it."""
 
-    def _load_teacher(self, teacher_model: Any, args: Any, model: Any, revision: str | None = None) -> Any:
+    def _load_teacher(self, teacher_model: ModelLike, args: TRLArgs, model: CausalLM,
+                      revision: str | None = None) -> CausalLM:
         """The teacher as TRL loads it: a string with ``teacher_model_init_kwargs`` (and the hub ``revision``, unless
         they set one) in the checkpoint's dtype unless they set one; ``None`` reads ``teacher_model_name_or_path``."""
         from .. import AutoModelForCausalLM
@@ -188,7 +198,7 @@ class DistillationTrainer(StudentTeacherTrainer):
         self._latest_completions: tuple[list[str], list[str]] = ([], [])
 
     # ------------------------------------------------------------------ set-up
-    def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
+    def _prepare(self, dataset: RowsLike, name: str) -> list[dict] | None:
         """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`; TRL's
         distillation keeps prompts whole); with tools the chat template also renders their schemas."""
         template_kwargs = dict(self.args.chat_template_kwargs or {})

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..type_aliases import Tokenizer
+from ..type_aliases import PromptLike, Tokenizer
 from .base_config import round_up_to_multiple
 from .data_utils import (
     MAX_DROP_WARNINGS,
@@ -95,7 +95,7 @@ class PromptResponseTokenizer:
                              f"(non-conversational) {trainer} responses get one appended so the model learns to stop. "
                              "Set tokenizer.eos_token.")
 
-    def _ids(self, messages_or_text: Any, template_kwargs: Mapping[str, Any], **kwargs: Any) -> list[int]:
+    def _ids(self, messages_or_text: PromptLike, template_kwargs: Mapping[str, Any], **kwargs: Any) -> list[int]:
         if self.conversational:
             out = self.tokenizer.apply_chat_template(messages_or_text, tokenize=True, return_dict=True,
                                                      **template_kwargs, **kwargs)
@@ -107,7 +107,7 @@ class PromptResponseTokenizer:
         eos = self.tokenizer.eos_token
         return text if text.endswith(eos) else text + eos
 
-    def _prompt_ids(self, prompt: Any, template_kwargs: Mapping[str, Any]) -> list[int]:
+    def _prompt_ids(self, prompt: PromptLike, template_kwargs: Mapping[str, Any]) -> list[int]:
         if self.conversational:
             return self._ids(prompt, template_kwargs, add_generation_prompt=True)
         return self._ids(prompt, template_kwargs)

@@ -16,11 +16,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..adapters.losses import dpo as dpo_losses
 from ..adapters.losses.dpo import dpo_step_loss
-from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
+from ..type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RowsLike,
+    TRLArgs,
+)
 from .base_trainer import PrecomputedReferenceTrainer, check_vision_model, is_vision_dataset, vision_processor
 from .dpo_config import DPOConfig
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
@@ -30,6 +39,9 @@ from .dpo_vision import (
     most_images,
     vision_preference_rows,
 )
+
+if TYPE_CHECKING:
+    from ..modeling import CausalLM
 
 __all__ = ["DPOTrainer", "dpo_step_loss"]
 
@@ -147,7 +159,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
 
     # ------------------------------------------------------------------ data
     @staticmethod
-    def _vision_processor(model: Any, ref_model: Any, processing_class: Any) -> Any:
+    def _vision_processor(model: CausalLM, ref_model: CausalLM | None, processing_class: ProcessingClass | None) -> Any:
         """The processor of a vision dataset (:func:`.base_trainer.vision_processor`), after TRL's refusal of vision
         data for a ``ref_model`` that is not a vision-language one."""
         processor = vision_processor(model, processing_class)
@@ -155,7 +167,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
             check_vision_model(ref_model.family, which="ref_model")
         return processor
 
-    def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
+    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
         """Prepared examples of ``dataset``, checked against the vocabulary of the models that will read them; the
         rows of a vision dataset as they are (its collator processes them), with image slots for the most images a
         row has."""

@@ -12,11 +12,11 @@ places them before the first user turn of a plain-text prompt) or strings that c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..type_aliases import DatasetLike
+from ..type_aliases import DatasetLike, Processor
 from .base_config import round_up_to_multiple
 from .data_utils import apply_chat_template, describe, is_message_list
 from .sft_vision import (
@@ -28,12 +28,15 @@ from .sft_vision import (
     with_image_list,
 )
 
+if TYPE_CHECKING:
+    from .dpo_config import DPOConfig
+
 __all__ = ["VisionPreferenceCollator", "check_vision_preference_settings", "most_images", "vision_preference_rows"]
 
 _RESPONSES = ("chosen", "rejected")
 
 
-def check_vision_preference_settings(args: Any, data_collator: Callable | None,
+def check_vision_preference_settings(args: DPOConfig, data_collator: Callable | None,
                                      compute_metrics: Callable | None) -> None:
     """TRL's refusals of DPO settings a vision dataset cannot take (its messages), and torchlike's own.
 
@@ -128,7 +131,7 @@ class VisionPreferenceCollator:
             ``images_per_row``, or a conversation's image placeholders do not match its images.
     """
 
-    def __init__(self, processor: Any, images: Callable[[np.ndarray, np.ndarray], np.ndarray], pad_token_id: int,
+    def __init__(self, processor: Processor, images: Callable[[np.ndarray, np.ndarray], np.ndarray], pad_token_id: int,
                  max_length: int | None = None, images_per_row: int = 1):
         self.processor = processor
         self.images = images

@@ -136,7 +136,7 @@ class EnvironmentPool:
         return union
 
     @staticmethod
-    def _methods(instance: Any) -> list[Callable]:
+    def _methods(instance: object) -> list[Callable]:
         return [getattr(instance, name) for name in _method_names(type(instance))]
 
     def name_of(self, row: Mapping[str, Any]) -> str | None:

@@ -14,7 +14,7 @@ from .data_utils import get_dataset_column_names, is_conversational
 __all__ = ["is_conversational_prompt", "left_padded", "prepare_prompts"]
 
 
-def is_conversational_prompt(prompt: Any) -> bool:
+def is_conversational_prompt(prompt: object) -> bool:
     """Whether ``prompt`` is a list of chat messages (TRL's ``is_conversational`` on ``{"prompt": prompt}``)."""
     return is_conversational({"prompt": prompt})
 

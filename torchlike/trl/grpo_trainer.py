@@ -21,7 +21,7 @@ import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
@@ -35,12 +35,15 @@ from ..training import batches, checkpoints, step_logs
 from ..type_aliases import (
     DatasetLike,
     EvalDatasetLike,
+    EvalRowsLike,
     ModelLike,
     PeftConfigLike,
     ProcessingClass,
     QuantizationConfig,
     RewardFunc,
+    RowsLike,
     Tokenizer,
+    TRLArgs,
 )
 from . import entropy_control, grpo_vision, reward_models
 from .base_trainer import is_vision_dataset, vision_processor
@@ -48,6 +51,9 @@ from .environments import EMPTY_PROMPT, EnvironmentPool
 from .grpo_config import GRPOConfig
 from .grpo_data import prepare_prompts
 from .online_trainer import GenerationSchedule, OnlineTrainer, reward_name
+
+if TYPE_CHECKING:
+    from ..modeling import CausalLM
 
 __all__ = ["GRPOTrainer"]
 
@@ -173,8 +179,9 @@ class GRPOTrainer(OnlineTrainer):
 
     # ------------------------------------------------------------------ set-up
     @staticmethod
-    def _check_reward_functions(reward_funcs: Any, reward_processing_classes: Any, args: Any,
-                                model: Any) -> list[Callable]:
+    def _check_reward_functions(reward_funcs: list[RewardFunc],
+                                reward_processing_classes: list[ProcessingClass | None], args: TRLArgs,
+                                model: CausalLM) -> list[Callable]:
         """The reward functions, reward models wrapped as ones (``reward_models.reward_functions``), checked (none
         is allowed here: an environment's ``get_reward`` may be the reward source)."""
         functions = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) \
@@ -193,7 +200,7 @@ class GRPOTrainer(OnlineTrainer):
         return functions
 
     @staticmethod
-    def _environment_dataset(environments: EnvironmentPool | None, args: Any) -> datasets.Dataset:
+    def _environment_dataset(environments: EnvironmentPool | None, args: TRLArgs) -> datasets.Dataset:
         """TRL's stand-in ``train_dataset`` when a single environment owns the data: one generation batch of empty
         prompts (its ``reset`` gives each rollout's prompt), cycled for ``max_steps`` steps; TRL's errors otherwise."""
         if environments is None:
@@ -209,7 +216,7 @@ class GRPOTrainer(OnlineTrainer):
         return datasets.Dataset.from_dict({"prompt": [EMPTY_PROMPT] * (args.generation_batch_size //
                                                                         args.num_generations)})
 
-    def _check_algorithm(self, args: Any, model: Any) -> None:
+    def _check_algorithm(self, args: TRLArgs, model: CausalLM) -> None:
         """TRL's checks of the algorithm settings against each other and the model, with its wording (its warnings
         through Python's ``logging``, as TRL's logger emits them)."""
         if args.loss_type == "luspo" and args.importance_sampling_level != "sequence":
@@ -226,7 +233,7 @@ class GRPOTrainer(OnlineTrainer):
                            "#group-sequence-policy-optimization).")
         self._check_reference_use(args)
 
-    def _check_sampling_ahead(self, args: Any) -> None:
+    def _check_sampling_ahead(self, args: TRLArgs) -> None:
         """``max_staleness >= 1`` needs the built-in sampler (tools and ``rollout_func`` sample themselves) and no
         more optimizer steps per generation batch than it allows (each batch is sampled one batch ahead)."""
         if args.max_staleness == 0:
@@ -243,7 +250,7 @@ class GRPOTrainer(OnlineTrainer):
                              f"ahead is {steps:g} steps stale, more than max_staleness={args.max_staleness}; raise "
                              "max_staleness or lower steps_per_generation / num_iterations.")
 
-    def _check_reference_use(self, args: Any) -> None:
+    def _check_reference_use(self, args: TRLArgs) -> None:
         """TRL's refusal of ``sync_ref_model`` without a reference (``beta=0``)."""
         if args.sync_ref_model and args.beta == 0.0:
             raise ValueError("You passed `sync_ref_model=True` while `beta=0.0`, which means the reference model is "
@@ -264,7 +271,7 @@ class GRPOTrainer(OnlineTrainer):
     def _decoder_dtype(self):
         return super()._compute_dtype()
 
-    def _prepare(self, dataset: Any, name: str) -> list[dict] | None:
+    def _prepare(self, dataset: RowsLike, name: str) -> list[dict] | None:
         """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`); with tools the
         chat template also renders their schemas, as TRL does. With environments a row may have no ``prompt`` (its
         environment's ``reset`` gives it); the prompts are tokenised again, after ``reset``, for each rollout."""
@@ -279,7 +286,8 @@ class GRPOTrainer(OnlineTrainer):
         return prepare_prompts(dataset, self.tokenizer, name, getattr(self.args, "max_prompt_length", None),
                                template_kwargs, default_prompt)
 
-    def _vision_processor(self, train_dataset: Any, eval_dataset: Any, model: Any, processing_class: Any) -> Any:
+    def _vision_processor(self, train_dataset: RowsLike | None, eval_dataset: EvalRowsLike | None, model: CausalLM,
+                          processing_class: ProcessingClass | None) -> Any:
         """The processor that prepares image prompts (TRL's ``images``/``image`` column), or ``None`` for text data.
 
         Raises:

@@ -4,11 +4,12 @@ and the prompt rendered and processed by the model's processor, so its ids carry
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from ..type_aliases import Processor
 from .grpo_data import is_conversational_prompt, left_padded
 from .sft_vision import prepare_multimodal_messages
 
@@ -27,7 +28,7 @@ def row_images(row: Mapping[str, Any]) -> list:
     return [row["image"]] if row.get("image") is not None else []
 
 
-def prepare_vision_prompts(dataset: Iterable[Mapping[str, Any]], processor: Any, name: str,
+def prepare_vision_prompts(dataset: Iterable[Mapping[str, Any]], processor: Processor, name: str,
                            chat_template_kwargs: Mapping[str, Any] | None = None) -> list[dict]:
     """Rows as dicts with ``prompt_ids``, :data:`TOKEN_TYPES` and :data:`PIXEL_VALUES` (``None`` for a row without
     images) beside the original columns.
@@ -64,7 +65,8 @@ def prepare_vision_prompts(dataset: Iterable[Mapping[str, Any]], processor: Any,
     return rows
 
 
-def rows_vision_inputs(rows: list[Mapping[str, Any]], prompt_ids: np.ndarray, images_of: Any, slots: int,
+def rows_vision_inputs(rows: list[Mapping[str, Any]], prompt_ids: np.ndarray, images_of: Callable[[np.ndarray,
+                       np.ndarray], np.ndarray], slots: int,
                        image_shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """``(images [N, slots, H, W, C], token types [N, P])`` of a generation batch's prompts, left-padded like
     ``prompt_ids`` ``[N, P]``.

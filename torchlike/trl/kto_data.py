@@ -77,7 +77,7 @@ def _format_error(columns: Sequence[str], detail: str, trainer: str = "KTO") -> 
     return ValueError(f"The {trainer} dataset {detail}. Found columns: {list(columns)}. Accepted formats:\n{formats}")
 
 
-def desirability_label(value: Any, index: int) -> bool:
+def desirability_label(value: object, index: int) -> bool:
     """Example ``index``'s ``label`` as a bool (True or 1: desirable; False or 0: undesirable).
 
     Raises:

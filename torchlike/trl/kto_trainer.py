@@ -11,13 +11,25 @@ reference is frozen and has no dropout, and no second copy of the model is kept 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..adapters.losses import kto as kto_losses
-from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
+from ..type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RowsLike,
+    TRLArgs,
+)
 from .base_trainer import PrecomputedReferenceTrainer
 from .kto_config import KTOConfig
 from .kto_data import check_desirability_balance, collate_unpaired_batch, padded_length, prepare_unpaired_examples
+
+if TYPE_CHECKING:
+    from ..modeling import CausalLM
 
 __all__ = ["KTOTrainer"]
 
@@ -99,7 +111,7 @@ class KTOTrainer(PrecomputedReferenceTrainer):
         self._show_prepared_datasets(train_examples, eval_examples)
 
     # ------------------------------------------------------------------ data
-    def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
+    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
         """Prepared examples of ``dataset`` (KL completions paired within chunks of ``per_device_train_batch_size``,
         for evaluation data too, as TRL does), checked against the vocabulary of the models that will read them."""
         examples = prepare_unpaired_examples(

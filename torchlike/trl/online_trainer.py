@@ -22,7 +22,7 @@ import itertools
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,12 +33,16 @@ from ..adapters.lora import runtime as lora_runtime
 from ..adapters.losses import grpo as grpo_losses
 from ..adapters.rollout import sampling
 from ..training.batches import sampler_order
+from ..type_aliases import ProcessingClass, RowsLike, TRLArgs
 from ..version import repetition_penalty_skips_left_padding
 from . import grpo_vision
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer
 from .environments import EMPTY_PROMPT, EnvironmentPool
 from .grpo_data import is_conversational_prompt, left_padded, prepare_prompts
+
+if TYPE_CHECKING:
+    from ..modeling import CausalLM
 
 __all__ = ["GenerationSchedule", "OnlineTrainer", "Rollout", "reward_name"]
 
@@ -156,7 +160,7 @@ class OnlineTrainer(TRLTrainer):
     environment_pool: EnvironmentPool | None = None
     """TRL's ``environment_factory`` (GRPO takes one): each rollout's prompt, tools and reward state."""
 
-    def _setup_sampling(self, args: Any, model: Any, processing_class: Any) -> None:
+    def _setup_sampling(self, args: TRLArgs, model: CausalLM, processing_class: ProcessingClass) -> None:
         """Sets ``sampling`` (the config's sampling fields, ``generation_kwargs`` over them, sampling on as in TRL),
         ``tokenizer``, ``pad_token_id`` and ``eos_token_ids`` (the tokenizer's eos first, then the generation
         config's)."""
@@ -181,7 +185,7 @@ class OnlineTrainer(TRLTrainer):
         self._background: concurrent.futures.ThreadPoolExecutor | None = None
         self._sampled_ahead: dict[tuple, tuple[list, concurrent.futures.Future]] = {}
 
-    def _sampling_overrides(self, args: Any) -> dict:
+    def _sampling_overrides(self, args: TRLArgs) -> dict:
         """The sampling settings laid over the config's sampling fields: ``generation_kwargs``."""
         return dict(args.generation_kwargs or {})
 
@@ -194,7 +198,7 @@ class OnlineTrainer(TRLTrainer):
         """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
         return round_up_to_multiple(length, self.args.pad_to_multiple_of)
 
-    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
         """Raw eval rows prepared as the train rows are (rows prepared at construction are kept as they are)."""
         from ..training import batches
 
@@ -225,7 +229,7 @@ class OnlineTrainer(TRLTrainer):
         """The NNX module completions are sampled from: the policy (the student in distillation)."""
         return self._trainable_model.module
 
-    def _setup_tools(self, tools: list | None, processing_class: Any, args: Any,
+    def _setup_tools(self, tools: list | None, processing_class: ProcessingClass, args: TRLArgs,
                      environment_pool: EnvironmentPool | None = None) -> None:
         """Sets ``environment_pool``, ``tools`` (the given ones, then every environment's methods) and
         ``tool_calling`` (:class:`.tool_calling.ToolCalling`, TRL's checks run) when there are tools, else ``None``."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..type_aliases import Tokenizer
+from ..type_aliases import PromptLike, Tokenizer
 from .base_config import round_up_to_multiple
 from .data_utils import (
     as_int_list,
@@ -111,7 +111,7 @@ class _PairTokenizer:
             raise ValueError(f"Example {index}: {', '.join(keys)} should all be {expected}, like the first example; "
                              f"found {found}.")
 
-    def _ids(self, sequence: Any, template_kwargs: Mapping[str, Any]) -> list[int]:
+    def _ids(self, sequence: PromptLike, template_kwargs: Mapping[str, Any]) -> list[int]:
         if self.conversational:
             out = self.tokenizer.apply_chat_template(sequence, tokenize=True, return_dict=True, **template_kwargs)
         else:

@@ -15,13 +15,24 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters.losses import reward as reward_losses
 from ..training.batches import check_single_dataset, each_dataset, map_datasets
-from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
+from ..type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RowsLike,
+    Tokenizer,
+    TRLArgs,
+)
 from .base_trainer import TRLTrainer, check_text_dataset
 from .data_utils import load_chat_template
 from .reward_config import RewardConfig
 from .reward_data import collate_reward_batch, padded_length, prepare_reward_examples
 
 if TYPE_CHECKING:
+    from ..modeling import CausalLM
     from ..sequence_classification import SequenceClassifier
 
 __all__ = ["RewardTrainer", "load_reward_model"]
@@ -168,18 +179,18 @@ class RewardTrainer(TRLTrainer):
         self._show_prepared_datasets(train_examples, eval_examples)
 
     # ------------------------------------------------------------------ model and tokenizer
-    def _load_model(self, model: Any, args: Any, quantization_config: Any) -> Any:
+    def _load_model(self, model: ModelLike, args: TRLArgs, quantization_config: QuantizationConfig | None) -> Any:
         """The one-label classifier (:func:`load_reward_model`)."""
         return load_reward_model(model, args, quantization_config)
 
-    def _check_new_adapter(self, model: Any) -> None:
+    def _check_new_adapter(self, model: CausalLM) -> None:
         if "score" not in model.modules_to_save:
             warnings.warn("The LoRA adapter does not train the score head (peft_config has neither "
                           "task_type='SEQ_CLS' nor 'score' in modules_to_save), so the reward head keeps its "
                           "loaded (possibly newly initialised) weights, as in TRL. Pass task_type='SEQ_CLS' to "
                           "train it.", UserWarning, stacklevel=4)
 
-    def _special_tokens(self, model: Any, tokenizer: Any, args: Any) -> int:
+    def _special_tokens(self, model: CausalLM, tokenizer: Tokenizer, args: TRLArgs) -> int:
         """Applies TRL's ``eos_token``, ``chat_template_path`` and pad-token settings to the tokenizer and the model
         config (whose ``pad_token_id`` marks where the score is read); returns the pad token id."""
         if args.eos_token is not None:
@@ -198,7 +209,7 @@ class RewardTrainer(TRLTrainer):
         return pad_token_id
 
     # ------------------------------------------------------------------ data
-    def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
+    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
         """Prepared pairs of ``dataset``, checked against the model's vocabulary."""
         examples = prepare_reward_examples(dataset, tokenizer, max_length=args.max_length,
                                            num_proc=args.dataset_num_proc)
@@ -207,7 +218,7 @@ class RewardTrainer(TRLTrainer):
         self._check_token_ids(largest, tokenizer, {"model": model})
         return examples
 
-    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
         """Evaluation data prepared as the training data (TRL's ``evaluate`` prepares what it is given; prepared
         pairs pass through unchanged), with the padded length widened when it holds longer sequences."""
         examples = self._tokenize(dataset, self.processing_class, self.args, self.model)

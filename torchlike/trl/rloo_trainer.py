@@ -11,7 +11,7 @@ a PPO-clipped objective on sequence ratios, averaged over sequences (``adapters.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,9 +27,13 @@ from ..type_aliases import (
     QuantizationConfig,
     RewardFunc,
     Tokenizer,
+    TRLArgs,
 )
 from .grpo_trainer import GRPOTrainer
 from .rloo_config import RLOOConfig
+
+if TYPE_CHECKING:
+    from ..modeling import CausalLM
 
 __all__ = ["RLOOTrainer"]
 
@@ -83,11 +87,11 @@ class RLOOTrainer(GRPOTrainer):
                          rollout_func=rollout_func)
 
     @staticmethod
-    def _environment_dataset(environments: None, args: Any) -> None:
+    def _environment_dataset(environments: None, args: TRLArgs) -> None:
         """TRL's RLOO takes no ``environment_factory``: its error for a missing ``train_dataset``."""
         raise ValueError("`train_dataset` is required")
 
-    def _check_algorithm(self, args: Any, model: Any) -> None:
+    def _check_algorithm(self, args: TRLArgs, model: CausalLM) -> None:
         self._check_reference_use(args)
 
     def _adaptive_entropy_control(self, args: RLOOConfig) -> None:

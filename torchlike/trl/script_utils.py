@@ -14,6 +14,7 @@ place so a ported script's imports resolve to one module.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import logging
 import os
@@ -286,7 +287,7 @@ class TrlParser(HfArgumentParser):
         super().__init__(dataclass_types=dataclass_types, **kwargs)
 
     @staticmethod
-    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: Any) -> None:
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
         optional = type(None) in get_args(field.type)
         HfArgumentParser._parse_dataclass_field(parser, field)
         if not optional:

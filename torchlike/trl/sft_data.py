@@ -60,11 +60,11 @@ import itertools
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..type_aliases import Tokenizer
+from ..type_aliases import RowsLike, Tokenizer
 from .data_utils import (
     MAX_DROP_WARNINGS,
     as_int_list,
@@ -78,6 +78,9 @@ from .data_utils import (
     maybe_convert_to_chatml,
 )
 from .packing import pack_dataset
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "ACCEPTED_FORMATS",
@@ -460,7 +463,7 @@ class _Preparer:
         return input_ids[window], loss_mask[window]
 
 
-def _labels_as_loss_mask(labels: Any, input_ids: list[int], index: int) -> list[int]:
+def _labels_as_loss_mask(labels: ArrayLike, input_ids: list[int], index: int) -> list[int]:
     """Hugging Face ``labels`` (``input_ids[t]`` or -100, unshifted) as a loss mask: 1 where ``labels != -100``."""
     labels = as_int_list(labels, "labels", index)
     _check_length(labels, input_ids, "labels", index)
@@ -715,7 +718,7 @@ class SFTRows(Sequence):
 
     _COLUMNS = ("input_ids", "labels", "seq_lengths")
 
-    def __init__(self, dataset: Any):
+    def __init__(self, dataset: RowsLike):
         self.dataset = dataset
         self._columns: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
         if hasattr(dataset, "data") and hasattr(dataset, "flatten_indices"):

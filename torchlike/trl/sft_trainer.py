@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import datasets
 import numpy as np
@@ -13,7 +12,15 @@ from ..adapters.losses import sft as sft_loss
 from ..adapters.model import neftune
 from ..training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
 from ..training.loss_selection import with_virtual_tokens
-from ..type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, QuantizationConfig
+from ..type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    QuantizationConfig,
+    RowsLike,
+)
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer, check_text_dataset, is_vision_dataset, vision_processor
 from .data_utils import load_chat_template
@@ -204,7 +211,7 @@ class SFTTrainer(TRLTrainer):
         return functools.partial(neftune.batch_length, padding_free=self.padding_free,
                                  pad_to_multiple_of=self.args.pad_to_multiple_of)
 
-    def _prepare_eval_dataset(self, dataset: Any) -> SFTRows:
+    def _prepare_eval_dataset(self, dataset: RowsLike) -> SFTRows:
         """Raw data prepared like ``train_dataset`` (TRL's ``evaluate`` does too); prepared examples as they are; a
         vision dataset as it is (its collator processes the rows)."""
         if self._is_vision_dataset:

@@ -9,13 +9,17 @@ text field, or ``prompt``/``completion``; ``{"type": "image"}`` message parts ma
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..type_aliases import Processor
 from .base_config import round_up_to_multiple
 from .data_utils import is_message_list
+
+if TYPE_CHECKING:
+    from .sft_config import SFTConfig
 
 __all__ = ["VisionLanguageCollator", "batch_images", "check_vision_settings", "flush_left", "images_in_slots",
            "prepare_multimodal_messages", "with_image_list"]
@@ -25,7 +29,7 @@ LENGTH_BUCKET = 32
 a few lengths rather than one per batch."""
 
 
-def check_vision_settings(args: Any, data_collator: Any) -> None:
+def check_vision_settings(args: SFTConfig, data_collator: Callable | None) -> None:
     """TRL's refusals of SFT settings a vision dataset cannot take (its messages).
 
     Raises:
@@ -128,7 +132,8 @@ def batch_images(examples: Sequence[Mapping[str, Any]]) -> list | None:
     return None if all(not row for row in images) else images
 
 
-def images_in_slots(processor: Any, images: Any, input_ids: np.ndarray, pixel_values: np.ndarray | None,
+def images_in_slots(processor: Processor, images: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                    input_ids: np.ndarray, pixel_values: np.ndarray | None,
                     images_per_row: int | None) -> np.ndarray:
     """Each row's images, in token order, in ``images_per_row`` slots (zeros past a row's own), for the JAX step.
 
@@ -178,7 +183,8 @@ class VisionLanguageCollator:
     ``token_type_ids`` (1 on image tokens) and ``images`` ``[B, images_per_row, H, W, C]``.
     """
 
-    def __init__(self, processor: Any, images: Any, max_length: int | None = None,
+    def __init__(self, processor: Processor, images: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                 max_length: int | None = None,
                  completion_only_loss: bool | None = None, dataset_text_field: str = "text",
                  pad_to_multiple_of: int | None = None, images_per_row: int | None = None):
         self.processor = processor

@@ -44,6 +44,8 @@ import transformers
 from jinja2.exceptions import TemplateError
 from packaging.version import Version
 
+from ..type_aliases import Tokenizer
+
 __all__ = ["ToolCalling", "ToolLoopResult", "is_chat_template_prefix_preserving", "require_tool_template",
            "supports_tool_calling", "training_chat_template"]
 
@@ -92,14 +94,14 @@ _UNKNOWN_RESPONSE_FORMAT = (
     "transformers >= 5.13, before creating the trainer.)")
 
 
-def _tool_conversation(name: str, arguments: Any, content: str) -> list[dict]:
+def _tool_conversation(name: str, arguments: object, content: str) -> list[dict]:
     """user -> assistant calling ``name(**arguments)`` -> tool answering ``content``."""
     calls = [{"type": "function", "function": {"name": name, "arguments": arguments}}]
     return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": calls},
             {"role": "tool", "name": name, "content": content}]
 
 
-def _render(tokenizer: Any, messages: list[dict], **kwargs: Any) -> Any:
+def _render(tokenizer: Tokenizer, messages: list[dict], **kwargs: Any) -> Any:
     """``apply_chat_template(messages)``, retried with JSON-text arguments for templates that reject a dict there
     (TRL's fallback for DeepSeek-V3-style templates)."""
     try:
@@ -161,7 +163,7 @@ def is_chat_template_prefix_preserving(tokenizer: transformers.PreTrainedTokeniz
     return list(longer[:len(shorter)]) == list(shorter)
 
 
-def _renders_qwen_tool_calls(tokenizer: Any) -> bool:
+def _renders_qwen_tool_calls(tokenizer: Tokenizer) -> bool:
     """Whether the chat template writes tool calls as Qwen 2.5 / Qwen 3 do: ChatML turns closed by ``<|im_end|>``
     and ``<tool_call>`` around a ``{"name": ..., "arguments": {...}}`` JSON object."""
     name = "tool_name_a8f3e2b1"
@@ -205,7 +207,7 @@ def _parse_qwen_response(text: str) -> dict | None:
     return message
 
 
-def _check_tool_calls(tool_calls: Any) -> None:
+def _check_tool_calls(tool_calls: object) -> None:
     """TRL's ``_validate_tool_calls``: every call names its function; missing arguments become ``{}``."""
     if not isinstance(tool_calls, list):
         raise ValueError("tool_calls must be a list or None.")

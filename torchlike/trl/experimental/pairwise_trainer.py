@@ -14,13 +14,25 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ...type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass
+from ...type_aliases import (
+    DatasetLike,
+    EvalDatasetLike,
+    ModelLike,
+    PeftConfigLike,
+    ProcessingClass,
+    RowsLike,
+    Tokenizer,
+    TRLArgs,
+)
 from ..base_config import TRLConfig
 from ..base_trainer import TRLTrainer
 from ..dpo_data import collate_preference_batch, padded_length
 from .pairwise_data import prepare_pairwise_examples
+
+if TYPE_CHECKING:
+    from ...modeling import CausalLM
 
 __all__ = ["PairwisePreferenceTrainer"]
 
@@ -75,15 +87,15 @@ class PairwisePreferenceTrainer(TRLTrainer):
         self._show_prepared_datasets(train_examples, eval_examples)
 
     # ------------------------------------------------------------------ subclass hooks
-    def _check_settings(self, args: Any) -> None:
+    def _check_settings(self, args: TRLArgs) -> None:
         """The subclass's checks of ``args`` (TRL's), before the model is loaded."""
 
-    def _padding_value(self, args: Any, tokenizer: Any) -> int:
+    def _padding_value(self, args: TRLArgs, tokenizer: Tokenizer) -> int:
         """The token id that pads ``input_ids``: the tokenizer's pad token (else its eos token)."""
         return self.pad_token_id
 
     # ------------------------------------------------------------------ model
-    def _setup_config_router_loss(self, model: Any) -> None:
+    def _setup_config_router_loss(self, model: CausalLM) -> None:
         """TRL's rule in these trainers: the router loss is added, times the config's ``router_aux_loss_coef``,
         when the model config sets ``output_router_logits``."""
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -99,7 +111,7 @@ class PairwisePreferenceTrainer(TRLTrainer):
         return self.aux_loss_coef if self.aux_loss_enabled else 0.0
 
     # ------------------------------------------------------------------ data
-    def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
+    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
         """Prepared examples of ``dataset``, checked against the model's vocabulary."""
         examples = prepare_pairwise_examples(dataset, tokenizer, max_length=self.max_length,
                                              num_proc=args.dataset_num_proc)
@@ -112,7 +124,7 @@ class PairwisePreferenceTrainer(TRLTrainer):
         and a position's logits are computed only where a next token follows."""
         return padded_length(examples, None) + 1
 
-    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
         """Raw data passed to ``evaluate()`` tokenised as the training data; prepared examples as they are."""
         if "chosen_ids" in next(iter(dataset), {}):
             return super()._prepare_eval_dataset(dataset)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,11 +33,16 @@ from ....type_aliases import (
     PeftConfigLike,
     ProcessingClass,
     QuantizationConfig,
+    RowsLike,
+    TRLArgs,
 )
 from ...base_trainer import PrecomputedReferenceTrainer
 from . import bco_udm
 from .bco_config import BCOConfig
 from .bco_data import collate_bco_batch, padded_length, prepare_bco_examples
+
+if TYPE_CHECKING:
+    from ....modeling import CausalLM
 
 __all__ = ["BCOTrainer"]
 
@@ -167,7 +172,7 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         ``embedding_tokenizer`` are both given."""
         return self.embedding_func is not None and self.embedding_tokenizer is not None
 
-    def _setup_model_router_loss(self, model: Any) -> None:
+    def _setup_model_router_loss(self, model: CausalLM) -> None:
         """TRL 1.0.0's BCO rule for a mixture-of-experts model: the router loss is added when the model config sets
         ``output_router_logits``, times its ``router_aux_loss_coef``."""
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -175,7 +180,7 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         self.router_aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0)
 
     # ------------------------------------------------------------------ data
-    def _tokenize(self, dataset: Any, tokenizer: Any, args: Any, model: Any) -> list[dict]:
+    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
         """Prepared examples of ``dataset`` (TRL 1.0.0's BCO tokenisation), checked against the vocabulary of the
         models that will read them."""
         examples = prepare_bco_examples(dataset, tokenizer, max_length=args.max_length, num_proc=args.dataset_num_proc,
@@ -192,7 +197,7 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         """Dataset order, every epoch: TRL's BCO reads its training data with a ``SequentialSampler``."""
         return np.arange(len(self.train_dataset))
 
-    def _prepare_eval_dataset(self, dataset: Any) -> list[dict]:
+    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
         """Raw data prepared and scored by the reference, and weighed by the UDM classifier, as the trainer's own
         evaluation data."""
         prepared = "ref_logps" in next(iter(dataset), {})

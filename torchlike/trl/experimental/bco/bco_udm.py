@@ -16,9 +16,12 @@ scikit-learn and joblib are imported only when UDM is asked for.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["CLF_NAME", "PromptEmbedder", "add_density_ratio_weights", "fit_density_ratio_classifier",
            "require_udm_libraries"]
@@ -37,7 +40,7 @@ def require_udm_libraries() -> None:
                           "`pip install scikit-learn joblib`.") from error
 
 
-def _as_numpy(embeddings: Any) -> np.ndarray:
+def _as_numpy(embeddings: ArrayLike) -> np.ndarray:
     if hasattr(embeddings, "detach"):  # a torch tensor
         embeddings = embeddings.detach().cpu().float().numpy()
     return np.asarray(embeddings, np.float32)
@@ -115,7 +118,9 @@ def fit_density_ratio_classifier(examples: Sequence[Mapping[str, Any]], embed: P
     return LogisticRegression(class_weight="balanced").fit(np.concatenate(samples), labels)
 
 
-def add_density_ratio_weights(examples: Sequence[dict[str, Any]], classifier: Any, embed: PromptEmbedder,
+def add_density_ratio_weights(examples: Sequence[dict[str, Any]],
+                              classifier: Any,  # Any: an sklearn-style classifier (predict_proba)
+                              embed: PromptEmbedder,
                               batch_size: int, min_ratio: float, max_ratio: float) -> None:
     """Sets each example's ``udm_weight`` in place: for an undesirable example ``clamp(p / (1 - p + 1e-8),
     min_ratio, max_ratio)`` in float32, ``p`` the classifier's probability that its prompt is desirable; 1 for a

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 from ....adapters.losses.cpo import LOSS_TYPES, CPOLossSettings, cpo_step_loss
-from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass
+from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, Tokenizer
 from ..pairwise_trainer import PairwisePreferenceTrainer
 from .cpo_config import CPOConfig
 
@@ -85,7 +84,7 @@ class CPOTrainer(PairwisePreferenceTrainer):
             raise ValueError(f"Unknown loss type: {args.loss_type}. Should be one of ['sigmoid', 'hinge', 'ipo', "
                              "'simpo']")
 
-    def _pad_token_id(self, tokenizer: Any, pad_token: str | None, eos_token: str | None = None) -> int:
+    def _pad_token_id(self, tokenizer: Tokenizer, pad_token: str | None, eos_token: str | None = None) -> int:
         """TRL's CPO sets the tokenizer's pad token to its eos token when it has none, and mirrors it onto the
         model's configs."""
         if tokenizer.pad_token is None:

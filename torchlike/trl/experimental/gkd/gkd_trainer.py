@@ -17,7 +17,7 @@ import logging
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +34,8 @@ from ....type_aliases import (
     PeftConfigLike,
     ProcessingClass,
     QuantizationConfig,
+    RowsLike,
+    TRLArgs,
 )
 from ...base_trainer import check_text_dataset
 from ...data_utils import load_chat_template
@@ -181,14 +183,14 @@ class GKDTrainer(StudentTeacherTrainer):
                                                          reduction, num_items_in_batch)
 
     # ------------------------------------------------------------------ set-up
-    def _prepare(self, dataset: Any, name: str) -> list[dict]:
+    def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
         """The rows tokenised as TRL's collator tokenises them (:func:`.gkd_data.tokenize_conversation`)."""
         rows = batches.as_sequence(dataset)
         if len(rows) == 0:
             raise ValueError(f"{name} is empty.")
         return [tokenize_conversation(dict(row), self.tokenizer, self.args.max_length) for row in rows]
 
-    def _sampling_overrides(self, args: Any) -> dict:
+    def _sampling_overrides(self, args: TRLArgs) -> dict:
         """TRL's GKD generation config: sampling at ``temperature`` with no top-k or top-p filtering."""
         return {"top_k": 0, "top_p": 1.0}
 

@@ -16,7 +16,6 @@ metrics are logged, as means over the micro-batches since the last log.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -27,10 +26,12 @@ from ....type_aliases import (
     DatasetLike,
     EvalDatasetLike,
     ModelLike,
+    PairwiseJudge,
     PeftConfigLike,
     ProcessingClass,
     QuantizationConfig,
     RewardFunc,
+    RowsLike,
 )
 from ...online_trainer import GenerationSchedule, Rollout
 from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
@@ -84,7 +85,7 @@ class NashMDTrainer(OnlineDPOTrainer):
     _tag_names = ["trl", "nash-md"]
 
     def __init__(self, model: ModelLike, ref_model: ModelLike | None = None,
-                 reward_funcs: RewardFunc | list[RewardFunc] | None = None, judge: Any | None = None,
+                 reward_funcs: RewardFunc | list[RewardFunc] | None = None, judge: PairwiseJudge | None = None,
                  args: NashMDConfig | None = None, data_collator: Callable | None = None,
                  train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
                  processing_class: ProcessingClass | None = None, peft_config: PeftConfigLike | None = None,
@@ -119,7 +120,7 @@ class NashMDTrainer(OnlineDPOTrainer):
         return nash_md_losses.nash_md_step_loss(self.model.family, self.args.gradient_accumulation_steps,
                                                 scored=self.judge is None), None
 
-    def _prepare(self, dataset: Any, name: str) -> list[dict]:
+    def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
         """Online DPO's prompt rows, each prompt after the tokenizer's BOS token unless it starts with it, as TRL
         1.0.0's ``tokenize_row`` (Nash-MD's ``training_step`` tokenises with it)."""
         return with_bos_first(super()._prepare(dataset, name), self.tokenizer.bos_token_id)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import jinja2
 import numpy as np
 
-from ....type_aliases import RewardFunc, Tokenizer
+from ....type_aliases import PairwiseJudge, RewardFunc, Tokenizer
 from ...data_utils import is_conversational
 from ...online_trainer import Rollout
 
@@ -25,7 +25,7 @@ JUDGE_CHAT_TEMPLATE = ("{% for message in messages %}{{message['role'].capitaliz
 T = TypeVar("T")
 
 
-def one_judge_or_reward(judge: Any | None, reward_funcs: RewardFunc | list[RewardFunc] | None,
+def one_judge_or_reward(judge: PairwiseJudge | None, reward_funcs: RewardFunc | list[RewardFunc] | None,
                         trainer_name: str) -> list[RewardFunc] | RewardFunc:
     """The reward functions a judge-or-reward trainer passes on, validated as TRL 1.0.0's XPO and Nash-MD trainers
     validate them (their words): a judge wins over rewards (with TRL's warning), and at most one reward.

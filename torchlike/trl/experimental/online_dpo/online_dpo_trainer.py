@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from ....type_aliases import (
     ProcessingClass,
     QuantizationConfig,
     RewardFunc,
+    RowsLike,
     Tokenizer,
 )
 from ... import reward_models
@@ -176,7 +176,7 @@ class OnlineDPOTrainer(OnlineTrainer):
         return epoch_value(self._beta, epoch)
 
     # ------------------------------------------------------------------ set-up
-    def _prepare(self, dataset: Any, name: str) -> list[dict]:
+    def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
         return prepare_prompt_rows(dataset, self.tokenizer, name)
 
     def _padded(self, length: int) -> int:

@@ -8,10 +8,9 @@ log odds ratio (``torchlike.adapters.losses.orpo``), logging TRL's metrics.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ....adapters.losses.orpo import ORPOLossSettings, orpo_step_loss
-from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass
+from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, Tokenizer
 from ..pairwise_trainer import PairwisePreferenceTrainer
 from .orpo_config import ORPOConfig
 
@@ -64,7 +63,7 @@ class ORPOTrainer(PairwisePreferenceTrainer):
                          compute_metrics=compute_metrics)
         self.beta = self.args.beta
 
-    def _padding_value(self, args: ORPOConfig, tokenizer: Any) -> int:
+    def _padding_value(self, args: ORPOConfig, tokenizer: Tokenizer) -> int:
         """``args.padding_value``, else the tokenizer's pad token (TRL's ``padding_value``)."""
         return self.pad_token_id if args.padding_value is None else args.padding_value
 

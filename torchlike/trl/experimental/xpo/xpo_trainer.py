@@ -13,7 +13,6 @@ and ``beta`` metrics are logged, as means over the micro-batches since the last 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -24,10 +23,12 @@ from ....type_aliases import (
     DatasetLike,
     EvalDatasetLike,
     ModelLike,
+    PairwiseJudge,
     PeftConfigLike,
     ProcessingClass,
     QuantizationConfig,
     RewardFunc,
+    RowsLike,
     Tokenizer,
 )
 from ...online_trainer import Rollout
@@ -78,7 +79,7 @@ class XPOTrainer(OnlineDPOTrainer):
     _tag_names = ["trl", "xpo"]
 
     def __init__(self, model: ModelLike, ref_model: ModelLike | None = None,
-                 reward_funcs: RewardFunc | list[RewardFunc] | None = None, judge: Any | None = None,
+                 reward_funcs: RewardFunc | list[RewardFunc] | None = None, judge: PairwiseJudge | None = None,
                  args: XPOConfig | None = None, data_collator: Callable | None = None,
                  train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
                  processing_class: ProcessingClass | None = None,
@@ -114,7 +115,7 @@ class XPOTrainer(OnlineDPOTrainer):
         settings = online_dpo_losses.OnlineDPOLossSettings.from_config(self.args)
         return xpo_losses.xpo_step_loss(self.model.family, settings, scored=self.judge is None), None
 
-    def _prepare(self, dataset: Any, name: str) -> list[dict]:
+    def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
         """Online DPO's prompt rows, each prompt after the tokenizer's BOS token unless it starts with it, as TRL
         1.0.0's ``tokenize_row`` (XPO's ``training_step`` tokenises with it)."""
         return with_bos_first(super()._prepare(dataset, name), self.tokenizer.bos_token_id)
