@@ -232,3 +232,45 @@ def test_the_any_check_fires_on_a_made_up_module(tmp_path):
     source.write_text("from typing import Any\n\n\ndef f(model: Any,\n      tree: Any,  # Any: a pytree\n"
                       "      rows: Any | None = None, *, size: int = 1, extra: Any = None) -> Any:\n    return model\n")
     assert unexplained_any_parameters(source) == ["f(model)", "f(rows)", "f(extra)"]
+
+
+#: The modules every online trainer composes (sampling, tools, environments, reward models, prompt data): none may
+#: import one algorithm's modules (a ``<name>_*`` module of ``torchlike/trl/`` or ``adapters/losses/<name>``).
+ONLINE_PARTS = ("torchlike.trl.online_trainer", "torchlike.trl.environments", "torchlike.trl.tool_calling",
+                "torchlike.trl.reward_models", "torchlike.trl.prompt_data", "torchlike.trl.prompt_vision")
+
+
+def algorithm_imports(module: str, path: Path) -> set[str]:
+    """The modules of one trainer's algorithm that ``module`` imports: ``torchlike.trl[.experimental].<name>`` or
+    ``<name>_*`` (its config, data, fields, trainer...) and ``torchlike.adapters.losses.<name>``, for each trainer
+    ``<name>`` of ``torchlike.trl.registry.TRAINERS`` (the online parts themselves excepted)."""
+    from torchlike.trl.registry import TRAINERS
+
+    names = {entry.name for entry in TRAINERS}
+    found = set()
+    for imported in imported_names(module, path):
+        parts = imported.split(".")
+        for index in range(2, len(parts)):
+            prefix, part = parts[:index], parts[index]
+            trl_module = prefix in (["torchlike", "trl"], ["torchlike", "trl", "experimental"]) and any(
+                part == name or part.startswith(f"{name}_") for name in names)
+            loss_module = prefix[-2:] == ["adapters", "losses"] and part in names
+            candidate = ".".join(parts[:index + 1])
+            if (trl_module or loss_module) and candidate not in ONLINE_PARTS:
+                found.add(candidate)
+                break
+    return found
+
+
+def test_online_parts_import_no_algorithms_modules():
+    modules = module_files()
+    found = {module: imports for module in ONLINE_PARTS if (imports := algorithm_imports(module, modules[module]))}
+    assert found == {}, f"online parts importing one algorithm's modules (move what they share out of it): {found}"
+
+
+def test_the_online_parts_check_fires_on_a_made_up_module(tmp_path):
+    source = tmp_path / "online_part.py"
+    source.write_text("from .grpo_config import GRPOConfig\nfrom ..adapters.losses import grpo as grpo_losses\n"
+                      "from . import data_utils, prompt_data\nfrom .experimental.nash_md import nash_md_trainer\n")
+    assert algorithm_imports("torchlike.trl.online_part", source) == {
+        "torchlike.trl.grpo_config", "torchlike.adapters.losses.grpo", "torchlike.trl.experimental.nash_md"}

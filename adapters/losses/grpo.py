@@ -756,16 +756,3 @@ def grpo_step_loss(family: Family, settings: GRPOLossSettings,
         return value, step_weight, metrics
 
     return loss
-
-
-def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """TRL's completion mask: 1 up to and including the first end token of each row, 0 after.
-
-    Returns:
-        ``(mask [B, C] int32, ended [B] bool)``.
-    """
-    is_end = np.isin(tokens, np.asarray(eos_token_ids, dtype=tokens.dtype))
-    ended = is_end.any(axis=1)
-    first_end = np.where(ended, is_end.argmax(axis=1), tokens.shape[1])
-    mask = (np.arange(tokens.shape[1])[None, :] <= first_end[:, None]).astype(np.int32)
-    return mask, ended

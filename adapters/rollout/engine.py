@@ -260,3 +260,16 @@ def rows_from_outputs(outputs: Sequence[RequestOutput], places: Sequence[tuple[i
 
 __all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "request_images", "request_seed",
            "requests_from_rows", "rows_from_outputs", "weights_snapshot"]
+
+
+def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """TRL's completion mask of sampled tokens: 1 up to and including the first end token of each row, 0 after.
+
+    Returns:
+        ``(mask [B, C] int32, ended [B] bool)``.
+    """
+    is_end = np.isin(tokens, np.asarray(eos_token_ids, dtype=tokens.dtype))
+    ended = is_end.any(axis=1)
+    first_end = np.where(ended, is_end.argmax(axis=1), tokens.shape[1])
+    mask = (np.arange(tokens.shape[1])[None, :] <= first_end[:, None]).astype(np.int32)
+    return mask, ended

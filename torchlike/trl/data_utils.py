@@ -40,6 +40,7 @@ __all__ = [
     "maybe_convert_to_chatml",
     "pad_token_id_for",
     "padded_sequences",
+    "prepare_multimodal_messages",
     "response_sequence",
     "tokenized_examples",
     "truncation_window",
@@ -488,3 +489,46 @@ def padded_sequences(examples: Sequence[Mapping[str, Any]], responses: Iterable[
         batch.update({f"{prefix}input_ids": input_ids, f"{prefix}attention_mask": attention_mask,
                       f"{prefix}completion_mask": completion_mask})
     return batch
+
+def prepare_multimodal_messages(messages: Sequence[Mapping[str, Any]], images: Sequence[Any] | None = None
+                                ) -> list[dict[str, Any]]:
+    """TRL's ``prepare_multimodal_messages``: every ``content`` as a list of typed parts, image placeholders for
+    ``images`` before the first user turn's text when the conversation is plain text, and each placeholder filled
+    with its image in order.
+
+    Args:
+        messages: ``role``/``content`` turns (``content`` a string or a list of parts).
+        images: the example's images.
+
+    Returns:
+        New message dicts (the inputs are not changed).
+
+    Raises:
+        ValueError: a role other than system, user, assistant or tool, or a placeholder count that differs from the
+            number of images (TRL's messages).
+    """
+    images = list(images or [])
+    prepared: list[dict[str, Any]] = []
+    placed = False
+    for message in messages:
+        role, content = message["role"], message.get("content")
+        if role not in ("system", "user", "assistant", "tool"):
+            raise ValueError(f"Invalid role in message: {role}. Expected 'system', 'user', 'assistant', or 'tool'.")
+        if isinstance(content, str):
+            parts = [{"type": "text", "text": content}]
+            if role == "user" and not placed:
+                parts = [{"type": "image"} for _ in images] + parts
+                placed = True
+            message = {**message, "content": parts}
+        prepared.append(dict(message))
+    open_slots = [(turn, index) for turn, message in enumerate(prepared)
+                  if message.get("content") and message["role"] != "tool"
+                  for index, part in enumerate(message["content"]) if part["type"] == "image" and "image" not in part]
+    if len(open_slots) != len(images):
+        raise ValueError(f"Number of images provided ({len(images)}) does not match number of image placeholders "
+                         f"({len(open_slots)}).")
+    for (turn, index), image in zip(open_slots, images, strict=True):
+        content = list(prepared[turn]["content"])
+        content[index] = {**content[index], "image": image}
+        prepared[turn] = {**prepared[turn], "content": content}
+    return prepared

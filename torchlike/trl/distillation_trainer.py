@@ -37,8 +37,8 @@ from ..type_aliases import (
 )
 from .base_trainer import check_causal_lm, check_text_dataset
 from .distillation_config import DistillationConfig
-from .grpo_data import prepare_prompts
 from .online_trainer import GenerationSchedule, OnlineTrainer
+from .prompt_data import prepare_prompts
 
 if TYPE_CHECKING:
     from ..modeling import CausalLM
@@ -199,7 +199,7 @@ class DistillationTrainer(StudentTeacherTrainer):
 
     # ------------------------------------------------------------------ set-up
     def _prepare(self, dataset: RowsLike, name: str) -> list[dict] | None:
-        """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`; TRL's
+        """Rows with ``prompt_ids`` next to the original columns (:func:`.prompt_data.prepare_prompts`; TRL's
         distillation keeps prompts whole); with tools the chat template also renders their schemas."""
         template_kwargs = dict(self.args.chat_template_kwargs or {})
         if self.tools:

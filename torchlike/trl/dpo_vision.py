@@ -5,7 +5,7 @@ and ``rejected_*`` columns (token types included) padded to a bucketed length, a
 (``Family.images``), which the chosen and the rejected sequence share.
 
 TRL's vision preference rows hold ``images`` (a list) or ``image`` beside ``prompt``, ``chosen`` and ``rejected``,
-message lists (``{"type": "image"}`` parts mark where each image goes; :func:`~.sft_vision.prepare_multimodal_messages`
+message lists (``{"type": "image"}`` parts mark where each image goes; :func:`~.data_utils.prepare_multimodal_messages`
 places them before the first user turn of a plain-text prompt) or strings that carry the model's image tokens.
 """
 
@@ -18,13 +18,12 @@ import numpy as np
 
 from ..type_aliases import DatasetLike, Processor
 from .base_config import round_up_to_multiple
-from .data_utils import apply_chat_template, describe, is_message_list
+from .data_utils import apply_chat_template, describe, is_message_list, prepare_multimodal_messages
 from .sft_vision import (
     LENGTH_BUCKET,
     batch_images,
     flush_left,
     images_in_slots,
-    prepare_multimodal_messages,
     with_image_list,
 )
 

@@ -45,12 +45,12 @@ from ..type_aliases import (
     Tokenizer,
     TRLArgs,
 )
-from . import entropy_control, grpo_vision, reward_models
+from . import entropy_control, prompt_vision, reward_models
 from .base_trainer import is_vision_dataset, vision_processor
 from .environments import EMPTY_PROMPT, EnvironmentPool
 from .grpo_config import GRPOConfig
-from .grpo_data import prepare_prompts
 from .online_trainer import GenerationSchedule, OnlineTrainer, reward_name
+from .prompt_data import prepare_prompts
 
 if TYPE_CHECKING:
     from ..modeling import CausalLM
@@ -272,7 +272,7 @@ class GRPOTrainer(OnlineTrainer):
         return super()._compute_dtype()
 
     def _prepare(self, dataset: RowsLike, name: str) -> list[dict] | None:
-        """Rows with ``prompt_ids`` next to the original columns (:func:`.grpo_data.prepare_prompts`); with tools the
+        """Rows with ``prompt_ids`` next to the original columns (:func:`.prompt_data.prepare_prompts`); with tools the
         chat template also renders their schemas, as TRL does. With environments a row may have no ``prompt`` (its
         environment's ``reset`` gives it); the prompts are tokenised again, after ``reset``, for each rollout."""
         template_kwargs = dict(self.args.chat_template_kwargs or {})
@@ -280,8 +280,8 @@ class GRPOTrainer(OnlineTrainer):
             template_kwargs = {**self.tool_calling.chat_template_kwargs, "tools": self.tools}
         default_prompt = EMPTY_PROMPT if self.environment_pool is not None else None
         if self._processor is not None and dataset is not None and is_vision_dataset(dataset):
-            rows = grpo_vision.prepare_vision_prompts(dataset, self._processor, name, template_kwargs)
-            self._image_slots = max(self._image_slots, *(len(grpo_vision.row_images(row)) for row in rows))
+            rows = prompt_vision.prepare_vision_prompts(dataset, self._processor, name, template_kwargs)
+            self._image_slots = max(self._image_slots, *(len(prompt_vision.row_images(row)) for row in rows))
             return rows
         return prepare_prompts(dataset, self.tokenizer, name, getattr(self.args, "max_prompt_length", None),
                                template_kwargs, default_prompt)

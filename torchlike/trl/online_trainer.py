@@ -30,16 +30,15 @@ from ..adapters import rollout
 from ..adapters.distributed import mesh as mesh_lib
 from ..adapters.distributed import multihost
 from ..adapters.lora import runtime as lora_runtime
-from ..adapters.losses import grpo as grpo_losses
 from ..adapters.rollout import sampling
 from ..training.batches import sampler_order
 from ..type_aliases import ProcessingClass, RowsLike, TRLArgs
 from ..version import repetition_penalty_skips_left_padding
-from . import grpo_vision
+from . import prompt_vision
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer
 from .environments import EMPTY_PROMPT, EnvironmentPool
-from .grpo_data import is_conversational_prompt, left_padded, prepare_prompts
+from .prompt_data import is_conversational_prompt, left_padded, prepare_prompts
 
 if TYPE_CHECKING:
     from ..modeling import CausalLM
@@ -104,7 +103,7 @@ class Rollout:
         extra: ``rollout_func``'s extra per-completion fields (passed to the reward functions).
         environments: each rollout's environment instance (``environment_factory``; the reward functions receive
             them as ``environments``), or ``None``.
-        images: ``[N, slots, H, W, C]`` each prompt's images (image prompts, :mod:`.grpo_vision`), or ``None``.
+        images: ``[N, slots, H, W, C]`` each prompt's images (image prompts, :mod:`.prompt_vision`), or ``None``.
         prompt_token_types: ``[N, P]`` 1 on the prompts' image tokens, or ``None``.
     """
 
@@ -368,7 +367,7 @@ class OnlineTrainer(TRLTrainer):
             length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
             round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
             sampled, _ = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
-            mask, _ = grpo_losses.completion_mask(sampled, self.eos_token_ids)
+            mask, _ = rollout.completion_mask(sampled, self.eos_token_ids)
             return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
 
         tools = row_tools or [self.tools] * len(prompts)
@@ -409,7 +408,7 @@ class OnlineTrainer(TRLTrainer):
             sampled, logps = self._sample(prompts, mask, self._completion_limit, seed)
         else:
             sampled, logps = self._sample(prompts, mask, self._completion_limit, seed, vision)
-        kept, _ = grpo_losses.completion_mask(sampled, self.eos_token_ids)
+        kept, _ = rollout.completion_mask(sampled, self.eos_token_ids)
         lengths = kept.sum(axis=1)
         return ([row[:int(n)].tolist() for row, n in zip(sampled, lengths, strict=True)],
                 [row[:int(n)].tolist() for row, n in zip(logps, lengths, strict=True)])
@@ -470,11 +469,11 @@ class OnlineTrainer(TRLTrainer):
     """Image slots per prompt (the most images a prompt of the data has); 0: text prompts."""
 
     def _vision_inputs(self, rows: list[dict], prompt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(images, token types)`` of a generation batch's image prompts (:func:`.grpo_vision.rows_vision_inputs`),
+        """``(images, token types)`` of a generation batch's image prompts (:func:`.prompt_vision.rows_vision_inputs`),
         the image size the processor's."""
         config = self.model.config
         size = self.processing_class.image_processor.size
-        return grpo_vision.rows_vision_inputs(
+        return prompt_vision.rows_vision_inputs(
             rows, prompt_ids, lambda ids, pixels: self.model.family.images(config, ids, pixels), self._image_slots,
             (size["height"], size["width"], 3))
 

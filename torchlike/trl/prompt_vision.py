@@ -1,5 +1,5 @@
 """Image prompts for the online trainers, as TRL's GRPO reads them: an ``images`` (or ``image``) column beside a
-conversational ``prompt``, the images placed in the first user turn (:func:`.sft_vision.prepare_multimodal_messages`)
+conversational ``prompt``, the images placed in the first user turn (:func:`.data_utils.prepare_multimodal_messages`)
 and the prompt rendered and processed by the model's processor, so its ids carry the image tokens."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..type_aliases import Processor
-from .grpo_data import is_conversational_prompt, left_padded
-from .sft_vision import prepare_multimodal_messages
+from .data_utils import prepare_multimodal_messages
+from .prompt_data import is_conversational_prompt, left_padded
 
 __all__ = ["PIXEL_VALUES", "TOKEN_TYPES", "prepare_vision_prompts", "row_images", "rows_vision_inputs"]
 
