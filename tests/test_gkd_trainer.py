@@ -187,8 +187,9 @@ def run_torchlike_gkd(student, teacher, tokenizer_path, output_dir, settings):
                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
     calls = []
 
-    def scripted_turn(prompt_ids, seed):
-        calls.append("teacher" if trainer._sampling_module is trainer.teacher_model.module else "student")
+    def scripted_turn(prompt_ids, seed, worker=None):
+        sampler = (worker or trainer.rollout_worker).model()
+        calls.append("teacher" if sampler is trainer.teacher_model.module else "student")
         return [scripted_completion(ids) for ids in prompt_ids], None
 
     trainer._generate_single_turn = scripted_turn
@@ -277,9 +278,10 @@ def test_on_policy_and_seq_kd_sample_from_their_model_and_train_only_the_student
     teacher_before = {key: np.asarray(value) for key, value in trainer.teacher_model.state_dict().items()}
     sampled, sample = [], trainer._generate_single_turn
 
-    def recording(prompt_ids, seed):
-        sampled.append((trainer._sampling_module is trainer.teacher_model.module, sample(prompt_ids, seed)[0]))
-        return sample(prompt_ids, seed)
+    def recording(prompt_ids, seed, worker=None):
+        from_teacher = (worker or trainer.rollout_worker).model() is trainer.teacher_model.module
+        sampled.append((from_teacher, sample(prompt_ids, seed, worker=worker)[0]))
+        return sample(prompt_ids, seed, worker=worker)
 
     trainer._generate_single_turn = recording
     trainer.train()

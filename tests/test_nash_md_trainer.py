@@ -99,8 +99,8 @@ def run_torchlike(path, tokenizer_path, output_dir, settings) -> tuple[list[dict
                             train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
                             processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
 
-    def scripted_turn(prompt_ids, seed):
-        copy = int(trainer._sampled_mixture_coef is not None)
+    def scripted_turn(prompt_ids, seed, worker=None):
+        copy = int(isinstance((worker or trainer.rollout_worker).model(), GeometricMixture))
         return [scripted_completion(ids, copy, *script_arguments()) for ids in prompt_ids], None
 
     trainer._generate_single_turn = scripted_turn
@@ -145,8 +145,8 @@ def test_with_a_reward_function_the_probability_is_the_sigmoid_of_the_reward_dif
                             processing_class=torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir))
     sampled = {}
 
-    def scripted_turn(prompt_ids, seed):
-        copy = int(trainer._sampled_mixture_coef is not None)
+    def scripted_turn(prompt_ids, seed, worker=None):
+        copy = int(isinstance((worker or trainer.rollout_worker).model(), GeometricMixture))
         sampled[copy] = [scripted_completion(ids, copy, *script_arguments()) for ids in prompt_ids]
         return sampled[copy], None
 

@@ -78,8 +78,8 @@ def run_torchlike(path, tokenizer_path, output_dir, settings) -> tuple[list[dict
                          train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS],
                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
 
-    def scripted_turn(prompt_ids, seed):
-        copy = int(trainer._sampling_reference)
+    def scripted_turn(prompt_ids, seed, worker=None):
+        copy = int(worker is not None and worker is trainer._reference_worker)
         return [scripted_completion(ids, copy, *script_arguments()) for ids in prompt_ids], None
 
     trainer._generate_single_turn = scripted_turn
@@ -138,9 +138,10 @@ def test_the_reference_model_samples_the_reference_completions(tiny_checkpoints,
     sampled = {}
     generate = trainer._generate
 
-    def recording(rows, seed):
-        record = generate(rows, seed)
-        sampled["reference" if trainer._sampling_reference else "policy"] = record
+    def recording(rows, seed, worker=None):
+        record = generate(rows, seed, worker=worker)
+        reference = worker is not None and worker is trainer._reference_worker
+        sampled["reference" if reference else "policy"] = record
         return record
 
     trainer._generate = recording

@@ -14,9 +14,9 @@ micro-batches on one schedule (:meth:`OnlineTrainer._generation_schedule`: ``mic
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import copy
 import dataclasses
+import functools
 import inspect
 import itertools
 import logging
@@ -39,6 +39,7 @@ from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer
 from .environments import EMPTY_PROMPT, EnvironmentPool
 from .prompt_data import is_conversational_prompt, left_padded, prepare_prompts
+from .rollout_worker import RolloutWorker
 
 if TYPE_CHECKING:
     from ..modeling import CausalLM
@@ -179,10 +180,17 @@ class OnlineTrainer(TRLTrainer):
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.eos_token_ids = eos if tokenizer.eos_token_id in eos else [tokenizer.eos_token_id, *eos]
         self._pending_metrics: dict[str, list[float]] = {}
-        self._rollout_engine: rollout.RolloutEngine | None = None
-        self._background_engine: rollout.RolloutEngine | None = None
-        self._background: concurrent.futures.ThreadPoolExecutor | None = None
-        self._sampled_ahead: dict[tuple, tuple[list, concurrent.futures.Future]] = {}
+
+    @functools.cached_property
+    def rollout_worker(self) -> RolloutWorker:
+        """The policy's :class:`~.rollout_worker.RolloutWorker` (the student in distillation): its engine, and the
+        generation batches it samples ahead. Built on first use, with the trainer's final pad token."""
+        return self._new_worker(lambda: self._trainable_model.module)
+
+    def _new_worker(self, model: Callable[[], Any], lora: str | None = None) -> RolloutWorker:
+        """A :class:`~.rollout_worker.RolloutWorker` sampling from ``model()`` with this trainer's settings and
+        engine (the policy's, or a second model's that an algorithm hands to :meth:`_generate`)."""
+        return RolloutWorker(model, self._build_rollout_engine, self.sampling, self.pad_token_id, lora=lora)
 
     def _sampling_overrides(self, args: TRLArgs) -> dict:
         """The sampling settings laid over the config's sampling fields: ``generation_kwargs``."""
@@ -223,11 +231,6 @@ class OnlineTrainer(TRLTrainer):
         """Called when a training log takes the gathered generation metrics (e.g. to print the latest completions)."""
 
     # ------------------------------------------------------------------ sampling and tools
-    @property
-    def _sampling_module(self):
-        """The NNX module completions are sampled from: the policy (the student in distillation)."""
-        return self._trainable_model.module
-
     def _setup_tools(self, tools: list | None, processing_class: ProcessingClass, args: TRLArgs,
                      environment_pool: EnvironmentPool | None = None) -> None:
         """Sets ``environment_pool``, ``tools`` (the given ones, then every environment's methods) and
@@ -282,79 +285,29 @@ class OnlineTrainer(TRLTrainer):
 
     @property
     def rollout_engine(self) -> rollout.RolloutEngine:
-        """The engine completions are sampled with (``args.rollout_engine``; built on first use, then handed the
-        policy before each generation round)."""
-        if self._rollout_engine is None:
-            self._rollout_engine = self._build_rollout_engine()
-        return self._rollout_engine
+        """The engine the policy's completions are sampled with (``args.rollout_engine``; built on first use, then
+        handed the policy before each generation round): :attr:`rollout_worker`'s."""
+        return self.rollout_worker.engine
 
-    def _build_rollout_engine(self) -> rollout.RolloutEngine:
+    def _build_rollout_engine(self, module: Any) -> rollout.RolloutEngine:  # Any: an NNX module or a wrapper
         settings = {item.name: getattr(self.args, item.name) for item in dataclasses.fields(self.args)
                     if item.name.startswith("rollout_")}
         common = {"eos_token_ids": self.eos_token_ids, "pad_token_id": self.pad_token_id, "lora": lora_runtime.EVAL}
         if settings.get("rollout_engine", "static") == "static":
-            return rollout.StaticEngine(self._sampling_module, batch_sharding=mesh_lib.batch_sharding(self.mesh),
+            return rollout.StaticEngine(module, batch_sharding=mesh_lib.batch_sharding(self.mesh),
                                         data_parallel_size=mesh_lib.data_parallel_size(self.mesh),
                                         repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
                                         **common)
-        return rollout.PagedEngine(self._sampling_module,
-                                   rollout.PagedEngineConfig.from_mapping(settings, prefix="rollout_"),
+        return rollout.PagedEngine(module, rollout.PagedEngineConfig.from_mapping(settings, prefix="rollout_"),
                                    mesh=self.mesh, **common)
 
-    @staticmethod
-    def _generation_key(prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int) -> tuple:
-        return (int(seed), int(max_new_tokens), np.asarray(prompt_ids).tobytes(), np.asarray(prompt_mask).tobytes())
-
-    def _sample(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int,
-                seed: int, vision: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(tokens [N, steps], log-probs [N, steps])`` sampled by the policy after left-padded prompts (pad and
-        log-prob 0 after a row's end token); the rows of one prompt in a row are one request's samples (one prefill).
-        Prompts :meth:`_sample_ahead` started are taken from there (sampled with the weights of that moment).
-        ``vision``: the prompts' ``(images, token types)`` (:meth:`_vision_inputs`) for image prompts."""
-        ahead = self._sampled_ahead.pop(self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed), None)
-        if ahead is not None:
-            places, pending = ahead
-            outputs = pending.result()
-        else:
-            requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed,
-                                                          *(vision or ()))
-            engine = self.rollout_engine
-            engine.update_weights(self._sampling_module)
-            outputs = engine.generate(requests, self.sampling)
-        return rollout.rows_from_outputs(outputs, places, self.pad_token_id)
-
-    def _sample_ahead(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int, seed: int,
-                      vision: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """Starts sampling these prompts in a background thread with a snapshot of the policy's current weights
-        (generation overlapped with training); the :meth:`_sample` call with the same arguments takes the result.
-        With several processes they are sampled at once, in this thread, with the same snapshot. ``vision``: as
-        :meth:`_sample` takes it."""
-        if self._background_engine is None:
-            self._background_engine = self._build_rollout_engine()
-            self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchlike-rollout")
-        requests, places = rollout.requests_from_rows(prompt_ids, prompt_mask, max_new_tokens, seed,
-                                                      *(vision or ()))
-        self._background_engine.update_weights(rollout.weights_snapshot(self._sampling_module))
-        if multihost.process_count() > 1:
-            # Every process must issue JAX's cross-process collectives in the same order, which a second thread
-            # would not: the batch is sampled now, with the same weights and seeds, so only the overlap is lost.
-            pending = concurrent.futures.Future()
-            pending.set_result(self._background_engine.generate(requests, self.sampling))
-        else:
-            pending = self._background.submit(self._background_engine.generate, requests, self.sampling)
-        self._sampled_ahead[self._generation_key(prompt_ids, prompt_mask, max_new_tokens, seed)] = (places, pending)
-
-    def _drop_samples_ahead(self) -> None:
-        """Waits for the background samples no step will use (training stopped) and drops them."""
-        for _, pending in self._sampled_ahead.values():
-            pending.result()
-        self._sampled_ahead.clear()
-
     def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
-                    completion_mask: np.ndarray, seed: int, row_tools: list[list[Callable]] | None = None) -> tuple:
+                    completion_mask: np.ndarray, seed: int, row_tools: list[list[Callable]] | None = None,
+                    worker: RolloutWorker | None = None) -> tuple:
         """Runs TRL's tool-calling loop (:meth:`.tool_calling.ToolCalling.run`) on the first completions, continuing
-        each sample with the policy's sampler; ``row_tools`` are each sample's tools (default: ``tools``). With several
-        processes each runs the tools of the samples it scores (an environment's state stays where it is read).
+        each sample with ``worker`` (default: the policy's); ``row_tools`` are each sample's tools (default:
+        ``tools``). With several processes each runs the tools of the samples it scores (an environment's state stays
+        where it is read).
 
         Returns:
             ``(tokens, completion_mask, ended, tool_mask, loop result)`` of the completions with their tool turns.
@@ -366,7 +319,8 @@ class OnlineTrainer(TRLTrainer):
         def generate(prompt_id_lists: list[list[int]], max_new_tokens: int) -> list[list[int]]:
             length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
             round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
-            sampled, _ = self._sample(*self._left_padded(prompt_id_lists, length), max_new_tokens, round_seed)
+            sampled, _ = (worker or self.rollout_worker).sample(*self._left_padded(prompt_id_lists, length),
+                                                                max_new_tokens, round_seed)
             mask, _ = rollout.completion_mask(sampled, self.eos_token_ids)
             return [row[:int(row_mask.sum())].tolist() for row, row_mask in zip(sampled, mask, strict=True)]
 
@@ -397,26 +351,26 @@ class OnlineTrainer(TRLTrainer):
 
     # ------------------------------------------------------------------ the generation path
     def _generate_single_turn(self, prompt_ids: list[list[int]], seed: int,
-                              vision: tuple[np.ndarray, np.ndarray] | None = None
+                              vision: tuple[np.ndarray, np.ndarray] | None = None,
+                              worker: RolloutWorker | None = None
                               ) -> tuple[list[list[int]], list[list[float]] | None]:
         """One completion per prompt from the rollout engine (TRL's ``_generate_single_turn``): sampled with the
         config's settings, cut after the first end token (kept), at most ``max_completion_length`` tokens; with
         the engine's log-prob of each token (``None`` where completions come without them). ``vision``: image
-        prompts' ``(images, token types)``, laid out like :meth:`_prompt_arrays`."""
+        prompts' ``(images, token types)``, laid out like :meth:`_prompt_arrays`. ``worker``: the
+        :class:`~.rollout_worker.RolloutWorker` to sample with (default: the policy's)."""
         prompts, mask = self._prompt_arrays(prompt_ids)
-        if vision is None:
-            sampled, logps = self._sample(prompts, mask, self._completion_limit, seed)
-        else:
-            sampled, logps = self._sample(prompts, mask, self._completion_limit, seed, vision)
+        sampled, logps = (worker or self.rollout_worker).sample(prompts, mask, self._completion_limit, seed, vision)
         kept, _ = rollout.completion_mask(sampled, self.eos_token_ids)
         lengths = kept.sum(axis=1)
         return ([row[:int(n)].tolist() for row, n in zip(sampled, lengths, strict=True)],
                 [row[:int(n)].tolist() for row, n in zip(logps, lengths, strict=True)])
 
-    def _generate(self, rows: list[dict], seed: int) -> Rollout:
-        """Samples one completion per row (the engine, or ``rollout_func`` when given), continues each through the
-        model's tool calls when there are tools, and returns the :class:`Rollout`. With environments each row first
-        gets its rollout's instance, reset, and the prompt it returns (:meth:`_reset_environments`)."""
+    def _generate(self, rows: list[dict], seed: int, worker: RolloutWorker | None = None) -> Rollout:
+        """Samples one completion per row (``worker``, by default the policy's :attr:`rollout_worker`, or
+        ``rollout_func`` when given), continues each through the model's tool calls when there are tools, and returns
+        the :class:`Rollout`. With environments each row first gets its rollout's instance, reset, and the prompt it
+        returns (:meth:`_reset_environments`)."""
         limit = self._completion_limit
         environments = row_tools = None
         if self.environment_pool is not None:
@@ -428,11 +382,12 @@ class OnlineTrainer(TRLTrainer):
             logps = None
         else:
             prompt_ids = [list(row["prompt_ids"]) for row in rows]
+            chosen = {} if worker is None else {"worker": worker}  # the policy's worker unless one is given
             if self._image_slots:
                 vision = self._vision_inputs(rows, self._prompt_arrays(prompt_ids)[0])
-                completions, logps = self._generate_single_turn(prompt_ids, seed, vision)
+                completions, logps = self._generate_single_turn(prompt_ids, seed, vision, **chosen)
             else:
-                completions, logps = self._generate_single_turn(prompt_ids, seed)
+                completions, logps = self._generate_single_turn(prompt_ids, seed, **chosen)
             extra = {}
         source = "rollout_func" if self.rollout_func is not None else "the sampler"
         if len(completions) != len(rows):
@@ -457,7 +412,8 @@ class OnlineTrainer(TRLTrainer):
         # TRL's tool_mask: 0 on tokens the model did not write (tool results, rollout_func's env_mask): not trained.
         if self.tools:
             tokens, completion_mask, ended, tool_mask, loop = self._call_tools(prompts, prompt_mask, tokens,
-                                                                               completion_mask, seed, row_tools)
+                                                                               completion_mask, seed, row_tools,
+                                                                               worker)
             record = dataclasses.replace(record, tokens=tokens, completion_mask=completion_mask, ended=ended,
                                          tool_mask=tool_mask, tool_loop=loop, completions=loop.completions,
                                          completion_ids=loop.completion_ids, sampling_logps=None)
@@ -660,8 +616,8 @@ class OnlineTrainer(TRLTrainer):
         rows = self._generation_rows(prompt_rows)
         prompts, mask = self._prompt_arrays([list(row["prompt_ids"]) for row in rows])
         vision = self._vision_inputs(rows, prompts) if self._image_slots else None
-        self._sample_ahead(prompts, mask, self._completion_limit, self._generation_seed(epoch, generation_index),
-                           vision)
+        self.rollout_worker.sample_ahead(prompts, mask, self._completion_limit,
+                                         self._generation_seed(epoch, generation_index), vision)
 
     def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
         """The generation batches of ``epoch`` (each sampled when its first micro-batch is due, with the weights of
@@ -700,4 +656,4 @@ class OnlineTrainer(TRLTrainer):
                     group = []
                     yield mesh_lib.place_batch(stacked, sharding, size, batch_axis=1)
         finally:
-            self._drop_samples_ahead()
+            self.rollout_worker.drop_samples_ahead()

@@ -12,7 +12,6 @@ window's dataset batches, as transformers' ``num_items_in_batch``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -40,6 +39,7 @@ from ....type_aliases import (
 from ...base_trainer import check_text_dataset
 from ...data_utils import load_chat_template
 from ...distillation_trainer import StudentTeacherTrainer, check_vocabularies
+from ...rollout_worker import RolloutWorker
 from .gkd_config import GKDConfig
 from .gkd_data import dataset_columns, empty_columns, sampled_columns, tokenize_conversation
 
@@ -135,7 +135,7 @@ class GKDTrainer(StudentTeacherTrainer):
         self._setup_sampling(args, model, processing_class)
         self.pad_token_id = processing_class.pad_token_id  # TRL's collator pads with it (never the eos token)
         self.tools, self.tool_calling = [], None
-        self._teacher_engine, self._samples_teacher = None, False
+        self._teacher_worker: RolloutWorker | None = None
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
         all_rows = [row for rows in [train_rows, *batches.each_dataset(eval_rows)] for row in rows]
@@ -199,20 +199,11 @@ class GKDTrainer(StudentTeacherTrainer):
         return self.args.max_new_tokens
 
     @property
-    def _sampling_module(self):
-        """The student, or the teacher while it samples ``seq_kd`` completions."""
-        return self.teacher_model.module if self._samples_teacher else self._trainable_model.module
-
-    @contextlib.contextmanager
-    def _sampling_from_teacher(self) -> Iterator[None]:
-        """Samples with the teacher (its own rollout engine) inside the block."""
-        student_engine, self._rollout_engine = self._rollout_engine, self._teacher_engine
-        self._samples_teacher = True
-        try:
-            yield
-        finally:
-            self._teacher_engine, self._rollout_engine = self._rollout_engine, student_engine
-            self._samples_teacher = False
+    def teacher_worker(self) -> RolloutWorker:
+        """The rollout worker that samples the teacher's ``seq_kd`` completions (an engine of its own)."""
+        if self._teacher_worker is None:
+            self._teacher_worker = self._new_worker(lambda: self.teacher_model.module)
+        return self._teacher_worker
 
     def _step_loss(self) -> tuple[Callable, None]:
         """TRL's GKD loss (:func:`adapters.losses.distillation.gkd_step_loss`) with the config's settings."""
@@ -271,14 +262,15 @@ class GKDTrainer(StudentTeacherTrainer):
         if rows and draw <= self.args.lmbda:
             columns = self._sampled(rows, columns["label_count"], seed)
         elif rows and self.args.seq_kd:
-            with self._sampling_from_teacher():
-                columns = self._sampled(rows, columns["label_count"], seed)
+            columns = self._sampled(rows, columns["label_count"], seed, self.teacher_worker)
         padding = empty_columns(size - len(rows), width, self.pad_token_id)
         return {key: np.concatenate([columns[key], padding[key]]) for key in columns}
 
-    def _sampled(self, rows: list[dict], label_count: np.ndarray, seed: int) -> dict[str, np.ndarray]:
-        """The step columns of a completion sampled for each row's prompt (:meth:`_generate`)."""
-        record = self._generate(rows, seed)
+    def _sampled(self, rows: list[dict], label_count: np.ndarray, seed: int,
+                 worker: RolloutWorker | None = None) -> dict[str, np.ndarray]:
+        """The step columns of a completion sampled for each row's prompt by ``worker`` (default: the student's;
+        :meth:`_generate`)."""
+        record = self._generate(rows, seed, worker=worker)
         return sampled_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
                                label_count, self.sequence_length, self.pad_token_id)
 

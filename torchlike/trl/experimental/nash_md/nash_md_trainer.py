@@ -20,7 +20,6 @@ from collections.abc import Callable
 import numpy as np
 
 from ....adapters.losses import nash_md as nash_md_losses
-from ....adapters.rollout import RolloutEngine
 from ....adapters.rollout.mixture import GeometricMixture
 from ....type_aliases import (
     DatasetLike,
@@ -34,6 +33,7 @@ from ....type_aliases import (
     RowsLike,
 )
 from ...online_trainer import GenerationSchedule, Rollout
+from ...rollout_worker import RolloutWorker
 from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
 from ..online_dpo.online_dpo_data import contains_end_token
 from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
@@ -94,8 +94,7 @@ class NashMDTrainer(OnlineDPOTrainer):
                  quantization_config: QuantizationConfig | None = None):
         reward_funcs = one_judge_or_reward(judge, reward_funcs, "NashMDTrainer")
         self.judge = judge
-        self._sampled_mixture_coef: float | None = None
-        self._mixture_engine: RolloutEngine | None = None
+        self._mixture_worker: RolloutWorker | None = None
         super().__init__(model=model, ref_model=ref_model, reward_funcs=reward_funcs,
                          args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
@@ -126,32 +125,16 @@ class NashMDTrainer(OnlineDPOTrainer):
         return with_bos_first(super()._prepare(dataset, name), self.tokenizer.bos_token_id)
 
     # ------------------------------------------------------------------ sampling from the mixture
-    @property
-    def _sampling_module(self):
-        """While the mixture's completions are sampled, the policy and the reference as one
-        :class:`~torchlike.adapters.rollout.mixture.GeometricMixture` decoder; else the policy."""
-        policy = super()._sampling_module
-        if self._sampled_mixture_coef is None:
-            return policy
-        return GeometricMixture(policy, self.reference.module, self._sampled_mixture_coef, self.reference.lora)
-
-    @property
-    def rollout_engine(self) -> RolloutEngine:
-        """The policy's engine, or while the mixture samples its own (its KV cache holds both models' layers)."""
-        if self._sampled_mixture_coef is None:
-            return super().rollout_engine
-        if self._mixture_engine is None:
-            self._mixture_engine = self._build_rollout_engine()
-        return self._mixture_engine
-
     def _generate_with_mixture(self, rows: list[dict], seed: int, mixture_coef: float) -> Rollout:
-        """One completion per row sampled from the geometric mixture (TRL 1.0.0's ``GeometricMixtureWrapper``), with
-        a seed of its own."""
-        self._sampled_mixture_coef = mixture_coef
-        try:
-            return self._generate(rows, int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
-        finally:
-            self._sampled_mixture_coef = None
+        """One completion per row sampled from the geometric mixture (TRL 1.0.0's ``GeometricMixtureWrapper``): the
+        policy and the reference as one :class:`~torchlike.adapters.rollout.mixture.GeometricMixture` decoder, with
+        a rollout worker of its own (its KV cache holds both models' layers) and a seed of its own."""
+        mixture = GeometricMixture(self._trainable_model.module, self.reference.module, mixture_coef,
+                                   self.reference.lora)
+        if self._mixture_worker is None:
+            self._mixture_worker = self._new_worker(lambda: mixture)
+        return self._generate(rows, int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]),
+                              worker=self._mixture_worker.sampling_from(mixture))
 
     # ------------------------------------------------------------------ batches
     def _generation_schedule(self) -> GenerationSchedule:

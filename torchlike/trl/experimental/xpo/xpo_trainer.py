@@ -18,7 +18,6 @@ import numpy as np
 
 from ....adapters.losses import online_dpo as online_dpo_losses
 from ....adapters.losses import xpo as xpo_losses
-from ....adapters.rollout import RolloutEngine
 from ....type_aliases import (
     DatasetLike,
     EvalDatasetLike,
@@ -32,6 +31,7 @@ from ....type_aliases import (
     Tokenizer,
 )
 from ...online_trainer import Rollout
+from ...rollout_worker import RolloutWorker
 from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
 from ..online_dpo.online_dpo_data import contains_end_token, preference_columns, ranked_order
 from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
@@ -90,8 +90,7 @@ class XPOTrainer(OnlineDPOTrainer):
                  quantization_config: QuantizationConfig | None = None):
         reward_funcs = one_judge_or_reward(judge, reward_funcs, "XPOTrainer")
         self.judge = judge
-        self._sampling_reference = False
-        self._reference_engine: RolloutEngine | None = None
+        self._reference_worker: RolloutWorker | None = None
         super().__init__(model=model, ref_model=ref_model, reward_funcs=reward_funcs,
                          args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
@@ -121,29 +120,13 @@ class XPOTrainer(OnlineDPOTrainer):
         return with_bos_first(super()._prepare(dataset, name), self.tokenizer.bos_token_id)
 
     # ------------------------------------------------------------------ sampling from the reference
-    @property
-    def _sampling_module(self):
-        """The reference's module while the reference's completions are sampled, else the policy's."""
-        return self.reference.module if self._sampling_reference else super()._sampling_module
-
-    @property
-    def rollout_engine(self) -> RolloutEngine:
-        """The policy's engine, or while the reference samples its own (in the reference's LoRA mode)."""
-        if not self._sampling_reference:
-            return super().rollout_engine
-        if self._reference_engine is None:
-            self._reference_engine = self._build_rollout_engine()
-            self._reference_engine.lora = self.reference.lora
-        return self._reference_engine
-
     def _generate_with_reference(self, rows: list[dict], seed: int) -> Rollout:
-        """One completion per row sampled by the reference (TRL 1.0.0's ``ref_model.generate``), with a seed of its
-        own."""
-        self._sampling_reference = True
-        try:
-            return self._generate(rows, int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
-        finally:
-            self._sampling_reference = False
+        """One completion per row sampled by the reference (TRL 1.0.0's ``ref_model.generate``), with a rollout worker
+        of its own (in the reference's LoRA mode) and a seed of its own."""
+        if self._reference_worker is None:
+            self._reference_worker = self._new_worker(lambda: self.reference.module, lora=self.reference.lora)
+        return self._generate(rows, int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]),
+                              worker=self._reference_worker)
 
     # ------------------------------------------------------------------ batches
     def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
