@@ -188,7 +188,7 @@ def test_online_trainers_share_one_generation_path_schedule_and_scoring():
     from torchlike.trl.online_trainer import OnlineTrainer
 
     shared = ("_generate", "_generate_single_turn", "_custom_rollout", "_call_tools", "_new_worker",
-              "_build_rollout_engine", "rollout_worker", "_score", "_rewards", "_batches", "_steps_per_epoch",
+              "_build_rollout_engine", "rollout_worker", "reward_scorer", "_batches", "_steps_per_epoch",
               "_get_train_sampler", "_generation_seed", "_generation_rows")
     for trainer in (GRPOTrainer, RLOOTrainer, DistillationTrainer):
         assert [name for name in shared if getattr(trainer, name) is not getattr(OnlineTrainer, name)] == [], trainer
@@ -200,8 +200,8 @@ def test_online_trainers_share_one_generation_path_schedule_and_scoring():
     from torchlike.trl.experimental.xpo import XPOTrainer
 
     for trainer in (NashMDTrainer, XPOTrainer, GKDTrainer):
-        assert [name for name in ("_generate", "_generate_single_turn", "rollout_engine", "rollout_worker")
-                if getattr(trainer, name) is not getattr(OnlineTrainer, name)] == [], trainer
+        path = ("_generate", "_generate_single_turn", "rollout_engine", "rollout_worker", "reward_scorer")
+        assert [name for name in path if getattr(trainer, name) is not getattr(OnlineTrainer, name)] == [], trainer
     assert {RLOOTrainer._advantages, RLOOTrainer._step_loss}.isdisjoint({GRPOTrainer._advantages,
                                                                          GRPOTrainer._step_loss})
 
@@ -244,9 +244,9 @@ def test_the_any_check_fires_on_a_made_up_module(tmp_path):
 
 #: The modules every online trainer composes (sampling, tools, environments, reward models, prompt data): none may
 #: import one algorithm's modules (a ``<name>_*`` module of ``torchlike/trl/`` or ``adapters/losses/<name>``).
-ONLINE_PARTS = ("torchlike.trl.online_trainer", "torchlike.trl.rollout_worker", "torchlike.trl.environments",
-                "torchlike.trl.tool_calling", "torchlike.trl.reward_models", "torchlike.trl.prompt_data",
-                "torchlike.trl.prompt_vision")
+ONLINE_PARTS = ("torchlike.trl.online_trainer", "torchlike.trl.rollouts", "torchlike.trl.rollout_worker",
+                "torchlike.trl.reward_scorer", "torchlike.trl.reward_models", "torchlike.trl.environments",
+                "torchlike.trl.tool_calling", "torchlike.trl.prompt_data", "torchlike.trl.prompt_vision")
 
 
 def algorithm_imports(module: str, path: Path) -> set[str]:

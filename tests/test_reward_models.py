@@ -79,7 +79,7 @@ def run_recording_rewards(trainer) -> list[tuple[list, list, np.ndarray]]:
     """Trains two steps, recording each generation batch's prompts, completion texts (as the reward functions get
     them) and reward table."""
     recorded = []
-    score = trainer._rewards
+    score = trainer.reward_scorer.rewards
 
     def recording(rows, completion_ids, extra, **kwargs):
         table = score(rows, completion_ids, extra, **kwargs)
@@ -90,7 +90,7 @@ def run_recording_rewards(trainer) -> list[tuple[list, list, np.ndarray]]:
         recorded.append((prompts, completions, table))
         return table
 
-    trainer._rewards = recording
+    trainer.reward_scorer.rewards = recording
     trainer.train()
     return recorded
 

@@ -253,14 +253,14 @@ def test_grpo_run_ending_between_logging_steps_logs_its_last_rewards_in_the_summ
                                                                                     tmp_path):
     trainer = _grpo(tiny_checkpoints, tokenizer_dir, tmp_path, logging_steps=2, max_steps=3)
     rewards = []
-    score = trainer._rewards
+    score = trainer.reward_scorer.rewards
 
     def recording(*args):
         table = score(*args)
         rewards.append(table)
         return table
 
-    trainer._rewards = recording
+    trainer.reward_scorer.rewards = recording
     trainer.train()
     step_entry, summary = trainer.state.log_history[-2:]
 

@@ -37,8 +37,9 @@ from ..type_aliases import (
 )
 from .base_trainer import check_causal_lm, check_text_dataset
 from .distillation_config import DistillationConfig
-from .online_trainer import GenerationSchedule, OnlineTrainer
+from .online_trainer import OnlineTrainer
 from .prompt_data import prepare_prompts
+from .rollouts import GenerationSchedule
 
 if TYPE_CHECKING:
     from ..modeling import CausalLM

@@ -49,8 +49,10 @@ from . import entropy_control, prompt_vision, reward_models
 from .base_trainer import is_vision_dataset, vision_processor
 from .environments import EMPTY_PROMPT, EnvironmentPool
 from .grpo_config import GRPOConfig
-from .online_trainer import GenerationSchedule, OnlineTrainer, reward_name
+from .online_trainer import OnlineTrainer
 from .prompt_data import prepare_prompts
+from .reward_scorer import reward_name
+from .rollouts import GenerationSchedule
 
 if TYPE_CHECKING:
     from ..modeling import CausalLM
@@ -372,7 +374,7 @@ class GRPOTrainer(OnlineTrainer):
         rows = self._generation_rows(prompt_rows, num_generations)
         seed = self._generation_seed(epoch, generation_index, train)
         record = self._generate(rows, seed)
-        rewards = self._score(record)
+        rewards = self.reward_scorer.score(record)
         completion_mask, ended, tool_mask = record.completion_mask, record.ended, record.tool_mask
         if args.mask_truncated_completions:
             completion_mask = completion_mask * ended[:, None].astype(np.int32)

@@ -13,11 +13,9 @@ micro-batches on one schedule (:meth:`OnlineTrainer._generation_schedule`: ``mic
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
 import functools
-import inspect
 import itertools
 import logging
 import warnings
@@ -39,107 +37,16 @@ from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer
 from .environments import EMPTY_PROMPT, EnvironmentPool
 from .prompt_data import is_conversational_prompt, left_padded, prepare_prompts
+from .reward_scorer import RewardScorer
 from .rollout_worker import RolloutWorker
+from .rollouts import GenerationSchedule, Rollout
 
 if TYPE_CHECKING:
     from ..modeling import CausalLM
 
-__all__ = ["GenerationSchedule", "OnlineTrainer", "Rollout", "reward_name"]
+__all__ = ["OnlineTrainer"]
 
 logger = logging.getLogger(__name__)
-
-
-def reward_name(function: Callable) -> str:
-    """The name a reward function's metrics are logged under (TRL's: the function's ``__name__``)."""
-    return getattr(function, "__name__", None) or type(function).__name__
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationSchedule:
-    """How one generation batch is trained on.
-
-    Args:
-        micro_size: completions per micro-batch (``per_device_train_batch_size x`` data-parallel size).
-        micro_batches: micro-batches one generation batch is split into (GRPO's ``steps_per_generation``;
-            Distillation's ``gradient_accumulation_steps``).
-        passes: passes over each generation batch (GRPO's ``num_iterations``).
-        completions_per_prompt: completions sampled for each prompt (GRPO's ``num_generations``).
-    """
-
-    micro_size: int
-    micro_batches: int
-    passes: int
-    completions_per_prompt: int
-
-    @property
-    def completions(self) -> int:
-        """Completions per generation batch."""
-        return self.micro_size * self.micro_batches
-
-    @property
-    def prompts(self) -> int:
-        """Dataset rows per generation batch."""
-        return self.completions // self.completions_per_prompt
-
-
-@dataclasses.dataclass
-class Rollout:
-    """One generation batch's completions, as every online trainer reads them.
-
-    Args:
-        rows: the dataset row of each completion (a prompt's row repeated once per completion).
-        seed: the seed the batch was sampled with.
-        prompt_ids, prompt_mask: ``[N, P]`` left-padded prompts.
-        tokens, completion_mask: ``[N, C]`` completions right-padded to the completion width; the mask is 1 on
-            every completion token (the model's and, with tools, the tool results').
-        ended: ``[N]`` whether each completion ended (TRL's rule: its last token is an end or pad token).
-        completion_ids: each completion's tokens.
-        tool_mask: ``[N, C]``, 0 on tokens the model did not write (tool results, ``rollout_func``'s ``env_mask``);
-            ``None`` when every token is the model's.
-        completions: what reward functions receive in place of the decoded completions (the tool loop's message
-            lists), or ``None``.
-        tool_loop: the tool loop's result (its call and failure counts), or ``None``.
-        sampling_logps: ``[N, C]`` the engine's per-token log-probs (0 past a completion's end), or ``None`` for
-            completions a ``rollout_func`` gave.
-        extra: ``rollout_func``'s extra per-completion fields (passed to the reward functions).
-        environments: each rollout's environment instance (``environment_factory``; the reward functions receive
-            them as ``environments``), or ``None``.
-        images: ``[N, slots, H, W, C]`` each prompt's images (image prompts, :mod:`.prompt_vision`), or ``None``.
-        prompt_token_types: ``[N, P]`` 1 on the prompts' image tokens, or ``None``.
-    """
-
-    rows: list[dict]
-    seed: int
-    prompt_ids: np.ndarray
-    prompt_mask: np.ndarray
-    tokens: np.ndarray
-    completion_mask: np.ndarray
-    ended: np.ndarray
-    completion_ids: list[list[int]]
-    tool_mask: np.ndarray | None = None
-    completions: list | None = None
-    tool_loop: Any = None
-    sampling_logps: np.ndarray | None = None
-    extra: dict[str, list] = dataclasses.field(default_factory=dict)
-    environments: list | None = None
-    images: np.ndarray | None = None
-    prompt_token_types: np.ndarray | None = None
-
-    @property
-    def model_tokens(self) -> np.ndarray:
-        """``[N, C]`` 0/1: the completion tokens the model wrote (``completion_mask x tool_mask``)."""
-        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
-
-    def columns(self) -> dict[str, np.ndarray]:
-        """The step's token columns: ``input_ids`` and ``attention_mask`` ``[N, P + C]`` and ``completion_mask``; with
-        image prompts also ``images`` and ``token_type_ids`` (the prompts' types, 0 on the completions)."""
-        columns = {"input_ids": np.concatenate([self.prompt_ids, self.tokens], axis=1),
-                   "attention_mask": np.concatenate([self.prompt_mask, self.completion_mask], axis=1),
-                   "completion_mask": self.completion_mask}
-        if self.images is not None:
-            columns["images"] = self.images
-            columns["token_type_ids"] = np.concatenate([self.prompt_token_types, np.zeros_like(self.tokens)], axis=1)
-        return columns
 
 
 class OnlineTrainer(TRLTrainer):
@@ -505,64 +412,16 @@ class OnlineTrainer(TRLTrainer):
             self._pending_metrics.setdefault(prefix + key, []).append(float(value))
 
     # ------------------------------------------------------------------ rewards
-    def _score(self, record: Rollout) -> np.ndarray:
-        """``[N, F]`` rewards of a rollout: each process scores its own rows (:meth:`_rewards`) and every process
-        then holds the whole table, as one process would. Logs TRL's warning (Python's ``logging``) about a completion
-        every reward function returned ``None`` for (it gets advantage 0, as in TRL)."""
-        own = multihost.process_rows(len(record.rows))
-        extra = {key: value[own] for key, value in record.extra.items()}
-        completions = {} if record.completions is None else {"completions": record.completions[own]}
-        if record.environments is not None:
-            extra["environments"] = record.environments[own]
-        own_rewards = self._rewards(record.rows[own], record.completion_ids[own], extra, **completions)
-        rewards = np.concatenate(multihost.allgather_objects(own_rewards))
-        unscorable = np.flatnonzero(np.isnan(rewards).all(axis=1))
-        if unscorable.size:
-            row = record.rows[unscorable[0]]
-            details = {key: value for key, value in row.items() if key not in ("prompt", "prompt_ids")}
-            details.update(prompt=row["prompt"], completion=self.tokenizer.decode(
-                record.completion_ids[unscorable[0]], skip_special_tokens=True))
-            logger.warning(f"All reward functions returned None for the following kwargs:\n{details}\nPlease ensure "
-                           "that at least one reward function returns a valid reward.")
-        return rewards
+    @functools.cached_property
+    def reward_scorer(self) -> RewardScorer:
+        """The :class:`~.reward_scorer.RewardScorer` of :attr:`reward_funcs` (built on first use, after the trainer
+        has its reward functions)."""
+        return RewardScorer(self.reward_funcs, self.tokenizer, keep_columns=not self.args.remove_unused_columns,
+                            trainer_state=lambda: self.state, log_metric=self._log_metric)
 
-    def _rewards(self, rows: list[dict], completion_ids: list[list[int]], extra: dict[str, list],
-                 completions: list | None = None) -> np.ndarray:
-        """``[N, F]`` rewards, calling each function TRL's way (dataset columns and ``rollout_func``'s ``extra``
-        fields as keyword arguments); ``None`` becomes NaN. ``completions`` are those the functions receive (with
-        tools: the message lists of the tool loop); by default the decoded ``completion_ids``, as assistant messages
-        for conversational prompts."""
-        if not rows:  # a process with no rows of a small (last) eval batch
-            return np.empty((0, len(self.reward_funcs)), np.float32)
-        if completions is None:
-            texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-            conversational = is_conversational_prompt(rows[0]["prompt"])
-            completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
-        columns = {} if self.args.remove_unused_columns else {
-            key: [row[key] for row in rows] for key in rows[0]
-            if key not in ("prompt", "completion", "completion_ids", "prompt_ids")}
-        columns.update(extra)
-        kwargs = {"prompts": [row["prompt"] for row in rows], "completions": completions,
-                  "completion_ids": completion_ids, "trainer_state": self.state,
-                  "log_metric": lambda name, value: self._pending_metrics.setdefault(name, []).append(float(value)),
-                  "log_extra": lambda column, values: None, **columns}
-        results = [function(**kwargs) for function in self.reward_funcs]
-        pending = [index for index, result in enumerate(results) if inspect.isawaitable(result)]
-        if pending:
-            async def gather():
-                return await asyncio.gather(*(results[index] for index in pending))
-
-            for index, value in zip(pending, asyncio.run(gather()), strict=True):
-                results[index] = value
-        table = np.full((len(rows), len(self.reward_funcs)), np.nan, np.float32)
-        for index, (function, values) in enumerate(zip(self.reward_funcs, results, strict=True)):
-            values = list(values) if values is not None else None
-            if values is None or len(values) != len(rows):
-                raise ValueError(f"reward function {reward_name(function)!r} returned "
-                                 f"{'None' if values is None else len(values)} values for {len(rows)} completions; "
-                                 "return one float (or None to skip) per completion.")
-            table[:, index] = [np.nan if value is None else float(value) for value in values]
-        return table
+    def _log_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric`` for reward functions: the value joins the metrics gathered for the next log."""
+        self._pending_metrics.setdefault(name, []).append(float(value))
 
     # ------------------------------------------------------------------ the generation schedule
     def _generation_schedule(self) -> GenerationSchedule:

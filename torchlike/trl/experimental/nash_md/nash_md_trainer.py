@@ -32,8 +32,8 @@ from ....type_aliases import (
     RewardFunc,
     RowsLike,
 )
-from ...online_trainer import GenerationSchedule, Rollout
 from ...rollout_worker import RolloutWorker
+from ...rollouts import GenerationSchedule, Rollout
 from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
 from ..online_dpo.online_dpo_data import contains_end_token
 from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
@@ -158,7 +158,7 @@ class NashMDTrainer(OnlineDPOTrainer):
         if self.judge is not None:
             probability = self._judged(joined(policy, mixture))
         else:
-            scores = np.nansum(self._score(joined(policy, mixture)), axis=1).astype(np.float32)
+            scores = np.nansum(self.reward_scorer.score(joined(policy, mixture)), axis=1).astype(np.float32)
             if self.args.missing_eos_penalty is not None:
                 scores = scores - np.float32(self.args.missing_eos_penalty) * ~np.concatenate(
                     [contain_eos, mixture_contain_eos])

@@ -36,7 +36,9 @@ from ....type_aliases import (
 )
 from ... import reward_models
 from ...base_trainer import check_causal_lm, check_text_dataset
-from ...online_trainer import GenerationSchedule, OnlineTrainer, reward_name
+from ...online_trainer import OnlineTrainer
+from ...reward_scorer import reward_name
+from ...rollouts import GenerationSchedule
 from .judged_pairs import epoch_value
 from .online_dpo_config import OnlineDPOConfig
 from .online_dpo_data import preference_columns, prepare_prompt_rows
@@ -225,7 +227,7 @@ class OnlineDPOTrainer(OnlineTrainer):
         window = int(record.completion_mask.sum(axis=1).max())
         # TRL's reward functions get the completions as generated: padded to the longest one of the micro-batch.
         padded_ids = [row.tolist() for row in record.tokens[:, :window]]
-        table = self._score(dataclasses.replace(record, completion_ids=padded_ids))
+        table = self.reward_scorer.score(dataclasses.replace(record, completion_ids=padded_ids))
         rewards = np.nansum(table * self.reward_weights[None], axis=1)
         columns = preference_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
                                      rewards, self.args.missing_eos_penalty, self._beta_of(epoch), self.eos_token_ids,

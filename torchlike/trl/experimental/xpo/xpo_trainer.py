@@ -30,8 +30,8 @@ from ....type_aliases import (
     RowsLike,
     Tokenizer,
 )
-from ...online_trainer import Rollout
 from ...rollout_worker import RolloutWorker
+from ...rollouts import Rollout
 from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
 from ..online_dpo.online_dpo_data import contains_end_token, preference_columns, ranked_order
 from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
@@ -142,7 +142,7 @@ class XPOTrainer(OnlineDPOTrainer):
             rewards = np.zeros(2 * half, np.float32)
             ranking = np.concatenate([policy_wins, ~policy_wins]).astype(np.float32)
         else:
-            rewards = np.nansum(self._score(record), axis=1).astype(np.float32)
+            rewards = np.nansum(self.reward_scorer.score(record), axis=1).astype(np.float32)
             if self.args.missing_eos_penalty is not None:
                 rewards = rewards - np.float32(self.args.missing_eos_penalty) * ~contain_eos
             ranking = rewards
