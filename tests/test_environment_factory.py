@@ -186,14 +186,14 @@ def run_torchlike(model_path, tokenizer_path, output_dir, *, reward_funcs, train
                           environment_factory=environment_factory, tools=tools)
     policy = scripted_policy(tokenizer, tool_lists)
 
-    def sample(prompt_ids, prompt_mask, max_new_tokens, seed):
+    def sample(prompt_ids, prompt_mask, max_new_tokens, seed, vision=None):
         tokens = np.full((len(prompt_ids), max_new_tokens), tokenizer.pad_token_id, np.int32)
         for row, (ids, mask) in enumerate(zip(prompt_ids, prompt_mask, strict=True)):
             completion = policy(ids[mask.astype(bool)].tolist())[:max_new_tokens]
             tokens[row, :len(completion)] = completion
         return tokens, np.zeros(tokens.shape, np.float32)
 
-    trainer._sample = sample
+    trainer.rollout_worker.sample = sample  # the policy's completions, tool turns included
     trainer._shuffled = lambda batch, seed: batch
     trainer.train()
     return trainer.state.log_history
