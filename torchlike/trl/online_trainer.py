@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import functools
 import itertools
-import logging
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OnlineTrainer"]
 
-logger = logging.getLogger(__name__)
 
 
 class OnlineTrainer(TRLTrainer):
