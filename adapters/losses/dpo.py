@@ -25,9 +25,8 @@ from . import router as router_loss
 from .settings import LossSettings, check_choice, runtime_field
 
 __all__ = ["DPO_LOSSES", "DPO_LOSS_TYPES", "DPOLossSettings", "F_DIVERGENCES", "F_DIVERGENCE_LOSS_TYPES",
-           "F_DIVERGENCE_TYPES",
-           "dpo_loss", "length_desensitised_log_probs", "masked_mean", "dpo_step_loss", "reference_pass",
-           "wpo_weights"]
+           "F_DIVERGENCE_TYPES", "dpo_loss", "dpo_step_loss", "length_desensitised_log_probs", "masked_mean",
+           "reference_pass", "wpo_weights"]
 
 #: DPO loss types built on the chosen-minus-rejected score, the only ones with an f-divergence generalisation.
 F_DIVERGENCE_LOSS_TYPES: frozenset[str] = frozenset({"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust",

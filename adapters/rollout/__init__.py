@@ -8,6 +8,7 @@ from .engine import (
     RolloutRequest,
     StaticEngine,
     completion_mask,
+    derived_seed,
     request_seed,
     requests_from_rows,
     rows_from_outputs,
@@ -19,5 +20,5 @@ ENGINES: dict[str, type[RolloutEngine]] = {"static": StaticEngine, "paged": Page
 """The rollout engines by the name ``rollout_engine`` takes (the one list ``generate`` and the configs accept)."""
 
 __all__ = ["ENGINES", "EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput", "RolloutEngine",
-           "RolloutRequest", "StaticEngine", "completion_mask", "request_seed", "requests_from_rows",
+           "RolloutRequest", "StaticEngine", "completion_mask", "derived_seed", "request_seed", "requests_from_rows",
            "rows_from_outputs", "weights_snapshot"]

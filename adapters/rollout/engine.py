@@ -201,10 +201,16 @@ def weights_snapshot(module: nnx.Module) -> nnx.Module:
     return nnx.merge(graphdef, jax.tree.map(lambda array: array, state))
 
 
+def derived_seed(*parts: int) -> int:
+    """A seed derived from ``parts`` (a parent seed, then where the draw sits: a request, a tool round, a second
+    model's completions): distinct parts give independent streams, equal parts the same seed."""
+    return int(np.random.SeedSequence([int(part) for part in parts]).generate_state(1)[0])
+
+
 def request_seed(seed: int, index: int) -> int:
     """The seed of request ``index`` of a generation round seeded ``seed``: distinct per request, so two prompts'
     first completions do not share a stream."""
-    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
+    return derived_seed(seed, index)
 
 
 def requests_from_rows(prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_tokens: int,
@@ -258,10 +264,6 @@ def rows_from_outputs(outputs: Sequence[RequestOutput], places: Sequence[tuple[i
     return tokens, logprobs
 
 
-__all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "request_images", "request_seed",
-           "requests_from_rows", "rows_from_outputs", "weights_snapshot"]
-
-
 def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """TRL's completion mask of sampled tokens: 1 up to and including the first end token of each row, 0 after.
 
@@ -273,3 +275,7 @@ def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.nd
     first_end = np.where(ended, is_end.argmax(axis=1), tokens.shape[1])
     mask = (np.arange(tokens.shape[1])[None, :] <= first_end[:, None]).astype(np.int32)
     return mask, ended
+
+
+__all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "completion_mask", "derived_seed",
+           "request_images", "request_seed", "requests_from_rows", "rows_from_outputs", "weights_snapshot"]

@@ -223,7 +223,7 @@ class OnlineTrainer(TRLTrainer):
 
         def generate(prompt_id_lists: list[list[int]], max_new_tokens: int) -> list[list[int]]:
             length = self._padded(sampling.bucket_length(max(len(ids) for ids in prompt_id_lists)))
-            round_seed = int(np.random.SeedSequence([seed, next(rounds)]).generate_state(1)[0])
+            round_seed = rollout.derived_seed(seed, next(rounds))
             sampled, _ = (worker or self.rollout_worker).sample(*self._left_padded(prompt_id_lists, length),
                                                                 max_new_tokens, round_seed)
             mask, _ = rollout.completion_mask(sampled, self.eos_token_ids)
@@ -407,7 +407,7 @@ class OnlineTrainer(TRLTrainer):
             metrics["tools/call_frequency"] = loop.call_count / len(record.rows)
             metrics["tools/failure_frequency"] = loop.failure_count / loop.call_count if loop.call_count else 0.0
         for key, value in metrics.items():
-            self._pending_metrics.setdefault(prefix + key, []).append(float(value))
+            self._log_metric(prefix + key, value)
 
     # ------------------------------------------------------------------ rewards
     @functools.cached_property
@@ -441,7 +441,7 @@ class OnlineTrainer(TRLTrainer):
     def _generation_seed(self, epoch: int, generation_index: int, train: bool = True) -> int:
         """The seed a generation batch is sampled with: ``args.seed`` and where the batch sits, so a resumed run
         samples what an uninterrupted one does with the same weights."""
-        return int(np.random.SeedSequence([self.args.seed, epoch, generation_index, int(train)]).generate_state(1)[0])
+        return rollout.derived_seed(self.args.seed, epoch, generation_index, int(train))
 
     def _get_train_sampler(self, epoch: int) -> np.ndarray:
         """Prompt order for ``epoch``: seeded shuffle with ``shuffle_dataset`` (TRL's default), else dataset order."""

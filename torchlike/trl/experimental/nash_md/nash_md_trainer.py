@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ....adapters.losses import nash_md as nash_md_losses
+from ....adapters.rollout import derived_seed
 from ....adapters.rollout.mixture import GeometricMixture
 from ....type_aliases import (
     DatasetLike,
@@ -133,7 +134,7 @@ class NashMDTrainer(OnlineDPOTrainer):
                                    self.reference.lora)
         if self._mixture_worker is None:
             self._mixture_worker = self._new_worker(lambda: mixture)
-        return self._generate(rows, int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]),
+        return self._generate(rows, derived_seed(seed, 1),
                               worker=self._mixture_worker.sampling_from(mixture))
 
     # ------------------------------------------------------------------ batches

@@ -18,6 +18,7 @@ import numpy as np
 
 from ....adapters.losses import online_dpo as online_dpo_losses
 from ....adapters.losses import xpo as xpo_losses
+from ....adapters.rollout import derived_seed
 from ....type_aliases import (
     DatasetLike,
     EvalDatasetLike,
@@ -125,7 +126,7 @@ class XPOTrainer(OnlineDPOTrainer):
         of its own (in the reference's LoRA mode) and a seed of its own."""
         if self._reference_worker is None:
             self._reference_worker = self._new_worker(lambda: self.reference.module, lora=self.reference.lora)
-        return self._generate(rows, int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]),
+        return self._generate(rows, derived_seed(seed, 1),
                               worker=self._reference_worker)
 
     # ------------------------------------------------------------------ batches
