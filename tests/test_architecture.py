@@ -202,8 +202,55 @@ def test_online_trainers_share_one_generation_path_schedule_and_scoring():
     for trainer in (NashMDTrainer, XPOTrainer, GKDTrainer):
         path = ("_generate", "_generate_single_turn", "rollout_engine", "rollout_worker", "reward_scorer")
         assert [name for name in path if getattr(trainer, name) is not getattr(OnlineTrainer, name)] == [], trainer
-    assert {RLOOTrainer._advantages, RLOOTrainer._step_loss}.isdisjoint({GRPOTrainer._advantages,
-                                                                         GRPOTrainer._step_loss})
+    assert {RLOOTrainer.algorithm_class.advantages, RLOOTrainer.algorithm_class.step_loss}.isdisjoint(
+        {GRPOTrainer.algorithm_class.advantages, GRPOTrainer.algorithm_class.step_loss})
+
+
+#: The shared training loops, and what a trainer on one may define itself: its TRL signature (``__init__``) and
+#: class attributes (its algorithm, config class, names); every method is the loop's or its algorithm's.
+LOOP_OWN_METHODS = {"__init__"}
+
+
+def loop_overrides(trainer: type, loop: type) -> list[str]:
+    """The methods and properties ``trainer`` (a subclass of ``loop``) or a class between them defines itself,
+    besides :data:`LOOP_OWN_METHODS`."""
+    found = []
+    for cls in trainer.__mro__[:trainer.__mro__.index(loop)]:
+        for name, value in vars(cls).items():
+            routine = callable(value) or isinstance(value, (property, staticmethod, classmethod))
+            if routine and not isinstance(value, type) and name not in LOOP_OWN_METHODS:
+                found.append(f"{cls.__name__}.{name}")
+    return found
+
+
+def test_no_trainer_overrides_its_loops_methods():
+    """GRPO and RLOO are algorithms on the policy-gradient loop: what one step does is the loop's file plus the
+    algorithm's, never a method of the loop redefined in a subclass."""
+    from torchlike.trl import GRPOTrainer, RLOOTrainer
+    from torchlike.trl.policy_gradient_trainer import PolicyGradientAlgorithm, PolicyGradientTrainer
+
+    for trainer in (GRPOTrainer, RLOOTrainer):
+        assert trainer.__mro__[1] is PolicyGradientTrainer, trainer
+        assert loop_overrides(trainer, PolicyGradientTrainer) == [], trainer
+        assert issubclass(trainer.algorithm_class, PolicyGradientAlgorithm)
+    assert not issubclass(RLOOTrainer, GRPOTrainer)
+
+
+def test_the_loop_override_check_fires_on_a_made_up_trainer(tmp_path, monkeypatch):
+    (tmp_path / "made_up_trainer.py").write_text(
+        "from torchlike.trl.grpo_trainer import GRPO\n"
+        "from torchlike.trl.policy_gradient_trainer import PolicyGradientTrainer\n\n\n"
+        "class MadeUpTrainer(PolicyGradientTrainer):\n    algorithm_class = GRPO\n\n"
+        "    def __init__(self, model):\n        super().__init__(model)\n\n"
+        "    def _rollout(self, *args):\n        return {}\n\n"
+        "    @property\n    def _samples_ahead(self):\n        return True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from made_up_trainer import MadeUpTrainer
+
+    from torchlike.trl.policy_gradient_trainer import PolicyGradientTrainer
+
+    assert loop_overrides(MadeUpTrainer, PolicyGradientTrainer) == ["MadeUpTrainer._rollout",
+                                                                    "MadeUpTrainer._samples_ahead"]
 
 
 #: What a parameter typed ``Any`` must carry on its line: why its value really is anything.

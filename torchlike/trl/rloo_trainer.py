@@ -1,7 +1,8 @@
-"""``RLOOTrainer``: TRL 1.16's REINFORCE Leave-One-Out trainer, with TRL's constructor, on GRPO's rollout.
+"""``RLOOTrainer``: TRL 1.16's REINFORCE Leave-One-Out trainer, with TRL's constructor, on torchlike's policy-gradient
+loop (:mod:`.policy_gradient_trainer`), and :class:`RLOO`, the algorithm it trains with.
 
-Generation, reward functions, ``rollout_func``, the reference policy and the batch schedule are
-:class:`~torchlike.trl.GRPOTrainer`'s. What RLOO changes, as TRL 1.16's ``RLOOTrainer``: the sampling policy's
+Generation, reward functions, ``rollout_func``, the reference policy and the batch schedule are the loop's (as for
+:class:`~torchlike.trl.GRPOTrainer`). What RLOO decides, as TRL 1.16's ``RLOOTrainer``: the sampling policy's
 summed completion log-probabilities are stored with every generation batch; with ``beta != 0`` each completion's
 reward loses ``beta x sum_t log(pi_old / pi_ref)``; the advantage is the reward minus the mean reward of the other
 completions of its prompt (``adapters.losses.rloo.rloo_advantages``, optionally normalised over the batch); the loss is
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..adapters.lora import runtime as lora_runtime
 from ..adapters.losses import grpo as grpo_losses
 from ..adapters.losses import rloo as rloo_losses
 from ..type_aliases import (
@@ -27,18 +27,57 @@ from ..type_aliases import (
     QuantizationConfig,
     RewardFunc,
     Tokenizer,
-    TRLArgs,
 )
-from .grpo_trainer import GRPOTrainer
+from .policy_gradient_trainer import LogProbs, PolicyGradientAlgorithm, PolicyGradientTrainer
 from .rloo_config import RLOOConfig
 
 if TYPE_CHECKING:
-    from ..modeling import CausalLM
+    from jax.typing import DTypeLike
 
-__all__ = ["RLOOTrainer"]
+    from ..adapters.families.base import Family
+
+__all__ = ["RLOO", "RLOOTrainer"]
 
 
-class RLOOTrainer(GRPOTrainer):
+class RLOO(PolicyGradientAlgorithm):
+    """TRL 1.16's RLOO on the policy-gradient loop (see the module's docstring). Its step loss reads nothing beyond the
+    advantages and ``old_logps`` (added with them), in training and evaluation alike: no token normaliser, no
+    reference term."""
+
+    args: RLOOConfig
+
+    def advantages(self, rewards: np.ndarray, batch: dict[str, np.ndarray], log_probs: LogProbs,
+                   reward_weights: list[float] | None, num_generations: int) -> tuple[np.ndarray, dict[str, float]]:
+        """TRL's RLOO advantages, in training and evaluation alike: the sampling policy's summed log-probabilities
+        are stored in ``batch["old_logps"]`` and, with ``beta != 0``, the KL penalty
+        ``sum_t (log pi_old - log pi_ref)`` enters the rewards (reported as ``kl``, the per-token mean)."""
+        args = self.args
+        kl = None
+        mask = grpo_losses.loss_mask(batch)  # the completion tokens the model wrote (not tool results)
+        # Sampled ahead (max_staleness >= 1), the ratio is taken against the sampler's log-probs, as TRL's
+        # AsyncGRPOTrainer does; otherwise against the policy that sampled them, recomputed.
+        old = batch["sampling_logps"] if "sampling_logps" in batch else log_probs.policy(batch)
+        old = old * mask  # [N, C]
+        batch["old_logps"] = old.sum(axis=1)
+        if log_probs.reference is not None:
+            per_token_kl = (old - log_probs.reference(batch)) * mask
+            kl = per_token_kl.sum(axis=1)
+        advantages, metrics = rloo_losses.rloo_advantages(
+            rewards, num_generations, reward_weights=reward_weights, reward_clip_range=args.reward_clip_range,
+            kl=kl, beta=args.beta, normalize_advantages=args.normalize_advantages)
+        if kl is not None:
+            metrics["kl"] = float(kl.sum() / max(float(mask.sum()), 1.0))
+        return advantages, metrics
+
+    def step_loss(self, family: Family, temperature: float, decoder_dtype: DTypeLike | None,
+                  router_aux_loss_coef: float) -> Callable:
+        """TRL's RLOO loss (:func:`adapters.losses.rloo.rloo_step_loss`) with the config's settings."""
+        settings = rloo_losses.RLOOLossSettings.from_config(self.args, temperature=temperature,
+                                                            router_aux_loss_coef=router_aux_loss_coef)
+        return rloo_losses.rloo_step_loss(family, settings)
+
+
+class RLOOTrainer(PolicyGradientTrainer):
     """``trl.RLOOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
@@ -70,6 +109,7 @@ class RLOOTrainer(GRPOTrainer):
     ```
     """
 
+    algorithm_class = RLOO
     _config_class = RLOOConfig
     _output_suffix = "RLOO"
     _tag_names = ["trl", "rloo"]
@@ -80,56 +120,10 @@ class RLOOTrainer(GRPOTrainer):
                  reward_processing_classes: Tokenizer | list[Tokenizer] | None = None, callbacks: list | None = None,
                  optimizers: tuple = (None, None), quantization_config: QuantizationConfig | None = None,
                  peft_config: PeftConfigLike | None = None, rollout_func: Callable | None = None):
+        if train_dataset is None:  # TRL's RLOO takes no environment_factory to own the data
+            raise ValueError("`train_dataset` is required")
         super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
                          reward_processing_classes=reward_processing_classes, callbacks=callbacks,
                          optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config,
                          rollout_func=rollout_func)
-
-    @staticmethod
-    def _environment_dataset(environments: None, args: TRLArgs) -> None:
-        """TRL's RLOO takes no ``environment_factory``: its error for a missing ``train_dataset``."""
-        raise ValueError("`train_dataset` is required")
-
-    def _check_algorithm(self, args: TRLArgs, model: CausalLM) -> None:
-        self._check_reference_use(args)
-
-    def _adaptive_entropy_control(self, args: RLOOConfig) -> None:
-        """None: RLOO's loss has no entropy bonus to control."""
-
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's RLOO loss (:func:`adapters.losses.rloo.rloo_step_loss`) with the config's settings."""
-        settings = rloo_losses.RLOOLossSettings.from_config(self.args, temperature=self.sampling.temperature,
-                                                            router_aux_loss_coef=self._router_loss_weight())
-        return rloo_losses.rloo_step_loss(self.model.family, settings), None
-
-    def _advantages(self, rewards: np.ndarray, num_generations: int, batch: dict[str, np.ndarray],
-                    train: bool) -> tuple[np.ndarray, dict]:
-        """TRL's RLOO advantages, in training and evaluation alike: the sampling policy's summed log-probabilities
-        are stored in ``batch["old_logps"]`` and, with ``beta != 0``, the KL penalty
-        ``sum_t (log pi_old - log pi_ref)`` enters the rewards (reported as ``kl``, the per-token mean)."""
-        args = self.args
-        kl = None
-        mask = grpo_losses.loss_mask(batch)  # the completion tokens the model wrote (not tool results)
-        # Sampled ahead (max_staleness >= 1), the ratio is taken against the sampler's log-probs, as TRL's
-        # AsyncGRPOTrainer does; otherwise against the policy that sampled them, recomputed.
-        old = batch["sampling_logps"] if "sampling_logps" in batch else self._log_probs(
-            batch, lora_runtime.EVAL, self._module)
-        old = old * mask  # [N, C]
-        batch["old_logps"] = old.sum(axis=1)
-        if self.reference is not None:
-            per_token_kl = (old - self._log_probs(batch, self.reference.lora, self.reference.module)) * mask
-            kl = per_token_kl.sum(axis=1)
-        advantages, metrics = rloo_losses.rloo_advantages(
-            rewards, num_generations, reward_weights=args.reward_weights, reward_clip_range=args.reward_clip_range,
-            kl=kl, beta=args.beta, normalize_advantages=args.normalize_advantages)
-        if kl is not None:
-            metrics["kl"] = float(kl.sum() / max(float(mask.sum()), 1.0))
-        return advantages, metrics
-
-    def _add_eval_columns(self, batch: dict[str, np.ndarray]) -> None:
-        """Nothing beyond ``old_logps`` (added with the advantages), as in training."""
-
-    def _add_step_columns(self, batch: dict[str, np.ndarray]) -> None:
-        """Nothing beyond ``old_logps`` (added with the advantages): RLOO's loss has no token normaliser and no
-        reference term."""
