@@ -206,33 +206,42 @@ def test_online_trainers_share_one_generation_path_schedule_and_scoring():
         {GRPOTrainer.algorithm_class.advantages, GRPOTrainer.algorithm_class.step_loss})
 
 
-#: The shared training loops, and what a trainer on one may define itself: its TRL signature (``__init__``) and
-#: class attributes (its algorithm, config class, names); every method is the loop's or its algorithm's.
+#: What a trainer on a shared loop may redefine: its TRL signature (``__init__``); its algorithm, config class and
+#: names are class attributes, and TRL attributes of its own (``XPOTrainer.alpha``) are new names, not overrides.
 LOOP_OWN_METHODS = {"__init__"}
 
 
 def loop_overrides(trainer: type, loop: type) -> list[str]:
-    """The methods and properties ``trainer`` (a subclass of ``loop``) or a class between them defines itself,
+    """The methods and properties of ``loop`` that ``trainer`` (a subclass of it) or a class between them redefines,
     besides :data:`LOOP_OWN_METHODS`."""
     found = []
     for cls in trainer.__mro__[:trainer.__mro__.index(loop)]:
         for name, value in vars(cls).items():
             routine = callable(value) or isinstance(value, (property, staticmethod, classmethod))
-            if routine and not isinstance(value, type) and name not in LOOP_OWN_METHODS:
+            if routine and not isinstance(value, type) and hasattr(loop, name) and name not in LOOP_OWN_METHODS:
                 found.append(f"{cls.__name__}.{name}")
     return found
 
 
 def test_no_trainer_overrides_its_loops_methods():
-    """GRPO and RLOO are algorithms on the policy-gradient loop: what one step does is the loop's file plus the
-    algorithm's, never a method of the loop redefined in a subclass."""
+    """GRPO and RLOO are algorithms on the policy-gradient loop, XPO and Nash-MD on Online DPO's (their trainers
+    subclass it, as TRL's do): what one step does is the loop's file plus the algorithm's, never a method of the loop
+    redefined in a subclass."""
     from torchlike.trl import GRPOTrainer, RLOOTrainer
+    from torchlike.trl.experimental.nash_md import NashMDTrainer
+    from torchlike.trl.experimental.online_dpo import OnlineDPOTrainer
+    from torchlike.trl.experimental.online_dpo.online_dpo_trainer import OnlinePreferenceAlgorithm
+    from torchlike.trl.experimental.xpo import XPOTrainer
     from torchlike.trl.policy_gradient_trainer import PolicyGradientAlgorithm, PolicyGradientTrainer
 
-    for trainer in (GRPOTrainer, RLOOTrainer):
-        assert trainer.__mro__[1] is PolicyGradientTrainer, trainer
-        assert loop_overrides(trainer, PolicyGradientTrainer) == [], trainer
-        assert issubclass(trainer.algorithm_class, PolicyGradientAlgorithm)
+    loops = {PolicyGradientTrainer: (PolicyGradientAlgorithm, [GRPOTrainer, RLOOTrainer]),
+             OnlineDPOTrainer: (OnlinePreferenceAlgorithm, [XPOTrainer, NashMDTrainer])}
+    for loop, (algorithm, trainers) in loops.items():
+        for trainer in trainers:
+            assert trainer.__mro__[1] is loop, trainer
+            assert loop_overrides(trainer, loop) == [], trainer
+            assert issubclass(trainer.algorithm_class, algorithm)
+            assert trainer.algorithm_class is not loop.__dict__.get("algorithm_class"), trainer
     assert not issubclass(RLOOTrainer, GRPOTrainer)
 
 
@@ -243,6 +252,7 @@ def test_the_loop_override_check_fires_on_a_made_up_trainer(tmp_path, monkeypatc
         "class MadeUpTrainer(PolicyGradientTrainer):\n    algorithm_class = GRPO\n\n"
         "    def __init__(self, model):\n        super().__init__(model)\n\n"
         "    def _rollout(self, *args):\n        return {}\n\n"
+        "    def shown(self):\n        return 1\n\n"
         "    @property\n    def _samples_ahead(self):\n        return True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     from made_up_trainer import MadeUpTrainer

@@ -192,7 +192,7 @@ def test_the_trainer_samples_greedily_from_the_mixture_of_policy_and_reference(t
                             processing_class=torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir))
     rows = list(trainer.train_dataset)
     policy_greedy = trainer._generate(rows, seed=0).completion_ids
-    sampled = {coef: trainer._generate_with_mixture(rows, 0, coef).completion_ids for coef in (0.0, 1.0, 0.4)}
+    sampled = {coef: trainer.algorithm.generate_with_mixture(rows, 0, coef).completion_ids for coef in (0.0, 1.0, 0.4)}
     assert sampled[0.0] == policy_greedy
     assert sampled[1.0] != policy_greedy
     for coef, completions in sampled.items():
@@ -219,7 +219,7 @@ def test_a_lora_policy_mixes_with_its_own_base_as_the_reference(tiny_checkpoints
                                    if name.endswith("lora_b")}, strict=False)
     base = torchlike.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
     rows = list(trainer.train_dataset)
-    sampled = {coef: trainer._generate_with_mixture(rows, 0, coef).completion_ids for coef in (0.0, 1.0)}
+    sampled = {coef: trainer.algorithm.generate_with_mixture(rows, 0, coef).completion_ids for coef in (0.0, 1.0)}
     assert sampled[0.0] != sampled[1.0]
     for coef, completions in sampled.items():
         for row, completion in zip(rows, completions, strict=True):

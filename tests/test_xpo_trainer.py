@@ -15,6 +15,7 @@ from tests import tiny
 from tests.helpers.legacy_trl import LongerCompletionJudge, require_legacy_trl, run_legacy_trl, scripted_completion
 from tests.helpers.logs import assert_online_preference_run_matches, logged
 from torchlike.trl.experimental.xpo import XPOConfig, XPOTrainer
+from torchlike.trl.experimental.xpo.xpo_trainer import XPO
 
 MAX_NEW_TOKENS = 6
 #: Every metric TRL 1.0.0's XPOTrainer logs with a judge, beside loss, grad_norm and learning_rate.
@@ -79,7 +80,7 @@ def run_torchlike(path, tokenizer_path, output_dir, settings) -> tuple[list[dict
                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
 
     def scripted_turn(prompt_ids, seed, worker=None):
-        copy = int(worker is not None and worker is trainer._reference_worker)
+        copy = int(worker is not None and worker is trainer.algorithm._reference_worker)
         return [scripted_completion(ids, copy, *script_arguments()) for ids in prompt_ids], None
 
     trainer._generate_single_turn = scripted_turn
@@ -100,7 +101,7 @@ def test_losses_metrics_and_weights_match_trl_1_0_step_for_step(trl_run, tiny_ch
 def test_ignoring_alpha_fails_the_comparison(trl_run, tiny_checkpoints, pad_tokenizer_dir, tmp_path, monkeypatch):
     """The comparison above is sharp: a trainer that ignores ``alpha`` (always TRL's default 1e-5) is caught."""
     expected_history, _ = trl_run
-    monkeypatch.setattr(XPOTrainer, "_alpha_of", lambda self, epoch: 1e-5)
+    monkeypatch.setattr(XPO, "alpha_of", lambda self, epoch: 1e-5)
     history, _ = run_torchlike(tiny_checkpoints.path("qwen2"), pad_tokenizer_dir, tmp_path,
                                {**SETTINGS, "max_steps": 2})
     with pytest.raises(AssertionError):
@@ -140,7 +141,7 @@ def test_the_reference_model_samples_the_reference_completions(tiny_checkpoints,
 
     def recording(rows, seed, worker=None):
         record = generate(rows, seed, worker=worker)
-        reference = worker is not None and worker is trainer._reference_worker
+        reference = worker is not None and worker is trainer.algorithm._reference_worker
         sampled["reference" if reference else "policy"] = record
         return record
 

@@ -31,16 +31,96 @@ from ....type_aliases import (
     ProcessingClass,
     QuantizationConfig,
     RewardFunc,
-    RowsLike,
 )
 from ...rollout_worker import RolloutWorker
-from ...rollouts import GenerationSchedule, Rollout
+from ...rollouts import Rollout
 from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
 from ..online_dpo.online_dpo_data import contains_end_token
-from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
+from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer, OnlinePreferenceAlgorithm
 from .nash_md_config import NashMDConfig
 
-__all__ = ["NashMDTrainer"]
+__all__ = ["NashMD", "NashMDTrainer"]
+
+
+class NashMD(OnlinePreferenceAlgorithm):
+    """TRL 1.0.0's Nash-MD on Online DPO's loop (see the module's docstring): the geometric mixture samples the second
+    completion of each prompt with a rollout worker of its own; the step trains on the policy's completions only."""
+
+    completions_per_prompt = 1
+
+    def __init__(self, trainer: OnlineDPOTrainer):
+        super().__init__(trainer)
+        self._mixture_worker: RolloutWorker | None = None
+
+    def prepare(self, rows: list[dict]) -> list[dict]:
+        """Each prompt after the tokenizer's BOS token unless it starts with it, as TRL 1.0.0's ``tokenize_row``
+        (Nash-MD's ``training_step`` tokenises with it)."""
+        return with_bos_first(rows, self.trainer.tokenizer.bos_token_id)
+
+    def mixture_coef_of(self, epoch: int) -> float:
+        """The mixture coefficient in ``epoch``: ``args.mixture_coef``, or with a list its entry for the epoch (the
+        last one after it)."""
+        return epoch_value(self.trainer.args.mixture_coef, epoch)
+
+    def generate_with_mixture(self, rows: list[dict], seed: int, mixture_coef: float) -> Rollout:
+        """One completion per row sampled from the geometric mixture (TRL 1.0.0's ``GeometricMixtureWrapper``): the
+        policy and the reference as one :class:`~torchlike.adapters.rollout.mixture.GeometricMixture` decoder, with
+        a rollout worker of its own (its KV cache holds both models' layers) and a seed of its own."""
+        trainer = self.trainer
+        mixture = GeometricMixture(trainer._trainable_model.module, trainer.reference.module, mixture_coef,
+                                   trainer.reference.lora)
+        if self._mixture_worker is None:
+            self._mixture_worker = trainer._new_worker(lambda: mixture)
+        return trainer._generate(rows, derived_seed(seed, 1), worker=self._mixture_worker.sampling_from(mixture))
+
+    def generation_batch(self, prompt_rows: list[dict], epoch: int, seed: int) -> dict[str, np.ndarray]:
+        """Samples one completion of each prompt with the policy, then one with the mixture, and takes the probability
+        that the policy's wins (judge or rewards); the columns are the policy's completions."""
+        trainer, args = self.trainer, self.trainer.args
+        rows = list(prompt_rows)
+        mixture_coef = self.mixture_coef_of(epoch)
+        policy = trainer._generate(rows, seed)
+        mixture = self.generate_with_mixture(rows, seed, mixture_coef)
+        contain_eos, mixture_contain_eos = (contains_end_token(record.tokens, record.tokens.shape[1],
+                                                               trainer.eos_token_ids) for record in (policy, mixture))
+        size = len(rows)
+        rewards = mixture_rewards = np.zeros(size, np.float32)
+        if trainer.judge is not None:
+            probability = self.judged(joined(policy, mixture))
+        else:
+            scores = np.nansum(trainer.reward_scorer.score(joined(policy, mixture)), axis=1).astype(np.float32)
+            if args.missing_eos_penalty is not None:
+                scores = scores - np.float32(args.missing_eos_penalty) * ~np.concatenate(
+                    [contain_eos, mixture_contain_eos])
+            rewards, mixture_rewards = scores[:size], scores[size:]
+            probability = 0.5 * (1.0 + np.tanh(0.5 * (rewards - mixture_rewards)))  # the sigmoid, overflow-free
+        ids = np.concatenate([policy.prompt_ids, policy.tokens], axis=1)
+        return {
+            "input_ids": ids,
+            "attention_mask": np.concatenate([policy.prompt_mask, policy.completion_mask], axis=1),
+            "position_ids": np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape).copy(),
+            "completion_mask": policy.completion_mask,
+            "completion_window": policy.completion_mask,
+            "probability": np.asarray(probability, np.float32),
+            "contain_eos": contain_eos.astype(np.float32),
+            "mixture_contain_eos": mixture_contain_eos.astype(np.float32),
+            "rewards": rewards,
+            "mixture_rewards": mixture_rewards,
+            "beta": np.full(size, trainer._beta_of(epoch), np.float32),
+            "mixture_coef": np.full(size, mixture_coef, np.float32),
+        }
+
+    def judged(self, record: Rollout) -> np.ndarray:
+        """``[B]`` the judge's probability that the policy's completion of each prompt beats the mixture's, asked as
+        TRL 1.0.0's ``_compute_judge`` asks (:func:`~..online_dpo.judged_pairs.judge_inputs`)."""
+        return np.asarray(self.trainer.judge.judge(*judge_inputs(record, self.trainer.tokenizer), return_scores=True),
+                          np.float32)
+
+    def step_loss(self) -> Callable:
+        """TRL 1.0.0's Nash-MD loss (:func:`adapters.losses.nash_md.nash_md_step_loss`) with the config's settings."""
+        trainer = self.trainer
+        return nash_md_losses.nash_md_step_loss(trainer.model.family, trainer.args.gradient_accumulation_steps,
+                                                scored=trainer.judge is None)
 
 
 class NashMDTrainer(OnlineDPOTrainer):
@@ -81,6 +161,7 @@ class NashMDTrainer(OnlineDPOTrainer):
     ```
     """
 
+    algorithm_class = NashMD
     _config_class = NashMDConfig
     _output_suffix = "NashMD"
     _tag_names = ["trl", "nash-md"]
@@ -95,7 +176,6 @@ class NashMDTrainer(OnlineDPOTrainer):
                  quantization_config: QuantizationConfig | None = None):
         reward_funcs = one_judge_or_reward(judge, reward_funcs, "NashMDTrainer")
         self.judge = judge
-        self._mixture_worker: RolloutWorker | None = None
         super().__init__(model=model, ref_model=ref_model, reward_funcs=reward_funcs,
                          args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
@@ -104,86 +184,9 @@ class NashMDTrainer(OnlineDPOTrainer):
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
                          preprocess_logits_for_metrics=preprocess_logits_for_metrics,
                          quantization_config=quantization_config)
-        self._mixture_coef = self.args.mixture_coef
 
     @property
     def mixture_coef(self) -> float:
         """The mixture coefficient of the current epoch: ``args.mixture_coef``, or with a list its entry for the epoch
         (the last one after it)."""
-        return self._mixture_coef_of(int(self.state.epoch or 0))
-
-    def _mixture_coef_of(self, epoch: int) -> float:
-        return epoch_value(self._mixture_coef, epoch)
-
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL 1.0.0's Nash-MD loss (:func:`adapters.losses.nash_md.nash_md_step_loss`) with the config's settings."""
-        return nash_md_losses.nash_md_step_loss(self.model.family, self.args.gradient_accumulation_steps,
-                                                scored=self.judge is None), None
-
-    def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
-        """Online DPO's prompt rows, each prompt after the tokenizer's BOS token unless it starts with it, as TRL
-        1.0.0's ``tokenize_row`` (Nash-MD's ``training_step`` tokenises with it)."""
-        return with_bos_first(super()._prepare(dataset, name), self.tokenizer.bos_token_id)
-
-    # ------------------------------------------------------------------ sampling from the mixture
-    def _generate_with_mixture(self, rows: list[dict], seed: int, mixture_coef: float) -> Rollout:
-        """One completion per row sampled from the geometric mixture (TRL 1.0.0's ``GeometricMixtureWrapper``): the
-        policy and the reference as one :class:`~torchlike.adapters.rollout.mixture.GeometricMixture` decoder, with
-        a rollout worker of its own (its KV cache holds both models' layers) and a seed of its own."""
-        mixture = GeometricMixture(self._trainable_model.module, self.reference.module, mixture_coef,
-                                   self.reference.lora)
-        if self._mixture_worker is None:
-            self._mixture_worker = self._new_worker(lambda: mixture)
-        return self._generate(rows, derived_seed(seed, 1),
-                              worker=self._mixture_worker.sampling_from(mixture))
-
-    # ------------------------------------------------------------------ batches
-    def _generation_schedule(self) -> GenerationSchedule:
-        """One generation per micro-batch: one policy completion of each of its prompts (the mixture's completions
-        are not trained on), trained on once."""
-        return GenerationSchedule(self._global_batch_size(), 1, 1, 1)
-
-    def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
-        """Samples one completion of each prompt with the policy, then one with the mixture, takes the probability
-        that the policy's wins (judge or rewards) and returns the step's columns (the policy's completions) with the
-        reference's log-probabilities."""
-        rows = list(prompt_rows)
-        seed = self._generation_seed(epoch, generation_index)
-        mixture_coef = self._mixture_coef_of(epoch)
-        policy = self._generate(rows, seed)
-        mixture = self._generate_with_mixture(rows, seed, mixture_coef)
-        contain_eos, mixture_contain_eos = (contains_end_token(record.tokens, record.tokens.shape[1],
-                                                               self.eos_token_ids) for record in (policy, mixture))
-        size = len(rows)
-        rewards = mixture_rewards = np.zeros(size, np.float32)
-        if self.judge is not None:
-            probability = self._judged(joined(policy, mixture))
-        else:
-            scores = np.nansum(self.reward_scorer.score(joined(policy, mixture)), axis=1).astype(np.float32)
-            if self.args.missing_eos_penalty is not None:
-                scores = scores - np.float32(self.args.missing_eos_penalty) * ~np.concatenate(
-                    [contain_eos, mixture_contain_eos])
-            rewards, mixture_rewards = scores[:size], scores[size:]
-            probability = 0.5 * (1.0 + np.tanh(0.5 * (rewards - mixture_rewards)))  # the sigmoid, overflow-free
-        ids = np.concatenate([policy.prompt_ids, policy.tokens], axis=1)
-        columns = {
-            "input_ids": ids,
-            "attention_mask": np.concatenate([policy.prompt_mask, policy.completion_mask], axis=1),
-            "position_ids": np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape).copy(),
-            "completion_mask": policy.completion_mask,
-            "completion_window": policy.completion_mask,
-            "probability": np.asarray(probability, np.float32),
-            "contain_eos": contain_eos.astype(np.float32),
-            "mixture_contain_eos": mixture_contain_eos.astype(np.float32),
-            "rewards": rewards,
-            "mixture_rewards": mixture_rewards,
-            "beta": np.full(size, self._beta_of(epoch), np.float32),
-            "mixture_coef": np.full(size, mixture_coef, np.float32),
-        }
-        columns["ref_logps"] = self._reference_log_probs(columns)
-        return columns
-
-    def _judged(self, record: Rollout) -> np.ndarray:
-        """``[B]`` the judge's probability that the policy's completion of each prompt beats the mixture's, asked as
-        TRL 1.0.0's ``_compute_judge`` asks (:func:`~..online_dpo.judged_pairs.judge_inputs`)."""
-        return np.asarray(self.judge.judge(*judge_inputs(record, self.tokenizer), return_scores=True), np.float32)
+        return self.algorithm.mixture_coef_of(int(self.state.epoch or 0))

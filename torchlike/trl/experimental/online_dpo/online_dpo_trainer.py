@@ -9,6 +9,11 @@ against a frozen reference: ``ref_model``, the base weights with the LoRA adapte
 else a frozen copy of the initial policy (``adapters.losses.online_dpo``). TRL's ``objective/*``, ``rewards/*``,
 ``logps/*``, ``val/contain_eos_token`` and ``beta`` metrics are logged, as means over the micro-batches since the last
 log.
+
+The loop here is what Online DPO, XPO and Nash-MD share (sampling, scoring, the reference's log-probabilities, one
+generation per micro-batch, the summed gradient); what each samples, how it ranks and what its loss is, is its
+:class:`OnlinePreferenceAlgorithm` (:class:`OnlineDPO` here, ``XPO`` and ``NashMD`` in their packages). XPO's and
+Nash-MD's trainers subclass this one, as in TRL, and override none of its methods.
 """
 
 from __future__ import annotations
@@ -43,7 +48,61 @@ from .judged_pairs import epoch_value
 from .online_dpo_config import OnlineDPOConfig
 from .online_dpo_data import preference_columns, prepare_prompt_rows
 
-__all__ = ["OnlineDPOTrainer"]
+__all__ = ["OnlineDPO", "OnlineDPOTrainer", "OnlinePreferenceAlgorithm"]
+
+
+class OnlinePreferenceAlgorithm:
+    """What one online preference algorithm decides on :class:`OnlineDPOTrainer`'s loop: how its prompt rows are
+    tokenised, what one micro-batch samples and how it is ranked into the step's columns, and the step loss.
+
+    Args:
+        trainer: the loop it runs in; the algorithm samples through its :meth:`~OnlineDPOTrainer._generate` (with
+            rollout workers of its own for a second model), scores with its ``reward_scorer`` and reads its
+            tokenizer, end tokens, reference and config.
+    """
+
+    completions_per_prompt = 2
+    """Rows of the step's columns per prompt (a micro-batch of ``per_device_train_batch_size`` prompts per
+    data-parallel shard has this many times as many rows)."""
+
+    def __init__(self, trainer: OnlineDPOTrainer):
+        self.trainer = trainer
+
+    def prepare(self, rows: list[dict]) -> list[dict]:
+        """The prompt rows as the algorithm tokenises them (default: as Online DPO's ``prepare_prompt_rows`` does)."""
+        return rows
+
+    def generation_batch(self, prompt_rows: list[dict], epoch: int, seed: int) -> dict[str, np.ndarray]:
+        """The step's columns of one micro-batch of ``prompt_rows``, sampled with ``seed`` in ``epoch``."""
+        raise NotImplementedError
+
+    def step_loss(self) -> Callable:
+        """The jitted step's loss, ``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)``."""
+        raise NotImplementedError
+
+
+class OnlineDPO(OnlinePreferenceAlgorithm):
+    """TRL 1.16's Online DPO: two policy completions of each prompt (all first completions, then all second ones, as
+    TRL's ``prompt_ids.repeat(2, 1)``), ranked by the weighted rewards into chosen and rejected; DPO's loss on the
+    pair (``adapters.losses.online_dpo``)."""
+
+    def generation_batch(self, prompt_rows: list[dict], epoch: int, seed: int) -> dict[str, np.ndarray]:
+        trainer = self.trainer
+        record = trainer._generate(list(prompt_rows) * 2, seed)
+        window = int(record.completion_mask.sum(axis=1).max())
+        # TRL's reward functions get the completions as generated: padded to the longest one of the micro-batch.
+        padded_ids = [row.tolist() for row in record.tokens[:, :window]]
+        table = trainer.reward_scorer.score(dataclasses.replace(record, completion_ids=padded_ids))
+        rewards = np.nansum(table * trainer.reward_weights[None], axis=1)
+        return preference_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
+                                  rewards, trainer.args.missing_eos_penalty, trainer._beta_of(epoch),
+                                  trainer.eos_token_ids, trainer.args.max_length)
+
+    def step_loss(self) -> Callable:
+        """TRL's online DPO loss (:func:`adapters.losses.online_dpo.online_dpo_step_loss`) with the config's
+        settings."""
+        settings = online_dpo_losses.OnlineDPOLossSettings.from_config(self.trainer.args)
+        return online_dpo_losses.online_dpo_step_loss(self.trainer.model.family, settings)
 
 
 class OnlineDPOTrainer(OnlineTrainer):
@@ -94,6 +153,8 @@ class OnlineDPOTrainer(OnlineTrainer):
     ```
     """
 
+    algorithm_class: type[OnlinePreferenceAlgorithm] = OnlineDPO
+    """The algorithm the loop trains with (an instance is :attr:`algorithm`)."""
     _allow_prefetch = False  # each micro-batch samples with the weights of the steps before it
     _config_class = OnlineDPOConfig
     _output_suffix = "OnlineDPO"
@@ -154,6 +215,7 @@ class OnlineDPOTrainer(OnlineTrainer):
         self.reward_weights = np.asarray(args.reward_weights or [1.0] * len(self.reward_funcs), np.float32)
         self._setup_sampling(args, model, processing_class)
         self.tools, self.tool_calling = [], None
+        self.algorithm = self.algorithm_class(self)
         train_rows = self._prepare(train_dataset, "train_dataset")
         self.prompt_length = sampling.bucket_length(max(len(row["prompt_ids"]) for row in train_rows))
         largest = max([self.pad_token_id, *self.eos_token_ids, *(max(row["prompt_ids"], default=0)
@@ -179,7 +241,7 @@ class OnlineDPOTrainer(OnlineTrainer):
 
     # ------------------------------------------------------------------ set-up
     def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
-        return prepare_prompt_rows(dataset, self.tokenizer, name)
+        return self.algorithm.prepare(prepare_prompt_rows(dataset, self.tokenizer, name))
 
     def _padded(self, length: int) -> int:
         """Widths as they are: ``OnlineDPOConfig`` has no ``pad_to_multiple_of``."""
@@ -190,10 +252,8 @@ class OnlineDPOTrainer(OnlineTrainer):
         return self.args.max_new_tokens
 
     def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's online DPO loss (:func:`adapters.losses.online_dpo.online_dpo_step_loss`) with the config's
-        settings."""
-        settings = online_dpo_losses.OnlineDPOLossSettings.from_config(self.args)
-        return online_dpo_losses.online_dpo_step_loss(self.model.family, settings), None
+        """The algorithm's step loss."""
+        return self.algorithm.step_loss(), None
 
     def _run_step(self, step_fn: Callable, batch: dict, step: int) -> dict:
         """The optimizer step, whose gradient is the sum of its micro-batches' (as TRL's), with the logged loss their
@@ -215,23 +275,14 @@ class OnlineDPOTrainer(OnlineTrainer):
         return Trainer._get_train_sampler(self, epoch)
 
     def _generation_schedule(self) -> GenerationSchedule:
-        """One generation per micro-batch: two completions of each of its prompts, trained on once."""
-        return GenerationSchedule(2 * self._global_batch_size(), 1, 1, self.num_generations)
+        """One generation per micro-batch, trained on once: the algorithm's rows per prompt for each of its
+        prompts."""
+        per_prompt = self.algorithm.completions_per_prompt
+        return GenerationSchedule(per_prompt * self._global_batch_size(), 1, 1, per_prompt)
 
     def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
-        """Samples two completions of each prompt (all first completions, then all second ones, as TRL's
-        ``prompt_ids.repeat(2, 1)``), rewards and ranks them, and returns the step's columns with the reference's
-        log-probabilities."""
-        rows = list(prompt_rows) * 2
-        record = self._generate(rows, self._generation_seed(epoch, generation_index))
-        window = int(record.completion_mask.sum(axis=1).max())
-        # TRL's reward functions get the completions as generated: padded to the longest one of the micro-batch.
-        padded_ids = [row.tolist() for row in record.tokens[:, :window]]
-        table = self.reward_scorer.score(dataclasses.replace(record, completion_ids=padded_ids))
-        rewards = np.nansum(table * self.reward_weights[None], axis=1)
-        columns = preference_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
-                                     rewards, self.args.missing_eos_penalty, self._beta_of(epoch), self.eos_token_ids,
-                                     self.args.max_length)
+        """The algorithm's columns of one micro-batch, with the reference's log-probabilities."""
+        columns = self.algorithm.generation_batch(prompt_rows, epoch, self._generation_seed(epoch, generation_index))
         columns["ref_logps"] = self._reference_log_probs(columns)
         return columns
 

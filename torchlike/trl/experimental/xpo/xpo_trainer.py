@@ -28,17 +28,81 @@ from ....type_aliases import (
     ProcessingClass,
     QuantizationConfig,
     RewardFunc,
-    RowsLike,
     Tokenizer,
 )
 from ...rollout_worker import RolloutWorker
 from ...rollouts import Rollout
 from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
 from ..online_dpo.online_dpo_data import contains_end_token, preference_columns, ranked_order
-from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer
+from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer, OnlinePreferenceAlgorithm
 from .xpo_config import XPOConfig
 
-__all__ = ["XPOTrainer"]
+__all__ = ["XPO", "XPOTrainer"]
+
+
+class XPO(OnlinePreferenceAlgorithm):
+    """TRL 1.0.0's XPO on Online DPO's loop (see the module's docstring): the reference samples the second completion
+    of each pair with a rollout worker of its own."""
+
+    def __init__(self, trainer: OnlineDPOTrainer):
+        super().__init__(trainer)
+        self._reference_worker: RolloutWorker | None = None
+
+    def prepare(self, rows: list[dict]) -> list[dict]:
+        """Each prompt after the tokenizer's BOS token unless it starts with it, as TRL 1.0.0's ``tokenize_row`` (XPO's
+        ``training_step`` tokenises with it)."""
+        return with_bos_first(rows, self.trainer.tokenizer.bos_token_id)
+
+    def generate_with_reference(self, rows: list[dict], seed: int) -> Rollout:
+        """One completion per row sampled by the reference (TRL 1.0.0's ``ref_model.generate``), with a rollout worker
+        of its own (in the reference's LoRA mode) and a seed of its own."""
+        trainer = self.trainer
+        if self._reference_worker is None:
+            self._reference_worker = trainer._new_worker(lambda: trainer.reference.module,
+                                                         lora=trainer.reference.lora)
+        return trainer._generate(rows, derived_seed(seed, 1), worker=self._reference_worker)
+
+    def generation_batch(self, prompt_rows: list[dict], epoch: int, seed: int) -> dict[str, np.ndarray]:
+        """Samples one completion of each prompt with the policy, then one with the reference, and picks the chosen
+        one of each pair (judge or reward)."""
+        trainer, args = self.trainer, self.trainer.args
+        rows = list(prompt_rows)
+        record = joined(trainer._generate(rows, seed), self.generate_with_reference(rows, seed))
+        half = len(rows)
+        contain_eos = contains_end_token(record.tokens, record.tokens.shape[1], trainer.eos_token_ids)
+        if trainer.judge is not None:
+            policy_wins = self.judged(record)
+            rewards = np.zeros(2 * half, np.float32)
+            ranking = np.concatenate([policy_wins, ~policy_wins]).astype(np.float32)
+        else:
+            rewards = np.nansum(trainer.reward_scorer.score(record), axis=1).astype(np.float32)
+            if args.missing_eos_penalty is not None:
+                rewards = rewards - np.float32(args.missing_eos_penalty) * ~contain_eos
+            ranking = rewards
+        # TRL 1.0.0's XPO scores prompt and completion whole: a max_length that cuts nothing.
+        uncut = record.prompt_ids.shape[1] + record.tokens.shape[1]
+        columns = preference_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
+                                     ranking, None, trainer._beta_of(epoch), trainer.eos_token_ids, uncut)
+        order = ranked_order(ranking)
+        columns["rewards"] = rewards[order]
+        columns["from_reference"] = (order >= half).astype(np.float32)
+        columns["alpha"] = np.full(2 * half, self.alpha_of(epoch), np.float32)
+        return columns
+
+    def alpha_of(self, epoch: int) -> float:
+        """XPO's weight in ``epoch``: ``args.alpha``, or with a list its entry for the epoch (the last one after it)."""
+        return epoch_value(self.trainer.args.alpha, epoch)
+
+    def judged(self, record: Rollout) -> np.ndarray:
+        """``[B]`` whether the judge prefers the policy's completion of each prompt, asked as TRL 1.0.0's
+        ``_compute_judge`` asks (:func:`~.judged_pairs.judge_inputs`)."""
+        ranks = self.trainer.judge.judge(*judge_inputs(record, self.trainer.tokenizer))
+        return np.array([rank == 0 for rank in ranks])
+
+    def step_loss(self) -> Callable:
+        """TRL 1.0.0's XPO loss (:func:`adapters.losses.xpo.xpo_step_loss`) with the config's settings."""
+        settings = online_dpo_losses.OnlineDPOLossSettings.from_config(self.trainer.args)
+        return xpo_losses.xpo_step_loss(self.trainer.model.family, settings, scored=self.trainer.judge is None)
 
 
 class XPOTrainer(OnlineDPOTrainer):
@@ -75,6 +139,7 @@ class XPOTrainer(OnlineDPOTrainer):
     ```
     """
 
+    algorithm_class = XPO
     _config_class = XPOConfig
     _output_suffix = "XPO"
     _tag_names = ["trl", "xpo"]
@@ -91,7 +156,6 @@ class XPOTrainer(OnlineDPOTrainer):
                  quantization_config: QuantizationConfig | None = None):
         reward_funcs = one_judge_or_reward(judge, reward_funcs, "XPOTrainer")
         self.judge = judge
-        self._reference_worker: RolloutWorker | None = None
         super().__init__(model=model, ref_model=ref_model, reward_funcs=reward_funcs,
                          args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
@@ -99,67 +163,9 @@ class XPOTrainer(OnlineDPOTrainer):
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
                          preprocess_logits_for_metrics=preprocess_logits_for_metrics,
                          quantization_config=quantization_config)
-        self._alpha = self.args.alpha
 
     @property
     def alpha(self) -> float:
         """XPO's weight of the current epoch: ``args.alpha``, or with a list its entry for the epoch (the last one
         after it)."""
-        return self._alpha_of(int(self.state.epoch or 0))
-
-    def _alpha_of(self, epoch: int) -> float:
-        return epoch_value(self._alpha, epoch)
-
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL 1.0.0's XPO loss (:func:`adapters.losses.xpo.xpo_step_loss`) with the config's settings."""
-        settings = online_dpo_losses.OnlineDPOLossSettings.from_config(self.args)
-        return xpo_losses.xpo_step_loss(self.model.family, settings, scored=self.judge is None), None
-
-    def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
-        """Online DPO's prompt rows, each prompt after the tokenizer's BOS token unless it starts with it, as TRL
-        1.0.0's ``tokenize_row`` (XPO's ``training_step`` tokenises with it)."""
-        return with_bos_first(super()._prepare(dataset, name), self.tokenizer.bos_token_id)
-
-    # ------------------------------------------------------------------ sampling from the reference
-    def _generate_with_reference(self, rows: list[dict], seed: int) -> Rollout:
-        """One completion per row sampled by the reference (TRL 1.0.0's ``ref_model.generate``), with a rollout worker
-        of its own (in the reference's LoRA mode) and a seed of its own."""
-        if self._reference_worker is None:
-            self._reference_worker = self._new_worker(lambda: self.reference.module, lora=self.reference.lora)
-        return self._generate(rows, derived_seed(seed, 1),
-                              worker=self._reference_worker)
-
-    # ------------------------------------------------------------------ batches
-    def _generation_batch(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> dict[str, np.ndarray]:
-        """Samples one completion of each prompt with the policy, then one with the reference, picks the chosen one
-        of each pair (judge or reward) and returns the step's columns with the reference's log-probabilities."""
-        rows = list(prompt_rows)
-        seed = self._generation_seed(epoch, generation_index)
-        record = joined(self._generate(rows, seed), self._generate_with_reference(rows, seed))
-        half = len(rows)
-        contain_eos = contains_end_token(record.tokens, record.tokens.shape[1], self.eos_token_ids)
-        if self.judge is not None:
-            policy_wins = self._judged(record)
-            rewards = np.zeros(2 * half, np.float32)
-            ranking = np.concatenate([policy_wins, ~policy_wins]).astype(np.float32)
-        else:
-            rewards = np.nansum(self.reward_scorer.score(record), axis=1).astype(np.float32)
-            if self.args.missing_eos_penalty is not None:
-                rewards = rewards - np.float32(self.args.missing_eos_penalty) * ~contain_eos
-            ranking = rewards
-        # TRL 1.0.0's XPO scores prompt and completion whole: a max_length that cuts nothing.
-        uncut = record.prompt_ids.shape[1] + record.tokens.shape[1]
-        columns = preference_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
-                                     ranking, None, self._beta_of(epoch), self.eos_token_ids, uncut)
-        order = ranked_order(ranking)
-        columns["rewards"] = rewards[order]
-        columns["from_reference"] = (order >= half).astype(np.float32)
-        columns["alpha"] = np.full(2 * half, self._alpha_of(epoch), np.float32)
-        columns["ref_logps"] = self._reference_log_probs(columns)
-        return columns
-
-    def _judged(self, record: Rollout) -> np.ndarray:
-        """``[B]`` whether the judge prefers the policy's completion of each prompt, asked as TRL 1.0.0's
-        ``_compute_judge`` asks (:func:`~.judged_pairs.judge_inputs`)."""
-        ranks = self.judge.judge(*judge_inputs(record, self.tokenizer))
-        return np.array([rank == 0 for rank in ranks])
+        return self.algorithm.alpha_of(int(self.state.epoch or 0))
