@@ -80,7 +80,7 @@ def run_torchlike(path, tokenizer_path, output_dir, settings) -> tuple[list[dict
                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
 
     def scripted_turn(prompt_ids, seed, worker=None):
-        copy = int(worker is not None and worker is trainer.algorithm._reference_worker)
+        copy = int(worker is not None and worker is trainer.algorithm.reference_worker)
         return [scripted_completion(ids, copy, *script_arguments()) for ids in prompt_ids], None
 
     trainer._generate_single_turn = scripted_turn
@@ -141,7 +141,7 @@ def test_the_reference_model_samples_the_reference_completions(tiny_checkpoints,
 
     def recording(rows, seed, worker=None):
         record = generate(rows, seed, worker=worker)
-        reference = worker is not None and worker is trainer.algorithm._reference_worker
+        reference = worker is not None and worker is trainer.algorithm.reference_worker
         sampled["reference" if reference else "policy"] = record
         return record
 

@@ -50,7 +50,7 @@ class NashMD(OnlinePreferenceAlgorithm):
 
     def __init__(self, trainer: OnlineDPOTrainer):
         super().__init__(trainer)
-        self._mixture_worker: RolloutWorker | None = None
+        self.mixture_worker: RolloutWorker | None = None
 
     def prepare(self, rows: list[dict]) -> list[dict]:
         """Each prompt after the tokenizer's BOS token unless it starts with it, as TRL 1.0.0's ``tokenize_row``
@@ -69,9 +69,9 @@ class NashMD(OnlinePreferenceAlgorithm):
         trainer = self.trainer
         mixture = GeometricMixture(trainer._trainable_model.module, trainer.reference.module, mixture_coef,
                                    trainer.reference.lora)
-        if self._mixture_worker is None:
-            self._mixture_worker = trainer._new_worker(lambda: mixture)
-        return trainer._generate(rows, derived_seed(seed, 1), worker=self._mixture_worker.sampling_from(mixture))
+        if self.mixture_worker is None:
+            self.mixture_worker = trainer._new_worker(lambda: mixture)
+        return trainer._generate(rows, derived_seed(seed, 1), worker=self.mixture_worker.sampling_from(mixture))
 
     def generation_batch(self, prompt_rows: list[dict], epoch: int, seed: int) -> dict[str, np.ndarray]:
         """Samples one completion of each prompt with the policy, then one with the mixture, and takes the probability

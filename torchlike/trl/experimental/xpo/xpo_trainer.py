@@ -46,7 +46,7 @@ class XPO(OnlinePreferenceAlgorithm):
 
     def __init__(self, trainer: OnlineDPOTrainer):
         super().__init__(trainer)
-        self._reference_worker: RolloutWorker | None = None
+        self.reference_worker: RolloutWorker | None = None
 
     def prepare(self, rows: list[dict]) -> list[dict]:
         """Each prompt after the tokenizer's BOS token unless it starts with it, as TRL 1.0.0's ``tokenize_row`` (XPO's
@@ -57,10 +57,10 @@ class XPO(OnlinePreferenceAlgorithm):
         """One completion per row sampled by the reference (TRL 1.0.0's ``ref_model.generate``), with a rollout worker
         of its own (in the reference's LoRA mode) and a seed of its own."""
         trainer = self.trainer
-        if self._reference_worker is None:
-            self._reference_worker = trainer._new_worker(lambda: trainer.reference.module,
+        if self.reference_worker is None:
+            self.reference_worker = trainer._new_worker(lambda: trainer.reference.module,
                                                          lora=trainer.reference.lora)
-        return trainer._generate(rows, derived_seed(seed, 1), worker=self._reference_worker)
+        return trainer._generate(rows, derived_seed(seed, 1), worker=self.reference_worker)
 
     def generation_batch(self, prompt_rows: list[dict], epoch: int, seed: int) -> dict[str, np.ndarray]:
         """Samples one completion of each prompt with the policy, then one with the reference, and picks the chosen
