@@ -8,6 +8,10 @@ from importlib import metadata
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread for torch (the references' runs): the README's command runs two workers on two cores, and two
+# spinning OpenMP threads per worker slowed the TRL comparisons by 10-20% (tests/test_native_families_vs_trl.py and
+# tests/test_grpo_vs_trl.py side by side: 139.6 + 88.5 s of tests with the default, 125.1 + 71.5 s with one thread).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The persistent compilation cache is off in the suite and its subprocesses unless TORCHLIKE_TEST_COMPILATION_CACHE=1
 # (faster local reruns): with it, XLA:CPU crashed (a segmentation fault in a worker that had run hundreds of tests)
 # serialising or deserialising a cached executable, in 3 of the last 4 cold runs, and pytest-xdist then waits for the
