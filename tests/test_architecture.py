@@ -225,17 +225,21 @@ def loop_overrides(trainer: type, loop: type) -> list[str]:
 
 def test_no_trainer_overrides_its_loops_methods():
     """GRPO and RLOO are algorithms on the policy-gradient loop, XPO and Nash-MD on Online DPO's (their trainers
-    subclass it, as TRL's do): what one step does is the loop's file plus the algorithm's, never a method of the loop
-    redefined in a subclass."""
+    subclass it, as TRL's do), ORPO and CPO on the pairwise loop: what one step does is the loop's file plus the
+    algorithm's, never a method of the loop redefined in a subclass."""
     from torchlike.trl import GRPOTrainer, RLOOTrainer
+    from torchlike.trl.experimental.cpo import CPOTrainer
     from torchlike.trl.experimental.nash_md import NashMDTrainer
     from torchlike.trl.experimental.online_dpo import OnlineDPOTrainer
     from torchlike.trl.experimental.online_dpo.online_dpo_trainer import OnlinePreferenceAlgorithm
+    from torchlike.trl.experimental.orpo import ORPOTrainer
+    from torchlike.trl.experimental.pairwise_trainer import PairwiseAlgorithm, PairwisePreferenceTrainer
     from torchlike.trl.experimental.xpo import XPOTrainer
     from torchlike.trl.policy_gradient_trainer import PolicyGradientAlgorithm, PolicyGradientTrainer
 
     loops = {PolicyGradientTrainer: (PolicyGradientAlgorithm, [GRPOTrainer, RLOOTrainer]),
-             OnlineDPOTrainer: (OnlinePreferenceAlgorithm, [XPOTrainer, NashMDTrainer])}
+             OnlineDPOTrainer: (OnlinePreferenceAlgorithm, [XPOTrainer, NashMDTrainer]),
+             PairwisePreferenceTrainer: (PairwiseAlgorithm, [ORPOTrainer, CPOTrainer])}
     for loop, (algorithm, trainers) in loops.items():
         for trainer in trainers:
             assert trainer.__mro__[1] is loop, trainer

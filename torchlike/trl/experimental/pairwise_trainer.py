@@ -6,8 +6,9 @@ callbacks, optimizers, preprocess_logits_for_metrics, peft_config, compute_metri
 words, their tokenisation (:mod:`torchlike.trl.experimental.pairwise_data`), fixed-shape pair batches
 (``dpo_data.collate_preference_batch``), the router loss switched on by the model config's
 ``output_router_logits`` (as these trainers read it), and TRL's metrics logged as means over the micro-batches since
-the last log. There is no reference model. A subclass sets the class attributes and returns its step loss from
-``_step_loss`` (the Trainer's hook).
+the last log. There is no reference model. What ORPO and CPO change is each one's :class:`PairwiseAlgorithm` (its
+checks, padding, pad token and step loss), in its ``<name>_trainer.py`` beside a trainer class that sets
+``algorithm_class`` and redefines none of this loop's methods.
 """
 
 from __future__ import annotations
@@ -32,17 +33,43 @@ from ..dpo_data import collate_preference_batch, padded_length
 from .pairwise_data import prepare_pairwise_examples
 
 if TYPE_CHECKING:
+    from ...adapters.families.base import Family
     from ...modeling import CausalLM
 
-__all__ = ["PairwisePreferenceTrainer"]
+__all__ = ["PairwiseAlgorithm", "PairwisePreferenceTrainer"]
+
+
+class PairwiseAlgorithm:
+    """What one reference-free pairwise preference algorithm decides on :class:`PairwisePreferenceTrainer`'s loop.
+    A subclass implements :meth:`step_loss` and overrides what else it changes."""
+
+    @staticmethod
+    def check(args: TRLArgs) -> None:
+        """TRL's checks of ``args`` (warnings and errors), before the model is loaded."""
+
+    @staticmethod
+    def pad_token_id(tokenizer: Tokenizer, pad_token_id: Callable[[Tokenizer], int]) -> int:
+        """The pad token: ``pad_token_id(tokenizer)`` (TRL's rule: the tokenizer's pad token, else its eos token)."""
+        return pad_token_id(tokenizer)
+
+    @staticmethod
+    def padding_value(args: TRLArgs, pad_token_id: int) -> int:
+        """The token id that pads ``input_ids``: the pad token."""
+        return pad_token_id
+
+    @staticmethod
+    def step_loss(family: Family, args: TRLArgs, router_aux_loss_coef: float) -> Callable:
+        """The jitted step's loss, ``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)``."""
+        raise NotImplementedError
 
 
 class PairwisePreferenceTrainer(TRLTrainer):
-    """The base of torchlike's ``ORPOTrainer`` and ``CPOTrainer`` (see the module docstring).
-
-    Subclasses set ``_config_class``, ``_output_suffix``, ``_tag_names`` and implement ``_step_loss``;
-    :meth:`_check_settings` adds their own checks of ``args``.
+    """The loop of torchlike's ``ORPOTrainer`` and ``CPOTrainer`` (see the module docstring): a trainer on it sets
+    ``algorithm_class``, ``_config_class``, ``_output_suffix`` and ``_tag_names``.
     """
+
+    algorithm_class: type[PairwiseAlgorithm]
+    """The algorithm the loop trains with."""
 
     #: TRL's attribute: the weight of the router loss, read from the model config.
     aux_loss_coef: float = 0.0
@@ -69,15 +96,16 @@ class PairwisePreferenceTrainer(TRLTrainer):
                 ("preprocess_logits_for_metrics", preprocess_logits_for_metrics, "it only serves compute_metrics")):
             if value is not None:
                 raise NotImplementedError(f"{self._trainer_name}'s {name} is not supported in torchlike: {reason}.")
-        self._check_settings(args)
+        self.algorithm_class.check(args)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, None)
         self._setup_config_router_loss(model)
         if args.max_length is None:
             warnings.warn(f"`max_length` is not set in the {self._config_class.__name__}'s init it will default to "
                           "`512` by default, but you should do it yourself in the future.", UserWarning, stacklevel=3)
         self.max_length = 512 if args.max_length is None else args.max_length
-        self.pad_token_id = self._pad_token_id(processing_class, None)
-        self.padding_value = self._padding_value(args, processing_class)
+        self.pad_token_id = self.algorithm_class.pad_token_id(processing_class,
+                                                              lambda tokenizer: self._pad_token_id(tokenizer, None))
+        self.padding_value = self.algorithm_class.padding_value(args, self.pad_token_id)
         train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
         collator = data_collator or (lambda rows: collate_preference_batch(rows, self.padding_value,
                                                                            self.padded_length))
@@ -86,13 +114,9 @@ class PairwisePreferenceTrainer(TRLTrainer):
                          optimizers=optimizers)
         self._show_prepared_datasets(train_examples, eval_examples)
 
-    # ------------------------------------------------------------------ subclass hooks
-    def _check_settings(self, args: TRLArgs) -> None:
-        """The subclass's checks of ``args`` (TRL's), before the model is loaded."""
-
-    def _padding_value(self, args: TRLArgs, tokenizer: Tokenizer) -> int:
-        """The token id that pads ``input_ids``: the tokenizer's pad token (else its eos token)."""
-        return self.pad_token_id
+    def _step_loss(self) -> tuple[Callable, None]:
+        """The algorithm's step loss with the config's settings and the router loss weight."""
+        return self.algorithm_class.step_loss(self.model.family, self.args, self._router_loss_weight()), None
 
     # ------------------------------------------------------------------ model
     def _setup_config_router_loss(self, model: CausalLM) -> None:

@@ -10,13 +10,48 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ....adapters.losses.cpo import LOSS_TYPES, CPOLossSettings, cpo_step_loss
 from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, Tokenizer
-from ..pairwise_trainer import PairwisePreferenceTrainer
+from ..pairwise_trainer import PairwiseAlgorithm, PairwisePreferenceTrainer
 from .cpo_config import CPOConfig
 
-__all__ = ["CPOTrainer"]
+if TYPE_CHECKING:
+    from ....adapters.families.base import Family
+
+__all__ = ["CPO", "CPOTrainer"]
+
+
+class CPO(PairwiseAlgorithm):
+    """TRL 1.16's CPO on the pairwise loop: TRL's checks, the eos token as pad token when the tokenizer has none, and
+    :func:`adapters.losses.cpo.cpo_step_loss`."""
+
+    @staticmethod
+    def check(args: CPOConfig) -> None:
+        """TRL's checks (its warning and errors; TRL raises for an unknown loss type in the first step)."""
+        if args.loss_type in ["hinge", "ipo"] and args.label_smoothing > 0:
+            warnings.warn(f"You are using the {args.loss_type} loss type that does not support label smoothing. The "
+                          "`label_smoothing` parameter will be ignored. Set `label_smoothing` to `0.0` to remove this "
+                          "warning.", UserWarning, stacklevel=4)
+        if args.loss_type == "kto_pair":
+            raise ValueError("Support for kto_pair has been removed in CPOTrainer. Please use KTOTrainer.")
+        if args.loss_type not in LOSS_TYPES:
+            raise ValueError(f"Unknown loss type: {args.loss_type}. Should be one of ['sigmoid', 'hinge', 'ipo', "
+                             "'simpo']")
+
+    @staticmethod
+    def pad_token_id(tokenizer: Tokenizer, pad_token_id: Callable[[Tokenizer], int]) -> int:
+        """TRL's CPO sets the tokenizer's pad token to its eos token when it has none (and the trainer mirrors it onto
+        the model's configs)."""
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return pad_token_id(tokenizer)
+
+    @staticmethod
+    def step_loss(family: Family, args: CPOConfig, router_aux_loss_coef: float) -> Callable:
+        """TRL's CPO loss with the config's settings."""
+        return cpo_step_loss(family, CPOLossSettings.from_config(args, router_aux_loss_coef=router_aux_loss_coef))
 
 
 class CPOTrainer(PairwisePreferenceTrainer):
@@ -49,6 +84,7 @@ class CPOTrainer(PairwisePreferenceTrainer):
     ```
     """
 
+    algorithm_class = CPO
     _config_class = CPOConfig
     _output_suffix = "CPO"
     _tag_names = ["trl", "cpo"]
@@ -71,27 +107,3 @@ class CPOTrainer(PairwisePreferenceTrainer):
         self.cpo_alpha, self.alpha = args.cpo_alpha, args.alpha
         if args.loss_type == "simpo":
             self.simpo_gamma = args.simpo_gamma
-
-    def _check_settings(self, args: CPOConfig) -> None:
-        """TRL's checks (its warning and errors; TRL raises for an unknown loss type in the first step)."""
-        if args.loss_type in ["hinge", "ipo"] and args.label_smoothing > 0:
-            warnings.warn(f"You are using the {args.loss_type} loss type that does not support label smoothing. The "
-                          "`label_smoothing` parameter will be ignored. Set `label_smoothing` to `0.0` to remove this "
-                          "warning.", UserWarning, stacklevel=4)
-        if args.loss_type == "kto_pair":
-            raise ValueError("Support for kto_pair has been removed in CPOTrainer. Please use KTOTrainer.")
-        if args.loss_type not in LOSS_TYPES:
-            raise ValueError(f"Unknown loss type: {args.loss_type}. Should be one of ['sigmoid', 'hinge', 'ipo', "
-                             "'simpo']")
-
-    def _pad_token_id(self, tokenizer: Tokenizer, pad_token: str | None, eos_token: str | None = None) -> int:
-        """TRL's CPO sets the tokenizer's pad token to its eos token when it has none, and mirrors it onto the
-        model's configs."""
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return super()._pad_token_id(tokenizer, pad_token, eos_token)
-
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's CPO loss (:func:`adapters.losses.cpo.cpo_step_loss`) with the config's settings."""
-        settings = CPOLossSettings.from_config(self.args, router_aux_loss_coef=self._router_loss_weight())
-        return cpo_step_loss(self.model.family, settings), None

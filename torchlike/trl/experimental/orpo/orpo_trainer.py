@@ -8,13 +8,32 @@ log odds ratio (``torchlike.adapters.losses.orpo``), logging TRL's metrics.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ....adapters.losses.orpo import ORPOLossSettings, orpo_step_loss
-from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass, Tokenizer
-from ..pairwise_trainer import PairwisePreferenceTrainer
+from ....type_aliases import DatasetLike, EvalDatasetLike, ModelLike, PeftConfigLike, ProcessingClass
+from ..pairwise_trainer import PairwiseAlgorithm, PairwisePreferenceTrainer
 from .orpo_config import ORPOConfig
 
-__all__ = ["ORPOTrainer"]
+if TYPE_CHECKING:
+    from ....adapters.families.base import Family
+
+__all__ = ["ORPO", "ORPOTrainer"]
+
+
+class ORPO(PairwiseAlgorithm):
+    """TRL 1.16's ORPO on the pairwise loop: ``args.padding_value`` pads when set; the loss is
+    :func:`adapters.losses.orpo.orpo_step_loss`."""
+
+    @staticmethod
+    def padding_value(args: ORPOConfig, pad_token_id: int) -> int:
+        """``args.padding_value``, else the pad token (TRL's ``padding_value``)."""
+        return pad_token_id if args.padding_value is None else args.padding_value
+
+    @staticmethod
+    def step_loss(family: Family, args: ORPOConfig, router_aux_loss_coef: float) -> Callable:
+        """TRL's ORPO loss with the config's settings."""
+        return orpo_step_loss(family, ORPOLossSettings.from_config(args, router_aux_loss_coef=router_aux_loss_coef))
 
 
 class ORPOTrainer(PairwisePreferenceTrainer):
@@ -46,6 +65,7 @@ class ORPOTrainer(PairwisePreferenceTrainer):
     ```
     """
 
+    algorithm_class = ORPO
     _config_class = ORPOConfig
     _output_suffix = "ORPO"
     _tag_names = ["trl", "orpo"]
@@ -62,12 +82,3 @@ class ORPOTrainer(PairwisePreferenceTrainer):
                          preprocess_logits_for_metrics=preprocess_logits_for_metrics, peft_config=peft_config,
                          compute_metrics=compute_metrics)
         self.beta = self.args.beta
-
-    def _padding_value(self, args: ORPOConfig, tokenizer: Tokenizer) -> int:
-        """``args.padding_value``, else the tokenizer's pad token (TRL's ``padding_value``)."""
-        return self.pad_token_id if args.padding_value is None else args.padding_value
-
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's ORPO loss (:func:`adapters.losses.orpo.orpo_step_loss`) with the config's settings."""
-        settings = ORPOLossSettings.from_config(self.args, router_aux_loss_coef=self._router_loss_weight())
-        return orpo_step_loss(self.model.family, settings), None
