@@ -206,16 +206,34 @@ def make_train_step(
         if lora:
             lora_runtime.set_dropout_rng(module, jax.random.fold_in(jax.random.key(seed), step_index))
         count = jax.tree.leaves(micro_batches)[0].shape[0]
-        batches = [jax.tree.map(lambda x, i=index: x[i], micro_batches) for index in range(count)]
-        num_items = sum(count_items(batch) for batch in batches) if count_items is not None else None
-        total_value, total_weight, aux_sum, grads = 0.0, 0.0, {}, None
+        num_items = None
+        if count_items is not None:
+            num_items = sum(count_items(jax.tree.map(lambda x, i=index: x[i], micro_batches)) for index in range(count))
         keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), step_index), count)
-        for index, batch in enumerate(batches):
-            with _micro_batch_key(keys[index]):
-                (value, (weight, aux)), micro_grads = grad_fn(module, batch, num_items)
-            total_value, total_weight = total_value + value, total_weight + weight
-            aux_sum = {key: aux_sum.get(key, 0.0) + aux[key] for key in aux}
-            grads = micro_grads if grads is None else jax.tree.map(jnp.add, grads, micro_grads)
+        graphdef, state = nnx.split(module)
+
+        def micro_step(state, batch, key):
+            # One micro-batch's value, weight, metrics and gradients, and the module's state after it (the LoRA
+            # dropout stream advances from one micro-batch to the next).
+            micro_module = nnx.merge(graphdef, state)
+            with _micro_batch_key(key):
+                (value, (weight, aux)), micro_grads = grad_fn(micro_module, batch, num_items)
+            return nnx.state(micro_module), (value, weight, aux, micro_grads)
+
+        # The micro-batches run in a scan: one compiled forward and backward pass whatever the accumulation, summed
+        # in order as a loop over them would.
+        shapes = jax.eval_shape(lambda *args: micro_step(*args)[1], state,
+                                jax.tree.map(lambda x: x[0], micro_batches), keys[0])
+        totals = jax.tree.map(lambda out: jnp.zeros(out.shape, out.dtype), shapes)
+
+        def body(carry, inputs):
+            state, totals = carry
+            state, outputs = micro_step(state, *inputs)
+            return (state, jax.tree.map(jnp.add, totals, outputs)), None
+
+        (state, (total_value, total_weight, aux_sum, grads)), _ = jax.lax.scan(body, (state, totals),
+                                                                               (micro_batches, keys))
+        nnx.update(module, state)
         scale = 1.0 / jnp.maximum(total_weight, 1e-9)
         grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)  # bf16 grads stay bf16: no dtype drift
         grad_norm = optax.tree.norm(grads)
