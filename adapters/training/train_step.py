@@ -211,28 +211,33 @@ def make_train_step(
             num_items = sum(count_items(jax.tree.map(lambda x, i=index: x[i], micro_batches)) for index in range(count))
         keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), step_index), count)
         graphdef, state = nnx.split(module)
+        # The gradients are summed over the micro-batches as flat leaves in the order of the trainable state's.
+        trainable_state = nnx.state(module, trainable)
+        grad_leaves = [jnp.zeros(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(trainable_state)]
 
-        def micro_step(state, batch, key):
-            # One micro-batch's value, weight, metrics and gradients, and the module's state after it (the LoRA
-            # dropout stream advances from one micro-batch to the next).
+        def body(carry, inputs):
+            # One micro-batch: its gradients join the sum, its value, weight and metrics are stacked (summed in
+            # order after the scan), and the module's state goes on to the next one (the LoRA dropout stream).
+            state, grad_sum = carry
+            batch, key = inputs
             micro_module = nnx.merge(graphdef, state)
             with _micro_batch_key(key):
                 (value, (weight, aux)), micro_grads = grad_fn(micro_module, batch, num_items)
-            return nnx.state(micro_module), (value, weight, aux, micro_grads)
+            leaves = jax.tree.leaves(micro_grads)
+            if [(leaf.shape, leaf.dtype) for leaf in leaves] != [(leaf.shape, leaf.dtype) for leaf in grad_sum]:
+                raise ValueError("the gradients do not have the trainable parameters' shapes and dtypes")
+            return (nnx.state(micro_module), [total + leaf for total, leaf in zip(grad_sum, leaves, strict=True)]), \
+                (value, weight, aux)
 
-        # The micro-batches run in a scan: one compiled forward and backward pass whatever the accumulation, summed
-        # in order as a loop over them would.
-        shapes = jax.eval_shape(lambda *args: micro_step(*args)[1], state,
-                                jax.tree.map(lambda x: x[0], micro_batches), keys[0])
-        totals = jax.tree.map(lambda out: jnp.zeros(out.shape, out.dtype), shapes)
-
-        def body(carry, inputs):
-            state, totals = carry
-            state, outputs = micro_step(state, *inputs)
-            return (state, jax.tree.map(jnp.add, totals, outputs)), None
-
-        (state, (total_value, total_weight, aux_sum, grads)), _ = jax.lax.scan(body, (state, totals),
-                                                                               (micro_batches, keys))
+        # The micro-batches run in one scan: one compiled forward and backward pass whatever the accumulation.
+        (state, grad_leaves), (values, weights, auxes) = jax.lax.scan(body, (state, grad_leaves),
+                                                                     (micro_batches, keys))
+        grads = jax.tree.unflatten(jax.tree.structure(trainable_state), grad_leaves)
+        total_value, total_weight = values[0], weights[0]
+        aux_sum = {key: value[0] for key, value in auxes.items()}
+        for index in range(1, count):  # in order, as a loop over the micro-batches adds them
+            total_value, total_weight = total_value + values[index], total_weight + weights[index]
+            aux_sum = {key: aux_sum[key] + auxes[key][index] for key in aux_sum}
         nnx.update(module, state)
         scale = 1.0 / jnp.maximum(total_weight, 1e-9)
         grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)  # bf16 grads stay bf16: no dtype drift
