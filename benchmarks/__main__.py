@@ -154,6 +154,15 @@ def grpo_rows(result: dict[str, Any]) -> list[GoalRow]:
     return rows
 
 
+def accumulation_rows(result: dict[str, Any]) -> list[GoalRow]:
+    records = {record.get("accumulation"): record for record in result.get("records", [])}
+    top = max(records, default=1)
+    most, base = records.get(top), records.get(1)
+    return [GoalRow(f"train step compile s at accumulation {top} vs 1", (most or {}).get("compile_s"),
+                    (base or {}).get("compile_s"), "s", "accumulation 1", None, "<=", 1.5,
+                    note=problems((most, f"accumulation {top}"), (base, "accumulation 1")))]
+
+
 def generate_rows(result: dict[str, Any]) -> list[GoalRow]:
     rows = []
     for mode in ("greedy", "sampling"):
@@ -251,6 +260,7 @@ BENCHMARKS = (
               sft_rows),
     Benchmark("grpo_step", {"cpu": ("--warmup", "2", "--steps", "6"), "gpu": ("--warmup", "2", "--steps", "3")}, True,
               grpo_rows),
+    Benchmark("accumulation", {"cpu": ("--accumulation", "1,8")}, False, accumulation_rows),
     Benchmark("generate", {"cpu": ("--repeats", "3"), "gpu": ("--repeats", "2")}, True, generate_rows),
     Benchmark("rollout", {"cpu": ("--new-tokens", "64"), "gpu": ()}, True, rollout_rows),
     # Its default size (0.5 GB) in quick mode too: at 128 MB fixed costs dominate and the ratios mislead.

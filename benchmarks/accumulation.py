@@ -17,7 +17,7 @@ over the micro-batches) stays near 1; one that unrolls the micro-batches grows w
 
 Run::
 
-    .venv/bin/python -m benchmarks.accumulation            # about 2 minutes on 2 CPU cores
+    .venv/bin/python benchmarks/accumulation.py           # about 2 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import (
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import (  # noqa: E402  (after the path set-up above)
     Column,
     child_environment,
     format_table,
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         write_inputs(Path(work), args)
         records = []
         for accumulation in (int(value) for value in args.accumulation.split(",")):
-            command = [sys.executable, "-m", "benchmarks.accumulation", *(argv or sys.argv[1:]), "--work", work,
+            command = [sys.executable, str(Path(__file__).resolve()), *(argv or sys.argv[1:]), "--work", work,
                        "--child-accumulation", str(accumulation)]
             environment = {**child_environment(cpu=True), "TORCHLIKE_COMPILATION_CACHE": "0"}  # compile each time
             records.append(run_child_process(command, env=environment, labels={"accumulation": accumulation}))

@@ -183,7 +183,9 @@ def make_train_step(
 
     The returned step takes ``micro_batches`` with a leading accumulation axis ``[A, B, T]`` and
     sums the gradients of the values over the ``A`` micro-batches before dividing by the total
-    weight, as transformers does with ``num_items_in_batch``.
+    weight, as transformers does with ``num_items_in_batch``. The micro-batches run in one
+    ``jax.lax.scan``, so the program holds one forward and backward pass whatever ``A`` is
+    (``benchmarks/accumulation.py`` times its compilation against ``A``).
     """
     if merged_lora_scale is not None and lora:
         raise ValueError("merged LoRA weights cannot apply LoRA dropout; use the factored step when lora_dropout > 0.")
