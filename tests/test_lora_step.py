@@ -164,3 +164,24 @@ def test_lora_linear_gradients_equal_autodiff_of_the_merged_product():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # The base weight is frozen: its cotangent is zero, never the [in, out] product over the tokens.
     assert not np.any(jax.grad(lambda w_: (lora_runtime.lora_linear(1.5, x, w_, a, b) * probe).sum())(w))
+
+
+@pytest.mark.parametrize("dropout", [0.5, 0.0])
+def test_each_micro_batch_of_a_step_draws_its_own_lora_dropout_mask(tiny_checkpoints, dropout):
+    """The micro-batches of one step run in a scan that carries the LoRA dropout stream from one to the next: two
+    copies of one micro-batch get two masks, so their mean loss is not the loss of that micro-batch alone, which the
+    first copy draws (without dropout the two are equal; a step that reset the stream for each micro-batch fails
+    here)."""
+    losses = []
+    for copies in (1, 2):
+        model = lora_model(tiny_checkpoints.path("qwen2"), lora_dropout=dropout)
+        optimizer = nnx.Optimizer(model.module, optax.sgd(0.0), wrt=nnx.LoRAParam)
+        step = train_step.make_train_step(sft_loss.sft_step_loss(model.family), nnx.LoRAParam, lora=True)
+        ids, mask, _ = tiny.padded_batch()
+        batch = {name: np.stack([value] * copies) for name, value in (("input_ids", ids), ("attention_mask", mask),
+                                                                       ("loss_mask", mask))}
+        losses.append(float(jax.device_get(step(model.module, optimizer, batch, np.int32(0)))["loss"]))
+    if dropout:
+        assert abs(losses[1] - losses[0]) > 1e-4 * abs(losses[0]), losses
+    else:
+        np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
