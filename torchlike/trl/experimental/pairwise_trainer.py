@@ -48,9 +48,9 @@ class PairwiseAlgorithm:
         """TRL's checks of ``args`` (warnings and errors), before the model is loaded."""
 
     @staticmethod
-    def pad_token_id(tokenizer: Tokenizer, pad_token_id: Callable[[Tokenizer], int]) -> int:
-        """The pad token: ``pad_token_id(tokenizer)`` (TRL's rule: the tokenizer's pad token, else its eos token)."""
-        return pad_token_id(tokenizer)
+    def prepare_tokenizer(tokenizer: Tokenizer) -> None:
+        """Sets what the algorithm changes on the tokenizer before its pad token is read (TRL's rule then: the
+        tokenizer's pad token, else its eos token)."""
 
     @staticmethod
     def padding_value(args: TRLArgs, pad_token_id: int) -> int:
@@ -103,8 +103,8 @@ class PairwisePreferenceTrainer(TRLTrainer):
             warnings.warn(f"`max_length` is not set in the {self._config_class.__name__}'s init it will default to "
                           "`512` by default, but you should do it yourself in the future.", UserWarning, stacklevel=3)
         self.max_length = 512 if args.max_length is None else args.max_length
-        self.pad_token_id = self.algorithm_class.pad_token_id(processing_class,
-                                                              lambda tokenizer: self._pad_token_id(tokenizer, None))
+        self.algorithm_class.prepare_tokenizer(processing_class)
+        self.pad_token_id = self._pad_token_id(processing_class, None)
         self.padding_value = self.algorithm_class.padding_value(args, self.pad_token_id)
         train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
         collator = data_collator or (lambda rows: collate_preference_batch(rows, self.padding_value,

@@ -41,12 +41,11 @@ class CPO(PairwiseAlgorithm):
                              "'simpo']")
 
     @staticmethod
-    def pad_token_id(tokenizer: Tokenizer, pad_token_id: Callable[[Tokenizer], int]) -> int:
+    def prepare_tokenizer(tokenizer: Tokenizer) -> None:
         """TRL's CPO sets the tokenizer's pad token to its eos token when it has none (and the trainer mirrors it onto
         the model's configs)."""
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        return pad_token_id(tokenizer)
 
     @staticmethod
     def step_loss(family: Family, args: CPOConfig, router_aux_loss_coef: float) -> Callable:

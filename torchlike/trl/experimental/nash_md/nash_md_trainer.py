@@ -34,7 +34,7 @@ from ....type_aliases import (
 )
 from ...rollout_worker import RolloutWorker
 from ...rollouts import Rollout
-from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
+from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward
 from ..online_dpo.online_dpo_data import contains_end_token
 from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer, OnlinePreferenceAlgorithm
 from .nash_md_config import NashMDConfig
@@ -47,15 +47,11 @@ class NashMD(OnlinePreferenceAlgorithm):
     completion of each prompt with a rollout worker of its own; the step trains on the policy's completions only."""
 
     completions_per_prompt = 1
+    bos_first = True
 
     def __init__(self, trainer: OnlineDPOTrainer):
         super().__init__(trainer)
         self.mixture_worker: RolloutWorker | None = None
-
-    def prepare(self, rows: list[dict]) -> list[dict]:
-        """Each prompt after the tokenizer's BOS token unless it starts with it, as TRL 1.0.0's ``tokenize_row``
-        (Nash-MD's ``training_step`` tokenises with it)."""
-        return with_bos_first(rows, self.trainer.tokenizer.bos_token_id)
 
     def mixture_coef_of(self, epoch: int) -> float:
         """The mixture coefficient in ``epoch``: ``args.mixture_coef``, or with a list its entry for the epoch (the

@@ -44,7 +44,7 @@ from ...base_trainer import check_causal_lm, check_text_dataset
 from ...online_trainer import OnlineTrainer
 from ...reward_scorer import reward_name
 from ...rollouts import GenerationSchedule
-from .judged_pairs import epoch_value
+from .judged_pairs import epoch_value, with_bos_first
 from .online_dpo_config import OnlineDPOConfig
 from .online_dpo_data import preference_columns, prepare_prompt_rows
 
@@ -64,13 +64,17 @@ class OnlinePreferenceAlgorithm:
     completions_per_prompt = 2
     """Rows of the step's columns per prompt (a micro-batch of ``per_device_train_batch_size`` prompts per
     data-parallel shard has this many times as many rows)."""
+    bos_first = False
+    """Whether each prompt gets the tokenizer's BOS token first unless it starts with it, as TRL 1.0.0's
+    ``tokenize_row`` does for XPO and Nash-MD (their ``training_step`` tokenises with it)."""
 
     def __init__(self, trainer: OnlineDPOTrainer):
         self.trainer = trainer
 
     def prepare(self, rows: list[dict]) -> list[dict]:
-        """The prompt rows as the algorithm tokenises them (default: as Online DPO's ``prepare_prompt_rows`` does)."""
-        return rows
+        """The prompt rows as the algorithm tokenises them: as Online DPO's ``prepare_prompt_rows`` does, BOS first with
+        :attr:`bos_first`."""
+        return with_bos_first(rows, self.trainer.tokenizer.bos_token_id) if self.bos_first else rows
 
     def generation_batch(self, prompt_rows: list[dict], epoch: int, seed: int) -> dict[str, np.ndarray]:
         """The step's columns of one micro-batch of ``prompt_rows``, sampled with ``seed`` in ``epoch``."""

@@ -32,7 +32,7 @@ from ....type_aliases import (
 )
 from ...rollout_worker import RolloutWorker
 from ...rollouts import Rollout
-from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward, with_bos_first
+from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward
 from ..online_dpo.online_dpo_data import contains_end_token, preference_columns, ranked_order
 from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer, OnlinePreferenceAlgorithm
 from .xpo_config import XPOConfig
@@ -44,14 +44,11 @@ class XPO(OnlinePreferenceAlgorithm):
     """TRL 1.0.0's XPO on Online DPO's loop (see the module's docstring): the reference samples the second completion
     of each pair with a rollout worker of its own."""
 
+    bos_first = True
+
     def __init__(self, trainer: OnlineDPOTrainer):
         super().__init__(trainer)
         self.reference_worker: RolloutWorker | None = None
-
-    def prepare(self, rows: list[dict]) -> list[dict]:
-        """Each prompt after the tokenizer's BOS token unless it starts with it, as TRL 1.0.0's ``tokenize_row`` (XPO's
-        ``training_step`` tokenises with it)."""
-        return with_bos_first(rows, self.trainer.tokenizer.bos_token_id)
 
     def generate_with_reference(self, rows: list[dict], seed: int) -> Rollout:
         """One completion per row sampled by the reference (TRL 1.0.0's ``ref_model.generate``), with a rollout worker
