@@ -187,10 +187,12 @@ def test_online_trainers_share_one_generation_path_schedule_and_scoring():
     from torchlike.trl import DistillationTrainer, GRPOTrainer, RLOOTrainer
     from torchlike.trl.online_trainer import OnlineTrainer
 
-    shared = ("_generate", "_generate_single_turn", "_custom_rollout", "_call_tools", "_new_worker",
-              "_build_rollout_engine", "rollout_worker", "reward_scorer", "_batches", "_steps_per_epoch",
-              "_get_train_sampler", "_generation_seed", "_generation_rows")
-    for trainer in (GRPOTrainer, RLOOTrainer, DistillationTrainer):
+    path = ("_generate", "_generate_single_turn", "_custom_rollout", "_call_tools", "_new_worker",
+            "_build_rollout_engine", "rollout_worker", "reward_scorer", "_generation_seed", "_generation_rows")
+    schedule = ("_batches", "_steps_per_epoch", "_get_train_sampler")
+    # The student-teacher loop chooses between this schedule ("generation", Distillation's) and the dataset's (GKD's).
+    for trainer, shared in ((GRPOTrainer, path + schedule), (RLOOTrainer, path + schedule),
+                            (DistillationTrainer, path)):
         assert [name for name in shared if getattr(trainer, name) is not getattr(OnlineTrainer, name)] == [], trainer
         assert trainer._generation_schedule is not OnlineTrainer._generation_schedule
     assert RLOOTrainer._rollout is GRPOTrainer._rollout
@@ -225,10 +227,13 @@ def loop_overrides(trainer: type, loop: type) -> list[str]:
 
 def test_no_trainer_overrides_its_loops_methods():
     """GRPO and RLOO are algorithms on the policy-gradient loop, XPO and Nash-MD on Online DPO's (their trainers
-    subclass it, as TRL's do), ORPO and CPO on the pairwise loop: what one step does is the loop's file plus the
-    algorithm's, never a method of the loop redefined in a subclass."""
-    from torchlike.trl import GRPOTrainer, RLOOTrainer
+    subclass it, as TRL's do), ORPO and CPO on the pairwise loop, Distillation and GKD on the student-teacher loop:
+    what one step does is the loop's file plus the algorithm's, never a method of the loop redefined in a
+    subclass."""
+    from torchlike.trl import DistillationTrainer, GRPOTrainer, RLOOTrainer
+    from torchlike.trl.distillation_trainer import StudentTeacherAlgorithm, StudentTeacherTrainer
     from torchlike.trl.experimental.cpo import CPOTrainer
+    from torchlike.trl.experimental.gkd import GKDTrainer
     from torchlike.trl.experimental.nash_md import NashMDTrainer
     from torchlike.trl.experimental.online_dpo import OnlineDPOTrainer
     from torchlike.trl.experimental.online_dpo.online_dpo_trainer import OnlinePreferenceAlgorithm
@@ -239,7 +244,8 @@ def test_no_trainer_overrides_its_loops_methods():
 
     loops = {PolicyGradientTrainer: (PolicyGradientAlgorithm, [GRPOTrainer, RLOOTrainer]),
              OnlineDPOTrainer: (OnlinePreferenceAlgorithm, [XPOTrainer, NashMDTrainer]),
-             PairwisePreferenceTrainer: (PairwiseAlgorithm, [ORPOTrainer, CPOTrainer])}
+             PairwisePreferenceTrainer: (PairwiseAlgorithm, [ORPOTrainer, CPOTrainer]),
+             StudentTeacherTrainer: (StudentTeacherAlgorithm, [DistillationTrainer, GKDTrainer])}
     for loop, (algorithm, trainers) in loops.items():
         for trainer in trainers:
             assert trainer.__mro__[1] is loop, trainer

@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
-import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ....adapters.distributed import mesh as mesh_lib
 from ....adapters.losses import distillation as distillation_losses
 from ....adapters.rollout import sampling
-from ....adapters.training import train_step
 from ....training import batches
-from ....training.trainer import Trainer
 from ....type_aliases import (
     DatasetLike,
     EvalDatasetLike,
@@ -34,12 +30,12 @@ from ....type_aliases import (
     ProcessingClass,
     QuantizationConfig,
     RowsLike,
-    TRLArgs,
+    Tokenizer,
 )
 from ...base_trainer import check_text_dataset
 from ...data_utils import load_chat_template
-from ...distillation_trainer import StudentTeacherTrainer, check_vocabularies
-from ...rollout_worker import RolloutWorker
+from ...distillation_trainer import StudentTeacherAlgorithm, StudentTeacherTrainer, check_vocabularies
+from ...rollouts import Rollout
 from .gkd_config import GKDConfig
 from .gkd_data import dataset_columns, empty_columns, sampled_columns, tokenize_conversation
 
@@ -47,9 +43,57 @@ if TYPE_CHECKING:
     import jax
     from numpy.typing import ArrayLike
 
-__all__ = ["GKDTrainer"]
+    from ....adapters.families.base import Family
+
+__all__ = ["GKD", "GKDTrainer"]
 
 logger = logging.getLogger(__name__)
+
+
+class GKD(StudentTeacherAlgorithm):
+    """TRL's Generalized Knowledge Distillation on :class:`StudentTeacherTrainer`'s ``"dataset"`` schedule: the
+    conversations batched as TRL's ``DataCollatorForChatML`` batches them, each micro-batch's replaced by the
+    student's completions with probability ``lmbda``, else by the teacher's with ``seq_kd``, and TRL's generalized
+    JSD at every labelled position."""
+
+    schedule = "dataset"
+
+    def prepare(self, dataset: RowsLike, name: str, tokenizer: Tokenizer, tools: list[Callable]) -> list[dict]:
+        """The rows tokenised as TRL's collator tokenises them (:func:`.gkd_data.tokenize_conversation`)."""
+        rows = batches.as_sequence(dataset)
+        if len(rows) == 0:
+            raise ValueError(f"{name} is empty.")
+        return [tokenize_conversation(dict(row), tokenizer, self.args.max_length) for row in rows]
+
+    def sampling_overrides(self) -> dict:
+        """TRL's GKD generation config: sampling at ``temperature`` with no top-k or top-p filtering."""
+        return {"top_k": 0, "top_p": 1.0}
+
+    def completion_limit(self) -> int:
+        return self.args.max_new_tokens
+
+    def step_loss(self, student: Family, teacher: Family) -> Callable:
+        """TRL's GKD loss (:func:`adapters.losses.distillation.gkd_step_loss`) with the config's settings."""
+        return distillation_losses.gkd_step_loss(student, teacher, distillation_losses.GKDLossSettings.from_config(
+            self.args))
+
+    def source(self, draw: float) -> str:
+        """On-policy when ``draw <= lmbda``, else the teacher's completions with ``seq_kd``, else the dataset's (TRL's
+        ``training_step``)."""
+        if draw <= self.args.lmbda:
+            return "student"
+        return "teacher" if self.args.seq_kd else "dataset"
+
+    def dataset_columns(self, rows: list[dict], width: int, pad_token_id: int) -> dict[str, np.ndarray]:
+        return dataset_columns(rows, width, pad_token_id)
+
+    def sampled_columns(self, record: Rollout, dataset_columns: dict[str, np.ndarray], width: int,
+                        pad_token_id: int) -> dict[str, np.ndarray]:
+        return sampled_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
+                               dataset_columns["label_count"], width, pad_token_id)
+
+    def empty_columns(self, count: int, width: int, pad_token_id: int) -> dict[str, np.ndarray]:
+        return empty_columns(count, width, pad_token_id)
 
 
 class GKDTrainer(StudentTeacherTrainer):
@@ -92,7 +136,7 @@ class GKDTrainer(StudentTeacherTrainer):
     ```
     """
 
-    _allow_prefetch = False  # an on-policy micro-batch samples with the weights of the steps before it
+    algorithm_class = GKD
     _config_class = GKDConfig
     _output_suffix = "GKD"
     _tag_names = ["trl", "gkd"]
@@ -113,6 +157,7 @@ class GKDTrainer(StudentTeacherTrainer):
                              "DataCollatorForChatML does (which never calls formatting_func) and reports eval_loss "
                              "without logits.")
         args = self._trl_args(model, args)
+        self.algorithm = self.algorithm_class(args)
         # As TRL: the collator reads the raw messages column, never SFT's prepared dataset.
         args.remove_unused_columns = False
         args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
@@ -135,7 +180,6 @@ class GKDTrainer(StudentTeacherTrainer):
         self._setup_sampling(args, model, processing_class)
         self.pad_token_id = processing_class.pad_token_id  # TRL's collator pads with it (never the eos token)
         self.tools, self.tool_calling = [], None
-        self._teacher_worker: RolloutWorker | None = None
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
         all_rows = [row for rows in [train_rows, *batches.each_dataset(eval_rows)] for row in rows]
@@ -181,114 +225,3 @@ class GKDTrainer(StudentTeacherTrainer):
         """
         return distillation_losses.reduced_generalized_jsd(student_logits, teacher_logits, labels, beta, temperature,
                                                          reduction, num_items_in_batch)
-
-    # ------------------------------------------------------------------ set-up
-    def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
-        """The rows tokenised as TRL's collator tokenises them (:func:`.gkd_data.tokenize_conversation`)."""
-        rows = batches.as_sequence(dataset)
-        if len(rows) == 0:
-            raise ValueError(f"{name} is empty.")
-        return [tokenize_conversation(dict(row), self.tokenizer, self.args.max_length) for row in rows]
-
-    def _sampling_overrides(self, args: TRLArgs) -> dict:
-        """TRL's GKD generation config: sampling at ``temperature`` with no top-k or top-p filtering."""
-        return {"top_k": 0, "top_p": 1.0}
-
-    @property
-    def _completion_limit(self) -> int:
-        return self.args.max_new_tokens
-
-    @property
-    def teacher_worker(self) -> RolloutWorker:
-        """The rollout worker that samples the teacher's ``seq_kd`` completions (an engine of its own)."""
-        if self._teacher_worker is None:
-            self._teacher_worker = self._new_worker(lambda: self.teacher_model.module)
-        return self._teacher_worker
-
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's GKD loss (:func:`adapters.losses.distillation.gkd_step_loss`) with the config's settings."""
-        settings = distillation_losses.GKDLossSettings.from_config(self.args)
-        return distillation_losses.gkd_step_loss(self.model.family, self.teacher_model.family, settings), None
-
-    # ------------------------------------------------------------------ batches
-    def _get_train_sampler(self, epoch: int) -> np.ndarray:
-        """transformers' order of the conversations (TRL's GKD is an SFT trainer), not the prompt schedule of the
-        online trainers."""
-        return Trainer._get_train_sampler(self, epoch)
-
-    def _steps_per_epoch(self) -> int:
-        return Trainer._steps_per_epoch(self)
-
-    def _micro_batches_per_epoch(self) -> int:
-        """The non-empty micro-batches of an epoch (each makes one on-policy draw, as TRL's ``training_step``)."""
-        size = self._global_batch_size()
-        rows = min(len(self.train_dataset), self._steps_per_epoch() * self.args.gradient_accumulation_steps * size)
-        return -(-rows // size)
-
-    def _policy_draws(self, epoch: int, skip: int) -> Iterator[float]:
-        """TRL's ``random.random()`` of each micro-batch from step ``skip`` of ``epoch`` on: Python's generator seeded
-        with ``seed`` (transformers' ``set_seed``), past the draws of the micro-batches before."""
-        generator = random.Random(self.args.seed)
-        done = epoch * self._micro_batches_per_epoch() + min(skip * self.args.gradient_accumulation_steps,
-                                                             self._micro_batches_per_epoch())
-        for _ in range(done):
-            generator.random()
-        return iter(generator.random, None)
-
-    def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
-        """The micro-batch groups of ``epoch`` from step ``skip`` on, each micro-batch on-policy, ``seq_kd`` or from
-        the dataset as TRL's ``training_step`` draws it, and sampled when it is due (with the weights of the steps
-        before it)."""
-        size, accumulation = self._global_batch_size(), self.args.gradient_accumulation_steps
-        order = self._get_train_sampler(epoch)
-        draws = self._policy_draws(epoch, skip)
-        sharding = mesh_lib.batch_sharding(self.mesh, batch_axis=1)
-        for step in range(skip, self._steps_per_epoch()):
-            chosen = order[step * size * accumulation:(step + 1) * size * accumulation]
-            group = []
-            for part in range(accumulation):
-                rows = [self.train_dataset[int(index)] for index in chosen[part * size:(part + 1) * size]]
-                micro = step * accumulation + part
-                group.append(self._micro_batch(rows, next(draws) if rows else 1.0,
-                                               self._generation_seed(epoch, micro)))
-            stacked = {key: np.stack([columns[key] for columns in group]) for key in group[0]}
-            yield mesh_lib.place_batch(stacked, sharding, size, batch_axis=1)
-
-    def _micro_batch(self, rows: list[dict], draw: float, seed: int) -> dict[str, np.ndarray]:
-        """One micro-batch's step columns (``per_device_train_batch_size x`` data-parallel rows, padding rows last):
-        the student's completions when ``draw <= lmbda``, else the teacher's with ``seq_kd``, else the dataset's."""
-        size, width = self._global_batch_size(), self.sequence_length
-        columns = dataset_columns(rows, width, self.pad_token_id)
-        if rows and draw <= self.args.lmbda:
-            columns = self._sampled(rows, columns["label_count"], seed)
-        elif rows and self.args.seq_kd:
-            columns = self._sampled(rows, columns["label_count"], seed, self.teacher_worker)
-        padding = empty_columns(size - len(rows), width, self.pad_token_id)
-        return {key: np.concatenate([columns[key], padding[key]]) for key in columns}
-
-    def _sampled(self, rows: list[dict], label_count: np.ndarray, seed: int,
-                 worker: RolloutWorker | None = None) -> dict[str, np.ndarray]:
-        """The step columns of a completion sampled for each row's prompt by ``worker`` (default: the student's;
-        :meth:`_generate`)."""
-        record = self._generate(rows, seed, worker=worker)
-        return sampled_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
-                               label_count, self.sequence_length, self.pad_token_id)
-
-    # ------------------------------------------------------------------ evaluation
-    def _evaluation_loop(self, examples: Sequence[dict], metric_key_prefix: str) -> dict[str, float]:
-        """TRL's evaluation: the dataset's conversations (no sampling), each batch's loss its divergence summed over
-        its labels divided by their number, ``eval_loss`` the mean over rows of their batch's loss."""
-        size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
-        step = train_step.make_eval_step(self._loss()[0], self._compute_dtype())
-        sharding = mesh_lib.batch_sharding(self.mesh)
-        losses, counts = [], []
-        with mesh_lib.entered(self.mesh):
-            for start in range(0, len(examples), size):
-                rows = [examples[index] for index in range(start, min(start + size, len(examples)))]
-                columns = dataset_columns(rows, self.sequence_length, self.pad_token_id)
-                padding = empty_columns(size - len(rows), self.sequence_length, self.pad_token_id)
-                batch = {key: np.concatenate([columns[key], padding[key]]) for key in columns}
-                value, weight, _ = mesh_lib.to_host(step(self._module, mesh_lib.place_batch(batch, sharding, size)))
-                losses.append(float(value) / max(float(weight), 1.0))
-                counts.append(len(rows))
-        return {f"{metric_key_prefix}_loss": float(np.average(losses, weights=counts))}
