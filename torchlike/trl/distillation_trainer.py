@@ -11,6 +11,7 @@ both models' logits at ``temperature``. The loss is summed over the completion t
 and divided by their number, as TRL's ``num_items_in_batch``. Student and teacher share the trainer's mesh and one
 jitted step; the teacher gets no gradient and no optimizer state.
 """
+
 from __future__ import annotations
 
 import dataclasses
