@@ -68,8 +68,9 @@ def check_vocabularies(student: CausalLM, teacher: CausalLM, method: str = "Dist
 
 class StudentTeacherAlgorithm:
     """What one student-teacher method decides on :class:`StudentTeacherTrainer`'s loop: how its rows are tokenised,
-    where the sequences of each micro-batch come from, its sampling settings and its divergence. A subclass overrides
-    what its method changes; the defaults are TRL's on-policy distillation.
+    where the sequences of each micro-batch come from, its sampling settings and its divergence. A subclass gives
+    ``prepare`` and ``step_loss`` and overrides what else its method changes; the other defaults (the schedule, the
+    sampling settings, the completion limit) are TRL's on-policy distillation's.
 
     Args:
         args: the trainer's config (its method's fields are read as TRL reads them).
