@@ -2,12 +2,12 @@
 
 What it measures
 ----------------
-``torchlike.trl.SFTTrainer`` (full fine-tuning, float32, gradient checkpointing at TRL's default) on the random Qwen2
-of ``--layers/--hidden/--seq`` (``harness.tiny_qwen2``, word-level tokenizer), rows of ``seq`` random ids, a micro-batch
-of ``--batch`` rows, for each ``gradient_accumulation_steps`` of ``--accumulation`` (default 1, 2, 4, 8): the first
-optimizer step's wall time and the XLA compile seconds spent in it (``jax.monitoring``), and the steady time per
-micro-batch over ``--steps`` more optimizer steps. Each setting runs in a child process of its own with the persistent
-compilation cache off, so every one compiles from nothing.
+``torchlike.trl.SFTTrainer`` (full fine-tuning of float32 weights, ``bf16`` and gradient checkpointing at TRL's
+defaults) on the random Qwen2 of ``--layers/--hidden/--seq`` (``harness.tiny_qwen2``, word-level tokenizer), rows of
+``seq`` random ids, a micro-batch of ``--batch`` rows, for each ``gradient_accumulation_steps`` of ``--accumulation``
+(default 1, 2, 4, 8): the first optimizer step's wall time and the XLA compile seconds spent in it (``jax.monitoring``),
+and the steady time per micro-batch over ``--steps`` more optimizer steps. Each setting runs in a child process of its
+own with the persistent compilation cache off, so every one compiles from nothing.
 
 What it prints
 --------------
@@ -83,7 +83,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     config = SFTConfig(output_dir=str(work / f"out-{accumulation}"), max_length=args.seq,
                        per_device_train_batch_size=args.batch, gradient_accumulation_steps=accumulation,
                        max_steps=steps, learning_rate=1e-4, lr_scheduler_type="constant", max_grad_norm=0.0,
-                       bf16=False, logging_steps=NEVER, report_to="none", save_strategy="no", use_cpu=True, seed=0)
+                       logging_steps=NEVER, report_to="none", save_strategy="no", use_cpu=True, seed=0)
     trainer = SFTTrainer(model=str(work / "model"), args=config, train_dataset=[{"input_ids": row.tolist()}
                                                                                  for row in rows],
                          processing_class=torchlike.AutoTokenizer.from_pretrained(work / "model"),
