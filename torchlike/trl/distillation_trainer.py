@@ -295,14 +295,18 @@ class StudentTeacherTrainer(OnlineTrainer):
         """One micro-batch's step columns of the ``"dataset"`` schedule (``per_device_train_batch_size x``
         data-parallel rows, padding rows last), from the source the algorithm draws: the student's completions, the
         teacher's, or the dataset's sequences."""
-        algorithm, size, width = self.algorithm, self._global_batch_size(), self.sequence_length
-        columns = algorithm.dataset_columns(rows, width, self.pad_token_id)
+        algorithm = self.algorithm
+        columns = algorithm.dataset_columns(rows, self.sequence_length, self.pad_token_id)
         source = algorithm.source(draw) if rows else "dataset"
         if source != "dataset":
             worker = self.teacher_worker if source == "teacher" else None
-            columns = algorithm.sampled_columns(self._generate(rows, seed, worker=worker), columns, width,
-                                                self.pad_token_id)
-        padding = algorithm.empty_columns(size - len(rows), width, self.pad_token_id)
+            columns = algorithm.sampled_columns(self._generate(rows, seed, worker=worker), columns,
+                                                self.sequence_length, self.pad_token_id)
+        return self._padding_rows_added(columns, len(rows), self._global_batch_size())
+
+    def _padding_rows_added(self, columns: dict[str, np.ndarray], rows: int, size: int) -> dict[str, np.ndarray]:
+        """``columns`` of ``rows`` rows followed by the algorithm's padding rows up to ``size`` rows."""
+        padding = self.algorithm.empty_columns(size - rows, self.sequence_length, self.pad_token_id)
         return {key: np.concatenate([columns[key], padding[key]]) for key in columns}
 
     # ------------------------------------------------------------------ generation
@@ -367,10 +371,8 @@ class StudentTeacherTrainer(OnlineTrainer):
                     batch = self._rollout(rows, self._generation_seed(self.state.global_step, index, train=False),
                                           prefix, counted)
                 else:
-                    width, pad = self.sequence_length, self.pad_token_id
-                    columns = self.algorithm.dataset_columns(rows, width, pad)
-                    padding = self.algorithm.empty_columns(size - counted, width, pad)
-                    batch = {key: np.concatenate([columns[key], padding[key]]) for key in columns}
+                    columns = self.algorithm.dataset_columns(rows, self.sequence_length, self.pad_token_id)
+                    batch = self._padding_rows_added(columns, counted, size)
                 value, weight, aux = mesh_lib.to_host(step(self._module, mesh_lib.place_batch(batch, sharding, size)))
                 losses.append(float(value) / max(float(weight), 1.0))
                 if sampled:
