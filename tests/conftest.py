@@ -16,9 +16,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # (faster local reruns): with it, XLA:CPU crashed (a segmentation fault in a worker that had run hundreds of tests)
 # serialising or deserialising a cached executable, in 3 of the last 4 cold runs, and pytest-xdist then waits for the
 # dead worker's file forever. A cold run compiles each program about once anyway.
-# Workers of this suite live through hundreds of tests and grow to several GB; XLA:CPU has segfaulted compiling in
-# such workers (about once a cold run, never when the test reran alone; tests/helpers/crash_report.py prints the
-# stacks and reruns the test on a new worker). glibc's allocator is left as the
+# Workers of this suite live through hundreds of tests; XLA:CPU segfaulted compiling in such workers (about once a
+# cold run) once the code of the programs they had compiled filled the kernel's mapping limit
+# (tests/helpers/memory_maps.py drops them before that; tests/helpers/crash_report.py prints the stacks of any other
+# crash and reruns the test on a new worker). glibc's allocator is left as the
 # environment sets it here (torchlike's tuning, adapters/runtime/host_memory.py, keeps freed buffers in one heap);
 # tests/test_host_memory.py checks that tuning in its own processes.
 os.environ.setdefault("TORCHLIKE_HOST_MALLOC", "0")

@@ -8,9 +8,11 @@
   second run's result is the test's result. A test that kills its worker twice fails, and so does every crash past
   the run's fourth.
 
-Why: XLA:CPU (jaxlib 0.10) has segfaulted inside its compiler (``backend_compile_and_load``) in long-lived workers,
+Why: XLA:CPU (jaxlib 0.10) segfaulted inside its compiler (``backend_compile_and_load``) in long-lived workers,
 about once per cold run of the suite, at a different test each time and never when that test reran, in a new worker
-or alone. A rerun keeps one such crash from failing the run; the printed stacks keep it visible.
+or alone: the compiled programs' code had filled the process's memory mappings (``vm.max_map_count``), which
+tests/helpers/memory_maps.py now prevents. A rerun keeps any other such crash from failing the run; the printed stacks
+keep it visible.
 """
 
 from __future__ import annotations
