@@ -227,11 +227,14 @@ def loop_overrides(trainer: type, loop: type) -> list[str]:
 
 def test_no_trainer_overrides_its_loops_methods():
     """GRPO and RLOO are algorithms on the policy-gradient loop, XPO and Nash-MD on Online DPO's (their trainers
-    subclass it, as TRL's do), ORPO and CPO on the pairwise loop, Distillation and GKD on the student-teacher loop:
+    subclass it, as TRL's do), ORPO and CPO on the pairwise loop, Distillation and GKD on the student-teacher loop,
+    DPO, KTO and BCO on the reference loop:
     what one step does is the loop's file plus the algorithm's, never a method of the loop redefined in a
     subclass."""
-    from torchlike.trl import DistillationTrainer, GRPOTrainer, RLOOTrainer
+    from torchlike.trl import DistillationTrainer, DPOTrainer, GRPOTrainer, KTOTrainer, RLOOTrainer
+    from torchlike.trl.base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
     from torchlike.trl.distillation_trainer import StudentTeacherAlgorithm, StudentTeacherTrainer
+    from torchlike.trl.experimental.bco import BCOTrainer
     from torchlike.trl.experimental.cpo import CPOTrainer
     from torchlike.trl.experimental.gkd import GKDTrainer
     from torchlike.trl.experimental.nash_md import NashMDTrainer
@@ -245,7 +248,8 @@ def test_no_trainer_overrides_its_loops_methods():
     loops = {PolicyGradientTrainer: (PolicyGradientAlgorithm, [GRPOTrainer, RLOOTrainer]),
              OnlineDPOTrainer: (OnlinePreferenceAlgorithm, [XPOTrainer, NashMDTrainer]),
              PairwisePreferenceTrainer: (PairwiseAlgorithm, [ORPOTrainer, CPOTrainer]),
-             StudentTeacherTrainer: (StudentTeacherAlgorithm, [DistillationTrainer, GKDTrainer])}
+             StudentTeacherTrainer: (StudentTeacherAlgorithm, [DistillationTrainer, GKDTrainer]),
+             PrecomputedReferenceTrainer: (ReferenceAlgorithm, [DPOTrainer, KTOTrainer, BCOTrainer])}
     for loop, (algorithm, trainers) in loops.items():
         for trainer in trainers:
             assert trainer.__mro__[1] is loop, trainer

@@ -12,8 +12,10 @@ subclasses that add their data preparation and step loss.
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
@@ -41,9 +43,9 @@ if TYPE_CHECKING:
     from ..adapters.families.base import Family
     from ..modeling import CausalLM
 
-__all__ = ["PrecomputedReferenceTrainer", "SyncRefModelCallback", "TRLTrainer", "check_reference_sync",
-           "NOT_A_VISION_MODEL", "check_text_dataset", "check_vision_model", "default_output_dir", "is_vision_dataset",
-           "load_model", "vision_processor"]
+__all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "SyncRefModelCallback",
+           "TRLTrainer", "check_reference_sync", "check_text_dataset", "check_vision_model", "default_output_dir",
+           "is_vision_dataset", "load_model", "vision_processor"]
 
 
 def default_output_dir(model: ModelLike, suffix: str) -> str:
@@ -460,21 +462,131 @@ class TRLTrainer(Trainer):
                     example[name] = float(column[offset])
 
 
-class PrecomputedReferenceTrainer(TRLTrainer):
-    """The offline preference trainers (DPO, KTO): the examples are tokenised once, their reference log-probabilities
-    are stored as columns (``_reference_columns``) before training, or, with ``sync_ref_model``, computed for each
-    batch by the reference TRL's ``SyncRefModelCallback`` moves; the logs carry TRL's running ``num_tokens``.
+class ReferenceAlgorithm:
+    """What one offline algorithm with a reference model decides on :class:`PrecomputedReferenceTrainer`'s loop: how
+    its examples are tokenised and padded, the reference columns and the pass that computes them, and the step loss. A
+    subclass implements those five; the rest are hooks whose defaults are the loop's plain behaviour.
 
-    A subclass provides ``_tokenize(dataset, tokenizer, args, model) -> list[dict]``, ``_padded_length(examples)``,
-    ``_reference_pass()`` (jitted inside: ``(module, batch) -> one [B] array per reference column``) and
-    ``_reference_columns`` (the column names), and calls :meth:`_prepare_examples` and :meth:`_start_reference`.
+    Args:
+        trainer: the loop it runs in; the algorithm reads its config, tokenizer, models and reference.
     """
 
-    _reference_columns: tuple[str, ...] = ()
+    def __init__(self, trainer: PrecomputedReferenceTrainer):
+        self.trainer = trainer
+
+    @property
+    def reference_columns(self) -> tuple[str, ...]:
+        """The names of the columns the reference pass adds to each example."""
+        raise NotImplementedError
+
+    def tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
+        """The prepared examples of ``dataset``, checked against the vocabulary of the models that read them."""
+        raise NotImplementedError
+
+    def padded_length(self, examples: list[dict]) -> int:
+        """The fixed length the collator pads ``examples`` to."""
+        raise NotImplementedError
+
+    def reference_pass(self) -> Callable:
+        """``(module, batch) -> one [B] array per reference column`` of the trainer's ``reference`` (jitted by the
+        loop)."""
+        raise NotImplementedError
+
+    def step_loss(self) -> Callable:
+        """The jitted step's loss, ``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ hooks with the loop's plain behaviour
+    def metrics_rows(self, batch: dict) -> tuple[Any, Any]:
+        """``(input_ids, attention_mask)`` of the rows TRL's collator builds from ``batch`` (prompt + completion),
+        whose logits ``compute_metrics`` gets."""
+        return batch["input_ids"], batch["attention_mask"]
+
+    def host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        """``(found, rows)`` of one evaluation batch as ``compute_metrics`` sees them: as they are."""
+        return found, rows
+
+    def train_order(self, epoch: int) -> Any | None:
+        """The example order of ``epoch`` (indices), or ``None`` for the Trainer's (a seeded shuffle)."""
+        return None
+
+    def step_batch(self, batch: dict) -> dict:
+        """The batch a training step runs on, from the collated ``batch``: as it is."""
+        return batch
+
+    def new_eval_examples(self, examples: list[dict]) -> None:
+        """Completes raw data passed to ``evaluate()``, once tokenised and scored by the reference: nothing to add."""
+
+    def finish_logs(self, logs: dict[str, float]) -> None:
+        """Updates ``logs`` in place before they are recorded: as they are."""
+
+    def save_extras(self, folder: Path) -> None:
+        """Writes the algorithm's own files into a checkpoint being written: none."""
+
+    def resumed(self, checkpoint: str | bool) -> None:
+        """Restores the algorithm's own state from the checkpoint the run resumed from: none."""
+
+
+class PrecomputedReferenceTrainer(TRLTrainer):
+    """The loop of the offline trainers with a reference model (DPO, KTO, BCO): the examples are tokenised once,
+    their reference log-probabilities are stored as columns before training, or, with ``sync_ref_model``, computed for
+    each batch by the reference TRL's ``SyncRefModelCallback`` moves; the logs carry TRL's running ``num_tokens``.
+
+    What each trainer changes is its :class:`ReferenceAlgorithm` (``algorithm_class``, beside the trainer): the
+    tokenisation, padding, reference columns and pass, and step loss. A trainer on the loop redefines only
+    ``__init__`` (TRL's signature), which calls :meth:`_prepare_examples` and :meth:`_start_reference`.
+    """
+
+    algorithm_class: type[ReferenceAlgorithm]
+    """The algorithm the loop trains with."""
     _counts_step_tokens = True
 
     _takes_vision_data = False
     """Whether the trainer trains on TRL's vision datasets (it then refuses them itself for a text-only model)."""
+
+    @functools.cached_property
+    def algorithm(self) -> ReferenceAlgorithm:
+        """The trainer's algorithm (made on first use: the constructor tokenises before the Trainer's set-up)."""
+        return self.algorithm_class(self)
+
+    @property
+    def _reference_columns(self) -> tuple[str, ...]:
+        return self.algorithm.reference_columns
+
+    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
+        return self.algorithm.tokenize(dataset, tokenizer, args, model)
+
+    def _padded_length(self, examples: list[dict]) -> int:
+        return self.algorithm.padded_length(examples)
+
+    def _reference_pass(self) -> Callable:
+        return self.algorithm.reference_pass()
+
+    def _step_loss(self) -> tuple[Callable, None]:
+        return self.algorithm.step_loss(), None
+
+    def _get_train_sampler(self, epoch: int) -> Any:
+        order = self.algorithm.train_order(epoch)
+        return super()._get_train_sampler(epoch) if order is None else order
+
+    def _run_step(self, step_fn: Callable, batch: dict, step: int) -> dict:
+        return super()._run_step(step_fn, self.algorithm.step_batch(batch), step)
+
+    def _host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        return self.algorithm.host_found(found, rows)
+
+    def log(self, logs: dict[str, float]) -> None:
+        self.algorithm.finish_logs(logs)
+        super().log(logs)
+
+    def _save_checkpoint_extras(self, folder: Path) -> None:
+        super()._save_checkpoint_extras(folder)
+        self.algorithm.save_extras(folder)
+
+    def _resume(self, checkpoint: str | bool) -> int:
+        step = super()._resume(checkpoint)
+        self.algorithm.resumed(checkpoint)
+        return step
 
     def _check_reference_settings(self, args: TRLArgs, model: CausalLM, ref_model: ModelLike | None,
                                   train_dataset: RowsLike,
@@ -550,8 +662,7 @@ class PrecomputedReferenceTrainer(TRLTrainer):
         return found
 
     def _metrics_rows(self, batch: dict) -> tuple[Any, Any]:
-        """``(input_ids, attention_mask)`` of the rows TRL's collator builds from ``batch`` (prompt + completion)."""
-        return batch["input_ids"], batch["attention_mask"]
+        return self.algorithm.metrics_rows(batch)
 
     def _metrics_length(self, lengths: Sequence[int]) -> int | None:
         """TRL's collator pads each batch to its longest row, rounded up to ``pad_to_multiple_of``."""
@@ -617,6 +728,7 @@ class PrecomputedReferenceTrainer(TRLTrainer):
         examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
         self.padded_length = max(self.padded_length, self._padded_length(examples))
         self._add_reference_log_probs(examples, self.args.per_device_eval_batch_size)
+        self.algorithm.new_eval_examples(examples)
         return examples
 
     def _signature_columns(self) -> None:

@@ -30,7 +30,13 @@ from ..type_aliases import (
     RowsLike,
     TRLArgs,
 )
-from .base_trainer import PrecomputedReferenceTrainer, check_vision_model, is_vision_dataset, vision_processor
+from .base_trainer import (
+    PrecomputedReferenceTrainer,
+    ReferenceAlgorithm,
+    check_vision_model,
+    is_vision_dataset,
+    vision_processor,
+)
 from .dpo_config import DPOConfig
 from .dpo_data import collate_preference_batch, padded_length, prepare_preference_examples
 from .dpo_vision import (
@@ -43,7 +49,69 @@ from .dpo_vision import (
 if TYPE_CHECKING:
     from ..modeling import CausalLM
 
-__all__ = ["DPOTrainer", "dpo_step_loss"]
+__all__ = ["DPO", "DPOTrainer", "dpo_step_loss"]
+
+
+class DPO(ReferenceAlgorithm):
+    """TRL 1.16's DPO on the reference loop: preference pairs tokenised (or a vision dataset's rows kept for the
+    vision collator), the reference's summed log-probabilities of the chosen and rejected sequences as columns, and
+    TRL's DPO loss (``adapters.losses.dpo.dpo_loss``: every loss type, f-divergences, LD-DPO)."""
+
+    reference_columns = ("ref_chosen_logps", "ref_rejected_logps")
+
+    def tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
+        """Prepared examples of ``dataset``, checked against the vocabulary of the models that will read them; the
+        rows of a vision dataset as they are (its collator processes them), with image slots for the most images a
+        row has."""
+        trainer = self.trainer
+        if trainer._is_vision_dataset:
+            rows = vision_preference_rows(dataset)
+            collator = trainer._vision_collator
+            collator.images_per_row = max(collator.images_per_row, most_images(rows))
+            return rows
+        examples = prepare_preference_examples(dataset, tokenizer, max_length=args.max_length,
+                                               truncation_mode=args.truncation_mode, num_proc=args.dataset_num_proc)
+        largest = max([trainer.pad_token_id, *(max(e[key], default=0) for e in examples
+                                               for key in ("prompt_ids", "chosen_ids", "rejected_ids"))])
+        trainer._check_token_ids(largest, tokenizer, {"model": model, "ref_model": trainer.ref_model})
+        return examples
+
+    def padded_length(self, examples: list[dict]) -> int:
+        if self.trainer._is_vision_dataset:
+            return 1  # the vision collator pads each batch to a bucketed length
+        args = self.trainer.args
+        return padded_length(examples, args.max_length, args.truncation_mode, args.pad_to_multiple_of)
+
+    def reference_pass(self) -> Callable:
+        """``(module, batch) -> (chosen [B], rejected [B])`` summed log-probabilities of the trainer's reference."""
+        reference = self.trainer.reference
+        return dpo_losses.reference_pass(reference.family, reference.lora, reference.mesh,
+                                         dpo_losses.DPOLossSettings.from_config(self.trainer.args))
+
+    def step_loss(self) -> Callable:
+        """TRL's DPO loss (:func:`adapters.losses.dpo.dpo_step_loss`) with the config's settings."""
+        trainer = self.trainer
+        settings = dpo_losses.DPOLossSettings.from_config(trainer.args,
+                                                          router_aux_loss_coef=trainer._router_loss_weight())
+        return dpo_step_loss(trainer.model.family, settings)
+
+    def metrics_rows(self, batch: dict) -> tuple[Any, Any]:
+        """TRL's rows: the chosen sequences on top of the rejected ones."""
+        import jax.numpy as jnp
+
+        return (jnp.concatenate([batch["chosen_input_ids"], batch["rejected_input_ids"]]),
+                jnp.concatenate([batch["chosen_attention_mask"], batch["rejected_attention_mask"]]))
+
+    def host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        """The ``rows`` real pairs' chosen rows, then their rejected rows. Of a short last batch (``rows`` pairs
+        where the batch holds more) TRL's ``compute_metrics`` sees only the first ``rows`` rows, its chosen ones:
+        accelerate's ``gather_for_metrics`` cuts the last batch to the examples left, not to its ``2 * rows``."""
+        import jax
+        import numpy as np
+
+        half = found["labels"].shape[0] // 2
+        kept = np.r_[0:rows, half:half + rows] if rows == half else np.arange(rows)
+        return jax.tree.map(lambda array: np.asarray(array)[kept], found), len(kept)
 
 
 class DPOTrainer(PrecomputedReferenceTrainer):
@@ -86,11 +154,11 @@ class DPOTrainer(PrecomputedReferenceTrainer):
     ```
     """
 
+    algorithm_class = DPO
     _config_class = DPOConfig
     _output_suffix = "DPO"
     _tag_names = ["trl", "dpo"]
     _takes_vision_data = True  # refused for a text-only model by _vision_processor, in TRL's words
-    _reference_columns = ("ref_chosen_logps", "ref_rejected_logps")
 
     def __init__(self, model: ModelLike, ref_model: ModelLike | None = None, args: DPOConfig | None = None,
                  data_collator: Callable | None = None, train_dataset: DatasetLike | None = None,
@@ -138,56 +206,16 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         if not self._is_vision_dataset:
             self._show_prepared_datasets(train_examples, eval_examples)
 
-    # ------------------------------------------------------------------ compute_metrics
-    def _metrics_rows(self, batch: dict) -> tuple[Any, Any]:
-        """TRL's rows: the chosen sequences on top of the rejected ones."""
-        import jax.numpy as jnp
-
-        return (jnp.concatenate([batch["chosen_input_ids"], batch["rejected_input_ids"]]),
-                jnp.concatenate([batch["chosen_attention_mask"], batch["rejected_attention_mask"]]))
-
-    def _host_found(self, found: dict, rows: int) -> tuple[dict, int]:
-        """The ``rows`` real pairs' chosen rows, then their rejected rows. Of a short last batch (``rows`` pairs
-        where the batch holds more) TRL's ``compute_metrics`` sees only the first ``rows`` rows, its chosen ones:
-        accelerate's ``gather_for_metrics`` cuts the last batch to the examples left, not to its ``2 * rows``."""
-        import jax
-        import numpy as np
-
-        half = found["labels"].shape[0] // 2
-        kept = np.r_[0:rows, half:half + rows] if rows == half else np.arange(rows)
-        return jax.tree.map(lambda array: np.asarray(array)[kept], found), len(kept)
-
-    # ------------------------------------------------------------------ data
+    # ------------------------------------------------------------------ set-up
     @staticmethod
-    def _vision_processor(model: CausalLM, ref_model: CausalLM | None, processing_class: ProcessingClass | None) -> Any:
+    def _vision_processor(model: CausalLM, ref_model: CausalLM | None,
+                          processing_class: ProcessingClass | None) -> Any:
         """The processor of a vision dataset (:func:`.base_trainer.vision_processor`), after TRL's refusal of vision
         data for a ``ref_model`` that is not a vision-language one."""
         processor = vision_processor(model, processing_class)
         if ref_model is not None:
             check_vision_model(ref_model.family, which="ref_model")
         return processor
-
-    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
-        """Prepared examples of ``dataset``, checked against the vocabulary of the models that will read them; the
-        rows of a vision dataset as they are (its collator processes them), with image slots for the most images a
-        row has."""
-        if self._is_vision_dataset:
-            rows = vision_preference_rows(dataset)
-            collator = self._vision_collator
-            collator.images_per_row = max(collator.images_per_row, most_images(rows))
-            return rows
-        examples = prepare_preference_examples(dataset, tokenizer, max_length=args.max_length,
-                                               truncation_mode=args.truncation_mode, num_proc=args.dataset_num_proc)
-        largest = max([self.pad_token_id, *(max(e[key], default=0) for e in examples
-                                            for key in ("prompt_ids", "chosen_ids", "rejected_ids"))])
-        self._check_token_ids(largest, tokenizer, {"model": model, "ref_model": self.ref_model})
-        return examples
-
-    def _padded_length(self, examples: list[dict]) -> int:
-        if self._is_vision_dataset:
-            return 1  # the vision collator pads each batch to a bucketed length
-        args = self.args
-        return padded_length(examples, args.max_length, args.truncation_mode, args.pad_to_multiple_of)
 
     def _warn_if_sorting_loss_sees_padding(self) -> None:
         sorting = sorted(set(self.args.loss_type) & {"aot", "aot_unpaired"})
@@ -196,15 +224,3 @@ class DPOTrainer(PrecomputedReferenceTrainer):
                           f"empty pairs that enter the sort ({len(self.train_dataset)} examples, batches of "
                           f"{self._global_batch_size()}). Set dataloader_drop_last=True for TRL's values.",
                           UserWarning, stacklevel=3)
-
-    # ------------------------------------------------------------------ reference
-    def _reference_pass(self) -> Callable:
-        """``(module, batch) -> (chosen [B], rejected [B])`` summed log-probabilities of ``self.reference``."""
-        return dpo_losses.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh,
-                                         dpo_losses.DPOLossSettings.from_config(self.args))
-
-    # ------------------------------------------------------------------ Trainer hooks
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's DPO loss (:func:`adapters.losses.dpo.dpo_step_loss`) with the config's settings."""
-        settings = dpo_losses.DPOLossSettings.from_config(self.args, router_aux_loss_coef=self._router_loss_weight())
-        return dpo_step_loss(self.model.family, settings), None

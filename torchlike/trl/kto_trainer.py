@@ -24,14 +24,49 @@ from ..type_aliases import (
     RowsLike,
     TRLArgs,
 )
-from .base_trainer import PrecomputedReferenceTrainer
+from .base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
 from .kto_config import KTOConfig
 from .kto_data import check_desirability_balance, collate_unpaired_batch, padded_length, prepare_unpaired_examples
 
 if TYPE_CHECKING:
     from ..modeling import CausalLM
 
-__all__ = ["KTOTrainer"]
+__all__ = ["KTO", "KTOTrainer"]
+
+
+class KTO(ReferenceAlgorithm):
+    """TRL 1.16's KTO on the reference loop: unpaired examples tokenised with their mismatched KL completions, the
+    reference's log-probabilities of both as columns (of the completions alone without a KL term), and TRL's KTO
+    loss (``adapters.losses.kto``)."""
+
+    @property
+    def reference_columns(self) -> tuple[str, ...]:
+        return kto_losses.reference_columns(self.trainer.loss_settings)
+
+    def tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
+        """Prepared examples of ``dataset`` (KL completions paired within chunks of ``per_device_train_batch_size``,
+        for evaluation data too, as TRL does), checked against the vocabulary of the models that will read them."""
+        trainer = self.trainer
+        examples = prepare_unpaired_examples(
+            dataset, tokenizer, max_length=args.max_length, num_proc=args.dataset_num_proc,
+            kl_chunk_size=args.per_device_train_batch_size if args.estimates_kl else None)
+        largest = max([trainer.pad_token_id, *(max(e[key], default=0) for e in examples
+                                               for key in ("prompt_ids", "completion_ids"))])
+        trainer._check_token_ids(largest, tokenizer, {"model": model, "ref_model": trainer.ref_model})
+        return examples
+
+    def padded_length(self, examples: list[dict]) -> int:
+        return padded_length(examples, self.trainer.args.max_length, self.trainer.args.pad_to_multiple_of)
+
+    def reference_pass(self) -> Callable:
+        """``(module, batch) -> (ref_logps [B], ref_KL_logps [B])`` (``ref_logps`` alone without a KL term) of the
+        trainer's reference."""
+        reference = self.trainer.reference
+        return kto_losses.reference_pass(reference.family, reference.lora, reference.mesh, self.trainer.loss_settings)
+
+    def step_loss(self) -> Callable:
+        """TRL's KTO loss (:func:`adapters.losses.kto.kto_step_loss`) with the config's settings."""
+        return kto_losses.kto_step_loss(self.trainer.model.family, self.trainer.loss_settings)
 
 
 class KTOTrainer(PrecomputedReferenceTrainer):
@@ -74,6 +109,7 @@ class KTOTrainer(PrecomputedReferenceTrainer):
     ```
     """
 
+    algorithm_class = KTO
     _config_class = KTOConfig
     _output_suffix = "KTO"
     _tag_names = ["trl", "kto"]
@@ -109,34 +145,3 @@ class KTOTrainer(PrecomputedReferenceTrainer):
         # What TRL users read: a datasets.Dataset with TRL's columns (prompt_ids, completion_ids, label,
         # KL_completion_ids and the precomputed ref_logps / ref_KL_logps).
         self._show_prepared_datasets(train_examples, eval_examples)
-
-    # ------------------------------------------------------------------ data
-    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
-        """Prepared examples of ``dataset`` (KL completions paired within chunks of ``per_device_train_batch_size``,
-        for evaluation data too, as TRL does), checked against the vocabulary of the models that will read them."""
-        examples = prepare_unpaired_examples(
-            dataset, tokenizer, max_length=args.max_length, num_proc=args.dataset_num_proc,
-            kl_chunk_size=args.per_device_train_batch_size if args.estimates_kl else None)
-        largest = max([self.pad_token_id, *(max(e[key], default=0) for e in examples
-                                            for key in ("prompt_ids", "completion_ids"))])
-        self._check_token_ids(largest, tokenizer, {"model": model, "ref_model": self.ref_model})
-        return examples
-
-    def _padded_length(self, examples: list[dict]) -> int:
-        return padded_length(examples, self.args.max_length, self.args.pad_to_multiple_of)
-
-    # ------------------------------------------------------------------ reference
-    @property
-    def _reference_columns(self) -> tuple[str, ...]:
-        return kto_losses.reference_columns(self.loss_settings)
-
-    def _reference_pass(self) -> Callable:
-        """``(module, batch) -> (ref_logps [B], ref_KL_logps [B])`` (``ref_logps`` alone without a KL term) of
-        ``self.reference``."""
-        return kto_losses.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh,
-                                         self.loss_settings)
-
-    # ------------------------------------------------------------------ Trainer hooks
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's KTO loss (:func:`adapters.losses.kto.kto_step_loss`) with the config's settings."""
-        return kto_losses.kto_step_loss(self.model.family, self.loss_settings), None

@@ -36,7 +36,7 @@ from ....type_aliases import (
     RowsLike,
     TRLArgs,
 )
-from ...base_trainer import PrecomputedReferenceTrainer
+from ...base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
 from . import bco_udm
 from .bco_config import BCOConfig
 from .bco_data import collate_bco_batch, padded_length, prepare_bco_examples
@@ -44,7 +44,132 @@ from .bco_data import collate_bco_batch, padded_length, prepare_bco_examples
 if TYPE_CHECKING:
     from ....modeling import CausalLM
 
-__all__ = ["BCOTrainer"]
+__all__ = ["BCO", "BCOTrainer"]
+
+
+class BCO(ReferenceAlgorithm):
+    """TRL 1.0.0's BCO on the reference loop: unpaired examples tokenised as TRL's BCO does and read in order, the
+    reference's log-probabilities as a column, and TRL's BCO loss (``adapters.losses.bco``), whose ``delta`` (the
+    running mean of the rewards, :class:`~torchlike.adapters.losses.bco.RunningMoments` on the trainer's ``running``)
+    is updated with each micro-batch's rewards before its step, logged as TRL's ``log`` computes the metrics, and saved
+    in checkpoints with the UDM classifier (``clf``)."""
+
+    reference_columns = ("ref_logps",)
+
+    def tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
+        """Prepared examples of ``dataset`` (TRL 1.0.0's BCO tokenisation), checked against the vocabulary of the
+        models that will read them."""
+        trainer = self.trainer
+        examples = prepare_bco_examples(dataset, tokenizer, max_length=args.max_length, num_proc=args.dataset_num_proc,
+                                        embedding_tokenizer=trainer.embedding_tokenizer)
+        largest = max([trainer.pad_token_id, *(max(e[key], default=0) for e in examples
+                                               for key in ("prompt_ids", "completion_ids"))])
+        trainer._check_token_ids(largest, tokenizer, {"model": model, "ref_model": trainer.ref_model})
+        return examples
+
+    def padded_length(self, examples: list[dict]) -> int:
+        return padded_length(examples)
+
+    def reference_pass(self) -> Callable:
+        """``(module, batch) -> (ref_logps [B],)`` of the trainer's reference."""
+        reference = self.trainer.reference
+        return bco_losses.reference_pass(reference.family, reference.lora, reference.mesh)
+
+    def step_loss(self) -> Callable:
+        """TRL's BCO loss (:func:`adapters.losses.bco.bco_step_loss`) with the config's settings."""
+        config = self.trainer.model.config
+        vocab_size = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
+        return bco_losses.bco_step_loss(self.trainer.model.family, self.trainer.loss_settings, vocab_size)
+
+    def train_order(self, epoch: int) -> np.ndarray:
+        """Dataset order, every epoch: TRL's BCO reads its training data with a ``SequentialSampler``."""
+        return np.arange(len(self.trainer.train_dataset))
+
+    def step_batch(self, batch: dict) -> dict:
+        """Updates the running reward moments with each micro-batch's rewards at the step's weights (TRL updates them
+        in each micro-batch's loss) and gives the step each micro-batch's ``delta``."""
+        import jax
+
+        trainer = self.trainer
+        rewards, real = (np.asarray(values) for values in jax.device_get(self._group_rewards(trainer._module, batch)))
+        deltas = np.empty(real.shape, np.float32)
+        for index in range(real.shape[0]):
+            if real[index].any():
+                trainer.running.update(rewards[index][real[index]])
+            deltas[index] = trainer.running.mean
+        return {**batch, "delta": jax.device_put(deltas, batch["delta"].sharding)}
+
+    @functools.cached_property
+    def _group_rewards(self) -> Callable:
+        """``(module, micro-batch group) -> (rewards [A, B], real rows [A, B])``: the policy's rewards of each
+        micro-batch, jitted (TRL computes them in each micro-batch's forward pass)."""
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from ....adapters.training import train_step
+
+        rewards = bco_losses.policy_rewards(self.trainer.model.family, self.trainer.loss_settings)
+        compute_dtype = self.trainer._compute_dtype()
+
+        @nnx.jit
+        def group_rewards(module, micro_batches):
+            module = train_step.cast_floating(module, compute_dtype)
+            count = micro_batches["input_ids"].shape[0]
+            values = [rewards(module, {key: value[index] for key, value in micro_batches.items()})
+                      for index in range(count)]
+            return jnp.stack(values), micro_batches["attention_mask"].any(-1)
+
+        return group_rewards
+
+    def new_eval_examples(self, examples: list[dict]) -> None:
+        """Raw data passed to ``evaluate()`` is weighed by the UDM classifier, as the trainer's own evaluation data."""
+        trainer = self.trainer
+        if trainer.match_underlying_distribution:
+            bco_udm.add_density_ratio_weights(examples, trainer.clf, trainer._embed,
+                                              trainer.args.per_device_eval_batch_size, trainer.args.min_density_ratio,
+                                              trainer.args.max_density_ratio)
+
+    def finish_logs(self, logs: dict[str, float]) -> None:
+        """TRL's values: the reward, log-prob and logit sums divided by their example counts over the micro-batches
+        since the last log, and ``rewards/margins`` (chosen minus rejected) when both were seen, as TRL's
+        ``BCOTrainer.log`` computes them (``logs`` itself is updated, as TRL's ``log`` updates it)."""
+        finished = step_metrics.finish_metrics(logs)
+        for prefix in ("", "eval_"):
+            chosen, rejected = finished.get(f"{prefix}rewards/chosen"), finished.get(f"{prefix}rewards/rejected")
+            if chosen is not None and rejected is not None:
+                finished[f"{prefix}rewards/margins"] = chosen - rejected
+        logs.clear()
+        logs.update(finished)
+
+    def save_extras(self, folder: Path) -> None:
+        """As TRL saves them with the optimizer state (so not with ``save_only_model``): the running reward moments
+        (``running.json``) and, under UDM, the classifier (``clf.pkl``), written by process 0 before the checkpoint
+        counts as one."""
+        trainer = self.trainer
+        if trainer.args.save_only_model or not trainer.state.is_world_process_zero:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        trainer.running.save_to_json(folder / bco_losses.RUNNING_NAME)
+        if trainer.match_underlying_distribution:
+            import joblib
+
+            joblib.dump(trainer.clf, folder / bco_udm.CLF_NAME, compress=True)
+
+    def resumed(self, checkpoint: str | bool) -> None:
+        """When the checkpoint has them, the running reward moments and, under UDM, the classifier (whose weights
+        then replace those of the fitted one)."""
+        from ....training import checkpoints
+
+        trainer = self.trainer
+        folder = Path(checkpoints.find_checkpoint(trainer.args.output_dir, checkpoint))
+        if (folder / bco_losses.RUNNING_NAME).is_file():
+            trainer.running = bco_losses.RunningMoments.load_from_json(folder / bco_losses.RUNNING_NAME)
+        if trainer.match_underlying_distribution and (folder / bco_udm.CLF_NAME).is_file():
+            import joblib
+
+            trainer.clf = joblib.load(folder / bco_udm.CLF_NAME)
+            trainer._add_density_ratio_weights()
+            trainer._show_prepared_datasets(*trainer._prepared)
 
 
 class BCOTrainer(PrecomputedReferenceTrainer):
@@ -87,6 +212,7 @@ class BCOTrainer(PrecomputedReferenceTrainer):
     ```
     """
 
+    algorithm_class = BCO
     _config_class = BCOConfig
     _output_suffix = "BCO"
     _tag_names = ["trl", "bco"]
@@ -179,34 +305,6 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         self.aux_loss_enabled = bool(getattr(text_config, "output_router_logits", False))
         self.router_aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0)
 
-    # ------------------------------------------------------------------ data
-    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
-        """Prepared examples of ``dataset`` (TRL 1.0.0's BCO tokenisation), checked against the vocabulary of the
-        models that will read them."""
-        examples = prepare_bco_examples(dataset, tokenizer, max_length=args.max_length, num_proc=args.dataset_num_proc,
-                                        embedding_tokenizer=self.embedding_tokenizer)
-        largest = max([self.pad_token_id, *(max(e[key], default=0) for e in examples
-                                            for key in ("prompt_ids", "completion_ids"))])
-        self._check_token_ids(largest, tokenizer, {"model": model, "ref_model": self.ref_model})
-        return examples
-
-    def _padded_length(self, examples: list[dict]) -> int:
-        return padded_length(examples)
-
-    def _get_train_sampler(self, epoch: int) -> np.ndarray:
-        """Dataset order, every epoch: TRL's BCO reads its training data with a ``SequentialSampler``."""
-        return np.arange(len(self.train_dataset))
-
-    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
-        """Raw data prepared and scored by the reference, and weighed by the UDM classifier, as the trainer's own
-        evaluation data."""
-        prepared = "ref_logps" in next(iter(dataset), {})
-        examples = super()._prepare_eval_dataset(dataset)
-        if self.match_underlying_distribution and not prepared:
-            bco_udm.add_density_ratio_weights(examples, self.clf, self._embed, self.args.per_device_eval_batch_size,
-                                              self.args.min_density_ratio, self.args.max_density_ratio)
-        return examples
-
     def _add_density_ratio_weights(self) -> None:
         """Sets ``udm_weight`` on the training and evaluation examples from ``self.clf``, in the batches TRL embeds."""
         from ....training.batches import each_dataset
@@ -218,100 +316,3 @@ class BCOTrainer(PrecomputedReferenceTrainer):
                                        for examples in each_dataset(eval_examples))):
             bco_udm.add_density_ratio_weights(examples, self.clf, self._embed, batch_size, args.min_density_ratio,
                                               args.max_density_ratio)
-
-    # ------------------------------------------------------------------ reference
-    @property
-    def _reference_columns(self) -> tuple[str, ...]:
-        return ("ref_logps",)
-
-    def _reference_pass(self) -> Callable:
-        """``(module, batch) -> (ref_logps [B],)`` of ``self.reference``."""
-        return bco_losses.reference_pass(self.reference.family, self.reference.lora, self.reference.mesh)
-
-    # ------------------------------------------------------------------ Trainer hooks
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's BCO loss (:func:`adapters.losses.bco.bco_step_loss`) with the config's settings."""
-        config = self.model.config
-        vocab_size = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
-        return bco_losses.bco_step_loss(self.model.family, self.loss_settings, vocab_size), None
-
-    def _run_step(self, step_fn: Callable, batch: dict, step: int) -> dict:
-        """Updates the running reward moments with each micro-batch's rewards at the step's weights (TRL updates them
-        in each micro-batch's loss) and runs the step with each micro-batch's ``delta``."""
-        import jax
-
-        rewards, real = (np.asarray(values) for values in jax.device_get(self._group_rewards(self._module, batch)))
-        deltas = np.empty(real.shape, np.float32)
-        for index in range(real.shape[0]):
-            if real[index].any():
-                self.running.update(rewards[index][real[index]])
-            deltas[index] = self.running.mean
-        batch = {**batch, "delta": jax.device_put(deltas, batch["delta"].sharding)}
-        return super()._run_step(step_fn, batch, step)
-
-    @functools.cached_property
-    def _group_rewards(self) -> Callable:
-        """``(module, micro-batch group) -> (rewards [A, B], real rows [A, B])``: the policy's rewards of each
-        micro-batch, jitted (TRL computes them in each micro-batch's forward pass)."""
-        import jax.numpy as jnp
-        from flax import nnx
-
-        from ....adapters.training import train_step
-
-        rewards = bco_losses.policy_rewards(self.model.family, self.loss_settings)
-        compute_dtype = self._compute_dtype()
-
-        @nnx.jit
-        def group_rewards(module, micro_batches):
-            module = train_step.cast_floating(module, compute_dtype)
-            count = micro_batches["input_ids"].shape[0]
-            values = [rewards(module, {key: value[index] for key, value in micro_batches.items()})
-                      for index in range(count)]
-            return jnp.stack(values), micro_batches["attention_mask"].any(-1)
-
-        return group_rewards
-
-    # ------------------------------------------------------------------ logs
-    def log(self, logs: dict[str, float]) -> None:
-        """Records ``logs`` with TRL's values: the reward, log-prob and logit sums divided by their example counts
-        over the micro-batches since the last log, and ``rewards/margins`` (chosen minus rejected) when both were
-        seen, as TRL's ``BCOTrainer.log`` computes them. ``logs`` itself is updated, as TRL's ``log`` updates it."""
-        finished = step_metrics.finish_metrics(logs)
-        for prefix in ("", "eval_"):
-            chosen, rejected = finished.get(f"{prefix}rewards/chosen"), finished.get(f"{prefix}rewards/rejected")
-            if chosen is not None and rejected is not None:
-                finished[f"{prefix}rewards/margins"] = chosen - rejected
-        logs.clear()
-        logs.update(finished)
-        super().log(logs)
-
-    # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint_extras(self, folder: Path) -> None:
-        """As TRL saves them with the optimizer state (so not with ``save_only_model``): the running reward moments
-        (``running.json``) and, under UDM, the classifier (``clf.pkl``), written by process 0 before the checkpoint
-        counts as one."""
-        if self.args.save_only_model or not self.state.is_world_process_zero:
-            return
-        folder.mkdir(parents=True, exist_ok=True)
-        self.running.save_to_json(folder / bco_losses.RUNNING_NAME)
-        if self.match_underlying_distribution:
-            import joblib
-
-            joblib.dump(self.clf, folder / bco_udm.CLF_NAME, compress=True)
-
-    def _resume(self, checkpoint: str | bool) -> int:
-        """The Trainer's resume plus, when the checkpoint has them, the running reward moments and, under UDM, the
-        classifier (whose weights then replace those of the fitted one)."""
-        from ....training import checkpoints
-
-        step = super()._resume(checkpoint)
-        folder = Path(checkpoints.find_checkpoint(self.args.output_dir, checkpoint))
-        if (folder / bco_losses.RUNNING_NAME).is_file():
-            self.running = bco_losses.RunningMoments.load_from_json(folder / bco_losses.RUNNING_NAME)
-        if self.match_underlying_distribution and (folder / bco_udm.CLF_NAME).is_file():
-            import joblib
-
-            self.clf = joblib.load(folder / bco_udm.CLF_NAME)
-            self._add_density_ratio_weights()
-            self._show_prepared_datasets(*self._prepared)
-        return step
