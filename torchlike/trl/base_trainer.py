@@ -66,7 +66,9 @@ def load_model(model: ModelLike, args: TrainingArguments, quantization_config: Q
     """``model`` as a torchlike model.
 
     Args:
-        model: a loaded torchlike model, or a path / hub id.
+        model: a loaded torchlike model, a path / hub id, or a ``transformers`` model object (as TRL scripts such as
+            ``orpo.py`` pass it): converted to the torchlike model of the same weights, dtype and
+            ``name_or_path`` (the default tokenizer is then loaded from that path, as TRL loads it).
         args: the trainer config (its ``model_init_kwargs`` apply to a path or hub id).
         quantization_config: a ``BitsAndBytesConfig``-like request for a path or hub id.
         trainer: the trainer's name, for messages.
@@ -75,6 +77,7 @@ def load_model(model: ModelLike, args: TrainingArguments, quantization_config: Q
         The loaded (or given) model.
     """
     from .. import AutoModelForCausalLM
+    from ..adapters.checkpoint.hf_source import is_transformers_model
 
     if isinstance(model, str):
         init_kwargs = dict(args.model_init_kwargs or {})
@@ -91,6 +94,8 @@ def load_model(model: ModelLike, args: TrainingArguments, quantization_config: Q
     if args.model_init_kwargs is not None:
         warnings.warn("args.model_init_kwargs is ignored: the model is already loaded (pass a path or hub id to "
                       "load it with these arguments).", UserWarning, stacklevel=3)
+    if is_transformers_model(model):
+        return AutoModelForCausalLM.from_pretrained(model, dtype=model.dtype)
     check_causal_lm(model, "model", trainer)
     return model
 

@@ -73,7 +73,8 @@ class KTOTrainer(PrecomputedReferenceTrainer):
     """``trl.KTOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
-        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), a ``transformers`` model object (converted: the
+            same weights, dtype and ``name_or_path``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (float32 unless they set ``dtype``, as in TRL).
         ref_model: the reference model (a :class:`~torchlike.CausalLM`, used on its own mesh when it has one, else
             placed on the trainer's). ``None``: with a new LoRA adapter the base weights (adapter off), otherwise the

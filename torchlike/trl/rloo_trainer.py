@@ -81,7 +81,8 @@ class RLOOTrainer(PolicyGradientTrainer):
     """``trl.RLOOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
-        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), a ``transformers`` model object (converted: the
+            same weights, dtype and ``name_or_path``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (float32 unless ``dtype`` is given, as in TRL).
         reward_funcs: a function or a list of them, called as in :class:`~torchlike.trl.GRPOTrainer`
             (``f(prompts=..., completions=..., completion_ids=..., <dataset columns>=..., **)``, one ``float`` or

@@ -35,7 +35,8 @@ class SFTTrainer(TRLTrainer):
     """``trl.SFTTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
-        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), a ``transformers`` model object (converted: the
+            same weights, dtype and ``name_or_path``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (``dtype`` as a string, torch dtype or ``"auto"``; float32 by default, as TRL).
         args: :class:`~torchlike.trl.SFTConfig` (default: one with ``output_dir="<model>-SFT"``); a
             :class:`~torchlike.TrainingArguments` becomes ``SFTConfig(**args.to_dict())`` (its values kept), as in TRL.

@@ -176,7 +176,8 @@ class BCOTrainer(PrecomputedReferenceTrainer):
     """``trl.experimental.bco.BCOTrainer`` (TRL 1.0.0) with its signature, training a torchlike model on a JAX mesh.
 
     Args:
-        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), a ``transformers`` model object (converted: the
+            same weights, dtype and ``name_or_path``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (float32 unless they set ``dtype``).
         ref_model: the reference model. ``None``: with a new LoRA adapter the base weights (adapter off), otherwise
             the initial weights of ``model``.

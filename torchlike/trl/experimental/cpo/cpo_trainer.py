@@ -57,7 +57,8 @@ class CPOTrainer(PairwisePreferenceTrainer):
     """``trl.experimental.cpo.CPOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
-        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), a ``transformers`` model object (converted: the
+            same weights, dtype and ``name_or_path``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (float32 unless they set ``dtype``).
         args: :class:`CPOConfig` (default: one with ``output_dir="<model>-CPO"``).
         data_collator: replaces the fixed-shape pair collator; it receives prepared examples (``prompt_ids``,

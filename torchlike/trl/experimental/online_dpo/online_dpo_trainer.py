@@ -114,7 +114,8 @@ class OnlineDPOTrainer(OnlineTrainer):
     JAX mesh.
 
     Args:
-        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), or a path / hub id loaded with
+        model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), a ``transformers`` model object (converted: the
+            same weights, dtype and ``name_or_path``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (float32 unless they set ``dtype``).
         ref_model: the reference, a loaded :class:`~torchlike.CausalLM` other than ``model``; ``None`` uses the base
             weights with the adapter off when ``peft_config`` is given, else a frozen copy of the initial policy.

@@ -1,0 +1,72 @@
+"""A trainer takes a ``transformers`` model object as TRL's do (TRL's ``orpo.py`` and ``cpo.py`` load the model with
+transformers and pass it in): it trains the torchlike model of the same weights, dtype and ``name_or_path``, whose
+tokenizer it loads when none is given."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import torchlike
+from tests.helpers.scripts import build_script_model_dir
+from torchlike.trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+from torchlike.trl.experimental.cpo import CPOConfig, CPOTrainer
+from torchlike.trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+PAIRS = [{"prompt": "The sky is", "chosen": " blue.", "rejected": " green."},
+         {"prompt": "Grass is", "chosen": " green.", "rejected": " blue."}] * 2
+TRAINERS = {"SFT": (SFTTrainer, SFTConfig, [{"prompt": "The sky is", "completion": " blue."}] * 4),
+            "DPO": (DPOTrainer, DPOConfig, PAIRS),
+            "ORPO": (ORPOTrainer, ORPOConfig, PAIRS),
+            "CPO": (CPOTrainer, CPOConfig, PAIRS)}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
+    """A tiny checkpoint with its tokenizer, as a hub model folder holds them."""
+    return build_script_model_dir(tiny_checkpoints.path("qwen2"), tokenizer_dir,
+                                  tmp_path_factory.mktemp("model_objects") / "model")
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    """The state dict torchlike loads from the folder."""
+    return {key: np.asarray(value) for key, value in
+            torchlike.AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").state_dict().items()}
+
+
+@pytest.mark.parametrize("name", list(TRAINERS))
+def test_a_transformers_model_object_is_the_model_its_folder_loads(name, model_dir, loaded, tmp_path):
+    trainer_class, config_class, rows = TRAINERS[name]
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    trainer = trainer_class(model=model, args=config_class(str(tmp_path), report_to="none"), train_dataset=rows)
+    assert isinstance(trainer.model, torchlike.CausalLM)
+    assert trainer.model.name_or_path == str(model_dir)
+    assert trainer.processing_class.name_or_path == str(model_dir)  # the default tokenizer, from the model's folder
+    state = trainer.model.state_dict()
+    assert state.keys() == loaded.keys()
+    for key, value in loaded.items():
+        np.testing.assert_array_equal(np.asarray(state[key]), value, err_msg=key)
+
+
+def test_the_objects_dtype_is_kept(model_dir, tmp_path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    trainer = ORPOTrainer(model=model, args=ORPOConfig(str(tmp_path), report_to="none"), train_dataset=PAIRS)
+    assert {str(value.dtype) for value in trainer.model.state_dict().values()} == {"bfloat16"}
+
+
+def test_an_object_that_is_no_model_is_refused_by_name(tmp_path):
+    with pytest.raises(TypeError, match="ORPOTrainer's model must be a torchlike causal LM; got Linear"):
+        ORPOTrainer(model=torch.nn.Linear(2, 2), args=ORPOConfig(str(tmp_path), report_to="none"),
+                    train_dataset=PAIRS)
+
+
+def test_quantization_of_an_object_is_refused(model_dir, tmp_path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with pytest.raises(ValueError, match="quantization_config only applies when the model is loaded from a path"):
+        DPOTrainer(model=model, args=DPOConfig(str(tmp_path), report_to="none"), train_dataset=PAIRS,
+                   quantization_config=transformers.BitsAndBytesConfig(load_in_4bit=True))
+
+
