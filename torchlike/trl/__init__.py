@@ -13,10 +13,16 @@ from torchlike.trl.registry import package_exports
 _SCRIPT_UTILS = ("DatasetConfig", "DatasetMixtureConfig", "ModelConfig", "ScriptArguments", "TrlParser", "get_dataset",
                  "get_kbit_device_map", "get_peft_config", "get_quantization_config", "init_zero_verbose")
 
-__all__, _trainer_attribute, __dir__ = package_exports(__name__, extra=_SCRIPT_UTILS)
+#: TRL's data utilities at its top level (``from trl import is_conversational``), with TRL's signatures and results.
+_DATA_UTILS = ("extract_prompt", "is_conversational", "is_conversational_from_value", "maybe_convert_to_chatml",
+               "maybe_extract_prompt", "prepare_multimodal_messages")
+
+__all__, _trainer_attribute, __dir__ = package_exports(__name__, extra=_SCRIPT_UTILS + _DATA_UTILS)
 
 
 def __getattr__(name: str) -> Any:
     if name in _SCRIPT_UTILS:
         return getattr(import_module("torchlike.trl.script_utils"), name)
+    if name in _DATA_UTILS:
+        return getattr(import_module("torchlike.trl.data_utils"), name)
     return _trainer_attribute(name)

@@ -38,6 +38,7 @@ __all__ = [
     "load_chat_template",
     "map_batches",
     "maybe_convert_to_chatml",
+    "maybe_extract_prompt",
     "pad_token_id_for",
     "padded_sequences",
     "prepare_multimodal_messages",
@@ -113,16 +114,16 @@ def is_message_list(value: object, keys: tuple[str, ...] = ("role",)) -> bool:
 
 
 def is_conversational(example: Mapping[str, Any]) -> bool:
-    """TRL's ``is_conversational`` on the keys of SFT and prompt data: whether the first of ``prompt``, ``completion``
-    and ``messages`` the example has is a list of ``{"role", ...}`` messages.
+    """TRL's ``is_conversational``: whether the first of ``prompt``, ``chosen``, ``rejected``, ``completion`` and
+    ``messages`` the example has is a list of ``{"role", ...}`` messages.
 
     Args:
-        example (`dict`): One example.
+        example (`dict`): One example of any TRL format.
 
     Returns:
         `bool`
     """
-    for key in ("prompt", "completion", "messages"):
+    for key in ("prompt", "chosen", "rejected", "completion", "messages"):
         if key in example:
             return is_message_list(example[key])
     return False
@@ -371,6 +372,25 @@ def extract_prompt(example: Mapping[str, Any]) -> dict[str, Any]:
     else:  # TRL's loop ends without a mismatch on the last index of the shorter response
         split = max(shortest - 1, 0)
     return {"prompt": chosen[:split], "chosen": chosen[split:], "rejected": rejected[split:]}
+
+
+def maybe_extract_prompt(example: Mapping[str, Any]) -> Mapping[str, Any]:
+    """TRL's ``maybe_extract_prompt``: :func:`extract_prompt` for an implicit-prompt preference example; the example as
+    it is when it is no preference example, or already has a ``prompt`` of the same kind (text or conversation) as its
+    responses.
+
+    Args:
+        example (`dict`): One example.
+
+    Returns:
+        `dict`: The example with an explicit prompt, or the example itself.
+    """
+    if "chosen" not in example or "rejected" not in example:
+        return example
+    if "prompt" in example and (is_conversational({"prompt": example["prompt"]})
+                                == is_conversational({"chosen": example["chosen"]})):
+        return example
+    return extract_prompt({"chosen": example["chosen"], "rejected": example["rejected"]})
 
 
 def _shards(length: int, num_proc: int | None) -> list[range]:
