@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import datasets
 import pytest
 import trl
 
@@ -21,8 +22,7 @@ NOT_YET = {
     **dict.fromkeys(("apply_chat_template", "maybe_apply_chat_template"),
                     "torchlike's apply_chat_template covers explicit-prompt preference rows only, not TRL's "
                     "signature (tools, template keyword arguments, every format)"),
-    **dict.fromkeys(("unpair_preference_dataset", "maybe_unpair_preference_dataset", "pack_dataset"),
-                    "torchlike's versions take lists of rows; TRL's take and return datasets"),
+    "pack_dataset": "torchlike's packing takes lists of rows; TRL's takes and returns datasets",
     "create_reference_model": "a frozen copy of a torch module; torchlike's reference is chosen by the trainer",
     **dict.fromkeys(("BEMACallback", "LogCompletionsCallback", "RichProgressCallback", "WeaveCallback"),
                     "TRL's callbacks are not ported yet"),
@@ -80,3 +80,36 @@ def test_prepare_multimodal_messages_places_the_images_as_trl():
     for images in (["image-1"], ["image-1", "image-2"], []):
         assert torchlike.trl.prepare_multimodal_messages(messages, images=images) == \
             trl.prepare_multimodal_messages(messages, images=images)
+
+
+PAIRS = {"prompt": ["The sky is", "The sun is", "Grass is"], "chosen": [" blue.", " hot.", " green."],
+         "rejected": [" green.", " cold.", " blue."], "source": ["a", "b", "c"]}
+
+
+@pytest.mark.parametrize("columns", [("prompt", "chosen", "rejected", "source"), ("chosen", "rejected")],
+                         ids=["explicit prompt and another column", "implicit prompt"])
+def test_unpairing_a_dataset_gives_trls_rows_columns_and_kind(columns):
+    dataset = datasets.Dataset.from_dict({name: PAIRS[name] for name in columns})
+    ours, theirs = torchlike.trl.unpair_preference_dataset(dataset), trl.unpair_preference_dataset(dataset)
+    assert isinstance(ours, datasets.Dataset)
+    assert ours.column_names == theirs.column_names
+    assert ours.to_list() == theirs.to_list()
+    splits = datasets.DatasetDict({"train": dataset, "test": dataset.select([0])})
+    ours, theirs = (module.maybe_unpair_preference_dataset(splits) for module in (torchlike.trl, trl))
+    assert {name: split.to_list() for name, split in ours.items()} == \
+        {name: split.to_list() for name, split in theirs.items()}
+
+
+def test_an_unpaired_dataset_is_left_as_it_is():
+    dataset = torchlike.trl.unpair_preference_dataset(datasets.Dataset.from_dict(PAIRS))
+    assert torchlike.trl.maybe_unpair_preference_dataset(dataset) is dataset
+    rows = dataset.to_list()
+    assert torchlike.trl.maybe_unpair_preference_dataset(rows) is rows
+
+
+def test_unpairing_a_list_of_rows_gives_the_datasets_rows():
+    rows = datasets.Dataset.from_dict(PAIRS).to_list()
+    assert torchlike.trl.unpair_preference_dataset(rows) == \
+        trl.unpair_preference_dataset(datasets.Dataset.from_dict(PAIRS)).to_list()
+    with pytest.raises(TypeError, match="takes num_proc and desc only; got \\['batch_size'\\]"):
+        torchlike.trl.unpair_preference_dataset(rows, batch_size=2)

@@ -15,7 +15,8 @@ _SCRIPT_UTILS = ("DatasetConfig", "DatasetMixtureConfig", "ModelConfig", "Script
 
 #: TRL's data utilities at its top level (``from trl import is_conversational``), with TRL's signatures and results.
 _DATA_UTILS = ("extract_prompt", "is_conversational", "is_conversational_from_value", "maybe_convert_to_chatml",
-               "maybe_extract_prompt", "prepare_multimodal_messages")
+               "maybe_extract_prompt", "maybe_unpair_preference_dataset", "prepare_multimodal_messages",
+               "unpair_preference_dataset")
 
 __all__, _trainer_attribute, __dir__ = package_exports(__name__, extra=_SCRIPT_UTILS + _DATA_UTILS)
 

@@ -39,6 +39,7 @@ __all__ = [
     "map_batches",
     "maybe_convert_to_chatml",
     "maybe_extract_prompt",
+    "maybe_unpair_preference_dataset",
     "pad_token_id_for",
     "padded_sequences",
     "prepare_multimodal_messages",
@@ -419,20 +420,39 @@ def map_batches(length: int, batch_size: int, num_proc: int | None) -> Iterator[
             yield range(start, min(start + batch_size, shard.stop))
 
 
-def unpair_preference_dataset(rows: Sequence[Mapping[str, Any]], num_proc: int | None = None) -> list[dict[str, Any]]:
-    """TRL's ``unpair_preference_dataset`` on a list of rows: each pair becomes a ``completion`` with ``label`` True
-    (the chosen one) and one with ``label`` False (the rejected one); the other columns are copied to both.
+def unpair_preference_dataset(dataset: DatasetLike | Sequence[Mapping[str, Any]], num_proc: int | None = None,
+                              **map_kwargs: Any) -> DatasetLike | list[dict[str, Any]]:
+    """TRL's ``unpair_preference_dataset``: each pair becomes a ``completion`` with ``label`` True (the chosen one) and
+    one with ``label`` False (the rejected one); the other columns are copied to both.
 
     TRL's batched ``map`` gives, per block of [`UNPAIR_BLOCK_SIZE`] pairs (within each process's shard with
-    ``num_proc``, see [`map_batches`]), the chosen rows first and then the rejected rows; so does this.
+    ``num_proc``, see [`map_batches`]), the chosen rows first and then the rejected rows; so does this, on a list of
+    rows as on a ``datasets`` dataset.
 
     Args:
-        rows (`Sequence[dict]`): Rows with ``chosen`` and ``rejected`` (and optionally ``prompt``).
-        num_proc (`int`, *optional*): TRL's ``dataset_num_proc``, which decides the blocks.
+        dataset (`Dataset`, `DatasetDict`, `IterableDataset` or `Sequence[dict]`): Rows with ``chosen`` and
+            ``rejected`` (and optionally ``prompt`` and other columns).
+        num_proc (`int`, *optional*): Processes for ``datasets.Dataset.map`` (TRL's ``dataset_num_proc``), which
+            decide the blocks.
+        **map_kwargs: Further arguments of ``datasets.Dataset.map`` (``desc``...), as TRL passes them; a list of rows
+            takes only ``desc``, which it ignores.
 
     Returns:
-        `list[dict]`: The unpaired rows.
+        The unpaired dataset, of the kind given (a list of rows for a list).
     """
+    if hasattr(dataset, "map") and hasattr(dataset, "column_names"):
+        columns = dataset.column_names
+        if isinstance(columns, dict):  # a DatasetDict: each split's columns
+            columns = next(iter(columns.values()))
+        if columns is None:  # an IterableDataset whose features are unknown
+            columns = list(next(iter(dataset)).keys())
+        if num_proc is not None:
+            map_kwargs["num_proc"] = num_proc
+        return dataset.map(_unpaired_batch, batched=True, remove_columns=columns, **map_kwargs)
+    if set(map_kwargs) - {"desc"}:
+        raise TypeError(f"unpair_preference_dataset on a list of rows takes num_proc and desc only; got "
+                        f"{sorted(set(map_kwargs) - {'desc'})}. Pass a datasets.Dataset for map's other arguments.")
+    rows = dataset
     unpaired = []
     for block in map_batches(len(rows), UNPAIR_BLOCK_SIZE, num_proc):
         for response, label in (("chosen", True), ("rejected", False)):
@@ -440,6 +460,36 @@ def unpair_preference_dataset(rows: Sequence[Mapping[str, Any]], num_proc: int |
                 row = {key: value for key, value in rows[index].items() if key not in ("chosen", "rejected")}
                 unpaired.append({**row, "completion": rows[index][response], "label": label})
     return unpaired
+
+
+def _unpaired_batch(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """One batch of pairs unpaired: the chosen completions, then the rejected ones, other columns twice."""
+    size = len(batch["chosen"])
+    unpaired = {"completion": batch["chosen"] + batch["rejected"], "label": [True] * size + [False] * size}
+    unpaired.update({key: values + values for key, values in batch.items() if key not in ("chosen", "rejected")})
+    return unpaired
+
+
+def maybe_unpair_preference_dataset(dataset: DatasetLike | Sequence[Mapping[str, Any]], num_proc: int | None = None,
+                                    desc: str | None = None) -> DatasetLike | list[dict[str, Any]]:
+    """TRL's ``maybe_unpair_preference_dataset``: :func:`unpair_preference_dataset` when the dataset has ``chosen``
+    and ``rejected`` columns, otherwise the dataset itself.
+
+    Args:
+        dataset (`Dataset`, `DatasetDict` or `Sequence[dict]`): A preference dataset, paired or not.
+        num_proc (`int`, *optional*): Processes for ``datasets.Dataset.map``.
+        desc (`str`, *optional*): The progress bar's description while mapping.
+
+    Returns:
+        The unpaired dataset, or ``dataset`` as it is.
+    """
+    names = getattr(dataset, "column_names", None)
+    if isinstance(names, dict):  # a DatasetDict: its first split's columns, as TRL reads them
+        names = next(iter(names.values()))
+    columns = names if isinstance(names, (list, tuple)) else get_dataset_column_names(dataset)
+    if "chosen" in columns and "rejected" in columns:
+        return unpair_preference_dataset(dataset, num_proc=num_proc, desc=desc)
+    return dataset
 
 
 def truncation_window(max_length: int | None, truncation_mode: str = "keep_start") -> slice:
