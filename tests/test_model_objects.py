@@ -70,3 +70,34 @@ def test_quantization_of_an_object_is_refused(model_dir, tmp_path):
                    quantization_config=transformers.BitsAndBytesConfig(load_in_4bit=True))
 
 
+
+
+def test_create_reference_model_is_a_frozen_copy_a_trainer_takes_as_its_reference(model_dir, loaded, tmp_path):
+    from torchlike.trl import create_reference_model
+
+    model = torchlike.AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    reference = create_reference_model(model)
+    assert reference is not model and reference.num_parameters(only_trainable=True) == 0 and not reference.training
+    assert reference.name_or_path == model.name_or_path
+    # Changing the model's weights (as training does) leaves the copy's.
+    model.load_state_dict({key: value + 1 for key, value in loaded.items()})
+    for key, value in reference.state_dict().items():
+        np.testing.assert_array_equal(np.asarray(value), loaded[key], err_msg=key)
+    # As TRL scripts pass it: the reference columns are those of the model's initial weights.
+    fresh = torchlike.AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    args = DPOConfig(str(tmp_path), report_to="none")
+    with_copy = DPOTrainer(model=fresh, ref_model=create_reference_model(fresh), args=args, train_dataset=PAIRS)
+    without = DPOTrainer(model=str(model_dir), args=args, train_dataset=PAIRS)
+    for column in ("ref_chosen_logps", "ref_rejected_logps"):
+        np.testing.assert_array_equal(with_copy.train_dataset[column], without.train_dataset[column])
+
+
+def test_create_reference_model_refuses_shared_layers_and_adapters(model_dir):
+    from torchlike.peft import LoraConfig, get_peft_model
+    from torchlike.trl import create_reference_model
+
+    model = torchlike.AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    with pytest.raises(ValueError, match="num_shared_layers and pattern are not supported"):
+        create_reference_model(model, num_shared_layers=1)
+    with pytest.raises(ValueError, match="got a PeftModel"):
+        create_reference_model(get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"])))

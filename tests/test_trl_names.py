@@ -23,7 +23,6 @@ NOT_YET = {
                     "torchlike's apply_chat_template covers explicit-prompt preference rows only, not TRL's "
                     "signature (tools, template keyword arguments, every format)"),
     "pack_dataset": "torchlike's packing takes lists of rows; TRL's takes and returns datasets",
-    "create_reference_model": "a frozen copy of a torch module; torchlike's reference is chosen by the trainer",
     **dict.fromkeys(("BEMACallback", "LogCompletionsCallback", "RichProgressCallback", "WeaveCallback"),
                     "TRL's callbacks are not ported yet"),
     "SyncRefModelCallback": "torchlike's takes (reference, policy), TRL's (ref_model, accelerator)",

@@ -18,7 +18,10 @@ _DATA_UTILS = ("extract_prompt", "is_conversational", "is_conversational_from_va
                "maybe_extract_prompt", "maybe_unpair_preference_dataset", "prepare_multimodal_messages",
                "unpair_preference_dataset")
 
-__all__, _trainer_attribute, __dir__ = package_exports(__name__, extra=_SCRIPT_UTILS + _DATA_UTILS)
+#: TRL's model helpers at its top level.
+_MODEL_UTILS = ("create_reference_model",)
+
+__all__, _trainer_attribute, __dir__ = package_exports(__name__, extra=_SCRIPT_UTILS + _DATA_UTILS + _MODEL_UTILS)
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +29,6 @@ def __getattr__(name: str) -> Any:
         return getattr(import_module("torchlike.trl.script_utils"), name)
     if name in _DATA_UTILS:
         return getattr(import_module("torchlike.trl.data_utils"), name)
+    if name in _MODEL_UTILS:
+        return getattr(import_module("torchlike.trl.base_trainer"), name)
     return _trainer_attribute(name)

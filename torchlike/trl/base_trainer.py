@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..modeling import CausalLM
 
 __all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "SyncRefModelCallback",
-           "TRLTrainer", "check_reference_sync", "check_text_dataset", "check_vision_model", "default_output_dir",
+           "TRLTrainer", "check_reference_sync", "create_reference_model", "check_text_dataset", "check_vision_model", "default_output_dir",
            "is_vision_dataset", "load_model", "vision_processor"]
 
 
@@ -186,6 +186,34 @@ def frozen_copy_model(policy: CausalLM, module: nnx.Module) -> CausalLM:
     model = CausalLM(module, copy.deepcopy(policy.config), policy.family, copy.deepcopy(policy.generation_config),
                      policy.mesh, policy.name_or_path, kept_weights=policy.kept_weights)
     return model.eval()
+
+
+def create_reference_model(model: CausalLM, num_shared_layers: int | None = None,
+                           pattern: str | None = None) -> CausalLM:
+    """TRL's ``create_reference_model``: a frozen copy of ``model`` (its weights now, its configs and path, every
+    parameter frozen, in eval mode), which a trainer takes as ``ref_model``; training ``model`` leaves it as it is.
+
+    Args:
+        model: a :class:`~torchlike.CausalLM`.
+        num_shared_layers, pattern: TRL's layers shared between the model and the copy (frozen in both); refused: a
+            JAX copy shares no parameter objects with the model it was copied from.
+
+    Returns:
+        The frozen copy.
+    """
+    from flax import nnx
+
+    check_causal_lm(model, "model", "create_reference_model")
+    if num_shared_layers is not None or pattern is not None:
+        raise ValueError("create_reference_model's num_shared_layers and pattern are not supported in torchlike: a JAX "
+                         "copy shares no parameters with its model. Omit them for a whole frozen copy.")
+    if hasattr(model, "peft_config"):
+        raise ValueError("create_reference_model got a PeftModel: a trainer's reference for a LoRA model is its base "
+                         "weights with the adapter switched off, no copy needed. Pass ref_model=None, or copy the "
+                         "base model before get_peft_model.")
+    reference = frozen_copy_model(model, nnx.clone(model.module))
+    reference.requires_grad_(False)
+    return reference
 
 
 class SyncRefModelCallback(TrainerCallback):
