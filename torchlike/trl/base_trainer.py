@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from ..modeling import CausalLM
 
 __all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "SyncRefModelCallback",
-           "TRLTrainer", "check_reference_sync", "create_reference_model", "check_text_dataset", "check_vision_model", "default_output_dir",
-           "is_vision_dataset", "load_model", "vision_processor"]
+           "TRLTrainer", "check_reference_sync", "check_text_dataset", "check_vision_model", "create_reference_model",
+           "default_output_dir", "is_vision_dataset", "load_model", "vision_processor"]
 
 
 def default_output_dir(model: ModelLike, suffix: str) -> str:
