@@ -101,3 +101,17 @@ def test_create_reference_model_refuses_shared_layers_and_adapters(model_dir):
         create_reference_model(model, num_shared_layers=1)
     with pytest.raises(ValueError, match="got a PeftModel"):
         create_reference_model(get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"])))
+
+
+def test_a_transformers_reference_model_scores_as_the_default_reference(model_dir, tmp_path):
+    """TRL scripts may pass ``ref_model`` as a transformers model too: its reference columns are those of the initial
+    weights, which the default reference scores."""
+    args = DPOConfig(str(tmp_path), report_to="none")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    given = DPOTrainer(model=str(model_dir), ref_model=reference, args=args, train_dataset=PAIRS)
+    assert isinstance(given.ref_model, torchlike.CausalLM)
+    default = DPOTrainer(model=str(model_dir), args=args, train_dataset=PAIRS)
+    for column in ("ref_chosen_logps", "ref_rejected_logps"):
+        np.testing.assert_array_equal(given.train_dataset[column], default.train_dataset[column])
+    with pytest.raises(ValueError, match="`model` and `ref_model` cannot be the same object"):
+        DPOTrainer(model=reference, ref_model=reference, args=args, train_dataset=PAIRS)

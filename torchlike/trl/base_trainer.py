@@ -623,9 +623,10 @@ class PrecomputedReferenceTrainer(TRLTrainer):
 
     def _check_reference_settings(self, args: TRLArgs, model: CausalLM, ref_model: ModelLike | None,
                                   train_dataset: RowsLike,
-                                  eval_dataset: EvalRowsLike | None) -> None:
+                                  eval_dataset: EvalRowsLike | None) -> CausalLM | None:
         """TRL's checks of the datasets and the reference settings, with its wording (vision data refused unless
-        the trainer takes it, :attr:`_takes_vision_data`)."""
+        the trainer takes it, :attr:`_takes_vision_data`); returns ``ref_model`` as a torchlike model (a
+        ``transformers`` model object converted, as :func:`load_model` converts ``model``)."""
         import datasets
 
         from ..training.batches import check_single_dataset, each_dataset
@@ -647,7 +648,14 @@ class PrecomputedReferenceTrainer(TRLTrainer):
             if ref_model is model:
                 raise ValueError("`model` and `ref_model` cannot be the same object. In most cases you should omit "
                                  "`ref_model` and the initial model will be the reference.")
+            from ..adapters.checkpoint.hf_source import is_transformers_model
+
+            if is_transformers_model(ref_model):
+                from .. import AutoModelForCausalLM
+
+                ref_model = AutoModelForCausalLM.from_pretrained(ref_model, dtype=ref_model.dtype).eval()
             check_causal_lm(ref_model, "ref_model", self._trainer_name)
+        return ref_model
 
     def _start_reference(self, ref_model: ModelLike | None, train_examples: list[dict],
                          eval_examples: list[dict] | dict[str, list[dict]] | None) -> None:

@@ -121,9 +121,9 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), a ``transformers`` model object (converted: the
             same weights, dtype and ``name_or_path``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (float32 unless they set ``dtype``, as in TRL).
-        ref_model: the reference model (a :class:`~torchlike.CausalLM`, used on its own mesh when it has one, else
-            placed on the trainer's). ``None``: with a new LoRA adapter the base weights (adapter off), otherwise the
-            initial weights of ``model``.
+        ref_model: the reference model (a :class:`~torchlike.CausalLM`, or a ``transformers`` model object converted
+            as ``model`` is; used on its own mesh when it has one, else placed on the trainer's). ``None``: with a new
+            LoRA adapter the base weights (adapter off), otherwise the initial weights of ``model``.
         args: :class:`~torchlike.trl.DPOConfig` (default: one with ``output_dir="<model>-DPO"``).
         data_collator: replaces the fixed-shape pair collator; it receives prepared examples (``prompt_ids``,
             ``chosen_ids``, ``rejected_ids``, and ``ref_chosen_logps``/``ref_rejected_logps`` once computed) and
@@ -173,7 +173,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         self._is_vision_dataset = is_vision_dataset(train_dataset)
         if self._is_vision_dataset:
             check_vision_preference_settings(args, data_collator, compute_metrics)
-        self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
+        ref_model = self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
         if args.use_weighting and {"aot", "aot_unpaired"} & set(args.loss_type):
             raise NotImplementedError("WPO-style weighting is not implemented for 'aot' or 'aot_unpaired' because "
                                       "those losses sort samples, which would misalign per-pair weights.")

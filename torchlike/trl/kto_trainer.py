@@ -76,9 +76,9 @@ class KTOTrainer(PrecomputedReferenceTrainer):
         model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), a ``transformers`` model object (converted: the
             same weights, dtype and ``name_or_path``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (float32 unless they set ``dtype``, as in TRL).
-        ref_model: the reference model (a :class:`~torchlike.CausalLM`, used on its own mesh when it has one, else
-            placed on the trainer's). ``None``: with a new LoRA adapter the base weights (adapter off), otherwise the
-            initial weights of ``model``.
+        ref_model: the reference model (a :class:`~torchlike.CausalLM`, or a ``transformers`` model object converted
+            as ``model`` is; used on its own mesh when it has one, else placed on the trainer's). ``None``: with a new
+            LoRA adapter the base weights (adapter off), otherwise the initial weights of ``model``.
         args: :class:`~torchlike.trl.KTOConfig` (default: one with ``output_dir="<model>-KTO"``).
         data_collator: replaces the fixed-shape collator; it receives prepared examples (``prompt_ids``,
             ``completion_ids``, ``label``, ``KL_completion_ids`` for ``loss_type="kto"``, and ``ref_logps`` /
@@ -125,7 +125,7 @@ class KTOTrainer(PrecomputedReferenceTrainer):
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: unpaired preference examples ('prompt', 'completion', "
                              "'label'), or preference pairs ('prompt', 'chosen', 'rejected').")
-        self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
+        ref_model = self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self._setup_router_loss(model, args)
         self.ref_model = ref_model

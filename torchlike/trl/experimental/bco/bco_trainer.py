@@ -179,8 +179,8 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         model: a :class:`~torchlike.CausalLM` (or ``PeftModel``), a ``transformers`` model object (converted: the
             same weights, dtype and ``name_or_path``), or a path / hub id loaded with
             ``args.model_init_kwargs`` (float32 unless they set ``dtype``).
-        ref_model: the reference model. ``None``: with a new LoRA adapter the base weights (adapter off), otherwise
-            the initial weights of ``model``.
+        ref_model: the reference model (a ``transformers`` model object is converted as ``model`` is). ``None``:
+            with a new LoRA adapter the base weights (adapter off), otherwise the initial weights of ``model``.
         args: :class:`BCOConfig` (default: one with ``output_dir="<model>-BCO"``).
         train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in TRL's unpaired
             preference format (``prompt``/``completion``/``label``), or paired preference data unpaired as TRL does;
@@ -252,7 +252,7 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         if embedding_func is not None and embedding_tokenizer.pad_token_id is None:
             raise ValueError("embedding_tokenizer has no pad token: underlying distribution matching pads each batch "
                              "of prompts with it, as TRL does. Set embedding_tokenizer.pad_token first.")
-        self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
+        ref_model = self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self._setup_model_router_loss(model)
         self.ref_model = ref_model
