@@ -38,6 +38,7 @@ from ..type_aliases import (
 from .data_utils import pad_token_id_for
 
 if TYPE_CHECKING:
+    import numpy as np
     from flax import nnx
 
     from ..adapters.families.base import Family
@@ -539,7 +540,7 @@ class ReferenceAlgorithm:
         """``(found, rows)`` of one evaluation batch as ``compute_metrics`` sees them: as they are."""
         return found, rows
 
-    def train_order(self, epoch: int) -> Any | None:
+    def train_order(self, epoch: int) -> np.ndarray | None:
         """The example order of ``epoch`` (indices), or ``None`` for the Trainer's (a seeded shuffle)."""
         return None
 
@@ -598,7 +599,7 @@ class PrecomputedReferenceTrainer(TRLTrainer):
     def _step_loss(self) -> tuple[Callable, None]:
         return self.algorithm.step_loss(), None
 
-    def _get_train_sampler(self, epoch: int) -> Any:
+    def _get_train_sampler(self, epoch: int) -> np.ndarray:
         order = self.algorithm.train_order(epoch)
         return super()._get_train_sampler(epoch) if order is None else order
 
