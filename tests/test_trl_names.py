@@ -68,6 +68,13 @@ def test_a_data_utility_gives_trls_result_on_every_format(name):
         assert ours(dict(example)) == theirs(dict(example)), example
 
 
+def test_maybe_extract_prompt_replaces_a_prompt_of_the_other_kind_as_trl():
+    example = {"prompt": "hi", "chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}],
+               "rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "b"}]}
+    assert torchlike.trl.maybe_extract_prompt(dict(example)) == trl.maybe_extract_prompt(dict(example))
+    assert torchlike.trl.maybe_extract_prompt(dict(example))["prompt"] == [{"role": "user", "content": "hi"}]
+
+
 def test_extract_prompt_splits_text_and_conversations_as_trl():
     for example in [example for example in EXAMPLES if set(example) == {"chosen", "rejected"}]:
         assert torchlike.trl.extract_prompt(dict(example)) == trl.extract_prompt(dict(example))
