@@ -45,8 +45,9 @@ if TYPE_CHECKING:
     from ..modeling import CausalLM
 
 __all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "SyncRefModelCallback",
-           "TRLTrainer", "check_reference_sync", "check_text_dataset", "check_vision_model", "create_reference_model",
-           "default_output_dir", "is_vision_dataset", "load_model", "vision_processor"]
+           "TRLTrainer", "check_reference_sync", "check_text_dataset", "check_vision_model",
+           "converted_if_transformers", "create_reference_model", "default_output_dir", "is_vision_dataset",
+           "load_model", "vision_processor"]
 
 
 def default_output_dir(model: ModelLike, suffix: str) -> str:
@@ -78,7 +79,6 @@ def load_model(model: ModelLike, args: TrainingArguments, quantization_config: Q
         The loaded (or given) model.
     """
     from .. import AutoModelForCausalLM
-    from ..adapters.checkpoint.hf_source import is_transformers_model
 
     if isinstance(model, str):
         init_kwargs = dict(args.model_init_kwargs or {})
@@ -95,9 +95,19 @@ def load_model(model: ModelLike, args: TrainingArguments, quantization_config: Q
     if args.model_init_kwargs is not None:
         warnings.warn("args.model_init_kwargs is ignored: the model is already loaded (pass a path or hub id to "
                       "load it with these arguments).", UserWarning, stacklevel=3)
+    model = converted_if_transformers(model)
+    check_causal_lm(model, "model", trainer)
+    return model
+
+
+def converted_if_transformers(model: ModelLike) -> ModelLike:
+    """``model`` as the torchlike model of the same weights, dtype and ``name_or_path`` when it is a ``transformers``
+    model object (as TRL scripts pass ``model`` and ``ref_model``); anything else as it is."""
+    from .. import AutoModelForCausalLM
+    from ..adapters.checkpoint.hf_source import is_transformers_model
+
     if is_transformers_model(model):
         return AutoModelForCausalLM.from_pretrained(model, dtype=model.dtype)
-    check_causal_lm(model, "model", trainer)
     return model
 
 
@@ -649,12 +659,7 @@ class PrecomputedReferenceTrainer(TRLTrainer):
             if ref_model is model:
                 raise ValueError("`model` and `ref_model` cannot be the same object. In most cases you should omit "
                                  "`ref_model` and the initial model will be the reference.")
-            from ..adapters.checkpoint.hf_source import is_transformers_model
-
-            if is_transformers_model(ref_model):
-                from .. import AutoModelForCausalLM
-
-                ref_model = AutoModelForCausalLM.from_pretrained(ref_model, dtype=ref_model.dtype).eval()
+            ref_model = converted_if_transformers(ref_model)
             check_causal_lm(ref_model, "ref_model", self._trainer_name)
         return ref_model
 

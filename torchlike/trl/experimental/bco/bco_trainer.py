@@ -125,9 +125,7 @@ class BCO(ReferenceAlgorithm):
         """Raw data passed to ``evaluate()`` is weighed by the UDM classifier, as the trainer's own evaluation data."""
         trainer = self.trainer
         if trainer.match_underlying_distribution:
-            bco_udm.add_density_ratio_weights(examples, trainer.clf, trainer._embed,
-                                              trainer.args.per_device_eval_batch_size, trainer.args.min_density_ratio,
-                                              trainer.args.max_density_ratio)
+            trainer._weigh_by_density_ratio(examples, trainer.args.per_device_eval_batch_size)
 
     def finish_logs(self, logs: dict[str, float]) -> None:
         """TRL's values: the reward, log-prob and logit sums divided by their example counts over the micro-batches
@@ -310,10 +308,12 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         """Sets ``udm_weight`` on the training and evaluation examples from ``self.clf``, in the batches TRL embeds."""
         from ....training.batches import each_dataset
 
-        args = self.args
         train_examples, eval_examples = self._prepared
-        for examples, batch_size in ((train_examples, args.per_device_train_batch_size),
-                                     *((examples, args.per_device_eval_batch_size)
-                                       for examples in each_dataset(eval_examples))):
-            bco_udm.add_density_ratio_weights(examples, self.clf, self._embed, batch_size, args.min_density_ratio,
-                                              args.max_density_ratio)
+        self._weigh_by_density_ratio(train_examples, self.args.per_device_train_batch_size)
+        for examples in each_dataset(eval_examples):
+            self._weigh_by_density_ratio(examples, self.args.per_device_eval_batch_size)
+
+    def _weigh_by_density_ratio(self, examples: list[dict], batch_size: int) -> None:
+        """Sets ``udm_weight`` on ``examples`` from ``self.clf``, their prompts embedded ``batch_size`` at a time."""
+        bco_udm.add_density_ratio_weights(examples, self.clf, self._embed, batch_size, self.args.min_density_ratio,
+                                          self.args.max_density_ratio)
