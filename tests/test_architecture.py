@@ -228,9 +228,8 @@ def loop_overrides(trainer: type, loop: type) -> list[str]:
 def test_no_trainer_overrides_its_loops_methods():
     """GRPO and RLOO are algorithms on the policy-gradient loop, XPO and Nash-MD on Online DPO's (their trainers
     subclass it, as TRL's do), ORPO and CPO on the pairwise loop, Distillation and GKD on the student-teacher loop,
-    DPO, KTO and BCO on the reference loop:
-    what one step does is the loop's file plus the algorithm's, never a method of the loop redefined in a
-    subclass."""
+    DPO, KTO and BCO on the reference loop: what one step does is the loop's file plus the algorithm's, never a
+    method of the loop redefined in a subclass."""
     from torchlike.trl import DistillationTrainer, DPOTrainer, GRPOTrainer, KTOTrainer, RLOOTrainer
     from torchlike.trl.base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
     from torchlike.trl.distillation_trainer import StudentTeacherAlgorithm, StudentTeacherTrainer
