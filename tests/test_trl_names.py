@@ -10,6 +10,8 @@ import pytest
 import trl
 
 import torchlike.trl
+from tests import tiny
+from tests.helpers.tokenizers import tokenizer_for
 
 #: Public names of TRL 1.16 that ``torchlike.trl`` does not provide yet (issue 43), with what stands in the way. A name
 #: that lands must leave this table (the test checks each is still missing), and a name a new TRL adds fails the test
@@ -19,9 +21,6 @@ NOT_YET = {
                     "TRL's module layout: torchlike.trl is laid out by job, not as trl.trainer/trl.models"),
     **dict.fromkeys(("add_response_schema", "clone_chat_template", "get_training_chat_template",
                      "supports_tool_calling"), "TRL's chat-template utilities are not ported yet"),
-    **dict.fromkeys(("apply_chat_template", "maybe_apply_chat_template"),
-                    "torchlike's apply_chat_template covers explicit-prompt preference rows only, not TRL's "
-                    "signature (tools, template keyword arguments, every format)"),
     "pack_dataset": "torchlike's packing takes lists of rows; TRL's takes and returns datasets",
     **dict.fromkeys(("BEMACallback", "LogCompletionsCallback", "RichProgressCallback", "WeaveCallback"),
                     "TRL's callbacks are not ported yet"),
@@ -119,3 +118,61 @@ def test_unpairing_a_list_of_rows_gives_the_datasets_rows():
         trl.unpair_preference_dataset(datasets.Dataset.from_dict(PAIRS)).to_list()
     with pytest.raises(TypeError, match="takes num_proc and desc only; got \\['batch_size'\\]"):
         torchlike.trl.unpair_preference_dataset(rows, batch_size=2)
+
+
+CONVERSATIONS = [
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+    {"prompt": [{"role": "user", "content": "hi"}]},
+    {"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "I think"}]},
+    {"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}]},
+    {"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "a"}],
+     "rejected": [{"role": "assistant", "content": "b"}]},
+    {"chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}],
+     "rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "b"}]},
+    {"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}],
+     "label": True, "source": "kept out of the rendering"},
+    {"prompt": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "3"}],
+     "completion": [{"role": "assistant", "content": "It is 3."}]},
+]
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Adds.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(tokenizer_dir):
+    return tokenizer_for(tokenizer_dir, tiny.TOOL_CHAT_TEMPLATE)
+
+
+@pytest.mark.parametrize("tools", [None, [], TOOLS], ids=["no tools", "empty tools", "tools"])
+def test_apply_chat_template_renders_every_dataset_type_as_trl(chat_tokenizer, tools):
+    for example in CONVERSATIONS + EXAMPLES:
+        for name in ("maybe_apply_chat_template", *(["apply_chat_template"] if
+                                                    torchlike.trl.is_conversational(example) else [])):
+            ours = getattr(torchlike.trl, name)(dict(example), chat_tokenizer, tools=tools)
+            assert ours == getattr(trl, name)(dict(example), chat_tokenizer, tools=tools), (name, example)
+    prompt = torchlike.trl.apply_chat_template(CONVERSATIONS[1], chat_tokenizer, tools=tools)["prompt"]
+    assert ("Tools: add" in prompt) == bool(tools)
+
+
+def test_apply_chat_template_passes_the_rows_and_the_callers_template_arguments_as_trl(tokenizer_dir):
+    # Llama's templates render tool boilerplate for tools=[]; TRL passes None then.
+    tokenizer = tokenizer_for(tokenizer_dir, "{% if tools is not none %}[tools]{% endif %}"
+                                             "{% for m in messages %}{{ m['content'] }}{{ sep }}{% endfor %}"
+                                             "{% if add_generation_prompt %}>{% endif %}")
+    example = {**CONVERSATIONS[3], "chat_template_kwargs": {"sep": "|"}}
+    rendered = torchlike.trl.apply_chat_template(dict(example), tokenizer)
+    assert rendered == trl.apply_chat_template(dict(example), tokenizer) == {"prompt": "hi|", "completion": "yo|"}
+    assert torchlike.trl.apply_chat_template(dict(CONVERSATIONS[3]), tokenizer, sep="/") == \
+        trl.apply_chat_template(dict(CONVERSATIONS[3]), tokenizer, sep="/") == {"prompt": "hi/", "completion": "yo/"}
+    assert torchlike.trl.apply_chat_template(dict(example), tokenizer, tools=[]) == rendered
+
+
+def test_apply_chat_template_refuses_what_trl_refuses_with_its_messages(chat_tokenizer):
+    bad_keys = {"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "a"}]}
+    bad_role = {"prompt": [{"role": "system", "content": "hi"}]}
+    for example, error in ((bad_keys, KeyError), (bad_role, ValueError)):
+        with pytest.raises(error) as theirs:
+            trl.apply_chat_template(dict(example), chat_tokenizer)
+        with pytest.raises(error) as ours:
+            torchlike.trl.apply_chat_template(dict(example), chat_tokenizer)
+        assert str(ours.value) == str(theirs.value)

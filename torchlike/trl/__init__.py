@@ -14,9 +14,9 @@ _SCRIPT_UTILS = ("DatasetConfig", "DatasetMixtureConfig", "ModelConfig", "Script
                  "get_kbit_device_map", "get_peft_config", "get_quantization_config", "init_zero_verbose")
 
 #: TRL's data utilities at its top level (``from trl import is_conversational``), with TRL's signatures and results.
-_DATA_UTILS = ("extract_prompt", "is_conversational", "is_conversational_from_value", "maybe_convert_to_chatml",
-               "maybe_extract_prompt", "maybe_unpair_preference_dataset", "prepare_multimodal_messages",
-               "unpair_preference_dataset")
+_DATA_UTILS = ("apply_chat_template", "extract_prompt", "is_conversational", "is_conversational_from_value",
+               "maybe_apply_chat_template", "maybe_convert_to_chatml", "maybe_extract_prompt",
+               "maybe_unpair_preference_dataset", "prepare_multimodal_messages", "unpair_preference_dataset")
 
 #: TRL's model helpers at its top level.
 _MODEL_UTILS = ("create_reference_model",)

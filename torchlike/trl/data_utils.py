@@ -30,6 +30,7 @@ __all__ = [
     "chat_template_kwargs_for",
     "common_prefix_length",
     "describe",
+    "example_tools",
     "extract_prompt",
     "get_dataset_column_names",
     "is_conversational",
@@ -37,6 +38,7 @@ __all__ = [
     "is_message_list",
     "load_chat_template",
     "map_batches",
+    "maybe_apply_chat_template",
     "maybe_convert_to_chatml",
     "maybe_extract_prompt",
     "maybe_unpair_preference_dataset",
@@ -230,46 +232,100 @@ def chat_template_kwargs_for(example: Mapping[str, Any], defaults: Mapping[str, 
     Returns:
         `dict`: ``{"tools": ..., **defaults, **example["chat_template_kwargs"]}``.
     """
-    tools = example.get("tools")
-    tools = json.loads(tools) if isinstance(tools, str) else tools
-    return {"tools": tools, **(defaults or {}), **(example.get("chat_template_kwargs") or {})}
+    return {"tools": example_tools(example), **(defaults or {}), **(example.get("chat_template_kwargs") or {})}
 
 
 def _shared_text(text: str, other: str) -> str:
     return "".join(a for a, _ in itertools.takewhile(lambda pair: pair[0] == pair[1], zip(text, other, strict=False)))
 
 
-def apply_chat_template(example: Mapping[str, Any], tokenizer: Tokenizer) -> dict[str, str]:
-    """TRL's ``apply_chat_template`` for an explicit-prompt preference example of message lists (``prompt``,
-    ``chosen``, ``rejected``), the layout torchlike's trainers render to text.
+#: The key sets TRL's ``apply_chat_template`` renders, one per dataset type.
+_CHAT_TEMPLATE_KEYS = ("prompt", "chosen", "rejected", "completion", "messages", "label")
+_CHAT_TEMPLATE_LAYOUTS = ({"messages"}, {"prompt"}, {"prompt", "completion"}, {"prompt", "chosen", "rejected"},
+                          {"chosen", "rejected"}, {"prompt", "completion", "label"})
 
-    The prompt ends with the generation prompt (after a user or tool turn) or continues its last assistant turn; it
-    is then cut to the text it shares with the rendered prompt + chosen and prompt + rejected conversations, and each
-    response is what its conversation adds to it. The example's ``tools`` and ``chat_template_kwargs`` columns are
-    passed to the template ([`chat_template_kwargs_for`]).
+
+def example_tools(example: Mapping[str, Any]) -> list | None:
+    """An example's ``tools`` column as the list TRL's trainers pass to ``apply_chat_template(tools=...)`` (JSON text
+    decoded), or ``None``."""
+    tools = example.get("tools")
+    return json.loads(tools) if isinstance(tools, str) else tools
+
+
+def apply_chat_template(example: Mapping[str, Any], processing_class: Tokenizer, tools: list | None = None,
+                        **template_kwargs: Any) -> dict[str, Any]:
+    """TRL's ``apply_chat_template``: a conversational example rendered to text by the chat template, for every dataset
+    type TRL has.
+
+    ``messages`` becomes ``text``; a ``prompt`` gets the generation prompt after a user or tool turn (or continues its
+    last assistant turn) and is then cut to the text it shares with each rendered prompt + response conversation, and
+    each response (``chosen``, ``rejected``, ``completion``) is what its conversation adds to it; without a prompt,
+    ``chosen`` and ``rejected`` are rendered whole; ``label`` is kept. The example's ``chat_template_kwargs`` (a dict)
+    and ``template_kwargs`` go to the template.
 
     Args:
-        example (`dict`): ``prompt``, ``chosen`` and ``rejected`` message lists.
-        tokenizer (`transformers.PreTrainedTokenizerBase`): The tokenizer whose chat template renders them.
+        example (`dict`): One of ``{"messages"}``, ``{"prompt"}``, ``{"prompt", "completion"}``,
+            ``{"prompt", "chosen", "rejected"}``, ``{"chosen", "rejected"}`` or ``{"prompt", "completion", "label"}``
+            (other keys are ignored), each a list of ``{"role", "content"}`` messages.
+        processing_class (`transformers.PreTrainedTokenizerBase` or `ProcessorMixin`): Renders the messages.
+        tools (`list`, *optional*): Function schemas (or Python functions) for the template; an empty list counts as
+            none, as in TRL.
+        **template_kwargs: Further keyword arguments for ``processing_class.apply_chat_template``.
 
     Returns:
-        `dict[str, str]`: ``{"prompt", "chosen", "rejected"}`` as text.
+        `dict`: The rendered text under the example's keys (``text`` for ``messages``).
 
     Raises:
+        KeyError: the example's keys are none of the layouts above (TRL's message).
         ValueError: a prompt whose last turn is not from the user, a tool or the assistant (TRL's message).
     """
-    kwargs = chat_template_kwargs_for(example)
-    last_role = example["prompt"][-1]["role"]
-    if last_role not in ("user", "tool", "assistant"):
-        raise ValueError(f"Invalid role in the last message: {last_role}")
-    prompt = tokenizer.apply_chat_template(example["prompt"], tokenize=False,
-                                           continue_final_message=last_role == "assistant",
-                                           add_generation_prompt=last_role != "assistant", **kwargs)
-    full = {key: tokenizer.apply_chat_template(example["prompt"] + example[key], tokenize=False, **kwargs)
-            for key in ("chosen", "rejected")}
-    for text in full.values():
-        prompt = _shared_text(prompt, text)
-    return {"prompt": prompt, **{key: text[len(prompt):] for key, text in full.items()}}
+    keys = {key for key in example if key in _CHAT_TEMPLATE_KEYS}
+    if keys not in _CHAT_TEMPLATE_LAYOUTS:
+        raise KeyError(f"Invalid keys in the example: {keys}")
+    kwargs = {"tools": tools or None, **(example.get("chat_template_kwargs") or {}), **template_kwargs}
+
+    def render(messages: list, **extra: Any) -> str:
+        return processing_class.apply_chat_template(messages, tokenize=False, **extra, **kwargs)
+
+    output: dict[str, Any] = {}
+    if "messages" in example:
+        output["text"] = render(example["messages"])
+    responses = [key for key in ("chosen", "rejected", "completion") if key in example]
+    if "prompt" in example:
+        last_role = example["prompt"][-1]["role"]
+        if last_role not in ("user", "tool", "assistant"):
+            raise ValueError(f"Invalid role in the last message: {last_role}")
+        prompt = render(example["prompt"], continue_final_message=last_role == "assistant",
+                        add_generation_prompt=last_role != "assistant")
+        full = {key: render(example["prompt"] + example[key]) for key in responses}
+        for text in full.values():  # DeepSeek-R1's generation prompt is not a prefix of the whole conversation
+            prompt = _shared_text(prompt, text)
+        output["prompt"] = prompt
+        output.update({key: text[len(prompt):] for key, text in full.items()})
+    else:
+        output.update({key: render(example[key]) for key in responses})
+    if "label" in example:
+        output["label"] = example["label"]
+    return output
+
+
+def maybe_apply_chat_template(example: Mapping[str, Any], processing_class: Tokenizer, tools: list | None = None,
+                              **template_kwargs: Any) -> Mapping[str, Any]:
+    """TRL's ``maybe_apply_chat_template``: [`apply_chat_template`] for a conversational example
+    ([`is_conversational`]), the example itself otherwise.
+
+    Args:
+        example (`dict`): A data row of any TRL dataset type.
+        processing_class (`transformers.PreTrainedTokenizerBase` or `ProcessorMixin`): Renders the messages.
+        tools (`list`, *optional*): Function schemas for the template.
+        **template_kwargs: Further keyword arguments for the chat template.
+
+    Returns:
+        `dict`: The rendered example, or ``example`` unchanged when it is text.
+    """
+    if is_conversational(example):
+        return apply_chat_template(example, processing_class, tools, **template_kwargs)
+    return example
 
 
 def load_chat_template(tokenizer: Tokenizer, path: str) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..type_aliases import DatasetLike, Processor
 from .base_config import round_up_to_multiple
-from .data_utils import apply_chat_template, describe, is_message_list, prepare_multimodal_messages
+from .data_utils import apply_chat_template, describe, example_tools, is_message_list, prepare_multimodal_messages
 from .sft_vision import (
     LENGTH_BUCKET,
     batch_images,
@@ -165,8 +165,8 @@ class VisionPreferenceCollator:
             return {key: example[key] for key in ("prompt", *_RESPONSES)}
         messages = {"prompt": prepare_multimodal_messages(example["prompt"], example["images"]),
                     **{key: prepare_multimodal_messages(example[key]) for key in _RESPONSES}}
-        extra = {key: example[key] for key in ("tools", "chat_template_kwargs") if example.get(key) is not None}
-        return apply_chat_template({**messages, **extra}, self.processor)
+        return apply_chat_template({**messages, "chat_template_kwargs": example.get("chat_template_kwargs")},
+                                   self.processor, tools=example_tools(example))
 
     def _sequences(self, prompts: Mapping[str, Any], responses: list[str]) -> tuple[np.ndarray, ...]:
         """``(input_ids, attention_mask, completion_mask, token_type_ids)`` of each prompt followed by its response,

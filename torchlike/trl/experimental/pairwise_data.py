@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...type_aliases import Tokenizer
-from ..data_utils import apply_chat_template, extract_prompt
+from ..data_utils import apply_chat_template, example_tools, extract_prompt
 
 __all__ = ["prepare_pairwise_examples"]
 
@@ -50,7 +50,8 @@ class _RowTokenizer:
     def __call__(self, raw: Mapping[str, Any]) -> dict[str, list[int]]:
         example = dict(raw) if "prompt" in raw else {**raw, **extract_prompt(raw)}
         if isinstance(example["prompt"], list):  # a conversation
-            example = {**example, **apply_chat_template(example, self.tokenizer)}
+            pair = {key: example[key] for key in ("prompt", *_RESPONSES, "chat_template_kwargs") if key in example}
+            example = {**example, **apply_chat_template(pair, self.tokenizer, tools=example_tools(example))}
         for key in ("prompt", *_RESPONSES):
             if not isinstance(example[key], str):
                 raise ValueError(f"{key} should be an str but got {type(example[key])}")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ....type_aliases import Tokenizer
-from ...data_utils import apply_chat_template, is_message_list
+from ...data_utils import apply_chat_template, example_tools, is_message_list
 from ...kto_data import collate_unpaired_batch, desirability_label, unpaired_rows
 
 __all__ = ["DEFAULT_MAX_LENGTH", "collate_bco_batch", "padded_length", "prepare_bco_examples"]
@@ -37,8 +37,10 @@ def _rendered(example: Mapping[str, Any], tokenizer: Tokenizer) -> tuple[Any, An
     prompt, completion = example["prompt"], example["completion"]
     if not is_message_list(prompt):
         return prompt, completion
-    rendered = apply_chat_template({**example, "chosen": completion, "rejected": completion}, tokenizer)
-    return rendered["prompt"], rendered["chosen"]
+    rendered = apply_chat_template({"prompt": prompt, "completion": completion,
+                                    "chat_template_kwargs": example.get("chat_template_kwargs")},
+                                   tokenizer, tools=example_tools(example))
+    return rendered["prompt"], rendered["completion"]
 
 
 class _BCOTokenizer:
