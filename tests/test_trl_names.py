@@ -22,9 +22,6 @@ NOT_YET = {
     **dict.fromkeys(("add_response_schema", "clone_chat_template", "get_training_chat_template",
                      "supports_tool_calling"), "TRL's chat-template utilities are not ported yet"),
     "pack_dataset": "torchlike's packing takes lists of rows; TRL's takes and returns datasets",
-    **dict.fromkeys(("BEMACallback", "LogCompletionsCallback", "RichProgressCallback", "WeaveCallback"),
-                    "TRL's callbacks are not ported yet"),
-    "SyncRefModelCallback": "torchlike's takes (reference, policy), TRL's (ref_model, accelerator)",
 }
 
 EXAMPLES = [

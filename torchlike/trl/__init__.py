@@ -18,10 +18,14 @@ _DATA_UTILS = ("apply_chat_template", "extract_prompt", "is_conversational", "is
                "maybe_apply_chat_template", "maybe_convert_to_chatml", "maybe_extract_prompt",
                "maybe_unpair_preference_dataset", "prepare_multimodal_messages", "unpair_preference_dataset")
 
+#: TRL's callbacks at its top level.
+_CALLBACKS = ("BEMACallback", "LogCompletionsCallback", "RichProgressCallback", "SyncRefModelCallback", "WeaveCallback")
+
 #: TRL's model helpers at its top level.
 _MODEL_UTILS = ("create_reference_model",)
 
-__all__, _trainer_attribute, __dir__ = package_exports(__name__, extra=_SCRIPT_UTILS + _DATA_UTILS + _MODEL_UTILS)
+__all__, _trainer_attribute, __dir__ = package_exports(
+    __name__, extra=_SCRIPT_UTILS + _DATA_UTILS + _MODEL_UTILS + _CALLBACKS)
 
 
 def __getattr__(name: str) -> Any:
@@ -29,6 +33,8 @@ def __getattr__(name: str) -> Any:
         return getattr(import_module("torchlike.trl.script_utils"), name)
     if name in _DATA_UTILS:
         return getattr(import_module("torchlike.trl.data_utils"), name)
+    if name in _CALLBACKS:
+        return getattr(import_module("torchlike.trl.callbacks"), name)
     if name in _MODEL_UTILS:
         return getattr(import_module("torchlike.trl.base_trainer"), name)
     return _trainer_attribute(name)

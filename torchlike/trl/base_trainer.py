@@ -18,10 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformers import TrainerCallback
-
 from ..adapters.distributed import mesh as mesh_lib
-from ..adapters.training import reference_policy, reference_sync, step_metrics, train_step
+from ..adapters.training import reference_policy, step_metrics, train_step
 from ..training import Trainer
 from ..training_args import TrainingArguments
 from ..type_aliases import (
@@ -35,6 +33,7 @@ from ..type_aliases import (
     Tokenizer,
     TRLArgs,
 )
+from .callbacks import SyncRefModelCallback
 from .data_utils import pad_token_id_for
 
 if TYPE_CHECKING:
@@ -44,8 +43,8 @@ if TYPE_CHECKING:
     from ..adapters.families.base import Family
     from ..modeling import CausalLM
 
-__all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "SyncRefModelCallback",
-           "TRLTrainer", "check_reference_sync", "check_text_dataset", "check_vision_model",
+__all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "TRLTrainer",
+           "check_reference_sync", "check_text_dataset", "check_vision_model",
            "converted_if_transformers", "create_reference_model", "default_output_dir", "is_vision_dataset",
            "load_model", "vision_processor"]
 
@@ -225,24 +224,6 @@ def create_reference_model(model: CausalLM, num_shared_layers: int | None = None
     reference = frozen_copy_model(model, nnx.clone(model.module))
     reference.requires_grad_(False)
     return reference
-
-
-class SyncRefModelCallback(TrainerCallback):
-    """TRL's ``SyncRefModelCallback`` (TR-DPO): after every ``ref_model_sync_steps``-th optimizer step the reference
-    becomes ``ref_model_mixup_alpha * policy + (1 - ref_model_mixup_alpha) * reference``.
-
-    Args:
-        reference: the reference NNX module, updated in place.
-        policy: returns the NNX module being trained.
-    """
-
-    def __init__(self, reference: nnx.Module, policy: Callable[[], nnx.Module]):
-        self.reference = reference
-        self.policy = policy
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.ref_model_sync_steps == 0:
-            reference_sync.mix_into(self.reference, self.policy(), args.ref_model_mixup_alpha)
 
 
 class TRLTrainer(Trainer):
@@ -480,7 +461,7 @@ class TRLTrainer(Trainer):
         else:
             self.ref_model = None
         if sync:
-            self.add_callback(SyncRefModelCallback(self.reference.module, lambda: self._module))
+            self.add_callback(SyncRefModelCallback(self.reference.module, self.accelerator))
         return self.reference
 
     def _add_reference_columns(self, examples: list[dict], reference_pass: Callable, names: tuple[str, ...],
