@@ -4,6 +4,9 @@ TRL's data utilities at the top level give TRL's results."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import sys
+from pathlib import Path
 
 import datasets
 import pytest
@@ -11,16 +14,14 @@ import trl
 
 import torchlike.trl
 from tests import tiny
-from tests.helpers.tokenizers import tokenizer_for
+from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 
 #: Public names of TRL 1.16 that ``torchlike.trl`` does not provide yet (issue 43), with what stands in the way. A name
 #: that lands must leave this table (the test checks each is still missing), and a name a new TRL adds fails the test
 #: until it is provided or listed.
 NOT_YET = {
-    **dict.fromkeys(("chat_template_utils", "models", "trainer"),
+    **dict.fromkeys(("models", "trainer"),
                     "TRL's module layout: torchlike.trl is laid out by job, not as trl.trainer/trl.models"),
-    **dict.fromkeys(("add_response_schema", "clone_chat_template", "get_training_chat_template",
-                     "supports_tool_calling"), "TRL's chat-template utilities are not ported yet"),
     "pack_dataset": "torchlike's packing takes lists of rows; TRL's takes and returns datasets",
 }
 
@@ -173,3 +174,99 @@ def test_apply_chat_template_refuses_what_trl_refuses_with_its_messages(chat_tok
         with pytest.raises(error) as ours:
             torchlike.trl.apply_chat_template(dict(example), chat_tokenizer)
         assert str(ours.value) == str(theirs.value)
+
+
+TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+
+
+def test_chat_template_utils_has_trls_functions_with_trls_signatures():
+    import trl.chat_template_utils as theirs
+
+    import torchlike.trl.chat_template_utils as ours
+
+    names = [name for name, value in vars(theirs).items()
+             if inspect.isfunction(value) and value.__module__ == theirs.__name__ and not name.startswith("_")]
+    assert sorted(names) == sorted(ours.__all__)
+    for name in names:
+        assert list(inspect.signature(getattr(ours, name)).parameters) == \
+            list(inspect.signature(getattr(theirs, name)).parameters), name
+
+
+@pytest.mark.parametrize("template", [None, CHAT_TEMPLATE, tiny.TOOL_CHAT_TEMPLATE, "qwen3.jinja", "qwen2_5.jinja"])
+def test_tool_calling_checks_and_training_templates_agree_with_trl(tokenizer_dir, template):
+    import trl.chat_template_utils as theirs
+
+    import torchlike.trl.chat_template_utils as ours
+
+    if template is not None and template.endswith(".jinja"):
+        template = (TRL_TEMPLATES / template).read_text()
+    tokenizer = tokenizer_for(tokenizer_dir, template)
+    assert ours.supports_tool_calling(tokenizer) == theirs.supports_tool_calling(tokenizer)
+    if template is None:
+        return
+    if ours.supports_tool_calling(tokenizer):
+        assert ours.is_chat_template_prefix_preserving(tokenizer) == \
+            theirs.is_chat_template_prefix_preserving(tokenizer)
+    assert ours.has_generation_markers(template) == theirs.has_generation_markers(template)
+    assert _outcome(ours.get_training_chat_template, tokenizer) == \
+        _outcome(theirs.get_training_chat_template, tokenizer)
+
+
+def _outcome(function, *args):
+    """What ``function(*args)`` returns, or the type and message of what it raises."""
+    try:
+        return function(*args)
+    except Exception as error:  # noqa: BLE001 - the comparison covers TRL's errors too
+        return type(error), str(error)
+
+
+def test_the_template_checks_see_what_tool_calling_needs(tokenizer_dir):
+    import torchlike.trl.chat_template_utils as ours
+
+    qwen3 = tokenizer_for(tokenizer_dir, (TRL_TEMPLATES / "qwen3.jinja").read_text())
+    assert torchlike.trl.supports_tool_calling(qwen3)
+    assert not ours.is_chat_template_prefix_preserving(qwen3)  # Qwen 3 drops earlier thinking
+    training = torchlike.trl.get_training_chat_template(qwen3)
+    assert training == (TRL_TEMPLATES / "qwen3_training.jinja").read_text()
+    assert ours.is_chat_template_prefix_preserving(tokenizer_for(tokenizer_dir, training))
+    assert not torchlike.trl.supports_tool_calling(tokenizer_for(tokenizer_dir, CHAT_TEMPLATE))
+
+
+def test_the_template_data_functions_say_to_install_trl_when_it_is_missing(tokenizer_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "trl.chat_template_utils", None)  # what an uninstalled trl looks like
+    with pytest.raises(ImportError, match="get_training_chat_template uses TRL's own chat templates.*pip install"):
+        torchlike.trl.get_training_chat_template(tokenizer_for(tokenizer_dir, CHAT_TEMPLATE))
+
+
+def test_add_response_schema_gives_the_tokenizer_trls_parser(tokenizer_dir):
+    theirs = trl.add_response_schema(tokenizer_for(tokenizer_dir, (TRL_TEMPLATES / "qwen2_5.jinja").read_text()))
+    ours = torchlike.trl.add_response_schema(tokenizer_for(tokenizer_dir,
+                                                           (TRL_TEMPLATES / "qwen2_5.jinja").read_text()))
+    for attribute in ("response_schema", "response_template"):
+        assert getattr(ours, attribute, None) == getattr(theirs, attribute, None)
+    assert getattr(ours, "response_schema", None) or getattr(ours, "response_template", None)
+
+
+def test_clone_chat_template_gives_the_model_and_tokenizer_what_trl_gives(tiny_checkpoints, tokenizer_dir, tmp_path):
+    import transformers
+
+    source = tiny.build_tool_tokenizer(tmp_path / "source", corpus=["hello world"] * 4)
+    path = tiny_checkpoints.path("qwen2")
+    for multiple in (64, None):
+        model, tokenizer, added = torchlike.trl.clone_chat_template(
+            torchlike.AutoModelForCausalLM.from_pretrained(path), transformers.AutoTokenizer.from_pretrained(
+                tokenizer_dir), str(source), resize_to_multiple_of=multiple)
+        reference, reference_tokenizer, reference_added = trl.clone_chat_template(
+            transformers.AutoModelForCausalLM.from_pretrained(path),
+            transformers.AutoTokenizer.from_pretrained(tokenizer_dir), str(source), resize_to_multiple_of=multiple)
+        assert added == reference_added and added
+        assert tokenizer.get_vocab() == reference_tokenizer.get_vocab()
+        assert tokenizer.chat_template == reference_tokenizer.chat_template == tiny.TOOL_CHAT_TEMPLATE
+        assert tokenizer.eos_token == reference_tokenizer.eos_token == "<|im_end|>"
+        assert model.config.vocab_size == reference.config.vocab_size == len(tokenizer.vocab)
+        assert model.config.eos_token_id == reference.config.eos_token_id == tokenizer.eos_token_id
+        assert model.generation_config.eos_token_id == reference.generation_config.eos_token_id
+        assert model.get_input_embeddings().num_embeddings == reference.get_input_embeddings().num_embeddings
+        model.save_pretrained(tmp_path / "saved")
+        assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").config.vocab_size == \
+            reference.config.vocab_size

@@ -21,20 +21,24 @@ _DATA_UTILS = ("apply_chat_template", "extract_prompt", "is_conversational", "is
 #: TRL's callbacks at its top level.
 _CALLBACKS = ("BEMACallback", "LogCompletionsCallback", "RichProgressCallback", "SyncRefModelCallback", "WeaveCallback")
 
+#: TRL's chat-template utilities at its top level.
+_CHAT_TEMPLATE_UTILS = ("add_response_schema", "clone_chat_template", "get_training_chat_template",
+                        "supports_tool_calling")
+
 #: TRL's model helpers at its top level.
 _MODEL_UTILS = ("create_reference_model",)
 
-__all__, _trainer_attribute, __dir__ = package_exports(
-    __name__, extra=_SCRIPT_UTILS + _DATA_UTILS + _MODEL_UTILS + _CALLBACKS)
+#: The module each of those names lives in.
+_HOMES = {**dict.fromkeys(_SCRIPT_UTILS, "torchlike.trl.script_utils"),
+          **dict.fromkeys(_DATA_UTILS, "torchlike.trl.data_utils"),
+          **dict.fromkeys(_CALLBACKS, "torchlike.trl.callbacks"),
+          **dict.fromkeys(_CHAT_TEMPLATE_UTILS, "torchlike.trl.chat_template_utils"),
+          **dict.fromkeys(_MODEL_UTILS, "torchlike.trl.base_trainer")}
+
+__all__, _trainer_attribute, __dir__ = package_exports(__name__, extra=tuple(_HOMES))
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SCRIPT_UTILS:
-        return getattr(import_module("torchlike.trl.script_utils"), name)
-    if name in _DATA_UTILS:
-        return getattr(import_module("torchlike.trl.data_utils"), name)
-    if name in _CALLBACKS:
-        return getattr(import_module("torchlike.trl.callbacks"), name)
-    if name in _MODEL_UTILS:
-        return getattr(import_module("torchlike.trl.base_trainer"), name)
+    if name in _HOMES:
+        return getattr(import_module(_HOMES[name]), name)
     return _trainer_attribute(name)
