@@ -11,7 +11,7 @@ from tests.helpers.data import WORDS
 from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.model import tunix_model
 from torchlike.trl import SFTConfig, SFTTrainer
-from torchlike.trl.packing import pack_dataset
+from torchlike.trl.packing import pack_rows
 from torchlike.trl.sft_data import collate_sft_batch
 
 
@@ -49,7 +49,7 @@ def test_packed_rows_equal_trl_pack_dataset(strategy):
 
     rows = tokenised_rows(1300)  # more than one of pack_dataset's 1000-example map batches
     expected = trl.pack_dataset(datasets.Dataset.from_list(rows), 16, strategy)[:]
-    packed = pack_dataset(rows, 16, strategy)
+    packed = pack_rows(rows, 16, strategy)
     assert [row["input_ids"] for row in packed] == expected["input_ids"]
     assert [row["labels"] for row in packed] == expected["labels"]
     if strategy == "wrapped":
@@ -95,7 +95,7 @@ def test_the_packed_loss_equals_the_unpacked_loss(tiny_checkpoints):
     rows = tokenised_rows(12, seed=3, longest=14)
     loss = sft_loss.sft_step_loss(model.family)
     unpacked = collate_sft_batch(rows, pad_token_id=0, length=14)
-    packed = collate_sft_batch(pack_dataset(rows, 32, "bfd"), pad_token_id=0, length=32, position_ids=True)
+    packed = collate_sft_batch(pack_rows(rows, 32, "bfd"), pad_token_id=0, length=32, position_ids=True)
     (value, weight, _), (packed_value, packed_weight, _) = (loss(model.module, unpacked), loss(model.module, packed))
     assert float(packed_weight) == float(weight) > 0
     np.testing.assert_allclose(float(packed_value) / float(packed_weight), float(value) / float(weight), rtol=1e-5)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pytest
 import trl
 
@@ -22,7 +23,6 @@ from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 NOT_YET = {
     **dict.fromkeys(("models", "trainer"),
                     "TRL's module layout: torchlike.trl is laid out by job, not as trl.trainer/trl.models"),
-    "pack_dataset": "torchlike's packing takes lists of rows; TRL's takes and returns datasets",
 }
 
 EXAMPLES = [
@@ -270,3 +270,50 @@ def test_clone_chat_template_gives_the_model_and_tokenizer_what_trl_gives(tiny_c
         model.save_pretrained(tmp_path / "saved")
         assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").config.vocab_size == \
             reference.config.vocab_size
+
+
+def _token_rows(count: int, seed: int = 0) -> dict[str, list]:
+    """Rows of 0-9 tokens with an attention mask and labels beside them."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 10, count)
+    ids = [rng.integers(1, 100, length).tolist() for length in lengths]
+    return {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids],
+            "labels": [[-100] + row[1:] if row else [] for row in ids]}
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "bfd_split", "wrapped"])
+def test_pack_dataset_packs_every_column_as_trl(strategy):
+    dataset = datasets.Dataset.from_dict(_token_rows(40))
+    for map_kwargs in (None, {"batch_size": 7}):
+        ours = torchlike.trl.pack_dataset(dataset, 6, strategy, map_kwargs)
+        theirs = trl.pack_dataset(dataset, 6, strategy, map_kwargs)
+        assert isinstance(ours, datasets.Dataset)
+        assert ours.column_names == theirs.column_names
+        assert ours.to_list() == theirs.to_list()
+    assert torchlike.trl.pack_dataset(dataset.to_list(), 6, strategy, {"batch_size": 7}) == \
+        trl.pack_dataset(dataset, 6, strategy, {"batch_size": 7}).to_list()
+    splits = datasets.DatasetDict({"train": dataset, "test": dataset.select(range(5))})
+    ours, theirs = (module.pack_dataset(splits, 6, strategy) for module in (torchlike.trl, trl))
+    assert {name: split.to_list() for name, split in ours.items()} == \
+        {name: split.to_list() for name, split in theirs.items()}
+
+
+def test_pack_dataset_keeps_the_datasets_format_as_trl():
+    dataset = datasets.Dataset.from_dict(_token_rows(12)).with_format("numpy", columns=["input_ids", "labels"])
+    ours, theirs = (module.pack_dataset(dataset, 8, "bfd") for module in (torchlike.trl, trl))
+    assert ours.format == theirs.format
+    assert ours.format["columns"] == ["input_ids", "labels", "seq_lengths"]
+    assert [row["input_ids"].tolist() for row in ours] == [row["input_ids"].tolist() for row in theirs]
+
+
+def test_pack_dataset_refuses_what_trl_refuses():
+    rows = _token_rows(4)
+    bad = [datasets.Dataset.from_dict({**rows, "source": ["a"] * 4}),
+           datasets.Dataset.from_dict({**rows, "labels": [[1]] * 4})]
+    for dataset in bad:
+        with pytest.raises((TypeError, ValueError)) as theirs:
+            trl.pack_dataset(dataset, 6)
+        with pytest.raises(type(theirs.value), match=str(theirs.value)):
+            torchlike.trl.pack_dataset(dataset, 6)
+    with pytest.raises(ValueError, match="Invalid packing strategy 'greedy'"):
+        torchlike.trl.pack_dataset(datasets.Dataset.from_dict(rows), 6, "greedy")

@@ -46,7 +46,7 @@ Where this differs from TRL 1.16 (each a case where TRL silently does something 
 - Examples left with no loss token (a prompt that fills ``max_length``, a pre-tokenised all-zero mask) are dropped
   with an [`SFTDataWarning`] naming the example, its length and where its loss tokens started; TRL drops them
   silently, and only when ``max_length`` is set. A dataset where every example is dropped is an error.
-- Packing ([`~torchlike.trl.packing.pack_dataset`]) drops examples left with no loss token before packing, as above;
+- Packing ([`~torchlike.trl.packing.pack_rows`]) drops examples left with no loss token before packing, as above;
   TRL packs them.
 
 Longer than most modules because it covers every dataset format TRL's ``SFTTrainer`` accepts (text,
@@ -77,7 +77,7 @@ from .data_utils import (
     is_message_list,
     maybe_convert_to_chatml,
 )
-from .packing import pack_dataset
+from .packing import pack_rows
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -650,14 +650,14 @@ def prepare_sft_dataset(
 
     Without packing: one row per kept example of [`iter_sft_examples`] (the columns TRL keeps, ``input_ids`` and
     ``labels``), truncated to ``max_length``. With packing: only ``input_ids``, ``labels`` and, for the ``"bfd"``
-    strategies, ``seq_lengths`` ([`~torchlike.trl.packing.pack_dataset`]); examples are not truncated before packing
+    strategies, ``seq_lengths`` ([`~torchlike.trl.packing.pack_rows`]); examples are not truncated before packing
     (TRL's rule).
 
     Args:
         dataset, tokenizer, dataset_text_field, max_length, truncation_mode, completion_only_loss,
         assistant_only_loss, eos_token, formatting_func, chat_template_kwargs: as in [`iter_sft_examples`].
         packing (`bool`, *optional*, defaults to `False`): pack the examples into rows of ``max_length`` tokens.
-        packing_strategy (`str`, *optional*, defaults to `"bfd"`): see [`~torchlike.trl.packing.pack_dataset`].
+        packing_strategy (`str`, *optional*, defaults to `"bfd"`): see [`~torchlike.trl.packing.pack_rows`].
         shuffle_seed (`int`, *optional*): shuffle the examples with this seed (``SFTConfig.shuffle_dataset``): before
             packing and after, as TRL does.
 
@@ -677,7 +677,7 @@ def prepare_sft_dataset(
     if rng is not None:
         rows = [rows[int(i)] for i in rng.permutation(len(rows))]
     if packing:
-        rows = pack_dataset(rows, max_length, packing_strategy)
+        rows = pack_rows(rows, max_length, packing_strategy)
         if rng is not None:
             rows = [rows[int(i)] for i in rng.permutation(len(rows))]
     return datasets.Dataset.from_list(rows)
