@@ -116,23 +116,46 @@ def test_log_completions_logs_trls_table(runs):
     assert all(row[2] for row in ours)  # the completions are not empty
 
 
-def test_log_completions_writes_the_table_to_tensorboard(tiny_checkpoints, tokenizer_dir, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def reported_run(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
+    """A torchlike SFT run reporting to TensorBoard with LogCompletionsCallback and RichProgressCallback, with what the
+    rich panel showed at each log."""
+    folder = tmp_path_factory.mktemp("reported")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TENSORBOARD_LOGGING_DIR", str(folder / "logs"))
+        progress = torchlike.trl.RichProgressCallback()
+        trainer = SFTTrainer(model=str(tiny_checkpoints.path("qwen2")),
+                             args=SFTConfig(output_dir=str(folder), **{**SETTINGS, "max_steps": 2,
+                                                                       "report_to": "tensorboard"}),
+                             train_dataset=prompt_completion_data(8), eval_dataset=prompt_completion_data(2, seed=1),
+                             processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
+                             callbacks=[progress])
+        completions = torchlike.trl.LogCompletionsCallback(trainer, _generation_config(), freq=2)
+        trainer.add_callback(completions)
+        shown = {}
+        on_log = progress.on_log
+
+        def recording_on_log(args, state, control, logs=None, **kwargs):
+            on_log(args, state, control, logs=logs, **kwargs)
+            if progress.training_bar is not None:
+                from rich.console import Console
+
+                task, console = progress.training_bar.tasks[0], Console(width=200, record=True)
+                console.print(progress.training_status.renderable)
+                shown[state.global_step] = (task.completed, task.total, console.export_text())
+
+        progress.on_log = recording_on_log
+        trainer.train()
+    return {"folder": folder, "completions": completions, "progress": progress, "shown": shown}
+
+
+def test_log_completions_writes_the_table_to_tensorboard(reported_run):
     import struct
 
     from tensorboardX.proto import event_pb2
 
-    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "logs"))
-    held_out = prompt_completion_data(2, seed=1)
-    trainer = SFTTrainer(model=str(tiny_checkpoints.path("qwen2")),
-                         args=SFTConfig(output_dir=str(tmp_path), **{**SETTINGS, "max_steps": 2,
-                                                                     "report_to": "tensorboard"}),
-                         train_dataset=prompt_completion_data(8), eval_dataset=held_out,
-                         processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
-    callback = torchlike.trl.LogCompletionsCallback(trainer, _generation_config(), freq=2)
-    trainer.add_callback(callback)
-    trainer.train()
     texts = []  # (step, text) of each text summary (TFRecord framing: length, crc, payload, crc)
-    for path in (tmp_path / "logs").rglob("events.out.tfevents.*"):
+    for path in (reported_run["folder"] / "logs").rglob("events.out.tfevents.*"):
         data, offset = path.read_bytes(), 0
         while offset < len(data):
             (length,) = struct.unpack("<Q", data[offset:offset + 8])
@@ -141,8 +164,16 @@ def test_log_completions_writes_the_table_to_tensorboard(tiny_checkpoints, token
             texts += [(event.step, value.tensor.string_val[0].decode()) for value in event.summary.value
                       if value.tag == "completions/text_summary"]
     assert [step for step, _ in texts] == [2]
-    text = texts[0][1]
-    assert all(prompt in text and completion in text for _, prompt, completion in callback.table)
+    table = reported_run["completions"].table
+    assert len(table) == 2
+    assert all(prompt in texts[0][1] and completion in texts[0][1] for _, prompt, completion in table)
+
+
+def test_rich_progress_shows_the_run(reported_run):
+    shown = reported_run["shown"]
+    assert shown[1][:2] == (1, 2) and shown[2][:2] == (2, 2)
+    assert "Step 2" in shown[2][2] and "loss" in shown[2][2]
+    assert reported_run["progress"].rich_group is None  # stopped at the end of training
 
 
 def test_completion_callbacks_refuse_a_trainer_without_eval_prompts(tiny_checkpoints, tokenizer_dir, tmp_path):
@@ -167,33 +198,6 @@ def test_weave_callback_warns_and_logs_nothing_without_weave_as_trl(runs, caplog
         callback.on_evaluate(trainer.args, trainer.state, trainer.control, processing_class=trainer.processing_class)
     assert "Weave is not available" in caplog.text
     assert callback._last_logged_step == -1 and not callback.is_evaluation_mode
-
-
-def test_rich_progress_shows_the_run(tiny_checkpoints, tokenizer_dir, tmp_path):
-    from rich.console import Console
-
-    callback = torchlike.trl.RichProgressCallback()
-    trainer = SFTTrainer(model=str(tiny_checkpoints.path("qwen2")),
-                         args=SFTConfig(output_dir=str(tmp_path), **{**SETTINGS, "max_steps": 2}),
-                         train_dataset=prompt_completion_data(8),
-                         processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
-                         callbacks=[callback])
-    seen = {}
-    original = callback.on_log
-
-    def on_log(args, state, control, logs=None, **kwargs):
-        original(args, state, control, logs=logs, **kwargs)
-        if callback.training_bar is not None:
-            task = callback.training_bar.tasks[0]
-            console = Console(width=200, record=True)
-            console.print(callback.training_status.renderable)
-            seen[state.global_step] = (task.completed, task.total, console.export_text())
-
-    callback.on_log = on_log
-    trainer.train()
-    assert seen[1][:2] == (1, 2) and seen[2][:2] == (2, 2)
-    assert "Step 2" in seen[2][2] and "loss" in seen[2][2]
-    assert callback.rich_group is None  # stopped at the end of training
 
 
 def test_sync_ref_model_callback_mixes_a_policy_into_its_reference_as_trl(tiny_checkpoints, tmp_path):
