@@ -3,8 +3,10 @@ TRL's data utilities at the top level give TRL's results."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from pathlib import Path
 
@@ -20,10 +22,7 @@ from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 #: Public names of TRL 1.16 that ``torchlike.trl`` does not provide yet (issue 43), with what stands in the way. A name
 #: that lands must leave this table (the test checks each is still missing), and a name a new TRL adds fails the test
 #: until it is provided or listed.
-NOT_YET = {
-    **dict.fromkeys(("models", "trainer"),
-                    "TRL's module layout: torchlike.trl is laid out by job, not as trl.trainer/trl.models"),
-}
+NOT_YET: dict[str, str] = {}
 
 EXAMPLES = [
     {"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}]},
@@ -317,3 +316,68 @@ def test_pack_dataset_refuses_what_trl_refuses():
             torchlike.trl.pack_dataset(dataset, 6)
     with pytest.raises(ValueError, match="Invalid packing strategy 'greedy'"):
         torchlike.trl.pack_dataset(datasets.Dataset.from_dict(rows), 6, "greedy")
+
+
+@pytest.mark.parametrize("module", ["trainer", "models"])
+def test_trl_trainer_and_models_names_are_provided(module):
+    theirs, ours = importlib.import_module(f"trl.{module}"), importlib.import_module(f"torchlike.trl.{module}")
+    names = {name for name in dir(theirs) if not name.startswith("_") and not inspect.ismodule(getattr(theirs, name))}
+    assert names <= set(ours.__all__)
+    for name in ours.__all__:
+        value = getattr(ours, name)
+        if hasattr(torchlike.trl, name):
+            assert value is getattr(torchlike.trl, name), name  # one object, whichever path imports it
+        if inspect.isfunction(getattr(theirs, name, None)):
+            assert list(inspect.signature(value).parameters) == \
+                list(inspect.signature(getattr(theirs, name)).parameters), name
+
+
+def test_torch_only_model_helpers_are_refused_naming_torchlikes_way(tiny_checkpoints):
+    from torchlike.trl import models
+    from torchlike.trl.trainer import add_fused_lm_head
+
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    with models.unwrap_model_for_generation(model, None) as unwrapped:
+        assert unwrapped is model
+    for call, way in ((lambda: models.prepare_deepspeed(model, None), "mesh_shape"),
+                      (lambda: models.prepare_fsdp(model, None), "mesh_shape"),
+                      (lambda: models.get_act_offloading_ctx_manager(model), "gradient_checkpointing"),
+                      (lambda: models.enable_selective_activation_checkpointing(model), "gradient_checkpointing"),
+                      (lambda: add_fused_lm_head(model), "Leave the call out")):
+        with pytest.raises(ValueError, match=way):
+            call()
+
+
+def test_disable_dropout_in_model_takes_lora_dropout_out_of_training(tiny_checkpoints, tmp_path):
+    from torchlike.peft import LoraConfig, get_peft_model
+    from torchlike.trl import SFTConfig, SFTTrainer
+    from torchlike.trl.trainer import disable_dropout_in_model
+
+    def trainer_for(model):
+        return SFTTrainer(model=model, args=SFTConfig(output_dir=str(tmp_path), max_steps=1, report_to="none"),
+                          train_dataset=[{"input_ids": [1, 2, 3]}])
+
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj"])
+    model = get_peft_model(torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2")), lora)
+    assert trainer_for(model)._lora_dropout()
+    disable_dropout_in_model(model)
+    assert not trainer_for(model)._lora_dropout()
+    assert model.active_peft_config.lora_dropout == 0.1  # what save_pretrained writes, as peft's after TRL's call
+
+
+def test_ensure_master_addr_port_sets_what_trls_sets(monkeypatch):
+    from trl.trainer.utils import ensure_master_addr_port as theirs
+
+    from torchlike.trl.trainer import ensure_master_addr_port as ours
+
+    for environment, arguments in (({"MASTER_PORT": "1234"}, {}), ({"MASTER_ADDR": "10.0.0.1"}, {"port": 99}),
+                                   ({}, {"addr": "host", "port": 7})):
+        results = []
+        for function in (ours, theirs):
+            for name in ("MASTER_ADDR", "MASTER_PORT"):
+                monkeypatch.delenv(name, raising=False)
+            for name, value in environment.items():
+                monkeypatch.setenv(name, value)
+            function(**arguments)
+            results.append((os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]))
+        assert results[0] == results[1], environment

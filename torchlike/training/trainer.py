@@ -231,8 +231,9 @@ class Trainer:
         return active_lora_config(self._trainable_model) is not None
 
     def _lora_dropout(self) -> bool:
-        """Whether LoRA dropout is on in the train step."""
-        return dropout_in_step(active_lora_config(self._trainable_model))
+        """Whether LoRA dropout is on in the train step (off after TRL's ``disable_dropout_in_model(model)``)."""
+        return dropout_in_step(active_lora_config(self._trainable_model)) and \
+            not getattr(self._trainable_model, "dropout_disabled", False)
 
     def _merged_lora_scale(self) -> float | None:
         """The LoRA scale when the train step runs on merged weights (``args.lora_step``), else ``None``."""

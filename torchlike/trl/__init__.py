@@ -33,7 +33,7 @@ _HOMES = {**dict.fromkeys(_SCRIPT_UTILS, "torchlike.trl.script_utils"),
           **dict.fromkeys(_DATA_UTILS, "torchlike.trl.data_utils"), "pack_dataset": "torchlike.trl.packing",
           **dict.fromkeys(_CALLBACKS, "torchlike.trl.callbacks"),
           **dict.fromkeys(_CHAT_TEMPLATE_UTILS, "torchlike.trl.chat_template_utils"),
-          **dict.fromkeys(_MODEL_UTILS, "torchlike.trl.base_trainer")}
+          **dict.fromkeys(_MODEL_UTILS, "torchlike.trl.models")}
 
 __all__, _trainer_attribute, __dir__ = package_exports(__name__, extra=tuple(_HOMES))
 

@@ -11,7 +11,6 @@ subclasses that add their data preparation and step loss.
 
 from __future__ import annotations
 
-import copy
 import functools
 import warnings
 from collections.abc import Callable, Sequence
@@ -35,10 +34,10 @@ from ..type_aliases import (
 )
 from .callbacks import SyncRefModelCallback
 from .data_utils import pad_token_id_for
+from .models import check_causal_lm, create_reference_model, frozen_copy_model
 
 if TYPE_CHECKING:
     import numpy as np
-    from flax import nnx
 
     from ..adapters.families.base import Family
     from ..modeling import CausalLM
@@ -53,13 +52,6 @@ def default_output_dir(model: ModelLike, suffix: str) -> str:
     """TRL's default ``output_dir``: ``"<last part of the model id>-<suffix>"`` (e.g. ``"Qwen2.5-0.5B-SFT"``)."""
     name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
     return f"{str(name).rstrip('/').split('/')[-1]}-{suffix}"
-
-
-def check_causal_lm(model: object, name: str, trainer: str) -> None:
-    """Raises ``TypeError`` unless ``model`` is a torchlike causal LM (``CausalLM`` or ``PeftModel``)."""
-    if getattr(model, "family", None) is None:
-        raise TypeError(f"{trainer}'s {name} must be a torchlike causal LM; got {type(model).__name__}. Load it "
-                        "with torchlike.AutoModelForCausalLM.from_pretrained(...).")
 
 
 def load_model(model: ModelLike, args: TrainingArguments, quantization_config: QuantizationConfig | None,
@@ -186,44 +178,6 @@ def check_reference_sync(args: TrainingArguments, model: CausalLM, trainer: str)
             "by temporarily disabling the adapter. As a result, there is no standalone `ref_model` instance to "
             "synchronize. Use `sync_ref_model=False`, or opt for full fine-tuning if you need a synced reference "
             "model.")
-
-
-def frozen_copy_model(policy: CausalLM, module: nnx.Module) -> CausalLM:
-    """The ``CausalLM`` a TRL user finds in ``trainer.ref_model`` when the reference is a frozen copy of ``policy``:
-    ``module`` (the copy's weights) with the policy's configs and path, in eval mode."""
-    from ..modeling import CausalLM
-
-    model = CausalLM(module, copy.deepcopy(policy.config), policy.family, copy.deepcopy(policy.generation_config),
-                     policy.mesh, policy.name_or_path, kept_weights=policy.kept_weights)
-    return model.eval()
-
-
-def create_reference_model(model: CausalLM, num_shared_layers: int | None = None,
-                           pattern: str | None = None) -> CausalLM:
-    """TRL's ``create_reference_model``: a frozen copy of ``model`` (its weights now, its configs and path, every
-    parameter frozen, in eval mode), which a trainer takes as ``ref_model``; training ``model`` leaves it as it is.
-
-    Args:
-        model: a :class:`~torchlike.CausalLM`.
-        num_shared_layers, pattern: TRL's layers shared between the model and the copy (frozen in both); refused: a
-            JAX copy shares no parameter objects with the model it was copied from.
-
-    Returns:
-        The frozen copy.
-    """
-    from flax import nnx
-
-    check_causal_lm(model, "model", "create_reference_model")
-    if num_shared_layers is not None or pattern is not None:
-        raise ValueError("create_reference_model's num_shared_layers and pattern are not supported in torchlike: a JAX "
-                         "copy shares no parameters with its model. Omit them for a whole frozen copy.")
-    if hasattr(model, "peft_config"):
-        raise ValueError("create_reference_model got a PeftModel: a trainer's reference for a LoRA model is its base "
-                         "weights with the adapter switched off, no copy needed. Pass ref_model=None, or copy the "
-                         "base model before get_peft_model.")
-    reference = frozen_copy_model(model, nnx.clone(model.module))
-    reference.requires_grad_(False)
-    return reference
 
 
 class TRLTrainer(Trainer):

@@ -27,21 +27,23 @@ from transformers import TrainerCallback
 from ..adapters.model import nnx_state
 from ..adapters.training import reference_sync
 from .data_utils import maybe_apply_chat_template
+from .models import frozen_copy_model
 
 if TYPE_CHECKING:
     from flax import nnx
     from transformers import GenerationConfig
 
+    from ..modeling import CausalLM
     from ..training.trainer import Trainer
+    from ..type_aliases import ProcessingClass
 
 __all__ = ["BEMACallback", "LogCompletionsCallback", "RichProgressCallback", "SyncRefModelCallback", "WeaveCallback"]
 
 logger = logging.getLogger("torchlike")
 
 
-def _module_of(model: Any) -> nnx.Module:
-    """The NNX module of a torchlike model (``CausalLM``, ``PeftModel``, a reward model) or the module itself.
-    ``Any``: every torchlike model kind, or a bare ``nnx.Module``."""
+def _module_of(model: CausalLM | nnx.Module) -> nnx.Module:
+    """The NNX module of a torchlike model (``CausalLM``, ``PeftModel``, a reward model) or the module itself."""
     return getattr(model, "module", model)
 
 
@@ -57,12 +59,12 @@ class SyncRefModelCallback(TrainerCallback):
             torchlike's trainers hand callbacks the model itself.
     """
 
-    def __init__(self, ref_model: Any, accelerator: Any = None):  # Any: a model of any torchlike kind; see above
+    def __init__(self, ref_model: CausalLM | nnx.Module | None, accelerator: object = None):
         self.accelerator = accelerator
         self.ref_model = ref_model
 
     @staticmethod
-    def sync_target_model(model: Any, target_model: Any, alpha: float) -> None:
+    def sync_target_model(model: CausalLM | nnx.Module, target_model: CausalLM | nnx.Module, alpha: float) -> None:
         """Mixes ``model`` into ``target_model`` in place: ``target = alpha * model + (1 - alpha) * target``."""
         reference_sync.mix_into(_module_of(target_model), _module_of(model), alpha)
 
@@ -128,8 +130,6 @@ class BEMACallback(TrainerCallback):
         return value
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from .base_trainer import frozen_copy_model
-
         if hasattr(model, "peft_config"):
             raise ValueError("BEMACallback averages a full model's weights, and the trained model is a PeftModel "
                              "(TRL's callback builds a new model of the trained one's class, which a peft model cannot "
@@ -207,12 +207,12 @@ def _eval_prompts(trainer: Trainer, callback: str, num_prompts: int | None) -> l
     return list(rows["prompt"]) if hasattr(rows, "column_names") else [row["prompt"] for row in rows]
 
 
-def _generate_completions(prompts: list, model: Any, tokenizer: Any, generation_config: GenerationConfig | None,
-                          batch_size: int) -> tuple[list[str], list[str]]:
+def _generate_completions(prompts: list, model: CausalLM, tokenizer: ProcessingClass,
+                          generation_config: GenerationConfig | None, batch_size: int) -> tuple[list[str], list[str]]:
     """TRL's ``_generate_completions``: each prompt rendered as ``maybe_apply_chat_template({"prompt": ...})``
     renders it, tokenized left-padded in batches of ``batch_size`` (truncated to the tokenizer's length), continued by
-    ``model.generate(generation_config=...)``, and the new tokens decoded without special tokens. ``Any``: a torchlike
-    model and tokenizer (or processor). Returns the rendered prompts and the completions."""
+    ``model.generate(generation_config=...)``, and the new tokens decoded without special tokens. Returns the rendered
+    prompts and the completions."""
     tokenizer.padding_side = "left"
     prompts = [maybe_apply_chat_template({"prompt": prompt}, tokenizer)["prompt"] for prompt in prompts]
     completions = []
