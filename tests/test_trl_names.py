@@ -381,3 +381,12 @@ def test_ensure_master_addr_port_sets_what_trls_sets(monkeypatch):
             function(**arguments)
             results.append((os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]))
         assert results[0] == results[1], environment
+
+
+@pytest.mark.parametrize("package", ["cpo", "orpo", "gkd", "online_dpo"])
+def test_each_shipped_experimental_package_has_the_names_of_trls(package):
+    theirs = importlib.import_module(f"trl.experimental.{package}")
+    ours = importlib.import_module(f"torchlike.trl.experimental.{package}")
+    names = {name for name in dir(theirs) if not name.startswith("_") and not inspect.ismodule(getattr(theirs, name))}
+    assert names and names <= set(ours.__all__)
+    assert all(getattr(ours, name) is not None for name in names)
