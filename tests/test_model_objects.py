@@ -11,12 +11,36 @@ import transformers
 
 import torchlike
 from tests.helpers.scripts import build_script_model_dir
+from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 from torchlike.trl.experimental.cpo import CPOConfig, CPOTrainer
 from torchlike.trl.experimental.orpo import ORPOConfig, ORPOTrainer
+from torchlike.trl.registry import TRAINERS as REGISTRY
 
 PAIRS = [{"prompt": "The sky is", "chosen": " blue.", "rejected": " green."},
          {"prompt": "Grass is", "chosen": " green.", "rejected": " blue."}] * 2
+PROMPTS = [{"prompt": "The sky is"}, {"prompt": "Grass is"}] * 2
+UNPAIRED = [{"prompt": "The sky is", "completion": " blue.", "label": True},
+            {"prompt": "Grass is", "completion": " blue.", "label": False}] * 2
+
+MESSAGES = [{"messages": [{"role": "user", "content": "The sky is"}, {"role": "assistant", "content": "blue."}]}] * 4
+
+
+def _length_reward(completions, **kwargs):
+    return [float(len(completion)) for completion in completions]
+
+
+#: Each registry trainer's data and the further arguments it needs (a teacher, a reward).
+TRAINER_INPUTS = {"sft": ([{"prompt": "The sky is", "completion": " blue."}] * 4, {}),
+                  "grpo": (PROMPTS, {"reward_funcs": _length_reward}),
+                  "rloo": (PROMPTS, {"reward_funcs": _length_reward}),
+                  "dpo": (PAIRS, {}), "kto": (UNPAIRED, {}), "bco": (UNPAIRED, {}),
+                  "distillation": (PROMPTS, {"teacher_model": "model_dir"}),
+                  "gkd": (MESSAGES, {"teacher_model": "model_dir"}),
+                  "orpo": (PAIRS, {}), "cpo": (PAIRS, {}),
+                  "online_dpo": (PROMPTS, {"reward_funcs": _length_reward}),
+                  "xpo": (PROMPTS, {"reward_funcs": _length_reward}),
+                  "nash_md": (PROMPTS, {"reward_funcs": _length_reward})}
 TRAINERS = {"SFT": (SFTTrainer, SFTConfig, [{"prompt": "The sky is", "completion": " blue."}] * 4),
             "DPO": (DPOTrainer, DPOConfig, PAIRS),
             "ORPO": (ORPOTrainer, ORPOConfig, PAIRS),
@@ -49,6 +73,37 @@ def test_a_transformers_model_object_is_the_model_its_folder_loads(name, model_d
     assert state.keys() == loaded.keys()
     for key, value in loaded.items():
         np.testing.assert_array_equal(np.asarray(state[key]), value, err_msg=key)
+
+
+def test_every_causal_lm_trainer_takes_a_transformers_model_object(model_dir, loaded, tmp_path):
+    """Every trainer of the registry but the reward trainer (a classifier) takes the object as the stable ones do."""
+    assert set(TRAINER_INPUTS) == {entry.name for entry in REGISTRY} - {"reward"}
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for entry in REGISTRY:
+        if entry.name == "reward":
+            continue
+        rows, extra = TRAINER_INPUTS[entry.name]
+        extra = {key: str(model_dir) if value == "model_dir" else value for key, value in extra.items()}
+        trainer = entry.trainer_class()(model=model, args=entry.config_class()(str(tmp_path), report_to="none"),
+                                        train_dataset=rows, processing_class=tokenizer_for(model_dir, CHAT_TEMPLATE),
+                                        **extra)
+        assert isinstance(trainer.model, torchlike.CausalLM), entry.name
+        assert trainer.model.name_or_path == str(model_dir), entry.name
+        np.testing.assert_array_equal(np.asarray(trainer.model.state_dict()["embedder.input_embedding"]),
+                                      loaded["embedder.input_embedding"], err_msg=entry.name)
+
+
+def test_the_reward_trainer_takes_a_transformers_classifier_object(model_dir, tmp_path):
+    from torchlike.trl import RewardConfig, RewardTrainer
+
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1,
+                                                                                 dtype=torch.float32)
+    trainer = RewardTrainer(model=classifier, args=RewardConfig(str(tmp_path), report_to="none"), train_dataset=PAIRS)
+    assert isinstance(trainer.model, torchlike.SequenceClassifier)
+    ids = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
+    with torch.no_grad():
+        expected = classifier(input_ids=torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(trainer.model(input_ids=ids).logits), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_the_objects_dtype_is_kept(model_dir, tmp_path):

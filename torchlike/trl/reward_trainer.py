@@ -66,6 +66,7 @@ def load_reward_model(model: ModelLike, args: RewardConfig, quantization_config:
         TypeError: a loaded model that is not a sequence classifier.
     """
     from .. import AutoModelForSequenceClassification, SequenceClassifier
+    from ..adapters.checkpoint.hf_source import is_transformers_model
 
     if isinstance(model, str):
         init_kwargs = dict(args.model_init_kwargs or {})
@@ -85,6 +86,8 @@ def load_reward_model(model: ModelLike, args: RewardConfig, quantization_config:
     if quantization_config is not None:
         raise ValueError("quantization_config only applies when the model is loaded from a path or hub id (a str); "
                          "the model passed is already loaded. Pass its path, or omit quantization_config.")
+    if is_transformers_model(model):  # as TRL's reward.py passes AutoModelForSequenceClassification's model
+        model = AutoModelForSequenceClassification.from_pretrained(model, dtype=model.dtype)
     if not isinstance(model, SequenceClassifier):
         raise TypeError(f"RewardTrainer's model must be a sequence classifier; got {type(model).__name__}. Load it "
                         "with torchlike.AutoModelForSequenceClassification.from_pretrained(path, num_labels=1), or "
