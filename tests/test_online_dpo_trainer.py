@@ -328,3 +328,24 @@ def test_torchlike_online_dpo_command_samples_ranks_trains_and_saves(script_mode
     out = capsys.readouterr().out
     assert "Training completed" in out and out.count("'objective/scores_margin'") == 2
     assert_hf_loadable(tmp_path / "out")
+
+
+@pytest.mark.parametrize("trainer_class", ["OnlineDPOTrainer", "XPOTrainer", "NashMDTrainer"])
+def test_an_eval_dataset_is_kept_as_trl_keeps_it_and_evaluating_is_refused(tiny_checkpoints, pad_tokenizer_dir,
+                                                                            tmp_path, trainer_class):
+    package = {"OnlineDPOTrainer": "online_dpo", "XPOTrainer": "xpo", "NashMDTrainer": "nash_md"}[trainer_class]
+    module = importlib.import_module(f"torchlike.trl.experimental.{package}")
+    config_class = getattr(module, trainer_class.replace("Trainer", "Config"))
+    held_out = [{"prompt": prompt} for prompt in tiny.PROMPTS[:2]]
+    arguments = dict(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=token_reward,
+                     train_dataset=[{"prompt": prompt} for prompt in tiny.PROMPTS], eval_dataset=held_out,
+                     processing_class=torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir))
+    trainer = getattr(module, trainer_class)(args=config_class(output_dir=str(tmp_path), report_to="none"),
+                                             **arguments)
+    assert trainer.eval_dataset is held_out
+    with pytest.raises(ValueError, match=f"{trainer_class}.evaluate\\(\\): TRL's OnlineDPOTrainer, XPOTrainer and "
+                                         "NashMDTrainer have no evaluation loop"):
+        trainer.evaluate()
+    with pytest.raises(ValueError, match="eval_strategy='steps': TRL's OnlineDPOTrainer has no evaluation"):
+        getattr(module, trainer_class)(args=config_class(output_dir=str(tmp_path), report_to="none",
+                                                         eval_strategy="steps", eval_steps=1), **arguments)

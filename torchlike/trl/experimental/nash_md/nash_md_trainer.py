@@ -131,7 +131,8 @@ class NashMDTrainer(OnlineDPOTrainer):
         judge: an object with ``judge(prompts, completion_pairs, return_scores=True) -> list[float]`` (TRL's
             ``BasePairwiseJudge``): the probability that each pair's first completion (the policy's) is better. Given
             with ``reward_funcs``, the judge is used (TRL's warning).
-        data_collator, eval_dataset, compute_metrics, preprocess_logits_for_metrics: refused, as by
+        data_collator, compute_metrics, preprocess_logits_for_metrics: refused, as by ``OnlineDPOTrainer``.
+        eval_dataset: kept as ``trainer.eval_dataset`` (as TRL keeps it); evaluating is refused, as by
             ``OnlineDPOTrainer``.
 
     With ``peft_config`` (and no ``ref_model``) the reference of both the loss and the mixture is the base model with

@@ -31,6 +31,7 @@ from ....training.trainer import Trainer
 from ....type_aliases import (
     DatasetLike,
     EvalDatasetLike,
+    EvalRowsLike,
     ModelLike,
     PeftConfigLike,
     ProcessingClass,
@@ -49,6 +50,11 @@ from .online_dpo_config import OnlineDPOConfig
 from .online_dpo_data import preference_columns, prepare_prompt_rows
 
 __all__ = ["OnlineDPO", "OnlineDPOTrainer", "OnlinePreferenceAlgorithm"]
+
+#: Why the online preference trainers do not evaluate.
+_NO_EVALUATION = ("TRL's OnlineDPOTrainer, XPOTrainer and NashMDTrainer have no evaluation loop (transformers' "
+                  "prediction_step calls the model on the prompt batch and fails there), so torchlike's do not "
+                  "evaluate either.")
 
 
 class OnlinePreferenceAlgorithm:
@@ -129,8 +135,9 @@ class OnlineDPOTrainer(OnlineTrainer):
             pairs, and TRL's online DPO has no evaluation loop.
         train_dataset: rows with a ``prompt`` (text, or chat messages rendered with the chat template and the
             generation prompt) and any columns the reward functions read.
-        eval_dataset: refused (TRL's ``OnlineDPOTrainer`` cannot evaluate: transformers' ``prediction_step`` calls the
-            model on the prompt batch).
+        eval_dataset: kept as ``trainer.eval_dataset``, as TRL keeps it; evaluating is refused (TRL's
+            ``OnlineDPOTrainer`` cannot evaluate: transformers' ``prediction_step`` calls the model on the prompt
+            batch), as is an ``eval_strategy`` other than ``"no"`` in the config.
         processing_class: the tokenizer (required, as in TRL); without a pad token its eos token pads.
         reward_processing_classes: the reward models' tokenizers: one, or a list with one entry per reward function;
             ``None`` entries load the reward model's own.
@@ -142,7 +149,7 @@ class OnlineDPOTrainer(OnlineTrainer):
     Raises:
         ValueError: TRL's errors (no ``train_dataset``, ``ref_model`` being ``model``, no ``reward_funcs``, reward
             processing classes or ``reward_weights`` not one per reward function, no ``processing_class``,
-            ``model_init_kwargs`` with a loaded model), an ``eval_dataset`` or a refused argument.
+            ``model_init_kwargs`` with a loaded model) or a refused argument.
         NotImplementedError: a ``loss_type`` other than ``"sigmoid"`` and ``"ipo"`` (TRL's message).
 
     Example:
@@ -188,8 +195,8 @@ class OnlineDPOTrainer(OnlineTrainer):
             raise ValueError("The number of reward processing classes must match the number of reward functions.")
         refused = {name: value for name, value in (("data_collator", data_collator),
                                                    ("compute_metrics", compute_metrics),
-                                                   ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
-                                                   ("eval_dataset", eval_dataset)) if value is not None}
+                                                   ("preprocess_logits_for_metrics", preprocess_logits_for_metrics))
+                   if value is not None}
         if refused:
             raise ValueError(f"OnlineDPOTrainer does not take {', '.join(refused)}: its micro-batches are the pairs "
                              "it samples and ranks, and TRL's OnlineDPOTrainer has no evaluation loop of its own "
@@ -228,12 +235,22 @@ class OnlineDPOTrainer(OnlineTrainer):
         self._check_token_ids(largest, processing_class, {"model": model, "ref_model": ref_model})
         super().__init__(model=model, args=args, train_dataset=train_rows, processing_class=processing_class,
                          callbacks=callbacks, optimizers=optimizers)
+        self.eval_dataset = eval_dataset  # kept as TRL keeps it; evaluate() is refused
         self._init_reference(ref_model, adapter_off=peft_config is not None, copy=True)
         self._reference_pass = online_dpo_losses.make_reference_pass(self.reference.family, self.reference.lora,
                                                                      self._compute_dtype())
         # TRL's attributes.
         self._beta = args.beta
         self.max_length = args.max_length
+
+    def evaluate(self, eval_dataset: EvalRowsLike | str | None = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Refused: TRL's ``OnlineDPOTrainer`` (and XPO and Nash-MD) has no evaluation loop.
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError(f"{self._trainer_name}.evaluate(): {_NO_EVALUATION}")
 
     @property
     def beta(self) -> float:

@@ -113,7 +113,8 @@ class XPOTrainer(OnlineDPOTrainer):
             1.0.0 takes a reward model only.
         judge: an object with ``judge(prompts, completion_pairs) -> list[int]`` (TRL's ``BasePairwiseJudge``); rank 0
             prefers the policy's completion. Given with ``reward_funcs``, the judge is used (TRL's warning).
-        data_collator, eval_dataset, compute_metrics, preprocess_logits_for_metrics: refused, as by
+        data_collator, compute_metrics, preprocess_logits_for_metrics: refused, as by ``OnlineDPOTrainer``.
+        eval_dataset: kept as ``trainer.eval_dataset`` (as TRL keeps it); evaluating is refused, as by
             ``OnlineDPOTrainer``.
         reward_processing_classes: the reward model's tokenizer (``None``: its own).
 
