@@ -198,3 +198,15 @@ def test_evaluate_on_an_iterable_dataset_with_precomputed_reference_raises_trls_
         ours.evaluate(eval_dataset=stream)
     assert str(found.value) == str(expected.value)
     assert "not supported with IterableDataset" in str(found.value)
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_the_attributes_trl_copies_from_its_config_are_trls(name, tiny_checkpoints, tokenizer_dir, tmp_path):
+    theirs, ours = build_pair(name, tiny_checkpoints, tokenizer_dir, tmp_path, changes={"epsilon_high": 0.3})
+    names = [*ours._trl_fields, "num_generations_eval", "chat_template_kwargs", "epsilon_low", "epsilon_high",
+             "reward_func_names", "generation_kwargs", *(["max_tool_calling_iterations"] if name == "grpo" else [])]
+    assert "entropy_coef" in names if name == "grpo" else "reward_clip_range" in names
+    for attribute in names:
+        assert getattr(ours, attribute) == getattr(theirs, attribute), attribute
+    assert ours.generation_config.to_dict() == theirs.generation_config.to_dict()
+    assert ours.model_wrapped is ours.model and not ours.is_deepspeed_enabled and not ours.is_fsdp_enabled

@@ -193,6 +193,16 @@ class Trainer:
                 writer.close()
                 callback.tb_writer = None
 
+    @property
+    def model_wrapped(self) -> Any:
+        """transformers' ``model_wrapped``: the model itself (nothing wraps a JAX model; TRL's callbacks read it).
+        ``Any``: the model as given (a ``CausalLM``, ``PeftModel``, classifier or ``nnx.Module``)."""
+        return self.model
+
+    #: transformers' flags for torch's distributed wrappers: torchlike shards over a JAX mesh instead.
+    is_deepspeed_enabled = False
+    is_fsdp_enabled = False
+
     # ------------------------------------------------------------------ callbacks (transformers API)
     @property
     def callbacks(self) -> list:

@@ -181,5 +181,9 @@ class GRPOTrainer(PolicyGradientTrainer):
 
     algorithm_class = GRPO
     _config_class = GRPOConfig
+    _trl_fields = (*PolicyGradientTrainer._trl_fields, "loss_type", "multi_objective_aggregation", "scale_rewards",
+                   "importance_sampling_level", "off_policy_mask_threshold", "top_entropy_quantile", "entropy_coef",
+                   "use_adaptive_entropy", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                   "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min")
     _output_suffix = "GRPO"
     _tag_names = ["trl", "grpo"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -217,8 +218,40 @@ class PolicyGradientTrainer(OnlineTrainer):
         self.reference = self._init_reference(adapter_off=new_adapter, copy=True) if args.beta != 0.0 else None
         self._generation_count = 0
         self._entropy_control = self.algorithm.entropy_control()
+        self._set_trl_attributes(args, processing_class)
 
     # ------------------------------------------------------------------ set-up
+    #: The config fields TRL's trainer copies to attributes of its own (users' callbacks read ``trainer.beta``...).
+    _trl_fields: tuple[str, ...] = (
+        "max_completion_length", "num_generations", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+        "use_transformers_continuous_batching", "pad_to_multiple_of", "use_vllm", "vllm_mode",
+        "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "mask_truncated_completions", "shuffle_dataset",
+        "num_iterations", "beta", "log_completions", "log_multimodal", "log_unique_prompts", "num_completions_to_print")
+
+    def _set_trl_attributes(self, args: TRLArgs, processing_class: ProcessingClass) -> None:
+        """The attributes TRL's trainer sets from its config (:attr:`_trl_fields`, the clipping bounds, the
+        evaluation group size), ``reward_func_names`` and the ``generation_config`` TRL samples with."""
+        import transformers
+
+        for name in self._trl_fields:
+            setattr(self, name, getattr(args, name))
+        self.num_generations_eval = args.num_generations_eval or args.num_generations
+        self.chat_template_kwargs = args.chat_template_kwargs or {}
+        self.epsilon_low = args.epsilon
+        self.epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+        if hasattr(args, "max_tool_calling_iterations"):  # GRPO's
+            self.max_tool_calling_iterations = sys.maxsize if args.max_tool_calling_iterations is None else \
+                args.max_tool_calling_iterations
+        self.reward_func_names = [reward_name(function) for function in self.reward_funcs]
+        tokenizer = getattr(processing_class, "tokenizer", processing_class)
+        self.generation_kwargs = {"max_new_tokens": args.max_completion_length, "do_sample": True,
+                                  "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+                                  "eos_token_id": self.eos_token_ids, "temperature": args.temperature,
+                                  "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
+                                  "repetition_penalty": args.repetition_penalty,
+                                  "cache_implementation": args.cache_implementation,
+                                  **(args.generation_kwargs or {})}
+        self.generation_config = transformers.GenerationConfig(**self.generation_kwargs, disable_compile=True)
     @staticmethod
     def _check_reward_functions(reward_funcs: list[RewardFunc],
                                 reward_processing_classes: list[ProcessingClass | None], args: TRLArgs,

@@ -112,6 +112,7 @@ class RLOOTrainer(PolicyGradientTrainer):
 
     algorithm_class = RLOO
     _config_class = RLOOConfig
+    _trl_fields = (*PolicyGradientTrainer._trl_fields, "normalize_advantages", "reward_clip_range")
     _output_suffix = "RLOO"
     _tag_names = ["trl", "rloo"]
 
