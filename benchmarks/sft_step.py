@@ -174,8 +174,8 @@ def run_torchlike(work: Path, spec: dict[str, Any], mode: str, first_only: bool,
 
     try:
         from torchlike.trl import SFTTrainer
-    except ImportError:  # torchlike.trl did not export it yet (it lives in torchlike.trl.sft_trainer)
-        from torchlike.trl.sft_trainer import SFTTrainer
+    except ImportError:  # torchlike.trl did not export it yet (it lives in torchlike.trl.trainer.sft_trainer)
+        from torchlike.trl.trainer.sft_trainer import SFTTrainer
 
     total = spec["warmup"] + spec["steps"]
     args = SFTConfig(

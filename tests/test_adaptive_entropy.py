@@ -16,7 +16,7 @@ import pytest
 from tests import tiny
 from tests.helpers.logs import evaluated, logged
 from torchlike.adapters.runtime import tracing
-from torchlike.trl.entropy_control import STATE_FILE
+from torchlike.trl.online.entropy_control import STATE_FILE
 
 # The steps' entropies (about 4.65, 4.61, 4.61, 4.60, 4.57, 4.59 nats: the tiny model on these completions) straddle
 # the target, 3e-3 or more away from it: the coefficient falls to the minimum, rises once the entropy is at or below the

@@ -157,11 +157,11 @@ def test_no_private_name_is_imported_across_modules():
 
 def test_the_private_import_check_fires_on_a_made_up_module(tmp_path):
     source = tmp_path / "made_up.py"
-    source.write_text("from torchlike.trl.sft_data import _columns, columns\nfrom ._shared import helper\n"
+    source.write_text("from torchlike.trl.data.sft_data import _columns, columns\nfrom ._shared import helper\n"
                       "import torchlike.adapters._internal\nfrom .version import __version__\n"
                       "from trl.trainer.utils import _private\n\ndef f():\n    from tests.tiny import _case\n")
     assert private_imports("torchlike.trl.made_up", source) == {
-        "torchlike.trl.sft_data._columns", "torchlike.trl._shared.helper", "torchlike.adapters._internal",
+        "torchlike.trl.data.sft_data._columns", "torchlike.trl._shared.helper", "torchlike.adapters._internal",
         "tests.tiny._case"}
 
 
@@ -185,7 +185,7 @@ def test_online_trainers_share_one_generation_path_schedule_and_scoring():
     """GRPO, RLOO and Distillation sample, call tools, score and schedule their generation batches through
     ``OnlineTrainer``; they differ in what they add to a Rollout (advantages, the divergence mask) and their loss."""
     from torchlike.trl import DistillationTrainer, GRPOTrainer, RLOOTrainer
-    from torchlike.trl.online_trainer import OnlineTrainer
+    from torchlike.trl.trainer.online_trainer import OnlineTrainer
 
     path = ("_generate", "_generate_single_turn", "_custom_rollout", "_call_tools", "_new_worker",
             "_build_rollout_engine", "rollout_worker", "reward_scorer", "_generation_seed", "_generation_rows")
@@ -231,8 +231,6 @@ def test_no_trainer_overrides_its_loops_methods():
     DPO, KTO and BCO on the reference loop: what one step does is the loop's file plus the algorithm's, never a
     method of the loop redefined in a subclass."""
     from torchlike.trl import DistillationTrainer, DPOTrainer, GRPOTrainer, KTOTrainer, RLOOTrainer
-    from torchlike.trl.base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
-    from torchlike.trl.distillation_trainer import StudentTeacherAlgorithm, StudentTeacherTrainer
     from torchlike.trl.experimental.bco import BCOTrainer
     from torchlike.trl.experimental.cpo import CPOTrainer
     from torchlike.trl.experimental.gkd import GKDTrainer
@@ -242,7 +240,9 @@ def test_no_trainer_overrides_its_loops_methods():
     from torchlike.trl.experimental.orpo import ORPOTrainer
     from torchlike.trl.experimental.pairwise_trainer import PairwiseAlgorithm, PairwisePreferenceTrainer
     from torchlike.trl.experimental.xpo import XPOTrainer
-    from torchlike.trl.policy_gradient_trainer import PolicyGradientAlgorithm, PolicyGradientTrainer
+    from torchlike.trl.trainer.base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
+    from torchlike.trl.trainer.distillation_trainer import StudentTeacherAlgorithm, StudentTeacherTrainer
+    from torchlike.trl.trainer.policy_gradient_trainer import PolicyGradientAlgorithm, PolicyGradientTrainer
 
     loops = {PolicyGradientTrainer: (PolicyGradientAlgorithm, [GRPOTrainer, RLOOTrainer]),
              OnlineDPOTrainer: (OnlinePreferenceAlgorithm, [XPOTrainer, NashMDTrainer]),
@@ -260,8 +260,8 @@ def test_no_trainer_overrides_its_loops_methods():
 
 def test_the_loop_override_check_fires_on_a_made_up_trainer(tmp_path, monkeypatch):
     (tmp_path / "made_up_trainer.py").write_text(
-        "from torchlike.trl.grpo_trainer import GRPO\n"
-        "from torchlike.trl.policy_gradient_trainer import PolicyGradientTrainer\n\n\n"
+        "from torchlike.trl.trainer.grpo_trainer import GRPO\n"
+        "from torchlike.trl.trainer.policy_gradient_trainer import PolicyGradientTrainer\n\n\n"
         "class MadeUpTrainer(PolicyGradientTrainer):\n    algorithm_class = GRPO\n\n"
         "    def __init__(self, model):\n        super().__init__(model)\n\n"
         "    def _rollout(self, *args):\n        return {}\n\n"
@@ -270,7 +270,7 @@ def test_the_loop_override_check_fires_on_a_made_up_trainer(tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     from made_up_trainer import MadeUpTrainer
 
-    from torchlike.trl.policy_gradient_trainer import PolicyGradientTrainer
+    from torchlike.trl.trainer.policy_gradient_trainer import PolicyGradientTrainer
 
     assert loop_overrides(MadeUpTrainer, PolicyGradientTrainer) == ["MadeUpTrainer._rollout",
                                                                     "MadeUpTrainer._samples_ahead"]
@@ -314,9 +314,16 @@ def test_the_any_check_fires_on_a_made_up_module(tmp_path):
 
 #: The modules every online trainer composes (sampling, tools, environments, reward models, prompt data): none may
 #: import one algorithm's modules (a ``<name>_*`` module of ``torchlike/trl/`` or ``adapters/losses/<name>``).
-ONLINE_PARTS = ("torchlike.trl.online_trainer", "torchlike.trl.rollouts", "torchlike.trl.rollout_worker",
-                "torchlike.trl.reward_scorer", "torchlike.trl.reward_models", "torchlike.trl.environments",
-                "torchlike.trl.tool_calling", "torchlike.trl.prompt_data", "torchlike.trl.prompt_vision")
+ONLINE_PARTS = ("torchlike.trl.trainer.online_trainer", "torchlike.trl.online.rollouts",
+                "torchlike.trl.online.rollout_worker", "torchlike.trl.online.reward_scorer",
+                "torchlike.trl.online.reward_models", "torchlike.trl.online.environments",
+                "torchlike.trl.online.tool_calling", "torchlike.trl.data.prompt_data",
+                "torchlike.trl.data.prompt_vision")
+
+
+#: The packages of ``torchlike/trl/`` whose modules are named after a trainer: the rooms and the experimental package.
+TRL_PACKAGES = (["torchlike", "trl"], ["torchlike", "trl", "trainer"], ["torchlike", "trl", "data"],
+                ["torchlike", "trl", "online"], ["torchlike", "trl", "experimental"])
 
 
 def algorithm_imports(module: str, path: Path) -> set[str]:
@@ -331,7 +338,7 @@ def algorithm_imports(module: str, path: Path) -> set[str]:
         parts = imported.split(".")
         for index in range(2, len(parts)):
             prefix, part = parts[:index], parts[index]
-            trl_module = prefix in (["torchlike", "trl"], ["torchlike", "trl", "experimental"]) and any(
+            trl_module = prefix in TRL_PACKAGES and any(
                 part == name or part.startswith(f"{name}_") for name in names)
             loss_module = prefix[-2:] == ["adapters", "losses"] and part in names
             candidate = ".".join(parts[:index + 1])
@@ -349,7 +356,40 @@ def test_online_parts_import_no_algorithms_modules():
 
 def test_the_online_parts_check_fires_on_a_made_up_module(tmp_path):
     source = tmp_path / "online_part.py"
-    source.write_text("from .grpo_config import GRPOConfig\nfrom ..adapters.losses import grpo as grpo_losses\n"
-                      "from . import data_utils, prompt_data\nfrom .experimental.nash_md import nash_md_trainer\n")
-    assert algorithm_imports("torchlike.trl.online_part", source) == {
-        "torchlike.trl.grpo_config", "torchlike.adapters.losses.grpo", "torchlike.trl.experimental.nash_md"}
+    source.write_text("from ..trainer.grpo_config import GRPOConfig\n"
+                      "from ...adapters.losses import grpo as grpo_losses\n"
+                      "from ..data import prompt_data\nfrom .. import data_utils\n"
+                      "from ..experimental.nash_md import nash_md_trainer\n")
+    assert algorithm_imports("torchlike.trl.online.online_part", source) == {
+        "torchlike.trl.trainer.grpo_config", "torchlike.adapters.losses.grpo", "torchlike.trl.experimental.nash_md"}
+
+
+#: The rooms of ``torchlike/trl/`` below the trainers: data preparation and the online parts may read the configs of
+#: the trainer room (``<name>_config``, ``base_config``, the field tables), never a trainer (issue 42).
+LOWER_ROOMS = ("torchlike.trl.data.", "torchlike.trl.online.")
+
+
+def trainer_imports(module: str, path: Path) -> list[str]:
+    """The trainer-room modules other than configs and field tables that ``module`` imports."""
+    found = []
+    for imported in imported_names(module, path):
+        parts = imported.split(".")
+        if parts[:3] == ["torchlike", "trl", "trainer"] and len(parts) > 3 and \
+                not parts[3].endswith(("_config", "_fields")):
+            found.append(".".join(parts[:4]))
+    return sorted(set(found))
+
+
+def test_data_and_online_rooms_import_configs_but_no_trainer():
+    modules = module_files()
+    found = {module: names for module, path in modules.items() if module.startswith(LOWER_ROOMS)
+             if (names := trainer_imports(module, path))}
+    assert found == {}, f"data or online modules importing a trainer (move what they share below it): {found}"
+
+
+def test_the_rooms_check_fires_on_a_made_up_module(tmp_path):
+    source = tmp_path / "made_up.py"
+    source.write_text("from ..trainer.sft_config import SFTConfig\nfrom ..trainer.base_trainer import TRLTrainer\n"
+                      "from ..trainer import callbacks\nfrom ..trainer.grpo_fields import GRPO_FIELD_SUPPORT\n")
+    assert trainer_imports("torchlike.trl.data.made_up", source) == ["torchlike.trl.trainer.base_trainer",
+                                                                       "torchlike.trl.trainer.callbacks"]

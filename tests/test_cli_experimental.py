@@ -1,4 +1,4 @@
-"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco``: TRL's experimental trainers from the command line, taking the flags of
+"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco|gmpo``: TRL's experimental trainers from the command line, taking the flags of
 TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory transformers loads,
 and what cannot run here (a remote ``--judge``, a quantised ORPO model) is refused in words."""
 
@@ -26,6 +26,8 @@ TRL_SCRIPT_FLAGS = {
                 "--missing_eos_penalty"],
     "bco": ["--embedding_model_name_or_path", "--embedding_tokenizer_name_or_path", "--trust_remote_code",
             "--prompt_sample_size", "--min_density_ratio", "--max_density_ratio"],
+    "gmpo": ["--reward_funcs", "--reward_model_name_or_path", "--epsilon", "--epsilon_high", "--num_generations",
+             "--max_completion_length"],
 }
 SHARED_FLAGS = ["--model_name_or_path", "--dataset_name", "--dataset_train_split", "--use_peft", "--lora_r",
                 "--output_dir", "--learning_rate"]
@@ -145,5 +147,14 @@ def test_bco_command_fits_udm_on_the_embedding_models_prompt_embeddings(script_m
          "--per_device_train_batch_size", "4", "--max_length", "32"])
     trainer = bco.main(*arguments)
     assert trainer.clf is not None  # the density-ratio classifier UDM fits
+    assert "Training completed" in capsys.readouterr().out
+    assert_hf_loadable(tmp_path / "out")
+
+
+def test_gmpo_command_scores_with_a_reward_function_and_saves(script_model, tmp_path, capsys):
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", prompt_rows()).parent
+    assert cli.main(["gmpo", *common_arguments(script_model, dataset_dir, tmp_path), "--reward_funcs",
+                     "tests.script_rewards.completion_length_reward", "--per_device_train_batch_size", "4",
+                     "--num_generations", "2", "--max_completion_length", "4"]) == 0
     assert "Training completed" in capsys.readouterr().out
     assert_hf_loadable(tmp_path / "out")

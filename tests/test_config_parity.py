@@ -12,6 +12,7 @@ import transformers
 import trl
 import trl.experimental.cpo as trl_cpo
 import trl.experimental.gkd as trl_gkd
+import trl.experimental.gmpo as trl_gmpo
 import trl.experimental.online_dpo as trl_online_dpo
 import trl.experimental.orpo as trl_orpo
 
@@ -37,20 +38,22 @@ from torchlike.trl import (
     RLOOConfig,
     SFTConfig,
 )
-from torchlike.trl.distillation_fields import DISTILLATION_FIELD_SUPPORT
-from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
 from torchlike.trl.experimental.cpo import CPOConfig
 from torchlike.trl.experimental.cpo.cpo_fields import CPO_FIELD_SUPPORT
 from torchlike.trl.experimental.gkd import GKDConfig
 from torchlike.trl.experimental.gkd.gkd_fields import GKD_FIELD_SUPPORT
+from torchlike.trl.experimental.gmpo import GMPOConfig
+from torchlike.trl.experimental.gmpo.gmpo_fields import GMPO_FIELD_SUPPORT
 from torchlike.trl.experimental.online_dpo import OnlineDPOConfig
 from torchlike.trl.experimental.online_dpo.online_dpo_fields import ONLINE_DPO_FIELD_SUPPORT
 from torchlike.trl.experimental.orpo import ORPOConfig
 from torchlike.trl.experimental.orpo.orpo_fields import ORPO_FIELD_SUPPORT
-from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
-from torchlike.trl.kto_fields import KTO_FIELD_SUPPORT
-from torchlike.trl.reward_fields import REWARD_FIELD_SUPPORT
-from torchlike.trl.rloo_fields import RLOO_FIELD_SUPPORT
+from torchlike.trl.trainer.distillation_fields import DISTILLATION_FIELD_SUPPORT
+from torchlike.trl.trainer.dpo_fields import DPO_FIELD_SUPPORT
+from torchlike.trl.trainer.grpo_fields import GRPO_FIELD_SUPPORT
+from torchlike.trl.trainer.kto_fields import KTO_FIELD_SUPPORT
+from torchlike.trl.trainer.reward_fields import REWARD_FIELD_SUPPORT
+from torchlike.trl.trainer.rloo_fields import RLOO_FIELD_SUPPORT
 
 TRAINING_ARGUMENTS_FIELDS = frozenset(f.name for f in dataclasses.fields(transformers.TrainingArguments))
 
@@ -99,6 +102,10 @@ CASES = {
     "GKDConfig": ConfigCase(trl_gkd.GKDConfig, GKDConfig, GKD_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "OnlineDPOConfig": ConfigCase(trl_online_dpo.OnlineDPOConfig, OnlineDPOConfig, ONLINE_DPO_FIELD_SUPPORT,
                                   frozenset(TORCHLIKE_FIELDS)),
+    # GMPO's table decides only what it changes; GRPO's decides the rest.
+    "GMPOConfig": ConfigCase(trl_gmpo.GMPOConfig, GMPOConfig, GMPO_FIELD_SUPPORT, frozenset(TORCHLIKE_GRPO_FIELDS),
+                             inherited=TRAINING_ARGUMENTS_FIELDS | frozenset(GRPO_FIELD_SUPPORT),
+                             our_settings={"use_cpu": True, "mesh_shape": (1, 1)}),
 }
 #: The tables of the TRL configs' own fields (TrainingArguments and SFTConfig share FIELD_SUPPORT, which
 #: test_training_config.py checks against both).
@@ -128,6 +135,7 @@ POST_INIT_SETTINGS = {
                            {"beta": 0.5, "max_completion_length": 64, "top_k": 20, "min_p": 0.05,
                             "generation_kwargs": {"top_p": 0.9}, "shuffle_dataset": False}],
     "OnlineDPOConfig": [{}, {"beta": [0.3], "loss_type": "ipo"}, {"beta": [0.1, 0.2], "missing_eos_penalty": 1.0}],
+    "GMPOConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 4, "epsilon_high": 0.2, "beta": 0.04}],
 }
 POST_INIT_CASES = [pytest.param(CASES[name], settings, id=f"{name}-{index}")
                    for name, all_settings in POST_INIT_SETTINGS.items() for index, settings in enumerate(all_settings)]

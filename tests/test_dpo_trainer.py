@@ -18,7 +18,7 @@ from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.adapters.losses.dpo import DPOLossSettings, dpo_step_loss
 from torchlike.peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, get_peft_model
 from torchlike.trl import DPOConfig, DPOTrainer
-from torchlike.trl.dpo_data import PreferenceDataWarning, collate_preference_batch, prepare_preference_examples
+from torchlike.trl.data.dpo_data import PreferenceDataWarning, collate_preference_batch, prepare_preference_examples
 
 FORMATS = {
     "standard, explicit prompt": [{"prompt": "the quick brown", "chosen": " fox jumps", "rejected": " dog"},

@@ -20,14 +20,14 @@ from tests.helpers.data import message
 from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.adapters.losses import kto as kto_math
 from torchlike.trl import kto_config
-from torchlike.trl.kto_config import KTOConfig
-from torchlike.trl.kto_data import (
+from torchlike.trl.data.kto_data import (
     check_desirability_balance,
     collate_unpaired_batch,
     padded_length,
     prepare_unpaired_examples,
 )
-from torchlike.trl.kto_fields import KTO_FIELD_SUPPORT
+from torchlike.trl.trainer.kto_config import KTOConfig
+from torchlike.trl.trainer.kto_fields import KTO_FIELD_SUPPORT
 
 LONG_PROMPT = "one two three four five six seven eight nine ten"  # 13 tokens: fills max_length=12
 

@@ -16,7 +16,7 @@ from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.training import train_step
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import SFTConfig
-from torchlike.trl.sft_trainer import SFTTrainer
+from torchlike.trl.trainer.sft_trainer import SFTTrainer
 
 
 def lora_model(path, **config):

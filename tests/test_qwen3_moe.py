@@ -24,7 +24,7 @@ from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.model import tunix_model
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.trl import SFTConfig
-from torchlike.trl.sft_trainer import SFTTrainer
+from torchlike.trl.trainer.sft_trainer import SFTTrainer
 
 TOLERANCE = 1e-4
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]

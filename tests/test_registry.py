@@ -19,8 +19,8 @@ def test_every_trainer_module_on_disk_is_registered():
     on_disk = {f"{'.'.join(('torchlike',) + path.relative_to(TRL_DIR.parent).with_suffix('').parts)}"
                for path in TRL_DIR.rglob("*_trainer.py")}
     # The shared bases and loops, which no user imports as a trainer.
-    on_disk -= {"torchlike.trl.base_trainer", "torchlike.trl.online_trainer", "torchlike.trl.policy_gradient_trainer",
-                "torchlike.trl.experimental.pairwise_trainer"}
+    on_disk -= {"torchlike.trl.trainer.base_trainer", "torchlike.trl.trainer.online_trainer",
+                "torchlike.trl.trainer.policy_gradient_trainer", "torchlike.trl.experimental.pairwise_trainer"}
     assert on_disk == {entry.trainer_module for entry in TRAINERS}
 
 

@@ -17,7 +17,7 @@ from tests import tiny
 from tests.helpers.models import hf_classifier
 from tests.helpers.tokenizers import CHAT_TEMPLATE
 from torchlike.trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
-from torchlike.trl.reward_models import RewardModel
+from torchlike.trl.online.reward_models import RewardModel
 
 PROMPTS = ["the quick brown", "one two three", "hello world", "lazy dog"]
 COMPLETION_LENGTH = 8

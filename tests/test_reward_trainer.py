@@ -21,7 +21,7 @@ from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.adapters.losses import reward as reward_loss
 from torchlike.peft import LoraConfig
 from torchlike.trl import RewardConfig, RewardTrainer
-from torchlike.trl.reward_data import collate_reward_batch, prepare_reward_examples
+from torchlike.trl.data.reward_data import collate_reward_batch, prepare_reward_examples
 
 # The last pair is longer than max_length=24: both trainers drop it.
 STANDARD = [

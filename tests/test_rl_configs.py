@@ -21,10 +21,11 @@ from torchlike.adapters.losses import dpo as dpo_losses
 from torchlike.adapters.losses import grpo as grpo_losses
 from torchlike.adapters.losses import sft as sft_losses
 from torchlike.field_support import check_unsupported, field_table
-from torchlike.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig, dpo_config, grpo_config, sft_config
-from torchlike.trl.dpo_fields import DPO_FIELD_SUPPORT
-from torchlike.trl.grpo_fields import GRPO_FIELD_SUPPORT
-from torchlike.trl.rloo_fields import RLOO_FIELD_SUPPORT
+from torchlike.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig
+from torchlike.trl.trainer import dpo_config, grpo_config, sft_config
+from torchlike.trl.trainer.dpo_fields import DPO_FIELD_SUPPORT
+from torchlike.trl.trainer.grpo_fields import GRPO_FIELD_SUPPORT
+from torchlike.trl.trainer.rloo_fields import RLOO_FIELD_SUPPORT
 
 
 def test_rloo_refuses_what_trl_refuses_naming_rloo():

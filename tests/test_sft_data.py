@@ -15,8 +15,8 @@ import transformers
 
 from tests import tiny
 from torchlike.training.batches import collate_rows
+from torchlike.trl.data.sft_data import SFTDataWarning, collate_sft_batch, iter_sft_examples
 from torchlike.trl.data_utils import pad_token_id_for
-from torchlike.trl.sft_data import SFTDataWarning, collate_sft_batch, iter_sft_examples
 
 # ChatML, as Qwen renders it. `extra_text` is read from a per-row `chat_template_kwargs` column.
 CHATML = (
@@ -287,7 +287,7 @@ def test_formatting_func(trl_prepare, make_tokenizer):
 @pytest.mark.parametrize("packing", [False, True])
 def test_formatting_func_runs_once_per_example(make_tokenizer, packing):
     """The trainer's data path formats each example once: the ``text`` column TRL keeps reuses the tokenised text."""
-    from torchlike.trl.sft_data import prepare_sft_dataset
+    from torchlike.trl.data.sft_data import prepare_sft_dataset
 
     rows = [{"question": "one two", "answer": "three four"}, {"question": "hello", "answer": "world"}]
     calls = []
@@ -448,7 +448,7 @@ def test_bad_arguments_and_rows(make_tokenizer):
 
 
 def test_library_does_not_import_trl():
-    code = "import sys, torchlike.trl.sft_data; assert 'trl' not in sys.modules, 'trl was imported'"
+    code = "import sys, torchlike.trl.data.sft_data; assert 'trl' not in sys.modules, 'trl was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

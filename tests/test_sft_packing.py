@@ -11,8 +11,8 @@ from tests.helpers.data import WORDS
 from torchlike.adapters.losses import sft as sft_loss
 from torchlike.adapters.model import tunix_model
 from torchlike.trl import SFTConfig, SFTTrainer
-from torchlike.trl.packing import pack_rows
-from torchlike.trl.sft_data import collate_sft_batch
+from torchlike.trl.data.packing import pack_rows
+from torchlike.trl.data.sft_data import collate_sft_batch
 
 
 def tokenised_rows(count: int, seed: int = 0, longest: int = 40) -> list[dict]:

@@ -8,7 +8,7 @@ import pytest
 import torchlike
 from torchlike.peft import LoraConfig
 from torchlike.trl import SFTConfig
-from torchlike.trl.sft_trainer import SFTTrainer
+from torchlike.trl.trainer.sft_trainer import SFTTrainer
 
 DATA = [{"prompt": "the quick brown", "completion": " fox jumps over the lazy dog"},
         {"prompt": "one two", "completion": " three four five six"}] * 8

@@ -26,7 +26,7 @@ from tests.helpers.logs import logged
 from torchlike.adapters.rollout import PagedEngine, StaticEngine
 from torchlike.testing import random_model, tiny_config
 from torchlike.trl import GRPOConfig, GRPOTrainer
-from torchlike.trl.tool_calling import ToolCalling, is_chat_template_prefix_preserving
+from torchlike.trl.online.tool_calling import ToolCalling, is_chat_template_prefix_preserving
 
 CHAT_TEMPLATE = tiny.TOOL_CHAT_TEMPLATE
 
@@ -108,7 +108,7 @@ def trained_model(tmp_path_factory, tokenizer_path):
     """A tiny Qwen2 fine-tuned (torchlike's SFTTrainer, exact token ids) to answer "What is 2 plus 3?" with a call
     of ``add(a=2, b=3)`` and, after the tool's "5", with "The answer is 5."; and "Say hello." with "hello"."""
     from torchlike.trl import SFTConfig
-    from torchlike.trl.sft_trainer import SFTTrainer
+    from torchlike.trl.trainer.sft_trainer import SFTTrainer
 
     tokenizer = load_tokenizer(tokenizer_path)
     suffix = ToolCalling.create(tokenizer, [add]).suffix_ids([{"role": "tool", "name": "add", "content": "5"}])

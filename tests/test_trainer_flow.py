@@ -19,7 +19,7 @@ from tests import tiny
 from tests.helpers.logs import logged
 from tests.helpers.training import training_arguments
 from torchlike.trl import SFTConfig
-from torchlike.trl.sft_trainer import SFTTrainer
+from torchlike.trl.trainer.sft_trainer import SFTTrainer
 
 
 def trainer_for(tiny_checkpoints, tmp_path, examples=None, **overrides):

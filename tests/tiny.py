@@ -257,38 +257,51 @@ def grpo_settings(**case) -> dict:
     return values
 
 
-def trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, eval_prompts: list[str] | None = None, **case):
-    """The real ``trl.GRPOTrainer`` of ``path`` (float32) on :data:`PROMPTS` (and ``eval_prompts`` to evaluate) with
-    :func:`scripted_rollout`, the rows of each generation batch kept in order, configured by :func:`grpo_settings`
-    (``case`` over them)."""
+#: The GRPO-loop trainers the scripted comparisons build: name -> (TRL's module, torchlike's module, class prefix).
+GRPO_LOOP_TRAINERS = {"grpo": ("trl", "torchlike.trl", "GRPO"),
+                      "gmpo": ("trl.experimental.gmpo", "torchlike.trl.experimental.gmpo", "GMPO")}
+
+
+def trl_grpo_trainer(path, tokenizer_path, output_dir, monkeypatch, eval_prompts: list[str] | None = None,
+                     algorithm: str = "grpo", **case):
+    """The real ``trl.GRPOTrainer`` (or another trainer of :data:`GRPO_LOOP_TRAINERS`) of ``path`` (float32) on
+    :data:`PROMPTS` (and ``eval_prompts`` to evaluate) with :func:`scripted_rollout`, the rows of each generation batch
+    kept in order, configured by :func:`grpo_settings` (``case`` over them)."""
+    import importlib
+
     import datasets
-    import trl
     import trl.trainer.grpo_trainer as trl_grpo
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
-    return trl.GRPOTrainer(
+    module_name, _, prefix = GRPO_LOOP_TRAINERS[algorithm]
+    module = importlib.import_module(module_name)
+    return getattr(module, f"{prefix}Trainer")(
         model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
         reward_funcs=[token_reward, length_reward],
-        args=trl.GRPOConfig(output_dir=str(output_dir), use_cpu=True, **grpo_settings(**case)),
+        args=getattr(module, f"{prefix}Config")(output_dir=str(output_dir), use_cpu=True, **grpo_settings(**case)),
         train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
         eval_dataset=None if eval_prompts is None else datasets.Dataset.from_dict({"prompt": eval_prompts}),
         processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_path),
         rollout_func=scripted_rollout)
 
 
-def torchlike_grpo_trainer(path, tokenizer_path, output_dir, eval_prompts: list[str] | None = None, **case):
-    """torchlike's ``GRPOTrainer`` set up as :func:`trl_grpo_trainer` (rows in order: ``_shuffled`` is the
-    identity)."""
-    import torchlike
-    from torchlike.trl import GRPOConfig, GRPOTrainer
+def torchlike_grpo_trainer(path, tokenizer_path, output_dir, eval_prompts: list[str] | None = None,
+                           algorithm: str = "grpo", **case):
+    """torchlike's ``GRPOTrainer`` (or ``algorithm``'s trainer) set up as :func:`trl_grpo_trainer` (rows in order:
+    ``_shuffled`` is the identity)."""
+    import importlib
 
-    trainer = GRPOTrainer(model=str(path), reward_funcs=[token_reward, length_reward],
-                          args=GRPOConfig(output_dir=str(output_dir), **grpo_settings(**case)),
-                          train_dataset=[{"prompt": p} for p in PROMPTS],
-                          eval_dataset=None if eval_prompts is None else [{"prompt": p} for p in eval_prompts],
-                          processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path),
-                          rollout_func=scripted_rollout)
+    import torchlike
+
+    _, module_name, prefix = GRPO_LOOP_TRAINERS[algorithm]
+    module = importlib.import_module(module_name)
+    trainer = getattr(module, f"{prefix}Trainer")(
+        model=str(path), reward_funcs=[token_reward, length_reward],
+        args=getattr(module, f"{prefix}Config")(output_dir=str(output_dir), **grpo_settings(**case)),
+        train_dataset=[{"prompt": p} for p in PROMPTS],
+        eval_dataset=None if eval_prompts is None else [{"prompt": p} for p in eval_prompts],
+        processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path), rollout_func=scripted_rollout)
     trainer._shuffled = lambda batch, seed: batch
     return trainer
 

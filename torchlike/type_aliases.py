@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .modeling import CausalLM
     from .peft.config import LoraConfig
     from .peft.prompt_config import PromptLearningConfig
-    from .trl.base_config import TRLConfig
+    from .trl.trainer.base_config import TRLConfig
 
 __all__ = ["ChatMessages", "DatasetLike", "EvalDatasetLike", "EvalRowsLike", "ModelLike", "PairwiseJudge",
            "PeftConfigLike", "ProcessingClass", "Processor", "PromptLike", "QuantizationConfig", "RewardFunc",

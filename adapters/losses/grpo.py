@@ -401,7 +401,7 @@ class PolicyRatio(NamedTuple):
     mask: jax.Array
 
 
-def _batch_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+def batch_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     """A metric's mean over the counted tokens (over the rows for a ``[B, 1]`` sequence-level value)."""
     values = values.astype(jnp.float32)
     if values.shape[1] == 1:
@@ -409,7 +409,7 @@ def _batch_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     return (values * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def _sequence_means(values: jax.Array, mask: jax.Array) -> jax.Array:
+def sequence_means(values: jax.Array, mask: jax.Array) -> jax.Array:
     """``[B]`` per-sequence means over the counted tokens (the value itself for a ``[B, 1]`` one)."""
     if values.shape[1] == 1:
         return values[:, 0]
@@ -431,11 +431,11 @@ def clipped_policy_loss(terms: PolicyRatio, settings: GRPOLossSettings) -> tuple
     is_low = (ratio < 1 - settings.epsilon) & (advantages < 0)
     is_high = (ratio > 1 + settings.epsilon_high) & (advantages > 0)
     metrics = {
-        "clip_ratio/low_mean": _batch_mean(is_low, mask),
-        "clip_ratio/high_mean": _batch_mean(is_high, mask),
-        "clip_ratio/region_mean": _batch_mean(is_low | is_high, mask),
-        "clip_ratio/low_min": jnp.nanmin(_sequence_means(is_low.astype(jnp.float32), mask)),
-        "clip_ratio/high_max": jnp.nanmax(_sequence_means(is_high.astype(jnp.float32), mask)),
+        "clip_ratio/low_mean": batch_mean(is_low, mask),
+        "clip_ratio/high_mean": batch_mean(is_high, mask),
+        "clip_ratio/region_mean": batch_mean(is_low | is_high, mask),
+        "clip_ratio/low_min": jnp.nanmin(sequence_means(is_low.astype(jnp.float32), mask)),
+        "clip_ratio/high_max": jnp.nanmax(sequence_means(is_high.astype(jnp.float32), mask)),
     }
     return per_token_loss, metrics
 
@@ -445,7 +445,7 @@ def cispo_policy_loss(terms: PolicyRatio, settings: GRPOLossSettings) -> tuple[j
     ``A > 0``)."""
     ratio, advantages = terms.ratio, terms.advantages
     per_token_loss = -jax.lax.stop_gradient(jnp.minimum(ratio, settings.epsilon_high)) * advantages * terms.logps
-    return per_token_loss, {"cispo_clip_ratio": _batch_mean((ratio > settings.epsilon_high) & (advantages > 0),
+    return per_token_loss, {"cispo_clip_ratio": batch_mean((ratio > settings.epsilon_high) & (advantages > 0),
                                                             terms.mask)}
 
 
@@ -463,7 +463,7 @@ def vespo_policy_loss(terms: PolicyRatio, settings: GRPOLossSettings) -> tuple[j
     metric ``vespo/phi_seq_mean``."""
     phi = _vespo_gamma_weights(terms.advantages, terms.log_ratio, terms.mask, settings.vespo_k_pos,
                                settings.vespo_lambda_pos, settings.vespo_k_neg, settings.vespo_lambda_neg)
-    return -phi * terms.advantages * terms.logps, {"vespo/phi_seq_mean": _batch_mean(phi, terms.mask)}
+    return -phi * terms.advantages * terms.logps, {"vespo/phi_seq_mean": batch_mean(phi, terms.mask)}
 
 
 def sequence_mean_aggregation(per_token_loss: jax.Array, mask: jax.Array, settings: GRPOLossSettings,
@@ -619,9 +619,9 @@ def grpo_loss(
 
     metrics: dict[str, jax.Array] = {}
     if settings.beta != 0.0:
-        metrics["kl"] = _batch_mean(per_token_kl, mask)
+        metrics["kl"] = batch_mean(per_token_kl, mask)
     if per_token_entropy is not None:
-        metrics["entropy"] = _batch_mean(per_token_entropy, mask)
+        metrics["entropy"] = batch_mean(per_token_entropy, mask)
     return loss, {**metrics, **policy_metrics}
 
 

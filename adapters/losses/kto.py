@@ -238,7 +238,7 @@ def kto_step_loss(family: Family, settings: KTOLossSettings, block_size: logprob
 
     The batch holds ``input_ids``, ``attention_mask``, ``completion_mask`` ``[B, T]``, ``label`` ``[B]`` and
     ``ref_logps`` ``[B]``; with ``settings.estimates_kl`` also ``KL_input_ids``, ``KL_attention_mask``,
-    ``KL_completion_mask`` and ``ref_KL_logps`` (``torchlike.trl.kto_data.collate_unpaired_batch``'s columns plus
+    ``KL_completion_mask`` and ``ref_KL_logps`` (``torchlike.trl.data.kto_data.collate_unpaired_batch``'s columns plus
     the reference log-probabilities).
     """
 

@@ -118,7 +118,7 @@ def reward_step_loss(scores: Callable[..., jax.Array], settings: RewardLossSetti
 
     The batch holds ``chosen_input_ids``, ``chosen_attention_mask``, ``rejected_input_ids``,
     ``rejected_attention_mask`` ``[B, T]`` and optionally ``margin`` ``[B]``
-    (``torchlike.trl.reward_data.collate_reward_batch``'s columns).
+    (``torchlike.trl.data.reward_data.collate_reward_batch``'s columns).
     """
 
     def loss(module, batch, num_items_in_batch=None):

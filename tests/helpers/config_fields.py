@@ -12,7 +12,7 @@ import transformers
 
 from torchlike.field_support import check_unsupported
 from torchlike.training_args_fields import TRAINING_ARGUMENTS_FIELD_SUPPORT
-from torchlike.trl.sft_fields import SFT_FIELD_SUPPORT as SFT_ROWS
+from torchlike.trl.trainer.sft_fields import SFT_FIELD_SUPPORT as SFT_ROWS
 
 #: The TrainingArguments rows SFTConfig lays its own over.
 SFT_FIELD_SUPPORT = {name: row for name, row in SFT_ROWS.items() if name in TRAINING_ARGUMENTS_FIELD_SUPPORT}

@@ -30,8 +30,8 @@ _MODEL_UTILS = ("create_reference_model",)
 
 #: The module each of those names lives in.
 _HOMES = {**dict.fromkeys(_SCRIPT_UTILS, "torchlike.trl.script_utils"),
-          **dict.fromkeys(_DATA_UTILS, "torchlike.trl.data_utils"), "pack_dataset": "torchlike.trl.packing",
-          **dict.fromkeys(_CALLBACKS, "torchlike.trl.callbacks"),
+          **dict.fromkeys(_DATA_UTILS, "torchlike.trl.data_utils"), "pack_dataset": "torchlike.trl.data.packing",
+          **dict.fromkeys(_CALLBACKS, "torchlike.trl.trainer.callbacks"),
           **dict.fromkeys(_CHAT_TEMPLATE_UTILS, "torchlike.trl.chat_template_utils"),
           **dict.fromkeys(_MODEL_UTILS, "torchlike.trl.models")}
 

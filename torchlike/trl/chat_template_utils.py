@@ -17,7 +17,7 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from . import tool_calling
+from .online import tool_calling
 
 if TYPE_CHECKING:
     from ..modeling import CausalLM

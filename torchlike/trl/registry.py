@@ -40,14 +40,20 @@ class TrainerEntry:
     script: bool
 
     @property
+    def modules(self) -> str:
+        """The package holding the config and trainer modules: ``torchlike.trl.trainer`` for the stable trainers (as
+        TRL's ``trl.trainer``), the experimental package itself otherwise."""
+        return "torchlike.trl.trainer" if self.package == "torchlike.trl" else self.package
+
+    @property
     def config_module(self) -> str:
-        """The module defining the config class (``torchlike.trl.grpo_config``)."""
-        return f"{self.package}.{self.name}_config"
+        """The module defining the config class (``torchlike.trl.trainer.grpo_config``)."""
+        return f"{self.modules}.{self.name}_config"
 
     @property
     def trainer_module(self) -> str:
-        """The module defining the trainer class (``torchlike.trl.grpo_trainer``)."""
-        return f"{self.package}.{self.name}_trainer"
+        """The module defining the trainer class (``torchlike.trl.trainer.grpo_trainer``)."""
+        return f"{self.modules}.{self.name}_trainer"
 
     @property
     def script_module(self) -> str | None:
@@ -82,6 +88,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("xpo", "XPOConfig", "XPOTrainer", f"{_EXPERIMENTAL}.xpo", script=True),
     TrainerEntry("bco", "BCOConfig", "BCOTrainer", f"{_EXPERIMENTAL}.bco", script=True),
     TrainerEntry("nash_md", "NashMDConfig", "NashMDTrainer", f"{_EXPERIMENTAL}.nash_md", script=True),
+    TrainerEntry("gmpo", "GMPOConfig", "GMPOTrainer", f"{_EXPERIMENTAL}.gmpo", script=True),
 )
 
 

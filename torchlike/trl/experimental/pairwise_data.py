@@ -1,5 +1,5 @@
 """Preference data for TRL 1.16's experimental pairwise trainers (``trl.experimental`` ORPO and CPO): their
-``tokenize_row``, which tokenises differently from ``trl.DPOTrainer`` (:mod:`torchlike.trl.dpo_data`).
+``tokenize_row``, which tokenises differently from ``trl.DPOTrainer`` (:mod:`torchlike.trl.data.dpo_data`).
 
 Each example goes through TRL's ``maybe_extract_prompt`` (an implicit prompt is split off) and
 ``maybe_apply_chat_template`` (message lists are rendered to text: the prompt with the generation prompt, each

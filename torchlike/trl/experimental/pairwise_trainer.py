@@ -27,9 +27,9 @@ from ...type_aliases import (
     Tokenizer,
     TRLArgs,
 )
-from ..base_config import TRLConfig
-from ..base_trainer import TRLTrainer
-from ..dpo_data import collate_preference_batch, padded_length
+from ..data.dpo_data import collate_preference_batch, padded_length
+from ..trainer.base_config import TRLConfig
+from ..trainer.base_trainer import TRLTrainer
 from .pairwise_data import prepare_pairwise_examples
 
 if TYPE_CHECKING:

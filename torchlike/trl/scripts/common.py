@@ -20,8 +20,8 @@ from torchlike.trl.script_utils import (
 if TYPE_CHECKING:
     from datasets import DatasetDict, IterableDatasetDict
 
-    from torchlike.trl.base_config import TRLConfig
-    from torchlike.trl.base_trainer import TRLTrainer
+    from torchlike.trl.trainer.base_config import TRLConfig
+    from torchlike.trl.trainer.base_trainer import TRLTrainer
 
 __all__ = ["REMOTE_JUDGES", "load_script_dataset", "refuse_remote_judge", "run_ranked_online_script",
            "run_training_script"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlike.trl.distillation_config import DistillationConfig
 from torchlike.trl.script_utils import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 from torchlike.trl.scripts.common import run_training_script
+from torchlike.trl.trainer.distillation_config import DistillationConfig
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
@@ -33,7 +33,7 @@ def main(script_args: ScriptArguments, training_args: DistillationConfig, model_
     Raises:
         ValueError: no ``--teacher_model_name_or_path``.
     """
-    from torchlike.trl.distillation_trainer import DistillationTrainer
+    from torchlike.trl.trainer.distillation_trainer import DistillationTrainer
 
     if training_args.teacher_model_name_or_path is None:
         raise ValueError("A teacher model is required for distillation training. Set it with "

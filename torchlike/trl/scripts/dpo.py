@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlike.trl.dpo_config import DPOConfig
 from torchlike.trl.script_utils import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 from torchlike.trl.scripts.common import run_training_script
+from torchlike.trl.trainer.dpo_config import DPOConfig
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
@@ -28,7 +28,7 @@ def main(script_args: ScriptArguments, training_args: DPOConfig, model_args: Mod
 
     ``--ignore_bias_buffers`` (a torch DDP workaround) has nothing to do on JAX and is ignored.
     """
-    from torchlike.trl.dpo_trainer import DPOTrainer
+    from torchlike.trl.trainer.dpo_trainer import DPOTrainer
 
     return run_training_script(DPOTrainer, script_args, training_args, model_args, dataset_args)
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchlike.trl.grpo_config import GRPOConfig
 from torchlike.trl.script_utils import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 from torchlike.trl.scripts.common import run_training_script
+from torchlike.trl.trainer.grpo_config import GRPOConfig
 
 
 @dataclass
@@ -102,7 +102,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
 def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args: ModelConfig,
          dataset_args: DatasetMixtureConfig) -> Any:
     """Train with ``GRPOTrainer`` and save the model to ``output_dir``; returns the trainer."""
-    from torchlike.trl.grpo_trainer import GRPOTrainer
+    from torchlike.trl.trainer.grpo_trainer import GRPOTrainer
 
     return run_training_script(GRPOTrainer, script_args, training_args, model_args, dataset_args,
                                reward_funcs=load_reward_funcs(script_args))

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlike.trl.kto_config import KTOConfig
 from torchlike.trl.script_utils import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 from torchlike.trl.scripts.common import run_training_script
+from torchlike.trl.trainer.kto_config import KTOConfig
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
@@ -24,7 +24,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
 def main(script_args: ScriptArguments, training_args: KTOConfig, model_args: ModelConfig,
          dataset_args: DatasetMixtureConfig) -> Any:
     """Train with ``KTOTrainer`` and save the model to ``output_dir``; returns the trainer."""
-    from torchlike.trl.kto_trainer import KTOTrainer
+    from torchlike.trl.trainer.kto_trainer import KTOTrainer
 
     return run_training_script(KTOTrainer, script_args, training_args, model_args, dataset_args)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlike.trl.reward_config import RewardConfig
 from torchlike.trl.script_utils import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 from torchlike.trl.scripts.common import run_training_script
+from torchlike.trl.trainer.reward_config import RewardConfig
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
@@ -24,7 +24,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
 def main(script_args: ScriptArguments, training_args: RewardConfig, model_args: ModelConfig,
          dataset_args: DatasetMixtureConfig) -> Any:
     """Train with ``RewardTrainer`` and save the classifier to ``output_dir``; returns the trainer."""
-    from torchlike.trl.reward_trainer import RewardTrainer
+    from torchlike.trl.trainer.reward_trainer import RewardTrainer
 
     return run_training_script(RewardTrainer, script_args, training_args, model_args, dataset_args)
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torchlike.trl.rloo_config import RLOOConfig
 from torchlike.trl.script_utils import DatasetMixtureConfig, ModelConfig, TrlParser
 from torchlike.trl.scripts.common import run_training_script
 from torchlike.trl.scripts.grpo import GRPOScriptArguments, load_reward_funcs
+from torchlike.trl.trainer.rloo_config import RLOOConfig
 
 
 @dataclass
@@ -35,7 +35,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
 def main(script_args: RLOOScriptArguments, training_args: RLOOConfig, model_args: ModelConfig,
          dataset_args: DatasetMixtureConfig) -> Any:
     """Train with ``RLOOTrainer`` and save the model to ``output_dir``; returns the trainer."""
-    from torchlike.trl.rloo_trainer import RLOOTrainer
+    from torchlike.trl.trainer.rloo_trainer import RLOOTrainer
 
     return run_training_script(RLOOTrainer, script_args, training_args, model_args, dataset_args,
                                reward_funcs=load_reward_funcs(script_args))

@@ -14,7 +14,7 @@ from typing import Any
 
 from torchlike.trl.script_utils import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 from torchlike.trl.scripts.common import run_training_script
-from torchlike.trl.sft_config import SFTConfig
+from torchlike.trl.trainer.sft_config import SFTConfig
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
@@ -25,7 +25,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
 def main(script_args: ScriptArguments, training_args: SFTConfig, model_args: ModelConfig,
          dataset_args: DatasetMixtureConfig) -> Any:
     """Train with ``SFTTrainer`` and save the model to ``output_dir``; returns the trainer."""
-    from torchlike.trl.sft_trainer import SFTTrainer
+    from torchlike.trl.trainer.sft_trainer import SFTTrainer
 
     return run_training_script(SFTTrainer, script_args, training_args, model_args, dataset_args)
 

@@ -1,8 +1,10 @@
-"""TRL's ``trl.trainer`` for torchlike: ``from trl.trainer import X`` -> ``from torchlike.trl.trainer import X``.
+"""The trainers room, TRL's ``trl.trainer``: ``from trl.trainer import X`` -> ``from torchlike.trl.trainer import X``.
 
-The stable trainers and configs, the callbacks and the model-config helpers are ``torchlike.trl``'s own names (loaded
-on first use); :mod:`torchlike.trl.trainer.utils` has TRL's ``disable_dropout_in_model``,
-``ensure_master_addr_port`` and ``add_fused_lm_head``.
+It holds, as TRL's does, each stable trainer's config (``<name>_config``) and trainer (``<name>_trainer``), with the
+field tables that say which TRL fields each config honours (``<name>_fields``), the shared bases and loops
+(``base_config``, ``base_trainer``, ``online_trainer``, ``policy_gradient_trainer``), TRL's callbacks (``callbacks``)
+and ``utils`` (TRL's ``disable_dropout_in_model``, ``ensure_master_addr_port``, ``add_fused_lm_head``). The names are
+``torchlike.trl``'s own objects, loaded on first use.
 """
 
 from importlib import import_module

@@ -1,13 +1,13 @@
 """Unpaired preference data for BCO: TRL 1.0.0's BCO tokenisation (``_tokenize`` and ``_process_tokens`` of
 ``trl.experimental.bco``), then fixed-shape batches.
 
-The formats are KTO's (:mod:`torchlike.trl.kto_data`: ``prompt``/``completion``/``label``, or paired data unpaired as
-TRL does), but the tokenisation differs from ``trl.KTOTrainer``'s. Message lists are rendered to text as TRL's
-``maybe_apply_chat_template`` renders them (the prompt with the generation prompt, the completion as what it adds to
-the conversation). Without special tokens, the prompt and prompt + completion are tokenised, the completion starting
-one token early where the prompt's last token merges with it; a BOS token goes before a prompt that lacks one (when
-the tokenizer has one), an EOS token after a completion that lacks one, and when prompt + completion exceed
-``max_length`` (less one for each of those tokens to be added) the completion is cut to fit (the prompt never is).
+The formats are KTO's (:mod:`torchlike.trl.data.kto_data`: ``prompt``/``completion``/``label``, or paired data unpaired
+as TRL does), but the tokenisation differs from ``trl.KTOTrainer``'s. Message lists are rendered to text as TRL's
+``maybe_apply_chat_template`` renders them (the prompt with the generation prompt, the completion as what it adds to the
+conversation). Without special tokens, the prompt and prompt + completion are tokenised, the completion starting one
+token early where the prompt's last token merges with it; a BOS token goes before a prompt that lacks one (when the
+tokenizer has one), an EOS token after a completion that lacks one, and when prompt + completion exceed ``max_length``
+(less one for each of those tokens to be added) the completion is cut to fit (the prompt never is).
 
 With an ``embedding_tokenizer`` (underlying distribution matching) each example also carries ``embedding_ids``, its
 prompt text tokenised by that tokenizer without special tokens.
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from ....type_aliases import Tokenizer
+from ...data.kto_data import collate_unpaired_batch, desirability_label, unpaired_rows
 from ...data_utils import apply_chat_template, example_tools, is_message_list
-from ...kto_data import collate_unpaired_batch, desirability_label, unpaired_rows
 
 __all__ = ["DEFAULT_MAX_LENGTH", "collate_bco_batch", "padded_length", "prepare_bco_examples"]
 
@@ -84,7 +84,7 @@ def prepare_bco_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Tokeni
 
     Args:
         dataset (`datasets.Dataset`, `datasets.IterableDataset` or an iterable of dicts): Examples in one of
-            ``torchlike.trl.kto_data.ACCEPTED_FORMATS``. They are never modified.
+            ``torchlike.trl.data.kto_data.ACCEPTED_FORMATS``. They are never modified.
         tokenizer (`transformers.PreTrainedTokenizerBase`): The processing class.
         max_length (`int` or `None`): Prompt + completion fit it by cutting the completion (``None``: 512, with
             TRL's warning).

@@ -9,7 +9,7 @@ fields of TRL 1.0.0's ``BCOConfig``.
 from __future__ import annotations
 
 from ....field_support import FieldSupport, honoured, ignored, refused
-from ...dpo_fields import DPO_FIELD_SUPPORT
+from ...trainer.dpo_fields import DPO_FIELD_SUPPORT
 
 BCO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "neftune_noise_alpha": refused("TRL's hook sits on the embedding layer in every training-mode forward, so for a "

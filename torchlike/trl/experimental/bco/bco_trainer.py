@@ -36,7 +36,7 @@ from ....type_aliases import (
     RowsLike,
     TRLArgs,
 )
-from ...base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
+from ...trainer.base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
 from . import bco_udm
 from .bco_config import BCOConfig
 from .bco_data import collate_bco_batch, padded_length, prepare_bco_examples

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ....training_args import TrainingArguments
-from ...base_config import TRLConfig
+from ...trainer.base_config import TRLConfig
 from .cpo_fields import CPO_FIELD_SUPPORT
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchlike.trl.experimental.gkd.gkd_fields import GKD_FIELD_SUPPORT
-from torchlike.trl.sft_config import SFTConfig
+from torchlike.trl.trainer.sft_config import SFTConfig
 
 
 @dataclass

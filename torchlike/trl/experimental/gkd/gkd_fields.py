@@ -10,8 +10,8 @@ the table against the fields of the real ``trl.experimental.gkd.GKDConfig``.
 from __future__ import annotations
 
 from torchlike.field_support import FieldSupport, honoured, ignored, refused
-from torchlike.trl.distillation_fields import DISTILLATION_FIELD_SUPPORT
-from torchlike.trl.sft_fields import SFT_FIELD_SUPPORT
+from torchlike.trl.trainer.distillation_fields import DISTILLATION_FIELD_SUPPORT
+from torchlike.trl.trainer.sft_fields import SFT_FIELD_SUPPORT
 
 _SKIPPED_PREPARATION = ("TRL's GKDTrainer skips SFT's dataset preparation (it forces dataset_kwargs "
                         "skip_prepare_dataset) and batches with DataCollatorForChatML, which never reads it; "

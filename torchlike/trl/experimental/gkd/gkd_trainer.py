@@ -32,10 +32,10 @@ from ....type_aliases import (
     RowsLike,
     Tokenizer,
 )
-from ...base_trainer import check_text_dataset
 from ...data_utils import load_chat_template
-from ...distillation_trainer import StudentTeacherAlgorithm, StudentTeacherTrainer, check_vocabularies
-from ...rollouts import Rollout
+from ...online.rollouts import Rollout
+from ...trainer.base_trainer import check_text_dataset
+from ...trainer.distillation_trainer import StudentTeacherAlgorithm, StudentTeacherTrainer, check_vocabularies
 from .gkd_config import GKDConfig
 from .gkd_data import dataset_columns, empty_columns, sampled_columns, tokenize_conversation
 

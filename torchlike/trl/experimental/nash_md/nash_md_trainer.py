@@ -32,8 +32,8 @@ from ....type_aliases import (
     QuantizationConfig,
     RewardFunc,
 )
-from ...rollout_worker import RolloutWorker
-from ...rollouts import Rollout
+from ...online.rollout_worker import RolloutWorker
+from ...online.rollouts import Rollout
 from ..online_dpo.judged_pairs import epoch_value, joined, judge_inputs, one_judge_or_reward
 from ..online_dpo.online_dpo_data import contains_end_token
 from ..online_dpo.online_dpo_trainer import OnlineDPOTrainer, OnlinePreferenceAlgorithm

@@ -13,7 +13,7 @@ import numpy as np
 
 from ....type_aliases import PairwiseJudge, RewardFunc, Tokenizer
 from ...data_utils import is_conversational
-from ...rollouts import Rollout
+from ...online.rollouts import Rollout
 
 __all__ = ["JUDGE_CHAT_TEMPLATE", "epoch_value", "judge_inputs", "joined", "one_judge_or_reward", "with_bos_first"]
 

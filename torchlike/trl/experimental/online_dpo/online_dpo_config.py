@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ....training_args import TrainingArguments
-from ...base_config import TRLConfig
+from ...trainer.base_config import TRLConfig
 from .online_dpo_fields import ONLINE_DPO_FIELD_SUPPORT
 
 

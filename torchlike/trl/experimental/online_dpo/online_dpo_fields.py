@@ -9,7 +9,7 @@ the sampling and vLLM rows it shares with GRPO are GRPO's. A test holds it again
 from __future__ import annotations
 
 from ....field_support import FieldSupport, honoured, refused
-from ...grpo_fields import GRPO_FIELD_SUPPORT
+from ...trainer.grpo_fields import GRPO_FIELD_SUPPORT
 
 _NO_VLLM_SERVER = ("TRL's vLLM server mode sends the prompts to a separate `trl vllm-serve` process and pushes the "
                    "policy's weights to it; torchlike has no client for that server and samples with its own JAX "

@@ -40,11 +40,11 @@ from ....type_aliases import (
     RowsLike,
     Tokenizer,
 )
-from ... import reward_models
-from ...base_trainer import check_causal_lm, check_text_dataset
-from ...online_trainer import OnlineTrainer
-from ...reward_scorer import reward_name
-from ...rollouts import GenerationSchedule
+from ...online import reward_models
+from ...online.reward_scorer import reward_name
+from ...online.rollouts import GenerationSchedule
+from ...trainer.base_trainer import check_causal_lm, check_text_dataset
+from ...trainer.online_trainer import OnlineTrainer
 from .judged_pairs import epoch_value, with_bos_first
 from .online_dpo_config import OnlineDPOConfig
 from .online_dpo_data import preference_columns, prepare_prompt_rows

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ....training_args import TrainingArguments
-from ...base_config import TRLConfig
+from ...trainer.base_config import TRLConfig
 from .orpo_fields import ORPO_FIELD_SUPPORT
 
 

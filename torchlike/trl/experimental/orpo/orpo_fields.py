@@ -9,7 +9,7 @@ of the real ``trl.experimental.orpo.ORPOConfig``.
 from __future__ import annotations
 
 from ....field_support import FieldSupport, honoured, ignored, refused
-from ...dpo_fields import DPO_FIELD_SUPPORT
+from ...trainer.dpo_fields import DPO_FIELD_SUPPORT
 
 ORPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "neftune_noise_alpha": refused("transformers' hook scales its noise by the padded width of TRL's concatenated "
