@@ -19,13 +19,13 @@ from tests.helpers.config_fields import unsupported_field_warnings
 from tests.helpers.data import message
 from tests.helpers.tokenizers import CHAT_TEMPLATE, tokenizer_for
 from torchlike.adapters.losses import kto as kto_math
-from torchlike.trl import kto_config
 from torchlike.trl.data.kto_data import (
     check_desirability_balance,
     collate_unpaired_batch,
     padded_length,
     prepare_unpaired_examples,
 )
+from torchlike.trl.trainer import kto_config
 from torchlike.trl.trainer.kto_config import KTOConfig
 from torchlike.trl.trainer.kto_fields import KTO_FIELD_SUPPORT
 

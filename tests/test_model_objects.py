@@ -40,7 +40,8 @@ TRAINER_INPUTS = {"sft": ([{"prompt": "The sky is", "completion": " blue."}] * 4
                   "orpo": (PAIRS, {}), "cpo": (PAIRS, {}),
                   "online_dpo": (PROMPTS, {"reward_funcs": _length_reward}),
                   "xpo": (PROMPTS, {"reward_funcs": _length_reward}),
-                  "nash_md": (PROMPTS, {"reward_funcs": _length_reward})}
+                  "nash_md": (PROMPTS, {"reward_funcs": _length_reward}),
+                  "gmpo": (PROMPTS, {"reward_funcs": _length_reward})}
 TRAINERS = {"SFT": (SFTTrainer, SFTConfig, [{"prompt": "The sky is", "completion": " blue."}] * 4),
             "DPO": (DPOTrainer, DPOConfig, PAIRS),
             "ORPO": (ORPOTrainer, ORPOConfig, PAIRS),
