@@ -218,7 +218,8 @@ def _generate_completions(prompts: list, model: CausalLM, tokenizer: ProcessingC
     completions = []
     for start in range(0, len(prompts), batch_size):
         batch = tokenizer(prompts[start:start + batch_size], return_tensors="np", padding=True, truncation=True)
-        generated = model.generate(**batch, generation_config=generation_config)
+        generated = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"],
+                                   generation_config=generation_config)
         width = batch["input_ids"].shape[1]
         completions += [tokenizer.decode(row[width:], skip_special_tokens=True) for row in np.asarray(generated)]
     return prompts, completions
