@@ -1,6 +1,6 @@
-"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco|gmpo``: TRL's experimental trainers from the command line, taking the flags of
-TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory transformers loads,
-and what cannot run here (a remote ``--judge``, a quantised ORPO model) is refused in words."""
+"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco|gmpo``: TRL's experimental trainers from the command line, taking the flags
+of TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory transformers
+loads, and what cannot run here (a remote ``--judge``, a quantised ORPO model) is refused in words."""
 
 from __future__ import annotations
 
