@@ -81,3 +81,32 @@ def test_a_processor_that_does_not_match_the_checkpoint_is_a_named_error(vlm_pat
                                          r"image_seq_length is 9 but the checkpoint's mm_tokens_per_image is 4"):
         SFTTrainer(model=str(vlm_path), train_dataset=vision_rows(3), processing_class=other,
                    args=SFTConfig(output_dir=str(tmp_path), report_to="none"))
+
+
+def test_text_data_on_a_vlm_given_by_id_trains_with_its_processor_as_trl(vlm_path, tmp_path):
+    import datasets
+    import torch
+    import transformers
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    rows = [{"prompt": f"the sky {word}", "completion": f" is {word} today"} for word in
+            ("blue", "red", "green", "grey", "dark", "light")]
+    settings = dict(SETTINGS, max_steps=2)
+    reference = trl.SFTTrainer(  # no processing_class: TRL loads the processor of the model's id
+        model=transformers.AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows))
+    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
+    reference.train()
+    trainer = SFTTrainer(model=str(vlm_path), args=SFTConfig(output_dir=str(tmp_path / "ours"),
+                                                             train_sampling_strategy="sequential", **settings),
+                         train_dataset=rows)
+    assert isinstance(reference.processing_class, transformers.ProcessorMixin)
+    assert type(trainer.processing_class) is type(reference.processing_class)
+    trainer.train()
+    for key in ("loss", "grad_norm", "mean_token_accuracy"):
+        assert len(logged(reference.state.log_history, key)) == 2, key
+        np.testing.assert_allclose(logged(trainer.state.log_history, key),
+                                   logged(reference.state.log_history, key), rtol=1e-4, err_msg=key)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...adapters.losses import sft as sft_loss
 from ...adapters.model import neftune
+from ...processing import AutoProcessor
 from ...training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
 from ...training.loss_selection import with_virtual_tokens
 from ...type_aliases import (
@@ -106,9 +107,13 @@ class SFTTrainer(TRLTrainer):
                               compute_metrics, callbacks, optimizers, preprocess_logits_for_metrics)
             return
         check_text_dataset(train_dataset)
+        if given_processing_class is None and model.family is not None and model.family.images is not None:
+            processing_class = AutoProcessor.from_pretrained(model.name_or_path)  # TRL loads a VLM's processor
+        # Text is read by a processor's tokenizer, as TRL's _tokenize does; the trainer keeps the processor.
+        tokenizer = getattr(processing_class, "tokenizer", processing_class)
         if args.chat_template_path is not None:
-            load_chat_template(processing_class, args.chat_template_path)
-        self.pad_token_id = self._pad_token_id(processing_class, args.pad_token if data_collator is None else None,
+            load_chat_template(tokenizer, args.chat_template_path)
+        self.pad_token_id = self._pad_token_id(tokenizer, args.pad_token if data_collator is None else None,
                                                args.eos_token)
         skip_prepare = bool((args.dataset_kwargs or {}).get("skip_prepare_dataset", False))
         eval_packing = args.packing if args.eval_packing is None else args.eval_packing
@@ -127,7 +132,7 @@ class SFTTrainer(TRLTrainer):
                     "True}` and make the transform return trainer-ready examples, including tokenized fields, or "
                     "materialize deterministic transforms with `Dataset.map()` before constructing the trainer.")
             return prepare_sft_dataset(
-                dataset, processing_class, dataset_text_field=args.dataset_text_field, max_length=args.max_length,
+                dataset, tokenizer, dataset_text_field=args.dataset_text_field, max_length=args.max_length,
                 truncation_mode=args.truncation_mode, completion_only_loss=args.completion_only_loss,
                 assistant_only_loss=args.assistant_only_loss, eos_token=args.eos_token,
                 formatting_func=formatting_func, packing=packing, packing_strategy=args.packing_strategy,
@@ -136,7 +141,7 @@ class SFTTrainer(TRLTrainer):
         train_prepared = prepare(train_dataset, args.packing)
         largest = max([self.pad_token_id, *(int(np.max(row["input_ids"], initial=0))
                                             for row in SFTRows(train_prepared))])
-        self._check_token_ids(largest, processing_class, {"model": model})
+        self._check_token_ids(largest, tokenizer, {"model": model})
         self._prepare_sft_dataset = prepare
         eval_prepared = map_datasets(eval_dataset, prepare)
         self.padded_length = 1
