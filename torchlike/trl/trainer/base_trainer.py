@@ -232,17 +232,20 @@ class TRLTrainer(Trainer):
         return args
 
     def _trl_model(self, model: ModelLike, args: TRLArgs, processing_class: ProcessingClass | None,
-                   peft_config: PeftConfigLike | None,
-                   quantization_config: QuantizationConfig | None) -> tuple[CausalLM, ProcessingClass]:
+                   peft_config: PeftConfigLike | None, quantization_config: QuantizationConfig | None,
+                   load_processor: bool = False) -> tuple[CausalLM, ProcessingClass]:
         """``(model, processing_class)``: the model loaded (a path or hub id) or checked, a new LoRA adapter added
         for ``peft_config`` (seeded with ``args.seed``, as TRL seeds before creating it), ``sync_ref_model`` refused
-        with an adapter, the trainer's tags added, and the tokenizer of the model's path when none is given."""
+        with an adapter, the trainer's tags added, and, when none is given, the tokenizer of the model's path (with
+        ``load_processor``, a vision-language model's processor, as TRL's ``AutoProcessor`` gives it)."""
         from ... import AutoTokenizer
         from ...peft import get_peft_model
+        from ...processing import AutoProcessor
 
         model = self._load_model(model, args, quantization_config)
         if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model.name_or_path)
+            takes_images = load_processor and model.family is not None and model.family.images is not None
+            processing_class = (AutoProcessor if takes_images else AutoTokenizer).from_pretrained(model.name_or_path)
         if peft_config is not None:
             if hasattr(model, "peft_config"):
                 raise ValueError("You passed a `PeftModel` instance together with a `peft_config` to the trainer. "

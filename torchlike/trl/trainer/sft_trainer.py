@@ -10,7 +10,6 @@ import numpy as np
 
 from ...adapters.losses import sft as sft_loss
 from ...adapters.model import neftune
-from ...processing import AutoProcessor
 from ...training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
 from ...training.loss_selection import with_virtual_tokens
 from ...type_aliases import (
@@ -98,17 +97,14 @@ class SFTTrainer(TRLTrainer):
             raise ValueError("You passed a `compute_loss_func` together with `loss_type='dft'` to the `SFTTrainer`. "
                              "When using `loss_type='dft'`, the loss function is internally set to the DFT loss, so "
                              "passing a `compute_loss_func` is not allowed.")
-        given_processing_class = processing_class
-        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        # As TRL, a vision-language model given without processing_class gets its processor, for vision or text data.
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config,
+                                                  load_processor=True)
         if self._is_vision_dataset:
-            if given_processing_class is None:
-                processing_class = None  # TRL loads a vision-language model's processor (after the checks)
             self._init_vision(model, args, train_dataset, eval_dataset, processing_class, compute_loss_func,
                               compute_metrics, callbacks, optimizers, preprocess_logits_for_metrics)
             return
         check_text_dataset(train_dataset)
-        if given_processing_class is None and model.family is not None and model.family.images is not None:
-            processing_class = AutoProcessor.from_pretrained(model.name_or_path)  # TRL loads a VLM's processor
         # Text is read by a processor's tokenizer, as TRL's _tokenize does; the trainer keeps the processor.
         tokenizer = getattr(processing_class, "tokenizer", processing_class)
         if args.chat_template_path is not None:
