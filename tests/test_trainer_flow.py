@@ -4,7 +4,6 @@ it feeds (drop_last, prefetch, collator rows), and SFT's completion-only loss ag
 from __future__ import annotations
 
 import math
-import struct
 import threading
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from transformers import TrainerCallback
 
 import torchlike
 from tests import tiny
-from tests.helpers.logs import logged
+from tests.helpers.logs import logged, tensorboard_events
 from tests.helpers.training import training_arguments
 from torchlike.trl import SFTConfig
 from torchlike.trl.trainer.sft_trainer import SFTTrainer
@@ -87,14 +86,9 @@ def test_report_to_tensorboard_writes_the_logged_losses(tiny_checkpoints, tmp_pa
 
 
 def read_tensorboard_scalars(path: Path) -> dict[str, list[float]]:
-    """Scalars of a TensorBoard event file (TFRecord framing: length, crc, payload, crc)."""
-    from tensorboardX.proto import event_pb2
-
-    data, scalars, offset = path.read_bytes(), {}, 0
-    while offset < len(data):
-        (length,) = struct.unpack("<Q", data[offset:offset + 8])
-        event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-        offset += 12 + length + 4
+    """Scalars of a TensorBoard event file."""
+    scalars = {}
+    for event in tensorboard_events(path):
         for value in event.summary.value:
             scalars.setdefault(value.tag, []).append(value.simple_value)
     return scalars

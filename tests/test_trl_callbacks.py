@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 import torchlike
 import torchlike.trl
 from tests.helpers.data import prompt_completion_data
-from tests.helpers.logs import logged
+from tests.helpers.logs import logged, tensorboard_events
 from torchlike.trl import SFTConfig, SFTTrainer
 
 CALLBACKS = ("BEMACallback", "LogCompletionsCallback", "RichProgressCallback", "SyncRefModelCallback",
@@ -150,19 +150,10 @@ def reported_run(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
 
 
 def test_log_completions_writes_the_table_to_tensorboard(reported_run):
-    import struct
-
-    from tensorboardX.proto import event_pb2
-
-    texts = []  # (step, text) of each text summary (TFRecord framing: length, crc, payload, crc)
-    for path in (reported_run["folder"] / "logs").rglob("events.out.tfevents.*"):
-        data, offset = path.read_bytes(), 0
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset:offset + 8])
-            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-            offset += 12 + length + 4
-            texts += [(event.step, value.tensor.string_val[0].decode()) for value in event.summary.value
-                      if value.tag == "completions/text_summary"]
+    texts = [(event.step, value.tensor.string_val[0].decode())  # (step, text) of each text summary
+             for path in (reported_run["folder"] / "logs").rglob("events.out.tfevents.*")
+             for event in tensorboard_events(path) for value in event.summary.value
+             if value.tag == "completions/text_summary"]
     assert [step for step, _ in texts] == [2]
     table = reported_run["completions"].table
     assert len(table) == 2

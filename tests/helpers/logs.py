@@ -1,8 +1,10 @@
-"""Reading what a trainer logged: the per-step values of a metric in ``trainer.state.log_history``, and
-``evaluate()``'s metrics without the ones that differ from run to run."""
+"""Reading what a trainer logged: the per-step values of a metric in ``trainer.state.log_history``,
+``evaluate()``'s metrics without the ones that differ from run to run, and the events of a TensorBoard file."""
 
 from __future__ import annotations
 
+import struct
+from pathlib import Path
 from typing import Any
 
 
@@ -42,3 +44,16 @@ def assert_online_preference_run_matches(history: list[dict], expected_history: 
     assert set(params) == set(expected_params)
     for name, value in expected_params.items():
         np.testing.assert_allclose(params[name], value, rtol=1e-4, atol=5e-6, err_msg=name)
+
+
+def tensorboard_events(path: Path) -> list[Any]:
+    """The events of a TensorBoard event file, in order (TFRecord framing: length, crc, payload, crc), as
+    ``tensorboardX``'s ``Event`` protos."""
+    from tensorboardX.proto import event_pb2
+
+    data, events, offset = path.read_bytes(), [], 0
+    while offset < len(data):
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        events.append(event_pb2.Event.FromString(data[offset + 12:offset + 12 + length]))
+        offset += 12 + length + 4
+    return events
