@@ -1,6 +1,6 @@
-"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco|gmpo``: TRL's experimental trainers from the command line, taking the flags
-of TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory transformers
-loads, and what cannot run here (a remote ``--judge``, a quantised ORPO model) is refused in words."""
+"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco|gmpo|tpo``: TRL's experimental trainers from the command line, taking the
+flags of TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory
+transformers loads, and what cannot run here (a remote ``--judge``, a quantised ORPO model) is refused in words."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ TRL_SCRIPT_FLAGS = {
             "--prompt_sample_size", "--min_density_ratio", "--max_density_ratio"],
     "gmpo": ["--reward_funcs", "--reward_model_name_or_path", "--epsilon", "--epsilon_high", "--num_generations",
              "--max_completion_length"],
+    "tpo": ["--loss_type", "--tpo_alpha", "--tpo_l_gamma", "--beta", "--max_length"],
 }
 SHARED_FLAGS = ["--model_name_or_path", "--dataset_name", "--dataset_train_split", "--use_peft", "--lora_r",
                 "--output_dir", "--learning_rate"]
@@ -53,7 +54,8 @@ def test_help_lists_the_config_and_script_flags_of_trls_example_script(name, cap
     assert not missing
 
 
-@pytest.mark.parametrize("name, config", [("orpo", "ORPOConfig"), ("cpo", "CPOConfig"), ("gkd", "GKDConfig")])
+@pytest.mark.parametrize("name, config", [("orpo", "ORPOConfig"), ("cpo", "CPOConfig"), ("gkd", "GKDConfig"),
+                                          ("tpo", "TPOConfig")])
 def test_parser_accepts_every_flag_of_trls_parser(name, config, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     import trl
@@ -157,4 +159,57 @@ def test_gmpo_command_scores_with_a_reward_function_and_saves(script_model, tmp_
                      "tests.script_rewards.completion_length_reward", "--per_device_train_batch_size", "4",
                      "--num_generations", "2", "--max_completion_length", "4"]) == 0
     assert "Training completed" in capsys.readouterr().out
+    assert_hf_loadable(tmp_path / "out")
+
+
+def ultrafeedback_rows(count: int) -> list[dict]:
+    """Raw UltraFeedback rows: an instruction and scored completions (the last row has too few scored ones)."""
+    rows = [{"instruction": " ".join(WORDS[i:i + 3]),
+             "completions": [{"response": WORDS[i + 3 + j], "overall_score": float(score)}
+                             for j, score in enumerate((3, 9, 1, 5))]} for i in range(count)]
+    rows[-1]["completions"] = rows[-1]["completions"][:2] + [{"response": "", "overall_score": 2.0}]
+    return rows
+
+
+def test_tpo_script_turns_ultrafeedback_rows_into_triples_as_trls_script():
+    import datasets
+
+    from torchlike.trl.scripts.tpo import prepare_triples
+
+    triples = prepare_triples(datasets.DatasetDict({"train": datasets.Dataset.from_list(ultrafeedback_rows(3))}))
+    rows = list(triples["train"])
+    assert len(rows) == 2  # the row with two scored non-empty responses is dropped
+    first = ultrafeedback_rows(3)[0]
+    responses = [completion["response"] for completion in first["completions"]]
+    assert rows[0] == {"prompt": [{"role": "user", "content": first["instruction"]}],
+                       "reference": [{"role": "assistant", "content": responses[1]}],  # score 9
+                       "chosen": [{"role": "assistant", "content": responses[3]}],  # score 5
+                       "rejected": [{"role": "assistant", "content": responses[2]}]}  # score 1
+    plain = {"prompt": "one two", "chosen": " three", "rejected": " four", "reference": " five"}
+    wrapped = next(iter(prepare_triples(datasets.DatasetDict({"train": datasets.Dataset.from_list([plain])}))["train"]))
+    assert wrapped == {"prompt": [{"role": "user", "content": "one two"}],
+                       **{key: [{"role": "assistant", "content": plain[key]}]
+                          for key in ("chosen", "rejected", "reference")}}
+
+
+def test_tpo_command_trains_on_ultrafeedback_rows_evaluates_and_saves(script_model, tmp_path, capsys):
+    import json
+    import shutil
+
+    import transformers
+
+    model_dir = shutil.copytree(script_model, tmp_path / "chat-model")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE  # the script wraps every triple into a conversation
+    tokenizer.save_pretrained(model_dir)
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", ultrafeedback_rows(9)).parent
+    write_jsonl(dataset_dir / "test.jsonl", ultrafeedback_rows(3))
+    assert cli.main(["tpo", *common_arguments(model_dir, dataset_dir, tmp_path), "--per_device_train_batch_size", "2",
+                     "--max_length", "32", "--loss_type", "tpo-l", "--eval_strategy", "steps", "--eval_steps",
+                     "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Training completed" in out and "***** eval metrics *****" in out
+    metrics = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert {"eval_loss", "eval_rewards/margins", "eval_logps/chosen"} <= set(metrics)
+    assert json.loads((tmp_path / "out" / "all_results.json").read_text()) == metrics
     assert_hf_loadable(tmp_path / "out")

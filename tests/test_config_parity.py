@@ -15,6 +15,7 @@ import trl.experimental.gkd as trl_gkd
 import trl.experimental.gmpo as trl_gmpo
 import trl.experimental.online_dpo as trl_online_dpo
 import trl.experimental.orpo as trl_orpo
+import trl.experimental.tpo as trl_tpo
 
 from tests.helpers.config_fields import (
     FIELD_SUPPORT,
@@ -48,6 +49,8 @@ from torchlike.trl.experimental.online_dpo import OnlineDPOConfig
 from torchlike.trl.experimental.online_dpo.online_dpo_fields import ONLINE_DPO_FIELD_SUPPORT
 from torchlike.trl.experimental.orpo import ORPOConfig
 from torchlike.trl.experimental.orpo.orpo_fields import ORPO_FIELD_SUPPORT
+from torchlike.trl.experimental.tpo import TPOConfig
+from torchlike.trl.experimental.tpo.tpo_fields import TPO_FIELD_SUPPORT
 from torchlike.trl.trainer.distillation_fields import DISTILLATION_FIELD_SUPPORT
 from torchlike.trl.trainer.dpo_fields import DPO_FIELD_SUPPORT
 from torchlike.trl.trainer.grpo_fields import GRPO_FIELD_SUPPORT
@@ -106,6 +109,7 @@ CASES = {
     "GMPOConfig": ConfigCase(trl_gmpo.GMPOConfig, GMPOConfig, GMPO_FIELD_SUPPORT, frozenset(TORCHLIKE_GRPO_FIELDS),
                              inherited=TRAINING_ARGUMENTS_FIELDS | frozenset(GRPO_FIELD_SUPPORT),
                              our_settings={"use_cpu": True, "mesh_shape": (1, 1)}),
+    "TPOConfig": ConfigCase(trl_tpo.TPOConfig, TPOConfig, TPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
 }
 #: The tables of the TRL configs' own fields (TrainingArguments and SFTConfig share FIELD_SUPPORT, which
 #: test_training_config.py checks against both).
@@ -136,6 +140,7 @@ POST_INIT_SETTINGS = {
                             "generation_kwargs": {"top_p": 0.9}, "shuffle_dataset": False}],
     "OnlineDPOConfig": [{}, {"beta": [0.3], "loss_type": "ipo"}, {"beta": [0.1, 0.2], "missing_eos_penalty": 1.0}],
     "GMPOConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 4, "epsilon_high": 0.2, "beta": 0.04}],
+    "TPOConfig": [{}, {"loss_type": "tpo-l", "truncation_mode": "keep_end", "tpo_alpha": 0.0, "max_length": None}],
 }
 POST_INIT_CASES = [pytest.param(CASES[name], settings, id=f"{name}-{index}")
                    for name, all_settings in POST_INIT_SETTINGS.items() for index, settings in enumerate(all_settings)]

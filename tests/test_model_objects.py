@@ -23,6 +23,7 @@ PROMPTS = [{"prompt": "The sky is"}, {"prompt": "Grass is"}] * 2
 UNPAIRED = [{"prompt": "The sky is", "completion": " blue.", "label": True},
             {"prompt": "Grass is", "completion": " blue.", "label": False}] * 2
 
+TRIPLES = [{**pair, "reference": pair["chosen"] + " Always."} for pair in PAIRS]
 MESSAGES = [{"messages": [{"role": "user", "content": "The sky is"}, {"role": "assistant", "content": "blue."}]}] * 4
 
 
@@ -41,7 +42,8 @@ TRAINER_INPUTS = {"sft": ([{"prompt": "The sky is", "completion": " blue."}] * 4
                   "online_dpo": (PROMPTS, {"reward_funcs": _length_reward}),
                   "xpo": (PROMPTS, {"reward_funcs": _length_reward}),
                   "nash_md": (PROMPTS, {"reward_funcs": _length_reward}),
-                  "gmpo": (PROMPTS, {"reward_funcs": _length_reward})}
+                  "gmpo": (PROMPTS, {"reward_funcs": _length_reward}),
+                  "tpo": (TRIPLES, {})}
 TRAINERS = {"SFT": (SFTTrainer, SFTConfig, [{"prompt": "The sky is", "completion": " blue."}] * 4),
             "DPO": (DPOTrainer, DPOConfig, PAIRS),
             "ORPO": (ORPOTrainer, ORPOConfig, PAIRS),

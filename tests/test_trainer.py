@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import numpy as np
 import pytest
 from transformers import TrainerCallback
@@ -211,3 +214,45 @@ def test_neftune_needs_a_causal_lm(tmp_path):
         torchlike.Trainer(model=nnx.Linear(2, 2, rngs=nnx.Rngs(0)),
                           args=training_arguments(tmp_path, neftune_noise_alpha=5.0),
                           train_dataset=[{"x": [0.0, 1.0]}], loss_fn=lambda model, batch: model(batch["x"]).sum())
+
+
+def test_metrics_and_state_files_are_transformers(tmp_path, capsys):
+    """``log_metrics``, ``save_metrics`` and ``save_state`` (which TRL's example scripts call after ``evaluate()``)
+    print and write what transformers' ``Trainer`` methods do with the same metrics and state."""
+    import json
+    import types
+
+    from flax import nnx
+    from transformers import trainer_pt_utils
+
+    class Regressor(nnx.Module):
+        def __init__(self):
+            self.linear = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+
+    data = [{"x": np.ones(2, np.float32), "y": np.float32(1.0)}] * 4
+    def loss_fn(model, batch):
+        return ((model.linear(batch["x"])[:, 0] - batch["y"]) ** 2).mean()
+
+    trainer = torchlike.Trainer(model=Regressor(), args=training_arguments(tmp_path / "ours", max_steps=2),
+                                train_dataset=data, loss_fn=loss_fn)
+    metrics = trainer.train().metrics | {"eval_loss": 0.123456789, "eval_runtime": 3723.25}
+    capsys.readouterr()
+    reference = types.SimpleNamespace(is_world_process_zero=lambda: True, state=trainer.state,
+                                      args=types.SimpleNamespace(output_dir=str(tmp_path / "transformers")))
+    (tmp_path / "transformers").mkdir()
+    printed = []
+    for log_metrics, save_metrics, save_state in (
+            (trainer.log_metrics, trainer.save_metrics, trainer.save_state),
+            tuple(functools.partial(function, reference) for function in (
+                trainer_pt_utils.log_metrics, trainer_pt_utils.save_metrics, trainer_pt_utils.save_state))):
+        log_metrics("eval", metrics)
+        printed.append(capsys.readouterr().out)
+        save_metrics("train", {"train_loss": 1.5})
+        save_metrics("eval", metrics)
+        save_state()
+    assert printed[0] == printed[1] and "***** eval metrics *****" in printed[0] and "1:02:03.25" in printed[0]
+    for name in ("train_results.json", "eval_results.json", "all_results.json", "trainer_state.json"):
+        ours, theirs = Path(trainer.args.output_dir) / name, tmp_path / "transformers" / name
+        assert ours.read_text() == theirs.read_text(), name
+    assert json.loads((Path(trainer.args.output_dir) / "all_results.json").read_text()) == {"train_loss": 1.5} | metrics
+    assert not list(Path(trainer.args.output_dir).glob("*.partial"))

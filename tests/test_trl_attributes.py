@@ -3,6 +3,8 @@ against the real ``trl`` trainers built on the same tiny model, data and setting
 
 from __future__ import annotations
 
+import warnings
+
 import datasets
 import numpy as np
 import peft
@@ -10,6 +12,7 @@ import pytest
 import torch
 import transformers
 import trl
+import trl.experimental.tpo as trl_tpo
 
 import torchlike
 from torchlike.peft import LoraConfig
@@ -23,10 +26,12 @@ from torchlike.trl import (
     RLOOConfig,
     RLOOTrainer,
 )
+from torchlike.trl.experimental.tpo import TPOConfig, TPOTrainer
 
 PROMPTS = [{"prompt": "the quick brown"}, {"prompt": "one two"}, {"prompt": "hello world"}, {"prompt": "six"}]
 PAIRS = [{"prompt": "the quick brown", "chosen": " fox jumps", "rejected": " dog"},
          {"prompt": "one two", "chosen": " three four", "rejected": " five"}] * 2
+TRIPLES = [{**pair, "reference": pair["chosen"] + " over"} for pair in PAIRS]
 UNPAIRED = [{"prompt": "the quick brown", "completion": " fox jumps", "label": True},
             {"prompt": "one two", "completion": " five", "label": False}] * 2
 
@@ -46,6 +51,7 @@ TRAINERS = {
     "dpo": (trl.DPOTrainer, trl.DPOConfig, DPOTrainer, DPOConfig, PAIRS, dict(max_length=16), {}),
     "kto": (trl.KTOTrainer, trl.KTOConfig, KTOTrainer, KTOConfig, UNPAIRED,
             dict(max_length=16, per_device_train_batch_size=2), {}),
+    "tpo": (trl_tpo.TPOTrainer, trl_tpo.TPOConfig, TPOTrainer, TPOConfig, TRIPLES, dict(max_length=16), {}),
 }
 
 # (trainer, config changes, LoRA): TRL keeps a separate reference model in some of these and not in others.
@@ -145,16 +151,18 @@ def _predictions_recorder(seen: list):
     return compute_metrics
 
 
-@pytest.mark.parametrize("name", ["dpo", "kto"])
+@pytest.mark.parametrize("name", ["dpo", "kto", "tpo"])
 def test_compute_metrics_gets_trls_logits_and_labels(name, tiny_checkpoints, tokenizer_dir, tmp_path):
-    """TRL (deprecated, with a FutureWarning) hands ``compute_metrics`` the logits on each batch's prompt + response
-    rows (DPO: the chosen rows, then the rejected ones) and those ids as labels, each batch right-padded to its
-    longest row and the batches joined with -100 padding; a short last batch checks the row order (of which TRL's
-    DPO keeps only the chosen rows: accelerate cuts the last batch to the examples left)."""
+    """TRL hands ``compute_metrics`` the logits on each batch's prompt + response rows (DPO: the chosen rows, then the
+    rejected ones; TPO: then the gold ones) and those ids as labels, each batch right-padded to its longest row and
+    the batches joined with -100 padding (DPO and KTO deprecate it, with a FutureWarning; TPO does not); a short last
+    batch checks the row order (of which TRL's DPO and TPO keep only the chosen rows: accelerate cuts the last batch
+    to the examples left)."""
     data = TRAINERS[name][4][:3] + TRAINERS[name][4][1:2]
     settings = dict(per_device_eval_batch_size=3, bf16=False)
     expected, found = [], []
-    with pytest.warns(FutureWarning, match="logits it passes to `compute_metrics`, are deprecated"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         theirs, ours = build_pair(
             name, tiny_checkpoints, tokenizer_dir, tmp_path, settings,
             theirs={"eval_dataset": datasets.Dataset.from_list(data),
@@ -162,7 +170,10 @@ def test_compute_metrics_gets_trls_logits_and_labels(name, tiny_checkpoints, tok
             ours={"eval_dataset": data, "compute_metrics": _predictions_recorder(found)})
         metrics = theirs.evaluate()
         ours_metrics = ours.evaluate()
-    assert ours_metrics["eval_rows"] == metrics["eval_rows"] == (3 * 2 + 1 if name == "dpo" else 4)
+    deprecations = [str(warning.message) for warning in caught if issubclass(warning.category, FutureWarning)
+                    and "logits it passes to `compute_metrics`, are deprecated" in str(warning.message)]
+    assert bool(deprecations) == (name != "tpo")
+    assert ours_metrics["eval_rows"] == metrics["eval_rows"] == {"dpo": 3 * 2 + 1, "kto": 4, "tpo": 3 * 3 + 1}[name]
     (theirs_prediction,), (ours_prediction,) = expected, found
     np.testing.assert_array_equal(ours_prediction.label_ids, theirs_prediction.label_ids)
     assert ours_prediction.predictions.shape == theirs_prediction.predictions.shape
@@ -172,7 +183,7 @@ def test_compute_metrics_gets_trls_logits_and_labels(name, tiny_checkpoints, tok
                                atol=1e-4)
 
 
-@pytest.mark.parametrize("name", list(TRAINERS))
+@pytest.mark.parametrize("name", [name for name in TRAINERS if name != "tpo"])  # TRL's TPO adds no router loss
 @pytest.mark.parametrize(("model", "changes"), [("qwen2", {}), ("qwen3_moe", {}),
                                                 ("qwen3_moe", {"router_aux_loss_coef": 0.0})],
                          ids=["dense", "moe", "moe-coefficient-0"])

@@ -43,6 +43,24 @@ __all__ = ["StateDictModel", "checkpoint_folders", "delete_all_but", "find_check
 PREFIX = "checkpoint-"
 
 
+def replace_atomically(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Writes ``path`` whole or not at all: ``write`` fills ``<path>.partial``, which then replaces ``path``.
+
+    Args:
+        path: the file to (re)write.
+        write: writes the file it is given.
+    """
+    import os
+
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def checkpoint_folders(output_dir: str | Path) -> list[Path]:
     """The ``checkpoint-<step>`` folders of ``output_dir``, oldest step first."""
     return sorted(Path(output_dir).glob(f"{PREFIX}*"), key=lambda folder: int(folder.name.split("-")[-1]))

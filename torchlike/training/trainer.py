@@ -667,6 +667,74 @@ class Trainer:
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save")
 
+    # ------------------------------------------------------------------ transformers' metrics files
+    def is_world_process_zero(self) -> bool:
+        """Whether this is the one process of the run that writes shared files and prints (JAX process 0)."""
+        return self.state.is_world_process_zero
+
+    def is_local_process_zero(self) -> bool:
+        """Whether this is the first process on its host."""
+        return self.state.is_local_process_zero
+
+    def metrics_format(self, metrics: dict[str, float]) -> dict[str, Any]:
+        """transformers' ``Trainer.metrics_format``: ``*_runtime`` as a duration, ``*_mem_*`` in MB, ``total_flos``
+        in GF, other floats rounded to 4 digits (transformers' own function).
+
+        Args:
+            metrics: what ``train()``/``evaluate()`` returned.
+
+        Returns:
+            A formatted copy.
+        """
+        from transformers.trainer_pt_utils import metrics_format
+
+        return metrics_format(metrics)
+
+    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
+        """Prints ``metrics`` as transformers' ``Trainer.log_metrics`` does (``***** <split> metrics *****`` and one
+        aligned ``key = value`` line each; transformers' own function), on process zero only.
+
+        Args:
+            split: ``"train"``, ``"eval"``, ``"test"``...
+            metrics: what ``train()``/``evaluate()`` returned.
+        """
+        from transformers.trainer_pt_utils import log_metrics
+
+        log_metrics(self, split, metrics)
+
+    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+        """Writes ``output_dir/<split>_results.json`` as transformers' ``Trainer.save_metrics`` does (indented, sorted
+        keys, raw numbers) and, with ``combined``, merges them into ``output_dir/all_results.json``; on process zero
+        only, each file replaced atomically.
+
+        Args:
+            split: ``"train"``, ``"eval"``, ``"test"`` or ``"all"``.
+            metrics: what ``train()``/``evaluate()`` returned.
+            combined: also update ``all_results.json``.
+        """
+        import json
+
+        if not self.is_world_process_zero():
+            return
+        folder = Path(self.args.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {f"{split}_results.json": metrics}
+        if combined:
+            every = folder / "all_results.json"
+            files["all_results.json"] = {**(json.loads(every.read_text()) if every.exists() else {}), **metrics}
+        for name, values in files.items():
+            checkpoints.replace_atomically(folder / name, lambda path, values=values: path.write_text(
+                json.dumps(values, indent=4, sort_keys=True)))
+
+    def save_state(self) -> None:
+        """Writes ``output_dir/trainer_state.json`` (transformers' ``TrainerState.save_to_json`` text), as
+        transformers' ``Trainer.save_state`` does; on process zero only, replaced atomically."""
+        if not self.is_world_process_zero():
+            return
+        folder = Path(self.args.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        checkpoints.replace_atomically(folder / "trainer_state.json", lambda path: self.state.save_to_json(str(path)))
+
     def push_to_hub(self, commit_message: str = "End of training", blocking: bool = True, token: str | None = None,
                     revision: str | None = None, **model_card_kwargs) -> str:
         """Saves to ``output_dir`` and uploads it to ``args.hub_model_id`` (default: the folder name).

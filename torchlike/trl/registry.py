@@ -89,6 +89,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("bco", "BCOConfig", "BCOTrainer", f"{_EXPERIMENTAL}.bco", script=True),
     TrainerEntry("nash_md", "NashMDConfig", "NashMDTrainer", f"{_EXPERIMENTAL}.nash_md", script=True),
     TrainerEntry("gmpo", "GMPOConfig", "GMPOTrainer", f"{_EXPERIMENTAL}.gmpo", script=True),
+    TrainerEntry("tpo", "TPOConfig", "TPOTrainer", f"{_EXPERIMENTAL}.tpo", script=True),
 )
 
 

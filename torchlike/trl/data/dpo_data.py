@@ -219,7 +219,7 @@ def prepare_preference_examples(dataset: Iterable[Mapping[str, Any]], tokenizer:
 
 
 def padded_length(examples: Iterable[Mapping[str, Any]], max_length: int | None, truncation_mode: str = "keep_start",
-                  pad_to_multiple_of: int | None = None) -> int:
+                  pad_to_multiple_of: int | None = None, responses: Sequence[str] = _RESPONSES) -> int:
     """The one length every batch is padded to: the longest truncated sequence, rounded up to a multiple.
 
     Args:
@@ -227,19 +227,20 @@ def padded_length(examples: Iterable[Mapping[str, Any]], max_length: int | None,
         max_length (`int` or `None`): Truncation length (``None``: none).
         truncation_mode (`str`, *optional*, defaults to `"keep_start"`): As in preparation.
         pad_to_multiple_of (`int`, *optional*): Round the length up to a multiple of it.
+        responses (`Sequence[str]`, *optional*): The responses batches hold (TPO's triples add ``"reference"``).
 
     Returns:
         `int`: The padded length for [`collate_preference_batch`].
     """
     window = truncation_window(max_length, truncation_mode)
     longest = max((len(response_sequence(example, response, window)[0])
-                   for example in examples for response in _RESPONSES), default=1)
+                   for example in examples for response in responses), default=1)
     return round_up_to_multiple(longest, pad_to_multiple_of)
 
 
 def collate_preference_batch(examples: Sequence[Mapping[str, Any]], pad_token_id: int, length: int,
-                             max_length: int | None = None, truncation_mode: str = "keep_start"
-                             ) -> dict[str, np.ndarray]:
+                             max_length: int | None = None, truncation_mode: str = "keep_start",
+                             responses: Sequence[str] = _RESPONSES) -> dict[str, np.ndarray]:
     """Truncates and right-pads prepared pairs to a fixed batch, as TRL's ``DataCollatorForPreference`` with a fixed
     length.
 
@@ -253,14 +254,15 @@ def collate_preference_batch(examples: Sequence[Mapping[str, Any]], pad_token_id
         length (`int`): The padded length (see [`padded_length`]).
         max_length (`int` or `None`, *optional*): Each ``prompt + response`` is truncated to it first.
         truncation_mode (`str`, *optional*, defaults to `"keep_start"`): ``"keep_start"`` or ``"keep_end"``.
+        responses (`Sequence[str]`, *optional*): The responses to collate (TPO's triples add ``"reference"``).
 
     Returns:
-        `dict[str, np.ndarray]`: for ``chosen`` and ``rejected``, int32 ``[B, length]`` arrays ``*_input_ids``,
-        ``*_attention_mask`` (1 on real tokens) and ``*_completion_mask`` (1 on response tokens); plus float32
-        ``[B]`` ``ref_chosen_logps``/``ref_rejected_logps`` when the examples have them.
+        `dict[str, np.ndarray]`: for each response (``chosen`` and ``rejected``), int32 ``[B, length]`` arrays
+        ``*_input_ids``, ``*_attention_mask`` (1 on real tokens) and ``*_completion_mask`` (1 on response tokens); plus
+        float32 ``[B]`` ``ref_chosen_logps``/``ref_rejected_logps`` when the examples have them.
     """
     window = truncation_window(max_length, truncation_mode)
-    batch = padded_sequences(examples, [(response, f"{response}_") for response in _RESPONSES], pad_token_id, length,
+    batch = padded_sequences(examples, [(response, f"{response}_") for response in responses], pad_token_id, length,
                              window)
     for key in ("ref_chosen_logps", "ref_rejected_logps"):
         if examples and key in examples[0]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +85,11 @@ def load_script_dataset(script_args: ScriptArguments,
 
 def run_training_script(trainer_class: type[TRLTrainer], script_args: ScriptArguments, training_args: TRLConfig,
                         model_args: ModelConfig, dataset_args: DatasetMixtureConfig,
-                        trust_remote_code: bool | None = None, **trainer_kwargs: Any) -> TRLTrainer:
+                        trust_remote_code: bool | None = None,
+                        prepare_dataset: Callable[[DatasetDict | IterableDatasetDict],
+                                                  DatasetDict | IterableDatasetDict] | None = None,
+                        final_evaluation: bool = False,
+                        **trainer_kwargs: Any) -> TRLTrainer:
     """TRL's ``main`` of a training script: build the trainer from the parsed arguments, train, save, push.
 
     ``training_args.model_init_kwargs`` gets the model's revision, ``trust_remote_code``, attention implementation
@@ -98,6 +103,9 @@ def run_training_script(trainer_class: type[TRLTrainer], script_args: ScriptArgu
         dataset_args: the dataset mixture.
         trust_remote_code: for a config without that field (``BCOConfig``, whose script reads it elsewhere);
             default ``training_args.trust_remote_code``.
+        prepare_dataset: the script's own dataset preparation, ``DatasetDict -> DatasetDict``, run after loading.
+        final_evaluation: evaluate after training when ``eval_strategy`` is not ``"no"``, printing and saving the
+            metrics (``eval_results.json``), as TRL's TPO script does.
         **trainer_kwargs: further trainer arguments (``reward_funcs`` for GRPO).
 
     Returns:
@@ -121,6 +129,8 @@ def run_training_script(trainer_class: type[TRLTrainer], script_args: ScriptArgu
         raise ValueError(f"--load_in_4bit/--load_in_8bit: {trainer_class.__name__} takes no quantization_config (as "
                          "in TRL), so it cannot train a quantised model; drop the flag.")
     dataset = load_script_dataset(script_args, dataset_args)
+    if prepare_dataset is not None:
+        dataset = prepare_dataset(dataset)
     trainer = trainer_class(
         model=model_args.model_name_or_path,
         args=training_args,
@@ -131,6 +141,10 @@ def run_training_script(trainer_class: type[TRLTrainer], script_args: ScriptArgu
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.accelerator.print("✅ Training completed.")
+    if final_evaluation and training_args.eval_strategy != "no":
+        metrics = trainer.evaluate()
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"💾 Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:

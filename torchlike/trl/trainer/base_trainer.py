@@ -42,10 +42,10 @@ if TYPE_CHECKING:
     from ...adapters.families.base import Family
     from ...modeling import CausalLM
 
-__all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "TRLTrainer",
-           "check_reference_sync", "check_text_dataset", "check_vision_model",
+__all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "StackedRowsMetrics",
+           "TRLTrainer", "check_reference_sync", "check_text_dataset", "check_vision_model",
            "converted_if_transformers", "create_reference_model", "default_output_dir", "is_vision_dataset",
-           "load_model", "vision_processor"]
+           "load_model", "rows_trl_gathers", "vision_processor"]
 
 
 def default_output_dir(model: ModelLike, suffix: str) -> str:
@@ -509,7 +509,65 @@ class ReferenceAlgorithm:
         """Restores the algorithm's own state from the checkpoint the run resumed from: none."""
 
 
-class PrecomputedReferenceTrainer(TRLTrainer):
+class StackedRowsMetrics:
+    """``compute_metrics`` for a :class:`TRLTrainer` whose batches TRL's collator builds as stacked rows (DPO's chosen
+    rows on top of its rejected ones, TPO's three responses): TRL's ``prediction_step`` hands it the model's logits on
+    those rows' ``input_ids`` and the ids as labels, each batch right-padded to its longest row. A trainer using it
+    defines :meth:`_metrics_rows`."""
+
+    #: Whether TRL's trainer deprecates the logits it passes (DPO, KTO, BCO: with a ``FutureWarning``; TPO does not).
+    _logits_for_metrics_deprecated: bool = True
+
+    def _metrics_rows(self, batch: dict) -> tuple[Any, Any]:
+        """``(input_ids, attention_mask)`` of the rows TRL's collator builds from ``batch``."""
+        raise NotImplementedError
+
+    def _found_for_metrics(self) -> Callable:
+        """The logits of :meth:`_metrics_rows` and their ids as labels (with TRL's ``FutureWarning`` where it
+        deprecates them)."""
+        import jax.numpy as jnp
+
+        from ...training.loss_selection import select_outputs
+
+        if self._logits_for_metrics_deprecated:
+            warnings.warn("`return_outputs=True`, and the logits it passes to `compute_metrics`, are deprecated and "
+                          "will be removed in v2.0.0. The fused LM head does not build the logits, so they are "
+                          "recomputed with an extra forward pass.", FutureWarning, stacklevel=2)
+        logits = select_outputs(self._trainable_model, None, ())
+
+        def found(module, batch):
+            ids, mask = self._metrics_rows(batch)
+            ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+            return {"predictions": logits(module, {"input_ids": ids, "attention_mask": mask}), "labels": ids,
+                    "input_ids": ids, "lengths": mask.sum(-1)}
+
+        return found
+
+    def _metrics_length(self, lengths: Sequence[int]) -> int | None:
+        """TRL's collator pads each batch to its longest row, rounded up to ``pad_to_multiple_of``."""
+        from .base_config import round_up_to_multiple
+
+        return round_up_to_multiple(int(lengths.max()), self.args.pad_to_multiple_of)
+
+
+def rows_trl_gathers(found: dict, rows: int, branches: int) -> tuple[dict, int]:
+    """``(found, rows)`` of an evaluation batch of ``branches`` stacked row groups (DPO: 2, TPO: 3) as TRL's
+    ``compute_metrics`` sees them: all of a full batch; of a short last batch (``rows`` real examples where each group
+    holds more) only its first ``rows`` rows, since accelerate's ``gather_for_metrics`` cuts the last batch to the
+    examples left, not to their ``branches * rows`` rows."""
+    import jax
+    import numpy as np
+
+    total = found["labels"].shape[0]
+    if rows == total // branches:
+        return found, total
+    kept = jax.tree.map(lambda array: np.asarray(array)[:rows], found)
+    # TRL's collator pads the whole batch before accelerate cuts it: the rows kept are as long as its longest row.
+    kept["lengths"] = np.full(rows, np.asarray(found["lengths"]).max())
+    return kept, rows
+
+
+class PrecomputedReferenceTrainer(StackedRowsMetrics, TRLTrainer):
     """The loop of the offline trainers with a reference model (DPO, KTO, BCO): the examples are tokenised once,
     their reference log-probabilities are stored as columns before training, or, with ``sync_ref_model``, computed for
     each batch by the reference TRL's ``SyncRefModelCallback`` moves; the logs carry TRL's running ``num_tokens``.
@@ -625,35 +683,8 @@ class PrecomputedReferenceTrainer(TRLTrainer):
         self._add_reference_columns(examples, self._reference_pass(), self._reference_columns,
                                     per_device_batch_size)
 
-    # ------------------------------------------------------------------ compute_metrics (deprecated in TRL)
-    def _found_for_metrics(self) -> Callable:
-        """TRL's ``prediction_step`` hands ``compute_metrics`` the model's logits on the batch's ``input_ids`` and
-        those ids as labels (with the ``FutureWarning`` TRL gives for it); :meth:`_metrics_rows` are the rows."""
-        import jax.numpy as jnp
-
-        from ...training.loss_selection import select_outputs
-
-        warnings.warn("`return_outputs=True`, and the logits it passes to `compute_metrics`, are deprecated and will "
-                      "be removed in v2.0.0. The fused LM head does not build the logits, so they are recomputed "
-                      "with an extra forward pass.", FutureWarning, stacklevel=2)
-        logits = select_outputs(self._trainable_model, None, ())
-
-        def found(module, batch):
-            ids, mask = self._metrics_rows(batch)
-            ids, mask = jnp.asarray(ids), jnp.asarray(mask)
-            return {"predictions": logits(module, {"input_ids": ids, "attention_mask": mask}), "labels": ids,
-                    "input_ids": ids, "lengths": mask.sum(-1)}
-
-        return found
-
     def _metrics_rows(self, batch: dict) -> tuple[Any, Any]:
         return self.algorithm.metrics_rows(batch)
-
-    def _metrics_length(self, lengths: Sequence[int]) -> int | None:
-        """TRL's collator pads each batch to its longest row, rounded up to ``pad_to_multiple_of``."""
-        from .base_config import round_up_to_multiple
-
-        return round_up_to_multiple(int(lengths.max()), self.args.pad_to_multiple_of)
 
     def _start_reference_sync(self) -> None:
         """``sync_ref_model``: each training batch is scored by the current reference when it is used (so batches

@@ -43,6 +43,7 @@ from .base_trainer import (
     ReferenceAlgorithm,
     check_vision_model,
     is_vision_dataset,
+    rows_trl_gathers,
     vision_processor,
 )
 from .dpo_config import DPOConfig
@@ -104,15 +105,9 @@ class DPO(ReferenceAlgorithm):
                 jnp.concatenate([batch["chosen_attention_mask"], batch["rejected_attention_mask"]]))
 
     def host_found(self, found: dict, rows: int) -> tuple[dict, int]:
-        """The ``rows`` real pairs' chosen rows, then their rejected rows. Of a short last batch (``rows`` pairs
-        where the batch holds more) TRL's ``compute_metrics`` sees only the first ``rows`` rows, its chosen ones:
-        accelerate's ``gather_for_metrics`` cuts the last batch to the examples left, not to its ``2 * rows``."""
-        import jax
-        import numpy as np
-
-        half = found["labels"].shape[0] // 2
-        kept = np.r_[0:rows, half:half + rows] if rows == half else np.arange(rows)
-        return jax.tree.map(lambda array: np.asarray(array)[kept], found), len(kept)
+        """The ``rows`` real pairs' chosen rows, then their rejected rows; of a short last batch only its first
+        ``rows`` rows, its chosen ones (:func:`.base_trainer.rows_trl_gathers`)."""
+        return rows_trl_gathers(found, rows, 2)
 
 
 class DPOTrainer(PrecomputedReferenceTrainer):
