@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import pytest
 import transformers
 import trl
+import trl.experimental.a2po as trl_a2po
 import trl.experimental.cpo as trl_cpo
 import trl.experimental.gkd as trl_gkd
 import trl.experimental.gmpo as trl_gmpo
@@ -39,6 +40,8 @@ from torchlike.trl import (
     RLOOConfig,
     SFTConfig,
 )
+from torchlike.trl.experimental.a2po import A2POConfig
+from torchlike.trl.experimental.a2po.a2po_fields import A2PO_FIELD_SUPPORT
 from torchlike.trl.experimental.cpo import CPOConfig
 from torchlike.trl.experimental.cpo.cpo_fields import CPO_FIELD_SUPPORT
 from torchlike.trl.experimental.gkd import GKDConfig
@@ -110,6 +113,7 @@ CASES = {
                              inherited=TRAINING_ARGUMENTS_FIELDS | frozenset(GRPO_FIELD_SUPPORT),
                              our_settings={"use_cpu": True, "mesh_shape": (1, 1)}),
     "TPOConfig": ConfigCase(trl_tpo.TPOConfig, TPOConfig, TPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
+    "A2POConfig": ConfigCase(trl_a2po.A2POConfig, A2POConfig, A2PO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
 }
 #: The tables of the TRL configs' own fields (TrainingArguments and SFTConfig share FIELD_SUPPORT, which
 #: test_training_config.py checks against both).
@@ -141,6 +145,7 @@ POST_INIT_SETTINGS = {
     "OnlineDPOConfig": [{}, {"beta": [0.3], "loss_type": "ipo"}, {"beta": [0.1, 0.2], "missing_eos_penalty": 1.0}],
     "GMPOConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 4, "epsilon_high": 0.2, "beta": 0.04}],
     "TPOConfig": [{}, {"loss_type": "tpo-l", "truncation_mode": "keep_end", "tpo_alpha": 0.0, "max_length": None}],
+    "A2POConfig": [{}, {"num_value_samples": 4, "beta1": 0.1, "top_k": 20, "reward_weights": [1.0, 0.5]}],
 }
 POST_INIT_CASES = [pytest.param(CASES[name], settings, id=f"{name}-{index}")
                    for name, all_settings in POST_INIT_SETTINGS.items() for index, settings in enumerate(all_settings)]

@@ -43,7 +43,8 @@ TRAINER_INPUTS = {"sft": ([{"prompt": "The sky is", "completion": " blue."}] * 4
                   "xpo": (PROMPTS, {"reward_funcs": _length_reward}),
                   "nash_md": (PROMPTS, {"reward_funcs": _length_reward}),
                   "gmpo": (PROMPTS, {"reward_funcs": _length_reward}),
-                  "tpo": (TRIPLES, {})}
+                  "tpo": (TRIPLES, {}),
+                  "a2po": (PROMPTS, {"reward_funcs": _length_reward})}
 TRAINERS = {"SFT": (SFTTrainer, SFTConfig, [{"prompt": "The sky is", "completion": " blue."}] * 4),
             "DPO": (DPOTrainer, DPOConfig, PAIRS),
             "ORPO": (ORPOTrainer, ORPOConfig, PAIRS),

@@ -90,6 +90,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("nash_md", "NashMDConfig", "NashMDTrainer", f"{_EXPERIMENTAL}.nash_md", script=True),
     TrainerEntry("gmpo", "GMPOConfig", "GMPOTrainer", f"{_EXPERIMENTAL}.gmpo", script=True),
     TrainerEntry("tpo", "TPOConfig", "TPOTrainer", f"{_EXPERIMENTAL}.tpo", script=True),
+    TrainerEntry("a2po", "A2POConfig", "A2POTrainer", f"{_EXPERIMENTAL}.a2po", script=False),
 )
 
 
