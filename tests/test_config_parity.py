@@ -16,6 +16,7 @@ import trl.experimental.gkd as trl_gkd
 import trl.experimental.gmpo as trl_gmpo
 import trl.experimental.online_dpo as trl_online_dpo
 import trl.experimental.orpo as trl_orpo
+import trl.experimental.sdft as trl_sdft
 import trl.experimental.tpo as trl_tpo
 
 from tests.helpers.config_fields import (
@@ -52,6 +53,8 @@ from torchlike.trl.experimental.online_dpo import OnlineDPOConfig
 from torchlike.trl.experimental.online_dpo.online_dpo_fields import ONLINE_DPO_FIELD_SUPPORT
 from torchlike.trl.experimental.orpo import ORPOConfig
 from torchlike.trl.experimental.orpo.orpo_fields import ORPO_FIELD_SUPPORT
+from torchlike.trl.experimental.sdft import SDFTConfig
+from torchlike.trl.experimental.sdft.sdft_fields import SDFT_FIELD_SUPPORT
 from torchlike.trl.experimental.tpo import TPOConfig
 from torchlike.trl.experimental.tpo.tpo_fields import TPO_FIELD_SUPPORT
 from torchlike.trl.trainer.distillation_fields import DISTILLATION_FIELD_SUPPORT
@@ -114,6 +117,7 @@ CASES = {
                              our_settings={"use_cpu": True, "mesh_shape": (1, 1)}),
     "TPOConfig": ConfigCase(trl_tpo.TPOConfig, TPOConfig, TPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "A2POConfig": ConfigCase(trl_a2po.A2POConfig, A2POConfig, A2PO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
+    "SDFTConfig": ConfigCase(trl_sdft.SDFTConfig, SDFTConfig, SDFT_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
 }
 #: The tables of the TRL configs' own fields (TrainingArguments and SFTConfig share FIELD_SUPPORT, which
 #: test_training_config.py checks against both).
@@ -146,6 +150,9 @@ POST_INIT_SETTINGS = {
     "GMPOConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 4, "epsilon_high": 0.2, "beta": 0.04}],
     "TPOConfig": [{}, {"loss_type": "tpo-l", "truncation_mode": "keep_end", "tpo_alpha": 0.0, "max_length": None}],
     "A2POConfig": [{}, {"num_value_samples": 4, "beta1": 0.1, "top_k": 20, "reward_weights": [1.0, 0.5]}],
+    "SDFTConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 2, "steps_per_generation": 2,
+                        "distillation_mode": "sampled_token", "distillation_alpha": 1.0, "teacher_model_kind": "ema"},
+                   {"per_device_train_batch_size": 2, "generation_batch_size": 8, "num_generations": 4}],
 }
 POST_INIT_CASES = [pytest.param(CASES[name], settings, id=f"{name}-{index}")
                    for name, all_settings in POST_INIT_SETTINGS.items() for index, settings in enumerate(all_settings)]

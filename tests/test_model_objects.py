@@ -44,7 +44,8 @@ TRAINER_INPUTS = {"sft": ([{"prompt": "The sky is", "completion": " blue."}] * 4
                   "nash_md": (PROMPTS, {"reward_funcs": _length_reward}),
                   "gmpo": (PROMPTS, {"reward_funcs": _length_reward}),
                   "tpo": (TRIPLES, {}),
-                  "a2po": (PROMPTS, {"reward_funcs": _length_reward})}
+                  "a2po": (PROMPTS, {"reward_funcs": _length_reward}),
+                  "sdft": ([{**row, "privileged_context": "Think."} for row in PROMPTS], {})}
 TRAINERS = {"SFT": (SFTTrainer, SFTConfig, [{"prompt": "The sky is", "completion": " blue."}] * 4),
             "DPO": (DPOTrainer, DPOConfig, PAIRS),
             "ORPO": (ORPOTrainer, ORPOConfig, PAIRS),

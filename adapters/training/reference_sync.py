@@ -17,7 +17,7 @@ def _mixed(reference: nnx.State, policy: nnx.State, alpha: float) -> nnx.State:
     return jax.tree.map(lambda ref, new: ref * (1.0 - alpha) + new.astype(ref.dtype) * alpha, reference, policy)
 
 
-def mix_into(reference: nnx.Module, policy: nnx.Module, alpha: float) -> None:
+def mix_into(reference: nnx.Module, policy: nnx.Module, alpha: float, variables: type = nnx.Param) -> None:
     """Sets every parameter of ``reference`` to ``alpha * policy + (1 - alpha) * reference``, in place.
 
     TRL's ``SyncRefModelCallback.sync_target_model`` (``target.mul_(1 - alpha).add_(policy, alpha=alpha)``), in the
@@ -28,12 +28,13 @@ def mix_into(reference: nnx.Module, policy: nnx.Module, alpha: float) -> None:
         reference: the reference module, updated in place.
         policy: the module being trained; read only.
         alpha: ``ref_model_mixup_alpha``, the policy's share.
+        variables: the variables mixed (``nnx.LoRAParam``: the LoRA factors alone, TRL's EMA teacher adapter).
 
     Raises:
         ValueError: the two modules do not hold the same parameters.
     """
-    reference_state = nnx.state(reference, nnx.Param)
-    policy_state = nnx.state(policy, nnx.Param)
+    reference_state = nnx.state(reference, variables)
+    policy_state = nnx.state(policy, variables)
     if jax.tree.structure(reference_state) != jax.tree.structure(policy_state):
         raise ValueError("sync_ref_model: the reference model and the policy do not hold the same parameters (a "
                          "ref_model of another architecture?); the reference can only be mixed with a policy of its "

@@ -51,8 +51,8 @@ if TYPE_CHECKING:
     from ...adapters.families.base import Family
     from ...modeling import CausalLM
 
-__all__ = ["Distillation", "DistillationTrainer", "StudentTeacherAlgorithm", "StudentTeacherTrainer",
-           "check_vocabularies"]
+__all__ = ["Distillation", "DistillationTrainer", "StudentTeacherAlgorithm", "StudentTeacherSteps",
+           "StudentTeacherTrainer", "check_vocabularies"]
 
 
 def check_vocabularies(student: CausalLM, teacher: CausalLM, method: str = "Distillation") -> None:
@@ -125,7 +125,27 @@ class StudentTeacherAlgorithm:
         raise NotImplementedError
 
 
-class StudentTeacherTrainer(OnlineTrainer):
+class StudentTeacherSteps:
+    """The steps of a trainer whose loss reads a teacher beside the student (Distillation, GKD, SDFT): they run on
+    ``self._student_and_teacher`` (an ``adapters.losses.distillation.StudentTeacher``, which the trainer sets once its
+    teacher is placed), and the optimizer updates the student's part only."""
+
+    _student_and_teacher: distillation_losses.StudentTeacher
+
+    @property
+    def _module(self):
+        """The NNX module the train and eval steps run on: the student and the teacher together
+        (``adapters.losses.distillation.StudentTeacher``); the optimizer updates the student's part only."""
+        return self._student_and_teacher
+
+    def _trainable(self):
+        """The student's trainable variables (its LoRA factors, or every parameter); never the teacher's."""
+        from flax import nnx
+
+        return nnx.All(super()._trainable(), distillation_losses.is_student)
+
+
+class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
     """The training loop of TRL's student-teacher trainers (``DistillationTrainer``, ``GKDTrainer``), and what a step
     of either does.
 
@@ -194,18 +214,6 @@ class StudentTeacherTrainer(OnlineTrainer):
         self._place_teacher()
         self._student_and_teacher = distillation_losses.StudentTeacher(self._trainable_model.module,
                                                                      self.teacher_model.module)
-
-    @property
-    def _module(self):
-        """The NNX module the train and eval steps run on: the student and the teacher together
-        (``adapters.losses.distillation.StudentTeacher``); the optimizer updates the student's part only."""
-        return self._student_and_teacher
-
-    def _trainable(self):
-        """The student's trainable variables (its LoRA factors, or every parameter); never the teacher's."""
-        from flax import nnx
-
-        return nnx.All(super()._trainable(), distillation_losses.is_student)
 
     # ------------------------------------------------------------------ the algorithm's parts
     def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:

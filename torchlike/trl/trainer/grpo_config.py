@@ -27,12 +27,13 @@ from torchlike.trl.trainer.grpo_fields import GRPO_FIELD_SUPPORT
 # The choices (``LOSS_TYPES``: all of TRL 1.16's loss types, ``IMPORTANCE_SAMPLING_LEVELS``, ``SCALE_REWARDS`` after
 # TRL's mapping of True/False, ``MULTI_OBJECTIVE_AGGREGATIONS``) are the loss module's tables
 # (torchlike.adapters.losses.grpo), the one list of what the loss computes.
-__all__ = ["GRPOConfig", "IMPORTANCE_SAMPLING_LEVELS", "LOSS_TYPES", "MULTI_OBJECTIVE_AGGREGATIONS", "SCALE_REWARDS"]
+__all__ = ["GRPOConfig", "IMPORTANCE_SAMPLING_LEVELS", "LOSS_TYPES", "MULTI_OBJECTIVE_AGGREGATIONS", "SCALE_REWARDS",
+           "resolve_generation_batch"]
 
 
-def _group_sizes(batch: int) -> str:
-    """The ``num_generations`` values (>= 2) that split ``batch`` completions into whole groups."""
-    sizes = [size for size in range(2, batch + 1) if batch % size == 0]
+def _group_sizes(batch: int, smallest: int = 2) -> str:
+    """The ``num_generations`` values (>= ``smallest``) that split ``batch`` completions into whole groups."""
+    sizes = [size for size in range(smallest, batch + 1) if batch % size == 0]
     return ", ".join(map(str, sizes)) if sizes else "none (a batch of one completion cannot hold a group)"
 
 
@@ -168,62 +169,8 @@ class OnlineRLConfig(TRLConfig):
                              f"accepts it: prompts keep their last {self.max_prompt_length} tokens.", FutureWarning)
 
     def _resolve_generation_batch(self) -> None:
-        """TRL's generation-batch rules, with messages that name the values that work."""
-        num_generations = self.num_generations
-        if not isinstance(num_generations, int) or isinstance(num_generations, bool) or num_generations < 2:
-            raise ValueError(f"{self._algorithm} requires at least 2 generations per prompt to calculate the "
-                             f"advantages. You provided num_generations={num_generations!r}, which is less than the "
-                             "minimum required. Set num_generations to 2 or more.")
-        shards = self.data_parallel_size
-        global_batch = self.per_device_train_batch_size * shards
-        batch_text = (f"per_device_train_batch_size={self.per_device_train_batch_size} x {shards} data-parallel "
-                      f"shard(s)")
-        if self.generation_batch_size is not None and self.steps_per_generation is not None:
-            raise ValueError("'generation_batch_size' and 'steps_per_generation' can not be both configured at the "
-                             "same time; set one of them (the other is derived from it).")
-        if self.generation_batch_size is not None:
-            if self.generation_batch_size < 1 or self.generation_batch_size % global_batch:
-                lower = max(self.generation_batch_size // global_batch, 1) * global_batch
-                raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be divisible by the "
-                                 f"global batch size ({global_batch} = {batch_text}): it is split into micro-batches "
-                                 f"of that size. Valid values near it: {lower}, {lower + global_batch}.")
-            self.steps_per_generation = self.generation_batch_size // global_batch
-            explicit = True
-        else:
-            if self.steps_per_generation is None:
-                self.steps_per_generation = self.gradient_accumulation_steps
-            if not isinstance(self.steps_per_generation, int) or self.steps_per_generation < 1:
-                raise ValueError(f"steps_per_generation={self.steps_per_generation!r} must be a positive integer.")
-            self.generation_batch_size = global_batch * self.steps_per_generation
-            explicit = False
-
-        if self.do_eval and self.eval_strategy != "no":
-            eval_generations = self.num_generations_eval or num_generations
-            eval_batch = self.per_device_eval_batch_size * shards
-            if eval_batch % eval_generations:
-                fix = _smallest_multiplier(self.per_device_eval_batch_size, shards, eval_generations)
-                raise ValueError(f"The global eval batch size ({eval_batch} = per_device_eval_batch_size="
-                                 f"{self.per_device_eval_batch_size} x {shards} data-parallel shard(s)) must be "
-                                 f"divisible by the number of generations used for evaluation ({eval_generations}). "
-                                 f"Valid num_generations_eval for this batch: {_group_sizes(eval_batch)}; or set "
-                                 f"per_device_eval_batch_size={fix}.")
-
-        if self.generation_batch_size % num_generations:
-            if explicit:
-                step = math.lcm(global_batch, num_generations)
-                fix = f"set generation_batch_size={-(-self.generation_batch_size // step) * step}"
-                made_of = ""
-            else:
-                per_device = _smallest_multiplier(self.per_device_train_batch_size, shards * self.steps_per_generation,
-                                                  num_generations)
-                steps = _smallest_multiplier(self.steps_per_generation, global_batch, num_generations)
-                fix = f"set per_device_train_batch_size={per_device} or steps_per_generation={steps}"
-                made_of = f" = {batch_text} x steps_per_generation={self.steps_per_generation}"
-            raise ValueError(f"generation_batch_size ({self.generation_batch_size}{made_of}) must be divisible by "
-                             f"num_generations ({num_generations}), so that every prompt's completions are generated "
-                             f"together. Valid num_generations for this batch: "
-                             f"{_group_sizes(self.generation_batch_size)}; or keep num_generations={num_generations} "
-                             f"and {fix}.")
+        """TRL's generation-batch rules (:func:`resolve_generation_batch`)."""
+        resolve_generation_batch(self, self._algorithm)
 
 
 @dataclass
@@ -347,3 +294,79 @@ class GRPOConfig(OnlineRLConfig):
                 and self.vllm_importance_sampling_mode in ("token_truncate", "sequence_truncate")):
             raise ValueError("At least one of vllm_importance_sampling_clip_min or vllm_importance_sampling_clip_max "
                              "must be set when vllm_importance_sampling_mode is a *_truncate mode.")
+
+
+def resolve_generation_batch(self: TRLConfig, algorithm: str, min_generations: int = 2) -> None:
+    """TRL's generation-batch rules for an online config with ``num_generations``, ``generation_batch_size``,
+    ``steps_per_generation`` and ``num_generations_eval`` (GRPO, RLOO, SDFT...), with messages that name the values
+    that work: ``steps_per_generation`` and ``generation_batch_size`` derived from each other, whole prompt groups in
+    every generation and evaluation batch.
+
+    Args:
+        self: the config, resolved in place.
+        algorithm: its trainer's name, for messages.
+        min_generations: the fewest completions per prompt the algorithm takes (2 where advantages are taken within
+            a group).
+
+    Raises:
+        ValueError: values TRL refuses, saying which values work.
+    """
+    num_generations = self.num_generations
+    if not isinstance(num_generations, int) or isinstance(num_generations, bool) or \
+            num_generations < min_generations:
+        if min_generations > 1:
+            raise ValueError(f"{algorithm} requires at least {min_generations} generations per prompt to calculate "
+                             f"the advantages. You provided num_generations={num_generations!r}, which is less "
+                             f"than the minimum required. Set num_generations to {min_generations} or more.")
+        raise ValueError(f"num_generations={num_generations!r} must be a positive integer (completions sampled "
+                         "per prompt).")
+    shards = self.data_parallel_size
+    global_batch = self.per_device_train_batch_size * shards
+    batch_text = (f"per_device_train_batch_size={self.per_device_train_batch_size} x {shards} data-parallel "
+                  f"shard(s)")
+    if self.generation_batch_size is not None and self.steps_per_generation is not None:
+        raise ValueError("'generation_batch_size' and 'steps_per_generation' can not be both configured at the "
+                         "same time; set one of them (the other is derived from it).")
+    if self.generation_batch_size is not None:
+        if self.generation_batch_size < 1 or self.generation_batch_size % global_batch:
+            lower = max(self.generation_batch_size // global_batch, 1) * global_batch
+            raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be divisible by the "
+                             f"global batch size ({global_batch} = {batch_text}): it is split into micro-batches "
+                             f"of that size. Valid values near it: {lower}, {lower + global_batch}.")
+        self.steps_per_generation = self.generation_batch_size // global_batch
+        explicit = True
+    else:
+        if self.steps_per_generation is None:
+            self.steps_per_generation = self.gradient_accumulation_steps
+        if not isinstance(self.steps_per_generation, int) or self.steps_per_generation < 1:
+            raise ValueError(f"steps_per_generation={self.steps_per_generation!r} must be a positive integer.")
+        self.generation_batch_size = global_batch * self.steps_per_generation
+        explicit = False
+
+    if self.do_eval and self.eval_strategy != "no":
+        eval_generations = self.num_generations_eval or num_generations
+        eval_batch = self.per_device_eval_batch_size * shards
+        if eval_batch % eval_generations:
+            fix = _smallest_multiplier(self.per_device_eval_batch_size, shards, eval_generations)
+            raise ValueError(f"The global eval batch size ({eval_batch} = per_device_eval_batch_size="
+                             f"{self.per_device_eval_batch_size} x {shards} data-parallel shard(s)) must be "
+                             f"divisible by the number of generations used for evaluation ({eval_generations}). "
+                             "Valid num_generations_eval for this batch: "
+                             f"{_group_sizes(eval_batch, min_generations)}; or set per_device_eval_batch_size={fix}.")
+
+    if self.generation_batch_size % num_generations:
+        if explicit:
+            step = math.lcm(global_batch, num_generations)
+            fix = f"set generation_batch_size={-(-self.generation_batch_size // step) * step}"
+            made_of = ""
+        else:
+            per_device = _smallest_multiplier(self.per_device_train_batch_size, shards * self.steps_per_generation,
+                                              num_generations)
+            steps = _smallest_multiplier(self.steps_per_generation, global_batch, num_generations)
+            fix = f"set per_device_train_batch_size={per_device} or steps_per_generation={steps}"
+            made_of = f" = {batch_text} x steps_per_generation={self.steps_per_generation}"
+        raise ValueError(f"generation_batch_size ({self.generation_batch_size}{made_of}) must be divisible by "
+                         f"num_generations ({num_generations}), so that every prompt's completions are generated "
+                         "together. Valid num_generations for this batch: "
+                         f"{_group_sizes(self.generation_batch_size, min_generations)}; or keep "
+                         f"num_generations={num_generations} and {fix}.")

@@ -386,6 +386,9 @@ class OnlineTrainer(TRLTrainer):
         extra = {key: [value for piece in pieces for value in piece[2][key]] for key in extra}
         return prompts, completions, extra
 
+    _logs_num_tokens = True
+    """Whether the generation metrics include TRL's running ``num_tokens`` (TRL's SDFT logs none)."""
+
     def _record_completion_metrics(self, record: Rollout, prefix: str, train: bool, counted: int | None = None) -> None:
         """TRL's generation metrics of the first ``counted`` completions (default all; the rest pad an evaluation
         batch) for the next log: ``num_tokens`` (TRL's running count of prompt and model-written tokens, advanced in
@@ -396,7 +399,8 @@ class OnlineTrainer(TRLTrainer):
         terminated = lengths[ended] if ended.any() else np.zeros(1)
         if train:
             self.state.num_input_tokens_seen += int(record.prompt_mask[:counted].sum() + lengths.sum())
-        self._pending_metrics[prefix + "num_tokens"] = [float(self.state.num_input_tokens_seen)]
+        if self._logs_num_tokens:
+            self._pending_metrics[prefix + "num_tokens"] = [float(self.state.num_input_tokens_seen)]
         metrics = {"completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
                    "completions/max_length": lengths.max(), "completions/clipped_ratio": 1.0 - ended.mean(),
                    "completions/mean_terminated_length": terminated.mean(),
