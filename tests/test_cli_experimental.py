@@ -1,5 +1,5 @@
-"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco|gmpo|tpo``: TRL's experimental trainers from the command line, taking the
-flags of TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory
+"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco|gmpo|tpo|sdft``: TRL's experimental trainers from the command line, taking
+the flags of TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory
 transformers loads, and what cannot run here (a remote ``--judge``, a quantised ORPO model) is refused in words."""
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ TRL_SCRIPT_FLAGS = {
     "gmpo": ["--reward_funcs", "--reward_model_name_or_path", "--epsilon", "--epsilon_high", "--num_generations",
              "--max_completion_length"],
     "tpo": ["--loss_type", "--tpo_alpha", "--tpo_l_gamma", "--beta", "--max_length"],
+    "sdft": ["--dataset_path", "--privileged_context_column", "--golden_response_column", "--eval_num_prompts",
+             "--demonstration_template", "--tool_eval_num_examples", "--tool_eval_max_new_tokens",
+             "--teacher_model_kind", "--distillation_mode", "--num_generations"],
 }
 SHARED_FLAGS = ["--model_name_or_path", "--dataset_name", "--dataset_train_split", "--use_peft", "--lora_r",
                 "--output_dir", "--learning_rate"]
@@ -213,3 +216,45 @@ def test_tpo_command_trains_on_ultrafeedback_rows_evaluates_and_saves(script_mod
     assert {"eval_loss", "eval_rewards/margins", "eval_logps/chosen"} <= set(metrics)
     assert json.loads((tmp_path / "out" / "all_results.json").read_text()) == metrics
     assert_hf_loadable(tmp_path / "out")
+
+
+def test_sdft_command_builds_the_privileged_context_scores_tool_use_and_saves(script_model, tmp_path, capsys):
+    """TRL's SDFT script: demonstrations become the privileged context through the template, the test split's
+    ``golden_answer`` is scored with greedy completions before and after training, and the final evaluation saved."""
+    import json
+
+    import datasets
+
+    rows = [{"prompt": " ".join(WORDS[i:i + 3]), "golden_response": " ".join(WORDS[i + 3:i + 5])} for i in range(8)]
+    test = [{**row, "golden_answer": [{"Action": "search", "Action_Input": '{"q": "fox"}'}]} for row in rows[:2]]
+    dataset_dir = tmp_path / "data"  # a save_to_disk folder (--dataset_path): the splits have different columns
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
+                          "test": datasets.Dataset.from_list(test)}).save_to_disk(dataset_dir)
+    trainer = cli.main(["sdft", *common_arguments(script_model, "unused", tmp_path), "--dataset_path", str(dataset_dir),
+                        "--per_device_train_batch_size", "4", "--num_generations", "2",
+                        "--max_completion_length", "4", "--eval_strategy", "steps", "--eval_steps", "1",
+                        "--eval_num_prompts", "0", "--tool_eval_max_new_tokens", "4",
+                        "--demonstration_template", "Answer: $output_text"])
+    assert trainer == 0
+    out = capsys.readouterr().out
+    assert "***** eval metrics *****" in out
+    results = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert {"eval_loss", "eval_sdft/distillation_loss", "tool_eval_before/action_accuracy",
+            "tool_eval_after/tool_call_accuracy", "tool_eval_delta/valid_json_rate"} <= set(results)
+    samples = json.loads((tmp_path / "out" / "tool_eval_after_samples.json").read_text())
+    assert [sample["gold_action"] for sample in samples] == ["search", "search"]
+    assert_hf_loadable(tmp_path / "out")
+
+
+def test_sdft_script_builds_the_privileged_context_as_trls():
+    from torchlike.trl.scripts.sdft import SDFTScriptArguments, with_privileged_context
+
+    args = SDFTScriptArguments(demonstration_template="Q: $orig_content / A: $output_text")
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
+    assert with_privileged_context({"prompt": conversation, "golden_response": ["4", "four"]}, args) == \
+        {"prompt": conversation, "privileged_context": "Q: 2 + 2? / A: 4\nfour"}
+    assert with_privileged_context({"prompt": "x", "privileged_context": "known", "golden_response": "y"}, args) == \
+        {"prompt": "x", "privileged_context": "known"}
+    with pytest.raises(ValueError, match="should provide `privileged_context` or `golden_response`, not "
+                                         "`teacher_prompt`"):
+        with_privileged_context({"prompt": "x", "teacher_prompt": "y"}, args)

@@ -91,7 +91,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("gmpo", "GMPOConfig", "GMPOTrainer", f"{_EXPERIMENTAL}.gmpo", script=True),
     TrainerEntry("tpo", "TPOConfig", "TPOTrainer", f"{_EXPERIMENTAL}.tpo", script=True),
     TrainerEntry("a2po", "A2POConfig", "A2POTrainer", f"{_EXPERIMENTAL}.a2po", script=False),
-    TrainerEntry("sdft", "SDFTConfig", "SDFTTrainer", f"{_EXPERIMENTAL}.sdft", script=False),
+    TrainerEntry("sdft", "SDFTConfig", "SDFTTrainer", f"{_EXPERIMENTAL}.sdft", script=True),
 )
 
 
