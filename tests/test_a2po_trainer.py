@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import zlib
 
 import datasets
 import numpy as np
@@ -15,29 +14,18 @@ import transformers
 
 import torchlike
 from tests import tiny
+from tests.helpers.scripted import MAX_NEW_TOKENS, scripted_completion
 from torchlike.adapters.losses.a2po import optimal_values
 from torchlike.trl.experimental.a2po import A2POConfig, A2POTrainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 trl_a2po = importlib.import_module("trl.experimental.a2po")
 
-MAX_NEW_TOKENS = 6
 VALUE_SAMPLES = 4
 #: What TRL's A2PO logs besides loss, grad_norm and learning_rate.
 METRICS = ("reward", "v_star", "implicit_reward", "advantage")
 ROWS = [{"prompt": prompt, "letter": letter} for prompt, letter in zip(tiny.PROMPTS[:8], "etaoinsh", strict=True)]
 EVAL_ROWS = [{"prompt": prompt, "letter": "e"} for prompt in tiny.EVAL_PROMPTS[:3]]
-
-
-def scripted_completion(prompt_ids, stage: int, index: int) -> list[int]:
-    """A fixed completion per (prompt, stage, sample): 1 to MAX_NEW_TOKENS tokens, ending with EOS when shorter than
-    the limit (where generation stops), with or without it at the limit."""
-    rng = np.random.default_rng([zlib.crc32(bytes(np.asarray(prompt_ids, np.uint8))), stage, index])
-    length = int(rng.integers(1, MAX_NEW_TOKENS + 1))
-    completion = rng.integers(3, tiny.VOCAB, size=length).tolist()
-    if length < MAX_NEW_TOKENS or rng.random() < 0.5:
-        completion[-1] = tiny.EOS
-    return completion
 
 
 def scripted_generate(stage: int, pad_token_id: int):

@@ -17,6 +17,7 @@ import trl.experimental.gmpo as trl_gmpo
 import trl.experimental.online_dpo as trl_online_dpo
 import trl.experimental.orpo as trl_orpo
 import trl.experimental.sdft as trl_sdft
+import trl.experimental.sdpo as trl_sdpo
 import trl.experimental.tpo as trl_tpo
 
 from tests.helpers.config_fields import (
@@ -55,6 +56,8 @@ from torchlike.trl.experimental.orpo import ORPOConfig
 from torchlike.trl.experimental.orpo.orpo_fields import ORPO_FIELD_SUPPORT
 from torchlike.trl.experimental.sdft import SDFTConfig
 from torchlike.trl.experimental.sdft.sdft_fields import SDFT_FIELD_SUPPORT
+from torchlike.trl.experimental.sdpo import SDPOConfig
+from torchlike.trl.experimental.sdpo.sdpo_fields import SDPO_FIELD_SUPPORT
 from torchlike.trl.experimental.tpo import TPOConfig
 from torchlike.trl.experimental.tpo.tpo_fields import TPO_FIELD_SUPPORT
 from torchlike.trl.trainer.distillation_fields import DISTILLATION_FIELD_SUPPORT
@@ -118,6 +121,7 @@ CASES = {
     "TPOConfig": ConfigCase(trl_tpo.TPOConfig, TPOConfig, TPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "A2POConfig": ConfigCase(trl_a2po.A2POConfig, A2POConfig, A2PO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "SDFTConfig": ConfigCase(trl_sdft.SDFTConfig, SDFTConfig, SDFT_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
+    "SDPOConfig": ConfigCase(trl_sdpo.SDPOConfig, SDPOConfig, SDPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
 }
 #: The tables of the TRL configs' own fields (TrainingArguments and SFTConfig share FIELD_SUPPORT, which
 #: test_training_config.py checks against both).
@@ -153,6 +157,9 @@ POST_INIT_SETTINGS = {
     "SDFTConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 2, "steps_per_generation": 2,
                         "distillation_mode": "sampled_token", "distillation_alpha": 1.0, "teacher_model_kind": "ema"},
                    {"per_device_train_batch_size": 2, "generation_batch_size": 8, "num_generations": 4}],
+    "SDPOConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 2, "scale_rewards": False,
+                        "epsilon_high": 0.3, "distillation_weight": 0.5, "loss_type": "grpo"},
+                   {"per_device_train_batch_size": 4, "num_generations": 4, "scale_rewards": True}],
 }
 POST_INIT_CASES = [pytest.param(CASES[name], settings, id=f"{name}-{index}")
                    for name, all_settings in POST_INIT_SETTINGS.items() for index, settings in enumerate(all_settings)]

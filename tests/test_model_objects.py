@@ -45,7 +45,8 @@ TRAINER_INPUTS = {"sft": ([{"prompt": "The sky is", "completion": " blue."}] * 4
                   "gmpo": (PROMPTS, {"reward_funcs": _length_reward}),
                   "tpo": (TRIPLES, {}),
                   "a2po": (PROMPTS, {"reward_funcs": _length_reward}),
-                  "sdft": ([{**row, "privileged_context": "Think."} for row in PROMPTS], {})}
+                  "sdft": ([{**row, "privileged_context": "Think."} for row in PROMPTS], {}),
+                  "sdpo": (PROMPTS, {"reward_funcs": _length_reward})}
 TRAINERS = {"SFT": (SFTTrainer, SFTConfig, [{"prompt": "The sky is", "completion": " blue."}] * 4),
             "DPO": (DPOTrainer, DPOConfig, PAIRS),
             "ORPO": (ORPOTrainer, ORPOConfig, PAIRS),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import zlib
 
 import datasets
 import numpy as np
@@ -15,6 +14,7 @@ import transformers
 
 import torchlike
 from tests import tiny
+from tests.helpers.scripted import MAX_NEW_TOKENS, scripted_trl_generate, scripted_turn
 from tests.helpers.tokenizers import CHAT_TEMPLATE
 from torchlike.adapters.losses.self_distillation import divergence
 from torchlike.trl.experimental.sdft import SDFTConfig, SDFTTrainer
@@ -23,7 +23,6 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 trl_sdft = importlib.import_module("trl.experimental.sdft")
 trl_loss_utils = importlib.import_module("trl.experimental.sdft.loss_utils")
 
-MAX_NEW_TOKENS = 6
 CONTEXTS = ["the answer is fox", "think of three", "it is a tiny test", "nine comes next"]
 ROWS = [{"prompt": prompt, "privileged_context": CONTEXTS[index % 4]} for index, prompt in enumerate(tiny.PROMPTS[:8])]
 EVAL_ROWS = [{"prompt": prompt, "privileged_context": "the lazy dog"} for prompt in tiny.EVAL_PROMPTS[:2]]
@@ -32,35 +31,6 @@ METRICS = ("self_distillation/distillation_loss", "sdft/distillation_loss", "com
            "completions/min_length", "completions/max_length", "completions/clipped_ratio",
            "completions/mean_terminated_length", "completions/min_terminated_length",
            "completions/max_terminated_length")
-
-
-def scripted_completion(prompt_ids, index: int) -> list[int]:
-    """A fixed completion per (prompt, sample): 1 to MAX_NEW_TOKENS tokens, ending with EOS when shorter than the
-    limit (where sampling stops), with or without it at the limit."""
-    rng = np.random.default_rng([zlib.crc32(bytes(np.asarray(prompt_ids, np.uint8))), index])
-    length = int(rng.integers(1, MAX_NEW_TOKENS + 1))
-    completion = rng.integers(3, tiny.VOCAB, size=length).tolist()
-    if length < MAX_NEW_TOKENS or rng.random() < 0.5:
-        completion[-1] = tiny.EOS
-    return completion
-
-
-def scripted_trl_generate(trainer):
-    """TRL's ``_generate``: a prompt's rows are consecutive (``num_generations`` of them, as in evaluation)."""
-    def generate(prompt_ids):
-        groups = trainer.num_generations
-        return prompt_ids, [scripted_completion(ids, row % groups) for row, ids in enumerate(prompt_ids)]
-
-    return generate
-
-
-def scripted_turn(trainer):
-    """torchlike's ``_generate_single_turn`` giving the same completions."""
-    def turn(prompt_ids, seed, vision=None, worker=None):
-        groups = trainer.num_generations
-        return [scripted_completion(ids, row % groups) for row, ids in enumerate(prompt_ids)], None
-
-    return turn
 
 
 def comparison_settings(**case) -> dict:

@@ -30,7 +30,8 @@ from ..lora import runtime as lora_runtime
 from . import logprobs
 from .settings import LossSettings, runtime_field
 
-__all__ = ["DISTILLATION_MODES", "SelfDistillationLossSettings", "add_tail_bucket", "divergence",
+__all__ = ["DISTILLATION_MODES", "SDPOLossSettings", "SDPO_LOSS_TYPES", "SelfDistillationLossSettings",
+           "add_tail_bucket", "distillation_loss", "divergence", "policy_loss", "sdpo_step_loss",
            "self_distillation_step_loss", "token_losses"]
 
 #: ``distillation_mode`` values, as TRL lists them.
@@ -139,35 +140,134 @@ def completion_logits(family: Family, module: nnx.Module, input_ids: jax.Array, 
     return logits.astype(jnp.float32) / temperature
 
 
+def distillation_loss(student_logits: jax.Array, teacher_logits: jax.Array, batch: dict,
+                      settings: SelfDistillationLossSettings, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(value, metric)`` of TRL's ``_compute_self_distillation_loss``: the mean over rows of each row's per-token
+    loss averaged over its ``loss_mask`` (importance-weighted when the batch has ``old_logps`` and
+    ``distillation_is_clip`` is set), and the per-token loss averaged over every masked token."""
+    ids = batch["completion_ids"]
+    per_token = token_losses(student_logits, jax.lax.stop_gradient(teacher_logits), ids, settings)
+    if settings.distillation_is_clip is not None and "old_logps" in batch:
+        log_ratio = jnp.clip(jax.lax.stop_gradient(sampled_log_probs(student_logits, ids)) - batch["old_logps"],
+                             -20.0, 20.0)
+        per_token = per_token * jnp.minimum(jnp.exp(log_ratio), settings.distillation_is_clip)
+    mask = loss_mask.astype(jnp.float32)
+    masked = per_token * mask
+    value = (masked.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).mean()
+    return value, jax.lax.stop_gradient(masked.sum() / jnp.maximum(mask.sum(), 1.0))
+
+
+def teacher_logits_of(teacher_family: Family, pair: nnx.Module, batch: dict, settings: SelfDistillationLossSettings
+                      ) -> jax.Array:
+    """The teacher's temperature-scaled logits on the completion, after the teacher prompt, in its LoRA mode."""
+    with lora_runtime.lora_mode(settings.teacher_lora):
+        return completion_logits(teacher_family, pair.teacher, batch["teacher_input_ids"],
+                                 batch["teacher_attention_mask"], batch["completion_ids"].shape[1],
+                                 settings.temperature)
+
+
 def self_distillation_step_loss(student_family: Family, teacher_family: Family,
                                 settings: SelfDistillationLossSettings) -> Callable:
     """``loss(pair, batch, num_items_in_batch) -> (value, weight, metrics)`` for ``train_step.make_train_step``.
 
     ``pair`` is an ``adapters.losses.distillation.StudentTeacher`` (the same module twice for TRL's ``"live"``
-    teacher). ``value`` is the mean over rows of each row's per-token loss averaged over its ``loss_mask``; the teacher
-    gets no gradient. ``weight`` is 1, so accumulated micro-batches are averaged (TRL divides each by the
-    accumulation steps). ``metrics``: ``self_distillation/distillation_loss`` and ``<metric_prefix>/distillation_loss``,
-    the per-token loss averaged over every masked token of the micro-batch.
+    teacher). ``value`` is :func:`distillation_loss` on the batch's ``loss_mask``; the teacher gets no gradient.
+    ``weight`` is 1, so accumulated micro-batches are averaged (TRL divides each by the accumulation steps).
+    ``metrics``: ``self_distillation/distillation_loss`` and ``<metric_prefix>/distillation_loss``, the per-token loss
+    averaged over every masked token of the micro-batch.
     """
     names = ("self_distillation/distillation_loss", f"{settings.metric_prefix}/distillation_loss")
 
     def loss(pair, batch, num_items_in_batch=None):
-        ids = batch["completion_ids"]
-        length = ids.shape[1]
         student_logits = completion_logits(student_family, pair.student, batch["input_ids"], batch["attention_mask"],
-                                           length, settings.temperature)
-        with lora_runtime.lora_mode(settings.teacher_lora):
-            teacher_logits = completion_logits(teacher_family, pair.teacher, batch["teacher_input_ids"],
-                                               batch["teacher_attention_mask"], length, settings.temperature)
-        per_token = token_losses(student_logits, jax.lax.stop_gradient(teacher_logits), ids, settings)
-        if settings.distillation_is_clip is not None and "old_logps" in batch:
-            log_ratio = jnp.clip(jax.lax.stop_gradient(sampled_log_probs(student_logits, ids)) - batch["old_logps"],
-                                 -20.0, 20.0)
-            per_token = per_token * jnp.minimum(jnp.exp(log_ratio), settings.distillation_is_clip)
-        mask = batch["loss_mask"].astype(jnp.float32)
-        masked = per_token * mask
-        value = (masked.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).mean()
-        metric = jax.lax.stop_gradient(masked.sum() / jnp.maximum(mask.sum(), 1.0))
+                                           batch["completion_ids"].shape[1], settings.temperature)
+        value, metric = distillation_loss(student_logits, teacher_logits_of(teacher_family, pair, batch, settings),
+                                          batch, settings, batch["loss_mask"])
         return value, jnp.float32(1.0), dict.fromkeys(names, metric)
+
+    return loss
+
+
+# --- SDPO: the policy-gradient term beside the distillation ----------------------------------------------------------
+
+#: ``SDPOConfig.loss_type`` values.
+SDPO_LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+@dataclass(frozen=True)
+class SDPOLossSettings(SelfDistillationLossSettings):
+    """The settings of SDPO's loss (``trl.experimental.sdpo``): the self-distillation ones plus its policy term's.
+
+    Args:
+        distillation_weight: the distillation term's share (1: distillation only, 0: the policy term only).
+        loss_type: how the policy term's per-token losses are reduced (:data:`SDPO_LOSS_TYPES`).
+        epsilon, epsilon_high: the PPO clip range ``[1 - epsilon, 1 + epsilon_high]`` of the importance ratio.
+        importance_sampling_level: ``"token"`` or ``"sequence"`` (the log-ratio averaged over the completion).
+        max_completion_length: ``dr_grpo``'s constant.
+    """
+
+    distillation_weight: float = 1.0
+    loss_type: str = "dapo"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    importance_sampling_level: str = "token"
+    max_completion_length: int = 256
+    metric_prefix: str = runtime_field("sdpo")
+
+
+def policy_loss(student_logits: jax.Array, batch: dict, settings: SDPOLossSettings) -> jax.Array:
+    """TRL's SDPO ``_compute_policy_loss``: ``-min(r A, clip(r, 1 - eps, 1 + eps_high) A)`` per completion token,
+    ``r`` the ratio to the rollout's log-probabilities (1 without them), reduced by ``loss_type`` over the batch's
+    ``completion_mask``.
+
+    Raises:
+        ValueError: an unknown ``loss_type`` (TRL's message).
+    """
+    log_probs = sampled_log_probs(student_logits, batch["completion_ids"])
+    old = batch["old_logps"] if "old_logps" in batch else jax.lax.stop_gradient(log_probs)
+    mask = batch["completion_mask"].astype(jnp.float32)
+    log_ratio = log_probs - old
+    if settings.importance_sampling_level == "sequence":
+        log_ratio = (log_ratio * mask).sum(-1, keepdims=True) / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
+    ratio = jnp.exp(log_ratio)
+    high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
+    advantages = batch["advantages"][:, None]
+    per_token = -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - settings.epsilon, 1 + high) * advantages)
+    masked = per_token * mask
+    if settings.loss_type == "grpo":
+        return (masked.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).mean()
+    if settings.loss_type in ("bnpo", "dapo"):
+        return masked.sum() / jnp.maximum(mask.sum(), 1.0)
+    if settings.loss_type == "dr_grpo":
+        return masked.sum() / (per_token.shape[0] * settings.max_completion_length)
+    raise ValueError(f"Unsupported loss_type: {settings.loss_type}")
+
+
+def sdpo_step_loss(student_family: Family, teacher_family: Family, settings: SDPOLossSettings) -> Callable:
+    """SDPO's step loss: ``(1 - w) * policy_loss + w * distillation_loss`` with ``w = distillation_weight`` (TRL
+    computes only the distillation term at 1 and only the policy term, without a teacher forward pass, at 0). The
+    distillation's ``loss_mask`` is the completion mask of the rows that have a teacher context
+    (``self_distillation_mask``). ``metrics``: the distillation ones (unless ``w`` is 0) and
+    ``self_distillation/policy_loss`` (unless ``w`` is 1).
+    """
+    weight = settings.distillation_weight
+    names = ("self_distillation/distillation_loss", f"{settings.metric_prefix}/distillation_loss")
+
+    def loss(pair, batch, num_items_in_batch=None):
+        student_logits = completion_logits(student_family, pair.student, batch["input_ids"], batch["attention_mask"],
+                                           batch["completion_ids"].shape[1], settings.temperature)
+        metrics, value = {}, jnp.float32(0.0)
+        if weight != 0.0:
+            loss_mask = batch["completion_mask"] * batch["self_distillation_mask"][:, None]
+            distilled, metric = distillation_loss(student_logits,
+                                                  teacher_logits_of(teacher_family, pair, batch, settings), batch,
+                                                  settings, loss_mask)
+            value = value + weight * distilled
+            metrics.update(dict.fromkeys(names, metric))
+        if weight != 1.0:
+            policy = policy_loss(student_logits, batch, settings)
+            value = value + (1 - weight) * policy
+            metrics["self_distillation/policy_loss"] = jax.lax.stop_gradient(policy)
+        return value, jnp.float32(1.0), metrics
 
     return loss

@@ -92,6 +92,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("tpo", "TPOConfig", "TPOTrainer", f"{_EXPERIMENTAL}.tpo", script=True),
     TrainerEntry("a2po", "A2POConfig", "A2POTrainer", f"{_EXPERIMENTAL}.a2po", script=False),
     TrainerEntry("sdft", "SDFTConfig", "SDFTTrainer", f"{_EXPERIMENTAL}.sdft", script=True),
+    TrainerEntry("sdpo", "SDPOConfig", "SDPOTrainer", f"{_EXPERIMENTAL}.sdpo", script=False),
 )
 
 

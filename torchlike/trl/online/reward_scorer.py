@@ -36,11 +36,16 @@ class RewardScorer:
         keep_columns: pass the dataset's other columns to the functions (TRL's ``remove_unused_columns=False``).
         trainer_state: returns the trainer's ``TrainerState`` (the functions' ``trainer_state`` argument).
         log_metric: TRL's ``log_metric(name, value)`` the functions may call.
+        internal_columns: row keys the trainer added (beside ``prompt_ids``), not passed as dataset columns.
+        logging_callbacks: pass ``log_metric`` and ``log_extra`` (GRPO's; TRL's SDPO passes neither).
     """
 
     def __init__(self, functions: Sequence[Callable], tokenizer: Tokenizer, *, keep_columns: bool,
-                 trainer_state: Callable[[], object], log_metric: Callable[[str, float], None]):
+                 trainer_state: Callable[[], object], log_metric: Callable[[str, float], None],
+                 internal_columns: tuple[str, ...] = (), logging_callbacks: bool = True):
         self.functions = functions
+        self.internal_columns = ("prompt", "completion", "completion_ids", "prompt_ids", *internal_columns)
+        self.logging_callbacks = logging_callbacks
         self.tokenizer = tokenizer
         self.keep_columns = keep_columns
         self._trainer_state = trainer_state
@@ -80,12 +85,12 @@ class RewardScorer:
             conversational = is_conversational_prompt(rows[0]["prompt"])
             completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
         columns = {} if not self.keep_columns else {
-            key: [row[key] for row in rows] for key in rows[0]
-            if key not in ("prompt", "completion", "completion_ids", "prompt_ids")}
+            key: [row[key] for row in rows] for key in rows[0] if key not in self.internal_columns}
         columns.update(extra)
+        if self.logging_callbacks:
+            columns.update(log_metric=self._log_metric, log_extra=lambda column, values: None)
         kwargs = {"prompts": [row["prompt"] for row in rows], "completions": completions,
-                  "completion_ids": completion_ids, "trainer_state": self._trainer_state(),
-                  "log_metric": self._log_metric, "log_extra": lambda column, values: None, **columns}
+                  "completion_ids": completion_ids, "trainer_state": self._trainer_state(), **columns}
         results = [function(**kwargs) for function in self.functions]
         pending = [index for index, result in enumerate(results) if inspect.isawaitable(result)]
         if pending:

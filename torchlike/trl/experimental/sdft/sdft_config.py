@@ -24,32 +24,15 @@ TEACHER_MODEL_KINDS: tuple[str, ...] = ("base", "live", "ema")
 
 
 @dataclass
-class SDFTConfig(TRLConfig):
-    """Configuration of ``torchlike.trl.experimental.sdft.SDFTTrainer``, with TRL 1.16 ``SDFTConfig``'s fields and
-    defaults. All ``TrainingArguments`` fields apply.
-
-    Args:
-        distillation_alpha (`float`, defaults to 0.5): the divergence's interpolation (0 forward KL, 1 reverse KL).
-        distillation_mode (`str`, defaults to ``"topk_logits"``): ``"sampled_token"``, ``"full_logits"`` or
-            ``"topk_logits"``.
-        distillation_topk (`int`, defaults to 100): the student's top tokens of ``"topk_logits"``.
-        distillation_is_clip (`float`, defaults to 2.0): the importance ratio's clip (``None``: not weighted).
-        distillation_add_tail (`bool`, defaults to `False`): a bucket for the mass outside the top k.
-        num_loss_tokens_to_skip (`int`, defaults to 0): leading completion tokens left out of the loss.
-        teacher_model_kind (`str`, defaults to ``"base"``): ``"base"`` (the initial student), ``"live"`` (the current
-            student) or ``"ema"`` (an exponential average of the student).
-        teacher_update_rate (`float`, defaults to 0.05), teacher_sync_steps (`int`, defaults to 1): the ``"ema"``
-            teacher's update.
-        generate_from_teacher (`bool`, defaults to `False`): sample from the teacher prompt.
-        teacher_prompt_template (`str`): how the teacher prompt combines ``{prompt}`` and ``{privileged_context}``.
-        max_prompt_length (`int`, defaults to 512): prompts keep their last ``max_prompt_length`` tokens.
-        num_generations (`int`, defaults to 8), num_generations_eval, max_completion_length (`int`, defaults to 256),
-            generation_batch_size, steps_per_generation, num_iterations, shuffle_dataset, temperature, top_p, top_k,
-            min_p, repetition_penalty, generation_kwargs, chat_template_kwargs: the sampling, as in ``GRPOConfig``.
+class SelfDistillationConfig(TRLConfig):
+    """The fields TRL 1.16's ``SDFTConfig`` and ``SDPOConfig`` share (their model, sampling, vLLM, teacher and
+    distillation fields, with SDFT's defaults), and their checks: the generation batch resolved as TRL does, the
+    ``sampled_token`` mode's ``distillation_alpha``, and at construction what TRL's trainers check later
+    (``distillation_mode``, ``teacher_model_kind``). Subclasses set ``_algorithm`` and add their own fields.
     """
 
     _VALID_DICT_FIELDS = (*TrainingArguments._VALID_DICT_FIELDS, "model_init_kwargs")
-    _FIELD_SUPPORT = SDFT_FIELD_SUPPORT
+    _algorithm = "SDFT"
 
     model_init_kwargs: dict[str, Any] | None = None
     trust_remote_code: bool = False
@@ -93,11 +76,6 @@ class SDFTConfig(TRLConfig):
     distillation_topk: int | None = 100
     distillation_is_clip: float | None = 2.0
     distillation_add_tail: bool = False
-    generate_from_teacher: bool = False
-    teacher_prompt_template: str = "{prompt}\n\n{privileged_context}"
-    num_loss_tokens_to_skip: int = 0
-
-    _algorithm = "SDFT"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -105,12 +83,47 @@ class SDFTConfig(TRLConfig):
             raise ValueError("`distillation_mode='sampled_token'` only supports reverse KL, so it requires "
                              f"`distillation_alpha=1.0`, got {self.distillation_alpha}.")
         resolve_generation_batch(self, self._algorithm, min_generations=1)
-        if "{prompt}" not in self.teacher_prompt_template or "{privileged_context}" not in \
-                self.teacher_prompt_template:
-            raise ValueError("teacher_prompt_template must contain both `{prompt}` and `{privileged_context}` "
-                             "placeholders")
         self.distillation_mode = check_choice("distillation_mode", self.distillation_mode, DISTILLATION_MODES)
         self.teacher_model_kind = check_choice("teacher_model_kind", self.teacher_model_kind, TEACHER_MODEL_KINDS)
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature!r} must be positive: completions are sampled from, and "
                              "distilled with, softmax(logits / temperature).")
+
+
+@dataclass
+class SDFTConfig(SelfDistillationConfig):
+    """Configuration of ``torchlike.trl.experimental.sdft.SDFTTrainer``, with TRL 1.16 ``SDFTConfig``'s fields and
+    defaults. All ``TrainingArguments`` fields apply.
+
+    Args:
+        distillation_alpha (`float`, defaults to 0.5): the divergence's interpolation (0 forward KL, 1 reverse KL).
+        distillation_mode (`str`, defaults to ``"topk_logits"``): ``"sampled_token"``, ``"full_logits"`` or
+            ``"topk_logits"``.
+        distillation_topk (`int`, defaults to 100): the student's top tokens of ``"topk_logits"``.
+        distillation_is_clip (`float`, defaults to 2.0): the importance ratio's clip (``None``: not weighted).
+        distillation_add_tail (`bool`, defaults to `False`): a bucket for the mass outside the top k.
+        num_loss_tokens_to_skip (`int`, defaults to 0): leading completion tokens left out of the loss.
+        teacher_model_kind (`str`, defaults to ``"base"``): ``"base"`` (the initial student), ``"live"`` (the current
+            student) or ``"ema"`` (an exponential average of the student).
+        teacher_update_rate (`float`, defaults to 0.05), teacher_sync_steps (`int`, defaults to 1): the ``"ema"``
+            teacher's update.
+        generate_from_teacher (`bool`, defaults to `False`): sample from the teacher prompt.
+        teacher_prompt_template (`str`): how the teacher prompt combines ``{prompt}`` and ``{privileged_context}``.
+        max_prompt_length (`int`, defaults to 512): prompts keep their last ``max_prompt_length`` tokens.
+        num_generations (`int`, defaults to 8), num_generations_eval, max_completion_length (`int`, defaults to 256),
+            generation_batch_size, steps_per_generation, num_iterations, shuffle_dataset, temperature, top_p, top_k,
+            min_p, repetition_penalty, generation_kwargs, chat_template_kwargs: the sampling, as in ``GRPOConfig``.
+    """
+
+    _FIELD_SUPPORT = SDFT_FIELD_SUPPORT
+
+    generate_from_teacher: bool = False
+    teacher_prompt_template: str = "{prompt}\n\n{privileged_context}"
+    num_loss_tokens_to_skip: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if "{prompt}" not in self.teacher_prompt_template or "{privileged_context}" not in \
+                self.teacher_prompt_template:
+            raise ValueError("teacher_prompt_template must contain both `{prompt}` and `{privileged_context}` "
+                             "placeholders")

@@ -182,16 +182,18 @@ class SDFTTrainer(StudentTeacherSteps, OnlineTrainer):
         self.num_generations_eval = args.num_generations_eval or args.num_generations
         self.num_iterations, self.temperature = args.num_iterations, args.temperature
         self.max_prompt_length, self.max_completion_length = args.max_prompt_length, args.max_completion_length
-        self.generate_from_teacher, self.num_loss_tokens_to_skip = args.generate_from_teacher, \
-            args.num_loss_tokens_to_skip
+        for name in ("generate_from_teacher", "num_loss_tokens_to_skip"):  # SDFT's (SDPO has neither)
+            if hasattr(args, name):
+                setattr(self, name, getattr(args, name))
         train_rows = self._prepare(train_dataset, "train_dataset")
         eval_rows = map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
         every_row = [*train_rows, *(row for rows in each_dataset(eval_rows) for row in rows)]
         self.prompt_length = sampling.bucket_length(max(len(row["prompt_ids"]) for row in every_row))
+        token_keys = [key for key in every_row[0] if key.endswith("prompt_ids")]
         self._prompt_widths = {key: sampling.bucket_length(max(len(row[key]) for row in every_row))
-                               for key in ("student_prompt_ids", "teacher_prompt_ids")}
+                               for key in token_keys}
         largest = max([self.pad_token_id, *self.eos_token_ids,
-                       *(max(row["teacher_prompt_ids"] + row["student_prompt_ids"]) for row in every_row)])
+                       *(max(max(row[key], default=0) for key in token_keys) for row in every_row)])
         self._check_token_ids(largest, processing_class, {"model": model})
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
@@ -248,18 +250,24 @@ class SDFTTrainer(StudentTeacherSteps, OnlineTrainer):
                                  f"{type(prompt).__name__}.")
             row = {key: row[key] for key in ("prompt", "privileged_context") if key in row} \
                 if self.args.remove_unused_columns else dict(row)
-            student = self._prompt_token_ids(prompt)
-            teacher = self._prompt_token_ids(teacher_prompt(prompt, row.get("privileged_context"),
-                                                            self.args.teacher_prompt_template))
-            row.update(student_prompt_ids=student, teacher_prompt_ids=teacher,
-                       prompt_ids=teacher if self.args.generate_from_teacher else student)
+            row.update(self._prompt_columns(row))
             rows.append(row)
         if not rows:
             raise ValueError(f"{name} is empty.")
         return rows
 
-    def _prompt_token_ids(self, prompt: str | list[dict]) -> list[int]:
-        """One prompt's token ids as TRL's ``_tokenize_prompts`` makes them."""
+    def _prompt_columns(self, row: dict) -> dict[str, list[int]]:
+        """The token columns of one row: ``student_prompt_ids``, ``teacher_prompt_ids`` and ``prompt_ids`` (the
+        prompt sampled from)."""
+        student = self._prompt_token_ids(row["prompt"])
+        teacher = self._prompt_token_ids(teacher_prompt(row["prompt"], row.get("privileged_context"),
+                                                        self.args.teacher_prompt_template))
+        return {"student_prompt_ids": student, "teacher_prompt_ids": teacher,
+                "prompt_ids": teacher if self.args.generate_from_teacher else student}
+
+    def _prompt_token_ids(self, prompt: str | list[dict], truncate: bool = True) -> list[int]:
+        """One prompt's token ids as TRL's ``_tokenize_prompts`` makes them (``truncate=False``: its
+        ``_tokenize_prompts_untruncated``)."""
         if isinstance(prompt, list):
             ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
                                                      return_dict=True,
@@ -268,7 +276,7 @@ class SDFTTrainer(StudentTeacherSteps, OnlineTrainer):
             ids = self.tokenizer(text=prompt)["input_ids"]
         ids = list(ids)
         limit = self.args.max_prompt_length
-        return ids[-limit:] if limit is not None else ids
+        return ids[-limit:] if truncate and limit is not None else ids
 
     def _step_loss(self) -> tuple[Callable, None]:
         """The self-distillation loss (:func:`adapters.losses.self_distillation.self_distillation_step_loss`)."""
