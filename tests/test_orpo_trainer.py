@@ -151,11 +151,55 @@ def test_unset_max_length_means_512_with_trls_warning(tiny_checkpoints, tokenize
     assert trainer.max_length == 512
 
 
-@pytest.mark.parametrize(("name", "value"), [("model_init", lambda: None), ("compute_metrics", lambda p: {})])
-def test_what_torchlike_does_not_do_is_refused_by_name(tiny_checkpoints, tmp_path, name, value):
-    with pytest.raises(NotImplementedError, match=name):
-        ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=PREFERENCES, **{name: value},
+def test_model_init_is_refused_by_name(tiny_checkpoints, tmp_path):
+    with pytest.raises(NotImplementedError, match="model_init"):
+        ORPOTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=PREFERENCES, model_init=lambda: None,
                     args=ORPOConfig(output_dir=str(tmp_path), report_to="none"))
+
+
+@pytest.mark.parametrize("name", ["orpo", "cpo"])
+def test_compute_metrics_gets_what_trls_prediction_step_gives(name, tiny_checkpoints, tokenizer_dir, tmp_path):
+    """TRL's ORPO and CPO hand ``compute_metrics`` each eval batch's ``[logits/chosen, logits/rejected]`` as the
+    "logits" (the two values of a short last batch of one example cut to one) and zeros as labels, after
+    ``preprocess_logits_for_metrics``."""
+    import datasets
+    import torch
+    import transformers
+    import trl.experimental.cpo as trl_cpo
+    import trl.experimental.orpo as trl_orpo
+
+    from torchlike.trl.experimental.cpo import CPOConfig, CPOTrainer
+
+    classes = {"orpo": ((trl_orpo.ORPOTrainer, trl_orpo.ORPOConfig), (ORPOTrainer, ORPOConfig)),
+               "cpo": ((trl_cpo.CPOTrainer, trl_cpo.CPOConfig), (CPOTrainer, CPOConfig))}[name]
+    data = PREFERENCES[:5]  # batches of 2: the last holds one example
+    seen = {}
+
+    def recorder(side):
+        def compute_metrics(prediction):
+            seen[side] = (np.asarray(prediction.predictions), np.asarray(prediction.label_ids))
+            return {"chosen_minus_rejected": float(np.sum(prediction.predictions[::2]))}
+
+        return compute_metrics
+
+    settings = dict(report_to="none", max_length=12, per_device_eval_batch_size=2, bf16=False)
+    path = tiny_checkpoints.path("qwen2")
+    (trl_trainer, trl_config), (our_trainer, our_config) = classes
+    theirs = trl_trainer(model=transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                         args=trl_config(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+                         train_dataset=datasets.Dataset.from_list(data),
+                         eval_dataset=datasets.Dataset.from_list(data),
+                         processing_class=tokenizer_with_pad(tokenizer_dir), compute_metrics=recorder("theirs"),
+                         preprocess_logits_for_metrics=lambda logits, labels: logits * 2)
+    ours = our_trainer(model=str(path), args=our_config(output_dir=str(tmp_path / "ours"), **settings),
+                       train_dataset=data, eval_dataset=data, processing_class=tokenizer_with_pad(tokenizer_dir),
+                       compute_metrics=recorder("ours"),
+                       preprocess_logits_for_metrics=lambda logits, labels: logits * 2)
+    expected, found = theirs.evaluate(), ours.evaluate()
+    assert seen["ours"][0].shape == seen["theirs"][0].shape == (5,)
+    np.testing.assert_allclose(seen["ours"][0], seen["theirs"][0], rtol=1e-4)
+    np.testing.assert_array_equal(seen["ours"][1], seen["theirs"][1])
+    np.testing.assert_allclose(found["eval_chosen_minus_rejected"], expected["eval_chosen_minus_rejected"], rtol=1e-4)
 
 
 def test_peft_config_trains_only_the_new_adapter_and_evaluate_scores_new_data(tiny_checkpoints, tokenizer_dir,

@@ -89,13 +89,9 @@ class PairwisePreferenceTrainer(TRLTrainer):
         if args.model_init_kwargs is not None and not isinstance(model, str):
             raise ValueError(f"You passed model_kwargs to the {self._trainer_name}. But your model is already "
                              "instantiated.")
-        for name, value, reason in (
-                ("model_init", model_init, "pass the model (or its path) instead"),
-                ("compute_metrics", compute_metrics, "TRL hands it only the logits/* metrics; read trainer.evaluate()"
-                                                     "'s eval_logits/chosen and eval_logits/rejected instead"),
-                ("preprocess_logits_for_metrics", preprocess_logits_for_metrics, "it only serves compute_metrics")):
-            if value is not None:
-                raise NotImplementedError(f"{self._trainer_name}'s {name} is not supported in torchlike: {reason}.")
+        if model_init is not None:
+            raise NotImplementedError(f"{self._trainer_name}'s model_init is not supported in torchlike: pass the "
+                                      "model (or its path) instead.")
         self.algorithm_class.check(args)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, None)
         self._setup_config_router_loss(model)
@@ -111,7 +107,8 @@ class PairwisePreferenceTrainer(TRLTrainer):
                                                                            self.padded_length))
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
                          eval_dataset=eval_examples, processing_class=processing_class, callbacks=callbacks,
-                         optimizers=optimizers)
+                         optimizers=optimizers, compute_metrics=compute_metrics,
+                         preprocess_logits_for_metrics=preprocess_logits_for_metrics)
         self._show_prepared_datasets(train_examples, eval_examples)
 
     def _step_loss(self) -> tuple[Callable, None]:
@@ -163,3 +160,26 @@ class PairwisePreferenceTrainer(TRLTrainer):
     def _step_metric_prefix(self, metric_key_prefix: str) -> str:
         """``"eval"``: TRL logs its metrics as ``eval_<metric>`` whatever the dataset's name."""
         return "eval"
+
+    # ------------------------------------------------------------------ compute_metrics
+    def _found_for_metrics(self) -> Callable:
+        """What TRL's ``prediction_step`` of these trainers hands ``compute_metrics`` for a batch: the batch's
+        ``[logits/chosen, logits/rejected]`` metrics as its "logits" and two zeros as its labels."""
+        import jax.numpy as jnp
+
+        loss = self._step_loss()[0]
+
+        def found(module, batch):
+            _, _, metrics = loss(module, batch)
+            return {"predictions": jnp.stack([metrics["logits/chosen"], metrics["logits/rejected"]]),
+                    "labels": jnp.zeros(2, jnp.float32)}
+
+        return found
+
+    def _host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        """Both values of a full batch; of a short last batch the first ``rows`` of them (accelerate's
+        ``gather_for_metrics`` cuts the two-value tensor to the examples left)."""
+        from ...adapters.distributed import mesh as mesh_lib
+
+        full = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
+        return found, 2 if rows >= full else min(rows, 2)

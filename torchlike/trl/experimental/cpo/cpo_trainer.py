@@ -69,7 +69,11 @@ class CPOTrainer(PairwisePreferenceTrainer):
             be a dict of datasets.
         processing_class: the tokenizer (default: loaded from the model's path); without a pad token its eos token
             pads, as in TRL.
-        model_init, preprocess_logits_for_metrics, compute_metrics: TRL's; refused when given.
+        model_init: refused (pass the model).
+        compute_metrics: ``EvalPrediction -> dict``, receiving what TRL's ``prediction_step`` gives it: each eval
+            batch's ``[logits/chosen, logits/rejected]`` metrics concatenated as ``predictions``, zeros as
+            ``label_ids``.
+        preprocess_logits_for_metrics: applied to each batch's two values first, as transformers does.
         callbacks: ``transformers.TrainerCallback`` objects (or classes).
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter.
