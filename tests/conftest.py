@@ -113,6 +113,29 @@ def pad_tokenizer_dir(tmp_path_factory):
     return tiny.build_tokenizer(tmp_path_factory.mktemp("pad_tokenizer"), pad_token="<pad>")
 
 
+@pytest.fixture(scope="session")
+def chat_tokenizer_dir(tmp_path_factory):
+    """The tests' tokenizer with ``<pad>`` as its pad token and a chat template whose turns end with EOS
+    (``tests/helpers/tokenizers.TURN_EOS_CHAT_TEMPLATE``)."""
+    import transformers
+
+    from tests.helpers.tokenizers import TURN_EOS_CHAT_TEMPLATE
+
+    path = tiny.build_tokenizer(tmp_path_factory.mktemp("chat_tokenizer"), pad_token="<pad>")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = TURN_EOS_CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def teacher_path(tmp_path_factory):
+    """A tiny Qwen2 teacher with other weights than the student's (``tiny_checkpoints.path("qwen2")``)."""
+    path = tmp_path_factory.mktemp("teacher")
+    tiny.build_hf_model(tiny.CASES["qwen2"](), seed=1).save_pretrained(path)
+    return path
+
+
 @pytest.fixture
 def tokenizer(tokenizer_dir):
     """torchlike's tokenizer of ``tokenizer_dir``, a fresh one per test."""

@@ -14,6 +14,7 @@ import trl.experimental.a2po as trl_a2po
 import trl.experimental.cpo as trl_cpo
 import trl.experimental.gkd as trl_gkd
 import trl.experimental.gmpo as trl_gmpo
+import trl.experimental.iw_opd as trl_iw_opd
 import trl.experimental.online_dpo as trl_online_dpo
 import trl.experimental.orpo as trl_orpo
 import trl.experimental.sdft as trl_sdft
@@ -50,6 +51,8 @@ from torchlike.trl.experimental.gkd import GKDConfig
 from torchlike.trl.experimental.gkd.gkd_fields import GKD_FIELD_SUPPORT
 from torchlike.trl.experimental.gmpo import GMPOConfig
 from torchlike.trl.experimental.gmpo.gmpo_fields import GMPO_FIELD_SUPPORT
+from torchlike.trl.experimental.iw_opd import IWOPDConfig
+from torchlike.trl.experimental.iw_opd.iw_opd_fields import IW_OPD_FIELD_SUPPORT
 from torchlike.trl.experimental.online_dpo import OnlineDPOConfig
 from torchlike.trl.experimental.online_dpo.online_dpo_fields import ONLINE_DPO_FIELD_SUPPORT
 from torchlike.trl.experimental.orpo import ORPOConfig
@@ -122,6 +125,7 @@ CASES = {
     "A2POConfig": ConfigCase(trl_a2po.A2POConfig, A2POConfig, A2PO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "SDFTConfig": ConfigCase(trl_sdft.SDFTConfig, SDFTConfig, SDFT_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "SDPOConfig": ConfigCase(trl_sdpo.SDPOConfig, SDPOConfig, SDPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
+    "IWOPDConfig": ConfigCase(trl_iw_opd.IWOPDConfig, IWOPDConfig, IW_OPD_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
 }
 #: The tables of the TRL configs' own fields (TrainingArguments and SFTConfig share FIELD_SUPPORT, which
 #: test_training_config.py checks against both).
@@ -160,6 +164,9 @@ POST_INIT_SETTINGS = {
     "SDPOConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 2, "scale_rewards": False,
                         "epsilon_high": 0.3, "distillation_weight": 0.5, "loss_type": "grpo"},
                    {"per_device_train_batch_size": 4, "num_generations": 4, "scale_rewards": True}],
+    "IWOPDConfig": [{}, {"distillation_objective": "jsd", "lmbda": 0.5, "per_device_train_batch_size": 4,
+                         "gradient_accumulation_steps": 2, "num_generations": 2, "max_length": 64,
+                         "max_completion_length": 16}],
 }
 POST_INIT_CASES = [pytest.param(CASES[name], settings, id=f"{name}-{index}")
                    for name, all_settings in POST_INIT_SETTINGS.items() for index, settings in enumerate(all_settings)]

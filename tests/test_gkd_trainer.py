@@ -19,6 +19,7 @@ import transformers
 
 import torchlike
 from tests import tiny
+from tests.helpers.data import CONVERSATIONS
 from torchlike.adapters.losses import distillation as distillation_loss
 from torchlike.testing import tiny_config
 from torchlike.trl.experimental.gkd import GKDConfig, GKDTrainer
@@ -27,31 +28,7 @@ from torchlike.trl.experimental.gkd.gkd_data import dataset_columns, tokenize_co
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 trl_gkd = importlib.import_module("trl.experimental.gkd")
 
-CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '</s>' }}"
-                 "{% endfor %}{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
-ANSWERS = ["a tiny test", "the lazy dog", "one two", "hello", "brown fox jumps", "this is the world", "nine",
-           "over the lazy dog"]
-CONVERSATIONS = [[{"role": "user", "content": prompt}, {"role": "assistant", "content": ANSWERS[index % 8]}]
-                 for index, prompt in enumerate(tiny.PROMPTS)]
 MAX_NEW_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def chat_tokenizer_dir(tmp_path_factory):
-    """The tests' tokenizer with a pad token and a chat template whose turns end with EOS."""
-    path = tiny.build_tokenizer(tmp_path_factory.mktemp("chat_tokenizer"), pad_token="<pad>")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def teacher_path(tmp_path_factory):
-    """A tiny Qwen2 teacher with other weights than the student's (``tiny_checkpoints.path("qwen2")``)."""
-    path = tmp_path_factory.mktemp("teacher")
-    tiny.build_hf_model(tiny.CASES["qwen2"](), seed=1).save_pretrained(path)
-    return path
 
 
 # --- the data ------------------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests import tiny
+
 #: Preference pairs of unequal lengths (prompt, chosen, rejected), 16 rows.
 PREFERENCES = [
     {"prompt": "the quick brown", "chosen": " fox jumps over the lazy dog", "rejected": " dog"},
@@ -59,3 +61,11 @@ UNPAIRED = [{"prompt": "the quick brown", "completion": " fox jumps over the laz
         {"prompt": "hello", "completion": " world, this is a tiny tokenizer", "label": True},
         {"prompt": "three four", "completion": " five six seven eight nine ten", "label": True},
         {"prompt": "the lazy dog", "completion": " jumps", "label": False}]
+
+
+#: One conversation per :data:`tests.tiny.PROMPTS` prompt: the user's prompt and an assistant answer (GKD, IW-OPD).
+CONVERSATIONS = [[{"role": "user", "content": prompt},
+                  {"role": "assistant", "content": ["a tiny test", "the lazy dog", "one two", "hello",
+                                                    "brown fox jumps", "this is the world", "nine",
+                                                    "over the lazy dog"][index % 8]}]
+                 for index, prompt in enumerate(tiny.PROMPTS)]

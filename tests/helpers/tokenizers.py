@@ -12,6 +12,9 @@ import torchlike
 #: A small chat template: each message as ``<s>role: content</s>``, the generation prompt ``<s>assistant:``.
 CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
                  "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+#: A chat template whose turns end with EOS and that has no BOS (``chat_tokenizer_dir``'s: GKD's and IW-OPD's tests).
+TURN_EOS_CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '</s>' }}"
+                          "{% endfor %}{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
 
 
 def tokenizer_for(tokenizer_dir: Path | str,

@@ -93,6 +93,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("a2po", "A2POConfig", "A2POTrainer", f"{_EXPERIMENTAL}.a2po", script=False),
     TrainerEntry("sdft", "SDFTConfig", "SDFTTrainer", f"{_EXPERIMENTAL}.sdft", script=True),
     TrainerEntry("sdpo", "SDPOConfig", "SDPOTrainer", f"{_EXPERIMENTAL}.sdpo", script=False),
+    TrainerEntry("iw_opd", "IWOPDConfig", "IWOPDTrainer", f"{_EXPERIMENTAL}.iw_opd", script=False),
 )
 
 

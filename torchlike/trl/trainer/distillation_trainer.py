@@ -114,6 +114,19 @@ class StudentTeacherAlgorithm:
         """The step columns of the dataset's sequences of ``rows``, ``width`` tokens wide."""
         raise NotImplementedError
 
+    @property
+    def evaluation_metrics(self) -> tuple[str, ...]:
+        """The step loss's metrics ``evaluate()`` reports (means over its batches) beside the loss; none by default."""
+        return ()
+
+    def finish_logs(self, logs: dict[str, float]) -> None:
+        """Changes a log entry in place before it is recorded (as the algorithm's TRL trainer ``log`` does)."""
+
+    def train_order(self, order: np.ndarray) -> np.ndarray:
+        """The ``"dataset"`` schedule's rows of an epoch, from transformers' order of the dataset (as it is by
+        default)."""
+        return order
+
     def sampled_columns(self, record: Rollout, dataset_columns: dict[str, np.ndarray], width: int,
                         pad_token_id: int) -> dict[str, np.ndarray]:
         """The step columns of the completions ``record`` sampled for the prompts of rows whose dataset columns are
@@ -250,14 +263,17 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
 
     def _get_train_sampler(self, epoch: int) -> np.ndarray:
         """The ``"generation"`` schedule's prompt order; the ``"dataset"`` schedule's is transformers' order of the
-        rows (TRL's GKD is an SFT trainer)."""
+        rows (TRL's GKD is an SFT trainer), as the algorithm lays it out
+        (:meth:`StudentTeacherAlgorithm.train_order`)."""
         if self.algorithm.schedule == "dataset":
-            return Trainer._get_train_sampler(self, epoch)
+            return self.algorithm.train_order(Trainer._get_train_sampler(self, epoch))
         return super()._get_train_sampler(epoch)
 
     def _steps_per_epoch(self) -> int:
         if self.algorithm.schedule == "dataset":
-            return Trainer._steps_per_epoch(self)
+            return batches.steps_per_epoch(len(self._get_train_sampler(0)),
+                                           self._global_batch_size() * self.args.gradient_accumulation_steps,
+                                           self.args.dataloader_drop_last)
         return super()._steps_per_epoch()
 
     def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
@@ -280,13 +296,17 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
                 group.append(self._micro_batch(rows, next(draws) if rows else 1.0,
                                                self._generation_seed(epoch, micro)))
             stacked = {key: np.stack([columns[key] for columns in group]) for key in group[0]}
+            # The step's dataset labels, on every row: what transformers counts as num_items_in_batch when a step's
+            # micro-batches are slices of one batch (IW-OPD's repeated batch).
+            stacked["window_label_count"] = np.full_like(stacked["label_count"], stacked["label_count"].sum())
             yield mesh_lib.place_batch(stacked, sharding, size, batch_axis=1)
 
     def _micro_batches_per_epoch(self) -> int:
         """The non-empty micro-batches of an epoch of the ``"dataset"`` schedule (each makes one draw, as TRL's
         ``training_step``)."""
         size = self._global_batch_size()
-        rows = min(len(self.train_dataset), self._steps_per_epoch() * self.args.gradient_accumulation_steps * size)
+        rows = min(len(self._get_train_sampler(0)),
+                   self._steps_per_epoch() * self.args.gradient_accumulation_steps * size)
         return -(-rows // size)
 
     def _policy_draws(self, epoch: int, skip: int) -> Iterator[float]:
@@ -339,6 +359,11 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
         return {**masked.columns(), "completion_mask": masked.model_tokens}
 
     # ------------------------------------------------------------------ logging and evaluation
+    def log(self, logs: dict[str, float]) -> None:
+        """The online trainer's log, after the algorithm's changes (:meth:`StudentTeacherAlgorithm.finish_logs`)."""
+        self.algorithm.finish_logs(logs)
+        super().log(logs)
+
     def _on_train_log(self) -> None:
         """With ``log_completions``, prints and saves the latest completions, as TRL's ``log``."""
         if getattr(self.args, "log_completions", False) and self.state.is_world_process_zero:
@@ -369,7 +394,7 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
         sharding = mesh_lib.batch_sharding(self.mesh)
         prefix = f"{metric_key_prefix}_"
         sampled = self.algorithm.schedule != "dataset"
-        losses, entropies, counts = [], [], []
+        losses, entropies, counts, reported = [], [], [], {}
         with mesh_lib.entered(self.mesh):
             for index, start in enumerate(range(0, len(examples), size)):
                 rows = [examples[i] for i in range(start, min(start + size, len(examples)))]
@@ -381,12 +406,16 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
                 else:
                     columns = self.algorithm.dataset_columns(rows, self.sequence_length, self.pad_token_id)
                     batch = self._padding_rows_added(columns, counted, size)
+                    batch["window_label_count"] = np.full_like(batch["label_count"], batch["label_count"].sum())
                 value, weight, aux = mesh_lib.to_host(step(self._module, mesh_lib.place_batch(batch, sharding, size)))
                 losses.append(float(value) / max(float(weight), 1.0))
                 if sampled:
                     entropies.append(float(aux["entropy"]))
+                for name in self.algorithm.evaluation_metrics:
+                    reported.setdefault(name, []).append(float(aux[name]))
                 counts.append(counted)
-        metrics = {f"{prefix}loss": float(np.average(losses, weights=counts))}
+        metrics = {f"{prefix}loss": float(np.average(losses, weights=counts)),
+                   **{f"{prefix}{name}": float(np.mean(values)) for name, values in reported.items()}}
         if sampled:
             metrics[f"{prefix}entropy"] = float(np.mean(entropies))
             for key in [key for key in self._pending_metrics if key.startswith(prefix)]:

@@ -107,8 +107,9 @@ class OnlineTrainer(TRLTrainer):
         return self.args.max_completion_length
 
     def _padded(self, length: int) -> int:
-        """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked)."""
-        return round_up_to_multiple(length, self.args.pad_to_multiple_of)
+        """A prompt or completion width rounded up as ``pad_to_multiple_of`` asks (padding is masked); as it is for a
+        config without that field."""
+        return round_up_to_multiple(length, getattr(self.args, "pad_to_multiple_of", None))
 
     def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
         """Raw eval rows prepared as the train rows are (rows prepared at construction are kept as they are)."""

@@ -129,10 +129,6 @@ class A2POTrainer(OnlineTrainer):
         """None: ``A2POConfig`` has no ``generation_kwargs``."""
         return {}
 
-    def _padded(self, length: int) -> int:
-        """Widths as they are: ``A2POConfig`` has no ``pad_to_multiple_of``."""
-        return length
-
     def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
         """The rows with their rendered prompt (TRL's ``maybe_apply_chat_template``) and its token ids (no special
         tokens, truncated to ``max_prompt_length`` as the tokenizer truncates); only ``prompt`` with

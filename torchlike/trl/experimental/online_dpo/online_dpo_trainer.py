@@ -265,10 +265,6 @@ class OnlineDPOTrainer(OnlineTrainer):
     def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
         return self.algorithm.prepare(prepare_prompt_rows(dataset, self.tokenizer, name))
 
-    def _padded(self, length: int) -> int:
-        """Widths as they are: ``OnlineDPOConfig`` has no ``pad_to_multiple_of``."""
-        return length
-
     @property
     def _completion_limit(self) -> int:
         return self.args.max_new_tokens

@@ -228,10 +228,6 @@ class SDFTTrainer(StudentTeacherSteps, OnlineTrainer):
     def _sampling_overrides(self, args: SDFTConfig) -> dict:
         return dict(args.generation_kwargs or {})
 
-    def _padded(self, length: int) -> int:
-        """Widths as they are: ``SDFTConfig`` has no ``pad_to_multiple_of``."""
-        return length
-
     def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
         """The rows with the token ids of their student prompt and teacher prompt (TRL's ``_tokenize_prompts``:
         conversations through the chat template with the generation prompt and ``chat_template_kwargs``, text with
