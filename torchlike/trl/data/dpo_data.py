@@ -47,6 +47,7 @@ from ..trainer.base_config import round_up_to_multiple
 __all__ = [
     "ACCEPTED_FORMATS",
     "PreferenceDataWarning",
+    "PreferenceTokenizer",
     "collate_preference_batch",
     "padded_length",
     "prepare_preference_examples",
@@ -127,22 +128,36 @@ class PromptResponseTokenizer:
         return prompt_length
 
 
-class _PreferenceTokenizer(PromptResponseTokenizer):
-    """Settings resolved once per dataset; turns one raw example into ``prompt_ids``/``chosen_ids``/``rejected_ids``."""
+class PreferenceTokenizer(PromptResponseTokenizer):
+    """Settings resolved once per dataset; turns one raw example into ``prompt_ids`` and ``<response>_ids`` for each
+    of :attr:`responses` (a subclass with more responses, TPO's, changes the checks' words and the prompt split)."""
+
+    responses: tuple[str, ...] = _RESPONSES
 
     def __init__(self, tokenizer: Tokenizer, first: Mapping[str, Any], columns: Sequence[str]):
         missing = [key for key in _RESPONSES if key not in first]
         if missing:
             raise _missing_columns_error(columns, f"has no {' or '.join(repr(key) for key in missing)} column")
+        self._start(tokenizer, first, "DPO")
+
+    def _start(self, tokenizer: Tokenizer, first: Mapping[str, Any], trainer: str) -> None:
         self.explicit_prompt = "prompt" in first
-        super().__init__(tokenizer, is_message_list(first["chosen"]), "DPO")
+        PromptResponseTokenizer.__init__(self, tokenizer, is_message_list(first["chosen"]), trainer)
+
+    def _missing_error(self, example: Mapping[str, Any], index: int, missing: list[str],
+                       keys: Sequence[str]) -> ValueError:
+        return _missing_columns_error(list(example), f"example {index} has no {missing} (the first example has "
+                                                     f"{list(keys)})")
+
+    def _split_prompt(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The implicit prompt split off the responses (TRL's ``extract_prompt``)."""
+        return extract_prompt(raw)
 
     def _check_layout(self, example: Mapping[str, Any], index: int) -> None:
-        keys = (("prompt",) if self.explicit_prompt else ()) + _RESPONSES
+        keys = (("prompt",) if self.explicit_prompt else ()) + self.responses
         missing = [key for key in keys if key not in example]
         if missing:
-            raise _missing_columns_error(list(example), f"example {index} has no {missing} (the first example has "
-                                                        f"{list(keys)})")
+            raise self._missing_error(example, index, missing, keys)
         matches = is_message_list if self.conversational else (lambda value: isinstance(value, str))
         if not all(matches(example[key]) for key in keys):
             expected = "lists of {'role', 'content'} messages" if self.conversational else "strings"
@@ -154,16 +169,16 @@ class _PreferenceTokenizer(PromptResponseTokenizer):
         if not isinstance(raw, Mapping):
             raise TypeError(f"Example {index} should be a dict of columns; found {describe(raw)}.")
         self._check_layout(raw, index)
-        example = dict(raw) if self.explicit_prompt else {**raw, **extract_prompt(raw)}
+        example = dict(raw) if self.explicit_prompt else {**raw, **self._split_prompt(raw)}
         prompt = example["prompt"]
         template_kwargs = chat_template_kwargs_for(example) if self.conversational else {}
         if not self.conversational:
-            example.update({key: self._with_eos(example[key]) for key in _RESPONSES})
+            example.update({key: self._with_eos(example[key]) for key in self.responses})
         prompt_ids = self._prompt_ids(prompt, template_kwargs)
-        full = {key: self._ids(prompt + example[key], template_kwargs) for key in _RESPONSES}
+        full = {key: self._ids(prompt + example[key], template_kwargs) for key in self.responses}
         prompt_length = self._prompt_length(prompt_ids, full.values(), index)
         return {"prompt_ids": prompt_ids[:prompt_length],
-                **{f"{key}_ids": full[key][prompt_length:] for key in _RESPONSES}}
+                **{f"{key}_ids": full[key][prompt_length:] for key in self.responses}}
 
 
 def prepare_preference_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Tokenizer, *, max_length: int | None,
@@ -199,7 +214,7 @@ def prepare_preference_examples(dataset: Iterable[Mapping[str, Any]], tokenizer:
                          "preference example.") from None
     if not isinstance(first, Mapping):
         raise TypeError(f"Example 0 should be a dict of columns; found {describe(first)}.")
-    tokenize = _PreferenceTokenizer(tokenizer, first, get_dataset_column_names(dataset, first))
+    tokenize = PreferenceTokenizer(tokenizer, first, get_dataset_column_names(dataset, first))
     kept, dropped = [], 0
     examples = tokenized_examples(dataset, itertools.chain([first], iterator), tokenize, num_proc)
     for index, example in enumerate(examples):

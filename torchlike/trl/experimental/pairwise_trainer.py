@@ -29,7 +29,7 @@ from ...type_aliases import (
 )
 from ..data.dpo_data import collate_preference_batch, padded_length
 from ..trainer.base_config import TRLConfig
-from ..trainer.base_trainer import TRLTrainer
+from ..trainer.base_trainer import ReferenceFreePreferenceSteps, TRLTrainer
 from .pairwise_data import prepare_pairwise_examples
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class PairwiseAlgorithm:
         raise NotImplementedError
 
 
-class PairwisePreferenceTrainer(TRLTrainer):
+class PairwisePreferenceTrainer(ReferenceFreePreferenceSteps, TRLTrainer):
     """The loop of torchlike's ``ORPOTrainer`` and ``CPOTrainer`` (see the module docstring): a trainer on it sets
     ``algorithm_class``, ``_config_class``, ``_output_suffix`` and ``_tag_names``.
     """
@@ -144,22 +144,6 @@ class PairwisePreferenceTrainer(TRLTrainer):
         """The longest sequence plus one column: the last real position's logits enter CPO's ``logits/*`` metrics,
         and a position's logits are computed only where a next token follows."""
         return padded_length(examples, None) + 1
-
-    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
-        """Raw data passed to ``evaluate()`` tokenised as the training data; prepared examples as they are."""
-        if "chosen_ids" in next(iter(dataset), {}):
-            return super()._prepare_eval_dataset(dataset)
-        examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
-        self.padded_length = max(self.padded_length, self._padded_length(examples))
-        return examples
-
-    def _signature_columns(self) -> None:
-        """Every column: the prepared examples hold only token ids."""
-        return None
-
-    def _step_metric_prefix(self, metric_key_prefix: str) -> str:
-        """``"eval"``: TRL logs its metrics as ``eval_<metric>`` whatever the dataset's name."""
-        return "eval"
 
     # ------------------------------------------------------------------ compute_metrics
     def _found_for_metrics(self) -> Callable:

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from ...adapters.families.base import Family
     from ...modeling import CausalLM
 
-__all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "StackedRowsMetrics",
+__all__ = ["NOT_A_VISION_MODEL", "PrecomputedReferenceTrainer", "ReferenceAlgorithm", "ReferenceFreePreferenceSteps",
+           "StackedRowsMetrics",
            "TRLTrainer", "check_reference_sync", "check_text_dataset", "check_vision_model",
            "converted_if_transformers", "create_reference_model", "default_output_dir", "is_vision_dataset",
            "load_model", "rows_trl_gathers", "vision_processor"]
@@ -507,6 +508,30 @@ class ReferenceAlgorithm:
 
     def resumed(self, checkpoint: str | bool) -> None:
         """Restores the algorithm's own state from the checkpoint the run resumed from: none."""
+
+
+class ReferenceFreePreferenceSteps:
+    """What the reference-free preference trainers (ORPO, CPO, TPO) do around their steps: raw data passed to
+    ``evaluate()`` tokenised as the training data (prepared examples, which hold ``chosen_ids``, as they are), every
+    prepared column kept for the collator, and TRL's metrics logged as ``eval_<metric>`` whatever the dataset's name.
+    A trainer using it defines ``_tokenize`` and ``_padded_length``."""
+
+    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
+        """Raw data tokenised as the training data (TRL's ``evaluate`` prepares it too); prepared examples as they
+        are."""
+        if "chosen_ids" in next(iter(dataset), {}):
+            return super()._prepare_eval_dataset(dataset)
+        examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
+        self.padded_length = max(self.padded_length, self._padded_length(examples))
+        return examples
+
+    def _signature_columns(self) -> None:
+        """Every column: the prepared examples hold only token ids."""
+        return None
+
+    def _step_metric_prefix(self, metric_key_prefix: str) -> str:
+        """``"eval"``: TRL logs its metrics as ``eval_<metric>`` whatever the dataset's name."""
+        return "eval"
 
 
 class StackedRowsMetrics:

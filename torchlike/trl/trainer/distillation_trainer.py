@@ -213,6 +213,26 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
                              "self-distillation, load the checkpoint a second time).")
         return teacher_model
 
+    def _sequence_rows(self, train_dataset: RowsLike, eval_dataset: EvalDatasetLike | None,
+                       processing_class: ProcessingClass, model: CausalLM,
+                       completion_limit: int) -> tuple[list[dict], list[dict] | dict[str, list[dict]] | None]:
+        """The ``"dataset"`` schedule's set-up once the teacher is loaded: the sampling settings, the rows prepared by
+        the algorithm, the prompt and sequence widths every batch is padded to (room for ``completion_limit``
+        sampled tokens after the widest prompt), and every token id checked against both vocabularies. Returns
+        ``(train rows, eval rows)``."""
+        self._setup_sampling(self.args, model, processing_class)
+        self.pad_token_id = processing_class.pad_token_id  # TRL's collators pad with it (never the eos token)
+        self.tools, self.tool_calling = [], None
+        train_rows = self._prepare(train_dataset, "train_dataset")
+        eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
+        all_rows = [row for rows in [train_rows, *batches.each_dataset(eval_rows)] for row in rows]
+        self.prompt_length = self._padded(sampling.bucket_length(max(len(row["prompt_ids"]) for row in all_rows)))
+        self.sequence_length = max(self._padded(sampling.bucket_length(max(len(row["input_ids"]) for row in all_rows))),
+                                   self.prompt_length + self._padded(completion_limit))
+        largest = max([self.pad_token_id, *self.eos_token_ids, *(max(row["input_ids"]) for row in all_rows)])
+        self._check_token_ids(largest, processing_class, {"model": model, "teacher_model": self.teacher_model})
+        return train_rows, eval_rows
+
     def _place_teacher(self) -> None:
         """Puts the teacher's weights on the trainer's mesh (the student's), unless they are there already."""
         teacher, mesh = self.teacher_model, self.mesh

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ....adapters.losses import distillation as distillation_losses
-from ....adapters.rollout import sampling
 from ....training import batches
 from ....type_aliases import (
     DatasetLike,
@@ -177,17 +176,8 @@ class GKDTrainer(StudentTeacherTrainer):
                              "already instantiated.")
         self.teacher_model = self._load_teacher(teacher_model, args, model)
         check_vocabularies(model, self.teacher_model, "GKD")
-        self._setup_sampling(args, model, processing_class)
-        self.pad_token_id = processing_class.pad_token_id  # TRL's collator pads with it (never the eos token)
-        self.tools, self.tool_calling = [], None
-        train_rows = self._prepare(train_dataset, "train_dataset")
-        eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
-        all_rows = [row for rows in [train_rows, *batches.each_dataset(eval_rows)] for row in rows]
-        self.prompt_length = self._padded(sampling.bucket_length(max(len(row["prompt_ids"]) for row in all_rows)))
-        self.sequence_length = max(self._padded(sampling.bucket_length(max(len(row["input_ids"]) for row in all_rows))),
-                                   self.prompt_length + self._padded(args.max_new_tokens))
-        largest = max([self.pad_token_id, *self.eos_token_ids, *(max(row["input_ids"]) for row in all_rows)])
-        self._check_token_ids(largest, processing_class, {"model": model, "teacher_model": self.teacher_model})
+        train_rows, eval_rows = self._sequence_rows(train_dataset, eval_dataset, processing_class, model,
+                                                    args.max_new_tokens)
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
         self._show_eval_dataset(eval_dataset)

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ....adapters.losses.iw_opd import IWOPDLossSettings, iw_opd_step_loss
-from ....adapters.rollout import sampling
 from ....training import batches
 from ....type_aliases import (
     DatasetLike,
@@ -171,17 +170,8 @@ class IWOPDTrainer(StudentTeacherTrainer):
                              "instantiated.")
         self.teacher_model = self._load_teacher(teacher_model, args, model, revision=args.teacher_model_revision)
         check_vocabularies(model, self.teacher_model, "IW-OPD")
-        self._setup_sampling(args, model, processing_class)
-        self.pad_token_id = processing_class.pad_token_id
-        self.tools, self.tool_calling = [], None
-        train_rows = self._prepare(train_dataset, "train_dataset")
-        eval_rows = batches.map_datasets(eval_dataset, lambda dataset: self._prepare(dataset, "eval_dataset"))
-        all_rows = [row for rows in [train_rows, *batches.each_dataset(eval_rows)] for row in rows]
-        self.prompt_length = self._padded(sampling.bucket_length(max(len(row["prompt_ids"]) for row in all_rows)))
-        self.sequence_length = max(self._padded(sampling.bucket_length(max(len(row["input_ids"]) for row in all_rows))),
-                                   self.prompt_length + self._padded(args.max_completion_length))
-        largest = max([self.pad_token_id, *self.eos_token_ids, *(max(row["input_ids"]) for row in all_rows)])
-        self._check_token_ids(largest, processing_class, {"model": model, "teacher_model": self.teacher_model})
+        train_rows, eval_rows = self._sequence_rows(train_dataset, eval_dataset, processing_class, model,
+                                                    args.max_completion_length)
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
         self._show_eval_dataset(eval_dataset)

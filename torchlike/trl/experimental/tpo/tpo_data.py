@@ -12,19 +12,13 @@ dropped. Batches are ``dpo_data.collate_preference_batch``'s with the gold respo
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ....adapters.losses.tpo import RESPONSES
 from ....type_aliases import Tokenizer
-from ...data.dpo_data import PromptResponseTokenizer
-from ...data_utils import (
-    chat_template_kwargs_for,
-    describe,
-    extract_prompt,
-    is_message_list,
-    tokenized_examples,
-)
+from ...data.dpo_data import PreferenceTokenizer
+from ...data_utils import describe, extract_prompt, tokenized_examples
 
 __all__ = ["RESPONSES", "extract_triple_prompt", "prepare_triple_examples"]
 
@@ -47,8 +41,10 @@ def extract_triple_prompt(example: Mapping[str, Any]) -> dict[str, Any]:
     return {**extracted, "reference": reference[len(prompt):]}
 
 
-class _TripleTokenizer(PromptResponseTokenizer):
-    """Settings resolved once per dataset; turns one raw example into ``prompt_ids`` and ``<response>_ids``."""
+class _TripleTokenizer(PreferenceTokenizer):
+    """DPO's preference tokenizer with the gold response added, TRL's TPO column errors and its prompt split."""
+
+    responses = RESPONSES
 
     def __init__(self, tokenizer: Tokenizer, first: Mapping[str, Any]):
         if "chosen" not in first or "rejected" not in first:
@@ -59,36 +55,15 @@ class _TripleTokenizer(PromptResponseTokenizer):
             raise ValueError("TPO requires a triple-preference dataset with `chosen`, `rejected` and `reference` "
                              "columns, but the dataset is missing the `reference` (gold) column. Got columns: "
                              f"{list(first)}.")
-        self.explicit_prompt = "prompt" in first
-        super().__init__(tokenizer, is_message_list(first["chosen"]), "TPO")
+        self._start(tokenizer, first, "TPO")
 
-    def _check_layout(self, example: Mapping[str, Any], index: int) -> None:
-        keys = (("prompt",) if self.explicit_prompt else ()) + RESPONSES
-        missing = [key for key in keys if key not in example]
-        if missing:
-            raise ValueError(f"Example {index} of the TPO dataset has no {missing} (the first example has "
-                             f"{list(keys)}).")
-        matches = is_message_list if self.conversational else (lambda value: isinstance(value, str))
-        if not all(matches(example[key]) for key in keys):
-            expected = "lists of {'role', 'content'} messages" if self.conversational else "strings"
-            found = ", ".join(f"{key} is {describe(example[key])}" for key in keys)
-            raise ValueError(f"Example {index}: {', '.join(keys)} should all be {expected}, like the first "
-                             f"example; found {found}.")
+    def _missing_error(self, example: Mapping[str, Any], index: int, missing: list[str],
+                       keys: Sequence[str]) -> ValueError:
+        return ValueError(f"Example {index} of the TPO dataset has no {missing} (the first example has "
+                          f"{list(keys)}).")
 
-    def __call__(self, raw: Mapping[str, Any], index: int) -> dict[str, list[int]]:
-        if not isinstance(raw, Mapping):
-            raise TypeError(f"Example {index} should be a dict of columns; found {describe(raw)}.")
-        self._check_layout(raw, index)
-        example = dict(raw) if self.explicit_prompt else {**raw, **extract_triple_prompt(raw)}
-        prompt = example["prompt"]
-        template_kwargs = chat_template_kwargs_for(example) if self.conversational else {}
-        if not self.conversational:
-            example.update({key: self._with_eos(example[key]) for key in RESPONSES})
-        prompt_ids = self._prompt_ids(prompt, template_kwargs)
-        full = {key: self._ids(prompt + example[key], template_kwargs) for key in RESPONSES}
-        prompt_length = self._prompt_length(prompt_ids, full.values(), index)
-        return {"prompt_ids": prompt_ids[:prompt_length],
-                **{f"{key}_ids": full[key][prompt_length:] for key in RESPONSES}}
+    def _split_prompt(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        return extract_triple_prompt(raw)
 
 
 def prepare_triple_examples(dataset: Iterable[Mapping[str, Any]], tokenizer: Tokenizer, *,

@@ -24,7 +24,7 @@ from ....type_aliases import (
     TRLArgs,
 )
 from ...data.dpo_data import collate_preference_batch, padded_length
-from ...trainer.base_trainer import StackedRowsMetrics, TRLTrainer, rows_trl_gathers
+from ...trainer.base_trainer import ReferenceFreePreferenceSteps, StackedRowsMetrics, TRLTrainer, rows_trl_gathers
 from .tpo_config import TPOConfig
 from .tpo_data import prepare_triple_examples
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["TPOTrainer"]
 
 
-class TPOTrainer(StackedRowsMetrics, TRLTrainer):
+class TPOTrainer(ReferenceFreePreferenceSteps, StackedRowsMetrics, TRLTrainer):
     """``trl.experimental.tpo.TPOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
@@ -131,24 +131,7 @@ class TPOTrainer(StackedRowsMetrics, TRLTrainer):
         return padded_length(examples, args.max_length, args.truncation_mode, args.pad_to_multiple_of,
                              self._responses)
 
-    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
-        """Raw data passed to ``evaluate()`` tokenised as the training data (TRL's ``evaluate`` prepares it too);
-        prepared examples as they are."""
-        if "chosen_ids" in next(iter(dataset), {}):
-            return super()._prepare_eval_dataset(dataset)
-        examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
-        self.padded_length = max(self.padded_length, self._padded_length(examples))
-        return examples
-
-    def _signature_columns(self) -> None:
-        """Every column: the prepared examples hold only token ids."""
-        return None
-
     # ------------------------------------------------------------------ evaluation
-    def _step_metric_prefix(self, metric_key_prefix: str) -> str:
-        """``"eval"``: TRL logs its metrics as ``eval_<metric>`` whatever the dataset's name."""
-        return "eval"
-
     def _metrics_rows(self, batch: dict) -> tuple[Any, Any]:
         """TRL's rows: the chosen sequences, then the rejected ones, then (unless ``tpo_alpha`` is 0) the gold ones."""
         import jax.numpy as jnp
