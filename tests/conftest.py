@@ -116,7 +116,7 @@ def pad_tokenizer_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def chat_tokenizer_dir(tmp_path_factory):
     """The tests' tokenizer with ``<pad>`` as its pad token and a chat template whose turns end with EOS
-    (``tests/helpers/tokenizers.TURN_EOS_CHAT_TEMPLATE``)."""
+    (``TURN_EOS_CHAT_TEMPLATE`` in ``tests/helpers/tokenizers.py``)."""
     import transformers
 
     from tests.helpers.tokenizers import TURN_EOS_CHAT_TEMPLATE

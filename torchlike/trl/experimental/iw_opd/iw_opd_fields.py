@@ -47,7 +47,7 @@ IW_OPD_FIELD_SUPPORT: dict[str, FieldSupport] = {
                       "(Python's random, seeded by seed, as TRL draws it), else the dataset's completions."),
     "beta": honoured("The generalized JSD's interpolation: 0 forward KL, 1 reverse KL, between them the JSD."),
     "distillation_objective": honoured("'iw_opd': the sampled-token importance-weighted objective "
-                                       "(torchlike.adapters.losses.iw_opd.iw_opd_loss); 'jsd': the generalized JSD on "
+                                       "(torchlike.adapters.losses.iw_opd.iw_opd_terms); 'jsd': the generalized JSD on "
                                        "loss_top_k supports, as TRL computes them."),
     "iw_opd_gamma": honoured("The weights' amplification: w_t = 1 + gamma (1 - |A|_<t / |A|_total)."),
     "iw_opd_epsilon": honoured("The floor of each row's total |A| when normalising the weights."),
