@@ -106,7 +106,6 @@ class SDPOTrainer(SDFTTrainer):
         reward_funcs = list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
         if isinstance(reward_processing_classes, list) and len(reward_processing_classes) != len(reward_funcs):
             raise ValueError("Number of reward processing classes must match number of reward functions")
-        self._given_rewards = (reward_funcs, reward_processing_classes)
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
                          peft_config=peft_config)
