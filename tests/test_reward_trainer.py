@@ -328,3 +328,37 @@ def test_all_linear_lora_on_a_classifier_without_seq_cls_is_refused_naming_the_f
         RewardTrainer(model=str(reward_model_dir), args=RewardConfig(output_dir=str(tmp_path)),
                       train_dataset=STANDARD[:8], processing_class=tokenizer_for(tokenizer_dir),
                       peft_config=LoraConfig(r=4, target_modules="all-linear"))
+
+
+def test_compute_metrics_gets_what_trls_prediction_step_gives(reward_model_dir, tokenizer_dir, tmp_path):
+    """TRL's RewardTrainer leaves ``prediction_step`` to transformers, which hands ``compute_metrics`` the model's
+    logits on each batch's chosen rows then its rejected ones (a short last batch cut to its examples: its chosen
+    rewards), no labels, after ``preprocess_logits_for_metrics``."""
+    import datasets
+
+    seen = {}
+
+    def recorder(side):
+        def compute_metrics(prediction):
+            seen[side] = (np.asarray(prediction.predictions), np.asarray(prediction.label_ids))
+            return {"reward_sum": float(np.sum(prediction.predictions))}
+
+        return compute_metrics
+
+    data = STANDARD[:5]  # batches of 2 pairs: the last holds one
+    settings = dict(report_to="none", bf16=False, per_device_eval_batch_size=2, max_length=24)
+    tokenizer = tokenizer_for(tokenizer_dir)
+    theirs = trl.RewardTrainer(model=str(reward_model_dir), processing_class=tokenizer,
+                               args=trl.RewardConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+                               train_dataset=datasets.Dataset.from_list(data),
+                               eval_dataset=datasets.Dataset.from_list(data), compute_metrics=recorder("theirs"),
+                               preprocess_logits_for_metrics=lambda logits, labels: logits * 2)
+    ours = RewardTrainer(model=str(reward_model_dir), processing_class=tokenizer_for(tokenizer_dir),
+                         args=RewardConfig(output_dir=str(tmp_path / "ours"), **settings), train_dataset=data,
+                         eval_dataset=data, compute_metrics=recorder("ours"),
+                         preprocess_logits_for_metrics=lambda logits, labels: logits * 2)
+    expected, found = theirs.evaluate(), ours.evaluate()
+    assert seen["ours"][0].shape == seen["theirs"][0].shape
+    np.testing.assert_allclose(seen["ours"][0], seen["theirs"][0], rtol=1e-4, atol=1e-6)
+    assert seen["ours"][1].shape == seen["theirs"][1].shape == (0,)
+    np.testing.assert_allclose(found["eval_reward_sum"], expected["eval_reward_sum"], rtol=1e-4)

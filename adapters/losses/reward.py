@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from ..training.step_metrics import PRESENCE_PREFIX
 from .settings import LossSettings
 
-__all__ = ["REWARD_METRICS", "RewardLossSettings", "bradley_terry_loss", "reward_batch_length", "reward_step_loss"]
+__all__ = ["REWARD_METRICS", "RewardLossSettings", "bradley_terry_loss", "pair_inputs", "reward_batch_length",
+           "reward_step_loss"]
 
 #: The metrics TRL's ``RewardTrainer.compute_loss`` records for each micro-batch (besides ``num_tokens``).
 REWARD_METRICS: tuple[str, ...] = ("min_reward", "mean_reward", "max_reward", "accuracy", "margin")
@@ -94,7 +95,7 @@ def bradley_terry_loss(
     return loss, {**metrics, **{PRESENCE_PREFIX + name: indicator for name in REWARD_METRICS}}
 
 
-def _pair_inputs(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+def pair_inputs(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """``(input_ids, attention_mask)`` ``[2B, T]``: the chosen rows on top of the rejected ones, as TRL's
     ``DataCollatorForPreference`` stacks them."""
     return (jnp.concatenate([batch["chosen_input_ids"], batch["rejected_input_ids"]]),
@@ -122,7 +123,7 @@ def reward_step_loss(scores: Callable[..., jax.Array], settings: RewardLossSetti
     """
 
     def loss(module, batch, num_items_in_batch=None):
-        input_ids, attention_mask = _pair_inputs(batch)
+        input_ids, attention_mask = pair_inputs(batch)
         rewards = scores(module, input_ids, attention_mask)[:, 0]
         chosen, rejected = jnp.split(rewards, 2)
         real = batch["chosen_attention_mask"].any(-1).astype(jnp.float32)
@@ -136,7 +137,7 @@ def reward_step_loss(scores: Callable[..., jax.Array], settings: RewardLossSetti
 def reward_batch_length(batch: Mapping[str, jax.Array], pad_to_multiple_of: int | None = None) -> jax.Array:
     """The ``L`` of NEFTune's magnitude for a pair batch: the width TRL's collator pads the ``2B`` stacked sequences
     to (the longest one's real tokens, rounded up to ``pad_to_multiple_of``)."""
-    length = _pair_inputs(batch)[1].astype(jnp.int32).sum(-1).max()
+    length = pair_inputs(batch)[1].astype(jnp.int32).sum(-1).max()
     if pad_to_multiple_of:
         length = -(-length // pad_to_multiple_of) * pad_to_multiple_of
     return length

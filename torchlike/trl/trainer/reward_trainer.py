@@ -122,8 +122,10 @@ class RewardTrainer(TRLTrainer):
             as TRL logs them).
         processing_class: the tokenizer (default: loaded from the model's path). Its pad token (else its eos token)
             becomes the model config's ``pad_token_id``, where the score is read.
-        compute_metrics, preprocess_logits_for_metrics: refused with a message when set: ``evaluate()`` reports TRL's
-            reward metrics.
+        compute_metrics: ``EvalPrediction -> dict``, given what transformers' ``prediction_step`` gives TRL's: each
+            eval batch's rewards ``[rows, 1]``, its chosen rows then its rejected ones (of a short last batch only its
+            first rows, as accelerate cuts it to the examples left), and empty ``label_ids``.
+        preprocess_logits_for_metrics: applied to each batch's rewards first, as transformers does.
         callbacks: ``transformers.TrainerCallback`` objects (or classes).
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         optimizer_cls_and_kwargs: a torch hook; refused (pass ``optimizers``).
@@ -155,11 +157,6 @@ class RewardTrainer(TRLTrainer):
         if optimizer_cls_and_kwargs is not None:
             raise ValueError("optimizer_cls_and_kwargs is a torch hook and cannot run on JAX; pass optimizers=(optax "
                              "transformation, None) for a custom optimizer.")
-        if compute_metrics is not None or preprocess_logits_for_metrics is not None:
-            raise ValueError("compute_metrics and preprocess_logits_for_metrics are not supported by torchlike's "
-                             "RewardTrainer: evaluate() reports TRL's reward metrics (eval_accuracy, eval_margin, "
-                             "eval_min_reward, eval_mean_reward, eval_max_reward); score pairs with the model "
-                             "(model(input_ids, attention_mask).logits) for others.")
         args = self._trl_args(model, args)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: preference pairs ('chosen' and 'rejected', with an "
@@ -177,7 +174,8 @@ class RewardTrainer(TRLTrainer):
         collator = data_collator or (lambda rows: collate_reward_batch(rows, self.pad_token_id, self.padded_length))
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
                          eval_dataset=eval_examples, processing_class=processing_class, callbacks=callbacks,
-                         optimizers=optimizers)
+                         optimizers=optimizers, compute_metrics=compute_metrics,
+                         preprocess_logits_for_metrics=preprocess_logits_for_metrics)
         # What TRL users read: a datasets.Dataset with TRL's columns (chosen_ids, rejected_ids, margin).
         self._show_prepared_datasets(train_examples, eval_examples)
 
@@ -233,6 +231,28 @@ class RewardTrainer(TRLTrainer):
         """TRL's reward-model loss (:func:`adapters.losses.reward.reward_step_loss`) with the config's settings."""
         settings = reward_losses.RewardLossSettings.from_config(self.args)
         return reward_losses.reward_step_loss(self.model.scores_function, settings), None
+
+    def _found_for_metrics(self) -> Callable:
+        """What transformers' ``prediction_step`` hands TRL's ``compute_metrics``: the rewards of the chosen rows on
+        top of the rejected ones (``[2B, 1]``, the model's logits) and no labels (an empty array)."""
+        import jax.numpy as jnp
+
+        scores = self.model.scores_function
+
+        def found(module, batch):
+            input_ids, attention_mask = reward_losses.pair_inputs(batch)
+            return {"predictions": scores(module, input_ids, attention_mask), "labels": jnp.zeros((0,), jnp.float32)}
+
+        return found
+
+    def _host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        """The batch's rows as accelerate's ``gather_for_metrics`` leaves them:
+        all of a full batch; of a short last batch its first ``rows``, its chosen ones."""
+        import numpy as np
+
+        total = found["predictions"].shape[0]
+        kept = total if rows == total // 2 else rows
+        return {"predictions": np.asarray(found["predictions"])[:kept], "labels": np.asarray(found["labels"])}, kept
 
     def _neftune_length(self) -> Callable:
         """NEFTune's ``L`` for a pair batch: the width TRL's collator pads the stacked pairs to."""
