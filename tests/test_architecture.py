@@ -227,10 +227,19 @@ def loop_overrides(trainer: type, loop: type) -> list[str]:
 
 def test_no_trainer_overrides_its_loops_methods():
     """GRPO and RLOO are algorithms on the policy-gradient loop, XPO and Nash-MD on Online DPO's (their trainers
-    subclass it, as TRL's do), ORPO and CPO on the pairwise loop, Distillation and GKD on the student-teacher loop,
-    DPO, KTO and BCO on the reference loop: what one step does is the loop's file plus the algorithm's, never a
-    method of the loop redefined in a subclass."""
-    from torchlike.trl import DistillationTrainer, DPOTrainer, GRPOTrainer, KTOTrainer, RLOOTrainer
+    subclass it, as TRL's do), SFT, Reward and TPO on the offline loop, ORPO and CPO on it too (through the
+    constructor they share), Distillation and GKD on the student-teacher loop, SDFT and SDPO on the
+    self-distillation loop, DPO, KTO and BCO on the reference loop: what one step does is the loop's file plus the
+    algorithm's, never a method of the loop redefined in a subclass."""
+    from torchlike.trl import (
+        DistillationTrainer,
+        DPOTrainer,
+        GRPOTrainer,
+        KTOTrainer,
+        RewardTrainer,
+        RLOOTrainer,
+        SFTTrainer,
+    )
     from torchlike.trl.experimental.bco import BCOTrainer
     from torchlike.trl.experimental.cpo import CPOTrainer
     from torchlike.trl.experimental.gkd import GKDTrainer
@@ -239,20 +248,33 @@ def test_no_trainer_overrides_its_loops_methods():
     from torchlike.trl.experimental.online_dpo.online_dpo_trainer import OnlinePreferenceAlgorithm
     from torchlike.trl.experimental.orpo import ORPOTrainer
     from torchlike.trl.experimental.pairwise_trainer import PairwiseAlgorithm, PairwisePreferenceTrainer
+    from torchlike.trl.experimental.sdft import SDFTTrainer
+    from torchlike.trl.experimental.sdpo import SDPOTrainer
+    from torchlike.trl.experimental.self_distillation_trainer import SelfDistillationAlgorithm, SelfDistillationTrainer
+    from torchlike.trl.experimental.tpo import TPOTrainer
     from torchlike.trl.experimental.xpo import XPOTrainer
-    from torchlike.trl.trainer.base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
     from torchlike.trl.trainer.distillation_trainer import StudentTeacherAlgorithm, StudentTeacherTrainer
+    from torchlike.trl.trainer.offline_trainer import (
+        OfflineAlgorithm,
+        OfflineTrainer,
+        PrecomputedReferenceTrainer,
+        ReferenceAlgorithm,
+    )
     from torchlike.trl.trainer.policy_gradient_trainer import PolicyGradientAlgorithm, PolicyGradientTrainer
 
     loops = {PolicyGradientTrainer: (PolicyGradientAlgorithm, [GRPOTrainer, RLOOTrainer]),
              OnlineDPOTrainer: (OnlinePreferenceAlgorithm, [XPOTrainer, NashMDTrainer]),
+             OfflineTrainer: (OfflineAlgorithm, [SFTTrainer, RewardTrainer, TPOTrainer, PairwisePreferenceTrainer]),
              PairwisePreferenceTrainer: (PairwiseAlgorithm, [ORPOTrainer, CPOTrainer]),
              StudentTeacherTrainer: (StudentTeacherAlgorithm, [DistillationTrainer, GKDTrainer]),
+             SelfDistillationTrainer: (SelfDistillationAlgorithm, [SDFTTrainer, SDPOTrainer]),
              PrecomputedReferenceTrainer: (ReferenceAlgorithm, [DPOTrainer, KTOTrainer, BCOTrainer])}
     for loop, (algorithm, trainers) in loops.items():
         for trainer in trainers:
             assert trainer.__mro__[1] is loop, trainer
             assert loop_overrides(trainer, loop) == [], trainer
+            if trainer is PairwisePreferenceTrainer:  # ORPO's and CPO's constructor: no algorithm of its own
+                continue
             assert issubclass(trainer.algorithm_class, algorithm)
             assert trainer.algorithm_class is not loop.__dict__.get("algorithm_class"), trainer
     assert not issubclass(RLOOTrainer, GRPOTrainer)

@@ -324,9 +324,14 @@ class Trainer:
     def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict[str, jax.Array]]:
         """This process's share of the micro-batch groups of one epoch, placed on the mesh (rows over the data axes),
         from step ``skip`` on; the last partial batch is padded, so it trains without a new compilation."""
-        return batches.epoch_batches(self.train_dataset, self._get_train_sampler(epoch), self._collate, self.mesh,
+        return batches.epoch_batches(self._train_rows(), self._get_train_sampler(epoch), self._collate, self.mesh,
                                      self._global_batch_size(), self.args.gradient_accumulation_steps,
                                      self._steps_per_epoch(), skip)
+
+    def _train_rows(self) -> Sequence:
+        """What the training batches index: ``train_dataset`` (a TRL trainer may read its prepared dataset through a
+        view that hands the collator only the columns it reads)."""
+        return self.train_dataset
 
     def _run_in_batches(self, examples, step: Callable, module, mesh, size: int, what: str) -> list:
         """``step(module, batch)`` over ``examples`` in padded global batches of ``size`` rows on ``mesh``."""

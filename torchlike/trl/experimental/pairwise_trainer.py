@@ -1,14 +1,16 @@
 """``PairwisePreferenceTrainer``: what TRL 1.16's reference-free experimental preference trainers (ORPO, CPO) share,
-on torchlike's ``TRLTrainer``.
+on torchlike's offline loop (:class:`~torchlike.trl.trainer.offline_trainer.OfflineTrainer`).
 
 Their constructor (``model, args, data_collator, train_dataset, eval_dataset, processing_class, model_init,
 callbacks, optimizers, preprocess_logits_for_metrics, peft_config, compute_metrics``) and checks in TRL's order and
 words, their tokenisation (:mod:`torchlike.trl.experimental.pairwise_data`), fixed-shape pair batches
 (``dpo_data.collate_preference_batch``), the router loss switched on by the model config's
 ``output_router_logits`` (as these trainers read it), and TRL's metrics logged as means over the micro-batches since
-the last log. There is no reference model. What ORPO and CPO change is each one's :class:`PairwiseAlgorithm` (its
-checks, padding, pad token and step loss), in its ``<name>_trainer.py`` beside a trainer class that sets
-``algorithm_class`` and redefines none of this loop's methods.
+the last log. There is no reference model. The trainer class here is only that constructor; the tokenisation,
+padding, step loss and ``compute_metrics`` inputs are :class:`PairwiseAlgorithm`'s hooks on the offline loop, and
+what ORPO and CPO change is each one's subclass of it (its checks, padding, pad token and loss), in its
+``<name>_trainer.py`` beside a trainer class that sets ``algorithm_class`` and redefines none of the loop's
+methods.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ...type_aliases import (
 )
 from ..data.dpo_data import collate_preference_batch, padded_length
 from ..trainer.base_config import TRLConfig
-from ..trainer.base_trainer import ReferenceFreePreferenceSteps, TRLTrainer
+from ..trainer.offline_trainer import OfflineTrainer, ReferenceFreePreference
 from .pairwise_data import prepare_pairwise_examples
 
 if TYPE_CHECKING:
@@ -39,9 +41,10 @@ if TYPE_CHECKING:
 __all__ = ["PairwiseAlgorithm", "PairwisePreferenceTrainer"]
 
 
-class PairwiseAlgorithm:
-    """What one reference-free pairwise preference algorithm decides on :class:`PairwisePreferenceTrainer`'s loop.
-    A subclass implements :meth:`step_loss` and overrides what else it changes."""
+class PairwiseAlgorithm(ReferenceFreePreference):
+    """What one reference-free pairwise preference algorithm decides on the offline loop (its trainer on
+    :class:`PairwisePreferenceTrainer`): TRL's checks, the tokenizer, the padding value and the loss. A subclass
+    implements :meth:`loss` and overrides what else it changes."""
 
     @staticmethod
     def check(args: TRLArgs) -> None:
@@ -58,12 +61,55 @@ class PairwiseAlgorithm:
         return pad_token_id
 
     @staticmethod
-    def step_loss(family: Family, args: TRLArgs, router_aux_loss_coef: float) -> Callable:
+    def loss(family: Family, args: TRLArgs, router_aux_loss_coef: float) -> Callable:
         """The jitted step's loss, ``loss(module, batch, num_items_in_batch) -> (value, weight, metrics)``."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ the loop's hooks
+    def tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
+        """Prepared examples of ``dataset``, checked against the model's vocabulary."""
+        trainer = self.trainer
+        examples = prepare_pairwise_examples(dataset, tokenizer, max_length=trainer.max_length,
+                                             num_proc=args.dataset_num_proc)
+        largest = max([trainer.padding_value, *(max(e[key], default=0) for e in examples for key in e)])
+        trainer._check_token_ids(largest, tokenizer, {"model": model})
+        return examples
 
-class PairwisePreferenceTrainer(ReferenceFreePreferenceSteps, TRLTrainer):
+    def padded_length(self, examples: list[dict]) -> int:
+        """The longest sequence plus one column: the last real position's logits enter CPO's ``logits/*`` metrics,
+        and a position's logits are computed only where a next token follows."""
+        return padded_length(examples, None) + 1
+
+    def step_loss(self) -> tuple[Callable, None]:
+        """:meth:`loss` with the config's settings and the router loss weight."""
+        trainer = self.trainer
+        return self.loss(trainer.model.family, trainer.args, trainer._router_loss_weight()), None
+
+    def found_for_metrics(self) -> Callable:
+        """What TRL's ``prediction_step`` of these trainers hands ``compute_metrics`` for a batch: the batch's
+        ``[logits/chosen, logits/rejected]`` metrics as its "logits" and two zeros as its labels."""
+        import jax.numpy as jnp
+
+        loss = self.step_loss()[0]
+
+        def found(module, batch):
+            _, _, metrics = loss(module, batch)
+            return {"predictions": jnp.stack([metrics["logits/chosen"], metrics["logits/rejected"]]),
+                    "labels": jnp.zeros(2, jnp.float32)}
+
+        return found
+
+    def host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        """Both values of a full batch; of a short last batch the first ``rows`` of them (accelerate's
+        ``gather_for_metrics`` cuts the two-value tensor to the examples left)."""
+        from ...adapters.distributed import mesh as mesh_lib
+
+        trainer = self.trainer
+        full = trainer.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(trainer.mesh)
+        return found, 2 if rows >= full else min(rows, 2)
+
+
+class PairwisePreferenceTrainer(OfflineTrainer):
     """The loop of torchlike's ``ORPOTrainer`` and ``CPOTrainer`` (see the module docstring): a trainer on it sets
     ``algorithm_class``, ``_config_class``, ``_output_suffix`` and ``_tag_names``.
     """
@@ -111,59 +157,15 @@ class PairwisePreferenceTrainer(ReferenceFreePreferenceSteps, TRLTrainer):
                          preprocess_logits_for_metrics=preprocess_logits_for_metrics)
         self._show_prepared_datasets(train_examples, eval_examples)
 
-    def _step_loss(self) -> tuple[Callable, None]:
-        """The algorithm's step loss with the config's settings and the router loss weight."""
-        return self.algorithm_class.step_loss(self.model.family, self.args, self._router_loss_weight()), None
-
     # ------------------------------------------------------------------ model
     def _setup_config_router_loss(self, model: CausalLM) -> None:
         """TRL's rule in these trainers: the router loss is added, times the config's ``router_aux_loss_coef``,
         when the model config sets ``output_router_logits``."""
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.aux_loss_enabled = bool(getattr(text_config, "output_router_logits", False))
-        self.aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0)
+        self.aux_loss_coef = self.router_aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0)
         if self.aux_loss_enabled and self.aux_loss_coef == 0.0:
             warnings.warn("You set `output_router_logits` to `True` in the model config, but `router_aux_loss_coef` "
                           "is set to `0.0`, meaning the auxiliary loss will not be used. Either set "
                           "`router_aux_loss_coef` to a value greater than `0.0`, or set `output_router_logits` to "
                           "`False` if you don't want to use the auxiliary loss.", UserWarning, stacklevel=4)
-
-    def _router_loss_weight(self) -> float:
-        return self.aux_loss_coef if self.aux_loss_enabled else 0.0
-
-    # ------------------------------------------------------------------ data
-    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
-        """Prepared examples of ``dataset``, checked against the model's vocabulary."""
-        examples = prepare_pairwise_examples(dataset, tokenizer, max_length=self.max_length,
-                                             num_proc=args.dataset_num_proc)
-        largest = max([self.padding_value, *(max(e[key], default=0) for e in examples for key in e)])
-        self._check_token_ids(largest, tokenizer, {"model": model})
-        return examples
-
-    def _padded_length(self, examples: list[dict]) -> int:
-        """The longest sequence plus one column: the last real position's logits enter CPO's ``logits/*`` metrics,
-        and a position's logits are computed only where a next token follows."""
-        return padded_length(examples, None) + 1
-
-    # ------------------------------------------------------------------ compute_metrics
-    def _found_for_metrics(self) -> Callable:
-        """What TRL's ``prediction_step`` of these trainers hands ``compute_metrics`` for a batch: the batch's
-        ``[logits/chosen, logits/rejected]`` metrics as its "logits" and two zeros as its labels."""
-        import jax.numpy as jnp
-
-        loss = self._step_loss()[0]
-
-        def found(module, batch):
-            _, _, metrics = loss(module, batch)
-            return {"predictions": jnp.stack([metrics["logits/chosen"], metrics["logits/rejected"]]),
-                    "labels": jnp.zeros(2, jnp.float32)}
-
-        return found
-
-    def _host_found(self, found: dict, rows: int) -> tuple[dict, int]:
-        """Both values of a full batch; of a short last batch the first ``rows`` of them (accelerate's
-        ``gather_for_metrics`` cuts the two-value tensor to the examples left)."""
-        from ...adapters.distributed import mesh as mesh_lib
-
-        full = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
-        return found, 2 if rows >= full else min(rows, 2)

@@ -38,15 +38,9 @@ from ..data.dpo_vision import (
     most_images,
     vision_preference_rows,
 )
-from .base_trainer import (
-    PrecomputedReferenceTrainer,
-    ReferenceAlgorithm,
-    check_vision_model,
-    is_vision_dataset,
-    rows_trl_gathers,
-    vision_processor,
-)
+from .base_trainer import check_vision_model, is_vision_dataset, vision_processor
 from .dpo_config import DPOConfig
+from .offline_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm, rows_trl_gathers
 
 if TYPE_CHECKING:
     from ...modeling import CausalLM
@@ -90,12 +84,12 @@ class DPO(ReferenceAlgorithm):
         return dpo_losses.reference_pass(reference.family, reference.lora, reference.mesh,
                                          dpo_losses.DPOLossSettings.from_config(self.trainer.args))
 
-    def step_loss(self) -> Callable:
+    def step_loss(self) -> tuple[Callable, None]:
         """TRL's DPO loss (:func:`adapters.losses.dpo.dpo_step_loss`) with the config's settings."""
         trainer = self.trainer
         settings = dpo_losses.DPOLossSettings.from_config(trainer.args,
                                                           router_aux_loss_coef=trainer._router_loss_weight())
-        return dpo_step_loss(trainer.model.family, settings)
+        return dpo_step_loss(trainer.model.family, settings), None
 
     def metrics_rows(self, batch: dict) -> tuple[Any, Any]:
         """TRL's rows: the chosen sequences on top of the rejected ones."""
@@ -106,7 +100,7 @@ class DPO(ReferenceAlgorithm):
 
     def host_found(self, found: dict, rows: int) -> tuple[dict, int]:
         """The ``rows`` real pairs' chosen rows, then their rejected rows; of a short last batch only its first
-        ``rows`` rows, its chosen ones (:func:`.base_trainer.rows_trl_gathers`)."""
+        ``rows`` rows, its chosen ones (:func:`.offline_trainer.rows_trl_gathers`)."""
         return rows_trl_gathers(found, rows, 2)
 
 

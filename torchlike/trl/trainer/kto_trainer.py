@@ -25,8 +25,8 @@ from ...type_aliases import (
     TRLArgs,
 )
 from ..data.kto_data import check_desirability_balance, collate_unpaired_batch, padded_length, prepare_unpaired_examples
-from .base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
 from .kto_config import KTOConfig
+from .offline_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
 
 if TYPE_CHECKING:
     from ...modeling import CausalLM
@@ -64,9 +64,9 @@ class KTO(ReferenceAlgorithm):
         reference = self.trainer.reference
         return kto_losses.reference_pass(reference.family, reference.lora, reference.mesh, self.trainer.loss_settings)
 
-    def step_loss(self) -> Callable:
+    def step_loss(self) -> tuple[Callable, None]:
         """TRL's KTO loss (:func:`adapters.losses.kto.kto_step_loss`) with the config's settings."""
-        return kto_losses.kto_step_loss(self.trainer.model.family, self.trainer.loss_settings)
+        return kto_losses.kto_step_loss(self.trainer.model.family, self.trainer.loss_settings), None
 
 
 class KTOTrainer(PrecomputedReferenceTrainer):

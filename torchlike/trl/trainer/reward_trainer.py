@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...adapters.losses import reward as reward_losses
-from ...training.batches import check_single_dataset, each_dataset, map_datasets
+from ...training.batches import check_single_dataset
 from ...type_aliases import (
     DatasetLike,
     EvalDatasetLike,
@@ -28,14 +28,15 @@ from ...type_aliases import (
 )
 from ..data.reward_data import collate_reward_batch, padded_length, prepare_reward_examples
 from ..data_utils import load_chat_template
-from .base_trainer import TRLTrainer, check_text_dataset
+from .base_trainer import check_text_dataset
+from .offline_trainer import OfflineAlgorithm, OfflineTrainer
 from .reward_config import RewardConfig
 
 if TYPE_CHECKING:
     from ...modeling import CausalLM
     from ...sequence_classification import SequenceClassifier
 
-__all__ = ["RewardTrainer", "load_reward_model"]
+__all__ = ["Reward", "RewardTrainer", "load_reward_model"]
 
 #: The notices of loading a causal LM as a classifier (a new ``score`` head, an unused ``lm_head``), which TRL
 #: silences.
@@ -102,7 +103,82 @@ def load_reward_model(model: ModelLike, args: RewardConfig, quantization_config:
     return model
 
 
-class RewardTrainer(TRLTrainer):
+class Reward(OfflineAlgorithm):
+    """What reward modelling decides on the offline loop (:class:`RewardTrainer` prepares the pairs): the one-label
+    classifier, the pairs tokenised and padded, TRL's Bradley-Terry step loss, and what TRL's ``compute_metrics``
+    receives."""
+
+    # ------------------------------------------------------------------ model
+    def load_model(self, model: ModelLike, args: TRLArgs,
+                   quantization_config: QuantizationConfig | None) -> SequenceClassifier:
+        """The one-label classifier (:func:`load_reward_model`)."""
+        return load_reward_model(model, args, quantization_config)
+
+    def check_new_adapter(self, model: CausalLM) -> None:
+        if "score" not in model.modules_to_save:
+            warnings.warn("The LoRA adapter does not train the score head (peft_config has neither "
+                          "task_type='SEQ_CLS' nor 'score' in modules_to_save), so the reward head keeps its "
+                          "loaded (possibly newly initialised) weights, as in TRL. Pass task_type='SEQ_CLS' to "
+                          "train it.", UserWarning, stacklevel=5)
+
+    # ------------------------------------------------------------------ data
+    def tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
+        """Prepared pairs of ``dataset``, checked against the model's vocabulary."""
+        examples = prepare_reward_examples(dataset, tokenizer, max_length=args.max_length,
+                                           num_proc=args.dataset_num_proc)
+        largest = max([self.trainer.pad_token_id, *(max(e[key], default=0) for e in examples
+                                                    for key in ("chosen_ids", "rejected_ids"))])
+        self.trainer._check_token_ids(largest, tokenizer, {"model": model})
+        return examples
+
+    def padded_length(self, examples: list[dict]) -> int:
+        """The longest sequence, rounded up to ``pad_to_multiple_of``."""
+        return padded_length(examples, self.trainer.args.pad_to_multiple_of)
+
+    def prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
+        """Evaluation data prepared as the training data (TRL's ``evaluate`` prepares what it is given; prepared
+        pairs pass through unchanged), with the padded length widened when it holds longer sequences."""
+        trainer = self.trainer
+        examples = self.tokenize(dataset, trainer.processing_class, trainer.args, trainer.model)
+        trainer.padded_length = max(trainer.padded_length, self.padded_length(examples))
+        return examples
+
+    # ------------------------------------------------------------------ step
+    def step_loss(self) -> tuple[Callable, None]:
+        """TRL's reward-model loss (:func:`adapters.losses.reward.reward_step_loss`) with the config's settings."""
+        settings = reward_losses.RewardLossSettings.from_config(self.trainer.args)
+        return reward_losses.reward_step_loss(self.trainer.model.scores_function, settings), None
+
+    def neftune_length(self) -> Callable:
+        """NEFTune's ``L`` for a pair batch: the width TRL's collator pads the stacked pairs to."""
+        multiple = self.trainer.args.pad_to_multiple_of
+        return lambda batch: reward_losses.reward_batch_length(batch, multiple)
+
+    # ------------------------------------------------------------------ compute_metrics
+    def found_for_metrics(self) -> Callable:
+        """What transformers' ``prediction_step`` hands TRL's ``compute_metrics``: the rewards of the chosen rows on
+        top of the rejected ones (``[2B, 1]``, the model's logits) and no labels (an empty array)."""
+        import jax.numpy as jnp
+
+        scores = self.trainer.model.scores_function
+
+        def found(module, batch):
+            input_ids, attention_mask = reward_losses.pair_inputs(batch)
+            return {"predictions": scores(module, input_ids, attention_mask), "labels": jnp.zeros((0,), jnp.float32)}
+
+        return found
+
+    def host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        """The batch's rows as accelerate's ``gather_for_metrics`` leaves them:
+        all of a full batch; of a short last batch its first ``rows``, its chosen ones."""
+        import numpy as np
+
+        total = found["predictions"].shape[0]
+        kept = total if rows == total // 2 else rows
+        return {"predictions": np.asarray(found["predictions"])[:kept], "labels": np.asarray(found["labels"])}, kept
+
+
+class RewardTrainer(OfflineTrainer):
     """``trl.RewardTrainer`` with TRL 1.16's signature, training a torchlike reward model on a JAX mesh.
 
     Args:
@@ -143,6 +219,7 @@ class RewardTrainer(TRLTrainer):
     ```
     """
 
+    algorithm_class = Reward
     _config_class = RewardConfig
     _output_suffix = "Reward"
     _tag_names = ["trl", "reward-trainer"]
@@ -165,12 +242,8 @@ class RewardTrainer(TRLTrainer):
         check_text_dataset(train_dataset)
         model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
         self.pad_token_id = self._special_tokens(model, processing_class, args)
-        train_examples = self._tokenize(train_dataset, processing_class, args, model)
-        eval_examples = map_datasets(eval_dataset, lambda dataset: self._tokenize(dataset, processing_class, args,
-                                                                                  model))
-        every_eval_example = [example for examples in each_dataset(eval_examples) for example in examples]
         # One padded length for training and evaluation, so XLA compiles each step once.
-        self.padded_length = padded_length([*train_examples, *every_eval_example], args.pad_to_multiple_of)
+        train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
         collator = data_collator or (lambda rows: collate_reward_batch(rows, self.pad_token_id, self.padded_length))
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
                          eval_dataset=eval_examples, processing_class=processing_class, callbacks=callbacks,
@@ -179,18 +252,7 @@ class RewardTrainer(TRLTrainer):
         # What TRL users read: a datasets.Dataset with TRL's columns (chosen_ids, rejected_ids, margin).
         self._show_prepared_datasets(train_examples, eval_examples)
 
-    # ------------------------------------------------------------------ model and tokenizer
-    def _load_model(self, model: ModelLike, args: TRLArgs, quantization_config: QuantizationConfig | None) -> Any:
-        """The one-label classifier (:func:`load_reward_model`)."""
-        return load_reward_model(model, args, quantization_config)
-
-    def _check_new_adapter(self, model: CausalLM) -> None:
-        if "score" not in model.modules_to_save:
-            warnings.warn("The LoRA adapter does not train the score head (peft_config has neither "
-                          "task_type='SEQ_CLS' nor 'score' in modules_to_save), so the reward head keeps its "
-                          "loaded (possibly newly initialised) weights, as in TRL. Pass task_type='SEQ_CLS' to "
-                          "train it.", UserWarning, stacklevel=4)
-
+    # ------------------------------------------------------------------ tokenizer
     def _special_tokens(self, model: CausalLM, tokenizer: Tokenizer, args: TRLArgs) -> int:
         """Applies TRL's ``eos_token``, ``chat_template_path`` and pad-token settings to the tokenizer and the model
         config (whose ``pad_token_id`` marks where the score is read); returns the pad token id."""
@@ -208,63 +270,3 @@ class RewardTrainer(TRLTrainer):
             tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad_token_id)
         model.config.pad_token_id = pad_token_id
         return pad_token_id
-
-    # ------------------------------------------------------------------ data
-    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
-        """Prepared pairs of ``dataset``, checked against the model's vocabulary."""
-        examples = prepare_reward_examples(dataset, tokenizer, max_length=args.max_length,
-                                           num_proc=args.dataset_num_proc)
-        largest = max([self.pad_token_id, *(max(e[key], default=0) for e in examples
-                                            for key in ("chosen_ids", "rejected_ids"))])
-        self._check_token_ids(largest, tokenizer, {"model": model})
-        return examples
-
-    def _prepare_eval_dataset(self, dataset: RowsLike) -> list[dict]:
-        """Evaluation data prepared as the training data (TRL's ``evaluate`` prepares what it is given; prepared
-        pairs pass through unchanged), with the padded length widened when it holds longer sequences."""
-        examples = self._tokenize(dataset, self.processing_class, self.args, self.model)
-        self.padded_length = max(self.padded_length, padded_length(examples, self.args.pad_to_multiple_of))
-        return examples
-
-    # ------------------------------------------------------------------ Trainer hooks
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's reward-model loss (:func:`adapters.losses.reward.reward_step_loss`) with the config's settings."""
-        settings = reward_losses.RewardLossSettings.from_config(self.args)
-        return reward_losses.reward_step_loss(self.model.scores_function, settings), None
-
-    def _found_for_metrics(self) -> Callable:
-        """What transformers' ``prediction_step`` hands TRL's ``compute_metrics``: the rewards of the chosen rows on
-        top of the rejected ones (``[2B, 1]``, the model's logits) and no labels (an empty array)."""
-        import jax.numpy as jnp
-
-        scores = self.model.scores_function
-
-        def found(module, batch):
-            input_ids, attention_mask = reward_losses.pair_inputs(batch)
-            return {"predictions": scores(module, input_ids, attention_mask), "labels": jnp.zeros((0,), jnp.float32)}
-
-        return found
-
-    def _host_found(self, found: dict, rows: int) -> tuple[dict, int]:
-        """The batch's rows as accelerate's ``gather_for_metrics`` leaves them:
-        all of a full batch; of a short last batch its first ``rows``, its chosen ones."""
-        import numpy as np
-
-        total = found["predictions"].shape[0]
-        kept = total if rows == total // 2 else rows
-        return {"predictions": np.asarray(found["predictions"])[:kept], "labels": np.asarray(found["labels"])}, kept
-
-    def _neftune_length(self) -> Callable:
-        """NEFTune's ``L`` for a pair batch: the width TRL's collator pads the stacked pairs to."""
-        multiple = self.args.pad_to_multiple_of
-        return lambda batch: reward_losses.reward_batch_length(batch, multiple)
-
-    def _signature_columns(self) -> None:
-        """Every column: the prepared examples hold only TRL's signature columns (``chosen_ids``, ``rejected_ids``,
-        ``margin``)."""
-        return None
-
-    def _step_metric_prefix(self, metric_key_prefix: str) -> str:
-        """``"eval"``: TRL logs its metrics (``accuracy``...) as ``eval_<metric>`` whatever the dataset, so with a dict
-        of eval datasets only the loss, runtime and speed carry the dataset's name."""
-        return "eval"

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import datasets
 import numpy as np
 
 from ...adapters.losses import sft as sft_loss
 from ...adapters.model import neftune
-from ...training.batches import check_single_dataset, each_dataset, epoch_batches, map_datasets
+from ...training.batches import check_single_dataset, each_dataset, map_datasets
 from ...training.loss_selection import with_virtual_tokens
 from ...type_aliases import (
     DatasetLike,
@@ -26,12 +26,69 @@ from ..data.sft_vision import VisionLanguageCollator, check_vision_settings
 from ..data_utils import load_chat_template
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer, check_text_dataset, is_vision_dataset, vision_processor
+from .offline_trainer import OfflineAlgorithm, OfflineTrainer
 from .sft_config import SFTConfig
 
-__all__ = ["SFTTrainer"]
+__all__ = ["SFT", "SFTTrainer"]
 
 
-class SFTTrainer(TRLTrainer):
+class SFT(OfflineAlgorithm):
+    """What supervised fine-tuning decides on the offline loop (:class:`SFTTrainer` prepares the data): batches read
+    through :class:`~torchlike.trl.data.sft_data.SFTRows`, TRL's SFT loss and metrics, TRL's collator's lengths for
+    NEFTune and ``compute_metrics``, and data given to ``evaluate()`` prepared like ``train_dataset``."""
+
+    #: transformers' names: ``eval_<name>_loss`` and ``eval_<name>_mean_token_accuracy`` for a dict of datasets.
+    metrics_named_by_dataset = True
+
+    def train_rows(self, dataset: Sequence) -> Sequence:
+        """The prepared dataset read through :class:`~torchlike.trl.data.sft_data.SFTRows`: the collator gets each
+        row's token columns as views, not the whole row converted from Arrow (a vision dataset's rows as they are:
+        its collator processes them)."""
+        return dataset if self.trainer._is_vision_dataset else SFTRows(dataset)
+
+    def prepare_eval_dataset(self, dataset: RowsLike) -> Sequence:
+        """Raw data prepared like ``train_dataset`` (TRL's ``evaluate`` does too); prepared examples as they are; a
+        vision dataset as it is (its collator processes the rows)."""
+        trainer = self.trainer
+        if trainer._is_vision_dataset:
+            return dataset
+        if not is_prepared(dataset):
+            dataset = trainer._prepare_sft_dataset(dataset)
+        rows = SFTRows(dataset)
+        trainer._pad_to_fit(rows)
+        return rows
+
+    def step_loss(self) -> tuple[Callable, None] | None:
+        """The built-in loss with TRL's ``loss_type="dft"``, the router's load-balancing loss (MoE models,
+        ``router_aux_loss_coef``) and TRL's ``entropy`` and ``mean_token_accuracy`` metrics, each row's first token
+        scored from the last virtual token of a prompt-tuning or P-tuning adapter, as TRL with ``peft`` scores it
+        (:func:`~torchlike.training.loss_selection.with_virtual_tokens`; NEFTune is added by the base
+        :meth:`Trainer._loss`); the Trainer's with ``compute_loss_func``."""
+        trainer = self.trainer
+        if trainer._compute_loss_func is not None or trainer._loss_fn is not None:
+            return None
+        model = trainer._trainable_model
+        return with_virtual_tokens(model, sft_loss.sft_step_loss(
+            model.family, loss_type=trainer.args.loss_type, router_aux_loss_coef=trainer._router_loss_weight(),
+            with_metrics=True)), None
+
+    def neftune_length(self) -> Callable:
+        """TRL's collator's batch length: the longest row, or every token of a padding-free batch (one flattened row),
+        rounded up to ``pad_to_multiple_of``."""
+        return functools.partial(neftune.batch_length, padding_free=self.trainer.padding_free,
+                                 pad_to_multiple_of=self.trainer.args.pad_to_multiple_of)
+
+    def metrics_length(self, lengths: np.ndarray) -> int | None:
+        """TRL's collator pads each batch to its longest example, rounded up to ``pad_to_multiple_of``; torchlike
+        pads every batch to one length. ``compute_metrics`` sees TRL's length (a custom ``data_collator``: the
+        batch as it made it; padding-free batches: torchlike's rows, which TRL flattens into one)."""
+        trainer = self.trainer
+        if not trainer._pads_like_trl or trainer.padding_free:
+            return None
+        return round_up_to_multiple(int(lengths.max()), trainer.args.pad_to_multiple_of)
+
+
+class SFTTrainer(OfflineTrainer):
     """``trl.SFTTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
@@ -64,6 +121,7 @@ class SFTTrainer(TRLTrainer):
         optimizer_cls_and_kwargs: a torch optimizer class; refused with a message when set.
     """
 
+    algorithm_class = SFT
     _config_class = SFTConfig
     _output_suffix = "SFT"
     _tag_names = ["trl", "sft"]
@@ -179,55 +237,3 @@ class SFTTrainer(TRLTrainer):
         up as pad_to_multiple_of asks."""
         longest = max((len(row["input_ids"]) for row in rows), default=1)
         self.padded_length = max(self.padded_length, round_up_to_multiple(longest, self.args.pad_to_multiple_of))
-
-    def _signature_columns(self) -> None:
-        """Every column: the collator reads only SFT's (``input_ids``, ``labels``, ``seq_lengths``)."""
-        return None
-
-    def _batches(self, epoch: int, skip: int = 0):
-        """The base Trainer's batches, read through :class:`~torchlike.trl.data.sft_data.SFTRows`: the collator gets
-        each row's token columns as views of the prepared dataset, not the whole row converted from Arrow (a vision
-        dataset's rows as they are: its collator processes them)."""
-        if self._is_vision_dataset:
-            return super()._batches(epoch, skip)
-        return epoch_batches(SFTRows(self.train_dataset), self._get_train_sampler(epoch), self._collate, self.mesh,
-                             self._global_batch_size(), self.args.gradient_accumulation_steps,
-                             self._steps_per_epoch(), skip)
-
-    def _step_loss(self) -> tuple[Callable, Callable | None]:
-        """The base Trainer's loss; the built-in one with TRL's ``loss_type="dft"``, the router's load-balancing loss
-        (MoE models, ``router_aux_loss_coef``) and TRL's ``entropy`` and ``mean_token_accuracy`` metrics, each row's
-        first token scored from the last virtual token of a prompt-tuning or P-tuning adapter, as TRL with ``peft``
-        scores it (:func:`~torchlike.training.loss_selection.with_virtual_tokens`; NEFTune is added by the base
-        :meth:`Trainer._loss`)."""
-        loss, count_items = super()._step_loss()
-        if self._compute_loss_func is None and self._loss_fn is None:
-            loss = with_virtual_tokens(self._trainable_model, sft_loss.sft_step_loss(
-                self._trainable_model.family, loss_type=self.args.loss_type,
-                router_aux_loss_coef=self._router_loss_weight(), with_metrics=True))
-        return loss, count_items
-
-    def _neftune_length(self) -> Callable:
-        """TRL's collator's batch length: the longest row, or every token of a padding-free batch (one flattened row),
-        rounded up to ``pad_to_multiple_of``."""
-        return functools.partial(neftune.batch_length, padding_free=self.padding_free,
-                                 pad_to_multiple_of=self.args.pad_to_multiple_of)
-
-    def _prepare_eval_dataset(self, dataset: RowsLike) -> SFTRows:
-        """Raw data prepared like ``train_dataset`` (TRL's ``evaluate`` does too); prepared examples as they are; a
-        vision dataset as it is (its collator processes the rows)."""
-        if self._is_vision_dataset:
-            return dataset
-        if not is_prepared(dataset):
-            dataset = self._prepare_sft_dataset(dataset)
-        rows = SFTRows(dataset)
-        self._pad_to_fit(rows)
-        return rows
-
-    def _metrics_length(self, lengths: np.ndarray) -> int | None:
-        """TRL's collator pads each batch to its longest example, rounded up to ``pad_to_multiple_of``; torchlike
-        pads every batch to one length. ``compute_metrics`` sees TRL's length (a custom ``data_collator``: the
-        batch as it made it; padding-free batches: torchlike's rows, which TRL flattens into one)."""
-        if not self._pads_like_trl or self.padding_free:
-            return None
-        return round_up_to_multiple(int(lengths.max()), self.args.pad_to_multiple_of)

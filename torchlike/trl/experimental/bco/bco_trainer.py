@@ -36,7 +36,7 @@ from ....type_aliases import (
     RowsLike,
     TRLArgs,
 )
-from ...trainer.base_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
+from ...trainer.offline_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
 from . import bco_udm
 from .bco_config import BCOConfig
 from .bco_data import collate_bco_batch, padded_length, prepare_bco_examples
@@ -75,11 +75,11 @@ class BCO(ReferenceAlgorithm):
         reference = self.trainer.reference
         return bco_losses.reference_pass(reference.family, reference.lora, reference.mesh)
 
-    def step_loss(self) -> Callable:
+    def step_loss(self) -> tuple[Callable, None]:
         """TRL's BCO loss (:func:`adapters.losses.bco.bco_step_loss`) with the config's settings."""
         config = self.trainer.model.config
         vocab_size = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
-        return bco_losses.bco_step_loss(self.trainer.model.family, self.trainer.loss_settings, vocab_size)
+        return bco_losses.bco_step_loss(self.trainer.model.family, self.trainer.loss_settings, vocab_size), None
 
     def train_order(self, epoch: int) -> np.ndarray:
         """Dataset order, every epoch: TRL's BCO reads its training data with a ``SequentialSampler``."""

@@ -48,7 +48,7 @@ class CPO(PairwiseAlgorithm):
             tokenizer.pad_token = tokenizer.eos_token
 
     @staticmethod
-    def step_loss(family: Family, args: CPOConfig, router_aux_loss_coef: float) -> Callable:
+    def loss(family: Family, args: CPOConfig, router_aux_loss_coef: float) -> Callable:
         """TRL's CPO loss with the config's settings."""
         return cpo_step_loss(family, CPOLossSettings.from_config(args, router_aux_loss_coef=router_aux_loss_coef))
 

@@ -31,7 +31,7 @@ class ORPO(PairwiseAlgorithm):
         return pad_token_id if args.padding_value is None else args.padding_value
 
     @staticmethod
-    def step_loss(family: Family, args: ORPOConfig, router_aux_loss_coef: float) -> Callable:
+    def loss(family: Family, args: ORPOConfig, router_aux_loss_coef: float) -> Callable:
         """TRL's ORPO loss with the config's settings."""
         return orpo_step_loss(family, ORPOLossSettings.from_config(args, router_aux_loss_coef=router_aux_loss_coef))
 

@@ -24,17 +24,55 @@ from ....type_aliases import (
     TRLArgs,
 )
 from ...data.dpo_data import collate_preference_batch, padded_length
-from ...trainer.base_trainer import ReferenceFreePreferenceSteps, StackedRowsMetrics, TRLTrainer, rows_trl_gathers
+from ...trainer.offline_trainer import OfflineTrainer, ReferenceFreePreference, StackedRowsMetrics, rows_trl_gathers
 from .tpo_config import TPOConfig
 from .tpo_data import prepare_triple_examples
 
 if TYPE_CHECKING:
     from ....modeling import CausalLM
 
-__all__ = ["TPOTrainer"]
+__all__ = ["TPO", "TPOTrainer"]
 
 
-class TPOTrainer(ReferenceFreePreferenceSteps, StackedRowsMetrics, TRLTrainer):
+class TPO(StackedRowsMetrics, ReferenceFreePreference):
+    """TRL 1.16's TPO on the offline loop (:class:`TPOTrainer` prepares the triples): TRL's triple formats tokenised
+    and padded with the gold responses, the loss (:func:`adapters.losses.tpo.tpo_step_loss`) with the config's
+    settings, and the stacked rows TRL's ``compute_metrics`` receives (no deprecation warning: TRL's TPO gives
+    none)."""
+
+    logits_for_metrics_deprecated = False
+
+    # ------------------------------------------------------------------ data
+    def tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
+        """Prepared triples of ``dataset``, checked against the model's vocabulary."""
+        examples = prepare_triple_examples(dataset, tokenizer, num_proc=args.dataset_num_proc)
+        largest = max([self.trainer.pad_token_id, *(max(example[key], default=0) for example in examples
+                                                    for key in example)])
+        self.trainer._check_token_ids(largest, tokenizer, {"model": model})
+        return examples
+
+    def padded_length(self, examples: list[dict]) -> int:
+        args = self.trainer.args
+        return padded_length(examples, args.max_length, args.truncation_mode, args.pad_to_multiple_of,
+                             self.trainer._responses)
+
+    # ------------------------------------------------------------------ step
+    def step_loss(self) -> tuple[Callable, None]:
+        return tpo_step_loss(self.trainer.model.family, self.trainer._settings), None
+
+    # ------------------------------------------------------------------ compute_metrics
+    def metrics_rows(self, batch: dict) -> tuple[Any, Any]:
+        """TRL's rows: the chosen sequences, then the rejected ones, then (unless ``tpo_alpha`` is 0) the gold ones."""
+        import jax.numpy as jnp
+
+        return tuple(jnp.concatenate([batch[f"{response}_{name}"] for response in self.trainer._responses])
+                     for name in ("input_ids", "attention_mask"))
+
+    def host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        return rows_trl_gathers(found, rows, len(self.trainer._responses))
+
+
+class TPOTrainer(OfflineTrainer):
     """``trl.experimental.tpo.TPOTrainer`` with TRL 1.16's signature, training a torchlike model on a JAX mesh.
 
     Args:
@@ -68,12 +106,12 @@ class TPOTrainer(ReferenceFreePreferenceSteps, StackedRowsMetrics, TRLTrainer):
     ```
     """
 
+    algorithm_class = TPO
     _config_class = TPOConfig
     _output_suffix = "TPO"
     _tag_names = ["trl", "tpo"]
     _counts_step_tokens = True
     _evaluation_rows_key = "chosen_attention_mask"
-    _logits_for_metrics_deprecated = False
 
     def __init__(self, model: ModelLike, args: TPOConfig | None = None, data_collator: Callable | None = None,
                  train_dataset: DatasetLike | None = None, eval_dataset: EvalDatasetLike | None = None,
@@ -113,32 +151,3 @@ class TPOTrainer(ReferenceFreePreferenceSteps, StackedRowsMetrics, TRLTrainer):
                          eval_dataset=eval_examples, processing_class=processing_class,
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers)
         self._show_prepared_datasets(train_examples, eval_examples)
-
-    def _step_loss(self) -> tuple[Callable, None]:
-        """TRL's TPO loss (:func:`adapters.losses.tpo.tpo_step_loss`) with the config's settings."""
-        return tpo_step_loss(self.model.family, self._settings), None
-
-    # ------------------------------------------------------------------ data
-    def _tokenize(self, dataset: RowsLike, tokenizer: ProcessingClass, args: TRLArgs, model: CausalLM) -> list[dict]:
-        """Prepared triples of ``dataset``, checked against the model's vocabulary."""
-        examples = prepare_triple_examples(dataset, tokenizer, num_proc=args.dataset_num_proc)
-        largest = max([self.pad_token_id, *(max(example[key], default=0) for example in examples for key in example)])
-        self._check_token_ids(largest, tokenizer, {"model": model})
-        return examples
-
-    def _padded_length(self, examples: list[dict]) -> int:
-        args = self.args
-        return padded_length(examples, args.max_length, args.truncation_mode, args.pad_to_multiple_of,
-                             self._responses)
-
-    # ------------------------------------------------------------------ evaluation
-    def _metrics_rows(self, batch: dict) -> tuple[Any, Any]:
-        """TRL's rows: the chosen sequences, then the rejected ones, then (unless ``tpo_alpha`` is 0) the gold ones."""
-        import jax.numpy as jnp
-
-        return tuple(jnp.concatenate([batch[f"{response}_{name}"] for response in self._responses])
-                     for name in ("input_ids", "attention_mask"))
-
-    def _host_found(self, found: dict, rows: int) -> tuple[dict, int]:
-        return rows_trl_gathers(found, rows, len(self._responses))
-
