@@ -20,7 +20,9 @@ def test_every_trainer_module_on_disk_is_registered():
                for path in TRL_DIR.rglob("*_trainer.py")}
     # The shared bases and loops, which no user imports as a trainer.
     on_disk -= {"torchlike.trl.trainer.base_trainer", "torchlike.trl.trainer.online_trainer",
-                "torchlike.trl.trainer.policy_gradient_trainer", "torchlike.trl.experimental.pairwise_trainer"}
+                "torchlike.trl.trainer.offline_trainer", "torchlike.trl.trainer.policy_gradient_trainer",
+                "torchlike.trl.experimental.pairwise_trainer",
+                "torchlike.trl.experimental.self_distillation_trainer"}
     assert on_disk == {entry.trainer_module for entry in TRAINERS}
 
 

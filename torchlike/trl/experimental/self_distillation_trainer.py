@@ -208,9 +208,7 @@ class SelfDistillationTrainer(StudentTeacherSteps, OnlineTrainer):
         columns = get_dataset_column_names(dataset)
         if "prompt" not in columns:
             raise ValueError(f"{name} has no 'prompt' column (found {columns}); {type(self).__name__} samples "
-                             "completions of 'prompt' "
-                             "(text or chat messages) and builds the teacher prompt from it and "
-                             "'privileged_context'.")
+                             "completions of 'prompt' (text or chat messages) and builds the teacher prompt from it.")
         rows = []
         for index, row in enumerate(dataset):
             prompt = row["prompt"]
