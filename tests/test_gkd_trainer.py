@@ -8,6 +8,7 @@ import importlib
 import os
 import types
 import zlib
+from collections.abc import Callable
 
 import datasets
 import jax
@@ -237,12 +238,14 @@ def test_breaking_the_loss_fails_the_comparison(tiny_checkpoints, teacher_path, 
 
 # --- sampling for real -----------------------------------------------------------------------------------------------
 
-def gkd_trainer(tiny_checkpoints, teacher_path, tokenizer_path, output_dir, **settings) -> GKDTrainer:
+def gkd_trainer(tiny_checkpoints, teacher_path, tokenizer_path, output_dir, compute_metrics: Callable | None = None,
+                **settings) -> GKDTrainer:
     return GKDTrainer(model=str(tiny_checkpoints.path("qwen2")), teacher_model=str(teacher_path),
                       args=GKDConfig(output_dir=str(output_dir), report_to="none", save_strategy="no", **settings),
                       train_dataset=[{"messages": messages} for messages in CONVERSATIONS],
                       eval_dataset=[{"messages": messages} for messages in CONVERSATIONS[:6]],
-                      processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
+                      processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path),
+                      compute_metrics=compute_metrics)
 
 
 @pytest.mark.parametrize("sampler", ["student", "teacher"])
@@ -273,23 +276,49 @@ def test_on_policy_and_seq_kd_sample_from_their_model_and_train_only_the_student
                for key, value in trainer.teacher_model.state_dict().items())
 
 
-def test_evaluation_loss_is_trls_mean_divergence_on_the_dataset(tiny_checkpoints, teacher_path, chat_tokenizer_dir,
-                                                                 tmp_path):
+def recorded_predictions(store: list) -> Callable:
+    """A ``compute_metrics`` that keeps the ``EvalPrediction``'s arrays and returns their sizes."""
+
+    def compute_metrics(prediction):
+        store.append((np.asarray(prediction.predictions), np.asarray(prediction.label_ids),
+                      np.asarray(prediction.inputs)))
+        return {"labelled": float((np.asarray(prediction.label_ids) != -100).sum())}
+
+    return compute_metrics
+
+
+def test_evaluation_loss_and_compute_metrics_are_trls_on_the_dataset(tiny_checkpoints, teacher_path,
+                                                                     chat_tokenizer_dir, tmp_path):
     """TRL evaluates GKD on the dataset's conversations (no sampling): each batch's loss is its divergence per label,
-    ``eval_loss`` their mean over rows."""
+    ``eval_loss`` their mean over rows; ``compute_metrics`` gets what transformers' ``prediction_step`` gives it,
+    the student's logits and the collator's labels, each batch (6 rows in batches of 4: a short last one) left-padded
+    to its longest row and padded with -100 across batches."""
+    found, expected_found = [], []
     trainer = gkd_trainer(tiny_checkpoints, teacher_path, chat_tokenizer_dir, tmp_path, per_device_eval_batch_size=4,
-                          bf16=False)
+                          bf16=False, include_for_metrics=["inputs"], compute_metrics=recorded_predictions(found))
     expected_trainer = trl_gkd.GKDTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype=torch.float32),
         teacher_model=transformers.AutoModelForCausalLM.from_pretrained(teacher_path, dtype=torch.float32),
         args=trl_gkd.GKDConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False, report_to="none",
-                               per_device_eval_batch_size=4),
+                               per_device_eval_batch_size=4, include_for_metrics=["inputs"]),
         train_dataset=datasets.Dataset.from_dict({"messages": CONVERSATIONS}),
         eval_dataset=datasets.Dataset.from_dict({"messages": CONVERSATIONS[:6]}),
-        processing_class=transformers.AutoTokenizer.from_pretrained(chat_tokenizer_dir))
+        processing_class=transformers.AutoTokenizer.from_pretrained(chat_tokenizer_dir),
+        compute_metrics=recorded_predictions(expected_found))
     expected = expected_trainer.evaluate()
     metrics = trainer.evaluate()
     np.testing.assert_allclose(metrics["eval_loss"], expected["eval_loss"], rtol=1e-4)
+    assert metrics["eval_labelled"] == expected["eval_labelled"]
+    (logits, labels, inputs), ((expected_logits, expected_labels, expected_inputs),) = found[-1], expected_found
+    np.testing.assert_array_equal(labels, expected_labels)
+    np.testing.assert_array_equal(inputs, expected_inputs)
+    assert logits.shape == expected_logits.shape
+    # Each batch's rows are left-padded: the logits at a padding position (attention to nothing) are each
+    # implementation's own, and the positions past a short batch's width are transformers' -100 padding.
+    pad_id = expected_trainer.processing_class.pad_token_id
+    real = np.cumsum((expected_inputs != pad_id) & (expected_inputs != -100), axis=1) > 0
+    np.testing.assert_allclose(logits[real], expected_logits[real], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(logits[expected_inputs == -100], -100)
 
 
 # --- TRL's errors ----------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from ...adapters.losses import distillation as distillation_losses
 from ...adapters.rollout import sampling
 from ...adapters.training import train_step
 from ...training import batches
+from ...training.evaluation import PredictionGatherer, prefixed_metrics, with_predictions
 from ...training.trainer import Trainer
 from ...type_aliases import (
     DatasetLike,
@@ -410,10 +411,14 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
         adds ``eval_entropy`` (the mean over batches) and the completion metrics; the ``"dataset"`` schedule reads
         the dataset's sequences (no sampling)."""
         size = self.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(self.mesh)
-        step = train_step.make_eval_step(self._loss()[0], self._compute_dtype())
+        sampled = self.algorithm.schedule != "dataset"
+        loss, gatherer = self._loss()[0], None
+        if not sampled and self.compute_metrics is not None and not self.args.prediction_loss_only:
+            gatherer = PredictionGatherer(self.args, self.compute_metrics, self.preprocess_logits_for_metrics)
+            loss = with_predictions(loss, self._student_found(), whole_batch=False)
+        step = train_step.make_eval_step(loss, self._compute_dtype())
         sharding = mesh_lib.batch_sharding(self.mesh)
         prefix = f"{metric_key_prefix}_"
-        sampled = self.algorithm.schedule != "dataset"
         losses, entropies, counts, reported = [], [], [], {}
         with mesh_lib.entered(self.mesh):
             for index, start in enumerate(range(0, len(examples), size)):
@@ -427,20 +432,51 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
                     columns = self.algorithm.dataset_columns(rows, self.sequence_length, self.pad_token_id)
                     batch = self._padding_rows_added(columns, counted, size)
                     batch["window_label_count"] = np.full_like(batch["label_count"], batch["label_count"].sum())
-                value, weight, aux = mesh_lib.to_host(step(self._module, mesh_lib.place_batch(batch, sharding, size)))
+                value, weight, aux, *found = mesh_lib.to_host(step(self._module,
+                                                                   mesh_lib.place_batch(batch, sharding, size)))
                 losses.append(float(value) / max(float(weight), 1.0))
+                if gatherer is not None:
+                    gatherer.add(self._found_as_trl_batches_them(found[0], counted), losses[-1], counted, None,
+                                 last=start + size >= len(examples))
                 if sampled:
                     entropies.append(float(aux["entropy"]))
                 for name in self.algorithm.evaluation_metrics:
                     reported.setdefault(name, []).append(float(aux[name]))
                 counts.append(counted)
-        metrics = {f"{prefix}loss": float(np.average(losses, weights=counts)),
-                   **{f"{prefix}{name}": float(np.mean(values)) for name, values in reported.items()}}
+        metrics = prefixed_metrics(gatherer.metrics(), metric_key_prefix) if gatherer is not None else {}
+        metrics.update({f"{prefix}loss": float(np.average(losses, weights=counts)),
+                        **{f"{prefix}{name}": float(np.mean(values)) for name, values in reported.items()}})
         if sampled:
             metrics[f"{prefix}entropy"] = float(np.mean(entropies))
             for key in [key for key in self._pending_metrics if key.startswith(prefix)]:
                 metrics[key] = float(np.mean(self._pending_metrics.pop(key)))
         return metrics
+
+    def _student_found(self) -> Callable:
+        """What transformers' ``prediction_step`` hands ``compute_metrics`` on the ``"dataset"`` schedule (TRL's
+        ``compute_loss`` returns the student's outputs): the student's logits on the batch's sequences and TRL's
+        collator labels (each row's tokens after its prompt, ``-100`` elsewhere)."""
+        import jax.numpy as jnp
+
+        from ...training.loss_selection import select_outputs
+
+        logits = select_outputs(self._trainable_model, None, ())
+
+        def found(module, batch):
+            ids, mask = batch["input_ids"], batch["attention_mask"]
+            # completion_mask ([B, T - 1]) marks the positions that predict a label; the labels sit one later.
+            labelled = jnp.pad(batch["completion_mask"], ((0, 0), (1, 0))) > 0
+            return {"predictions": logits(module.student, {"input_ids": ids, "attention_mask": mask}),
+                    "labels": jnp.where(labelled, ids, -100), "input_ids": ids, "lengths": mask.sum(-1)}
+
+        return found
+
+    @staticmethod
+    def _found_as_trl_batches_them(found: dict, rows: int) -> dict:
+        """One evaluation batch's predictions as TRL's collator shapes it: its ``rows`` examples, left-padded to the
+        longest of them (torchlike left-pads every batch to one width so that the step compiles once)."""
+        width = max(int(np.asarray(found["lengths"])[:rows].max()), 1)
+        return {key: np.asarray(found[key])[:rows, -width:] for key in ("predictions", "labels", "input_ids")}
 
 
 class Distillation(StudentTeacherAlgorithm):

@@ -111,8 +111,11 @@ class GKDTrainer(StudentTeacherTrainer):
             ``datasets.Dataset`` (``eval_dataset`` may be a dict of them).
         processing_class: the tokenizer, with a chat template and a pad token (default: loaded from the student's
             path).
-        compute_metrics, preprocess_logits_for_metrics, formatting_func: refused (TRL's GKD evaluation loss needs
-            neither; its collator never calls ``formatting_func``).
+        compute_metrics: ``EvalPrediction -> dict``, given what transformers' ``prediction_step`` gives TRL's GKD:
+            the student's logits on each eval batch's conversations and TRL's collator labels (``-100`` on the
+            prompt and padding), each batch left-padded to its longest row and padded with ``-100`` across batches.
+        preprocess_logits_for_metrics: applied to each batch's logits first, as transformers does.
+        formatting_func: refused (TRL's collator never calls it).
         callbacks: ``transformers.TrainerCallback`` objects (or classes).
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter on the student.
@@ -148,13 +151,10 @@ class GKDTrainer(StudentTeacherTrainer):
                  preprocess_logits_for_metrics: Callable | None = None, peft_config: PeftConfigLike | None = None,
                  formatting_func: Callable | None = None, quantization_config: QuantizationConfig | None = None):
         refused = {name: value for name, value in (("data_collator", data_collator),
-                                                   ("compute_metrics", compute_metrics),
-                                                   ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
                                                    ("formatting_func", formatting_func)) if value is not None}
         if refused:
             raise ValueError(f"GKDTrainer does not take {', '.join(refused)}: it batches the messages rows as TRL's "
-                             "DataCollatorForChatML does (which never calls formatting_func) and reports eval_loss "
-                             "without logits.")
+                             "DataCollatorForChatML does (which never calls formatting_func).")
         args = self._trl_args(model, args)
         self.algorithm = self.algorithm_class(args)
         # As TRL: the collator reads the raw messages column, never SFT's prepared dataset.
@@ -179,7 +179,8 @@ class GKDTrainer(StudentTeacherTrainer):
         train_rows, eval_rows = self._sequence_rows(train_dataset, eval_dataset, processing_class, model,
                                                     args.max_new_tokens)
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
-                         processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
+                         processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+                         compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics)
         self._show_eval_dataset(eval_dataset)
         self._pair_with_teacher()
         # TRL's attributes.
