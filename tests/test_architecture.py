@@ -298,6 +298,25 @@ def test_the_loop_override_check_fires_on_a_made_up_trainer(tmp_path, monkeypatc
                                                                     "MadeUpTrainer._samples_ahead"]
 
 
+def test_the_loop_override_check_fires_on_a_made_up_offline_trainer(tmp_path, monkeypatch):
+    """An offline trainer that redefines a hook of the offline loop (instead of giving its algorithm the job) is
+    found, as is one that slips a class of its own between itself and the loop."""
+    (tmp_path / "made_up_offline_trainer.py").write_text(
+        "from torchlike.trl.trainer.offline_trainer import OfflineTrainer\n"
+        "from torchlike.trl.trainer.sft_trainer import SFT\n\n\n"
+        "class Between(OfflineTrainer):\n    def _neftune_length(self):\n        return len\n\n\n"
+        "class MadeUpOfflineTrainer(Between):\n    algorithm_class = SFT\n\n"
+        "    def _step_loss(self):\n        return None, None\n\n"
+        "    def _tokenize_rows(self):\n        return []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from made_up_offline_trainer import MadeUpOfflineTrainer
+
+    from torchlike.trl.trainer.offline_trainer import OfflineTrainer
+
+    assert loop_overrides(MadeUpOfflineTrainer, OfflineTrainer) == ["MadeUpOfflineTrainer._step_loss",
+                                                                    "Between._neftune_length"]
+
+
 #: What a parameter typed ``Any`` must carry on its line: why its value really is anything.
 ANY_REASON = "# Any:"
 
