@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -58,6 +59,14 @@ from trl.experimental.bco import BCOConfig, BCOTrainer
 from tests.helpers.bco import DATA, EVAL_DATA, prompt_features
 
 arguments = json.loads(sys.argv[1])
+found = []
+
+
+def compute_metrics(prediction):
+    found.append([np.asarray(prediction.predictions).tolist(), np.asarray(prediction.label_ids).tolist()])
+    return {"logits/sum": float(np.sum(prediction.predictions))}
+
+
 for case, settings in arguments["cases"].items():
     output_dir = os.path.join(arguments["output_dir"], case)
     tokenizer = transformers.AutoTokenizer.from_pretrained(arguments["tokenizer"])
@@ -66,13 +75,14 @@ for case, settings in arguments["cases"].items():
         model=transformers.AutoModelForCausalLM.from_pretrained(arguments["models"][case], dtype=torch.float32),
         args=BCOConfig(output_dir=output_dir, use_cpu=True, **settings),
         train_dataset=datasets.Dataset.from_list(DATA), eval_dataset=datasets.Dataset.from_list(EVAL_DATA),
-        processing_class=tokenizer, **udm)
+        processing_class=tokenizer, compute_metrics=compute_metrics if case == "plain" else None, **udm)
     trainer.train()
     metrics = {key: value for key, value in trainer.evaluate().items()
                if key not in ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")}
     running_file = os.path.join(output_dir, "checkpoint-3", "running.json")
     running = json.load(open(running_file)) if os.path.isfile(running_file) else None
-    json.dump({"history": trainer.state.log_history, "eval": metrics, "running": running},
+    json.dump({"history": trainer.state.log_history, "eval": metrics, "running": running,
+               "predictions": found[-1] if case == "plain" else None},
               open(os.path.join(output_dir, "run.json"), "w"))
     trainer.model.save_pretrained(os.path.join(output_dir, "model"))  # a MoE's experts one by one, as torchlike's
     np.savez(os.path.join(output_dir, "weights.npz"),
@@ -121,7 +131,7 @@ def trl_child(case_models, pad_tokenizer_dir, tmp_path_factory):
 def our_runs(trl_child, case_models, pad_tokenizer_dir, tmp_path_factory):
     """torchlike's runs of :data:`CASES` (the checkpoint-3 of ``"plain"`` and ``"udm"`` serve the resume tests)."""
     return {"plain": run_torchlike(case_models["plain"], pad_tokenizer_dir, tmp_path_factory.mktemp("plain"),
-                                   SETTINGS),
+                                   SETTINGS, with_metrics=True),
             "udm": run_torchlike(case_models["udm"], pad_tokenizer_dir, tmp_path_factory.mktemp("udm"),
                                  {**UDM_SETTINGS, "save_strategy": "steps"}, udm=True),
             "moe": run_torchlike(case_models["moe"], pad_tokenizer_dir, tmp_path_factory.mktemp("moe"),
@@ -143,24 +153,34 @@ def trl_runs(trl_child, our_runs):
     return {**runs, "fields": json.loads((output_dir / "fields.json").read_text())}
 
 
-def bco_trainer(path, tokenizer_path, output_dir, settings: dict, udm: bool = False) -> BCOTrainer:
+def bco_trainer(path, tokenizer_path, output_dir, settings: dict, udm: bool = False,
+                compute_metrics: Callable | None = None) -> BCOTrainer:
     """torchlike's BCOTrainer on DATA (evaluating on EVAL_DATA), with UDM by :func:`prompt_features` when asked."""
     tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_path)
     extra = {"embedding_func": prompt_features, "embedding_tokenizer": tokenizer} if udm else {}
     return BCOTrainer(model=str(path), args=BCOConfig(output_dir=str(output_dir), **settings), train_dataset=DATA,
-                      eval_dataset=EVAL_DATA, processing_class=tokenizer, **extra)
+                      eval_dataset=EVAL_DATA, processing_class=tokenizer, compute_metrics=compute_metrics, **extra)
 
 
-def run_torchlike(path, tokenizer_path, output_dir, settings: dict, udm: bool = False) -> dict:
-    """torchlike's run: log history, evaluation metrics and final parameters as exported (HF names)."""
+def run_torchlike(path, tokenizer_path, output_dir, settings: dict, udm: bool = False,
+                  with_metrics: bool = False) -> dict:
+    """torchlike's run: log history, evaluation metrics and final parameters as exported (HF names); with
+    ``with_metrics``, what ``compute_metrics`` received in the last evaluation (as TRL_SCRIPT's records it)."""
     from safetensors.numpy import load_file
 
-    trainer = bco_trainer(path, tokenizer_path, output_dir, settings, udm)
+    found = []
+
+    def compute_metrics(prediction):
+        found.append([np.asarray(prediction.predictions).tolist(), np.asarray(prediction.label_ids).tolist()])
+        return {"logits/sum": float(np.sum(prediction.predictions))}
+
+    trainer = bco_trainer(path, tokenizer_path, output_dir, settings, udm, compute_metrics if with_metrics else None)
     trainer.train()
     metrics = evaluated(trainer)
     trainer.model.save_pretrained(output_dir / "model")
     return {"history": trainer.state.log_history, "eval": metrics, "trainer": trainer,
-            "params": load_file(output_dir / "model" / "model.safetensors")}
+            "params": load_file(output_dir / "model" / "model.safetensors"),
+            "predictions": found[-1] if found else None}
 
 
 def assert_run_matches(ours: dict, theirs: dict, steps: int) -> None:
@@ -190,6 +210,16 @@ def assert_run_matches(ours: dict, theirs: dict, steps: int) -> None:
 def test_losses_metrics_evaluation_and_weights_match_trl_1_0_step_for_step(trl_runs, our_runs, case):
     assert_run_matches(our_runs[case], trl_runs[case], CASES[case]["max_steps"])
     assert logged(our_runs[case]["history"], "delta")[-1] != 0.0  # the running mean has moved
+
+
+def test_compute_metrics_gets_what_trl_1_0s_prediction_step_gives(trl_runs, our_runs):
+    """Each eval batch's sums of the chosen and the rejected rows' logits, each only when the batch holds such rows:
+    EVAL_DATA's first batch has both, its short last batch one rejected example (3 values); zeros as labels."""
+    sums, labels = our_runs["plain"]["predictions"]
+    expected_sums, expected_labels = trl_runs["plain"]["predictions"]
+    assert len(expected_sums) == 3
+    assert labels == expected_labels
+    np.testing.assert_allclose(sums, expected_sums, rtol=1e-4, atol=LOGITS_ATOL)
 
 
 def test_running_json_of_a_checkpoint_matches_trl(trl_runs, our_runs):

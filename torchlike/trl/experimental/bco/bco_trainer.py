@@ -81,6 +81,38 @@ class BCO(ReferenceAlgorithm):
         vocab_size = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
         return bco_losses.bco_step_loss(self.trainer.model.family, self.trainer.loss_settings, vocab_size), None
 
+    # ------------------------------------------------------------------ compute_metrics
+    def found_for_metrics(self) -> Callable:
+        """What TRL 1.0.0's ``prediction_step`` hands ``compute_metrics`` for a batch: the batch's
+        ``logits/chosen_sum`` and ``logits/rejected_sum`` metrics (each only when the batch has such examples) as its
+        "logits", and zeros as its labels."""
+        import jax.numpy as jnp
+
+        loss = self.step_loss()[0]
+
+        def found(module, batch):
+            _, _, metrics = loss(module, batch)
+            names = ("logits/chosen", "logits/rejected")
+            return {"predictions": jnp.stack([metrics[name] for name in names]),
+                    "present": jnp.stack([metrics[step_metrics.PRESENCE_PREFIX + name] for name in names]) > 0}
+
+        return found
+
+    def host_found(self, found: dict, rows: int) -> tuple[dict, int]:
+        """The batch's sums TRL has; of a short last batch the first ``rows`` of them (accelerate's
+        ``gather_for_metrics`` cuts the tensor to the examples left)."""
+        from ....adapters.distributed import mesh as mesh_lib
+
+        trainer = self.trainer
+        values = np.asarray(found["predictions"])[np.asarray(found["present"])]
+        full = trainer.args.per_device_eval_batch_size * mesh_lib.data_parallel_size(trainer.mesh)
+        kept = len(values) if rows >= full else min(rows, len(values))
+        return {"predictions": values[:kept], "labels": np.zeros(kept, np.float32)}, kept
+
+    def metrics_length(self, lengths: np.ndarray) -> None:
+        """The sums are one value per kind: nothing to cut."""
+        return None
+
     def train_order(self, epoch: int) -> np.ndarray:
         """Dataset order, every epoch: TRL's BCO reads its training data with a ``SequentialSampler``."""
         return np.arange(len(self.trainer.train_dataset))
@@ -187,8 +219,11 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         data_collator: replaces the fixed-shape collator; it receives prepared examples (``prompt_ids``,
             ``completion_ids``, ``label``, ``ref_logps``, and ``udm_weight`` under UDM) and must return
             ``collate_bco_batch``'s columns with one row per example.
-        model_init, preprocess_logits_for_metrics, compute_metrics: refused (pass the model; TRL's
-            ``compute_metrics`` only receives the ``eval_logits/*`` metrics, which ``evaluate()`` returns).
+        model_init: refused (pass the model).
+        compute_metrics: ``EvalPrediction -> dict``, given what TRL 1.0.0's ``prediction_step`` gives it: each eval
+            batch's sum of the chosen rows' logits and of the rejected rows' (each only when the batch has such
+            rows; a short last batch's cut to its examples, as accelerate cuts it) and zeros as labels.
+        preprocess_logits_for_metrics: applied to each batch's sums first, as transformers does.
         callbacks: ``transformers.TrainerCallback`` objects (or classes).
         optimizers: ``(optax transformation, None)`` to replace the AdamW built from ``args``.
         peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter.
@@ -238,8 +273,7 @@ class BCOTrainer(PrecomputedReferenceTrainer):
         args = self._trl_args(model, args)
         if args.model_init_kwargs is not None and not isinstance(model, str):
             raise ValueError("You passed model_kwargs to the BCOTrainer. But your model is already instantiated.")
-        self._refuse_unsupported(model_init=model_init, preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-                                 compute_metrics=compute_metrics, model_adapter_name=model_adapter_name,
+        self._refuse_unsupported(model_init=model_init, model_adapter_name=model_adapter_name,
                                  ref_adapter_name=ref_adapter_name)
         if processing_class is None:
             raise ValueError("max_length or a processing_class must be specified when using the default "
@@ -265,7 +299,8 @@ class BCOTrainer(PrecomputedReferenceTrainer):
                                                                     self.running.mean))
         super().__init__(model=model, args=args, data_collator=collator, train_dataset=train_examples,
                          eval_dataset=eval_examples, processing_class=processing_class, callbacks=callbacks,
-                         optimizers=optimizers)
+                         optimizers=optimizers, compute_metrics=compute_metrics,
+                         preprocess_logits_for_metrics=preprocess_logits_for_metrics)
         self._start_reference(ref_model, train_examples, eval_examples)
         self._prepared = (train_examples, eval_examples)
         if self.match_underlying_distribution:
@@ -280,10 +315,6 @@ class BCOTrainer(PrecomputedReferenceTrainer):
     @staticmethod
     def _refuse_unsupported(**given: Any) -> None:
         reasons = {"model_init": "pass the model itself",
-                   "preprocess_logits_for_metrics": "TRL's prediction_step hands it no logits, only the "
-                                                    "eval_logits/* metrics, which evaluate() returns",
-                   "compute_metrics": "TRL's prediction_step hands it only the eval_logits/* metrics, which "
-                                      "evaluate() returns",
                    "model_adapter_name": "a torchlike model holds one adapter",
                    "ref_adapter_name": "a torchlike model holds one adapter; the reference of a LoRA model is its "
                                        "base weights"}
