@@ -14,6 +14,7 @@ import trl.experimental.a2po as trl_a2po
 import trl.experimental.cpo as trl_cpo
 import trl.experimental.gkd as trl_gkd
 import trl.experimental.gmpo as trl_gmpo
+import trl.experimental.gold as trl_gold
 import trl.experimental.iw_opd as trl_iw_opd
 import trl.experimental.online_dpo as trl_online_dpo
 import trl.experimental.orpo as trl_orpo
@@ -51,6 +52,8 @@ from torchlike.trl.experimental.gkd import GKDConfig
 from torchlike.trl.experimental.gkd.gkd_fields import GKD_FIELD_SUPPORT
 from torchlike.trl.experimental.gmpo import GMPOConfig
 from torchlike.trl.experimental.gmpo.gmpo_fields import GMPO_FIELD_SUPPORT
+from torchlike.trl.experimental.gold import GOLDConfig
+from torchlike.trl.experimental.gold.gold_fields import GOLD_FIELD_SUPPORT
 from torchlike.trl.experimental.iw_opd import IWOPDConfig
 from torchlike.trl.experimental.iw_opd.iw_opd_fields import IW_OPD_FIELD_SUPPORT
 from torchlike.trl.experimental.online_dpo import OnlineDPOConfig
@@ -126,6 +129,7 @@ CASES = {
     "SDFTConfig": ConfigCase(trl_sdft.SDFTConfig, SDFTConfig, SDFT_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "SDPOConfig": ConfigCase(trl_sdpo.SDPOConfig, SDPOConfig, SDPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "IWOPDConfig": ConfigCase(trl_iw_opd.IWOPDConfig, IWOPDConfig, IW_OPD_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
+    "GOLDConfig": ConfigCase(trl_gold.GOLDConfig, GOLDConfig, GOLD_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
 }
 #: The tables of the TRL configs' own fields (TrainingArguments and SFTConfig share FIELD_SUPPORT, which
 #: test_training_config.py checks against both).

@@ -16,7 +16,7 @@ import transformers
 
 import torchlike
 from tests.helpers.data import CONVERSATIONS
-from tests.helpers.scripted import MAX_NEW_TOKENS, scripted_completion
+from tests.helpers.scripted import MAX_NEW_TOKENS, scripted_completion, scripted_hf_generate
 from torchlike.adapters.losses.iw_opd import IWOPDLossSettings, support_divergence
 from torchlike.trl.experimental.gkd.gkd_data import dataset_columns
 from torchlike.trl.experimental.iw_opd import IWOPDConfig, IWOPDTrainer
@@ -28,20 +28,6 @@ trl_iw_opd_trainer = importlib.import_module("trl.experimental.iw_opd.iw_opd_tra
 
 #: A prompt-only conversation beside the answered ones (on-policy training samples its completion).
 ROWS = [{"messages": messages} for messages in CONVERSATIONS[:7]] + [{"messages": CONVERSATIONS[7][:1]}]
-
-
-def scripted_trl_generate(pad_token_id: int, generations: int):
-    """``model.generate`` as TRL's ``_generate_with_model`` calls it: the prompts followed by the scripted
-    completions, padded to the longest as transformers pads finished rows."""
-    def generate(input_ids, attention_mask, generation_config, return_dict_in_generate):
-        completions = [scripted_completion(ids[mask.bool()].tolist(), row % generations)
-                       for row, (ids, mask) in enumerate(zip(input_ids, attention_mask, strict=True))]
-        tokens = torch.full((len(completions), max(map(len, completions))), pad_token_id, dtype=input_ids.dtype)
-        for row, completion in enumerate(completions):
-            tokens[row, :len(completion)] = torch.tensor(completion)
-        return types.SimpleNamespace(sequences=torch.cat([input_ids, tokens], dim=1))
-
-    return generate
 
 
 def comparison_settings(**case) -> dict:
@@ -63,7 +49,7 @@ def run_trl(student, teacher, tokenizer_path, output_dir, settings):
         train_dataset=datasets.Dataset.from_list(ROWS), eval_dataset=datasets.Dataset.from_list(ROWS[:6]),
         processing_class=tokenizer)
     generations = trainer.args.num_generations
-    trainer.model.generate = scripted_trl_generate(tokenizer.pad_token_id, generations)
+    trainer.model.generate = scripted_hf_generate(tokenizer.pad_token_id, generations)
     # TRL's RepeatSampler without its shuffle (torch's generator draws it), prompts in dataset order.
     trainer._get_train_sampler = lambda dataset=None: RepeatSampler(
         trainer.train_dataset, mini_repeat_count=generations, batch_size=trainer.args.generation_batch_size,

@@ -47,7 +47,8 @@ TRAINER_INPUTS = {"sft": ([{"prompt": "The sky is", "completion": " blue."}] * 4
                   "a2po": (PROMPTS, {"reward_funcs": _length_reward}),
                   "sdft": ([{**row, "privileged_context": "Think."} for row in PROMPTS], {}),
                   "sdpo": (PROMPTS, {"reward_funcs": _length_reward}),
-                  "iw_opd": (MESSAGES, {"teacher_model": "model_dir"})}
+                  "iw_opd": (MESSAGES, {"teacher_model": "model_dir"}),
+                  "gold": (MESSAGES, {"teacher_model": "model_dir"})}
 TRAINERS = {"SFT": (SFTTrainer, SFTConfig, [{"prompt": "The sky is", "completion": " blue."}] * 4),
             "DPO": (DPOTrainer, DPOConfig, PAIRS),
             "ORPO": (ORPOTrainer, ORPOConfig, PAIRS),

@@ -3,6 +3,7 @@ whatever each samples with."""
 
 from __future__ import annotations
 
+import types
 import zlib
 
 import numpy as np
@@ -41,3 +42,20 @@ def scripted_turn(trainer):
         return [scripted_completion(ids, row % groups) for row, ids in enumerate(prompt_ids)], None
 
     return turn
+
+
+def scripted_hf_generate(pad_token_id: int, generations: int):
+    """``model.generate`` as TRL's GOLD and IW-OPD trainers call it: the prompts followed by the scripted completions
+    (row ``r`` is generation ``r % generations`` of its prompt), padded to the longest as transformers pads finished
+    rows."""
+    import torch
+
+    def generate(input_ids, attention_mask, generation_config, return_dict_in_generate, **kwargs):
+        completions = [scripted_completion(ids[mask.bool()].tolist(), row % generations)
+                       for row, (ids, mask) in enumerate(zip(input_ids, attention_mask, strict=True))]
+        tokens = torch.full((len(completions), max(map(len, completions))), pad_token_id, dtype=input_ids.dtype)
+        for row, completion in enumerate(completions):
+            tokens[row, :len(completion)] = torch.tensor(completion)
+        return types.SimpleNamespace(sequences=torch.cat([input_ids, tokens], dim=1))
+
+    return generate

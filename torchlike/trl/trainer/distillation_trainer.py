@@ -128,6 +128,11 @@ class StudentTeacherAlgorithm:
         default)."""
         return order
 
+    def generation_rows(self, rows: list[dict]) -> list[dict]:
+        """The rows whose ``prompt_ids`` the ``"dataset"`` schedule samples completions of (by default ``rows``
+        as they are; GOLD keeps each prompt's last tokens within its budget)."""
+        return rows
+
     def sampled_columns(self, record: Rollout, dataset_columns: dict[str, np.ndarray], width: int,
                         pad_token_id: int) -> dict[str, np.ndarray]:
         """The step columns of the completions ``record`` sampled for the prompts of rows whose dataset columns are
@@ -349,8 +354,8 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
         source = algorithm.source(draw) if rows else "dataset"
         if source != "dataset":
             worker = self.teacher_worker if source == "teacher" else None
-            columns = algorithm.sampled_columns(self._generate(rows, seed, worker=worker), columns,
-                                                self.sequence_length, self.pad_token_id)
+            record = self._generate(algorithm.generation_rows(rows), seed, worker=worker)
+            columns = algorithm.sampled_columns(record, columns, self.sequence_length, self.pad_token_id)
         return self._padding_rows_added(columns, len(rows), self._global_batch_size())
 
     def _padding_rows_added(self, columns: dict[str, np.ndarray], rows: int, size: int) -> dict[str, np.ndarray]:
