@@ -21,6 +21,7 @@ import transformers
 import torchlike
 from tests import tiny
 from tests.helpers.data import CONVERSATIONS
+from tests.helpers.evaluation import assert_student_predictions_match, recorded_predictions
 from torchlike.adapters.losses import distillation as distillation_loss
 from torchlike.testing import tiny_config
 from torchlike.trl.experimental.gkd import GKDConfig, GKDTrainer
@@ -276,17 +277,6 @@ def test_on_policy_and_seq_kd_sample_from_their_model_and_train_only_the_student
                for key, value in trainer.teacher_model.state_dict().items())
 
 
-def recorded_predictions(store: list) -> Callable:
-    """A ``compute_metrics`` that keeps the ``EvalPrediction``'s arrays and returns their sizes."""
-
-    def compute_metrics(prediction):
-        store.append((np.asarray(prediction.predictions), np.asarray(prediction.label_ids),
-                      np.asarray(prediction.inputs)))
-        return {"labelled": float((np.asarray(prediction.label_ids) != -100).sum())}
-
-    return compute_metrics
-
-
 def test_evaluation_loss_and_compute_metrics_are_trls_on_the_dataset(tiny_checkpoints, teacher_path,
                                                                      chat_tokenizer_dir, tmp_path):
     """TRL evaluates GKD on the dataset's conversations (no sampling): each batch's loss is its divergence per label,
@@ -309,16 +299,8 @@ def test_evaluation_loss_and_compute_metrics_are_trls_on_the_dataset(tiny_checkp
     metrics = trainer.evaluate()
     np.testing.assert_allclose(metrics["eval_loss"], expected["eval_loss"], rtol=1e-4)
     assert metrics["eval_labelled"] == expected["eval_labelled"]
-    (logits, labels, inputs), ((expected_logits, expected_labels, expected_inputs),) = found[-1], expected_found
-    np.testing.assert_array_equal(labels, expected_labels)
-    np.testing.assert_array_equal(inputs, expected_inputs)
-    assert logits.shape == expected_logits.shape
-    # Each batch's rows are left-padded: the logits at a padding position (attention to nothing) are each
-    # implementation's own, and the positions past a short batch's width are transformers' -100 padding.
-    pad_id = expected_trainer.processing_class.pad_token_id
-    real = np.cumsum((expected_inputs != pad_id) & (expected_inputs != -100), axis=1) > 0
-    np.testing.assert_allclose(logits[real], expected_logits[real], rtol=1e-4, atol=1e-4)
-    np.testing.assert_array_equal(logits[expected_inputs == -100], -100)
+    (expected_predictions,) = expected_found
+    assert_student_predictions_match(found[-1], expected_predictions, expected_trainer.processing_class.pad_token_id)
 
 
 # --- TRL's errors ----------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import transformers
 
 import torchlike
 from tests.helpers.data import CONVERSATIONS
+from tests.helpers.evaluation import assert_student_predictions_match, recorded_predictions
 from tests.helpers.scripted import MAX_NEW_TOKENS, scripted_completion, scripted_hf_generate
 from torchlike.adapters.losses.iw_opd import IWOPDLossSettings, support_divergence
 from torchlike.trl.experimental.gkd.gkd_data import dataset_columns
@@ -168,3 +169,29 @@ def test_divergence_on_each_support_is_trls(beta, top_k, tail):
 def test_iw_opd_needs_lmbda_1_as_in_trl(tmp_path):
     with pytest.raises(ValueError, match="distillation_objective='iw_opd' requires lmbda=1.0"):
         IWOPDConfig(output_dir=str(tmp_path), lmbda=0.5)
+
+
+def test_compute_metrics_gets_what_trls_prediction_step_gives(tiny_checkpoints, teacher_dir, chat_tokenizer_dir,
+                                                               tmp_path):
+    """The student's logits and the collator's labels of each eval batch (6 rows in batches of 4: a short last one),
+    left-padded, -100 across batches, beside TRL's eval_loss."""
+    found, expected_found = [], []
+    settings = comparison_settings(per_device_eval_batch_size=4, include_for_metrics=["inputs"])
+    student = tiny_checkpoints.path("qwen2")
+    expected_trainer = trl_iw_opd.IWOPDTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(student, dtype=torch.float32),
+        teacher_model=transformers.AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32),
+        args=trl_iw_opd.IWOPDConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(ROWS), eval_dataset=datasets.Dataset.from_list(ROWS[:6]),
+        processing_class=transformers.AutoTokenizer.from_pretrained(chat_tokenizer_dir),
+        compute_metrics=recorded_predictions(expected_found))
+    trainer = IWOPDTrainer(model=str(student), teacher_model=str(teacher_dir),
+                           args=IWOPDConfig(output_dir=str(tmp_path / "ours"), **settings),
+                           train_dataset=ROWS, eval_dataset=ROWS[:6],
+                           processing_class=torchlike.AutoTokenizer.from_pretrained(chat_tokenizer_dir),
+                           compute_metrics=recorded_predictions(found))
+    expected, metrics = expected_trainer.evaluate(), trainer.evaluate()
+    np.testing.assert_allclose(metrics["eval_loss"], expected["eval_loss"], rtol=1e-4)
+    assert metrics["eval_labelled"] == expected["eval_labelled"]
+    (expected_predictions,) = expected_found
+    assert_student_predictions_match(found[-1], expected_predictions, expected_trainer.processing_class.pad_token_id)

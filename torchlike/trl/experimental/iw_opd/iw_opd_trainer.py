@@ -111,8 +111,11 @@ class IWOPDTrainer(StudentTeacherTrainer):
             ``args.teacher_model_init_kwargs`` (and ``teacher_model_revision``); ``None`` loads
             ``args.teacher_model_name_or_path``. Its ``vocab_size`` must be the student's.
         args: :class:`IWOPDConfig` (default: ``IWOPDConfig(output_dir="tmp_iw_opd")``, as TRL's).
-        data_collator, compute_metrics, preprocess_logits_for_metrics: refused: the batches are TRL's collator's,
-            built here, and its evaluation reports ``eval_loss``.
+        data_collator: refused: the batches are TRL's collator's, built here.
+        compute_metrics: ``EvalPrediction -> dict``, given what transformers' ``prediction_step`` gives TRL's IW-OPD:
+            the student's logits on each eval batch's sequences and TRL's collator labels (``-100`` on the prompt and
+            padding), each batch left-padded to its longest row and padded with ``-100`` across batches.
+        preprocess_logits_for_metrics: applied to each batch's logits first, as transformers does.
         train_dataset, eval_dataset: rows with ``messages`` (a list of dicts or a ``datasets.Dataset``;
             ``eval_dataset`` may be a dict of them).
         processing_class: the tokenizer with a chat template (default: loaded from the student's path); without a
@@ -143,13 +146,9 @@ class IWOPDTrainer(StudentTeacherTrainer):
                  processing_class: ProcessingClass | None = None, compute_metrics: Callable | None = None,
                  callbacks: list | None = None, optimizers: tuple = (None, None),
                  preprocess_logits_for_metrics: Callable | None = None, peft_config: PeftConfigLike | None = None):
-        refused = {name: value for name, value in (("data_collator", data_collator),
-                                                   ("compute_metrics", compute_metrics),
-                                                   ("preprocess_logits_for_metrics", preprocess_logits_for_metrics))
-                   if value is not None}
-        if refused:
-            raise ValueError(f"IWOPDTrainer does not take {', '.join(refused)}: it batches the messages rows as TRL's "
-                             "collator does and reports eval_loss without logits.")
+        if data_collator is not None:
+            raise ValueError("IWOPDTrainer does not take data_collator: it batches the messages rows as TRL's collator "
+                             "does.")
         if args is None:
             args = IWOPDConfig(output_dir="tmp_iw_opd")
         args = self._trl_args(model, args)
@@ -173,7 +172,8 @@ class IWOPDTrainer(StudentTeacherTrainer):
         train_rows, eval_rows = self._sequence_rows(train_dataset, eval_dataset, processing_class, model,
                                                     args.max_completion_length)
         super().__init__(model=model, args=args, train_dataset=train_rows, eval_dataset=eval_rows,
-                         processing_class=processing_class, callbacks=callbacks, optimizers=optimizers)
+                         processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+                         compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics)
         self._show_eval_dataset(eval_dataset)
         self._pair_with_teacher()
         # TRL's attributes.
