@@ -106,6 +106,23 @@ def assert_runs_match(theirs, their_params, ours, params, settings):
     np.testing.assert_allclose(our_eval["eval_loss"], their_eval["eval_loss"], rtol=1e-4, atol=1e-6)
 
 
+#: The ULD teacher's tokenizer: byte-level (any text encodes), trained on other texts, so it splits the student's
+#: words differently; its model's vocabulary is that tokenizer's.
+TEACHER_CORPUS = ("user assistant the lazy dog jumps", "a tiny test of the world over hello", "brown fox, nine ten")
+TEACHER_VOCAB = 300
+
+
+@pytest.fixture(scope="module")
+def uld_teacher_dir(tmp_path_factory):
+    """A tiny Qwen2 teacher with its own byte-level tokenizer (and vocabulary size) beside it."""
+    from torchlike.testing import build_tokenizer
+
+    path = build_tokenizer(tmp_path_factory.mktemp("gold") / "uld_teacher", corpus=TEACHER_CORPUS,
+                           vocab_size=TEACHER_VOCAB - 8, any_text=True, pad_token="<pad>")
+    tiny.build_hf_model(tiny.tiny_config("qwen2", vocab_size=TEACHER_VOCAB), seed=2).save_pretrained(path)
+    return path
+
+
 CASES = {
     # TRL's defaults (lmbda 0.5, beta 0.5): micro-batches on- or off-policy as Python's random draws them.
     "jsd, defaults": dict(),
@@ -113,15 +130,25 @@ CASES = {
     "jsd, forward KL, two generations": dict(beta=0.0, lmbda=1.0, num_generations=2),
     # The reverse KL over two accumulated micro-batches, one generation batch split between them.
     "jsd, reverse KL, accumulation 2": dict(beta=1.0, per_device_train_batch_size=2, gradient_accumulation_steps=2),
+    # ULD against a teacher with its own tokenizer: byte-offset alignment, "observed" merges, two accumulated
+    # micro-batches (TRL's ULD loss is not divided by the window's labels).
+    "uld, extended, accumulation 2": dict(use_uld_loss=True, per_device_train_batch_size=2,
+                                          gradient_accumulation_steps=2),
+    # ULD by position with "bayesian" merges, the hybrid loss (adaptive weights) and the student's cross-entropy.
+    "uld, positional, bayesian, hybrid": dict(use_uld_loss=True, use_extended_uld=False,
+                                              uld_token_merge_strategy="bayesian", uld_use_hybrid_loss=True,
+                                              uld_crossentropy_weight=0.5, lmbda=1.0),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_gold_matches_trl_step_for_step(tiny_checkpoints, teacher_path, chat_tokenizer_dir, tmp_path, case):
+def test_gold_matches_trl_step_for_step(tiny_checkpoints, teacher_path, uld_teacher_dir, chat_tokenizer_dir,
+                                        tmp_path, case):
     settings = comparison_settings(**CASES[case])
     student = tiny_checkpoints.path("qwen2")
-    theirs, their_params = run_trl(student, teacher_path, chat_tokenizer_dir, tmp_path / "trl", settings)
-    ours, params = run_torchlike(student, teacher_path, chat_tokenizer_dir, tmp_path / "ours", settings)
+    teacher = uld_teacher_dir if settings.get("use_uld_loss") else teacher_path
+    theirs, their_params = run_trl(student, teacher, chat_tokenizer_dir, tmp_path / "trl", settings)
+    ours, params = run_torchlike(student, teacher, chat_tokenizer_dir, tmp_path / "ours", settings)
     assert_runs_match(theirs, their_params, ours, params, settings)
 
 

@@ -17,7 +17,8 @@ way.
 Columns of a micro-batch (GKD's, ``torchlike.trl.experimental.gkd.gkd_data``): ``input_ids``/``attention_mask``
 ``[B, W]``, ``completion_mask`` ``[B, W - 1]`` (1 where token ``t + 1`` is a label), ``window_label_count`` ``[B]`` (the
 step's dataset labels) and ``on_policy`` ``[B]`` (1 where the micro-batch is the student's own completions); with ULD
-the teacher's columns and the alignment plan (:func:`torchlike.trl.experimental.gold.uld_inputs`).
+``teacher_input_ids``/``teacher_attention_mask`` ``[B, W_t]`` (the teacher's own tokenisation) and the alignment plan's
+``uld_*`` columns (:func:`adapters.losses.uld.alignment_columns`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ import jax.numpy as jnp
 
 from ..families import Family
 from ..training.step_metrics import PRESENCE_PREFIX
+from . import logprobs
 from .distillation import generalized_jsd
 from .iw_opd import completion_logits
 from .settings import LossSettings
+from .uld import HybridVocabulary, ULDLossSettings, alignment_from_columns, uld_loss
 
 __all__ = ["GOLDLossSettings", "gold_step_loss"]
 
@@ -60,21 +63,58 @@ def _recorded(metrics: dict, name: str, value: jax.Array, present: jax.Array) ->
     metrics[PRESENCE_PREFIX + name] = present
 
 
-def gold_step_loss(student_family: Family, teacher_family: Family, settings: GOLDLossSettings) -> Callable:
+def _full_logits(family: Family, module, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """``[B, W, V]`` float32 logits at every position of a batch."""
+    hidden = logprobs.hidden_states(family, module, {"input_ids": input_ids, "attention_mask": attention_mask})
+    return family.logits_from_hidden(module, hidden).astype(jnp.float32)
+
+
+def gold_step_loss(student_family: Family, teacher_family: Family, settings: GOLDLossSettings,
+                   uld: ULDLossSettings | None = None, vocabulary: HybridVocabulary | None = None) -> Callable:
     """``loss(pair, batch, num_items_in_batch) -> (value, weight, metrics)`` for ``train_step.make_train_step``: the
-    step's ``sum(values) / sum(weights)`` is TRL's loss of the step (see the module docstring)."""
-    def loss(pair, batch, num_items_in_batch=None):
+    step's ``sum(values) / sum(weights)`` is TRL's loss of the step (see the module docstring).
+
+    Args:
+        student_family, teacher_family: the two models' families.
+        settings: the loss's settings.
+        uld: with ``use_uld_loss``, the ULD loss's settings.
+        vocabulary: with ``uld_use_hybrid_loss``, the two vocabularies' split
+            (:func:`adapters.losses.uld.hybrid_vocabulary`).
+    """
+    if settings.use_uld_loss and uld is None:
+        raise ValueError("use_uld_loss=True needs the ULD settings: pass uld=ULDLossSettings.from_config(args).")
+    # TRL's running on/off-policy totals divide by step-equivalents of 1 / gradient_accumulation_steps.
+    per_step = float(settings.gradient_accumulation_steps)
+
+    def jsd(pair, batch):
         student_logits = completion_logits(student_family, pair.student, batch, settings.temperature)
         teacher_logits = jax.lax.stop_gradient(completion_logits(teacher_family, pair.teacher, batch,
                                                                  settings.temperature))
         divergence = generalized_jsd(student_logits, teacher_logits, settings.beta).divergence
         total = jnp.where(batch["completion_mask"].astype(bool), divergence, 0.0).sum()
         weight = batch["window_label_count"][0].astype(jnp.float32)
-        value = jax.lax.stop_gradient(total / jnp.maximum(weight, 1e-12))
-        on_policy = batch["on_policy"].max()
+        return total, weight, jax.lax.stop_gradient(total / jnp.maximum(weight, 1e-12)), {}
+
+    def universal(pair, batch):
+        student_logits = _full_logits(student_family, pair.student, batch["input_ids"], batch["attention_mask"])
+        teacher_logits = _full_logits(teacher_family, pair.teacher, batch["teacher_input_ids"],
+                                      batch["teacher_attention_mask"])
+        rows = (batch["attention_mask"].sum(-1) > 0).sum()
+        output = uld_loss(student_logits, teacher_logits, alignment_from_columns(batch), uld, vocabulary, rows)
         metrics = {}
-        _recorded(metrics, "on_policy_loss", value, on_policy)
-        _recorded(metrics, "off_policy_loss", value, 1.0 - on_policy)
+        if uld.uld_use_hybrid_loss:
+            present = output.has_hybrid_components.astype(jnp.float32)
+            for name, value in (("matched_loss", output.matched_loss), ("unmatched_loss", output.unmatched_loss)):
+                _recorded(metrics, name, value * per_step, present)
+        # transformers leaves a loss that ignores num_items_in_batch undivided (the model takes loss kwargs): the
+        # step's loss is the sum of its micro-batches' ULD losses.
+        return output.loss, jnp.float32(1.0 / per_step), jax.lax.stop_gradient(output.loss) * per_step, metrics
+
+    def loss(pair, batch, num_items_in_batch=None):
+        total, weight, recorded, metrics = (universal if settings.use_uld_loss else jsd)(pair, batch)
+        on_policy = batch["on_policy"].max()
+        _recorded(metrics, "on_policy_loss", recorded, on_policy)
+        _recorded(metrics, "off_policy_loss", recorded, 1.0 - on_policy)
         return total, weight, metrics
 
     return loss

@@ -63,8 +63,8 @@ def check_vocabularies(student: CausalLM, teacher: CausalLM, method: str = "Dist
     if student_vocab != teacher_vocab:
         raise ValueError(f"The student model has vocab_size {student_vocab} but the teacher model has vocab_size "
                          f"{teacher_vocab}. {method} compares the teacher's full next-token distribution, which "
-                         "requires a shared vocabulary. Use a teacher with the same vocab_size (torchlike has no "
-                         "cross-tokenizer trainer such as TRL's GOLD).")
+                         "requires a shared vocabulary. Use a teacher with the same vocab_size, or GOLDTrainer "
+                         "with use_uld_loss=True for a teacher with its own tokenizer.")
 
 
 class StudentTeacherAlgorithm:
@@ -143,6 +143,12 @@ class StudentTeacherAlgorithm:
         """``count`` padding rows of the step columns (no token counted)."""
         raise NotImplementedError
 
+    def step_columns(self, micro_batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """The micro-batches of one optimizer step (or one evaluation batch) of the ``"dataset"`` schedule as the step
+        reads them: by default as they are; GOLD's ULD turns their texts into the teacher's own tokenisation and the
+        alignment, at one width for the whole step."""
+        return micro_batches
+
 
 class StudentTeacherSteps:
     """The steps of a trainer whose loss reads a teacher beside the student (Distillation, GKD, SDFT): they run on
@@ -220,11 +226,12 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
         return teacher_model
 
     def _sequence_rows(self, train_dataset: RowsLike, eval_dataset: EvalDatasetLike | None,
-                       processing_class: ProcessingClass, model: CausalLM,
-                       completion_limit: int) -> tuple[list[dict], list[dict] | dict[str, list[dict]] | None]:
+                       processing_class: ProcessingClass, model: CausalLM, completion_limit: int,
+                       teacher_reads_them: bool = True) -> tuple[list[dict], list[dict] | dict[str, list[dict]] | None]:
         """The ``"dataset"`` schedule's set-up once the teacher is loaded: the sampling settings, the rows prepared by
         the algorithm, the prompt and sequence widths every batch is padded to (room for ``completion_limit``
-        sampled tokens after the widest prompt), and every token id checked against both vocabularies. Returns
+        sampled tokens after the widest prompt), and every token id checked against the student's vocabulary and,
+        when ``teacher_reads_them`` (not for a teacher with its own tokenizer), the teacher's. Returns
         ``(train rows, eval rows)``."""
         self._setup_sampling(self.args, model, processing_class)
         self.pad_token_id = processing_class.pad_token_id  # TRL's collators pad with it (never the eos token)
@@ -236,7 +243,8 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
         self.sequence_length = max(self._padded(sampling.bucket_length(max(len(row["input_ids"]) for row in all_rows))),
                                    self.prompt_length + self._padded(completion_limit))
         largest = max([self.pad_token_id, *self.eos_token_ids, *(max(row["input_ids"]) for row in all_rows)])
-        self._check_token_ids(largest, processing_class, {"model": model, "teacher_model": self.teacher_model})
+        models = {"model": model, "teacher_model": self.teacher_model} if teacher_reads_them else {"model": model}
+        self._check_token_ids(largest, processing_class, models)
         return train_rows, eval_rows
 
     def _place_teacher(self) -> None:
@@ -321,6 +329,7 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
                 micro = step * accumulation + part
                 group.append(self._micro_batch(rows, next(draws) if rows else 1.0,
                                                self._generation_seed(epoch, micro)))
+            group = self.algorithm.step_columns(group)
             stacked = {key: np.stack([columns[key] for columns in group]) for key in group[0]}
             # The step's dataset labels, on every row: what transformers counts as num_items_in_batch when a step's
             # micro-batches are slices of one batch (IW-OPD's repeated batch).
@@ -435,7 +444,7 @@ class StudentTeacherTrainer(StudentTeacherSteps, OnlineTrainer):
                                           prefix, counted)
                 else:
                     columns = self.algorithm.dataset_columns(rows, self.sequence_length, self.pad_token_id)
-                    batch = self._padding_rows_added(columns, counted, size)
+                    (batch,) = self.algorithm.step_columns([self._padding_rows_added(columns, counted, size)])
                     batch["window_label_count"] = np.full_like(batch["label_count"], batch["label_count"].sum())
                 value, weight, aux, *found = mesh_lib.to_host(step(self._module,
                                                                    mesh_lib.place_batch(batch, sharding, size)))

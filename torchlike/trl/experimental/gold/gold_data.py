@@ -15,11 +15,25 @@ from __future__ import annotations
 from itertools import takewhile
 from typing import Any
 
+import numpy as np
+
+from ....adapters.losses.uld import (
+    ULDLossSettings,
+    alignment_columns,
+    alignment_sizes,
+    prepare_uld_alignment,
+)
+from ....adapters.rollout.sampling import bucket_length
 from ....type_aliases import Tokenizer
 from ...data_utils import is_conversational, maybe_convert_to_chatml
 from ..gkd.gkd_data import tokenize_conversation
 
-__all__ = ["prompt_and_completion_texts", "tokenize_row", "tokenize_with_original_text"]
+__all__ = ["TEXT_COLUMNS", "prompt_and_completion_texts", "teacher_columns", "text_columns", "tokenize_row",
+           "tokenize_with_original_text"]
+
+#: The host-only columns of a ULD micro-batch, turned into the teacher's columns before the step
+#: (:func:`teacher_columns`).
+TEXT_COLUMNS = ("original_prompt_text", "original_completion_text", "byte_offsets")
 
 
 def _shared_prefix(text: str, other: str) -> str:
@@ -127,3 +141,57 @@ def tokenize_row(row: dict, tokenizer: Tokenizer, dataset_text_field: str, max_l
         row = {**row, **tokenize_with_original_text(row, tokenizer, dataset_text_field, max_length,
                                                     use_extended_uld)}
     return tokenize_conversation(row, tokenizer, max_length)
+
+
+def text_columns(prompt_texts: list[str], completion_texts: list[str],
+                 byte_offsets: np.ndarray) -> dict[str, np.ndarray]:
+    """The host-only columns of ULD rows: their texts (object arrays) and the student's ``[n, W, 2]`` byte offsets."""
+    return {"original_prompt_text": np.array(prompt_texts, dtype=object),
+            "original_completion_text": np.array(completion_texts, dtype=object),
+            "byte_offsets": np.asarray(byte_offsets, np.int64)}
+
+
+def _power_of_two(count: int, limit: int) -> int:
+    return min(limit, 1 << max(count - 1, 0).bit_length()) if count else 0
+
+
+def teacher_columns(micro_batches: list[dict[str, np.ndarray]], teacher_tokenizer: Tokenizer,
+                    settings: ULDLossSettings) -> list[dict[str, np.ndarray]]:
+    """The micro-batches of one step with their texts replaced by what GOLD's ULD step reads: the teacher's own
+    tokenisation (TRL's ``build_teacher_inputs_from_texts``, right-padded to one bucketed width for the step) and the
+    alignment plan (``adapters.losses.uld``), cut to the step's most groups and scalar slots (rounded up to a power of
+    two, so few programs compile).
+
+    Args:
+        micro_batches: step columns with :data:`TEXT_COLUMNS` (``input_ids``/``completion_mask`` the student's).
+        teacher_tokenizer: the teacher's fast tokenizer.
+        settings: the ULD loss's settings.
+    """
+    from .uld_inputs import build_teacher_inputs_from_texts
+
+    extended = settings.use_extended_uld
+    encoded = [build_teacher_inputs_from_texts(teacher_tokenizer, list(batch["original_prompt_text"]),
+                                               list(batch["original_completion_text"]), extended)
+               for batch in micro_batches]
+    teacher_width = bucket_length(max(ids.shape[1] for ids, *_ in encoded))
+    pad_token_id = teacher_tokenizer.pad_token_id if teacher_tokenizer.pad_token_id is not None else 0
+    prepared = []
+    for batch, (ids, labels, mask, offsets) in zip(micro_batches, encoded, strict=True):
+        extra = teacher_width - ids.shape[1]
+        ids, labels, mask = (np.pad(array, ((0, 0), (0, extra)), constant_values=value)
+                             for array, value in ((ids, pad_token_id), (labels, -100), (mask, 0)))
+        offsets = np.pad(offsets, ((0, 0), (0, extra), (0, 0)))
+        student_ids, width = batch["input_ids"], batch["input_ids"].shape[1]
+        student_labels = np.where(np.pad(batch["completion_mask"], ((0, 0), (1, 0))) > 0, student_ids, -100)
+        alignment = prepare_uld_alignment(
+            student_labels, labels, student_ids, ids, settings, num_groups=min(width, teacher_width),
+            group_width=max(width, teacher_width), student_byte_offsets=batch["byte_offsets"] if extended else None,
+            teacher_byte_offsets=offsets if extended else None)
+        prepared.append((batch, ids, mask, alignment))
+    sizes = [alignment_sizes(alignment) for *_, alignment in prepared]
+    groups = _power_of_two(max(1, *(size[0] for size in sizes)), min(micro_batches[0]["input_ids"].shape[1],
+                                                                      teacher_width))
+    slots = _power_of_two(max(size[1] for size in sizes), max(micro_batches[0]["input_ids"].shape[1], teacher_width))
+    return [{**{key: value for key, value in batch.items() if key not in TEXT_COLUMNS},
+             "teacher_input_ids": ids.astype(np.int32), "teacher_attention_mask": mask.astype(np.int32),
+             **alignment_columns(alignment, groups, slots)} for batch, ids, mask, alignment in prepared]
