@@ -1,5 +1,5 @@
-"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco|gmpo|tpo|sdft``: TRL's experimental trainers from the command line, taking
-the flags of TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory
+"""``torchlike orpo|cpo|gkd|xpo|nash_md|bco|gmpo|tpo|sdft|gold``: TRL's experimental trainers from the command line,
+taking the flags of TRL's ``examples/scripts/<name>.py``; each trains a tiny model for one step and writes a directory
 transformers loads, and what cannot run here (a remote ``--judge``, a quantised ORPO model) is refused in words."""
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ TRL_SCRIPT_FLAGS = {
     "gmpo": ["--reward_funcs", "--reward_model_name_or_path", "--epsilon", "--epsilon_high", "--num_generations",
              "--max_completion_length"],
     "tpo": ["--loss_type", "--tpo_alpha", "--tpo_l_gamma", "--beta", "--max_length"],
+    "gold": ["--teacher_model_name_or_path", "--teacher_tokenizer_name_or_path", "--use_uld_loss", "--lmbda",
+             "--max_completion_length", "--uld_token_merge_strategy", "--num_generations"],
     "sdft": ["--dataset_path", "--privileged_context_column", "--golden_response_column", "--eval_num_prompts",
              "--demonstration_template", "--tool_eval_num_examples", "--tool_eval_max_new_tokens",
              "--teacher_model_kind", "--distillation_mode", "--num_generations"],
@@ -58,7 +60,7 @@ def test_help_lists_the_config_and_script_flags_of_trls_example_script(name, cap
 
 
 @pytest.mark.parametrize("name, config", [("orpo", "ORPOConfig"), ("cpo", "CPOConfig"), ("gkd", "GKDConfig"),
-                                          ("tpo", "TPOConfig")])
+                                          ("tpo", "TPOConfig"), ("gold", "GOLDConfig")])
 def test_parser_accepts_every_flag_of_trls_parser(name, config, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     import trl
@@ -91,6 +93,21 @@ def test_gkd_command_distils_the_teacher_and_saves(script_model, tmp_path, capsy
                      "--per_device_train_batch_size", "2", "--max_length", "32", "--max_new_tokens", "4",
                      "--lmbda", "1.0"]) == 0
     assert "Training completed" in capsys.readouterr().out
+    assert_hf_loadable(tmp_path / "out")
+
+
+def test_gold_command_distils_across_tokenizers_evaluates_and_saves(script_model, tmp_path, capsys):
+    """TRL's gold.py with --use_uld_loss (the teacher's tokenizer read from its path) and an evaluation of the test
+    split, whose completions LogCompletionsCallback logs."""
+    rows = [{"prompt": " ".join(WORDS[i:i + 3]), "completion": " " + " ".join(WORDS[i + 3:i + 5])} for i in range(8)]
+    dataset_dir = write_jsonl(tmp_path / "data" / "train.jsonl", rows).parent
+    write_jsonl(dataset_dir / "test.jsonl", rows)  # LogCompletionsCallback samples 8 prompts, as in TRL
+    assert cli.main(["gold", *common_arguments(script_model, dataset_dir, tmp_path),
+                     "--teacher_model_name_or_path", str(script_model), "--use_uld_loss",
+                     "--per_device_train_batch_size", "2", "--max_length", "32", "--max_completion_length", "4",
+                     "--eval_strategy", "steps", "--eval_steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Training completed" in out and "eval_loss" in out
     assert_hf_loadable(tmp_path / "out")
 
 

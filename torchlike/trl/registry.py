@@ -94,7 +94,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("sdft", "SDFTConfig", "SDFTTrainer", f"{_EXPERIMENTAL}.sdft", script=True),
     TrainerEntry("sdpo", "SDPOConfig", "SDPOTrainer", f"{_EXPERIMENTAL}.sdpo", script=False),
     TrainerEntry("iw_opd", "IWOPDConfig", "IWOPDTrainer", f"{_EXPERIMENTAL}.iw_opd", script=False),
-    TrainerEntry("gold", "GOLDConfig", "GOLDTrainer", f"{_EXPERIMENTAL}.gold", script=False),
+    TrainerEntry("gold", "GOLDConfig", "GOLDTrainer", f"{_EXPERIMENTAL}.gold", script=True),
 )
 
 
