@@ -104,3 +104,25 @@ def test_a_processor_that_does_not_match_the_checkpoint_is_a_named_error(vlm_pat
                                          r"image_seq_length is 9 but the checkpoint's mm_tokens_per_image is 4"):
         DPOTrainer(model=str(vlm_path), train_dataset=vision_preferences(2), processing_class=other,
                    args=DPOConfig(output_dir=str(tmp_path), report_to="none"))
+
+
+@pytest.mark.parametrize("trainer_name", ["DPOTrainer", "GRPOTrainer", "RLOOTrainer"])
+def test_a_vlm_given_by_id_gets_its_processor_as_in_trl(vlm_path, tmp_path, trainer_name):
+    """Without processing_class, TRL's DPO, GRPO and RLOO load ``AutoProcessor.from_pretrained(model id)``: the
+    processor of a vision-language model (its image processor and tokenizer), not the bare tokenizer."""
+    import datasets
+    import transformers
+
+    import torchlike.trl as ours
+
+    expected = transformers.AutoProcessor.from_pretrained(vlm_path)
+    config = getattr(ours, trainer_name.replace("Trainer", "Config"))(output_dir=str(tmp_path), report_to="none")
+    data, extra = vision_preferences(2, seed=5), {}
+    if trainer_name != "DPOTrainer":  # the preference rows' prompts and images, with a reward
+        data = [{"prompt": row["prompt"], "images": row["images"]} for row in data]
+        extra = {"reward_funcs": lambda completions, **kwargs: [0.0] * len(completions)}
+    trainer = getattr(ours, trainer_name)(model=str(vlm_path), args=config,
+                                          train_dataset=datasets.Dataset.from_list(data), **extra)
+    assert type(trainer.processing_class).__name__ == type(expected).__name__
+    assert trainer.processing_class.tokenizer.get_vocab() == expected.tokenizer.get_vocab()
+    assert trainer.processing_class.image_processor.to_dict() == expected.image_processor.to_dict()

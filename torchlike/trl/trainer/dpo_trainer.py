@@ -168,7 +168,8 @@ class DPOTrainer(PrecomputedReferenceTrainer):
             raise NotImplementedError("WPO-style weighting is not implemented for 'aot' or 'aot_unpaired' because "
                                       "those losses sort samples, which would misalign per-pair weights.")
         given_processing_class = processing_class
-        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config,
+                                                  load_processor=True)
         self._setup_router_loss(model, args)
         self.ref_model = ref_model
         tokenizer = processing_class

@@ -169,7 +169,8 @@ class PolicyGradientTrainer(OnlineTrainer):
                             f"{type(rollout_func).__name__}.")
         self.rollout_func = rollout_func
         args = self._trl_args(model, args)
-        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config,
+                                                  load_processor=True)
         self._setup_router_loss(model, args)
         self.reward_funcs = self._check_reward_functions(reward_funcs, reward_processing_classes, args, model)
         # TRL's attribute: one entry per reward function, a reward model's tokenizer (loaded when not given).
