@@ -235,6 +235,30 @@ def test_lora_sft_logs_the_loss_with_the_router_aux_loss(checkpoint, reference, 
     assert abs(logs[0]["loss"] - expected_loss) <= 1e-5
 
 
+def test_the_final_log_carries_the_unlogged_steps_metrics_as_trls(checkpoint, tokenizer_dir, tmp_path):
+    """With fewer steps than ``logging_steps`` TRL's only log is the run's final one, and its ``log`` adds the metrics
+    recorded since the last log: the router's ``aux_loss``, ``entropy``, ``mean_token_accuracy`` and ``num_tokens``."""
+    import datasets
+    import trl
+
+    rows = [{"prompt": "the quick brown", "completion": " fox jumps"}, {"prompt": "one two", "completion": " three"}]
+    settings = dict(max_steps=2, per_device_train_batch_size=2, report_to="none", save_strategy="no", bf16=False)
+    expected = trl.SFTTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32),
+        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows * 2),
+        processing_class=transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+    expected.train()
+    trainer = SFTTrainer(model=str(checkpoint), args=SFTConfig(output_dir=str(tmp_path / "ours"), **settings),
+                         train_dataset=rows * 2,
+                         processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
+    trainer.train()
+    (theirs,), (ours,) = expected.state.log_history, trainer.state.log_history
+    compared = ("train_loss", "aux_loss", "entropy", "mean_token_accuracy", "num_tokens")
+    assert set(compared) <= set(theirs) and set(compared) <= set(ours)
+    np.testing.assert_allclose([ours[key] for key in compared], [theirs[key] for key in compared], rtol=1e-5)
+
+
 @pytest.mark.parametrize(("changes", "message"), [
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"attention_bias": True}, "attention_bias"),

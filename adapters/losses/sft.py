@@ -42,7 +42,9 @@ def sft_step_loss(family: Family, block_size: logprobs.BlockSize = "auto", loss_
     accumulation the step adds the token-weighted mean of the micro-batches' aux losses (TRL: their plain mean).
 
     With ``with_metrics``, ``aux`` adds TRL's SFT metrics over the batch's loss tokens: ``entropy`` (the mean entropy
-    of the next-token distribution) and ``mean_token_accuracy`` (the share of tokens that are the most likely one).
+    of the next-token distribution) and ``mean_token_accuracy`` (the share of tokens that are the most likely one),
+    and ``num_tokens``, the batch's real tokens (its attention mask), which the trainer adds up into TRL's running
+    total.
 
     Raises:
         ValueError: an unknown ``loss_type``, or ``router_aux_loss_coef`` for a family without a router.
@@ -66,7 +68,8 @@ def sft_step_loss(family: Family, block_size: logprobs.BlockSize = "auto", loss_
         if with_metrics:
             valid = jnp.maximum(count, 1.0)
             metrics = {"entropy": jax.lax.stop_gradient((found.entropies * weights).sum()) / valid,
-                       "mean_token_accuracy": (found.top1 * weights).sum() / valid}
+                       "mean_token_accuracy": (found.top1 * weights).sum() / valid,
+                       "num_tokens": batch["attention_mask"].sum().astype(jnp.float32)}
         if aux is None:
             return value, count, metrics
         return value + router_aux_loss_coef * aux * count, count, {**metrics, "aux_loss": aux}

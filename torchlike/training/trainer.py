@@ -412,13 +412,18 @@ class Trainer:
                 epoch += 1
                 self._event("on_epoch_end")
                 window = self._log_save_evaluate(window, schedule)
-        self._record_losses(window)
+        unlogged = self._record_losses(window)
         metrics = step_logs.run_metrics(self._logged_losses, time.perf_counter() - started, step - start_step,
                                         self.state.train_batch_size * args.gradient_accumulation_steps)
-        self.log(metrics)
+        self.log({**metrics, **self._unlogged_step_metrics(unlogged)})
         self._finish_best_model()
         self._event("on_train_end")
         return TrainOutput(step, metrics["train_loss"], metrics)
+
+    def _unlogged_step_metrics(self, values: list[dict]) -> dict[str, float]:
+        """What the run's final log adds of the steps after the last logging step (``values``, their step metrics on
+        the host): nothing, as transformers' ``Trainer`` (TRL's trainers add their pending metrics)."""
+        return {}
 
     def _finish_best_model(self) -> None:
         """What transformers does with the best checkpoint when training ends: with ``load_best_model_at_end`` the

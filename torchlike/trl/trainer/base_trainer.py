@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...adapters.distributed import mesh as mesh_lib
 from ...adapters.training import reference_policy, step_metrics, train_step
-from ...training import Trainer
+from ...training import Trainer, step_logs
 from ...training_args import TrainingArguments
 from ...type_aliases import (
     DatasetLike,
@@ -366,6 +366,15 @@ class TRLTrainer(Trainer):
         given.clear()
         given.update(logs)
         super().log(given)
+
+    def _unlogged_step_metrics(self, values: list[dict]) -> dict[str, float]:
+        """TRL's ``log`` adds the metrics recorded since the last log to every log, the run's final one included: the
+        mean of each step metric of the steps after the last logging step (``aux_loss``, ``entropy``...), as a
+        training log has them."""
+        if not values:
+            return {}
+        window = step_logs.window_logs(values, [0.0] * len(values), float("nan"))
+        return {key: value for key, value in window.items() if key not in ("loss", "grad_norm", "learning_rate")}
 
     def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
         """The Trainer's evaluation, its metrics finished as :meth:`log` finishes them."""

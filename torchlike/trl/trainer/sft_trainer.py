@@ -122,6 +122,7 @@ class SFTTrainer(OfflineTrainer):
     """
 
     algorithm_class = SFT
+    _counts_step_tokens = True  # TRL's SFT logs the running total of training tokens
     _config_class = SFTConfig
     _output_suffix = "SFT"
     _tag_names = ["trl", "sft"]
