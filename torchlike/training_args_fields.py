@@ -153,7 +153,10 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                  "the newest nor state.best_model_checkpoint; with 1, training ends with only the "
                                  "best one kept, as in transformers (folders are ordered by step, where transformers "
                                  "orders them by modification time)."),
-    "enable_jit_checkpoint": ignored("torchlike does not checkpoint on SIGTERM; use save_strategy/save_steps."),
+    "enable_jit_checkpoint": honoured("On SIGTERM (or JAX's preemption sync point), every process writes the "
+                                      "checkpoint of the step in progress once it ends (agreed across processes) and "
+                                      "training stops, so the job exits normally; resume_from_checkpoint=True "
+                                      "continues from it. A second SIGTERM changes nothing; saves are atomic."),
     "push_to_hub": honoured("Push the Hugging Face-format model (save_model's output) to hub_model_id with "
                             "huggingface_hub: from save_model() (commit 'Model save', as transformers) and, with "
                             "hub_strategy='every_save', at each checkpoint save."),

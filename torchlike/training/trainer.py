@@ -9,6 +9,7 @@ sit beside it, one job per module (the package docstring lists them).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -23,6 +24,7 @@ import jax
 import numpy as np
 
 from ..adapters.distributed import mesh as mesh_lib
+from ..adapters.distributed.preemption import PreemptionWatch
 from ..adapters.lora import runtime as lora_runtime
 from ..adapters.model import neftune, nnx_state
 from ..adapters.training import train_step
@@ -395,7 +397,8 @@ class Trainer:
         self._logged_losses: list[float] = []
         window: list = []
         started = time.perf_counter()
-        with mesh_lib.entered(self.mesh):
+        watch = PreemptionWatch() if args.enable_jit_checkpoint else None
+        with mesh_lib.entered(self.mesh), watch or contextlib.nullcontext():
             while step < total_steps and not self.control.should_training_stop:
                 self._event("on_epoch_begin")
                 epoch_batches = self._batches(epoch, skip=step - epoch * steps_per_epoch)
@@ -407,6 +410,8 @@ class Trainer:
                     self.state.epoch = epoch + (step - epoch * steps_per_epoch) / steps_per_epoch
                     self._event("on_step_end")
                     window = self._log_save_evaluate(window, schedule)
+                    if watch is not None and watch.due(step):
+                        self._checkpoint_for_preemption(step)
                     if self.control.should_epoch_stop or self.control.should_training_stop:
                         break
                 epoch += 1
@@ -419,6 +424,17 @@ class Trainer:
         self._finish_best_model()
         self._event("on_train_end")
         return TrainOutput(step, metrics["train_loss"], metrics)
+
+    def _checkpoint_for_preemption(self, step: int) -> None:
+        """transformers' ``enable_jit_checkpoint``: after a preemption notice (SIGTERM), the checkpoint of the step
+        just done (unless this step was saved already) and the end of training, so the job exits normally and
+        ``resume_from_checkpoint=True`` continues from this step."""
+        folder = Path(self.args.output_dir) / f"{checkpoints.PREFIX}{step}"
+        if not (folder / "trainer_state.json").is_file():
+            folder = self._save_checkpoint(step)
+        logger.warning("Preempted: stopped after step %d with its checkpoint in %s; resume with "
+                       "resume_from_checkpoint=True.", step, folder)
+        self.control.should_training_stop = True
 
     def _unlogged_step_metrics(self, values: list[dict]) -> dict[str, float]:
         """What the run's final log adds of the steps after the last logging step (``values``, their step metrics on
