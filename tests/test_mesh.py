@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests import distributed_worker, mesh_checks
+from tests.helpers.distributed import free_port, with_device_count
 from tests.helpers.scripts import assert_hf_loadable, build_script_model_dir, port_trl_script, script_arguments
 
 MESH_CASES = ["qwen2", "qwen3_tied", "llama32", "gemma3", "qwen3_moe", "mistral"]
@@ -27,11 +27,6 @@ QUERY_PROJECTION = {"gemma3": ("layers.0.attn.q_einsum.w", [4, 64, 16], [2, 16, 
                     "mistral": ("layers.0.attn.q_proj.kernel", [64, 64], [16, 32])}
 DECODER_QUERY_PROJECTION = ("layers.0.attn.q_proj.w", [64, 4, 16], [16, 2, 16])
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def with_device_count(count: int) -> str:
-    """This process's ``XLA_FLAGS`` (the suite's compile settings) plus ``count`` simulated CPU devices."""
-    return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}".strip()
 
 
 @pytest.fixture(scope="session")
@@ -123,12 +118,6 @@ def test_lora_sft_of_the_moe_model_with_sharded_experts_gives_the_losses_of_one_
     np.testing.assert_allclose(eight["losses"], one["losses"], rtol=1e-4)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 #: How long one two-process job may run (about 90 s under the suite's load), and how many times it is started when it
 #: hangs. XLA:CPU has hung there (both processes idle on a futex, one inside a compile) about once in six cold suite
 #: runs, never when the job ran alone (recorded in adapters/upstream.py); the stacks of a hung attempt are reported.
@@ -158,7 +147,7 @@ def two_processes(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
         jobs.write_text(json.dumps({"checkpoint": str(tiny_checkpoints.path(MESH_CASES[0])),
                                     "tokenizer_dir": str(tokenizer_dir), "output_dir": str(folder),
                                     "scripts": scripts}))
-        port = _free_port()
+        port = free_port()
         logs = [folder / f"{index}.log" for index in range(2)]
         workers = []
         for index, log in enumerate(logs):

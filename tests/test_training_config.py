@@ -99,7 +99,6 @@ NON_DEFAULT = {
     "eval_use_gather_object": True,
     "eval_accumulation_steps": 4,
     "save_on_each_node": True,
-    "enable_jit_checkpoint": True,
     "hub_always_push": True,
     "hub_revision": "dev",
     "ignore_data_skip": True,

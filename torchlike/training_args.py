@@ -1,8 +1,8 @@
 """``TrainingArguments``: transformers' training configuration (5.12 to 5.24), field for field, validated for torchlike.
 
 The dataclass has every field ``transformers.TrainingArguments`` has had from 5.12 to 5.24 with the same name and
-default, then torchlike's own fields (device mesh, compilation cache, batch prefetch, LoRA step). A script written for
-any of those versions runs unchanged: the fields 5.15 added (``dataloader_in_order``,
+default, then torchlike's own fields (device mesh, compilation cache, batch prefetch, LoRA step, save errors). A script
+written for any of those versions runs unchanged: the fields 5.15 added (``dataloader_in_order``,
 ``dataloader_multiprocessing_context``) and 5.23 added (``activation_checkpointing*``) are accepted whatever is
 installed, and the ones 5.15 removed (``warmup_ratio``, ``logging_dir``) still work, with a ``FutureWarning``.
 Deprecations warn as the installed transformers does (:mod:`torchlike.version`). ``__post_init__`` normalises values
@@ -66,6 +66,8 @@ _REMOVED_OPTIMIZERS = {"adamw_hf": "adamw_torch", "adamw_apex_fused": "adamw_tor
 INTERVAL_STRATEGIES: tuple[str, ...] = ("no", "steps", "epoch")
 #: ``save_strategy`` values: ``"best"`` saves after each evaluation that improves ``metric_for_best_model``.
 SAVE_STRATEGIES: tuple[str, ...] = (*INTERVAL_STRATEGIES, "best")
+#: ``on_save_error`` values: what a checkpoint save that cannot write its files does.
+SAVE_ERROR_ACTIONS: tuple[str, ...] = ("raise", "warn")
 #: ``hub_strategy`` values (pushes are of the Hugging Face-format model that ``save_model`` writes).
 HUB_STRATEGIES: tuple[str, ...] = ("end", "every_save")
 #: ``train_sampling_strategy`` values.
@@ -226,6 +228,10 @@ class TrainingArguments:
             transposes no activation (XLA:CPU materialises transposed activations for Qwix's three matmuls);
             ``"auto"`` merges on CPU meshes and factors elsewhere.
             Both give the same losses and gradients; LoRA dropout and QLoRA's quantised weights always factor.
+        on_save_error (`str`, defaults to ``"raise"``): torchlike only. What a checkpoint save that cannot write its
+            files (a full disk...) does: ``"raise"`` stops training with ``CheckpointSaveError``; ``"warn"`` logs that
+            error as a warning and goes on training to the next save. Either way nothing of the failed save is left
+            and the earlier checkpoints are intact.
     """
 
     #: What torchlike does with each field (see :mod:`torchlike.field_support`).
@@ -363,6 +369,7 @@ class TrainingArguments:
     compilation_cache_dir: str | None = None
     prefetch_batches: int = 2
     lora_step: str = "auto"
+    on_save_error: str = "raise"
 
     def __post_init__(self) -> None:
         from .adapters.distributed.mesh import initialize_distributed
@@ -507,6 +514,7 @@ class TrainingArguments:
         self._validate_mesh()
         if self.lora_step not in ("auto", "merged", "factored"):
             raise ValueError(f"lora_step={self.lora_step!r} must be 'auto', 'merged' or 'factored'.")
+        self.on_save_error = check_choice("on_save_error", self.on_save_error, SAVE_ERROR_ACTIONS)
         if not isinstance(self.prefetch_batches, int) or self.prefetch_batches < 0:
             raise ValueError(f"prefetch_batches={self.prefetch_batches!r} must be an integer >= 0 (0 prepares each "
                              "batch in the training loop).")

@@ -123,6 +123,25 @@ def find_weight_files(model_dir: str | os.PathLike) -> list[Path]:
     )
 
 
+def check_weight_files(directory: str | os.PathLike) -> None:
+    """Checks, reading no tensor, the weight files a Hugging Face folder holds: every shard its index names is there,
+    and each safetensors file (model or PEFT adapter) is as long as its header says. A folder without weight files
+    passes.
+
+    Raises:
+        CheckpointFileError: a shard is missing, or a safetensors file is truncated or has a bad header (the message
+            names the file).
+    """
+    directory = Path(directory)
+    names = sorted(name for name in os.listdir(directory) if _weight_kind(name) is not None)
+    files = {directory / name for name in names if name.endswith(".safetensors")}
+    if any(_weight_kind(name) == "model" for name in names):
+        files.update(find_weight_files(directory))
+    for path in sorted(files):
+        if path.suffix == ".safetensors":
+            SafetensorsReader(path).close()
+
+
 def torch_to_numpy(tensor) -> np.ndarray:
     """A torch tensor as a numpy array (bfloat16 kept as ``ml_dtypes.bfloat16``)."""
     import torch

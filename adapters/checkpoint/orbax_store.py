@@ -8,8 +8,9 @@ On-disk layout of a checkpoint directory ``PATH``::
                          there are no arrays
         manifest.json    written last, atomically: the commit marker. It holds the format
                          tag, the user metadata, the original tree (keys with their types,
-                         lists, tuples, Python scalars inline) and, per leaf, its key path,
-                         shape and dtype.
+                         lists, tuples, Python scalars inline), per leaf its key path,
+                         shape and dtype, and the size of every file under arrays/ (so a
+                         missing or truncated file is found without reading an array).
 
 Orbax joins nested key paths with ``"."``, so a flat key ``"a.b"`` and a nested
 ``{"a": {"b": ...}}`` would land on the same name; the opaque leaf names make that
@@ -33,6 +34,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import secrets
 import shutil
 import time
@@ -55,6 +57,8 @@ MANIFEST_NAME = "manifest.json"
 ARRAYS_DIR = "arrays"
 _LEAF_PREFIX = "leaf_"
 _FIX = "re-save it or restore it from a backup"
+# TensorStore reports a failed file operation as a ValueError ending in "[os_error_code='28']" (28: a full disk).
+_TENSORSTORE_OS_ERROR = re.compile(r"\[os_error_code='(\d+)'\]")
 
 # Called with a stage name at each step of ``save_tree`` (see ``SAVE_STAGES``). Only the
 # crash tests set it: they kill the process there to check that ``load`` recovers.
@@ -153,6 +157,23 @@ def _write_json_atomically(path: Path, data: dict) -> None:
         os.fsync(file.fileno())
     os.replace(partial, path)
     fsync_dir(path.parent)
+
+
+def _as_os_error(error: ValueError) -> OSError | ValueError:
+    """TensorStore's error for a failed file operation as the ``OSError`` it reports (``errno.ENOSPC`` for a full
+    disk), so that callers handle it as one; any other error as it is."""
+    match = _TENSORSTORE_OS_ERROR.search(str(error))
+    if match is None:
+        return error
+    code = int(match[1])
+    # TensorStore appends its whole JSON spec to the message: keep the part a person reads (it names the file).
+    return OSError(code, f"{os.strerror(code)}: {str(error).split(' [tensorstore_spec=', 1)[0][:1000]}")
+
+
+def _file_sizes(directory: Path) -> dict[str, int]:
+    """``{path relative to directory: size in bytes}`` of every file under ``directory`` (none when it is missing)."""
+    return {str(file.relative_to(directory)): file.stat().st_size
+            for file in sorted(directory.rglob("*")) if file.is_file()}
 
 
 def _read_manifest(directory: Path) -> dict:
@@ -302,9 +323,13 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
         if encoder.arrays:
             with ocp.PyTreeCheckpointer() as checkpointer:
                 # Synchronous: returns once Orbax has written and committed arrays/ (on every process).
-                checkpointer.save(staging / ARRAYS_DIR, args=ocp.args.PyTreeSave(item=encoder.arrays))
+                try:
+                    checkpointer.save(staging / ARRAYS_DIR, args=ocp.args.PyTreeSave(item=encoder.arrays))
+                except ValueError as error:
+                    raise _as_os_error(error) from error
         _stage("orbax-written")
         if _is_primary():
+            manifest["files"] = _file_sizes(staging / ARRAYS_DIR)
             _write_json_atomically(staging / MANIFEST_NAME, manifest)  # the commit marker
     except BaseException:
         if _is_primary():
@@ -407,7 +432,8 @@ def _resolve(path: Path) -> tuple[Path, dict]:
 
 
 def _check_array_data(directory: Path, manifest: dict) -> None:
-    """Cheap structural check (no array is read): the Orbax folder the manifest names is there."""
+    """Cheap structural check (no array is read): the Orbax folder the manifest names is there, and every file
+    the manifest records (checkpoints written before it recorded them: none) has its recorded size."""
     if manifest["arrays"] is None:
         return
     arrays = directory / manifest["arrays"]
@@ -417,6 +443,45 @@ def _check_array_data(directory: Path, manifest: dict) -> None:
             f"(no _METADATA file) while {MANIFEST_NAME} lists {len(manifest['leaves'])} arrays; "
             f"{_FIX}.{_describe_siblings(directory)}"
         )
+    for name, size in manifest.get("files", {}).items():
+        file = arrays / name
+        try:
+            found = file.stat().st_size
+        except FileNotFoundError:
+            found = None
+        if found != size:
+            raise CheckpointCorruptedError(
+                f"The checkpoint at {directory} is damaged: its array file {file} "
+                f"{'is missing' if found is None else f'is {found} bytes'} where {MANIFEST_NAME} "
+                f"records {size} bytes (cut short by a full disk or an interrupted copy, or deleted?); "
+                f"{_FIX}.{_describe_siblings(directory)}"
+            )
+
+
+def check_store(path: str | os.PathLike) -> None:
+    """Checks, reading no array and changing nothing, that ``path`` holds a complete checkpoint: its manifest (the
+    commit marker) is there and valid, the array data it names is there and every array file has the size the
+    manifest records.
+
+    Args:
+        path: a directory written by ``save_tree``.
+
+    Raises:
+        CheckpointCorruptedError: the manifest or an array file is missing, unreadable or of the wrong size (the
+            message names the file).
+    """
+    path = Path(os.path.abspath(os.fspath(path)))
+    try:
+        manifest = _read_manifest(path)
+    except FileNotFoundError:
+        if not path.is_dir():
+            raise CheckpointCorruptedError(f"No torchlike checkpoint at {path}: expected a directory written by "
+                                           "torchlike.save.") from None
+        raise CheckpointCorruptedError(
+            f"The checkpoint at {path} is incomplete: {path / MANIFEST_NAME} is missing, which a save writes last "
+            f"(the commit marker), so its save did not finish; {_FIX}."
+        ) from None
+    _check_array_data(path, manifest)
 
 
 def open_checkpoint(path: str | os.PathLike) -> LazyCheckpoint:

@@ -242,6 +242,9 @@ def write_safetensors(
         tensors: yields ``(name, array)`` in the order of ``specs``; each array is written
             and dropped before the next is requested.
         metadata: string-to-string ``__metadata__`` (``{"format": "pt"}`` for transformers).
+
+    Raises:
+        OSError: the file could not be written (a full disk...); its ``filename`` names the file.
     """
     header: dict[str, object] = {}
     if metadata:
@@ -256,13 +259,18 @@ def write_safetensors(
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(encoded)))
-        out.write(encoded)
-        for (name, dtype, shape), (got_name, array) in zip(order, tensors, strict=True):
-            if got_name != name or array.dtype != dtype or tuple(array.shape) != shape:
-                raise RuntimeError(f"tensor stream out of order: expected {name} {dtype}{shape}, "
-                                   f"got {got_name} {array.dtype}{tuple(array.shape)}")
-            out.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
-        out.flush()
-        os.fsync(out.fileno())
+    try:
+        with open(path, "wb") as out:
+            out.write(struct.pack("<Q", len(encoded)))
+            out.write(encoded)
+            for (name, dtype, shape), (got_name, array) in zip(order, tensors, strict=True):
+                if got_name != name or array.dtype != dtype or tuple(array.shape) != shape:
+                    raise RuntimeError(f"tensor stream out of order: expected {name} {dtype}{shape}, "
+                                       f"got {got_name} {array.dtype}{tuple(array.shape)}")
+                out.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as error:
+        if error.errno is not None and error.filename is None:
+            error.filename = os.fspath(path)  # a failed write (a full disk) names no file; say which one
+        raise

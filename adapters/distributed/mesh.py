@@ -92,7 +92,11 @@ def initialize_distributed() -> bool:
                                "is not; set both (process count, and this process's index from 0).")
         kwargs = {"coordinator_address": address, "num_processes": int(os.environ["JAX_NUM_PROCESSES"]),
                   "process_id": int(os.environ["JAX_PROCESS_ID"])}
-    jax.distributed.initialize(**kwargs)
+    from .peer_watch import peer_timeout
+
+    # JAX's coordination service aborts a process whose peer misses heartbeats; torchlike's PeerWatch names the
+    # silent process first, so the service waits a minute longer.
+    jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=max(100, int(peer_timeout()) + 60))
     return True
 
 

@@ -21,7 +21,8 @@ FIELD_SUPPORT = {**TRAINING_ARGUMENTS_FIELD_SUPPORT,
                  **{name: row for name, row in SFT_ROWS.items() if name not in SFT_FIELD_SUPPORT}}
 
 #: torchlike's own fields.
-OWN_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches", "lora_step"}
+OWN_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches", "lora_step",
+              "on_save_error"}
 #: transformers.TrainingArguments fields that some supported version has and another lacks: 5.15 removed the first
 #: two and added the next two, 5.23 added the last two (``gradient_checkpointing*`` became their aliases).
 OTHER_VERSIONS_FIELDS = {"warmup_ratio", "logging_dir", "dataloader_in_order", "dataloader_multiprocessing_context",

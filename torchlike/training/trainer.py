@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from ..adapters.distributed import mesh as mesh_lib
+from ..adapters.distributed.peer_watch import PeerWatch
 from ..adapters.distributed.preemption import PreemptionWatch
 from ..adapters.lora import runtime as lora_runtime
 from ..adapters.model import neftune, nnx_state
@@ -398,7 +399,7 @@ class Trainer:
         window: list = []
         started = time.perf_counter()
         watch = PreemptionWatch() if args.enable_jit_checkpoint else None
-        with mesh_lib.entered(self.mesh), watch or contextlib.nullcontext():
+        with mesh_lib.entered(self.mesh), watch or contextlib.nullcontext(), PeerWatch(self._last_complete_checkpoint):
             while step < total_steps and not self.control.should_training_stop:
                 self._event("on_epoch_begin")
                 epoch_batches = self._batches(epoch, skip=step - epoch * steps_per_epoch)
@@ -424,6 +425,17 @@ class Trainer:
         self._finish_best_model()
         self._event("on_train_end")
         return TrainOutput(step, metrics["train_loss"], metrics)
+
+    def _last_complete_checkpoint(self) -> str:
+        """The newest ``checkpoint-<step>`` folder of ``output_dir`` that passes :func:`checkpoints.check_checkpoint`,
+        in words (what a job restarted after a lost process resumes from)."""
+        for folder in reversed(checkpoints.checkpoint_folders(self.args.output_dir)):
+            try:
+                checkpoints.check_checkpoint(folder)
+            except (OSError, ValueError):
+                continue
+            return str(folder)
+        return f"none in {self.args.output_dir} (the run would start over)"
 
     def _checkpoint_for_preemption(self, step: int) -> None:
         """transformers' ``enable_jit_checkpoint``: after a preemption notice (SIGTERM), the checkpoint of the step
@@ -477,7 +489,7 @@ class Trainer:
             if self.args.save_strategy == "best":
                 self.control.should_save = is_new_best
         if self.control.should_save:
-            self._save_checkpoint(self.state.global_step)
+            self._save_checkpoint_or_warn(self.state.global_step)
         return window
 
     def _determine_best_metric(self, metrics: dict[str, float]) -> bool:
@@ -657,17 +669,28 @@ class Trainer:
             self.push_to_hub(commit_message=f"Training in progress, step {step}")
         return folder
 
+    def _save_checkpoint_or_warn(self, step: int) -> None:
+        """:meth:`_save_checkpoint`, whose :class:`~.checkpoints.CheckpointSaveError` (a full disk...) stops training,
+        or with ``args.on_save_error="warn"`` is logged as a warning while training goes on to the next save."""
+        try:
+            self._save_checkpoint(step)
+        except checkpoints.CheckpointSaveError as error:
+            if self.args.on_save_error == "raise":
+                raise
+            logger.warning("Step %d was not checkpointed; training goes on (on_save_error='warn'). %s", step, error)
+
     def _save_checkpoint_extras(self, folder: Path) -> None:
         """Writes a trainer's own files into a checkpoint being written (on every process, before the folder counts
         as a checkpoint: ``trainer_state.json`` comes after them). The Trainer has none."""
 
     def _resume(self, checkpoint: str | bool) -> int:
-        """Restores the checkpoint ``resume_from_checkpoint`` names; returns its step.
+        """Restores the checkpoint ``resume_from_checkpoint`` names (kept as ``_resumed_from``); returns its step.
 
         The state takes the saved step, logs, best-model record and callback states, as transformers loads
         ``trainer_state.json``; with ``args.restore_callback_states_from_checkpoint`` the stateful callbacks (e.g.
         ``EarlyStoppingCallback``'s patience counter) and the control are rebuilt from them."""
         folder = checkpoints.find_checkpoint(self.args.output_dir, checkpoint)
+        self._resumed_from = folder
         saved = checkpoints.restore_checkpoint(folder, self._trainable_model, self.optimizer)
         for name in _RESUMED_STATE_FIELDS:
             if name in saved:

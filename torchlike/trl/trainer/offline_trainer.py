@@ -117,8 +117,8 @@ class OfflineAlgorithm:
     def save_extras(self, folder: Path) -> None:
         """Writes the algorithm's own files into a checkpoint being written: none."""
 
-    def resumed(self, checkpoint: str | bool) -> None:
-        """Restores the algorithm's own state from the checkpoint the run resumed from: none."""
+    def resumed(self, folder: Path) -> None:
+        """Restores the algorithm's own state from the checkpoint folder the run resumed from: none."""
 
 
 class OfflineTrainer(TRLTrainer):
@@ -204,7 +204,7 @@ class OfflineTrainer(TRLTrainer):
 
     def _resume(self, checkpoint: str | bool) -> int:
         step = super()._resume(checkpoint)
-        self.algorithm.resumed(checkpoint)
+        self.algorithm.resumed(self._resumed_from)
         return step
 
 

@@ -32,7 +32,7 @@ from ...adapters.lora import runtime as lora_runtime
 from ...adapters.losses import grpo as grpo_losses
 from ...adapters.rollout import sampling
 from ...adapters.training import reference_policy, train_step
-from ...training import batches, checkpoints, step_logs
+from ...training import batches, step_logs
 from ...type_aliases import (
     DatasetLike,
     EvalDatasetLike,
@@ -401,18 +401,18 @@ class PolicyGradientTrainer(OnlineTrainer):
         self._pending_metrics.setdefault("entropy_coef", []).append(self._entropy_control.coefficient)
         return outputs
 
-    def _save_checkpoint(self, step: int) -> Path:
-        """The checkpoint folder, plus TRL's ``entropy_ctrl_state.json`` with adaptive entropy control."""
-        folder = super()._save_checkpoint(step)
+    def _save_checkpoint_extras(self, folder: Path) -> None:
+        """TRL's ``entropy_ctrl_state.json`` with adaptive entropy control, written with the checkpoint (before it
+        counts as complete)."""
+        super()._save_checkpoint_extras(folder)
         if self._entropy_control is not None and self.state.is_world_process_zero:
             self._entropy_control.save(folder)
-        return folder
 
     def _resume(self, checkpoint: str | bool) -> int:
         """Restores the checkpoint, and the adaptive entropy controller from its ``entropy_ctrl_state.json``."""
         step = super()._resume(checkpoint)
         if self._entropy_control is not None:
-            self._entropy_control.load(checkpoints.find_checkpoint(self.args.output_dir, checkpoint))
+            self._entropy_control.load(self._resumed_from)
         return step
 
     # ------------------------------------------------------------------ rollouts

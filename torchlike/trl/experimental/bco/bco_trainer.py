@@ -185,13 +185,10 @@ class BCO(ReferenceAlgorithm):
 
             joblib.dump(trainer.clf, folder / bco_udm.CLF_NAME, compress=True)
 
-    def resumed(self, checkpoint: str | bool) -> None:
-        """When the checkpoint has them, the running reward moments and, under UDM, the classifier (whose weights
-        then replace those of the fitted one)."""
-        from ....training import checkpoints
-
+    def resumed(self, folder: Path) -> None:
+        """When the checkpoint folder has them, the running reward moments and, under UDM, the classifier (whose
+        weights then replace those of the fitted one)."""
         trainer = self.trainer
-        folder = Path(checkpoints.find_checkpoint(trainer.args.output_dir, checkpoint))
         if (folder / bco_losses.RUNNING_NAME).is_file():
             trainer.running = bco_losses.RunningMoments.load_from_json(folder / bco_losses.RUNNING_NAME)
         if trainer.match_underlying_distribution and (folder / bco_udm.CLF_NAME).is_file():
