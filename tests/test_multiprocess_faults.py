@@ -1,0 +1,157 @@
+"""What fleets do to a two-process ``jax.distributed`` run: a dead peer (the survivor stops within the heartbeat timeout
+with a named error that says which process went silent and where the last complete checkpoint is, and that checkpoint
+resumes) and a preemption notice to one process (both checkpoint the same step, exit 0 and resume bit for bit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torchlike
+from tests import tiny
+from tests.helpers.distributed import free_port, with_device_count
+from torchlike.adapters.distributed.peer_watch import EXIT_PEER_LOST
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 10  # TORCHLIKE_PEER_TIMEOUT of the children, seconds
+
+WORKER = """
+import json, sys
+import torchlike
+from tests import tiny
+
+checkpoint, output_dir = sys.argv[1:]
+args = torchlike.TrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, max_steps=400,
+                                   save_strategy="steps", save_steps=2, logging_steps=1, report_to="none",
+                                   disable_tqdm=True, bf16=False, mesh_shape=(2, 1))
+trainer = torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), args=args,
+                            train_dataset=tiny.padded_examples(16, seed=7))
+trainer.train()
+"""
+
+
+def test_the_survivor_names_the_dead_process_and_the_checkpoint_to_resume(tiny_checkpoints, tmp_path):
+    checkpoint, output_dir = tiny_checkpoints.path("qwen2"), tmp_path / "run"
+    port, logs, workers = free_port(), [tmp_path / f"{index}.log" for index in range(2)], []
+    for index, log in enumerate(logs):
+        env = dict(os.environ, XLA_FLAGS=with_device_count(1), JAX_PLATFORMS="cpu",
+                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index),
+                   TORCHLIKE_PEER_TIMEOUT=str(TIMEOUT), PYTHONPATH=str(ROOT))
+        with log.open("w") as stream:
+            workers.append(subprocess.Popen([sys.executable, "-c", WORKER, str(checkpoint), str(output_dir)],
+                                            cwd=ROOT, env=env, stdout=stream, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 400
+        while not (output_dir / "checkpoint-2" / "trainer_state.json").is_file():
+            assert all(worker.poll() is None for worker in workers), logs[0].read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint-2 in 400 s:\n" + logs[0].read_text()[-3000:]
+            time.sleep(0.5)
+        workers[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        status = workers[0].wait(timeout=TIMEOUT + 60)
+        stopped_after = time.monotonic() - killed
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    output = logs[0].read_text()
+    assert status == EXIT_PEER_LOST, output[-3000:]
+    assert stopped_after < TIMEOUT + 30, stopped_after
+    message = re.search(r"PeerLostError: process 1 of 2 stopped answering: .*? The last complete checkpoint is "
+                        r"(\S+checkpoint-\d+);", output)
+    assert message is not None, output[-3000:]
+    # The named checkpoint is complete and resumes (here on one process) to the next step.
+    folder = Path(message.group(1))
+    step = json.loads((folder / "trainer_state.json").read_text())["global_step"]
+    args = torchlike.TrainingArguments(output_dir=str(tmp_path / "resumed"), per_device_train_batch_size=2,
+                                       max_steps=step + 1, save_strategy="no", report_to="none", bf16=False)
+    resumed = torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), args=args,
+                                train_dataset=tiny.padded_examples(16, seed=7))
+    resumed.train(resume_from_checkpoint=str(folder))
+    assert resumed.state.global_step == step + 1
+
+
+PREEMPTED_WORKER = """
+import sys
+import torchlike
+from tests import tiny
+
+checkpoint, output_dir, mode, steps = sys.argv[1:]
+
+
+def run(folder, max_steps, resume=None):
+    args = torchlike.TrainingArguments(output_dir=folder, per_device_train_batch_size=2, max_steps=max_steps,
+                                       save_strategy="no", logging_steps=1, report_to="none", disable_tqdm=True,
+                                       bf16=False, mesh_shape=(2, 1), enable_jit_checkpoint=True,
+                                       lr_scheduler_type="constant")  # the same rates whatever max_steps says
+    trainer = torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), args=args,
+                                train_dataset=tiny.padded_examples(16, seed=7))
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(folder + "/final")
+    print("stopped at", trainer.state.global_step, flush=True)
+
+
+if mode == "preempted":
+    run(output_dir, 400)
+else:  # resume the preempted run to `steps`, then the same run without the notice
+    run(output_dir, int(steps), resume=True)
+    run(output_dir + "-straight", int(steps))
+"""
+
+
+def _launch(script_args: list[str], tmp_path, name: str) -> tuple[list[subprocess.Popen], list[Path]]:
+    port, logs, workers = free_port(), [tmp_path / f"{name}-{index}.log" for index in range(2)], []
+    for index, log in enumerate(logs):
+        env = dict(os.environ, XLA_FLAGS=with_device_count(1), JAX_PLATFORMS="cpu",
+                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index),
+                   PYTHONPATH=str(ROOT))
+        with log.open("w") as stream:
+            workers.append(subprocess.Popen([sys.executable, "-c", PREEMPTED_WORKER, *script_args], cwd=ROOT,
+                                            env=env, stdout=stream, stderr=subprocess.STDOUT))
+    return workers, logs
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resumes_bit_identically(tiny_checkpoints,
+                                                                                                   tmp_path):
+    """GKE and spot VMs signal the pods one by one: the notice of process 1 alone makes both processes checkpoint the
+    same step and exit 0; both resume from it to the end and equal the run without the notice, bit for bit."""
+    from safetensors.numpy import load_file
+
+    checkpoint, output_dir = str(tiny_checkpoints.path("qwen2")), str(tmp_path / "run")
+    workers, logs = _launch([checkpoint, output_dir, "preempted", "0"], tmp_path, "preempted")
+    try:
+        deadline = time.monotonic() + 400
+        while "'loss'" not in logs[0].read_text():  # training has started (process 0 prints the logs)
+            assert all(worker.poll() is None for worker in workers), logs[0].read_text()[-3000:]
+            assert time.monotonic() < deadline, logs[0].read_text()[-3000:]
+            time.sleep(0.2)
+        workers[1].send_signal(signal.SIGTERM)
+        statuses = [worker.wait(timeout=120) for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    outputs = [log.read_text() for log in logs]
+    assert statuses == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    steps = {int(re.search(r"stopped at (\d+)", output).group(1)) for output in outputs}
+    assert len(steps) == 1
+    (step,) = steps
+    assert [folder.name for folder in Path(output_dir).glob("checkpoint-*")] == [f"checkpoint-{step}"]
+
+    workers, logs = _launch([checkpoint, output_dir, "resume", str(step + 2)], tmp_path, "resumed")
+    try:
+        statuses = [worker.wait(timeout=400) for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    assert statuses == [0, 0], logs[0].read_text()[-3000:]
+    resumed = load_file(Path(output_dir) / "final" / "model.safetensors")
+    straight = load_file(Path(output_dir + "-straight") / "final" / "model.safetensors")
+    assert [name for name in straight if not (resumed[name] == straight[name]).all()] == []
