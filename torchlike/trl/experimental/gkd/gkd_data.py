@@ -15,15 +15,28 @@ TRL's shifted ``labels != -100``) and ``label_count`` ``[n]`` (the row's dataset
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ....type_aliases import Tokenizer
 
-__all__ = ["dataset_columns", "sampled_columns", "tokenize_conversation"]
+if TYPE_CHECKING:
+    import tokenizers
+
+__all__ = ["dataset_columns", "is_byte_level_tokenizer", "sampled_columns", "tokenize_conversation"]
 
 
-def _is_byte_level(tokenizer: Tokenizer) -> bool:
-    backend = tokenizer.backend_tokenizer
+def is_byte_level_tokenizer(backend: tokenizers.Tokenizer) -> bool:
+    """TRL's ``is_byte_level_tokenizer``: whether a fast tokenizer's backend (``tokenizer.backend_tokenizer``) is a
+    ByteLevel BPE (its pre-tokenizer or decoder is ByteLevel), whose pieces spell one character per source byte.
+
+    Args:
+        backend: the ``tokenizers.Tokenizer`` behind a ``transformers`` fast tokenizer.
+
+    Returns:
+        `bool`
+    """
     return "ByteLevel" in repr(backend.pre_tokenizer) or "ByteLevel" in repr(backend.decoder)
 
 
@@ -54,7 +67,7 @@ def tokenize_conversation(row: dict, tokenizer: Tokenizer, max_length: int | Non
             prompt_length = min(len(tokenizer(prompt, add_special_tokens=False)["input_ids"]), len(ids))
     else:
         text = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=False, tokenize=False)
-        if _is_byte_level(tokenizer):
+        if is_byte_level_tokenizer(tokenizer.backend_tokenizer):
             encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
             ids = list(encoding.ids)
             prompt_length = next((index for index, (start, _) in enumerate(encoding.offsets) if start >= len(prompt)),

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ....type_aliases import Tokenizer
+from ..gkd.gkd_data import is_byte_level_tokenizer
 
 if TYPE_CHECKING:
     import tokenizers
 
 __all__ = ["build_teacher_inputs_from_texts", "completion_byte_offsets", "encode_with_byte_offsets",
-           "is_byte_level_tokenizer", "pad_byte_offsets"]
+           "pad_byte_offsets"]
 
 ByteOffsets = list[tuple[int, int]]
 
@@ -45,19 +46,6 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 #: A ByteLevel piece's character -> the byte it stands for.
 _BYTE_LEVEL_DECODER = {character: byte for byte, character in _bytes_to_unicode().items()}
-
-
-def is_byte_level_tokenizer(backend: tokenizers.Tokenizer) -> bool:
-    """TRL's ``is_byte_level_tokenizer``: whether a fast tokenizer's backend (``tokenizer.backend_tokenizer``) is a
-    ByteLevel BPE (its pre-tokenizer or decoder is ByteLevel), whose pieces spell one character per source byte.
-
-    Args:
-        backend: the ``tokenizers.Tokenizer`` behind a ``transformers`` fast tokenizer.
-
-    Returns:
-        `bool`
-    """
-    return "ByteLevel" in repr(backend.pre_tokenizer) or "ByteLevel" in repr(backend.decoder)
 
 
 def _piece_byte_length(piece: str, text: bytes, start: int) -> int | None:
