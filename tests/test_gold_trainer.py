@@ -16,7 +16,7 @@ import transformers
 import torchlike
 from tests import tiny
 from tests.helpers.data import CONVERSATIONS
-from tests.helpers.scripted import MAX_NEW_TOKENS, scripted_completion, scripted_hf_generate
+from tests.helpers.scripted import MAX_NEW_TOKENS, scripted_hf_generate, scripted_turn
 from torchlike.trl.experimental.gkd.gkd_data import dataset_columns
 from torchlike.trl.experimental.gold import GOLDConfig, GOLDTrainer
 from torchlike.trl.experimental.gold.gold_data import tokenize_row
@@ -74,12 +74,7 @@ def run_torchlike(student, teacher, tokenizer_path, output_dir, settings):
                           args=GOLDConfig(output_dir=str(output_dir), train_sampling_strategy="sequential", **settings),
                           train_dataset=ROWS, eval_dataset=ROWS[:6],
                           processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
-    generations = trainer.args.num_generations
-
-    def scripted_turn(prompt_ids, seed, vision=None, worker=None):
-        return [scripted_completion(ids, row % generations) for row, ids in enumerate(prompt_ids)], None
-
-    trainer._generate_single_turn = scripted_turn
+    trainer._generate_single_turn = scripted_turn(trainer)
     trainer.train()
     trainer.evaluate()
     trainer.model.save_pretrained(output_dir / "model")

@@ -17,7 +17,7 @@ import transformers
 import torchlike
 from tests.helpers.data import CONVERSATIONS
 from tests.helpers.evaluation import assert_student_predictions_match, recorded_predictions
-from tests.helpers.scripted import MAX_NEW_TOKENS, scripted_completion, scripted_hf_generate
+from tests.helpers.scripted import MAX_NEW_TOKENS, scripted_hf_generate, scripted_turn
 from torchlike.adapters.losses.iw_opd import IWOPDLossSettings, support_divergence
 from torchlike.trl.experimental.gkd.gkd_data import dataset_columns
 from torchlike.trl.experimental.iw_opd import IWOPDConfig, IWOPDTrainer
@@ -69,12 +69,7 @@ def run_torchlike(student, teacher, tokenizer_path, output_dir, settings):
                                             **settings),
                            train_dataset=ROWS, eval_dataset=ROWS[:6],
                            processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_path))
-    generations = trainer.args.num_generations
-
-    def scripted_turn(prompt_ids, seed, vision=None, worker=None):
-        return [scripted_completion(ids, row % generations) for row, ids in enumerate(prompt_ids)], None
-
-    trainer._generate_single_turn = scripted_turn
+    trainer._generate_single_turn = scripted_turn(trainer)
     trainer.train()
     trainer.evaluate()
     trainer.model.save_pretrained(output_dir / "model")

@@ -29,23 +29,32 @@ from tests import tiny
 checkpoint, output_dir = sys.argv[1:]
 args = torchlike.TrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, max_steps=400,
                                    save_strategy="steps", save_steps=2, logging_steps=1, report_to="none",
-                                   disable_tqdm=True, bf16=False, mesh_shape=(2, 1))
+                                   disable_tqdm=True, mesh_shape=(2, 1))
 trainer = torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), args=args,
                             train_dataset=tiny.padded_examples(16, seed=7))
 trainer.train()
 """
 
 
+def launch(script: str, script_args: list[str], tmp_path: Path, name: str,
+           **env: str) -> tuple[list[subprocess.Popen], list[Path]]:
+    """Starts ``script`` (Python source) as the two processes of one ``jax.distributed`` job of one CPU device each,
+    with ``env`` added; returns the processes and their log files (``<name>-<process>.log``)."""
+    port, logs, workers = free_port(), [tmp_path / f"{name}-{index}.log" for index in range(2)], []
+    for index, log in enumerate(logs):
+        environment = dict(os.environ, XLA_FLAGS=with_device_count(1), JAX_PLATFORMS="cpu",
+                           JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                           JAX_PROCESS_ID=str(index), PYTHONPATH=str(ROOT), **env)
+        with log.open("w") as stream:  # a file, not a pipe: a pipe nobody drains would stall its writer
+            workers.append(subprocess.Popen([sys.executable, "-c", script, *script_args], cwd=ROOT,
+                                            env=environment, stdout=stream, stderr=subprocess.STDOUT))
+    return workers, logs
+
+
 def test_the_survivor_names_the_dead_process_and_the_checkpoint_to_resume(tiny_checkpoints, tmp_path):
     checkpoint, output_dir = tiny_checkpoints.path("qwen2"), tmp_path / "run"
-    port, logs, workers = free_port(), [tmp_path / f"{index}.log" for index in range(2)], []
-    for index, log in enumerate(logs):
-        env = dict(os.environ, XLA_FLAGS=with_device_count(1), JAX_PLATFORMS="cpu",
-                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index),
-                   TORCHLIKE_PEER_TIMEOUT=str(TIMEOUT), PYTHONPATH=str(ROOT))
-        with log.open("w") as stream:
-            workers.append(subprocess.Popen([sys.executable, "-c", WORKER, str(checkpoint), str(output_dir)],
-                                            cwd=ROOT, env=env, stdout=stream, stderr=subprocess.STDOUT))
+    workers, logs = launch(WORKER, [str(checkpoint), str(output_dir)], tmp_path, "run",
+                           TORCHLIKE_PEER_TIMEOUT=str(TIMEOUT))
     try:
         deadline = time.monotonic() + 400
         while not (output_dir / "checkpoint-2" / "trainer_state.json").is_file():
@@ -70,7 +79,7 @@ def test_the_survivor_names_the_dead_process_and_the_checkpoint_to_resume(tiny_c
     folder = Path(message.group(1))
     step = json.loads((folder / "trainer_state.json").read_text())["global_step"]
     args = torchlike.TrainingArguments(output_dir=str(tmp_path / "resumed"), per_device_train_batch_size=2,
-                                       max_steps=step + 1, save_strategy="no", report_to="none", bf16=False)
+                                       max_steps=step + 1, save_strategy="no", report_to="none")
     resumed = torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), args=args,
                                 train_dataset=tiny.padded_examples(16, seed=7))
     resumed.train(resume_from_checkpoint=str(folder))
@@ -88,7 +97,7 @@ checkpoint, output_dir, mode, steps = sys.argv[1:]
 def run(folder, max_steps, resume=None):
     args = torchlike.TrainingArguments(output_dir=folder, per_device_train_batch_size=2, max_steps=max_steps,
                                        save_strategy="no", logging_steps=1, report_to="none", disable_tqdm=True,
-                                       bf16=False, mesh_shape=(2, 1), enable_jit_checkpoint=True,
+                                       mesh_shape=(2, 1), enable_jit_checkpoint=True,
                                        lr_scheduler_type="constant")  # the same rates whatever max_steps says
     trainer = torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), args=args,
                                 train_dataset=tiny.padded_examples(16, seed=7))
@@ -105,18 +114,6 @@ else:  # resume the preempted run to `steps`, then the same run without the noti
 """
 
 
-def _launch(script_args: list[str], tmp_path, name: str) -> tuple[list[subprocess.Popen], list[Path]]:
-    port, logs, workers = free_port(), [tmp_path / f"{name}-{index}.log" for index in range(2)], []
-    for index, log in enumerate(logs):
-        env = dict(os.environ, XLA_FLAGS=with_device_count(1), JAX_PLATFORMS="cpu",
-                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index),
-                   PYTHONPATH=str(ROOT))
-        with log.open("w") as stream:
-            workers.append(subprocess.Popen([sys.executable, "-c", PREEMPTED_WORKER, *script_args], cwd=ROOT,
-                                            env=env, stdout=stream, stderr=subprocess.STDOUT))
-    return workers, logs
-
-
 def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resumes_bit_identically(tiny_checkpoints,
                                                                                                    tmp_path):
     """GKE and spot VMs signal the pods one by one: the notice of process 1 alone makes both processes checkpoint the
@@ -124,7 +121,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resum
     from safetensors.numpy import load_file
 
     checkpoint, output_dir = str(tiny_checkpoints.path("qwen2")), str(tmp_path / "run")
-    workers, logs = _launch([checkpoint, output_dir, "preempted", "0"], tmp_path, "preempted")
+    workers, logs = launch(PREEMPTED_WORKER, [checkpoint, output_dir, "preempted", "0"], tmp_path, "preempted")
     try:
         deadline = time.monotonic() + 400
         while "'loss'" not in logs[0].read_text():  # training has started (process 0 prints the logs)
@@ -144,7 +141,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resum
     (step,) = steps
     assert [folder.name for folder in Path(output_dir).glob("checkpoint-*")] == [f"checkpoint-{step}"]
 
-    workers, logs = _launch([checkpoint, output_dir, "resume", str(step + 2)], tmp_path, "resumed")
+    workers, logs = launch(PREEMPTED_WORKER, [checkpoint, output_dir, "resume", str(step + 2)], tmp_path, "resumed")
     try:
         statuses = [worker.wait(timeout=400) for worker in workers]
     finally:

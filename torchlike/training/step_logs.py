@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-__all__ = ["evaluation_metrics", "filtered_losses", "run_metrics", "window_logs"]
+__all__ = ["evaluation_metrics", "filtered_losses", "run_metrics", "window_logs", "window_metrics"]
 
 
 def filtered_losses(values: list[dict], nan_inf_filter: bool) -> list[float]:
@@ -31,13 +31,19 @@ def filtered_losses(values: list[dict], nan_inf_filter: bool) -> list[float]:
     return losses
 
 
+def window_metrics(values: list[dict]) -> dict[str, float]:
+    """The mean over a window's steps of each extra metric a loss returned (``aux``); nothing for no steps."""
+    if not values:
+        return {}
+    return {key: float(np.mean([float(value[key]) for value in values]))
+            for key in values[-1] if key not in ("loss", "grad_norm", "weight")}
+
+
 def window_logs(values: list[dict], losses: list[float], learning_rate: float) -> dict[str, float]:
-    """One training log entry: the window's mean loss, the last step's gradient norm, the learning rate, and the
-    mean of each extra metric a loss returned (``aux``)."""
-    extra = {key: float(np.mean([float(value[key]) for value in values]))
-             for key in values[-1] if key not in ("loss", "grad_norm", "weight")}
+    """One training log entry: the window's mean loss, the last step's gradient norm, the learning rate, and
+    :func:`window_metrics`."""
     return {"loss": float(np.mean(losses)), "grad_norm": float(values[-1]["grad_norm"]),
-            "learning_rate": learning_rate, **extra}
+            "learning_rate": learning_rate, **window_metrics(values)}
 
 
 def evaluation_metrics(values: list[tuple], runtime: float) -> dict[str, float]:

@@ -371,10 +371,7 @@ class TRLTrainer(Trainer):
         """TRL's ``log`` adds the metrics recorded since the last log to every log, the run's final one included: the
         mean of each step metric of the steps after the last logging step (``aux_loss``, ``entropy``...), as a
         training log has them."""
-        if not values:
-            return {}
-        window = step_logs.window_logs(values, [0.0] * len(values), float("nan"))
-        return {key: value for key, value in window.items() if key not in ("loss", "grad_norm", "learning_rate")}
+        return step_logs.window_metrics(values)
 
     def _evaluation_loop(self, examples, metric_key_prefix: str) -> dict[str, float]:
         """The Trainer's evaluation, its metrics finished as :meth:`log` finishes them."""
