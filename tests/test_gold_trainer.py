@@ -184,3 +184,15 @@ def test_a_teacher_with_another_vocabulary_needs_uld(tiny_checkpoints, chat_toke
         GOLDTrainer(model=str(tiny_checkpoints.path("qwen2")), teacher_model=str(tmp_path / "teacher"),
                     args=GOLDConfig(output_dir=str(tmp_path), max_length=24, max_completion_length=6),
                     train_dataset=ROWS, processing_class=torchlike.AutoTokenizer.from_pretrained(chat_tokenizer_dir))
+
+
+def test_uld_tokenises_an_already_tokenised_row_again_for_its_texts(chat_tokenizer_dir):
+    """As TRL's ``_prepare_dataset``: without ULD a row's ``input_ids`` are kept; with ULD every row is tokenised
+    again with its texts, which the teacher reads."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(chat_tokenizer_dir)
+    fresh = tokenize_row(ROWS[0], tokenizer, "text", 24, True)
+    stale = {**ROWS[0], "input_ids": fresh["input_ids"][:-2], "completion_mask": fresh["completion_mask"][:-2]}
+    assert tokenize_row(stale, tokenizer, "text", 24, False)["input_ids"] == stale["input_ids"]
+    again = tokenize_row(stale, tokenizer, "text", 24, True, keep_tokenized=False)
+    assert again["input_ids"] == fresh["input_ids"]
+    assert again["original_completion_text"] == fresh["original_completion_text"]

@@ -127,9 +127,11 @@ def tokenize_with_original_text(row: dict, tokenizer: Tokenizer, dataset_text_fi
 
 
 def tokenize_row(row: dict, tokenizer: Tokenizer, dataset_text_field: str, max_length: int | None,
-                 use_extended_uld: bool, skip_prepare_dataset: bool = False) -> dict[str, Any]:
+                 use_extended_uld: bool, skip_prepare_dataset: bool = False,
+                 keep_tokenized: bool = True) -> dict[str, Any]:
     """One row as TRL's GOLD hands it to ``DataCollatorForChatML`` and as that collator reads it: the row (converted
-    to ChatML) with :func:`tokenize_with_original_text`'s columns and ``prompt_ids``. With
+    to ChatML) with :func:`tokenize_with_original_text`'s columns and ``prompt_ids``. A row that has ``input_ids``
+    keeps them with ``keep_tokenized`` (as TRL without ULD; ULD re-tokenises every row for its texts). With
     ``skip_prepare_dataset`` (SFT's ``dataset_kwargs``) the raw row goes to the collator, which tokenises a
     ``messages`` conversation itself (:func:`.gkd_data.tokenize_conversation`).
 
@@ -137,7 +139,7 @@ def tokenize_row(row: dict, tokenizer: Tokenizer, dataset_text_field: str, max_l
         ValueError: no prompt token is left after truncation (TRL's collator's message).
     """
     row = maybe_convert_to_chatml(dict(row))
-    if not skip_prepare_dataset and "input_ids" not in row:
+    if not skip_prepare_dataset and not ("input_ids" in row and keep_tokenized):
         row = {**row, **tokenize_with_original_text(row, tokenizer, dataset_text_field, max_length,
                                                     use_extended_uld)}
     return tokenize_conversation(row, tokenizer, max_length)

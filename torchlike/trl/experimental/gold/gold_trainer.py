@@ -85,7 +85,7 @@ class GOLD(IWOPD):
                              "use_uld_loss needs GOLD's own dataset preparation; drop skip_prepare_dataset from "
                              "dataset_kwargs.")
         return [tokenize_row(row, tokenizer, args.dataset_text_field, max_length, self.uld and args.use_extended_uld,
-                             skip) for row in rows]
+                             skip, keep_tokenized=not self.uld) for row in rows]
 
     def generation_rows(self, rows: list[dict]) -> list[dict]:
         """Each prompt's last ``max_length - max_completion_length`` tokens (at least 1), as TRL's
@@ -119,7 +119,7 @@ class GOLD(IWOPD):
             return columns
         offsets = np.zeros((len(rows), width, 2), np.int64)
         for index, row in enumerate(rows):
-            kept = np.asarray(row.get("byte_offsets", np.zeros((len(row["input_ids"]), 2))), np.int64).reshape(-1, 2)
+            kept = np.asarray(row["byte_offsets"], np.int64).reshape(-1, 2)
             offsets[index, width - len(kept):] = kept
         return {**columns, **text_columns([row["original_prompt_text"] for row in rows],
                                           [row["original_completion_text"] for row in rows], offsets)}
@@ -259,11 +259,8 @@ class GOLDTrainer(StudentTeacherTrainer):
         is the eos token."""
         from .... import AutoTokenizer
 
-        source = args.teacher_tokenizer_name_or_path
-        if source is None:
-            source = teacher_model if isinstance(teacher_model, str | os.PathLike) else \
-                (args.teacher_model_name_or_path if teacher_model is None else
-                 self.teacher_model.config._name_or_path or None)
+        # The loaded teacher's path is the string it was given (or teacher_model_name_or_path).
+        source = args.teacher_tokenizer_name_or_path or self.teacher_model.config._name_or_path or None
         if source is None:
             raise ValueError("`teacher_tokenizer_name_or_path` must be set when using ULD loss with a pre-instantiated "
                              "teacher model.")
