@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import torchlike
 from tests import tiny
 from tests.helpers.distributed import free_port, with_device_count
@@ -89,18 +91,30 @@ def test_the_survivor_names_the_dead_process_and_the_checkpoint_to_resume(tiny_c
 PREEMPTED_WORKER = """
 import sys
 import torchlike
-from tests import tiny
+from torchlike.trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
-checkpoint, output_dir, mode, steps = sys.argv[1:]
+checkpoint, tokenizer, output_dir, kind, mode, steps = sys.argv[1:]
+ROWS = [{"prompt": "the quick brown", "completion": " fox jumps"}, {"prompt": "one two", "completion": " three"},
+        {"prompt": "hello world", "completion": " this is"}, {"prompt": "lazy dog", "completion": " over the"}] * 4
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(completion)) for completion in completions]
 
 
 def run(folder, max_steps, resume=None):
-    args = torchlike.TrainingArguments(output_dir=folder, per_device_train_batch_size=2, max_steps=max_steps,
-                                       save_strategy="no", logging_steps=1, report_to="none", disable_tqdm=True,
-                                       mesh_shape=(2, 1), enable_jit_checkpoint=True,
-                                       lr_scheduler_type="constant")  # the same rates whatever max_steps says
-    trainer = torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), args=args,
-                                train_dataset=tiny.padded_examples(16, seed=7))
+    settings = dict(output_dir=folder, per_device_train_batch_size=2, max_steps=max_steps, save_strategy="no",
+                    logging_steps=1, report_to="none", disable_tqdm=True, mesh_shape=(2, 1),
+                    enable_jit_checkpoint=True, learning_rate=1e-2,
+                    lr_scheduler_type="constant")  # the same rates whatever max_steps says
+    processing_class = torchlike.AutoTokenizer.from_pretrained(tokenizer)
+    if kind == "sft":
+        trainer = SFTTrainer(model=checkpoint, args=SFTConfig(**settings), train_dataset=ROWS,
+                             processing_class=processing_class)
+    else:  # real sampling: the resumed run must draw what the uninterrupted one draws
+        trainer = GRPOTrainer(model=checkpoint, reward_funcs=length_reward, processing_class=processing_class,
+                              train_dataset=[{"prompt": row["prompt"]} for row in ROWS],
+                              args=GRPOConfig(num_generations=2, max_completion_length=6, **settings))
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(folder + "/final")
     print("stopped at", trainer.state.global_step, flush=True)
@@ -114,14 +128,17 @@ else:  # resume the preempted run to `steps`, then the same run without the noti
 """
 
 
-def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resumes_bit_identically(tiny_checkpoints,
-                                                                                                   tmp_path):
-    """GKE and spot VMs signal the pods one by one: the notice of process 1 alone makes both processes checkpoint the
-    same step and exit 0; both resume from it to the end and equal the run without the notice, bit for bit."""
+@pytest.mark.parametrize("kind", ["sft", "grpo"])
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resumes_bit_identically(
+        kind, tiny_checkpoints, tokenizer_dir, tmp_path):
+    """GKE and spot VMs signal the pods one by one: the notice of process 1 alone makes both processes of an SFT or a
+    GRPO run checkpoint the same step and exit 0; both resume from it to the end and equal the run without the
+    notice, bit for bit (GRPO's sampling streams and the data position included)."""
     from safetensors.numpy import load_file
 
     checkpoint, output_dir = str(tiny_checkpoints.path("qwen2")), str(tmp_path / "run")
-    workers, logs = launch(PREEMPTED_WORKER, [checkpoint, output_dir, "preempted", "0"], tmp_path, "preempted")
+    common = [checkpoint, str(tokenizer_dir), output_dir, kind]
+    workers, logs = launch(PREEMPTED_WORKER, [*common, "preempted", "0"], tmp_path, "preempted")
     try:
         deadline = time.monotonic() + 400
         while "'loss'" not in logs[0].read_text():  # training has started (process 0 prints the logs)
@@ -141,7 +158,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resum
     (step,) = steps
     assert [folder.name for folder in Path(output_dir).glob("checkpoint-*")] == [f"checkpoint-{step}"]
 
-    workers, logs = launch(PREEMPTED_WORKER, [checkpoint, output_dir, "resume", str(step + 2)], tmp_path, "resumed")
+    assert "Preempted: stopped after step" in outputs[0] and "after the notice" in outputs[0]
+    workers, logs = launch(PREEMPTED_WORKER, [*common, "resume", str(step + 2)], tmp_path, "resumed")
     try:
         statuses = [worker.wait(timeout=400) for worker in workers]
     finally:

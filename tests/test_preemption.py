@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 import transformers
 
 import torchlike
@@ -132,3 +133,41 @@ def test_a_preempted_grpo_run_resumes_with_the_same_sampling_streams(tiny_checkp
     uninterrupted.train()
     assert resumed.state.global_step == uninterrupted.state.global_step == 4
     assert_bit_identical(weights(resumed), weights(uninterrupted))
+
+
+def test_the_grace_period_is_checked_against_measured_steps_and_saves_and_a_notice_skips_evaluation(
+        tiny_checkpoints, tokenizer_dir, tmp_path, caplog):
+    """``jit_checkpoint_grace_period``: steps and saves that would not fit in it are named once, the preemption
+    checkpoint's log says how long it took after the notice, and the step of the notice is not evaluated."""
+    settings = {**SFT_SETTINGS, "eval_strategy": "steps", "eval_steps": 1, "jit_checkpoint_grace_period": 1e-6}
+    trainer = SFTTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=ROWS, eval_dataset=ROWS[:2],
+                         args=SFTConfig(output_dir=str(tmp_path), **settings), callbacks=[NoticeAt(NOTICE_STEP)],
+                         processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert trainer.state.global_step == NOTICE_STEP
+    evaluated = [log["step"] for log in trainer.state.log_history if "eval_loss" in log]
+    assert evaluated == [1, 2]  # not step 3, the step of the notice
+    over = [record.getMessage() for record in caplog.records if "needs up to" in record.getMessage()]
+    assert len(over) == 1 and "jit_checkpoint_grace_period=1e-06 s" in over[0], over
+    preempted = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Preempted")]
+    assert len(preempted) == 1 and "s after the notice, longer than jit_checkpoint_grace_period=1e-06 s" in \
+        preempted[0], preempted
+
+
+def test_the_grace_period_warning_comes_once_and_only_when_a_step_and_a_save_exceed_it(caplog):
+    from torchlike.adapters.distributed.preemption import PreemptionWatch
+
+    watch = PreemptionWatch(grace_period=30.0)
+    with caplog.at_level("WARNING"):
+        watch.record(step_seconds=12.0)
+        watch.record(save_seconds=17.0)  # 29 s: fits
+        assert caplog.records == []
+        watch.record(step_seconds=14.0)  # 31 s
+        watch.record(save_seconds=40.0)
+    assert len(caplog.records) == 1
+    assert "up to 14.0 s and a checkpoint 17.0 s" in caplog.records[0].getMessage()
+    assert "at least 32 s" in caplog.records[0].getMessage()
+    for grace in (0, -1.0, "30", True):
+        with pytest.raises(ValueError, match="jit_checkpoint_grace_period"):
+            torchlike.TrainingArguments(output_dir="unused", jit_checkpoint_grace_period=grace)

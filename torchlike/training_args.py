@@ -232,6 +232,12 @@ class TrainingArguments:
             files (a full disk...) does: ``"raise"`` stops training with ``CheckpointSaveError``; ``"warn"`` logs that
             error as a warning and goes on training to the next save. Either way nothing of the failed save is left
             and the earlier checkpoints are intact.
+        jit_checkpoint_grace_period (`float`, defaults to 30.0): torchlike only. With ``enable_jit_checkpoint``, the
+            seconds the platform allows between its preemption notice (SIGTERM) and the kill: Kubernetes'
+            ``terminationGracePeriodSeconds`` (30 by default), a Cloud TPU queued resource's or spot VM's shutdown
+            time. The rest of the step in progress and the checkpoint must fit in it: training warns once when the
+            steps and saves it measures would not, and the preemption checkpoint's log says how long it took after the
+            notice. After a notice, the step's evaluation is skipped so the checkpoint comes first.
     """
 
     #: What torchlike does with each field (see :mod:`torchlike.field_support`).
@@ -370,6 +376,7 @@ class TrainingArguments:
     prefetch_batches: int = 2
     lora_step: str = "auto"
     on_save_error: str = "raise"
+    jit_checkpoint_grace_period: float = 30.0
 
     def __post_init__(self) -> None:
         from .adapters.distributed.mesh import initialize_distributed
@@ -515,6 +522,11 @@ class TrainingArguments:
         if self.lora_step not in ("auto", "merged", "factored"):
             raise ValueError(f"lora_step={self.lora_step!r} must be 'auto', 'merged' or 'factored'.")
         self.on_save_error = check_choice("on_save_error", self.on_save_error, SAVE_ERROR_ACTIONS)
+        grace = self.jit_checkpoint_grace_period
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace > 0:
+            raise ValueError(f"jit_checkpoint_grace_period={grace!r} must be a number of seconds > 0: the time the "
+                             "platform allows between its preemption notice and the kill (Kubernetes' "
+                             "terminationGracePeriodSeconds, 30 by default).")
         if not isinstance(self.prefetch_batches, int) or self.prefetch_batches < 0:
             raise ValueError(f"prefetch_batches={self.prefetch_batches!r} must be an integer >= 0 (0 prepares each "
                              "batch in the training loop).")

@@ -259,6 +259,11 @@ TRAINING_ARGUMENTS_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "lora_step": honoured("torchlike: how a LoRA train step runs the adapted layers: 'factored' (Qwix's x@W + "
                           "s*(x@A)@B), 'merged' (one matmul on W + s*A@B formed each step, factor gradients from "
                           "thin products) or 'auto' (merged on CPU meshes); same losses and gradients."),
+    "jit_checkpoint_grace_period": honoured("torchlike: with enable_jit_checkpoint, the seconds between the "
+                                            "platform's preemption notice and its kill (terminationGracePeriodSeconds);"
+                                            " training warns once when a step and a save would not fit in it, a "
+                                            "notice skips that step's evaluation, and the preemption checkpoint's log "
+                                            "says how long it took."),
     "on_save_error": honoured("torchlike: what a checkpoint save that cannot write its files (a full disk) does: "
                               "'raise' stops training with CheckpointSaveError, 'warn' logs it and trains on to the "
                               "next save; nothing of the failed save is kept and earlier checkpoints stay intact."),

@@ -22,7 +22,7 @@ FIELD_SUPPORT = {**TRAINING_ARGUMENTS_FIELD_SUPPORT,
 
 #: torchlike's own fields.
 OWN_FIELDS = {"mesh_shape", "mesh_axis_names", "compilation_cache_dir", "prefetch_batches", "lora_step",
-              "on_save_error"}
+              "on_save_error", "jit_checkpoint_grace_period"}
 #: transformers.TrainingArguments fields that some supported version has and another lacks: 5.15 removed the first
 #: two and added the next two, 5.23 added the last two (``gradient_checkpointing*`` became their aliases).
 OTHER_VERSIONS_FIELDS = {"warmup_ratio", "logging_dir", "dataloader_in_order", "dataloader_multiprocessing_context",

@@ -397,8 +397,9 @@ class Trainer:
             self.evaluate()
         self._logged_losses: list[float] = []
         window: list = []
-        started = time.perf_counter()
-        watch = PreemptionWatch() if args.enable_jit_checkpoint else None
+        started = self._window_started = time.perf_counter()
+        watch = self._preemption_watch = (PreemptionWatch(args.jit_checkpoint_grace_period)
+                                          if args.enable_jit_checkpoint else None)
         with mesh_lib.entered(self.mesh), watch or contextlib.nullcontext(), PeerWatch(self._last_complete_checkpoint):
             while step < total_steps and not self.control.should_training_stop:
                 self._event("on_epoch_begin")
@@ -410,8 +411,11 @@ class Trainer:
                     self.state.global_step = step
                     self.state.epoch = epoch + (step - epoch * steps_per_epoch) / steps_per_epoch
                     self._event("on_step_end")
-                    window = self._log_save_evaluate(window, schedule)
-                    if watch is not None and watch.due(step):
+                    preempted = watch is not None and watch.due(step)
+                    if preempted:  # the grace period is for the checkpoint: no evaluation now
+                        self.control.should_evaluate = False
+                    window = self._log_save_evaluate(window, schedule, timed=watch is not None and step - len(window) > start_step)
+                    if preempted:
                         self._checkpoint_for_preemption(step)
                     if self.control.should_epoch_stop or self.control.should_training_stop:
                         break
@@ -444,8 +448,7 @@ class Trainer:
         folder = Path(self.args.output_dir) / f"{checkpoints.PREFIX}{step}"
         if not (folder / "trainer_state.json").is_file():
             folder = self._save_checkpoint(step)
-        logger.warning("Preempted: stopped after step %d with its checkpoint in %s; resume with "
-                       "resume_from_checkpoint=True.", step, folder)
+        self._preemption_watch.report(step, str(folder))
         self.control.should_training_stop = True
 
     def _unlogged_step_metrics(self, values: list[dict]) -> dict[str, float]:
@@ -478,9 +481,14 @@ class Trainer:
         self._logged_losses.extend(step_logs.filtered_losses(values, self.args.logging_nan_inf_filter))
         return values
 
-    def _log_save_evaluate(self, window: list, schedule) -> list:
+    def _log_save_evaluate(self, window: list, schedule, timed: bool = False) -> list:
+        """Logs the window of step metrics, evaluates and saves as ``control`` says; returns the window left. With
+        ``timed`` (a preemption watch runs and the window holds no compilation), the steps' time per step, measured
+        where the logging waits for them, is told to the watch."""
         if self.control.should_log and window:
             values = self._record_losses(window)
+            if timed:
+                self._preemption_watch.record(step_seconds=(time.perf_counter() - self._window_started) / len(window))
             learning_rate = schedule.learning_rate(self.state.global_step - 1) if schedule else float("nan")
             self.log(step_logs.window_logs(values, self._logged_losses[-len(values):], learning_rate))
             window = []
@@ -490,6 +498,8 @@ class Trainer:
                 self.control.should_save = is_new_best
         if self.control.should_save:
             self._save_checkpoint_or_warn(self.state.global_step)
+        if not window:
+            self._window_started = time.perf_counter()
         return window
 
     def _determine_best_metric(self, metrics: dict[str, float]) -> bool:
@@ -662,8 +672,11 @@ class Trainer:
                 hub.export_model(self._trainable_model, folder, self.processing_class)
             self._save_checkpoint_extras(Path(folder))
 
+        started = time.perf_counter()
         folder = checkpoints.write_checkpoint(args.output_dir, step, self._trainable_model, self.optimizer,
                                               self.state, args.save_only_model, args.save_total_limit, export)
+        if getattr(self, "_preemption_watch", None) is not None:
+            self._preemption_watch.record(save_seconds=time.perf_counter() - started)
         self._event("on_save")
         if args.push_to_hub and args.hub_strategy == "every_save":
             self.push_to_hub(commit_message=f"Training in progress, step {step}")
