@@ -19,6 +19,7 @@ import torchlike
 from tests import tiny
 from tests.helpers.distributed import free_port, with_device_count
 from torchlike.adapters.distributed.peer_watch import EXIT_PEER_LOST
+from torchlike.training import checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 10  # TORCHLIKE_PEER_TIMEOUT of the children, seconds
@@ -170,3 +171,66 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resum
     resumed = load_file(Path(output_dir) / "final" / "model.safetensors")
     straight = load_file(Path(output_dir + "-straight") / "final" / "model.safetensors")
     assert [name for name in straight if not (resumed[name] == straight[name]).all()] == []
+
+
+FULL_DISK_WORKER = """
+import errno, sys
+import jax
+import torchlike
+from tests import tiny
+from torchlike.adapters.checkpoint import orbax_store
+from torchlike.training import checkpoints
+
+checkpoint, output_dir = sys.argv[1:]
+saves = []
+
+
+def shards_fail_on_process_1(stage):  # the save of step 2: process 1's shards of the model store find no room
+    if stage == "orbax-written":
+        saves.append(stage)
+        if jax.process_index() == 1 and len(saves) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device (process 1's shards)")
+
+
+publish = checkpoints._publish
+
+
+def publish_fails_at_step_4(staging, folder, state):  # process 0 alone publishes: its trainer_state.json
+    if folder.name == "checkpoint-4":
+        raise OSError(errno.ENOSPC, "No space left on device (process 0's trainer_state.json)")
+    return publish(staging, folder, state)
+
+
+orbax_store._crash_test_hook = shards_fail_on_process_1
+checkpoints._publish = publish_fails_at_step_4
+args = torchlike.TrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, max_steps=6,
+                                   save_strategy="steps", save_steps=2, logging_steps=1, report_to="none",
+                                   disable_tqdm=True, mesh_shape=(2, 1), on_save_error="warn")
+trainer = torchlike.Trainer(model=torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), args=args,
+                            train_dataset=tiny.padded_examples(16, seed=7))
+trainer.train()
+print("trained to", trainer.state.global_step, flush=True)
+"""
+
+
+def test_a_save_that_fails_on_one_process_fails_on_both_and_with_warn_both_train_on(tiny_checkpoints, tmp_path):
+    """A full disk seen by one process only (process 1's shards at step 2, process 0's ``trainer_state.json`` at step
+    4): both processes learn of it, keep nothing of that save and, with ``on_save_error="warn"``, train on to the next
+    save, which is complete."""
+    output_dir = tmp_path / "run"
+    workers, logs = launch(FULL_DISK_WORKER, [str(tiny_checkpoints.path("qwen2")), str(output_dir)], tmp_path, "disk")
+    try:
+        statuses = [worker.wait(timeout=400) for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    outputs = [log.read_text() for log in logs]
+    assert statuses == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    for output in outputs:
+        assert "trained to 6" in output
+        assert "Step 2 was not checkpointed; training goes on (on_save_error='warn')" in output
+        assert "Step 4 was not checkpointed; training goes on (on_save_error='warn')" in output
+    assert "process 1's shards" in outputs[1] and "process 0's trainer_state.json" in outputs[0]
+    assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-6"]
+    checkpoints.check_checkpoint(output_dir / "checkpoint-6")

@@ -48,6 +48,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from ..distributed.mesh import barrier
+from ..distributed.multihost import agree
 from .directory_swap import NEW_TAG, OLD_TAG, fsync_dir, sibling, siblings, swap_into_place
 from .hf_checkpoint import torch_to_numpy
 from .safetensors_io import CheckpointFileError
@@ -319,6 +320,7 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
     if _is_primary():
         staging.mkdir()
     _barrier(f"{token}:staging")
+    failure = None
     try:
         if encoder.arrays:
             with ocp.PyTreeCheckpointer() as checkpointer:
@@ -331,10 +333,18 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
         if _is_primary():
             manifest["files"] = _file_sizes(staging / ARRAYS_DIR)
             _write_json_atomically(staging / MANIFEST_NAME, manifest)  # the commit marker
-    except BaseException:
+    except BaseException as error:  # the others must learn of it (below), or they wait for this process
+        failure = error
+    # Every process says whether its part was written: a failure on any one (its shards, or process 0's manifest)
+    # fails the save on all of them alike, instead of leaving the others in the next barrier.
+    everyone = agree(failure is None)
+    if failure is not None or not everyone:
         if _is_primary():
             shutil.rmtree(staging, ignore_errors=True)
-        raise
+        if failure is not None:
+            raise failure
+        raise OSError(f"another process failed to write its part of {path} (its log has the error); nothing of this "
+                      "save was kept.")
     _stage("staged")
     if not _is_primary():
         _barrier(f"{token}:swapped")

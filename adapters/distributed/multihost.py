@@ -54,12 +54,37 @@ def on_primary(work: Callable[[], T], what: str, take_part: Callable[[], None] |
             failure = error
     elif take_part is not None:
         take_part()
-    succeeded = bool(multihost_utils.broadcast_one_to_all(np.int32(failure is None)))
+    status = _SUCCEEDED if failure is None else _FAILED_OS if isinstance(failure, OSError) else _FAILED
+    status = int(multihost_utils.broadcast_one_to_all(np.int32(status)))
     if failure is not None:
         raise failure
-    if not succeeded:
-        raise RuntimeError(f"process 0 failed to {what}; its log has the error.")
+    if status != _SUCCEEDED:
+        raise PrimaryFailedError(f"process 0 failed to {what}; its log has the error.", status == _FAILED_OS)
     return result
+
+
+_SUCCEEDED, _FAILED, _FAILED_OS = 1, 0, 2
+
+
+class PrimaryFailedError(RuntimeError):
+    """Raised on the other processes when work that process 0 did for all of them (:func:`on_primary`) failed there.
+    ``os_error`` says whether process 0's error was an ``OSError`` (a full disk...), so every process can handle it
+    the same way."""
+
+    def __init__(self, message: str, os_error: bool = False):
+        super().__init__(message)
+        self.os_error = os_error
+
+
+def agree(succeeded: bool) -> bool:
+    """Whether ``succeeded`` is true on every process (a collective: every process must call it); ``succeeded``
+    itself on one process. A step that can fail on one process alone (its share of a save) ends with it, so that the
+    others learn of the failure instead of waiting for it in the next collective."""
+    if jax.process_count() == 1:
+        return succeeded
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(succeeded))).all())
 
 
 def process_count() -> int:

@@ -158,7 +158,7 @@ def write_checkpoint(output_dir: str | Path, step: int, model: StateDictModel, o
         state.best_model_checkpoint = previous_best
         if multihost.is_primary():
             shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError):
+        if isinstance(error, OSError) or getattr(error, "os_error", False):  # process 0's OSError, on the others
             raise _save_error(error, folder, writing, save_total_limit) from error
         raise
     multihost.on_primary(lambda: rotate_checkpoints(output_dir, save_total_limit, state.best_model_checkpoint,
@@ -190,7 +190,7 @@ def _clear_interrupted_saves(output_dir: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _save_error(error: OSError, folder: Path, writing: str, save_total_limit: int | None) -> CheckpointSaveError:
+def _save_error(error: Exception, folder: Path, writing: str, save_total_limit: int | None) -> CheckpointSaveError:
     """The :class:`CheckpointSaveError` for ``error``, raised while writing ``writing`` (a part of the checkpoint;
     ``error`` names the file when it knows it)."""
     try:
@@ -204,7 +204,7 @@ def _save_error(error: OSError, folder: Path, writing: str, save_total_limit: in
         f"the earlier checkpoints are untouched. Free space there, {limit} to keep fewer checkpoints, or set "
         "output_dir to a larger disk; TrainingArguments(on_save_error='warn') goes on training to the next save "
         "instead of stopping.")
-    saved.errno = error.errno
+    saved.errno = getattr(error, "errno", None)
     return saved
 
 
