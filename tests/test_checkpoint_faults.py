@@ -286,3 +286,14 @@ def test_a_save_first_finishes_or_deletes_what_interrupted_saves_left(tiny_check
     trainer.train(resume_from_checkpoint=str(output_dir / "checkpoint-2"))
     assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     assert contents(output_dir / "checkpoint-6") == contents(straight_run[0] / "checkpoint-4")
+
+
+def test_a_disk_without_room_for_the_arrays_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """Each process checks that its share of a store fits before Orbax writes (so that on several processes all fail
+    alike, before Orbax's own barriers); the error says how much is needed and free, and nothing is left."""
+    disk_usage = shutil.disk_usage
+    monkeypatch.setattr(orbax_store.shutil, "disk_usage", lambda path: disk_usage(path)._replace(free=1000))
+    with pytest.raises(OSError, match=r"arrays of .* need 4,096 bytes and 1,000 are free") as raised:
+        serialization.save({"weight": np.zeros((32, 32), np.float32)}, tmp_path / "store")
+    assert raised.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []

@@ -174,7 +174,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resum
 
 
 FULL_DISK_WORKER = """
-import errno, sys
+import errno, sys, types
 import jax
 import torchlike
 from tests import tiny
@@ -182,14 +182,13 @@ from torchlike.adapters.checkpoint import orbax_store
 from torchlike.training import checkpoints
 
 checkpoint, output_dir = sys.argv[1:]
-saves = []
+disk_usage, checked = orbax_store.shutil.disk_usage, []
 
 
-def shards_fail_on_process_1(stage):  # the save of step 2: process 1's shards of the model store find no room
-    if stage == "orbax-written":
-        saves.append(stage)
-        if jax.process_index() == 1 and len(saves) == 1:
-            raise OSError(errno.ENOSPC, "No space left on device (process 1's shards)")
+def full_on_process_1(path):  # the save of step 2: process 1's disk has 100 bytes left for its shards
+    checked.append(path)
+    usage = disk_usage(path)
+    return usage._replace(free=100) if jax.process_index() == 1 and len(checked) == 1 else usage
 
 
 publish = checkpoints._publish
@@ -201,7 +200,7 @@ def publish_fails_at_step_4(staging, folder, state):  # process 0 alone publishe
     return publish(staging, folder, state)
 
 
-orbax_store._crash_test_hook = shards_fail_on_process_1
+orbax_store.shutil = types.SimpleNamespace(disk_usage=full_on_process_1, rmtree=orbax_store.shutil.rmtree)
 checkpoints._publish = publish_fails_at_step_4
 args = torchlike.TrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, max_steps=6,
                                    save_strategy="steps", save_steps=2, logging_steps=1, report_to="none",
@@ -214,8 +213,8 @@ print("trained to", trainer.state.global_step, flush=True)
 
 
 def test_a_save_that_fails_on_one_process_fails_on_both_and_with_warn_both_train_on(tiny_checkpoints, tmp_path):
-    """A full disk seen by one process only (process 1's shards at step 2, process 0's ``trainer_state.json`` at step
-    4): both processes learn of it, keep nothing of that save and, with ``on_save_error="warn"``, train on to the next
+    """A full disk seen by one process only (no room for process 1's shards at step 2, process 0's
+    ``trainer_state.json`` at step 4): both processes learn of it, keep nothing of that save and, with ``on_save_error="warn"``, train on to the next
     save, which is complete."""
     output_dir = tmp_path / "run"
     workers, logs = launch(FULL_DISK_WORKER, [str(tiny_checkpoints.path("qwen2")), str(output_dir)], tmp_path, "disk")
@@ -231,6 +230,6 @@ def test_a_save_that_fails_on_one_process_fails_on_both_and_with_warn_both_train
         assert "trained to 6" in output
         assert "Step 2 was not checkpointed; training goes on (on_save_error='warn')" in output
         assert "Step 4 was not checkpointed; training goes on (on_save_error='warn')" in output
-    assert "process 1's shards" in outputs[1] and "process 0's trainer_state.json" in outputs[0]
+    assert "process 1's arrays of" in outputs[1] and "process 0's trainer_state.json" in outputs[0]
     assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-6"]
     checkpoints.check_checkpoint(output_dir / "checkpoint-6")

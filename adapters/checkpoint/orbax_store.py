@@ -32,6 +32,7 @@ than most modules.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import re
@@ -169,6 +170,32 @@ def _as_os_error(error: ValueError) -> OSError | ValueError:
     code = int(match[1])
     # TensorStore appends its whole JSON spec to the message: keep the part a person reads (it names the file).
     return OSError(code, f"{os.strerror(code)}: {str(error).split(' [tensorstore_spec=', 1)[0][:1000]}")
+
+
+def _local_bytes(arrays: Mapping[str, Any]) -> int:
+    """The bytes of ``arrays`` this process writes: its addressable shards that are the first replica (Orbax writes
+    each shard once, from the process holding its replica 0), or the whole array on process 0 for host arrays."""
+    total = 0
+    for value in arrays.values():
+        if isinstance(value, jax.Array):
+            total += sum(shard.data.nbytes for shard in value.addressable_shards if shard.replica_id == 0)
+        elif _is_primary():
+            total += int(np.asarray(value).nbytes)
+    return total
+
+
+def _room_for(arrays: Mapping[str, Any], folder: Path) -> OSError | None:
+    """``None`` when the disk of ``folder`` has room for this process's share of ``arrays``, else the ``OSError``
+    (``ENOSPC``) that says how much is needed and free. A file system that reports no sizes is taken at its word."""
+    needed = _local_bytes(arrays)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if needed <= free:
+        return None
+    return OSError(errno.ENOSPC, f"No space left on device: process {jax.process_index()}'s arrays of {folder} need "
+                                 f"{needed:,} bytes and {free:,} are free")
 
 
 def _file_sizes(directory: Path) -> dict[str, int]:
@@ -320,6 +347,14 @@ def save_tree(tree: Mapping, path: str | os.PathLike, metadata: Mapping[str, Any
     if _is_primary():
         staging.mkdir()
     _barrier(f"{token}:staging")
+    # A process that fails inside Orbax's save leaves the others in Orbax's own barriers: every process first checks
+    # that its share fits on the disk, and all of them fail alike before Orbax starts when one share does not.
+    room = _room_for(encoder.arrays, staging)
+    if not agree(room is None):
+        if _is_primary():
+            shutil.rmtree(staging, ignore_errors=True)
+        raise room or OSError(errno.ENOSPC, f"another process has no room for its part of {path} (its log has the "
+                                            "error); nothing of this save was kept.")
     failure = None
     try:
         if encoder.arrays:
