@@ -32,7 +32,7 @@ def test_rematerialised_layers_stop_adding_temporaries():
     tuned, untuned = probe(), probe(TORCHLIKE_CPU_SCHEDULER="concurrency")
     assert tuned["status"] == "applied"
     assert untuned["status"] == "turned off by TORCHLIKE_CPU_SCHEDULER=concurrency"
-    per_layer = {name: (run["temp_bytes"]["4"] - run["temp_bytes"]["2"]) / 2
+    per_layer = {name: run["temp_bytes"]["2"] - run["temp_bytes"]["1"]
                  for name, run in (("tuned", tuned), ("untuned", untuned))}
     # The memory scheduler keeps one layer's recomputed attention live at a time.
     assert per_layer["tuned"] < 2e6, per_layer
@@ -40,7 +40,7 @@ def test_rematerialised_layers_stop_adding_temporaries():
         # jaxlib 0.10's concurrency scheduler keeps every layer's live (~27 MB a layer at seq 512); jaxlib 0.12's
         # no longer does (measured: 0.13 MB a layer), where the setting changes nothing.
         assert per_layer["untuned"] > 10e6, per_layer
-        assert untuned["temp_bytes"]["4"] > 3 * tuned["temp_bytes"]["4"]
+        assert untuned["temp_bytes"]["2"] > 1.5 * tuned["temp_bytes"]["2"]
 
 
 def test_a_setting_of_the_flag_in_xla_flags_is_left_alone(monkeypatch):

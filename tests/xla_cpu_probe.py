@@ -1,5 +1,5 @@
 """Run as a script: imports torchlike, then compiles a rematerialised SFT step's gradient of a tiny Qwen2 (hidden 64)
-with 2 and with 4 layers at sequence length 512, and prints a JSON line with the scheduler status and XLA's temporary
+with 1 and with 2 layers at sequence length 512, and prints a JSON line with the scheduler status and XLA's temporary
 bytes for each depth."""
 
 # ruff: noqa: I001  (torchlike must be imported before JAX starts)
@@ -18,7 +18,7 @@ from torchlike.adapters.families import family_for_config  # noqa: E402
 from torchlike.testing import tiny_config  # noqa: E402
 
 SEQ = 512
-LAYERS = (2, 4)
+LAYERS = (1, 2)
 
 
 def temporaries(layers: int) -> int:
