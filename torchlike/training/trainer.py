@@ -492,14 +492,16 @@ class Trainer:
             learning_rate = schedule.learning_rate(self.state.global_step - 1) if schedule else float("nan")
             self.log(step_logs.window_logs(values, self._logged_losses[-len(values):], learning_rate))
             window = []
+        busy = time.perf_counter()
         if self.control.should_evaluate and self._eval_examples is not None:
             is_new_best = self._determine_best_metric(self.evaluate())
             if self.args.save_strategy == "best":
                 self.control.should_save = is_new_best
         if self.control.should_save:
             self._save_checkpoint_or_warn(self.state.global_step)
-        if not window:
-            self._window_started = time.perf_counter()
+        # The steps' timer runs from the window's start and leaves out the evaluations and saves made meanwhile.
+        self._window_started = time.perf_counter() if not window else \
+            self._window_started + (time.perf_counter() - busy)
         return window
 
     def _determine_best_metric(self, metrics: dict[str, float]) -> bool:
