@@ -54,6 +54,20 @@ def launch(script: str, script_args: list[str], tmp_path: Path, name: str,
     return workers, logs
 
 
+def both_exit_0(workers: list[subprocess.Popen], logs: list[Path], timeout: float) -> list[str]:
+    """Waits for the two processes (killing them on a timeout or an error), asserts that both exited 0 and returns
+    their logs."""
+    try:
+        statuses = [worker.wait(timeout=timeout) for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    outputs = [log.read_text() for log in logs]
+    assert statuses == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    return outputs
+
+
 def test_the_survivor_names_the_dead_process_and_the_checkpoint_to_resume(tiny_checkpoints, tmp_path):
     checkpoint, output_dir = tiny_checkpoints.path("qwen2"), tmp_path / "run"
     workers, logs = launch(WORKER, [str(checkpoint), str(output_dir)], tmp_path, "run",
@@ -147,13 +161,12 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resum
             assert time.monotonic() < deadline, logs[0].read_text()[-3000:]
             time.sleep(0.2)
         workers[1].send_signal(signal.SIGTERM)
-        statuses = [worker.wait(timeout=120) for worker in workers]
-    finally:
+    except BaseException:
         for worker in workers:
             worker.kill()
             worker.wait()
-    outputs = [log.read_text() for log in logs]
-    assert statuses == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+        raise
+    outputs = both_exit_0(workers, logs, 120)
     steps = {int(re.search(r"stopped at (\d+)", output).group(1)) for output in outputs}
     assert len(steps) == 1
     (step,) = steps
@@ -161,13 +174,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resum
 
     assert "Preempted: stopped after step" in outputs[0] and "after the notice" in outputs[0]
     workers, logs = launch(PREEMPTED_WORKER, [*common, "resume", str(step + 2)], tmp_path, "resumed")
-    try:
-        statuses = [worker.wait(timeout=400) for worker in workers]
-    finally:
-        for worker in workers:
-            worker.kill()
-            worker.wait()
-    assert statuses == [0, 0], logs[0].read_text()[-3000:]
+    both_exit_0(workers, logs, 400)
     resumed = load_file(Path(output_dir) / "final" / "model.safetensors")
     straight = load_file(Path(output_dir + "-straight") / "final" / "model.safetensors")
     assert [name for name in straight if not (resumed[name] == straight[name]).all()] == []
@@ -214,18 +221,11 @@ print("trained to", trainer.state.global_step, flush=True)
 
 def test_a_save_that_fails_on_one_process_fails_on_both_and_with_warn_both_train_on(tiny_checkpoints, tmp_path):
     """A full disk seen by one process only (no room for process 1's shards at step 2, process 0's
-    ``trainer_state.json`` at step 4): both processes learn of it, keep nothing of that save and, with ``on_save_error="warn"``, train on to the next
-    save, which is complete."""
+    ``trainer_state.json`` at step 4): both processes learn of it, keep nothing of that save and, with
+    ``on_save_error="warn"``, train on to the next save, which is complete."""
     output_dir = tmp_path / "run"
     workers, logs = launch(FULL_DISK_WORKER, [str(tiny_checkpoints.path("qwen2")), str(output_dir)], tmp_path, "disk")
-    try:
-        statuses = [worker.wait(timeout=400) for worker in workers]
-    finally:
-        for worker in workers:
-            worker.kill()
-            worker.wait()
-    outputs = [log.read_text() for log in logs]
-    assert statuses == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    outputs = both_exit_0(workers, logs, 400)
     for output in outputs:
         assert "trained to 6" in output
         assert "Step 2 was not checkpointed; training goes on (on_save_error='warn')" in output

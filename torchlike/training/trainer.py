@@ -414,7 +414,8 @@ class Trainer:
                     preempted = watch is not None and watch.due(step)
                     if preempted:  # the grace period is for the checkpoint: no evaluation now
                         self.control.should_evaluate = False
-                    window = self._log_save_evaluate(window, schedule, timed=watch is not None and step - len(window) > start_step)
+                    timed = watch is not None and step - len(window) > start_step  # no compilation in the window
+                    window = self._log_save_evaluate(window, schedule, timed=timed)
                     if preempted:
                         self._checkpoint_for_preemption(step)
                     if self.control.should_epoch_stop or self.control.should_training_stop:
