@@ -34,9 +34,12 @@ _EXPORTS = {
     "Trainer": "torchlike.training",
     "TrainOutput": "torchlike.training",
     "TrainingArguments": "torchlike.training_args",
+    "register_rollout_engine": "torchlike.generation",
+    "unregister_rollout_engine": "torchlike.generation",
 }
 
 if TYPE_CHECKING:
+    from .generation import register_rollout_engine, unregister_rollout_engine
     from .modeling import AutoModelForCausalLM, AutoModelForImageTextToText, CausalLM, CausalLMOutput, make_mesh
     from .processing import AutoProcessor
     from .sequence_classification import (
@@ -76,5 +79,7 @@ __all__ = [
     "__version__",
     "load",
     "make_mesh",
+    "register_rollout_engine",
     "save",
+    "unregister_rollout_engine",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 
-__all__ = ["TRACE_COUNTS", "GenerateDecoderOnlyOutput", "bucket_length", "cache_size", "generate",
-           "resolve_generation_settings"]
+__all__ = ["TRACE_COUNTS", "GenerateDecoderOnlyOutput", "RolloutEngineContext", "bucket_length", "cache_size",
+           "generate", "register_rollout_engine", "resolve_generation_settings", "rollout_engine_names",
+           "unregister_rollout_engine"]
 
 TRANSFORMERS_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": None,
@@ -56,8 +57,58 @@ settings ``generate`` implements: the sampler's (:class:`~torchlike.adapters.rol
 and the length, end, padding, search and output settings ``generate`` handles itself."""
 
 ROLLOUT_ENGINES: tuple[str, ...] = tuple(rollout.ENGINES)
-"""The rollout engines ``generate`` and the online trainers decode with (``rollout_engine``), from the adapters'
-registry (:data:`torchlike.adapters.rollout.ENGINES`)."""
+"""The built-in rollout engines ``generate`` and the online trainers decode with (``rollout_engine``), from the
+adapters' registry (:data:`torchlike.adapters.rollout.ENGINES`); :func:`rollout_engine_names` adds those registered
+with :func:`register_rollout_engine`."""
+
+RolloutEngineContext = rollout.EngineContext
+"""What a registered engine's builder receives beside the module (:class:`torchlike.adapters.rollout.EngineContext`):
+the end and pad tokens, the LoRA mode, the mesh and the caller's ``rollout_*`` settings."""
+
+
+def register_rollout_engine(name: str, builder: Callable[[Any, RolloutEngineContext], Any], *,
+                            replace: bool = False) -> None:
+    """Registers a rollout engine: ``rollout_engine=name`` (``generate``'s argument, ``GRPOConfig``'s and
+    ``RLOOConfig``'s field) then samples with ``builder(module, context)``, in ``generate`` and every online trainer
+    alike, with no change to either.
+
+    Args:
+        name: the ``rollout_engine`` value that picks the engine.
+        builder: ``(module, context) -> engine``; the engine has ``generate(requests, settings)``,
+            ``update_weights(module)`` and ``close()`` (the protocol of
+            :class:`torchlike.adapters.rollout.RolloutEngine`), ``context`` is a :data:`RolloutEngineContext`.
+        replace: replace an engine registered under ``name`` before (built-in engines cannot be replaced).
+
+    Raises:
+        ValueError: ``name`` is a built-in engine's, or taken without ``replace=True``.
+        TypeError: ``builder`` is not callable.
+
+    Example:
+
+    ```python
+    >>> from torchlike.adapters.rollout import StaticEngine
+    >>> def build(module, context):
+    ...     return StaticEngine(module, eos_token_ids=context.eos_token_ids, pad_token_id=context.pad_token_id,
+    ...                         lora=context.lora)
+    >>> torchlike.register_rollout_engine("my-engine", build)
+    >>> model.generate(ids, max_new_tokens=8, rollout_engine="my-engine")
+    ```
+    """
+    rollout.register_engine(name, builder, replace=replace)
+
+
+def unregister_rollout_engine(name: str) -> None:
+    """Removes an engine :func:`register_rollout_engine` registered.
+
+    Raises:
+        KeyError: no engine was registered under ``name``.
+    """
+    rollout.unregister_engine(name)
+
+
+def rollout_engine_names() -> tuple[str, ...]:
+    """Returns the values ``rollout_engine`` accepts now: the built-in engines, then the registered ones."""
+    return rollout.engine_names()
 
 
 @dataclass
@@ -227,7 +278,7 @@ def generate(
     **settings: Any,
 ) -> Any:
     """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
-    check_choice("rollout_engine", rollout_engine, ROLLOUT_ENGINES)
+    check_choice("rollout_engine", rollout_engine, rollout.engine_names())
     if use_cache is False:
         raise ValueError("use_cache=False is not supported: generation always decodes over a KV cache.")
     unknown = sorted(set(settings) - set(TRANSFORMERS_DEFAULTS))
@@ -272,12 +323,8 @@ def generate(
     if pixel_values is not None:
         requests = _with_images(model, requests, ids, mask, pixel_values, token_type_ids is not None)
     pad = 0 if pad_token_id is None else int(pad_token_id)
-    if rollout_engine == "paged":
-        engine = rollout.PagedEngine(model.module, eos_token_ids=eos_token_ids, pad_token_id=pad,
-                                     lora=model._lora_mode, mesh=model.mesh)
-    else:
-        engine = rollout.StaticEngine(model.module, eos_token_ids=eos_token_ids, pad_token_id=pad,
-                                      lora=model._lora_mode, repetition_penalty_skips_left_padding=True)
+    engine = rollout.build_engine(rollout_engine, model.module, rollout.EngineContext(
+        eos_token_ids=tuple(eos_token_ids), pad_token_id=pad, lora=model._lora_mode, mesh=model.mesh))
     with entered(model.mesh) if model.mesh is not None else contextlib.nullcontext():
         outputs = engine.generate(requests, sampling_settings)
     places = [(row, sample) for row in range(len(requests)) for sample in range(copies)]

@@ -19,7 +19,7 @@ from torchlike.adapters.losses.grpo import (
     MULTI_OBJECTIVE_AGGREGATIONS,
     SCALE_REWARDS,
 )
-from torchlike.generation import ROLLOUT_ENGINES
+from torchlike.generation import rollout_engine_names
 from torchlike.training_args import TrainingArguments, check_choice, warn_from_config
 from torchlike.trl.trainer.base_config import TRLConfig, normalise_pad_to_multiple_of
 from torchlike.trl.trainer.grpo_fields import GRPO_FIELD_SUPPORT
@@ -153,7 +153,7 @@ class OnlineRLConfig(TRLConfig):
                              "batch size on out-of-memory breaks this invariant. Set auto_find_batch_size=False and "
                              "lower per_device_train_batch_size instead.")
         self._resolve_generation_batch()
-        self.rollout_engine = check_choice("rollout_engine", self.rollout_engine, ROLLOUT_ENGINES)
+        self.rollout_engine = check_choice("rollout_engine", self.rollout_engine, rollout_engine_names())
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness!r}: expected an integer >= 0 (0: synchronous).")
         for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens",
@@ -205,7 +205,8 @@ class GRPOConfig(OnlineRLConfig):
         rollout_engine (`str`, defaults to ``"static"``): torchlike only. ``"static"``: one left-padded batch decoded
             to its longest row in one program (the fewest programs to compile); ``"paged"``: the paged, continuously
             batched engine (``torchlike.adapters.rollout``: a fraction of the KV memory, and faster when completion
-            lengths are long-tailed, as ``benchmarks/rollout.py`` measures).
+            lengths are long-tailed, as ``benchmarks/rollout.py`` measures); or the name of an engine registered
+            with ``torchlike.register_rollout_engine``.
         rollout_max_num_seqs (`int`, defaults to 256): torchlike only; completions decoded together (vLLM's
             ``max_num_seqs``); the others wait for a slot.
         rollout_page_size (`int`, defaults to 16): torchlike only; tokens per KV-cache page (vLLM's ``block_size``).

@@ -193,7 +193,8 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                "one left-padded batch decoded to its longest row in one program; 'paged' with the "
                                "paged, continuously batched engine (torchlike.adapters.rollout: pages freed as "
                                "completions end, one prefill per prompt group, a fraction of the KV memory; faster "
-                               "when completion lengths are long-tailed)."),
+                               "when completion lengths are long-tailed); or an engine registered with "
+                               "torchlike.register_rollout_engine(name, builder)."),
     "rollout_max_num_seqs": honoured("torchlike: completions decoded together (vLLM's max_num_seqs); the others "
                                      "wait and take the slots of completions that end."),
     "rollout_page_size": honoured("torchlike: tokens per KV-cache page (vLLM's block_size)."),

@@ -196,16 +196,17 @@ class OnlineTrainer(TRLTrainer):
         return self.rollout_worker.engine
 
     def _build_rollout_engine(self, module: Any) -> rollout.RolloutEngine:  # Any: an NNX module or a wrapper
-        settings = {item.name: getattr(self.args, item.name) for item in dataclasses.fields(self.args)
-                    if item.name.startswith("rollout_")}
-        common = {"eos_token_ids": self.eos_token_ids, "pad_token_id": self.pad_token_id, "lora": lora_runtime.EVAL}
-        if settings.get("rollout_engine", "static") == "static":
-            return rollout.StaticEngine(module, batch_sharding=mesh_lib.batch_sharding(self.mesh),
-                                        data_parallel_size=mesh_lib.data_parallel_size(self.mesh),
-                                        repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
-                                        **common)
-        return rollout.PagedEngine(module, rollout.PagedEngineConfig.from_mapping(settings, prefix="rollout_"),
-                                   mesh=self.mesh, **common)
+        """The engine ``args.rollout_engine`` names (static where the config has no such field), from the one
+        construction path ``generate`` takes too (:func:`torchlike.adapters.rollout.build_engine`), with the config's
+        ``rollout_*`` settings."""
+        settings = {item.name.removeprefix("rollout_"): getattr(self.args, item.name)
+                    for item in dataclasses.fields(self.args) if item.name.startswith("rollout_")}
+        name = settings.pop("engine", "static")
+        context = rollout.EngineContext(
+            eos_token_ids=tuple(self.eos_token_ids), pad_token_id=self.pad_token_id, lora=lora_runtime.EVAL,
+            mesh=self.mesh, settings=settings, shard_rows=True,
+            repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding())
+        return rollout.build_engine(name, module, context)
 
     def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
                     completion_mask: np.ndarray, seed: int, row_tools: list[list[Callable]] | None = None,
