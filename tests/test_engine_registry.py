@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import transformers
 
 import torchlike
 from tests.helpers.data import PROMPT_ROWS, length_reward
 from torchlike.adapters.rollout import StaticEngine
+from torchlike.peft import LoraConfig
 from torchlike.trl import GRPOConfig, GRPOTrainer
 
 
@@ -87,3 +89,54 @@ def test_engine_names_are_checked_where_they_are_read(recording, tmp_path):
         torchlike.register_rollout_engine("other", "not a builder")
     with pytest.raises(KeyError, match="No registered rollout engine is named 'static'"):
         torchlike.unregister_rollout_engine("static")
+
+
+class ShippedWeightsEngine(RecordingEngine):
+    """An engine that would live in another process (vLLM's): it takes the policy's weights as Hugging Face tensors
+    with their version, not as a module."""
+
+    def update_weights(self, module):
+        self.shipped = getattr(self, "shipped", [])
+        self.shipped.append((self.context.weights_version(), self.context.hf_weights()))
+        self.inner.update_weights(module)
+
+
+class MergedWeightsAt(transformers.TrainerCallback):
+    """Keeps the merged Hugging Face weights after each optimizer step."""
+
+    def __init__(self):
+        self.after: dict[int, dict[str, np.ndarray]] = {}
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.after[state.global_step] = self.trainer.model.hf_tensors()
+
+
+def test_an_engine_can_take_the_merged_weights_in_hugging_face_names_with_their_version(tiny_checkpoints,
+                                                                                       tokenizer_dir, tmp_path):
+    from safetensors.numpy import load_file
+
+    torchlike.register_rollout_engine("shipped", ShippedWeightsEngine)
+    try:
+        args = GRPOConfig(output_dir=str(tmp_path), report_to="none", max_steps=2, max_completion_length=6,
+                          num_generations=4, per_device_train_batch_size=4, learning_rate=1e-2,
+                          rollout_engine="shipped")
+        weights = MergedWeightsAt()
+        trainer = GRPOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=length_reward, args=args,
+                              train_dataset=PROMPT_ROWS, callbacks=[weights],
+                              processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir),
+                              peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+        weights.trainer = trainer
+        trainer.train()
+    finally:
+        torchlike.unregister_rollout_engine("shipped")
+    [engine] = [built for built in RecordingEngine.built if isinstance(built, ShippedWeightsEngine)]
+    RecordingEngine.built.clear()
+    assert [version for version, _ in engine.shipped] == [0, 1]  # the weights of each generation round
+    (_, first), (_, second) = engine.shipped
+    base = load_file(tiny_checkpoints.path("qwen2") / "model.safetensors")
+    assert first.keys() == base.keys()  # the checkpoint's names: no LoRA factor, no torchlike path
+    assert all(np.array_equal(first[name], base[name]) for name in base)  # a new adapter merges to the base
+    assert second.keys() == weights.after[1].keys()
+    assert all(np.array_equal(second[name], weights.after[1][name]) for name in second)
+    changed = sorted({name.split(".")[-2] for name in second if not np.array_equal(second[name], base[name])})
+    assert changed == ["q_proj", "v_proj"]  # the adapted layers, merged

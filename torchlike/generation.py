@@ -324,7 +324,8 @@ def generate(
         requests = _with_images(model, requests, ids, mask, pixel_values, token_type_ids is not None)
     pad = 0 if pad_token_id is None else int(pad_token_id)
     engine = rollout.build_engine(rollout_engine, model.module, rollout.EngineContext(
-        eos_token_ids=tuple(eos_token_ids), pad_token_id=pad, lora=model._lora_mode, mesh=model.mesh))
+        eos_token_ids=tuple(eos_token_ids), pad_token_id=pad, lora=model._lora_mode, mesh=model.mesh,
+        hf_weights=model.hf_tensors, weights_version=lambda: 0))
     with entered(model.mesh) if model.mesh is not None else contextlib.nullcontext():
         outputs = engine.generate(requests, sampling_settings)
     places = [(row, sample) for row in range(len(requests)) for sample in range(copies)]

@@ -10,7 +10,7 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -713,6 +713,18 @@ class CausalLM:
         hf_checkpoint.check_output_dir(save_directory)
         if not is_main_process and jax.process_count() == 1:
             return
+        specs, tensor = self._hf_export_plan()
+        hf_checkpoint.write_checkpoint(
+            save_directory, specs, tensor,
+            max_shard_size=max_shard_size, extra_files=lambda folder: self._save_metadata(folder, tokenizer),
+        )
+        if push_to_hub:
+            repo_id = push_kwargs.pop("repo_id", Path(save_directory).name)
+            hf_hub.upload_folder(save_directory, repo_id, **push_kwargs)
+
+    def _hf_export_plan(self) -> tuple[list, Callable]:
+        """``(specs, tensor)``: the Hugging Face tensors :meth:`save_pretrained` writes, in its order, and
+        ``tensor(spec) -> numpy array`` (each parameter in its HF name and layout, gathered to the host)."""
         specs, sources = tunix_model.export_plan(self.family, self.module)
         specs += tunix_model.kept_specs(self.kept_weights)
 
@@ -721,13 +733,14 @@ class CausalLM:
                 return self.kept_weights[spec.name]
             return tunix_model.materialize_hf_tensor(sources, spec)
 
-        hf_checkpoint.write_checkpoint(
-            save_directory, specs, tensor,
-            max_shard_size=max_shard_size, extra_files=lambda folder: self._save_metadata(folder, tokenizer),
-        )
-        if push_to_hub:
-            repo_id = push_kwargs.pop("repo_id", Path(save_directory).name)
-            hf_hub.upload_folder(save_directory, repo_id, **push_kwargs)
+        return specs, tensor
+
+    def hf_tensors(self) -> dict[str, np.ndarray]:
+        """The weights as ``save_pretrained`` writes them, in memory: ``{Hugging Face name: numpy array}`` in the
+        checkpoint's names, layouts and dtypes (what an engine outside this process, such as vLLM, loads). With
+        several JAX processes every process must call this (each takes part in gathering the sharded tensors)."""
+        specs, tensor = self._hf_export_plan()
+        return {spec.name: tensor(spec) for spec in specs}
 
     def _save_metadata(self, folder: Path, tokenizer: PreTrainedTokenizerBase | None) -> None:
         """The files beside the weights: ``config.json`` (this dtype; the family's architecture when the config

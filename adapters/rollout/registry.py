@@ -38,6 +38,12 @@ class EngineContext:
             static engine's rule; ``transformers.generate`` counted it before 5.23).
         shard_rows: spread a static batch's rows over the mesh's data axes (the trainers' batches do; ``generate``'s
             rows stay whole).
+        hf_weights: returns the sampled model's current weights as ``{Hugging Face name: numpy array}``, a LoRA
+            adapter merged (what ``save_pretrained`` of the merged model writes): what an engine outside this process
+            loads in its ``update_weights``. ``None`` where the sampled module has no such export (a policy-reference
+            mixture, a second model's worker).
+        weights_version: returns the version of those weights (the trainer's optimizer steps so far; 0 in
+            ``generate``), to tag the completions an engine samples with them.
     """
 
     eos_token_ids: tuple[int, ...] = ()
@@ -47,6 +53,8 @@ class EngineContext:
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     repetition_penalty_skips_left_padding: bool = True
     shard_rows: bool = False
+    hf_weights: Callable[[], dict[str, Any]] | None = None
+    weights_version: Callable[[], int] | None = None
 
 
 EngineBuilder = Callable[[nnx.Module, EngineContext], RolloutEngine]

@@ -201,6 +201,11 @@ class PeftModel(CausalLM):
         return type(self.base_model)(module, self.config, self.family, self.generation_config, self.mesh,
                                      self.name_or_path, kept_weights=self.kept_weights)
 
+    def hf_tensors(self) -> dict[str, np.ndarray]:
+        """The merged model's weights in Hugging Face names (:meth:`merge_and_unload` then
+        :meth:`CausalLM.hf_tensors`): what an engine that loads a plain checkpoint, such as vLLM, takes."""
+        return self.merge_and_unload().hf_tensors()
+
     def save_pretrained(self, save_directory: str | os.PathLike, safe_serialization: bool = True,
                         is_main_process: bool = True, **kwargs: Any) -> None:
         """Writes the adapter in PEFT's layout: ``adapter_config.json`` and ``adapter_model.safetensors``

@@ -198,14 +198,18 @@ class OnlineTrainer(TRLTrainer):
     def _build_rollout_engine(self, module: Any) -> rollout.RolloutEngine:  # Any: an NNX module or a wrapper
         """The engine ``args.rollout_engine`` names (static where the config has no such field), from the one
         construction path ``generate`` takes too (:func:`torchlike.adapters.rollout.build_engine`), with the config's
-        ``rollout_*`` settings."""
+        ``rollout_*`` settings; an engine of the policy can read its merged Hugging Face weights and their version
+        (optimizer steps) from the context."""
         settings = {item.name.removeprefix("rollout_"): getattr(self.args, item.name)
                     for item in dataclasses.fields(self.args) if item.name.startswith("rollout_")}
         name = settings.pop("engine", "static")
+        policy = self._trainable_model
         context = rollout.EngineContext(
             eos_token_ids=tuple(self.eos_token_ids), pad_token_id=self.pad_token_id, lora=lora_runtime.EVAL,
             mesh=self.mesh, settings=settings, shard_rows=True,
-            repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding())
+            repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
+            hf_weights=policy.hf_tensors if module is policy.module and hasattr(policy, "hf_tensors") else None,
+            weights_version=lambda: self.state.global_step)
         return rollout.build_engine(name, module, context)
 
     def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
