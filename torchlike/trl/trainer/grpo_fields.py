@@ -14,7 +14,9 @@ from .sft_fields import SFT_FIELD_SUPPORT
 
 _NO_VLLM = ("vLLM is a CUDA/PyTorch engine torchlike does not use: completions come from torchlike's JAX rollout "
             "engines (rollout_engine='paged' has vLLM's paged KV cache, continuous batching and shared prompts; "
-            "rollout_* fields) on the training mesh (like vllm_mode='colocate') with the same sampling settings.")
+            "rollout_* fields) on the training mesh (like vllm_mode='colocate') with the same sampling settings. An "
+            "engine that drives vLLM (or another server) plugs in with torchlike.register_rollout_engine and "
+            "rollout_engine='<its name>'; it receives the policy's merged weights in Hugging Face names.")
 _ONLY_WITH_VLLM = ("Only read with use_vllm=True; torchlike generates with its own JAX rollout engine (rollout_* "
                    "fields).")
 _SAMPLER_CORRECTION = ("With max_staleness >= 1 the engine's log-probs come from the weights before the last "
