@@ -189,10 +189,11 @@ def _room_for(arrays: Mapping[str, Any], folder: Path) -> OSError | None:
     (``ENOSPC``) that says how much is needed and free. A file system that reports no sizes is taken at its word."""
     needed = _local_bytes(arrays)
     try:
-        free = shutil.disk_usage(folder).free
+        usage = shutil.disk_usage(folder)
     except OSError:
         return None
-    if needed <= free:
+    free = usage.free
+    if usage.total == 0 or needed <= free:  # a total of 0: a mount (FUSE, object storage) that keeps no count
         return None
     return OSError(errno.ENOSPC, f"No space left on device: process {jax.process_index()}'s arrays of {folder} need "
                                  f"{needed:,} bytes and {free:,} are free")
