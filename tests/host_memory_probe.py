@@ -1,7 +1,7 @@
 """Run as a script: imports torchlike (which tunes glibc's malloc, adapters.runtime.host_memory), then, from a thread
 other than the main one (as XLA's runtime threads allocate), allocates a 64 MiB block, frees it and allocates it again.
 Prints a JSON line with the allocator status and what glibc's ``mallinfo2`` counters showed: bytes served by
-``mmap`` while the block was held, the main arena's free bytes gained by the free (the block kept), and whether the second allocation reused
+``mmap`` while the block was held, the main arena's free bytes after the free (the block kept), and whether the second allocation reused
 the first's address. These are the allocator's bookkeeping, not timings or page-fault counts, so they do not depend on
 the machine's load (``benchmarks/host_memory.py`` measures the page faults this saves)."""
 
@@ -37,10 +37,10 @@ def allocate_twice() -> None:
     freed = libc.mallinfo2()
     second = libc.malloc(BLOCK)
     libc.free(second)
-    # Kept after the free: the arena's free bytes grew by the block (the arena itself may grow by less, when the block
-    # took free space it had at its top already).
-    result.update(mmapped_while_held=held.hblkhd - before.hblkhd,
-                  main_arena_kept_after_free=freed.fordblks - before.fordblks, address_reused=first == second)
+    # Kept after the free: the main arena holds at least the block's bytes free (how much it grew, or how much its free
+    # bytes grew, depends on what it held before: the block may take free space at its top and its free may trim some).
+    result.update(mmapped_while_held=held.hblkhd - before.hblkhd, main_arena_kept_after_free=freed.fordblks,
+                  address_reused=first == second)
 
 
 thread = threading.Thread(target=allocate_twice)

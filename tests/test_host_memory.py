@@ -37,9 +37,9 @@ def test_a_64mib_block_freed_by_a_worker_thread_stays_in_the_main_arena_and_is_r
     # Untuned, glibc serves the block with mmap and unmaps it on free: every step faults in fresh pages.
     assert untuned["mmapped_while_held"] >= BLOCK
     assert untuned["main_arena_kept_after_free"] < BLOCK
-    # Tuned, the worker thread allocates from the main arena's heap, which keeps the freed block for the next one (its
-    # free bytes grow by the block: counting the arena's growth instead failed once, when the block took 28 KiB the
-    # arena had free at its top already).
+    # Tuned, the worker thread allocates from the main arena's heap, which keeps the freed block for the next one (it
+    # holds at least the block's bytes free: counting the arena's growth, or its free bytes' growth, failed in the
+    # suite, 28 KiB short, when the block took free space the arena had at its top and the free trimmed some).
     assert tuned["mmapped_while_held"] == 0
     assert tuned["main_arena_kept_after_free"] >= BLOCK
     assert tuned["address_reused"]
