@@ -171,3 +171,16 @@ def test_the_grace_period_warning_comes_once_and_only_when_a_step_and_a_save_exc
     for grace in (0, -1.0, "30", True):
         with pytest.raises(ValueError, match="jit_checkpoint_grace_period"):
             torchlike.TrainingArguments(output_dir="unused", jit_checkpoint_grace_period=grace)
+
+
+def test_a_notice_at_an_epochs_last_step_skips_the_epochs_evaluation_and_save(tiny_checkpoints, tokenizer_dir,
+                                                                               tmp_path):
+    settings = {**SFT_SETTINGS, "eval_strategy": "epoch", "save_strategy": "epoch"}
+    steps = len(ROWS) // settings["per_device_train_batch_size"]  # one epoch
+    trainer = SFTTrainer(model=str(tiny_checkpoints.path("qwen2")), train_dataset=ROWS, eval_dataset=ROWS[:2],
+                         args=SFTConfig(output_dir=str(tmp_path), **{**settings, "max_steps": steps}),
+                         callbacks=[NoticeAt(steps)],
+                         processing_class=torchlike.AutoTokenizer.from_pretrained(tokenizer_dir))
+    trainer.train()
+    assert [log for log in trainer.state.log_history if "eval_loss" in log] == []
+    assert [saved_step(folder) for folder in tmp_path.glob("checkpoint-*")] == [steps]  # the preemption one

@@ -400,6 +400,7 @@ class Trainer:
         started = self._window_started = time.perf_counter()
         watch = self._preemption_watch = (PreemptionWatch(args.jit_checkpoint_grace_period)
                                           if args.enable_jit_checkpoint else None)
+        preempted = False
         with mesh_lib.entered(self.mesh), watch or contextlib.nullcontext(), PeerWatch(self._last_complete_checkpoint):
             while step < total_steps and not self.control.should_training_stop:
                 self._event("on_epoch_begin")
@@ -422,6 +423,8 @@ class Trainer:
                         break
                 epoch += 1
                 self._event("on_epoch_end")
+                if preempted:  # the checkpoint is written: the epoch's evaluation and save would only delay the exit
+                    self.control.should_evaluate = self.control.should_save = False
                 window = self._log_save_evaluate(window, schedule)
         unlogged = self._record_losses(window)
         metrics = step_logs.run_metrics(self._logged_losses, time.perf_counter() - started, step - start_step,
