@@ -2,8 +2,8 @@
 other than the main one (as XLA's runtime threads allocate), allocates a 64 MiB block, frees it and allocates it again.
 Prints a JSON line with the allocator status and what glibc's ``mallinfo2`` counters showed: bytes served by
 ``mmap`` while the block was held, the main arena's free bytes after the free (the block kept), and whether the second
-allocation reused the first's address. These are the allocator's bookkeeping, not timings or page-fault counts, so they do not depend on
-the machine's load (``benchmarks/host_memory.py`` measures the page faults this saves)."""
+allocation reused the first's address. These are the allocator's bookkeeping, not timings or page-fault counts, so
+they do not depend on the machine's load (``benchmarks/host_memory.py`` measures the page faults this saves)."""
 
 import ctypes
 import json
