@@ -56,9 +56,9 @@ TRANSFORMERS_DEFAULTS: dict[str, Any] = {
 settings ``generate`` implements: the sampler's (:class:`~torchlike.adapters.rollout.sampling.SamplingSettings`)
 and the length, end, padding, search and output settings ``generate`` handles itself."""
 
-ROLLOUT_ENGINES: tuple[str, ...] = tuple(rollout.ENGINES)
+ROLLOUT_ENGINES: tuple[str, ...] = rollout.BUILT_IN
 """The built-in rollout engines ``generate`` and the online trainers decode with (``rollout_engine``), from the
-adapters' registry (:data:`torchlike.adapters.rollout.ENGINES`); :func:`rollout_engine_names` adds those registered
+adapters' registry (:data:`torchlike.adapters.rollout.BUILT_IN`); :func:`rollout_engine_names` adds those registered
 with :func:`register_rollout_engine`."""
 
 RolloutEngineContext = rollout.EngineContext

@@ -15,13 +15,9 @@ from .engine import (
     weights_snapshot,
 )
 from .paged import EngineStats, PagedEngine, PagedEngineConfig
-from .registry import EngineContext, build_engine, engine_names, register_engine, unregister_engine
+from .registry import BUILT_IN, EngineContext, build_engine, engine_names, register_engine, unregister_engine
 
-ENGINES: dict[str, type[RolloutEngine]] = {"static": StaticEngine, "paged": PagedEngine}
-"""The built-in rollout engines by the name ``rollout_engine`` takes; :func:`engine_names` adds the registered ones
-(:mod:`.registry`, the one construction path ``generate`` and the configs use)."""
-
-__all__ = ["ENGINES", "EngineContext", "EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput",
+__all__ = ["BUILT_IN", "EngineContext", "EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput",
            "RolloutEngine", "RolloutRequest", "StaticEngine", "build_engine", "completion_mask", "derived_seed",
            "engine_names", "register_engine", "request_seed", "requests_from_rows", "rows_from_outputs",
            "unregister_engine", "weights_snapshot"]

@@ -52,8 +52,8 @@ class StateDictModel(Protocol):
 
 
 __all__ = ["CheckpointSaveError", "StateDictModel", "check_checkpoint", "checkpoint_folders", "delete_all_but",
-           "find_checkpoint", "restore_checkpoint", "restore_model", "restore_variables", "rotate_checkpoints",
-           "write_checkpoint"]
+           "find_checkpoint", "latest_complete_checkpoint", "restore_checkpoint", "restore_model",
+           "restore_variables", "rotate_checkpoints", "write_checkpoint"]
 
 PREFIX = "checkpoint-"
 _FOLDER_NAME = re.compile(rf"{PREFIX}(\d+)")
@@ -277,6 +277,22 @@ def check_checkpoint(folder: str | Path) -> None:
     hf_checkpoint.check_weight_files(folder)
 
 
+def latest_complete_checkpoint(output_dir: str | Path, skip: tuple[type[Exception], ...] = (CheckpointFileError,)
+                               ) -> tuple[Path | None, dict[Path, Exception]]:
+    """The newest ``checkpoint-<step>`` folder of ``output_dir`` that passes :func:`check_checkpoint` (``None`` when
+    none does), and the newer folders it failed on, newest first, with the error each raised (those of ``skip``; any
+    other propagates)."""
+    damaged: dict[Path, Exception] = {}
+    for folder in reversed(checkpoint_folders(output_dir)):
+        try:
+            check_checkpoint(folder)
+        except skip as error:
+            damaged[folder] = error
+            continue
+        return folder, damaged
+    return None, damaged
+
+
 def find_checkpoint(output_dir: str | Path, checkpoint: str | Path | bool) -> Path:
     """The folder ``resume_from_checkpoint`` names, checked by :func:`check_checkpoint`: for ``True`` the latest
     complete one of ``output_dir`` (a newer one that is incomplete or damaged, such as a save that preemption or a full
@@ -295,17 +311,11 @@ def find_checkpoint(output_dir: str | Path, checkpoint: str | Path | bool) -> Pa
             raise CheckpointCorruptedError(f"Cannot resume from {folder}: {error} Pass an earlier checkpoint, or "
                                            "resume_from_checkpoint=True for the latest complete one.") from None
         return folder
-    folders = checkpoint_folders(output_dir)
-    if not folders:
+    if not checkpoint_folders(output_dir):
         raise FileNotFoundError(f"resume_from_checkpoint=True but {output_dir} has no {PREFIX}* folder; train "
                                 "without it or pass a checkpoint path.")
-    damaged: dict[Path, CheckpointFileError] = {}
-    for folder in reversed(folders):
-        try:
-            check_checkpoint(folder)
-        except CheckpointFileError as error:
-            damaged[folder] = error
-            continue
+    folder, damaged = latest_complete_checkpoint(output_dir)
+    if folder is not None:
         for skipped, error in damaged.items():
             warnings.warn(f"resume_from_checkpoint=True skips {skipped}, which is incomplete or damaged, and resumes "
                           f"from {folder.name}: {error}", UserWarning, stacklevel=4)

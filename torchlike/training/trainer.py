@@ -437,20 +437,15 @@ class Trainer:
     def _last_complete_checkpoint(self) -> str:
         """The newest ``checkpoint-<step>`` folder of ``output_dir`` that passes :func:`checkpoints.check_checkpoint`,
         in words (what a job restarted after a lost process resumes from)."""
-        for folder in reversed(checkpoints.checkpoint_folders(self.args.output_dir)):
-            try:
-                checkpoints.check_checkpoint(folder)
-            except (OSError, ValueError):
-                continue
-            return str(folder)
-        return f"none in {self.args.output_dir} (the run would start over)"
+        folder, _ = checkpoints.latest_complete_checkpoint(self.args.output_dir, skip=(OSError, ValueError))
+        return f"none in {self.args.output_dir} (the run would start over)" if folder is None else str(folder)
 
     def _checkpoint_for_preemption(self, step: int) -> None:
         """transformers' ``enable_jit_checkpoint``: after a preemption notice (SIGTERM), the checkpoint of the step
         just done (unless this step was saved already) and the end of training, so the job exits normally and
         ``resume_from_checkpoint=True`` continues from this step."""
         folder = Path(self.args.output_dir) / f"{checkpoints.PREFIX}{step}"
-        if not (folder / "trainer_state.json").is_file():
+        if not (folder / checkpoints.TRAINER_STATE_NAME).is_file():
             folder = self._save_checkpoint(step)
         self._preemption_watch.report(step, str(folder))
         self.control.should_training_stop = True
