@@ -31,8 +31,8 @@ def to_numpy_2d(values: ArrayLike | None, name: str, dtype: DTypeLike = np.int32
     return array.astype(dtype)
 
 
-def to_numpy(values: ArrayLike, name: str, ndim: int, dtype: DTypeLike = np.float32) -> np.ndarray:
-    """Lists, numpy, jax or torch tensors (bfloat16 ones too) as a numpy array of ``ndim`` dimensions.
+def to_numpy(values: ArrayLike, name: str, ndim: int | None, dtype: DTypeLike = np.float32) -> np.ndarray:
+    """Lists, numpy, jax or torch tensors (bfloat16 ones too) as a numpy array of ``ndim`` dimensions (``None``: any).
 
     Raises:
         ValueError: the array has another number of dimensions (naming ``name`` and the shape).
@@ -40,6 +40,6 @@ def to_numpy(values: ArrayLike, name: str, ndim: int, dtype: DTypeLike = np.floa
     if hasattr(values, "detach") and hasattr(values, "cpu"):  # torch.Tensor, without importing torch
         values = values.detach().cpu().float().numpy()
     array = np.asarray(values, dtype=dtype)
-    if array.ndim != ndim:
+    if ndim is not None and array.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions; got shape {array.shape}.")
     return array

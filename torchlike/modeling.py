@@ -161,18 +161,21 @@ class CausalLM:
 
     def __call__(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None,
                  pixel_values: ArrayLike | None = None,
-                 token_type_ids: ArrayLike | None = None, **unused: Any) -> CausalLMOutput:
+                 token_type_ids: ArrayLike | None = None, **vision: Any) -> CausalLMOutput:
         """Runs the model.
 
         Args:
             input_ids: token ids ``(batch, sequence)`` as a list, numpy, jax or torch array.
             attention_mask: 1 for real tokens, 0 for padding (left or right); default all ones.
                 Positions count real tokens only, as ``transformers.generate`` does.
-            pixel_values: the processor's images ``(num_images, channels, height, width)``, every image of the batch
-                in the order of their image tokens (a model with a vision tower: Gemma 3's
-                ``*ForConditionalGeneration``).
+            pixel_values: the processor's images, every image of the batch in the order of their image tokens (a
+                model with a vision tower: Gemma 3's ``(num_images, channels, height, width)``, Qwen-VL's patches
+                ``(num_patches, channels * temporal_patch_size * patch_size ** 2)``).
             token_type_ids: the processor's ``(batch, sequence)`` ids, 1 on image tokens: each image's tokens then
-                attend to each other both ways, as in ``transformers``.
+                attend to each other both ways, as in Gemma 3's ``transformers`` model.
+            vision: the processor's other vision outputs the model reads (Qwen-VL: ``image_grid_thw``,
+                ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``); ``mm_token_type_ids`` is
+                accepted and not needed (the image and video tokens say where each item goes).
 
         Returns:
             :class:`CausalLMOutput` with float32 ``logits`` of shape ``(batch, sequence, vocab)``.
@@ -180,42 +183,58 @@ class CausalLM:
         Raises:
             ValueError: images for a model without a vision tower, or image tokens that do not match the images.
         """
-        unsupported = sorted(key for key, value in unused.items() if value not in (None, False))
-        if unsupported:
-            raise TypeError(f"CausalLM.__call__ does not support {unsupported}; pass input_ids and attention_mask "
-                            "(and pixel_values/token_type_ids for a vision-language model).")
         ids = to_numpy_2d(input_ids, "input_ids")
         mask = np.ones_like(ids) if attention_mask is None else to_numpy_2d(attention_mask, "attention_mask")
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask shape {mask.shape} does not match input_ids shape {ids.shape}.")
-        images = None if pixel_values is None else self.image_inputs(ids, pixel_values)
+        images = self.image_inputs(ids, pixel_values, **vision)
         types = None if token_type_ids is None else to_numpy_2d(token_type_ids, "token_type_ids")
         with entered(self.mesh) if self.mesh is not None else contextlib.nullcontext():
             logits = tunix_model.forward_logits(self.family, self.module, ids, mask, lora=self._lora_mode,
                                                 images=images, token_type_ids=types)
         return CausalLMOutput(logits=logits)
 
-    def image_inputs(self, input_ids: np.ndarray, pixel_values: ArrayLike) -> np.ndarray:
-        """The processor's ``pixel_values`` as the module takes images (``Family.images``): ``[B, N, H, W, C]``, each
-        row's images in the order of its image tokens.
+    def image_inputs(self, input_ids: np.ndarray, pixel_values: ArrayLike | None = None,
+                     **vision: Any) -> np.ndarray | dict[str, np.ndarray] | None:
+        """The processor's images (and videos) as the module takes them (``Family.images``).
 
         Args:
             input_ids: ``(batch, sequence)`` token ids whose image tokens the images fill.
-            pixel_values: ``(num_images, channels, height, width)``, every image of the batch in token order.
+            pixel_values: the processor's images, every image of the batch in token order (see :meth:`__call__`).
+            vision: the processor's other vision outputs (see :meth:`__call__`).
 
         Returns:
-            float32 ``[B, N, H, W, C]`` (zero images after a row's own).
+            Gemma 3: float32 ``[B, N, H, W, C]`` (zero images after a row's own); Qwen-VL: a dict of per-row arrays
+            (:func:`torchlike.adapters.model.qwen_vision.vision_inputs`); ``None`` when no image or video is given.
 
         Raises:
-            ValueError: this model has no vision tower (why, and what to load instead).
+            ValueError: this model has no vision tower (why, and what to load instead), or takes no videos.
+            TypeError: an input the model does not read, naming it.
         """
+        vision = {key: value for key, value in vision.items() if value is not None and value is not False}
+        vision.pop("mm_token_type_ids", None)
+        unknown = sorted(set(vision) - set(self.family.image_keys))
+        if unknown:
+            videos = [key for key in unknown if "video" in key]
+            if videos and self.family.images is not None:
+                raise ValueError(f"{videos} were given but this {self.family.name} model takes no videos; pass "
+                                 "images (pixel_values) or text.")
+            raise TypeError(f"CausalLM.__call__ does not support {unknown}; pass input_ids and attention_mask (and "
+                            f"pixel_values{''.join(', ' + key for key in self.family.image_keys)} for this "
+                            "vision-language model)." if self.family.images is not None else
+                            f"CausalLM.__call__ does not support {unknown}; pass input_ids and attention_mask.")
+        if pixel_values is None and not any("pixel" in key for key in vision):
+            return None
         if self.family.images is None:
             reason = self.family.no_images_reason or (
                 f"this {self.family.name} model is a text-only decoder with no vision tower; load a vision-language "
                 "checkpoint (e.g. Gemma3ForConditionalGeneration) with torchlike.AutoModelForImageTextToText")
             raise ValueError(f"pixel_values were given but the model cannot take images: {reason}. Pass text only "
                              "(input_ids and attention_mask).")
-        return self.family.images(self.config, input_ids, to_numpy(pixel_values, "pixel_values", ndim=4))
+        pixels = None if pixel_values is None else to_numpy(pixel_values, "pixel_values", ndim=None)
+        arrays = {key: to_numpy(value, key, ndim=None, dtype=np.int64 if key.endswith("grid_thw") else np.float32)
+                  for key, value in vision.items()}
+        return self.family.images(self.config, input_ids, pixels, **arrays)
 
     forward = __call__
 

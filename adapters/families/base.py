@@ -260,6 +260,11 @@ class Family:
         images: ``(hf_config, input_ids, pixel_values) -> images``: ``transformers``' ``pixel_values`` as the module's
             ``forward``/``hidden_states`` take them (their ``images`` keyword), for a family whose module encodes
             images; ``None``: the model takes no images.
+        image_keys: the processor's outputs beyond ``pixel_values`` that ``images`` takes as keywords (Qwen-VL's
+            ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``); ``images`` then
+            returns a dict of arrays with a leading batch axis, and may return ``rope_deltas`` ``[B]`` among them:
+            what the positions of text after a row's prompt add (M-RoPE), which the rollout engines add when they
+            decode.
         no_images_reason: why a model of this family takes no images (a tower Tunix lacks), for the error.
         in_memory_prefixes: ``(checkpoint prefix, in-memory prefix)`` pairs where ``transformers`` names a module
             otherwise in memory than its checkpoints do (``language_model.model.`` is ``model.language_model.``):
@@ -296,6 +301,7 @@ class Family:
     router_logits: Callable[..., Any] | None = None
     kept_hf_keys: tuple[str, ...] = ()
     images: Callable[..., Any] | None = None
+    image_keys: tuple[str, ...] = ()
     no_images_reason: str = ""
     in_memory_prefixes: tuple[tuple[str, str], ...] = ()
     decoder: str = ""

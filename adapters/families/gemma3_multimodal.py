@@ -157,6 +157,9 @@ def hidden_states(module: tunix_gemma3.Gemma3, tokens: jax.Array, positions: jax
 
 def images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray) -> np.ndarray:
     """:func:`images_per_row` with the config's image token and tokens per image."""
+    if np.ndim(pixel_values) != 4:
+        raise ValueError(f"pixel_values must be (num_images, channels, height, width) as Gemma 3's processor returns "
+                         f"them; got shape {np.shape(pixel_values)}.")
     return images_per_row(input_ids, pixel_values, image_token_id(hf_config), hf_config.mm_tokens_per_image)
 
 

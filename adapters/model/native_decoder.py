@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from .attention_masks import sliding_window_mask
@@ -74,6 +75,10 @@ class Rope:
         original_max_position_embeddings: LongRoPE's switch point.
         interleaved: pairs are neighbouring features ``(2i, 2i + 1)`` (Cohere's ``rotate_half``) instead of
             ``(i, i + rotary_dim / 2)``.
+        mrope_section: multimodal rope (Qwen2-VL's M-RoPE): how many of the frequencies, in order, rotate by the
+            temporal, height and width position (``transformers``' ``rope_parameters["mrope_section"]``, summing to
+            ``rotary_dim // 2``); positions then come as ``[3, B, T]``, and ``[B, T]`` ones serve all three (text).
+            ``()``: one position per token.
     """
 
     inv_freq: tuple[float, ...]
@@ -81,19 +86,31 @@ class Rope:
     long_inv_freq: tuple[float, ...] = ()
     original_max_position_embeddings: int = 0
     interleaved: bool = False
+    mrope_section: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.mrope_section and sum(self.mrope_section) != len(self.inv_freq):
+            raise ValueError(f"Rope: mrope_section {list(self.mrope_section)} must sum to rotary_dim // 2 = "
+                             f"{len(self.inv_freq)}.")
 
     @property
     def rotary_dim(self) -> int:
         return 2 * len(self.inv_freq)
 
     def cos_sin(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``cos, sin`` of ``[B, T, rotary_dim // 2]`` in float32 for ``positions [B, T]``."""
+        """``cos, sin`` of ``[B, T, rotary_dim // 2]`` in float32 for ``positions [B, T]`` (or, with
+        :attr:`mrope_section`, ``[3, B, T]``: each frequency takes the angle of its section's axis)."""
         inv_freq = jnp.asarray(self.inv_freq, jnp.float32)
         if self.long_inv_freq:
             longest = jnp.max(positions) + 1
             inv_freq = jnp.where(longest > self.original_max_position_embeddings,
                                  jnp.asarray(self.long_inv_freq, jnp.float32), inv_freq)
         angles = positions.astype(jnp.float32)[..., None] * inv_freq
+        if positions.ndim == 3:
+            if not self.mrope_section:
+                raise ValueError("Rope: positions [3, B, T] need mrope_section (a multimodal rope).")
+            axis = jnp.asarray(np.repeat(np.arange(len(self.mrope_section)), self.mrope_section))
+            angles = jnp.where(axis == 0, angles[0], jnp.where(axis == 1, angles[1], angles[2]))
         return jnp.cos(angles) * self.attention_factor, jnp.sin(angles) * self.attention_factor
 
     def apply(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -822,7 +839,12 @@ class NativeDecoder(nnx.Module):
         Returns:
             ``(float32 logits [B, T, V], the updated cache or None)``.
         """
-        x = self.embedder.encode(tokens)
+        return self.decode_embeddings(self.embedder.encode(tokens), positions, cache, attention_mask)
+
+    def decode_embeddings(self, x: jax.Array, positions: jax.Array, cache: dict | None,
+                          attention_mask: jax.Array) -> tuple[jax.Array, dict | None]:
+        """:meth:`__call__` from the token embeddings ``x [B, T, H]`` on (a vision-language model's, with its image
+        features in place; ``positions`` may then be ``[3, B, T]``, :attr:`Rope.mrope_section`)."""
         if self.config.embedding_multiplier != 1.0:
             x = x * jnp.asarray(self.config.embedding_multiplier, x.dtype)
         new_cache = None if cache is None else {}

@@ -413,6 +413,6 @@ def forward_logits(
     tokens, positions, attention = causal_inputs(input_ids, attention_mask)
     if token_type_ids is not None:
         attention = attention | jnp.asarray(image_blocks(np.asarray(token_type_ids)))
-    inputs = {} if images is None else {"images": jnp.asarray(images)}
+    inputs = {} if images is None else {"images": jax.tree.map(jnp.asarray, images)}
     with fast_tracing():
         return _jitted_forward(family.forward, lora, module, tokens, positions, attention, inputs)

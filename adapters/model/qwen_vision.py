@@ -1,0 +1,360 @@
+"""Qwen2-VL's and Qwen2.5-VL's vision tower as NNX modules, the host-side layout of their image and video inputs, and
+the decoder that puts the tower's features in place of the image tokens and rotates them by M-RoPE.
+
+The tower (``transformers``' ``Qwen2VisionTransformerPretrainedModel`` / ``Qwen2_5_VisionTransformerPretrainedModel``):
+a linear patch embedding of ``temporal_patch_size x patch_size x patch_size`` patches (transformers' ``Conv3d`` with a
+stride equal to its kernel), pre-norm blocks whose attention rotates each head by the patch's (row, column) (a 2-D
+rope over half the head), a patch merger that concatenates ``spatial_merge_size ** 2`` neighbouring patches (the
+processor lays them out consecutively) through an MLP to the text width. Qwen2.5-VL's blocks attend within windows of
+``window_size`` pixels except ``fullatt_block_indexes``; Qwen2-VL's attend over each frame.
+
+``transformers`` runs the tower on the batch's patches as one flat sequence and splits attention by cumulative lengths
+(reordering the patches so that each window is contiguous, and back). Here each row's patches are one padded sequence
+``[B, P, D]`` and attention is limited by segment ids: the frame (full attention) or the window a patch belongs to,
+which the host computes with ``transformers.vision_utils`` (:func:`vision_inputs`). Attention within a set of patches
+does not depend on their order, so no reordering is needed; padding patches see nothing and no token takes their
+features.
+
+The decoder computes Qwen's multimodal positions (``get_rope_index``) inside the call from offsets the host prepares
+per vision token, so that any layout of the same rows (left or right padding, completions appended) gets the positions
+``transformers`` gives it; text after a row's images continues at ``position + rope_delta`` (``vision_inputs``'
+``rope_deltas``), which the rollout engines add to the positions they decode at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .native_decoder import DecoderSpec, NativeDecoder, Norm
+
+VISION_ACTIVATIONS = {
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+    "silu": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+"""``transformers``' ``ACT2FN`` names a Qwen vision tower uses."""
+
+MASKED = -2.3819763e38
+
+
+@dataclass(frozen=True)
+class QwenVisionSpec:
+    """A Qwen vision tower's sizes and switches.
+
+    Args:
+        depth, width, num_heads, intermediate_size: the blocks (``intermediate_size``: the MLP's inner width).
+        out_hidden_size: the merger's output width (the text model's hidden size).
+        patch_size, temporal_patch_size, in_channels: one patch is ``in_channels x temporal_patch_size x patch_size
+            x patch_size`` values.
+        spatial_merge_size: the merger joins ``spatial_merge_size ** 2`` patches into one token.
+        norm: ``"layer"`` (Qwen2-VL: LayerNorm with a bias) or ``"rms"`` (Qwen2.5-VL).
+        mlp: ``"plain"`` (Qwen2-VL's ``fc1``/``fc2``) or ``"gated"`` (Qwen2.5-VL's ``gate_proj``/``up_proj``/
+            ``down_proj``, with biases).
+        activation: a key of :data:`VISION_ACTIVATIONS`.
+        window_size: Qwen2.5-VL's attention window in pixels; ``0``: every block attends over the whole frame.
+        fullatt_block_indexes: with windows, the blocks that attend over the whole frame.
+        image_token_id, video_token_id: the text placeholders the merged tokens replace.
+        dtype: the parameters' dtype.
+    """
+
+    depth: int
+    width: int
+    num_heads: int
+    intermediate_size: int
+    out_hidden_size: int
+    patch_size: int
+    temporal_patch_size: int
+    in_channels: int
+    spatial_merge_size: int
+    norm: str
+    mlp: str
+    activation: str
+    window_size: int
+    fullatt_block_indexes: tuple[int, ...]
+    image_token_id: int
+    video_token_id: int
+    dtype: jnp.dtype = jnp.float32
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+    @property
+    def merge_unit(self) -> int:
+        return self.spatial_merge_size ** 2
+
+    @property
+    def patch_values(self) -> int:
+        """The values of one patch (``pixel_values``' second axis)."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    def windowed(self, block: int) -> bool:
+        return bool(self.window_size) and block not in self.fullatt_block_indexes
+
+
+def _linear(spec: QwenVisionSpec, inputs: int, outputs: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(inputs, outputs, use_bias=bias, param_dtype=spec.dtype, rngs=rngs,
+                      kernel_init=nnx.initializers.normal(0.02))
+
+
+class VisionAttention(nnx.Module):
+    """One fused ``qkv`` projection (with a bias), the 2-D rope in float32, attention within the segments the mask
+    allows, and ``proj``."""
+
+    def __init__(self, spec: QwenVisionSpec, rngs: nnx.Rngs):
+        self.num_heads = spec.num_heads
+        self.qkv = _linear(spec, spec.width, 3 * spec.width, True, rngs)
+        self.proj = _linear(spec, spec.width, spec.width, True, rngs)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+        batch, length, width = x.shape
+        q, k, v = jnp.split(self.qkv(x).reshape(batch, length, 3, self.num_heads, -1), 3, axis=2)
+        q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]
+        q, k = _rotate(q, cos, sin).astype(x.dtype), _rotate(k, cos, sin).astype(x.dtype)
+        scores = jnp.einsum("BPND,BQND->BNPQ", q, k) * (q.shape[-1] ** -0.5)
+        scores = jnp.where(mask[:, None], scores, MASKED)
+        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
+        out = jnp.einsum("BNPQ,BQND->BPND", probs, v).reshape(batch, length, width)
+        return self.proj(out)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """``transformers``' ``apply_rotary_pos_emb_vision``: ``rotate_half`` over the whole head, in float32."""
+    x = x.astype(jnp.float32)
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    first, second = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+class VisionMLP(nnx.Module):
+    """Qwen2-VL's ``fc1``/``fc2`` or Qwen2.5-VL's gated ``gate_proj``/``up_proj``/``down_proj``, all with biases."""
+
+    def __init__(self, spec: QwenVisionSpec, rngs: nnx.Rngs):
+        self.gated = spec.mlp == "gated"
+        self.activation = VISION_ACTIVATIONS[spec.activation]
+        if self.gated:
+            self.gate_proj = _linear(spec, spec.width, spec.intermediate_size, True, rngs)
+            self.up_proj = _linear(spec, spec.width, spec.intermediate_size, True, rngs)
+            self.down_proj = _linear(spec, spec.intermediate_size, spec.width, True, rngs)
+        else:
+            self.fc1 = _linear(spec, spec.width, spec.intermediate_size, True, rngs)
+            self.fc2 = _linear(spec, spec.intermediate_size, spec.width, True, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.gated:
+            return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
+        return self.fc2(self.activation(self.fc1(x)))
+
+
+class VisionBlock(nnx.Module):
+    """``x + attn(norm1(x))``, then ``+ mlp(norm2(...))``; the norms' epsilon is 1e-6 as in ``transformers``."""
+
+    def __init__(self, spec: QwenVisionSpec, rngs: nnx.Rngs):
+        bias = spec.norm == "layer"
+        self.norm1 = Norm(spec.width, spec.norm, 1e-6, bias, spec.dtype, rngs)
+        self.norm2 = Norm(spec.width, spec.norm, 1e-6, bias, spec.dtype, rngs)
+        self.attn = VisionAttention(spec, rngs)
+        self.mlp = VisionMLP(spec, rngs)
+
+    def __call__(self, x, cos, sin, mask):
+        x = x + self.attn(self.norm1(x), cos, sin, mask)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nnx.Module):
+    """``ln_q`` on each patch, ``spatial_merge_size ** 2`` consecutive patches concatenated, then ``mlp_in`` (HF
+    ``mlp.0``), exact GELU, ``mlp_out`` (HF ``mlp.2``) to the text width."""
+
+    def __init__(self, spec: QwenVisionSpec, rngs: nnx.Rngs):
+        self.unit = spec.merge_unit
+        merged = spec.width * spec.merge_unit
+        self.ln_q = Norm(spec.width, spec.norm, 1e-6, spec.norm == "layer", spec.dtype, rngs)
+        self.mlp_in = _linear(spec, merged, merged, True, rngs)
+        self.mlp_out = _linear(spec, merged, spec.out_hidden_size, True, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        batch, length, width = x.shape
+        x = self.ln_q(x).reshape(batch, length // self.unit, self.unit * width)
+        return self.mlp_out(jax.nn.gelu(self.mlp_in(x), approximate=False))
+
+
+class QwenVisionTower(nnx.Module):
+    """The tower: ``patch_embed`` (kernel ``[C, T, P, P, width]``, no bias), ``blocks``, ``merger``."""
+
+    def __init__(self, spec: QwenVisionSpec, rngs: nnx.Rngs):
+        self.spec = spec
+        shape = (spec.in_channels, spec.temporal_patch_size, spec.patch_size, spec.patch_size, spec.width)
+        self.patch_embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), shape, spec.dtype))
+        self.blocks = nnx.List([VisionBlock(spec, rngs) for _ in range(spec.depth)])
+        self.merger = PatchMerger(spec, rngs)
+
+    def __call__(self, patches: jax.Array, rows_cols: jax.Array, frames: jax.Array, windows: jax.Array) -> jax.Array:
+        """The merged tokens ``[B, P / merge_unit, out_hidden_size]`` of each row's patches.
+
+        Args:
+            patches: ``[B, P, patch_values]``, each row's patches in the order of its vision tokens (padding after).
+            rows_cols: ``[B, P, 2]`` each patch's row and column in its frame (the 2-D rope).
+            frames: ``[B, P]`` the frame each patch belongs to (full attention stays within it); ``-1``: padding.
+            windows: ``[B, P]`` the window each patch belongs to (Qwen2.5-VL's windowed blocks); ``-1``: padding.
+        """
+        spec = self.spec
+        kernel = self.patch_embed.get_value()
+        x = patches.astype(kernel.dtype).reshape(*patches.shape[:2], *kernel.shape[:-1])
+        x = jnp.einsum("BPctij,ctijW->BPW", x, kernel)
+        quarter = spec.head_dim // 4
+        inv_freq = 1.0 / (10000.0 ** (np.arange(0, 2 * quarter, 2, dtype=np.float32) / (2 * quarter)))
+        angles = (rows_cols.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)).reshape(*rows_cols.shape[:2], -1)
+        cos, sin = jnp.cos(angles), jnp.sin(angles)
+        full = _same_segment(frames)
+        windowed = _same_segment(windows) if spec.window_size else full
+        for index, block in enumerate(self.blocks):
+            x = block(x, cos, sin, windowed if spec.windowed(index) else full)
+        return self.merger(x)
+
+
+def _same_segment(segments: jax.Array) -> jax.Array:
+    """``[B, P, P]``: both patches in one segment, neither padding."""
+    return (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] >= 0)
+
+
+class QwenVLDecoder(NativeDecoder):
+    """The native decoder (:class:`~.native_decoder.NativeDecoder`) with Qwen's vision tower as ``visual``: a call
+    with ``images`` (:func:`vision_inputs`' arrays) runs the tower, puts its tokens in place of the image and video
+    tokens in order, and rotates every token by its M-RoPE position; a call without them (text, or the decode steps
+    after an image prompt, whose positions include the row's ``rope_deltas``) is the text decoder's."""
+
+    def __init__(self, spec: DecoderSpec, vision: QwenVisionSpec, *, rngs: nnx.Rngs):
+        super().__init__(spec, rngs=rngs)
+        self.visual = QwenVisionTower(vision, rngs)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, cache: dict | None, attention_mask: jax.Array,
+                 images: dict[str, jax.Array] | None = None) -> tuple[jax.Array, dict | None]:
+        x = self.embedder.encode(tokens)
+        if images is not None:
+            x, positions = self.merge_vision(tokens, positions, x, images)
+        return self.decode_embeddings(x, positions, cache, attention_mask)
+
+    def merge_vision(self, tokens, positions, x, images):
+        """``(embeddings with the vision tokens replaced, M-RoPE positions [3, B, T])``."""
+        vision = self.visual.spec
+        merged = self.visual(images["patches"], images["rows_cols"], images["frames"], images["windows"])
+        is_vision = (tokens == vision.image_token_id) | (tokens == vision.video_token_id)
+        seen = jnp.cumsum(is_vision, axis=1)  # vision tokens up to and including each token
+        rank = jnp.clip(seen - 1, 0, merged.shape[1] - 1)
+        features = jnp.take_along_axis(merged, rank[..., None], axis=1).astype(x.dtype)
+        x = jnp.where(is_vision[..., None], features, x)
+        offsets = jnp.take_along_axis(images["token_offsets"], rank[..., None], axis=1)  # [B, T, 3]
+        shift = jnp.take_along_axis(images["text_shift"], jnp.clip(seen, 0, images["text_shift"].shape[1] - 1),
+                                    axis=1)
+        delta = jnp.where(is_vision[..., None], offsets, shift[..., None])
+        return x, positions[None] + jnp.moveaxis(delta, -1, 0).astype(positions.dtype)
+
+
+@dataclass(frozen=True)
+class VisualItem:
+    """One image or video of a row: its patches and grid, and how far apart its frames are in M-RoPE positions."""
+
+    patches: np.ndarray
+    grid: tuple[int, int, int]
+    time_interval: int
+
+
+def vision_inputs(spec: QwenVisionSpec, input_ids: np.ndarray, images: Sequence[VisualItem],
+                  videos: Sequence[VisualItem], window_size: int, patch_size: int) -> dict[str, np.ndarray]:
+    """The model's ``images`` for a batch: each row's images and videos, in the order of their tokens, as padded
+    arrays (:class:`QwenVLDecoder`).
+
+    Args:
+        spec: the tower's spec.
+        input_ids: ``[B, T]`` the rows whose image (video) tokens the items fill, in order.
+        images, videos: every image (video) of the batch in token order, row after row.
+        window_size, patch_size: the tower's window (pixels; 0: none) and patch size.
+
+    Returns:
+        ``patches [B, P, D]``, ``rows_cols [B, P, 2]``, ``frames``/``windows [B, P]`` (-1 on padding),
+        ``token_offsets [B, N, 3]`` (each vision token's M-RoPE position minus its plain one), ``text_shift
+        [B, N + 1]`` (a text token's, by the vision tokens before it) and ``rope_deltas [B]`` (text after the row's
+        last vision token), with ``N = P / merge_unit``.
+
+    Raises:
+        ValueError: the tokens and the items disagree (a run of image tokens without an image left, a partial image,
+            images left over), naming the counts.
+    """
+    import torch
+    from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
+
+    unit, merge = spec.merge_unit, spec.spatial_merge_size
+    queues = {spec.image_token_id: list(images), spec.video_token_id: list(videos)}
+    names = {spec.image_token_id: "image", spec.video_token_id: "video"}
+    rows = []
+    for row_ids in np.asarray(input_ids):
+        items, index = [], 0
+        while index < len(row_ids):
+            token = int(row_ids[index])
+            if token not in queues:
+                index += 1
+                continue
+            if not queues[token]:
+                raise ValueError(f"a row has more {names[token]} tokens (id {token}) than the {names[token]}s given: "
+                                 f"pass one {names[token]} per placeholder, in order, as the processor builds them.")
+            item = queues[token].pop(0)
+            count = int(np.prod(item.grid)) // unit
+            run = row_ids[index:index + count]
+            if len(run) < count or not np.all(run == token):
+                raise ValueError(f"a {names[token]} of grid {list(item.grid)} needs {count} consecutive {names[token]} "
+                                 f"tokens (id {token}) but its run is shorter: build the text with the processor.")
+            items.append(item)
+            index += count
+        rows.append(items)
+    for token, left in queues.items():
+        if left:
+            raise ValueError(f"{len(left)} {names[token]}(s) were given beyond the {names[token]} tokens (id {token}) "
+                             "of the text: each needs its placeholder tokens, as the processor writes them.")
+    patches_per_row = [sum(int(np.prod(item.grid)) for item in items) for items in rows]
+    width = max(max(patches_per_row, default=0), unit)
+    width = -(-width // unit) * unit
+    batch = len(rows)
+    out = {"patches": np.zeros((batch, width, spec.patch_values), np.float32),
+           "rows_cols": np.zeros((batch, width, 2), np.int32),
+           "frames": np.full((batch, width), -1, np.int32), "windows": np.full((batch, width), -1, np.int32),
+           "token_offsets": np.zeros((batch, width // unit, 3), np.int32),
+           "text_shift": np.zeros((batch, width // unit + 1), np.int32), "rope_deltas": np.zeros((batch,), np.int32)}
+    for row, items in enumerate(rows):
+        patch, token, frame, window, shift = 0, 0, 0, 0, 0
+        for item in items:
+            t, h, w = item.grid
+            count = t * h * w
+            grid = torch.tensor([item.grid])
+            out["patches"][row, patch:patch + count] = item.patches.reshape(count, -1)
+            out["rows_cols"][row, patch:patch + count] = get_vision_position_ids(grid, merge).numpy()
+            out["frames"][row, patch:patch + count] = frame + np.repeat(np.arange(t), h * w)
+            if window_size:
+                order, bounds = get_vision_window_index(grid, merge, window_size, patch_size)
+                group_window = np.empty(count // unit, np.int32)
+                group_window[order.numpy()] = np.searchsorted(bounds.numpy() // unit, np.arange(count // unit),
+                                                              side="right") - 1
+                out["windows"][row, patch:patch + count] = window + np.repeat(group_window, unit)
+                window += int(group_window.max()) + 1
+            else:
+                out["windows"][row, patch:patch + count] = out["frames"][row, patch:patch + count]
+            tokens = count // unit
+            lt, lh, lw = t, h // merge, w // merge
+            coords = np.stack([np.repeat(np.arange(lt) * item.time_interval, lh * lw),
+                               np.tile(np.repeat(np.arange(lh), lw), lt), np.tile(np.arange(lw), lh * lt)], axis=-1)
+            # A vision token's M-RoPE position is (text before it) + (extent of the items before it) + its coords;
+            # its plain position counts every token before it, so the offset subtracts the vision tokens before it.
+            out["token_offsets"][row, token:token + tokens] = shift - np.arange(tokens)[:, None] + coords
+            shift += max(lh, lw) - tokens
+            token += tokens
+            out["text_shift"][row, token:] = shift
+            patch += count
+            frame += t
+        out["rope_deltas"][row] = shift
+    return out
