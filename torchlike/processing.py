@@ -59,11 +59,129 @@ class AutoProcessor:
                 "preprocessor_config.json.")
         try:
             return HFAutoProcessor.from_pretrained(source, *args, **kwargs)
-        except ModuleNotFoundError as error:  # transformers names the class; the missing package is in the cause
+        except ImportError as error:
+            processor = _without_torchvision_videos(source, error, kwargs)
+            if processor is not None:
+                return processor
+            if not isinstance(error, ModuleNotFoundError):
+                raise
+            # transformers names the class; the missing package is in the cause
             raise ModuleNotFoundError(
                 f"AutoProcessor: transformers' processor for {source} could not be imported: "
                 f"{error.__cause__ or error}. Install that package, or load the tokenizer alone with "
                 "AutoTokenizer.from_pretrained.") from error
+
+
+VIDEO_CONFIG = "video_preprocessor_config.json"
+
+
+def _push_to_hub_mixin() -> type:
+    from transformers.utils import PushToHubMixin
+
+    return PushToHubMixin
+
+
+class VideoProcessorWithoutTorchvision(_push_to_hub_mixin()):
+    """Stands in for a video processor that ``transformers`` builds on ``torchvision`` (Qwen-VL's) where
+    ``torchvision`` is not installed, so that the processor still takes text and images: processing a video raises,
+    naming the package. Saved, it writes the original video processor's config back unchanged.
+
+    A ``PushToHubMixin``, as ``transformers``' processors expect of a part they save.
+
+    Args:
+        config: the saved video processor's config (``video_preprocessor_config.json``), kept as it is.
+        name: the video processor class it stands in for.
+    """
+
+    _auto_class = None  # transformers' processor asks, to save custom code (there is none)
+
+    def __init__(self, config: dict[str, Any], name: str):
+        self.config = dict(config)
+        self.name = name
+        for key in ("merge_size", "patch_size", "temporal_patch_size"):
+            setattr(self, key, self.config.get(key))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise ModuleNotFoundError(f"{self.name} processes videos with torchvision, which is not installed: install "
+                                  "torchvision to process videos, or pass pixel_values_videos and video_grid_thw built "
+                                  "another way. Text and images work without it.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    def to_json_string(self) -> str:
+        import json
+
+        return json.dumps(self.config, indent=2, sort_keys=True) + "\n"
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> list[str]:
+        from pathlib import Path
+
+        path = Path(save_directory) / VIDEO_CONFIG
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(self.to_json_string())
+        temporary.replace(path)
+        return [str(path)]
+
+
+def processor_without_torchvision_videos(processor_class: type, *, video_config: dict[str, Any],
+                                         **parts: Any) -> transformers.ProcessorMixin:
+    """``processor_class(**parts)`` with :class:`VideoProcessorWithoutTorchvision` as its ``video_processor`` (the
+    class checks each part's type; the stand-in is accepted in place of the torchvision one).
+
+    Args:
+        processor_class: e.g. ``transformers.Qwen2_5_VLProcessor``.
+        video_config: the video processor's config (its ``video_processor_type`` names the class it stands in for).
+        parts: the other parts (``image_processor``, ``tokenizer``, ``chat_template``...).
+    """
+    original = processor_class.check_argument_for_proper_class
+
+    def check(self, argument_name, argument):
+        if isinstance(argument, VideoProcessorWithoutTorchvision):
+            return argument
+        return original(self, argument_name, argument)
+
+    accepting = type(processor_class.__name__, (processor_class,), {"check_argument_for_proper_class": check,
+                                                                    "__module__": processor_class.__module__})
+    name = video_config.get("video_processor_type", "the video processor")
+    return accepting(video_processor=VideoProcessorWithoutTorchvision(video_config, name), **parts)
+
+
+def _without_torchvision_videos(source, error: ImportError, kwargs: dict[str, Any]
+                                ) -> transformers.ProcessorMixin | None:
+    """The processor at ``source`` with :class:`VideoProcessorWithoutTorchvision` for its video processor, when
+    loading failed only because that one needs ``torchvision``; ``None`` otherwise."""
+    import importlib.util
+    import json
+
+    import transformers
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return None
+    # transformers 5 saves every part's config inside processor_config.json; older saves have a file of their own.
+    composite = source / "processor_config.json"
+    saved = json.loads(composite.read_text()) if composite.is_file() else {}
+    video_config = saved.get("video_processor")
+    if video_config is None and (source / VIDEO_CONFIG).is_file():
+        video_config = json.loads((source / VIDEO_CONFIG).read_text())
+    if not isinstance(video_config, dict):
+        return None
+    name = saved.get("processor_class") or video_config.get("processor_class")
+    processor_class = getattr(transformers, name, None) if name else None
+    if processor_class is None or "video_processor" not in processor_class.get_attributes():
+        return None
+    processor_dict, _ = processor_class.get_processor_dict(source)
+    processor_dict = {key: value for key, value in processor_dict.items()
+                      if key in ("chat_template", "audio_tokenizer") or not isinstance(value, dict)}
+    processor_dict.pop("processor_class", None)
+    # The module's class: transformers' top-level AutoImageProcessor is a placeholder without torchvision.
+    from transformers.models.auto.image_processing_auto import AutoImageProcessor
+
+    parts = {"tokenizer": transformers.AutoTokenizer.from_pretrained(source, **kwargs),
+             "image_processor": AutoImageProcessor.from_pretrained(source, **kwargs)}
+    return processor_without_torchvision_videos(processor_class, video_config=video_config, **parts,
+                                                **processor_dict)
 
 
 def check_processor_matches(processor: transformers.ProcessorMixin | transformers.PreTrainedTokenizerBase,

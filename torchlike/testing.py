@@ -103,7 +103,12 @@ def random_model(config: transformers.PretrainedConfig, seed: int = 0, dtype: st
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    # Qwen-VL's classes are image-text-to-text models only (AutoModelForCausalLM does not map them).
+    auto = (transformers.AutoModelForCausalLM if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            else transformers.AutoModelForImageTextToText)
+    model = auto.from_config(config, attn_implementation=attn_implementation)
     if every_parameter:
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -276,7 +281,47 @@ _MULTIMODAL_FAMILIES: dict[str, _MultimodalFamily] = {
                              "video_token_id": "<|video|>", "boa_token_id": "<|audio>",
                              "eoa_token_index": "<audio|>", "audio_token_id": "<|audio|>"}),
 }
+_QWEN_VL_TOKENS = dict(
+    text_tokens=("\n",),
+    special_tokens=("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                    "<|video_pad|>"),
+    named_tokens={},
+    config_token_fields={"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+                         "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"})
+_MULTIMODAL_FAMILIES.update({
+    # Qwen2.5-VL: a 2-block tower (width 32, 2 heads) on patches of 4 (2 frames deep) merged 2x2; windows of 16
+    # pixels (2x2 merged tokens) in block 0, the whole frame in block 1. A 16x16 image is 4x4 patches, 4 tokens.
+    "qwen2_5_vl": _MultimodalFamily(
+        config_class="Qwen2_5_VLConfig", vision_config_class="Qwen2_5_VLVisionConfig",
+        vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                    spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1],
+                    tokens_per_second=2),
+        settings=dict(tie_word_embeddings=False), **_QWEN_VL_TOKENS),
+    # Qwen2-VL: the same sizes with its LayerNorm, quick-GELU fc1/fc2 tower, attending over whole frames.
+    "qwen2_vl": _MultimodalFamily(
+        config_class="Qwen2VLConfig", vision_config_class="Qwen2VLVisionConfig",
+        vision=dict(depth=2, embed_dim=32, mlp_ratio=2, num_heads=2, hidden_size=64, patch_size=4,
+                    spatial_merge_size=2, temporal_patch_size=2),
+        settings=dict(tie_word_embeddings=False), **_QWEN_VL_TOKENS),
+})
 MULTIMODAL_FAMILIES = tuple(_MULTIMODAL_FAMILIES)
+
+#: Qwen2-VL's chat template, simplified (no default system message): ``<|im_start|>role\n...<|im_end|>\n`` turns, an
+#: image item is ``<|vision_start|><|image_pad|><|vision_end|>`` (the processor repeats the pad per merged token), a
+#: video item the same with ``<|video_pad|>``.
+QWEN_VL_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif item['type'] == 'video' -%}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{ '<|im_end|>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
 
 #: Gemma 3's published chat template, simplified (no role-alternation checks): a system message prefixes the first
 #: user turn, ``assistant`` is written ``model``, an image item is ``<start_of_image>`` (the processor expands it).
@@ -299,6 +344,9 @@ GEMMA3_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
 )
+
+
+QWEN_VL_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
 
 
 def _multimodal_family(family: str) -> _MultimodalFamily:
@@ -400,10 +448,10 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
     import transformers
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    if family != "gemma3":
-        raise ValueError(f"build_processor: only Gemma 3's processor is built tiny, not {family!r}: transformers' "
-                         "Gemma4Processor needs a video processor, which transformers builds on torchvision. Use "
-                         "build_multimodal_tokenizer(directory, 'gemma4') for its tokenizer.")
+    if family not in ("gemma3", *QWEN_VL_FAMILIES):
+        raise ValueError(f"build_processor: Gemma 3's and Qwen-VL's processors are built tiny, not {family!r}: "
+                         "transformers' Gemma4Processor needs a video processor, which transformers builds on "
+                         "torchvision. Use build_multimodal_tokenizer(directory, 'gemma4') for its tokenizer.")
     spec = _multimodal_family(family)
     build_multimodal_tokenizer(directory, family)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -411,6 +459,27 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
     if found != multimodal_token_ids(family):
         raise RuntimeError(f"build_processor: the tokenizer gave the added tokens ids {found}, the config expects "
                            f"{multimodal_token_ids(family)}.")
+    if family in QWEN_VL_FAMILIES:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        vision = spec.vision
+        image_processor = Qwen2VLImageProcessorPil(
+            patch_size=vision["patch_size"], merge_size=vision["spatial_merge_size"],
+            temporal_patch_size=vision["temporal_patch_size"], size={"shortest_edge": 64, "longest_edge": 1024},
+            image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+        processor_class = transformers.Qwen2_5_VLProcessor if family == "qwen2_5_vl" else transformers.Qwen2VLProcessor
+        # transformers' Qwen2VLVideoProcessor is built on torchvision, which the tests do without: its config is
+        # saved as transformers writes it, and torchlike.AutoProcessor loads a stand-in that refuses videos.
+        from .processing import processor_without_torchvision_videos
+
+        video_config = {"video_processor_type": "Qwen2VLVideoProcessor", "processor_class": processor_class.__name__,
+                        "merge_size": vision["spatial_merge_size"], "patch_size": vision["patch_size"],
+                        "temporal_patch_size": vision["temporal_patch_size"], "image_mean": [0.5, 0.5, 0.5],
+                        "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 64, "longest_edge": 1024}}
+        processor_without_torchvision_videos(processor_class, video_config=video_config,
+                                             image_processor=image_processor, tokenizer=tokenizer,
+                                             chat_template=QWEN_VL_CHAT_TEMPLATE).save_pretrained(directory)
+        return Path(directory)
     # The PIL image processor, which transformers' Gemma3ImageProcessor falls back to without torchvision; both save
     # as Gemma3ImageProcessor.
     image_processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5, 0.5, 0.5],

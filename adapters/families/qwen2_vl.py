@@ -17,7 +17,7 @@ from flax import nnx
 
 from ..model.native_decoder import DecoderSpec
 from ..model.qwen_vision import QwenVisionSpec, QwenVLDecoder, VisualItem, vision_inputs
-from .base import DECODER_IGNORED_KEYS, Layout, WeightRule, require
+from .base import DECODER_IGNORED_KEYS, Layout, TinyConfig, WeightRule, require
 from .native import (
     check_native_config,
     layer_types_windows,
@@ -196,6 +196,15 @@ def images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray | None = N
                          spec.window_size, spec.patch_size)
 
 
+TINY_CONFIGS = {
+    # The text decoders of torchlike.testing.tiny_multimodal_config("qwen2_5_vl" / "qwen2_vl"): Qwen2's layout, its
+    # 8 rotary frequencies per head split 2/3/3 over time, rows and columns.
+    "qwen2_5_vl": TinyConfig("Qwen2_5_VLTextConfig", dict(
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})),
+    "qwen2_vl": TinyConfig("Qwen2VLTextConfig", dict(
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})),
+}
+
 IMAGE_KEYS = ("image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 """The processor's outputs beside ``pixel_values`` that :func:`images` reads."""
 
@@ -222,7 +231,7 @@ def _family(name: str, model_type: str, architecture: str):
         default_lora_targets=(),  # PEFT has no default for this model type
         ignored_hf_keys=DECODER_IGNORED_KEYS, images=images, image_keys=IMAGE_KEYS,
         in_memory_prefixes=((VISION_PREFIX, IN_MEMORY_VISION_PREFIX), (TEXT_PREFIX, IN_MEMORY_TEXT_PREFIX)),
-        prompt_learning=False)
+        prompt_learning=False, tiny_configs={model_type: TINY_CONFIGS[model_type]})
 
 
 QWEN2_VL = _family("qwen2_vl", "qwen2_vl", "Qwen2VLForConditionalGeneration")

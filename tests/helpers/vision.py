@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from torchlike.testing import (
+    QWEN_VL_FAMILIES,
     build_multimodal_tokenizer,
     build_processor,
     random_model,
@@ -30,7 +31,7 @@ def save_tiny_vlm(root: Path, family: str = "gemma3", dtype: torch.dtype = torch
 
     Args:
         root: the parent directory (e.g. from ``tmp_path_factory.mktemp``).
-        family: ``"gemma3"`` or ``"gemma4"``.
+        family: ``"gemma3"``, ``"gemma4"``, ``"qwen2_5_vl"`` or ``"qwen2_vl"``.
         dtype: the saved weights' dtype.
         seed: the weights' seed.
 
@@ -41,7 +42,7 @@ def save_tiny_vlm(root: Path, family: str = "gemma3", dtype: torch.dtype = torch
     model = random_model(tiny_multimodal_config(family), seed=seed, dtype=dtype, every_parameter=True,
                          attn_implementation="eager")
     model.save_pretrained(directory)
-    if family == "gemma3":
+    if family in ("gemma3", *QWEN_VL_FAMILIES):
         build_processor(directory, family)
     else:
         build_multimodal_tokenizer(directory, family)

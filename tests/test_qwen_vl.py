@@ -1,0 +1,206 @@
+"""Qwen2-VL and Qwen2.5-VL (``*ForConditionalGeneration``) against ``transformers`` (eager, float32): logits with
+images of different sizes in one batch, with a video (Qwen2.5-VL), on text alone; the export's layout and round trip;
+named errors for inputs that do not match."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+
+import torchlike
+from tests.helpers.models import valid_max_diff
+from tests.helpers.vision import save_tiny_vlm
+from torchlike.testing import multimodal_token_ids, tiny_image
+
+FAMILIES = ["qwen2_5_vl", "qwen2_vl"]
+CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen2_vl": "Qwen2VLForConditionalGeneration"}
+
+
+@pytest.fixture(scope="module")
+def qwen_dirs(tmp_path_factory):
+    """The tiny Qwen-VL checkpoints (with their processors) by ``(family, dtype name)``, built on first use."""
+    built: dict[tuple[str, str], object] = {}
+
+    def path(family: str, dtype: str = "float32"):
+        if (family, dtype) not in built:
+            built[family, dtype] = save_tiny_vlm(tmp_path_factory.mktemp(f"{family}-{dtype}"), family,
+                                                 dtype=getattr(torch, dtype))
+        return built[family, dtype]
+
+    return path
+
+
+def hf_vlm(path) -> transformers.PreTrainedModel:
+    return transformers.AutoModelForImageTextToText.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def reference_logits(model, inputs: dict) -> np.ndarray:
+    """transformers' logits (its own multimodal positions from ``mm_token_type_ids`` and the grids)."""
+    with torch.no_grad():
+        return model(**{key: torch.tensor(value) for key, value in inputs.items()}).logits.float().numpy()
+
+
+def image_batch(path, padding_side: str) -> dict:
+    """Three conversations: one 16x16 image; a 16x32 and a 32x32 image; text alone (grids 1x4x4, 1x4x8, 1x8x8)."""
+    processor = torchlike.AutoProcessor.from_pretrained(path)
+    images = [[tiny_image(0, 16)], [tiny_image(1, 32).resize((32, 16)), tiny_image(2, 32)], []]
+    questions = ["the quick brown fox", "hello world", "one two three four five six seven"]
+    conversations = [[{"role": "user", "content": [{"type": "image"}] * len(row) + [{"type": "text", "text": text}]}]
+                     for row, text in zip(images, questions, strict=True)]
+    texts = processor.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
+    processor.tokenizer.padding_side = padding_side
+    inputs = processor(text=texts, images=[image for row in images for image in row], padding=True,
+                       return_tensors="np")
+    assert inputs["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 8], [1, 8, 8]]
+    return dict(inputs)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_image_and_text_logits_equal_transformers_with_images_of_different_sizes(family, padding_side, qwen_dirs):
+    path = qwen_dirs(family)
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    assert model.family.architectures == (CLASSES[family],)
+    inputs = image_batch(path, padding_side)
+    reference = reference_logits(hf_vlm(path), inputs)
+    mask = inputs["attention_mask"]
+    assert valid_max_diff(model(**inputs).logits, reference, mask) <= 1e-4
+    # The images matter at this tolerance, and so do their multimodal positions: the text after them, given the
+    # image features but plain positions, is off.
+    without_images = model(inputs["input_ids"], mask).logits
+    assert valid_max_diff(without_images, reference, mask) > 1e-2
+
+
+def test_multimodal_positions_matter_at_the_tolerance(qwen_dirs, monkeypatch):
+    from torchlike.adapters.model import qwen_vision
+
+    path = qwen_dirs("qwen2_5_vl")
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    inputs = image_batch(path, "left")
+    # The two image rows: a shape no other test compiles, so that the patched call is traced.
+    inputs.update({key: inputs[key][:2] for key in ("input_ids", "attention_mask", "mm_token_type_ids")})
+    reference = reference_logits(hf_vlm(path), inputs)
+    original = qwen_vision.QwenVLDecoder.merge_vision
+
+    def plain_positions(self, tokens, positions, x, images):
+        merged, _ = original(self, tokens, positions, x, images)
+        return merged, positions
+
+    monkeypatch.setattr(qwen_vision.QwenVLDecoder, "merge_vision", plain_positions)
+    assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) > 1e-2
+
+
+def video_batch(path) -> dict:
+    """A prompt with a 4-frame 16x16 video (grid 2x4x4: 8 tokens) two seconds per temporal patch, and one with an
+    image, as ``transformers``' processor lays them out (``pixel_values_videos`` built here: the video processor
+    needs torchvision)."""
+    processor = torchlike.AutoProcessor.from_pretrained(path)
+    ids = multimodal_token_ids("qwen2_5_vl")
+    tokenizer = processor.tokenizer
+    video = [ids["<|vision_start|>"]] + [ids["<|video_pad|>"]] * 8 + [ids["<|vision_end|>"]]
+    image = [ids["<|vision_start|>"]] + [ids["<|image_pad|>"]] * 4 + [ids["<|vision_end|>"]]
+    words = tokenizer("the quick brown fox", add_special_tokens=False)["input_ids"]
+    rows = [words[:2] + video + words, image + words + video]
+    width = max(map(len, rows))
+    input_ids = np.zeros((2, width), np.int64)
+    mask = np.zeros((2, width), np.int64)
+    for row, tokens in enumerate(rows):
+        input_ids[row, width - len(tokens):], mask[row, width - len(tokens):] = tokens, 1
+    types = np.where(input_ids == ids["<|image_pad|>"], 1, np.where(input_ids == ids["<|video_pad|>"], 2, 0))
+    rng = np.random.default_rng(0)
+    return {"input_ids": input_ids, "attention_mask": mask, "mm_token_type_ids": types,
+            "pixel_values": rng.normal(size=(16, 96)).astype(np.float32), "image_grid_thw": np.array([[1, 4, 4]]),
+            "pixel_values_videos": rng.normal(size=(64, 96)).astype(np.float32),
+            "video_grid_thw": np.array([[2, 4, 4], [2, 4, 4]]), "second_per_grid_ts": np.array([2.0, 1.0])}
+
+
+def test_qwen2_5_vl_video_logits_equal_transformers(qwen_dirs):
+    path = qwen_dirs("qwen2_5_vl")
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    inputs = video_batch(path)
+    reference = reference_logits(hf_vlm(path), inputs)
+    assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4
+    # The seconds per temporal patch space the frames' positions.
+    other = dict(inputs, second_per_grid_ts=np.array([1.0, 1.0]))
+    assert valid_max_diff(model(**other).logits, reference, inputs["attention_mask"]) > 1e-3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_text_only_logits_equal_transformers(family, qwen_dirs):
+    path = qwen_dirs(family)
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(3, 100, size=(2, 12))
+    mask = np.ones_like(ids)
+    mask[1, 8:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask}
+    assert valid_max_diff(model(**batch).logits, reference_logits(hf_vlm(path), batch), mask) <= 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_export_is_the_published_layout_and_round_trips_bit_exact(family, dtype, qwen_dirs, tmp_path):
+    path = qwen_dirs(family, dtype)
+    source = load_file(path / "model.safetensors")
+    assert any(name.startswith("visual.") for name in source) and any(name.startswith("model.") for name in source)
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    model.save_pretrained(tmp_path / "once")
+    once = load_file(tmp_path / "once" / "model.safetensors")
+    assert json.loads((tmp_path / "once" / "config.json").read_text())["architectures"] == [CLASSES[family]]
+    assert set(once) == set(source)
+    for name, array in source.items():
+        assert once[name].dtype == array.dtype and np.array_equal(once[name], array), name
+    torchlike.AutoModelForImageTextToText.from_pretrained(tmp_path / "once").save_pretrained(tmp_path / "twice")
+    twice = load_file(tmp_path / "twice" / "model.safetensors")
+    assert set(twice) == set(once) and all(np.array_equal(twice[name], once[name]) for name in once)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_transformers_reloads_the_export_with_the_same_image_logits(family, qwen_dirs, tmp_path):
+    path = qwen_dirs(family)
+    torchlike.AutoModelForImageTextToText.from_pretrained(path).save_pretrained(tmp_path / "export")
+    reloaded, info = transformers.AutoModelForImageTextToText.from_pretrained(
+        tmp_path / "export", attn_implementation="eager", output_loading_info=True)
+    assert type(reloaded).__name__ == CLASSES[family]
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    inputs = image_batch(path, "right")
+    assert np.array_equal(reference_logits(reloaded.eval(), inputs), reference_logits(hf_vlm(path), inputs))
+
+
+def test_loads_from_a_transformers_model_object_with_its_in_memory_names(qwen_dirs):
+    path = qwen_dirs("qwen2_5_vl")
+    reference = hf_vlm(path)
+    assert any(name.startswith("model.language_model.") for name in reference.state_dict())
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(reference)
+    inputs = image_batch(path, "right")
+    assert valid_max_diff(model(**inputs).logits, reference_logits(reference, inputs),
+                          inputs["attention_mask"]) <= 1e-4
+
+
+def test_inputs_that_do_not_match_are_named_errors(qwen_dirs, tiny_checkpoints):
+    path = qwen_dirs("qwen2_5_vl")
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    inputs = image_batch(path, "right")
+    extra = dict(inputs, pixel_values=np.concatenate([inputs["pixel_values"], inputs["pixel_values"][:16]]),
+                 image_grid_thw=np.concatenate([inputs["image_grid_thw"], [[1, 4, 4]]]))
+    with pytest.raises(ValueError, match=r"1 image\(s\) were given beyond the image tokens \(id \d+\)"):
+        model(**extra)
+    fewer = dict(inputs, pixel_values=inputs["pixel_values"][:16], image_grid_thw=inputs["image_grid_thw"][:1])
+    with pytest.raises(ValueError, match=r"a row has more image tokens \(id \d+\) than the images given"):
+        model(**fewer)
+    with pytest.raises(ValueError, match=r"image_grid_thw counts 112 patches but the pixels hold 100"):
+        model(**dict(inputs, pixel_values=inputs["pixel_values"][:100]))
+    with pytest.raises(ValueError, match=r"needs image_grid_thw with its pixels"):
+        model(**dict(inputs, image_grid_thw=None))
+    video = video_batch(path)
+    qwen2 = torchlike.AutoModelForImageTextToText.from_pretrained(qwen_dirs("qwen2_vl"))
+    assert qwen2.family.image_keys  # Qwen2-VL takes videos too; Gemma 3 does not:
+    gemma = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("gemma3"))
+    with pytest.raises((ValueError, TypeError), match=r"pixel_values_videos.*video_grid_thw"):
+        gemma(video["input_ids"], video["attention_mask"], pixel_values_videos=video["pixel_values_videos"],
+              video_grid_thw=video["video_grid_thw"])
