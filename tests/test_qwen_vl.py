@@ -204,3 +204,18 @@ def test_inputs_that_do_not_match_are_named_errors(qwen_dirs, tiny_checkpoints):
     with pytest.raises((ValueError, TypeError), match=r"pixel_values_videos.*video_grid_thw"):
         gemma(video["input_ids"], video["attention_mask"], pixel_values_videos=video["pixel_values_videos"],
               video_grid_thw=video["video_grid_thw"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generate_with_images_equals_transformers_on_both_engines(family, qwen_dirs):
+    path = qwen_dirs(family)
+    inputs = image_batch(path, "left")
+    hf = hf_vlm(path)
+    with torch.no_grad():
+        expected = hf.generate(**{key: torch.tensor(value) for key, value in inputs.items()}, max_new_tokens=8,
+                               do_sample=False, eos_token_id=[], pad_token_id=0).numpy()
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    for engine in ("static", "paged"):
+        out = model.generate(**inputs, max_new_tokens=8, do_sample=False, eos_token_id=[], pad_token_id=0,
+                             rollout_engine=engine)
+        assert np.array_equal(np.asarray(out), expected), engine

@@ -279,6 +279,7 @@ def generate(
 ) -> Any:
     """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
     check_choice("rollout_engine", rollout_engine, rollout.engine_names())
+    vision = {key: settings.pop(key) for key in VISION_INPUTS if key in settings}
     if use_cache is False:
         raise ValueError("use_cache=False is not supported: generation always decodes over a KV cache.")
     unknown = sorted(set(settings) - set(TRANSFORMERS_DEFAULTS))
@@ -320,8 +321,8 @@ def generate(
     copies = int(resolved["num_return_sequences"])
     requests = _requests(ids, mask, int(max_new_tokens), copies,
                          sampling.random_seed() if seed is None else int(seed))
-    if pixel_values is not None:
-        requests = _with_images(model, requests, ids, mask, pixel_values, token_type_ids is not None)
+    if pixel_values is not None or any(value is not None for value in vision.values()):
+        requests = _with_images(model, requests, ids, mask, pixel_values, token_type_ids is not None, vision)
     pad = 0 if pad_token_id is None else int(pad_token_id)
     engine = rollout.build_engine(rollout_engine, model.module, rollout.EngineContext(
         eos_token_ids=tuple(eos_token_ids), pad_token_id=pad, lora=model._lora_mode, mesh=model.mesh,
@@ -342,18 +343,26 @@ def generate(
 
 def _with_images(model: Any,  # Any: a CausalLM, as in generate
                  requests: list[rollout.RolloutRequest], ids: np.ndarray, mask: np.ndarray,
-                 pixel_values: ArrayLike, both_ways: bool) -> list[rollout.RolloutRequest]:
-    """The requests of a prompt batch with each row's images (``CausalLM.image_inputs``); with ``both_ways`` (the caller
-    gave ``token_type_ids``, as a processor returns them) each image's tokens attend to each other both ways in the
-    prefill, as in ``transformers``, else causally (what ``transformers`` does without them)."""
-    images = model.image_inputs(ids, pixel_values)
+                 pixel_values: ArrayLike | None, both_ways: bool,
+                 vision: dict[str, Any]) -> list[rollout.RolloutRequest]:
+    """The requests of a prompt batch with each row's images (``CausalLM.image_inputs``, ``vision`` its other
+    inputs); with ``both_ways`` (the caller gave ``token_type_ids``, as Gemma 3's processor returns them) each image's
+    tokens attend to each other both ways in the prefill, as in ``transformers``, else causally (what
+    ``transformers`` does without them, and Qwen-VL always)."""
+    images = model.image_inputs(ids, pixel_values, **vision)
+    if images is None:
+        return requests
     image_token = model.config.image_token_id  # transformers' name in every vision-language config
     out = []
     for row, request in enumerate(requests):
         real = ids[row][mask[row].astype(bool)]
-        types = (real == image_token).astype(np.int32) if both_ways else np.zeros(len(real), np.int32)
-        out.append(dataclasses.replace(request, images=images[row], token_type_ids=tuple(types)))
+        types = tuple((real == image_token).astype(np.int32)) if both_ways else ()
+        out.append(dataclasses.replace(request, images=rollout.row_of(images, row), token_type_ids=types))
     return out
+
+
+VISION_INPUTS = ("image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids")
+"""Processor outputs ``generate`` passes to the model's image inputs (Qwen-VL's grids and videos)."""
 
 
 def _requests(ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, copies: int,

@@ -201,8 +201,10 @@ class QwenVisionTower(nnx.Module):
         Args:
             patches: ``[B, P, patch_values]``, each row's patches in the order of its vision tokens (padding after).
             rows_cols: ``[B, P, 2]`` each patch's row and column in its frame (the 2-D rope).
-            frames: ``[B, P]`` the frame each patch belongs to (full attention stays within it); ``-1``: padding.
-            windows: ``[B, P]`` the window each patch belongs to (Qwen2.5-VL's windowed blocks); ``-1``: padding.
+            frames: ``[B, P]`` the frame each patch belongs to, from 1 (full attention stays within it); ``0``:
+                padding.
+            windows: ``[B, P]`` the window each patch belongs to, from 1 (Qwen2.5-VL's windowed blocks); ``0``:
+                padding.
         """
         spec = self.spec
         kernel = self.patch_embed.get_value()
@@ -220,8 +222,8 @@ class QwenVisionTower(nnx.Module):
 
 
 def _same_segment(segments: jax.Array) -> jax.Array:
-    """``[B, P, P]``: both patches in one segment, neither padding."""
-    return (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] >= 0)
+    """``[B, P, P]``: both patches in one segment, neither padding (segment 0)."""
+    return (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] > 0)
 
 
 class QwenVLDecoder(NativeDecoder):
@@ -278,10 +280,11 @@ def vision_inputs(spec: QwenVisionSpec, input_ids: np.ndarray, images: Sequence[
         window_size, patch_size: the tower's window (pixels; 0: none) and patch size.
 
     Returns:
-        ``patches [B, P, D]``, ``rows_cols [B, P, 2]``, ``frames``/``windows [B, P]`` (-1 on padding),
+        ``patches [B, P, D]``, ``rows_cols [B, P, 2]``, ``frames``/``windows [B, P]`` (from 1; 0 on padding),
         ``token_offsets [B, N, 3]`` (each vision token's M-RoPE position minus its plain one), ``text_shift
         [B, N + 1]`` (a text token's, by the vision tokens before it) and ``rope_deltas [B]`` (text after the row's
-        last vision token), with ``N = P / merge_unit``.
+        last vision token), with ``N = P / merge_unit``. Zeros are padding everywhere, so rows of several calls
+        stack by padding each array's first axis with zeros (the rollout engines' requests).
 
     Raises:
         ValueError: the tokens and the items disagree (a run of image tokens without an image left, a partial image,
@@ -323,11 +326,11 @@ def vision_inputs(spec: QwenVisionSpec, input_ids: np.ndarray, images: Sequence[
     batch = len(rows)
     out = {"patches": np.zeros((batch, width, spec.patch_values), np.float32),
            "rows_cols": np.zeros((batch, width, 2), np.int32),
-           "frames": np.full((batch, width), -1, np.int32), "windows": np.full((batch, width), -1, np.int32),
+           "frames": np.zeros((batch, width), np.int32), "windows": np.zeros((batch, width), np.int32),
            "token_offsets": np.zeros((batch, width // unit, 3), np.int32),
            "text_shift": np.zeros((batch, width // unit + 1), np.int32), "rope_deltas": np.zeros((batch,), np.int32)}
     for row, items in enumerate(rows):
-        patch, token, frame, window, shift = 0, 0, 0, 0, 0
+        patch, token, frame, window, shift = 0, 0, 1, 1, 0
         for item in items:
             t, h, w = item.grid
             count = t * h * w

@@ -11,6 +11,7 @@ from .engine import (
     derived_seed,
     request_seed,
     requests_from_rows,
+    row_of,
     rows_from_outputs,
     weights_snapshot,
 )
@@ -19,5 +20,5 @@ from .registry import BUILT_IN, EngineContext, build_engine, engine_names, regis
 
 __all__ = ["BUILT_IN", "EngineContext", "EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput",
            "RolloutEngine", "RolloutRequest", "StaticEngine", "build_engine", "completion_mask", "derived_seed",
-           "engine_names", "register_engine", "request_seed", "requests_from_rows", "rows_from_outputs",
+           "engine_names", "register_engine", "request_seed", "requests_from_rows", "row_of", "rows_from_outputs",
            "unregister_engine", "weights_snapshot"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -45,9 +45,12 @@ class RolloutRequest:
             ``(seed, first_sample + j)`` (``generate`` numbers the rows of its batch so: row ``i`` draws ``(seed, i)``).
         penalised_ids: ids the repetition penalty counts as seen besides the prompt's own (``generate`` passes a
             row's left padding where the installed ``transformers`` counts it); the model never sees them.
-        images: ``[N, H, W, C]`` the prompt's images, in the order of its image tokens (a model with a vision
-            tower), or ``None``.
-        token_type_ids: the prompt's token types (1 on image tokens), with ``images``.
+        images: the prompt's images as the model takes them (a model with a vision tower, ``Family.images``' value
+            for this row): Gemma 3's ``[N, H, W, C]`` in the order of its image tokens, or a dict of arrays (Qwen-VL's
+            patches and positions, zeros as padding; its ``rope_deltas`` is what the positions of the tokens after
+            the prompt add); ``None``: a text prompt.
+        token_type_ids: the prompt's token types (1 on image tokens), with ``images`` of a model whose image tokens
+            see each other both ways (Gemma 3); empty otherwise.
     """
 
     prompt_ids: tuple[int, ...]
@@ -71,9 +74,18 @@ class RolloutRequest:
         if self.first_sample < 0:
             raise ValueError(f"RolloutRequest.first_sample must be >= 0, got {self.first_sample}.")
         object.__setattr__(self, "token_type_ids", tuple(int(kind) for kind in self.token_type_ids))
-        if self.images is not None and len(self.token_type_ids) != len(self.prompt_ids):
-            raise ValueError(f"RolloutRequest with images needs token_type_ids for its {len(self.prompt_ids)} prompt "
-                             f"tokens, got {len(self.token_type_ids)}.")
+        if self.token_type_ids and len(self.token_type_ids) != len(self.prompt_ids):
+            raise ValueError(f"RolloutRequest.token_type_ids must have one type per prompt token "
+                             f"({len(self.prompt_ids)}), got {len(self.token_type_ids)}.")
+        if self.token_type_ids and self.images is None:
+            raise ValueError("RolloutRequest.token_type_ids were given without images.")
+
+    @property
+    def rope_delta(self) -> int:
+        """What the positions after the prompt add (a multimodal rope's ``rope_deltas``; 0 for text)."""
+        if isinstance(self.images, dict) and "rope_deltas" in self.images:
+            return int(self.images["rope_deltas"])
+        return 0
 
 
 @dataclass
@@ -177,20 +189,62 @@ class StaticEngine:
         return outputs
 
 
-def request_images(requests: Sequence[RolloutRequest], width: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """``(images [R, N, H, W, C], token types [R, width])`` of requests laid out as left-padded rows (zero images
-    after each row's own; ``N`` the most any request has), or ``(None, None)`` when none has images."""
+def request_images(requests: Sequence[RolloutRequest], width: int) -> tuple[Any, np.ndarray | None]:
+    """``(images, token types [R, width])`` of requests laid out as left-padded rows, or ``(None, None)`` when none
+    has images. The images stack row by row, each array's first axis padded with zeros to the longest (Gemma 3's
+    image slots, Qwen-VL's patches), a request without images all zeros; the token types are ``None`` when no
+    request has them."""
     with_images = [request.images for request in requests if request.images is not None]
     if not with_images:
         return None, None
-    slots = max(len(images) for images in with_images)
-    images = np.zeros((len(requests), slots, *with_images[0].shape[1:]), np.float32)
-    token_types = np.zeros((len(requests), width), np.int32)
-    for row, request in enumerate(requests):
-        if request.images is not None:
-            images[row, :len(request.images)] = request.images
-            token_types[row, width - len(request.token_type_ids):] = request.token_type_ids
+    images = stack_rows([request.images for request in requests])
+    token_types = None
+    if any(request.token_type_ids for request in requests):
+        token_types = np.zeros((len(requests), width), np.int32)
+        for row, request in enumerate(requests):
+            if request.token_type_ids:
+                token_types[row, width - len(request.token_type_ids):] = request.token_type_ids
     return images, token_types
+
+
+def stack_rows(rows: Sequence[Any]) -> Any:
+    """Per-row image trees (arrays, or dicts of arrays) stacked on a new first axis, each array's own first axis
+    padded with zeros to the longest; a ``None`` row is all zeros."""
+    template = next(row for row in rows if row is not None)
+
+    def stack(*leaves):
+        present = [np.asarray(leaf) for leaf in leaves if leaf is not None]
+        dtype = np.float32 if np.issubdtype(present[0].dtype, np.floating) else present[0].dtype
+        if present[0].ndim == 0:
+            return np.asarray([0 if leaf is None else leaf for leaf in leaves], dtype)
+        longest = max(leaf.shape[0] for leaf in present)
+        out = np.zeros((len(leaves), longest, *present[0].shape[1:]), dtype)
+        for row, leaf in enumerate(leaves):
+            if leaf is not None:
+                out[row, :len(leaf)] = leaf
+        return out
+
+    filled = [jax.tree.map(lambda _: None, template) if row is None else row for row in rows]
+    return jax.tree.map(stack, *filled, is_leaf=lambda leaf: leaf is None)
+
+
+def row_of(images: Any, row: int) -> Any:
+    """Row ``row`` of a batch's image tree (:func:`stack_rows`' inverse, padding kept)."""
+    return jax.tree.map(lambda array: np.asarray(array[row]), images)
+
+
+def same_images(first: Any, second: Any) -> bool:
+    """Whether two rows' image trees are equal (both ``None`` counts)."""
+    if first is None or second is None:
+        return first is None and second is None
+    pairs = zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True)
+    return all(np.array_equal(a, b) for a, b in pairs)
+
+
+def rope_deltas(images: Any) -> Any:
+    """``images``' ``rope_deltas`` ``[R]`` (a multimodal rope: what the positions after each row's prompt add), or
+    ``0``."""
+    return images["rope_deltas"] if isinstance(images, dict) and "rope_deltas" in images else 0
 
 
 def weights_snapshot(module: nnx.Module) -> nnx.Module:
@@ -223,8 +277,8 @@ def requests_from_rows(prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_
         prompt_ids: ``[N, P]`` token ids; prompt_mask: ``[N, P]``, 1 on real tokens.
         max_new_tokens: every completion's limit.
         seed: the round's seed (:func:`request_seed` gives each request its own).
-        images: ``[N, slots, H, W, C]`` each row's images (zero slots after its own), or ``None``.
-        token_type_ids: ``[N, P]`` 1 on image tokens, with ``images``.
+        images: each row's images (:func:`stack_rows`' layout), or ``None``.
+        token_type_ids: ``[N, P]`` 1 on image tokens, with ``images`` of a model that needs them.
 
     Returns:
         ``(requests, places)``: ``places[row] = (request index, sample index)`` of each row.
@@ -235,12 +289,11 @@ def requests_from_rows(prompt_ids: np.ndarray, prompt_mask: np.ndarray, max_new_
     for row, (ids, mask) in enumerate(zip(np.asarray(prompt_ids), np.asarray(prompt_mask), strict=True)):
         real = np.asarray(mask).astype(bool)
         prompt = tuple(int(token) for token in ids[real])
-        row_images = None if images is None else np.asarray(images[row])
-        same_images = row_images is None or (previous_images is not None and np.array_equal(row_images,
-                                                                                           previous_images))
-        vision = {} if row_images is None else {"images": row_images,
-                                                 "token_type_ids": np.asarray(token_type_ids[row])[real]}
-        if prompt == previous and same_images:
+        row_images = None if images is None else row_of(images, row)
+        vision = {} if row_images is None else {"images": row_images}
+        if row_images is not None and token_type_ids is not None:
+            vision["token_type_ids"] = np.asarray(token_type_ids[row])[real]
+        if prompt == previous and (row_images is None or same_images(row_images, previous_images)):
             last = requests[-1]
             requests[-1] = dataclasses.replace(last, num_samples=last.num_samples + 1)
         else:
@@ -278,4 +331,5 @@ def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.nd
 
 
 __all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "completion_mask", "derived_seed",
-           "request_images", "request_seed", "requests_from_rows", "rows_from_outputs", "weights_snapshot"]
+           "request_images", "request_seed", "requests_from_rows", "rope_deltas", "row_of", "rows_from_outputs",
+           "same_images", "stack_rows", "weights_snapshot"]

@@ -54,7 +54,7 @@ from ..model import decoder_contract
 from ..model.tunix_model import image_blocks, positions_from_mask
 from ..runtime.float32_dots import float32_dots, gather_tables
 from ..runtime.tracing import record_trace, traced_cheaply
-from .engine import RequestOutput, RolloutRequest, request_images
+from .engine import RequestOutput, RolloutRequest, request_images, rope_deltas
 from .pages import TRASH_PAGE, PagePool
 from .sampling import (
     bucket_length,
@@ -212,8 +212,9 @@ def _prefill_program(programs: _Programs, module, tables, pool, prompt_ids, prom
                      images=None, token_types=None):
     """Runs left-padded prompts ``[G, P]`` once, writes their keys/values to ``(page_index, page_offset) [G, P]``
     (the trash page for padding) and returns ``(last logits [G, V], pool, the recurrent layers' states [G, ...])``.
-    ``images`` ``[G, N, H, W, C]`` and ``token_types`` ``[G, P]`` (image prompts) put the images in place of their
-    tokens, which see each other both ways."""
+    ``images`` (image prompts, :func:`~.engine.request_images`) put the images in place of their tokens, which see
+    each other both ways where ``token_types`` ``[G, P]`` are given (Gemma 3); a multimodal rope's last token sits
+    its row's ``rope_deltas`` further on."""
     groups, width = prompt_ids.shape
     record_trace("generate", {"engine program": "prefill", "requests": groups, "prompt bucket": width})
     prompt_mask = prompt_mask.astype(bool)
@@ -224,11 +225,14 @@ def _prefill_program(programs: _Programs, module, tables, pool, prompt_ids, prom
     causal = jnp.arange(width)[None, :] <= jnp.arange(head)[:, None]
     attention = causal[None] & prompt_mask[:, None, :]
     inputs = {}
+    shift = 0
     if images is not None:
-        attention = attention | image_blocks(token_types)[:, :head]
+        if token_types is not None:
+            attention = attention | image_blocks(token_types)[:, :head]
         inputs = {"images": images}
+        shift = jnp.asarray(rope_deltas(images), jnp.int32)[..., None] if isinstance(images, dict) else 0
     _, cache = _forward(module, tables, prompt_ids[:, :head], positions[:, :head], cache, attention, **inputs)
-    logits, cache = _forward(module, tables, prompt_ids[:, head:], positions[:, head:], cache,
+    logits, cache = _forward(module, tables, prompt_ids[:, head:], positions[:, head:] + shift, cache,
                              prompt_mask[:, None, :])
     states = _states_of(cache, pool)
     pool = {name: {part: pool[name][part].at[page_index, page_offset].set(cache[name][part]) for part in ("k", "v")}
@@ -338,10 +342,11 @@ def _prefill_chunk_program(programs: _Programs, module, tables, pool, chunk_ids,
 
 
 def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states, slot_index, tokens, lengths,
-                    page_table, live, seeds, samples, steps, limits, values, end_ids):
+                    page_table, live, seeds, samples, steps, limits, shifts, values, end_ids):
     """``programs.steps`` tokens for each of ``R`` rows, row ``r`` being slot ``slot_index[r]`` (``S``, out of
-    range, for padding). Each step feeds a row's last token at position ``lengths [R]`` plus the step; a row stops
-    once it draws an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had).
+    range, for padding). Each step feeds a row's last token at cache position ``lengths [R]`` plus the step, its
+    rope position ``shifts [R]`` further on (a multimodal rope's ``rope_deltas``, 0 for text); a row stops once it
+    draws an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had).
 
     The rows' pages are gathered once into a right-aligned cache (:func:`_gather_view`) that the steps extend as
     the static sampler's does, and the fed tokens' keys and values go to their pages once, after the last step; the
@@ -365,8 +370,8 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states
         cache, seen, tokens, done, out_tokens, out_logprobs = carry
         active = live & ~done
         mask = (cached | ((columns >= view) & (columns <= view + step)))[:, None, :]
-        logits, cache = _forward(nnx.merge(graphdef, state), tables, tokens[:, None], (lengths + step)[:, None], cache,
-                                 mask)
+        logits, cache = _forward(nnx.merge(graphdef, state), tables, tokens[:, None],
+                                 (lengths + step + shifts)[:, None], cache, mask)
         logits = logits[:, 0]
         row_seen = seen.at[slot_index].get(mode="clip") if programs.switches.repetition_penalty else None
         drawn = choose_tokens_per_row(logits, stream_keys(seeds, samples, steps + step), programs.switches, values,
@@ -661,7 +666,9 @@ class _Run:
             page_offset[row, width - count:] = token % page_size
         images, token_types = request_images([group.request for group, _ in chosen], width)
         if images is not None:  # the padding rows get no images
-            images = np.pad(images, ((0, rows - len(chosen)),) + ((0, 0),) * (images.ndim - 1))
+            images = jax.tree.map(lambda rows_of: np.pad(rows_of, ((0, rows - len(chosen)),)
+                                                         + ((0, 0),) * (rows_of.ndim - 1)), images)
+        if token_types is not None:
             token_types = np.pad(token_types, ((0, rows - len(chosen)), (0, 0)))
         logits, self.pool, states = _prefill(self.programs, self.engine.module, self.tables, self.pool, prompt_ids,
                                              prompt_mask, page_index, page_offset, images, token_types)
@@ -802,6 +809,7 @@ class _Run:
         samples = np.zeros(rows, np.int32)
         steps = np.zeros(rows, np.int32)
         limits = np.ones(rows, np.int32)
+        shifts = np.zeros(rows, np.int32)
         for row, index in enumerate(live):
             slot = self.slots[index]
             request = slot.group.request
@@ -819,8 +827,9 @@ class _Run:
             samples[row] = request.first_sample + slot.sample
             steps[row] = len(slot.tokens)
             limits[row] = request.max_new_tokens
+            shifts[row] = request.rope_delta
         programs = _Programs(self.switches, engine.lora, bucket_length(int(lengths.max())), count)
-        arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps, limits)
+        arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps, limits, shifts)
         if self.sharding is not None:
             arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
         tokens, logprobs, self.pool, self.seen, self.slot_states = _decode(

@@ -40,6 +40,7 @@ from ..model import decoder_contract
 from ..model.tunix_model import image_blocks, positions_from_mask
 from ..runtime.float32_dots import float32_dots
 from ..runtime.tracing import record_trace, traced_cheaply
+from .engine import rope_deltas
 from .sampling_settings import UNSUPPORTED_GENERATION_SETTINGS, SamplingSettings, SamplingSwitches, SamplingValues
 
 _MIN_BUCKET = 16
@@ -353,12 +354,16 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
     causal = jnp.arange(prompt_bucket + new_bucket)[None, :] <= jnp.arange(head)[:, None]
     prefill_attention = causal[None] & keys_up_to(0)[:, None, :]
     inputs = {}
-    if images is not None:  # image prompts: the images replace their tokens, which see each other both ways
-        blocks = image_blocks(token_types)[:, :head]
-        prefill_attention = prefill_attention | jnp.pad(blocks, ((0, 0), (0, 0), (0, new_bucket)))
+    shift = 0
+    if images is not None:  # image prompts: the images replace their tokens (Gemma 3's see each other both ways)
+        if token_types is not None:
+            blocks = image_blocks(token_types)[:, :head]
+            prefill_attention = prefill_attention | jnp.pad(blocks, ((0, 0), (0, 0), (0, new_bucket)))
         inputs = {"images": images}
+        # A multimodal rope's tokens after the prompt's images sit rope_deltas further on.
+        shift = jnp.asarray(rope_deltas(images), jnp.int32)[..., None] if isinstance(images, dict) else 0
     _, cache = forward(prompt_ids[:, :head], positions[:, :head], cache, prefill_attention, **inputs)
-    logits, cache = forward(prompt_ids[:, head:], positions[:, head:], cache, keys_up_to(0)[:, None, :])
+    logits, cache = forward(prompt_ids[:, head:], positions[:, head:] + shift, cache, keys_up_to(0)[:, None, :])
 
     seen = None
     if program.switches.repetition_penalty:
@@ -391,7 +396,7 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
     def one_step(carry):
         step, cache, token, done, seen, tokens_out, logprobs_out = carry
         # New token step-1 goes into slot prompt_bucket + step - 1 (Tunix writes at its end_index).
-        position = (lengths + step - 1)[:, None]
+        position = (lengths + step - 1)[:, None] + shift
         logits, cache = forward(token[:, None], position, cache, keys_up_to(step)[:, None, :])
         token, done, seen, tokens_out, logprobs_out = advance(step, logits[:, 0], done, seen, tokens_out,
                                                               logprobs_out)
@@ -459,10 +464,11 @@ def generate_tokens(
             ``(seed, row index)``, so a completion's tokens match a rollout engine's for the same request.
         penalised_positions: ``[B, P]``, true where the repetition penalty counts the id of ``input_ids``, in place
             of the rule ``repetition_penalty_skips_left_padding`` names.
-        images: ``[B, N, H, W, C]`` the prompts' images (a model with a vision tower, ``Family.images``), which the
-            prefill puts in place of their image tokens; ``None``: text prompts.
-        token_type_ids: ``[B, P]``, 1 on the prompts' image tokens (given with ``images``): each image's tokens
-            attend to each other both ways in the prefill.
+        images: the prompts' images as the model takes them (a model with a vision tower, ``Family.images``: Gemma
+            3's ``[B, N, H, W, C]``, Qwen-VL's dict of arrays), which the prefill puts in place of their image tokens;
+            a ``rope_deltas`` ``[B]`` among them shifts the positions after the prompt (M-RoPE). ``None``: text.
+        token_type_ids: ``[B, P]``, 1 on the prompts' image tokens, for a model whose image tokens attend to each
+            other both ways in the prefill (Gemma 3); ``None``: causal.
 
     Returns:
         :class:`DecodeResult` whose ``tokens`` have as many columns as steps were run (fewer than
@@ -489,10 +495,12 @@ def generate_tokens(
             place_array(rows, batch_sharding) for rows in (padded_ids, padded_mask, counted, row_seeds, row_samples))
     token_types = None
     if images is not None:
-        images = np.asarray(images, np.float32)
-        token_types = np.pad(np.asarray(token_type_ids, np.int32), ((0, 0), (extra, 0)))
+        images = jax.tree.map(_host_rows, images)
+        if token_type_ids is not None:
+            token_types = np.pad(np.asarray(token_type_ids, np.int32), ((0, 0), (extra, 0)))
         if batch_sharding is not None:
-            images, token_types = (place_array(rows, batch_sharding) for rows in (images, token_types))
+            images = jax.tree.map(lambda rows: place_array(rows, batch_sharding), images)
+            token_types = None if token_types is None else place_array(token_types, batch_sharding)
     with lora_runtime.lora_mode(lora):
         tokens, logprobs, steps = _compiled_decode(
             program, module, padded_ids, padded_mask, counted, np.int32(max_new_tokens),
@@ -506,6 +514,12 @@ def generate_tokens(
         logprobs=gather_to_host(logprobs)[:, :steps] if return_logprobs else None,
         cache_size=cache_size(length, max_new_tokens),
     )
+
+
+def _host_rows(rows) -> np.ndarray:
+    """An image array on the host: floating ones in float32, ids as they are."""
+    rows = np.asarray(rows)
+    return rows.astype(np.float32) if np.issubdtype(rows.dtype, np.floating) else rows
 
 
 def penalised_prompt_positions(attention_mask: np.ndarray, skip_left_padding: bool) -> np.ndarray:
