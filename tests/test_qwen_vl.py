@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import peft
 import pytest
 import torch
 import transformers
 from safetensors.numpy import load_file
 
 import torchlike
-from tests.helpers.models import valid_max_diff
+from tests.helpers.models import randomize_lora_, valid_max_diff
 from tests.helpers.vision import save_tiny_vlm
+from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.testing import multimodal_token_ids, tiny_image
 
 FAMILIES = ["qwen2_5_vl", "qwen2_vl"]
@@ -219,3 +221,40 @@ def test_greedy_generate_with_images_equals_transformers_on_both_engines(family,
         out = model.generate(**inputs, max_new_tokens=8, do_sample=False, eos_token_id=[], pad_token_id=0,
                              rollout_engine=engine)
         assert np.array_equal(np.asarray(out), expected), engine
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_adapter_loads_in_peft_with_the_same_image_logits_and_merges(family, qwen_dirs, tmp_path):
+    path = qwen_dirs(family)
+    # "all-linear": the text decoder's, the tower's and the merger's linear layers, in PEFT as here.
+    model = get_peft_model(torchlike.AutoModelForImageTextToText.from_pretrained(path),
+                           LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    randomize_lora_(model)
+    model.save_pretrained(tmp_path / "adapter")
+    keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight" in keys
+    assert "base_model.model.model.visual.blocks.1.attn.qkv.lora_B.weight" in keys
+    theirs = peft.get_peft_model(hf_vlm(path), peft.LoraConfig(r=4, target_modules="all-linear"))
+    assert keys == {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)}
+    reference = peft.PeftModel.from_pretrained(hf_vlm(path), tmp_path / "adapter").eval()
+    inputs = image_batch(path, "right")
+    ours = model(**inputs).logits
+    assert valid_max_diff(ours, reference_logits(reference, inputs), inputs["attention_mask"]) <= 1e-4
+    model.merge_and_unload().save_pretrained(tmp_path / "merged")
+    assert valid_max_diff(ours, reference_logits(hf_vlm(tmp_path / "merged"), inputs),
+                          inputs["attention_mask"]) <= 1e-4
+
+
+def test_peft_has_no_default_targets_for_qwen_vl_and_neither_has_torchlike(qwen_dirs, tmp_path):
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(qwen_dirs("qwen2_5_vl"))
+    with pytest.raises(ValueError, match=r"the qwen2_5_vl family has no default LoRA target_modules"):
+        get_peft_model(model, LoraConfig(task_type="CAUSAL_LM"))
+    # PEFT's "proj" would adapt the Conv3d patch embedding as a convolution, which torchlike does not: refused.
+    with pytest.raises(ValueError, match=r"names visual\.patch_embed\.proj.*Conv3d.*'attn\.proj'"):
+        get_peft_model(model, LoraConfig(target_modules=["qkv", "proj"], task_type="CAUSAL_LM"))
+    adapted = get_peft_model(torchlike.AutoModelForImageTextToText.from_pretrained(qwen_dirs("qwen2_5_vl")),
+                             LoraConfig(target_modules=["qkv", "attn.proj"], task_type="CAUSAL_LM"))
+    adapted.save_pretrained(tmp_path / "adapter")
+    modules = {name.split(".lora_")[0] for name in load_file(tmp_path / "adapter" / "adapter_model.safetensors")}
+    assert modules == {f"base_model.model.model.visual.blocks.{block}.attn.{name}" for block in (0, 1)
+                       for name in ("proj", "qkv")}

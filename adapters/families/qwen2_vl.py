@@ -209,6 +209,11 @@ IMAGE_KEYS = ("image_grid_thw", "pixel_values_videos", "video_grid_thw", "second
 """The processor's outputs beside ``pixel_values`` that :func:`images` reads."""
 
 
+PATCH_EMBED = r"(model\.)?visual\.patch_embed\.proj"
+CONV_REASON = ("the patch embedding is a Conv3d in transformers (PEFT adapts it as a convolution, torchlike does not); "
+               "name the tower's attention output 'attn.proj' instead of 'proj'")
+
+
 def _lora_targets(qwen2: bool) -> dict[str, str]:
     """HF module name -> NNX module regex: the text decoder's projections, the tower's (``transformers`` names the
     tower's MLP as the text's on Qwen2.5-VL, so ``gate_proj`` adapts both, as in PEFT) and the merger's MLP
@@ -230,6 +235,7 @@ def _family(name: str, model_type: str, architecture: str):
         weights=weights(qwen2), build_model=build_model, lora_targets=_lora_targets(qwen2),
         default_lora_targets=(),  # PEFT has no default for this model type
         ignored_hf_keys=DECODER_IGNORED_KEYS, images=images, image_keys=IMAGE_KEYS,
+        lora_not_linear={PATCH_EMBED: CONV_REASON}, lora_refused={PATCH_EMBED: CONV_REASON},
         in_memory_prefixes=((VISION_PREFIX, IN_MEMORY_VISION_PREFIX), (TEXT_PREFIX, IN_MEMORY_TEXT_PREFIX)),
         prompt_learning=False, tiny_configs={model_type: TINY_CONFIGS[model_type]})
 

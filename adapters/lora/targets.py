@@ -63,6 +63,8 @@ def _check_not_refused(family: Family, modules: list[str], target_modules: list[
     (``Family.lora_refused``), naming it and giving the reason."""
     for hf_module in modules:
         reason = _reason(family.lora_refused, hf_module)
+        if target_modules == "all-linear" and _reason(family.lora_not_linear, hf_module):
+            continue  # PEFT's "all-linear" leaves it out too
         if reason is not None and _names(hf_module, target_modules):
             raise ValueError(f"target_modules={target_modules!r} names {hf_module}, which LoRA cannot adapt in the "
                              f"{family.name} model: {reason}.")

@@ -243,6 +243,20 @@ class QwenVLDecoder(NativeDecoder):
             x, positions = self.merge_vision(tokens, positions, x, images)
         return self.decode_embeddings(x, positions, cache, attention_mask)
 
+    def get_model_input(self) -> dict[str, jax.Array | dict | None]:
+        """The dummy call Qwix traces to place LoRA factors: :meth:`NativeDecoder.get_model_input` with one image
+        token per row and a one-token image, so the tower runs too."""
+        inputs = super().get_model_input()
+        vision = self.visual.spec
+        unit = vision.merge_unit
+        inputs["tokens"] = jnp.full((2, 1), vision.image_token_id, jnp.int32)
+        inputs["images"] = {"patches": jnp.zeros((2, unit, vision.patch_values), jnp.float32),
+                            "rows_cols": jnp.zeros((2, unit, 2), jnp.int32),
+                            "frames": jnp.ones((2, unit), jnp.int32), "windows": jnp.ones((2, unit), jnp.int32),
+                            "token_offsets": jnp.zeros((2, 1, 3), jnp.int32),
+                            "text_shift": jnp.zeros((2, 2), jnp.int32), "rope_deltas": jnp.zeros((2,), jnp.int32)}
+        return inputs
+
     def merge_vision(self, tokens, positions, x, images):
         """``(embeddings with the vision tokens replaced, M-RoPE positions [3, B, T])``."""
         vision = self.visual.spec
