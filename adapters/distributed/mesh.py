@@ -155,12 +155,12 @@ def place_batch(local: dict[str, np.ndarray], sharding: NamedSharding, global_ro
     """
     if jax.process_count() == 1:
         return jax.device_put(local, sharding)
-    placed = {}
-    for key, value in local.items():
+    def placed(value):
         shape = list(value.shape)
         shape[batch_axis] = global_rows
-        placed[key] = jax.make_array_from_process_local_data(sharding, value, tuple(shape))
-    return placed
+        return jax.make_array_from_process_local_data(sharding, value, tuple(shape))
+
+    return jax.tree.map(placed, local)  # a column may be a dict of arrays (a vision-language model's images)
 
 
 def barrier(name: str) -> None:

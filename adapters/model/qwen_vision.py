@@ -294,7 +294,8 @@ def vision_inputs(spec: QwenVisionSpec, input_ids: np.ndarray, images: Sequence[
         window_size, patch_size: the tower's window (pixels; 0: none) and patch size.
 
     Returns:
-        ``patches [B, P, D]``, ``rows_cols [B, P, 2]``, ``frames``/``windows [B, P]`` (from 1; 0 on padding),
+        ``patches [B, P, D]`` (``P``: the most patches of a row, in merged tokens rounded up to a power of two),
+        ``rows_cols [B, P, 2]``, ``frames``/``windows [B, P]`` (from 1; 0 on padding),
         ``token_offsets [B, N, 3]`` (each vision token's M-RoPE position minus its plain one), ``text_shift
         [B, N + 1]`` (a text token's, by the vision tokens before it) and ``rope_deltas [B]`` (text after the row's
         last vision token), with ``N = P / merge_unit``. Zeros are padding everywhere, so rows of several calls
@@ -335,8 +336,9 @@ def vision_inputs(spec: QwenVisionSpec, input_ids: np.ndarray, images: Sequence[
             raise ValueError(f"{len(left)} {names[token]}(s) were given beyond the {names[token]} tokens (id {token}) "
                              "of the text: each needs its placeholder tokens, as the processor writes them.")
     patches_per_row = [sum(int(np.prod(item.grid)) for item in items) for items in rows]
-    width = max(max(patches_per_row, default=0), unit)
-    width = -(-width // unit) * unit
+    # A power of two (in whole merged tokens), so that batches of similar images share one compiled program.
+    width = -(-max(max(patches_per_row, default=0), unit) // unit)
+    width = (1 << (width - 1).bit_length()) * unit
     batch = len(rows)
     out = {"patches": np.zeros((batch, width, spec.patch_values), np.float32),
            "rows_cols": np.zeros((batch, width, 2), np.int32),

@@ -68,9 +68,11 @@ def collate_rows(collate: Callable[[list], dict], dataset: Sequence, indices: np
     real = indices >= 0
     fill = np.where(real, indices, indices[real][0]) if real.any() else np.zeros_like(indices)
     batch = collate([dataset[int(i)] for i in fill])
-    for key, value in batch.items():
+
+    def checked(path, value):
         value = np.asarray(value)
         if value.shape[:1] != (len(indices),):
+            key = ".".join(str(getattr(part, "key", part)) for part in path)
             raise ValueError(
                 f"the {what} data_collator returned {value.shape[:1] or 'no'} rows for {key!r} but was given "
                 f"{len(indices)} examples; the global batch must split evenly over the data-parallel size "
@@ -79,8 +81,10 @@ def collate_rows(collate: Callable[[list], dict], dataset: Sequence, indices: np
         if not real.all():
             value = value.copy()
             value[~real] = 0
-        batch[key] = value
-    return batch
+        return value
+
+    # A column may be a dict of arrays (a vision-language model's images), each with a row per example.
+    return jax.tree_util.tree_map_with_path(checked, dict(batch))
 
 
 def steps_per_epoch(length: int, per_step: int, drop_last: bool) -> int:
@@ -126,8 +130,8 @@ def epoch_batches(dataset: Sequence, order: np.ndarray, collate: Callable[[list]
         indices[:len(chosen)] = chosen
         local = indices.reshape(accumulation, batch_size)[:, rows].reshape(-1)
         batch = collate_rows(collate, dataset, local, mesh, "training")
-        batch = {key: value.reshape(accumulation, rows.stop - rows.start, *value.shape[1:])
-                 for key, value in batch.items()}
+        batch = jax.tree.map(lambda value: value.reshape(accumulation, rows.stop - rows.start, *value.shape[1:]),
+                             batch)
         yield mesh_lib.place_batch(batch, sharding, batch_size, batch_axis=1)
 
 

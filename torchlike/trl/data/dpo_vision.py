@@ -21,6 +21,7 @@ from ..data_utils import apply_chat_template, describe, example_tools, is_messag
 from ..trainer.base_config import round_up_to_multiple
 from .sft_vision import (
     LENGTH_BUCKET,
+    ModelImages,
     batch_images,
     flush_left,
     images_in_slots,
@@ -113,7 +114,7 @@ class VisionPreferenceCollator:
 
     Args:
         processor: the model's ``transformers`` processor (``AutoProcessor``).
-        images: ``(input_ids, pixel_values) -> per-row images`` (the model family's ``Family.images`` on its config).
+        images: the model's images (:class:`.sft_vision.ModelImages`).
         pad_token_id: fills ``*_input_ids`` past each sequence.
         max_length: each prompt + response is cut to its first ``max_length`` tokens (``None``: no truncation).
         images_per_row: the image slots every batch gets per row (the most images any example has), so every batch
@@ -121,16 +122,16 @@ class VisionPreferenceCollator:
 
     Returns from ``__call__``: for ``chosen`` and ``rejected``, int32 ``[B, L]`` ``*_input_ids``,
     ``*_attention_mask``, ``*_completion_mask`` (1 on response tokens) and ``*_token_type_ids`` (1 on image tokens),
-    ``L`` the longest sequence rounded up to a multiple of ``LENGTH_BUCKET``; float32 ``images``
-    ``[B, images_per_row, H, W, C]``; and ``ref_chosen_logps``/``ref_rejected_logps`` ``[B]`` when the rows carry
-    them.
+    ``L`` the longest sequence rounded up to a multiple of ``LENGTH_BUCKET``; ``images`` (float32
+    ``[B, images_per_row, H, W, C]``, or a dict of per-row arrays: :func:`.sft_vision.images_in_slots`); and
+    ``ref_chosen_logps``/``ref_rejected_logps`` ``[B]`` when the rows carry them.
 
     Raises (from ``__call__``):
         ValueError: ``max_length`` cuts image tokens off a prompt (TRL's message), a row has more images than
             ``images_per_row``, or a conversation's image placeholders do not match its images.
     """
 
-    def __init__(self, processor: Processor, images: Callable[[np.ndarray, np.ndarray], np.ndarray], pad_token_id: int,
+    def __init__(self, processor: Processor, images: ModelImages, pad_token_id: int,
                  max_length: int | None = None, images_per_row: int = 1):
         self.processor = processor
         self.images = images
@@ -146,8 +147,8 @@ class VisionPreferenceCollator:
         sequences = {key: self._sequences(prompts, [text[key] for text in texts]) for key in _RESPONSES}
         width = max(arrays[0].shape[1] for arrays in sequences.values())
         length = round_up_to_multiple(max(width, 1), LENGTH_BUCKET)
-        batch = {"images": images_in_slots(self.processor, self.images, np.asarray(prompts["input_ids"]),
-                                           prompts.get("pixel_values"), self.images_per_row)}
+        batch = {"images": images_in_slots(self.processor, self.images, np.asarray(prompts["input_ids"]), prompts,
+                                           self.images_per_row)}
         for key, arrays in sequences.items():
             for name, array, fill in zip(("input_ids", "attention_mask", "completion_mask", "token_type_ids"), arrays,
                                          (self.pad_token_id, 0, 0, 0), strict=True):

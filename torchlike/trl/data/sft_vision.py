@@ -10,6 +10,7 @@ text field, or ``prompt``/``completion``; ``{"type": "image"}`` message parts ma
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,8 +22,8 @@ from ..trainer.base_config import round_up_to_multiple
 if TYPE_CHECKING:
     from ..trainer.sft_config import SFTConfig
 
-__all__ = ["VisionLanguageCollator", "batch_images", "check_vision_settings", "flush_left", "images_in_slots",
-           "with_image_list"]
+__all__ = ["ModelImages", "VisionLanguageCollator", "batch_images", "check_vision_settings", "flush_left",
+           "images_in_slots", "with_image_list"]
 
 LENGTH_BUCKET = 32
 """Batches are padded to a multiple of this many tokens (TRL pads to the longest row), so a run compiles its step for
@@ -90,25 +91,57 @@ def batch_images(examples: Sequence[Mapping[str, Any]]) -> list | None:
     return None if all(not row for row in images) else images
 
 
-def images_in_slots(processor: Processor, images: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                    input_ids: np.ndarray, pixel_values: np.ndarray | None,
-                    images_per_row: int | None) -> np.ndarray:
-    """Each row's images, in token order, in ``images_per_row`` slots (zeros past a row's own), for the JAX step.
+@dataclass(frozen=True)
+class ModelImages:
+    """A model's ``Family.images`` on its config: the processor's outputs as the model takes images.
+
+    Args:
+        family: the model's adapter family.
+        config: the model's ``transformers`` config.
+    """
+
+    family: Any
+    config: Any
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The processor's outputs besides ``pixel_values`` the model reads (Qwen-VL's grids and videos); with them
+        the model's images are a dict of per-row arrays rather than image slots."""
+        return tuple(self.family.image_keys)
+
+    def __call__(self, input_ids: np.ndarray, pixel_values: np.ndarray | None, **vision: Any) -> Any:
+        return self.family.images(self.config, input_ids, pixel_values, **vision)
+
+    def of(self, input_ids: np.ndarray, processed: Mapping[str, Any]) -> Any:
+        """The images of a processed batch (``pixel_values`` and :attr:`keys` read from it)."""
+        pixels = processed.get("pixel_values")
+        vision = {key: np.asarray(processed[key]) for key in self.keys if processed.get(key) is not None}
+        return self(input_ids, None if pixels is None else np.asarray(pixels, np.float32), **vision)
+
+
+def images_in_slots(processor: Processor, images: ModelImages, input_ids: np.ndarray,
+                    processed: Mapping[str, Any], images_per_row: int | None) -> Any:
+    """Each row's images, in token order, for the JAX step: in ``images_per_row`` slots (zeros past a row's own), or,
+    for a model that reads more than ``pixel_values`` (:attr:`ModelImages.keys`: Qwen-VL), the dict of per-row
+    arrays its ``Family.images`` makes (patches padded to a power-of-two count).
 
     Args:
         processor: the model's processor (its ``image_processor.size`` shapes an image-less batch).
-        images: ``(input_ids, pixel_values) -> [B, N, H, W, C]`` (the family's ``Family.images`` on its config).
+        images: the model's images (:class:`ModelImages`).
         input_ids: ``[B, T]`` processed token ids (image tokens included).
-        pixel_values: the processor's ``pixel_values`` of every image of the batch, ``None`` when it has none.
+        processed: the processor's outputs for the batch (``pixel_values`` absent when it has no image).
         images_per_row: the slots per row; ``None``: the batch's most images per row rounded up to a power of two
             (a few shapes over a run, without counting every example's images first).
 
     Returns:
-        float32 ``[B, images_per_row, H, W, C]``.
+        float32 ``[B, images_per_row, H, W, C]``, or the dict of arrays.
 
     Raises:
         ValueError: a row has more images than ``images_per_row``.
     """
+    if images.keys:
+        return images.of(input_ids, processed)
+    pixel_values = processed.get("pixel_values")
     if pixel_values is None:
         size = processor.image_processor.size
         return np.zeros((len(input_ids), images_per_row or 1, size["height"], size["width"], 3), np.float32)
@@ -128,7 +161,7 @@ class VisionLanguageCollator:
 
     Args:
         processor: the model's ``transformers`` processor (``AutoProcessor``).
-        images: ``(input_ids, pixel_values) -> per-row images`` (the model family's ``Family.images`` on its config).
+        images: the model's images (:class:`ModelImages`).
         max_length: truncate the processed rows to this many tokens (``None``: no truncation).
         completion_only_loss: for prompt-completion data, train on the completion only (TRL's default ``None``:
             yes).
@@ -138,10 +171,10 @@ class VisionLanguageCollator:
             has one shape; ``None``: each batch's most, rounded up to a power of two (:func:`images_in_slots`).
 
     Returns from ``__call__``: ``input_ids``, ``attention_mask``, ``loss_mask`` (TRL's labels other than ``-100``),
-    ``token_type_ids`` (1 on image tokens) and ``images`` ``[B, images_per_row, H, W, C]``.
+    ``token_type_ids`` (1 on image tokens) and ``images`` (:func:`images_in_slots`).
     """
 
-    def __init__(self, processor: Processor, images: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    def __init__(self, processor: Processor, images: ModelImages,
                  max_length: int | None = None,
                  completion_only_loss: bool | None = None, dataset_text_field: str = "text",
                  pad_to_multiple_of: int | None = None, images_per_row: int | None = None):
@@ -212,8 +245,9 @@ class VisionLanguageCollator:
             mask, ids, in_completion, types = (array[:, :self.max_length] for array in (mask, ids, in_completion,
                                                                                         types))
         processed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        if "pixel_values" in prompt_part:
-            processed["pixel_values"] = prompt_part["pixel_values"]
+        for key in ("pixel_values", *self.images.keys):
+            if key in prompt_part:
+                processed[key] = prompt_part[key]
         completion_only = self.completion_only_loss is None or self.completion_only_loss
         return processed, mask * in_completion if completion_only else mask
 
@@ -230,6 +264,5 @@ class VisionLanguageCollator:
         types = processed.get("token_type_ids", np.zeros_like(ids))
         batch = {"input_ids": padded(ids, pad_id), "attention_mask": padded(processed["attention_mask"]),
                  "loss_mask": padded(loss_mask), "token_type_ids": padded(types)}
-        batch["images"] = images_in_slots(self.processor, self.images, ids, processed.get("pixel_values"),
-                                          self.images_per_row)
+        batch["images"] = images_in_slots(self.processor, self.images, ids, processed, self.images_per_row)
         return batch

@@ -38,6 +38,7 @@ from ..data.dpo_vision import (
     most_images,
     vision_preference_rows,
 )
+from ..data.sft_vision import ModelImages
 from .base_trainer import check_vision_model, is_vision_dataset, vision_processor
 from .dpo_config import DPOConfig
 from .offline_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm, rows_trl_gathers
@@ -182,7 +183,7 @@ class DPOTrainer(PrecomputedReferenceTrainer):
         if self._is_vision_dataset:
             family, config = model.family, model.config
             collator = self._vision_collator = VisionPreferenceCollator(
-                processing_class, lambda ids, pixels: family.images(config, ids, pixels), self.pad_token_id,
+                processing_class, ModelImages(family, config), self.pad_token_id,
                 max_length=args.max_length)
         else:
             collator = data_collator or (lambda rows: collate_preference_batch(

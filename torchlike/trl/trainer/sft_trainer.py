@@ -22,7 +22,7 @@ from ...type_aliases import (
     RowsLike,
 )
 from ..data.sft_data import SFTRows, collate_sft_batch, is_prepared, prepare_sft_dataset, unprepared_sft_examples
-from ..data.sft_vision import VisionLanguageCollator, check_vision_settings
+from ..data.sft_vision import ModelImages, VisionLanguageCollator, check_vision_settings
 from ..data_utils import load_chat_template
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer, check_text_dataset, is_vision_dataset, vision_processor
@@ -222,7 +222,7 @@ class SFTTrainer(OfflineTrainer):
         self.pad_token_id = processor.tokenizer.pad_token_id
         self.padding_free, self._pads_like_trl, self.padded_length = False, False, 1
         collator = VisionLanguageCollator(
-            processor, lambda ids, pixels: family.images(config, ids, pixels), max_length=args.max_length,
+            processor, ModelImages(family, config), max_length=args.max_length,
             completion_only_loss=args.completion_only_loss, dataset_text_field=args.dataset_text_field,
             pad_to_multiple_of=args.pad_to_multiple_of)
         self._prepare_sft_dataset = lambda dataset, packing=False: dataset
