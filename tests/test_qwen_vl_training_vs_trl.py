@@ -79,3 +79,58 @@ def test_qwen2_5_vl_sft_matches_trl_step_for_step(qwen_path, tmp_path):
         in_memory = name.replace("visual.", "model.visual.", 1).replace("model.layers.", "model.language_model.layers.")
         np.testing.assert_allclose(np.asarray(mine[name]), theirs[in_memory].detach().numpy(), rtol=1e-4, atol=1e-6,
                                    err_msg=name)
+
+
+#: TRL 1.16's DPO metrics beside the loss.
+DPO_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
+               "logits/chosen", "logits/rejected", "entropy", "mean_token_accuracy")
+
+
+def preference_rows(count: int, seed: int = 0) -> list[dict]:
+    rows = []
+    for row in range(count):
+        images = image_of(row + seed)
+        question = [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]
+        rows.append({"prompt": [{"role": "user", "content": [{"type": "image"}] * len(images) + question}],
+                     "chosen": [{"role": "assistant", "content": [{"type": "text",
+                                                                   "text": ANSWERS[row % len(ANSWERS)]}]}],
+                     "rejected": [{"role": "assistant", "content": [{"type": "text",
+                                                                     "text": ANSWERS[(row + 1) % len(ANSWERS)]}]}],
+                     "images": images})
+    return rows
+
+
+def test_qwen2_5_vl_dpo_matches_trl_step_for_step(qwen_path, tmp_path):
+    import datasets
+    import torch
+    import transformers
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    from torchlike.trl import DPOConfig, DPOTrainer
+
+    settings = dict(SETTINGS, per_device_train_batch_size=2, gradient_accumulation_steps=2, beta=0.1)
+    rows = preference_rows(8)
+    reference = trl.DPOTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(qwen_path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
+    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
+    reference.train()
+    trainer = DPOTrainer(model=str(qwen_path), args=DPOConfig(output_dir=str(tmp_path / "ours"),
+                                                              train_sampling_strategy="sequential", **settings),
+                         train_dataset=datasets.Dataset.from_list(rows),
+                         processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
+    trainer.train()
+    expected = [entry for entry in reference.state.log_history if "loss" in entry]
+    ours = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["step"] for entry in ours] == [entry["step"] for entry in expected] == [1, 2, 3, 4]
+    assert [set(entry) for entry in ours] == [set(entry) for entry in expected]
+    for key in ("loss", "grad_norm", *DPO_METRICS):
+        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, atol=1e-6, err_msg=key)
+    mine, theirs = trainer.model.hf_tensors(), dict(reference.model.named_parameters())
+    np.testing.assert_allclose(np.asarray(mine["visual.blocks.1.mlp.up_proj.weight"]),
+                               theirs["model.visual.blocks.1.mlp.up_proj.weight"].detach().numpy(), rtol=1e-4,
+                               atol=1e-6)

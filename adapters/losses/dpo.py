@@ -420,7 +420,7 @@ def _pair_token_log_probs(family, module, batch: dict, with_metrics: bool = Fals
     if "chosen_token_type_ids" in batch:
         inputs["token_type_ids"] = stacked("token_type_ids")
     if "images" in batch:
-        inputs["images"] = jnp.concatenate([batch["images"], batch["images"]])
+        inputs["images"] = jax.tree.map(lambda images: jnp.concatenate([images, images]), batch["images"])
     scores = logprobs.next_token_scores(family, module, inputs, with_metrics=with_metrics, block_size=block_size,
                                         with_log_sum_sq_probs=with_log_sum_sq_probs)
     mask = stacked("completion_mask")[:, 1:]
