@@ -1,6 +1,6 @@
-"""TRL's VLM training on Qwen2.5-VL equals the real TRL step for step: SFT on conversations with images of different
-sizes (and a text-only one), DPO on image preference pairs, GRPO on image prompts (scripted completions); float32 on
-both sides, TRL's other defaults kept."""
+"""TRL's VLM training on Qwen-VL equals the real TRL step for step: SFT on conversations with images of different
+sizes (and a text-only one) on Qwen2.5-VL and Qwen2-VL, DPO on image preference pairs and GRPO on image prompts
+(scripted completions) on Qwen2.5-VL; every final weight compared; float32 on both sides, TRL's other defaults kept."""
 
 from __future__ import annotations
 
@@ -18,8 +18,20 @@ SETTINGS = dict(per_device_train_batch_size=3, gradient_accumulation_steps=1, ma
 
 
 @pytest.fixture(scope="module")
-def qwen_path(tmp_path_factory):
-    return save_tiny_vlm(tmp_path_factory.mktemp("qwen-vl-train"), "qwen2_5_vl")
+def qwen_paths(tmp_path_factory):
+    built = {}
+
+    def path(family: str):
+        if family not in built:
+            built[family] = save_tiny_vlm(tmp_path_factory.mktemp(f"{family}-train"), family)
+        return built[family]
+
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen_path(qwen_paths):
+    return qwen_paths("qwen2_5_vl")
 
 
 def image_of(row: int):
@@ -42,7 +54,8 @@ def conversation_rows(count: int) -> list[dict]:
     return rows
 
 
-def test_qwen2_5_vl_sft_matches_trl_step_for_step(qwen_path, tmp_path):
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+def test_qwen_vl_sft_matches_trl_step_for_step(family, qwen_paths, tmp_path):
     import datasets
     import torch
     import transformers
@@ -51,6 +64,7 @@ def test_qwen2_5_vl_sft_matches_trl_step_for_step(qwen_path, tmp_path):
 
     from torchlike.trl import SFTConfig, SFTTrainer
 
+    qwen_path = qwen_paths(family)
     rows = conversation_rows(12)
     reference = trl.SFTTrainer(
         model=transformers.AutoModelForImageTextToText.from_pretrained(qwen_path, dtype=torch.float32,
@@ -71,14 +85,18 @@ def test_qwen2_5_vl_sft_matches_trl_step_for_step(qwen_path, tmp_path):
     for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
         assert len(logged(expected, key)) == SETTINGS["max_steps"], key
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
-    # The final weights, the tower's and the decoder's (published names; transformers' in memory).
-    mine = trainer.model.hf_tensors()
-    theirs = dict(reference.model.named_parameters())
-    for name in ("visual.blocks.0.attn.qkv.weight", "visual.merger.mlp.0.weight",
-                 "model.layers.1.mlp.down_proj.weight"):
-        in_memory = name.replace("visual.", "model.visual.", 1).replace("model.layers.", "model.language_model.layers.")
-        np.testing.assert_allclose(np.asarray(mine[name]), theirs[in_memory].detach().numpy(), rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
+    assert_same_weights(trainer.model, reference.model)
+
+
+def assert_same_weights(ours, theirs, atol: float = 1e-5) -> None:
+    """Every final weight of the torchlike model (published names) equals the transformers model's (in-memory names):
+    the tower's, the merger's and the decoder's, weight decay's choices included."""
+    mine = ours.hf_tensors()
+    expected = {name.replace("model.visual.", "visual.", 1).replace("model.language_model.", "model.", 1):
+                parameter.detach().numpy() for name, parameter in theirs.named_parameters()}
+    assert set(mine) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=atol, err_msg=name)
 
 
 #: TRL 1.16's DPO metrics beside the loss.
@@ -130,7 +148,50 @@ def test_qwen2_5_vl_dpo_matches_trl_step_for_step(qwen_path, tmp_path):
     assert [set(entry) for entry in ours] == [set(entry) for entry in expected]
     for key in ("loss", "grad_norm", *DPO_METRICS):
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, atol=1e-6, err_msg=key)
-    mine, theirs = trainer.model.hf_tensors(), dict(reference.model.named_parameters())
-    np.testing.assert_allclose(np.asarray(mine["visual.blocks.1.mlp.up_proj.weight"]),
-                               theirs["model.visual.blocks.1.mlp.up_proj.weight"].detach().numpy(), rtol=1e-4,
-                               atol=1e-6)
+    assert_same_weights(trainer.model, reference.model)
+
+
+def test_qwen2_5_vl_grpo_matches_trl_step_for_step(qwen_path, tmp_path, monkeypatch):
+    """Scripted completions (the same tokens for the same rows on both sides) for image prompts of three sizes (TRL's
+    GRPO takes no text prompt beside image ones), prompts of different lengths; the loss's forward passes take the
+    images and M-RoPE."""
+    import datasets
+    import torch
+    import transformers
+    import trl
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    from tests import tiny
+    from tests.test_vlm_grpo_vs_trl import scripted
+    from torchlike.trl import GRPOConfig, GRPOTrainer
+
+    rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],
+             "images": image_of(row) or [tiny_image(row, 16)]} for row in range(8)]
+    settings = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=3),
+                    per_device_train_batch_size=4, num_generations=4)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
+    # TRL reads the prompts' token types from its processor's padding and the ids left-padded: they agree when the
+    # processor pads on the left, as the one TRL loads itself does (padding_side="left").
+    processor = torchlike.AutoProcessor.from_pretrained(qwen_path)
+    processor.tokenizer.padding_side = "left"
+    reference = trl.GRPOTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(qwen_path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        reward_funcs=[tiny.token_reward, tiny.length_reward],
+        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows), processing_class=processor)
+    reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
+    expected, _, expected_params = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")
+
+    trainer = GRPOTrainer(model=str(qwen_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
+                          args=GRPOConfig(output_dir=str(tmp_path / "ours"), **settings), train_dataset=rows,
+                          processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
+    trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
+    ours, _, params = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")
+    assert len(logged(expected, "loss")) == settings["max_steps"]
+    for key in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length"):
+        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+    assert set(params) == set(expected_params)
+    for name, value in expected_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)

@@ -10,6 +10,7 @@ train step reads them from a table, so every schedule and every keyword transfor
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import jax.numpy as jnp
 import numpy as np
@@ -75,21 +76,34 @@ def learning_rate_schedule(args, total_steps: int) -> LearningRateSchedule:
 _LAYER_NORM = re.compile(r"(^|\.)ln\d*\.")
 
 
-def _decay_mask(params):
+def _decay_mask(overrides: Mapping[str, bool] | None = None):
     """transformers decays every weight except biases and normalisation weights (Tunix names its vision tower's
-    layer norms ``ln1``/``ln2``)."""
+    layer norms ``ln1``/``ln2``); ``overrides`` (NNX path regex -> decays) settle the norms whose name and type
+    transformers reads otherwise (``Family.decay_overrides``)."""
     import jax
 
+    rules = [(re.compile(pattern), decays) for pattern, decays in (overrides or {}).items()]
+
     def decays(path, _):
-        name = dotted_path(path).lower()
+        name = dotted_path(path)
+        for pattern, decided in rules:
+            if pattern.fullmatch(name):
+                return decided
+        name = name.lower()
         return not ("norm" in name or name.endswith("bias") or "_bias" in name or _LAYER_NORM.search(name))
 
-    return jax.tree_util.tree_map_with_path(decays, params)
+    return lambda params: jax.tree_util.tree_map_with_path(decays, params)
 
 
-def build_optimizer(args, total_steps: int) -> tuple[optax.GradientTransformation, LearningRateSchedule]:
+def build_optimizer(args, total_steps: int, decay_overrides: Mapping[str, bool] | None = None
+                    ) -> tuple[optax.GradientTransformation, LearningRateSchedule]:
     """The optax chain for ``args``: global-norm clipping (``max_grad_norm > 0``) then AdamW (or SGD)
     with the learning-rate schedule; ``optim`` names map as in ``training_args.OPTIMIZERS``.
+
+    Args:
+        decay_overrides: NNX path regex -> whether weight decay applies, over the name rule (the model family's
+            ``decay_overrides``: a norm ``transformers`` decays because it is neither an ``nn.LayerNorm`` nor named
+            like a norm).
 
     Returns:
         ``(transformation, schedule)``.
@@ -102,9 +116,11 @@ def build_optimizer(args, total_steps: int) -> tuple[optax.GradientTransformatio
     kind = OPTIMIZERS.get(optim)
     if kind == "adamw":
         core = optax.adamw(schedule, b1=args.adam_beta1, b2=args.adam_beta2, eps=args.adam_epsilon,
-                           weight_decay=args.weight_decay, mask=_decay_mask if args.weight_decay else None)
+                           weight_decay=args.weight_decay,
+                           mask=_decay_mask(decay_overrides) if args.weight_decay else None)
     elif kind == "sgd":
-        core = optax.chain(optax.add_decayed_weights(args.weight_decay, _decay_mask), optax.sgd(schedule))
+        core = optax.chain(optax.add_decayed_weights(args.weight_decay, _decay_mask(decay_overrides)),
+                           optax.sgd(schedule))
     else:
         raise ValueError(f"optim={optim!r} is not supported on JAX; use one of {list(OPTIMIZERS)}.")
     if args.max_grad_norm and args.max_grad_norm > 0:

@@ -273,6 +273,10 @@ class Family:
             dicts of the one load into the other, less the towers; empty for a text family (itself).
         sequence_classification: ``model_type`` -> the ``transformers`` ``*ForSequenceClassification`` class of that
             model type (its ``architectures`` on export); empty where ``transformers`` has none.
+        decay_overrides: NNX path regex -> whether weight decay applies, where ``transformers``' rule (no decay for
+            ``nn.LayerNorm`` modules and names with ``bias``, ``layernorm``, ``rmsnorm``, ``.norm.``, ``_norm``) differs
+            from torchlike's (no decay where the path says ``norm`` or ``bias``): Qwen2.5-VL's tower RMS norms
+            ``norm1``/``norm2`` decay, Qwen2-VL's merger LayerNorm ``ln_q`` does not.
         prompt_learning: peft's prompt learning (prompt tuning, P-tuning, prefix tuning) applies: the embedder is a
             plain table lookup whose output peft prepends the virtual tokens to, and the decoder takes a prefix in
             its KV cache.
@@ -307,6 +311,7 @@ class Family:
     decoder: str = ""
     sequence_classification: Mapping[str, str] = field(default_factory=dict)
     prompt_learning: bool = False
+    decay_overrides: Mapping[str, bool] = field(default_factory=dict)
 
     def for_config(self, hf_config) -> Family:
         """This family with the rows ``hf_config`` adds (``config_weights``); the family itself when it adds none."""

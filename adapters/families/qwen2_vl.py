@@ -237,7 +237,11 @@ def _family(name: str, model_type: str, architecture: str):
         ignored_hf_keys=DECODER_IGNORED_KEYS, images=images, image_keys=IMAGE_KEYS,
         lora_not_linear={PATCH_EMBED: CONV_REASON}, lora_refused={PATCH_EMBED: CONV_REASON},
         in_memory_prefixes=((VISION_PREFIX, IN_MEMORY_VISION_PREFIX), (TEXT_PREFIX, IN_MEMORY_TEXT_PREFIX)),
-        prompt_learning=False, tiny_configs={model_type: TINY_CONFIGS[model_type]})
+        prompt_learning=False, tiny_configs={model_type: TINY_CONFIGS[model_type]},
+        # transformers exempts nn.LayerNorm modules and norm-like names from weight decay: Qwen2-VL's merger norm is a
+        # LayerNorm named ln_q; Qwen2.5-VL's tower norms are RMS norms named norm1/norm2, which it decays.
+        decay_overrides={r"visual\.merger\.ln_q\.scale": False} if qwen2 else
+        {r"visual\.blocks\.\d+\.norm[12]\.scale": True})
 
 
 QWEN2_VL = _family("qwen2_vl", "qwen2_vl", "Qwen2VLForConditionalGeneration")

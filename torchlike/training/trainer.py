@@ -367,8 +367,9 @@ class Trainer:
             raise ValueError("Trainer: training requires a train_dataset.")
         args = self.args
         total_steps = self._total_steps()
+        family = getattr(self.model, "family", None)  # a plain module has none
         transformation, schedule = (self._custom_optimizer, None) if self._custom_optimizer else \
-            build_optimizer(args, total_steps)
+            build_optimizer(args, total_steps, getattr(family, "decay_overrides", None))
         self.lr_scheduler = schedule
         if not getattr(self._trainable_model, "requires_grad", True):  # a PlainModule has no such flag
             raise ValueError("optimizer got an empty parameter list: the model is frozen (requires_grad_(False), or "

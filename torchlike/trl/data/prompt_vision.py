@@ -4,7 +4,7 @@ and the prompt rendered and processed by the model's processor, so its ids carry
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -12,11 +12,18 @@ import numpy as np
 from ...type_aliases import Processor
 from ..data_utils import prepare_multimodal_messages
 from .prompt_data import is_conversational_prompt, left_padded
+from .sft_vision import ModelImages
 
-__all__ = ["PIXEL_VALUES", "TOKEN_TYPES", "prepare_vision_prompts", "row_images", "rows_vision_inputs"]
+__all__ = ["PIXEL_VALUES", "TOKEN_TYPES", "VISION_OUTPUTS", "prepare_vision_prompts", "row_images",
+           "rows_vision_inputs"]
 
 PIXEL_VALUES = "prompt_pixel_values"
-"""A prepared row's column of its prompt's images, as the processor gives them (``[n, C, H, W]``)."""
+"""A prepared row's column of its prompt's images, as the processor gives them (Gemma 3's ``[n, C, H, W]``, Qwen-VL's
+patches)."""
+VISION_OUTPUTS = "prompt_vision_outputs"
+"""A prepared row's column of the processor's other vision outputs for its prompt (Qwen-VL's ``image_grid_thw``), by
+name; ``{}`` where the processor gives none."""
+_PROCESSOR_VISION_KEYS = ("image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 TOKEN_TYPES = "prompt_token_type_ids"
 """A prepared row's column of its prompt's token types (1 on image tokens)."""
 
@@ -59,29 +66,37 @@ def prepare_vision_prompts(dataset: Iterable[Mapping[str, Any]], processor: Proc
         types = processed.get("token_type_ids")
         row[TOKEN_TYPES] = (np.zeros_like(ids) if types is None else np.asarray(types)[0]).tolist()
         row[PIXEL_VALUES] = np.asarray(processed["pixel_values"], np.float32) if images else None
+        row[VISION_OUTPUTS] = {key: np.asarray(processed[key]) for key in _PROCESSOR_VISION_KEYS
+                               if images and processed.get(key) is not None}
         rows.append(row)
     if not rows:
         raise ValueError(f"{name} is empty.")
     return rows
 
 
-def rows_vision_inputs(rows: list[Mapping[str, Any]], prompt_ids: np.ndarray, images_of: Callable[[np.ndarray,
-                       np.ndarray], np.ndarray], slots: int,
-                       image_shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """``(images [N, slots, H, W, C], token types [N, P])`` of a generation batch's prompts, left-padded like
-    ``prompt_ids`` ``[N, P]``.
+def rows_vision_inputs(rows: list[Mapping[str, Any]], prompt_ids: np.ndarray, images_of: ModelImages, slots: int,
+                       image_shape: tuple[int, int, int]) -> tuple[Any, np.ndarray]:
+    """``(images, token types [N, P])`` of a generation batch's prompts, left-padded like ``prompt_ids`` ``[N, P]``:
+    the images in ``slots`` per row ``[N, slots, H, W, C]``, or, for a model that reads more than the pixels
+    (:attr:`ModelImages.keys`: Qwen-VL), the dict of per-row arrays its ``Family.images`` makes.
 
     Args:
         rows: the prepared rows (:func:`prepare_vision_prompts`), one per completion.
         prompt_ids: their left-padded prompt ids.
-        images_of: ``(input_ids, pixel_values) -> per-row images`` (the family's ``Family.images`` on its config).
+        images_of: the model's images (:class:`~.sft_vision.ModelImages`).
         slots: image slots per row (the most images any prompt has), so every batch has one shape.
         image_shape: ``(H, W, C)`` of the model's images (the slots of a batch without images are zeros).
     """
     types, _ = left_padded([list(row[TOKEN_TYPES]) for row in rows], prompt_ids.shape[1], 0)
+    with_images = [row for row in rows if row.get(PIXEL_VALUES) is not None]
+    pixels = np.concatenate([np.asarray(row[PIXEL_VALUES], np.float32) for row in with_images]) if with_images \
+        else None
+    if images_of.keys:
+        outputs = {key: np.concatenate([row[VISION_OUTPUTS][key] for row in with_images])
+                   for key in images_of.keys if with_images and key in with_images[0].get(VISION_OUTPUTS, {})}
+        return images_of(prompt_ids, pixels, **outputs), types.astype(np.int32)
     images = np.zeros((len(rows), max(slots, 1), *image_shape), np.float32)
-    pixels = [np.asarray(row[PIXEL_VALUES], np.float32) for row in rows if row.get(PIXEL_VALUES) is not None]
-    if pixels:
-        per_row = images_of(prompt_ids, np.concatenate(pixels))
+    if pixels is not None:
+        per_row = images_of(prompt_ids, pixels)
         images[:, :per_row.shape[1]] = per_row
     return images, types.astype(np.int32)

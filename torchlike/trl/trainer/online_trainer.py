@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import jax
 import numpy as np
 
 from ...adapters import rollout
@@ -33,6 +34,7 @@ from ...type_aliases import ProcessingClass, RowsLike, TRLArgs
 from ...version import repetition_penalty_skips_left_padding
 from ..data import prompt_vision
 from ..data.prompt_data import is_conversational_prompt, left_padded, prepare_prompts
+from ..data.sft_vision import ModelImages
 from ..online.environments import EMPTY_PROMPT, EnvironmentPool
 from ..online.reward_scorer import RewardScorer
 from ..online.rollout_worker import RolloutWorker
@@ -338,11 +340,10 @@ class OnlineTrainer(TRLTrainer):
     def _vision_inputs(self, rows: list[dict], prompt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(images, token types)`` of a generation batch's image prompts (:func:`.prompt_vision.rows_vision_inputs`),
         the image size the processor's."""
-        config = self.model.config
         size = self.processing_class.image_processor.size
-        return prompt_vision.rows_vision_inputs(
-            rows, prompt_ids, lambda ids, pixels: self.model.family.images(config, ids, pixels), self._image_slots,
-            (size["height"], size["width"], 3))
+        shape = (size.get("height", 0), size.get("width", 0), 3)  # Qwen-VL's processor sizes by pixel count
+        return prompt_vision.rows_vision_inputs(rows, prompt_ids, ModelImages(self.model.family, self.model.config),
+                                                self._image_slots, shape)
 
     def _reset_environments(self, rows: list[dict]) -> tuple[list[dict], list]:
         """Each row's environment instance (:meth:`.environments.EnvironmentPool.assign`), reset with the row's columns
@@ -517,9 +518,11 @@ class OnlineTrainer(TRLTrainer):
                     if self._samples_ahead and (generation_index + 1) * per_generation < last:
                         self._sample_generation_ahead(prompt_rows(generation_index + 1), epoch, generation_index + 1)
                 part = within % schedule.micro_batches
-                group.append({key: value[part * size:(part + 1) * size] for key, value in buffered.items()})
+                # A column may be a dict of arrays (Qwen-VL's images): sliced and stacked leaf by leaf.
+                rows = slice(part * size, (part + 1) * size)
+                group.append(jax.tree.map(lambda value, rows=rows: value[rows], buffered))
                 if len(group) == accumulation:
-                    stacked = {key: np.stack([g[key] for g in group]) for key in group[0]}
+                    stacked = jax.tree.map(lambda *parts: np.stack(parts), *group)
                     group = []
                     yield mesh_lib.place_batch(stacked, sharding, size, batch_axis=1)
         finally:
