@@ -19,8 +19,9 @@ from tests.helpers.vision import save_tiny_vlm
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.testing import multimodal_token_ids, tiny_image
 
-FAMILIES = ["qwen2_5_vl", "qwen2_vl"]
-CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen2_vl": "Qwen2VLForConditionalGeneration"}
+FAMILIES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
+CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen2_vl": "Qwen2VLForConditionalGeneration",
+           "qwen3_vl": "Qwen3VLForConditionalGeneration"}
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +150,7 @@ def test_text_only_logits_equal_transformers(family, qwen_dirs):
 def test_export_is_the_published_layout_and_round_trips_bit_exact(family, dtype, qwen_dirs, tmp_path):
     path = qwen_dirs(family, dtype)
     source = load_file(path / "model.safetensors")
-    assert any(name.startswith("visual.") for name in source) and any(name.startswith("model.") for name in source)
+    assert any(".blocks.0.attn.qkv." in name for name in source) and any(".layers.0." in name for name in source)
     model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
     model.save_pretrained(tmp_path / "once")
     once = load_file(tmp_path / "once" / "model.safetensors")
@@ -258,3 +259,24 @@ def test_peft_has_no_default_targets_for_qwen_vl_and_neither_has_torchlike(qwen_
     modules = {name.split(".lora_")[0] for name in load_file(tmp_path / "adapter" / "adapter_model.safetensors")}
     assert modules == {f"base_model.model.model.visual.blocks.{block}.attn.{name}" for block in (0, 1)
                        for name in ("proj", "qkv")}
+
+
+def test_qwen3_vl_video_frames_each_its_own_item_equal_transformers(qwen_dirs):
+    """Qwen3-VL writes a timestamp before each temporal patch of a video: each is a run of video tokens of its own."""
+    path = qwen_dirs("qwen3_vl")
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    ids = multimodal_token_ids("qwen3_vl")
+    words = torchlike.AutoProcessor.from_pretrained(path).tokenizer("the quick brown fox",
+                                                                     add_special_tokens=False)["input_ids"]
+    frame = [ids["<|vision_start|>"]] + [ids["<|video_pad|>"]] * 4 + [ids["<|vision_end|>"]]
+    image = [ids["<|vision_start|>"]] + [ids["<|image_pad|>"]] * 4 + [ids["<|vision_end|>"]]
+    tokens = words[:1] + frame + words[1:3] + frame + image + words
+    input_ids = np.asarray([tokens])
+    types = np.where(input_ids == ids["<|image_pad|>"], 1, np.where(input_ids == ids["<|video_pad|>"], 2, 0))
+    rng = np.random.default_rng(2)
+    inputs = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids), "mm_token_type_ids": types,
+              "pixel_values": rng.normal(size=(16, 96)).astype(np.float32), "image_grid_thw": np.array([[1, 4, 4]]),
+              "pixel_values_videos": rng.normal(size=(32, 96)).astype(np.float32),
+              "video_grid_thw": np.array([[2, 4, 4]])}
+    reference = reference_logits(hf_vlm(path), inputs)
+    assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4

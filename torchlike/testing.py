@@ -303,6 +303,14 @@ _MULTIMODAL_FAMILIES.update({
         vision=dict(depth=2, embed_dim=32, mlp_ratio=2, num_heads=2, hidden_size=64, patch_size=4,
                     spatial_merge_size=2, temporal_patch_size=2),
         settings=dict(tie_word_embeddings=False), **_QWEN_VL_TOKENS),
+    # Qwen3-VL: a 2-block tower (width 32, 2 heads, a 4x4 position table) on patches of 4 merged 2x2, block 0's
+    # DeepStack features joining the first text layer.
+    "qwen3_vl": _MultimodalFamily(
+        config_class="Qwen3VLConfig", vision_config_class="Qwen3VLVisionConfig",
+        vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                    spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                    deepstack_visual_indexes=[0]),
+        settings=dict(tie_word_embeddings=False), **_QWEN_VL_TOKENS),
 })
 MULTIMODAL_FAMILIES = tuple(_MULTIMODAL_FAMILIES)
 
@@ -346,7 +354,7 @@ GEMMA3_CHAT_TEMPLATE = (
 )
 
 
-QWEN_VL_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+QWEN_VL_FAMILIES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
 
 
 def _multimodal_family(family: str) -> _MultimodalFamily:
@@ -467,12 +475,14 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
             patch_size=vision["patch_size"], merge_size=vision["spatial_merge_size"],
             temporal_patch_size=vision["temporal_patch_size"], size={"shortest_edge": 64, "longest_edge": 1024},
             image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
-        processor_class = transformers.Qwen2_5_VLProcessor if family == "qwen2_5_vl" else transformers.Qwen2VLProcessor
+        processor_class = {"qwen2_5_vl": transformers.Qwen2_5_VLProcessor, "qwen2_vl": transformers.Qwen2VLProcessor,
+                           "qwen3_vl": transformers.Qwen3VLProcessor}[family]
         # transformers' Qwen2VLVideoProcessor is built on torchvision, which the tests do without: its config is
         # saved as transformers writes it, and torchlike.AutoProcessor loads a stand-in that refuses videos.
         from .processing import processor_without_torchvision_videos
 
-        video_config = {"video_processor_type": "Qwen2VLVideoProcessor", "processor_class": processor_class.__name__,
+        video_type = "Qwen3VLVideoProcessor" if family == "qwen3_vl" else "Qwen2VLVideoProcessor"
+        video_config = {"video_processor_type": video_type, "processor_class": processor_class.__name__,
                         "merge_size": vision["spatial_merge_size"], "patch_size": vision["patch_size"],
                         "temporal_patch_size": vision["temporal_patch_size"], "image_mean": [0.5, 0.5, 0.5],
                         "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 64, "longest_edge": 1024}}

@@ -158,9 +158,17 @@ def images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray | None = N
         ValueError: pixels without their grid, a grid that does not match the patches, or tokens that do not match
             the images and videos (named).
     """
-    spec = vision_spec(hf_config, jnp.float32)
-    qwen2 = hf_config.model_type == "qwen2_vl"
-    tokens_per_second = 1 if qwen2 else int(getattr(hf_config.vision_config, "tokens_per_second", 1))
+    return qwen_images(vision_spec(hf_config, jnp.float32), hf_config, input_ids, pixel_values, image_grid_thw,
+                       pixel_values_videos, video_grid_thw, second_per_grid_ts)
+
+
+def qwen_images(spec: QwenVisionSpec, hf_config, input_ids: np.ndarray, pixel_values: np.ndarray | None,
+                image_grid_thw: np.ndarray | None, pixel_values_videos: np.ndarray | None,
+                video_grid_thw: np.ndarray | None, second_per_grid_ts: np.ndarray | None) -> dict[str, np.ndarray]:
+    """:func:`images` for a tower of ``spec`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5): frames of a video sit
+    ``tokens_per_second * seconds`` positions apart on Qwen2.5-VL only."""
+    spaced = hf_config.model_type == "qwen2_5_vl"
+    tokens_per_second = int(getattr(hf_config.vision_config, "tokens_per_second", 1)) if spaced else 1
     seconds = None if second_per_grid_ts is None else np.asarray(second_per_grid_ts, np.float64).reshape(-1)
 
     def items(pixels, grids, kind, interval_of):
@@ -189,7 +197,7 @@ def images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray | None = N
             start += count
         return out
 
-    video_interval = (lambda index: 1) if qwen2 else (
+    video_interval = (lambda index: 1) if not spaced else (
         lambda index: tokens_per_second * int(1 if seconds is None else seconds[index]))
     return vision_inputs(spec, input_ids, items(pixel_values, image_grid_thw, "image", lambda index: 1),
                          items(pixel_values_videos, video_grid_thw, "video", video_interval),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
@@ -79,6 +79,7 @@ class Rope:
             temporal, height and width position (``transformers``' ``rope_parameters["mrope_section"]``, summing to
             ``rotary_dim // 2``); positions then come as ``[3, B, T]``, and ``[B, T]`` ones serve all three (text).
             ``()``: one position per token.
+        mrope_interleaved: the sections' frequencies interleave (Qwen3-VL, Qwen3.5; :meth:`mrope_axes`).
     """
 
     inv_freq: tuple[float, ...]
@@ -87,6 +88,7 @@ class Rope:
     original_max_position_embeddings: int = 0
     interleaved: bool = False
     mrope_section: tuple[int, ...] = ()
+    mrope_interleaved: bool = False
 
     def __post_init__(self):
         if self.mrope_section and sum(self.mrope_section) != len(self.inv_freq):
@@ -109,9 +111,20 @@ class Rope:
         if positions.ndim == 3:
             if not self.mrope_section:
                 raise ValueError("Rope: positions [3, B, T] need mrope_section (a multimodal rope).")
-            axis = jnp.asarray(np.repeat(np.arange(len(self.mrope_section)), self.mrope_section))
+            axis = jnp.asarray(self.mrope_axes())
             angles = jnp.where(axis == 0, angles[0], jnp.where(axis == 1, angles[1], angles[2]))
         return jnp.cos(angles) * self.attention_factor, jnp.sin(angles) * self.attention_factor
+
+    def mrope_axes(self) -> np.ndarray:
+        """Which position axis (0 time, 1 rows, 2 columns) rotates each frequency: ``mrope_section[a]`` frequencies
+        in turn per axis, or, :attr:`mrope_interleaved` (Qwen3-VL), frequency ``j`` by axis ``j % 3`` while that
+        axis has frequencies left (``transformers``' ``apply_interleaved_mrope``), time otherwise."""
+        if not self.mrope_interleaved:
+            return np.repeat(np.arange(len(self.mrope_section)), self.mrope_section)
+        axes = np.zeros(len(self.inv_freq), np.int32)
+        for axis in (1, 2):
+            axes[axis:3 * self.mrope_section[axis]:3] = axis
+        return axes
 
     def apply(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
         """Rotates the first :attr:`rotary_dim` features of ``x [B, T, N, D]`` (``transformers``' ``rotate_half``, or
@@ -842,9 +855,11 @@ class NativeDecoder(nnx.Module):
         return self.decode_embeddings(self.embedder.encode(tokens), positions, cache, attention_mask)
 
     def decode_embeddings(self, x: jax.Array, positions: jax.Array, cache: dict | None,
-                          attention_mask: jax.Array) -> tuple[jax.Array, dict | None]:
+                          attention_mask: jax.Array, additions: Sequence[jax.Array] = ()
+                          ) -> tuple[jax.Array, dict | None]:
         """:meth:`__call__` from the token embeddings ``x [B, T, H]`` on (a vision-language model's, with its image
-        features in place; ``positions`` may then be ``[3, B, T]``, :attr:`Rope.mrope_section`)."""
+        features in place; ``positions`` may then be ``[3, B, T]``, :attr:`Rope.mrope_section`); ``additions[i]``
+        ``[B, T, H]`` is added to layer ``i``'s output (Qwen3-VL's DeepStack)."""
         if self.config.embedding_multiplier != 1.0:
             x = x * jnp.asarray(self.config.embedding_multiplier, x.dtype)
         new_cache = None if cache is None else {}
@@ -852,6 +867,8 @@ class NativeDecoder(nnx.Module):
         for index, layer in enumerate(self.layers):
             name = f"layer_{index}"
             layer_cache, x = layer(x, positions, None if cache is None else cache.get(name), attention_mask, valid)
+            if index < len(additions):
+                x = x + additions[index]
             if layer_cache is not None:  # an MLP layer has no cache entry
                 new_cache[name] = layer_cache
         return self.head(self.final_norm(x)), new_cache

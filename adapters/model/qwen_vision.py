@@ -62,6 +62,15 @@ class QwenVisionSpec:
         fullatt_block_indexes: with windows, the blocks that attend over the whole frame.
         image_token_id, video_token_id: the text placeholders the merged tokens replace.
         dtype: the parameters' dtype.
+        patch_bias: the patch embedding has a bias (Qwen3-VL).
+        num_position_embeddings: Qwen3-VL's learned position table (a square grid, bilinearly interpolated to each
+            image's patch grid); ``0``: none.
+        deepstack_layers: Qwen3-VL's DeepStack: after these blocks a merger of their own makes features that are
+            added to the vision tokens' hidden states after the first text layers, one per block.
+        merger: ``"qwen2"`` (``ln_q`` before concatenating, ``mlp.0``/``mlp.2``) or ``"qwen3"`` (``norm``,
+            ``linear_fc1``/``linear_fc2``; DeepStack's mergers normalise after concatenating).
+        frames_apart: each temporal patch of a video is an item of its own in the text (Qwen3-VL writes a timestamp
+            before each), so its M-RoPE positions restart per frame.
     """
 
     depth: int
@@ -81,6 +90,11 @@ class QwenVisionSpec:
     image_token_id: int
     video_token_id: int
     dtype: jnp.dtype = jnp.float32
+    patch_bias: bool = False
+    num_position_embeddings: int = 0
+    deepstack_layers: tuple[int, ...] = ()
+    merger: str = "qwen2"
+    frames_apart: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -134,7 +148,8 @@ def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 class VisionMLP(nnx.Module):
-    """Qwen2-VL's ``fc1``/``fc2`` or Qwen2.5-VL's gated ``gate_proj``/``up_proj``/``down_proj``, all with biases."""
+    """Qwen2-VL's ``fc1``/``fc2``, Qwen3-VL's ``linear_fc1``/``linear_fc2`` (``mlp="plain"`` with those names) or
+    Qwen2.5-VL's gated ``gate_proj``/``up_proj``/``down_proj``, all with biases."""
 
     def __init__(self, spec: QwenVisionSpec, rngs: nnx.Rngs):
         self.gated = spec.mlp == "gated"
@@ -143,14 +158,16 @@ class VisionMLP(nnx.Module):
             self.gate_proj = _linear(spec, spec.width, spec.intermediate_size, True, rngs)
             self.up_proj = _linear(spec, spec.width, spec.intermediate_size, True, rngs)
             self.down_proj = _linear(spec, spec.intermediate_size, spec.width, True, rngs)
-        else:
-            self.fc1 = _linear(spec, spec.width, spec.intermediate_size, True, rngs)
-            self.fc2 = _linear(spec, spec.intermediate_size, spec.width, True, rngs)
+            return
+        self.names = ("linear_fc1", "linear_fc2") if spec.merger == "qwen3" else ("fc1", "fc2")
+        setattr(self, self.names[0], _linear(spec, spec.width, spec.intermediate_size, True, rngs))
+        setattr(self, self.names[1], _linear(spec, spec.intermediate_size, spec.width, True, rngs))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         if self.gated:
             return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
-        return self.fc2(self.activation(self.fc1(x)))
+        first, second = (getattr(self, name) for name in self.names)
+        return second(self.activation(first(x)))
 
 
 class VisionBlock(nnx.Module):
@@ -169,34 +186,60 @@ class VisionBlock(nnx.Module):
 
 
 class PatchMerger(nnx.Module):
-    """``ln_q`` on each patch, ``spatial_merge_size ** 2`` consecutive patches concatenated, then ``mlp_in`` (HF
-    ``mlp.0``), exact GELU, ``mlp_out`` (HF ``mlp.2``) to the text width."""
+    """A norm, ``spatial_merge_size ** 2`` consecutive patches concatenated, an MLP with exact GELU to the text
+    width. Qwen2-VL / Qwen2.5-VL: ``ln_q`` on each patch, ``mlp_in``/``mlp_out`` (HF ``mlp.0``/``mlp.2``); Qwen3-VL:
+    ``norm`` (a LayerNorm; on the concatenated patches with ``after_concatenating``, DeepStack's),
+    ``linear_fc1``/``linear_fc2``."""
 
-    def __init__(self, spec: QwenVisionSpec, rngs: nnx.Rngs):
+    def __init__(self, spec: QwenVisionSpec, rngs: nnx.Rngs, after_concatenating: bool = False):
         self.unit = spec.merge_unit
+        self.after = after_concatenating
         merged = spec.width * spec.merge_unit
-        self.ln_q = Norm(spec.width, spec.norm, 1e-6, spec.norm == "layer", spec.dtype, rngs)
-        self.mlp_in = _linear(spec, merged, merged, True, rngs)
-        self.mlp_out = _linear(spec, merged, spec.out_hidden_size, True, rngs)
+        self.qwen3 = spec.merger == "qwen3"
+        if self.qwen3:
+            self.norm = Norm(merged if after_concatenating else spec.width, "layer", 1e-6, True, spec.dtype, rngs)
+            self.linear_fc1 = _linear(spec, merged, merged, True, rngs)
+            self.linear_fc2 = _linear(spec, merged, spec.out_hidden_size, True, rngs)
+        else:
+            self.ln_q = Norm(spec.width, spec.norm, 1e-6, spec.norm == "layer", spec.dtype, rngs)
+            self.mlp_in = _linear(spec, merged, merged, True, rngs)
+            self.mlp_out = _linear(spec, merged, spec.out_hidden_size, True, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         batch, length, width = x.shape
-        x = self.ln_q(x).reshape(batch, length // self.unit, self.unit * width)
-        return self.mlp_out(jax.nn.gelu(self.mlp_in(x), approximate=False))
+        norm, first, second = ((self.norm, self.linear_fc1, self.linear_fc2) if self.qwen3
+                               else (self.ln_q, self.mlp_in, self.mlp_out))
+        if self.after:
+            x = norm(x.reshape(batch, length // self.unit, self.unit * width))
+        else:
+            x = norm(x).reshape(batch, length // self.unit, self.unit * width)
+        return second(jax.nn.gelu(first(x), approximate=False))
 
 
 class QwenVisionTower(nnx.Module):
-    """The tower: ``patch_embed`` (kernel ``[C, T, P, P, width]``, no bias), ``blocks``, ``merger``."""
+    """The tower: ``patch_embed`` (kernel ``[C, T, P, P, width]``; ``patch_embed_bias`` with
+    :attr:`QwenVisionSpec.patch_bias`), ``pos_embed`` (Qwen3-VL), ``blocks``, ``merger`` and DeepStack's
+    ``deepstack_mergers``."""
 
     def __init__(self, spec: QwenVisionSpec, rngs: nnx.Rngs):
         self.spec = spec
         shape = (spec.in_channels, spec.temporal_patch_size, spec.patch_size, spec.patch_size, spec.width)
         self.patch_embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), shape, spec.dtype))
+        if spec.patch_bias:
+            self.patch_embed_bias = nnx.Param(jnp.zeros((spec.width,), spec.dtype))
+        if spec.num_position_embeddings:
+            self.pos_embed = nnx.Param(nnx.initializers.normal(0.02)(
+                rngs.params(), (spec.num_position_embeddings, spec.width), spec.dtype))
         self.blocks = nnx.List([VisionBlock(spec, rngs) for _ in range(spec.depth)])
         self.merger = PatchMerger(spec, rngs)
+        self.deepstack_mergers = nnx.List([PatchMerger(spec, rngs, after_concatenating=True)
+                                           for _ in spec.deepstack_layers])
 
-    def __call__(self, patches: jax.Array, rows_cols: jax.Array, frames: jax.Array, windows: jax.Array) -> jax.Array:
-        """The merged tokens ``[B, P / merge_unit, out_hidden_size]`` of each row's patches.
+    def __call__(self, patches: jax.Array, rows_cols: jax.Array, frames: jax.Array, windows: jax.Array,
+                 position_indices: jax.Array | None = None,
+                 position_weights: jax.Array | None = None) -> tuple[jax.Array, list[jax.Array]]:
+        """The merged tokens ``[B, P / merge_unit, out_hidden_size]`` of each row's patches, and DeepStack's features
+        (one such array per :attr:`QwenVisionSpec.deepstack_layers`).
 
         Args:
             patches: ``[B, P, patch_values]``, each row's patches in the order of its vision tokens (padding after).
@@ -205,20 +248,30 @@ class QwenVisionTower(nnx.Module):
                 padding.
             windows: ``[B, P]`` the window each patch belongs to, from 1 (Qwen2.5-VL's windowed blocks); ``0``:
                 padding.
+            position_indices, position_weights: ``[B, P, 4]`` the rows of ``pos_embed`` each patch interpolates and
+                their weights (Qwen3-VL's bilinear interpolation).
         """
         spec = self.spec
         kernel = self.patch_embed.get_value()
         x = patches.astype(kernel.dtype).reshape(*patches.shape[:2], *kernel.shape[:-1])
         x = jnp.einsum("BPctij,ctijW->BPW", x, kernel)
+        if spec.patch_bias:
+            x = x + self.patch_embed_bias.get_value()
+        if spec.num_position_embeddings:
+            table = self.pos_embed.get_value()
+            x = x + jnp.einsum("BPKW,BPK->BPW", table[position_indices], position_weights.astype(table.dtype))
         quarter = spec.head_dim // 4
         inv_freq = 1.0 / (10000.0 ** (np.arange(0, 2 * quarter, 2, dtype=np.float32) / (2 * quarter)))
         angles = (rows_cols.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)).reshape(*rows_cols.shape[:2], -1)
         cos, sin = jnp.cos(angles), jnp.sin(angles)
         full = _same_segment(frames)
         windowed = _same_segment(windows) if spec.window_size else full
+        deepstack = []
         for index, block in enumerate(self.blocks):
             x = block(x, cos, sin, windowed if spec.windowed(index) else full)
-        return self.merger(x)
+            if index in spec.deepstack_layers:
+                deepstack.append(self.deepstack_mergers[spec.deepstack_layers.index(index)](x))
+        return self.merger(x), deepstack
 
 
 def _same_segment(segments: jax.Array) -> jax.Array:
@@ -239,9 +292,10 @@ class QwenVLDecoder(NativeDecoder):
     def __call__(self, tokens: jax.Array, positions: jax.Array, cache: dict | None, attention_mask: jax.Array,
                  images: dict[str, jax.Array] | None = None) -> tuple[jax.Array, dict | None]:
         x = self.embedder.encode(tokens)
+        additions = ()
         if images is not None:
-            x, positions = self.merge_vision(tokens, positions, x, images)
-        return self.decode_embeddings(x, positions, cache, attention_mask)
+            x, positions, additions = self.merge_vision(tokens, positions, x, images)
+        return self.decode_embeddings(x, positions, cache, attention_mask, additions)
 
     def get_model_input(self) -> dict[str, jax.Array | dict | None]:
         """The dummy call Qwix traces to place LoRA factors: :meth:`NativeDecoder.get_model_input` with one image
@@ -255,22 +309,32 @@ class QwenVLDecoder(NativeDecoder):
                             "frames": jnp.ones((2, unit), jnp.int32), "windows": jnp.ones((2, unit), jnp.int32),
                             "token_offsets": jnp.zeros((2, 1, 3), jnp.int32),
                             "text_shift": jnp.zeros((2, 2), jnp.int32), "rope_deltas": jnp.zeros((2,), jnp.int32)}
+        if vision.num_position_embeddings:
+            inputs["images"]["position_indices"] = jnp.zeros((2, unit, 4), jnp.int32)
+            inputs["images"]["position_weights"] = jnp.zeros((2, unit, 4), jnp.float32)
         return inputs
 
     def merge_vision(self, tokens, positions, x, images):
-        """``(embeddings with the vision tokens replaced, M-RoPE positions [3, B, T])``."""
+        """``(embeddings with the vision tokens replaced, M-RoPE positions [3, B, T], DeepStack's additions to the
+        first layers' outputs [B, T, H] each)``."""
         vision = self.visual.spec
-        merged = self.visual(images["patches"], images["rows_cols"], images["frames"], images["windows"])
+        merged, deepstack = self.visual(images["patches"], images["rows_cols"], images["frames"], images["windows"],
+                                        images.get("position_indices"), images.get("position_weights"))
         is_vision = (tokens == vision.image_token_id) | (tokens == vision.video_token_id)
         seen = jnp.cumsum(is_vision, axis=1)  # vision tokens up to and including each token
         rank = jnp.clip(seen - 1, 0, merged.shape[1] - 1)
-        features = jnp.take_along_axis(merged, rank[..., None], axis=1).astype(x.dtype)
-        x = jnp.where(is_vision[..., None], features, x)
+
+        def at_vision_tokens(features, fill):
+            gathered = jnp.take_along_axis(features, rank[..., None], axis=1).astype(x.dtype)
+            return jnp.where(is_vision[..., None], gathered, fill)
+
+        x = at_vision_tokens(merged, x)
+        additions = tuple(at_vision_tokens(features, jnp.zeros((), x.dtype)) for features in deepstack)
         offsets = jnp.take_along_axis(images["token_offsets"], rank[..., None], axis=1)  # [B, T, 3]
         shift = jnp.take_along_axis(images["text_shift"], jnp.clip(seen, 0, images["text_shift"].shape[1] - 1),
                                     axis=1)
         delta = jnp.where(is_vision[..., None], offsets, shift[..., None])
-        return x, positions[None] + jnp.moveaxis(delta, -1, 0).astype(positions.dtype)
+        return x, positions[None] + jnp.moveaxis(delta, -1, 0).astype(positions.dtype), additions
 
 
 @dataclass(frozen=True)
@@ -298,7 +362,8 @@ def vision_inputs(spec: QwenVisionSpec, input_ids: np.ndarray, images: Sequence[
         ``rows_cols [B, P, 2]``, ``frames``/``windows [B, P]`` (from 1; 0 on padding),
         ``token_offsets [B, N, 3]`` (each vision token's M-RoPE position minus its plain one), ``text_shift
         [B, N + 1]`` (a text token's, by the vision tokens before it) and ``rope_deltas [B]`` (text after the row's
-        last vision token), with ``N = P / merge_unit``. Zeros are padding everywhere, so rows of several calls
+        last vision token), with ``N = P / merge_unit``; with a position table (Qwen3-VL) also ``position_indices``
+        and ``position_weights [B, P, 4]``. Zeros are padding everywhere, so rows of several calls
         stack by padding each array's first axis with zeros (the rollout engines' requests).
 
     Raises:
@@ -306,9 +371,16 @@ def vision_inputs(spec: QwenVisionSpec, input_ids: np.ndarray, images: Sequence[
             images left over), naming the counts.
     """
     import torch
-    from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
+    from transformers.vision_utils import (
+        get_vision_bilinear_indices_and_weights,
+        get_vision_position_ids,
+        get_vision_window_index,
+    )
 
     unit, merge = spec.merge_unit, spec.spatial_merge_size
+    if spec.frames_apart:  # each temporal patch of a video is its own item of the text
+        videos = [VisualItem(frame, (1, *video.grid[1:]), video.time_interval) for video in videos
+                  for frame in np.split(video.patches, video.grid[0])]
     queues = {spec.image_token_id: list(images), spec.video_token_id: list(videos)}
     names = {spec.image_token_id: "image", spec.video_token_id: "video"}
     rows = []
@@ -345,6 +417,10 @@ def vision_inputs(spec: QwenVisionSpec, input_ids: np.ndarray, images: Sequence[
            "frames": np.zeros((batch, width), np.int32), "windows": np.zeros((batch, width), np.int32),
            "token_offsets": np.zeros((batch, width // unit, 3), np.int32),
            "text_shift": np.zeros((batch, width // unit + 1), np.int32), "rope_deltas": np.zeros((batch,), np.int32)}
+    if spec.num_position_embeddings:
+        out["position_indices"] = np.zeros((batch, width, 4), np.int32)
+        out["position_weights"] = np.zeros((batch, width, 4), np.float32)
+        side = int(round(spec.num_position_embeddings ** 0.5))
     for row, items in enumerate(rows):
         patch, token, frame, window, shift = 0, 0, 1, 1, 0
         for item in items:
@@ -354,6 +430,11 @@ def vision_inputs(spec: QwenVisionSpec, input_ids: np.ndarray, images: Sequence[
             out["patches"][row, patch:patch + count] = item.patches.reshape(count, -1)
             out["rows_cols"][row, patch:patch + count] = get_vision_position_ids(grid, merge).numpy()
             out["frames"][row, patch:patch + count] = frame + np.repeat(np.arange(t), h * w)
+            if spec.num_position_embeddings:
+                indices, weights = get_vision_bilinear_indices_and_weights(grid, num_grid_per_side=side,
+                                                                           spatial_merge_size=merge)
+                out["position_indices"][row, patch:patch + count] = indices.numpy().T
+                out["position_weights"][row, patch:patch + count] = weights.numpy().T
             if window_size:
                 order, bounds = get_vision_window_index(grid, merge, window_size, patch_size)
                 group_window = np.empty(count // unit, np.int32)
