@@ -19,9 +19,9 @@ from tests.helpers.vision import save_tiny_vlm
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.testing import multimodal_token_ids, tiny_image
 
-FAMILIES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
+FAMILIES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_5"]
 CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen2_vl": "Qwen2VLForConditionalGeneration",
-           "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+           "qwen3_vl": "Qwen3VLForConditionalGeneration", "qwen3_5": "Qwen3_5ForConditionalGeneration"}
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +233,7 @@ def test_lora_adapter_loads_in_peft_with_the_same_image_logits_and_merges(family
     randomize_lora_(model)
     model.save_pretrained(tmp_path / "adapter")
     keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
-    assert "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight" in keys
+    assert "base_model.model.model.language_model.layers.1.self_attn.q_proj.lora_A.weight" in keys
     assert "base_model.model.model.visual.blocks.1.attn.qkv.lora_B.weight" in keys
     theirs = peft.get_peft_model(hf_vlm(path), peft.LoraConfig(r=4, target_modules="all-linear"))
     assert keys == {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)}

@@ -1013,10 +1013,11 @@ class AutoModelForCausalLM:
 
         def random_tensors():
             for spec in specs:
-                if re.search(r"norm\d*\.weight$", spec.name):
+                if re.search(r"(norm\d*|ln_q)\.weight$", spec.name):
                     # The neutral norm weight: 0 for a (1 + w) RMS norm, 1 for a plain one and for a vision tower's
-                    # layer norms (SigLIP's), whatever the decoder's norms are.
-                    one_plus = family.norms_scale_by_one_plus_weight and "vision_tower." not in spec.name
+                    # norms (SigLIP's, Qwen's), whatever the decoder's norms are.
+                    one_plus = family.norms_scale_by_one_plus_weight and not re.search(r"vision_tower\.|visual\.",
+                                                                                       spec.name)
                     value = 0.0 if one_plus else 1.0
                     yield spec.name, np.full(spec.shape, value, np.float32), "random init"
                 elif spec.name.endswith(".bias"):

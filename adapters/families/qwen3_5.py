@@ -5,20 +5,23 @@ always renormalising the chosen experts' probabilities.
 
 Four families: the text classes ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` (``model.layers...``) and the
 classes Qwen publishes, ``Qwen3_5ForConditionalGeneration`` / ``Qwen3_5MoeForConditionalGeneration``, whose text
-decoder sits under ``model.language_model.`` beside a vision tower (``model.visual.``). torchlike has no Qwen3.5
-vision tower yet, so those tensors are kept as they are beside the module and written back unchanged on export
-(``Family.kept_hf_keys``), and image inputs are refused with that reason; text training and generation run on the
-decoder. Text positions of Qwen3.5's multimodal rope (``mrope_section``) are the same on all three axes, which is the
-plain rope of the first ``partial_rotary_factor`` of each head.
+decoder sits under ``model.language_model.`` beside Qwen3-VL's vision tower without DeepStack (``model.visual.``,
+:mod:`.qwen3_vl`), the images in place of their tokens and every token rotated by interleaved M-RoPE over the first
+``partial_rotary_factor`` of each head. Text positions are the same on all three axes, which is the plain rope.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from flax import nnx
 
-from ..model.native_decoder import DecoderSpec, NativeDecoder
+from ..model.native_decoder import DecoderSpec
+from ..model.qwen_vision import QwenVLDecoder
+from . import qwen3_vl
 from .base import DECODER_IGNORED_KEYS, Family, TinyConfig, reprefixed
 from .native import llama_rows, native_family
+from .qwen2_vl import CONV_REASON, IMAGE_KEYS
 from .qwen3_moe import expert_weights
 from .qwen3_next import (
     ATTENTION_ROWS,
@@ -46,10 +49,6 @@ MOE_TEXT_WEIGHTS = TEXT_WEIGHTS + SPARSE_MOE_ROWS
 TEXT_PREFIX = "model.language_model."
 """Where the published checkpoints keep the text decoder (``model.`` of the ``*ForCausalLM`` classes)."""
 
-KEPT_KEYS = (r"model\.visual\..*",)
-
-NO_VISION_ENCODER = ("torchlike has no Qwen3.5 vision tower yet, so it runs the Qwen3.5 text decoder only; the vision "
-                     "weights (model.visual.) are kept and saved back unchanged")
 
 NOT_LINEAR_MOE = NOT_LINEAR | {r".*\.mlp\.gate": "the router is not a linear module in transformers "
                                                   "(Qwen3_5MoeTopKRouter)"}
@@ -75,9 +74,13 @@ def _text_family(name: str, model_types: tuple[str, ...], architecture: str, wei
                          tiny_configs=tiny, **extra)
 
 
-def _build_published(hf_config, dtype, rngs: nnx.Rngs) -> NativeDecoder:
-    """The text decoder of a published Qwen3.5 config (its ``text_config``)."""
-    return NativeDecoder(spec_from_config(hf_config.text_config, dtype), rngs=rngs)
+def _build_published(hf_config, dtype, rngs: nnx.Rngs) -> QwenVLDecoder:
+    """The text decoder of a published Qwen3.5 config (its ``text_config``, rotated by interleaved M-RoPE over its
+    ``partial_rotary_factor``) with Qwen3-VL's vision tower (no DeepStack)."""
+    spec = spec_from_config(hf_config.text_config, dtype)
+    rope = qwen3_vl.multimodal_rope(hf_config.text_config, hf_config.model_type, default_section=(11, 11, 10))
+    spec = dataclasses.replace(spec, ropes=tuple(None if old is None else rope for old in spec.ropes))
+    return QwenVLDecoder(spec, qwen3_vl.vision_spec(hf_config, dtype), rngs=rngs)
 
 
 def _published_rows(rows) -> tuple:
@@ -95,15 +98,18 @@ def _published_expert_weights(hf_config):
 def _published_family(text: Family, name: str, model_type: str, architecture: str, moe: bool,
                       classification: dict[str, str]) -> Family:
     """A published class: ``text``'s decoder under ``model.language_model.`` (also read under the text class's
-    names), the vision tower passed through."""
+    names) and Qwen3-VL's vision tower under ``model.visual.``."""
     extra = dict(config_weights=_published_expert_weights) if moe else {}
     return native_family(name=name, model_types=(model_type,), architectures=(architecture,),
-                         spec_from_config=spec_from_config, weights=_published_rows(text.weights),
-                         build_model=_build_published, lora_targets=text.lora_targets,
-                         lora_not_linear=text.lora_not_linear, ignored_hf_keys=text.ignored_hf_keys,
-                         norms_scale_by_one_plus_weight=True, router_logits=text.router_logits,
-                         kept_hf_keys=KEPT_KEYS, no_images_reason=NO_VISION_ENCODER, decoder=text.name,
-                         sequence_classification=classification, **extra)
+                         spec_from_config=spec_from_config,
+                         weights=_published_rows(text.weights) + qwen3_vl.vision_rows(),
+                         build_model=_build_published,
+                         lora_targets={**qwen3_vl.lora_targets(), **text.lora_targets},
+                         lora_not_linear={**text.lora_not_linear, qwen3_vl.PATCH_EMBED: CONV_REASON},
+                         lora_refused={**text.lora_refused, qwen3_vl.PATCH_EMBED: CONV_REASON},
+                         ignored_hf_keys=text.ignored_hf_keys, norms_scale_by_one_plus_weight=True,
+                         router_logits=text.router_logits, images=qwen3_vl.images, image_keys=IMAGE_KEYS,
+                         decoder=text.name, sequence_classification=classification, prompt_learning=False, **extra)
 
 
 TEXT = _text_family("qwen3_5", ("qwen3_5_text",), "Qwen3_5ForCausalLM", TEXT_WEIGHTS, moe=False,

@@ -35,16 +35,13 @@ VISION_PREFIX = "model.visual."
 PATCH_EMBED = r"model\.visual\.patch_embed\.proj"
 
 
-def multimodal_rope(text_config, family: str):
-    """The text config's rope with its interleaved ``mrope_section`` (Qwen3-VL, Qwen3.5)."""
-    parameters = text_config.rope_parameters
-    section = tuple(int(value) for value in (parameters.get("mrope_section") or ()))
-    rope = rope_of(text_config, family)
-    require(bool(section) and sum(section) == len(rope.inv_freq),
-            f"{family}: text_config.rope_parameters.mrope_section={list(section)} must sum to the rotated features' "
-            f"half ({len(rope.inv_freq)}).")
-    return dataclasses.replace(rope, mrope_section=section,
-                               mrope_interleaved=bool(parameters.get("mrope_interleaved", True)))
+def multimodal_rope(text_config, family: str, default_section: tuple[int, int, int] = (24, 20, 20)):
+    """The text config's rope with its interleaved ``mrope_section`` (Qwen3-VL, Qwen3.5; ``transformers``'
+    default where the config has none, as its rotary embedding reads it)."""
+    section = tuple(int(value) for value in (text_config.rope_parameters.get("mrope_section") or default_section))
+    require(len(section) == 3, f"{family}: text_config.rope_parameters.mrope_section={list(section)} must have three "
+                               "entries (time, rows, columns).")
+    return dataclasses.replace(rope_of(text_config, family), mrope_section=section, mrope_interleaved=True)
 
 
 def text_spec(hf_config, dtype) -> DecoderSpec:

@@ -91,7 +91,7 @@ class Rope:
     mrope_interleaved: bool = False
 
     def __post_init__(self):
-        if self.mrope_section and sum(self.mrope_section) != len(self.inv_freq):
+        if self.mrope_section and not self.mrope_interleaved and sum(self.mrope_section) != len(self.inv_freq):
             raise ValueError(f"Rope: mrope_section {list(self.mrope_section)} must sum to rotary_dim // 2 = "
                              f"{len(self.inv_freq)}.")
 
