@@ -320,8 +320,33 @@ _MULTIMODAL_FAMILIES.update({
         vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                     spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16),
         settings=dict(tie_word_embeddings=False), **_QWEN_VL_TOKENS),
+    # LLaVA: a 3-block CLIP tower (width 32, 2 heads) on 16x16 images in patches of 4, its features taken before the
+    # last block (vision_feature_layer=-2) without the class position: 16 tokens per image, through the projector
+    # into a Llama decoder.
+    "llava": _MultimodalFamily(
+        config_class="LlavaConfig", vision_config_class="CLIPVisionConfig",
+        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=16,
+                    patch_size=4, projection_dim=32),
+        settings=dict(tie_word_embeddings=False, image_seq_length=16),
+        text_tokens=("\n",), special_tokens=("<image>",), named_tokens={},
+        config_token_fields={"image_token_id": "<image>"}),
 })
 MULTIMODAL_FAMILIES = tuple(_MULTIMODAL_FAMILIES)
+
+#: LLaVA-1.5's conversation format, simplified: ``USER: <image>\n... ASSISTANT: ...`` turns, an image item written
+#: ``<image>\n`` (the processor repeats the token per image feature).
+LLAVA_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ message['role'].upper() + ': ' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<image>\n' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{ '\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ 'ASSISTANT: ' }}{%- endif -%}"
+)
 
 #: Qwen2-VL's chat template, simplified (no default system message): ``<|im_start|>role\n...<|im_end|>\n`` turns, an
 #: image item is ``<|vision_start|><|image_pad|><|vision_end|>`` (the processor repeats the pad per merged token), a
@@ -465,7 +490,7 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
     import transformers
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    if family not in ("gemma3", *QWEN_VL_FAMILIES):
+    if family not in ("gemma3", "llava", *QWEN_VL_FAMILIES):
         raise ValueError(f"build_processor: Gemma 3's and Qwen-VL's processors are built tiny, not {family!r}: "
                          "transformers' Gemma4Processor needs a video processor, which transformers builds on "
                          "torchvision. Use build_multimodal_tokenizer(directory, 'gemma4') for its tokenizer.")
@@ -476,6 +501,17 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
     if found != multimodal_token_ids(family):
         raise RuntimeError(f"build_processor: the tokenizer gave the added tokens ids {found}, the config expects "
                            f"{multimodal_token_ids(family)}.")
+    if family == "llava":
+        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+        size = spec.vision["image_size"]
+        image_processor = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
+                                                image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+        transformers.LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                    patch_size=spec.vision["patch_size"], vision_feature_select_strategy="default",
+                                    num_additional_image_tokens=1,
+                                    chat_template=LLAVA_CHAT_TEMPLATE).save_pretrained(directory)
+        return Path(directory)
     if family in QWEN_VL_FAMILIES:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 

@@ -277,6 +277,11 @@ class Family:
             ``nn.LayerNorm`` modules and names with ``bias``, ``layernorm``, ``rmsnorm``, ``.norm.``, ``_norm``) differs
             from torchlike's (no decay where the path says ``norm`` or ``bias``): Qwen2.5-VL's tower RMS norms
             ``norm1``/``norm2`` decay, Qwen2-VL's merger LayerNorm ``ln_q`` does not.
+        config_kept_keys: ``hf_config -> regexes`` added to ``kept_hf_keys`` for one config (LLaVA's tower blocks
+            after its feature layer, which it never runs).
+        kept_renames: ``(other prefix, published prefix)`` pairs: a kept tensor read under another name of a module
+            (``transformers``' in memory, or as ``transformers`` 5 saves it) is kept, and exported, under the
+            published one.
         prompt_learning: peft's prompt learning (prompt tuning, P-tuning, prefix tuning) applies: the embedder is a
             plain table lookup whose output peft prepends the virtual tokens to, and the decoder takes a prefix in
             its KV cache.
@@ -312,12 +317,20 @@ class Family:
     sequence_classification: Mapping[str, str] = field(default_factory=dict)
     prompt_learning: bool = False
     decay_overrides: Mapping[str, bool] = field(default_factory=dict)
+    config_kept_keys: Callable[[Any], tuple[str, ...]] | None = None
+    kept_renames: tuple[tuple[str, str], ...] = ()
 
     def for_config(self, hf_config) -> Family:
-        """This family with the rows ``hf_config`` adds (``config_weights``); the family itself when it adds none."""
-        if self.config_weights is None:
+        """This family with the rows ``hf_config`` adds (``config_weights``) and the tensors it keeps
+        (``config_kept_keys``); the family itself when it adds none."""
+        if self.config_weights is None and self.config_kept_keys is None:
             return self
-        return dataclasses.replace(self, weights=self.weights + self.config_weights(hf_config), config_weights=None)
+        changes: dict[str, Any] = {"config_weights": None, "config_kept_keys": None}
+        if self.config_weights is not None:
+            changes["weights"] = self.weights + self.config_weights(hf_config)
+        if self.config_kept_keys is not None:
+            changes["kept_hf_keys"] = self.kept_hf_keys + self.config_kept_keys(hf_config)
+        return dataclasses.replace(self, **changes)
 
     @functools.cached_property
     def _rows_by_hf_template(self) -> dict[str, list[WeightRule]]:
@@ -364,6 +377,13 @@ class Family:
         for saved, in_memory in self.in_memory_prefixes:
             if hf_name.startswith(saved):
                 return in_memory + hf_name[len(saved):]
+        return hf_name
+
+    def published_name(self, hf_name: str) -> str:
+        """``hf_name`` under the published prefix where it uses another name of it (``kept_renames``)."""
+        for other, published in self.kept_renames:
+            if hf_name.startswith(other) and not hf_name.startswith(published):
+                return published + hf_name[len(other):]
         return hf_name
 
     def is_kept(self, hf_name: str) -> bool:

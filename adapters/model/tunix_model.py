@@ -237,7 +237,8 @@ class KeptTensors:
     def __iter__(self):
         for name, array, origin in self.tensors:
             if self.family.is_kept(name):
-                self.kept[name] = np.array(array, copy=True)  # the stream may reuse its read buffer
+                # Under the published name (export writes the checkpoint's layout); the stream may reuse its buffer.
+                self.kept[self.family.published_name(name)] = np.array(array, copy=True)
                 if hasattr(self, "recycle"):
                     self.recycle(array)
                 continue

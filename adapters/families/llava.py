@@ -1,0 +1,187 @@
+"""LLaVA (``LlavaForConditionalGeneration``): a CLIP vision encoder and a two-layer projector
+(:mod:`adapters.model.clip_vision`) in front of a Llama or Mistral text decoder on the native decoder.
+
+Checkpoints as llava-hf publishes them: ``language_model.model.`` / ``language_model.lm_head`` for the decoder,
+``vision_tower.vision_model.`` for CLIP, ``multi_modal_projector.``; ``transformers`` 5 saves the tower without
+``vision_model.`` and names everything ``model.language_model.`` / ``model.vision_tower.`` /
+``model.multi_modal_projector.`` / ``lm_head`` in memory, which load too. Export writes llava-hf's names. The tower's
+blocks after ``vision_feature_layer`` and its ``post_layernorm``, which LLaVA never runs, are kept as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ..model.clip_vision import CLIP_ACTIVATIONS, ClipVisionSpec, LlavaDecoder
+from ..model.native_decoder import DecoderSpec
+from . import mistral
+from .base import CONV_KERNEL, DECODER_IGNORED_KEYS, TinyConfig, WeightRule, reprefixed, require
+from .gemma3_multimodal import images_per_row
+from .native import (
+    check_native_config,
+    linear_rows,
+    llama_rows,
+    lora_targets_of,
+    native_family,
+    norm_rows,
+    rope_of,
+    sizes,
+)
+
+TEXT_PREFIX = "language_model.model."
+HEAD = "language_model.lm_head.weight"
+VISION_PREFIX = "vision_tower.vision_model."
+VISION_ALIASES = ("vision_tower.", "model.vision_tower.")
+PROJECTOR_PREFIX = "multi_modal_projector."
+TEXT_MODEL_TYPES = ("llama", "mistral")
+
+
+def feature_blocks(hf_config) -> int:
+    """How many CLIP blocks LLaVA runs: up to ``vision_feature_layer`` (one layer; a list of layers is refused)."""
+    layer = hf_config.vision_feature_layer
+    require(isinstance(layer, int), f"llava: vision_feature_layer={layer!r} (several feature layers) is not "
+                                    "supported; LLaVA-1.5's -2 and any single layer are.")
+    total = hf_config.vision_config.num_hidden_layers
+    blocks = total + 1 + layer if layer < 0 else layer
+    require(0 <= blocks <= total, f"llava: vision_feature_layer={layer} is outside the {total}-block tower.")
+    return blocks
+
+
+def vision_spec(hf_config, dtype) -> ClipVisionSpec:
+    """The tower's and projector's spec of a ``LlavaConfig``."""
+    vision = hf_config.vision_config
+    require(vision.model_type == "clip_vision_model",
+            f"llava: vision_config.model_type={vision.model_type!r} is not supported (CLIP's 'clip_vision_model').")
+    strategy = hf_config.vision_feature_select_strategy
+    require(strategy in ("default", "full"),
+            f"llava: vision_feature_select_strategy={strategy!r}; choose 'default' or 'full'.")
+    for field, value in (("vision_config.hidden_act", vision.hidden_act),
+                         ("projector_hidden_act", hf_config.projector_hidden_act)):
+        require(value in CLIP_ACTIVATIONS, f"llava: {field}={value!r} is not supported; supported: "
+                                           f"{sorted(CLIP_ACTIVATIONS)}.")
+    require(vision.image_size % vision.patch_size == 0,
+            f"llava: image_size={vision.image_size} is not a multiple of patch_size={vision.patch_size}.")
+    return ClipVisionSpec(
+        width=vision.hidden_size, num_heads=vision.num_attention_heads, intermediate_size=vision.intermediate_size,
+        blocks=feature_blocks(hf_config), image_size=vision.image_size, patch_size=vision.patch_size,
+        in_channels=vision.num_channels, layer_norm_eps=float(vision.layer_norm_eps), activation=vision.hidden_act,
+        projector_activation=hf_config.projector_hidden_act, keep_class_token=strategy == "full",
+        text_hidden_size=hf_config.text_config.hidden_size,
+        projector_bias=bool(getattr(hf_config, "multimodal_projector_bias", True)),
+        image_token_id=int(image_token_id(hf_config)), dtype=jnp.dtype(dtype))
+
+
+def image_token_id(hf_config) -> int:
+    value = getattr(hf_config, "image_token_id", None)
+    return int(value if value is not None else hf_config.image_token_index)
+
+
+def text_spec(hf_config, dtype):
+    """The Llama or Mistral decoder of ``text_config`` (:func:`.mistral.spec_from_config`)."""
+    text = hf_config.text_config
+    require(text.model_type in TEXT_MODEL_TYPES, f"llava: text_config.model_type={text.model_type!r} is not "
+                                                 f"supported; supported: {list(TEXT_MODEL_TYPES)}.")
+    if text.model_type == "mistral":
+        spec = mistral.spec_from_config(text, dtype)
+    else:  # Llama: no sliding window; attention and MLP biases as the config sets them
+        check_native_config(text, "llava (llama)")
+        layers = text.num_hidden_layers
+        spec = DecoderSpec(**sizes(text, dtype), ropes=(rope_of(text, "llava (llama)"),) * layers,
+                           windows=(None,) * layers, norm_eps=text.rms_norm_eps, activation=text.hidden_act,
+                           attention_bias=bool(getattr(text, "attention_bias", False)),
+                           output_bias=bool(getattr(text, "attention_bias", False)),
+                           mlp_bias=bool(getattr(text, "mlp_bias", False)))
+    return dataclasses.replace(spec, tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings",
+                                                                 spec.tie_embeddings)))
+
+
+def build_model(hf_config, dtype, rngs: nnx.Rngs) -> LlavaDecoder:
+    """The native decoder of ``text_config`` with CLIP's tower up to the feature layer and the projector."""
+    return LlavaDecoder(text_spec(hf_config, dtype), vision_spec(hf_config, dtype), rngs=rngs)
+
+
+def _vision_rows() -> tuple[WeightRule, ...]:
+    layer, nnx_layer = "encoder.layers.{layer}", "vision_tower.layers.{layer}"
+    rows = [WeightRule("embeddings.patch_embedding.weight", "vision_tower.patch_embedding", CONV_KERNEL),
+            WeightRule("embeddings.class_embedding", "vision_tower.class_embedding"),
+            WeightRule("embeddings.position_embedding.weight", "vision_tower.position_embedding")]
+    rows += norm_rows("pre_layrnorm", "vision_tower.pre_layrnorm", bias=True)
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        rows += linear_rows(f"{layer}.self_attn.{name}", f"{nnx_layer}.self_attn.{name}", bias=True)
+    for name in ("fc1", "fc2"):
+        rows += linear_rows(f"{layer}.mlp.{name}", f"{nnx_layer}.mlp.{name}", bias=True)
+    for name in ("layer_norm1", "layer_norm2"):
+        rows += norm_rows(f"{layer}.{name}", f"{nnx_layer}.{name}", bias=True)
+    return tuple(rows)
+
+
+def _weights() -> tuple[WeightRule, ...]:
+    text = llama_rows()  # a Llama or Mistral text config without biases (refused otherwise by the weight plan)
+    inside = tuple(rule for rule in text if rule.hf.startswith("model."))
+    head = tuple(rule for rule in text if not rule.hf.startswith("model."))
+    return (reprefixed(inside, "model.", TEXT_PREFIX, aliases=("model.language_model.",))
+            + reprefixed(head, "lm_head.", "language_model.lm_head.", aliases=("lm_head.",))
+            + reprefixed(_vision_rows(), "", VISION_PREFIX, VISION_ALIASES)
+            + reprefixed(linear_rows("linear_1", "multi_modal_projector.linear_1", bias=True)
+                         + linear_rows("linear_2", "multi_modal_projector.linear_2", bias=True),
+                         "", PROJECTOR_PREFIX, ("model.multi_modal_projector.",)))
+
+
+def kept_keys(hf_config) -> tuple[str, ...]:
+    """The tower's tensors LLaVA never runs (its blocks after the feature layer, ``post_layernorm``), under any of
+    its prefixes."""
+    first = feature_blocks(hf_config)
+    unused = "|".join(str(block) for block in range(first, hf_config.vision_config.num_hidden_layers))
+    prefixes = "|".join(re.escape(prefix) for prefix in (VISION_PREFIX, *VISION_ALIASES))
+    patterns = [rf"({prefixes})post_layernorm\..*"]
+    if unused:
+        patterns.append(rf"({prefixes})encoder\.layers\.({unused})\..*")
+    return tuple(patterns)
+
+
+def images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray | None) -> np.ndarray:
+    """The processor's ``pixel_values`` ``[N, C, H, W]`` as each row's image slots ``[B, N, H, W, C]``
+    (:func:`.gemma3_multimodal.images_per_row`, one image per ``tokens_per_image`` image tokens)."""
+    spec = vision_spec(hf_config, jnp.float32)
+    if pixel_values is None or np.ndim(pixel_values) != 4:
+        raise ValueError(f"pixel_values must be (num_images, channels, height, width) as LLaVA's processor returns "
+                         f"them; got shape {np.shape(pixel_values)}.")
+    if tuple(np.shape(pixel_values)[2:]) != (spec.image_size, spec.image_size):
+        raise ValueError(f"pixel_values are {np.shape(pixel_values)[2]}x{np.shape(pixel_values)[3]} but the vision "
+                         f"tower takes {spec.image_size}x{spec.image_size} images (vision_config.image_size): resize "
+                         "them with the model's processor.")
+    return images_per_row(input_ids, pixel_values, spec.image_token_id, spec.tokens_per_image)
+
+
+def _lora_targets() -> dict[str, str]:
+    targets = lora_targets_of()
+    targets.update({"out_proj": r"vision_tower/layers/\d+/self_attn/out_proj",
+                    "fc1": r"vision_tower/layers/\d+/mlp/fc1", "fc2": r"vision_tower/layers/\d+/mlp/fc2",
+                    "linear_1": "multi_modal_projector/linear_1", "linear_2": "multi_modal_projector/linear_2"})
+    for name in ("q_proj", "k_proj", "v_proj"):
+        targets[name] = rf"({targets[name]}|vision_tower/layers/\d+/self_attn/{name})"
+    return targets
+
+
+TINY_CONFIGS = {
+    # The text decoder of torchlike.testing.tiny_multimodal_config("llava"): Llama's layout.
+    "llava": TinyConfig("LlamaConfig", dict(rope_theta=10000.0, tie_word_embeddings=False)),
+}
+
+PATCH_EMBEDDING = r"(vision_tower\.vision_model\.|vision_tower\.|model\.vision_tower\.)embeddings\.patch_embedding"
+
+FAMILY = native_family(
+    name="llava", model_types=("llava",), architectures=("LlavaForConditionalGeneration",),
+    spec_from_config=text_spec, weights=_weights(), build_model=build_model, lora_targets=_lora_targets(),
+    default_lora_targets=(),  # PEFT has no default for model_type "llava"
+    ignored_hf_keys=DECODER_IGNORED_KEYS, images=images, prompt_learning=False,
+    config_kept_keys=kept_keys, kept_renames=tuple((alias, VISION_PREFIX) for alias in VISION_ALIASES[::-1]),
+    lora_not_linear={PATCH_EMBEDDING: "the patch embedding is a Conv2d in transformers"},
+    in_memory_prefixes=((TEXT_PREFIX, "model.language_model."), ("language_model.lm_head", "lm_head"),
+                        (VISION_PREFIX, "model.vision_tower."), (PROJECTOR_PREFIX, "model.multi_modal_projector.")),
+    tiny_configs=TINY_CONFIGS)

@@ -1,0 +1,173 @@
+"""LLaVA (``LlavaForConditionalGeneration``: CLIP up to its feature layer, the projector, a Llama decoder) against
+``transformers`` (eager, float32): image and text logits, greedy generation on both engines, the export's layout and
+round trip (the tower's unused block kept), PEFT adapters, and SFT step for step against TRL."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import peft
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+
+import torchlike
+from tests.helpers.logs import logged
+from tests.helpers.models import randomize_lora_, valid_max_diff
+from tests.helpers.vision import ANSWERS, PROMPTS, save_tiny_vlm
+from torchlike.peft import LoraConfig, get_peft_model
+from torchlike.testing import tiny_image
+
+
+@pytest.fixture(scope="module")
+def llava_dirs(tmp_path_factory):
+    built = {}
+
+    def path(dtype: str = "float32"):
+        if dtype not in built:
+            built[dtype] = save_tiny_vlm(tmp_path_factory.mktemp(f"llava-{dtype}"), "llava",
+                                         dtype=getattr(torch, dtype))
+        return built[dtype]
+
+    return path
+
+
+def hf_llava(path) -> transformers.PreTrainedModel:
+    return transformers.AutoModelForImageTextToText.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def reference_logits(model, inputs: dict) -> np.ndarray:
+    """transformers' logits with positions counting real tokens (as torchlike and generate count them)."""
+    positions = np.maximum(np.cumsum(inputs["attention_mask"], axis=-1) - 1, 0)
+    with torch.no_grad():
+        tensors = {key: torch.tensor(value) for key, value in inputs.items()}
+        return model(**tensors, position_ids=torch.tensor(positions)).logits.float().numpy()
+
+
+def image_batch(path, padding_side: str = "right") -> dict:
+    """Two conversations with one and two images, and one without."""
+    processor = torchlike.AutoProcessor.from_pretrained(path)
+    images = [[tiny_image(0, 24)], [tiny_image(1, 16), tiny_image(2, 32)], []]
+    conversations = [[{"role": "user", "content": [{"type": "image"}] * len(row) + [{"type": "text", "text": text}]}]
+                     for row, text in zip(images, PROMPTS, strict=False)]
+    texts = processor.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
+    processor.tokenizer.padding_side = padding_side
+    return dict(processor(text=texts, images=[image for row in images for image in row], padding=True,
+                          return_tensors="np"))
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_image_and_text_logits_equal_transformers(padding_side, llava_dirs):
+    path = llava_dirs()
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    inputs = image_batch(path, padding_side)
+    assert inputs["pixel_values"].shape == (3, 3, 16, 16)
+    reference = reference_logits(hf_llava(path), inputs)
+    assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4
+    without_images = model(inputs["input_ids"], inputs["attention_mask"]).logits
+    assert valid_max_diff(without_images, reference, inputs["attention_mask"]) > 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_export_is_llava_hf_layout_round_trips_bit_exact_and_reloads(dtype, llava_dirs, tmp_path):
+    path = llava_dirs(dtype)
+    source = load_file(path / "model.safetensors")  # transformers 5 saves the tower without "vision_model."
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    assert any("encoder.layers.2." in name for name in model.kept_weights)  # the block LLaVA never runs
+    model.save_pretrained(tmp_path / "once")
+    once = load_file(tmp_path / "once" / "model.safetensors")
+    config = json.loads((tmp_path / "once" / "config.json").read_text())
+    assert config["architectures"] == ["LlavaForConditionalGeneration"]
+    expected = {name.replace("vision_tower.", "vision_tower.vision_model.", 1): array for name, array in source.items()}
+    assert set(once) == set(expected)
+    for name, array in expected.items():
+        assert once[name].dtype == array.dtype and np.array_equal(once[name], array), name
+    reloaded, info = transformers.AutoModelForImageTextToText.from_pretrained(
+        tmp_path / "once", attn_implementation="eager", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    if dtype == "float32":
+        inputs = image_batch(path)
+        assert np.array_equal(reference_logits(reloaded.eval(), inputs), reference_logits(hf_llava(path), inputs))
+
+
+def test_greedy_generate_with_images_equals_transformers_on_both_engines(llava_dirs):
+    path = llava_dirs()
+    inputs = image_batch(path, "left")
+    with torch.no_grad():
+        expected = hf_llava(path).generate(**{key: torch.tensor(value) for key, value in inputs.items()},
+                                           max_new_tokens=8, do_sample=False, eos_token_id=[], pad_token_id=0).numpy()
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    for engine in ("static", "paged"):
+        out = model.generate(**inputs, max_new_tokens=8, do_sample=False, eos_token_id=[], pad_token_id=0,
+                             rollout_engine=engine)
+        assert np.array_equal(np.asarray(out), expected), engine
+
+
+def test_lora_adapter_loads_in_peft_with_the_same_image_logits(llava_dirs, tmp_path):
+    path = llava_dirs()
+    model = get_peft_model(torchlike.AutoModelForImageTextToText.from_pretrained(path),
+                           LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "linear_1", "fc2"],
+                                      task_type="CAUSAL_LM"))
+    randomize_lora_(model)
+    model.save_pretrained(tmp_path / "adapter")
+    keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert "base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight" in keys
+    assert "base_model.model.model.multi_modal_projector.linear_1.lora_B.weight" in keys
+    theirs = peft.get_peft_model(hf_llava(path), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj",
+                                                                                       "linear_1", "fc2"]))
+    # PEFT adapts the block LLaVA never runs too; it has no effect on the logits and no gradient.
+    unused = {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)} - keys
+    assert unused and all(".encoder.layers.2." in name for name in unused)
+    reference = peft.PeftModel.from_pretrained(hf_llava(path), tmp_path / "adapter").eval()
+    inputs = image_batch(path)
+    assert valid_max_diff(model(**inputs).logits, reference_logits(reference, inputs),
+                          inputs["attention_mask"]) <= 1e-4
+
+
+def test_llava_sft_matches_trl_step_for_step(llava_dirs, tmp_path):
+    import datasets
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    from torchlike.trl import SFTConfig, SFTTrainer
+
+    path = llava_dirs()
+    settings = dict(per_device_train_batch_size=3, max_steps=4, learning_rate=3e-3, lr_scheduler_type="linear",
+                    warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
+                    bf16=False, report_to="none", save_strategy="no")
+    rows = []
+    for row in range(12):
+        images = [] if row % 4 == 3 else [tiny_image(row, 16 + 8 * (row % 3))]
+        rows.append({"messages": [
+            {"role": "user", "content": [{"type": "image"}] * len(images)
+             + [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
+            {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
+            "images": images})
+    reference = trl.SFTTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows), processing_class=torchlike.AutoProcessor.from_pretrained(path))
+    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
+    reference.train()
+    trainer = SFTTrainer(model=str(path), args=SFTConfig(output_dir=str(tmp_path / "ours"),
+                                                         train_sampling_strategy="sequential", **settings),
+                         train_dataset=datasets.Dataset.from_list(rows),
+                         processing_class=torchlike.AutoProcessor.from_pretrained(path))
+    trainer.train()
+    expected, ours = reference.state.log_history, trainer.state.log_history
+    for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
+        assert len(logged(expected, key)) == settings["max_steps"], key
+        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+    mine = trainer.model.hf_tensors()
+    mine.update(trainer.model.kept_weights)
+    theirs = {name.replace("model.vision_tower.", "vision_tower.vision_model.", 1)
+              .replace("model.language_model.", "language_model.model.", 1)
+              .replace("model.multi_modal_projector.", "multi_modal_projector.", 1)
+              .replace("lm_head.", "language_model.lm_head.", 1): parameter.detach().numpy()
+              for name, parameter in reference.model.named_parameters()}
+    assert set(mine) == set(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
