@@ -171,3 +171,46 @@ def test_llava_sft_matches_trl_step_for_step(llava_dirs, tmp_path):
     assert set(mine) == set(theirs)
     for name, value in theirs.items():
         np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_llava_grpo_matches_trl_step_for_step(llava_dirs, tmp_path, monkeypatch):
+    """Scripted completions for image prompts (the image slots laid out per prompt) against TRL's GRPO."""
+    import datasets
+    import trl
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    from tests import tiny
+    from tests.test_vlm_grpo_vs_trl import scripted
+    from torchlike.trl import GRPOConfig, GRPOTrainer
+
+    path = llava_dirs()
+    rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}], "image": tiny_image(row, 16)}
+            for row in range(8)]
+    settings = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=3),
+                    per_device_train_batch_size=4, num_generations=4)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
+    processor = torchlike.AutoProcessor.from_pretrained(path)
+    processor.tokenizer.padding_side = "left"
+    reference = trl.GRPOTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        reward_funcs=[tiny.token_reward, tiny.length_reward],
+        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows), processing_class=processor)
+    reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
+    expected, _, expected_params = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")
+    trainer = GRPOTrainer(model=str(path), reward_funcs=[tiny.token_reward, tiny.length_reward],
+                          args=GRPOConfig(output_dir=str(tmp_path / "ours"), **settings), train_dataset=rows,
+                          processing_class=torchlike.AutoProcessor.from_pretrained(path))
+    trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
+    ours, _, params = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")
+    assert len(logged(expected, "loss")) == settings["max_steps"]
+    for key in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length"):
+        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+    # torchlike exports llava-hf's names; transformers 5 saves the tower without "vision_model.". The block LLaVA
+    # never runs is saved unchanged on both sides.
+    params = {name.replace("vision_tower.vision_model.", "vision_tower.", 1): value for name, value in params.items()}
+    assert set(params) == set(expected_params)
+    for name, value in expected_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)

@@ -151,7 +151,8 @@ def test_qwen2_5_vl_dpo_matches_trl_step_for_step(qwen_path, tmp_path):
     assert_same_weights(trainer.model, reference.model)
 
 
-def test_qwen2_5_vl_grpo_matches_trl_step_for_step(qwen_path, tmp_path, monkeypatch):
+@pytest.mark.parametrize("case", [{}, {"beta": 0.04, "num_iterations": 2}], ids=["defaults", "kl-two-iterations"])
+def test_qwen2_5_vl_grpo_matches_trl_step_for_step(case, qwen_path, tmp_path, monkeypatch):
     """Scripted completions (the same tokens for the same rows on both sides) for image prompts of three sizes (TRL's
     GRPO takes no text prompt beside image ones), prompts of different lengths; the loss's forward passes take the
     images and M-RoPE."""
@@ -167,7 +168,8 @@ def test_qwen2_5_vl_grpo_matches_trl_step_for_step(qwen_path, tmp_path, monkeypa
 
     rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],
              "images": image_of(row) or [tiny_image(row, 16)]} for row in range(8)]
-    settings = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=3),
+    # "kl-two-iterations": the reference's and the stored old policy's log-probs take the images too.
+    settings = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=3, **case),
                     per_device_train_batch_size=4, num_generations=4)
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
@@ -195,3 +197,33 @@ def test_qwen2_5_vl_grpo_matches_trl_step_for_step(qwen_path, tmp_path, monkeypa
     assert set(params) == set(expected_params)
     for name, value in expected_params.items():
         np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)
+
+
+def test_qwen2_5_vl_rloo_samples_each_prompt_with_its_images(qwen_path, tmp_path, monkeypatch):
+    """RLOO shares GRPO's image path: each prompt is one request carrying its own patches and M-RoPE offsets, the
+    completions sampled with them, and training steps run on the image batches."""
+    from tests import tiny
+    from torchlike.adapters import rollout
+    from torchlike.trl import RLOOConfig, RLOOTrainer
+
+    rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],
+             "images": image_of(row) or [tiny_image(row, 16)]} for row in range(4)]
+    requests = []
+    engine_generate = rollout.StaticEngine.generate
+
+    def recording(engine, batch_requests, settings):
+        requests.extend(batch_requests)
+        return engine_generate(engine, batch_requests, settings)
+
+    monkeypatch.setattr(rollout.StaticEngine, "generate", recording)
+    trainer = RLOOTrainer(model=str(qwen_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
+                          args=RLOOConfig(output_dir=str(tmp_path), **dict(tiny.grpo_settings(max_steps=2),
+                                                                           per_device_train_batch_size=4,
+                                                                           num_generations=2)),
+                          train_dataset=rows, processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
+    output = trainer.train()
+    assert output.global_step == 2 and np.isfinite(output.training_loss)
+    assert [request.num_samples for request in requests] == [2] * len(requests)
+    patches = [int((request.images["frames"] > 0).sum()) for request in requests[:2]]
+    assert patches == [16, 32]  # the first two prompts' 1x4x4 and 1x4x8 images
+    assert all(request.rope_delta != 0 for request in requests[:2])

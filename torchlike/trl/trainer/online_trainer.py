@@ -340,8 +340,11 @@ class OnlineTrainer(TRLTrainer):
     def _vision_inputs(self, rows: list[dict], prompt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(images, token types)`` of a generation batch's image prompts (:func:`.prompt_vision.rows_vision_inputs`),
         the image size the processor's."""
-        size = self.processing_class.image_processor.size
-        shape = (size.get("height", 0), size.get("width", 0), 3)  # Qwen-VL's processor sizes by pixel count
+        processor = self.processing_class.image_processor
+        # The size of the images the model takes (a CLIP processor crops to crop_size); Qwen-VL's processor sizes
+        # by pixel count, and its model takes no image slots.
+        size = getattr(processor, "crop_size", None) or processor.size
+        shape = (size.get("height", 0), size.get("width", 0), 3)
         return prompt_vision.rows_vision_inputs(rows, prompt_ids, ModelImages(self.model.family, self.model.config),
                                                 self._image_slots, shape)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import datasets
+import jax
 import numpy as np
 
 from ...adapters.distributed import mesh as mesh_lib
@@ -480,7 +481,7 @@ class PolicyGradientTrainer(OnlineTrainer):
         """The rows of a generation batch in a seeded random order (TRL's ``shuffle_sequence_dict``), so the
         micro-batches it is split into mix prompts."""
         order = np.random.default_rng(seed).permutation(len(batch["input_ids"]))
-        return {key: value[order] for key, value in batch.items()}
+        return jax.tree.map(lambda value: value[order], batch)  # image columns may be dicts of arrays
 
     def _log_probs(self, batch: dict[str, np.ndarray], lora: str, module) -> np.ndarray:
         """Per-token log-probs of the completions, one micro-batch at a time (the training shape)."""
@@ -491,11 +492,13 @@ class PolicyGradientTrainer(OnlineTrainer):
                                                         self._decoder_dtype,
                                                         lm_head_in_float32=self._lm_head_in_float32)
         size = self._global_batch_size()
-        inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "completion_mask")}
+        # An image batch's images (and token types) go with its tokens: the old and reference log-probs see them.
+        inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "completion_mask", "images",
+                                                 "token_type_ids") if name in batch}
         parts = []
         with mesh_lib.entered(self.mesh):
             for start in range(0, len(batch["input_ids"]), size):
-                chunk = {name: value[start:start + size] for name, value in inputs.items()}
+                chunk = jax.tree.map(lambda value, start=start: value[start:start + size], inputs)
                 rows = len(chunk["input_ids"])  # a short last eval batch may not split over the data axes
                 parts.append(passes[key](module, mesh_lib.place_batch(chunk, mesh_lib.rows_sharding(self.mesh, rows),
                                                                       rows)))
