@@ -227,3 +227,51 @@ def test_qwen2_5_vl_rloo_samples_each_prompt_with_its_images(qwen_path, tmp_path
     patches = [int((request.images["frames"] > 0).sum()) for request in requests[:2]]
     assert patches == [16, 32]  # the first two prompts' 1x4x4 and 1x4x8 images
     assert all(request.rope_delta != 0 for request in requests[:2])
+
+
+#: TRL 1.16's KTO metrics beside the loss.
+KTO_METRICS = ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
+               "logits/chosen", "logits/rejected")
+
+
+def test_qwen2_5_vl_kto_matches_trl_step_for_step(qwen_path, tmp_path):
+    """TRL's vision KTO: each prompt with its images, the KL completions cycled within each batch, the reference
+    scoring both; images of three sizes and a text-only row."""
+    import datasets
+    import torch
+    import transformers
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    from torchlike.trl import KTOConfig, KTOTrainer
+
+    rows = []
+    for row in range(12):
+        images = image_of(row)
+        question = [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]
+        rows.append({"prompt": [{"role": "user", "content": [{"type": "image"}] * len(images) + question}],
+                     "completion": [{"role": "assistant", "content": [{"type": "text",
+                                                                       "text": ANSWERS[(row * 3) % len(ANSWERS)]}]}],
+                     "label": row % 3 != 1, "images": images})
+    # Batches of three: the KL completions' cycle has a direction (each prompt with the completion before it).
+    settings = dict(SETTINGS, per_device_train_batch_size=3, gradient_accumulation_steps=2, beta=0.1,
+                    train_sampling_strategy="sequential")
+    reference = trl.KTOTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(qwen_path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        args=trl.KTOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
+    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
+    reference.train()
+    trainer = KTOTrainer(model=str(qwen_path), args=KTOConfig(output_dir=str(tmp_path / "ours"), **settings),
+                         train_dataset=datasets.Dataset.from_list(rows),
+                         processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
+    trainer.train()
+    expected = [entry for entry in reference.state.log_history if "loss" in entry]
+    ours = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["step"] for entry in ours] == [entry["step"] for entry in expected] == [1, 2, 3, 4]
+    for key in ("loss", "grad_norm", *KTO_METRICS):
+        if key in expected[0]:
+            np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, atol=1e-6, err_msg=key)
+    assert_same_weights(trainer.model, reference.model)

@@ -211,9 +211,12 @@ def _completion_log_probs(family: Family, module, batch: Mapping[str, jax.Array]
                           block_size: logprobs.BlockSize) -> tuple[jax.Array, logprobs.TokenScores, jax.Array]:
     """``(summed completion log-probabilities [B], per-token scores [B, T-1], shifted completion mask)`` of the
     ``<prefix>input_ids`` rows."""
-    scores = logprobs.next_token_scores(
-        family, module, {"input_ids": batch[f"{prefix}input_ids"], "attention_mask": batch[f"{prefix}attention_mask"]},
-        with_metrics=with_metrics, block_size=block_size)
+    inputs = {"input_ids": batch[f"{prefix}input_ids"], "attention_mask": batch[f"{prefix}attention_mask"]}
+    if "images" in batch:  # a vision batch: the prompt's images serve its completion and its KL completion alike
+        inputs["images"] = batch["images"]
+        if f"{prefix}token_type_ids" in batch:
+            inputs["token_type_ids"] = batch[f"{prefix}token_type_ids"]
+    scores = logprobs.next_token_scores(family, module, inputs, with_metrics=with_metrics, block_size=block_size)
     mask = batch[f"{prefix}completion_mask"][:, 1:]
     return jnp.where(mask.astype(bool), scores.log_probs, 0.0).sum(-1), scores, mask
 

@@ -24,7 +24,11 @@ from ...type_aliases import (
     RowsLike,
     TRLArgs,
 )
+from ..data.dpo_vision import most_images
 from ..data.kto_data import check_desirability_balance, collate_unpaired_batch, padded_length, prepare_unpaired_examples
+from ..data.kto_vision import VisionUnpairedCollator, check_vision_unpaired_settings, vision_unpaired_rows
+from ..data.sft_vision import ModelImages
+from .base_trainer import check_vision_model, is_vision_dataset, vision_processor
 from .kto_config import KTOConfig
 from .offline_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm
 
@@ -47,6 +51,11 @@ class KTO(ReferenceAlgorithm):
         """Prepared examples of ``dataset`` (KL completions paired within chunks of ``per_device_train_batch_size``,
         for evaluation data too, as TRL does), checked against the vocabulary of the models that will read them."""
         trainer = self.trainer
+        if trainer._is_vision_dataset:  # its collator processes the rows batch by batch, as TRL's
+            rows = vision_unpaired_rows(dataset)
+            collator = trainer._vision_collator
+            collator.images_per_row = max(collator.images_per_row, most_images(rows))
+            return rows
         examples = prepare_unpaired_examples(
             dataset, tokenizer, max_length=args.max_length, num_proc=args.dataset_num_proc,
             kl_chunk_size=args.per_device_train_batch_size if args.estimates_kl else None)
@@ -56,6 +65,8 @@ class KTO(ReferenceAlgorithm):
         return examples
 
     def padded_length(self, examples: list[dict]) -> int:
+        if self.trainer._is_vision_dataset:
+            return 1  # the vision collator pads each batch to a bucketed length
         return padded_length(examples, self.trainer.args.max_length, self.trainer.args.pad_to_multiple_of)
 
     def reference_pass(self) -> Callable:
@@ -85,12 +96,15 @@ class KTOTrainer(PrecomputedReferenceTrainer):
             ``ref_KL_logps`` once computed) and must return ``collate_unpaired_batch``'s columns with one row per
             example.
         train_dataset, eval_dataset: ``datasets.Dataset``/``IterableDataset`` or lists of dicts in a TRL unpaired
-            preference format (``prompt``/``completion``/``label``), or paired preference data
+            preference format (``prompt``/``completion``/``label``; with ``images`` or ``image`` beside them, TRL's
+            vision data for a vision-language model, processed batch by batch by its processor, each prompt's KL
+            completion the one before it in its batch), or paired preference data
             (``prompt``/``chosen``/``rejected``, or ``chosen``/``rejected`` with an implicit prompt) that is unpaired
             as TRL does; strings or message lists. ``train_dataset`` is required; ``eval_dataset`` may be a dict of
             datasets, each prepared and scored by the reference alike and evaluated with its own loss name
             (``eval_<name>_loss``; TRL's own metrics stay ``eval_rewards/chosen``..., as TRL logs them).
-        processing_class: the tokenizer (default: loaded from the model's path).
+        processing_class: the tokenizer (default: loaded from the model's path); the processor for vision data
+            (default: the model's, as TRL loads it).
         compute_metrics: ``EvalPrediction -> dict``, as TRL (which deprecates it, with a ``FutureWarning``, since
             its logits take an extra forward pass): the logits of each example's prompt + completion and
             ``label_ids`` those ``input_ids``, right-padded as TRL's collator pads.
@@ -112,6 +126,7 @@ class KTOTrainer(PrecomputedReferenceTrainer):
 
     algorithm_class = KTO
     _config_class = KTOConfig
+    _takes_vision_data = True  # refused for a text-only model by vision_processor, in TRL's words
     _output_suffix = "KTO"
     _tag_names = ["trl", "kto"]
 
@@ -125,15 +140,31 @@ class KTOTrainer(PrecomputedReferenceTrainer):
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: unpaired preference examples ('prompt', 'completion', "
                              "'label'), or preference pairs ('prompt', 'chosen', 'rejected').")
+        self._is_vision_dataset = is_vision_dataset(train_dataset)
+        if self._is_vision_dataset:
+            check_vision_unpaired_settings(args, next(iter(train_dataset)), data_collator, compute_metrics)
         ref_model = self._check_reference_settings(args, model, ref_model, train_dataset, eval_dataset)
-        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config)
+        given_processing_class = processing_class
+        model, processing_class = self._trl_model(model, args, processing_class, peft_config, quantization_config,
+                                                  load_processor=self._is_vision_dataset)
         self._setup_router_loss(model, args)
         self.ref_model = ref_model
-        self.pad_token_id = self._pad_token_id(processing_class, None)
+        tokenizer = processing_class
+        if self._is_vision_dataset:
+            processing_class = vision_processor(model, given_processing_class)
+            if ref_model is not None:
+                check_vision_model(ref_model.family, which="ref_model")
+            tokenizer = processing_class.tokenizer
+        self.pad_token_id = self._pad_token_id(tokenizer, None)
         for config in (model.config, model.generation_config):
             config.pad_token_id = self.pad_token_id  # TRL mirrors the pad token onto the model
         self.loss_settings = kto_losses.KTOLossSettings.from_config(args,
                                                                     router_aux_loss_coef=self._router_loss_weight())
+        if self._is_vision_dataset:
+            self._vision_collator = data_collator = VisionUnpairedCollator(
+                processing_class, ModelImages(model.family, model.config), self.pad_token_id,
+                max_length=args.max_length,
+                kl_chunk_size=args.per_device_train_batch_size if self.loss_settings.estimates_kl else None)
         train_examples, eval_examples = self._prepare_examples(train_dataset, eval_dataset, processing_class, model)
         check_desirability_balance([example["label"] for example in train_examples], args.desirable_weight,
                                    args.undesirable_weight)
@@ -144,5 +175,6 @@ class KTOTrainer(PrecomputedReferenceTrainer):
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers)
         self._start_reference(ref_model, train_examples, eval_examples)
         # What TRL users read: a datasets.Dataset with TRL's columns (prompt_ids, completion_ids, label,
-        # KL_completion_ids and the precomputed ref_logps / ref_KL_logps).
-        self._show_prepared_datasets(train_examples, eval_examples)
+        # KL_completion_ids and the precomputed ref_logps / ref_KL_logps). TRL leaves vision data unprepared.
+        if not self._is_vision_dataset:
+            self._show_prepared_datasets(train_examples, eval_examples)

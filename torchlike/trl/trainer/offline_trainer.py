@@ -422,8 +422,8 @@ class PrecomputedReferenceTrainer(OfflineTrainer):
         def group_log_probs(module, micro_batches):
             module = train_step.cast_floating(module, compute_dtype)
             count = jax.tree.leaves(micro_batches)[0].shape[0]
-            outputs = [pass_(module, {key: value[index] for key, value in micro_batches.items()})
-                       for index in range(count)]
+            outputs = [pass_(module, jax.tree.map(lambda value, index=index: value[index], micro_batches))
+                       for index in range(count)]  # image columns may be dicts of arrays
             return tuple(jnp.stack(values) for values in zip(*outputs, strict=True))
 
         self._group_reference_log_probs = group_log_probs
