@@ -214,3 +214,53 @@ def test_llava_grpo_matches_trl_step_for_step(llava_dirs, tmp_path, monkeypatch)
     assert set(params) == set(expected_params)
     for name, value in expected_params.items():
         np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)
+
+
+# --- LLaVA-NeXT ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def next_path(tmp_path_factory):
+    return save_tiny_vlm(tmp_path_factory.mktemp("llava-next"), "llava_next")
+
+
+def tiled_batch(path, padding_side: str = "right") -> dict:
+    """A wide, a tall and a square image (tiled 1x2, 2x1 and 2x2 after the base view, unpadded to each aspect ratio)
+    and a text-only row."""
+    processor = torchlike.AutoProcessor.from_pretrained(path)
+    images = [[tiny_image(0, 32).resize((40, 18))], [tiny_image(1, 32).resize((18, 40)), tiny_image(2, 32)], []]
+    conversations = [[{"role": "user", "content": [{"type": "image"}] * len(row) + [{"type": "text", "text": text}]}]
+                     for row, text in zip(images, PROMPTS, strict=False)]
+    texts = processor.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
+    processor.tokenizer.padding_side = padding_side
+    return dict(processor(text=texts, images=[image for row in images for image in row], padding=True,
+                          return_tensors="np"))
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_llava_next_tiled_image_logits_equal_transformers(padding_side, next_path):
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(next_path)
+    inputs = tiled_batch(next_path, padding_side)
+    assert inputs["pixel_values"].shape[1] == 5 and inputs["image_sizes"].tolist() == [[18, 40], [40, 18], [32, 32]]
+    reference = reference_logits(hf_llava(next_path), inputs)
+    assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4
+    without_images = model(inputs["input_ids"], inputs["attention_mask"]).logits
+    assert valid_max_diff(without_images, reference, inputs["attention_mask"]) > 1e-2
+
+
+def test_llava_next_export_round_trips_and_generates_as_transformers(next_path, tmp_path):
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(next_path)
+    model.save_pretrained(tmp_path / "export")
+    source = load_file(next_path / "model.safetensors")
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    expected = {name.replace("vision_tower.", "vision_tower.vision_model.", 1): array for name, array in source.items()}
+    assert set(exported) == set(expected) and "image_newline" in exported
+    assert all(np.array_equal(exported[name], array) for name, array in expected.items())
+    inputs = tiled_batch(next_path, "left")
+    with torch.no_grad():
+        expected_tokens = hf_llava(next_path).generate(**{key: torch.tensor(value) for key, value in inputs.items()},
+                                                       max_new_tokens=6, do_sample=False, eos_token_id=[],
+                                                       pad_token_id=0).numpy()
+    for engine in ("static", "paged"):
+        out = model.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=[], pad_token_id=0,
+                             rollout_engine=engine)
+        assert np.array_equal(np.asarray(out), expected_tokens), engine

@@ -279,7 +279,7 @@ def generate(
 ) -> Any:
     """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
     check_choice("rollout_engine", rollout_engine, rollout.engine_names())
-    vision = {key: settings.pop(key) for key in VISION_INPUTS if key in settings}
+    vision = {key: settings.pop(key) for key in (*model.family.image_keys, *VISION_INPUTS) if key in settings}
     if use_cache is False:
         raise ValueError("use_cache=False is not supported: generation always decodes over a KV cache.")
     unknown = sorted(set(settings) - set(TRANSFORMERS_DEFAULTS))
@@ -362,7 +362,8 @@ def _with_images(model: Any,  # Any: a CausalLM, as in generate
 
 
 VISION_INPUTS = ("image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids")
-"""Processor outputs ``generate`` passes to the model's image inputs (Qwen-VL's grids and videos)."""
+"""Processor outputs ``generate`` passes to the model's image inputs besides the model family's own
+(``Family.image_keys``): a model that does not read them refuses them by name (``CausalLM.image_inputs``)."""
 
 
 def _requests(ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, copies: int,

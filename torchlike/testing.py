@@ -330,6 +330,15 @@ _MULTIMODAL_FAMILIES.update({
         settings=dict(tie_word_embeddings=False, image_seq_length=16),
         text_tokens=("\n",), special_tokens=("<image>",), named_tokens={},
         config_token_fields={"image_token_id": "<image>"}),
+    # LLaVA-NeXT: LLaVA's tower (16x16 tiles) before a Mistral decoder; images tiled at 16x32, 32x16 or 32x32 (the
+    # pinpoint nearest their aspect ratio) after a 16x16 base view.
+    "llava_next": _MultimodalFamily(
+        config_class="LlavaNextConfig", vision_config_class="CLIPVisionConfig",
+        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=16,
+                    patch_size=4, projection_dim=32),
+        settings=dict(tie_word_embeddings=False, image_grid_pinpoints=[[16, 32], [32, 16], [32, 32]]),
+        text_tokens=("\n",), special_tokens=("<image>",), named_tokens={},
+        config_token_fields={"image_token_id": "<image>"}),
 })
 MULTIMODAL_FAMILIES = tuple(_MULTIMODAL_FAMILIES)
 
@@ -490,7 +499,7 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
     import transformers
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    if family not in ("gemma3", "llava", *QWEN_VL_FAMILIES):
+    if family not in ("gemma3", "llava", "llava_next", *QWEN_VL_FAMILIES):
         raise ValueError(f"build_processor: Gemma 3's and Qwen-VL's processors are built tiny, not {family!r}: "
                          "transformers' Gemma4Processor needs a video processor, which transformers builds on "
                          "torchvision. Use build_multimodal_tokenizer(directory, 'gemma4') for its tokenizer.")
@@ -501,6 +510,18 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
     if found != multimodal_token_ids(family):
         raise RuntimeError(f"build_processor: the tokenizer gave the added tokens ids {found}, the config expects "
                            f"{multimodal_token_ids(family)}.")
+    if family == "llava_next":
+        from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+        size = spec.vision["image_size"]
+        image_processor = LlavaNextImageProcessorPil(
+            size={"shortest_edge": size}, crop_size={"height": size, "width": size}, image_mean=[0.5, 0.5, 0.5],
+            image_std=[0.5, 0.5, 0.5], image_grid_pinpoints=spec.settings["image_grid_pinpoints"])
+        transformers.LlavaNextProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                        patch_size=spec.vision["patch_size"], vision_feature_select_strategy="default",
+                                        num_additional_image_tokens=1,
+                                        chat_template=LLAVA_CHAT_TEMPLATE).save_pretrained(directory)
+        return Path(directory)
     if family == "llava":
         from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 

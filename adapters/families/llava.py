@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..model.clip_vision import CLIP_ACTIVATIONS, ClipVisionSpec, LlavaDecoder
+from ..model.clip_vision import CLIP_ACTIVATIONS, ClipVisionSpec, LlavaDecoder, LlavaNextDecoder
 from ..model.native_decoder import DecoderSpec
 from . import mistral
 from .base import CONV_KERNEL, DECODER_IGNORED_KEYS, TinyConfig, WeightRule, reprefixed, require
@@ -185,3 +185,106 @@ FAMILY = native_family(
     in_memory_prefixes=((TEXT_PREFIX, "model.language_model."), ("language_model.lm_head", "lm_head"),
                         (VISION_PREFIX, "model.vision_tower."), (PROJECTOR_PREFIX, "model.multi_modal_projector.")),
     tiny_configs=TINY_CONFIGS)
+
+
+# --------------------------------------------------------------------------- LLaVA-NeXT
+
+
+def build_next_model(hf_config, dtype, rngs: nnx.Rngs) -> LlavaNextDecoder:
+    """LLaVA-NeXT: :func:`build_model` with the newline embedding."""
+    return LlavaNextDecoder(text_spec(hf_config, dtype), vision_spec(hf_config, dtype), rngs=rngs)
+
+
+def next_images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray | None,
+                image_sizes: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """LLaVA-NeXT's processor outputs as the model takes them: each row's tiles ``[B, T, H, W, C]`` (its images' in
+    token order, zeros after) and, for each of its image tokens, where its feature is (:class:`LlavaNextDecoder`),
+    laid out by ``transformers``' own ``pack_image_features`` run on feature positions (base view, the grid's rows
+    unpadded to the image's aspect ratio, a newline after each).
+
+    Args:
+        pixel_values: ``[images, tiles, C, H, W]`` (zero tiles past an image's own, as the processor pads them).
+        image_sizes: ``[images, 2]`` each image's original height and width.
+
+    Raises:
+        ValueError: pixels without their sizes, or image tokens that do not match the images (named).
+    """
+    import types
+
+    import torch
+    from transformers.models.llava_next.modeling_llava_next import LlavaNextModel, image_size_to_num_patches
+
+    spec = vision_spec(hf_config, jnp.float32)
+    if pixel_values is None or image_sizes is None or np.ndim(pixel_values) != 5:
+        raise ValueError("LLaVA-NeXT takes pixel_values [images, tiles, channels, height, width] with image_sizes "
+                         f"[images, 2], as its processor returns them; got pixel_values of shape "
+                         f"{np.shape(pixel_values)} and image_sizes {None if image_sizes is None else 'given'}.")
+    sizes = np.asarray(image_sizes, np.int64).reshape(-1, 2)
+    pixels = np.asarray(pixel_values, np.float32)
+    if len(sizes) != len(pixels):
+        raise ValueError(f"image_sizes has {len(sizes)} entries for {len(pixels)} images.")
+    strategy = hf_config.vision_feature_select_strategy
+    owner = types.SimpleNamespace(config=hf_config)
+    per_image = []  # (tiles [t, H, W, C], feature positions relative to its first tile, -1 for a newline)
+    for image, size in zip(pixels, sizes, strict=True):
+        tiles = image_size_to_num_patches(image_size=size.tolist(), grid_pinpoints=hf_config.image_grid_pinpoints,
+                                          patch_size=spec.image_size)
+        positions = torch.arange(tiles * spec.tokens_per_image, dtype=torch.float64).reshape(
+            tiles, spec.tokens_per_image, 1)
+        packed, _ = LlavaNextModel.pack_image_features(owner, [positions], torch.tensor(size[None]), strategy,
+                                                       image_newline=torch.tensor([-1.0], dtype=torch.float64))
+        packed = packed[0] if isinstance(packed, list | tuple) else packed  # one image's features
+        per_image.append((np.transpose(image[:tiles], (0, 2, 3, 1)), packed[:, 0].numpy().astype(np.int64)))
+    counts = (np.asarray(input_ids) == spec.image_token_id).sum(axis=1)
+    rows, start = [], 0
+    for row, count in enumerate(counts):
+        taken, total = [], 0
+        while total < count and start < len(per_image):
+            taken.append(per_image[start])
+            total += len(per_image[start][1])
+            start += 1
+        if total != count:
+            raise ValueError(f"row {row} has {int(count)} image tokens (id {spec.image_token_id}) but its images take "
+                             f"{total}: build the prompts with the model's processor, one image per <image>.")
+        rows.append(taken)
+    if start != len(per_image):
+        raise ValueError(f"{len(per_image) - start} image(s) were given beyond the image tokens of the text "
+                         f"(id {spec.image_token_id}): each needs its placeholder tokens, as the processor writes "
+                         "them.")
+    most_tiles = max([sum(len(tiles) for tiles, _ in taken) for taken in rows] + [1])
+    most_tokens = max([int(count) for count in counts] + [1])
+    out = {"tiles": np.zeros((len(rows), most_tiles, spec.image_size, spec.image_size, spec.in_channels),
+                             np.float32),
+           "feature_index": np.zeros((len(rows), most_tokens), np.int32)}
+    for row, taken in enumerate(rows):
+        tile, token = 0, 0
+        for tiles, index in taken:
+            out["tiles"][row, tile:tile + len(tiles)] = tiles
+            out["feature_index"][row, token:token + len(index)] = np.where(
+                index < 0, -1, index + tile * spec.tokens_per_image)
+            tile += len(tiles)
+            token += len(index)
+    return out
+
+
+NEXT_TINY_CONFIGS = {
+    # The text decoder of torchlike.testing.tiny_multimodal_config("llava_next"): Mistral's layout.
+    "llava_next": TinyConfig("MistralConfig", dict(rope_theta=10000.0, tie_word_embeddings=False,
+                                                   sliding_window=None)),
+}
+
+NEXT_FAMILY = native_family(
+    name="llava_next", model_types=("llava_next",), architectures=("LlavaNextForConditionalGeneration",),
+    spec_from_config=text_spec, weights=_weights() + (
+        WeightRule("image_newline", "image_newline"), WeightRule("model.image_newline", "image_newline",
+                                                                 load_only=True)),
+    build_model=build_next_model, lora_targets=_lora_targets(),
+    default_lora_targets=(),  # PEFT has no default for model_type "llava_next"
+    ignored_hf_keys=DECODER_IGNORED_KEYS, images=next_images, image_keys=("image_sizes",), prompt_learning=False,
+    config_kept_keys=kept_keys, kept_renames=tuple((alias, VISION_PREFIX) for alias in VISION_ALIASES[::-1]),
+    lora_not_linear={PATCH_EMBEDDING: "the patch embedding is a Conv2d in transformers"},
+    in_memory_prefixes=((TEXT_PREFIX, "model.language_model."), ("language_model.lm_head", "lm_head"),
+                        (VISION_PREFIX, "model.vision_tower."), (PROJECTOR_PREFIX, "model.multi_modal_projector.")),
+    tiny_configs=NEXT_TINY_CONFIGS)
+
+FAMILIES = (FAMILY, NEXT_FAMILY)

@@ -184,3 +184,37 @@ class LlavaDecoder(NativeDecoder):
         inputs["tokens"] = jnp.full((2, 1), vision.image_token_id, jnp.int32)
         inputs["images"] = jnp.zeros((2, 1, vision.image_size, vision.image_size, vision.in_channels), jnp.float32)
         return inputs
+
+
+class LlavaNextDecoder(LlavaDecoder):
+    """LLaVA-NeXT: :class:`LlavaDecoder` with ``image_newline``; a call's ``images`` are a dict of ``tiles``
+    ``[B, T, H, W, C]`` (each row's images' tiles: the base view, then the high-resolution grid) and
+    ``feature_index`` ``[B, N]``: for each image token of the row, in order, the flat position of its feature among
+    the row's tiles' features (``tile * tokens_per_image + patch``), or ``-1`` for the newline after each row of the
+    unpadded grid (:func:`~adapters.families.llava.next_images` lays them out as ``transformers`` packs them)."""
+
+    def __init__(self, spec: DecoderSpec, vision: ClipVisionSpec, *, rngs: nnx.Rngs):
+        super().__init__(spec, vision, rngs=rngs)
+        self.image_newline = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (spec.hidden_size,), spec.dtype))
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, cache: dict | None, attention_mask: jax.Array,
+                 images: dict | None = None) -> tuple[jax.Array, dict | None]:
+        x = self.embedder.encode(tokens)
+        if images is not None:
+            tiles, index = images["tiles"], images["feature_index"]
+            batch, count = tiles.shape[:2]
+            features = self.multi_modal_projector(self.vision_tower(tiles.reshape(batch * count, *tiles.shape[2:])))
+            features = features.reshape(batch, count * features.shape[1], features.shape[-1])
+            is_image = tokens == self.vision_tower.spec.image_token_id
+            rank = jnp.clip(jnp.cumsum(is_image, axis=1) - 1, 0, index.shape[1] - 1)
+            position = jnp.take_along_axis(index, rank, axis=1)  # [B, T]
+            gathered = jnp.take_along_axis(features, jnp.maximum(position, 0)[..., None], axis=1).astype(x.dtype)
+            gathered = jnp.where((position < 0)[..., None], self.image_newline.get_value().astype(x.dtype), gathered)
+            x = jnp.where(is_image[..., None], gathered, x)
+        return self.decode_embeddings(x, positions, cache, attention_mask)
+
+    def get_model_input(self) -> dict:
+        """Qwix's tracing call with one tile per row (see :meth:`LlavaDecoder.get_model_input`)."""
+        inputs = super().get_model_input()
+        inputs["images"] = {"tiles": inputs["images"], "feature_index": jnp.zeros((2, 1), jnp.int32)}
+        return inputs

@@ -42,7 +42,7 @@ def save_tiny_vlm(root: Path, family: str = "gemma3", dtype: torch.dtype = torch
     model = random_model(tiny_multimodal_config(family), seed=seed, dtype=dtype, every_parameter=True,
                          attn_implementation="eager")
     model.save_pretrained(directory)
-    if family in ("gemma3", "llava", *QWEN_VL_FAMILIES):
+    if family in ("gemma3", "llava", "llava_next", *QWEN_VL_FAMILIES):
         build_processor(directory, family)
     else:
         build_multimodal_tokenizer(directory, family)
