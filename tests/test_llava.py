@@ -180,7 +180,7 @@ def test_llava_grpo_matches_trl_step_for_step(llava_dirs, tmp_path, monkeypatch)
     import trl.trainer.grpo_trainer as trl_grpo
 
     from tests import tiny
-    from tests.test_vlm_grpo_vs_trl import scripted
+    from tests.helpers.vision import scripted
     from torchlike.trl import GRPOConfig, GRPOTrainer
 
     path = llava_dirs()

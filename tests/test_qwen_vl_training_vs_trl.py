@@ -163,7 +163,7 @@ def test_qwen2_5_vl_grpo_matches_trl_step_for_step(case, qwen_path, tmp_path, mo
     import trl.trainer.grpo_trainer as trl_grpo
 
     from tests import tiny
-    from tests.test_vlm_grpo_vs_trl import scripted
+    from tests.helpers.vision import scripted
     from torchlike.trl import GRPOConfig, GRPOTrainer
 
     rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],

@@ -11,7 +11,7 @@ import pytest
 import torchlike
 from tests import tiny
 from tests.helpers.logs import logged
-from tests.helpers.vision import save_tiny_vlm
+from tests.helpers.vision import save_tiny_vlm, scripted
 from torchlike.adapters import rollout
 from torchlike.testing import tiny_image
 from torchlike.trl import GRPOConfig, GRPOTrainer
@@ -31,19 +31,6 @@ def image_rows(count: int = 8) -> list[dict]:
     """TRL's vision prompt rows: a conversational prompt of its own text and an image of its own, by row."""
     return [{"prompt": [{"role": "user", "content": PROMPT_TEXTS[row]}], "image": tiny_image(row)}
             for row in range(count)]
-
-
-def scripted(count: int) -> tuple[list[list[int]], list[list[float]]]:
-    """Completions for the rows of a generation batch, by row: varying lengths, some ending with EOS."""
-    completions = []
-    for row in range(count):
-        rng = np.random.default_rng([7, row])
-        length = int(rng.integers(2, tiny.COMPLETION_LENGTH + 1))
-        ids = rng.integers(3, 100, size=length).tolist()
-        if row % 3 == 0 and length < tiny.COMPLETION_LENGTH:
-            ids[-1] = tiny.EOS
-        completions.append(ids)
-    return completions, [[0.0] * len(ids) for ids in completions]
 
 
 SETTINGS = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=3),

@@ -11,10 +11,10 @@ from .engine import (
     derived_seed,
     request_seed,
     requests_from_rows,
-    row_of,
     rows_from_outputs,
     weights_snapshot,
 )
+from .images import row_of
 from .paged import EngineStats, PagedEngine, PagedEngineConfig
 from .registry import BUILT_IN, EngineContext, build_engine, engine_names, register_engine, unregister_engine
 

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from .images import row_of, same_images, stack_rows
 from .sampling_settings import SamplingSettings
 
 
@@ -207,46 +208,6 @@ def request_images(requests: Sequence[RolloutRequest], width: int) -> tuple[Any,
     return images, token_types
 
 
-def stack_rows(rows: Sequence[Any]) -> Any:
-    """Per-row image trees (arrays, or dicts of arrays) stacked on a new first axis, each array's own first axis
-    padded with zeros to the longest; a ``None`` row is all zeros."""
-    template = next(row for row in rows if row is not None)
-
-    def stack(*leaves):
-        present = [np.asarray(leaf) for leaf in leaves if leaf is not None]
-        dtype = np.float32 if np.issubdtype(present[0].dtype, np.floating) else present[0].dtype
-        if present[0].ndim == 0:
-            return np.asarray([0 if leaf is None else leaf for leaf in leaves], dtype)
-        longest = max(leaf.shape[0] for leaf in present)
-        out = np.zeros((len(leaves), longest, *present[0].shape[1:]), dtype)
-        for row, leaf in enumerate(leaves):
-            if leaf is not None:
-                out[row, :len(leaf)] = leaf
-        return out
-
-    filled = [jax.tree.map(lambda _: None, template) if row is None else row for row in rows]
-    return jax.tree.map(stack, *filled, is_leaf=lambda leaf: leaf is None)
-
-
-def row_of(images: Any, row: int) -> Any:
-    """Row ``row`` of a batch's image tree (:func:`stack_rows`' inverse, padding kept)."""
-    return jax.tree.map(lambda array: np.asarray(array[row]), images)
-
-
-def same_images(first: Any, second: Any) -> bool:
-    """Whether two rows' image trees are equal (both ``None`` counts)."""
-    if first is None or second is None:
-        return first is None and second is None
-    pairs = zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True)
-    return all(np.array_equal(a, b) for a, b in pairs)
-
-
-def rope_deltas(images: Any) -> Any:
-    """``images``' ``rope_deltas`` ``[R]`` (a multimodal rope: what the positions after each row's prompt add), or
-    ``0``."""
-    return images["rope_deltas"] if isinstance(images, dict) and "rope_deltas" in images else 0
-
-
 def weights_snapshot(module: nnx.Module) -> nnx.Module:
     """``module`` with its own variable containers around the same arrays: no array is copied, and the snapshot keeps
     the weights of this moment while training puts new arrays into ``module``'s variables (an adapter run changes
@@ -331,5 +292,4 @@ def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.nd
 
 
 __all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "completion_mask", "derived_seed",
-           "request_images", "request_seed", "requests_from_rows", "rope_deltas", "row_of", "rows_from_outputs",
-           "same_images", "stack_rows", "weights_snapshot"]
+           "request_images", "request_seed", "requests_from_rows", "rows_from_outputs", "weights_snapshot"]

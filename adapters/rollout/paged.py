@@ -54,7 +54,8 @@ from ..model import decoder_contract
 from ..model.tunix_model import image_blocks, positions_from_mask
 from ..runtime.float32_dots import float32_dots, gather_tables
 from ..runtime.tracing import record_trace, traced_cheaply
-from .engine import RequestOutput, RolloutRequest, request_images, rope_deltas
+from .engine import RequestOutput, RolloutRequest, request_images
+from .images import rope_deltas
 from .pages import TRASH_PAGE, PagePool
 from .sampling import (
     bucket_length,

@@ -40,7 +40,7 @@ from ..model import decoder_contract
 from ..model.tunix_model import image_blocks, positions_from_mask
 from ..runtime.float32_dots import float32_dots
 from ..runtime.tracing import record_trace, traced_cheaply
-from .engine import rope_deltas
+from .images import rope_deltas
 from .sampling_settings import UNSUPPORTED_GENERATION_SETTINGS, SamplingSettings, SamplingSwitches, SamplingValues
 
 _MIN_BUCKET = 16

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 
+from tests import tiny
 from torchlike.testing import (
     QWEN_VL_FAMILIES,
     build_multimodal_tokenizer,
@@ -110,3 +112,16 @@ def processor_with_image_seq_length(path: Path, image_seq_length: int) -> transf
     processor = torchlike.AutoProcessor.from_pretrained(path)
     return transformers.Gemma3Processor(image_processor=processor.image_processor, tokenizer=processor.tokenizer,
                                         chat_template=processor.chat_template, image_seq_length=image_seq_length)
+
+
+def scripted(count: int) -> tuple[list[list[int]], list[list[float]]]:
+    """Completions for the rows of a generation batch, by row: varying lengths, some ending with EOS."""
+    completions = []
+    for row in range(count):
+        rng = np.random.default_rng([7, row])
+        length = int(rng.integers(2, tiny.COMPLETION_LENGTH + 1))
+        ids = rng.integers(3, 100, size=length).tolist()
+        if row % 3 == 0 and length < tiny.COMPLETION_LENGTH:
+            ids[-1] = tiny.EOS
+        completions.append(ids)
+    return completions, [[0.0] * len(ids) for ids in completions]

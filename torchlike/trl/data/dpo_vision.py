@@ -114,7 +114,7 @@ class VisionPreferenceCollator:
 
     Args:
         processor: the model's ``transformers`` processor (``AutoProcessor``).
-        images: the model's images (:class:`.sft_vision.ModelImages`).
+        images: the model's images (:class:`.model_images.ModelImages`).
         pad_token_id: fills ``*_input_ids`` past each sequence.
         max_length: each prompt + response is cut to its first ``max_length`` tokens (``None``: no truncation).
         images_per_row: the image slots every batch gets per row (the most images any example has), so every batch

@@ -82,7 +82,7 @@ class VisionUnpairedCollator(VisionPreferenceCollator):
 
     Args:
         processor: the model's ``transformers`` processor.
-        images: the model's images (:class:`~.sft_vision.ModelImages`).
+        images: the model's images (:class:`~.model_images.ModelImages`).
         pad_token_id: fills the ids past each row.
         max_length: each row keeps its first ``max_length`` tokens (``None``: all).
         images_per_row: image slots per row (a model taking image slots).

@@ -11,8 +11,8 @@ import numpy as np
 
 from ...type_aliases import Processor
 from ..data_utils import prepare_multimodal_messages
+from .model_images import ModelImages
 from .prompt_data import is_conversational_prompt, left_padded
-from .sft_vision import ModelImages
 
 __all__ = ["PIXEL_VALUES", "TOKEN_TYPES", "VISION_OUTPUTS", "prepare_vision_prompts", "row_images",
            "rows_vision_inputs"]
@@ -83,7 +83,7 @@ def rows_vision_inputs(rows: list[Mapping[str, Any]], prompt_ids: np.ndarray, im
     Args:
         rows: the prepared rows (:func:`prepare_vision_prompts`), one per completion.
         prompt_ids: their left-padded prompt ids.
-        images_of: the model's images (:class:`~.sft_vision.ModelImages`).
+        images_of: the model's images (:class:`~.model_images.ModelImages`).
         slots: image slots per row (the most images any prompt has), so every batch has one shape.
         image_shape: ``(H, W, C)`` of the model's images (the slots of a batch without images are zeros).
     """

@@ -10,7 +10,6 @@ text field, or ``prompt``/``completion``; ``{"type": "image"}`` message parts ma
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,11 +17,12 @@ import numpy as np
 from ...type_aliases import Processor
 from ..data_utils import is_message_list, prepare_multimodal_messages
 from ..trainer.base_config import round_up_to_multiple
+from .model_images import ModelImages
 
 if TYPE_CHECKING:
     from ..trainer.sft_config import SFTConfig
 
-__all__ = ["ModelImages", "VisionLanguageCollator", "batch_images", "check_vision_settings", "flush_left",
+__all__ = ["VisionLanguageCollator", "batch_images", "check_vision_settings", "flush_left",
            "images_in_slots", "with_image_list"]
 
 LENGTH_BUCKET = 32
@@ -89,34 +89,6 @@ def batch_images(examples: Sequence[Mapping[str, Any]]) -> list | None:
     want at least one image when given ``images``)."""
     images = [example["images"] for example in examples]
     return None if all(not row for row in images) else images
-
-
-@dataclass(frozen=True)
-class ModelImages:
-    """A model's ``Family.images`` on its config: the processor's outputs as the model takes images.
-
-    Args:
-        family: the model's adapter family.
-        config: the model's ``transformers`` config.
-    """
-
-    family: Any
-    config: Any
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        """The processor's outputs besides ``pixel_values`` the model reads (Qwen-VL's grids and videos); with them
-        the model's images are a dict of per-row arrays rather than image slots."""
-        return tuple(self.family.image_keys)
-
-    def __call__(self, input_ids: np.ndarray, pixel_values: np.ndarray | None, **vision: Any) -> Any:
-        return self.family.images(self.config, input_ids, pixel_values, **vision)
-
-    def of(self, input_ids: np.ndarray, processed: Mapping[str, Any]) -> Any:
-        """The images of a processed batch (``pixel_values`` and :attr:`keys` read from it)."""
-        pixels = processed.get("pixel_values")
-        vision = {key: np.asarray(processed[key]) for key in self.keys if processed.get(key) is not None}
-        return self(input_ids, None if pixels is None else np.asarray(pixels, np.float32), **vision)
 
 
 def images_in_slots(processor: Processor, images: ModelImages, input_ids: np.ndarray,

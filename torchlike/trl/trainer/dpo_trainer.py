@@ -38,7 +38,7 @@ from ..data.dpo_vision import (
     most_images,
     vision_preference_rows,
 )
-from ..data.sft_vision import ModelImages
+from ..data.model_images import ModelImages
 from .base_trainer import check_vision_model, is_vision_dataset, vision_processor
 from .dpo_config import DPOConfig
 from .offline_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm, rows_trl_gathers

@@ -27,7 +27,7 @@ from ...type_aliases import (
 from ..data.dpo_vision import most_images
 from ..data.kto_data import check_desirability_balance, collate_unpaired_batch, padded_length, prepare_unpaired_examples
 from ..data.kto_vision import VisionUnpairedCollator, check_vision_unpaired_settings, vision_unpaired_rows
-from ..data.sft_vision import ModelImages
+from ..data.model_images import ModelImages
 from .base_trainer import check_vision_model, is_vision_dataset, vision_processor
 from .kto_config import KTOConfig
 from .offline_trainer import PrecomputedReferenceTrainer, ReferenceAlgorithm

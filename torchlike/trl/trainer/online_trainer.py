@@ -33,8 +33,8 @@ from ...training.batches import sampler_order
 from ...type_aliases import ProcessingClass, RowsLike, TRLArgs
 from ...version import repetition_penalty_skips_left_padding
 from ..data import prompt_vision
+from ..data.model_images import ModelImages
 from ..data.prompt_data import is_conversational_prompt, left_padded, prepare_prompts
-from ..data.sft_vision import ModelImages
 from ..online.environments import EMPTY_PROMPT, EnvironmentPool
 from ..online.reward_scorer import RewardScorer
 from ..online.rollout_worker import RolloutWorker

@@ -21,8 +21,9 @@ from ...type_aliases import (
     QuantizationConfig,
     RowsLike,
 )
+from ..data.model_images import ModelImages
 from ..data.sft_data import SFTRows, collate_sft_batch, is_prepared, prepare_sft_dataset, unprepared_sft_examples
-from ..data.sft_vision import ModelImages, VisionLanguageCollator, check_vision_settings
+from ..data.sft_vision import VisionLanguageCollator, check_vision_settings
 from ..data_utils import load_chat_template
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer, check_text_dataset, is_vision_dataset, vision_processor
