@@ -164,6 +164,9 @@ def test_more_images_than_image_tokens_is_a_named_error(vlm_dirs):
     cut[0, np.flatnonzero(inputs["token_type_ids"][0])[0]] = 5
     with pytest.raises(ValueError, match=r"each image takes exactly 4 \(mm_tokens_per_image\)"):
         model(cut, inputs["attention_mask"], pixel_values=inputs["pixel_values"])
+    larger = np.zeros((2, 3, 56, 56), np.float32)  # beyond the processor's 28x28
+    with pytest.raises(ValueError, match=r"pixel_values are 56x56 but the vision tower takes 28x28 images"):
+        model(inputs["input_ids"], inputs["attention_mask"], pixel_values=larger)
 
 
 def test_a_text_only_checkpoint_loads_leniently_into_the_multimodal_model_and_back(vlm_dirs, tiny_checkpoints):

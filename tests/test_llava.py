@@ -264,3 +264,68 @@ def test_llava_next_export_round_trips_and_generates_as_transformers(next_path, 
         out = model.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=[], pad_token_id=0,
                              rollout_engine=engine)
         assert np.array_equal(np.asarray(out), expected_tokens), engine
+
+
+def test_llava_next_sft_matches_trl_step_for_step(next_path, tmp_path):
+    import datasets
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    from torchlike.trl import SFTConfig, SFTTrainer
+
+    settings = dict(per_device_train_batch_size=3, max_steps=3, learning_rate=3e-3, lr_scheduler_type="linear",
+                    warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
+                    bf16=False, report_to="none", save_strategy="no")
+    shapes = ((40, 18), (18, 40), (32, 32))
+    rows = [{"messages": [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
+        {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
+        "images": [tiny_image(row, 32).resize(shapes[row % 3])]} for row in range(9)]
+    reference = trl.SFTTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(next_path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=torchlike.AutoProcessor.from_pretrained(next_path))
+    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
+    reference.train()
+    trainer = SFTTrainer(model=str(next_path), args=SFTConfig(output_dir=str(tmp_path / "ours"),
+                                                              train_sampling_strategy="sequential", **settings),
+                         train_dataset=datasets.Dataset.from_list(rows),
+                         processing_class=torchlike.AutoProcessor.from_pretrained(next_path))
+    trainer.train()
+    for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
+        assert len(logged(reference.state.log_history, key)) == settings["max_steps"], key
+        np.testing.assert_allclose(logged(trainer.state.log_history, key), logged(reference.state.log_history, key),
+                                   rtol=1e-4, err_msg=key)
+    newline = dict(reference.model.named_parameters())["model.image_newline"].detach().numpy()
+    np.testing.assert_allclose(np.asarray(trainer.model.hf_tensors()["image_newline"]), newline, rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_images_of_another_size_or_beyond_their_tokens_are_named_errors(llava_dirs):
+    path = llava_dirs()
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    inputs = image_batch(path)
+    larger = np.zeros((3, 3, 32, 32), np.float32)
+    with pytest.raises(ValueError, match=r"pixel_values are 32x32 but the vision tower takes 16x16 images "
+                                         r"\(vision_config.image_size\)"):
+        model(**dict(inputs, pixel_values=larger))
+    with pytest.raises(ValueError, match=r"the batch has 3 images' worth of image tokens .* pixel_values holds 4"):
+        model(**dict(inputs, pixel_values=np.concatenate([inputs["pixel_values"], inputs["pixel_values"][:1]])))
+
+
+def test_llava_next_grpo_samples_tiled_image_prompts_and_trains(next_path, tmp_path):
+    from tests import tiny
+    from torchlike.trl import GRPOConfig, GRPOTrainer
+
+    shapes = ((40, 18), (18, 40), (32, 32), (16, 16))
+    rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],
+             "image": tiny_image(row, 32).resize(shapes[row])} for row in range(4)]
+    trainer = GRPOTrainer(model=str(next_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
+                          args=GRPOConfig(output_dir=str(tmp_path), **dict(tiny.grpo_settings(max_steps=2),
+                                                                           per_device_train_batch_size=4,
+                                                                           num_generations=2)),
+                          train_dataset=rows, processing_class=torchlike.AutoProcessor.from_pretrained(next_path))
+    output = trainer.train()
+    assert output.global_step == 2 and np.isfinite(output.training_loss)

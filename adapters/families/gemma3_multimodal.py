@@ -160,6 +160,11 @@ def images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray) -> np.nda
     if np.ndim(pixel_values) != 4:
         raise ValueError(f"pixel_values must be (num_images, channels, height, width) as Gemma 3's processor returns "
                          f"them; got shape {np.shape(pixel_values)}.")
+    side = hf_config.vision_config.image_size
+    if tuple(np.shape(pixel_values)[2:]) != (side, side):
+        raise ValueError(f"pixel_values are {np.shape(pixel_values)[2]}x{np.shape(pixel_values)[3]} but the vision "
+                         f"tower takes {side}x{side} images (vision_config.image_size): resize them with the model's "
+                         "processor.")
     return images_per_row(input_ids, pixel_values, image_token_id(hf_config), hf_config.mm_tokens_per_image)
 
 

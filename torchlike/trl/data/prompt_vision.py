@@ -23,7 +23,7 @@ patches)."""
 VISION_OUTPUTS = "prompt_vision_outputs"
 """A prepared row's column of the processor's other vision outputs for its prompt (Qwen-VL's ``image_grid_thw``), by
 name; ``{}`` where the processor gives none."""
-_PROCESSOR_VISION_KEYS = ("image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+_TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids", "pixel_values")
 TOKEN_TYPES = "prompt_token_type_ids"
 """A prepared row's column of its prompt's token types (1 on image tokens)."""
 
@@ -66,8 +66,8 @@ def prepare_vision_prompts(dataset: Iterable[Mapping[str, Any]], processor: Proc
         types = processed.get("token_type_ids")
         row[TOKEN_TYPES] = (np.zeros_like(ids) if types is None else np.asarray(types)[0]).tolist()
         row[PIXEL_VALUES] = np.asarray(processed["pixel_values"], np.float32) if images else None
-        row[VISION_OUTPUTS] = {key: np.asarray(processed[key]) for key in _PROCESSOR_VISION_KEYS
-                               if images and processed.get(key) is not None}
+        row[VISION_OUTPUTS] = {key: np.asarray(value) for key, value in processed.items()
+                               if images and key not in _TEXT_OUTPUTS and value is not None}
         rows.append(row)
     if not rows:
         raise ValueError(f"{name} is empty.")
@@ -89,7 +89,7 @@ def rows_vision_inputs(rows: list[Mapping[str, Any]], prompt_ids: np.ndarray, im
     """
     types, _ = left_padded([list(row[TOKEN_TYPES]) for row in rows], prompt_ids.shape[1], 0)
     with_images = [row for row in rows if row.get(PIXEL_VALUES) is not None]
-    pixels = np.concatenate([np.asarray(row[PIXEL_VALUES], np.float32) for row in with_images]) if with_images \
+    pixels = _concatenated([np.asarray(row[PIXEL_VALUES], np.float32) for row in with_images]) if with_images \
         else None
     if images_of.keys:
         outputs = {key: np.concatenate([row[VISION_OUTPUTS][key] for row in with_images])
@@ -100,3 +100,12 @@ def rows_vision_inputs(rows: list[Mapping[str, Any]], prompt_ids: np.ndarray, im
         per_row = images_of(prompt_ids, pixels)
         images[:, :per_row.shape[1]] = per_row
     return images, types.astype(np.int32)
+
+
+def _concatenated(pixels: list[np.ndarray]) -> np.ndarray:
+    """The prompts' pixels one after the other; tiled images (LLaVA-NeXT's ``[n, tiles, C, H, W]``, each prompt
+    padded to its own most tiles) padded with zero tiles to the most of all."""
+    if pixels[0].ndim == 5:
+        most = max(array.shape[1] for array in pixels)
+        pixels = [np.pad(array, ((0, 0), (0, most - array.shape[1]), (0, 0), (0, 0), (0, 0))) for array in pixels]
+    return np.concatenate(pixels)
