@@ -339,6 +339,16 @@ _MULTIMODAL_FAMILIES.update({
         settings=dict(tie_word_embeddings=False, image_grid_pinpoints=[[16, 32], [32, 16], [32, 32]]),
         text_tokens=("\n",), special_tokens=("<image>",), named_tokens={},
         config_token_fields={"image_token_id": "<image>"}),
+    # Mistral 3: a 2-block Pixtral encoder (width 32, 2 heads of 16) on patches of 4 of images up to 32x32, merged
+    # 2x2, before a Mistral decoder. transformers' PixtralProcessor needs torchvision: build_multimodal_tokenizer
+    # gives the tokenizer, the image processor is Pixtral's PIL one.
+    "mistral3": _MultimodalFamily(
+        config_class="Mistral3Config", vision_config_class="PixtralVisionConfig",
+        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+                    image_size=32, patch_size=4),
+        settings=dict(tie_word_embeddings=False, spatial_merge_size=2),
+        text_tokens=("\n",), special_tokens=("[IMG]", "[IMG_BREAK]", "[IMG_END]"), named_tokens={},
+        config_token_fields={"image_token_id": "[IMG]"}),
 })
 MULTIMODAL_FAMILIES = tuple(_MULTIMODAL_FAMILIES)
 

@@ -1,0 +1,94 @@
+"""Mistral 3 (``Mistral3ForConditionalGeneration``: Pixtral's encoder at each image's own size, Mistral 3's patch
+merger and projector, a Mistral decoder) against ``transformers`` (eager, float32): image and text logits with
+images of different sizes in one batch, export round trip and reload, greedy generation on both engines.
+(transformers' ``PixtralProcessor`` needs torchvision: the prompts are expanded here as it expands them.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+
+import torchlike
+from tests.helpers.models import valid_max_diff
+from tests.helpers.vision import save_tiny_vlm
+from torchlike.testing import multimodal_token_ids, tiny_image
+
+
+@pytest.fixture(scope="module")
+def mistral3_path(tmp_path_factory):
+    return save_tiny_vlm(tmp_path_factory.mktemp("mistral3"), "mistral3")
+
+
+def hf_mistral3(path) -> transformers.PreTrainedModel:
+    return transformers.AutoModelForImageTextToText.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def reference_logits(model, inputs: dict) -> np.ndarray:
+    positions = np.maximum(np.cumsum(inputs["attention_mask"], axis=-1) - 1, 0)
+    with torch.no_grad():
+        tensors = {key: torch.tensor(value) for key, value in inputs.items()}
+        return model(**tensors, position_ids=torch.tensor(positions)).logits.float().numpy()
+
+
+def image_batch(path, padding_side: str = "right") -> dict:
+    """A 16x32 image, a 32x16 and a 32x32 one in a second row, and a text-only row, as PixtralProcessor lays them
+    out: ``[IMG]`` per merged patch, ``[IMG_BREAK]`` after each row of them, ``[IMG_END]`` last."""
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    ids = multimodal_token_ids("mistral3")
+    processor = PixtralImageProcessorPil(size={"longest_edge": 32}, patch_size={"height": 8, "width": 8},
+                                         image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    images = [[tiny_image(0, 32).resize((32, 16))], [tiny_image(1, 32).resize((16, 32)), tiny_image(2, 32)], []]
+    processed = processor([image for row in images for image in row], return_tensors="np")
+    sizes = iter(processed["image_sizes"].tolist())
+    rows = []
+    for row, count in enumerate(len(row_images) for row_images in images):
+        tokens = tokenizer("the quick brown fox", add_special_tokens=False)["input_ids"][:row + 2]
+        for _ in range(count):
+            height, width = next(sizes)
+            grid = ([ids["[IMG]"]] * (width // 8) + [ids["[IMG_BREAK]"]]) * (height // 8)
+            tokens = tokens + grid[:-1] + [ids["[IMG_END]"]]
+        rows.append(tokens + tokenizer(" hello world", add_special_tokens=False)["input_ids"])
+    width = max(map(len, rows))
+    input_ids = np.zeros((len(rows), width), np.int64)
+    mask = np.zeros_like(input_ids)
+    for row, tokens in enumerate(rows):
+        place = slice(width - len(tokens), None) if padding_side == "left" else slice(0, len(tokens))
+        input_ids[row, place], mask[row, place] = tokens, 1
+    return {"input_ids": input_ids, "attention_mask": mask, "pixel_values": processed["pixel_values"],
+            "image_sizes": processed["image_sizes"]}
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_image_and_text_logits_equal_transformers(padding_side, mistral3_path):
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(mistral3_path)
+    inputs = image_batch(mistral3_path, padding_side)
+    assert inputs["image_sizes"].tolist() == [[16, 32], [32, 16], [32, 32]]
+    reference = reference_logits(hf_mistral3(mistral3_path), inputs)
+    assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4
+    without_images = model(inputs["input_ids"], inputs["attention_mask"]).logits
+    assert valid_max_diff(without_images, reference, inputs["attention_mask"]) > 1e-2
+
+
+def test_export_round_trips_reloads_and_generates_as_transformers(mistral3_path, tmp_path):
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(mistral3_path)
+    model.save_pretrained(tmp_path / "export")
+    source = load_file(mistral3_path / "model.safetensors")
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert set(exported) == set(source)
+    assert all(np.array_equal(exported[name], array) for name, array in source.items())
+    reloaded = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "export",
+                                                                        attn_implementation="eager").eval()
+    inputs = image_batch(mistral3_path, "left")
+    assert np.array_equal(reference_logits(reloaded, inputs), reference_logits(hf_mistral3(mistral3_path), inputs))
+    with torch.no_grad():
+        expected = reloaded.generate(**{key: torch.tensor(value) for key, value in inputs.items()}, max_new_tokens=6,
+                                     do_sample=False, eos_token_id=[], pad_token_id=0).numpy()
+    for engine in ("static", "paged"):
+        out = model.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=[], pad_token_id=0,
+                             rollout_engine=engine)
+        assert np.array_equal(np.asarray(out), expected), engine
