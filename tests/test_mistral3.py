@@ -92,3 +92,24 @@ def test_export_round_trips_reloads_and_generates_as_transformers(mistral3_path,
         out = model.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=[], pad_token_id=0,
                              rollout_engine=engine)
         assert np.array_equal(np.asarray(out), expected), engine
+
+
+def test_lora_adapter_is_peft_all_linear_and_loads_in_peft_with_the_same_logits(mistral3_path, tmp_path):
+    import peft
+
+    from tests.helpers.models import randomize_lora_
+    from torchlike.peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(torchlike.AutoModelForImageTextToText.from_pretrained(mistral3_path),
+                           LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    randomize_lora_(model)
+    model.save_pretrained(tmp_path / "adapter")
+    keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert "base_model.model.model.vision_tower.transformer.layers.0.attention.q_proj.lora_A.weight" in keys
+    assert "base_model.model.model.multi_modal_projector.patch_merger.merging_layer.lora_B.weight" in keys
+    theirs = peft.get_peft_model(hf_mistral3(mistral3_path), peft.LoraConfig(r=4, target_modules="all-linear"))
+    assert keys == {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)}
+    reference = peft.PeftModel.from_pretrained(hf_mistral3(mistral3_path), tmp_path / "adapter").eval()
+    inputs = image_batch(mistral3_path)
+    assert valid_max_diff(model(**inputs).logits, reference_logits(reference, inputs),
+                          inputs["attention_mask"]) <= 1e-4
