@@ -350,7 +350,20 @@ _MULTIMODAL_FAMILIES.update({
         text_tokens=("\n",), special_tokens=("[IMG]", "[IMG_BREAK]", "[IMG_END]"), named_tokens={},
         config_token_fields={"image_token_id": "[IMG]"}),
 })
+# SmolVLM / Idefics3: a 2-block SigLIP encoder (width 32, 2 heads) on 16x16 images in patches of 4, pixel-shuffled 2x2
+# into 4 tokens per image, before a Llama decoder. transformers' auto classes load their image processor only with
+# torchvision: build_multimodal_tokenizer gives the tokenizer, the image processor is Idefics3's PIL one.
+for _name, _prefix in (("smolvlm", "SmolVLM"), ("idefics3", "Idefics3")):
+    _MULTIMODAL_FAMILIES[_name] = _MultimodalFamily(
+        config_class=f"{_prefix}Config", vision_config_class=f"{_prefix}VisionConfig",
+        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=16,
+                    patch_size=4),
+        settings=dict(tie_word_embeddings=False, scale_factor=2),
+        text_tokens=("\n",), special_tokens=("<fake_token_around_image>", "<global-img>", "<image>",
+                                             "<end_of_utterance>"),
+        named_tokens={}, config_token_fields={"image_token_id": "<image>"})
 MULTIMODAL_FAMILIES = tuple(_MULTIMODAL_FAMILIES)
+
 
 #: LLaVA-1.5's conversation format, simplified: ``USER: <image>\n... ASSISTANT: ...`` turns, an image item written
 #: ``<image>\n`` (the processor repeats the token per image feature).
