@@ -44,8 +44,8 @@ def reference_logits(model, inputs: dict) -> np.ndarray:
 
 
 def image_batch(family: str, path, padding_side: str = "right") -> dict:
-    """A wide image (padded below), a tall and a square one in a second row, and a text-only row; each image written ``<fake_token_around_image><global-img>``,
-    its 4 ``<image>`` tokens, ``<fake_token_around_image>``."""
+    """A wide image (padded below), a tall and a square one in a second row, and a text-only row; each image
+    written ``<fake_token_around_image><global-img>``, its 4 ``<image>`` tokens, ``<fake_token_around_image>``."""
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
     processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 16},
