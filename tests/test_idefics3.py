@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 import torchlike
 from tests.helpers.models import randomize_lora_, valid_max_diff
-from tests.helpers.vision import save_tiny_vlm
+from tests.helpers.vision import hf_vlm, logits_counting_real_tokens, save_tiny_vlm
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.testing import multimodal_token_ids, tiny_image
 
@@ -32,15 +32,6 @@ def paths(tmp_path_factory):
     return path
 
 
-def hf_model(path) -> transformers.PreTrainedModel:
-    return transformers.AutoModelForImageTextToText.from_pretrained(path, attn_implementation="eager").eval()
-
-
-def reference_logits(model, inputs: dict) -> np.ndarray:
-    positions = np.maximum(np.cumsum(inputs["attention_mask"], axis=-1) - 1, 0)
-    with torch.no_grad():
-        tensors = {key: torch.tensor(value) for key, value in inputs.items()}
-        return model(**tensors, position_ids=torch.tensor(positions)).logits.float().numpy()
 
 
 def image_batch(family: str, path, padding_side: str = "right") -> dict:
@@ -82,7 +73,7 @@ def test_image_and_text_logits_equal_transformers(family, padding_side, paths):
     model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
     inputs = image_batch(family, path, padding_side)
     assert not inputs["pixel_attention_mask"][0, 0].all()  # a padded image: bucketed positions, masked patches
-    reference = reference_logits(hf_model(path), inputs)
+    reference = logits_counting_real_tokens(hf_vlm(path), inputs)
     assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4
     without_images = model(inputs["input_ids"], inputs["attention_mask"]).logits
     assert valid_max_diff(without_images, reference, inputs["attention_mask"]) > 1e-2
@@ -96,7 +87,7 @@ def test_export_round_trips_and_generates_as_transformers_on_both_engines(paths,
     assert set(exported) == set(source) and all(np.array_equal(exported[key], source[key]) for key in source)
     inputs = image_batch("smolvlm", path, "left")
     with torch.no_grad():
-        expected = hf_model(path).generate(**{key: torch.tensor(value) for key, value in inputs.items()},
+        expected = hf_vlm(path).generate(**{key: torch.tensor(value) for key, value in inputs.items()},
                                            max_new_tokens=6, do_sample=False, eos_token_id=[], pad_token_id=0).numpy()
     for engine in ("static", "paged"):
         out = model.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=[], pad_token_id=0,
@@ -113,10 +104,10 @@ def test_lora_adapter_is_peft_all_linear_and_loads_in_peft_with_the_same_logits(
     randomize_lora_(model)
     model.save_pretrained(tmp_path / "adapter")
     keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
-    theirs = peft.get_peft_model(hf_model(path), peft.LoraConfig(r=4, target_modules="all-linear"))
+    theirs = peft.get_peft_model(hf_vlm(path), peft.LoraConfig(r=4, target_modules="all-linear"))
     assert keys == {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)}
     assert "base_model.model.model.connector.modality_projection.proj.lora_A.weight" in keys
-    reference = peft.PeftModel.from_pretrained(hf_model(path), tmp_path / "adapter").eval()
+    reference = peft.PeftModel.from_pretrained(hf_vlm(path), tmp_path / "adapter").eval()
     inputs = image_batch("smolvlm", path)
-    assert valid_max_diff(model(**inputs).logits, reference_logits(reference, inputs),
+    assert valid_max_diff(model(**inputs).logits, logits_counting_real_tokens(reference, inputs),
                           inputs["attention_mask"]) <= 1e-4

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 import torchlike
 from tests.helpers.logs import logged
 from tests.helpers.models import randomize_lora_, valid_max_diff
-from tests.helpers.vision import ANSWERS, PROMPTS, save_tiny_vlm
+from tests.helpers.vision import ANSWERS, PROMPTS, hf_vlm, logits_counting_real_tokens, save_tiny_vlm
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.testing import tiny_image
 
@@ -34,16 +34,6 @@ def llava_dirs(tmp_path_factory):
     return path
 
 
-def hf_llava(path) -> transformers.PreTrainedModel:
-    return transformers.AutoModelForImageTextToText.from_pretrained(path, attn_implementation="eager").eval()
-
-
-def reference_logits(model, inputs: dict) -> np.ndarray:
-    """transformers' logits with positions counting real tokens (as torchlike and generate count them)."""
-    positions = np.maximum(np.cumsum(inputs["attention_mask"], axis=-1) - 1, 0)
-    with torch.no_grad():
-        tensors = {key: torch.tensor(value) for key, value in inputs.items()}
-        return model(**tensors, position_ids=torch.tensor(positions)).logits.float().numpy()
 
 
 def image_batch(path, padding_side: str = "right") -> dict:
@@ -64,7 +54,7 @@ def test_image_and_text_logits_equal_transformers(padding_side, llava_dirs):
     model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
     inputs = image_batch(path, padding_side)
     assert inputs["pixel_values"].shape == (3, 3, 16, 16)
-    reference = reference_logits(hf_llava(path), inputs)
+    reference = logits_counting_real_tokens(hf_vlm(path), inputs)
     assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4
     without_images = model(inputs["input_ids"], inputs["attention_mask"]).logits
     assert valid_max_diff(without_images, reference, inputs["attention_mask"]) > 1e-2
@@ -89,14 +79,15 @@ def test_export_is_llava_hf_layout_round_trips_bit_exact_and_reloads(dtype, llav
     assert not info["missing_keys"] and not info["unexpected_keys"]
     if dtype == "float32":
         inputs = image_batch(path)
-        assert np.array_equal(reference_logits(reloaded.eval(), inputs), reference_logits(hf_llava(path), inputs))
+        assert np.array_equal(logits_counting_real_tokens(reloaded.eval(), inputs),
+                              logits_counting_real_tokens(hf_vlm(path), inputs))
 
 
 def test_greedy_generate_with_images_equals_transformers_on_both_engines(llava_dirs):
     path = llava_dirs()
     inputs = image_batch(path, "left")
     with torch.no_grad():
-        expected = hf_llava(path).generate(**{key: torch.tensor(value) for key, value in inputs.items()},
+        expected = hf_vlm(path).generate(**{key: torch.tensor(value) for key, value in inputs.items()},
                                            max_new_tokens=8, do_sample=False, eos_token_id=[], pad_token_id=0).numpy()
     model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
     for engine in ("static", "paged"):
@@ -115,14 +106,14 @@ def test_lora_adapter_loads_in_peft_with_the_same_image_logits(llava_dirs, tmp_p
     keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
     assert "base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight" in keys
     assert "base_model.model.model.multi_modal_projector.linear_1.lora_B.weight" in keys
-    theirs = peft.get_peft_model(hf_llava(path), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj",
+    theirs = peft.get_peft_model(hf_vlm(path), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj",
                                                                                        "linear_1", "fc2"]))
     # PEFT adapts the block LLaVA never runs too; it has no effect on the logits and no gradient.
     unused = {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)} - keys
     assert unused and all(".encoder.layers.2." in name for name in unused)
-    reference = peft.PeftModel.from_pretrained(hf_llava(path), tmp_path / "adapter").eval()
+    reference = peft.PeftModel.from_pretrained(hf_vlm(path), tmp_path / "adapter").eval()
     inputs = image_batch(path)
-    assert valid_max_diff(model(**inputs).logits, reference_logits(reference, inputs),
+    assert valid_max_diff(model(**inputs).logits, logits_counting_real_tokens(reference, inputs),
                           inputs["attention_mask"]) <= 1e-4
 
 
@@ -241,7 +232,7 @@ def test_llava_next_tiled_image_logits_equal_transformers(padding_side, next_pat
     model = torchlike.AutoModelForImageTextToText.from_pretrained(next_path)
     inputs = tiled_batch(next_path, padding_side)
     assert inputs["pixel_values"].shape[1] == 5 and inputs["image_sizes"].tolist() == [[18, 40], [40, 18], [32, 32]]
-    reference = reference_logits(hf_llava(next_path), inputs)
+    reference = logits_counting_real_tokens(hf_vlm(next_path), inputs)
     assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4
     without_images = model(inputs["input_ids"], inputs["attention_mask"]).logits
     assert valid_max_diff(without_images, reference, inputs["attention_mask"]) > 1e-2
@@ -257,7 +248,7 @@ def test_llava_next_export_round_trips_and_generates_as_transformers(next_path, 
     assert all(np.array_equal(exported[name], array) for name, array in expected.items())
     inputs = tiled_batch(next_path, "left")
     with torch.no_grad():
-        expected_tokens = hf_llava(next_path).generate(**{key: torch.tensor(value) for key, value in inputs.items()},
+        expected_tokens = hf_vlm(next_path).generate(**{key: torch.tensor(value) for key, value in inputs.items()},
                                                        max_new_tokens=6, do_sample=False, eos_token_id=[],
                                                        pad_token_id=0).numpy()
     for engine in ("static", "paged"):

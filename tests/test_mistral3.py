@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 import torchlike
 from tests.helpers.models import valid_max_diff
-from tests.helpers.vision import save_tiny_vlm
+from tests.helpers.vision import hf_vlm, logits_counting_real_tokens, save_tiny_vlm
 from torchlike.testing import multimodal_token_ids, tiny_image
 
 
@@ -22,15 +22,6 @@ def mistral3_path(tmp_path_factory):
     return save_tiny_vlm(tmp_path_factory.mktemp("mistral3"), "mistral3")
 
 
-def hf_mistral3(path) -> transformers.PreTrainedModel:
-    return transformers.AutoModelForImageTextToText.from_pretrained(path, attn_implementation="eager").eval()
-
-
-def reference_logits(model, inputs: dict) -> np.ndarray:
-    positions = np.maximum(np.cumsum(inputs["attention_mask"], axis=-1) - 1, 0)
-    with torch.no_grad():
-        tensors = {key: torch.tensor(value) for key, value in inputs.items()}
-        return model(**tensors, position_ids=torch.tensor(positions)).logits.float().numpy()
 
 
 def image_batch(path, padding_side: str = "right") -> dict:
@@ -68,7 +59,7 @@ def test_image_and_text_logits_equal_transformers(padding_side, mistral3_path):
     model = torchlike.AutoModelForImageTextToText.from_pretrained(mistral3_path)
     inputs = image_batch(mistral3_path, padding_side)
     assert inputs["image_sizes"].tolist() == [[16, 32], [32, 16], [32, 32]]
-    reference = reference_logits(hf_mistral3(mistral3_path), inputs)
+    reference = logits_counting_real_tokens(hf_vlm(mistral3_path), inputs)
     assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4
     without_images = model(inputs["input_ids"], inputs["attention_mask"]).logits
     assert valid_max_diff(without_images, reference, inputs["attention_mask"]) > 1e-2
@@ -84,7 +75,8 @@ def test_export_round_trips_reloads_and_generates_as_transformers(mistral3_path,
     reloaded = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "export",
                                                                         attn_implementation="eager").eval()
     inputs = image_batch(mistral3_path, "left")
-    assert np.array_equal(reference_logits(reloaded, inputs), reference_logits(hf_mistral3(mistral3_path), inputs))
+    assert np.array_equal(logits_counting_real_tokens(reloaded, inputs),
+                          logits_counting_real_tokens(hf_vlm(mistral3_path), inputs))
     with torch.no_grad():
         expected = reloaded.generate(**{key: torch.tensor(value) for key, value in inputs.items()}, max_new_tokens=6,
                                      do_sample=False, eos_token_id=[], pad_token_id=0).numpy()
@@ -107,9 +99,9 @@ def test_lora_adapter_is_peft_all_linear_and_loads_in_peft_with_the_same_logits(
     keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
     assert "base_model.model.model.vision_tower.transformer.layers.0.attention.q_proj.lora_A.weight" in keys
     assert "base_model.model.model.multi_modal_projector.patch_merger.merging_layer.lora_B.weight" in keys
-    theirs = peft.get_peft_model(hf_mistral3(mistral3_path), peft.LoraConfig(r=4, target_modules="all-linear"))
+    theirs = peft.get_peft_model(hf_vlm(mistral3_path), peft.LoraConfig(r=4, target_modules="all-linear"))
     assert keys == {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)}
-    reference = peft.PeftModel.from_pretrained(hf_mistral3(mistral3_path), tmp_path / "adapter").eval()
+    reference = peft.PeftModel.from_pretrained(hf_vlm(mistral3_path), tmp_path / "adapter").eval()
     inputs = image_batch(mistral3_path)
-    assert valid_max_diff(model(**inputs).logits, reference_logits(reference, inputs),
+    assert valid_max_diff(model(**inputs).logits, logits_counting_real_tokens(reference, inputs),
                           inputs["attention_mask"]) <= 1e-4

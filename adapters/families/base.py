@@ -417,6 +417,33 @@ def read_also_as(rows: tuple[WeightRule, ...], old: str, aliases: tuple[str, ...
     return tuple(rule for rule in reprefixed(rows, old, old, aliases) if rule.load_only)
 
 
+def images_by_row(input_ids: np.ndarray, image_token_id: int, items: list, tokens_of: Callable[[Any], int],
+                  placeholder: str) -> list[list]:
+    """``items`` (every image of a batch, in token order, row after row) split by row: each row takes images until
+    they fill its image tokens (``tokens_of(item)`` each).
+
+    Raises:
+        ValueError: a row whose image tokens the images do not fill exactly, or images beyond the text's tokens,
+            naming the counts and ``placeholder`` (the text's image marker).
+    """
+    counts = (np.asarray(input_ids) == image_token_id).sum(axis=1)
+    rows, start = [], 0
+    for row, count in enumerate(counts):
+        taken, total = [], 0
+        while total < count and start < len(items):
+            taken.append(items[start])
+            total += tokens_of(items[start])
+            start += 1
+        if total != count:
+            raise ValueError(f"row {row} has {int(count)} image tokens (id {image_token_id}) but its images take "
+                             f"{total}: build the prompts with the model's processor, one image per {placeholder}.")
+        rows.append(taken)
+    if start != len(items):
+        raise ValueError(f"{len(items) - start} image(s) were given beyond the image tokens of the text (id "
+                         f"{image_token_id}): each needs its placeholder tokens, as the processor writes them.")
+    return rows
+
+
 def require(condition: bool, message: str) -> None:
     """Raises :class:`UnsupportedConfigError` with ``message`` unless ``condition`` holds."""
     if not condition:

@@ -20,7 +20,7 @@ from flax import nnx
 from ..model.clip_vision import CLIP_ACTIVATIONS, ClipVisionSpec, LlavaDecoder, LlavaNextDecoder
 from ..model.native_decoder import DecoderSpec
 from . import mistral
-from .base import CONV_KERNEL, DECODER_IGNORED_KEYS, TinyConfig, WeightRule, reprefixed, require
+from .base import CONV_KERNEL, DECODER_IGNORED_KEYS, TinyConfig, WeightRule, images_by_row, reprefixed, require
 from .gemma3_multimodal import images_per_row
 from .native import (
     check_native_config,
@@ -235,22 +235,8 @@ def next_images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray | Non
                                                        image_newline=torch.tensor([-1.0], dtype=torch.float64))
         packed = packed[0] if isinstance(packed, list | tuple) else packed  # one image's features
         per_image.append((np.transpose(image[:tiles], (0, 2, 3, 1)), packed[:, 0].numpy().astype(np.int64)))
-    counts = (np.asarray(input_ids) == spec.image_token_id).sum(axis=1)
-    rows, start = [], 0
-    for row, count in enumerate(counts):
-        taken, total = [], 0
-        while total < count and start < len(per_image):
-            taken.append(per_image[start])
-            total += len(per_image[start][1])
-            start += 1
-        if total != count:
-            raise ValueError(f"row {row} has {int(count)} image tokens (id {spec.image_token_id}) but its images take "
-                             f"{total}: build the prompts with the model's processor, one image per <image>.")
-        rows.append(taken)
-    if start != len(per_image):
-        raise ValueError(f"{len(per_image) - start} image(s) were given beyond the image tokens of the text "
-                         f"(id {spec.image_token_id}): each needs its placeholder tokens, as the processor writes "
-                         "them.")
+    rows = images_by_row(input_ids, spec.image_token_id, per_image, lambda item: len(item[1]), "<image>")
+    counts = [sum(len(index) for _, index in taken) for taken in rows]
     most_tiles = max([sum(len(tiles) for tiles, _ in taken) for taken in rows] + [1])
     most_tokens = max([int(count) for count in counts] + [1])
     out = {"tiles": np.zeros((len(rows), most_tiles, spec.image_size, spec.image_size, spec.in_channels),

@@ -20,7 +20,7 @@ from flax import nnx
 from ..model.clip_vision import CLIP_ACTIVATIONS
 from ..model.pixtral_vision import Mistral3Decoder, PixtralSpec
 from . import mistral
-from .base import DECODER_IGNORED_KEYS, Layout, TinyConfig, WeightRule, reprefixed, require
+from .base import DECODER_IGNORED_KEYS, Layout, TinyConfig, WeightRule, images_by_row, reprefixed, require
 from .native import linear_rows, llama_rows, lora_targets_of, native_family, norm_rows
 
 
@@ -125,22 +125,8 @@ def images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray | None,
         index = np.arange(rows * cols).reshape(rows // merge, merge, cols // merge, merge)
         blocks = index.transpose(0, 2, 1, 3).reshape(-1, merge * merge)  # per merged token: (row, col) in its block
         items.append((patches, rows_cols, blocks))
-    counts = (np.asarray(input_ids) == spec.image_token_id).sum(axis=1)
-    per_row, start = [], 0
-    for row, count in enumerate(counts):
-        taken, total = [], 0
-        while total < count and start < len(items):
-            taken.append(items[start])
-            total += len(items[start][2])
-            start += 1
-        if total != count:
-            raise ValueError(f"row {row} has {int(count)} image tokens (id {spec.image_token_id}) but its images take "
-                             f"{total}: build the prompts with the model's processor, one image per [IMG].")
-        per_row.append(taken)
-    if start != len(items):
-        raise ValueError(f"{len(items) - start} image(s) were given beyond the image tokens of the text "
-                         f"(id {spec.image_token_id}): each needs its placeholder tokens, as the processor writes "
-                         "them.")
+    per_row = images_by_row(input_ids, spec.image_token_id, items, lambda item: len(item[2]), "[IMG]")
+    counts = [sum(len(blocks) for _, _, blocks in taken) for taken in per_row]
     cells = merge * merge
     most = max([sum(len(p) for p, _, _ in taken) for taken in per_row] + [cells])
     most_tokens = max([int(count) for count in counts] + [1])

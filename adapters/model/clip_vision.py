@@ -20,6 +20,8 @@ from flax import nnx
 
 from .native_decoder import ACTIVATIONS, DecoderSpec, NativeDecoder, Norm
 
+MASKED = -2.3819763e38
+
 CLIP_ACTIVATIONS = {"quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x), **ACTIVATIONS}
 """``transformers``' ``ACT2FN`` names the CLIP encoder and LLaVA's projector use."""
 
@@ -72,18 +74,21 @@ def _linear(spec: ClipVisionSpec, inputs: int, outputs: int, rngs: nnx.Rngs, bia
 
 
 class ClipAttention(nnx.Module):
-    """``q_proj``/``k_proj``/``v_proj``/``out_proj`` (biases), every patch seeing every patch."""
+    """``q_proj``/``k_proj``/``v_proj``/``out_proj`` (biases), every patch seeing every patch (every real one, with
+    ``keys``: SigLIP's padding patches are no keys)."""
 
     def __init__(self, spec: ClipVisionSpec, rngs: nnx.Rngs):
         self.num_heads = spec.num_heads
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             setattr(self, name, _linear(spec, spec.width, spec.width, rngs))
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, keys: jax.Array | None = None) -> jax.Array:
         batch, length, width = x.shape
         q, k, v = (getattr(self, name)(x).reshape(batch, length, self.num_heads, -1)
                    for name in ("q_proj", "k_proj", "v_proj"))
         scores = jnp.einsum("BPND,BQND->BNPQ", q, k) * (q.shape[-1] ** -0.5)
+        if keys is not None:
+            scores = jnp.where(keys[:, None, None, :], scores, MASKED)
         probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
         return self.out_proj(jnp.einsum("BNPQ,BQND->BPND", probs, v).reshape(batch, length, width))
 
@@ -99,14 +104,16 @@ class ClipMLP(nnx.Module):
 
 
 class ClipBlock(nnx.Module):
+    """A pre-norm block: ``layer_norm1``, ``self_attn``, ``layer_norm2``, ``mlp`` (CLIP's and SigLIP's alike)."""
+
     def __init__(self, spec: ClipVisionSpec, rngs: nnx.Rngs):
         self.layer_norm1 = Norm(spec.width, "layer", spec.layer_norm_eps, True, spec.dtype, rngs)
         self.self_attn = ClipAttention(spec, rngs)
         self.layer_norm2 = Norm(spec.width, "layer", spec.layer_norm_eps, True, spec.dtype, rngs)
         self.mlp = ClipMLP(spec, rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.self_attn(self.layer_norm1(x))
+    def __call__(self, x: jax.Array, keys: jax.Array | None = None) -> jax.Array:
+        x = x + self.self_attn(self.layer_norm1(x), keys)
         return x + self.mlp(self.layer_norm2(x))
 
 

@@ -17,10 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .clip_vision import CLIP_ACTIVATIONS
+from .clip_vision import ClipBlock
 from .native_decoder import DecoderSpec, NativeDecoder, Norm
-
-MASKED = -2.3819763e38
 
 
 @dataclass(frozen=True)
@@ -31,7 +29,8 @@ class SiglipSpec:
         width, num_heads, intermediate_size, blocks: the encoder's sizes.
         image_size, patch_size, in_channels: the largest image and its patches (the position table is
             ``(image_size // patch_size) ** 2``).
-        layer_norm_eps, activation: the blocks' norms and MLP activation.
+        layer_norm_eps, activation: the blocks' norms and MLP activation (``CLIP_ACTIVATIONS`` keys; the blocks are
+            :class:`~.clip_vision.ClipBlock`, which reads these fields).
         scale_factor: the pixel shuffle's side.
         text_hidden_size: the connector's output width.
         image_token_id: the placeholder the features replace.
@@ -66,44 +65,6 @@ def _linear(spec: SiglipSpec, inputs: int, outputs: int, rngs: nnx.Rngs, bias: b
                       kernel_init=nnx.initializers.normal(0.02))
 
 
-class SiglipAttention(nnx.Module):
-    def __init__(self, spec: SiglipSpec, rngs: nnx.Rngs):
-        self.num_heads = spec.num_heads
-        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            setattr(self, name, _linear(spec, spec.width, spec.width, rngs))
-
-    def __call__(self, x: jax.Array, keys: jax.Array) -> jax.Array:
-        batch, length, width = x.shape
-        q, k, v = (getattr(self, name)(x).reshape(batch, length, self.num_heads, -1)
-                   for name in ("q_proj", "k_proj", "v_proj"))
-        scores = jnp.einsum("BPND,BQND->BNPQ", q, k) * (q.shape[-1] ** -0.5)
-        scores = jnp.where(keys[:, None, None, :], scores, MASKED)
-        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
-        return self.out_proj(jnp.einsum("BNPQ,BQND->BPND", probs, v).reshape(batch, length, width))
-
-
-class SiglipMLP(nnx.Module):
-    def __init__(self, spec: SiglipSpec, rngs: nnx.Rngs):
-        self.activation = CLIP_ACTIVATIONS[spec.activation]
-        self.fc1 = _linear(spec, spec.width, spec.intermediate_size, rngs)
-        self.fc2 = _linear(spec, spec.intermediate_size, spec.width, rngs)
-
-    def __call__(self, x):
-        return self.fc2(self.activation(self.fc1(x)))
-
-
-class SiglipBlock(nnx.Module):
-    def __init__(self, spec: SiglipSpec, rngs: nnx.Rngs):
-        self.layer_norm1 = Norm(spec.width, "layer", spec.layer_norm_eps, True, spec.dtype, rngs)
-        self.self_attn = SiglipAttention(spec, rngs)
-        self.layer_norm2 = Norm(spec.width, "layer", spec.layer_norm_eps, True, spec.dtype, rngs)
-        self.mlp = SiglipMLP(spec, rngs)
-
-    def __call__(self, x, keys):
-        x = x + self.self_attn(self.layer_norm1(x), keys)
-        return x + self.mlp(self.layer_norm2(x))
-
-
 class SiglipEncoder(nnx.Module):
     """``patch_embedding`` (kernel ``[P, P, C, width]``) and its bias, ``position_embedding``, ``layers``,
     ``post_layernorm``."""
@@ -115,7 +76,7 @@ class SiglipEncoder(nnx.Module):
                                                                  spec.width), spec.dtype))
         self.patch_embedding_bias = nnx.Param(jnp.zeros((spec.width,), spec.dtype))
         self.position_embedding = nnx.Param(normal(rngs.params(), (spec.side ** 2, spec.width), spec.dtype))
-        self.layers = nnx.List([SiglipBlock(spec, rngs) for _ in range(spec.blocks)])
+        self.layers = nnx.List([ClipBlock(spec, rngs) for _ in range(spec.blocks)])  # SigLIP's blocks are CLIP's
         self.post_layernorm = Norm(spec.width, "layer", spec.layer_norm_eps, True, spec.dtype, rngs)
 
     def __call__(self, images: jax.Array, position_ids: jax.Array, patch_mask: jax.Array) -> jax.Array:

@@ -125,3 +125,17 @@ def scripted(count: int) -> tuple[list[list[int]], list[list[float]]]:
             ids[-1] = tiny.EOS
         completions.append(ids)
     return completions, [[0.0] * len(ids) for ids in completions]
+
+
+def hf_vlm(path) -> transformers.PreTrainedModel:
+    """The checkpoint at ``path`` as transformers' ``*ForConditionalGeneration``, eager attention, eval mode."""
+    return transformers.AutoModelForImageTextToText.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def logits_counting_real_tokens(model: transformers.PreTrainedModel, inputs: dict) -> np.ndarray:
+    """transformers' float32 logits of ``inputs`` with positions counting real tokens only (as torchlike's and
+    ``generate``'s), for models whose positions follow the attention mask only when given."""
+    positions = np.maximum(np.cumsum(inputs["attention_mask"], axis=-1) - 1, 0)
+    with torch.no_grad():
+        tensors = {key: torch.tensor(value) for key, value in inputs.items()}
+        return model(**tensors, position_ids=torch.tensor(positions)).logits.float().numpy()
