@@ -290,7 +290,10 @@ class CausalLM:
             seed: sampling seed; ``None`` draws a fresh one per call, so two calls differ. Output row ``i`` draws
                 from its own stream ``(seed, i)`` (``torchlike.adapters.rollout.sampling.stream_keys``).
             pixel_values, token_type_ids: a vision-language model's images and token types, as its processor
-                returns them (see :meth:`__call__`); the prefill puts the images in place of their tokens.
+                returns them (see :meth:`__call__`); the prefill puts the images in place of their tokens. The
+                processor's other vision outputs the model reads go in ``kwargs`` too (Qwen-VL's
+                ``image_grid_thw``..., LLaVA-NeXT's and Mistral 3's ``image_sizes``, SmolVLM's
+                ``pixel_attention_mask``).
             generation_config: a ``transformers.GenerationConfig`` for this call.
             tokenizer: tokenizes text prompts (``processing_class`` is an alias).
             output_logprobs: with ``return_dict_in_generate=True``, also return each new token's
