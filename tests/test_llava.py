@@ -306,17 +306,43 @@ def test_images_of_another_size_or_beyond_their_tokens_are_named_errors(llava_di
         model(**dict(inputs, pixel_values=np.concatenate([inputs["pixel_values"], inputs["pixel_values"][:1]])))
 
 
-def test_llava_next_grpo_samples_tiled_image_prompts_and_trains(next_path, tmp_path):
+def test_llava_next_grpo_matches_trl_step_for_step(next_path, tmp_path, monkeypatch):
+    """Tiled image prompts (wide, tall, square, small: 2 to 5 tiles each, padded across prompts) with scripted
+    completions against TRL's GRPO."""
+    import datasets
+    import trl
+    import trl.trainer.grpo_trainer as trl_grpo
+
     from tests import tiny
+    from tests.helpers.vision import scripted
     from torchlike.trl import GRPOConfig, GRPOTrainer
 
     shapes = ((40, 18), (18, 40), (32, 32), (16, 16))
     rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],
-             "image": tiny_image(row, 32).resize(shapes[row])} for row in range(4)]
+             "image": tiny_image(row, 32).resize(shapes[row % 4])} for row in range(8)]
+    settings = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=2),
+                    per_device_train_batch_size=4, num_generations=4)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
+    processor = torchlike.AutoProcessor.from_pretrained(next_path)
+    processor.tokenizer.padding_side = "left"
+    reference = trl.GRPOTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(next_path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        reward_funcs=[tiny.token_reward, tiny.length_reward],
+        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows), processing_class=processor)
+    reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
+    expected, _, expected_params = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")
     trainer = GRPOTrainer(model=str(next_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
-                          args=GRPOConfig(output_dir=str(tmp_path), **dict(tiny.grpo_settings(max_steps=2),
-                                                                           per_device_train_batch_size=4,
-                                                                           num_generations=2)),
-                          train_dataset=rows, processing_class=torchlike.AutoProcessor.from_pretrained(next_path))
-    output = trainer.train()
-    assert output.global_step == 2 and np.isfinite(output.training_loss)
+                          args=GRPOConfig(output_dir=str(tmp_path / "ours"), **settings), train_dataset=rows,
+                          processing_class=torchlike.AutoProcessor.from_pretrained(next_path))
+    trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
+    ours, _, params = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")
+    assert len(logged(expected, "loss")) == settings["max_steps"]
+    for key in ("loss", "grad_norm", "reward", "completions/mean_length"):
+        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+    params = {name.replace("vision_tower.vision_model.", "vision_tower.", 1): value for name, value in params.items()}
+    assert set(params) == set(expected_params)
+    for name, value in expected_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)
