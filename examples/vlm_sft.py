@@ -1,17 +1,20 @@
-"""Vision-language SFT with LoRA on a Gemma 3 ``*ForConditionalGeneration`` checkpoint, TRL's way: rows with
-``images`` beside ``messages`` (a user turn with an image and a question, the assistant's answer), the model's
+"""Vision-language SFT with LoRA on a Gemma 3 or Qwen2.5-VL ``*ForConditionalGeneration`` checkpoint, TRL's way: rows
+with ``images`` beside ``messages`` (a user turn with an image and a question, the assistant's answer), the model's
 processor as ``processing_class``, ``SFTTrainer(model=..., peft_config=LoraConfig(...))``. The task: name the colour
 that fills the image. After training, the adapter is saved and loaded back onto a fresh base with the same outputs,
 and the model answers from the images with ``generate(pixel_values=...)``.
 
-On the embedded default (a tiny random Gemma 3 with a SigLIP vision tower and its processor, built on the spot) the
-images are 28 x 28; with ``--model google/gemma-3-4b-it`` they are the processor's 896 x 896.
+On the embedded default (a tiny random Gemma 3 with a SigLIP vision tower and its processor, built on the spot; with
+``--family qwen2_5_vl`` a tiny Qwen2.5-VL, whose processor keeps each image's own size) the images are 28 x 28; with
+``--model google/gemma-3-4b-it`` they are the processor's 896 x 896, with ``--model Qwen/Qwen2.5-VL-3B-Instruct``
+their own.
 
-    python examples/vlm_sft.py [--model google/gemma-3-4b-it] [--max-steps 200] [--out DIR]
+    python examples/vlm_sft.py [--model google/gemma-3-4b-it] [--family qwen2_5_vl] [--max-steps 200] [--out DIR]
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +30,13 @@ COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220)}
 QUESTION = "the colour is"
 
 
-def build_tiny_vlm(directory: Path) -> Path:
-    """A tiny random Gemma 3 vision-language model and its processor, saved in ``directory``."""
+def build_tiny_vlm(directory: Path, family: str = "gemma3") -> Path:
+    """A tiny random vision-language model of ``family`` (``gemma3`` or ``qwen2_5_vl``) and its processor, saved in
+    ``directory``."""
     from torchlike.testing import build_processor, random_model, tiny_multimodal_config
 
-    random_model(tiny_multimodal_config("gemma3")).save_pretrained(directory)
-    build_processor(directory, "gemma3")
+    random_model(tiny_multimodal_config(family)).save_pretrained(directory)
+    build_processor(directory, family)
     return directory
 
 
@@ -56,8 +60,12 @@ def rows(count: int, seed: int = 0) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = ExampleParser(__doc__, default_steps=200, learning_rates=(3e-3, 1e-4)).parse_args(argv)
-    with workspace(args.model, args.out, build=build_tiny_vlm) as (source, out):
+    parser = ExampleParser(__doc__, default_steps=200, learning_rates=(3e-3, 1e-4))
+    parser.add_argument("--family", choices=("gemma3", "qwen2_5_vl"), default="gemma3",
+                        help="the embedded default's family (default: %(default)s; ignored with --model)")
+    args = parser.parse_args(argv)
+    build = functools.partial(build_tiny_vlm, family=args.family)
+    with workspace(args.model, args.out, build=build) as (source, out):
         processor = torchlike.AutoProcessor.from_pretrained(source)
         config = SFTConfig(output_dir=str(out / "adapter"), per_device_train_batch_size=4,
                            learning_rate=args.learning_rate, **trainer_settings(args.max_steps))

@@ -77,8 +77,9 @@ def test_countdown_problems_are_solved_by_their_solution_and_pairs_prefer_it():
             assert not countdown.is_correct(pair["rejected"], problem["numbers"], problem["target"])
 
 
-def test_vlm_sft_trains_on_images_saves_the_adapter_and_reloads_it_exactly(tmp_path):
-    result = example("vlm_sft").main(["--max-steps", "3", "--out", str(tmp_path)])
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl"])
+def test_vlm_sft_trains_on_images_saves_the_adapter_and_reloads_it_exactly(family, tmp_path):
+    result = example("vlm_sft").main(["--max-steps", "3", "--out", str(tmp_path), "--family", family])
     assert len(result["losses"]) == 3 and np.isfinite(result["losses"]).all()
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(result["adapter_files"])
     assert result["reload_max_abs_diff"] <= 1e-6

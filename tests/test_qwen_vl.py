@@ -279,3 +279,17 @@ def test_qwen3_vl_video_frames_each_its_own_item_equal_transformers(qwen_dirs):
               "video_grid_thw": np.array([[2, 4, 4]])}
     reference = reference_logits(hf_vlm(path), inputs)
     assert valid_max_diff(model(**inputs).logits, reference, inputs["attention_mask"]) <= 1e-4
+
+
+def test_a_target_modules_regex_matches_the_in_memory_names_as_in_peft(qwen_dirs, tmp_path):
+    """PEFT matches a regex against the model's names in memory: Qwen2.5-VL's decoder is saved as ``model.layers``
+    but is ``model.language_model.layers`` in memory."""
+    path = qwen_dirs("qwen2_5_vl")
+    regex = r".*language_model.*\.(q_proj|v_proj)"
+    model = get_peft_model(torchlike.AutoModelForImageTextToText.from_pretrained(path),
+                           LoraConfig(r=4, target_modules=regex, task_type="CAUSAL_LM"))
+    model.save_pretrained(tmp_path / "adapter")
+    keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
+    theirs = peft.get_peft_model(hf_vlm(path), peft.LoraConfig(r=4, target_modules=regex))
+    assert keys == {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)}
+    assert len(keys) == 2 * 2 * 2  # two layers, q and v, A and B: the tower's modules are not named

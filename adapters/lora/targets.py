@@ -97,6 +97,12 @@ def default_target_modules(family: Family) -> list[str] | str:
     return list(family.default_lora_targets)
 
 
+def _names_in(family: Family, hf_module: str, target_modules: list[str] | str) -> bool:
+    """:func:`_names` on the checkpoint's name of a module or on ``transformers``' in-memory one (PEFT matches the
+    names of the model in memory: ``.*language_model.*`` reaches Qwen2.5-VL's decoder, saved as ``model.layers``)."""
+    return _names(hf_module, target_modules) or _names(family.in_memory_name(hf_module), target_modules)
+
+
 def _names(hf_module: str, target_modules: list[str] | str) -> bool:
     """Whether PEFT's ``target_modules`` names ``hf_module``: a listed name equals it or is its last
     dotted part(s); a string is a regex matched against the full name."""
@@ -131,12 +137,13 @@ def select_targets(family: Family, module: nnx.Module, target_modules) -> list[L
     known = sorted(family.lora_targets)
     if not isinstance(target_modules, str):
         # A name reaching only modules that are not linear in transformers is skipped, as PEFT skips it.
-        unknown = [n for n in target_modules if not any(_names(m, [n]) for t in candidates for m in t.hf_modules)
+        unknown = [n for n in target_modules if not any(_names_in(family, m, [n]) for t in candidates
+                                                         for m in t.hf_modules)
                    and not _not_linear_note(family, modules, [n])]
         if unknown:
             raise ValueError(f"target_modules {unknown} match no module of this {family.name} model; valid names: "
                              f"{known} (or full names like 'model.layers.0.self_attn.q_proj', a regex, 'all-linear').")
-    chosen = [t for t in candidates if any(_names(m, target_modules) for m in t.hf_modules)]
+    chosen = [t for t in candidates if any(_names_in(family, m, target_modules) for m in t.hf_modules)]
     if not chosen:
         named = [target_modules] if isinstance(target_modules, str) else list(target_modules)
         raise ValueError(f"target_modules={target_modules!r} matches no module; valid names: {known}."
