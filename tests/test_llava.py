@@ -346,3 +346,19 @@ def test_llava_next_grpo_matches_trl_step_for_step(next_path, tmp_path, monkeypa
     assert set(params) == set(expected_params)
     for name, value in expected_params.items():
         np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-4, err_msg=name)
+
+
+def test_llava_next_lora_adapter_is_peft_all_linear_with_the_same_tiled_logits(next_path, tmp_path):
+    model = get_peft_model(torchlike.AutoModelForImageTextToText.from_pretrained(next_path),
+                           LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    randomize_lora_(model)
+    model.save_pretrained(tmp_path / "adapter")
+    keys = set(load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
+    theirs = peft.get_peft_model(hf_vlm(next_path), peft.LoraConfig(r=4, target_modules="all-linear"))
+    # PEFT also adapts the block LLaVA never runs; torchlike keeps that block as it is (no effect on the logits).
+    expected = {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)}
+    assert keys == {name for name in expected if ".encoder.layers.2." not in name}
+    reference = peft.PeftModel.from_pretrained(hf_vlm(next_path), tmp_path / "adapter").eval()
+    inputs = tiled_batch(next_path)
+    assert valid_max_diff(model(**inputs).logits, logits_counting_real_tokens(reference, inputs),
+                          inputs["attention_mask"]) <= 1e-4
