@@ -173,9 +173,11 @@ class CausalLM:
                 ``(num_patches, channels * temporal_patch_size * patch_size ** 2)``).
             token_type_ids: the processor's ``(batch, sequence)`` ids, 1 on image tokens: each image's tokens then
                 attend to each other both ways, as in Gemma 3's ``transformers`` model.
-            vision: the processor's other vision outputs the model reads (Qwen-VL: ``image_grid_thw``,
-                ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``); ``mm_token_type_ids`` is
-                accepted and not needed (the image and video tokens say where each item goes).
+            vision: the processor's other vision outputs the model reads (``Family.image_keys``; Qwen-VL:
+                ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``; LLaVA-NeXT
+                and Mistral 3: ``image_sizes``; SmolVLM and Idefics3: ``pixel_attention_mask``);
+                ``mm_token_type_ids`` is accepted and not needed (the image and video tokens say where each item
+                goes). Another keyword is refused by name (``TypeError``).
 
         Returns:
             :class:`CausalLMOutput` with float32 ``logits`` of shape ``(batch, sequence, vocab)``.
