@@ -42,13 +42,15 @@ TEXT_MODEL_TYPES = ("llama", "mistral")
 
 
 def feature_blocks(hf_config) -> int:
-    """How many CLIP blocks LLaVA runs: up to ``vision_feature_layer`` (one layer; a list of layers is refused)."""
+    """How many vision blocks run: up to ``vision_feature_layer`` (one layer; a list of layers is refused), for
+    LLaVA's CLIP and Mistral 3's Pixtral alike."""
     layer = hf_config.vision_feature_layer
-    require(isinstance(layer, int), f"llava: vision_feature_layer={layer!r} (several feature layers) is not "
-                                    "supported; LLaVA-1.5's -2 and any single layer are.")
+    family = hf_config.model_type
+    require(isinstance(layer, int), f"{family}: vision_feature_layer={layer!r} (several feature layers) is not "
+                                    "supported; any single layer is.")
     total = hf_config.vision_config.num_hidden_layers
     blocks = total + 1 + layer if layer < 0 else layer
-    require(0 <= blocks <= total, f"llava: vision_feature_layer={layer} is outside the {total}-block tower.")
+    require(0 <= blocks <= total, f"{family}: vision_feature_layer={layer} is outside the {total}-block tower.")
     return blocks
 
 

@@ -21,6 +21,7 @@ from ..model.clip_vision import CLIP_ACTIVATIONS
 from ..model.pixtral_vision import Mistral3Decoder, PixtralSpec
 from . import mistral
 from .base import DECODER_IGNORED_KEYS, Layout, TinyConfig, WeightRule, images_by_row, reprefixed, require
+from .llava import feature_blocks
 from .native import linear_rows, llama_rows, lora_targets_of, native_family, norm_rows
 
 
@@ -41,16 +42,6 @@ PATCH_CONV_KERNEL = PatchConvKernel()
 TEXT_PREFIX = "language_model.model."
 VISION_PREFIX = "vision_tower."
 PROJECTOR_PREFIX = "multi_modal_projector."
-
-
-def feature_blocks(hf_config) -> int:
-    layer = hf_config.vision_feature_layer
-    require(isinstance(layer, int), f"mistral3: vision_feature_layer={layer!r} (several feature layers) is not "
-                                    "supported.")
-    total = hf_config.vision_config.num_hidden_layers
-    blocks = total + 1 + layer if layer < 0 else layer
-    require(0 <= blocks <= total, f"mistral3: vision_feature_layer={layer} is outside the {total}-block encoder.")
-    return blocks
 
 
 def vision_spec(hf_config, dtype) -> PixtralSpec:

@@ -13,6 +13,7 @@ is kept as it is and written back on export, as ``transformers`` never trains it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +69,9 @@ class ClipVisionSpec:
         return self.patches + (1 if self.keep_class_token else 0)
 
 
-def _linear(spec: ClipVisionSpec, inputs: int, outputs: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
+def vision_linear(spec: Any, inputs: int, outputs: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
+    """A tower's ``nn.Linear`` (kernel ``[inputs, outputs]``, normal(0.02) at init) in ``spec.dtype`` (CLIP's,
+    SigLIP's and Pixtral's towers build theirs with it)."""
     return nnx.Linear(inputs, outputs, use_bias=bias, param_dtype=spec.dtype, rngs=rngs,
                       kernel_init=nnx.initializers.normal(0.02))
 
@@ -80,7 +83,7 @@ class ClipAttention(nnx.Module):
     def __init__(self, spec: ClipVisionSpec, rngs: nnx.Rngs):
         self.num_heads = spec.num_heads
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            setattr(self, name, _linear(spec, spec.width, spec.width, rngs))
+            setattr(self, name, vision_linear(spec, spec.width, spec.width, rngs))
 
     def __call__(self, x: jax.Array, keys: jax.Array | None = None) -> jax.Array:
         batch, length, width = x.shape
@@ -96,8 +99,8 @@ class ClipAttention(nnx.Module):
 class ClipMLP(nnx.Module):
     def __init__(self, spec: ClipVisionSpec, rngs: nnx.Rngs):
         self.activation = CLIP_ACTIVATIONS[spec.activation]
-        self.fc1 = _linear(spec, spec.width, spec.intermediate_size, rngs)
-        self.fc2 = _linear(spec, spec.intermediate_size, spec.width, rngs)
+        self.fc1 = vision_linear(spec, spec.width, spec.intermediate_size, rngs)
+        self.fc2 = vision_linear(spec, spec.intermediate_size, spec.width, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.fc2(self.activation(self.fc1(x)))
@@ -153,8 +156,8 @@ class LlavaProjector(nnx.Module):
 
     def __init__(self, spec: ClipVisionSpec, rngs: nnx.Rngs):
         self.activation = CLIP_ACTIVATIONS[spec.projector_activation]
-        self.linear_1 = _linear(spec, spec.width, spec.text_hidden_size, rngs, spec.projector_bias)
-        self.linear_2 = _linear(spec, spec.text_hidden_size, spec.text_hidden_size, rngs, spec.projector_bias)
+        self.linear_1 = vision_linear(spec, spec.width, spec.text_hidden_size, rngs, spec.projector_bias)
+        self.linear_2 = vision_linear(spec, spec.text_hidden_size, spec.text_hidden_size, rngs, spec.projector_bias)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.linear_2(self.activation(self.linear_1(x)))

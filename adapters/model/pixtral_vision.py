@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .clip_vision import CLIP_ACTIVATIONS
+from .clip_vision import CLIP_ACTIVATIONS, vision_linear
 from .native_decoder import DecoderSpec, NativeDecoder, Norm
 
 MASKED = -2.3819763e38
@@ -71,16 +71,11 @@ class PixtralSpec:
         return self.in_channels * self.patch_size ** 2
 
 
-def _linear(spec: PixtralSpec, inputs: int, outputs: int, rngs: nnx.Rngs, bias: bool = False) -> nnx.Linear:
-    return nnx.Linear(inputs, outputs, use_bias=bias, param_dtype=spec.dtype, rngs=rngs,
-                      kernel_init=nnx.initializers.normal(0.02))
-
-
 class PixtralAttention(nnx.Module):
     def __init__(self, spec: PixtralSpec, rngs: nnx.Rngs):
         self.num_heads = spec.num_heads
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            setattr(self, name, _linear(spec, spec.width, spec.width, rngs))
+            setattr(self, name, vision_linear(spec, spec.width, spec.width, rngs, bias=False))
 
     def __call__(self, x, cos, sin, mask):
         batch, length, width = x.shape
@@ -103,9 +98,9 @@ def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 class PixtralFeedForward(nnx.Module):
     def __init__(self, spec: PixtralSpec, rngs: nnx.Rngs):
         self.activation = CLIP_ACTIVATIONS[spec.activation]
-        self.gate_proj = _linear(spec, spec.width, spec.intermediate_size, rngs)
-        self.up_proj = _linear(spec, spec.width, spec.intermediate_size, rngs)
-        self.down_proj = _linear(spec, spec.intermediate_size, spec.width, rngs)
+        self.gate_proj = vision_linear(spec, spec.width, spec.intermediate_size, rngs, bias=False)
+        self.up_proj = vision_linear(spec, spec.width, spec.intermediate_size, rngs, bias=False)
+        self.down_proj = vision_linear(spec, spec.intermediate_size, spec.width, rngs, bias=False)
 
     def __call__(self, x):
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
@@ -157,9 +152,10 @@ class Mistral3Projector(nnx.Module):
     def __init__(self, spec: PixtralSpec, rngs: nnx.Rngs):
         self.activation = CLIP_ACTIVATIONS[spec.projector_activation]
         self.norm = Norm(spec.width, "rms", spec.projector_norm_eps, False, spec.dtype, rngs)
-        self.merging_layer = _linear(spec, spec.width * spec.spatial_merge_size ** 2, spec.width, rngs)
-        self.linear_1 = _linear(spec, spec.width, spec.text_hidden_size, rngs, spec.projector_bias)
-        self.linear_2 = _linear(spec, spec.text_hidden_size, spec.text_hidden_size, rngs, spec.projector_bias)
+        self.merging_layer = vision_linear(spec, spec.width * spec.spatial_merge_size ** 2, spec.width, rngs,
+                                           bias=False)
+        self.linear_1 = vision_linear(spec, spec.width, spec.text_hidden_size, rngs, spec.projector_bias)
+        self.linear_2 = vision_linear(spec, spec.text_hidden_size, spec.text_hidden_size, rngs, spec.projector_bias)
 
     def __call__(self, features: jax.Array, blocks: jax.Array) -> jax.Array:
         """``[B, N, text width]`` for the merged tokens whose blocks' patches ``blocks`` ``[B, N, k * k]`` name."""

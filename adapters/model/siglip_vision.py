@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .clip_vision import ClipBlock
+from .clip_vision import ClipBlock, vision_linear
 from .native_decoder import DecoderSpec, NativeDecoder, Norm
 
 
@@ -60,11 +60,6 @@ class SiglipSpec:
         return self.side ** 2 // self.scale_factor ** 2
 
 
-def _linear(spec: SiglipSpec, inputs: int, outputs: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
-    return nnx.Linear(inputs, outputs, use_bias=bias, param_dtype=spec.dtype, rngs=rngs,
-                      kernel_init=nnx.initializers.normal(0.02))
-
-
 class SiglipEncoder(nnx.Module):
     """``patch_embedding`` (kernel ``[P, P, C, width]``) and its bias, ``position_embedding``, ``layers``,
     ``post_layernorm``."""
@@ -100,8 +95,8 @@ class Idefics3Connector(nnx.Module):
 
     def __init__(self, spec: SiglipSpec, rngs: nnx.Rngs):
         self.scale = spec.scale_factor
-        self.modality_projection = _linear(spec, spec.width * spec.scale_factor ** 2, spec.text_hidden_size, rngs,
-                                           bias=False)
+        self.modality_projection = vision_linear(spec, spec.width * spec.scale_factor ** 2, spec.text_hidden_size,
+                                                 rngs, bias=False)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         count, length, width = x.shape
