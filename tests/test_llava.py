@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 import torchlike
 from tests.helpers.logs import logged
 from tests.helpers.models import randomize_lora_, valid_max_diff
-from tests.helpers.vision import ANSWERS, PROMPTS, hf_vlm, logits_counting_real_tokens, save_tiny_vlm
+from tests.helpers.vision import ANSWERS, PROMPTS, hf_vlm, logits_counting_real_tokens, offline_runs, save_tiny_vlm
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.testing import tiny_image
 
@@ -118,12 +118,6 @@ def test_lora_adapter_loads_in_peft_with_the_same_image_logits(llava_dirs, tmp_p
 
 
 def test_llava_sft_matches_trl_step_for_step(llava_dirs, tmp_path):
-    import datasets
-    import trl
-    from torch.utils.data import SequentialSampler
-
-    from torchlike.trl import SFTConfig, SFTTrainer
-
     path = llava_dirs()
     settings = dict(per_device_train_batch_size=3, max_steps=4, learning_rate=3e-3, lr_scheduler_type="linear",
                     warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
@@ -136,18 +130,7 @@ def test_llava_sft_matches_trl_step_for_step(llava_dirs, tmp_path):
              + [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
             {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
             "images": images})
-    reference = trl.SFTTrainer(
-        model=transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
-                                                                        attn_implementation="eager"),
-        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(rows), processing_class=torchlike.AutoProcessor.from_pretrained(path))
-    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
-    reference.train()
-    trainer = SFTTrainer(model=str(path), args=SFTConfig(output_dir=str(tmp_path / "ours"),
-                                                         train_sampling_strategy="sequential", **settings),
-                         train_dataset=datasets.Dataset.from_list(rows),
-                         processing_class=torchlike.AutoProcessor.from_pretrained(path))
-    trainer.train()
+    reference, trainer = offline_runs("SFT", path, rows, settings, tmp_path)
     expected, ours = reference.state.log_history, trainer.state.log_history
     for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
         assert len(logged(expected, key)) == settings["max_steps"], key
@@ -166,36 +149,15 @@ def test_llava_sft_matches_trl_step_for_step(llava_dirs, tmp_path):
 
 def test_llava_grpo_matches_trl_step_for_step(llava_dirs, tmp_path, monkeypatch):
     """Scripted completions for image prompts (the image slots laid out per prompt) against TRL's GRPO."""
-    import datasets
-    import trl
-    import trl.trainer.grpo_trainer as trl_grpo
-
     from tests import tiny
-    from tests.helpers.vision import scripted
-    from torchlike.trl import GRPOConfig, GRPOTrainer
+    from tests.helpers.vision import scripted_grpo_runs
 
     path = llava_dirs()
     rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}], "image": tiny_image(row, 16)}
             for row in range(8)]
     settings = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=3),
                     per_device_train_batch_size=4, num_generations=4)
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
-    processor = torchlike.AutoProcessor.from_pretrained(path)
-    processor.tokenizer.padding_side = "left"
-    reference = trl.GRPOTrainer(
-        model=transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
-                                                                        attn_implementation="eager"),
-        reward_funcs=[tiny.token_reward, tiny.length_reward],
-        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(rows), processing_class=processor)
-    reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
-    expected, _, expected_params = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")
-    trainer = GRPOTrainer(model=str(path), reward_funcs=[tiny.token_reward, tiny.length_reward],
-                          args=GRPOConfig(output_dir=str(tmp_path / "ours"), **settings), train_dataset=rows,
-                          processing_class=torchlike.AutoProcessor.from_pretrained(path))
-    trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
-    ours, _, params = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")
+    expected, expected_params, ours, params = scripted_grpo_runs(path, rows, settings, tmp_path, monkeypatch)
     assert len(logged(expected, "loss")) == settings["max_steps"]
     for key in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length"):
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
@@ -258,12 +220,6 @@ def test_llava_next_export_round_trips_and_generates_as_transformers(next_path, 
 
 
 def test_llava_next_sft_matches_trl_step_for_step(next_path, tmp_path):
-    import datasets
-    import trl
-    from torch.utils.data import SequentialSampler
-
-    from torchlike.trl import SFTConfig, SFTTrainer
-
     settings = dict(per_device_train_batch_size=3, max_steps=3, learning_rate=3e-3, lr_scheduler_type="linear",
                     warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
                     bf16=False, report_to="none", save_strategy="no")
@@ -272,19 +228,7 @@ def test_llava_next_sft_matches_trl_step_for_step(next_path, tmp_path):
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
         {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
         "images": [tiny_image(row, 32).resize(shapes[row % 3])]} for row in range(9)]
-    reference = trl.SFTTrainer(
-        model=transformers.AutoModelForImageTextToText.from_pretrained(next_path, dtype=torch.float32,
-                                                                        attn_implementation="eager"),
-        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(rows),
-        processing_class=torchlike.AutoProcessor.from_pretrained(next_path))
-    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
-    reference.train()
-    trainer = SFTTrainer(model=str(next_path), args=SFTConfig(output_dir=str(tmp_path / "ours"),
-                                                              train_sampling_strategy="sequential", **settings),
-                         train_dataset=datasets.Dataset.from_list(rows),
-                         processing_class=torchlike.AutoProcessor.from_pretrained(next_path))
-    trainer.train()
+    reference, trainer = offline_runs("SFT", next_path, rows, settings, tmp_path)
     for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
         assert len(logged(reference.state.log_history, key)) == settings["max_steps"], key
         np.testing.assert_allclose(logged(trainer.state.log_history, key), logged(reference.state.log_history, key),
@@ -309,36 +253,16 @@ def test_images_of_another_size_or_beyond_their_tokens_are_named_errors(llava_di
 def test_llava_next_grpo_matches_trl_step_for_step(next_path, tmp_path, monkeypatch):
     """Tiled image prompts (wide, tall, square, small: 2 to 5 tiles each, padded across prompts) with scripted
     completions against TRL's GRPO."""
-    import datasets
-    import trl
-    import trl.trainer.grpo_trainer as trl_grpo
-
     from tests import tiny
-    from tests.helpers.vision import scripted
-    from torchlike.trl import GRPOConfig, GRPOTrainer
+    from tests.helpers.vision import scripted_grpo_runs
 
     shapes = ((40, 18), (18, 40), (32, 32), (16, 16))
     rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],
              "image": tiny_image(row, 32).resize(shapes[row % 4])} for row in range(8)]
     settings = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=2),
                     per_device_train_batch_size=4, num_generations=4)
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
-    processor = torchlike.AutoProcessor.from_pretrained(next_path)
-    processor.tokenizer.padding_side = "left"
-    reference = trl.GRPOTrainer(
-        model=transformers.AutoModelForImageTextToText.from_pretrained(next_path, dtype=torch.float32,
-                                                                        attn_implementation="eager"),
-        reward_funcs=[tiny.token_reward, tiny.length_reward],
-        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(rows), processing_class=processor)
-    reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
-    expected, _, expected_params = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")
-    trainer = GRPOTrainer(model=str(next_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
-                          args=GRPOConfig(output_dir=str(tmp_path / "ours"), **settings), train_dataset=rows,
-                          processing_class=torchlike.AutoProcessor.from_pretrained(next_path))
-    trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
-    ours, _, params = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")
+    expected, expected_params, ours, params = scripted_grpo_runs(next_path, rows, settings, tmp_path,
+                                                                 monkeypatch)
     assert len(logged(expected, "loss")) == settings["max_steps"]
     for key in ("loss", "grad_norm", "reward", "completions/mean_length"):
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)

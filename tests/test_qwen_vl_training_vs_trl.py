@@ -9,7 +9,7 @@ import pytest
 
 import torchlike
 from tests.helpers.logs import logged
-from tests.helpers.vision import ANSWERS, PROMPTS, save_tiny_vlm
+from tests.helpers.vision import ANSWERS, PROMPTS, offline_runs, save_tiny_vlm
 from torchlike.testing import tiny_image
 
 SETTINGS = dict(per_device_train_batch_size=3, gradient_accumulation_steps=1, max_steps=4, learning_rate=3e-3,
@@ -56,30 +56,9 @@ def conversation_rows(count: int) -> list[dict]:
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
 def test_qwen_vl_sft_matches_trl_step_for_step(family, qwen_paths, tmp_path):
-    import datasets
-    import torch
-    import transformers
-    import trl
-    from torch.utils.data import SequentialSampler
-
-    from torchlike.trl import SFTConfig, SFTTrainer
-
     qwen_path = qwen_paths(family)
     rows = conversation_rows(12)
-    reference = trl.SFTTrainer(
-        model=transformers.AutoModelForImageTextToText.from_pretrained(qwen_path, dtype=torch.float32,
-                                                                        attn_implementation="eager"),
-        args=trl.SFTConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **SETTINGS),
-        train_dataset=datasets.Dataset.from_list(rows),
-        processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
-    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
-    reference.train()
-
-    trainer = SFTTrainer(model=str(qwen_path), args=SFTConfig(output_dir=str(tmp_path / "ours"),
-                                                              train_sampling_strategy="sequential", **SETTINGS),
-                         train_dataset=datasets.Dataset.from_list(rows),
-                         processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
-    trainer.train()
+    reference, trainer = offline_runs("SFT", qwen_path, rows, SETTINGS, tmp_path)
     expected, ours = reference.state.log_history, trainer.state.log_history
     assert min(logged(expected, "grad_norm")) > 2 * SETTINGS["max_grad_norm"]  # clipping is active every step
     for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
@@ -119,29 +98,9 @@ def preference_rows(count: int, seed: int = 0) -> list[dict]:
 
 
 def test_qwen2_5_vl_dpo_matches_trl_step_for_step(qwen_path, tmp_path):
-    import datasets
-    import torch
-    import transformers
-    import trl
-    from torch.utils.data import SequentialSampler
-
-    from torchlike.trl import DPOConfig, DPOTrainer
-
     settings = dict(SETTINGS, per_device_train_batch_size=2, gradient_accumulation_steps=2, beta=0.1)
     rows = preference_rows(8)
-    reference = trl.DPOTrainer(
-        model=transformers.AutoModelForImageTextToText.from_pretrained(qwen_path, dtype=torch.float32,
-                                                                        attn_implementation="eager"),
-        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(rows),
-        processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
-    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
-    reference.train()
-    trainer = DPOTrainer(model=str(qwen_path), args=DPOConfig(output_dir=str(tmp_path / "ours"),
-                                                              train_sampling_strategy="sequential", **settings),
-                         train_dataset=datasets.Dataset.from_list(rows),
-                         processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
-    trainer.train()
+    reference, trainer = offline_runs("DPO", qwen_path, rows, settings, tmp_path)
     expected = [entry for entry in reference.state.log_history if "loss" in entry]
     ours = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert [entry["step"] for entry in ours] == [entry["step"] for entry in expected] == [1, 2, 3, 4]
@@ -156,41 +115,15 @@ def test_qwen2_5_vl_grpo_matches_trl_step_for_step(case, qwen_path, tmp_path, mo
     """Scripted completions (the same tokens for the same rows on both sides) for image prompts of three sizes (TRL's
     GRPO takes no text prompt beside image ones), prompts of different lengths; the loss's forward passes take the
     images and M-RoPE."""
-    import datasets
-    import torch
-    import transformers
-    import trl
-    import trl.trainer.grpo_trainer as trl_grpo
-
     from tests import tiny
-    from tests.helpers.vision import scripted
-    from torchlike.trl import GRPOConfig, GRPOTrainer
+    from tests.helpers.vision import scripted_grpo_runs
 
     rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],
              "images": image_of(row) or [tiny_image(row, 16)]} for row in range(8)]
     # "kl-two-iterations": the reference's and the stored old policy's log-probs take the images too.
     settings = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps=2, max_steps=3, **case),
                     per_device_train_batch_size=4, num_generations=4)
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
-    # TRL reads the prompts' token types from its processor's padding and the ids left-padded: they agree when the
-    # processor pads on the left, as the one TRL loads itself does (padding_side="left").
-    processor = torchlike.AutoProcessor.from_pretrained(qwen_path)
-    processor.tokenizer.padding_side = "left"
-    reference = trl.GRPOTrainer(
-        model=transformers.AutoModelForImageTextToText.from_pretrained(qwen_path, dtype=torch.float32,
-                                                                        attn_implementation="eager"),
-        reward_funcs=[tiny.token_reward, tiny.length_reward],
-        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(rows), processing_class=processor)
-    reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
-    expected, _, expected_params = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")
-
-    trainer = GRPOTrainer(model=str(qwen_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
-                          args=GRPOConfig(output_dir=str(tmp_path / "ours"), **settings), train_dataset=rows,
-                          processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
-    trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
-    ours, _, params = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")
+    expected, expected_params, ours, params = scripted_grpo_runs(qwen_path, rows, settings, tmp_path, monkeypatch)
     assert len(logged(expected, "loss")) == settings["max_steps"]
     for key in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length"):
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
@@ -237,14 +170,6 @@ KTO_METRICS = ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "l
 def test_qwen2_5_vl_kto_matches_trl_step_for_step(qwen_path, tmp_path):
     """TRL's vision KTO: each prompt with its images, the KL completions cycled within each batch, the reference
     scoring both; images of three sizes and a text-only row."""
-    import datasets
-    import torch
-    import transformers
-    import trl
-    from torch.utils.data import SequentialSampler
-
-    from torchlike.trl import KTOConfig, KTOTrainer
-
     rows = []
     for row in range(12):
         images = image_of(row)
@@ -256,18 +181,7 @@ def test_qwen2_5_vl_kto_matches_trl_step_for_step(qwen_path, tmp_path):
     # Batches of three: the KL completions' cycle has a direction (each prompt with the completion before it).
     settings = dict(SETTINGS, per_device_train_batch_size=3, gradient_accumulation_steps=2, beta=0.1,
                     train_sampling_strategy="sequential")
-    reference = trl.KTOTrainer(
-        model=transformers.AutoModelForImageTextToText.from_pretrained(qwen_path, dtype=torch.float32,
-                                                                        attn_implementation="eager"),
-        args=trl.KTOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(rows),
-        processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
-    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
-    reference.train()
-    trainer = KTOTrainer(model=str(qwen_path), args=KTOConfig(output_dir=str(tmp_path / "ours"), **settings),
-                         train_dataset=datasets.Dataset.from_list(rows),
-                         processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
-    trainer.train()
+    reference, trainer = offline_runs("KTO", qwen_path, rows, settings, tmp_path)
     expected = [entry for entry in reference.state.log_history if "loss" in entry]
     ours = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert [entry["step"] for entry in ours] == [entry["step"] for entry in expected] == [1, 2, 3, 4]

@@ -11,7 +11,7 @@ import pytest
 import torchlike
 from tests import tiny
 from tests.helpers.logs import logged
-from tests.helpers.vision import save_tiny_vlm, scripted
+from tests.helpers.vision import save_tiny_vlm, scripted_grpo_runs
 from torchlike.adapters import rollout
 from torchlike.testing import tiny_image
 from torchlike.trl import GRPOConfig, GRPOTrainer
@@ -38,29 +38,11 @@ SETTINGS = dict(tiny.grpo_settings(loss_type="dapo", gradient_accumulation_steps
 
 
 def test_vlm_grpo_matches_trl_step_for_step(vlm_path, tmp_path, monkeypatch):
-    import datasets
-    import torch
     import transformers
-    import trl
-    import trl.trainer.grpo_trainer as trl_grpo
 
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
-    reference = trl.GRPOTrainer(
-        model=transformers.AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32,
-                                                                        attn_implementation="eager"),
-        reward_funcs=[tiny.token_reward, tiny.length_reward],
-        args=trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **SETTINGS),
-        train_dataset=datasets.Dataset.from_list(image_rows()),
-        processing_class=transformers.AutoProcessor.from_pretrained(vlm_path))
-    reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
-    expected, _, expected_params = tiny.train_trl_recording_advantages(reference, tmp_path / "trl")
-
-    trainer = GRPOTrainer(model=str(vlm_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
-                          args=GRPOConfig(output_dir=str(tmp_path / "ours"), **SETTINGS), train_dataset=image_rows(),
-                          processing_class=torchlike.AutoProcessor.from_pretrained(vlm_path))
-    trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
-    ours, _, params = tiny.train_torchlike_recording_advantages(trainer, tmp_path / "ours")
+    expected, expected_params, ours, params = scripted_grpo_runs(
+        vlm_path, image_rows(), SETTINGS, tmp_path, monkeypatch,
+        trl_processor=transformers.AutoProcessor.from_pretrained(vlm_path))
     assert len(logged(expected, "loss")) == SETTINGS["max_steps"]
     for key in ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length"):
         np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)

@@ -291,6 +291,11 @@ _QWEN_VL_TOKENS = dict(
     named_tokens={},
     config_token_fields={"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
                          "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"})
+_TINY_CLIP = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=16,
+                  patch_size=4, projection_dim=32)
+"""LLaVA's and LLaVA-NeXT's tiny CLIP tower: 3 blocks (width 32, 2 heads) on 16x16 images in patches of 4."""
+_LLAVA_TOKENS = dict(text_tokens=("\n",), special_tokens=("<image>",), named_tokens={},
+                     config_token_fields={"image_token_id": "<image>"})
 _MULTIMODAL_FAMILIES.update({
     # Qwen2.5-VL: a 2-block tower (width 32, 2 heads) on patches of 4 (2 frames deep) merged 2x2; windows of 16
     # pixels (2x2 merged tokens) in block 0, the whole frame in block 1. A 16x16 image is 4x4 patches, 4 tokens.
@@ -324,21 +329,14 @@ _MULTIMODAL_FAMILIES.update({
     # last block (vision_feature_layer=-2) without the class position: 16 tokens per image, through the projector
     # into a Llama decoder.
     "llava": _MultimodalFamily(
-        config_class="LlavaConfig", vision_config_class="CLIPVisionConfig",
-        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=16,
-                    patch_size=4, projection_dim=32),
-        settings=dict(tie_word_embeddings=False, image_seq_length=16),
-        text_tokens=("\n",), special_tokens=("<image>",), named_tokens={},
-        config_token_fields={"image_token_id": "<image>"}),
+        config_class="LlavaConfig", vision_config_class="CLIPVisionConfig", vision=_TINY_CLIP,
+        settings=dict(tie_word_embeddings=False, image_seq_length=16), **_LLAVA_TOKENS),
     # LLaVA-NeXT: LLaVA's tower (16x16 tiles) before a Mistral decoder; images tiled at 16x32, 32x16 or 32x32 (the
     # pinpoint nearest their aspect ratio) after a 16x16 base view.
     "llava_next": _MultimodalFamily(
-        config_class="LlavaNextConfig", vision_config_class="CLIPVisionConfig",
-        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=16,
-                    patch_size=4, projection_dim=32),
+        config_class="LlavaNextConfig", vision_config_class="CLIPVisionConfig", vision=_TINY_CLIP,
         settings=dict(tie_word_embeddings=False, image_grid_pinpoints=[[16, 32], [32, 16], [32, 32]]),
-        text_tokens=("\n",), special_tokens=("<image>",), named_tokens={},
-        config_token_fields={"image_token_id": "<image>"}),
+        **_LLAVA_TOKENS),
     # Mistral 3: a 2-block Pixtral encoder (width 32, 2 heads of 16) on patches of 4 of images up to 32x32, merged
     # 2x2, before a Mistral decoder. transformers' PixtralProcessor needs torchvision: build_multimodal_tokenizer
     # gives the tokenizer, the image processor is Pixtral's PIL one.

@@ -139,3 +139,79 @@ def logits_counting_real_tokens(model: transformers.PreTrainedModel, inputs: dic
     with torch.no_grad():
         tensors = {key: torch.tensor(value) for key, value in inputs.items()}
         return model(**tensors, position_ids=torch.tensor(positions)).logits.float().numpy()
+
+
+def scripted_grpo_runs(path: Path, rows: list[dict], settings: dict, output: Path, monkeypatch,
+                       trl_processor: transformers.ProcessorMixin | None = None) -> tuple[list, dict, list, dict]:
+    """TRL's ``GRPOTrainer`` (float32, eager) and torchlike's on the vision-language checkpoint at ``path``, both
+    completing every prompt with :func:`scripted` and keeping the rows of a generation batch in order.
+
+    Args:
+        rows: TRL's vision prompt rows, given to both.
+        settings: the config values both get (``tiny.grpo_settings`` and the case's).
+        output: the runs' parent directory (``trl`` and ``ours`` under it).
+        monkeypatch: pytest's, to silence TRL's experimental warning and keep its batches unshuffled.
+        trl_processor: the processor TRL reads (default: ``torchlike.AutoProcessor`` of ``path`` padding on the
+            left, as TRL loads one itself; TRL reads the prompts' token types on the processor's padding side).
+
+    Returns:
+        ``(TRL's log history, its final weights, torchlike's log history, its exported weights)``.
+    """
+    import datasets
+    import trl
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    import torchlike
+    from torchlike.trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
+    if trl_processor is None:
+        trl_processor = torchlike.AutoProcessor.from_pretrained(path)
+        trl_processor.tokenizer.padding_side = "left"
+    rewards = [tiny.token_reward, tiny.length_reward]
+    reference = trl.GRPOTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        reward_funcs=rewards, args=trl.GRPOConfig(output_dir=str(output / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows), processing_class=trl_processor)
+    reference._generate_single_turn = lambda prompt_ids, *args, **kwargs: scripted(len(prompt_ids))
+    expected, _, expected_params = tiny.train_trl_recording_advantages(reference, output / "trl")
+    trainer = GRPOTrainer(model=str(path), reward_funcs=rewards,
+                          args=GRPOConfig(output_dir=str(output / "ours"), **settings), train_dataset=rows,
+                          processing_class=torchlike.AutoProcessor.from_pretrained(path))
+    trainer._generate_single_turn = lambda prompt_ids, *args: scripted(len(prompt_ids))
+    ours, _, params = tiny.train_torchlike_recording_advantages(trainer, output / "ours")
+    return expected, expected_params, ours, params
+
+
+def offline_runs(name: str, path: Path, rows: list[dict], settings: dict,
+                 output: Path) -> tuple[transformers.Trainer, object]:
+    """TRL's ``<name>Trainer`` (``"SFT"``, ``"DPO"``, ``"KTO"``; float32, eager attention) and torchlike's, trained
+    on ``rows`` of the vision-language checkpoint at ``path`` in dataset order, each with
+    ``torchlike.AutoProcessor`` of ``path``.
+
+    Returns:
+        ``(TRL's trainer, torchlike's trainer)``, both trained.
+    """
+    import datasets
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    import torchlike
+    import torchlike.trl as ours
+
+    reference = getattr(trl, f"{name}Trainer")(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        args=getattr(trl, f"{name}Config")(output_dir=str(output / "trl"), use_cpu=True, **settings),
+        train_dataset=datasets.Dataset.from_list(rows), processing_class=torchlike.AutoProcessor.from_pretrained(path))
+    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
+    reference.train()
+    config = getattr(ours, f"{name}Config")(output_dir=str(output / "ours"),
+                                            **{"train_sampling_strategy": "sequential", **settings})
+    trainer = getattr(ours, f"{name}Trainer")(model=str(path), args=config,
+                                              train_dataset=datasets.Dataset.from_list(rows),
+                                              processing_class=torchlike.AutoProcessor.from_pretrained(path))
+    trainer.train()
+    return reference, trainer
