@@ -349,3 +349,30 @@ def test_an_eval_dataset_is_kept_as_trl_keeps_it_and_evaluating_is_refused(tiny_
     with pytest.raises(ValueError, match="eval_strategy='steps': TRL's OnlineDPOTrainer has no evaluation"):
         getattr(module, trainer_class)(args=config_class(output_dir=str(tmp_path), report_to="none",
                                                          eval_strategy="steps", eval_steps=1), **arguments)
+
+
+@pytest.mark.parametrize("trainer_class", ["XPOTrainer", "NashMDTrainer"])
+def test_xpo_and_nash_md_refuse_image_prompts_by_name(pad_tokenizer_dir, tmp_path, trainer_class):
+    """TRL's XPO and Nash-MD have no vision path (Online DPO's is tested on Qwen2.5-VL): image rows are refused, not
+    trained on their text."""
+    from PIL import Image
+
+    package = {"XPOTrainer": "xpo", "NashMDTrainer": "nash_md"}[trainer_class]
+    module = importlib.import_module(f"torchlike.trl.experimental.{package}")
+    config_class = getattr(module, trainer_class.replace("Trainer", "Config"))
+    rows = [{"prompt": [{"role": "user", "content": "hello"}], "image": Image.new("RGB", (16, 16))}]
+    with pytest.raises(ValueError, match=f"{trainer_class} trains on text prompts only .*'image'/'images' column"):
+        getattr(module, trainer_class)(model="unused", reward_funcs=token_reward, train_dataset=rows,
+                                       args=config_class(output_dir=str(tmp_path), report_to="none"),
+                                       processing_class=torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir))
+
+
+def test_image_prompts_for_a_text_only_model_are_refused_in_trls_words(tiny_checkpoints, pad_tokenizer_dir,
+                                                                         tmp_path):
+    from PIL import Image
+
+    rows = [{"prompt": [{"role": "user", "content": "hello"}], "image": Image.new("RGB", (16, 16))}]
+    with pytest.raises(ValueError, match="The model takes no images"):
+        OnlineDPOTrainer(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=token_reward, train_dataset=rows,
+                         args=OnlineDPOConfig(output_dir=str(tmp_path), report_to="none"),
+                         processing_class=torchlike.AutoTokenizer.from_pretrained(pad_tokenizer_dir))

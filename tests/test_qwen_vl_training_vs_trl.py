@@ -4,8 +4,11 @@ sizes (and a text-only one) on Qwen2.5-VL and Qwen2-VL, DPO on image preference 
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
+from torch.utils.data import SequentialSampler
 
 import torchlike
 from tests.helpers.logs import logged
@@ -189,3 +192,104 @@ def test_qwen2_5_vl_kto_matches_trl_step_for_step(qwen_path, tmp_path):
         if key in expected[0]:
             np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, atol=1e-6, err_msg=key)
     assert_same_weights(trainer.model, reference.model)
+
+
+def scripted_preference_completion(prompt_ids, copy: int, eos: int) -> list[int]:
+    """A fixed completion of 6 tokens per (prompt, which of its two samples), half of them ending with EOS. (All of
+    one length: TRL's metrics sum over the padding after a shorter completion too, at positions transformers' M-RoPE
+    sets to 0, where torchlike continues counting, as for text models.)"""
+    rng = np.random.default_rng([zlib.crc32(np.asarray(prompt_ids, np.int64).tobytes()), copy])
+    completion = rng.integers(3, 100, size=6).tolist()
+    if rng.random() < 0.5:
+        completion[-1] = eos
+    return completion
+
+
+@pytest.mark.parametrize("trl_m_rope", [True, False], ids=["trl-with-m-rope", "trl-as-released"])
+def test_qwen2_5_vl_online_dpo_matches_trl_step_for_step(trl_m_rope, qwen_path, tmp_path):
+    """TRL's vision path of Online DPO (an ``image`` column, conversational prompts whose user turn gets the image):
+    both sides sample the same scripted completions for the same prompt tokens (so the processed prompts must agree,
+    image tokens included), rank them by the rewards and train on the pairs with their images; every logged metric
+    and every final weight compared.
+
+    TRL's ``_forward`` passes the images and their grids but not the processor's ``mm_token_type_ids``, without which
+    transformers' Qwen-VL cannot place M-RoPE positions and numbers image tokens like text. torchlike rotates them by
+    M-RoPE, as the model was trained and as TRL's GRPO (which passes them) does: equal to TRL given the token types,
+    and different from TRL as released."""
+    import datasets
+    import torch
+    import transformers
+    from trl.experimental import online_dpo as trl_online_dpo
+
+    from tests import tiny
+    from tests.helpers.logs import assert_online_preference_run_matches
+    from torchlike.trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
+
+    rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],
+             "image": (image_of(row) or [tiny_image(row, 16)])[0]} for row in range(8)]
+    settings = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_new_tokens=6, max_steps=3,
+                    learning_rate=1e-2, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1,
+                    seed=0, bf16=False, report_to="none", save_strategy="no", beta=0.2, missing_eos_penalty=0.3,
+                    reward_weights=[1.0, 0.5])
+    rewards = [tiny.token_reward, tiny.length_reward]
+    processor = torchlike.AutoProcessor.from_pretrained(qwen_path)
+    eos = processor.tokenizer.eos_token_id
+    pad = processor.tokenizer.pad_token_id
+
+    def trl_generate(input_ids, attention_mask, generation_config, **vision):
+        assert vision["image_grid_thw"].shape[0] == len(input_ids)  # each row generates with its image
+        half = len(input_ids) // 2
+        completions = [scripted_preference_completion(ids[mask.bool()].tolist(), row // half, eos)
+                       for row, (ids, mask) in enumerate(zip(input_ids, attention_mask, strict=True))]
+        tokens = torch.full((len(completions), max(map(len, completions))), pad, dtype=input_ids.dtype)
+        for row, completion in enumerate(completions):
+            tokens[row, :len(completion)] = torch.tensor(completion)
+        return torch.cat([input_ids, tokens], dim=1)
+
+    reference = trl_online_dpo.OnlineDPOTrainer(
+        model=transformers.AutoModelForImageTextToText.from_pretrained(qwen_path, dtype=torch.float32,
+                                                                        attn_implementation="eager"),
+        reward_funcs=rewards, args=trl_online_dpo.OnlineDPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True,
+                                                                  **settings),
+        train_dataset=datasets.Dataset.from_list(rows), processing_class=processor)
+    reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
+    reference.model.generate = trl_generate
+    for model in (reference.model, reference.ref_model) if trl_m_rope else ():
+        def with_token_types(input_ids=None, *args, forward=model.forward, **kwargs):
+            kwargs.setdefault("mm_token_type_ids", (input_ids == processor.image_token_id).long())
+            return forward(input_ids, *args, **kwargs)
+
+        model.forward = with_token_types
+    reference.train()
+    expected_params = {name.replace("model.visual.", "visual.", 1).replace("model.language_model.", "model.", 1):
+                       value.detach().numpy() for name, value in reference.model.named_parameters()}
+
+    sampled = []
+
+    def our_turn(prompt_ids, seed, vision=None, **kwargs):
+        sampled.append(vision)
+        half = len(prompt_ids) // 2
+        return [scripted_preference_completion(ids, row // half, eos) for row, ids in enumerate(prompt_ids)], None
+
+    trainer = OnlineDPOTrainer(model=str(qwen_path), reward_funcs=rewards,
+                               args=OnlineDPOConfig(output_dir=str(tmp_path / "ours"),
+                                                    train_sampling_strategy="sequential", **settings),
+                               train_dataset=rows, processing_class=torchlike.AutoProcessor.from_pretrained(qwen_path))
+    trainer._generate_single_turn = our_turn
+    trainer.train()
+    assert all(vision is not None for vision in sampled) and len(sampled) == 6  # 3 steps of 2 micro-batches
+    params = {name: np.asarray(value) for name, value in trainer.model.hf_tensors().items()}
+    if trl_m_rope:
+        assert_online_preference_run_matches(trainer.state.log_history, reference.state.log_history, params,
+                                             expected_params, ONLINE_DPO_METRICS)
+    else:  # the first step scores the same weights: only the image tokens' positions differ
+        first, expected_first = (next(entry for entry in history if "loss" in entry)
+                                 for history in (trainer.state.log_history, reference.state.log_history))
+        assert abs(first["logps/chosen"] - expected_first["logps/chosen"]) > 1e-3
+
+
+#: TRL 1.16's Online DPO metrics with reward functions, beside loss, grad_norm and learning_rate.
+ONLINE_DPO_METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
+                      "objective/scores", "objective/scores_margin", "rewards/chosen", "rewards/rejected",
+                      "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected",
+                      "val/contain_eos_token", "beta")

@@ -13,7 +13,8 @@ forward pass), so the padding positions score as in TRL.
 Columns of a micro-batch (``2B`` rows, ``C`` completion positions): ``input_ids``, ``attention_mask``,
 ``position_ids`` ``[2B, P + C]``; ``completion_mask`` and ``completion_window`` ``[2B, C]``; ``ref_logps`` ``[2B, C]``
 (the reference's log-probabilities over the window, :func:`make_reference_pass`); ``rewards``, ``contain_eos`` and
-``beta`` ``[2B]``.
+``beta`` ``[2B]``; an image batch also ``images`` (the model's, one entry per row) and ``token_type_ids``
+``[2B, P + C]``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ from .dpo import DPOLossSettings, dpo_loss
 from .grpo import completion_scores, make_log_prob_pass
 from .settings import LossSettings
 
-__all__ = ["ONLINE_DPO_LOSS_TYPES", "OnlineDPOLossSettings", "check_loss_type", "make_reference_pass",
+__all__ = ["ONLINE_DPO_LOSS_TYPES", "VISION_COLUMNS", "OnlineDPOLossSettings", "check_loss_type", "make_reference_pass",
            "online_dpo_step_loss", "window_view"]
+
+#: The columns of an image batch the forward pass reads (the prompts' images and token types).
+VISION_COLUMNS: tuple[str, ...] = ("images", "token_type_ids")
 
 #: ``OnlineDPOConfig.loss_type`` values (TRL 1.16's).
 ONLINE_DPO_LOSS_TYPES: tuple[str, ...] = ("sigmoid", "ipo")
@@ -69,10 +73,12 @@ class OnlineDPOLossSettings(LossSettings):
 
 
 def window_view(batch: dict) -> dict:
-    """The batch as :func:`.grpo.completion_scores` reads it: its tokens and positions, the generation window as the
-    completion mask (per-token log-probabilities are kept over the whole window, padding included)."""
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+    """The batch as :func:`.grpo.completion_scores` reads it: its tokens and positions (and an image batch's
+    ``images`` and ``token_type_ids``), the generation window as the completion mask (per-token log-probabilities are
+    kept over the whole window, padding included)."""
+    view = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
             "position_ids": batch["position_ids"], "completion_mask": batch["completion_window"]}
+    return {**view, **{name: batch[name] for name in VISION_COLUMNS if name in batch}}
 
 
 def make_reference_pass(family: Family, lora: str = lora_runtime.EVAL, compute_dtype=None) -> Callable:

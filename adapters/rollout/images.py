@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["rope_deltas", "row_of", "same_images", "stack_rows"]
+__all__ = ["rope_deltas", "row_of", "same_images", "stack_padded", "stack_rows"]
 
 
 def stack_rows(rows: Sequence[Any]) -> Any:
@@ -32,6 +32,18 @@ def stack_rows(rows: Sequence[Any]) -> Any:
 
     filled = [jax.tree.map(lambda _: None, template) if row is None else row for row in rows]
     return jax.tree.map(stack, *filled, is_leaf=lambda leaf: leaf is None)
+
+
+def stack_padded(*parts: np.ndarray) -> np.ndarray:
+    """Arrays stacked on a new first axis, each zero-padded at the end of every axis to the largest: micro-batches
+    whose image arrays were bucketed to different patch counts (zeros are padding) stack into one step; arrays of
+    one shape stack as they are."""
+    shapes = {np.shape(part) for part in parts}
+    if len(shapes) == 1:
+        return np.stack(parts)
+    largest = tuple(max(sizes) for sizes in zip(*shapes, strict=True))
+    return np.stack([np.pad(part, [(0, want - have) for want, have in zip(largest, np.shape(part), strict=True)])
+                     for part in parts])
 
 
 def row_of(images: Any, row: int) -> Any:

@@ -14,6 +14,7 @@ import numpy as np
 from ...adapters.distributed import multihost
 from ...type_aliases import Tokenizer
 from ..data.prompt_data import is_conversational_prompt
+from ..data.prompt_vision import PIXEL_VALUES, TOKEN_TYPES, VISION_OUTPUTS
 from .rollouts import Rollout
 
 __all__ = ["RewardScorer", "reward_name"]
@@ -44,7 +45,8 @@ class RewardScorer:
                  trainer_state: Callable[[], object], log_metric: Callable[[str, float], None],
                  internal_columns: tuple[str, ...] = (), logging_callbacks: bool = True):
         self.functions = functions
-        self.internal_columns = ("prompt", "completion", "completion_ids", "prompt_ids", *internal_columns)
+        self.internal_columns = ("prompt", "completion", "completion_ids", "prompt_ids", PIXEL_VALUES, TOKEN_TYPES,
+                                 VISION_OUTPUTS, *internal_columns)
         self.logging_callbacks = logging_callbacks
         self.tokenizer = tokenizer
         self.keep_columns = keep_columns

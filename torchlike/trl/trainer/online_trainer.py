@@ -28,6 +28,7 @@ from ...adapters import rollout
 from ...adapters.distributed import mesh as mesh_lib
 from ...adapters.distributed import multihost
 from ...adapters.lora import runtime as lora_runtime
+from ...adapters.rollout import images as rollout_images
 from ...adapters.rollout import sampling
 from ...training.batches import sampler_order
 from ...type_aliases import ProcessingClass, RowsLike, TRLArgs
@@ -525,7 +526,8 @@ class OnlineTrainer(TRLTrainer):
                 rows = slice(part * size, (part + 1) * size)
                 group.append(jax.tree.map(lambda value, rows=rows: value[rows], buffered))
                 if len(group) == accumulation:
-                    stacked = jax.tree.map(lambda *parts: np.stack(parts), *group)
+                    # Image arrays of micro-batches sampled apart may be bucketed to different patch counts.
+                    stacked = jax.tree.map(rollout_images.stack_padded, *group)
                     group = []
                     yield mesh_lib.place_batch(stacked, sharding, size, batch_axis=1)
         finally:

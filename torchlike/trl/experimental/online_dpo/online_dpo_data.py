@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from ....type_aliases import DatasetLike, Tokenizer
@@ -118,9 +119,13 @@ def truncated_prompt_mask(prompt_mask: np.ndarray, window: int, max_length: int)
 
 def preference_columns(prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
                        completion_mask: np.ndarray, rewards: np.ndarray, missing_eos_penalty: float | None,
-                       beta: float, eos_token_ids: Sequence[int], max_length: int) -> dict[str, Any]:
+                       beta: float, eos_token_ids: Sequence[int], max_length: int, images: Any = None,
+                       prompt_token_types: np.ndarray | None = None) -> dict[str, Any]:
     """The step columns of one micro-batch's completions, ranked by their rewards less ``missing_eos_penalty`` for
     those without an end token (:func:`contains_end_token`), chosen first (:func:`ranked_order`).
+
+    Image prompts keep every prompt token, as TRL's ``_forward`` does with images (cutting the left would drop image
+    tokens): ``max_length`` cuts text prompts only.
 
     Args:
         prompt_ids, prompt_mask: ``[2B, P]`` left-padded prompts (rows ``i`` and ``i + B`` the same prompt).
@@ -131,10 +136,14 @@ def preference_columns(prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: 
         beta: the micro-batch's DPO temperature.
         eos_token_ids: the end tokens.
         max_length: ``OnlineDPOConfig.max_length``.
+        images: image prompts' images as the model takes them (an array with one entry per row, or a dict of them),
+            or ``None``.
+        prompt_token_types: ``[2B, P]`` 1 on the image prompts' image tokens (with ``images``).
 
     Returns:
         ``input_ids``, ``attention_mask``, ``position_ids`` ``[2B, P + C]``; ``completion_mask`` and
-        ``completion_window`` ``[2B, C]``; ``rewards``, ``contain_eos``, ``beta`` ``[2B]`` float32.
+        ``completion_window`` ``[2B, C]``; ``rewards``, ``contain_eos``, ``beta`` ``[2B]`` float32; with images also
+        ``images`` (ranked like the rows) and ``token_type_ids`` ``[2B, P + C]``.
     """
     rows, width = tokens.shape
     window = int(completion_mask.sum(axis=1).max())
@@ -143,10 +152,10 @@ def preference_columns(prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: 
         rewards = rewards - np.float32(missing_eos_penalty) * ~contain_eos
     order = ranked_order(rewards)
     ids = np.concatenate([prompt_ids, tokens], axis=1)
+    kept_prompt = prompt_mask if images is not None else truncated_prompt_mask(prompt_mask, window, max_length)
     columns = {
         "input_ids": ids,
-        "attention_mask": np.concatenate([truncated_prompt_mask(prompt_mask, window, max_length), completion_mask],
-                                         axis=1),
+        "attention_mask": np.concatenate([kept_prompt, completion_mask], axis=1),
         "position_ids": np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape),
         "completion_mask": completion_mask,
         "completion_window": np.broadcast_to((np.arange(width) < window).astype(np.int32), (rows, width)),
@@ -154,4 +163,9 @@ def preference_columns(prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: 
         "contain_eos": contain_eos.astype(np.float32),
         "beta": np.full(rows, beta, np.float32),
     }
-    return {key: np.ascontiguousarray(value[order]).astype(value.dtype) for key, value in columns.items()}
+    if images is not None:
+        columns["token_type_ids"] = np.concatenate([prompt_token_types, np.zeros_like(tokens)], axis=1)
+    ranked = {key: np.ascontiguousarray(value[order]).astype(value.dtype) for key, value in columns.items()}
+    if images is not None:
+        ranked["images"] = jax.tree.map(lambda value: np.ascontiguousarray(np.asarray(value)[order]), images)
+    return ranked

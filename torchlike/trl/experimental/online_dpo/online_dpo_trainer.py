@@ -43,7 +43,8 @@ from ....type_aliases import (
 from ...online import reward_models
 from ...online.reward_scorer import reward_name
 from ...online.rollouts import GenerationSchedule
-from ...trainer.base_trainer import check_causal_lm, check_text_dataset
+from ...data import prompt_vision
+from ...trainer.base_trainer import check_causal_lm, is_vision_dataset, vision_processor
 from ...trainer.online_trainer import OnlineTrainer
 from .judged_pairs import epoch_value, with_bos_first
 from .online_dpo_config import OnlineDPOConfig
@@ -70,6 +71,9 @@ class OnlinePreferenceAlgorithm:
     completions_per_prompt = 2
     """Rows of the step's columns per prompt (a micro-batch of ``per_device_train_batch_size`` prompts per
     data-parallel shard has this many times as many rows)."""
+    takes_images = False
+    """Whether image prompts (an ``image`` or ``images`` column) are trained on; TRL 1.0.0's XPO and Nash-MD take
+    text prompts only."""
     bos_first = False
     """Whether each prompt gets the tokenizer's BOS token first unless it starts with it, as TRL 1.0.0's
     ``tokenize_row`` does for XPO and Nash-MD (their ``training_step`` tokenises with it)."""
@@ -94,7 +98,10 @@ class OnlinePreferenceAlgorithm:
 class OnlineDPO(OnlinePreferenceAlgorithm):
     """TRL 1.16's Online DPO: two policy completions of each prompt (all first completions, then all second ones, as
     TRL's ``prompt_ids.repeat(2, 1)``), ranked by the weighted rewards into chosen and rejected; DPO's loss on the
-    pair (``adapters.losses.online_dpo``)."""
+    pair (``adapters.losses.online_dpo``). Image prompts are sampled and scored with their images, as TRL's vision
+    path does."""
+
+    takes_images = True
 
     def generation_batch(self, prompt_rows: list[dict], epoch: int, seed: int) -> dict[str, np.ndarray]:
         trainer = self.trainer
@@ -106,7 +113,8 @@ class OnlineDPO(OnlinePreferenceAlgorithm):
         rewards = np.nansum(table * trainer.reward_weights[None], axis=1)
         return preference_columns(record.prompt_ids, record.prompt_mask, record.tokens, record.completion_mask,
                                   rewards, trainer.args.missing_eos_penalty, trainer._beta_of(epoch),
-                                  trainer.eos_token_ids, trainer.args.max_length)
+                                  trainer.eos_token_ids, trainer.args.max_length, record.images,
+                                  record.prompt_token_types)
 
     def step_loss(self) -> Callable:
         """TRL's online DPO loss (:func:`adapters.losses.online_dpo.online_dpo_step_loss`) with the config's
@@ -134,11 +142,15 @@ class OnlineDPOTrainer(OnlineTrainer):
         data_collator, compute_metrics, preprocess_logits_for_metrics: refused: the micro-batches are the sampled
             pairs, and TRL's online DPO has no evaluation loop.
         train_dataset: rows with a ``prompt`` (text, or chat messages rendered with the chat template and the
-            generation prompt) and any columns the reward functions read.
+            generation prompt) and any columns the reward functions read. With an ``image`` (or ``images``) column,
+            as in TRL's vision path, the prompts are chat messages whose first user turn gets the images, rendered
+            and processed by ``processing_class`` (the model's processor); completions are sampled and scored with
+            the images, and no prompt token is cut by ``max_length``.
         eval_dataset: kept as ``trainer.eval_dataset``, as TRL keeps it; evaluating is refused (TRL's
             ``OnlineDPOTrainer`` cannot evaluate: transformers' ``prediction_step`` calls the model on the prompt
             batch), as is an ``eval_strategy`` other than ``"no"`` in the config.
-        processing_class: the tokenizer (required, as in TRL); without a pad token its eos token pads.
+        processing_class: the tokenizer, or a vision-language model's processor for image prompts (required, as in
+            TRL); without a pad token the tokenizer's eos token pads.
         reward_processing_classes: the reward models' tokenizers: one, or a list with one entry per reward function;
             ``None`` entries load the reward model's own.
         peft_config: a :class:`~torchlike.peft.LoraConfig`: train a new LoRA adapter; the reference is then the base.
@@ -211,13 +223,18 @@ class OnlineDPOTrainer(OnlineTrainer):
             raise ValueError("You passed `model_init_kwargs` to the `OnlineDPOConfig`, but your model is already "
                              "instantiated. This argument can only be used when the `model` argument is a string.")
         online_dpo_losses.check_loss_type(args.loss_type)
-        check_text_dataset(train_dataset)
+        with_images = is_vision_dataset(train_dataset)
+        if with_images and not self.algorithm_class.takes_images:
+            raise ValueError(f"{self._trainer_name} trains on text prompts only (TRL's has no vision path); drop the "
+                             "'image'/'images' column, or train on images with OnlineDPOTrainer.")
         if ref_model is not None:
             check_causal_lm(ref_model, "ref_model", self._trainer_name)
         model, processing_class = self._trl_model(str(model) if isinstance(model, os.PathLike) else model, args,
                                                   processing_class, peft_config, quantization_config)
-        if processing_class.pad_token is None:  # TRL pads with the eos token then, on the tokenizer itself
-            processing_class.pad_token = processing_class.eos_token
+        tokenizer = getattr(processing_class, "tokenizer", processing_class)
+        if tokenizer.pad_token is None:  # TRL pads with the eos token then, on the tokenizer itself
+            tokenizer.pad_token = tokenizer.eos_token
+        self._processor = vision_processor(model, processing_class) if with_images else None
         self.reward_funcs = reward_models.reward_functions(reward_funcs, reward_processing_classes, args, model)
         self.reward_func_names = [reward_name(function) for function in self.reward_funcs]
         given = reward_processing_classes if isinstance(reward_processing_classes, list) else \
@@ -263,6 +280,10 @@ class OnlineDPOTrainer(OnlineTrainer):
 
     # ------------------------------------------------------------------ set-up
     def _prepare(self, dataset: RowsLike, name: str) -> list[dict]:
+        if self._processor is not None and is_vision_dataset(dataset):
+            rows = prompt_vision.prepare_vision_prompts(dataset, self._processor, name)
+            self._image_slots = max(self._image_slots, *(len(prompt_vision.row_images(row)) for row in rows))
+            return self.algorithm.prepare(rows)
         return self.algorithm.prepare(prepare_prompt_rows(dataset, self.tokenizer, name))
 
     @property
@@ -306,8 +327,8 @@ class OnlineDPOTrainer(OnlineTrainer):
 
     def _reference_log_probs(self, columns: dict[str, np.ndarray]) -> np.ndarray:
         """``[2B, C]`` the reference's per-token log-probabilities over the generation window."""
-        inputs = {name: columns[name] for name in ("input_ids", "attention_mask", "position_ids",
-                                                   "completion_window")}
+        inputs = {name: columns[name] for name in ("input_ids", "attention_mask", "position_ids", "completion_window",
+                                                   *online_dpo_losses.VISION_COLUMNS) if name in columns}
         rows = len(inputs["input_ids"])
         with mesh_lib.entered(self.mesh):
             placed = mesh_lib.place_batch(inputs, mesh_lib.rows_sharding(self.mesh, rows), rows)
