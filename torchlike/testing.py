@@ -8,7 +8,8 @@ One home for each kind of builder:
   :func:`build_word_tokenizer`: one word ``t<id>`` per id, for data made of random ids;
 - :func:`tiny_multimodal_config`: a Gemma 3 or Gemma 4 vision-language config around :func:`tiny_config`'s text
   model, :func:`build_multimodal_tokenizer`: :func:`build_tokenizer` with the family's image and turn tokens,
-  :func:`build_processor`: Gemma 3's processor around it, and :func:`tiny_image`: a random RGB image.
+  :func:`build_processor`: Gemma 3's processor around it, :func:`gemma4_processed`: what Gemma 4's processor returns,
+  built from its parts, and :func:`tiny_image`: a random RGB image.
 
 ``transformers``, ``tokenizers`` and ``torch`` are imported when a builder runs, so importing this module is cheap.
 
@@ -586,6 +587,55 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
                                              image_seq_length=spec.settings["mm_tokens_per_image"])
     processor.save_pretrained(directory)
     return Path(directory)
+
+
+GEMMA4_IMAGE_PROCESSOR = dict(patch_size=7, pooling_kernel_size=2, max_soft_tokens=70, do_resize=False)
+"""The tiny Gemma 4 image processor's settings (:func:`gemma4_processed`): :func:`tiny_multimodal_config`'s patches of
+7 pooled 2x2, images kept at their size (multiples of 14 pixels a side; Gemma 4's resize to the soft-token budget would
+make every image 70 soft tokens), padded to 280 patches (the smallest budget, 70 soft tokens, times 4)."""
+
+
+def gemma4_processed(tokenizer: transformers.PreTrainedTokenizerBase, text: Sequence[str],
+                     images: Sequence[Sequence[Image.Image]], **tokenizer_kwargs: Any) -> dict[str, Any]:
+    """What ``transformers``' ``Gemma4Processor`` returns for ``text`` and ``images``, built from its parts:
+    ``transformers``' ``Gemma4ImageProcessorPil`` (:data:`GEMMA4_IMAGE_PROCESSOR`) and each ``<|image|>`` of the text
+    expanded into ``<|image>``, one ``<|image|>`` per soft token and ``<image|>``
+    (``Gemma4Processor.replace_image_token``).
+    ``Gemma4Processor`` itself cannot be built here: its module imports the torchvision image processor.
+
+    Args:
+        tokenizer: :func:`build_multimodal_tokenizer`'s for ``"gemma4"``.
+        text: one string per row, an ``<|image|>`` where each of its images goes.
+        images: each row's images, in the order of its ``<|image|>`` markers.
+        tokenizer_kwargs: passed to the tokenizer (``padding=True``, ``padding_side="left"``...).
+
+    Returns:
+        numpy ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` (1 on image soft tokens), ``pixel_values``
+        ``[images, 280, 147]`` and ``image_position_ids`` ``[images, 280, 2]`` (``(-1, -1)`` on padding patches).
+
+    Raises:
+        ValueError: a row whose ``<|image|>`` markers and images differ in number.
+    """
+    import numpy as np
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    flat = [image for row in images for image in row]
+    processed = Gemma4ImageProcessorPil(**GEMMA4_IMAGE_PROCESSOR)(flat, return_tensors="np") if flat else {}
+    soft_tokens = iter(processed.get("num_soft_tokens_per_image", []))
+    expanded = []
+    for row, (sample, row_images) in enumerate(zip(text, images, strict=True)):
+        pieces = sample.split(tokenizer.image_token)
+        if len(pieces) - 1 != len(row_images):
+            raise ValueError(f"row {row} has {len(pieces) - 1} {tokenizer.image_token} markers for {len(row_images)} "
+                             "images.")
+        expanded.append(pieces[0] + "".join(f"{tokenizer.boi_token}{tokenizer.image_token * next(soft_tokens)}"
+                                            f"{tokenizer.eoi_token}{piece}" for piece in pieces[1:]))
+    out = dict(tokenizer(expanded, return_tensors="np", **tokenizer_kwargs))
+    out["mm_token_type_ids"] = (out["input_ids"] == tokenizer.image_token_id).astype(np.int64)
+    if flat:
+        out["pixel_values"] = np.asarray(processed["pixel_values"], np.float32)
+        out["image_position_ids"] = np.asarray(processed["image_position_ids"], np.int64)
+    return out
 
 
 def tiny_image(seed: int, size: int = 28) -> Image.Image:

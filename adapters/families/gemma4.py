@@ -151,7 +151,62 @@ class Unchanged(nnx.Module):
 
 
 class Gemma4Decoder(tunix_gemma4.Gemma4):
-    """Tunix's ``Gemma4`` with the KV cache layout the sampler builds (``adapters.rollout.sampling.init_cache``)."""
+    """Tunix's ``Gemma4`` with the KV cache layout the sampler builds (``adapters.rollout.sampling.init_cache``) and
+    a way in from embeddings (:meth:`decode_embeddings`), which a multimodal model needs to put image features in
+    place of their tokens. A call with tokens is Tunix's own ``__call__``, unchanged."""
+
+    def decode_embeddings(self, x: jax.Array, per_layer_inputs: jax.Array | None, positions: jax.Array,
+                          cache: dict | None, attention_mask: jax.Array, decode_only_last_token: bool = False
+                          ) -> tuple[jax.Array, dict | None]:
+        """The decoder layers, final norm and soft-capped head on given input embeddings: Tunix's
+        ``Gemma4.__call__`` after its embedding step.
+
+        Tunix's ``__call__`` embeds the tokens itself and has no hook between the embedding and the layers, so this
+        repeats its layer loop (the KV sharing, read from the origin layer's fresh keys and values in a prefill and
+        from its cache in a decode step; each layer's slice of the per-layer inputs; the final norm; the head and
+        its soft-cap). ``transformers``' ``Gemma4TextModel.forward`` with ``inputs_embeds`` and ``per_layer_inputs``
+        is the same computation. ``tests/test_gemma4_vision.py`` holds it to the token path's logits.
+
+        Args:
+            x: ``[B, T, H]`` input embeddings in the compute dtype (the token embeddings already scaled by
+                ``sqrt(hidden_size)``, image features in place of image tokens).
+            per_layer_inputs: ``[B, T, layers, per_layer_input_dim]`` from ``embedder.encode_per_layer_input``, or
+                ``None`` when the config has no per-layer inputs.
+            positions: ``[B, T]`` rope positions.
+            cache: the KV cache (``{"layer_i": {"k", "v", "end_index"}}``) or ``None``.
+            attention_mask: ``[B, T, S]`` boolean (query, key) mask.
+            decode_only_last_token: only the last position's logits.
+
+        Returns:
+            ``(logits [B, T, V] float32, new cache or None)``, as Tunix's ``__call__`` returns them.
+        """
+        new_cache: dict = {}
+        fresh_keys_values: dict = {}  # the origin layers' keys and values in a prefill, for the layers sharing them
+        is_prefill = x.shape[1] > 1
+        for index, layer in enumerate(self.layers):
+            name = f"layer_{index}"
+            origin = self.kv_cache_sharing_patterns[index]
+            if origin != index:
+                layer_cache = None
+                if is_prefill:
+                    keys, values = fresh_keys_values[f"layer_{origin}"]
+                    shared = {"k": keys, "v": values}
+                else:
+                    shared = new_cache.get(f"layer_{origin}")
+            else:
+                layer_cache, shared = (cache[name] if cache else None), None
+            layer_cache, x, keys_values = layer(
+                x, positions, layer_cache, attention_mask,
+                per_layer_input=None if per_layer_inputs is None else per_layer_inputs[:, :, index, :],
+                kv_shared_cache=shared)
+            if is_prefill and index in self.shared_layer_origins:
+                fresh_keys_values[name] = keys_values
+            if origin == index:
+                new_cache[name] = layer_cache
+        x = self.final_norm(x)
+        if decode_only_last_token:
+            x = x[:, -1:, :]
+        return logits_from_hidden(self, x), (None if cache is None else new_cache)
 
     def kv_cache_shapes(self) -> dict[str, tuple[int, int]]:
         """``{"layer_i": (kv_heads, head_dim)}`` of the layers that keep a cache: a global layer's head sizes may
@@ -400,7 +455,8 @@ TINY_CONFIGS = {
 
 FAMILY = Family(
     name="gemma4",
-    # Not "gemma4": Gemma4ForConditionalGeneration wraps this decoder with vision and audio towers Tunix lacks.
+    # Not "gemma4": Gemma4ForConditionalGeneration wraps this decoder with its vision and audio towers
+    # (families/gemma4_multimodal.py).
     model_types=("gemma4_text",),
     architectures=("Gemma4ForCausalLM",),
     weights=WEIGHTS,

@@ -292,7 +292,8 @@ def materialize_hf_tensor(sources: dict[str, tuple], spec: TensorSpec) -> np.nda
     array, rule = sources[spec.name]
     if rule.stack or rule.layout.moves_axes:
         array = _to_hf_on_device(rule.layout, rule.stack is not None)(array, rule.stack[0] if rule.stack else 0)
-    return np.ascontiguousarray(gather_to_host(array))
+    # ascontiguousarray returns at least one dimension: a 0-d tensor (Gemma 4's clipping bounds) keeps its shape.
+    return np.ascontiguousarray(gather_to_host(array)).reshape(spec.shape)
 
 
 def _array_module(array):

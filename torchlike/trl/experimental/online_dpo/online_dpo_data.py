@@ -119,7 +119,8 @@ def truncated_prompt_mask(prompt_mask: np.ndarray, window: int, max_length: int)
 
 def preference_columns(prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,
                        completion_mask: np.ndarray, rewards: np.ndarray, missing_eos_penalty: float | None,
-                       beta: float, eos_token_ids: Sequence[int], max_length: int, images: Any = None,
+                       beta: float, eos_token_ids: Sequence[int], max_length: int,
+                       images: Any = None,  # Any: the model's image tree (an array, or a dict of arrays)
                        prompt_token_types: np.ndarray | None = None) -> dict[str, Any]:
     """The step columns of one micro-batch's completions, ranked by their rewards less ``missing_eos_penalty`` for
     those without an end token (:func:`contains_end_token`), chosen first (:func:`ranked_order`).

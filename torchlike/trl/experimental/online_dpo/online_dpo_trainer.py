@@ -40,10 +40,10 @@ from ....type_aliases import (
     RowsLike,
     Tokenizer,
 )
+from ...data import prompt_vision
 from ...online import reward_models
 from ...online.reward_scorer import reward_name
 from ...online.rollouts import GenerationSchedule
-from ...data import prompt_vision
 from ...trainer.base_trainer import check_causal_lm, is_vision_dataset, vision_processor
 from ...trainer.online_trainer import OnlineTrainer
 from .judged_pairs import epoch_value, with_bos_first
