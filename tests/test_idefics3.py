@@ -111,3 +111,53 @@ def test_lora_adapter_is_peft_all_linear_and_loads_in_peft_with_the_same_logits(
     inputs = image_batch("smolvlm", path)
     assert valid_max_diff(model(**inputs).logits, logits_counting_real_tokens(reference, inputs),
                           inputs["attention_mask"]) <= 1e-4
+
+
+#: A SmolVLM-style chat template for the tiny tokenizer: each turn ``<Role>: <parts>`` closed by ``<end_of_utterance>``,
+#: an image part written ``<image>`` (the processor expands it).
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] | capitalize }}:{% for part in message['content'] %}"
+                 "{% if part['type'] == 'image' %}<image>{% else %} {{ part['text'] }}{% endif %}{% endfor %}"
+                 "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
+
+
+def smolvlm_processor(path) -> transformers.Idefics3Processor:
+    """transformers' ``Idefics3Processor`` around its PIL image processor (images of up to 16 pixels a side, no
+    splitting: 4 image tokens each) and the checkpoint's tokenizer."""
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 16},
+                                                max_image_size={"longest_edge": 16}, image_mean=[0.5] * 3,
+                                                image_std=[0.5] * 3)
+    return transformers.Idefics3Processor(image_processor=image_processor,
+                                          tokenizer=transformers.AutoTokenizer.from_pretrained(path),
+                                          image_seq_len=4, chat_template=CHAT_TEMPLATE)
+
+
+def test_smolvlm_sft_matches_trl_step_for_step(paths, tmp_path):
+    """TRL's vision SFT on SmolVLM with images of two shapes (padded to the batch's largest, their padding patches
+    masked) and a text-only row: losses, grad norms and every final weight."""
+    from tests.helpers.logs import logged
+    from tests.helpers.vision import ANSWERS, PROMPTS, offline_runs
+
+    path = paths("smolvlm")
+    settings = dict(per_device_train_batch_size=3, max_steps=3, learning_rate=3e-3, lr_scheduler_type="linear",
+                    warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
+                    bf16=False, report_to="none", save_strategy="no")
+    rows = []
+    for row in range(9):
+        images = [] if row % 3 == 2 else [tiny_image(row, 16).resize((16, 8 + 8 * (row % 2)))]
+        rows.append({"messages": [
+            {"role": "user", "content": [{"type": "image"}] * len(images)
+             + [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
+            {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
+            "images": images})
+    reference, trainer = offline_runs("SFT", path, rows, settings, tmp_path, processor=lambda: smolvlm_processor(path))
+    expected, ours = reference.state.log_history, trainer.state.log_history
+    for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
+        assert len(logged(expected, key)) == settings["max_steps"], key
+        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+    mine = trainer.model.hf_tensors()
+    theirs = {name: parameter.detach().numpy() for name, parameter in reference.model.named_parameters()}
+    assert set(mine) == set(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)

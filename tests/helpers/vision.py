@@ -3,6 +3,7 @@ the padded image-and-text batches their processor makes of TRL-style conversatio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -185,11 +186,12 @@ def scripted_grpo_runs(path: Path, rows: list[dict], settings: dict, output: Pat
     return expected, expected_params, ours, params
 
 
-def offline_runs(name: str, path: Path, rows: list[dict], settings: dict,
-                 output: Path) -> tuple[transformers.Trainer, object]:
+def offline_runs(name: str, path: Path, rows: list[dict], settings: dict, output: Path,
+                 processor: Callable[[], transformers.ProcessorMixin] | None = None
+                 ) -> tuple[transformers.Trainer, object]:
     """TRL's ``<name>Trainer`` (``"SFT"``, ``"DPO"``, ``"KTO"``; float32, eager attention) and torchlike's, trained
-    on ``rows`` of the vision-language checkpoint at ``path`` in dataset order, each with
-    ``torchlike.AutoProcessor`` of ``path``.
+    on ``rows`` of the vision-language checkpoint at ``path`` in dataset order, each with a processor from
+    ``processor`` (default: ``torchlike.AutoProcessor`` of ``path``).
 
     Returns:
         ``(TRL's trainer, torchlike's trainer)``, both trained.
@@ -201,17 +203,18 @@ def offline_runs(name: str, path: Path, rows: list[dict], settings: dict,
     import torchlike
     import torchlike.trl as ours
 
+    processor = processor or (lambda: torchlike.AutoProcessor.from_pretrained(path))
     reference = getattr(trl, f"{name}Trainer")(
         model=transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
                                                                         attn_implementation="eager"),
         args=getattr(trl, f"{name}Config")(output_dir=str(output / "trl"), use_cpu=True, **settings),
-        train_dataset=datasets.Dataset.from_list(rows), processing_class=torchlike.AutoProcessor.from_pretrained(path))
+        train_dataset=datasets.Dataset.from_list(rows), processing_class=processor())
     reference._get_train_sampler = lambda *args, **kwargs: SequentialSampler(reference.train_dataset)
     reference.train()
     config = getattr(ours, f"{name}Config")(output_dir=str(output / "ours"),
                                             **{"train_sampling_strategy": "sequential", **settings})
     trainer = getattr(ours, f"{name}Trainer")(model=str(path), args=config,
                                               train_dataset=datasets.Dataset.from_list(rows),
-                                              processing_class=torchlike.AutoProcessor.from_pretrained(path))
+                                              processing_class=processor())
     trainer.train()
     return reference, trainer
