@@ -158,8 +158,47 @@ def test_more_images_than_image_tokens_is_a_named_error(checkpoint, model):
         model(inputs["input_ids"], inputs["attention_mask"], input_features=np.zeros((1, 8, 128), np.float32))
 
 
-def test_bidirectional_attention_over_images_is_refused_by_name():
-    config = tiny_multimodal_config("gemma4", text_config={"use_bidirectional_attention": "vision"})
-    with pytest.raises(UnsupportedConfigError, match=r"text_config\.use_bidirectional_attention='vision' is not "
-                                                     r"supported: each image's tokens"):
+@pytest.fixture(scope="module")
+def both_ways_checkpoint(tmp_path_factory):
+    """The larger Gemma 4 checkpoints' attention: each image's tokens see each other both ways
+    (``use_bidirectional_attention="vision"``), with a sliding window (16) no shorter than an image."""
+    directory = tmp_path_factory.mktemp("gemma4-both-ways") / "tiny-gemma4-vlm"
+    config = tiny_multimodal_config("gemma4", vision_config=VISION,
+                                    text_config={**TEXT, "use_bidirectional_attention": "vision", "sliding_window": 16})
+    random_model(config, every_parameter=True, attn_implementation="eager").save_pretrained(directory)
+    build_multimodal_tokenizer(directory, "gemma4")
+    return directory
+
+
+def test_images_attending_both_ways_give_transformers_logits_and_tokens(both_ways_checkpoint):
+    """``mm_token_type_ids`` mark each image's block, as transformers reads them; without them transformers attends
+    causally, which differs (the blocks matter)."""
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(both_ways_checkpoint)
+    reference = hf_vlm(both_ways_checkpoint)
+    inputs = image_batch(both_ways_checkpoint)
+    ours = model(**inputs).logits
+    assert valid_max_diff(ours, logits_counting_real_tokens(reference, inputs), inputs["attention_mask"]) <= 1e-4
+    causal = {key: value for key, value in inputs.items() if key != "mm_token_type_ids"}
+    assert valid_max_diff(ours, logits_counting_real_tokens(reference, causal), inputs["attention_mask"]) > 1e-3
+    left = image_batch(both_ways_checkpoint, "left")
+    with torch.no_grad():
+        expected = reference.generate(**{key: torch.tensor(value) for key, value in left.items()},
+                                      max_new_tokens=4, do_sample=False, eos_token_id=[], pad_token_id=0).numpy()
+    for engine in ("static", "paged"):
+        out = model.generate(**left, max_new_tokens=4, do_sample=False, eos_token_id=[], pad_token_id=0,
+                             rollout_engine=engine)
+        np.testing.assert_array_equal(np.asarray(out), expected, err_msg=engine)
+
+
+def test_an_image_longer_than_the_sliding_window_and_all_way_attention_are_refused_by_name(tmp_path):
+    config = tiny_multimodal_config("gemma4", text_config={"use_bidirectional_attention": "vision",
+                                                           "sliding_window": 8})
+    model = torchlike.AutoModelForImageTextToText.from_config(config)
+    build_multimodal_tokenizer(tmp_path, "gemma4")
+    inputs = image_batch(tmp_path)  # a 42x42 image: 9 soft tokens
+    with pytest.raises(ValueError, match=r"an image of 9 soft tokens is longer than text_config\.sliding_window=8"):
+        model(**inputs)
+    config = tiny_multimodal_config("gemma4", text_config={"use_bidirectional_attention": "all"})
+    with pytest.raises(UnsupportedConfigError, match=r"text_config\.use_bidirectional_attention='all' is not "
+                                                     r"supported: only None .* and 'vision'"):
         torchlike.AutoModelForImageTextToText.from_config(config)

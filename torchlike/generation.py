@@ -322,7 +322,8 @@ def generate(
     requests = _requests(ids, mask, int(max_new_tokens), copies,
                          sampling.random_seed() if seed is None else int(seed))
     if pixel_values is not None or any(value is not None for value in vision.values()):
-        requests = _with_images(model, requests, ids, mask, pixel_values, token_type_ids is not None, vision)
+        both_ways = token_type_ids is not None or model._mm_types_attend_both_ways(vision)
+        requests = _with_images(model, requests, ids, mask, pixel_values, both_ways, vision)
     pad = 0 if pad_token_id is None else int(pad_token_id)
     engine = rollout.build_engine(rollout_engine, model.module, rollout.EngineContext(
         eos_token_ids=tuple(eos_token_ids), pad_token_id=pad, lora=model._lora_mode, mesh=model.mesh,
@@ -346,7 +347,8 @@ def _with_images(model: Any,  # Any: a CausalLM, as in generate
                  pixel_values: ArrayLike | None, both_ways: bool,
                  vision: dict[str, Any]) -> list[rollout.RolloutRequest]:
     """The requests of a prompt batch with each row's images (``CausalLM.image_inputs``, ``vision`` its other
-    inputs); with ``both_ways`` (the caller gave ``token_type_ids``, as Gemma 3's processor returns them) each image's
+    inputs); with ``both_ways`` (the caller gave ``token_type_ids``, as Gemma 3's processor returns them, or Gemma 4's
+    ``mm_token_type_ids`` where its images attend both ways) each image's
     tokens attend to each other both ways in the prefill, as in ``transformers``, else causally (what
     ``transformers`` does without them, and Qwen-VL always)."""
     images = model.image_inputs(ids, pixel_values, **vision)

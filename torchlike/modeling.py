@@ -176,8 +176,9 @@ class CausalLM:
             vision: the processor's other vision outputs the model reads (``Family.image_keys``; Qwen-VL:
                 ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``; LLaVA-NeXT
                 and Mistral 3: ``image_sizes``; SmolVLM and Idefics3: ``pixel_attention_mask``);
-                ``mm_token_type_ids`` is accepted and not needed (the image and video tokens say where each item
-                goes). Another keyword is refused by name (``TypeError``).
+                ``mm_token_type_ids`` is accepted: where the model attends over each image both ways from it (Gemma
+                4 with ``use_bidirectional_attention="vision"``) it acts as ``token_type_ids``, else the image and video
+                tokens say where each item goes. Another keyword is refused by name (``TypeError``).
 
         Returns:
             :class:`CausalLMOutput` with float32 ``logits`` of shape ``(batch, sequence, vocab)``.
@@ -191,10 +192,18 @@ class CausalLM:
             raise ValueError(f"attention_mask shape {mask.shape} does not match input_ids shape {ids.shape}.")
         images = self.image_inputs(ids, pixel_values, **vision)
         types = None if token_type_ids is None else to_numpy_2d(token_type_ids, "token_type_ids")
+        if types is None and self._mm_types_attend_both_ways(vision):
+            types = np.isin(to_numpy_2d(vision["mm_token_type_ids"], "mm_token_type_ids"), (1, 2)).astype(np.int32)
         with entered(self.mesh) if self.mesh is not None else contextlib.nullcontext():
             logits = tunix_model.forward_logits(self.family, self.module, ids, mask, lora=self._lora_mode,
                                                 images=images, token_type_ids=types)
         return CausalLMOutput(logits=logits)
+
+    def _mm_types_attend_both_ways(self, vision: dict[str, Any]) -> bool:
+        """Whether ``vision``'s ``mm_token_type_ids`` make each image's tokens attend both ways in this model
+        (``Family.mm_types_attend_both_ways``)."""
+        rule = self.family.mm_types_attend_both_ways
+        return vision.get("mm_token_type_ids") is not None and rule is not None and rule(self.config)
 
     def image_inputs(self, input_ids: np.ndarray, pixel_values: ArrayLike | None = None,
                      **vision: Any) -> np.ndarray | dict[str, np.ndarray] | None:

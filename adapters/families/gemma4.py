@@ -297,8 +297,9 @@ def per_layer_config_flattened(hf_config) -> Any:
     return types.SimpleNamespace(**fields)
 
 
-def _check_config(hf_config) -> None:
-    """Refuses what the Tunix Gemma4 model (with the fixes here) does not implement (it would give wrong logits)."""
+def _check_config(hf_config, images_both_ways: bool = False) -> None:
+    """Refuses what the Tunix Gemma4 model (with the fixes here) does not implement (it would give wrong logits);
+    ``images_both_ways``: the multimodal model, whose image tokens may attend both ways (``"vision"``)."""
     # Tunix's RMSNorm (and its value and router norms) hard-code eps=1e-6.
     require(float(hf_config.rms_norm_eps) == 1e-6,
             f"gemma4: rms_norm_eps={hf_config.rms_norm_eps} is not supported (Tunix fixes 1e-6).")
@@ -306,7 +307,7 @@ def _check_config(hf_config) -> None:
     require(hf_config.hidden_activation == "gelu_pytorch_tanh",
             f"gemma4: hidden_activation={hf_config.hidden_activation!r} is not supported (only 'gelu_pytorch_tanh').")
     require(not hf_config.attention_bias, "gemma4: attention_bias=True is not supported.")
-    require(hf_config.use_bidirectional_attention is None,
+    require(hf_config.use_bidirectional_attention in ((None, "vision") if images_both_ways else (None,)),
             f"gemma4: use_bidirectional_attention={hf_config.use_bidirectional_attention!r} is not supported "
             "(causal attention only).")
     require(bool(hf_config.tie_word_embeddings),
@@ -364,10 +365,14 @@ def _separate_keys_and_values(attention, config: tunix_gemma4.ModelConfig, rngs:
         attention.value_einsum = einsum()
 
 
-def build_model(hf_config, dtype, rngs: nnx.Rngs) -> Gemma4Decoder:
+def build_model(hf_config, dtype, rngs: nnx.Rngs, images_both_ways: bool = False) -> Gemma4Decoder:
     """A Tunix ``Gemma4`` whose layers follow ``config.layer_types``, ``rope_parameters``, ``num_kv_shared_layers``
     and ``use_double_wide_mlp``, with separate key/value einsums and transformers' MoE routing (see
     ``adapters.upstream``). It computes in ``dtype``, the parameters' dtype, as transformers does.
+
+    Args:
+        images_both_ways: accept ``use_bidirectional_attention="vision"`` (the multimodal model, whose callers add
+            each image's block to the attention mask); the text decoder itself is causal.
 
     Raises:
         UnsupportedConfigError: for another norm eps or activation, untied embeddings,
@@ -375,7 +380,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> Gemma4Decoder:
         UnsupportedRopeScalingError: for rope types other than ``default``/``proportional``.
     """
     hf_config = per_layer_config_flattened(hf_config)
-    _check_config(hf_config)
+    _check_config(hf_config, images_both_ways)
     # A type no layer has may have no rope parameters; Tunix still takes a value for it.
     ropes = {layer_type: _rope_for(hf_config, layer_type) for layer_type in set(hf_config.layer_types)}
     local_theta, local_factor, local_proportion = ropes.get("sliding_attention", UNUSED_ROPE)

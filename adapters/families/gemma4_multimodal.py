@@ -162,13 +162,19 @@ class Gemma4MultimodalDecoder(gemma4.Gemma4Decoder):
         return inputs
 
 
+def images_attend_both_ways(hf_config) -> bool:
+    """Whether each image's tokens attend to each other both ways (``text_config.use_bidirectional_attention`` is
+    ``"vision"``, as in the larger Gemma 4 checkpoints; transformers reads the blocks from ``mm_token_type_ids``)."""
+    return getattr(hf_config.text_config, "use_bidirectional_attention", None) == "vision"
+
+
 def _check_multimodal_config(hf_config) -> None:
     """Refuses what the multimodal model computes differently from ``transformers``' ``Gemma4Model``."""
     both_ways = hf_config.text_config.use_bidirectional_attention
-    require(both_ways is None,
-            f"gemma4: text_config.use_bidirectional_attention={both_ways!r} is not supported: each image's tokens "
-            "would attend to each other both ways (from mm_token_type_ids), which torchlike's Gemma 4 does not "
-            "build; only None (causal attention over text and images, as Gemma 4 E2B/E4B) is.")
+    require(both_ways is None or (both_ways == "vision" and hf_config.vision_config is not None),
+            f"gemma4: text_config.use_bidirectional_attention={both_ways!r} is not supported: only None (causal "
+            "attention, as Gemma 4 E2B/E4B) and 'vision' with a vision tower (each image's tokens attending to each "
+            "other both ways) are.")
     require(hf_config.text_config.pad_token_id is not None,
             "gemma4: text_config.pad_token_id is None; transformers embeds image tokens as the pad token, so the "
             "config must name one.")
@@ -183,7 +189,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> gemma4.Gemma4Decoder:
             attention over images.
     """
     _check_multimodal_config(hf_config)
-    model = gemma4.build_model(hf_config.text_config, dtype, rngs)
+    model = gemma4.build_model(hf_config.text_config, dtype, rngs, images_attend_both_ways(hf_config))
     if hf_config.vision_config is None:
         return model
     spec = vision_spec(hf_config, dtype)
@@ -241,6 +247,13 @@ def images(hf_config, input_ids: np.ndarray, pixel_values: np.ndarray | None,
     # An image's soft tokens are the pooled cells holding one of its real patches.
     soft_tokens = [len({(x // kernel, y // kernel) for x, y in places[index][real[index]]})
                    for index in range(len(pixels))]
+    window = hf_config.text_config.sliding_window
+    if images_attend_both_ways(hf_config) and max(soft_tokens, default=0) > window:
+        # Tunix's sliding layers keep keys within the window of each query, where transformers lets an image's
+        # tokens see the whole image: equal as long as an image is no longer than the window.
+        raise ValueError(f"an image of {max(soft_tokens)} soft tokens is longer than text_config.sliding_window="
+                         f"{window}, across which its tokens would attend both ways (use_bidirectional_attention="
+                         "'vision'); use fewer soft tokens per image (the image processor's max_soft_tokens).")
     rows = images_by_row(input_ids, spec.image_token_id, list(range(len(pixels))),
                          lambda index: soft_tokens[index], "<|image|>")
     slots = max([len(taken) for taken in rows] + [1])
@@ -276,6 +289,7 @@ FAMILY = Family(
     config_kept_keys=lambda hf_config: TEXT_ONLY_KEPT_KEYS if _text_only(hf_config) else (),
     images=images,
     image_keys=("image_position_ids",),
+    mm_types_attend_both_ways=images_attend_both_ways,
     decoder="gemma4",
 )
 """Gemma 4 (``Gemma4ForConditionalGeneration``) <-> the Tunix Gemma 4 text decoder (:mod:`.gemma4`) with the vision
