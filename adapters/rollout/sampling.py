@@ -362,13 +362,12 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
         inputs = {"images": images}
         # A multimodal rope's tokens after the prompt's images sit rope_deltas further on.
         shift = jnp.asarray(rope_deltas(images), jnp.int32)[..., None] if isinstance(images, dict) else 0
-    _, cache = forward(prompt_ids[:, :head], positions[:, :head], cache, prefill_attention, **inputs)
-    logits, cache = forward(prompt_ids[:, head:], positions[:, head:] + shift, cache, keys_up_to(0)[:, None, :])
+    prefill_logits, cache = forward(prompt_ids[:, :head], positions[:, :head], cache, prefill_attention, **inputs)
 
     seen = None
     if program.switches.repetition_penalty:
         rows = jnp.broadcast_to(jnp.arange(batch)[:, None], prompt_ids.shape)
-        seen = jnp.zeros((batch, logits.shape[-1]), bool).at[rows, prompt_ids].max(counted.astype(bool))
+        seen = jnp.zeros((batch, prefill_logits.shape[-1]), bool).at[rows, prompt_ids].max(counted.astype(bool))
 
     def advance(step, logits, done, seen, tokens_out, logprobs_out):
         """Chooses token ``step`` from ``logits`` and records it (pad for rows already ended)."""
@@ -386,23 +385,25 @@ def _decode_program(program: _Program, module, prompt_ids, prompt_mask, counted,
 
     tokens_out = jnp.full((batch, new_bucket), pad_id, jnp.int32)
     logprobs_out = jnp.zeros((batch, new_bucket) if program.return_logprobs else (batch, 0), jnp.float32)
-    token, done, seen, tokens_out, logprobs_out = advance(
-        0, logits[:, -1], jnp.zeros((batch,), bool), seen, tokens_out, logprobs_out)
 
     def keep_going(carry):
         step, _, _, done, _, _, _ = carry
         return (step < max_new_tokens) & ~jnp.all(done)
 
     def one_step(carry):
+        """Step ``step`` feeds ``token`` (the prompt's last token at step 0, then new token ``step - 1``, into slot
+        ``prompt_bucket + step - 1``: Tunix writes at its end_index) and chooses new token ``step``. The prompt's
+        last token goes through the loop, so the program holds one one-token forward pass, not two."""
         step, cache, token, done, seen, tokens_out, logprobs_out = carry
-        # New token step-1 goes into slot prompt_bucket + step - 1 (Tunix writes at its end_index).
         position = (lengths + step - 1)[:, None] + shift
         logits, cache = forward(token[:, None], position, cache, keys_up_to(step)[:, None, :])
         token, done, seen, tokens_out, logprobs_out = advance(step, logits[:, 0], done, seen, tokens_out,
                                                               logprobs_out)
         return step + 1, cache, token, done, seen, tokens_out, logprobs_out
 
-    carry = (jnp.int32(1), cache, token, done, seen, tokens_out, logprobs_out)
+    # A left-padded prompt's last slot is its last token, at position lengths - 1 (step 0's).
+    carry = (jnp.int32(0), cache, prompt_ids[:, head].astype(jnp.int32), jnp.zeros((batch,), bool), seen,
+             tokens_out, logprobs_out)
     steps, _, _, _, _, tokens_out, logprobs_out = jax.lax.while_loop(keep_going, one_step, carry)
     return tokens_out, logprobs_out, steps
 
