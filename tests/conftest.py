@@ -136,6 +136,16 @@ def teacher_path(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def job_compilation_cache(tmp_path_factory) -> dict[str, str]:
+    """The environment that gives the processes of the tests' multi-process jobs one persistent compilation cache:
+    a job run again (resumed after a preemption, or the run without it to compare with) loads what the first run
+    compiled instead of compiling it again. The worker itself keeps the cache off (see above)."""
+    if COMPILATION_CACHE:
+        return {"TORCHLIKE_COMPILATION_CACHE": os.environ["JAX_COMPILATION_CACHE_DIR"]}
+    return {"TORCHLIKE_COMPILATION_CACHE": str(tmp_path_factory.mktemp("job-xla-cache"))}
+
+
 @pytest.fixture
 def tokenizer(tokenizer_dir):
     """torchlike's tokenizer of ``tokenizer_dir``, a fresh one per test."""

@@ -68,10 +68,11 @@ def both_exit_0(workers: list[subprocess.Popen], logs: list[Path], timeout: floa
     return outputs
 
 
-def test_the_survivor_names_the_dead_process_and_the_checkpoint_to_resume(tiny_checkpoints, tmp_path):
+def test_the_survivor_names_the_dead_process_and_the_checkpoint_to_resume(tiny_checkpoints, tmp_path,
+                                                                         job_compilation_cache):
     checkpoint, output_dir = tiny_checkpoints.path("qwen2"), tmp_path / "run"
     workers, logs = launch(WORKER, [str(checkpoint), str(output_dir)], tmp_path, "run",
-                           TORCHLIKE_PEER_TIMEOUT=str(TIMEOUT))
+                           TORCHLIKE_PEER_TIMEOUT=str(TIMEOUT), **job_compilation_cache)
     try:
         deadline = time.monotonic() + 400
         while not (output_dir / "checkpoint-2" / "trainer_state.json").is_file():
@@ -145,7 +146,7 @@ else:  # resume the preempted run to `steps`, then the same run without the noti
 
 @pytest.mark.parametrize("kind", ["sft", "grpo"])
 def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resumes_bit_identically(
-        kind, tiny_checkpoints, tokenizer_dir, tmp_path):
+        kind, tiny_checkpoints, tokenizer_dir, tmp_path, job_compilation_cache):
     """GKE and spot VMs signal the pods one by one: the notice of process 1 alone makes both processes of an SFT or a
     GRPO run checkpoint the same step and exit 0; both resume from it to the end and equal the run without the
     notice, bit for bit (GRPO's sampling streams and the data position included)."""
@@ -153,7 +154,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resum
 
     checkpoint, output_dir = str(tiny_checkpoints.path("qwen2")), str(tmp_path / "run")
     common = [checkpoint, str(tokenizer_dir), output_dir, kind]
-    workers, logs = launch(PREEMPTED_WORKER, [*common, "preempted", "0"], tmp_path, "preempted")
+    workers, logs = launch(PREEMPTED_WORKER, [*common, "preempted", "0"], tmp_path, "preempted",
+                           **job_compilation_cache)
     try:
         deadline = time.monotonic() + 400
         while "'loss'" not in logs[0].read_text():  # training has started (process 0 prints the logs)
@@ -173,7 +175,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_checkpoint_that_resum
     assert [folder.name for folder in Path(output_dir).glob("checkpoint-*")] == [f"checkpoint-{step}"]
 
     assert "Preempted: stopped after step" in outputs[0] and "after the notice" in outputs[0]
-    workers, logs = launch(PREEMPTED_WORKER, [*common, "resume", str(step + 2)], tmp_path, "resumed")
+    workers, logs = launch(PREEMPTED_WORKER, [*common, "resume", str(step + 2)], tmp_path, "resumed",
+                           **job_compilation_cache)
     both_exit_0(workers, logs, 400)
     resumed = load_file(Path(output_dir) / "final" / "model.safetensors")
     straight = load_file(Path(output_dir + "-straight") / "final" / "model.safetensors")
@@ -219,12 +222,14 @@ print("trained to", trainer.state.global_step, flush=True)
 """
 
 
-def test_a_save_that_fails_on_one_process_fails_on_both_and_with_warn_both_train_on(tiny_checkpoints, tmp_path):
+def test_a_save_that_fails_on_one_process_fails_on_both_and_with_warn_both_train_on(tiny_checkpoints, tmp_path,
+                                                                                      job_compilation_cache):
     """A full disk seen by one process only (no room for process 1's shards at step 2, process 0's
     ``trainer_state.json`` at step 4): both processes learn of it, keep nothing of that save and, with
     ``on_save_error="warn"``, train on to the next save, which is complete."""
     output_dir = tmp_path / "run"
-    workers, logs = launch(FULL_DISK_WORKER, [str(tiny_checkpoints.path("qwen2")), str(output_dir)], tmp_path, "disk")
+    workers, logs = launch(FULL_DISK_WORKER, [str(tiny_checkpoints.path("qwen2")), str(output_dir)], tmp_path, "disk",
+                           **job_compilation_cache)
     outputs = both_exit_0(workers, logs, 400)
     for output in outputs:
         assert "trained to 6" in output

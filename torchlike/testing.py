@@ -320,6 +320,13 @@ _MULTIMODAL_FAMILIES.update({
                     spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
                     deepstack_visual_indexes=[0]),
         settings=dict(tie_word_embeddings=False), **_QWEN_VL_TOKENS),
+    # Qwen3-VL-MoE: Qwen3-VL's tiny tower before a text decoder whose second layer holds 4 experts (2 per token).
+    "qwen3_vl_moe": _MultimodalFamily(
+        config_class="Qwen3VLMoeConfig", vision_config_class="Qwen3VLMoeVisionConfig",
+        vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                    spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                    deepstack_visual_indexes=[0]),
+        settings=dict(tie_word_embeddings=False), **_QWEN_VL_TOKENS),
     # Qwen3.5: its hybrid text decoder (DeltaNet, attention, DeltaNet) with Qwen3-VL's tower without DeepStack.
     "qwen3_5": _MultimodalFamily(
         config_class="Qwen3_5Config", vision_config_class="Qwen3_5VisionConfig",
@@ -419,7 +426,7 @@ GEMMA3_CHAT_TEMPLATE = (
 )
 
 
-QWEN_VL_FAMILIES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_5")
+QWEN_VL_FAMILIES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5")
 
 
 def _multimodal_family(family: str) -> _MultimodalFamily:
@@ -564,12 +571,14 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
             temporal_patch_size=vision["temporal_patch_size"], size={"shortest_edge": 64, "longest_edge": 1024},
             image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
         processor_class = {"qwen2_5_vl": transformers.Qwen2_5_VLProcessor, "qwen2_vl": transformers.Qwen2VLProcessor,
-                           "qwen3_vl": transformers.Qwen3VLProcessor, "qwen3_5": transformers.Qwen3VLProcessor}[family]
+                           "qwen3_vl": transformers.Qwen3VLProcessor, "qwen3_vl_moe": transformers.Qwen3VLProcessor,
+                           "qwen3_5": transformers.Qwen3VLProcessor}[family]
         # transformers' Qwen2VLVideoProcessor is built on torchvision, which the tests do without: its config is
         # saved as transformers writes it, and torchlike.AutoProcessor loads a stand-in that refuses videos.
         from .processing import processor_without_torchvision_videos
 
-        video_type = "Qwen3VLVideoProcessor" if family in ("qwen3_vl", "qwen3_5") else "Qwen2VLVideoProcessor"
+        qwen3 = family in ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")
+        video_type = "Qwen3VLVideoProcessor" if qwen3 else "Qwen2VLVideoProcessor"
         video_config = {"video_processor_type": video_type, "processor_class": processor_class.__name__,
                         "merge_size": vision["spatial_merge_size"], "patch_size": vision["patch_size"],
                         "temporal_patch_size": vision["temporal_patch_size"], "image_mean": [0.5, 0.5, 0.5],

@@ -9,7 +9,7 @@ from .base import Family, TinyConfig, UnsupportedConfigError
 _FAMILY_MODULES = ("qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe", "gemma3_multimodal",
                    "gemma4_multimodal", "mistral", "ministral", "phi3", "smollm3", "olmo2",
                    "gpt_neox", "granite", "cohere2", "gpt_oss", "glm4_moe", "deepseek_v3", "qwen3_next", "qwen3_5",
-                   "lfm2", "nemotron_h", "qwen2_vl", "qwen3_vl", "llava", "mistral3", "idefics3")
+                   "lfm2", "nemotron_h", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "llava", "mistral3", "idefics3")
 
 
 class UnknownArchitectureError(ValueError):
