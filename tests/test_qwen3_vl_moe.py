@@ -161,3 +161,22 @@ def test_sft_with_the_router_loss_matches_trl_step_for_step(path, tmp_path):
     assert set(mine) == set(theirs)
     for name, value in theirs.items():
         np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_experts_as_qwen_publishes_them_load_as_transformers_loads_them(path, model, inputs, tmp_path):
+    """Qwen's own checkpoints store the experts transposed (``gate_up_proj`` ``(E, H, 2I)``, ``down_proj``
+    ``(E, I, H)``); transformers transposes them on load, and so does torchlike: the same logits."""
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    hub = tmp_path / "hub"
+    shutil.copytree(path, hub)
+    tensors = load_file(path / "model.safetensors")
+    transposed = [name for name in tensors if name.startswith(EXPERTS)]
+    assert sorted(transposed) == [EXPERTS + "down_proj", EXPERTS + "gate_up_proj"]
+    save_file({name: np.ascontiguousarray(np.swapaxes(array, 1, 2)) if name in transposed else array
+               for name, array in tensors.items()}, hub / "model.safetensors", metadata={"format": "pt"})
+    loaded = torchlike.AutoModelForImageTextToText.from_pretrained(hub)
+    np.testing.assert_array_equal(np.asarray(loaded(**inputs).logits), np.asarray(model(**inputs).logits))
+    np.testing.assert_allclose(np.asarray(loaded(**inputs).logits), reference_logits(hf_vlm(hub), inputs), atol=1e-4)

@@ -247,8 +247,9 @@ class Family:
         export_config: ``config.json``'s contents -> what to write instead on export, where the serving stack reads
             the config otherwise than the ``transformers`` pinned here (OLMo 3's rope per layer type); ``None``: as
             ``transformers`` writes it.
-        import_tensors: ``(hf name, array, origin)`` stream -> the stream the weight table reads, for checkpoints
-            published in a storage format of their own (GPT-OSS's MXFP4 experts, dequantised); ``None``: as stored.
+        import_tensors: ``(stream of (hf name, array, origin), hf_config)`` -> the stream the weight table reads, for
+            checkpoints published in a storage format of their own (GPT-OSS's MXFP4 experts, dequantised; Qwen3-VL-MoE's
+            experts as Qwen publishes them, transposed); ``None``: as stored.
         all_linear_refused: why ``target_modules="all-linear"`` is refused (PEFT's ``"all-linear"`` on DeepSeek-V3 and
             GLM-4 MoE also adapts the stacked experts and the router through ``target_parameters``); empty: accepted.
         router_logits: ``(run, module) -> (run(module), RouterRecord)``: runs ``run`` and returns, with its result, an

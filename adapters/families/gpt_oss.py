@@ -94,7 +94,7 @@ FAMILY = native_family(
     lora_targets=lora_targets_of(mlp=()),
     ignored_hf_keys=DECODER_IGNORED_KEYS,
     router_logits=router_logits,
-    import_tensors=mxfp4.dequantized,
+    import_tensors=lambda tensors, hf_config: mxfp4.dequantized(tensors),
     export_config=export_config,
     lora_not_linear={r".*\.mlp\.experts.*": "the experts are stacked parameters, not linear modules (PEFT reaches them "
                                           "only through target_parameters)",

@@ -15,10 +15,12 @@ says so); they are refused here with the shapes named.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ..losses.router import RouterRecord
@@ -127,6 +129,23 @@ EXPERT_ROWS: tuple[WeightRule, ...] = (
 """A sparse layer's router (``Qwen3VLMoeTextTopKRouter.weight`` ``(E, H)``, an NNX kernel ``(H, E)``) and its fused
 experts."""
 
+def hub_expert_layout(tensors: Iterable[tuple[str, np.ndarray, Any]], hf_config
+                      ) -> Iterator[tuple[str, np.ndarray, Any]]:
+    """``Family.import_tensors``: experts as Qwen publishes them, ``gate_up_proj`` ``(E, H, 2I)`` and ``down_proj``
+    ``(E, I, H)``, turned into ``transformers``' layout ``(E, 2I, H)`` / ``(E, H, I)`` (which ``transformers`` 5 saves);
+    as ``transformers``' ``Transpose(1, 2, check_dims=True)`` for ``qwen3_vl_moe`` does, a tensor already of the
+    expected shape is left as it is."""
+    text = hf_config.text_config
+    experts, hidden, inner = text.num_experts, text.hidden_size, text.moe_intermediate_size
+    expected = {"gate_up_proj": (experts, 2 * inner, hidden), "down_proj": (experts, hidden, inner)}
+    for name, array, origin in tensors:
+        kind = name.rsplit(".", 1)[-1]
+        if ".mlp.experts." in name and kind in expected and array.shape != expected[kind] \
+                and array.shape == (experts, expected[kind][2], expected[kind][1]):
+            array = np.swapaxes(array, 1, 2)
+        yield name, array, origin
+
+
 NOT_LINEAR = {
     r".*\.mlp\.experts.*": "transformers keeps the routed experts as fused parameters (Qwen3VLMoeTextExperts."
                            "gate_up_proj, down_proj), not linear modules: PEFT's target_modules never adapt them",
@@ -151,4 +170,5 @@ FAMILY = native_family(
     default_lora_targets=(),  # PEFT has no default for this model type
     ignored_hf_keys=DECODER_IGNORED_KEYS, images=qwen3_vl.images, image_keys=IMAGE_KEYS, lora_not_linear=NOT_LINEAR,
     lora_refused={qwen3_vl.PATCH_EMBED: CONV_REASON}, router_logits=router_logits, prompt_learning=False,
+    import_tensors=hub_expert_layout,
     tiny_configs=TINY_CONFIGS)

@@ -173,7 +173,7 @@ def load_weights(
         return True
 
     if family.import_tensors is not None:
-        tensors = family.import_tensors(tensors)
+        tensors = family.import_tensors(tensors, hf_config)
     if kept is not None and family.kept_hf_keys:
         tensors = KeptTensors(family, tensors, kept)
     applied = apply(family, targets, stream=tensors, check=check)
