@@ -60,6 +60,27 @@ def test_image_and_text_logits_equal_transformers(padding_side, llava_dirs):
     assert valid_max_diff(without_images, reference, inputs["attention_mask"]) > 1e-2
 
 
+def test_several_feature_layers_concatenate_their_hidden_states_as_transformers(llava_dirs, tmp_path):
+    """``vision_feature_layer=[0, -2]``: the embeddings and the second-to-last block's output, concatenated along the
+    features (the projector reads twice the width); the last block stays kept, unused."""
+    from torchlike.testing import build_processor, random_model, tiny_multimodal_config
+
+    path = tmp_path / "llava-two-layers"
+    random_model(tiny_multimodal_config("llava", vision_feature_layer=[0, -2]), every_parameter=True,
+                 attn_implementation="eager").save_pretrained(path)
+    build_processor(path, "llava")
+    model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
+    assert any(".encoder.layers.2." in name for name in model.kept_weights)
+    inputs = image_batch(path)
+    assert valid_max_diff(model(**inputs).logits, logits_counting_real_tokens(hf_vlm(path), inputs),
+                          inputs["attention_mask"]) <= 1e-4
+    model.save_pretrained(tmp_path / "export")  # llava-hf's layout, the kept block included: transformers reloads it
+    reloaded = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "export",
+                                                                       attn_implementation="eager")
+    assert valid_max_diff(model(**inputs).logits, logits_counting_real_tokens(reloaded, inputs),
+                          inputs["attention_mask"]) <= 1e-4
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_export_is_llava_hf_layout_round_trips_bit_exact_and_reloads(dtype, llava_dirs, tmp_path):
     path = llava_dirs(dtype)

@@ -42,8 +42,8 @@ TEXT_MODEL_TYPES = ("llama", "mistral")
 
 
 def feature_blocks(hf_config) -> int:
-    """How many vision blocks run: up to ``vision_feature_layer`` (one layer; a list of layers is refused), for
-    LLaVA's CLIP and Mistral 3's Pixtral alike."""
+    """How many of Mistral 3's Pixtral blocks run: up to ``vision_feature_layer`` (one layer; a list of layers is
+    refused there; LLaVA's CLIP reads lists, :func:`feature_layers`)."""
     layer = hf_config.vision_feature_layer
     family = hf_config.model_type
     require(isinstance(layer, int), f"{family}: vision_feature_layer={layer!r} (several feature layers) is not "
@@ -52,6 +52,22 @@ def feature_blocks(hf_config) -> int:
     blocks = total + 1 + layer if layer < 0 else layer
     require(0 <= blocks <= total, f"{family}: vision_feature_layer={layer} is outside the {total}-block tower.")
     return blocks
+
+
+def feature_layers(hf_config) -> tuple[int, ...]:
+    """The tower's hidden states LLaVA (and LLaVA-NeXT) reads, as non-negative indices (0: the embeddings, ``i``:
+    block ``i``'s output): ``vision_feature_layer``, one layer or a list whose hidden states are concatenated, as
+    ``transformers``' ``get_image_features`` does."""
+    layer = hf_config.vision_feature_layer
+    layers = [layer] if isinstance(layer, int) else list(layer)
+    total = hf_config.vision_config.num_hidden_layers
+    require(layers and all(isinstance(index, int) for index in layers),
+            f"{hf_config.model_type}: vision_feature_layer={layer!r} must be a layer index or a list of them.")
+    read = tuple(total + 1 + index if index < 0 else index for index in layers)
+    require(all(0 <= index <= total for index in read),
+            f"{hf_config.model_type}: vision_feature_layer={layer!r} reaches outside the {total}-block tower's "
+            f"{total + 1} hidden states.")
+    return read
 
 
 def vision_spec(hf_config, dtype) -> ClipVisionSpec:
@@ -70,12 +86,13 @@ def vision_spec(hf_config, dtype) -> ClipVisionSpec:
             f"llava: image_size={vision.image_size} is not a multiple of patch_size={vision.patch_size}.")
     return ClipVisionSpec(
         width=vision.hidden_size, num_heads=vision.num_attention_heads, intermediate_size=vision.intermediate_size,
-        blocks=feature_blocks(hf_config), image_size=vision.image_size, patch_size=vision.patch_size,
+        blocks=max(feature_layers(hf_config)), image_size=vision.image_size, patch_size=vision.patch_size,
         in_channels=vision.num_channels, layer_norm_eps=float(vision.layer_norm_eps), activation=vision.hidden_act,
         projector_activation=hf_config.projector_hidden_act, keep_class_token=strategy == "full",
         text_hidden_size=hf_config.text_config.hidden_size,
         projector_bias=bool(getattr(hf_config, "multimodal_projector_bias", True)),
-        image_token_id=int(image_token_id(hf_config)), dtype=jnp.dtype(dtype))
+        image_token_id=int(image_token_id(hf_config)), dtype=jnp.dtype(dtype),
+        feature_layers=feature_layers(hf_config))
 
 
 def image_token_id(hf_config) -> int:
@@ -137,7 +154,7 @@ def _weights() -> tuple[WeightRule, ...]:
 def kept_keys(hf_config) -> tuple[str, ...]:
     """The tower's tensors LLaVA never runs (its blocks after the feature layer, ``post_layernorm``), under any of
     its prefixes."""
-    first = feature_blocks(hf_config)
+    first = max(feature_layers(hf_config))
     unused = "|".join(str(block) for block in range(first, hf_config.vision_config.num_hidden_layers))
     prefixes = "|".join(re.escape(prefix) for prefix in (VISION_PREFIX, *VISION_ALIASES))
     patterns = [rf"({prefixes})post_layernorm\..*"]

@@ -42,6 +42,9 @@ class ClipVisionSpec:
         projector_bias: the projector's linear layers have biases.
         image_token_id: the placeholder the features replace.
         dtype: the parameters' dtype.
+        feature_layers: the hidden states LLaVA reads, concatenated along the features (0: the embeddings after
+            ``pre_layrnorm``, ``i``: block ``i``'s output; a list ``vision_feature_layer``); empty: block ``blocks``'s
+            output alone.
     """
 
     width: int
@@ -59,6 +62,12 @@ class ClipVisionSpec:
     projector_bias: bool
     image_token_id: int
     dtype: jnp.dtype = jnp.float32
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def read_layers(self) -> tuple[int, ...]:
+        """The hidden states the features concatenate (:attr:`feature_layers`, or the last block's)."""
+        return self.feature_layers or (self.blocks,)
 
     @property
     def patches(self) -> int:
@@ -145,9 +154,10 @@ class ClipVisionTower(nnx.Module):
         x = jnp.einsum("NhiwjC,ijCW->NhwW", patches, kernel).reshape(count, side * side, spec.width)
         cls = jnp.broadcast_to(self.class_embedding.get_value()[None, None], (count, 1, spec.width))
         x = jnp.concatenate([cls, x], axis=1) + self.position_embedding.get_value()[None]
-        x = self.pre_layrnorm(x)
+        states = [self.pre_layrnorm(x)]
         for block in self.layers:
-            x = block(x)
+            states.append(block(states[-1]))
+        x = jnp.concatenate([states[layer] for layer in spec.read_layers], axis=-1)
         return x if spec.keep_class_token else x[:, 1:]
 
 
@@ -156,7 +166,8 @@ class LlavaProjector(nnx.Module):
 
     def __init__(self, spec: ClipVisionSpec, rngs: nnx.Rngs):
         self.activation = CLIP_ACTIVATIONS[spec.projector_activation]
-        self.linear_1 = vision_linear(spec, spec.width, spec.text_hidden_size, rngs, spec.projector_bias)
+        self.linear_1 = vision_linear(spec, spec.width * len(spec.read_layers), spec.text_hidden_size, rngs,
+                                      spec.projector_bias)
         self.linear_2 = vision_linear(spec, spec.text_hidden_size, spec.text_hidden_size, rngs, spec.projector_bias)
 
     def __call__(self, x: jax.Array) -> jax.Array:
