@@ -1,7 +1,9 @@
 """Mistral 3 (``Mistral3ForConditionalGeneration``: Pixtral's encoder at each image's own size, Mistral 3's patch
 merger and projector, a Mistral decoder) against ``transformers`` (eager, float32): image and text logits with
-images of different sizes in one batch, export round trip and reload, greedy generation on both engines.
-(transformers' ``PixtralProcessor`` needs torchvision: the prompts are expanded here as it expands them.)"""
+images of different sizes in one batch, export round trip and reload, greedy generation on both engines, and TRL's
+SFT step for step. (transformers' ``PixtralProcessor`` module imports torchvision's image processor: the model tests
+expand the prompts as it expands them; the SFT test builds it with the PIL image processor, then
+``torchlike.AutoProcessor`` loads it back without torchvision.)"""
 
 from __future__ import annotations
 
@@ -105,3 +107,80 @@ def test_lora_adapter_is_peft_all_linear_and_loads_in_peft_with_the_same_logits(
     inputs = image_batch(mistral3_path)
     assert valid_max_diff(model(**inputs).logits, logits_counting_real_tokens(reference, inputs),
                           inputs["attention_mask"]) <= 1e-4
+
+
+#: A Mistral-style chat template for the tiny tokenizer: ``[INST]`` turns whose image parts are ``[IMG]`` (the
+#: processor expands each into its grid of image tokens).
+CHAT_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}[INST]{% for part in "
+                 "message['content'] %}{% if part['type'] == 'image' %}[IMG]{% else %}{{ part['text'] }}{% endif %}"
+                 "{% endfor %}[/INST]{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}"
+                 "</s>{% endif %}{% endfor %}")
+
+
+def pixtral_processor(path, monkeypatch) -> transformers.ProcessorMixin:
+    """transformers' ``PixtralProcessor`` around its PIL image processor (images of up to 32 pixels a side in patches
+    of 4, merged 2x2: one ``[IMG]`` per 8 pixels). Its module imports a size helper from the torchvision image
+    processor's module, whose PIL twin defines the same helper: that module stands in for it while it imports."""
+    import importlib
+    import sys
+
+    from transformers.models.pixtral import image_processing_pil_pixtral
+
+    monkeypatch.setitem(sys.modules, "transformers.models.pixtral.image_processing_pixtral",
+                        image_processing_pil_pixtral)
+    processing = importlib.import_module("transformers.models.pixtral.processing_pixtral")
+    image_processor = image_processing_pil_pixtral.PixtralImageProcessorPil(
+        size={"longest_edge": 32}, patch_size={"height": 4, "width": 4}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return processing.PixtralProcessor(image_processor=image_processor,
+                                       tokenizer=transformers.AutoTokenizer.from_pretrained(path), patch_size=4,
+                                       spatial_merge_size=2, chat_template=CHAT_TEMPLATE)
+
+
+def test_mistral3_sft_matches_trl_step_for_step(mistral3_path, tmp_path, monkeypatch):
+    """TRL's vision SFT on Mistral 3 with images at their own sizes (wide, tall; padded to the batch's largest, with
+    ``image_sizes``) and a text-only row: losses, grad norms and every final weight."""
+    from tests.helpers.logs import logged
+    from tests.helpers.vision import ANSWERS, PROMPTS, offline_runs
+
+    settings = dict(per_device_train_batch_size=3, max_steps=3, learning_rate=3e-3, lr_scheduler_type="linear",
+                    warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
+                    bf16=False, report_to="none", save_strategy="no")
+    rows = []
+    for row in range(9):
+        images = [] if row % 3 == 2 else [tiny_image(row, 32).resize(((32, 16), (16, 32))[row % 2])]
+        rows.append({"messages": [
+            {"role": "user", "content": [{"type": "image"}] * len(images)
+             + [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
+            {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
+            "images": images})
+    # Saved with the checkpoint, torchlike.AutoProcessor loads it back around the PIL image processor (its module
+    # imported anew, without the stand-in).
+    import shutil
+    import sys
+
+    path = tmp_path / "checkpoint"
+    shutil.copytree(mistral3_path, path)
+    pixtral_processor(path, monkeypatch).save_pretrained(path)
+    monkeypatch.undo()
+    monkeypatch.delitem(sys.modules, "transformers.models.pixtral.processing_pixtral")
+    processor = torchlike.AutoProcessor.from_pretrained(path)
+    assert type(processor).__name__ == "PixtralProcessor"
+    assert type(processor.image_processor).__name__ == "PixtralImageProcessorPil"
+    assert "transformers.models.pixtral.image_processing_pixtral" not in sys.modules
+    reference, trainer = offline_runs("SFT", path, rows, settings, tmp_path)
+    expected, ours = reference.state.log_history, trainer.state.log_history
+    for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
+        assert len(logged(expected, key)) == settings["max_steps"], key
+        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+    mine = trainer.model.hf_tensors()  # published names; transformers' in memory: model.language_model. and model.
+    renames = (("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
+               ("model.", ""))
+
+    def published(name: str) -> str:
+        prefix, target = next(pair for pair in renames if name.startswith(pair[0]))
+        return target + name[len(prefix):]
+
+    theirs = {published(name): parameter.detach().numpy() for name, parameter in reference.model.named_parameters()}
+    assert set(mine) == set(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)

@@ -4,6 +4,7 @@ template) as it is, and :func:`check_processor_matches`, which refuses a process
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class AutoProcessor:
         try:
             return HFAutoProcessor.from_pretrained(source, *args, **kwargs)
         except ImportError as error:
-            processor = _without_torchvision_videos(source, error, kwargs)
+            processor = _without_torchvision_videos(source, error, kwargs) or _with_pil_images(source, kwargs)
             if processor is not None:
                 return processor
             if not isinstance(error, ModuleNotFoundError):
@@ -182,6 +183,53 @@ def _without_torchvision_videos(source, error: ImportError, kwargs: dict[str, An
              "image_processor": AutoImageProcessor.from_pretrained(source, **kwargs)}
     return processor_without_torchvision_videos(processor_class, video_config=video_config, **parts,
                                                 **processor_dict)
+
+
+PIL_TWINS = {"PixtralProcessor": "pixtral"}
+"""Processors whose module imports a helper from the torchvision image processor's module (``transformers.models.
+<model>.image_processing_<model>``) that the PIL image processor's module (``image_processing_pil_<model>``) also
+defines: without torchvision, :func:`_with_pil_images` builds them around the PIL image processor."""
+
+
+def _with_pil_images(source: os.PathLike, kwargs: dict[str, Any]) -> transformers.ProcessorMixin | None:
+    """The processor at ``source`` around its PIL image processor, where torchvision is missing and its class is one
+    of :data:`PIL_TWINS` (its module imported with the PIL module standing in for the torchvision one, which is
+    removed again after); ``None`` otherwise. The saved configs are read as they are, and saved back unchanged
+    but for the image processor's class name."""
+    import importlib
+    import importlib.util
+    import json
+    import sys
+
+    import transformers
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return None
+    saved = Path(source) / "processor_config.json"
+    name = json.loads(saved.read_text()).get("processor_class") if saved.is_file() else None
+    model = PIL_TWINS.get(name)
+    if model is None:
+        return None
+    twin = importlib.import_module(f"transformers.models.{model}.image_processing_pil_{model}")
+    stand_in = f"transformers.models.{model}.image_processing_{model}"
+    previous = sys.modules.get(stand_in)
+    sys.modules[stand_in] = twin
+    try:
+        processing = importlib.import_module(f"transformers.models.{model}.processing_{model}")
+    finally:
+        if previous is None:
+            sys.modules.pop(stand_in, None)
+        else:
+            sys.modules[stand_in] = previous
+    processor_class = getattr(processing, name)
+    image_class = next(value for key, value in vars(twin).items()
+                       if key.endswith("ImageProcessorPil") and isinstance(value, type))
+    processor_dict, _ = processor_class.get_processor_dict(source)
+    settings = {key: value for key, value in processor_dict.items()
+                if key in ("chat_template", "audio_tokenizer") or not isinstance(value, dict)}
+    settings.pop("processor_class", None)
+    return processor_class(image_processor=image_class.from_pretrained(source, **kwargs),
+                           tokenizer=transformers.AutoTokenizer.from_pretrained(source, **kwargs), **settings)
 
 
 def check_processor_matches(processor: transformers.ProcessorMixin | transformers.PreTrainedTokenizerBase,
