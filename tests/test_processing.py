@@ -129,9 +129,28 @@ def test_random_model_of_multimodal_config_is_conditional_generation(family):
     assert type(model).__name__ == f"{family.capitalize()}ForConditionalGeneration"
 
 
-def test_build_processor_refuses_gemma4_naming_torchvision(tmp_path):
-    with pytest.raises(ValueError, match="torchvision"):
-        build_processor(tmp_path, "gemma4")
+def test_gemma4_processor_loads_without_torchvision_and_expands_images_as_transformers(tmp_path):
+    """``Gemma4Processor``'s module imports torchvision's image processor and its video processor needs torchvision:
+    ``torchlike.AutoProcessor`` builds the saved one around the PIL image processor and a stand-in video processor,
+    and it lays out images as :func:`torchlike.testing.gemma4_processed` (transformers' own parts) does."""
+    import sys
+
+    import torchlike
+    from torchlike.testing import gemma4_processed, tiny_image
+
+    build_processor(tmp_path, "gemma4")
+    processor = torchlike.AutoProcessor.from_pretrained(tmp_path)
+    assert type(processor).__name__ == "Gemma4Processor"
+    assert type(processor.image_processor).__name__ == "Gemma4ImageProcessorPil"
+    assert "transformers.models.gemma4.image_processing_gemma4" not in sys.modules
+    text, images = ["<|image|> the quick brown fox", "hello <|image|> world"], [[tiny_image(0, 28)], [tiny_image(1, 42)]]
+    out = processor(text=text, images=images, padding=True, return_tensors="np")
+    expected = gemma4_processed(processor.tokenizer, text, images, padding=True)
+    assert set(expected) <= set(out)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(np.asarray(out[key]), value, err_msg=key)
+    with pytest.raises(ValueError, match="mistral3"):
+        build_processor(tmp_path, "mistral3")
 
 
 @pytest.mark.parametrize("change, message", [

@@ -61,7 +61,7 @@ class AutoProcessor:
         try:
             return HFAutoProcessor.from_pretrained(source, *args, **kwargs)
         except ImportError as error:
-            processor = _without_torchvision_videos(source, error, kwargs) or _with_pil_images(source, kwargs)
+            processor = _with_pil_images(source, kwargs) or _without_torchvision_videos(source, error, kwargs)
             if processor is not None:
                 return processor
             if not isinstance(error, ModuleNotFoundError):
@@ -149,6 +149,19 @@ def processor_without_torchvision_videos(processor_class: type, *, video_config:
     return accepting(video_processor=VideoProcessorWithoutTorchvision(video_config, name), **parts)
 
 
+def _saved_video_config(source: Path) -> dict[str, Any] | None:
+    """The video processor's saved config at ``source``, or ``None``: transformers 5 saves every part's config inside
+    ``processor_config.json``; older saves have a file of their own."""
+    import json
+
+    composite = Path(source) / "processor_config.json"
+    saved = json.loads(composite.read_text()) if composite.is_file() else {}
+    video_config = saved.get("video_processor")
+    if video_config is None and (Path(source) / VIDEO_CONFIG).is_file():
+        video_config = json.loads((Path(source) / VIDEO_CONFIG).read_text())
+    return video_config if isinstance(video_config, dict) else None
+
+
 def _without_torchvision_videos(source, error: ImportError, kwargs: dict[str, Any]
                                 ) -> transformers.ProcessorMixin | None:
     """The processor at ``source`` with :class:`VideoProcessorWithoutTorchvision` for its video processor, when
@@ -160,13 +173,10 @@ def _without_torchvision_videos(source, error: ImportError, kwargs: dict[str, An
 
     if importlib.util.find_spec("torchvision") is not None:
         return None
-    # transformers 5 saves every part's config inside processor_config.json; older saves have a file of their own.
     composite = source / "processor_config.json"
     saved = json.loads(composite.read_text()) if composite.is_file() else {}
-    video_config = saved.get("video_processor")
-    if video_config is None and (source / VIDEO_CONFIG).is_file():
-        video_config = json.loads((source / VIDEO_CONFIG).read_text())
-    if not isinstance(video_config, dict):
+    video_config = _saved_video_config(source)
+    if video_config is None:
         return None
     name = saved.get("processor_class") or video_config.get("processor_class")
     processor_class = getattr(transformers, name, None) if name else None
@@ -185,31 +195,19 @@ def _without_torchvision_videos(source, error: ImportError, kwargs: dict[str, An
                                                 **processor_dict)
 
 
-PIL_TWINS = {"PixtralProcessor": "pixtral"}
+PIL_TWINS = {"PixtralProcessor": "pixtral", "Gemma4Processor": "gemma4"}
 """Processors whose module imports a helper from the torchvision image processor's module (``transformers.models.
 <model>.image_processing_<model>``) that the PIL image processor's module (``image_processing_pil_<model>``) also
-defines: without torchvision, :func:`_with_pil_images` builds them around the PIL image processor."""
+defines: without torchvision, :func:`processor_with_pil_images` builds them around the PIL image processor."""
 
 
-def _with_pil_images(source: os.PathLike, kwargs: dict[str, Any]) -> transformers.ProcessorMixin | None:
-    """The processor at ``source`` around its PIL image processor, where torchvision is missing and its class is one
-    of :data:`PIL_TWINS` (its module imported with the PIL module standing in for the torchvision one, which is
-    removed again after); ``None`` otherwise. The saved configs are read as they are, and saved back unchanged
-    but for the image processor's class name."""
+def pil_twin_classes(name: str) -> tuple[type, type]:
+    """``(processor class, PIL image processor class)`` of one of :data:`PIL_TWINS`: the processor's module imported
+    with the PIL image processor's module standing in for the torchvision one (removed again after)."""
     import importlib
-    import importlib.util
-    import json
     import sys
 
-    import transformers
-
-    if importlib.util.find_spec("torchvision") is not None:
-        return None
-    saved = Path(source) / "processor_config.json"
-    name = json.loads(saved.read_text()).get("processor_class") if saved.is_file() else None
-    model = PIL_TWINS.get(name)
-    if model is None:
-        return None
+    model = PIL_TWINS[name]
     twin = importlib.import_module(f"transformers.models.{model}.image_processing_pil_{model}")
     stand_in = f"transformers.models.{model}.image_processing_{model}"
     previous = sys.modules.get(stand_in)
@@ -221,15 +219,55 @@ def _with_pil_images(source: os.PathLike, kwargs: dict[str, Any]) -> transformer
             sys.modules.pop(stand_in, None)
         else:
             sys.modules[stand_in] = previous
-    processor_class = getattr(processing, name)
     image_class = next(value for key, value in vars(twin).items()
                        if key.endswith("ImageProcessorPil") and isinstance(value, type))
+    return getattr(processing, name), image_class
+
+
+def processor_with_pil_images(name: str, *, video_config: dict[str, Any] | None = None,
+                              **parts: Any) -> transformers.ProcessorMixin:
+    """``transformers``' processor ``name`` (one of :data:`PIL_TWINS`) built from ``parts`` without torchvision: its
+    image processor the PIL one, and, for a processor with a video processor (Gemma 4's), the stand-in
+    :class:`VideoProcessorWithoutTorchvision` with ``video_config``.
+
+    Args:
+        name: e.g. ``"PixtralProcessor"``.
+        video_config: the video processor's config (its ``video_processor_type`` names the class it stands in for).
+        parts: ``image_processor`` (a PIL one: :func:`pil_twin_classes`), ``tokenizer``, ``feature_extractor``,
+            ``chat_template`` and the processor's own settings.
+    """
+    processor_class, _ = pil_twin_classes(name)
+    if "video_processor" in processor_class.get_attributes():
+        return processor_without_torchvision_videos(processor_class, video_config=video_config or {}, **parts)
+    return processor_class(**parts)
+
+
+def _with_pil_images(source: os.PathLike, kwargs: dict[str, Any]) -> transformers.ProcessorMixin | None:
+    """The processor saved at ``source`` built by :func:`processor_with_pil_images`, where torchvision is missing and
+    its class is one of :data:`PIL_TWINS`; ``None`` otherwise. The saved configs are read as they are."""
+    import importlib.util
+    import json
+
+    import transformers
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return None
+    saved = Path(source) / "processor_config.json"
+    name = json.loads(saved.read_text()).get("processor_class") if saved.is_file() else None
+    if name not in PIL_TWINS:
+        return None
+    processor_class, image_class = pil_twin_classes(name)
     processor_dict, _ = processor_class.get_processor_dict(source)
     settings = {key: value for key, value in processor_dict.items()
                 if key in ("chat_template", "audio_tokenizer") or not isinstance(value, dict)}
     settings.pop("processor_class", None)
-    return processor_class(image_processor=image_class.from_pretrained(source, **kwargs),
-                           tokenizer=transformers.AutoTokenizer.from_pretrained(source, **kwargs), **settings)
+    parts = {"image_processor": image_class.from_pretrained(source, **kwargs),
+             "tokenizer": transformers.AutoTokenizer.from_pretrained(source, **kwargs)}
+    if "feature_extractor" in processor_class.get_attributes():
+        from transformers.models.auto.feature_extraction_auto import AutoFeatureExtractor
+
+        parts["feature_extractor"] = AutoFeatureExtractor.from_pretrained(source, **kwargs)
+    return processor_with_pil_images(name, video_config=_saved_video_config(source), **parts, **settings)
 
 
 def check_processor_matches(processor: transformers.ProcessorMixin | transformers.PreTrainedTokenizerBase,

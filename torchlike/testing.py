@@ -514,24 +514,26 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
 
     Args:
         directory: where the processor files are written (with a checkpoint's, if it holds one).
-        family: ``"gemma3"``. Gemma 4's processor is not built: ``transformers``' ``Gemma4Processor`` needs a video
-            processor, which ``transformers`` builds on ``torchvision`` (use :func:`build_multimodal_tokenizer`).
+        family: ``"gemma3"``, ``"gemma4"`` (``transformers``' ``Gemma4Processor`` around its PIL image processor with
+            :data:`GEMMA4_IMAGE_PROCESSOR` and a stand-in video processor, as ``torchlike.AutoProcessor`` loads it
+            without torchvision, and :data:`GEMMA4_CHAT_TEMPLATE`), ``"llava"``, ``"llava_next"`` or a Qwen-VL
+            family.
 
     Returns:
         ``directory``.
 
     Raises:
-        ValueError: ``family`` is not ``"gemma3"``.
+        ValueError: another ``family``.
         RuntimeError: the saved tokenizer's image token ids differ from :func:`tiny_multimodal_config`'s (a corpus
             too small to fill the vocabulary would do it).
     """
     import transformers
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    if family not in ("gemma3", "llava", "llava_next", *QWEN_VL_FAMILIES):
-        raise ValueError(f"build_processor: Gemma 3's and Qwen-VL's processors are built tiny, not {family!r}: "
-                         "transformers' Gemma4Processor needs a video processor, which transformers builds on "
-                         "torchvision. Use build_multimodal_tokenizer(directory, 'gemma4') for its tokenizer.")
+    if family not in ("gemma3", "gemma4", "llava", "llava_next", *QWEN_VL_FAMILIES):
+        raise ValueError(f"build_processor: the processors of gemma3, gemma4, llava, llava_next and "
+                         f"{', '.join(QWEN_VL_FAMILIES)} are built tiny, not {family!r}'s; use "
+                         "build_multimodal_tokenizer(directory, family) for its tokenizer.")
     spec = _multimodal_family(family)
     build_multimodal_tokenizer(directory, family)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -539,6 +541,17 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
     if found != multimodal_token_ids(family):
         raise RuntimeError(f"build_processor: the tokenizer gave the added tokens ids {found}, the config expects "
                            f"{multimodal_token_ids(family)}.")
+    if family == "gemma4":
+        from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+
+        from .processing import pil_twin_classes, processor_with_pil_images
+
+        _, image_class = pil_twin_classes("Gemma4Processor")
+        processor_with_pil_images("Gemma4Processor", video_config={"video_processor_type": "Gemma4VideoProcessor"},
+                                  image_processor=image_class(**GEMMA4_IMAGE_PROCESSOR), tokenizer=tokenizer,
+                                  feature_extractor=Gemma4AudioFeatureExtractor(),
+                                  chat_template=GEMMA4_CHAT_TEMPLATE).save_pretrained(directory)
+        return Path(directory)
     if family == "llava_next":
         from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
@@ -597,6 +610,12 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
     processor.save_pretrained(directory)
     return Path(directory)
 
+
+GEMMA4_CHAT_TEMPLATE = ("{% for message in messages %}<|turn>{{ message['role'] }}\n{% for part in message['content'] %}"
+                        "{% if part['type'] == 'image' %}<|image|>{% else %}{{ part['text'] }}{% endif %}{% endfor %}"
+                        "<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+"""A Gemma-4-style chat template for the tiny tokenizer: ``<|turn>role`` turns, an image part written ``<|image|>``
+(the processor expands it into the image's soft tokens)."""
 
 GEMMA4_IMAGE_PROCESSOR = dict(patch_size=7, pooling_kernel_size=2, max_soft_tokens=70, do_resize=False)
 """The tiny Gemma 4 image processor's settings (:func:`gemma4_processed`): :func:`tiny_multimodal_config`'s patches of

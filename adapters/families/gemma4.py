@@ -13,6 +13,7 @@ from flax import nnx
 from tunix.models.gemma4 import model as tunix_gemma4
 from tunix.models.gemma4 import moe as tunix_moe
 
+from ..model.nnx_state import Buffer
 from ..model.rope import UnsupportedRopeScalingError
 from .base import (
     DECODER_LORA_TARGETS,
@@ -423,6 +424,8 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs, images_both_ways: bool = False
     model.kv_cache_sharing_patterns = sharing
     model.shared_layer_origins = {origin for index, origin in enumerate(sharing) if origin != index}
     for index, layer in enumerate(model.layers):
+        # transformers registers layer_scalar as a buffer: loaded and saved, never trained.
+        layer.skip_scale = Buffer(layer.skip_scale.get_value())
         shared = sharing[index] != index
         _separate_keys_and_values(layer.attn, config, rngs, shared)
         if shared and hf_config.use_double_wide_mlp:

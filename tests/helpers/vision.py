@@ -30,7 +30,6 @@ def save_tiny_vlm(root: Path, family: str = "gemma3", dtype: torch.dtype = torch
     into ``root / f"tiny-{family}-vlm"``, for ``AutoProcessor.from_pretrained`` and
     ``transformers.AutoModelForImageTextToText.from_pretrained``.
 
-    Gemma 4 gets its tokenizer instead of a processor (``build_processor`` explains why).
 
     Args:
         root: the parent directory (e.g. from ``tmp_path_factory.mktemp``).
@@ -45,7 +44,7 @@ def save_tiny_vlm(root: Path, family: str = "gemma3", dtype: torch.dtype = torch
     model = random_model(tiny_multimodal_config(family), seed=seed, dtype=dtype, every_parameter=True,
                          attn_implementation="eager")
     model.save_pretrained(directory)
-    if family in ("gemma3", "llava", "llava_next", *QWEN_VL_FAMILIES):
+    if family in ("gemma3", "gemma4", "llava", "llava_next", *QWEN_VL_FAMILIES):
         build_processor(directory, family)
     else:
         build_multimodal_tokenizer(directory, family)
