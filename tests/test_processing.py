@@ -143,7 +143,8 @@ def test_gemma4_processor_loads_without_torchvision_and_expands_images_as_transf
     assert type(processor).__name__ == "Gemma4Processor"
     assert type(processor.image_processor).__name__ == "Gemma4ImageProcessorPil"
     assert "transformers.models.gemma4.image_processing_gemma4" not in sys.modules
-    text, images = ["<|image|> the quick brown fox", "hello <|image|> world"], [[tiny_image(0, 28)], [tiny_image(1, 42)]]
+    text = ["<|image|> the quick brown fox", "hello <|image|> world"]
+    images = [[tiny_image(0, 28)], [tiny_image(1, 42)]]
     out = processor(text=text, images=images, padding=True, return_tensors="np")
     expected = gemma4_processed(processor.tokenizer, text, images, padding=True)
     assert set(expected) <= set(out)

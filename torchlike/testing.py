@@ -611,7 +611,8 @@ def build_processor(directory: str | Path, family: str = "gemma3") -> Path:
     return Path(directory)
 
 
-GEMMA4_CHAT_TEMPLATE = ("{% for message in messages %}<|turn>{{ message['role'] }}\n{% for part in message['content'] %}"
+GEMMA4_CHAT_TEMPLATE = ("{% for message in messages %}<|turn>{{ message['role'] }}\n"
+                        "{% for part in message['content'] %}"
                         "{% if part['type'] == 'image' %}<|image|>{% else %}{{ part['text'] }}{% endif %}{% endfor %}"
                         "<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
 """A Gemma-4-style chat template for the tiny tokenizer: ``<|turn>role`` turns, an image part written ``<|image|>``
