@@ -52,8 +52,7 @@ from tests.helpers.scripts import build_script_model_dir  # noqa: E402
 from tests.helpers.tokenizers import tokenizer_for  # noqa: E402
 from torchlike.adapters.runtime import compilation  # noqa: E402
 
-pytest_plugins = ["pytester", "tests.helpers.skip_policy", "tests.helpers.crash_report", "tests.helpers.memory_maps",
-                  "tests.helpers.scheduling"]
+pytest_plugins = ["pytester", "tests.helpers.skip_policy", "tests.helpers.crash_report", "tests.helpers.memory_maps"]
 
 
 def pytest_configure(config):
