@@ -154,8 +154,13 @@ def test_more_images_than_image_tokens_is_a_named_error(checkpoint, model):
         model(inputs["input_ids"], inputs["attention_mask"], **extra)
     with pytest.raises(ValueError, match=r"needs image_position_ids with pixel_values"):
         model(inputs["input_ids"], inputs["attention_mask"], pixel_values=inputs["pixel_values"])
-    with pytest.raises(TypeError, match=r"does not support \['input_features'\]"):
-        model(inputs["input_ids"], inputs["attention_mask"], input_features=np.zeros((1, 8, 128), np.float32))
+    audio = np.zeros((1, 8, 128), np.float32)
+    with pytest.raises(ValueError, match=r"\['input_features'\] were given but this gemma4_multimodal model cannot "
+                                         r"take them: Tunix 0\.1\.7 has no Gemma 4 audio encoder"):
+        model(inputs["input_ids"], inputs["attention_mask"], input_features=audio)
+    with pytest.raises(ValueError, match=r"cannot take them: Tunix 0\.1\.7 has no Gemma 4 audio encoder"):
+        model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], input_features=audio,
+                       max_new_tokens=2)
 
 
 @pytest.fixture(scope="module")

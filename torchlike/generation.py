@@ -279,7 +279,8 @@ def generate(
 ) -> Any:
     """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
     check_choice("rollout_engine", rollout_engine, rollout.engine_names())
-    vision = {key: settings.pop(key) for key in (*model.family.image_keys, *VISION_INPUTS) if key in settings}
+    vision = {key: settings.pop(key) for key in (*model.family.image_keys, *VISION_INPUTS,
+                                                 *model.family.refused_inputs) if key in settings}
     if use_cache is False:
         raise ValueError("use_cache=False is not supported: generation always decodes over a KV cache.")
     unknown = sorted(set(settings) - set(TRANSFORMERS_DEFAULTS))

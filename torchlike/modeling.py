@@ -219,12 +219,17 @@ class CausalLM:
             (:func:`torchlike.adapters.model.qwen_vision.vision_inputs`); ``None`` when no image or video is given.
 
         Raises:
-            ValueError: this model has no vision tower (why, and what to load instead), or takes no videos.
+            ValueError: this model has no vision tower (why, and what to load instead), takes no videos, or cannot
+                take an input its checkpoint's class reads (``Family.refused_inputs``: Gemma 4's audio), with why.
             TypeError: an input the model does not read, naming it.
         """
         vision = {key: value for key, value in vision.items() if value is not None and value is not False}
         vision.pop("mm_token_type_ids", None)
         unknown = sorted(set(vision) - set(self.family.image_keys))
+        refused = [key for key in unknown if key in self.family.refused_inputs]
+        if refused:
+            raise ValueError(f"{refused} were given but this {self.family.name} model cannot take them: "
+                             f"{self.family.refused_inputs[refused[0]]}.")
         if unknown:
             videos = [key for key in unknown if "video" in key]
             if videos and self.family.images is not None:

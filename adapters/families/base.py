@@ -283,6 +283,8 @@ class Family:
         kept_renames: ``(other prefix, published prefix)`` pairs: a kept tensor read under another name of a module
             (``transformers``' in memory, or as ``transformers`` 5 saves it) is kept, and exported, under the
             published one.
+        refused_inputs: processor outputs the checkpoint's class reads but this model cannot (Gemma 4's audio
+            ``input_features``), each with why: ``model(...)`` and ``generate`` refuse them with that reason.
         mm_types_attend_both_ways: ``hf_config -> bool``: whether the processor's ``mm_token_type_ids`` (1 on image
             tokens, 2 on video tokens) make each image's tokens attend to each other both ways, as ``token_type_ids``
             do for Gemma 3 (Gemma 4's ``use_bidirectional_attention="vision"``); ``None``: they do not.
@@ -324,6 +326,7 @@ class Family:
     config_kept_keys: Callable[[Any], tuple[str, ...]] | None = None
     kept_renames: tuple[tuple[str, str], ...] = ()
     mm_types_attend_both_ways: Callable[[Any], bool] | None = None
+    refused_inputs: Mapping[str, str] = field(default_factory=dict)
 
     def for_config(self, hf_config) -> Family:
         """This family with the rows ``hf_config`` adds (``config_weights``) and the tensors it keeps

@@ -65,6 +65,9 @@ they are and saved back unchanged; ``input_features`` are refused by name."""
 TEXT_ONLY_KEPT_KEYS: tuple[str, ...] = (r"model\.vision_tower\..*", r"model\.embed_vision\..*")
 """A config without ``vision_config`` has no vision tower to fill; tensors under its names are kept as they are."""
 
+NO_AUDIO_ENCODER = ("Tunix 0.1.7 has no Gemma 4 audio encoder and torchlike builds none (the audio tower's weights are "
+                    "kept and saved back unchanged); pass text and images")
+
 NO_VISION_CONFIG = ("this Gemma 4 checkpoint has no vision_config (no vision tower), so it runs its text decoder "
                     "only")
 
@@ -290,6 +293,7 @@ FAMILY = Family(
     images=images,
     image_keys=("image_position_ids",),
     mm_types_attend_both_ways=images_attend_both_ways,
+    refused_inputs={name: NO_AUDIO_ENCODER for name in ("input_features", "input_features_mask")},
     decoder="gemma4",
 )
 """Gemma 4 (``Gemma4ForConditionalGeneration``) <-> the Tunix Gemma 4 text decoder (:mod:`.gemma4`) with the vision
