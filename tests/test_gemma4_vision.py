@@ -211,31 +211,17 @@ def test_an_image_longer_than_the_sliding_window_and_all_way_attention_are_refus
 
 def test_gemma4_sft_matches_trl_step_for_step(tmp_path):
     """TRL's vision SFT on Gemma 4 (its processor as ``torchlike.AutoProcessor`` loads it without torchvision):
-    images of two sizes and a text-only row; losses, grad norms and every final weight."""
-    from tests.helpers.logs import logged
-    from tests.helpers.vision import ANSWERS, PROMPTS, offline_runs, save_tiny_vlm
+    images of two sizes and a text-only row; losses, grad norms and every final weight and buffer (``layer_scalar``
+    is a buffer in transformers: trained on neither side)."""
+    from tests.helpers.vision import (
+        SFT_SETTINGS,
+        assert_sft_matches_trl,
+        image_conversations,
+        offline_runs,
+        save_tiny_vlm,
+    )
 
     path = save_tiny_vlm(tmp_path / "checkpoint", "gemma4")
-    settings = dict(per_device_train_batch_size=3, max_steps=3, learning_rate=3e-3, lr_scheduler_type="linear",
-                    warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
-                    bf16=False, report_to="none", save_strategy="no")
-    rows = []
-    for row in range(9):
-        images = [] if row % 3 == 2 else [tiny_image(row, 28 + 14 * (row % 2))]
-        rows.append({"messages": [
-            {"role": "user", "content": [{"type": "image"}] * len(images)
-             + [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
-            {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
-            "images": images})
-    reference, trainer = offline_runs("SFT", path, rows, settings, tmp_path)
-    expected, ours = reference.state.log_history, trainer.state.log_history
-    for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
-        assert len(logged(expected, key)) == settings["max_steps"], key
-        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
-    mine = trainer.model.hf_tensors()
-    # Parameters and buffers (layer_scalar: a buffer in transformers, so not trained on either side).
-    theirs = {name: tensor.detach().numpy() for name, tensor in reference.model.state_dict().items()
-              if name != "lm_head.weight"}  # tied to the embeddings
-    assert set(mine) == set(theirs)
-    for name, value in theirs.items():
-        np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
+    rows = image_conversations(9, lambda row: [] if row % 3 == 2 else [tiny_image(row, 28 + 14 * (row % 2))])
+    assert_sft_matches_trl(*offline_runs("SFT", path, rows, SFT_SETTINGS, tmp_path), buffers=True,
+                           published=lambda name: None if name == "lm_head.weight" else name)  # tied

@@ -136,28 +136,10 @@ def smolvlm_processor(path) -> transformers.Idefics3Processor:
 def test_smolvlm_sft_matches_trl_step_for_step(paths, tmp_path):
     """TRL's vision SFT on SmolVLM with images of two shapes (padded to the batch's largest, their padding patches
     masked) and a text-only row: losses, grad norms and every final weight."""
-    from tests.helpers.logs import logged
-    from tests.helpers.vision import ANSWERS, PROMPTS, offline_runs
+    from tests.helpers.vision import SFT_SETTINGS, assert_sft_matches_trl, image_conversations, offline_runs
 
     path = paths("smolvlm")
-    settings = dict(per_device_train_batch_size=3, max_steps=3, learning_rate=3e-3, lr_scheduler_type="linear",
-                    warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
-                    bf16=False, report_to="none", save_strategy="no")
-    rows = []
-    for row in range(9):
-        images = [] if row % 3 == 2 else [tiny_image(row, 16).resize((16, 8 + 8 * (row % 2)))]
-        rows.append({"messages": [
-            {"role": "user", "content": [{"type": "image"}] * len(images)
-             + [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
-            {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
-            "images": images})
-    reference, trainer = offline_runs("SFT", path, rows, settings, tmp_path, processor=lambda: smolvlm_processor(path))
-    expected, ours = reference.state.log_history, trainer.state.log_history
-    for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
-        assert len(logged(expected, key)) == settings["max_steps"], key
-        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
-    mine = trainer.model.hf_tensors()
-    theirs = {name: parameter.detach().numpy() for name, parameter in reference.model.named_parameters()}
-    assert set(mine) == set(theirs)
-    for name, value in theirs.items():
-        np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
+    rows = image_conversations(9, lambda row: [] if row % 3 == 2 else
+                               [tiny_image(row, 16).resize((16, 8 + 8 * (row % 2)))])
+    assert_sft_matches_trl(*offline_runs("SFT", path, rows, SFT_SETTINGS, tmp_path,
+                                         processor=lambda: smolvlm_processor(path)))

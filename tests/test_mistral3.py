@@ -139,25 +139,15 @@ def pixtral_processor(path, monkeypatch) -> transformers.ProcessorMixin:
 def test_mistral3_sft_matches_trl_step_for_step(mistral3_path, tmp_path, monkeypatch):
     """TRL's vision SFT on Mistral 3 with images at their own sizes (wide, tall; padded to the batch's largest, with
     ``image_sizes``) and a text-only row: losses, grad norms and every final weight."""
-    from tests.helpers.logs import logged
-    from tests.helpers.vision import ANSWERS, PROMPTS, offline_runs
-
-    settings = dict(per_device_train_batch_size=3, max_steps=3, learning_rate=3e-3, lr_scheduler_type="linear",
-                    warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
-                    bf16=False, report_to="none", save_strategy="no")
-    rows = []
-    for row in range(9):
-        images = [] if row % 3 == 2 else [tiny_image(row, 32).resize(((32, 16), (16, 32))[row % 2])]
-        rows.append({"messages": [
-            {"role": "user", "content": [{"type": "image"}] * len(images)
-             + [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
-            {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
-            "images": images})
-    # Saved with the checkpoint, torchlike.AutoProcessor loads it back around the PIL image processor (its module
-    # imported anew, without the stand-in).
     import shutil
     import sys
 
+    from tests.helpers.vision import SFT_SETTINGS, assert_sft_matches_trl, image_conversations, offline_runs
+
+    rows = image_conversations(9, lambda row: [] if row % 3 == 2 else
+                               [tiny_image(row, 32).resize(((32, 16), (16, 32))[row % 2])])
+    # Saved with the checkpoint, torchlike.AutoProcessor loads it back around the PIL image processor (its module
+    # imported anew, without the stand-in).
     path = tmp_path / "checkpoint"
     shutil.copytree(mistral3_path, path)
     pixtral_processor(path, monkeypatch).save_pretrained(path)
@@ -167,20 +157,11 @@ def test_mistral3_sft_matches_trl_step_for_step(mistral3_path, tmp_path, monkeyp
     assert type(processor).__name__ == "PixtralProcessor"
     assert type(processor.image_processor).__name__ == "PixtralImageProcessorPil"
     assert "transformers.models.pixtral.image_processing_pixtral" not in sys.modules
-    reference, trainer = offline_runs("SFT", path, rows, settings, tmp_path)
-    expected, ours = reference.state.log_history, trainer.state.log_history
-    for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy"):
-        assert len(logged(expected, key)) == settings["max_steps"], key
-        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
-    mine = trainer.model.hf_tensors()  # published names; transformers' in memory: model.language_model. and model.
     renames = (("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
                ("model.", ""))
 
-    def published(name: str) -> str:
+    def published(name: str) -> str:  # transformers' in-memory names -> the published ones torchlike exports
         prefix, target = next(pair for pair in renames if name.startswith(pair[0]))
         return target + name[len(prefix):]
 
-    theirs = {published(name): parameter.detach().numpy() for name, parameter in reference.model.named_parameters()}
-    assert set(mine) == set(theirs)
-    for name, value in theirs.items():
-        np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert_sft_matches_trl(*offline_runs("SFT", path, rows, SFT_SETTINGS, tmp_path), published=published)

@@ -15,9 +15,15 @@ import transformers
 from safetensors.numpy import load_file
 
 import torchlike
-from tests.helpers.logs import logged
 from tests.helpers.models import randomize_lora_, valid_max_diff, with_config
-from tests.helpers.vision import ANSWERS, PROMPTS, hf_vlm, offline_runs, save_tiny_vlm
+from tests.helpers.vision import (
+    SFT_SETTINGS,
+    assert_sft_matches_trl,
+    hf_vlm,
+    image_conversations,
+    offline_runs,
+    save_tiny_vlm,
+)
 from torchlike.peft import LoraConfig, get_peft_model
 from torchlike.testing import tiny_image
 
@@ -125,22 +131,12 @@ def test_mlp_names_adapt_the_dense_layer_only_and_the_experts_are_refused_by_nam
     with pytest.raises(ValueError, match=r"mlp\.gate is not adapted: the router is not a linear module"):
         get_peft_model(model, LoraConfig(r=4, target_modules=["gate"], task_type="CAUSAL_LM"))
 
-SFT_SETTINGS = dict(per_device_train_batch_size=3, gradient_accumulation_steps=1, max_steps=3, learning_rate=3e-3,
-                    lr_scheduler_type="linear", warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5,
-                    adam_epsilon=1e-4, logging_steps=1, seed=0, bf16=False, report_to="none", save_strategy="no")
 
 
 def conversation_rows(count: int) -> list[dict]:
     """Conversations with images of three sizes in turn (grids 1x4x4, 1x4x8, 1x8x8) and none every fourth row."""
-    rows = []
-    for row in range(count):
-        images = [] if row % 4 == 3 else [tiny_image(row, 32).resize(((16, 16), (32, 16), (32, 32))[row % 4])]
-        question = [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]
-        rows.append({"messages": [
-            {"role": "user", "content": [{"type": "image"}] * len(images) + question},
-            {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
-            "images": images})
-    return rows
+    return image_conversations(count, lambda row: [] if row % 4 == 3 else
+                               [tiny_image(row, 32).resize(((16, 16), (32, 16), (32, 32))[row % 4])])
 
 
 def test_sft_with_the_router_loss_matches_trl_step_for_step(path, tmp_path):
@@ -151,16 +147,8 @@ def test_sft_with_the_router_loss_matches_trl_step_for_step(path, tmp_path):
                          text_config={**config["text_config"], "output_router_logits": True})
     settings = dict(SFT_SETTINGS, router_aux_loss_coef=0.5)
     reference, trainer = offline_runs("SFT", routed, conversation_rows(9), settings, tmp_path)
-    expected, ours = reference.state.log_history, trainer.state.log_history
     assert reference.aux_loss_enabled and trainer.aux_loss_enabled
-    for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy", "aux_loss"):
-        assert len(logged(expected, key)) == SFT_SETTINGS["max_steps"], key
-        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
-    mine = trainer.model.hf_tensors()
-    theirs = {name: parameter.detach().numpy() for name, parameter in reference.model.named_parameters()}
-    assert set(mine) == set(theirs)
-    for name, value in theirs.items():
-        np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert_sft_matches_trl(reference, trainer, ("loss", "grad_norm", "entropy", "mean_token_accuracy", "aux_loss"))
 
 
 def test_experts_as_qwen_publishes_them_load_as_transformers_loads_them(path, model, inputs, tmp_path):

@@ -217,3 +217,47 @@ def offline_runs(name: str, path: Path, rows: list[dict], settings: dict, output
                                               processing_class=processor())
     trainer.train()
     return reference, trainer
+
+
+SFT_SETTINGS = dict(per_device_train_batch_size=3, max_steps=3, learning_rate=3e-3, lr_scheduler_type="linear",
+                    warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5, adam_epsilon=1e-4, logging_steps=1, seed=0,
+                    bf16=False, report_to="none", save_strategy="no")
+"""The vision SFT comparisons' settings: a warmup then a decaying learning rate, weight decay, clipping below every
+step's norm, an Adam epsilon above float noise, float32 (TRL's bf16 is autocast, torchlike's casts the weights)."""
+
+
+def image_conversations(count: int, images_of: Callable[[int], list]) -> list[dict]:
+    """``count`` TRL conversation rows: a user turn with ``images_of(row)``'s images (placeholders first) and one of
+    :data:`PROMPTS`, an assistant turn with one of :data:`ANSWERS`, and the ``images`` column."""
+    rows = []
+    for row in range(count):
+        images = images_of(row)
+        rows.append({"messages": [
+            {"role": "user", "content": [{"type": "image"}] * len(images)
+             + [{"type": "text", "text": PROMPTS[row % len(PROMPTS)]}]},
+            {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[row % len(ANSWERS)]}]}],
+            "images": images})
+    return rows
+
+
+def assert_sft_matches_trl(reference: transformers.Trainer, trainer: object,
+                           metrics: tuple[str, ...] = ("loss", "grad_norm", "entropy", "mean_token_accuracy"),
+                           published: Callable[[str], str | None] = lambda name: name, buffers: bool = False) -> None:
+    """The two SFT runs of :func:`offline_runs` agree step for step: each of ``metrics`` logged every step within
+    rtol 1e-4, and every final weight (torchlike's exported tensors against the transformers model's parameters,
+    named by ``published``, which returns ``None`` for one not compared, with its buffers when ``buffers``) within rtol
+    1e-4, atol 1e-5."""
+    from tests.helpers.logs import logged
+
+    expected, ours = reference.state.log_history, trainer.state.log_history
+    steps = reference.args.max_steps
+    for key in metrics:
+        assert len(logged(expected, key)) == steps, key
+        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, err_msg=key)
+    tensors = reference.model.state_dict() if buffers else dict(reference.model.named_parameters())
+    theirs = {renamed: tensor.detach().numpy() for name, tensor in tensors.items()
+              if (renamed := published(name)) is not None}
+    mine = trainer.model.hf_tensors()
+    assert set(mine) == set(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
