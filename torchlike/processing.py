@@ -39,8 +39,10 @@ class AutoProcessor:
 
         Raises:
             FileNotFoundError: the directory holds no tokenizer files.
-            ModuleNotFoundError: ``transformers``' processor class needs a package that is not installed (Gemma 4's
-                needs ``torchvision``); the message names it.
+            ModuleNotFoundError: ``transformers``' processor class needs a package that is not installed; the message
+                names it. Without ``torchvision``, Qwen-VL's processors load with a stand-in video processor, and
+                ``PixtralProcessor`` and ``Gemma4Processor`` around their PIL image processors
+                (:func:`processor_with_pil_images`).
             OSError: the directory does not exist and the name is not an available hub repository
                 (``ModelNotFoundError``).
         """
