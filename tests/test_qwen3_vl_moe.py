@@ -22,6 +22,8 @@ from tests.helpers.vision import (
     hf_vlm,
     image_conversations,
     offline_runs,
+    qwen_vl_image_batch,
+    reference_logits,
     save_tiny_vlm,
 )
 from torchlike.peft import LoraConfig, get_peft_model
@@ -45,22 +47,7 @@ def model(path):
 @pytest.fixture(scope="module")
 def inputs(path):
     """Three prompts, padded on the left: one 16x16 image; a 16x32 and a 32x32 image; text alone."""
-    processor = torchlike.AutoProcessor.from_pretrained(path)
-    images = [[tiny_image(0, 16)], [tiny_image(1, 32).resize((32, 16)), tiny_image(2, 32)], []]
-    questions = ["the quick brown fox", "hello world", "one two three four five six seven"]
-    conversations = [[{"role": "user", "content": [{"type": "image"}] * len(row) + [{"type": "text", "text": text}]}]
-                     for row, text in zip(images, questions, strict=True)]
-    texts = processor.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
-    processor.tokenizer.padding_side = "left"
-    batch = processor(text=texts, images=[image for row in images for image in row], padding=True,
-                      return_tensors="np")
-    assert batch["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 8], [1, 8, 8]]
-    return dict(batch)
-
-
-def reference_logits(model: transformers.PreTrainedModel, inputs: dict) -> np.ndarray:
-    with torch.no_grad():
-        return model(**{key: torch.tensor(value) for key, value in inputs.items()}).logits.float().numpy()
+    return qwen_vl_image_batch(path, "left")
 
 
 def test_image_and_text_logits_equal_transformers(model, path, inputs):

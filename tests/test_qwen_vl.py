@@ -15,9 +15,9 @@ from safetensors.numpy import load_file
 
 import torchlike
 from tests.helpers.models import randomize_lora_, valid_max_diff
-from tests.helpers.vision import save_tiny_vlm
+from tests.helpers.vision import qwen_vl_image_batch, reference_logits, save_tiny_vlm
 from torchlike.peft import LoraConfig, get_peft_model
-from torchlike.testing import multimodal_token_ids, tiny_image
+from torchlike.testing import multimodal_token_ids
 
 FAMILIES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_5"]
 CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen2_vl": "Qwen2VLForConditionalGeneration",
@@ -42,34 +42,13 @@ def hf_vlm(path) -> transformers.PreTrainedModel:
     return transformers.AutoModelForImageTextToText.from_pretrained(path, attn_implementation="eager").eval()
 
 
-def reference_logits(model, inputs: dict) -> np.ndarray:
-    """transformers' logits (its own multimodal positions from ``mm_token_type_ids`` and the grids)."""
-    with torch.no_grad():
-        return model(**{key: torch.tensor(value) for key, value in inputs.items()}).logits.float().numpy()
-
-
-def image_batch(path, padding_side: str) -> dict:
-    """Three conversations: one 16x16 image; a 16x32 and a 32x32 image; text alone (grids 1x4x4, 1x4x8, 1x8x8)."""
-    processor = torchlike.AutoProcessor.from_pretrained(path)
-    images = [[tiny_image(0, 16)], [tiny_image(1, 32).resize((32, 16)), tiny_image(2, 32)], []]
-    questions = ["the quick brown fox", "hello world", "one two three four five six seven"]
-    conversations = [[{"role": "user", "content": [{"type": "image"}] * len(row) + [{"type": "text", "text": text}]}]
-                     for row, text in zip(images, questions, strict=True)]
-    texts = processor.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
-    processor.tokenizer.padding_side = padding_side
-    inputs = processor(text=texts, images=[image for row in images for image in row], padding=True,
-                       return_tensors="np")
-    assert inputs["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 8], [1, 8, 8]]
-    return dict(inputs)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("padding_side", ["left", "right"])
 def test_image_and_text_logits_equal_transformers_with_images_of_different_sizes(family, padding_side, qwen_dirs):
     path = qwen_dirs(family)
     model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
     assert model.family.architectures == (CLASSES[family],)
-    inputs = image_batch(path, padding_side)
+    inputs = qwen_vl_image_batch(path, padding_side)
     reference = reference_logits(hf_vlm(path), inputs)
     mask = inputs["attention_mask"]
     assert valid_max_diff(model(**inputs).logits, reference, mask) <= 1e-4
@@ -82,7 +61,7 @@ def test_image_and_text_logits_equal_transformers_with_images_of_different_sizes
 def test_multimodal_positions_matter_at_the_tolerance(qwen_dirs, monkeypatch):
     path = qwen_dirs("qwen2_5_vl")
     model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
-    inputs = image_batch(path, "left")
+    inputs = qwen_vl_image_batch(path, "left")
     # The two image rows: a shape no other test compiles, so that the patched call is traced.
     inputs.update({key: inputs[key][:2] for key in ("input_ids", "attention_mask", "mm_token_type_ids")})
     reference = reference_logits(hf_vlm(path), inputs)
@@ -170,7 +149,7 @@ def test_transformers_reloads_the_export_with_the_same_image_logits(family, qwen
         tmp_path / "export", attn_implementation="eager", output_loading_info=True)
     assert type(reloaded).__name__ == CLASSES[family]
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    inputs = image_batch(path, "right")
+    inputs = qwen_vl_image_batch(path, "right")
     assert np.array_equal(reference_logits(reloaded.eval(), inputs), reference_logits(hf_vlm(path), inputs))
 
 
@@ -179,7 +158,7 @@ def test_loads_from_a_transformers_model_object_with_its_in_memory_names(qwen_di
     reference = hf_vlm(path)
     assert any(name.startswith("model.language_model.") for name in reference.state_dict())
     model = torchlike.AutoModelForImageTextToText.from_pretrained(reference)
-    inputs = image_batch(path, "right")
+    inputs = qwen_vl_image_batch(path, "right")
     assert valid_max_diff(model(**inputs).logits, reference_logits(reference, inputs),
                           inputs["attention_mask"]) <= 1e-4
 
@@ -187,7 +166,7 @@ def test_loads_from_a_transformers_model_object_with_its_in_memory_names(qwen_di
 def test_inputs_that_do_not_match_are_named_errors(qwen_dirs, tiny_checkpoints):
     path = qwen_dirs("qwen2_5_vl")
     model = torchlike.AutoModelForImageTextToText.from_pretrained(path)
-    inputs = image_batch(path, "right")
+    inputs = qwen_vl_image_batch(path, "right")
     extra = dict(inputs, pixel_values=np.concatenate([inputs["pixel_values"], inputs["pixel_values"][:16]]),
                  image_grid_thw=np.concatenate([inputs["image_grid_thw"], [[1, 4, 4]]]))
     with pytest.raises(ValueError, match=r"1 image\(s\) were given beyond the image tokens \(id \d+\)"):
@@ -211,7 +190,7 @@ def test_inputs_that_do_not_match_are_named_errors(qwen_dirs, tiny_checkpoints):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_generate_with_images_equals_transformers_on_both_engines(family, qwen_dirs):
     path = qwen_dirs(family)
-    inputs = image_batch(path, "left")
+    inputs = qwen_vl_image_batch(path, "left")
     hf = hf_vlm(path)
     with torch.no_grad():
         expected = hf.generate(**{key: torch.tensor(value) for key, value in inputs.items()}, max_new_tokens=8,
@@ -237,7 +216,7 @@ def test_lora_adapter_loads_in_peft_with_the_same_image_logits_and_merges(family
     theirs = peft.get_peft_model(hf_vlm(path), peft.LoraConfig(r=4, target_modules="all-linear"))
     assert keys == {name.replace(".default", "") for name in peft.get_peft_model_state_dict(theirs)}
     reference = peft.PeftModel.from_pretrained(hf_vlm(path), tmp_path / "adapter").eval()
-    inputs = image_batch(path, "right")
+    inputs = qwen_vl_image_batch(path, "right")
     ours = model(**inputs).logits
     assert valid_max_diff(ours, reference_logits(reference, inputs), inputs["attention_mask"]) <= 1e-4
     model.merge_and_unload().save_pretrained(tmp_path / "merged")

@@ -261,3 +261,28 @@ def assert_sft_matches_trl(reference: transformers.Trainer, trainer: object,
     assert set(mine) == set(theirs)
     for name, value in theirs.items():
         np.testing.assert_allclose(np.asarray(mine[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def qwen_vl_image_batch(path, padding_side: str) -> dict:
+    """Three Qwen-VL conversations processed by the checkpoint's processor: one 16x16 image; a 16x32 and a 32x32
+    image; text alone (grids 1x4x4, 1x4x8, 1x8x8)."""
+    import torchlike
+
+    processor = torchlike.AutoProcessor.from_pretrained(path)
+    images = [[tiny_image(0, 16)], [tiny_image(1, 32).resize((32, 16)), tiny_image(2, 32)], []]
+    questions = ["the quick brown fox", "hello world", "one two three four five six seven"]
+    conversations = [[{"role": "user", "content": [{"type": "image"}] * len(row) + [{"type": "text", "text": text}]}]
+                     for row, text in zip(images, questions, strict=True)]
+    texts = processor.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
+    processor.tokenizer.padding_side = padding_side
+    inputs = processor(text=texts, images=[image for row in images for image in row], padding=True,
+                       return_tensors="np")
+    assert inputs["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 8], [1, 8, 8]]
+    return dict(inputs)
+
+
+def reference_logits(model: transformers.PreTrainedModel, inputs: dict) -> np.ndarray:
+    """transformers' float32 logits of ``inputs`` (numpy arrays), every position (Qwen-VL's multimodal positions
+    from ``mm_token_type_ids`` and the grids)."""
+    with torch.no_grad():
+        return model(**{key: torch.tensor(value) for key, value in inputs.items()}).logits.float().numpy()
