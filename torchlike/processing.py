@@ -164,6 +164,16 @@ def _saved_video_config(source: Path) -> dict[str, Any] | None:
     return video_config if isinstance(video_config, dict) else None
 
 
+def _saved_settings(processor_class: type, source: Path) -> dict[str, Any]:
+    """The processor's own saved settings at ``source`` (its chat template and plain values), without its parts'
+    configs, for building it from parts."""
+    processor_dict, _ = processor_class.get_processor_dict(source)
+    settings = {key: value for key, value in processor_dict.items()
+                if key in ("chat_template", "audio_tokenizer") or not isinstance(value, dict)}
+    settings.pop("processor_class", None)
+    return settings
+
+
 def _without_torchvision_videos(source, error: ImportError, kwargs: dict[str, Any]
                                 ) -> transformers.ProcessorMixin | None:
     """The processor at ``source`` with :class:`VideoProcessorWithoutTorchvision` for its video processor, when
@@ -184,10 +194,7 @@ def _without_torchvision_videos(source, error: ImportError, kwargs: dict[str, An
     processor_class = getattr(transformers, name, None) if name else None
     if processor_class is None or "video_processor" not in processor_class.get_attributes():
         return None
-    processor_dict, _ = processor_class.get_processor_dict(source)
-    processor_dict = {key: value for key, value in processor_dict.items()
-                      if key in ("chat_template", "audio_tokenizer") or not isinstance(value, dict)}
-    processor_dict.pop("processor_class", None)
+    processor_dict = _saved_settings(processor_class, source)
     # The module's class: transformers' top-level AutoImageProcessor is a placeholder without torchvision.
     from transformers.models.auto.image_processing_auto import AutoImageProcessor
 
@@ -259,10 +266,7 @@ def _with_pil_images(source: os.PathLike, kwargs: dict[str, Any]) -> transformer
     if name not in PIL_TWINS:
         return None
     processor_class, image_class = pil_twin_classes(name)
-    processor_dict, _ = processor_class.get_processor_dict(source)
-    settings = {key: value for key, value in processor_dict.items()
-                if key in ("chat_template", "audio_tokenizer") or not isinstance(value, dict)}
-    settings.pop("processor_class", None)
+    settings = _saved_settings(processor_class, source)
     parts = {"image_processor": image_class.from_pretrained(source, **kwargs),
              "tokenizer": transformers.AutoTokenizer.from_pretrained(source, **kwargs)}
     if "feature_extractor" in processor_class.get_attributes():
