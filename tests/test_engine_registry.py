@@ -77,8 +77,8 @@ def test_generate_takes_a_registered_engine_and_returns_its_tokens(recording, ti
 
 
 def test_engine_names_are_checked_where_they_are_read(recording, tmp_path):
-    assert torchlike.generation.rollout_engine_names() == ("static", "paged", "recording")
-    with pytest.raises(ValueError, match="rollout_engine='vllm'.*'static', 'paged', 'recording'"):
+    assert torchlike.generation.rollout_engine_names() == ("static", "paged", "vllm_server", "recording")
+    with pytest.raises(ValueError, match="rollout_engine='vllm'.*'static', 'paged', 'vllm_server', 'recording'"):
         GRPOConfig(output_dir=str(tmp_path), rollout_engine="vllm")
     with pytest.raises(ValueError, match="registered already; pass replace=True"):
         torchlike.register_rollout_engine("recording", RecordingEngine)

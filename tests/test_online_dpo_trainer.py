@@ -299,11 +299,14 @@ def test_online_dpo_defaults_are_trls(tmp_path):
         assert getattr(ours, name) == getattr(theirs, name), name
 
 
-def test_vllm_server_mode_is_refused_with_a_reason(tmp_path):
-    from torchlike.field_support import check_unsupported
+def test_vllm_server_mode_is_honoured_as_in_grpo(tmp_path):
+    from torchlike.field_support import check_unsupported, field_table
+    from torchlike.trl import GRPOConfig
 
-    with pytest.raises(ValueError, match="vllm_mode='server': TRL's vLLM server mode"):
-        check_unsupported(OnlineDPOConfig(output_dir=str(tmp_path), vllm_mode="server"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_unsupported(OnlineDPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_mode="server"))
+    assert field_table(OnlineDPOConfig)["vllm_mode"] is field_table(GRPOConfig)["vllm_mode"]
 
 
 def test_the_constructor_takes_trls_arguments_in_trls_order():

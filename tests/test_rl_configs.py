@@ -96,15 +96,9 @@ NON_DEFAULT = {
     "trust_remote_code": {"trust_remote_code": True},
     "ds3_gather_for_generation": {"ds3_gather_for_generation": False},
     "cache_implementation": {"cache_implementation": "static"},
-    "use_vllm": {"use_vllm": True},
-    "vllm_mode": {"vllm_mode": "server"},
     "vllm_model_impl": {"vllm_model_impl": "transformers"},
     "vllm_enable_sleep_mode": {"vllm_enable_sleep_mode": True},
     "vllm_structured_outputs_regex": {"vllm_structured_outputs_regex": r"\d+"},
-    "vllm_server_base_url": {"vllm_server_base_url": "http://server:8000"},
-    "vllm_server_host": {"vllm_server_host": "10.0.0.1"},
-    "vllm_server_port": {"vllm_server_port": 8001},
-    "vllm_server_timeout": {"vllm_server_timeout": 10.0},
     "vllm_group_port": {"vllm_group_port": 5000},
     "vllm_gpu_memory_utilization": {"vllm_gpu_memory_utilization": 0.5},
     "vllm_max_model_length": {"vllm_max_model_length": 2048},
@@ -173,9 +167,10 @@ def test_honoured_grpo_settings_never_warn():
                     num_iterations=2, log_completions=True, shuffle_dataset=False, disable_dropout=True) == []
 
 
-def test_use_vllm_warns_that_the_jax_rollout_engines_generate():
-    (message,) = _applied(GRPOConfig, use_vllm=True)
-    assert message.startswith("use_vllm=True is ignored") and "JAX rollout engines" in message
+def test_vllm_server_fields_are_honoured_not_ignored():
+    assert _applied(GRPOConfig, use_vllm=True, vllm_mode="server", vllm_server_base_url="http://server:8000",
+                    vllm_server_host="10.0.0.1", vllm_server_port=8001, vllm_server_timeout=10.0) == []
+    assert "vllm_mode='colocate'" in GRPO_FIELD_SUPPORT["use_vllm"].reason
 
 
 # --- GRPO batch semantics and validation ---------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 An engine is registered with a builder ``builder(module, context) -> RolloutEngine``; ``rollout_engine="<name>"``
 (``generate``'s argument, ``GRPOConfig``'s and ``RLOOConfig``'s field) picks it, and nothing else in a trainer names an
-engine. The static and paged engines are registered here; another engine (an out-of-tree one, a test's) registers
-itself the same way (:func:`register_engine`) and runs GRPO without a change to any trainer.
+engine. The static, paged and vLLM-server engines are registered here; another engine (an out-of-tree one, a test's)
+registers itself the same way (:func:`register_engine`) and runs GRPO without a change to any trainer.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..distributed import mesh as mesh_lib
 from ..lora import runtime as lora_runtime
 from .engine import RolloutEngine, StaticEngine
 from .paged import PagedEngine, PagedEngineConfig
+from .vllm_server import VLLMServerConfig, VLLMServerEngine
 
 __all__ = ["EngineContext", "build_engine", "engine_names", "register_engine", "unregister_engine"]
 
@@ -44,6 +45,9 @@ class EngineContext:
             mixture, a second model's worker).
         weights_version: returns the version of those weights (the trainer's optimizer steps so far; 0 in
             ``generate``), to tag the completions an engine samples with them.
+        save_adapter: writes the sampled policy's LoRA adapter (PEFT's layout) to the folder it is given: what an
+            engine that loads adapters at runtime (``"vllm_server"``) syncs. ``None`` where the policy has no LoRA
+            adapter (full fine-tuning) or the module is not the policy.
     """
 
     eos_token_ids: tuple[int, ...] = ()
@@ -55,6 +59,7 @@ class EngineContext:
     shard_rows: bool = False
     hf_weights: Callable[[], dict[str, Any]] | None = None
     weights_version: Callable[[], int] | None = None
+    save_adapter: Callable[[str], None] | None = None
 
 
 EngineBuilder = Callable[[nnx.Module, EngineContext], RolloutEngine]
@@ -74,9 +79,15 @@ def _paged(module: nnx.Module, context: EngineContext) -> PagedEngine:
                        pad_token_id=context.pad_token_id, lora=context.lora, mesh=context.mesh)
 
 
-_BUILDERS: dict[str, EngineBuilder] = {"static": _static, "paged": _paged}
+def _vllm_server(module: nnx.Module, context: EngineContext) -> VLLMServerEngine:
+    return VLLMServerEngine(VLLMServerConfig.from_mapping(context.settings), context.save_adapter,
+                            context.weights_version, eos_token_ids=context.eos_token_ids)
+
+
+_BUILDERS: dict[str, EngineBuilder] = {"static": _static, "paged": _paged, "vllm_server": _vllm_server}
 BUILT_IN: tuple[str, ...] = tuple(_BUILDERS)
-"""The engines torchlike ships: ``"static"`` (one left-padded batch in one program) and ``"paged"``."""
+"""The engines torchlike ships: ``"static"`` (one left-padded batch in one program), ``"paged"`` and
+``"vllm_server"`` (a vLLM server's OpenAI API, the policy's LoRA adapter loaded into it)."""
 
 
 def register_engine(name: str, builder: EngineBuilder, *, replace: bool = False) -> None:

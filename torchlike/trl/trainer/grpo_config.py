@@ -133,6 +133,7 @@ class OnlineRLConfig(TRLConfig):
     rollout_page_size: int = 16
     rollout_kv_cache_tokens: int | None = None
     rollout_max_num_batched_tokens: int = 2048
+    rollout_vllm_adapter_dir: str | None = None
     max_staleness: int = 0
 
     def __post_init__(self) -> None:
@@ -206,7 +207,8 @@ class GRPOConfig(OnlineRLConfig):
             to its longest row in one program (the fewest programs to compile); ``"paged"``: the paged, continuously
             batched engine (``torchlike.adapters.rollout``: a fraction of the KV memory, and faster when completion
             lengths are long-tailed, as ``benchmarks/rollout.py`` measures); or the name of an engine registered
-            with ``torchlike.register_rollout_engine``.
+            with ``torchlike.register_rollout_engine``. ``use_vllm=True, vllm_mode="server"`` picks
+            ``"vllm_server"`` (a vLLM server's OpenAI API, ``torchlike.adapters.rollout.vllm_server``).
         rollout_max_num_seqs (`int`, defaults to 256): torchlike only; completions decoded together (vLLM's
             ``max_num_seqs``); the others wait for a slot.
         rollout_page_size (`int`, defaults to 16): torchlike only; tokens per KV-cache page (vLLM's ``block_size``).
@@ -216,6 +218,9 @@ class GRPOConfig(OnlineRLConfig):
         rollout_max_num_batched_tokens (`int`, defaults to 2048): torchlike only; with ``rollout_engine="paged"``, the
             most prompt tokens prefilled between two decode calls (vLLM's ``max_num_batched_tokens``): a longer prompt
             is prefilled in chunks while the running completions keep decoding.
+        rollout_vllm_adapter_dir (`str`, *optional*): torchlike only; with ``use_vllm=True, vllm_mode="server"``, the
+            folder each optimizer step's LoRA adapter is written under for the vLLM server to load (it must read the
+            same path: the same host or a shared mount). ``None``: a temporary folder.
         max_staleness (`int`, defaults to 0): torchlike only (TRL's ``AsyncGRPOConfig`` name). ``0``: each generation
             batch is sampled with the current policy before it trains (synchronous, as ``GRPOTrainer``). ``>= 1``:
             the next generation batch is sampled while the current one trains, with the weights from before its

@@ -12,13 +12,22 @@ from ...adapters.rollout.sampling_settings import SamplingSettings
 from ...field_support import FieldSupport, honoured, ignored, refused
 from .sft_fields import SFT_FIELD_SUPPORT
 
-_NO_VLLM = ("vLLM is a CUDA/PyTorch engine torchlike does not use: completions come from torchlike's JAX rollout "
-            "engines (rollout_engine='paged' has vLLM's paged KV cache, continuous batching and shared prompts; "
-            "rollout_* fields) on the training mesh (like vllm_mode='colocate') with the same sampling settings. An "
-            "engine that drives vLLM (or another server) plugs in with torchlike.register_rollout_engine and "
-            "rollout_engine='<its name>'; it receives the policy's merged weights in Hugging Face names.")
-_ONLY_WITH_VLLM = ("Only read with use_vllm=True; torchlike generates with its own JAX rollout engine (rollout_* "
-                   "fields).")
+_USE_VLLM = ("False (TRL's default): completions come from torchlike's JAX rollout engine (rollout_engine; 'paged' has "
+             "vLLM's paged KV cache, continuous batching and shared prompts) on the training mesh. True with "
+             "vllm_mode='server': from a vLLM server's OpenAI API (rollout_engine='vllm_server', "
+             "torchlike.adapters.rollout.vllm_server), the policy's LoRA adapter loaded into the server after each "
+             "optimizer step (full fine-tuning is refused: vLLM's API takes no whole weights). True with "
+             "vllm_mode='colocate': a warning, and torchlike's own JAX engine samples on the training mesh as colocate "
+             "does (vLLM is a CUDA/PyTorch engine that cannot share a JAX process; on a TPU host the Tunix vLLM "
+             "sampler path is not wired yet).")
+_VLLM_MODE = ("'server' (with use_vllm=True): sample through a vLLM server (see use_vllm); 'colocate': torchlike's "
+              "own JAX engine on the training mesh, with a warning when use_vllm=True.")
+_SERVER_ADDRESS = ("With use_vllm=True and vllm_mode='server': the vLLM server's address, vllm_server_base_url or else "
+                   "http://{vllm_server_host}:{vllm_server_port}; the server must read the adapter folders torchlike "
+                   "writes (rollout_vllm_adapter_dir, a temporary folder by default) at the same path.")
+_ONLY_WITH_VLLM = ("Only read by TRL's own vLLM engine; torchlike's server mode talks to a vLLM server through its "
+                   "OpenAI API and syncs LoRA adapters as files, and otherwise generates with its own JAX rollout "
+                   "engine (rollout_* fields).")
 _SAMPLER_CORRECTION = ("With max_staleness >= 1 the engine's log-probs come from the weights before the last "
                        "optimizer steps, and TRL's vLLM importance-sampling correction reweights the per-token loss; "
                        "with max_staleness=0 sampler and trainer share the weights and nothing is corrected.")
@@ -94,16 +103,18 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "cache_implementation": ignored("torchlike's sampler always uses its own preallocated KV cache, sized from the "
                                     "prompt and completion lengths."),
     # --- vLLM ---
-    "use_vllm": ignored(_NO_VLLM),
-    "vllm_mode": ignored(_ONLY_WITH_VLLM),
+    "use_vllm": honoured(_USE_VLLM),
+    "vllm_mode": honoured(_VLLM_MODE),
     "vllm_model_impl": ignored(_ONLY_WITH_VLLM),
     "vllm_enable_sleep_mode": ignored(_ONLY_WITH_VLLM),
     "vllm_structured_outputs_regex": refused("Regex-constrained generation is not implemented in torchlike's sampler;"
                                              " completions would not follow the pattern."),
-    "vllm_server_base_url": ignored(_ONLY_WITH_VLLM),
-    "vllm_server_host": ignored(_ONLY_WITH_VLLM),
-    "vllm_server_port": ignored(_ONLY_WITH_VLLM),
-    "vllm_server_timeout": ignored(_ONLY_WITH_VLLM),
+    "vllm_server_base_url": honoured(_SERVER_ADDRESS),
+    "vllm_server_host": honoured(_SERVER_ADDRESS),
+    "vllm_server_port": honoured(_SERVER_ADDRESS),
+    "vllm_server_timeout": honoured("With use_vllm=True and vllm_mode='server': seconds to wait for the server's "
+                                    "/health when the engine is built (an unreachable server is an error naming its "
+                                    "URL), and for each request."),
     "vllm_group_port": ignored(_ONLY_WITH_VLLM),
     "vllm_gpu_memory_utilization": ignored(_ONLY_WITH_VLLM + " Its KV cache is sized in tokens by "
                                                             "rollout_kv_cache_tokens."),
@@ -195,7 +206,8 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                "one left-padded batch decoded to its longest row in one program; 'paged' with the "
                                "paged, continuously batched engine (torchlike.adapters.rollout: pages freed as "
                                "completions end, one prefill per prompt group, a fraction of the KV memory; faster "
-                               "when completion lengths are long-tailed); or an engine registered with "
+                               "when completion lengths are long-tailed); 'vllm_server' through a vLLM server (what "
+                               "use_vllm=True, vllm_mode='server' picks); or an engine registered with "
                                "torchlike.register_rollout_engine(name, builder)."),
     "rollout_max_num_seqs": honoured("torchlike: completions decoded together (vLLM's max_num_seqs); the others "
                                      "wait and take the slots of completions that end."),
@@ -206,6 +218,9 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "max_staleness": honoured("torchlike (TRL's AsyncGRPOConfig name): 0 samples each generation batch before it "
                               "trains; >= 1 samples the next one while the current one trains (the optimizer "
                               "steps of one generation batch must not exceed it), with the sampler correction."),
+    "rollout_vllm_adapter_dir": honoured("torchlike: with use_vllm=True and vllm_mode='server', the folder each "
+                                         "optimizer step's LoRA adapter is written under for the vLLM server to load "
+                                         "(the server must read the same path); None: a temporary folder."),
     "rollout_kv_cache_tokens": honoured("torchlike: the KV cache's size in tokens (vLLM sizes it with "
                                         "vllm_gpu_memory_utilization); None holds every slot's longest completion."),
     "max_prompt_length": honoured("Removed in TRL 0.28 but still accepted (with a FutureWarning): a prompt longer "

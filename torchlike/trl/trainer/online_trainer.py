@@ -30,7 +30,9 @@ from ...adapters.distributed import multihost
 from ...adapters.lora import runtime as lora_runtime
 from ...adapters.rollout import images as rollout_images
 from ...adapters.rollout import sampling
+from ...peft.config import LoraConfig
 from ...training.batches import sampler_order
+from ...training.model_interface import active_lora_config
 from ...type_aliases import ProcessingClass, RowsLike, TRLArgs
 from ...version import repetition_penalty_skips_left_padding
 from ..data import prompt_vision
@@ -40,6 +42,7 @@ from ..online.environments import EMPTY_PROMPT, EnvironmentPool
 from ..online.reward_scorer import RewardScorer
 from ..online.rollout_worker import RolloutWorker
 from ..online.rollouts import GenerationSchedule, Rollout
+from ..online.vllm_mode import vllm_engine_settings
 from .base_config import round_up_to_multiple
 from .base_trainer import TRLTrainer
 
@@ -71,7 +74,8 @@ class OnlineTrainer(TRLTrainer):
     def _setup_sampling(self, args: TRLArgs, model: CausalLM, processing_class: ProcessingClass) -> None:
         """Sets ``sampling`` (the config's sampling fields, ``generation_kwargs`` over them, sampling on as in TRL),
         ``tokenizer``, ``pad_token_id`` and ``eos_token_ids`` (the tokenizer's eos first, then the generation
-        config's)."""
+        config's), and reads the config's vLLM fields once (:func:`~..online.vllm_mode.vllm_engine_settings`: the
+        server mode's engine, colocate's warning)."""
         names = sampling.SamplingSettings.names()
         extra = self._sampling_overrides(args)
         unknown = sorted(set(extra) - set(names))
@@ -88,6 +92,7 @@ class OnlineTrainer(TRLTrainer):
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.eos_token_ids = eos if tokenizer.eos_token_id in eos else [tokenizer.eos_token_id, *eos]
         self._pending_metrics: dict[str, list[float]] = {}
+        self._vllm_engine_settings = vllm_engine_settings(args)
 
     @functools.cached_property
     def rollout_worker(self) -> RolloutWorker:
@@ -201,18 +206,27 @@ class OnlineTrainer(TRLTrainer):
     def _build_rollout_engine(self, module: Any) -> rollout.RolloutEngine:  # Any: an NNX module or a wrapper
         """The engine ``args.rollout_engine`` names (static where the config has no such field), from the one
         construction path ``generate`` takes too (:func:`torchlike.adapters.rollout.build_engine`), with the config's
-        ``rollout_*`` settings; an engine of the policy can read its merged Hugging Face weights and their version
-        (optimizer steps) from the context."""
+        ``rollout_*`` settings and its vLLM fields' (``use_vllm=True, vllm_mode="server"``: the vLLM server engine,
+        for the policy only: a second model samples with torchlike's engine); an engine of the policy can read its
+        merged Hugging Face weights and their version (optimizer steps) from the context, and save its LoRA
+        adapter."""
         settings = {item.name.removeprefix("rollout_"): getattr(self.args, item.name)
                     for item in dataclasses.fields(self.args) if item.name.startswith("rollout_")}
-        name = settings.pop("engine", "static")
         policy = self._trainable_model
+        samples_policy = module is policy.module
+        vllm = dict(self._vllm_engine_settings)
+        if not samples_policy:
+            vllm.pop("engine", None)
+        settings.update(vllm)
+        name = settings.pop("engine", "static")
+        with_lora = samples_policy and isinstance(active_lora_config(policy), LoraConfig)
         context = rollout.EngineContext(
             eos_token_ids=tuple(self.eos_token_ids), pad_token_id=self.pad_token_id, lora=lora_runtime.EVAL,
             mesh=self.mesh, settings=settings, shard_rows=True,
             repetition_penalty_skips_left_padding=repetition_penalty_skips_left_padding(),
-            hf_weights=policy.hf_tensors if module is policy.module and hasattr(policy, "hf_tensors") else None,
-            weights_version=lambda: self.state.global_step)
+            hf_weights=policy.hf_tensors if samples_policy and hasattr(policy, "hf_tensors") else None,
+            weights_version=lambda: self.state.global_step,
+            save_adapter=policy.save_pretrained if with_lora else None)
         return rollout.build_engine(name, module, context)
 
     def _call_tools(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray, tokens: np.ndarray,

@@ -14,7 +14,10 @@ _VLLM = ("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "v
 
 IW_OPD_FIELD_SUPPORT: dict[str, FieldSupport] = {
     **{name: GRPO_FIELD_SUPPORT.get(name, GRPO_FIELD_SUPPORT["vllm_mode"]) for name in _VLLM},
-    "vllm_sync_frequency": GRPO_FIELD_SUPPORT["vllm_mode"],
+    "vllm_sync_frequency": ignored("With use_vllm=True and vllm_mode='server' torchlike loads the student's LoRA "
+                                   "adapter into the server before every generation round that follows an optimizer "
+                                   "step (vllm_sync_frequency=1); otherwise its own JAX engine samples the current "
+                                   "weights."),
     "neftune_noise_alpha": GKD_FIELD_SUPPORT["neftune_noise_alpha"],
     "model_init_kwargs": GKD_FIELD_SUPPORT["model_init_kwargs"],
     "trust_remote_code": GKD_FIELD_SUPPORT["trust_remote_code"],

@@ -38,7 +38,8 @@ class OnlineDPOConfig(TRLConfig):
         top_p, top_k, min_p, repetition_penalty: sampling filters, as in ``transformers.GenerationConfig``.
         cache_implementation (`str`, *optional*): transformers' KV cache (ignored).
         generation_kwargs (`dict`, *optional*): further sampling settings, over the fields above.
-        use_vllm, vllm_* (vLLM generation): colocated settings are ignored, server mode is refused.
+        use_vllm, vllm_* (vLLM generation): as in ``GRPOConfig``: ``vllm_mode="server"`` samples the policy through a
+            vLLM server (its LoRA adapter loaded after each step), ``"colocate"`` with torchlike's own engine.
         ds3_gather_for_generation (`bool`, defaults to `True`): DeepSpeed ZeRO-3 (ignored).
         model_init_kwargs (`dict`, *optional*): for ``from_pretrained`` when ``model`` is a string.
         trust_remote_code (`bool`, defaults to `False`): forwarded to ``from_pretrained`` in TRL.

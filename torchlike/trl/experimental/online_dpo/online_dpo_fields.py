@@ -11,11 +11,6 @@ from __future__ import annotations
 from ....field_support import FieldSupport, honoured, refused
 from ...trainer.grpo_fields import GRPO_FIELD_SUPPORT
 
-_NO_VLLM_SERVER = ("TRL's vLLM server mode sends the prompts to a separate `trl vllm-serve` process and pushes the "
-                   "policy's weights to it; torchlike has no client for that server and samples with its own JAX "
-                   "rollout engine on the training mesh (as vllm_mode='colocate'), so a server setting would be "
-                   "silently unused. Leave it at its default.")
-
 ONLINE_DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "neftune_noise_alpha": GRPO_FIELD_SUPPORT["neftune_noise_alpha"],
     # --- TrainingArguments fields whose meaning online DPO changes ---
@@ -78,10 +73,10 @@ ONLINE_DPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "vllm_gpu_memory_utilization": GRPO_FIELD_SUPPORT["vllm_gpu_memory_utilization"],
     "vllm_tensor_parallel_size": GRPO_FIELD_SUPPORT["vllm_tensor_parallel_size"],
     "vllm_structured_outputs_regex": GRPO_FIELD_SUPPORT["vllm_structured_outputs_regex"],
-    "vllm_mode": refused(_NO_VLLM_SERVER),
-    "vllm_server_base_url": refused(_NO_VLLM_SERVER),
-    "vllm_server_host": refused(_NO_VLLM_SERVER),
-    "vllm_server_port": refused(_NO_VLLM_SERVER),
-    "vllm_server_timeout": refused(_NO_VLLM_SERVER),
-    "vllm_group_port": refused(_NO_VLLM_SERVER),
+    "vllm_mode": GRPO_FIELD_SUPPORT["vllm_mode"],
+    "vllm_server_base_url": GRPO_FIELD_SUPPORT["vllm_server_base_url"],
+    "vllm_server_host": GRPO_FIELD_SUPPORT["vllm_server_host"],
+    "vllm_server_port": GRPO_FIELD_SUPPORT["vllm_server_port"],
+    "vllm_server_timeout": GRPO_FIELD_SUPPORT["vllm_server_timeout"],
+    "vllm_group_port": GRPO_FIELD_SUPPORT["vllm_group_port"],
 }
