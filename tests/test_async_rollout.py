@@ -65,14 +65,18 @@ def test_sampler_importance_ratio_equals_trls_formula(mode, clip_min, clip_max):
     assert ours.shape == ((6, 1) if mode.startswith("sequence") else (6, 9))
 
 
-@pytest.mark.parametrize("case", ["qwen2", "qwen3_5"])  # Qwen3.5: recurrent state in the engines' slots
-def test_grpo_on_the_paged_engine_equals_grpo_on_the_static_sampler(case, tiny_checkpoints, tokenizer, tmp_path):
+# Qwen3.5: recurrent state in the engines' slots, its attention layers read through JAX's GPU paged-attention kernel
+# (interpreted on the CPU); Qwen2 (a Tunix decoder) through the gathered page view.
+@pytest.mark.parametrize(("case", "attention"), [("qwen2", "gather"), ("qwen3_5", "pallas_gpu")])
+def test_grpo_on_the_paged_engine_equals_grpo_on_the_static_sampler(case, attention, tiny_checkpoints, tokenizer,
+                                                                    tmp_path):
     # Prompts prefilled one token at a time (rollout_max_num_batched_tokens): chunked prefill changes no token.
     paged = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "paged", case=case, rollout_engine="paged",
-                        rollout_max_num_batched_tokens=1)
+                        rollout_max_num_batched_tokens=1, rollout_attention=attention)
     static = trainer_for(tiny_checkpoints, tokenizer, tmp_path / "static", case=case, rollout_engine="static")
     paged.train()
     static.train()
+    assert paged.rollout_engine.kernel["attention"] == attention
     chunks = [request for request, _, _ in paged.rollout_engine.stats.prefill_chunks]
     assert len(chunks) > len(set(chunks))  # some prompt took several chunks
     np.testing.assert_array_equal(paged._last_rollout["input_ids"], static._last_rollout["input_ids"])

@@ -1,8 +1,9 @@
 """The paged rollout engine (``torchlike.adapters.rollout``): greedy tokens equal ``transformers.generate`` for every
 family with slots refilled mid-run and with prompts prefilled in chunks, sampled tokens independent of slots, request
 order, page size and prefill chunk size (and equal to the static sampler's), one prefill per prompt group, long
-prompts prefilled chunk by chunk between decode calls, pages that track the live tokens, and a pool smaller than a
-static batch would need."""
+prompts prefilled chunk by chunk between decode calls, pages that track the live tokens, a pool smaller than a
+static batch would need, completions preempted when the pool runs out and resumed token for token, and a pool sized
+from the device's free memory."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import transformers
 import torchlike
 from tests import tiny
 from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest, StaticEngine
+from torchlike.adapters.rollout.pages import pages_within_memory
 from torchlike.adapters.rollout.sampling import cache_size
 from torchlike.adapters.rollout.sampling_settings import SamplingSettings
 from torchlike.adapters.runtime.tracing import TRACE_COUNTS
@@ -204,11 +206,103 @@ def test_a_pool_smaller_than_the_static_batch_runs_the_workload(wandering_qwen2)
         [[row.tolist() for row in output.token_ids] for output in expected]
 
 
-def test_a_request_larger_than_the_pool_is_refused_naming_the_setting(wandering_qwen2):
+# Completions longer than their prompts in a pool of 5 pages of 4 tokens: a seventh of the pool the engine sizes
+# for them unconstrained, a third of what that run holds at its peak, and as much as one completion needs alone.
+SHORT_PROMPTS = (3, 5, 4, 6)
+LONG_COMPLETIONS = 11
+TIGHT_POOL = PagedEngineConfig(max_num_seqs=4, page_size=4, kv_cache_tokens=20)
+
+
+def long_completions() -> list[RolloutRequest]:
+    return [RolloutRequest(prompt, LONG_COMPLETIONS, num_samples=4, seed=3 + index)
+            for index, prompt in enumerate(prompts(SHORT_PROMPTS))]
+
+
+def assert_same_completions(outputs, expected) -> None:
+    for ours, theirs in zip(outputs, expected, strict=True):
+        assert [row.tolist() for row in ours.token_ids] == [row.tolist() for row in theirs.token_ids]
+        assert ours.ended == theirs.ended
+        np.testing.assert_allclose(np.concatenate(ours.logprobs), np.concatenate(theirs.logprobs), atol=1e-5)
+
+
+@pytest.mark.parametrize("settings", [SamplingSettings(), SAMPLING], ids=["greedy", "sampled_with_penalty"])
+def test_a_pool_too_small_for_the_batch_preempts_and_returns_the_unconstrained_completions(wandering_qwen2,
+                                                                                          settings):
+    """Preempted completions are prefilled again with the tokens they drew and go on with their own streams and
+    penalty memory: every token and log-prob is the unconstrained run's."""
+    _, model = wandering_qwen2
+    unconstrained = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4), eos_token_ids=[7])
+    expected = unconstrained.generate(long_completions(), settings)
+    engine = PagedEngine(model.module, TIGHT_POOL, eos_token_ids=[7])
+    outputs = engine.generate(long_completions(), settings)
+    assert_same_completions(outputs, expected)
+    stats = engine.stats
+    assert stats.pages * 7 <= unconstrained.stats.pages and stats.pages * 3 <= unconstrained.stats.peak_pages_in_use
+    assert stats.preemptions > 0
+    assert stats.recomputed_tokens > stats.preemptions * min(SHORT_PROMPTS)  # prompts and drawn tokens
+    assert stats.peak_pages_in_use <= stats.pages
+
+
+def test_a_preempted_hybrid_completion_rebuilds_its_recurrent_state_by_prefilling_again(tmp_path):
+    _, model = tiny.wandering_model("qwen3_5", tmp_path)
+    settings = SamplingSettings()
+    expected = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4),
+                           eos_token_ids=[7]).generate(long_completions(), settings)
+    engine = PagedEngine(model.module, TIGHT_POOL, eos_token_ids=[7])
+    outputs = engine.generate(long_completions(), settings)
+    assert engine.stats.preemptions > 0
+    for ours, theirs in zip(outputs, expected, strict=True):
+        assert [row.tolist() for row in ours.token_ids] == [row.tolist() for row in theirs.token_ids]
+        # A prefill reads the drawn tokens as a chunk, decode one at a time (the DeltaNet's two forms).
+        np.testing.assert_allclose(np.concatenate(ours.logprobs), np.concatenate(theirs.logprobs), atol=1e-4)
+
+
+def test_a_completion_that_cannot_fit_the_pool_alone_is_refused_naming_the_setting(wandering_qwen2):
     _, model = wandering_qwen2
     engine = PagedEngine(model.module, PagedEngineConfig(page_size=4, kv_cache_tokens=16))
-    with pytest.raises(ValueError, match="kv_cache_tokens=16"):
+    with pytest.raises(ValueError, match=r"even alone.*kv_cache_tokens=16; raise kv_cache_tokens"):
         engine.generate([RolloutRequest(prompts((30,))[0], 8)], SAMPLING)
+
+
+def test_pages_within_memory_fill_the_share_of_the_device_left_beside_what_is_in_use():
+    page = 64 * 4  # bytes per token x tokens per page
+    # Half of 100 pages' bytes, 20 pages' bytes in use: 30 pages fit, one of them the trash page.
+    assert pages_within_memory(100 * page, 20 * page, 0.5, 64, 4) == 29
+    assert pages_within_memory(100 * page + page - 1, 20 * page, 1.0, 64, 4) == 79  # no partial page
+    with pytest.raises(ValueError, match="gpu_memory_utilization=0.2 .* raise gpu_memory_utilization"):
+        pages_within_memory(100 * page, 20 * page, 0.2, 64, 4)
+
+
+def test_gpu_memory_utilization_sizes_the_pool_from_the_devices_memory_stats(wandering_qwen2, monkeypatch):
+    _, model = wandering_qwen2
+    sized = PagedEngine(model.module, TIGHT_POOL, eos_token_ids=[7])
+    expected = sized.generate(long_completions(), SamplingSettings())
+    page = sized.stats.kv_bytes_per_token * TIGHT_POOL.page_size
+    in_use = 1000 * page
+
+    class Device:  # what jax reports for a GPU: a 0.5 share of its memory leaves room for 6 pages (trash included)
+        platform = "gpu"
+
+        def memory_stats(self):
+            return {"bytes_limit": 2 * (in_use + 6 * page), "bytes_in_use": in_use}
+
+    monkeypatch.setattr(jax, "local_devices", lambda: [Device()])
+    config = PagedEngineConfig(max_num_seqs=4, page_size=4, gpu_memory_utilization=0.5)
+    engine = PagedEngine(model.module, config, eos_token_ids=[7])
+    outputs = engine.generate(long_completions(), SamplingSettings())
+    assert engine.stats.pages == sized.stats.pages == 5
+    assert_same_completions(outputs, expected)
+
+
+def test_gpu_memory_utilization_on_a_device_without_memory_stats_warns_and_sizes_as_unconstrained(wandering_qwen2):
+    _, model = wandering_qwen2
+    config = PagedEngineConfig(max_num_seqs=4, page_size=4, gpu_memory_utilization=0.5)
+    engine = PagedEngine(model.module, config, eos_token_ids=[7])
+    with pytest.warns(UserWarning, match="memory_stats.*which cpu does not report.*kv_cache_tokens=None"):
+        engine.generate(long_completions(), SamplingSettings())
+    unconstrained = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4), eos_token_ids=[7])
+    unconstrained.generate(long_completions(), SamplingSettings())
+    assert engine.stats.pages == unconstrained.stats.pages
 
 
 def test_bad_requests_are_refused_with_the_field_named():
@@ -222,3 +316,5 @@ def test_bad_requests_are_refused_with_the_field_named():
         PagedEngineConfig(max_num_seqs=0)
     with pytest.raises(ValueError, match="max_num_batched_tokens must be >= 1"):
         PagedEngineConfig(max_num_batched_tokens=0)
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\]"):
+        PagedEngineConfig(gpu_memory_utilization=1.5)

@@ -93,6 +93,16 @@ def recurrent_state_shapes(module: Decoder) -> dict[str, dict[str, tuple[tuple[i
     return {}
 
 
+def paged_kernel_refusal(module: Decoder) -> str | None:
+    """Why ``module``'s attention layers cannot read a paged cache in place (:mod:`.paged_attention`), or ``None``
+    when they can: the module's own ``paged_kernel_refusal()``; a decoder without one (Tunix's) reads dense caches
+    only."""
+    if hasattr(module, "paged_kernel_refusal"):
+        return module.paged_kernel_refusal()
+    return (f"{type(module).__name__}'s attention (Tunix's) reads a dense KV cache only; the paged kernels serve the "
+            "native decoder's families (Mistral, Phi-3, Qwen3.5, ...)")
+
+
 def missing_members(module: Any) -> list[str]:
     """The members of :class:`Decoder` (and its embedder) that ``module`` lacks; empty when it holds the contract."""
     missing = [name for name in ("config", "embedder", "layers", "final_norm", "get_model_input")

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from . import paged_attention
 from .attention_masks import sliding_window_mask
 from .experts import routed_experts, softmax_top_k
 from .linear_attention import GatedDeltaNet, GatedDeltaNetSpec
@@ -518,6 +519,9 @@ class Attention(nnx.Module):
             if self.rope is not None:
                 cos, sin = self.rope.cos_sin(positions)
                 q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
+        if paged_attention.is_paged(cache):  # the paged engine's kernels (it refuses sinks and latent attention)
+            out, cache = paged_attention.attend(q, k, v, cache, scale=spec.scale, window=self.window)
+            return self._output(out, gate, x.dtype), cache
         first = 0
         if cache is not None:
             first = cache["end_index"][0]
@@ -541,12 +545,17 @@ class Attention(nnx.Module):
         else:
             probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
         out = jnp.einsum("BKGTS,BSKD->BTKGD", probs, v).reshape(batch, length, heads, head_dim)
+        return self._output(out, gate, x.dtype), cache
+
+    def _output(self, out: jax.Array, gate: jax.Array | None, dtype) -> jax.Array:
+        """The output projection of the heads' outputs ``out [B, T, N, D]`` (gated where the spec gates them)."""
+        spec = self.spec
         if spec.latent_attention is not None:
             out = out[..., :spec.latent_attention.v_head_dim]
-        out = out.reshape(batch, length, -1).astype(x.dtype)
+        out = out.reshape(*out.shape[:2], -1).astype(dtype)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate)
-        return getattr(self, spec.output_name)(out), cache
+        return getattr(self, spec.output_name)(out)
 
 
 class MLP(nnx.Module):
@@ -823,6 +832,15 @@ class NativeDecoder(nnx.Module):
         (:func:`~.decoder_contract.recurrent_state_shapes`)."""
         return {f"layer_{index}": getattr(layer, layer.mixer_name).state_shapes(self.config.dtype)
                 for index, layer in enumerate(self.layers) if layer.mixer_name is not None}
+
+    def paged_kernel_refusal(self) -> str | None:
+        """Why the paged kernels cannot run this decoder's attention (:mod:`.paged_attention`), ``None`` when they
+        can."""
+        if self.config.attention_sinks:
+            return "attention sinks (GPT-OSS) are not in JAX's paged kernels"
+        if self.config.latent_attention is not None:
+            return "latent attention (DeepSeek-V3's MLA) is not in JAX's paged kernels"
+        return None
 
     def get_model_input(self) -> dict[str, jax.Array | None]:
         """A dummy call's arguments (Qwix traces the model with them to place its LoRA factors), as Tunix's models

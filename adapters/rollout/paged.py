@@ -16,7 +16,11 @@ The split follows JetStream and vLLM: a scheduler in plain Python owns the reque
   ends where the slot's tokens end (right-aligned, so a slot's tokens keep consecutive cache slots and the
   sliding-window layers of Gemma 2/3/4 see them as ``transformers`` does), the Tunix decoder runs the steps on that
   view as the static sampler runs its cache, and the new tokens' keys and values are written to the slot's pages
-  after the last step.
+  after the last step. That is the ``"gather"`` attention (the CPU's). With a paged kernel (``attention``
+  ``"pallas_gpu"`` / ``"pallas_tpu"``, a GPU's / TPU's default for the native decoder's families) nothing is
+  gathered: each step's attention layers write the fed token's key and value into its page and JAX's Pallas
+  paged-attention kernel reads each row's pages where they lie (:mod:`~..model.paged_attention`; the pool is then
+  laid out heads first, as the kernels take it, and chunked prefill feeds its tokens through the same kernel step).
 
 A hybrid decoder's recurrent layers (gated DeltaNet: a fixed-size state per sequence instead of keys and values, see
 ``adapters.model.decoder_contract``) keep that state beside the pages: prefill returns each request's state after its
@@ -25,20 +29,30 @@ slots (the slot's previous state is overwritten, so a freed slot starts afresh),
 slots' states with their pages.
 
 When a completion ends (an end token or its ``max_new_tokens``) its pages go back to the pool and its slot takes the
-next waiting completion, whose request is prefilled between two decode calls if it was not already. Admission
-reserves a completion's worst case (its prompt's last page plus ``max_new_tokens``) so a running completion never
-waits for a page, while pages are handed out only as tokens arrive: the pages in use track the live tokens.
+next waiting completion, whose request is prefilled between two decode calls if it was not already. Pages are taken
+as tokens arrive, and nothing is reserved ahead (vLLM's scheduler): a waiting completion is admitted, in queue
+order, when the pool holds what it needs now (its copy of the prompt's last, partly filled page and the pages its
+first decode call writes) beside what the running completions' next call writes. When a decode call needs pages the
+pool lacks, the prompts prefilled for waiting requests are dropped (prefilled again in their turn), then the most
+recently admitted completions are *preempted by recompute* (vLLM's ``PreemptionMode.RECOMPUTE``): their pages are
+freed and each goes back to the front of the queue as a request of its own, its prompt followed by the tokens it
+drew but the last, which is prefilled again when re-admitted (rebuilding a hybrid decoder's recurrent state, with a
+request's images and token types kept) before the completion goes on from its last token with its own stream and
+penalty memory. ``EngineStats`` counts the preemptions and the tokens prefilled again. The pool's size is
+``kv_cache_tokens``, or what ``gpu_memory_utilization`` leaves of the device's memory; a completion that cannot fit
+even alone is refused, naming ``kv_cache_tokens``.
 
 Tokens are drawn with :func:`~..sampling.stream_keys` (a request's seed, its ``first_sample`` plus the completion's
-index, the token's index), so they do not depend on the slot count, the order of the requests, the prefill chunks or
-the mesh.
+index, the token's index), so they do not depend on the slot count, the order of the requests, the prefill chunks,
+the mesh or preemption.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import jax
@@ -50,13 +64,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..distributed import mesh as mesh_lib
 from ..distributed.multihost import gather_to_host
 from ..lora import runtime as lora_runtime
-from ..model import decoder_contract
+from ..model import decoder_contract, paged_attention
 from ..model.tunix_model import image_blocks, positions_from_mask
 from ..runtime.float32_dots import float32_dots, gather_tables
 from ..runtime.tracing import record_trace, traced_cheaply
 from .engine import RequestOutput, RolloutRequest, request_images
 from .images import rope_deltas
-from .pages import TRASH_PAGE, PagePool
+from .pages import TRASH_PAGE, PagePool, pages_within_memory
 from .sampling import (
     bucket_length,
     choose_tokens_per_row,
@@ -76,22 +90,34 @@ class PagedEngineConfig:
     Args:
         max_num_seqs: decode slots: completions decoded together in one step.
         page_size: tokens per KV page.
-        kv_cache_tokens: the pool's size in tokens (shared by every slot and prompt); ``None`` sizes it so every
-            slot can hold the longest request of a call at once.
+        kv_cache_tokens: the pool's size in tokens (shared by every slot and prompt); ``None``: sized by
+            ``gpu_memory_utilization`` when given, else so every slot can hold the longest request of a call at once.
+        gpu_memory_utilization: with ``kv_cache_tokens=None``, the share of the device's memory the process may
+            hold in all (vLLM's name, TRL's ``vllm_gpu_memory_utilization``): the pool takes what that share leaves
+            beside the memory in use when a call starts (:func:`~.pages.pages_within_memory`). The programs' working
+            memory is not measured, so leave it headroom. A device that reports no memory (the CPU) falls back to
+            the ``kv_cache_tokens=None`` sizing, with a warning.
         max_prefill_requests: requests prefilled together in one program.
         decode_steps: tokens each decode program call adds to every live completion (the scheduler frees and
             refills slots between calls): more amortises the call, fewer refills a slot sooner.
         max_num_batched_tokens: the most prompt tokens prefilled between two decode calls (vLLM's chunked-prefill
             budget): a longer prompt is prefilled in chunks with decode calls between them, so the running
             completions keep advancing while it is read.
+        attention: how decode reads the pages (:mod:`~..model.paged_attention`): ``"gather"`` copies each row's
+            pages into a dense view (the CPU's way), ``"pallas_gpu"``/``"pallas_tpu"`` run JAX's paged-attention
+            kernel on the pages where they lie and write each new key and value straight into its page; ``None``:
+            the backend's own (:func:`~..model.paged_attention.default_attention`). A kernel asked for on another
+            backend runs in Pallas' interpreter (how the CPU tests check it; slow).
     """
 
     max_num_seqs: int = 64
     page_size: int = 16
     kv_cache_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
     max_prefill_requests: int = 8
     decode_steps: int = 8
     max_num_batched_tokens: int = 2048
+    attention: str | None = None
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any], prefix: str = "") -> PagedEngineConfig:
@@ -104,9 +130,15 @@ class PagedEngineConfig:
         for name in ("max_num_seqs", "page_size", "max_prefill_requests", "decode_steps", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PagedEngineConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.attention is not None and self.attention not in paged_attention.ATTENTION_KINDS:
+            raise ValueError(f"PagedEngineConfig.attention must be one of {paged_attention.ATTENTION_KINDS} or None "
+                             f"(the backend's own), got {self.attention!r}.")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
             raise ValueError(f"PagedEngineConfig.kv_cache_tokens={self.kv_cache_tokens} holds less than one page "
                              f"of {self.page_size} tokens.")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"PagedEngineConfig.gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}.")
 
 
 @dataclass
@@ -128,6 +160,8 @@ class EngineStats:
         pages_in_use_per_step: pages held after each decode step.
         live_tokens_per_step: tokens held by live completions and their prompts after each decode step.
         kv_bytes_per_token: bytes of keys and values one token takes over all layers.
+        preemptions: completions preempted for want of pages (each time counted).
+        recomputed_tokens: tokens prefilled again to resume preempted completions (their prompts and drawn tokens).
     """
 
     prefills: int = 0
@@ -144,6 +178,8 @@ class EngineStats:
     pages_in_use_per_step: list[int] = field(default_factory=list)
     live_tokens_per_step: list[int] = field(default_factory=list)
     kv_bytes_per_token: int = 0
+    preemptions: int = 0
+    recomputed_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -154,11 +190,15 @@ class _Programs:
     lora: str
     view: int = 0  # decode and prefill chunks: cache slots gathered per row
     steps: int = 1  # decode only: tokens per row and call
+    attention: str = "gather"  # PagedEngineConfig.attention, resolved
+    interpret: bool = False  # a kernel off its own backend runs in Pallas' interpreter
 
 
 @dataclass
 class _Group:
-    """A request in flight: its prompt pages, prefill progress and logits, and completions not yet admitted."""
+    """A request in flight: its prompt pages, prefill progress and logits, and completions not yet admitted. A
+    preempted completion comes back as a group of its own (``resumed``): its request's prompt plus the tokens it
+    drew but the last, prefilled again."""
 
     index: int
     request: RolloutRequest
@@ -166,28 +206,41 @@ class _Group:
     prefilled: int = 0  # prompt tokens in the pages
     logits: jax.Array | None = None  # the last prompt token's, once the whole prompt is prefilled
     next_sample: int = 0
-    promised: int = 0  # pages reserved at prefill for the first completion, so it can always start
+    state: dict | None = None  # recurrent layers: the state after the prefilled tokens, one row ``[1, ...]``
+    resumed: _Slot | None = None  # the preempted completion this group brings back
 
     @property
     def prompt_length(self) -> int:
         return len(self.request.prompt_ids)
 
-
-    state: dict | None = None  # recurrent layers: the state after the prefilled tokens, one row ``[1, ...]``
+    @property
+    def drawn(self) -> int:
+        """Tokens a completion of this group holds once admitted (admission draws the first)."""
+        return len(self.resumed.tokens) if self.resumed is not None else 1
 
 
 @dataclass
 class _Slot:
-    """A completion being decoded."""
+    """A completion being decoded (or preempted, waiting in its ``_Group.resumed``)."""
 
     group: _Group
     sample: int
     pages: list[int]
     shared: int  # the first ``shared`` pages are the group's (held, not owned)
-    reserved: int  # pages promised but not yet taken
-    length: int  # tokens in the cache
+    length: int  # tokens in the cache: its prompt's and all its drawn tokens but the last (fed next)
+    admitted: int  # when it was last admitted (the scheduler's count): the latest admitted is preempted first
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens it may still draw."""
+        return self.group.request.max_new_tokens - len(self.tokens)
+
+    @property
+    def source_prompt(self) -> tuple[int, ...]:
+        """Its request's own prompt (a resumed completion's group prompt also holds drawn tokens)."""
+        return self.group.request.prompt_ids[:self.length + 1 - len(self.tokens)]
 
 
 # --------------------------------------------------------------------------- programs
@@ -236,22 +289,26 @@ def _prefill_program(programs: _Programs, module, tables, pool, prompt_ids, prom
     logits, cache = _forward(module, tables, prompt_ids[:, head:], positions[:, head:] + shift, cache,
                              prompt_mask[:, None, :])
     states = _states_of(cache, pool)
-    pool = {name: {part: pool[name][part].at[page_index, page_offset].set(cache[name][part]) for part in ("k", "v")}
-            for name in pool}
+    heads_first = paged_attention.heads_first(programs.attention)
+    pool = {name: {part: _pool_write(pool[name][part], page_index, page_offset, cache[name][part], heads_first)
+                   for part in ("k", "v")} for name in pool}
     return logits[:, -1], pool, states
 
 
 def _admit_program(programs: _Programs, pool, seen, slot_states, logits, slots, tail_from, tail_to, prompt_ids,
-                   counted, seeds, samples, values, states):
+                   counted, seeds, samples, draws, values, states):
     """Admits completions into ``slots [A]`` (``S`` for padding rows): copies page ``tail_from`` to ``tail_to`` and
     each request's recurrent ``states [A, ...]`` into its slot's, draws each first token from ``logits [A, V]`` and
-    starts the penalty memory from ``prompt_ids``/``counted``.
+    starts the penalty memory from ``prompt_ids``/``counted``. A row not ``draws [A]`` (a resumed completion, whose
+    ``prompt_ids`` hold its drawn tokens) draws nothing: its penalty memory is its ``prompt_ids`` alone and its
+    returned token is to be ignored.
 
     Returns ``(tokens [A], logprobs [A], pool, seen, slot_states)``.
     """
     rows = logits.shape[0]
     record_trace("generate", {"engine program": "admit", "rows": rows, "switches": programs.switches})
-    pool = {name: {part: pool[name][part].at[tail_to].set(pool[name][part][tail_from]) for part in ("k", "v")}
+    heads_first = paged_attention.heads_first(programs.attention)
+    pool = {name: {part: _pool_copy(pool[name][part], tail_to, tail_from, heads_first) for part in ("k", "v")}
             for name in pool}
     row_seen = None
     if programs.switches.repetition_penalty:
@@ -261,12 +318,37 @@ def _admit_program(programs: _Programs, pool, seen, slot_states, logits, slots, 
     temperature = values.temperature if programs.switches.do_sample else 1.0
     logprobs = token_logprobs(logits, tokens, temperature)
     if row_seen is not None:
-        seen = seen.at[slots].set(mark_seen(row_seen, tokens), mode="drop")
+        seen = seen.at[slots].set(jnp.where(draws[:, None], mark_seen(row_seen, tokens), row_seen), mode="drop")
     slot_states = jax.tree.map(lambda kept, new: kept.at[slots].set(new, mode="drop"), slot_states, states)
     return tokens, logprobs, pool, seen, slot_states
 
 
-def _gather_view(pool, lengths, page_table, view, extra):
+def _pool_write(pages: jax.Array, page: jax.Array, offset: jax.Array, values: jax.Array,
+                heads_first: bool) -> jax.Array:
+    """``pages`` (one layer's keys or values) with ``values [..., K, D]`` at ``(page, offset) [...]``, in the pool's
+    layout: ``[P, page size, K, D]``, or ``[K, P, page size, D]`` where ``heads_first`` (the kernels')."""
+    if heads_first:
+        return pages.at[:, page, offset].set(jnp.moveaxis(values, -2, 0).astype(pages.dtype))
+    return pages.at[page, offset].set(values.astype(pages.dtype))
+
+
+def _pool_read(pages: jax.Array, page: jax.Array, offset: jax.Array, heads_first: bool) -> jax.Array:
+    """The keys or values at ``(page, offset) [...]``: ``[..., K, D]`` in either layout (:func:`_pool_write`)."""
+    return jnp.moveaxis(pages[:, page, offset], 0, -2) if heads_first else pages[page, offset]
+
+
+def _pool_copy(pages: jax.Array, to: jax.Array, source: jax.Array, heads_first: bool) -> jax.Array:
+    """``pages`` with whole pages ``source [A]`` copied to pages ``to [A]``."""
+    if heads_first:
+        return pages.at[:, to].set(pages[:, source])
+    return pages.at[to].set(pages[source])
+
+
+def _pool_page_size(pool: dict, heads_first: bool) -> int:
+    return next(iter(pool.values()))["k"].shape[2 if heads_first else 1]
+
+
+def _gather_view(pool, lengths, page_table, view, extra, heads_first=False):
     """Each row's cached tokens gathered from its pages ``page_table [R, W]`` into a cache of ``view + extra``
     columns, right-aligned: row ``r``'s ``lengths[r]`` tokens end at column ``view - 1`` (so its tokens keep
     consecutive columns and the sliding-window layers of Gemma 2/3/4 see them as ``transformers`` does) and Tunix
@@ -275,46 +357,76 @@ def _gather_view(pool, lengths, page_table, view, extra):
     Returns ``(cache, cached [R, view + extra] bool: the columns holding the rows' tokens)``.
     """
     rows, width = page_table.shape
-    page_size = next(iter(pool.values()))["k"].shape[1]
+    page_size = _pool_page_size(pool, heads_first)
     token_index = jnp.arange(view)[None, :] - (view - lengths)[:, None]
     cached = (token_index >= 0) & (token_index < lengths[:, None])
     safe_index = jnp.clip(token_index, 0, width * page_size - 1)
     page = jnp.where(cached, jnp.take_along_axis(page_table, safe_index // page_size, axis=1), TRASH_PAGE)
     offset = jnp.where(cached, safe_index % page_size, 0)
     padding = ((0, 0), (0, extra), (0, 0), (0, 0))
-    cache = {name: {"k": jnp.pad(pool[name]["k"][page, offset], padding),
-                    "v": jnp.pad(pool[name]["v"][page, offset], padding),
+    cache = {name: {"k": jnp.pad(_pool_read(pool[name]["k"], page, offset, heads_first), padding),
+                    "v": jnp.pad(_pool_read(pool[name]["v"], page, offset, heads_first), padding),
                     "end_index": jnp.full((rows,), view, jnp.int32)} for name in pool}
     return cache, jnp.pad(cached, ((0, 0), (0, extra)))
 
 
-def _write_fed(pool, cache, lengths, page_table, fed, view):
+def _write_fed(pool, cache, lengths, page_table, fed, view, heads_first=False):
     """Writes the keys and values of the tokens fed at cache columns ``view + s`` (``s < fed.shape[1]``) to their
     pages: row ``r``'s token ``s`` is at position ``lengths[r] + s``; those not ``fed [R, S]`` go to the trash
     page."""
     width = page_table.shape[1]
-    page_size = next(iter(pool.values()))["k"].shape[1]
+    page_size = _pool_page_size(pool, heads_first)
     positions = lengths[:, None] + jnp.arange(fed.shape[1])[None, :]
     page = jnp.take_along_axis(page_table, jnp.minimum(positions // page_size, width - 1), axis=1)
     page = jnp.where(fed, page, TRASH_PAGE)
     offset = jnp.where(fed, positions % page_size, 0)
     columns = slice(view, view + fed.shape[1])
-    return {name: {part: pool[name][part].at[page, offset].set(cache[name][part][:, columns])
+    return {name: {part: _pool_write(pool[name][part], page, offset, cache[name][part][:, columns], heads_first)
                    for part in ("k", "v")} for name in pool}
 
 
-def _step_on_pages(module, tables, pool, states, tokens, lengths, page_table, active, view):
-    """Feeds ``tokens [R]`` at positions ``lengths [R]``, row ``r`` attending to its first ``lengths[r]`` tokens in
-    its pages ``page_table [R, W]`` and continuing its recurrent ``states``, and writes the fed tokens' keys and
-    values to their pages (rows not ``active`` write to the trash page and keep their states). Returns
-    ``(logits [R, V], pool, states)``."""
+def _step_on_pages(programs: _Programs, module, tables, pool, states, tokens, lengths, page_table, active,
+                   shifts=0):
+    """Feeds ``tokens [R]`` at positions ``lengths [R]`` (their rope ``shifts`` further on), row ``r`` attending to
+    its first ``lengths[r]`` tokens in its pages ``page_table [R, W]`` and continuing its recurrent ``states``, and
+    writes the fed tokens' keys and values to their pages (rows not ``active`` write to the trash page and keep their
+    states): through a gathered view of ``programs.view`` columns, or in place with ``programs.attention``'s kernel.
+    Returns ``(logits [R, V], pool, states)``."""
+    if programs.attention != "gather":
+        return _step_in_place(programs, module, tables, pool, states, tokens, lengths, page_table, active, shifts)
+    view = programs.view
     cache, cached = _gather_view(pool, lengths, page_table, view, 1)
     cache = _with_states(cache, states, jnp.full(tokens.shape, view, jnp.int32))
     mask = cached.at[:, view].set(True)[:, None, :]
-    logits, cache = _forward(module, tables, tokens[:, None], lengths[:, None], cache, mask)
-    advanced = jax.tree.map(lambda new, old: jnp.where(active.reshape(-1, *(1,) * (old.ndim - 1)), new, old),
-                            _states_of(cache, pool), states)
-    return logits[:, 0], _write_fed(pool, cache, lengths, page_table, active[:, None], view), advanced
+    logits, cache = _forward(module, tables, tokens[:, None], (lengths + shifts)[:, None], cache, mask)
+    return logits[:, 0], _write_fed(pool, cache, lengths, page_table, active[:, None], view), _kept_states(
+        _states_of(cache, pool), states, active)
+
+
+def _kept_states(new: dict, old: dict, active: jax.Array) -> dict:
+    """The recurrent ``new`` states of the ``active`` rows, the ``old`` ones of the others."""
+    return jax.tree.map(lambda new, old: jnp.where(active.reshape(-1, *(1,) * (old.ndim - 1)), new, old), new, old)
+
+
+def _step_in_place(programs: _Programs, module, tables, pool, states, tokens, lengths, page_table, active, shifts):
+    """:func:`_step_on_pages` with a paged kernel (``programs.attention``): each attention layer writes the fed
+    token's key and value to its page and reads the row's pages where they lie (:mod:`~..model.paged_attention`);
+    nothing is gathered."""
+    page_size = _pool_page_size(pool, True)
+    width = page_table.shape[1]
+    page = jnp.take_along_axis(page_table, jnp.minimum(lengths // page_size, width - 1)[:, None], axis=1)[:, 0]
+    page = jnp.where(active, page, TRASH_PAGE)
+    offset = jnp.where(active, lengths % page_size, 0)
+    start = jnp.zeros(tokens.shape, jnp.int32)
+    cache = {name: {"k_pages": pool[name]["k"], "v_pages": pool[name]["v"], "page_table": page_table,
+                    "kv_lengths": lengths + 1, "write_page": page, "write_offset": offset, "end_index": start}
+             for name in pool}
+    cache = _with_states(cache, states, start)
+    with paged_attention.using(programs.attention, programs.interpret):
+        logits, cache = _forward(module, tables, tokens[:, None], (lengths + shifts)[:, None], cache,
+                                 jnp.ones((tokens.shape[0], 1, 1), bool))
+    pool = {name: {"k": cache[name]["k_pages"], "v": cache[name]["v_pages"]} for name in pool}
+    return logits[:, 0], pool, _kept_states(_states_of(cache, pool), states, active)
 
 
 def _prefill_chunk_program(programs: _Programs, module, tables, pool, chunk_ids, starts, counts, page_table, states):
@@ -333,8 +445,8 @@ def _prefill_chunk_program(programs: _Programs, module, tables, pool, chunk_ids,
 
     def one_token(step, carry):
         pool, states, last = carry
-        logits, pool, states = _step_on_pages(nnx.merge(graphdef, state), tables, pool, states, chunk_ids[:, step],
-                                              starts + step, page_table, step < counts, programs.view)
+        logits, pool, states = _step_on_pages(programs, nnx.merge(graphdef, state), tables, pool, states,
+                                              chunk_ids[:, step], starts + step, page_table, step < counts)
         return pool, states, jnp.where((step == counts - 1)[:, None], logits, last)
 
     pool, states, last = jax.lax.fori_loop(0, jnp.max(counts), one_token,
@@ -349,10 +461,12 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states
     rope position ``shifts [R]`` further on (a multimodal rope's ``rope_deltas``, 0 for text); a row stops once it
     draws an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had).
 
-    The rows' pages are gathered once into a right-aligned cache (:func:`_gather_view`) that the steps extend as
-    the static sampler's does, and the fed tokens' keys and values go to their pages once, after the last step; the
-    slots' recurrent states are read from ``slot_states`` and written back after the last step (a row that stopped
-    within the call advanced its state on, but its slot is freed and reset at its next admission).
+    With ``"gather"`` attention the rows' pages are gathered once into a right-aligned cache (:func:`_gather_view`)
+    that the steps extend as the static sampler's does, and the fed tokens' keys and values go to their pages once,
+    after the last step; with a paged kernel each step writes them to their pages and attends in place
+    (:func:`_step_in_place`). The slots' recurrent states are read from ``slot_states`` and written back after the
+    last step (a row that stopped within the call advanced its state on, but its slot is freed and reset at its next
+    admission).
 
     Returns ``(tokens [R, steps], logprobs [R, steps], pool, seen, slot_states)``, ``-1`` after a row stopped.
     """
@@ -362,18 +476,31 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states
                               "switches": programs.switches})
     graphdef, state = nnx.split(module)
     temperature = values.temperature if programs.switches.do_sample else 1.0
-    cache, cached = _gather_view(pool, lengths, page_table, view, count)
     states = jax.tree.map(lambda kept: kept.at[slot_index].get(mode="clip"), slot_states)
-    cache = _with_states(cache, states, jnp.full((rows,), view, jnp.int32))
-    columns = jnp.arange(view + count)[None, :]
+    in_place = programs.attention != "gather"
+    if in_place:
+        memory = (pool, states)
+    else:
+        cache, cached = _gather_view(pool, lengths, page_table, view, count)
+        memory = _with_states(cache, states, jnp.full((rows,), view, jnp.int32))
+        columns = jnp.arange(view + count)[None, :]
+
+    def advance(memory, step, tokens, active):
+        """One step's logits ``[R, V]`` and the memory (cache view, or pool and states) after it."""
+        module = nnx.merge(graphdef, state)
+        if in_place:
+            pool, states = memory
+            logits, pool, states = _step_in_place(programs, module, tables, pool, states, tokens, lengths + step,
+                                                  page_table, active, shifts)
+            return logits, (pool, states)
+        mask = (cached | ((columns >= view) & (columns <= view + step)))[:, None, :]
+        logits, memory = _forward(module, tables, tokens[:, None], (lengths + step + shifts)[:, None], memory, mask)
+        return logits[:, 0], memory
 
     def one_step(step, carry):
-        cache, seen, tokens, done, out_tokens, out_logprobs = carry
+        memory, seen, tokens, done, out_tokens, out_logprobs = carry
         active = live & ~done
-        mask = (cached | ((columns >= view) & (columns <= view + step)))[:, None, :]
-        logits, cache = _forward(nnx.merge(graphdef, state), tables, tokens[:, None],
-                                 (lengths + step + shifts)[:, None], cache, mask)
-        logits = logits[:, 0]
+        logits, memory = advance(memory, step, tokens, active)
         row_seen = seen.at[slot_index].get(mode="clip") if programs.switches.repetition_penalty else None
         drawn = choose_tokens_per_row(logits, stream_keys(seeds, samples, steps + step), programs.switches, values,
                                       row_seen)
@@ -384,15 +511,18 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states
         out_tokens = out_tokens.at[:, step].set(jnp.where(active, drawn, -1))
         out_logprobs = out_logprobs.at[:, step].set(jnp.where(active, logprobs, 0.0))
         ended = jnp.isin(drawn, end_ids) | (steps + step + 1 >= limits)
-        return cache, seen, jnp.where(active, drawn, tokens), done | (active & ended), out_tokens, out_logprobs
+        return memory, seen, jnp.where(active, drawn, tokens), done | (active & ended), out_tokens, out_logprobs
 
-    carry = (cache, seen, tokens, jnp.zeros_like(live), jnp.full((rows, count), -1, jnp.int32),
+    carry = (memory, seen, tokens, jnp.zeros_like(live), jnp.full((rows, count), -1, jnp.int32),
              jnp.zeros((rows, count), jnp.float32))
-    cache, seen, _, _, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, one_step, carry)
-    # A step's fed token is kept when the row was active at that step, i.e. drew a token there.
-    slot_states = jax.tree.map(lambda kept, new: kept.at[slot_index].set(new, mode="drop"), slot_states,
-                               _states_of(cache, pool))
-    pool = _write_fed(pool, {name: cache[name] for name in pool}, lengths, page_table, out_tokens >= 0, view)
+    memory, seen, _, _, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, one_step, carry)
+    if in_place:
+        pool, states = memory
+    else:
+        states = _states_of(memory, pool)
+        # A step's fed token is kept when the row was active at that step, i.e. drew a token there.
+        pool = _write_fed(pool, {name: memory[name] for name in pool}, lengths, page_table, out_tokens >= 0, view)
+    slot_states = jax.tree.map(lambda kept, new: kept.at[slot_index].set(new, mode="drop"), slot_states, states)
     return out_tokens, out_logprobs, pool, seen, slot_states
 
 
@@ -441,6 +571,14 @@ class PagedEngine:
         self.pad_token_id = int(pad_token_id)
         self.lora = lora
         self.mesh = mesh
+        attention = self.config.attention or paged_attention.default_attention()
+        refusal = None if attention == "gather" else decoder_contract.paged_kernel_refusal(module)
+        if refusal is not None and self.config.attention is not None:
+            raise NotImplementedError(f"PagedEngineConfig.attention={attention!r}: {refusal}. Use attention='gather' "
+                                      "(the dense page view; rollout_attention='gather' in a trainer config).")
+        if refusal is not None:  # the backend's kernel by default: the dense view where it cannot serve the model
+            attention = "gather"
+        self.kernel = {"attention": attention, "interpret": paged_attention.interpreted(attention)}
         self.stats = EngineStats()
         self._pool: dict | None = None
         self._pool_pages = 0
@@ -467,7 +605,8 @@ class PagedEngine:
             One :class:`~.engine.RequestOutput` per request, in order.
 
         Raises:
-            ValueError: a request cannot fit the page pool even alone (the message names ``kv_cache_tokens``).
+            ValueError: a request's completion cannot fit the page pool even alone (the message names
+                ``kv_cache_tokens``).
         """
         requests = list(requests)
         if not requests:
@@ -476,6 +615,29 @@ class PagedEngine:
         return _Run(self, requests, settings).run()
 
     # ------------------------------------------------------------------ pool
+    def _kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one token takes over all layers."""
+        shapes = jax.eval_shape(lambda: init_cache(self.module, 1, 1))
+        return int(sum(entry[part].dtype.itemsize * entry[part].size
+                       for entry in shapes.values() if "k" in entry for part in ("k", "v")))
+
+    def _pages_within_memory(self) -> int | None:
+        """The pool's usable pages under ``gpu_memory_utilization`` (:func:`~.pages.pages_within_memory`), the pool
+        this engine already holds counted as free; ``None``, with a warning, where the device reports no memory."""
+        fraction = self.config.gpu_memory_utilization
+        device = jax.local_devices()[0]
+        stats = device.memory_stats() or {}
+        if "bytes_limit" not in stats or "bytes_in_use" not in stats:
+            warnings.warn(
+                f"PagedEngineConfig.gpu_memory_utilization={fraction} needs the device's memory_stats() "
+                f"(bytes_limit, bytes_in_use), which {device.platform} does not report; the KV pool is sized as with "
+                "kv_cache_tokens=None instead (every slot can hold the call's longest request). Give kv_cache_tokens "
+                "to size it yourself.", stacklevel=4)
+            return None
+        held = sum(array.nbytes for entry in (self._pool or {}).values() for array in entry.values())
+        return pages_within_memory(stats["bytes_limit"], stats["bytes_in_use"] - held, fraction,
+                                   self._kv_bytes_per_token(), self.config.page_size)
+
     def _take_pool(self, pages: int) -> dict:
         """The page pool of ``pages`` pages, kept from the last call when it has that size. The caller owns it (the
         programs donate it) until it hands the last version back with :meth:`_keep_pool`."""
@@ -484,13 +646,19 @@ class PagedEngine:
             page_size = self.config.page_size
 
             def zeros():
-                return {name: {part: jnp.zeros((pages, page_size, *entry[part].shape[2:]), entry[part].dtype)
+                def layout(heads, dim):  # the pool's layout (``_pool_write``): the kernels' puts the heads first
+                    if paged_attention.heads_first(self.kernel["attention"]):
+                        return heads, pages, page_size, dim
+                    return pages, page_size, heads, dim
+
+                return {name: {part: jnp.zeros(layout(*entry[part].shape[2:]), entry[part].dtype)
                                for part in ("k", "v")} for name, entry in shapes.items() if "k" in entry}
 
             self._pool = jax.jit(zeros, out_shardings=self._replicated())()
             self._pool_pages = pages
         entries = [entry[part] for entry in self._pool.values() for part in ("k", "v")]
-        self.stats.kv_bytes_per_token = int(sum(array.dtype.itemsize * np.prod(array.shape[2:]) for array in entries))
+        tokens = pages * self.config.page_size
+        self.stats.kv_bytes_per_token = int(sum(array.dtype.itemsize * array.size // tokens for array in entries))
         pool, self._pool = self._pool, None
         return pool
 
@@ -529,20 +697,25 @@ class _Run:
         page_size = config.page_size
         longest = max(len(request.prompt_ids) + request.max_new_tokens for request in requests)
         self.table_width = -(-longest // page_size)
-        if config.kv_cache_tokens is None:
+        pages = None
+        if config.kv_cache_tokens is not None:
+            pages = -(-config.kv_cache_tokens // page_size)
+        elif config.gpu_memory_utilization is not None:
+            pages = engine._pages_within_memory()
+        if pages is None:
             longest_prompt = max(len(request.prompt_ids) for request in requests)
             pages = (self.num_slots * self.table_width
                      + config.max_prefill_requests * -(-longest_prompt // page_size))
-        else:
-            pages = -(-config.kv_cache_tokens // page_size)
         for request in requests:
+            # Its prompt's pages (held for the request's other completions) and its own: the most one completion
+            # can hold running alone, every other one preempted.
             alone = -(-len(request.prompt_ids) // page_size) + self._own_pages(request)
             if alone > pages:
                 raise ValueError(
-                    f"a request of {len(request.prompt_ids)} prompt tokens and max_new_tokens="
-                    f"{request.max_new_tokens} needs {alone * page_size} KV cache tokens, more than the pool's "
-                    f"kv_cache_tokens={pages * page_size}; raise kv_cache_tokens (TRL: vllm_gpu_memory_utilization) "
-                    "or shorten the request.")
+                    f"a completion of a request of {len(request.prompt_ids)} prompt tokens and max_new_tokens="
+                    f"{request.max_new_tokens} needs {alone * page_size} KV cache tokens even alone, more than the "
+                    f"pool's kv_cache_tokens={pages * page_size}; raise kv_cache_tokens (or "
+                    "gpu_memory_utilization; TRL: vllm_gpu_memory_utilization) or shorten the request.")
         self.pages = PagePool(pages + 1, page_size)
         engine.stats.pages = self.pages.usable
         self.pool = engine._take_pool(self.pages.num_pages)
@@ -553,16 +726,18 @@ class _Run:
                                    for part, (shape, kind) in entries.items()}
                             for name, entries in decoder_contract.recurrent_state_shapes(engine.module).items()}
         self.slots: list[_Slot | None] = [None] * self.num_slots
+        self.admissions = 0  # completions admitted so far, resumed ones again: the order preemption undoes
         self.fed = np.zeros(self.num_slots, np.int32)
         self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
-        self.programs = _Programs(self.switches, engine.lora)
+        self.programs = _Programs(self.switches, engine.lora, **engine.kernel)
         self.prefill_budget = config.max_num_batched_tokens  # prompt tokens left to prefill before the next decode
         self.end_array = end_token_array(engine.eos_token_ids)
         # The embedding tables' bits for this call's programs (XLA:CPU only, see ``float32_dots``).
         self.tables = gather_tables(engine.module)
 
     def _own_pages(self, request: RolloutRequest) -> int:
-        """A completion's worst case beyond its request's shared full pages (the last new token is never fed)."""
+        """The most pages a completion holds beyond its request's shared full pages (the last new token is never
+        fed)."""
         page_size = self.engine.config.page_size
         length = len(request.prompt_ids)
         return -(-(length + request.max_new_tokens - 1) // page_size) - length // page_size
@@ -573,10 +748,11 @@ class _Run:
                 progressed = self._admit_waiting()
                 live = [index for index, slot in enumerate(self.slots) if slot is not None]
                 if not live:
-                    if self.waiting and not progressed:
-                        raise RuntimeError("the rollout engine could not admit a waiting request; this is a bug.")
                     if not self.waiting:
                         break
+                    # The first waiting completion does not fit beside the prompts prefilled after it: drop those.
+                    if not progressed and not self._drop_a_waiting_prefill(spare=self.waiting[0]):
+                        raise RuntimeError("the rollout engine could not admit a waiting request; this is a bug.")
                     continue  # a prompt is still being prefilled chunk by chunk
                 self._decode_step(live)
         self.engine._keep_pool(self.pool, self.pages.num_pages)
@@ -587,21 +763,23 @@ class _Run:
 
     # ------------------------------------------------------------------ admission
     def _admit_waiting(self) -> bool:
-        """Prefills (within the round's ``max_num_batched_tokens``) and admits waiting completions into free slots;
-        returns whether it prefilled or admitted any."""
+        """Prefills (within the round's ``max_num_batched_tokens``) and admits waiting completions into free slots,
+        in queue order, each when the pool holds what it needs now (:meth:`_pages_to_start`) beside what the
+        running completions' next decode call needs; returns whether it prefilled or admitted any."""
         self.prefill_budget = self.engine.config.max_num_batched_tokens
         programs_before = self.engine.stats.prefill_programs
         free = [index for index, slot in enumerate(self.slots) if slot is None]
         admitted: list[tuple[int, _Group, int]] = []
+        promised = 0  # pages the completions admitted this round take at admission and in their first decode call
         while free and self.waiting:
             group = self.waiting[0]
-            if group.logits is None and not self._prefill_next(len(free)):
+            if group.logits is None and not self._prefill_next(len(free), promised):
                 break
-            if group.promised:
-                group.promised = 0
-            elif not self.pages.reserve(self._own_pages(group.request)):
+            need = self._pages_to_start(group)
+            if need > self._room() - promised:
                 break
-            sample = group.next_sample
+            promised += need
+            sample = group.resumed.sample if group.resumed is not None else group.next_sample
             group.next_sample += 1
             if group.next_sample == group.request.num_samples:
                 self.waiting.popleft()
@@ -610,28 +788,35 @@ class _Run:
             self._admit(admitted)
         return bool(admitted) or self.engine.stats.prefill_programs > programs_before
 
-    def _prefill_next(self, free_slots: int) -> bool:
+    def _prefill_next(self, free_slots: int, promised: int) -> bool:
         """Prefills the next chunks of the waiting prompts, at most the round's remaining ``max_num_batched_tokens``:
-        the prompts already started, then new ones (at least the first waiting, as many as fill ``free_slots`` and
-        the pool allows); returns whether the first waiting request is wholly prefilled."""
+        the prompts already started, then new ones (at least the first waiting, as many as fill ``free_slots``);
+        a new prompt only when the pool holds its pages and its first completion's start beside what the
+        ``promised`` admissions and every request ahead of it in the queue need to start. Returns whether the first
+        waiting request is wholly prefilled."""
         config = self.engine.config
+        stats = self.engine.stats
         chosen: list[tuple[_Group, int]] = []
         covered = 0
+        room = self._room() - promised
         for group in self.waiting:
             if len(chosen) == config.max_prefill_requests or covered >= free_slots or not self.prefill_budget:
                 break
+            start = self._pages_to_start(group)
             if group.logits is not None:
                 covered += group.request.num_samples - group.next_sample
+                room -= start
                 continue
             if not group.pages:
                 need = self.pages.pages_for(group.prompt_length)
-                # The first completion's pages are promised with the prompt's, or it might never start.
-                group.promised = self._own_pages(group.request)
-                if not self.pages.reserve(need + group.promised):
-                    group.promised = 0
+                if need + start > room:
                     break
                 group.pages = [self.pages.take() for _ in range(need)]
-                self.engine.stats.prefills += 1
+                room -= need
+                stats.prefills += 1
+                if group.resumed is not None:
+                    stats.recomputed_tokens += group.prompt_length
+            room -= start
             count = min(group.prompt_length - group.prefilled, self.prefill_budget)
             if group.request.images is not None:  # an image prompt is prefilled whole: a chunk could split an image
                 count = group.prompt_length - group.prefilled
@@ -688,7 +873,7 @@ class _Run:
             page_table[row, :len(group.pages)] = group.pages
         # One view for the call's longest prompt, so every chunk of the call runs one program per row count.
         longest = max(group.prompt_length for group in self.groups)
-        programs = _Programs(self.switches, self.engine.lora, view=bucket_length(longest))
+        programs = _Programs(self.switches, self.engine.lora, view=self._view(longest), **self.engine.kernel)
         states = _stacked([group.state for group, _ in chosen], rows)
         logits, self.pool, states = _prefill_chunk(programs, self.engine.module, self.tables, self.pool, chunk_ids,
                                                    starts, counts, page_table, states)
@@ -710,8 +895,11 @@ class _Run:
         engine = self.engine
         page_size = engine.config.page_size
         rows = self.num_slots  # one admission program per call shape: it runs no model layer
-        prompt_width = bucket_length(max(len(group.request.penalised_ids) + group.prompt_length
-                                         for _, group, _ in admitted))
+        # The penalty memory counts the prompt and, for a resumed completion, every token it drew.
+        penalised = [group.request.penalised_ids + group.request.prompt_ids
+                     + (tuple(group.resumed.tokens[-1:]) if group.resumed is not None else ())
+                     for _, group, _ in admitted]
+        prompt_width = bucket_length(max(map(len, penalised)))
         slot_index = np.full(rows, self.num_slots, np.int32)
         tail_from = np.full(rows, TRASH_PAGE, np.int32)
         tail_to = np.full(rows, TRASH_PAGE, np.int32)
@@ -719,26 +907,37 @@ class _Run:
         counted = np.zeros((rows, prompt_width), np.int32)
         seeds = np.zeros(rows, np.uint32)
         samples = np.zeros(rows, np.int32)
+        draws = np.zeros(rows, bool)
         logits = []
         states = []
         finished_groups: list[_Group] = []
-        for row, (slot, group, sample) in enumerate(admitted):
+        for row, (index, group, sample) in enumerate(admitted):
             request = group.request
             length = group.prompt_length
             shared = length // page_size
             pages = list(group.pages[:shared])
             self.pages.hold(pages)
-            reserved = self._own_pages(request)
             if length % page_size:
-                own_tail = self.pages.take()
-                reserved -= 1
-                tail_from[row], tail_to[row] = group.pages[shared], own_tail
-                pages.append(own_tail)
-            self.slots[slot] = _Slot(group, sample, pages, shared, reserved, length)
-            slot_index[row] = slot
-            penalised = request.penalised_ids + request.prompt_ids
-            prompt_ids[row, :len(penalised)] = penalised
-            counted[row, :len(penalised)] = 1  # a request has no padding: the penalty counts its whole prompt
+                if group.resumed is not None or sample == request.num_samples - 1:  # the last takes the page itself
+                    tail = group.pages[shared]
+                    self.pages.hold([tail])
+                else:
+                    tail = self.pages.take()
+                tail_from[row], tail_to[row] = group.pages[shared], tail
+                pages.append(tail)
+            if group.resumed is None:
+                slot = _Slot(group, sample, pages, shared, length, self.admissions)
+            else:  # its drawn tokens but the last are in the pages: it goes on from the last one
+                slot = group.resumed
+                slot.group, slot.pages, slot.shared, slot.length = group, pages, shared, length
+                slot.admitted = self.admissions
+                self.fed[index] = slot.tokens[-1]
+            self.admissions += 1
+            self.slots[index] = slot
+            slot_index[row] = index
+            draws[row] = group.resumed is None
+            prompt_ids[row, :len(penalised[row])] = penalised[row]
+            counted[row, :len(penalised[row])] = 1  # a request has no padding: the penalty counts its whole prompt
             seeds[row], samples[row] = int(request.seed) % (2**32), request.first_sample + sample
             logits.append(group.logits)
             states.append(group.state)
@@ -749,10 +948,11 @@ class _Run:
         logits = jnp.stack(logits + [logits[0]] * (rows - len(admitted)))
         tokens, logprobs, self.pool, self.seen, self.slot_states = _admit(
             self.programs, self.pool, self.seen, self.slot_states, logits, slot_index, tail_from, tail_to, prompt_ids,
-            counted, seeds, samples, self.values, _stacked(states, rows))
+            counted, seeds, samples, draws, self.values, _stacked(states, rows))
         tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
-        for row, (slot, _, _) in enumerate(admitted):
-            self._record(slot, int(tokens[row]), float(logprobs[row]))
+        for row, (index, _, _) in enumerate(admitted):
+            if draws[row]:
+                self._record(index, int(tokens[row]), float(logprobs[row]))
 
     def _release_prompt(self, group: _Group) -> None:
         """The request's own hold on its prompt pages ends once every completion holds what it shares (the logits
@@ -760,6 +960,67 @@ class _Run:
         self.pages.release(group.pages)
         group.pages = []
         group.state = None
+
+    # ------------------------------------------------------------------ pages and preemption
+    def _pages_short(self, slot: _Slot) -> int:
+        """Pages a running completion lacks for every token its next decode call may feed (the last new token is
+        never fed)."""
+        through = slot.length + min(self.engine.config.decode_steps, slot.remaining)
+        return max(self.pages.pages_for(through) - len(slot.pages), 0)
+
+    def _pages_to_start(self, group: _Group) -> int:
+        """Pages the group's next completion takes when admitted and in its first decode call (its prompt's pages
+        aside): a copy of the prompt's last, partly filled page (the group's last completion takes the page itself)
+        and the pages of the tokens that call feeds."""
+        length = group.prompt_length
+        copied = bool(length % self.pages.page_size) and group.next_sample < group.request.num_samples - 1
+        through = length + min(self.engine.config.decode_steps, group.request.max_new_tokens - group.drawn)
+        return int(copied) + self.pages.pages_for(through) - self.pages.pages_for(length)
+
+    def _room(self) -> int:
+        """Free pages beyond those the running completions' next decode call takes."""
+        return self.pages.free - sum(self._pages_short(slot) for slot in self.slots if slot is not None)
+
+    def _make_room(self, live: list[int]) -> list[int]:
+        """Frees pages until the pool holds what the ``live`` slots' next decode call writes: first the prefilled
+        prompts still waiting (the latest queued first), then the latest admitted completions, preempted
+        (:meth:`_preempt`). Returns the slots left live."""
+        live = sorted(live, key=lambda index: self.slots[index].admitted)
+        while sum(self._pages_short(self.slots[index]) for index in live) > self.pages.free:
+            if self._drop_a_waiting_prefill():
+                continue
+            if len(live) == 1:  # the pool holds any one completion alone (checked at the start of the call)
+                raise RuntimeError("a completion lacks pages with every other one preempted; this is a bug.")
+            self._preempt(live.pop())
+        return sorted(live)
+
+    def _preempt(self, index: int) -> None:
+        """Preemption by recompute (vLLM's ``RECOMPUTE``): frees the completion's pages and queues it first as a
+        request of its own, its prompt followed by the tokens it drew but the last. Prefilled again, it goes on with
+        its own stream (``first_sample`` and sample unchanged) from its next token index; the penalty memory counts
+        its prompt and drawn tokens, and the prefill rebuilds a recurrent state."""
+        slot = self.slots[index]
+        self.slots[index] = None
+        self.pages.release(slot.pages)
+        request = slot.group.request
+        prompt = slot.source_prompt
+        drawn = tuple(slot.tokens[:-1])
+        token_types = request.token_type_ids[:len(prompt)] + (0,) * len(drawn) if request.token_type_ids else ()
+        resumed = replace(request, prompt_ids=prompt + drawn, num_samples=1, token_type_ids=token_types)
+        group = _Group(slot.group.index, resumed, resumed=slot)
+        self.groups.append(group)
+        self.waiting.appendleft(group)
+        self.engine.stats.preemptions += 1
+
+    def _drop_a_waiting_prefill(self, spare: _Group | None = None) -> bool:
+        """Frees the prompt pages of the latest queued request (``spare`` aside) that holds any: it is prefilled
+        again when its turn comes. Returns whether one was dropped."""
+        for group in reversed(self.waiting):
+            if group.pages and group is not spare:
+                self.pages.release(group.pages)
+                group.pages, group.prefilled, group.logits, group.state = [], 0, None, None
+                return True
+        return False
 
     # ------------------------------------------------------------------ decode
     def _record(self, slot_index: int, token: int, logprob: float) -> None:
@@ -782,10 +1043,15 @@ class _Run:
             output.token_ids[slot.sample] = np.asarray(slot.tokens, np.int32)
             output.logprobs[slot.sample] = np.asarray(slot.logprobs, np.float32)
             output.ended[slot.sample] = token in self.end_ids
-            self.pages.release(slot.pages, unused_reservation=slot.reserved)
+            self.pages.release(slot.pages)
             self.slots[slot_index] = None
         else:
             self.fed[slot_index] = token
+
+    def _view(self, longest: int) -> int:
+        """The cache columns a program gathers for rows of at most ``longest`` tokens: the bucket that holds them,
+        or 0 with a paged kernel (it reads the pages in place, so one program serves every length)."""
+        return bucket_length(longest) if self.engine.kernel["attention"] == "gather" else 0
 
     def _decode_rows(self, live: int) -> int:
         """The rows of the decode program for ``live`` completions: the slot count halved while that still holds
@@ -797,8 +1063,8 @@ class _Run:
         return rows
 
     def _decode_step(self, live: list[int]) -> None:
+        live = self._make_room(live)
         engine = self.engine
-        page_size = engine.config.page_size
         count = engine.config.decode_steps
         rows = self._decode_rows(len(live))
         slot_index = np.full(rows, self.num_slots, np.int32)
@@ -814,11 +1080,7 @@ class _Run:
         for row, index in enumerate(live):
             slot = self.slots[index]
             request = slot.group.request
-            # Pages for every token this call may feed (the last new token is never fed).
-            last_fed = min(slot.length + count - 1, slot.group.prompt_length + request.max_new_tokens - 2)
-            while len(slot.pages) * page_size <= last_fed:
-                slot.pages.append(self.pages.take())
-                slot.reserved -= 1
+            slot.pages.extend(self.pages.take() for _ in range(self._pages_short(slot)))
             slot_index[row] = index
             fed[row] = self.fed[index]
             page_table[row, :len(slot.pages)] = slot.pages
@@ -829,7 +1091,7 @@ class _Run:
             steps[row] = len(slot.tokens)
             limits[row] = request.max_new_tokens
             shifts[row] = request.rope_delta
-        programs = _Programs(self.switches, engine.lora, bucket_length(int(lengths.max())), count)
+        programs = _Programs(self.switches, engine.lora, self._view(int(lengths.max())), count, **engine.kernel)
         arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps, limits, shifts)
         if self.sharding is not None:
             arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
@@ -858,7 +1120,7 @@ class _Run:
         own = 0
         for slot in self.slots:
             if slot is not None:
-                shared[slot.group.index] = slot.shared * page_size
+                shared[id(slot.group)] = slot.shared * page_size
                 own += slot.length - slot.shared * page_size
         return own + sum(shared.values())
 

@@ -1,10 +1,10 @@
-"""The KV page pool's bookkeeping (plain Python): which pages are free, who holds each page, and how many pages a
-sequence may still claim.
+"""The KV page pool's bookkeeping (plain Python): which pages are free and who holds each page; and how many pages
+fit in a share of a device's memory.
 
 Page 0 is never handed out: the engine's programs write the keys of idle slots and padding there, so no live page
 is touched by them. A page held by several sequences (a group's shared prompt pages) is freed when its last holder
-lets go. Admission reserves a sequence's worst case up front (``reserve``) while pages are handed out only as
-tokens arrive (``take``), so the pages in use track the live tokens and a running sequence never waits for a page.
+lets go. Nothing is reserved ahead: the scheduler takes a page when a token is about to be written to it, and makes
+room (by preempting a completion) before it takes more pages than are free.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ TRASH_PAGE = 0
 
 
 class PagePool:
-    """Free list, holder counts and reservations of ``num_pages`` pages of ``page_size`` tokens.
+    """Free list and holder counts of ``num_pages`` pages of ``page_size`` tokens.
 
     Args:
         num_pages: pages in the pool, the trash page included (so ``num_pages - 1`` are usable).
@@ -30,7 +30,6 @@ class PagePool:
         self.page_size = page_size
         self._free = list(range(num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low pages first
         self._holders = [0] * num_pages
-        self._reserved = 0
         self.peak_in_use = 0
 
     @property
@@ -44,24 +43,19 @@ class PagePool:
         return self.usable - len(self._free)
 
     @property
-    def available(self) -> int:
-        """Pages neither in use nor promised to an admitted sequence."""
-        return len(self._free) - self._reserved
+    def free(self) -> int:
+        """Pages no sequence holds."""
+        return len(self._free)
 
     def pages_for(self, tokens: int) -> int:
         """Pages that hold ``tokens`` tokens."""
         return -(-tokens // self.page_size)
 
-    def reserve(self, pages: int) -> bool:
-        """Promises ``pages`` future pages if the pool can keep the promise; returns whether it did."""
-        if pages > self.available:
-            return False
-        self._reserved += pages
-        return True
-
     def take(self) -> int:
-        """A free page, held once, drawn from the caller's reservation."""
-        self._reserved -= 1
+        """A free page, held once."""
+        if not self._free:
+            raise RuntimeError("the page pool has no free page: the scheduler must make room before taking one; "
+                               "this is a bug.")
         page = self._free.pop()
         self._holders[page] = 1
         self.peak_in_use = max(self.peak_in_use, self.in_use)
@@ -72,13 +66,39 @@ class PagePool:
         for page in pages:
             self._holders[page] += 1
 
-    def release(self, pages: Iterable[int], unused_reservation: int = 0) -> None:
-        """Drops one holder of each page (freeing those left without one) and returns an unused reservation."""
+    def release(self, pages: Iterable[int]) -> None:
+        """Drops one holder of each page, freeing those left without one."""
         for page in pages:
             self._holders[page] -= 1
             if self._holders[page] == 0:
                 self._free.append(page)
-        self._reserved -= unused_reservation
 
 
-__all__ = ["TRASH_PAGE", "PagePool"]
+def pages_within_memory(bytes_limit: int, bytes_in_use: int, fraction: float, bytes_per_token: int,
+                        page_size: int) -> int:
+    """The usable pages of a pool that fits in ``fraction`` of a device's memory beside what is already in use
+    (vLLM's ``gpu_memory_utilization``): ``floor((fraction * bytes_limit - bytes_in_use) / (bytes_per_token *
+    page_size)) - 1``, the trash page being the one taken off.
+
+    Args:
+        bytes_limit: the device's memory (``memory_stats()["bytes_limit"]``).
+        bytes_in_use: bytes already held there (weights, optimizer state...; ``memory_stats()["bytes_in_use"]``).
+        fraction: the share of ``bytes_limit`` the process may hold in all, pool included, in ``(0, 1]``.
+        bytes_per_token: keys and values of one token over every layer.
+        page_size: tokens per page.
+
+    Raises:
+        ValueError: the share leaves no room for a pool of two pages (the message gives the numbers).
+    """
+    room = int(fraction * bytes_limit) - bytes_in_use
+    page_bytes = bytes_per_token * page_size
+    pages = room // page_bytes - 1 if room > 0 else 0
+    if pages < 1:
+        raise ValueError(
+            f"gpu_memory_utilization={fraction} of the device's {bytes_limit} bytes leaves {max(room, 0)} bytes "
+            f"beside the {bytes_in_use} in use, less than the two pages of {page_bytes} bytes a KV pool needs; raise "
+            "gpu_memory_utilization, free device memory, or give kv_cache_tokens instead.")
+    return pages
+
+
+__all__ = ["TRASH_PAGE", "PagePool", "pages_within_memory"]

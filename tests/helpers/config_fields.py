@@ -37,7 +37,7 @@ TORCHLIKE_FIELDS = OWN_FIELDS | (OTHER_VERSIONS_FIELDS
 TORCHLIKE_GRPO_FIELDS = TORCHLIKE_FIELDS | {"max_prompt_length", "rollout_engine", "rollout_max_num_seqs",
                                             "rollout_page_size", "rollout_kv_cache_tokens",
                                             "rollout_max_num_batched_tokens", "rollout_vllm_adapter_dir",
-                                            "max_staleness"}
+                                            "rollout_attention", "rollout_gpu_memory_utilization", "max_staleness"}
 #: Raw defaults torchlike takes from transformers 5.23, with the older versions' value (both resolve to it).
 NEWER_RAW_DEFAULTS = {"gradient_checkpointing": False}
 

@@ -19,6 +19,7 @@ from torchlike.adapters.losses.grpo import (
     MULTI_OBJECTIVE_AGGREGATIONS,
     SCALE_REWARDS,
 )
+from torchlike.adapters.model.paged_attention import ATTENTION_KINDS
 from torchlike.generation import rollout_engine_names
 from torchlike.training_args import TrainingArguments, check_choice, warn_from_config
 from torchlike.trl.trainer.base_config import TRLConfig, normalise_pad_to_multiple_of
@@ -133,6 +134,8 @@ class OnlineRLConfig(TRLConfig):
     rollout_page_size: int = 16
     rollout_kv_cache_tokens: int | None = None
     rollout_max_num_batched_tokens: int = 2048
+    rollout_attention: str | None = None
+    rollout_gpu_memory_utilization: float | None = None
     rollout_vllm_adapter_dir: str | None = None
     max_staleness: int = 0
 
@@ -155,6 +158,12 @@ class OnlineRLConfig(TRLConfig):
                              "lower per_device_train_batch_size instead.")
         self._resolve_generation_batch()
         self.rollout_engine = check_choice("rollout_engine", self.rollout_engine, rollout_engine_names())
+        share = self.rollout_gpu_memory_utilization
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
+            raise ValueError(f"rollout_gpu_memory_utilization={share!r}: expected a share of the device's memory in "
+                             "(0, 1], or None.")
+        if self.rollout_attention is not None:
+            self.rollout_attention = check_choice("rollout_attention", self.rollout_attention, ATTENTION_KINDS)
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness!r}: expected an integer >= 0 (0: synchronous).")
         for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens",
@@ -218,6 +227,15 @@ class GRPOConfig(OnlineRLConfig):
         rollout_max_num_batched_tokens (`int`, defaults to 2048): torchlike only; with ``rollout_engine="paged"``, the
             most prompt tokens prefilled between two decode calls (vLLM's ``max_num_batched_tokens``): a longer prompt
             is prefilled in chunks while the running completions keep decoding.
+        rollout_attention (`str`, *optional*): torchlike only; how the paged engine's decode reads its KV pages:
+            ``"gather"`` (a dense view of each row's pages: the CPU's default), ``"pallas_gpu"`` / ``"pallas_tpu"``
+            (JAX's paged-attention kernels reading the pages in place, each new key and value written straight into
+            its page: the default on a GPU / TPU for the native decoder's families). ``None``: the backend's own.
+        rollout_gpu_memory_utilization (`float`, *optional*): torchlike only (vLLM's ``gpu_memory_utilization``);
+            with ``rollout_kv_cache_tokens=None``, the paged engine's KV pool takes what this share of the device's
+            memory leaves beside the memory in use when a round starts; completions are admitted as pages are free
+            and preempted (recomputed later, same tokens) when they run out. A device without memory statistics (the
+            CPU) warns and sizes the pool for every slot's longest completion.
         rollout_vllm_adapter_dir (`str`, *optional*): torchlike only; with ``use_vllm=True, vllm_mode="server"``, the
             folder each optimizer step's LoRA adapter is written under for the vLLM server to load (it must read the
             same path: the same host or a shared mount). ``None``: a temporary folder.

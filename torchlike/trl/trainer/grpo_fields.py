@@ -215,14 +215,25 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "rollout_max_num_batched_tokens": honoured("torchlike: the most prompt tokens the paged engine prefills between "
                                                "two decode calls (vLLM's max_num_batched_tokens); longer prompts are "
                                                "prefilled in chunks while the running completions keep decoding."),
+    "rollout_attention": honoured("torchlike: how the paged engine's decode reads its KV pages: 'gather' (a dense "
+                                  "view, the CPU's way), 'pallas_gpu' / 'pallas_tpu' (JAX's paged-attention kernels, "
+                                  "pages read in place; the GPU's / TPU's default for the native decoder's "
+                                  "families); None: the backend's own."),
+    "rollout_gpu_memory_utilization": honoured("torchlike (vLLM's gpu_memory_utilization): with "
+                                               "rollout_kv_cache_tokens=None the paged engine's KV pool takes what "
+                                               "this share of the device's memory leaves; completions beyond it are "
+                                               "preempted and recomputed (same tokens). None: every slot's longest "
+                                               "completion."),
     "max_staleness": honoured("torchlike (TRL's AsyncGRPOConfig name): 0 samples each generation batch before it "
                               "trains; >= 1 samples the next one while the current one trains (the optimizer "
                               "steps of one generation batch must not exceed it), with the sampler correction."),
     "rollout_vllm_adapter_dir": honoured("torchlike: with use_vllm=True and vllm_mode='server', the folder each "
                                          "optimizer step's LoRA adapter is written under for the vLLM server to load "
                                          "(the server must read the same path); None: a temporary folder."),
-    "rollout_kv_cache_tokens": honoured("torchlike: the KV cache's size in tokens (vLLM sizes it with "
-                                        "vllm_gpu_memory_utilization); None holds every slot's longest completion."),
+    "rollout_kv_cache_tokens": honoured("torchlike: the KV cache's size in tokens (or rollout_gpu_memory_utilization "
+                                        "sizes it); None holds every slot's longest completion. Completions are "
+                                        "admitted as pages are free and preempted (recomputed later, same tokens) "
+                                        "when they run out."),
     "max_prompt_length": honoured("Removed in TRL 0.28 but still accepted (with a FutureWarning): a prompt longer "
                                   "than this keeps its last max_prompt_length tokens, as TRL used to do."),
 }

@@ -1,0 +1,184 @@
+"""Decode attention that reads a paged KV cache in place: JAX's own Pallas kernels behind one function.
+
+The paged rollout engine (``adapters.rollout.paged``) keeps keys and values in a pool of pages. Its ``"gather"``
+attention (the CPU's) copies each row's pages into a dense, right-aligned cache and runs the decoder on it, as the
+static sampler runs its cache: on a CPU that copy is cheap next to the matmuls, but on a GPU or TPU decode is bound by
+memory traffic, and the copy reads every row's tokens twice and materialises a view as large as a static cache. The
+kernels here read each row's own pages where they lie (the page table says which), and the engine writes each new
+token's key and value straight into its page:
+
+- ``"pallas_gpu"``: ``jax.experimental.pallas.ops.gpu.paged_attention`` (grouped-query decode attention over
+  ``[kv heads, pages, page size, head dim]`` pages, logit soft-capping included);
+- ``"pallas_tpu"``: ``jax.experimental.pallas.ops.tpu.paged_attention`` (the same layout, for TPUs).
+
+Both are decode kernels (one query per row). A sliding-window layer attends to at most ``window`` keys, which it
+gathers from its pages (a bounded view, not the whole sequence); neither kernel takes a window. Prefill runs the
+model's own dense attention once per prompt and writes the keys and values to the pages (as vLLM's TPU backend
+prefills).
+
+On a CPU the kernels run in Pallas' interpreter (``interpret=True``, :func:`using`), which is how the tests compare
+their tokens with the ``"gather"`` path; the interpreter is slower than ``"gather"``, so the CPU keeps ``"gather"``
+(:func:`default_attention`). JAX's *ragged* TPU kernel (prefill and decode in one batch, windows, soft caps) is the
+next step on a TPU; JAX 0.10's TPU interpreter cannot run it (its reshaped ref views are not supported there), so it is
+not wired until it can be tested.
+
+A decoder layer takes the paged path when its cache entry is a paged one (:func:`is_paged`): the model contract's
+``cache["layer_i"]`` then holds ``k_pages``/``v_pages`` (``[K, P, page size, D]``), the rows' ``page_table``
+``[R, W]``, ``kv_lengths`` ``[R]`` (the row's tokens including the one fed now), ``write_page``/``write_offset``
+``[R]`` (where the fed token's key and value go; the trash page for rows that are not live) and ``end_index``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+ATTENTION_KINDS = ("gather", "pallas_gpu", "pallas_tpu")
+"""The paged engine's decode attentions: the dense page view (``"gather"``) and JAX's two paged kernels."""
+
+PAGED_KEYS = frozenset({"k_pages", "v_pages", "page_table", "kv_lengths", "write_page", "write_offset"})
+
+_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The kernel a traced decode program's attention layers call, and whether it runs in Pallas' interpreter."""
+
+    kind: str
+    interpret: bool
+
+
+_CURRENT: contextvars.ContextVar[KernelChoice | None] = contextvars.ContextVar("paged_attention_kernel", default=None)
+
+
+def default_attention(platform: str | None = None) -> str:
+    """The attention the paged engine uses on ``platform`` (default: JAX's default backend): the paged kernel of a
+    GPU or TPU, the dense page view on a CPU (where the kernels only run interpreted, and slower)."""
+    platform = platform or jax.default_backend()
+    return {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu", "tpu": "pallas_tpu"}.get(platform,
+                                                                                                     "gather")
+
+
+def interpreted(kind: str, platform: str | None = None) -> bool:
+    """Whether kernel ``kind`` must run in Pallas' interpreter on ``platform`` (it is not the kernel's own)."""
+    platform = platform or jax.default_backend()
+    native = {"pallas_gpu": ("gpu", "cuda", "rocm"), "pallas_tpu": ("tpu",)}.get(kind, ())
+    return platform not in native
+
+
+@contextlib.contextmanager
+def using(kind: str, interpret: bool) -> Iterator[None]:
+    """Traces the decoder's paged attention with kernel ``kind`` (see the module docstring) while inside."""
+    if kind not in ATTENTION_KINDS[1:]:
+        raise ValueError(f"paged attention kernel must be one of {ATTENTION_KINDS[1:]}, got {kind!r}.")
+    token = _CURRENT.set(KernelChoice(kind, interpret))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def is_paged(cache: dict | None) -> bool:
+    """Whether a layer's cache entry is the paged engine's (its attention must read pages in place)."""
+    return cache is not None and PAGED_KEYS <= cache.keys()
+
+
+def heads_first(kind: str) -> bool:
+    """Whether the pool of attention ``kind`` stores pages as ``[K, P, page size, D]`` (the kernels' layout) rather
+    than ``[P, page size, K, D]`` (the gather's)."""
+    return kind != "gather"
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, cache: dict, *, scale: float, window: int | None = None,
+           soft_cap: float | None = None) -> tuple[jax.Array, dict]:
+    """One decode step's attention on a paged cache entry (:func:`is_paged`).
+
+    Args:
+        q: ``[R, 1, H, D]`` the fed token's queries (rope applied).
+        k: ``[R, 1, K, D]`` its key; v: ``[R, 1, K, D]`` its value; both are written to
+            ``(write_page, write_offset)`` before the attention reads the pages.
+        cache: the layer's paged entry.
+        scale: the logits' scale (applied to the queries, as the kernels take them).
+        window: the layer's sliding window (the keys it sees, the fed one included), ``None``: every key.
+        soft_cap: logit soft-capping ``cap * tanh(logits / cap)`` (Gemma 2's), ``None``: none.
+
+    Returns:
+        ``(output [R, 1, H, D], the entry with the fed key and value in its pages)``.
+    """
+    choice = _CURRENT.get()
+    if choice is None:
+        raise RuntimeError("a paged cache entry reached a decoder layer outside paged_attention.using(...): the paged "
+                           "engine's decode program sets the kernel it traces with.")
+    if q.shape[1] != 1:
+        raise ValueError(f"paged kernel attention decodes one token per row, got {q.shape[1]}.")
+    page, offset = cache["write_page"], cache["write_offset"]
+    k_pages = cache["k_pages"].at[:, page, offset].set(jnp.swapaxes(k[:, 0], 0, 1).astype(cache["k_pages"].dtype))
+    v_pages = cache["v_pages"].at[:, page, offset].set(jnp.swapaxes(v[:, 0], 0, 1).astype(cache["v_pages"].dtype))
+    cache = {**cache, "k_pages": k_pages, "v_pages": v_pages}
+    queries = (q[:, 0].astype(jnp.float32) * scale).astype(k_pages.dtype)
+    if window is not None and window < cache["page_table"].shape[1] * k_pages.shape[2]:
+        out = _window_attention(queries, cache, window, soft_cap)
+    else:
+        out = _kernel_attention(choice, queries, cache, soft_cap)
+    return out[:, None].astype(q.dtype), cache
+
+
+def _kernel_attention(choice: KernelChoice, queries: jax.Array, cache: dict, soft_cap: float | None) -> jax.Array:
+    page_table, lengths = cache["page_table"], cache["kv_lengths"].astype(jnp.int32)
+    width = page_table.shape[1]
+    if choice.kind == "pallas_gpu":
+        from jax.experimental.pallas.ops.gpu import paged_attention as gpu_kernel
+
+        splits = math.gcd(width, 16)  # the kernel splits each row's pages into this many partitions
+        return gpu_kernel.paged_attention(queries, cache["k_pages"], cache["v_pages"], page_table, lengths,
+                                          k_splits=splits, pages_per_compute_block=_block(width // splits),
+                                          interpret=choice.interpret, attn_logits_soft_cap=soft_cap)
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as tpu_kernel
+
+    interpreting = pltpu.force_tpu_interpret_mode() if choice.interpret else contextlib.nullcontext()
+    with interpreting:
+        return tpu_kernel.paged_attention(queries, cache["k_pages"], cache["v_pages"], lengths, page_table,
+                                          pages_per_compute_block=_block(width), attn_logits_soft_cap=soft_cap)
+
+
+def _block(pages: int) -> int:
+    """Pages per compute block: the largest power of two up to 8 that divides ``pages`` (both kernels need one)."""
+    block = 8
+    while pages % block:
+        block //= 2
+    return block
+
+
+def _window_attention(queries: jax.Array, cache: dict, window: int, soft_cap: float | None) -> jax.Array:
+    """A sliding-window layer's attention: the row's last ``window`` keys gathered from their pages (a view of
+    ``window`` tokens, whatever the row's length), softmax in float32."""
+    k_pages, v_pages, page_table = cache["k_pages"], cache["v_pages"], cache["page_table"]
+    page_size = k_pages.shape[2]
+    lengths = cache["kv_lengths"].astype(jnp.int32)
+    token = lengths[:, None] - window + jnp.arange(window)[None, :]  # [R, window]
+    seen = token >= 0
+    safe = jnp.clip(token, 0, page_table.shape[1] * page_size - 1)
+    page = jnp.take_along_axis(page_table, safe // page_size, axis=1)
+    offset = safe % page_size
+    keys = jnp.moveaxis(k_pages[:, page, offset], 0, 2)  # [R, window, K, D]
+    values = jnp.moveaxis(v_pages[:, page, offset], 0, 2)
+    rows, heads, dim = queries.shape
+    kv_heads = keys.shape[2]
+    grouped = queries.reshape(rows, kv_heads, heads // kv_heads, dim)
+    logits = jnp.einsum("RKGD,RSKD->RKGS", grouped, keys, preferred_element_type=jnp.float32)
+    if soft_cap is not None:
+        logits = soft_cap * jnp.tanh(logits / soft_cap)
+    logits = jnp.where(seen[:, None, None, :], logits, _MASKED)
+    probs = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
+    return jnp.einsum("RKGS,RSKD->RKGD", probs, values).reshape(rows, heads, dim)
+
+
+__all__ = ["ATTENTION_KINDS", "attend", "default_attention", "heads_first", "interpreted", "is_paged", "using"]
