@@ -3,6 +3,10 @@
 Runs, each as a subprocess of its own script (which runs its sides in child processes of its own), one after the
 other:
 
+``rollout``
+    a GRPO-shaped rollout (prompts x generations, long-tailed lengths): torchlike's paged engine vs its static
+    sampler, ``transformers.generate`` and transformers' continuous batching ``generate_batch``; with its KV memory
+    as allocated and, on a known device, the share of its memory bandwidth the paged decode reached.
 ``sft_step``
     torchlike vs ``trl.SFTTrainer`` vs raw Tunix ``PeftTrainer``, full fine-tuning and LoRA, plus torchlike's first
     step on a cold and on a warm compilation cache.
@@ -10,13 +14,18 @@ other:
     torchlike vs ``trl.GRPOTrainer`` vs raw Tunix ``GRPOLearner``, seconds per step (rollout + update).
 ``generate``
     torchlike ``generate`` vs ``transformers.generate``, greedy and sampling.
-``rollout``
-    a GRPO-shaped rollout (prompts x generations, long-tailed lengths): torchlike's paged engine vs its static
-    sampler, ``transformers.generate`` and transformers' continuous batching ``generate_batch``.
 ``hf_io``
     Hugging Face checkpoint import/export vs raw ``safetensors``.
 ``checkpoint_io``
     ``torchlike.save`` / ``torchlike.load`` vs raw Orbax.
+
+The rollout runs first: on a lent device it is the check the run is for.
+
+``--preset gpu`` and ``--preset tpu`` are the *device runs*, one command on a lent GPU or TPU that ends within 10
+minutes: only the scripts with that preset (gpu: rollout, sft_step, grpo_step, generate; tpu: rollout, whose
+transformers sides are skipped there), each with its ``--quick`` options (the rollout: one round), and a deadline for
+the whole run (``--deadline``, 540 s by default there): a script still running then is stopped, and those not started
+are listed as such.
 
 Each script writes its JSON to ``--output-dir`` (default ``benchmarks/results/``) and its output to
 ``<output-dir>/logs/<name>.log`` (also echoed here). The runner then writes:
@@ -36,7 +45,8 @@ Run (from the repository root)::
 
     .venv/bin/python -m benchmarks --quick            # fewer steps and repeats: about 10 minutes on 2 CPU cores
     .venv/bin/python -m benchmarks                    # each script's own defaults (longer)
-    .venv/bin/python -m benchmarks --preset gpu       # sft_step, grpo_step, generate, rollout at the Qwen2-0.5B shape
+    .venv/bin/python -m benchmarks --preset gpu       # the device run: rollout, sft_step, grpo_step, generate (<10 min)
+    .venv/bin/python -m benchmarks --preset tpu       # the device run on a TPU: the rollout at the issue's workload
     .venv/bin/python -m benchmarks --only grpo_step,generate --extra grpo_step="--repeats 3"
     .venv/bin/python -m benchmarks --summarize-only   # rebuild the summary from the JSON files already there
 
@@ -46,9 +56,12 @@ This is a script, never part of the test suite.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -64,6 +77,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEFAULT_OUTPUT_DIR = HERE / "results"
 REFERENCE_NAMES = {"trl": "TRL", "tunix": "raw Tunix"}
+DEVICE_PRESETS = ("gpu", "tpu")
+DEVICE_DEADLINE_S = 540.0  # a lent device's command runs 10 minutes at most
 
 
 @dataclass
@@ -201,10 +216,32 @@ def rollout_rows(result: dict[str, Any]) -> list[GoalRow]:
     rows.append(GoalRow("rollout tokens/s with no early end, paged engine vs static sampler",
                         paged_full.get("tokens_per_s"), static_full.get("tokens_per_s"), "tokens/s", "static sampler",
                         None, ">=", None, note=problems((paged, "paged"), (sides.get("static"), "static"))))
+    stream = result.get("stream")
+    if stream:
+        rows.append(GoalRow(f"rollout paged engine tokens/s, stream of {stream['batches']} batches / full-length",
+                            stream["tokens_per_s"],
+                            stream["tokens_per_s"] / stream["vs_full_length"] if stream["vs_full_length"] else None,
+                            "tokens/s", "full length", stream["vs_full_length"], ">=",
+                            0.6, note=stream["note"]))
     memory = result.get("kv_memory")
     if memory:
         rows.append(GoalRow("rollout KV cache, paged peak / static batch", memory["paged_peak_bytes"] / 2**20,
                             memory["static_cache_bytes"] / 2**20, "MiB", "static batch", None, "<=", None))
+    if memory and "paged_allocated_bytes" in memory:
+        rows.append(GoalRow(f"rollout KV cache as allocated (pool + {memory['attention']} decode view) / static batch",
+                            memory["paged_allocated_bytes"] / 2**20, memory["static_cache_bytes"] / 2**20, "MiB",
+                            "static batch", None, "<=", None,
+                            note=f"pool {memory['paged_pool_allocated_bytes'] / 2**20:.1f} MiB, decode view "
+                                 f"{memory['paged_decode_view_bytes'] / 2**20:.1f} MiB"))
+    bandwidth = result.get("decode_bandwidth")
+    if bandwidth and bandwidth["bytes_per_s"] is not None:
+        peak = bandwidth["peak_bytes_per_s"]
+        rows.append(GoalRow("rollout paged decode memory traffic / the device's peak bandwidth",
+                            bandwidth["bytes_per_s"] / 1e9, None if peak is None else peak / 1e9, "GB/s",
+                            bandwidth["device"] or "peak unknown", bandwidth["share_of_peak"], ">=", None,
+                            note=("weights + live KV bytes per decode step over the decode seconds (a lower bound); "
+                                  + (f"{bandwidth['device_kind']}" if peak else
+                                     f"peak unknown for {bandwidth['device_kind']!r}"))))
     return rows
 
 
@@ -239,16 +276,16 @@ def checkpoint_rows(result: dict[str, Any]) -> list[GoalRow]:
 
 @dataclass(frozen=True)
 class Benchmark:
-    """A script, its options in ``--quick`` mode (per preset), whether it takes ``--preset``, and its summary rows."""
+    """A script, its options in ``--quick`` mode (per preset), the presets it takes, and its summary rows."""
 
     name: str
     quick: dict[str, tuple[str, ...]]
-    takes_preset: bool
+    presets: tuple[str, ...]
     rows: Callable[[dict[str, Any]], list[GoalRow]]
 
     def command(self, output: Path, preset: str, quick: bool, extra: list[str]) -> list[str]:
         arguments = [sys.executable, str(HERE / f"{self.name}.py")]
-        if self.takes_preset:
+        if preset in self.presets:
             arguments += ["--preset", preset]
         if quick:
             arguments += list(self.quick.get(preset, self.quick["cpu"]))
@@ -256,16 +293,17 @@ class Benchmark:
 
 
 BENCHMARKS = (
-    Benchmark("sft_step", {"cpu": ("--warmup", "2", "--steps", "8"), "gpu": ("--warmup", "2", "--steps", "5")}, True,
-              sft_rows),
-    Benchmark("grpo_step", {"cpu": ("--warmup", "2", "--steps", "6"), "gpu": ("--warmup", "2", "--steps", "3")}, True,
-              grpo_rows),
-    Benchmark("accumulation", {"cpu": ("--accumulation", "1,8")}, False, accumulation_rows),
-    Benchmark("generate", {"cpu": ("--repeats", "3"), "gpu": ("--repeats", "2")}, True, generate_rows),
-    Benchmark("rollout", {"cpu": ("--new-tokens", "64"), "gpu": ()}, True, rollout_rows),
+    Benchmark("rollout", {"cpu": ("--new-tokens", "64"), "gpu": ("--repeats", "1"), "tpu": ("--repeats", "1")},
+              ("cpu", "gpu", "tpu"), rollout_rows),
+    Benchmark("sft_step", {"cpu": ("--warmup", "2", "--steps", "8"), "gpu": ("--warmup", "2", "--steps", "5")},
+              ("cpu", "gpu"), sft_rows),
+    Benchmark("grpo_step", {"cpu": ("--warmup", "2", "--steps", "6"), "gpu": ("--warmup", "2", "--steps", "3")},
+              ("cpu", "gpu"), grpo_rows),
+    Benchmark("accumulation", {"cpu": ("--accumulation", "1,8")}, (), accumulation_rows),
+    Benchmark("generate", {"cpu": ("--repeats", "3"), "gpu": ("--repeats", "2")}, ("cpu", "gpu"), generate_rows),
     # Its default size (0.5 GB) in quick mode too: at 128 MB fixed costs dominate and the ratios mislead.
-    Benchmark("hf_io", {"cpu": ()}, False, hf_io_rows),
-    Benchmark("checkpoint_io", {"cpu": ("--layers", "2", "--repeats", "2")}, False, checkpoint_rows),
+    Benchmark("hf_io", {"cpu": ()}, (), hf_io_rows),
+    Benchmark("checkpoint_io", {"cpu": ("--layers", "2", "--repeats", "2")}, (), checkpoint_rows),
 )
 BY_NAME = {benchmark.name: benchmark for benchmark in BENCHMARKS}
 
@@ -278,18 +316,19 @@ def run_benchmark(benchmark: Benchmark, command: list[str], output: Path, log: P
     started = time.time()
     record: dict[str, Any] = {"command": command, "log": str(log)}
     with log.open("w") as log_file:
+        # A session of its own, so stopping it stops the child processes it runs its sides in (which would
+        # otherwise hold the device and keep the output pipe open).
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   bufsize=1)
+                                   bufsize=1, start_new_session=True)
         echo = threading.Thread(target=copy_lines, args=(process.stdout, log_file), daemon=True)
         echo.start()
         try:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            record["error"] = f"stopped after the {timeout:.0f} s limit (--timeout)"
+            stop(process)
+            record["error"] = f"stopped after {timeout:.0f} s (--timeout, or what --deadline left)"
         except KeyboardInterrupt:
-            process.kill()
+            stop(process)
             raise
         echo.join()
     record.update(returncode=process.returncode, seconds=time.time() - started)
@@ -301,6 +340,13 @@ def run_benchmark(benchmark: Benchmark, command: list[str], output: Path, log: P
     print(f"===== {benchmark.name}: {'FAILED: ' + record['error'] if 'error' in record else 'done'} "
           f"in {record['seconds']:.0f} s", flush=True)
     return record
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Kills a script's process group (the script and the processes it started) and waits for the script."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def copy_lines(source: Any, log_file: Any) -> None:
@@ -423,24 +469,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="fewer steps and repeats, a smaller checkpoint_io tree (about 10 minutes on 2 CPU cores)")
-    parser.add_argument("--preset", choices=("cpu", "gpu"), default="cpu",
-                        help="passed to sft_step, grpo_step, generate and rollout (gpu: Qwen2-0.5B shape, bf16; "
-                             "rollout: 64 prompts x 8 generations, 512 new tokens)")
+    parser.add_argument("--preset", choices=("cpu", *DEVICE_PRESETS), default="cpu",
+                        help="passed to the scripts that have it (gpu: Qwen2-0.5B shape, bf16; rollout: 64 prompts x "
+                             "8 generations, 512 new tokens); gpu and tpu are the device runs (quick settings, only "
+                             "those scripts, a deadline; see above)")
     parser.add_argument("--only", help="comma-separated subset of " + ",".join(BY_NAME))
     parser.add_argument("--skip", default="", help="comma-separated benchmarks to leave out")
     parser.add_argument("--extra", action="append", default=[], metavar='NAME="ARGS"',
                         help='more options for one script, e.g. --extra sft_step="--repeats 3" (repeatable)')
     parser.add_argument("--timeout", type=float, help="seconds each script may run before it is stopped")
+    parser.add_argument("--deadline", type=float,
+                        help=f"seconds the whole run may take: a script running then is stopped, later ones are not "
+                             f"started (default: {DEVICE_DEADLINE_S:.0f} for the device presets, none otherwise; 0: "
+                             "none)")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
                         help="where the scripts' JSON, their logs and the summary go")
     parser.add_argument("--summarize-only", action="store_true",
                         help="run nothing: rebuild the summary from the JSON files in --output-dir")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.preset in DEVICE_PRESETS:  # a lent device's minutes: the quick settings, within the deadline
+        args.quick = True
+        if args.deadline is None:
+            args.deadline = DEVICE_DEADLINE_S
+    return args
 
 
 def choose(args: argparse.Namespace) -> tuple[list[Benchmark], dict[str, list[str]]]:
-    """The benchmarks to run, in their fixed order, and each one's ``--extra`` options."""
-    names = [name.strip() for name in (args.only or ",".join(BY_NAME)).split(",") if name.strip()]
+    """The benchmarks to run, in their fixed order, and each one's ``--extra`` options: by default every one, or on a
+    device preset those that take it."""
+    default = [benchmark.name for benchmark in BENCHMARKS
+               if args.preset not in DEVICE_PRESETS or args.preset in benchmark.presets]
+    names = [name.strip() for name in (args.only or ",".join(default)).split(",") if name.strip()]
     skipped = {name.strip() for name in args.skip.split(",") if name.strip()}
     extra: dict[str, list[str]] = {}
     for item in args.extra:
@@ -464,7 +523,16 @@ def main(argv: list[str] | None = None) -> None:
             output = output_dir / f"{benchmark.name}.json"
             command = benchmark.command(output, args.preset, args.quick, extra.get(benchmark.name, []))
             log = output_dir / "logs" / f"{benchmark.name}.log"
-            runs[benchmark.name] = run_benchmark(benchmark, command, output, log, args.timeout)
+            timeout = args.timeout
+            if args.deadline:
+                left = started + args.deadline - time.time()
+                if left <= 0:
+                    runs[benchmark.name] = {"command": command, "log": str(log), "returncode": None, "seconds": 0.0,
+                                            "error": f"not started: the run's {args.deadline:.0f} s deadline passed"}
+                    print(f"===== {benchmark.name}: {runs[benchmark.name]['error']}", flush=True)
+                    continue
+                timeout = min(timeout or left, left)
+            runs[benchmark.name] = run_benchmark(benchmark, command, output, log, timeout)
     summary = summarize(chosen, output_dir, runs, args, started)
     write_json(output_dir / "summary.json", summary)
     text = markdown(summary)

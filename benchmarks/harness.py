@@ -11,8 +11,8 @@ Each script in ``benchmarks/`` measures one thing; the pieces they all need live
   ``transformers`` trainer), :func:`best_of` (the least disturbed repeat), :func:`record_compilations` (XLA
   compilations, through ``jax.monitoring``), :func:`timed` and :func:`profiled`;
 - memory: :class:`PeakRss`, the peak RSS of a block;
-- the models: :func:`tiny_qwen2` (the random Qwen2 of a benchmark's shape) and :func:`tunix_model` (the raw
-  Tunix Qwen2 the trainer benchmarks compare against);
+- the models: :func:`tiny_qwen2` (the random Qwen2 of a benchmark's shape; :func:`tiny_decoder_config` for
+  another family) and :func:`tunix_model` (the raw Tunix Qwen2 the trainer benchmarks compare against);
 - tables: :class:`Column` specs and :func:`format_table`;
 - a script's plumbing: :func:`missing_packages`, :func:`fill_from_preset`, :func:`write_json`.
 
@@ -401,9 +401,16 @@ class PeakRss:
 
 
 def tiny_qwen2(shape: Mapping[str, Any], max_positions: int, **overrides: Any) -> Any:
-    """The ``transformers`` Qwen2 config of a benchmark's shape (``torchlike.testing.tiny_config``), tied embeddings.
+    """The ``transformers`` Qwen2 config of a benchmark's shape (:func:`tiny_decoder_config`), tied embeddings."""
+    return tiny_decoder_config("qwen2", shape, max_positions, **overrides)
+
+
+def tiny_decoder_config(family: str, shape: Mapping[str, Any], max_positions: int, **overrides: Any) -> Any:
+    """The ``transformers`` config of ``family`` (``torchlike.testing.tiny_config``) at a benchmark's shape, tied
+    embeddings.
 
     Args:
+        family: a tiny config's name (``qwen2``, ``mistral``...).
         shape: ``vocab``, ``hidden``, ``intermediate``, ``layers``, ``heads``, ``kv_heads`` and, where it has one,
             ``rope_theta``.
         max_positions: ``max_position_embeddings``.
@@ -417,8 +424,7 @@ def tiny_qwen2(shape: Mapping[str, Any], max_positions: int, **overrides: Any) -
                   tie_word_embeddings=True)
     if "rope_theta" in shape:
         fields["rope_theta"] = shape["rope_theta"]
-    return tiny_config("qwen2", **(fields | overrides))
-
+    return tiny_config(family, **(fields | overrides))
 
 
 def tunix_model(checkpoint: Path, spec: Mapping[str, Any], rematerialise: bool = True) -> Any:
