@@ -2,9 +2,9 @@
 JAX's Pallas paged-attention kernels for GPUs and TPUs, run here in Pallas' interpreter on the CPU.
 
 The kernels' attention equals dense attention over the same keys (soft-capped and windowed too); the paged engine on
-the GPU kernel draws the same tokens as on the gathered page view, greedy and sampled, for a sliding-window family and
-a hybrid (recurrent) one, with prompts prefilled in chunks through the kernel; a decoder the kernels cannot serve is
-refused by name; and the backend picks its own kernel by default.
+the GPU kernel draws the same tokens and log-probs as on the gathered page view, sampled (and greedy), for a
+sliding-window family, a hybrid (recurrent) one and Tunix's Qwen3 and Llama 3, with prompts prefilled in chunks through
+the kernel; a decoder the kernels cannot serve is refused by name; and the backend picks its own kernel by default.
 """
 
 from __future__ import annotations
@@ -72,9 +72,16 @@ def test_the_kernels_attend_over_each_rows_pages_as_dense_attention_does(kind, t
 
 
 @pytest.fixture(scope="module")
-def native_models(tiny_checkpoints):
-    return {case: torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path(case), dtype="float32")
-            for case in ("mistral", "qwen3_5")}
+def models(tiny_checkpoints):
+    """Tiny float32 models by case, loaded once."""
+    loaded = {}
+
+    def load(case):
+        if case not in loaded:
+            loaded[case] = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path(case), dtype="float32")
+        return loaded[case]
+
+    return load
 
 
 def run(model, attention, settings, chunk=2048):
@@ -88,10 +95,14 @@ def run(model, attention, settings, chunk=2048):
     return engine, tokens, [row for output in outputs for row in output.logprobs]
 
 
-@pytest.mark.parametrize("case", ["mistral", "qwen3_5"])  # a sliding window; gated DeltaNet layers beside attention
-def test_the_gpu_kernel_draws_the_gathered_views_tokens(native_models, case):
-    model = native_models[case]
-    for settings, chunk in ((SamplingSettings(), 2048), (SAMPLING, 6)):
+# Mistral: a sliding window on every layer (its window-sized page view); Qwen3.5: gated DeltaNet layers beside the
+# kernel's attention layers; Qwen3 (q/k norms) and Llama 3: Tunix's decoders, their attention reading the pages too.
+@pytest.mark.parametrize("case", ["mistral", "qwen3_5", "qwen3", "llama3"])
+def test_the_gpu_kernel_draws_the_gathered_views_tokens(models, case):
+    model = models(case)
+    # Sampled (with the penalty's memory) and the 17-token prompt prefilled in chunks of 6 through the kernel; greedy
+    # with whole prompts on one family.
+    for settings, chunk in ((SAMPLING, 6), *(((SamplingSettings(), 2048),) if case == "llama3" else ())):
         _, gathered, gathered_logprobs = run(model, "gather", settings, chunk)
         engine, kernel, kernel_logprobs = run(model, "pallas_gpu", settings, chunk)
         assert engine.kernel == {"attention": "pallas_gpu", "interpret": True}
@@ -103,19 +114,21 @@ def test_the_gpu_kernel_draws_the_gathered_views_tokens(native_models, case):
             assert len(engine.stats.prefill_chunks) > 4
 
 
-def test_the_kernel_pool_puts_the_heads_first(native_models):
-    engine, _, _ = run(native_models["mistral"], "pallas_gpu", SamplingSettings())
+def test_the_kernel_pool_puts_the_heads_first(models):
+    engine, _, _ = run(models("mistral"), "pallas_gpu", SAMPLING, 6)
     pool = engine._take_pool(engine._pool_pages)
     layer = next(iter(pool.values()))["k"]
-    assert layer.shape[0] == native_models["mistral"].module.config.num_kv_heads
+    assert layer.shape[0] == models("mistral").module.config.num_kv_heads
     assert layer.shape[2] == 4  # page size
     engine._keep_pool(pool, engine._pool_pages)
 
 
-def test_a_decoder_the_kernels_cannot_serve_is_refused_by_name(tiny_checkpoints):
-    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"), dtype="float32")
-    with pytest.raises(NotImplementedError, match=r"attention='gather'"):
-        PagedEngine(model.module, PagedEngineConfig(attention="pallas_gpu"))
+def test_a_decoder_the_kernels_cannot_serve_is_refused_by_name(models):
+    # Tunix's Qwen2 (its biased projections and own rope): refused when asked for, the gathered view by default.
+    with pytest.raises(NotImplementedError, match=r"Qwen2's attention \(Tunix's\).*attention='gather'"):
+        PagedEngine(models("qwen2").module, PagedEngineConfig(attention="pallas_gpu"))
+    with pytest.raises(NotImplementedError, match=r"attention sinks"):
+        PagedEngine(models("gpt_oss").module, PagedEngineConfig(attention="pallas_tpu"))
     with pytest.raises(ValueError, match=r"PagedEngineConfig.attention must be one of"):
         PagedEngineConfig(attention="flash")
 
@@ -125,5 +138,4 @@ def test_each_backend_picks_its_own_kernel_and_the_cpu_keeps_the_gather():
     assert paged_attention.default_attention("gpu") == "pallas_gpu"
     assert paged_attention.default_attention("tpu") == "pallas_tpu"
     assert paged_attention.interpreted("pallas_gpu", "cpu") and not paged_attention.interpreted("pallas_gpu", "gpu")
-    assert PagedEngine.__init__ is not None and jax.default_backend() == "cpu"
-    assert paged_attention.default_attention() == "gather"
+    assert jax.default_backend() == "cpu" and paged_attention.default_attention() == "gather"

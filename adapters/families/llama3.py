@@ -38,7 +38,7 @@ def build_model(hf_config, dtype, rngs):
         weight_tying=bool(hf_config.tie_word_embeddings),
     )
     model = tunix_llama3.Llama3(config, rngs=rngs)
-    attention_class = attention_with_rope(tunix_llama3.Attention, hf_config.rope_parameters, head_dim)
+    attention_class = attention_with_rope(tunix_llama3.Attention, hf_config.rope_parameters, head_dim, pages=True)
     for layer in model.layers:
         layer.attn.__class__ = attention_class
     return model

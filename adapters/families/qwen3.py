@@ -48,7 +48,7 @@ def build_model(hf_config, dtype, rngs):
         param_dtype=dtype,
     )
     model = tunix_qwen3.Qwen3(config, rngs=rngs)
-    attention_class = attention_with_rope(tunix_qwen3.Attention, hf_config.rope_parameters, head_dim)
+    attention_class = attention_with_rope(tunix_qwen3.Attention, hf_config.rope_parameters, head_dim, pages=True)
     for layer in model.layers:
         layer.attn.__class__ = attention_class
     return model

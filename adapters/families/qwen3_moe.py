@@ -197,7 +197,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_qwen3.Qwen3:
     dense_config = dataclasses.replace(config, hidden_dim=hf_config.intermediate_size, num_experts=None,
                                        num_experts_per_tok=None)
     model = tunix_qwen3.Qwen3(config, rngs=rngs)
-    attention_class = attention_with_rope(tunix_qwen3.Attention, hf_config.rope_parameters, head_dim)
+    attention_class = attention_with_rope(tunix_qwen3.Attention, hf_config.rope_parameters, head_dim, pages=True)
     for layer, sparse in zip(model.layers, sparse_layers(hf_config), strict=True):
         layer.attn.__class__ = attention_class
         if sparse:

@@ -22,7 +22,10 @@ their tokens with the ``"gather"`` path; the interpreter is slower than ``"gathe
 next step on a TPU; JAX 0.10's TPU interpreter cannot run it (its reshaped ref views are not supported there), so it is
 not wired until it can be tested.
 
-A decoder layer takes the paged path when its cache entry is a paged one (:func:`is_paged`): the model contract's
+The native decoder's attention and Tunix's Qwen3 / Llama 3 attention (:func:`~.rope.reading_pages`) take the paged
+path; Tunix's Qwen2 and Gemma attentions do not (:func:`~.decoder_contract.paged_kernel_refusal` says so, and the
+engine keeps the gathered view for them). A decoder layer takes the paged path when its cache entry is a paged one
+(:func:`is_paged`): the model contract's
 ``cache["layer_i"]`` then holds ``k_pages``/``v_pages`` (``[K, P, page size, D]``), the rows' ``page_table``
 ``[R, W]``, ``kv_lengths`` ``[R]`` (the row's tokens including the one fed now), ``write_page``/``write_offset``
 ``[R]`` (where the fed token's key and value go; the trash page for rows that are not live) and ``end_index``.

@@ -130,7 +130,7 @@ def with_rope(
     return derived
 
 
-def attention_with_rope(attention_class: type, rope_parameters: Mapping, head_dim: int) -> type:
+def attention_with_rope(attention_class: type, rope_parameters: Mapping, head_dim: int, *, pages: bool = False) -> type:
     """Tunix's ``attention_class`` with its ``block`` applying Hugging Face's rope: the frequencies of
     ``rope_parameters`` (``rope_theta`` and any scaling, :func:`rope_inverse_frequencies`) at ``head_dim``.
 
@@ -138,9 +138,39 @@ def attention_with_rope(attention_class: type, rope_parameters: Mapping, head_di
         attention_class: a Tunix attention class whose ``block`` calls the module-level ``apply_rope``.
         rope_parameters: the HF config's ``rope_parameters``.
         head_dim: the attention head size.
+        pages: whether the class also reads the paged engine's pages in place (:func:`reading_pages`: Qwen3's and
+            Llama 3's attention, whose projections it knows).
 
     Returns:
-        The cached subclass (:func:`with_rope`); assign it to each layer's ``attn.__class__``.
+        The cached subclass (:func:`with_rope`, with :func:`reading_pages` where ``pages``); assign it to each
+        layer's ``attn.__class__``.
     """
     inv_freq = rope_inverse_frequencies(rope_parameters, head_dim)
-    return with_rope(attention_class, "block", "apply_rope", apply_rope, inv_freq)
+    derived = with_rope(attention_class, "block", "apply_rope", apply_rope, inv_freq)
+    return reading_pages(derived, inv_freq) if pages else derived
+
+
+@functools.cache
+def reading_pages(cls: type, inv_freq: tuple[float, ...]) -> type:
+    """A subclass of the Tunix attention ``cls`` (Qwen3's or Llama 3's: ``q_proj``/``k_proj``/``v_proj``/``o_proj``,
+    optional ``q_norm``/``k_norm`` before the rope, ``scale``) whose ``block`` takes the paged engine's cache entry
+    (:func:`.paged_attention.is_paged`): the fed token's query, key and value are projected as Tunix's ``block``
+    projects them, and :func:`.paged_attention.attend` writes the key and value to their page and reads the row's pages
+    in place. Any other cache runs Tunix's ``block`` unchanged. Keeps the class name (module trees and parameter paths
+    do not change); cached and registered as :func:`with_rope`'s classes are."""
+    from . import paged_attention
+
+    def block(self, x, segment_pos, cache, attn_mask, *args, **kwargs):  # Qwen3's takes segment_ids, Llama 3's not
+        if not paged_attention.is_paged(cache):
+            return cls.block(self, x, segment_pos, cache, attn_mask, *args, **kwargs)
+        query, key, value = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if hasattr(self, "q_norm"):
+            query, key = self.q_norm(query), self.k_norm(key)
+        query = apply_rope(query, segment_pos, inv_freq=inv_freq)
+        key = apply_rope(key, segment_pos, inv_freq=inv_freq)
+        out, cache = paged_attention.attend(query, key, value, cache, scale=self.scale)
+        return cache, self.o_proj(out)
+
+    derived = type(cls.__name__, (cls,), {"block": block, "reads_paged_cache": True, "__module__": cls.__module__})
+    register_derived_class(derived, reading_pages, (cls, inv_freq))
+    return derived
