@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 from tunix.models.qwen2 import model as tunix_qwen2
 
+from ..model import paged_attention
 from ..model.rope import rope_inverse_frequencies, sin_cos, with_rope
+from ..runtime.abstract_models import register_derived_class
 from .base import (
     DECODER_IGNORED_KEYS,
     DECODER_LORA_TARGETS,
@@ -49,7 +53,37 @@ def build_model(hf_config, dtype, rngs):
     )
     inv_freq = rope_inverse_frequencies(hf_config.rope_parameters, head_dim)
     model_class = with_rope(tunix_qwen2.Qwen2, "__call__", "_generate_pos_embeddings", sin_cos, inv_freq)
-    return model_class(config, rngs=rngs)
+    model = model_class(config, rngs=rngs)
+    attention_class = attention_reading_pages(tunix_qwen2.Attention)
+    for layer in model.layers:
+        layer.attn.__class__ = attention_class
+    return model
+
+
+@functools.cache
+def attention_reading_pages(cls: type) -> type:
+    """Tunix Qwen2's attention ``cls`` whose ``block`` also takes the paged engine's cache entry
+    (:func:`~..model.paged_attention.is_paged`): the fed token's query, key and value projected with their biases and
+    rotated by the model's ``sin``/``cos`` as Tunix's ``block`` does, then :func:`~..model.paged_attention.attend` (the
+    key and value written to their page, the row's pages read in place). Any other cache runs Tunix's ``block``. Keeps
+    the class name; cached and registered for pickled abstract models."""
+
+    def block(self, x, cache, attn_mask, sin, cos, segment_ids=None):
+        if not paged_attention.is_paged(cache):
+            return cls.block(self, x, cache, attn_mask, sin, cos, segment_ids=segment_ids)
+        dtype = self.config.dtype
+        query, key, value = (projection(x) for projection in (self.q_proj, self.k_proj, self.v_proj))
+        query = query + self.q_bias.astype(dtype).reshape(query.shape[2:])
+        key = key + self.k_bias.astype(dtype).reshape(key.shape[2:])
+        value = value + self.v_bias.astype(dtype).reshape(value.shape[2:])
+        query = tunix_qwen2.apply_rotary_embedding(query, sin, cos)
+        key = tunix_qwen2.apply_rotary_embedding(key, sin, cos)
+        out, cache = paged_attention.attend(query, key, value, cache, scale=self.scale)
+        return cache, self.o_proj(out)
+
+    derived = type(cls.__name__, (cls,), {"block": block, "reads_paged_cache": True, "__module__": cls.__module__})
+    register_derived_class(derived, attention_reading_pages, (cls,))
+    return derived
 
 
 

@@ -217,7 +217,8 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                                "prefilled in chunks while the running completions keep decoding."),
     "rollout_attention": honoured("torchlike: how the paged engine's decode reads its KV pages: 'gather' (a dense "
                                   "view, the CPU's way), 'pallas_gpu' / 'pallas_tpu' (JAX's paged-attention kernels, "
-                                  "pages read in place; the GPU's / TPU's default for Qwen3, Qwen3-MoE, Llama 3 and "
+                                  "pages read in place; the GPU's / TPU's default for Qwen2, Qwen3, Qwen3-MoE, Llama 3 "
+                                  "and "
                                   "the native decoder's families); None: the backend's own."),
     "rollout_gpu_memory_utilization": honoured("torchlike (vLLM's gpu_memory_utilization): with "
                                                "rollout_kv_cache_tokens=None the paged engine's KV pool takes what "
@@ -226,7 +227,12 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
                                                "completion."),
     "max_staleness": honoured("torchlike (TRL's AsyncGRPOConfig name): 0 samples each generation batch before it "
                               "trains; >= 1 samples the next one while the current one trains (the optimizer "
-                              "steps of one generation batch must not exceed it), with the sampler correction."),
+                              "steps of one generation batch must not exceed it), with the sampler correction. On "
+                              "the paged engine the batches go to one stream (in-flight batching: a batch's freed "
+                              "slots take the next one's completions; each optimizer step's weights are applied "
+                              "between two decode calls, every token tagged with its step, logged as TRL's "
+                              "sample/staleness_mean and _max); the static engine samples ahead with a second "
+                              "engine in a background thread."),
     "rollout_vllm_adapter_dir": honoured("torchlike: with use_vllm=True and vllm_mode='server', the folder each "
                                          "optimizer step's LoRA adapter is written under for the vLLM server to load "
                                          "(the server must read the same path); None: a temporary folder."),
