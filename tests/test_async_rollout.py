@@ -138,3 +138,43 @@ def test_sampling_ahead_refuses_a_rollout_func(tiny_checkpoints, tokenizer, tmp_
                                     max_staleness=1, report_to="none"),
                     train_dataset=[{"prompt": p} for p in PROMPTS], processing_class=tokenizer,
                     rollout_func=lambda prompts, trainer: {})
+
+
+def test_staleness_one_on_the_paged_engine_samples_on_one_stream_within_max_staleness(tiny_checkpoints, tokenizer,
+                                                                                       tmp_path):
+    """The policy's one paged engine samples every batch on its stream (no second engine); each batch's tokens were
+    drawn at most max_staleness steps before the step that trains it, and TRL's correction of the sampler's
+    log-probs is TRL's formula on those numbers."""
+    trainer = trainer_for(tiny_checkpoints, tokenizer, tmp_path, max_staleness=1, max_steps=3,
+                          rollout_engine="paged", vllm_importance_sampling_mode="token_truncate")
+    versions_seen, corrections = [], []
+    record_staleness, correct = trainer._record_staleness, trainer.algorithm.sampler_correction
+
+    def recording_staleness(versions):
+        versions_seen.append((trainer.state.global_step, versions))
+        record_staleness(versions)
+
+    def recording_correction(batch, old_logps):
+        correct(batch, old_logps)
+        corrections.append((old_logps, batch["sampling_logps"], grpo_losses.loss_mask(batch),
+                            batch["importance_sampling_ratio"]))
+
+    trainer._record_staleness = recording_staleness
+    trainer.algorithm.sampler_correction = recording_correction
+    trainer.train()
+    shared = trainer.rollout_worker._shared
+    assert shared.background_engine is None and shared.stream is None  # one engine; its stream closed at the end
+    assert trainer.rollout_worker.engine.stats.weight_updates >= 1  # the stream took new weights mid-run
+    assert [step for step, _ in versions_seen] == [0, 1, 2]
+    for step, versions in versions_seen:
+        drawn = versions[versions >= 0]
+        assert drawn.size and step - drawn.min() <= 1 and drawn.max() <= step
+    assert max(logged(trainer.state.log_history, "sample/staleness_max")) <= 1
+    assert len(corrections) == 3
+    for old, sampling, mask, ratio in corrections:
+        theirs = trl_vllm_importance_sampling_ratio(torch.tensor(old, dtype=torch.float64),
+                                                    torch.tensor(sampling, dtype=torch.float64),
+                                                    torch.tensor(mask, dtype=torch.float64), "token_truncate",
+                                                    trainer.args.vllm_importance_sampling_clip_min,
+                                                    trainer.args.vllm_importance_sampling_clip_max)
+        np.testing.assert_allclose(ratio, theirs.numpy(), rtol=1e-6)

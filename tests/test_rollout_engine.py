@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 
 import torchlike
 from tests import tiny
@@ -318,3 +319,95 @@ def test_bad_requests_are_refused_with_the_field_named():
         PagedEngineConfig(max_num_batched_tokens=0)
     with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\]"):
         PagedEngineConfig(gpu_memory_utilization=1.5)
+
+
+# --------------------------------------------------------------------------- streams: in-flight batching
+STREAM_SAMPLING = SamplingSettings(do_sample=True, temperature=0.9, top_k=20)
+
+
+def stream_batches() -> list[list[RolloutRequest]]:
+    """Four generation batches whose completions end at different decode calls (unequal token limits), so a batch's
+    freed slots can take the next batch's completions."""
+    return [[RolloutRequest(prompt, limit, num_samples=2, seed=100 * batch + index)
+             for index, (prompt, limit) in enumerate(zip(prompts((5, 9, 3, 7), seed=batch), (3, 12, 6, 9),
+                                                          strict=True))]
+            for batch in range(4)]
+
+
+def test_four_batches_through_one_stream_equal_four_generate_calls_and_share_decode_calls(wandering_qwen2):
+    _, model = wandering_qwen2
+    config = PagedEngineConfig(max_num_seqs=8, page_size=4, decode_steps=2)
+    batches = stream_batches()
+    separate = PagedEngine(model.module, config, eos_token_ids=[7])
+    expected = [separate.generate(batch, STREAM_SAMPLING) for batch in batches]
+    engine = PagedEngine(model.module, config, eos_token_ids=[7])
+    stream = engine.open_stream(STREAM_SAMPLING, version=3)
+    try:
+        tickets = [stream.submit(batch) for batch in batches]
+        results = [ticket.result(timeout=300) for ticket in tickets]
+    finally:
+        stream.close()
+    for outputs, theirs in zip(results, expected, strict=True):
+        assert_same_completions(outputs, theirs)
+        for output in outputs:  # one version: the stream's
+            assert [row.tolist() for row in output.versions] == [[3] * len(row) for row in output.token_ids]
+    assert all(not output.versions for outputs in expected for output in outputs)  # generate does not tag
+    # A batch's freed slots decoded the next batch's completions while it still ran.
+    assert max(stream.stats.decode_tickets) > 1
+
+
+def forward_logprobs(module, prompt: list[int], tokens: np.ndarray, temperature: float) -> np.ndarray:
+    """Each completion token's ``log_softmax(logits / temperature)`` from one forward pass of ``module`` over the
+    prompt and the completion."""
+    ids = np.asarray([list(prompt) + tokens.tolist()], np.int32)
+    length = ids.shape[1]
+    mask = np.tril(np.ones((length, length), bool))[None]
+    logits, _ = module(jax.numpy.asarray(ids), jax.numpy.arange(length)[None], None, jax.numpy.asarray(mask))
+    logprobs = jax.nn.log_softmax(np.asarray(logits[0], np.float32) / temperature, axis=-1)
+    positions = np.arange(len(prompt) - 1, length - 1)
+    return np.asarray(logprobs)[positions, tokens]
+
+
+def test_a_weights_update_mid_stream_tags_the_tokens_after_it_with_the_new_version(wandering_qwen2):
+    """The update is applied between two decode calls without draining the running completion: its tokens before
+    it are the old weights', those after it the new ones', each with the log-prob its weights give it."""
+    _, model = wandering_qwen2
+    graphdef, state = nnx.split(model.module)
+    other = nnx.merge(graphdef, jax.tree.map(lambda value: value * 1.25, state))
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=1))
+    short, long = prompts((5, 9))
+    stream = engine.open_stream(STREAM_SAMPLING, version=0)
+    try:
+        first = stream.submit([RolloutRequest(short, 2, seed=1)])
+        second = stream.submit([RolloutRequest(long, 24, seed=2)])
+        first.result(timeout=300)  # the long completion is running
+        stream.update_weights(other, version=1)
+        output = second.result(timeout=300)[0]
+    finally:
+        stream.close()
+    tokens, versions, logprobs = output.token_ids[0], output.versions[0], output.logprobs[0]
+    assert versions[0] == 0 and versions[-1] == 1 and (np.diff(versions) >= 0).all()
+    assert engine.stats.weight_updates == 1 and engine.stats.preemptions == 0
+    for version, module in ((0, model.module), (1, other)):
+        mine = versions == version
+        expected = forward_logprobs(module, long, tokens, STREAM_SAMPLING.temperature)[mine]
+        np.testing.assert_allclose(logprobs[mine], expected, atol=1e-4)
+    # The old weights would give the tokens after the update other log-probs.
+    stale = forward_logprobs(model.module, long, tokens, STREAM_SAMPLING.temperature)[versions == 1]
+    assert np.abs(stale - logprobs[versions == 1]).max() > 1e-2
+
+
+def test_a_stream_surfaces_a_refused_submission_in_its_result_and_goes_on(wandering_qwen2):
+    _, model = wandering_qwen2
+    engine = PagedEngine(model.module, PagedEngineConfig(page_size=4, kv_cache_tokens=16))
+    stream = engine.open_stream(STREAM_SAMPLING)
+    try:
+        fitting = stream.submit([RolloutRequest(prompts((5,))[0], 4)])
+        refused = stream.submit([RolloutRequest(prompts((30,))[0], 8)])
+        with pytest.raises(ValueError, match="even alone"):
+            refused.result(timeout=300)
+        assert len(fitting.result(timeout=300)[0].token_ids[0]) == 4
+    finally:
+        stream.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        stream.submit([RolloutRequest(prompts((5,))[0], 4)])

@@ -12,13 +12,14 @@ from .engine import (
     request_seed,
     requests_from_rows,
     rows_from_outputs,
+    versions_from_outputs,
     weights_snapshot,
 )
 from .images import row_of
-from .paged import EngineStats, PagedEngine, PagedEngineConfig
+from .paged import EngineStats, PagedEngine, PagedEngineConfig, RolloutStream, StreamTicket
 from .registry import BUILT_IN, EngineContext, build_engine, engine_names, register_engine, unregister_engine
 
 __all__ = ["BUILT_IN", "EngineContext", "EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput",
-           "RolloutEngine", "RolloutRequest", "StaticEngine", "build_engine", "completion_mask", "derived_seed",
-           "engine_names", "register_engine", "request_seed", "requests_from_rows", "row_of", "rows_from_outputs",
-           "unregister_engine", "weights_snapshot"]
+           "RolloutEngine", "RolloutRequest", "RolloutStream", "StaticEngine", "StreamTicket", "build_engine",
+           "completion_mask", "derived_seed", "engine_names", "register_engine", "request_seed", "requests_from_rows",
+           "row_of", "rows_from_outputs", "unregister_engine", "versions_from_outputs", "weights_snapshot"]

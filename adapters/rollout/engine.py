@@ -98,11 +98,15 @@ class RequestOutput:
         logprobs: one float32 array per completion: ``log_softmax(logits / temperature)`` of each token (the raw
             model distribution at the sampling temperature, what TRL's GRPO recomputes).
         ended: one bool per completion: it stopped on an end token (not on ``max_new_tokens``).
+        versions: one int32 array per completion, beside its tokens: the weights version that drew each token (a
+            paged engine's stream, whose weights change between decode calls: the version given with
+            ``update_weights``); empty where the engine does not tag them (one call, one set of weights).
     """
 
     token_ids: list[np.ndarray] = field(default_factory=list)
     logprobs: list[np.ndarray] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
+    versions: list[np.ndarray] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -278,6 +282,19 @@ def rows_from_outputs(outputs: Sequence[RequestOutput], places: Sequence[tuple[i
     return tokens, logprobs
 
 
+def versions_from_outputs(outputs: Sequence[RequestOutput], places: Sequence[tuple[int, int]]) -> np.ndarray | None:
+    """``[N, steps]`` int32: the weights version that drew each token of the completions at ``places`` (see
+    :func:`rows_from_outputs`), ``-1`` past a row's end; ``None`` when the engine did not tag them
+    (:attr:`RequestOutput.versions`)."""
+    if any(not outputs[request].versions for request, _ in places):
+        return None
+    chosen = [outputs[request].versions[sample] for request, sample in places]
+    versions = np.full((len(chosen), max(len(row) for row in chosen)), -1, np.int32)
+    for row, row_versions in enumerate(chosen):
+        versions[row, :len(row_versions)] = row_versions
+    return versions
+
+
 def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """TRL's completion mask of sampled tokens: 1 up to and including the first end token of each row, 0 after.
 
@@ -292,4 +309,5 @@ def completion_mask(tokens: np.ndarray, eos_token_ids: list[int]) -> tuple[np.nd
 
 
 __all__ = ["RequestOutput", "RolloutEngine", "RolloutRequest", "StaticEngine", "completion_mask", "derived_seed",
-           "request_images", "request_seed", "requests_from_rows", "rows_from_outputs", "weights_snapshot"]
+           "request_images", "request_seed", "requests_from_rows", "rows_from_outputs", "versions_from_outputs",
+           "weights_snapshot"]

@@ -17,10 +17,11 @@ The split follows JetStream and vLLM: a scheduler in plain Python owns the reque
   sliding-window layers of Gemma 2/3/4 see them as ``transformers`` does), the Tunix decoder runs the steps on that
   view as the static sampler runs its cache, and the new tokens' keys and values are written to the slot's pages
   after the last step. That is the ``"gather"`` attention (the CPU's). With a paged kernel (``attention``
-  ``"pallas_gpu"`` / ``"pallas_tpu"``, a GPU's / TPU's default for the native decoder's families) nothing is
-  gathered: each step's attention layers write the fed token's key and value into its page and JAX's Pallas
-  paged-attention kernel reads each row's pages where they lie (:mod:`~..model.paged_attention`; the pool is then
-  laid out heads first, as the kernels take it, and chunked prefill feeds its tokens through the same kernel step).
+  ``"pallas_gpu"`` / ``"pallas_tpu"``, a GPU's / TPU's default where the decoder can: Qwen2, Qwen3, Llama 3, the native
+  decoder's families) nothing is gathered: each step's attention layers write the fed token's key and value into its
+  page and JAX's Pallas paged-attention kernel reads each row's pages where they lie
+  (:mod:`~..model.paged_attention`; the pool is then laid out heads first, as the kernels take it, and chunked
+  prefill feeds its tokens through the same kernel step).
 
 A hybrid decoder's recurrent layers (gated DeltaNet: a fixed-size state per sequence instead of keys and values, see
 ``adapters.model.decoder_contract``) keep that state beside the pages: prefill returns each request's state after its
@@ -42,6 +43,16 @@ penalty memory. ``EngineStats`` counts the preemptions and the tokens prefilled 
 ``kv_cache_tokens``, or what ``gpu_memory_utilization`` leaves of the device's memory; a completion that cannot fit
 even alone is refused, naming ``kv_cache_tokens``.
 
+One scheduler serves two ways of calling it. :meth:`PagedEngine.generate` adds its requests and runs the rounds
+(prefill and admit what fits, then one decode call) in the caller's thread until they are done. A
+:class:`RolloutStream` (:meth:`PagedEngine.open_stream`) runs the same rounds in a thread of its own while there is
+work, and :meth:`RolloutStream.submit` adds requests to the waiting queue at any time (in-flight batching: the slots
+one submission's completions free take the next one's, so a batch's long tail does not run alone). Its
+:meth:`RolloutStream.update_weights` is applied between two decode calls without draining the running completions:
+they are preempted by recompute (their keys and values computed again with the new weights) and go on, and every
+token is tagged with the weights version that drew it (``RequestOutput.versions``), its log-prob being that
+version's given the whole context.
+
 Tokens are drawn with :func:`~..sampling.stream_keys` (a request's seed, its ``first_sample`` plus the completion's
 index, the token's index), so they do not depend on the slot count, the order of the requests, the prefill chunks,
 the mesh or preemption.
@@ -49,6 +60,7 @@ the mesh or preemption.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -143,7 +155,7 @@ class PagedEngineConfig:
 
 @dataclass
 class EngineStats:
-    """What the last :meth:`PagedEngine.generate` did (for tests and benchmarks).
+    """What the last :meth:`PagedEngine.generate` call or stream did (for tests and benchmarks).
 
     Attributes:
         prefills: prompts run through the model (one per request, whatever its ``num_samples``).
@@ -155,13 +167,17 @@ class EngineStats:
         row_steps: rows the decode steps ran (live completions, those that ended within the call, and padding to
             the program's row count), summed.
         decode_rows: ``(live completions, program rows)`` of each decode call.
+        decode_tickets: how many submissions (tickets) the live completions of each decode call belong to: above 1
+            where one submission's freed slots decode another's completions (a stream's in-flight batching).
         pages: pages in the pool (the trash page excluded); page_size: tokens per page.
         peak_pages_in_use: the most pages held at once.
         pages_in_use_per_step: pages held after each decode step.
         live_tokens_per_step: tokens held by live completions and their prompts after each decode step.
         kv_bytes_per_token: bytes of keys and values one token takes over all layers.
         preemptions: completions preempted for want of pages (each time counted).
-        recomputed_tokens: tokens prefilled again to resume preempted completions (their prompts and drawn tokens).
+        recomputed_tokens: tokens prefilled again to resume preempted completions (their prompts and drawn tokens),
+            and the running completions a weights update recomputed.
+        weight_updates: weights updates a stream applied (:meth:`RolloutStream.update_weights`).
     """
 
     prefills: int = 0
@@ -180,6 +196,8 @@ class EngineStats:
     kv_bytes_per_token: int = 0
     preemptions: int = 0
     recomputed_tokens: int = 0
+    decode_tickets: list[int] = field(default_factory=list)
+    weight_updates: int = 0
 
 
 @dataclass(frozen=True)
@@ -200,11 +218,13 @@ class _Group:
     preempted completion comes back as a group of its own (``resumed``): its request's prompt plus the tokens it
     drew but the last, prefilled again."""
 
-    index: int
+    index: int  # the request's index in its ticket
     request: RolloutRequest
+    ticket: StreamTicket  # where its completions are written
     pages: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens in the pages
     logits: jax.Array | None = None  # the last prompt token's, once the whole prompt is prefilled
+    logits_version: int | None = None  # the weights version that computed ``logits``
     next_sample: int = 0
     state: dict | None = None  # recurrent layers: the state after the prefilled tokens, one row ``[1, ...]``
     resumed: _Slot | None = None  # the preempted completion this group brings back
@@ -231,6 +251,7 @@ class _Slot:
     admitted: int  # when it was last admitted (the scheduler's count): the latest admitted is preempted first
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int | None] = field(default_factory=list)  # the weights version that drew each token
 
     @property
     def remaining(self) -> int:
@@ -585,8 +606,9 @@ class PagedEngine:
 
     # ------------------------------------------------------------------ protocol
     def update_weights(self, module: nnx.Module) -> None:
-        """Samples from ``module`` from the next call on. The engine reads the module's parameters at each call
-        (no copy is kept), so a policy updated in place needs no call; a new module object does."""
+        """Samples from ``module`` from the next call (or stream opened) on. The engine reads the module's
+        parameters at each call (no copy is kept), so a policy updated in place needs no call; a new module object
+        does. An open stream changes weights with :meth:`RolloutStream.update_weights`."""
         self.module = module
 
     def close(self) -> None:
@@ -612,7 +634,24 @@ class PagedEngine:
         if not requests:
             return []
         self.stats = EngineStats(page_size=self.config.page_size)
-        return _Run(self, requests, settings).run()
+        scheduler = _Scheduler(self, settings)
+        ticket = StreamTicket(requests)
+        scheduler.add(requests, ticket)
+        try:
+            with lora_runtime.lora_mode(self.lora):
+                while scheduler.round():
+                    pass
+        finally:
+            scheduler.finish()
+        return ticket.result()
+
+    def open_stream(self, settings: SamplingSettings, version: int = 0) -> RolloutStream:
+        """A :class:`RolloutStream` on this engine: requests submitted at any time join one running scheduler (the
+        freed slots of one submission take the next one's completions), sampled from this engine's module, tagged
+        ``version``, until :meth:`RolloutStream.update_weights`. The engine's :attr:`stats` are the stream's until
+        its next call. Close it (:meth:`RolloutStream.close`) before opening another."""
+        self.stats = EngineStats(page_size=self.config.page_size)
+        return RolloutStream(_Scheduler(self, settings, version))
 
     # ------------------------------------------------------------------ pool
     def _kv_bytes_per_token(self) -> int:
@@ -679,24 +718,193 @@ class PagedEngine:
         return mesh_lib.place_array(np.zeros(shape, dtype), self._replicated())
 
 
-class _Run:
-    """One :meth:`PagedEngine.generate` call: the scheduler's state and loop."""
+class StreamTicket:
+    """One submission's completions (:meth:`RolloutStream.submit`; :meth:`PagedEngine.generate` uses one too)."""
 
-    def __init__(self, engine: PagedEngine, requests: list[RolloutRequest], settings: SamplingSettings):
+    def __init__(self, requests: Sequence[RolloutRequest]):
+        self._outputs = [RequestOutput() for _ in requests]
+        self._remaining = sum(request.num_samples for request in requests)
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        if not self._remaining:
+            self._done.set()
+
+    def done(self) -> bool:
+        """Whether every completion is done (or the stream failed)."""
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> list[RequestOutput]:
+        """Waits for every completion of the submission; returns one :class:`~.engine.RequestOutput` per request, in
+        order, each token tagged with the weights version that drew it.
+
+        Raises:
+            TimeoutError: not done within ``timeout`` seconds.
+            Exception: what the stream's scheduler raised (a request that cannot fit the pool: ``ValueError``), or
+                ``RuntimeError`` when the stream was closed first.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the rollout stream's submission was not done within {timeout} s.")
+        if self._error is not None:
+            raise self._error
+        return self._outputs
+
+    def _finished(self, index: int, sample: int, tokens: list[int], logprobs: list[float],
+                  versions: list[int] | None, ended: bool) -> None:
+        """Records completion ``sample`` of request ``index``; the last one makes the ticket done."""
+        output = self._outputs[index]
+        while len(output.token_ids) <= sample:
+            output.token_ids.append(None)
+            output.logprobs.append(None)
+            output.ended.append(False)
+            if versions is not None:
+                output.versions.append(None)
+        output.token_ids[sample] = np.asarray(tokens, np.int32)
+        output.logprobs[sample] = np.asarray(logprobs, np.float32)
+        output.ended[sample] = bool(ended)
+        if versions is not None:
+            output.versions[sample] = np.asarray(versions, np.int32)
+        self._remaining -= 1
+        if not self._remaining:
+            self._done.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+
+class RolloutStream:
+    """A paged engine's scheduler running in a thread of its own (:meth:`PagedEngine.open_stream`): in-flight
+    batching across submissions.
+
+    :meth:`submit` queues requests behind the waiting ones at any time; the thread runs the scheduler's rounds
+    (prefill, admit, decode) while there is work, so a submission's completions take the slots another's freed and
+    the decode calls never wait for a whole batch to end. :meth:`update_weights` is applied between two decode
+    calls: the running completions are not drained, they go on with the new weights (their keys and values
+    recomputed, see :meth:`_Scheduler.update_weights`), and each token is tagged with the version that drew it
+    (:attr:`~.engine.RequestOutput.versions`). Tokens do not depend on what else was submitted: with unchanged
+    weights a submission gets the tokens a :meth:`PagedEngine.generate` call of its requests gets. The stream's
+    sizes (slots, and the pool without ``kv_cache_tokens``) are those of its first submission.
+    """
+
+    def __init__(self, scheduler: _Scheduler):
+        self._scheduler = scheduler
+        self.stats = scheduler.stats
+        self._condition = threading.Condition()
+        self._submitted: list[tuple[list[RolloutRequest], StreamTicket]] = []
+        self._update: tuple[nnx.Module, int] | None = None
+        self._closing = False
+        self._error: BaseException | None = None
+        self.version = scheduler.version
+        self._thread = threading.Thread(target=self._serve, name="torchlike-rollout-stream", daemon=True)
+        self._thread.start()
+
+    def submit(self, requests: Sequence[RolloutRequest]) -> StreamTicket:
+        """Queues ``requests`` (sampled with the stream's settings); returns the ticket their completions go to."""
+        requests = list(requests)
+        ticket = StreamTicket(requests)
+        with self._condition:
+            self._check_open()
+            if requests:
+                self._submitted.append((requests, ticket))
+                self._condition.notify()
+        return ticket
+
+    def update_weights(self, module: nnx.Module, version: int) -> None:
+        """Samples from ``module`` from the next decode call on, its tokens tagged ``version`` (a later update
+        before then replaces this one)."""
+        with self._condition:
+            self._check_open()
+            self._update = (module, int(version))
+            self.version = int(version)
+            self._condition.notify()
+
+    def close(self) -> None:
+        """Stops the thread after its current round and joins it; submissions not done then fail with
+        ``RuntimeError`` in :meth:`StreamTicket.result`. The pool goes back to the engine."""
+        with self._condition:
+            self._closing = True
+            self._condition.notify()
+        self._thread.join()
+        closed = RuntimeError("the rollout stream was closed before this submission's completions were done.")
+        self._scheduler.fail(closed)
+        for _, ticket in self._submitted:
+            ticket._fail(closed)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise RuntimeError("the rollout stream is closed; open another with PagedEngine.open_stream.")
+        if self._error is not None:
+            raise RuntimeError("the rollout stream's thread failed; see the error above.") from self._error
+
+    def _serve(self) -> None:
+        scheduler = self._scheduler
+        try:
+            with lora_runtime.lora_mode(scheduler.engine.lora):
+                while True:
+                    with self._condition:
+                        while not (self._closing or self._submitted or self._update is not None
+                                   or (scheduler.pages is not None and scheduler.busy)):
+                            self._condition.wait()
+                        if self._closing:
+                            return
+                        submitted, self._submitted = self._submitted, []
+                        update, self._update = self._update, None
+                    if update is not None:
+                        scheduler.update_weights(*update)
+                    for requests, ticket in submitted:
+                        try:
+                            scheduler.add(requests, ticket)
+                        except ValueError as error:  # this submission cannot run; the others go on
+                            ticket._fail(error)
+                    if scheduler.pages is not None:
+                        scheduler.round()
+        except BaseException as error:  # surfaced by every waiting ticket's result()
+            with self._condition:
+                self._error = error
+                pending, self._submitted = self._submitted, []
+            scheduler.fail(error)
+            for _, ticket in pending:
+                ticket._fail(error)
+        finally:
+            scheduler.finish()
+
+
+class _Scheduler:
+    """The scheduler's state and rounds: requests join its queue whenever they are added (:meth:`add`), and each
+    :meth:`round` prefills, admits and decodes once. :meth:`PagedEngine.generate` runs the rounds in the caller's
+    thread until the queue is empty; a :class:`RolloutStream` runs them in its own thread while there is work."""
+
+    def __init__(self, engine: PagedEngine, settings: SamplingSettings, version: int | None = None):
         self.engine = engine
-        config = engine.config
+        self.stats = engine.stats
+        self.module = engine.module
+        self.version = version  # the weights version each token is tagged with; None: not tagged
         self.switches = settings.switches()
         self.values = SamplingValues(*(np.float32(value) for value in settings.traced_values()))
-        self.groups = [_Group(index, request) for index, request in enumerate(requests)]
-        self.waiting = deque(self.groups)
-        self.outputs = [RequestOutput() for _ in requests]
+        self.waiting: deque[_Group] = deque()
+        self.tickets: list[StreamTicket] = []  # added and not yet done
         self.end_ids = set(engine.eos_token_ids)
-        total = sum(request.num_samples for request in requests)
         self.parallel = 1 if engine.mesh is None else mesh_lib.data_parallel_size(engine.mesh)
+        self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
+        self.programs = _Programs(self.switches, engine.lora, **engine.kernel)
+        self.end_array = end_token_array(engine.eos_token_ids)
+        self.prefill_budget = engine.config.max_num_batched_tokens  # prompt tokens left before the next decode
+        # The embedding tables' bits for these weights' programs (XLA:CPU only, see ``float32_dots``).
+        self.tables = gather_tables(self.module)
+        self.table_width = 0
+        self.longest_prompt = 0
+        self.pages: PagePool | None = None  # sized by the first requests added (:meth:`_size`)
+
+    def _size(self, requests: list[RolloutRequest]) -> None:
+        """Sizes the slots and the pool for the first requests added (the pool as ``kv_cache_tokens``,
+        ``gpu_memory_utilization`` or, without either, so every slot holds the longest of these requests)."""
+        engine = self.engine
+        config = engine.config
+        total = sum(request.num_samples for request in requests)
         self.num_slots = -(-min(config.max_num_seqs, _power_of_two(total)) // self.parallel) * self.parallel
         page_size = config.page_size
         longest = max(len(request.prompt_ids) + request.max_new_tokens for request in requests)
-        self.table_width = -(-longest // page_size)
         pages = None
         if config.kv_cache_tokens is not None:
             pages = -(-config.kv_cache_tokens // page_size)
@@ -704,36 +912,46 @@ class _Run:
             pages = engine._pages_within_memory()
         if pages is None:
             longest_prompt = max(len(request.prompt_ids) for request in requests)
-            pages = (self.num_slots * self.table_width
+            pages = (self.num_slots * -(-longest // page_size)
                      + config.max_prefill_requests * -(-longest_prompt // page_size))
-        for request in requests:
-            # Its prompt's pages (held for the request's other completions) and its own: the most one completion
-            # can hold running alone, every other one preempted.
-            alone = -(-len(request.prompt_ids) // page_size) + self._own_pages(request)
-            if alone > pages:
-                raise ValueError(
-                    f"a completion of a request of {len(request.prompt_ids)} prompt tokens and max_new_tokens="
-                    f"{request.max_new_tokens} needs {alone * page_size} KV cache tokens even alone, more than the "
-                    f"pool's kv_cache_tokens={pages * page_size}; raise kv_cache_tokens (or "
-                    "gpu_memory_utilization; TRL: vllm_gpu_memory_utilization) or shorten the request.")
         self.pages = PagePool(pages + 1, page_size)
-        engine.stats.pages = self.pages.usable
+        self.stats.pages = self.pages.usable
         self.pool = engine._take_pool(self.pages.num_pages)
-        vocab = decoder_contract.vocab_size(engine.module)
+        vocab = decoder_contract.vocab_size(self.module)
         self.seen = engine._zeros((self.num_slots, vocab if self.switches.repetition_penalty else 1), bool)
         # Recurrent layers: each slot's state (the pool holds only the attention layers' keys and values).
         self.slot_states = {name: {part: engine._zeros((self.num_slots, *shape), kind)
                                    for part, (shape, kind) in entries.items()}
-                            for name, entries in decoder_contract.recurrent_state_shapes(engine.module).items()}
+                            for name, entries in decoder_contract.recurrent_state_shapes(self.module).items()}
         self.slots: list[_Slot | None] = [None] * self.num_slots
         self.admissions = 0  # completions admitted so far, resumed ones again: the order preemption undoes
         self.fed = np.zeros(self.num_slots, np.int32)
-        self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
-        self.programs = _Programs(self.switches, engine.lora, **engine.kernel)
-        self.prefill_budget = config.max_num_batched_tokens  # prompt tokens left to prefill before the next decode
-        self.end_array = end_token_array(engine.eos_token_ids)
-        # The embedding tables' bits for this call's programs (XLA:CPU only, see ``float32_dots``).
-        self.tables = gather_tables(engine.module)
+
+    def add(self, requests: list[RolloutRequest], ticket: StreamTicket) -> None:
+        """Queues ``requests`` behind the waiting ones; their completions are written to ``ticket``.
+
+        Raises:
+            ValueError: a request's completion cannot fit the page pool even alone (nothing is queued).
+        """
+        if self.pages is None:
+            self._size(requests)
+        page_size = self.engine.config.page_size
+        usable = self.pages.usable
+        for request in requests:
+            # Its prompt's pages (held for the request's other completions) and its own: the most one completion
+            # can hold running alone, every other one preempted.
+            alone = -(-len(request.prompt_ids) // page_size) + self._own_pages(request)
+            if alone > usable:
+                raise ValueError(
+                    f"a completion of a request of {len(request.prompt_ids)} prompt tokens and max_new_tokens="
+                    f"{request.max_new_tokens} needs {alone * page_size} KV cache tokens even alone, more than the "
+                    f"pool's kv_cache_tokens={usable * page_size}; raise kv_cache_tokens (or "
+                    "gpu_memory_utilization; TRL: vllm_gpu_memory_utilization) or shorten the request.")
+        longest = max(len(request.prompt_ids) + request.max_new_tokens for request in requests)
+        self.table_width = max(self.table_width, -(-longest // page_size))
+        self.longest_prompt = max(self.longest_prompt, *(len(request.prompt_ids) for request in requests))
+        self.waiting.extend(_Group(index, request, ticket) for index, request in enumerate(requests))
+        self.tickets.append(ticket)
 
     def _own_pages(self, request: RolloutRequest) -> int:
         """The most pages a completion holds beyond its request's shared full pages (the last new token is never
@@ -742,24 +960,53 @@ class _Run:
         length = len(request.prompt_ids)
         return -(-(length + request.max_new_tokens - 1) // page_size) - length // page_size
 
-    def run(self) -> list[RequestOutput]:
-        with lora_runtime.lora_mode(self.engine.lora):
-            while True:
-                progressed = self._admit_waiting()
-                live = [index for index, slot in enumerate(self.slots) if slot is not None]
-                if not live:
-                    if not self.waiting:
-                        break
-                    # The first waiting completion does not fit beside the prompts prefilled after it: drop those.
-                    if not progressed and not self._drop_a_waiting_prefill(spare=self.waiting[0]):
-                        raise RuntimeError("the rollout engine could not admit a waiting request; this is a bug.")
-                    continue  # a prompt is still being prefilled chunk by chunk
-                self._decode_step(live)
-        self.engine._keep_pool(self.pool, self.pages.num_pages)
-        self.engine.stats.peak_pages_in_use = self.pages.peak_in_use
-        for output in self.outputs:
-            output.ended = [bool(value) for value in output.ended]
-        return self.outputs
+    @property
+    def busy(self) -> bool:
+        """Whether a completion is waiting or running."""
+        return bool(self.waiting) or any(slot is not None for slot in self.slots)
+
+    def round(self) -> bool:
+        """One round: prefills and admits what fits, then one decode call for the live completions. Returns whether
+        work remains."""
+        progressed = self._admit_waiting()
+        live = [index for index, slot in enumerate(self.slots) if slot is not None]
+        if not live:
+            if not self.waiting:
+                return False
+            # The first waiting completion does not fit beside the prompts prefilled after it: drop those.
+            if not progressed and not self._drop_a_waiting_prefill(spare=self.waiting[0]):
+                raise RuntimeError("the rollout engine could not admit a waiting request; this is a bug.")
+            return True  # a prompt is still being prefilled chunk by chunk
+        self._decode_step(live)
+        return True
+
+    def update_weights(self, module: nnx.Module, version: int) -> None:
+        """Samples with ``module`` (tagged ``version``) from the next round on. The running completions are
+        preempted by recompute and the waiting prompts' prefills dropped, so their keys and values (and a hybrid's
+        recurrent states) are computed again with the new weights: every token is then drawn from one version's
+        distribution given its whole context, the one its log-prob is taken under."""
+        self.module, self.version = module, version
+        self.tables = gather_tables(module)
+        self.stats.weight_updates += 1
+        if self.pages is None:
+            return
+        running = [index for index, slot in enumerate(self.slots) if slot is not None]
+        for index in sorted(running, key=lambda index: self.slots[index].admitted, reverse=True):
+            self._preempt(index, for_pages=False)
+        while self._drop_a_waiting_prefill():
+            pass
+
+    def finish(self) -> None:
+        """Hands the pool back to the engine (kept for its next call or stream)."""
+        if self.pages is not None:
+            self.engine._keep_pool(self.pool, self.pages.num_pages)
+            self.stats.peak_pages_in_use = self.pages.peak_in_use
+
+    def fail(self, error: BaseException) -> None:
+        """Fails every ticket not yet done with ``error``."""
+        for ticket in self.tickets:
+            ticket._fail(error)
+        self.tickets.clear()
 
     # ------------------------------------------------------------------ admission
     def _admit_waiting(self) -> bool:
@@ -767,7 +1014,7 @@ class _Run:
         in queue order, each when the pool holds what it needs now (:meth:`_pages_to_start`) beside what the
         running completions' next decode call needs; returns whether it prefilled or admitted any."""
         self.prefill_budget = self.engine.config.max_num_batched_tokens
-        programs_before = self.engine.stats.prefill_programs
+        programs_before = self.stats.prefill_programs
         free = [index for index, slot in enumerate(self.slots) if slot is None]
         admitted: list[tuple[int, _Group, int]] = []
         promised = 0  # pages the completions admitted this round take at admission and in their first decode call
@@ -786,7 +1033,7 @@ class _Run:
             admitted.append((free.pop(0), group, sample))
         if admitted:
             self._admit(admitted)
-        return bool(admitted) or self.engine.stats.prefill_programs > programs_before
+        return bool(admitted) or self.stats.prefill_programs > programs_before
 
     def _prefill_next(self, free_slots: int, promised: int) -> bool:
         """Prefills the next chunks of the waiting prompts, at most the round's remaining ``max_num_batched_tokens``:
@@ -795,7 +1042,7 @@ class _Run:
         ``promised`` admissions and every request ahead of it in the queue need to start. Returns whether the first
         waiting request is wholly prefilled."""
         config = self.engine.config
-        stats = self.engine.stats
+        stats = self.stats
         chosen: list[tuple[_Group, int]] = []
         covered = 0
         room = self._room() - promised
@@ -856,7 +1103,7 @@ class _Run:
                                                          + ((0, 0),) * (rows_of.ndim - 1)), images)
         if token_types is not None:
             token_types = np.pad(token_types, ((0, rows - len(chosen)), (0, 0)))
-        logits, self.pool, states = _prefill(self.programs, self.engine.module, self.tables, self.pool, prompt_ids,
+        logits, self.pool, states = _prefill(self.programs, self.module, self.tables, self.pool, prompt_ids,
                                              prompt_mask, page_index, page_offset, images, token_types)
         self._prefilled(chosen, logits, states)
 
@@ -871,23 +1118,23 @@ class _Run:
             chunk_ids[row, :count] = group.request.prompt_ids[group.prefilled:group.prefilled + count]
             starts[row], counts[row] = group.prefilled, count
             page_table[row, :len(group.pages)] = group.pages
-        # One view for the call's longest prompt, so every chunk of the call runs one program per row count.
-        longest = max(group.prompt_length for group in self.groups)
-        programs = _Programs(self.switches, self.engine.lora, view=self._view(longest), **self.engine.kernel)
+        # One view for the longest prompt added, so every chunk runs one program per row count.
+        programs = _Programs(self.switches, self.engine.lora, view=self._view(self.longest_prompt),
+                             **self.engine.kernel)
         states = _stacked([group.state for group, _ in chosen], rows)
-        logits, self.pool, states = _prefill_chunk(programs, self.engine.module, self.tables, self.pool, chunk_ids,
+        logits, self.pool, states = _prefill_chunk(programs, self.module, self.tables, self.pool, chunk_ids,
                                                    starts, counts, page_table, states)
         self._prefilled(chosen, logits, states)
 
     def _prefilled(self, chosen: list[tuple[_Group, int]], logits: jax.Array, states: dict) -> None:
         """Records a prefill program's chunks; each group keeps its recurrent state, and a group whose prompt is
         complete its last token's logits."""
-        stats = self.engine.stats
+        stats = self.stats
         for row, (group, count) in enumerate(chosen):
             group.state = jax.tree.map(lambda value, row=row: value[row:row + 1], states)
             group.prefilled += count
             if group.prefilled == group.prompt_length:
-                group.logits = logits[row]
+                group.logits, group.logits_version = logits[row], self.version
             stats.prefill_chunks.append((group.index, count, stats.decode_calls))
         stats.prefill_programs += 1
 
@@ -952,7 +1199,7 @@ class _Run:
         tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
         for row, (index, _, _) in enumerate(admitted):
             if draws[row]:
-                self._record(index, int(tokens[row]), float(logprobs[row]))
+                self._record(index, int(tokens[row]), float(logprobs[row]), admitted[row][1].logits_version)
 
     def _release_prompt(self, group: _Group) -> None:
         """The request's own hold on its prompt pages ends once every completion holds what it shares (the logits
@@ -994,11 +1241,12 @@ class _Run:
             self._preempt(live.pop())
         return sorted(live)
 
-    def _preempt(self, index: int) -> None:
+    def _preempt(self, index: int, for_pages: bool = True) -> None:
         """Preemption by recompute (vLLM's ``RECOMPUTE``): frees the completion's pages and queues it first as a
         request of its own, its prompt followed by the tokens it drew but the last. Prefilled again, it goes on with
         its own stream (``first_sample`` and sample unchanged) from its next token index; the penalty memory counts
-        its prompt and drawn tokens, and the prefill rebuilds a recurrent state."""
+        its prompt and drawn tokens, and the prefill rebuilds a recurrent state. ``for_pages``: counted as a
+        preemption (a weights update recomputes without counting one)."""
         slot = self.slots[index]
         self.slots[index] = None
         self.pages.release(slot.pages)
@@ -1007,10 +1255,9 @@ class _Run:
         drawn = tuple(slot.tokens[:-1])
         token_types = request.token_type_ids[:len(prompt)] + (0,) * len(drawn) if request.token_type_ids else ()
         resumed = replace(request, prompt_ids=prompt + drawn, num_samples=1, token_type_ids=token_types)
-        group = _Group(slot.group.index, resumed, resumed=slot)
-        self.groups.append(group)
+        group = _Group(slot.group.index, resumed, slot.group.ticket, resumed=slot)
         self.waiting.appendleft(group)
-        self.engine.stats.preemptions += 1
+        self.stats.preemptions += int(for_pages)
 
     def _drop_a_waiting_prefill(self, spare: _Group | None = None) -> bool:
         """Frees the prompt pages of the latest queued request (``spare`` aside) that holds any: it is prefilled
@@ -1019,30 +1266,29 @@ class _Run:
             if group.pages and group is not spare:
                 self.pages.release(group.pages)
                 group.pages, group.prefilled, group.logits, group.state = [], 0, None, None
+                group.logits_version = None
                 return True
         return False
 
     # ------------------------------------------------------------------ decode
-    def _record(self, slot_index: int, token: int, logprob: float) -> None:
+    def _record(self, slot_index: int, token: int, logprob: float, version: int | None) -> None:
         """Appends a sampled token to its completion; finishes the completion on an end token or its limit."""
-        self._record_many(slot_index, [token], [logprob])
+        self._record_many(slot_index, [token], [logprob], version)
 
-    def _record_many(self, slot_index: int, tokens: list[int], logprobs: list[float]) -> None:
-        """Appends sampled tokens (the decode program stops a row at its end token or limit, so only the last can
-        end it); finishes the completion on an end token or its limit."""
+    def _record_many(self, slot_index: int, tokens: list[int], logprobs: list[float], version: int | None) -> None:
+        """Appends sampled tokens, drawn with weights ``version`` (the decode program stops a row at its end token
+        or limit, so only the last can end it); finishes the completion on an end token or its limit."""
         slot = self.slots[slot_index]
         slot.tokens.extend(tokens)
         slot.logprobs.extend(logprobs)
+        slot.versions.extend([version] * len(tokens))
         token = tokens[-1]
         if token in self.end_ids or len(slot.tokens) == slot.group.request.max_new_tokens:
-            output = self.outputs[slot.group.index]
-            while len(output.token_ids) <= slot.sample:
-                output.token_ids.append(None)
-                output.logprobs.append(None)
-                output.ended.append(False)
-            output.token_ids[slot.sample] = np.asarray(slot.tokens, np.int32)
-            output.logprobs[slot.sample] = np.asarray(slot.logprobs, np.float32)
-            output.ended[slot.sample] = token in self.end_ids
+            ticket = slot.group.ticket
+            ticket._finished(slot.group.index, slot.sample, slot.tokens, slot.logprobs,
+                             None if self.version is None else slot.versions, token in self.end_ids)
+            if ticket.done():
+                self.tickets.remove(ticket)
             self.pages.release(slot.pages)
             self.slots[slot_index] = None
         else:
@@ -1096,11 +1342,12 @@ class _Run:
         if self.sharding is not None:
             arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
         tokens, logprobs, self.pool, self.seen, self.slot_states = _decode(
-            programs, engine.module, self.tables, self.pool, self.seen, self.slot_states, *arrays, self.values,
+            programs, self.module, self.tables, self.pool, self.seen, self.slot_states, *arrays, self.values,
             self.end_array)
         tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
-        stats = engine.stats
+        stats = self.stats
         stats.decode_calls += 1
+        stats.decode_tickets.append(len({id(self.slots[index].group.ticket) for index in live}))
         stats.decode_steps += count
         stats.row_steps += rows * count
         stats.decode_rows.append((len(live), rows))
@@ -1109,7 +1356,7 @@ class _Run:
         for row, index in enumerate(live):
             count = int(produced[row])
             self.slots[index].length += count
-            self._record_many(index, tokens[row, :count].tolist(), logprobs[row, :count].tolist())
+            self._record_many(index, tokens[row, :count].tolist(), logprobs[row, :count].tolist(), self.version)
         stats.pages_in_use_per_step.append(self.pages.in_use)
         stats.live_tokens_per_step.append(self._live_tokens())
 
@@ -1125,4 +1372,4 @@ class _Run:
         return own + sum(shared.values())
 
 
-__all__ = ["EngineStats", "PagedEngine", "PagedEngineConfig"]
+__all__ = ["EngineStats", "PagedEngine", "PagedEngineConfig", "RolloutStream", "StreamTicket"]

@@ -58,6 +58,9 @@ class Rollout:
         tool_loop: the tool loop's result (its call and failure counts), or ``None``.
         sampling_logps: ``[N, C]`` the engine's per-token log-probs (0 past a completion's end), or ``None`` for
             completions a ``rollout_func`` gave.
+        sampling_versions: ``[N, C]`` the optimizer step whose weights drew each token (``-1`` past a completion's
+            end): a batch sampled ahead on a paged engine's stream, whose weights change between decode calls;
+            ``None`` otherwise.
         extra: ``rollout_func``'s extra per-completion fields (passed to the reward functions).
         environments: each rollout's environment instance (``environment_factory``; the reward functions receive
             them as ``environments``), or ``None``.
@@ -77,6 +80,7 @@ class Rollout:
     completions: list | None = None
     tool_loop: Any = None
     sampling_logps: np.ndarray | None = None
+    sampling_versions: np.ndarray | None = None
     extra: dict[str, list] = dataclasses.field(default_factory=dict)
     environments: list | None = None
     images: np.ndarray | None = None

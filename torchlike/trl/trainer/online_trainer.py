@@ -334,7 +334,8 @@ class OnlineTrainer(TRLTrainer):
                 sampling_logps[row, :len(values)] = values
         record = Rollout(rows=rows, seed=seed, prompt_ids=prompts, prompt_mask=prompt_mask, tokens=tokens,
                          completion_mask=completion_mask, ended=ended, completion_ids=completions,
-                         sampling_logps=sampling_logps, extra=extra, environments=environments)
+                         sampling_logps=sampling_logps, extra=extra, environments=environments,
+                         sampling_versions=(worker or self.rollout_worker).sampled_versions(seed))
         if self._image_slots:  # the images the sampler was given, laid out like these prompts
             record.images, record.prompt_token_types = vision or self._vision_inputs(rows, prompts)
         # TRL's tool_mask: 0 on tokens the model did not write (tool results, rollout_func's env_mask): not trained.
@@ -509,7 +510,9 @@ class OnlineTrainer(TRLTrainer):
         """The generation batches of ``epoch`` (each sampled when its first micro-batch is due, with the weights of
         the steps before it), split into micro-batches, ``gradient_accumulation_steps`` of them stacked per optimizer
         step; each is trained on ``schedule.passes`` times. With :attr:`_samples_ahead` the next generation batch is
-        sampled while this one trains."""
+        sampled while this one trains: it is asked for before this one is awaited (the loop's first batch is sampled
+        ahead too), so on a paged engine's stream the slots this batch's completions free take the next one's, and
+        after each optimizer step the worker gets the new weights (:meth:`RolloutWorker.weights_changed`)."""
         schedule = self._generation_schedule()
         accumulation = self.args.gradient_accumulation_steps
         per_generation = schedule.passes * schedule.micro_batches
@@ -531,10 +534,14 @@ class OnlineTrainer(TRLTrainer):
             for micro in range(first, last):
                 generation_index, within = divmod(micro, per_generation)
                 if generation_index != buffered_index:
+                    if self._samples_ahead:
+                        if micro == first:
+                            self._sample_generation_ahead(prompt_rows(generation_index), epoch, generation_index)
+                        if (generation_index + 1) * per_generation < last:
+                            self._sample_generation_ahead(prompt_rows(generation_index + 1), epoch,
+                                                          generation_index + 1)
                     buffered = self._generation_batch(prompt_rows(generation_index), epoch, generation_index)
                     buffered_index = generation_index
-                    if self._samples_ahead and (generation_index + 1) * per_generation < last:
-                        self._sample_generation_ahead(prompt_rows(generation_index + 1), epoch, generation_index + 1)
                 part = within % schedule.micro_batches
                 # A column may be a dict of arrays (Qwen-VL's images): sliced and stacked leaf by leaf.
                 rows = slice(part * size, (part + 1) * size)
@@ -544,5 +551,7 @@ class OnlineTrainer(TRLTrainer):
                     stacked = jax.tree.map(rollout_images.stack_padded, *group)
                     group = []
                     yield mesh_lib.place_batch(stacked, sharding, size, batch_axis=1)
+                    if self._samples_ahead:  # an optimizer step ran on the batch yielded
+                        self.rollout_worker.weights_changed(self.state.global_step)
         finally:
             self.rollout_worker.drop_samples_ahead()

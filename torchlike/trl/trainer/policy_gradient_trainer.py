@@ -435,6 +435,8 @@ class PolicyGradientTrainer(OnlineTrainer):
             batch["tool_mask"] = tool_mask
         if record.sampling_logps is not None and self._samples_ahead and train:
             batch["sampling_logps"] = record.sampling_logps  # read by the sampler correction, then dropped
+        if record.sampling_versions is not None and train:
+            self._record_staleness(record.sampling_versions)
         log_probs = self._algorithm_log_probs
         advantages, reward_metrics = self.algorithm.advantages(rewards, batch, log_probs, self.reward_weights,
                                                                num_generations)
@@ -461,6 +463,21 @@ class PolicyGradientTrainer(OnlineTrainer):
         batch.pop("sampling_logps", None)
         self._last_rollout = self._shuffled(batch, seed)  # kept for inspection and tests
         return self._last_rollout
+
+    def _record_staleness(self, versions: np.ndarray) -> None:
+        """TRL's ``AsyncGRPOTrainer`` metrics ``sample/staleness_mean`` and ``sample/staleness_max``, per token: the
+        optimizer steps between the weights that drew each token (``versions [N, C]``, ``-1`` past an end) and those
+        this batch's first step trains. Refuses a batch with a token more than ``max_staleness`` steps stale."""
+        staleness = self.state.global_step - versions[versions >= 0]
+        if not staleness.size:
+            return
+        if staleness.max() > self.args.max_staleness:
+            raise RuntimeError(f"a generation batch due at step {self.state.global_step} holds a token drawn with the "
+                               f"weights of step {int(versions[versions >= 0].min())}, {int(staleness.max())} steps "
+                               f"stale, more than max_staleness={self.args.max_staleness}; this is a bug in how "
+                               "batches are sampled ahead (raise max_staleness to go on).")
+        self._pending_metrics.setdefault("sample/staleness_mean", []).append(float(staleness.mean()))
+        self._pending_metrics.setdefault("sample/staleness_max", []).append(float(staleness.max()))
 
     @property
     def _samples_ahead(self) -> bool:
