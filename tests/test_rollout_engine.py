@@ -16,7 +16,8 @@ from flax import nnx
 
 import torchlike
 from tests import tiny
-from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest, StaticEngine
+from torchlike.adapters.lora import runtime as lora_runtime
+from torchlike.adapters.rollout import EngineStats, PagedEngine, PagedEngineConfig, RolloutRequest, StaticEngine, paged
 from torchlike.adapters.rollout.pages import pages_within_memory
 from torchlike.adapters.rollout.sampling import cache_size
 from torchlike.adapters.rollout.sampling_settings import SamplingSettings
@@ -370,23 +371,34 @@ def forward_logprobs(module, prompt: list[int], tokens: np.ndarray, temperature:
 
 def test_a_weights_update_mid_stream_tags_the_tokens_after_it_with_the_new_version(wandering_qwen2):
     """The update is applied between two decode calls without draining the running completion: its tokens before
-    it are the old weights', those after it the new ones', each with the log-prob its weights give it."""
+    it are the old weights', those after it the new ones', each with the log-prob its weights give it.
+
+    The stream's thread runs the scheduler's rounds and applies an update between two of them; here the test runs the
+    rounds itself (the scheduler the stream runs), so the update lands after a known number of decode calls whatever
+    the machine's load. The GRPO test in test_async_rollout.py updates an open stream through its thread."""
     _, model = wandering_qwen2
     graphdef, state = nnx.split(model.module)
     other = nnx.merge(graphdef, jax.tree.map(lambda value: value * 1.25, state))
     engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=1))
-    short, long = prompts((5, 9))
-    stream = engine.open_stream(STREAM_SAMPLING, version=0)
+    _, long = prompts((5, 9))
+    request = RolloutRequest(long, 24, seed=2)
+    engine.stats = EngineStats(page_size=4)  # as open_stream starts them
+    scheduler = paged._Scheduler(engine, STREAM_SAMPLING, 0)
+    ticket = paged.StreamTicket([request])
+    scheduler.add([request], ticket)
     try:
-        first = stream.submit([RolloutRequest(short, 2, seed=1)])
-        second = stream.submit([RolloutRequest(long, 24, seed=2)])
-        first.result(timeout=300)  # the long completion is running
-        stream.update_weights(other, version=1)
-        output = second.result(timeout=300)[0]
+        with lora_runtime.lora_mode(engine.lora):
+            for _ in range(6):  # prefill and admission, then decode calls of one token each
+                scheduler.round()
+            scheduler.update_weights(other, 1)
+            while scheduler.round():
+                pass
     finally:
-        stream.close()
+        scheduler.finish()
+    output = ticket.result(timeout=0)[0]
     tokens, versions, logprobs = output.token_ids[0], output.versions[0], output.logprobs[0]
     assert versions[0] == 0 and versions[-1] == 1 and (np.diff(versions) >= 0).all()
+    assert 2 <= (versions == 0).sum() <= 8
     assert engine.stats.weight_updates == 1 and engine.stats.preemptions == 0
     for version, module in ((0, model.module), (1, other)):
         mine = versions == version
