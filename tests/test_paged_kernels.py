@@ -102,9 +102,10 @@ def run(model, attention, settings, chunk=2048):
 @pytest.mark.parametrize("case", ["mistral", "qwen3_5", "qwen2", "qwen3", "llama3"])
 def test_the_gpu_kernel_draws_the_gathered_views_tokens(models, case):
     model = models(case)
-    # Sampled (with the penalty's memory) and the 17-token prompt prefilled in chunks of 6 through the kernel; greedy
-    # with whole prompts on one family.
-    for settings, chunk in ((SAMPLING, 6), *(((SamplingSettings(), 2048),) if case == "llama3" else ())):
+    # Sampled (with the penalty's memory); the 17-token prompt prefilled in chunks of 6 through the kernel on the
+    # hybrid (its chunks continue the recurrent state too), whole prompts on the others; greedy on one family.
+    runs = {"qwen3_5": ((SAMPLING, 6),), "llama3": ((SAMPLING, 2048), (SamplingSettings(), 2048))}
+    for settings, chunk in runs.get(case, ((SAMPLING, 2048),)):
         _, gathered, gathered_logprobs = run(model, "gather", settings, chunk)
         engine, kernel, kernel_logprobs = run(model, "pallas_gpu", settings, chunk)
         assert engine.kernel == {"attention": "pallas_gpu", "interpret": True}
@@ -117,7 +118,7 @@ def test_the_gpu_kernel_draws_the_gathered_views_tokens(models, case):
 
 
 def test_the_kernel_pool_puts_the_heads_first(models):
-    engine, _, _ = run(models("mistral"), "pallas_gpu", SAMPLING, 6)
+    engine, _, _ = run(models("mistral"), "pallas_gpu", SAMPLING)
     pool = engine._take_pool(engine._pool_pages)
     layer = next(iter(pool.values()))["k"]
     assert layer.shape[0] == models("mistral").module.config.num_kv_heads
