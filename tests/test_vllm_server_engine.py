@@ -21,6 +21,7 @@ from torchlike.adapters.rollout.sampling_settings import SamplingSettings
 from torchlike.adapters.rollout.vllm_server import VLLMServerError
 from torchlike.peft import LoraConfig, PeftModel
 from torchlike.trl import GRPOConfig, GRPOTrainer
+from torchlike.trl.online.vllm_mode import vllm_engine_settings
 
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 
@@ -135,3 +136,13 @@ def test_server_mode_and_use_vllm_false_do_not_warn(tiny_checkpoints, tokenizer_
             _trainer(tiny_checkpoints.path("qwen2"), tokenizer_dir, _config(tmp_path, **kwargs),
                      peft_config=LoraConfig(**LORA))
         assert [str(item.message) for item in caught if "vllm" in str(item.message).lower()] == []
+
+
+def test_server_mode_sampling_ahead_at_another_temperature_is_refused_in_words(tmp_path):
+    # The sampler correction would read the server's log-probs, which vLLM gives before temperature.
+    args = _config(tmp_path, use_vllm=True, vllm_mode="server", max_staleness=1)
+    assert vllm_engine_settings(args)["engine"] == "vllm_server"  # at temperature 1, TRL's default
+    args = _config(tmp_path, use_vllm=True, vllm_mode="server", max_staleness=1)
+    args.temperature = 0.7
+    with pytest.raises(ValueError, match=r"before temperature.*temperature=1.0 \(TRL's default\) or max_staleness=0"):
+        vllm_engine_settings(args)

@@ -38,8 +38,9 @@ def vllm_engine_settings(args: TRLArgs) -> dict[str, Any]:
         (:data:`COLOCATE_WARNING`) with ``use_vllm=True, vllm_mode="colocate"``.
 
     Raises:
-        ValueError: ``vllm_mode`` is neither TRL mode, or ``rollout_engine`` names another engine than the server
-            mode's.
+        ValueError: ``vllm_mode`` is neither TRL mode, ``rollout_engine`` names another engine than the server
+            mode's, or the server mode samples ahead (``max_staleness >= 1``) at a temperature other than 1 (the
+            server's log-probs are before temperature).
     """
     names = {item.name for item in dataclasses.fields(args)}
     if "use_vllm" not in names:
@@ -62,4 +63,11 @@ def vllm_engine_settings(args: TRLArgs) -> dict[str, Any]:
         raise ValueError(f"use_vllm=True with vllm_mode='server' samples through the vLLM server "
                          f"(rollout_engine='vllm_server'), but rollout_engine={chosen!r} names another engine. Leave "
                          "rollout_engine at its default, or set use_vllm=False to sample with it.")
+    staleness = getattr(args, "max_staleness", 0)
+    temperature = getattr(args, "temperature", 1.0)
+    if staleness and temperature != 1.0:
+        raise ValueError(f"use_vllm=True with vllm_mode='server', max_staleness={staleness} and temperature="
+                         f"{temperature}: the sampler correction reads the server's log-probs, which vLLM gives before "
+                         "temperature (its default logprobs_mode='raw_logprobs'), so they are not the log-probs the "
+                         "tokens were drawn with. Use temperature=1.0 (TRL's default) or max_staleness=0.")
     return {**settings, "engine": "vllm_server"}
