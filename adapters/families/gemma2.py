@@ -48,6 +48,25 @@ class Gemma2Attention(tunix_gemma.Attention):
             attn_mask = attn_mask & sliding_window_mask(x.shape[1], attn_mask.shape[-1], first, self.sliding_window)
         return super().__call__(x, segment_pos, cache, attn_mask)
 
+    def paged_projections(self, x):
+        """The queries, keys and values of ``x`` as Tunix's ``block`` projects them (before the rope), for the paged
+        engine's kernels (:func:`~..model.rope.reading_pages`)."""
+        if self.use_qkv_einsum:
+            query, key, value = self.qkv_einsum(x)
+            return query, key, value
+        query = self.q_einsum(x)
+        key, value = self.kv_einsum(x)
+        return query, key, value
+
+    def paged_settings(self) -> dict:
+        """The paged kernels' query scale, window and logit soft cap: transformers' Gemma 2 attention."""
+        return {"scale": self.query_pre_attn_scalar**-0.5, "window": self.sliding_window,
+                "soft_cap": self.attn_logits_soft_cap}
+
+    def paged_output(self, heads):
+        """The output projection of the heads' outputs ``[B, T, N, H]``."""
+        return self.attn_vec_einsum(heads)
+
     @property
     def head_dim(self):
         # Tunix's block reads head_dim for rope (swapped for apply_rope, which ignores it) and to scale the queries
@@ -103,7 +122,7 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs) -> tunix_gemma.Gemma:
         attn_logits_soft_cap=hf_config.attn_logit_softcapping,
     )
     model = tunix_gemma.Gemma(config, rngs=rngs)
-    attention_class = attention_with_rope(Gemma2Attention, hf_config.rope_parameters, hf_config.head_dim)
+    attention_class = attention_with_rope(Gemma2Attention, hf_config.rope_parameters, hf_config.head_dim, pages=True)
     for layer, layer_type in zip(model.layers, hf_config.layer_types, strict=True):
         attention = layer.attn
         if attention.use_qkv_einsum:

@@ -22,9 +22,9 @@ their tokens with the ``"gather"`` path; the interpreter is slower than ``"gathe
 next step on a TPU; JAX 0.10's TPU interpreter cannot run it (its reshaped ref views are not supported there), so it is
 not wired until it can be tested.
 
-The native decoder's attention and Tunix's Qwen2 / Qwen3 / Llama 3 attention (made to by their family modules:
-``families.qwen2.attention_reading_pages``, :func:`~.rope.reading_pages`) take the paged path; Tunix's Gemma
-attentions do not (:func:`~.decoder_contract.paged_kernel_refusal` says so, and the
+The native decoder's attention and Tunix's Qwen2 / Qwen3 / Llama 3 / Gemma 2 attention (made to by their family
+modules: ``families.qwen2.attention_reading_pages``, :func:`~.rope.reading_pages`) take the paged path; Tunix's Gemma 3
+and Gemma 4 attentions do not (:func:`~.decoder_contract.paged_kernel_refusal` says so, and the
 engine keeps the gathered view for them). A decoder layer takes the paged path when its cache entry is a paged one
 (:func:`is_paged`): the model contract's
 ``cache["layer_i"]`` then holds ``k_pages``/``v_pages`` (``[K, P, page size, D]``), the rows' ``page_table``

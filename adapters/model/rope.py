@@ -152,24 +152,32 @@ def attention_with_rope(attention_class: type, rope_parameters: Mapping, head_di
 
 @functools.cache
 def reading_pages(cls: type, inv_freq: tuple[float, ...]) -> type:
-    """A subclass of the Tunix attention ``cls`` (Qwen3's or Llama 3's: ``q_proj``/``k_proj``/``v_proj``/``o_proj``,
-    optional ``q_norm``/``k_norm`` before the rope, ``scale``) whose ``block`` takes the paged engine's cache entry
+    """A subclass of the Tunix attention ``cls`` whose ``block`` takes the paged engine's cache entry
     (:func:`.paged_attention.is_paged`): the fed token's query, key and value are projected as Tunix's ``block``
     projects them, and :func:`.paged_attention.attend` writes the key and value to their page and reads the row's pages
     in place. Any other cache runs Tunix's ``block`` unchanged. Keeps the class name (module trees and parameter paths
-    do not change); cached and registered as :func:`with_rope`'s classes are."""
+    do not change); cached and registered as :func:`with_rope`'s classes are.
+
+    Qwen3's and Llama 3's attention (``q_proj``/``k_proj``/``v_proj``/``o_proj``, optional ``q_norm``/``k_norm``
+    before the rope, ``scale``) need nothing more; another class gives ``paged_projections(x) -> (q, k, v)``,
+    ``paged_output(heads)`` and ``paged_settings() -> attend's keywords`` (Gemma 2's: its einsums, query scalar, window
+    and soft cap)."""
     from . import paged_attention
 
     def block(self, x, segment_pos, cache, attn_mask, *args, **kwargs):  # Qwen3's takes segment_ids, Llama 3's not
         if not paged_attention.is_paged(cache):
             return cls.block(self, x, segment_pos, cache, attn_mask, *args, **kwargs)
-        query, key, value = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if hasattr(self, "q_norm"):
-            query, key = self.q_norm(query), self.k_norm(key)
+        if hasattr(self, "paged_projections"):
+            query, key, value = self.paged_projections(x)
+        else:
+            query, key, value = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            if hasattr(self, "q_norm"):
+                query, key = self.q_norm(query), self.k_norm(key)
         query = apply_rope(query, segment_pos, inv_freq=inv_freq)
         key = apply_rope(key, segment_pos, inv_freq=inv_freq)
-        out, cache = paged_attention.attend(query, key, value, cache, scale=self.scale)
-        return cache, self.o_proj(out)
+        settings = self.paged_settings() if hasattr(self, "paged_settings") else {"scale": self.scale}
+        out, cache = paged_attention.attend(query, key, value, cache, **settings)
+        return cache, self.paged_output(out) if hasattr(self, "paged_output") else self.o_proj(out)
 
     derived = type(cls.__name__, (cls,), {"block": block, "reads_paged_cache": True, "__module__": cls.__module__})
     register_derived_class(derived, reading_pages, (cls, inv_freq))
