@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,7 +11,9 @@ import jax.numpy as jnp
 from flax import nnx
 from tunix.models.gemma3 import model as tunix_gemma3
 
+from ..model import paged_attention
 from ..model.rope import UnsupportedRopeScalingError
+from ..runtime.abstract_models import register_derived_class
 from .base import (
     GEMMA_IGNORED_KEYS,
     GEMMA_LORA_TARGETS,
@@ -180,13 +183,46 @@ def build_model(hf_config, dtype, rngs: nnx.Rngs, vision_config=None) -> tunix_g
         "full_attention": (global_theta, global_factor),
     }
     # Tunix fixes the pattern (5 sliding, 1 global); HF checkpoints list each layer's type.
+    attention_class = attention_reading_pages(tunix_gemma3.Attention)
     for layer, layer_type in zip(model.layers, hf_config.layer_types, strict=True):
         attention = layer.attn
+        attention.__class__ = attention_class
         attention.attn_type = _ATTENTION_TYPES[layer_type]
         attention.rope_base_frequency, attention.rope_scale_factor = ropes[layer_type]
         if attention.use_qkv_einsum:
             split_fused_qkv(attention, tunix_gemma3.Einsum, config, rngs, param_dtype=config.param_dtype)
     return model
+
+
+@functools.cache
+def attention_reading_pages(cls: type) -> type:
+    """Tunix Gemma 3's attention ``cls`` whose ``block`` also takes the paged engine's cache entry
+    (:func:`~..model.paged_attention.is_paged`): the fed token's query, key and value projected, normed and rotated as
+    Tunix's ``block`` does them (its rope with the layer's base frequency and scale factor), the queries scaled by its
+    ``query_pre_attn_scalar``, then :func:`~..model.paged_attention.attend` with the layer's window (a sliding layer's
+    ``sliding_window_size`` keys, its own included, as Tunix's ``create_sliding_window_mask``). Any other cache runs
+    Tunix's ``block``. Keeps the class name; cached and registered for pickled abstract models."""
+
+    def block(self, x, segment_pos, cache, attn_mask):
+        if not paged_attention.is_paged(cache):
+            return cls.block(self, x, segment_pos, cache, attn_mask)
+        if self.use_qkv_einsum:
+            query, key, value = self.qkv_einsum(x)
+        else:
+            query = self.q_einsum(x)
+            key, value = self.kv_einsum(x)
+        query, key = self._query_norm(query), self._key_norm(key)
+        query, key = (tunix_gemma3.apply_rope(part, segment_pos, head_dim=self.head_dim,
+                                              base_frequency=self.rope_base_frequency,
+                                              scale_factor=self.rope_scale_factor) for part in (query, key))
+        sliding = self.attn_type == tunix_gemma3.AttentionType.LOCAL_SLIDING
+        out, cache = paged_attention.attend(query, key, value, cache, scale=self.query_pre_attn_scalar,
+                                            window=self.sliding_window_size if sliding else None)
+        return cache, self.attn_vec_einsum(out)
+
+    derived = type(cls.__name__, (cls,), {"block": block, "reads_paged_cache": True, "__module__": cls.__module__})
+    register_derived_class(derived, attention_reading_pages, (cls,))
+    return derived
 
 
 def forward(

@@ -22,11 +22,11 @@ their tokens with the ``"gather"`` path; the interpreter is slower than ``"gathe
 next step on a TPU; JAX 0.10's TPU interpreter cannot run it (its reshaped ref views are not supported there), so it is
 not wired until it can be tested.
 
-The native decoder's attention and Tunix's Qwen2 / Qwen3 / Llama 3 / Gemma 2 attention (made to by their family
-modules: ``families.qwen2.attention_reading_pages``, :func:`~.rope.reading_pages`) take the paged path; Tunix's Gemma 3
-and Gemma 4 attentions do not (:func:`~.decoder_contract.paged_kernel_refusal` says so, and the
-engine keeps the gathered view for them). A decoder layer takes the paged path when its cache entry is a paged one
-(:func:`is_paged`): the model contract's
+The native decoder's attention and Tunix's Qwen2 / Qwen3 / Llama 3 / Gemma 2 / Gemma 3 attention (made to by their
+family modules: :func:`~.rope.reading_pages`, ``families.qwen2`` and ``families.gemma3``'s ``attention_reading_pages``)
+take the paged path; Tunix's Gemma 4 attention does not (:func:`~.decoder_contract.paged_kernel_refusal` says so,
+and the engine keeps the gathered view for it). A decoder layer takes the paged path when its cache entry is a paged
+one (:func:`is_paged`): the model contract's
 ``cache["layer_i"]`` then holds ``k_pages``/``v_pages`` (``[K, P, page size, D]``), the rows' ``page_table``
 ``[R, W]``, ``kv_lengths`` ``[R]`` (the row's tokens including the one fed now), ``write_page``/``write_offset``
 ``[R]`` (where the fed token's key and value go; the trash page for rows that are not live) and ``end_index``.

@@ -17,9 +17,9 @@ The split follows JetStream and vLLM: a scheduler in plain Python owns the reque
   sliding-window layers of Gemma 2/3/4 see them as ``transformers`` does), the Tunix decoder runs the steps on that
   view as the static sampler runs its cache, and the new tokens' keys and values are written to the slot's pages
   after the last step. That is the ``"gather"`` attention (the CPU's). With a paged kernel (``attention``
-  ``"pallas_gpu"`` / ``"pallas_tpu"``, a GPU's / TPU's default where the decoder can: Qwen2, Qwen3, Llama 3, the native
-  decoder's families) nothing is gathered: each step's attention layers write the fed token's key and value into its
-  page and JAX's Pallas paged-attention kernel reads each row's pages where they lie
+  ``"pallas_gpu"`` / ``"pallas_tpu"``, a GPU's / TPU's default where the decoder can: Qwen2/3, Llama 3, Gemma 2/3, the
+  native decoder's families) nothing is gathered: each step's attention layers write the fed token's key and value
+  into its page and JAX's Pallas paged-attention kernel reads each row's pages where they lie
   (:mod:`~..model.paged_attention`; the pool is then laid out heads first, as the kernels take it, and chunked
   prefill feeds its tokens through the same kernel step).
 

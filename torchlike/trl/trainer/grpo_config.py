@@ -230,8 +230,8 @@ class GRPOConfig(OnlineRLConfig):
         rollout_attention (`str`, *optional*): torchlike only; how the paged engine's decode reads its KV pages:
             ``"gather"`` (a dense view of each row's pages: the CPU's default), ``"pallas_gpu"`` / ``"pallas_tpu"``
             (JAX's paged-attention kernels reading the pages in place, each new key and value written straight into
-            its page: the default on a GPU / TPU for Qwen2, Qwen3, Qwen3-MoE, Llama 3, Gemma 2 and the native
-            decoder's families; Gemma 3/4 keep the gathered view). ``None``: the backend's own.
+            its page: the default on a GPU / TPU for Qwen2, Qwen3, Qwen3-MoE, Llama 3, Gemma 2/3 and the native
+            decoder's families; Gemma 4 keeps the gathered view). ``None``: the backend's own.
         rollout_gpu_memory_utilization (`float`, *optional*): torchlike only (vLLM's ``gpu_memory_utilization``);
             with ``rollout_kv_cache_tokens=None``, the paged engine's KV pool takes what this share of the device's
             memory leaves beside the memory in use when a round starts; completions are admitted as pages are free

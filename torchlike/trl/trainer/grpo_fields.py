@@ -218,7 +218,7 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "rollout_attention": honoured("torchlike: how the paged engine's decode reads its KV pages: 'gather' (a dense "
                                   "view, the CPU's way), 'pallas_gpu' / 'pallas_tpu' (JAX's paged-attention kernels, "
                                   "pages read in place; the GPU's / TPU's default for Qwen2, Qwen3, Qwen3-MoE, "
-                                  "Llama 3, Gemma 2 and the native decoder's families); None: the backend's own."),
+                                  "Llama 3, Gemma 2/3 and the native decoder's families); None: the backend's own."),
     "rollout_gpu_memory_utilization": honoured("torchlike (vLLM's gpu_memory_utilization): with "
                                                "rollout_kv_cache_tokens=None the paged engine's KV pool takes what "
                                                "this share of the device's memory leaves; completions beyond it are "
