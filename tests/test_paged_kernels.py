@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import torchlike
+import torchlike.peft
 from tests import tiny
 from torchlike.adapters.model import paged_attention
 from torchlike.adapters.rollout import PagedEngine, PagedEngineConfig, RolloutRequest
@@ -145,3 +146,20 @@ def test_each_backend_picks_its_own_kernel_and_the_cpu_keeps_the_gather():
     assert paged_attention.default_attention("tpu") == "pallas_tpu"
     assert paged_attention.interpreted("pallas_gpu", "cpu") and not paged_attention.interpreted("pallas_gpu", "gpu")
     assert jax.default_backend() == "cpu" and paged_attention.default_attention() == "gather"
+
+
+@pytest.mark.parametrize("case", ["qwen3", "mistral"])  # a Tunix decoder's attention and the native decoder's
+def test_a_lora_adapted_model_reads_its_pages_through_the_kernel_with_its_adapter(tiny_checkpoints, case):
+    model = torchlike.peft.get_peft_model(
+        torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path(case), dtype="float32"),
+        torchlike.peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    rng = np.random.default_rng(0)
+    model.load_state_dict({name: rng.normal(0, 0.5, value.shape).astype(np.float32)
+                           for name, value in model.state_dict().items() if name.endswith("lora_b")}, strict=False)
+    _, gathered, gathered_logprobs = run(model, "gather", SAMPLING)
+    _, kernel, kernel_logprobs = run(model, "pallas_gpu", SAMPLING)
+    assert kernel == gathered
+    for ours, theirs in zip(kernel_logprobs, gathered_logprobs, strict=True):
+        np.testing.assert_allclose(ours, theirs, atol=2e-5)
+    base = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path(case), dtype="float32")
+    assert run(base, "gather", SAMPLING)[1] != gathered  # the adapter changes the tokens
