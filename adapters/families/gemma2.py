@@ -50,10 +50,7 @@ class Gemma2Attention(tunix_gemma.Attention):
 
     def paged_projections(self, x):
         """The queries, keys and values of ``x`` as Tunix's ``block`` projects them (before the rope), for the paged
-        engine's kernels (:func:`~..model.rope.reading_pages`)."""
-        if self.use_qkv_einsum:
-            query, key, value = self.qkv_einsum(x)
-            return query, key, value
+        engine's kernels (:func:`~..model.rope.reading_pages`; :func:`build_model` splits a fused ``qkv_einsum``)."""
         query = self.q_einsum(x)
         key, value = self.kv_einsum(x)
         return query, key, value

@@ -13,7 +13,6 @@ from tunix.models.gemma3 import model as tunix_gemma3
 
 from ..model import paged_attention
 from ..model.rope import UnsupportedRopeScalingError
-from ..runtime.abstract_models import register_derived_class
 from .base import (
     GEMMA_IGNORED_KEYS,
     GEMMA_LORA_TARGETS,
@@ -203,14 +202,9 @@ def attention_reading_pages(cls: type) -> type:
     ``sliding_window_size`` keys, its own included, as Tunix's ``create_sliding_window_mask``). Any other cache runs
     Tunix's ``block``. Keeps the class name; cached and registered for pickled abstract models."""
 
-    def block(self, x, segment_pos, cache, attn_mask):
-        if not paged_attention.is_paged(cache):
-            return cls.block(self, x, segment_pos, cache, attn_mask)
-        if self.use_qkv_einsum:
-            query, key, value = self.qkv_einsum(x)
-        else:
-            query = self.q_einsum(x)
-            key, value = self.kv_einsum(x)
+    def paged_block(self, x, segment_pos, cache, *_):
+        query = self.q_einsum(x)  # build_model splits a fused qkv_einsum (split_fused_qkv)
+        key, value = self.kv_einsum(x)
         query, key = self._query_norm(query), self._key_norm(key)
         query, key = (tunix_gemma3.apply_rope(part, segment_pos, head_dim=self.head_dim,
                                               base_frequency=self.rope_base_frequency,
@@ -220,9 +214,7 @@ def attention_reading_pages(cls: type) -> type:
                                             window=self.sliding_window_size if sliding else None)
         return cache, self.attn_vec_einsum(out)
 
-    derived = type(cls.__name__, (cls,), {"block": block, "reads_paged_cache": True, "__module__": cls.__module__})
-    register_derived_class(derived, attention_reading_pages, (cls,))
-    return derived
+    return paged_attention.reading_pages_subclass(cls, paged_block, 2, attention_reading_pages, (cls,))
 
 
 def forward(

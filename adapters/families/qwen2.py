@@ -8,7 +8,6 @@ from tunix.models.qwen2 import model as tunix_qwen2
 
 from ..model import paged_attention
 from ..model.rope import rope_inverse_frequencies, sin_cos, with_rope
-from ..runtime.abstract_models import register_derived_class
 from .base import (
     DECODER_IGNORED_KEYS,
     DECODER_LORA_TARGETS,
@@ -68,9 +67,7 @@ def attention_reading_pages(cls: type) -> type:
     key and value written to their page, the row's pages read in place). Any other cache runs Tunix's ``block``. Keeps
     the class name; cached and registered for pickled abstract models."""
 
-    def block(self, x, cache, attn_mask, sin, cos, segment_ids=None):
-        if not paged_attention.is_paged(cache):
-            return cls.block(self, x, cache, attn_mask, sin, cos, segment_ids=segment_ids)
+    def paged_block(self, x, cache, attn_mask, sin, cos, *_):
         dtype = self.config.dtype
         query, key, value = (projection(x) for projection in (self.q_proj, self.k_proj, self.v_proj))
         query = query + self.q_bias.astype(dtype).reshape(query.shape[2:])
@@ -81,9 +78,7 @@ def attention_reading_pages(cls: type) -> type:
         out, cache = paged_attention.attend(query, key, value, cache, scale=self.scale)
         return cache, self.o_proj(out)
 
-    derived = type(cls.__name__, (cls,), {"block": block, "reads_paged_cache": True, "__module__": cls.__module__})
-    register_derived_class(derived, attention_reading_pages, (cls,))
-    return derived
+    return paged_attention.reading_pages_subclass(cls, paged_block, 1, attention_reading_pages, (cls,))
 
 
 

@@ -37,11 +37,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+
+from ..runtime.abstract_models import register_derived_class
 
 ATTENTION_KINDS = ("gather", "pallas_gpu", "pallas_tpu")
 """The paged engine's decode attentions: the dense page view (``"gather"``) and JAX's two paged kernels."""
@@ -92,6 +94,27 @@ def using(kind: str, interpret: bool) -> Iterator[None]:
 def is_paged(cache: dict | None) -> bool:
     """Whether a layer's cache entry is the paged engine's (its attention must read pages in place)."""
     return cache is not None and PAGED_KEYS <= cache.keys()
+
+
+def reading_pages_subclass(cls: type, paged_block: Callable, cache_position: int, maker: Callable,
+                           maker_args: tuple) -> type:
+    """A subclass of the Tunix attention ``cls`` whose ``block`` runs ``paged_block(self, *arguments)`` when its
+    cache argument (positional argument ``cache_position``, as Tunix calls ``block``) is a paged entry
+    (:func:`is_paged`), and ``cls.block`` otherwise; marked ``reads_paged_cache``
+    (:func:`~.decoder_contract.paged_kernel_refusal`).
+
+    Keeps the class name and module (module trees and parameter paths do not change) and registers the class as
+    ``maker(*maker_args)`` (cached and importable by name) so abstract models holding it can be pickled.
+    """
+
+    def block(self, *arguments, **keywords):
+        if is_paged(arguments[cache_position]):
+            return paged_block(self, *arguments, **keywords)
+        return cls.block(self, *arguments, **keywords)
+
+    derived = type(cls.__name__, (cls,), {"block": block, "reads_paged_cache": True, "__module__": cls.__module__})
+    register_derived_class(derived, maker, maker_args)
+    return derived
 
 
 def heads_first(kind: str) -> bool:
@@ -185,4 +208,5 @@ def _window_attention(queries: jax.Array, cache: dict, window: int, soft_cap: fl
     return jnp.einsum("RKGS,RSKD->RKGD", probs, values).reshape(rows, heads, dim)
 
 
-__all__ = ["ATTENTION_KINDS", "attend", "default_attention", "heads_first", "interpreted", "is_paged", "using"]
+__all__ = ["ATTENTION_KINDS", "attend", "default_attention", "heads_first", "interpreted", "is_paged",
+           "reading_pages_subclass", "using"]

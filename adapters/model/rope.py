@@ -164,9 +164,7 @@ def reading_pages(cls: type, inv_freq: tuple[float, ...]) -> type:
     and soft cap)."""
     from . import paged_attention
 
-    def block(self, x, segment_pos, cache, attn_mask, *args, **kwargs):  # Qwen3's takes segment_ids, Llama 3's not
-        if not paged_attention.is_paged(cache):
-            return cls.block(self, x, segment_pos, cache, attn_mask, *args, **kwargs)
+    def paged_block(self, x, segment_pos, cache, *_, **__):  # the mask (and Qwen3's segment_ids) are not read
         if hasattr(self, "paged_projections"):
             query, key, value = self.paged_projections(x)
         else:
@@ -179,6 +177,4 @@ def reading_pages(cls: type, inv_freq: tuple[float, ...]) -> type:
         out, cache = paged_attention.attend(query, key, value, cache, **settings)
         return cache, self.paged_output(out) if hasattr(self, "paged_output") else self.o_proj(out)
 
-    derived = type(cls.__name__, (cls,), {"block": block, "reads_paged_cache": True, "__module__": cls.__module__})
-    register_derived_class(derived, reading_pages, (cls, inv_freq))
-    return derived
+    return paged_attention.reading_pages_subclass(cls, paged_block, 2, reading_pages, (cls, inv_freq))

@@ -603,6 +603,7 @@ class PagedEngine:
         self.stats = EngineStats()
         self._pool: dict | None = None
         self._pool_pages = 0
+        self._pool_token_bytes = 0  # the pool's keys and values per token (EngineStats.kv_bytes_per_token)
 
     # ------------------------------------------------------------------ protocol
     def update_weights(self, module: nnx.Module) -> None:
@@ -654,9 +655,10 @@ class PagedEngine:
         return RolloutStream(_Scheduler(self, settings, version))
 
     # ------------------------------------------------------------------ pool
-    def _kv_bytes_per_token(self) -> int:
-        """Bytes of keys and values one token takes over all layers."""
-        shapes = jax.eval_shape(lambda: init_cache(self.module, 1, 1))
+    def _kv_bytes_per_token(self, shapes: dict | None = None) -> int:
+        """Bytes of keys and values one token takes over all layers, from the one-token cache ``shapes`` (traced
+        from the module when not given)."""
+        shapes = shapes if shapes is not None else jax.eval_shape(lambda: init_cache(self.module, 1, 1))
         return int(sum(entry[part].dtype.itemsize * entry[part].size
                        for entry in shapes.values() if "k" in entry for part in ("k", "v")))
 
@@ -695,9 +697,8 @@ class PagedEngine:
 
             self._pool = jax.jit(zeros, out_shardings=self._replicated())()
             self._pool_pages = pages
-        entries = [entry[part] for entry in self._pool.values() for part in ("k", "v")]
-        tokens = pages * self.config.page_size
-        self.stats.kv_bytes_per_token = int(sum(array.dtype.itemsize * array.size // tokens for array in entries))
+            self._pool_token_bytes = self._kv_bytes_per_token(shapes)
+        self.stats.kv_bytes_per_token = self._pool_token_bytes
         pool, self._pool = self._pool, None
         return pool
 
