@@ -74,22 +74,21 @@ Presets
 ``deep``
     ``cpu``'s workload on a deep, narrow model (24 layers, hidden 256, vocabulary 8192), where the keys and values
     a decode step reads are comparable to the weights it reads, so attention's traffic (and the ``"gather"`` view's
-    copy) matters; a Mistral checkpoint (below), so ``--attention`` can pick a paged kernel on a device.
+    copy) matters; a Mistral checkpoint (below).
 ``gpu``
     the issue's workload: 64 prompts x 8 generations, 512 new tokens, Qwen2 of hidden 896, 4 layers, vocabulary
     151936 (the Qwen2.5-0.5B width); transformers on CUDA when torch has it.
 ``tpu``
-    ``gpu``'s workload on a Mistral checkpoint, so the backend's paged kernel runs by default; the transformers sides
-    are skipped on a TPU.
+    ``gpu``'s workload on a Mistral checkpoint (torchlike's native decoder), the backend's paged kernel by default;
+    the transformers sides are skipped on a TPU.
 ``stream``
     four consecutive batches of 4 prompts x 4, 64 new tokens, on ``cpu``'s model (paged engine only: the static and
     transformers sides are skipped unless ``--skip`` says otherwise); cheap on the CPU.
 
 ``--family mistral`` builds a Mistral checkpoint (the Llama layout: Qwen2's sizes without its q/k/v biases, no
-sliding window), which torchlike runs on its native decoder, whose attention layers the paged kernels serve;
-torchlike runs Qwen2 on Tunix's decoder, which reads dense caches only, so with Qwen2 the engine's default falls
-back to ``"gather"`` (printed) and a kernel asked for with ``--attention`` is refused. ``--attention pallas_gpu`` or
-``pallas_tpu`` off its own backend runs in Pallas' interpreter (slow; for checking, not timing).
+sliding window), which torchlike runs on its native decoder; Qwen2 runs on Tunix's decoder. The paged kernels serve
+both (the attention that ran is printed). ``--attention pallas_gpu`` or ``pallas_tpu`` off its own backend runs in
+Pallas' interpreter (slow; for checking, not timing).
 
 Goals (from the rollout issue): paged tokens/s >= 2x the static sampler and >= 1.5x transformers ``generate_batch``;
 paged vs ``transformers.generate`` is reported without a goal; the paged engine's long-tailed tokens/s >= 0.6x its
@@ -102,7 +101,7 @@ Run (from the repository root)::
     nice -n 10 .venv/bin/python benchmarks/rollout.py --preset deep         # 24 layers
     nice -n 10 .venv/bin/python benchmarks/rollout.py --preset stream       # four batches on one stream
     .venv/bin/python benchmarks/rollout.py --preset gpu                      # 64 x 8, 512 new tokens (the issue's)
-    .venv/bin/python benchmarks/rollout.py --preset gpu --family mistral     # the same on the GPU's paged kernel
+    .venv/bin/python benchmarks/rollout.py --preset gpu --family mistral     # the same on the native decoder
     .venv/bin/python benchmarks/rollout.py --preset tpu                      # the issue's workload on a TPU
     .venv/bin/python benchmarks/rollout.py --preset deep --family mistral --attention gather   # against the kernel
     # the gpu preset's workload on the CPU, paged (64 slots) against static and generate_batch (about an hour):
@@ -617,8 +616,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{name}", type=int, help="default: the preset's")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the preset's")
     parser.add_argument("--family", choices=sorted(FAMILY_FIELDS),
-                        help="the checkpoint's family (default: the preset's, else qwen2); the paged kernels serve "
-                             "mistral (torchlike's native decoder), not qwen2 (Tunix's)")
+                        help="the checkpoint's family (default: the preset's, else qwen2): mistral runs on "
+                             "torchlike's native decoder, qwen2 on Tunix's")
     parser.add_argument("--max-num-seqs", type=int, help="paged engine slots (default: every completion)")
     parser.add_argument("--page-size", type=int, help="paged engine tokens per page (default: the engine's)")
     parser.add_argument("--decode-steps", type=int,
@@ -697,7 +696,7 @@ def describe_attention(engine: Any, asked: str | None) -> str:
     default = paged_attention.default_attention()
     if asked is None and attention != default:
         text += (f" (the backend's {default} cannot serve this decoder: "
-                 f"{decoder_contract.paged_kernel_refusal(engine.module)}; --family mistral can)")
+                 f"{decoder_contract.paged_kernel_refusal(engine.module)})")
     return text
 
 
@@ -769,11 +768,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      **{name: value for name, value in chosen.items() if value is not None})
     built: dict[str, Any] = {}
     if "paged" not in skipped:
-        try:
-            built["paged"] = PagedEngine(model.module, paged_config, eos_token_ids=[END_TOKEN])
-        except NotImplementedError as error:
-            raise SystemExit(f"{error} In this benchmark, --family mistral builds a checkpoint torchlike runs on its "
-                             "native decoder, which the paged kernels serve.") from error
+        built["paged"] = PagedEngine(model.module, paged_config, eos_token_ids=[END_TOKEN])
         print(describe_attention(built["paged"], args.attention), flush=True)
     if "static" not in skipped:
         built["static"] = StaticEngine(model.module, eos_token_ids=[END_TOKEN])
