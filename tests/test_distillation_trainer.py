@@ -22,6 +22,7 @@ from tests.helpers.tokenizers import tokenizer_for
 from tests.tiny import COMPLETION_LENGTH, EOS, PROMPTS
 from torchlike.adapters.losses import distillation as distillation_loss
 from torchlike.adapters.model import nnx_state
+from torchlike.adapters.rollout import PagedEngine
 from torchlike.field_support import check_unsupported
 from torchlike.testing import tiny_config
 from torchlike.trl import DistillationConfig, DistillationTrainer
@@ -253,6 +254,7 @@ def test_on_policy_training_samples_from_the_student_and_moves_only_the_student(
     trainer._generate_single_turn = recording(trainer._generate_single_turn, sampled)
     trainer.train()
 
+    assert isinstance(trainer.rollout_engine, PagedEngine)  # the CPU's default engine (DistillationConfig has none)
     assert len(sampled) == 3 and all(len(batch) == 4 for batch in sampled)  # one generation batch per step
     assert all(1 <= len(ids) <= 6 for batch in sampled for ids in batch)
     assert all(EOS not in ids[:-1] for batch in sampled for ids in batch)  # cut after the first end token

@@ -4,15 +4,17 @@ configs and ``generate`` read them."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import transformers
 
 import torchlike
 from tests.helpers.data import PROMPT_ROWS, length_reward
-from torchlike.adapters.rollout import StaticEngine
+from torchlike.adapters import rollout
+from torchlike.adapters.rollout import PagedEngine, StaticEngine
 from torchlike.peft import LoraConfig
-from torchlike.trl import GRPOConfig, GRPOTrainer
+from torchlike.trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
 
 class RecordingEngine:
@@ -74,6 +76,35 @@ def test_generate_takes_a_registered_engine_and_returns_its_tokens(recording, ti
     static = model.generate(ids, max_new_tokens=5, do_sample=False, rollout_engine="static")
     assert recording.built[0].requests == 2
     np.testing.assert_array_equal(theirs, static)
+
+
+def test_the_default_engine_is_the_backends_fastest_paged_on_the_cpu(tiny_checkpoints, tokenizer_dir, tmp_path,
+                                                                     monkeypatch):
+    """``rollout_engine=None`` (every default) builds the paged engine on the CPU, where benchmarks/rollout.py's presets
+    measure it fastest, for GRPO and RLOO (Distillation: tests/test_distillation_trainer.py) and ``generate``; the
+    static engine stays one argument away and gives the same tokens."""
+    assert jax.default_backend() == "cpu"
+    assert rollout.default_engine() == "paged"
+    assert (rollout.default_engine("gpu"), rollout.default_engine("tpu"), rollout.default_engine("other")) == (
+        "static", "static", "static")
+    tokenizer = torchlike.AutoTokenizer.from_pretrained(tokenizer_dir)
+    for config, trainer_class in ((GRPOConfig, GRPOTrainer), (RLOOConfig, RLOOTrainer)):
+        args = config(output_dir=str(tmp_path), report_to="none", max_steps=1, max_completion_length=6,
+                      num_generations=4, per_device_train_batch_size=4)
+        assert args.rollout_engine is None
+        trainer = trainer_class(model=str(tiny_checkpoints.path("qwen2")), reward_funcs=length_reward, args=args,
+                                train_dataset=PROMPT_ROWS, processing_class=tokenizer)
+        assert isinstance(trainer.rollout_engine, PagedEngine), trainer_class.__name__
+
+    built = []
+    build = rollout.build_engine
+    monkeypatch.setattr(rollout, "build_engine", lambda *args: built.append(build(*args)) or built[-1])
+    model = torchlike.AutoModelForCausalLM.from_pretrained(tiny_checkpoints.path("qwen2"))
+    ids = np.array([[5, 9, 14, 3], [8, 2, 11, 7]])
+    default = model.generate(ids, max_new_tokens=5, do_sample=True, seed=3)
+    static = model.generate(ids, max_new_tokens=5, do_sample=True, seed=3, rollout_engine="static")
+    assert [type(engine) for engine in built] == [PagedEngine, StaticEngine]
+    np.testing.assert_array_equal(default, static)
 
 
 def test_engine_names_are_checked_where_they_are_read(recording, tmp_path):

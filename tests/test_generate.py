@@ -264,22 +264,26 @@ def test_logprobs_are_log_softmax_of_the_transformers_logits(varied):
 
 
 def test_a_second_call_with_the_same_shapes_does_not_trace_again(varied):
+    """The static engine's programs (the paged engine's buckets are tests/test_rollout_engine.py's)."""
     _, model = varied
     ids, mask = left_padded_prompts()
-    model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_p=0.9, repetition_penalty=1.1, seed=0)
+    model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_p=0.9, repetition_penalty=1.1, seed=0,
+                   rollout_engine="static")
     before = dict(tracing.TRACE_COUNTS)
-    model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_p=0.9, repetition_penalty=1.1, seed=0)
+    model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_p=0.9, repetition_penalty=1.1, seed=0,
+                   rollout_engine="static")
     assert tracing.TRACE_COUNTS == before
 
 
 def test_other_values_and_lengths_in_the_same_buckets_reuse_the_program(varied):
     _, model = varied
     ids, mask = left_padded_prompts()
-    model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_p=0.9, repetition_penalty=1.1, seed=0)
+    model.generate(ids, mask, max_new_tokens=NEW_TOKENS, do_sample=True, top_p=0.9, repetition_penalty=1.1, seed=0,
+                   rollout_engine="static")
     before = dict(tracing.TRACE_COUNTS)
     longer_ids, longer_mask = left_padded_prompts(lengths=(25, 9, 30), width=30)  # bucket 32, like width 20
     model.generate(longer_ids, longer_mask, max_new_tokens=11, do_sample=True, top_p=0.5, temperature=0.3,
-                   repetition_penalty=1.7, seed=9, eos_token_id=[2, 3, 4])
+                   repetition_penalty=1.7, seed=9, eos_token_id=[2, 3, 4], rollout_engine="static")
     assert tracing.TRACE_COUNTS == before
 
 
@@ -287,7 +291,8 @@ def test_each_new_program_is_counted_and_logged(varied, caplog):
     _, model = varied
     before = tracing.TRACE_COUNTS["generate"]
     with caplog.at_level("INFO", logger=tracing.__name__):
-        model.generate([[5, 6, 7]], max_new_tokens=2, do_sample=False)  # batch 1: a shape no other test uses
+        model.generate([[5, 6, 7]], max_new_tokens=2, do_sample=False,  # batch 1: a shape no other test uses
+                       rollout_engine="static")
     assert tracing.TRACE_COUNTS["generate"] == before + 1
     assert "tracing the generation program: batch 1, prompt bucket 16, new-token bucket 16" in caplog.text
 

@@ -122,10 +122,10 @@ def test_use_vllm_on_the_training_mesh_warns_that_torchlikes_jax_engine_samples(
         trainer = _trainer(tiny_checkpoints.path("qwen2"), tokenizer_dir, _config(tmp_path, use_vllm=True))
     [message] = [str(item.message) for item in caught if "use_vllm" in str(item.message)]
     assert message.startswith("use_vllm=True with vllm_mode='colocate': completions are sampled by torchlike's own "
-                              "JAX rollout engine (rollout_engine: 'static'")
+                              "JAX rollout engine (rollout_engine: by default the backend's, on the CPU 'paged'")
     assert "vLLM is a CUDA/PyTorch engine and cannot run inside a JAX process" in message
     assert "on a TPU host the Tunix vLLM sampler path is not wired into torchlike yet" in message
-    assert type(trainer.rollout_engine).__name__ == "StaticEngine"
+    assert type(trainer.rollout_engine).__name__ == "PagedEngine"
     assert jax.default_backend() == "cpu"
 
 

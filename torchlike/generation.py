@@ -3,9 +3,9 @@ rollout engine boundary (:mod:`torchlike.adapters.rollout`).
 
 Each prompt row becomes one :class:`~torchlike.adapters.rollout.RolloutRequest` whose ``num_return_sequences``
 completions are its samples; output row ``i`` (prompt ``i // n``, sample ``i % n``) draws from the PRNG stream
-``(seed, i)``, as the batch sampler numbered its rows, so a seed gives the same tokens through the engine. The
-static engine (one left-padded batch, one compiled program) decodes them, or with ``rollout_engine="paged"`` the
-paged engine (same tokens); the rows are put back into ``transformers``' layout (prompt, then the new tokens,
+``(seed, i)``, as the batch sampler numbered its rows, so a seed gives the same tokens through either engine: the
+static one (one left-padded batch, one compiled program, ``rollout_engine="static"``) or the paged one
+(``"paged"``); by default the backend's (``adapters.rollout.default_engine``: the paged engine on the CPU). The rows are put back into ``transformers``' layout (prompt, then the new tokens,
 ``pad_token_id`` after a row's end token).
 
 Settings resolve as in ``transformers``: arguments of the call, then a ``generation_config`` passed
@@ -271,14 +271,15 @@ def generate(
     tokenizer: PreTrainedTokenizerBase | None = None,
     seed: int | None = None,
     output_logprobs: bool = False,
-    rollout_engine: str = "static",
+    rollout_engine: str | None = None,
     use_cache: bool | None = None,
     pixel_values: ArrayLike | None = None,
     token_type_ids: ArrayLike | None = None,
     **settings: Any,
 ) -> Any:
     """The body of :meth:`torchlike.CausalLM.generate` (see there for the arguments)."""
-    check_choice("rollout_engine", rollout_engine, rollout.engine_names())
+    if rollout_engine is not None:
+        check_choice("rollout_engine", rollout_engine, rollout.engine_names())
     vision = {key: settings.pop(key) for key in (*model.family.image_keys, *VISION_INPUTS,
                                                  *model.family.refused_inputs) if key in settings}
     if use_cache is False:

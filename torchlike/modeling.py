@@ -275,7 +275,7 @@ class CausalLM:
         input_ids: ArrayLike | None = None,
         prompts: ArrayLike | str | list[str] | None = None,
         output_logprobs: bool = False,
-        rollout_engine: str = "static",
+        rollout_engine: str | None = None,
         **kwargs: Any,
     ) -> Any:
         """Generates continuations with a KV cache, with ``transformers.generate``'s meaning for every knob.
@@ -284,10 +284,11 @@ class CausalLM:
         then from ``transformers``' defaults (greedy, 20 new tokens, ``top_k=50`` when sampling).
         Logits go through the repetition penalty, then (sampling only) temperature, top-k, top-p and
         min-p, in ``transformers``' order; greedy is the argmax after the penalty. Rows stop at an
-        end token and are padded after it. One compiled program serves every call whose batch size,
-        prompt-length bucket and new-token bucket (powers of two from 16) and sampling switches
-        (``torchlike.adapters.rollout.sampling.SamplingSwitches``: which processors run) match; see
-        ``torchlike.generation.TRACE_COUNTS``.
+        end token and are padded after it. With ``rollout_engine="static"`` one compiled program serves every
+        call whose batch size, prompt-length bucket and new-token bucket (powers of two from 16) and sampling
+        switches (``torchlike.adapters.rollout.sampling.SamplingSwitches``: which processors run) match (see
+        ``torchlike.generation.TRACE_COUNTS``); the paged engine compiles a prefill per prompt-length bucket and a
+        decode per bucket of live rows and columns.
 
         Args:
             inputs: token ids ``(batch, prompt)`` (list, numpy, jax or torch), left- or right-padded,
@@ -316,7 +317,9 @@ class CausalLM:
                 log-prob under ``log_softmax(logits / temperature)`` (what GRPO needs).
             rollout_engine: torchlike only; the engine that decodes (``GRPOConfig.rollout_engine``'s values):
                 ``"static"``, one left-padded batch in one program; ``"paged"``, the paged engine (KV pages freed as
-                rows end, each prompt prefilled once for its ``num_return_sequences`` rows). Same tokens.
+                rows end, each prompt prefilled once for its ``num_return_sequences`` rows). Same tokens. ``None``
+                (the default): the backend's fastest (``torchlike.adapters.rollout.default_engine``: ``"paged"`` on
+                the CPU, ``"static"`` on a GPU or TPU).
             kwargs: ``max_length``, ``num_return_sequences``, ``return_dict_in_generate``, ``num_beams``
                 (1 only), ``use_cache`` (``True`` only).
 

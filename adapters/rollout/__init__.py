@@ -1,6 +1,7 @@
-"""Rollout engines: the boundary online trainers and ``generate`` sample through, with the static engine that is
-their default (:mod:`.engine`), the paged, continuously batched engine that ``rollout_engine="paged"`` picks
-(:mod:`.paged`) and its page bookkeeping (:mod:`.pages`)."""
+"""Rollout engines: the boundary online trainers and ``generate`` sample through: the static engine (:mod:`.engine`),
+the paged, continuously batched engine (:mod:`.paged`) and its page bookkeeping (:mod:`.pages`), the vLLM server's
+(:mod:`.vllm_server`), and the registry that builds them by name, each backend's default included (:mod:`.registry`:
+the paged engine on the CPU)."""
 
 from .engine import (
     RequestOutput,
@@ -17,9 +18,18 @@ from .engine import (
 )
 from .images import row_of
 from .paged import EngineStats, PagedEngine, PagedEngineConfig, RolloutStream, StreamTicket
-from .registry import BUILT_IN, EngineContext, build_engine, engine_names, register_engine, unregister_engine
+from .registry import (
+    BUILT_IN,
+    DEFAULT_ENGINES,
+    EngineContext,
+    build_engine,
+    default_engine,
+    engine_names,
+    register_engine,
+    unregister_engine,
+)
 
-__all__ = ["BUILT_IN", "EngineContext", "EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput",
+__all__ = ["BUILT_IN", "DEFAULT_ENGINES", "EngineContext", "EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput",
            "RolloutEngine", "RolloutRequest", "RolloutStream", "StaticEngine", "StreamTicket", "build_engine",
-           "completion_mask", "derived_seed", "engine_names", "register_engine", "request_seed", "requests_from_rows",
+           "completion_mask", "default_engine", "derived_seed", "engine_names", "register_engine", "request_seed", "requests_from_rows",
            "row_of", "rows_from_outputs", "unregister_engine", "versions_from_outputs", "weights_snapshot"]

@@ -4,6 +4,8 @@ An engine is registered with a builder ``builder(module, context) -> RolloutEngi
 (``generate``'s argument, ``GRPOConfig``'s and ``RLOOConfig``'s field) picks it, and nothing else in a trainer names an
 engine. The static, paged and vLLM-server engines are registered here; another engine (an out-of-tree one, a test's)
 registers itself the same way (:func:`register_engine`) and runs GRPO without a change to any trainer.
+``rollout_engine=None`` (the default everywhere) is the backend's engine (:func:`default_engine`): the one
+``benchmarks/rollout.py`` and ``benchmarks/grpo_step.py`` measured fastest there.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 from flax import nnx
 
 from ..distributed import mesh as mesh_lib
@@ -20,7 +23,8 @@ from .engine import RolloutEngine, StaticEngine
 from .paged import PagedEngine, PagedEngineConfig
 from .vllm_server import VLLMServerConfig, VLLMServerEngine
 
-__all__ = ["EngineContext", "build_engine", "engine_names", "register_engine", "unregister_engine"]
+__all__ = ["DEFAULT_ENGINES", "EngineContext", "build_engine", "default_engine", "engine_names", "register_engine",
+           "unregister_engine"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +94,32 @@ BUILT_IN: tuple[str, ...] = tuple(_BUILDERS)
 ``"vllm_server"`` (a vLLM server's OpenAI API, the policy's LoRA adapter loaded into it)."""
 
 
+DEFAULT_ENGINES: dict[str, str] = {"cpu": "paged", "gpu": "static", "tpu": "static"}
+"""The engine ``rollout_engine=None`` builds on each JAX backend: the one measured fastest there.
+
+- ``cpu``: ``"paged"``. On 2 cores it made 1.44x the static engine's useful tokens/s on ``benchmarks/rollout.py``'s
+  ``cpu`` preset, 1.96x on ``cpu-refill``, 2.12x at the issue's full workload (``--preset gpu``), and on the ``deep``
+  preset and a GRPO step (``benchmarks/grpo_step.py``) too; MIGRATION.md's rollout section lists the figures.
+- ``gpu``: ``"static"``. The one measurement on a device (an H200, before the paged engine read its pages in place
+  through JAX's kernel) made the static engine 1.5-3x faster; it changes when ``python -m benchmarks --preset gpu``
+  says otherwise.
+- ``tpu``: ``"static"``, not measured yet (``python -m benchmarks --preset tpu``).
+
+Another backend gets ``"static"``."""
+
+
+def default_engine(backend: str | None = None) -> str:
+    """The engine ``rollout_engine=None`` picks.
+
+    Args:
+        backend: a JAX backend name (``"cpu"``, ``"gpu"``, ``"tpu"``); ``None``: ``jax.default_backend()``.
+
+    Returns:
+        The engine's registered name (:data:`DEFAULT_ENGINES`).
+    """
+    return DEFAULT_ENGINES.get(jax.default_backend() if backend is None else backend, "static")
+
+
 def register_engine(name: str, builder: EngineBuilder, *, replace: bool = False) -> None:
     """Makes ``rollout_engine=name`` build engines with ``builder(module, context)``.
 
@@ -133,12 +163,14 @@ def engine_names() -> tuple[str, ...]:
     return tuple(_BUILDERS)
 
 
-def build_engine(name: str, module: nnx.Module, context: EngineContext) -> RolloutEngine:
-    """The engine ``rollout_engine=name`` picks, built for ``module``.
+def build_engine(name: str | None, module: nnx.Module, context: EngineContext) -> RolloutEngine:
+    """The engine ``rollout_engine=name`` picks, built for ``module`` (``None``: :func:`default_engine`).
 
     Raises:
         ValueError: no engine is registered as ``name`` (the message lists those that are).
     """
+    if name is None:
+        name = default_engine()
     if name not in _BUILDERS:
         raise ValueError(f"rollout_engine={name!r} is not a rollout engine; choose one of {list(_BUILDERS)} or "
                          "register yours with torchlike.register_rollout_engine(name, builder).")

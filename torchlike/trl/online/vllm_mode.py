@@ -1,6 +1,7 @@
 """TRL's vLLM fields (``use_vllm``, ``vllm_mode``, ``vllm_server_*``) as the rollout engine an online trainer builds.
 
-``use_vllm=False`` (TRL's default): the config's ``rollout_engine`` (``"static"`` where it has none).
+``use_vllm=False`` (TRL's default): the config's ``rollout_engine`` (the backend's default where it is ``None`` or the
+config has none: ``adapters.rollout.default_engine``).
 ``use_vllm=True, vllm_mode="server"``: ``rollout_engine="vllm_server"``
 (:mod:`torchlike.adapters.rollout.vllm_server`), which samples the policy through a vLLM server's OpenAI API at
 ``vllm_server_base_url`` (else ``http://{vllm_server_host}:{vllm_server_port}``) and loads its LoRA adapter into the
@@ -22,7 +23,8 @@ VLLM_MODES = ("server", "colocate")
 
 COLOCATE_WARNING = (
     "use_vllm=True with vllm_mode='colocate': completions are sampled by torchlike's own JAX rollout engine "
-    "(rollout_engine: 'static', or 'paged' for vLLM's paged KV cache and continuous batching) on the training mesh, "
+    "(rollout_engine: by default the backend's, on the CPU 'paged', vLLM's paged KV cache and continuous batching; "
+    "or 'static') on the training mesh, "
     "sharing the devices with training as colocate does. vLLM is a CUDA/PyTorch engine and cannot run inside a JAX "
     "process, and on a TPU host the Tunix vLLM sampler path is not wired into torchlike yet. To sample with a real "
     "vLLM, start a server and set vllm_mode='server'; to silence this, set use_vllm=False.")
@@ -58,8 +60,8 @@ def vllm_engine_settings(args: TRLArgs) -> dict[str, Any]:
     if mode == "colocate":
         warnings.warn(COLOCATE_WARNING, UserWarning, stacklevel=3)
         return settings
-    chosen = args.rollout_engine if "rollout_engine" in names else "static"
-    if chosen not in ("static", "vllm_server"):
+    chosen = args.rollout_engine if "rollout_engine" in names else None
+    if chosen not in (None, "vllm_server"):
         raise ValueError(f"use_vllm=True with vllm_mode='server' samples through the vLLM server "
                          f"(rollout_engine='vllm_server'), but rollout_engine={chosen!r} names another engine. Leave "
                          "rollout_engine at its default, or set use_vllm=False to sample with it.")

@@ -3,8 +3,9 @@ student-teacher trainers (``StudentTeacherTrainer``, with the ``StudentTeacherAl
 ``GKDTrainer``.
 
 Every optimizer step of Distillation samples one generation batch (``per_device_train_batch_size x data-parallel size
-x gradient_accumulation_steps`` prompts, one completion each) from the student with torchlike's static rollout engine
-(``adapters.rollout.engine.StaticEngine``; ``DistillationConfig`` has no ``rollout_engine``), then trains the
+x gradient_accumulation_steps`` prompts, one completion each) from the student with the backend's rollout engine
+(``adapters.rollout.default_engine``: the paged engine on the CPU; ``DistillationConfig`` has no ``rollout_engine``),
+then trains the
 student to match a frozen teacher's next-token distribution on those completion tokens under TRL's generalized
 Jensen-Shannon divergence (``adapters.losses.distillation``: ``beta`` 0 is the forward KL, 1 the reverse KL), with
 both models' logits at ``temperature``. The loss is summed over the completion tokens of the whole generation batch

@@ -202,7 +202,9 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "transformers_continuous_batching_config": ignored(_NO_TORCH_GENERATION),
     "use_transformers_paged": ignored(_NO_TORCH_GENERATION),
     # --- removed from TRL, kept by torchlike ---
-    "rollout_engine": honoured("torchlike: 'static' (the default, the fewest compiled programs) samples with "
+    "rollout_engine": honoured("torchlike: None (the default) is the backend's fastest engine "
+                               "(torchlike.adapters.rollout.default_engine: 'paged' on the CPU, 'static' on a GPU or "
+                               "TPU until measured there); 'static' (the fewest compiled programs) samples with "
                                "one left-padded batch decoded to its longest row in one program; 'paged' with the "
                                "paged, continuously batched engine (torchlike.adapters.rollout: pages freed as "
                                "completions end, one prefill per prompt group, a fraction of the KV memory; faster "
