@@ -226,8 +226,8 @@ def loop_overrides(trainer: type, loop: type) -> list[str]:
 
 
 def test_no_trainer_overrides_its_loops_methods():
-    """GRPO and RLOO are algorithms on the policy-gradient loop, XPO and Nash-MD on Online DPO's (their trainers
-    subclass it, as TRL's do), SFT, Reward and TPO on the offline loop, ORPO and CPO on it too (through the
+    """GRPO, RLOO and AsyncGRPO are algorithms on the policy-gradient loop, XPO and Nash-MD on Online DPO's (their
+    trainers subclass it, as TRL's do), SFT, Reward and TPO on the offline loop, ORPO and CPO on it too (through the
     constructor they share), Distillation and GKD on the student-teacher loop, SDFT and SDPO on the
     self-distillation loop, DPO, KTO and BCO on the reference loop: what one step does is the loop's file plus the
     algorithm's, never a method of the loop redefined in a subclass."""
@@ -240,6 +240,7 @@ def test_no_trainer_overrides_its_loops_methods():
         RLOOTrainer,
         SFTTrainer,
     )
+    from torchlike.trl.experimental.async_grpo import AsyncGRPOTrainer
     from torchlike.trl.experimental.bco import BCOTrainer
     from torchlike.trl.experimental.cpo import CPOTrainer
     from torchlike.trl.experimental.gkd import GKDTrainer
@@ -262,7 +263,7 @@ def test_no_trainer_overrides_its_loops_methods():
     )
     from torchlike.trl.trainer.policy_gradient_trainer import PolicyGradientAlgorithm, PolicyGradientTrainer
 
-    loops = {PolicyGradientTrainer: (PolicyGradientAlgorithm, [GRPOTrainer, RLOOTrainer]),
+    loops = {PolicyGradientTrainer: (PolicyGradientAlgorithm, [GRPOTrainer, RLOOTrainer, AsyncGRPOTrainer]),
              OnlineDPOTrainer: (OnlinePreferenceAlgorithm, [XPOTrainer, NashMDTrainer]),
              OfflineTrainer: (OfflineAlgorithm, [SFTTrainer, RewardTrainer, TPOTrainer, PairwisePreferenceTrainer]),
              PairwisePreferenceTrainer: (PairwiseAlgorithm, [ORPOTrainer, CPOTrainer]),

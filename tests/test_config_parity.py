@@ -11,6 +11,7 @@ import pytest
 import transformers
 import trl
 import trl.experimental.a2po as trl_a2po
+import trl.experimental.async_grpo as trl_async_grpo
 import trl.experimental.cpo as trl_cpo
 import trl.experimental.gkd as trl_gkd
 import trl.experimental.gmpo as trl_gmpo
@@ -26,6 +27,7 @@ from tests.helpers.config_fields import (
     FIELD_SUPPORT,
     NEWER_RAW_DEFAULTS,
     POST_INIT_DIFFERENCES,
+    TORCHLIKE_ASYNC_GRPO_FIELDS,
     TORCHLIKE_FIELDS,
     TORCHLIKE_GRPO_FIELDS,
     plain,
@@ -46,6 +48,8 @@ from torchlike.trl import (
 )
 from torchlike.trl.experimental.a2po import A2POConfig
 from torchlike.trl.experimental.a2po.a2po_fields import A2PO_FIELD_SUPPORT
+from torchlike.trl.experimental.async_grpo import AsyncGRPOConfig
+from torchlike.trl.experimental.async_grpo.async_grpo_fields import ASYNC_GRPO_FIELD_SUPPORT
 from torchlike.trl.experimental.cpo import CPOConfig
 from torchlike.trl.experimental.cpo.cpo_fields import CPO_FIELD_SUPPORT
 from torchlike.trl.experimental.gkd import GKDConfig
@@ -124,6 +128,9 @@ CASES = {
     "GMPOConfig": ConfigCase(trl_gmpo.GMPOConfig, GMPOConfig, GMPO_FIELD_SUPPORT, frozenset(TORCHLIKE_GRPO_FIELDS),
                              inherited=TRAINING_ARGUMENTS_FIELDS | frozenset(GRPO_FIELD_SUPPORT),
                              our_settings={"use_cpu": True, "mesh_shape": (1, 1)}),
+    "AsyncGRPOConfig": ConfigCase(trl_async_grpo.AsyncGRPOConfig, AsyncGRPOConfig, ASYNC_GRPO_FIELD_SUPPORT,
+                                  frozenset(TORCHLIKE_ASYNC_GRPO_FIELDS),
+                                  our_settings={"use_cpu": True, "mesh_shape": (1, 1)}),
     "TPOConfig": ConfigCase(trl_tpo.TPOConfig, TPOConfig, TPO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "A2POConfig": ConfigCase(trl_a2po.A2POConfig, A2POConfig, A2PO_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
     "SDFTConfig": ConfigCase(trl_sdft.SDFTConfig, SDFTConfig, SDFT_FIELD_SUPPORT, frozenset(TORCHLIKE_FIELDS)),
@@ -160,6 +167,9 @@ POST_INIT_SETTINGS = {
                             "generation_kwargs": {"top_p": 0.9}, "shuffle_dataset": False}],
     "OnlineDPOConfig": [{}, {"beta": [0.3], "loss_type": "ipo"}, {"beta": [0.1, 0.2], "missing_eos_penalty": 1.0}],
     "GMPOConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 4, "epsilon_high": 0.2, "beta": 0.04}],
+    "AsyncGRPOConfig": [{}, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4,
+                             "max_staleness": 0, "max_inflight_tasks": 16, "weight_sync_steps": 2,
+                             "epsilon_high": 0.28, "token_budget": 0}],
     "TPOConfig": [{}, {"loss_type": "tpo-l", "truncation_mode": "keep_end", "tpo_alpha": 0.0, "max_length": None}],
     "A2POConfig": [{}, {"num_value_samples": 4, "beta1": 0.1, "top_k": 20, "reward_weights": [1.0, 0.5]}],
     "SDFTConfig": [{}, {"per_device_train_batch_size": 4, "num_generations": 2, "steps_per_generation": 2,

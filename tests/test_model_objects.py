@@ -43,6 +43,7 @@ TRAINER_INPUTS = {"sft": ([{"prompt": "The sky is", "completion": " blue."}] * 4
                   "xpo": (PROMPTS, {"reward_funcs": _length_reward}),
                   "nash_md": (PROMPTS, {"reward_funcs": _length_reward}),
                   "gmpo": (PROMPTS, {"reward_funcs": _length_reward}),
+                  "async_grpo": (PROMPTS, {"reward_funcs": _length_reward}),
                   "tpo": (TRIPLES, {}),
                   "a2po": (PROMPTS, {"reward_funcs": _length_reward}),
                   "sdft": ([{**row, "privileged_context": "Think."} for row in PROMPTS], {}),

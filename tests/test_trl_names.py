@@ -383,8 +383,8 @@ def test_ensure_master_addr_port_sets_what_trls_sets(monkeypatch):
         assert results[0] == results[1], environment
 
 
-@pytest.mark.parametrize("package", ["cpo", "orpo", "gkd", "online_dpo", "gmpo", "tpo", "a2po", "sdft", "sdpo",
-                                     "iw_opd", "gold"])
+@pytest.mark.parametrize("package", ["cpo", "orpo", "gkd", "online_dpo", "gmpo", "async_grpo", "tpo", "a2po", "sdft",
+                                     "sdpo", "iw_opd", "gold"])
 def test_each_shipped_experimental_package_has_the_names_of_trls(package):
     theirs = importlib.import_module(f"trl.experimental.{package}")
     ours = importlib.import_module(f"torchlike.trl.experimental.{package}")

@@ -89,6 +89,7 @@ TRAINERS: tuple[TrainerEntry, ...] = (
     TrainerEntry("bco", "BCOConfig", "BCOTrainer", f"{_EXPERIMENTAL}.bco", script=True),
     TrainerEntry("nash_md", "NashMDConfig", "NashMDTrainer", f"{_EXPERIMENTAL}.nash_md", script=True),
     TrainerEntry("gmpo", "GMPOConfig", "GMPOTrainer", f"{_EXPERIMENTAL}.gmpo", script=True),
+    TrainerEntry("async_grpo", "AsyncGRPOConfig", "AsyncGRPOTrainer", f"{_EXPERIMENTAL}.async_grpo", script=False),
     TrainerEntry("tpo", "TPOConfig", "TPOTrainer", f"{_EXPERIMENTAL}.tpo", script=True),
     TrainerEntry("a2po", "A2POConfig", "A2POTrainer", f"{_EXPERIMENTAL}.a2po", script=False),
     TrainerEntry("sdft", "SDFTConfig", "SDFTTrainer", f"{_EXPERIMENTAL}.sdft", script=True),

@@ -138,6 +138,11 @@ class RolloutWorker:
         if state.stream is not None:
             state.stream.update_weights(rollout.weights_snapshot(self.model()), state.version)
 
+    @property
+    def weights_version(self) -> int:
+        """The version :meth:`weights_changed` last gave (0 before it is called)."""
+        return self._shared.version
+
     def sampled_versions(self, seed: int) -> np.ndarray | None:
         """``[N, steps]`` the optimizer step whose weights drew each token of the batch :meth:`sample` took from a
         stream with ``seed`` (``-1`` past a row's end), once; ``None`` for a batch sampled otherwise."""

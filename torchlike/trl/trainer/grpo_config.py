@@ -29,7 +29,7 @@ from torchlike.trl.trainer.grpo_fields import GRPO_FIELD_SUPPORT
 # TRL's mapping of True/False, ``MULTI_OBJECTIVE_AGGREGATIONS``) are the loss module's tables
 # (torchlike.adapters.losses.grpo), the one list of what the loss computes.
 __all__ = ["GRPOConfig", "IMPORTANCE_SAMPLING_LEVELS", "LOSS_TYPES", "MULTI_OBJECTIVE_AGGREGATIONS", "SCALE_REWARDS",
-           "resolve_generation_batch"]
+           "check_rollout_fields", "resolve_generation_batch"]
 
 
 def _group_sizes(batch: int, smallest: int = 2) -> str:
@@ -129,7 +129,7 @@ class OnlineRLConfig(TRLConfig):
     max_prompt_length: int | None = None
 
     # --- torchlike's rollout engine (TRL's vllm_* fields name vLLM's) ---
-    rollout_engine: str = "static"
+    rollout_engine: str | None = None
     rollout_max_num_seqs: int = 256
     rollout_page_size: int = 16
     rollout_kv_cache_tokens: int | None = None
@@ -157,20 +157,7 @@ class OnlineRLConfig(TRLConfig):
                              "batch size on out-of-memory breaks this invariant. Set auto_find_batch_size=False and "
                              "lower per_device_train_batch_size instead.")
         self._resolve_generation_batch()
-        self.rollout_engine = check_choice("rollout_engine", self.rollout_engine, rollout_engine_names())
-        share = self.rollout_gpu_memory_utilization
-        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
-            raise ValueError(f"rollout_gpu_memory_utilization={share!r}: expected a share of the device's memory in "
-                             "(0, 1], or None.")
-        if self.rollout_attention is not None:
-            self.rollout_attention = check_choice("rollout_attention", self.rollout_attention, ATTENTION_KINDS)
-        if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
-            raise ValueError(f"max_staleness={self.max_staleness!r}: expected an integer >= 0 (0: synchronous).")
-        for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens",
-                     "rollout_max_num_batched_tokens"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r}: expected a positive integer.")
+        check_rollout_fields(self)
         if self.max_prompt_length is not None:
             if not isinstance(self.max_prompt_length, int) or self.max_prompt_length < 1:
                 raise ValueError(f"max_prompt_length={self.max_prompt_length!r}: expected a positive integer or None.")
@@ -212,11 +199,13 @@ class GRPOConfig(OnlineRLConfig):
         log_completions (`bool`, defaults to `False`): log sample completions every ``logging_steps``.
         max_prompt_length (`int`, *optional*): torchlike only; removed from TRL in 0.28 and accepted here with a
             ``FutureWarning``: longer prompts keep their last ``max_prompt_length`` tokens.
-        rollout_engine (`str`, defaults to ``"static"``): torchlike only. ``"static"``: one left-padded batch decoded
-            to its longest row in one program (the fewest programs to compile); ``"paged"``: the paged, continuously
-            batched engine (``torchlike.adapters.rollout``: a fraction of the KV memory, and faster when completion
-            lengths are long-tailed, as ``benchmarks/rollout.py`` measures); or the name of an engine registered
-            with ``torchlike.register_rollout_engine``. ``use_vllm=True, vllm_mode="server"`` picks
+        rollout_engine (`str`, *optional*): torchlike only. ``"static"``: one left-padded batch decoded to its
+            longest row in one program (the fewest programs to compile); ``"paged"``: the paged, continuously batched
+            engine (``torchlike.adapters.rollout``: a fraction of the KV memory, and faster when completion lengths
+            are long-tailed, as ``benchmarks/rollout.py`` measures); or the name of an engine registered with
+            ``torchlike.register_rollout_engine``. ``None`` (the default): the backend's fastest
+            (``torchlike.adapters.rollout.default_engine``: ``"paged"`` on the CPU, ``"static"`` on a GPU or TPU
+            until measured there). ``use_vllm=True, vllm_mode="server"`` picks
             ``"vllm_server"`` (a vLLM server's OpenAI API, ``torchlike.adapters.rollout.vllm_server``).
         rollout_max_num_seqs (`int`, defaults to 256): torchlike only; completions decoded together (vLLM's
             ``max_num_seqs``); the others wait for a slot.
@@ -319,6 +308,31 @@ class GRPOConfig(OnlineRLConfig):
                 and self.vllm_importance_sampling_mode in ("token_truncate", "sequence_truncate")):
             raise ValueError("At least one of vllm_importance_sampling_clip_min or vllm_importance_sampling_clip_max "
                              "must be set when vllm_importance_sampling_mode is a *_truncate mode.")
+
+
+def check_rollout_fields(self: TRLConfig) -> None:
+    """Checks (and normalises) torchlike's rollout-engine fields of an online config (``rollout_*``, and
+    ``max_staleness``), with messages that say what is expected.
+
+    Raises:
+        ValueError: an unknown engine or attention kind, a memory share outside (0, 1], a negative ``max_staleness``
+            or a size that is not a positive integer.
+    """
+    if self.rollout_engine is not None:
+        self.rollout_engine = check_choice("rollout_engine", self.rollout_engine, rollout_engine_names())
+    share = self.rollout_gpu_memory_utilization
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
+        raise ValueError(f"rollout_gpu_memory_utilization={share!r}: expected a share of the device's memory in "
+                         "(0, 1], or None.")
+    if self.rollout_attention is not None:
+        self.rollout_attention = check_choice("rollout_attention", self.rollout_attention, ATTENTION_KINDS)
+    if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+        raise ValueError(f"max_staleness={self.max_staleness!r}: expected an integer >= 0 (0: synchronous).")
+    for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens",
+                 "rollout_max_num_batched_tokens"):
+        value = getattr(self, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r}: expected a positive integer.")
 
 
 def resolve_generation_batch(self: TRLConfig, algorithm: str, min_generations: int = 2) -> None:

@@ -135,11 +135,16 @@ class OnlineTrainer(TRLTrainer):
         if not any(key.startswith("eval_") for key in logs) and self._pending_metrics:
             train_metrics = {key: values for key, values in self._pending_metrics.items()
                              if not key.startswith("eval_")}
-            logs = {**logs, **{key: float(np.nanmean(values)) for key, values in train_metrics.items()}}
+            logs = {**logs, **{key: self._window_value(key, values) for key, values in train_metrics.items()}}
             for key in train_metrics:
                 del self._pending_metrics[key]
             self._on_train_log()
         super().log(logs)
+
+    def _window_value(self, key: str, values: list[float]) -> float:
+        """A generation metric's value in a training log from its values since the last one: their NaN-skipping
+        mean."""
+        return float(np.nanmean(values))
 
     def _on_train_log(self) -> None:
         """Called when a training log takes the gathered generation metrics (e.g. to print the latest completions)."""
@@ -204,7 +209,8 @@ class OnlineTrainer(TRLTrainer):
         return self.rollout_worker.engine
 
     def _build_rollout_engine(self, module: Any) -> rollout.RolloutEngine:  # Any: an NNX module or a wrapper
-        """The engine ``args.rollout_engine`` names (static where the config has no such field), from the one
+        """The engine ``args.rollout_engine`` names (the backend's default where it is ``None`` or the config has no
+        such field: :func:`torchlike.adapters.rollout.default_engine`), from the one
         construction path ``generate`` takes too (:func:`torchlike.adapters.rollout.build_engine`), with the config's
         ``rollout_*`` settings and its vLLM fields' (``use_vllm=True, vllm_mode="server"``: the vLLM server engine,
         for the policy only: a second model samples with torchlike's engine); an engine of the policy can read its
@@ -218,7 +224,7 @@ class OnlineTrainer(TRLTrainer):
         if not samples_policy:
             vllm.pop("engine", None)
         settings.update(vllm)
-        name = settings.pop("engine", "static")
+        name = settings.pop("engine", None)
         with_lora = samples_policy and isinstance(active_lora_config(policy), LoraConfig)
         context = rollout.EngineContext(
             eos_token_ids=tuple(self.eos_token_ids), pad_token_id=self.pad_token_id, lora=lora_runtime.EVAL,
@@ -496,7 +502,19 @@ class OnlineTrainer(TRLTrainer):
     @property
     def _samples_ahead(self) -> bool:
         """Whether the next generation batch is sampled while the current one trains."""
-        return False
+        return self._generations_ahead > 0
+
+    @property
+    def _generations_ahead(self) -> int:
+        """How many generation batches the loop keeps sampling ahead of the one training (0: each is sampled when it
+        is due)."""
+        return 0
+
+    def _sampler_weights_version(self, starting: bool) -> int | None:
+        """When the loop starts (``starting``) and after each of its optimizer steps: the version of the weights the
+        sampler takes now (the tag of the tokens it draws ahead from then on), or ``None`` to keep sampling ahead with
+        the weights it has. Every step's weights, versioned by the optimizer step."""
+        return self.state.global_step
 
     def _sample_generation_ahead(self, prompt_rows: list[dict], epoch: int, generation_index: int) -> None:
         """Starts sampling a training generation batch in the background; :meth:`_generate` takes the result."""
@@ -509,10 +527,11 @@ class OnlineTrainer(TRLTrainer):
     def _batches(self, epoch: int, skip: int = 0) -> Iterable[dict]:
         """The generation batches of ``epoch`` (each sampled when its first micro-batch is due, with the weights of
         the steps before it), split into micro-batches, ``gradient_accumulation_steps`` of them stacked per optimizer
-        step; each is trained on ``schedule.passes`` times. With :attr:`_samples_ahead` the next generation batch is
-        sampled while this one trains: it is asked for before this one is awaited (the loop's first batch is sampled
-        ahead too), so on a paged engine's stream the slots this batch's completions free take the next one's, and
-        after each optimizer step the worker gets the new weights (:meth:`RolloutWorker.weights_changed`)."""
+        step; each is trained on ``schedule.passes`` times. With :attr:`_generations_ahead` batches sampled ahead, the
+        next ones are sampled while this one trains: they are asked for before this one is awaited (the loop's first
+        batch is sampled ahead too), so on a paged engine's stream the slots this batch's completions free take the
+        next one's. Sampling ahead, the worker gets the weights of :meth:`_sampler_weights_version` when the loop
+        starts and after each optimizer step (:meth:`RolloutWorker.weights_changed`)."""
         schedule = self._generation_schedule()
         accumulation = self.args.gradient_accumulation_steps
         per_generation = schedule.passes * schedule.micro_batches
@@ -526,20 +545,28 @@ class OnlineTrainer(TRLTrainer):
         buffered, buffered_index = None, -1
         last = self._steps_per_epoch() * accumulation
         size = schedule.micro_size
+        ahead = self._generations_ahead
+        asked = -1  # the last generation batch asked for ahead
 
         def prompt_rows(index: int) -> list[dict]:
             return [self.train_dataset[int(i)] for i in order[index * schedule.prompts:(index + 1) * schedule.prompts]]
 
+        def sync_sampler(starting: bool) -> None:
+            version = self._sampler_weights_version(starting)
+            if version is not None and ahead:  # a batch sampled when due takes the current weights anyway
+                self.rollout_worker.weights_changed(version)
+
         try:
+            sync_sampler(starting=True)
             for micro in range(first, last):
                 generation_index, within = divmod(micro, per_generation)
                 if generation_index != buffered_index:
-                    if self._samples_ahead:
-                        if micro == first:
-                            self._sample_generation_ahead(prompt_rows(generation_index), epoch, generation_index)
-                        if (generation_index + 1) * per_generation < last:
-                            self._sample_generation_ahead(prompt_rows(generation_index + 1), epoch,
-                                                          generation_index + 1)
+                    # This batch (at the loop's start) and the `ahead` after it are asked for before it is awaited.
+                    upcoming = range(max(asked + 1, generation_index), generation_index + ahead + 1) if ahead else ()
+                    for index in upcoming:
+                        if index * per_generation < last:
+                            self._sample_generation_ahead(prompt_rows(index), epoch, index)
+                            asked = index
                     buffered = self._generation_batch(prompt_rows(generation_index), epoch, generation_index)
                     buffered_index = generation_index
                 part = within % schedule.micro_batches
@@ -551,7 +578,6 @@ class OnlineTrainer(TRLTrainer):
                     stacked = jax.tree.map(rollout_images.stack_padded, *group)
                     group = []
                     yield mesh_lib.place_batch(stacked, sharding, size, batch_axis=1)
-                    if self._samples_ahead:  # an optimizer step ran on the batch yielded
-                        self.rollout_worker.weights_changed(self.state.global_step)
+                    sync_sampler(starting=False)  # an optimizer step ran on the batch yielded
         finally:
             self.rollout_worker.drop_samples_ahead()

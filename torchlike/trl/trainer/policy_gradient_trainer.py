@@ -97,6 +97,10 @@ class PolicyGradientAlgorithm:
             batches since the last one).
     """
 
+    #: Whether :meth:`step_columns` reads the sampler's log-probs (``batch["sampling_logps"]``) of every training
+    #: batch; otherwise only a batch sampled ahead carries them.
+    reads_sampler_log_probs = False
+
     def __init__(self, args: TRLArgs, log_metric: Callable[[str, float], None]):
         self.args = args
         self.log_metric = log_metric
@@ -107,6 +111,82 @@ class PolicyGradientAlgorithm:
     def entropy_control(self) -> AdaptiveEntropyControl | None:
         """The adaptive entropy controller the step's ``entropy_coef`` column comes from, or ``None``."""
         return None
+
+    def generations_ahead(self, samples_in_loop: bool) -> int:
+        """How many generation batches the loop keeps sampling ahead of the one training (0: each is sampled when it
+        is due). GRPO's rule: one with ``max_staleness >= 1``, which needs the built-in sampler and no more optimizer
+        steps per generation batch than ``max_staleness`` (each batch is sampled one batch ahead).
+
+        Args:
+            samples_in_loop: tools, environments or a ``rollout_func`` sample in the training loop.
+
+        Raises:
+            ValueError: ``max_staleness >= 1`` with ``samples_in_loop``, or with more steps per generation batch.
+        """
+        args = self.args
+        if args.max_staleness == 0:
+            return 0
+        if samples_in_loop:
+            raise ValueError(f"max_staleness={args.max_staleness} samples the next generation batch in the background "
+                             "with torchlike's engine; tools, environments and rollout_func sample in the training "
+                             "loop. Use max_staleness=0 with them.")
+        steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
+        if steps > args.max_staleness:
+            raise ValueError(f"A generation batch trains {steps:g} optimizer steps (steps_per_generation="
+                             f"{args.steps_per_generation} x num_iterations={args.num_iterations} / "
+                             f"gradient_accumulation_steps={args.gradient_accumulation_steps}), so the batch sampled "
+                             f"ahead is {steps:g} steps stale, more than max_staleness={args.max_staleness}; raise "
+                             "max_staleness or lower steps_per_generation / num_iterations.")
+        return 1
+
+    def sampler_weights_version(self, global_step: int, starting: bool) -> int | None:
+        """The version of the weights the sampler takes when the loop starts (``starting``) and after each optimizer
+        step, or ``None`` to keep sampling ahead with the weights it has. Each token sampled ahead is tagged with the
+        version that drew it, and staleness is counted in versions. GRPO: every step's weights, versioned by the
+        step."""
+        return global_step
+
+    def stale_completions(self, versions: np.ndarray, current: int) -> np.ndarray | None:
+        """Looks at a batch sampled ahead before it trains, given ``versions`` (``[N, C]`` the weights version that
+        drew each token, ``-1`` past a completion's end) and the sampler's ``current`` version; returns the completions
+        to leave out of the loss (``[N]`` bool) or ``None``. GRPO: TRL's ``sample/staleness_mean`` and
+        ``sample/staleness_max`` per token, and a token more than ``max_staleness`` versions stale is refused (the
+        loop samples one batch ahead, so that is a bug)."""
+        drawn = versions[versions >= 0]
+        staleness = current - drawn
+        if not staleness.size:
+            return None
+        if staleness.max() > self.args.max_staleness:
+            raise RuntimeError(f"a generation batch due at step {current} holds a token drawn with the weights of "
+                               f"step {int(drawn.min())}, {int(staleness.max())} steps stale, more than max_staleness="
+                               f"{self.args.max_staleness}; this is a bug in how batches are sampled ahead (raise "
+                               "max_staleness to go on).")
+        self.log_metric("sample/staleness_mean", float(staleness.mean()))
+        self.log_metric("sample/staleness_max", float(staleness.max()))
+        return None
+
+    def reward_logs(self, reward_metrics: dict, reward_names: list[str]) -> dict[str, float]:
+        """The reward metrics a training log shows for a generation batch (:meth:`advantages`' ``reward_metrics``):
+        TRL's GRPO names ``reward``, ``reward_std``, ``frac_reward_zero_std`` (and ``kl`` for RLOO's penalty), and
+        ``rewards/<function>/mean`` and ``/std``."""
+        logs = {key: reward_metrics[key] for key in ("reward", "reward_std", "frac_reward_zero_std", "kl")
+                if key in reward_metrics}
+        for index, name in enumerate(reward_names):
+            logs[f"rewards/{name}/mean"] = reward_metrics["rewards_per_func/mean"][index]
+            logs[f"rewards/{name}/std"] = reward_metrics["rewards_per_func/std"][index]
+        return {key: float(value) for key, value in logs.items()}
+
+    def window_value(self, key: str, values: list[float]) -> float:
+        """A generation metric's value in a training log from its values since the last one: their NaN-skipping mean
+        (TRL's GRPO)."""
+        return float(np.nanmean(values))
+
+    def save_extras(self, folder: Path) -> None:
+        """Writes the algorithm's own state into a checkpoint being written (called on every process, before the
+        checkpoint counts as complete; nothing by default)."""
+
+    def resumed(self, folder: Path) -> None:
+        """Restores the algorithm's own state from the checkpoint training resumes from (nothing by default)."""
 
     def advantages(self, rewards: np.ndarray, batch: dict[str, np.ndarray], log_probs: LogProbs,
                    reward_weights: list[float] | None, num_generations: int) -> tuple[np.ndarray, dict[str, float]]:
@@ -294,21 +374,11 @@ class PolicyGradientTrainer(OnlineTrainer):
                                                                         args.num_generations)})
 
     def _check_sampling_ahead(self, args: TRLArgs) -> None:
-        """``max_staleness >= 1`` needs the built-in sampler (tools and ``rollout_func`` sample themselves) and no
-        more optimizer steps per generation batch than it allows (each batch is sampled one batch ahead)."""
-        if args.max_staleness == 0:
-            return
-        if self.tools or self.rollout_func is not None or self.environment_pool is not None:
-            raise ValueError(f"max_staleness={args.max_staleness} samples the next generation batch in the background "
-                             "with torchlike's engine; tools, environments and rollout_func sample in the training "
-                             "loop. Use max_staleness=0 with them.")
-        steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
-        if steps > args.max_staleness:
-            raise ValueError(f"A generation batch trains {steps:g} optimizer steps (steps_per_generation="
-                             f"{args.steps_per_generation} x num_iterations={args.num_iterations} / "
-                             f"gradient_accumulation_steps={args.gradient_accumulation_steps}), so the batch sampled "
-                             f"ahead is {steps:g} steps stale, more than max_staleness={args.max_staleness}; raise "
-                             "max_staleness or lower steps_per_generation / num_iterations.")
+        """Sets how many generation batches are sampled ahead of the one training, by the algorithm's rule
+        (:meth:`PolicyGradientAlgorithm.generations_ahead`; tools, environments and ``rollout_func`` sample in the
+        training loop)."""
+        in_loop = bool(self.tools) or self.rollout_func is not None or self.environment_pool is not None
+        self._ahead = self.algorithm.generations_ahead(in_loop)
 
     def _check_reference_use(self, args: TRLArgs) -> None:
         """TRL's refusal of ``sync_ref_model`` without a reference (``beta=0``)."""
@@ -403,17 +473,20 @@ class PolicyGradientTrainer(OnlineTrainer):
         return outputs
 
     def _save_checkpoint_extras(self, folder: Path) -> None:
-        """TRL's ``entropy_ctrl_state.json`` with adaptive entropy control, written with the checkpoint (before it
-        counts as complete)."""
+        """TRL's ``entropy_ctrl_state.json`` with adaptive entropy control, and the algorithm's own state
+        (:meth:`PolicyGradientAlgorithm.save_extras`), written with the checkpoint (before it counts as complete)."""
         super()._save_checkpoint_extras(folder)
         if self._entropy_control is not None and self.state.is_world_process_zero:
             self._entropy_control.save(folder)
+        self.algorithm.save_extras(folder)
 
     def _resume(self, checkpoint: str | bool) -> int:
-        """Restores the checkpoint, and the adaptive entropy controller from its ``entropy_ctrl_state.json``."""
+        """Restores the checkpoint, the adaptive entropy controller from its ``entropy_ctrl_state.json`` and the
+        algorithm's own state (:meth:`PolicyGradientAlgorithm.resumed`)."""
         step = super()._resume(checkpoint)
         if self._entropy_control is not None:
             self._entropy_control.load(self._resumed_from)
+        self.algorithm.resumed(self._resumed_from)
         return step
 
     # ------------------------------------------------------------------ rollouts
@@ -433,24 +506,19 @@ class PolicyGradientTrainer(OnlineTrainer):
         batch = dataclasses.replace(record, completion_mask=completion_mask).columns()
         if tool_mask is not None:
             batch["tool_mask"] = tool_mask
-        if record.sampling_logps is not None and self._samples_ahead and train:
-            batch["sampling_logps"] = record.sampling_logps  # read by the sampler correction, then dropped
+        if record.sampling_logps is not None and train and (self._samples_ahead
+                                                             or self.algorithm.reads_sampler_log_probs):
+            batch["sampling_logps"] = record.sampling_logps  # read by the algorithm's columns, then dropped
+        stale = None
         if record.sampling_versions is not None and train:
-            self._record_staleness(record.sampling_versions)
+            stale = self._record_staleness(record.sampling_versions)
         log_probs = self._algorithm_log_probs
         advantages, reward_metrics = self.algorithm.advantages(rewards, batch, log_probs, self.reward_weights,
                                                                num_generations)
         batch["advantages"] = np.asarray(advantages, np.float32)
         prefix = "" if train else f"{metric_key_prefix}_"
         self._record_completion_metrics(record, prefix, train)
-        metrics = {"reward": reward_metrics["reward"], "reward_std": reward_metrics["reward_std"],
-                   "frac_reward_zero_std": reward_metrics["frac_reward_zero_std"]}
-        if "kl" in reward_metrics:  # RLOO's KL penalty on the rewards
-            metrics["kl"] = reward_metrics["kl"]
-        for index, function in enumerate(self.reward_funcs):
-            name = reward_name(function)
-            metrics[f"rewards/{name}/mean"] = reward_metrics["rewards_per_func/mean"][index]
-            metrics[f"rewards/{name}/std"] = reward_metrics["rewards_per_func/std"][index]
+        metrics = self.algorithm.reward_logs(reward_metrics, [reward_name(function) for function in self.reward_funcs])
         for key, value in metrics.items():
             self._pending_metrics.setdefault(prefix + key, []).append(float(value))
         if args.log_completions and train and self.state.is_world_process_zero:
@@ -459,30 +527,34 @@ class PolicyGradientTrainer(OnlineTrainer):
             control = self._entropy_control
             self.algorithm.eval_columns(batch, log_probs, None if control is None else control.applied_coefficient)
             return batch
+        if stale is not None:  # left out of the loss, scored with their group as they were
+            batch["completion_mask"] = batch["completion_mask"] * ~stale[:, None]
         self.algorithm.step_columns(batch, log_probs)
         batch.pop("sampling_logps", None)
         self._last_rollout = self._shuffled(batch, seed)  # kept for inspection and tests
         return self._last_rollout
 
-    def _record_staleness(self, versions: np.ndarray) -> None:
-        """TRL's ``AsyncGRPOTrainer`` metrics ``sample/staleness_mean`` and ``sample/staleness_max``, per token: the
-        optimizer steps between the weights that drew each token (``versions [N, C]``, ``-1`` past an end) and those
-        this batch's first step trains. Refuses a batch with a token more than ``max_staleness`` steps stale."""
-        staleness = self.state.global_step - versions[versions >= 0]
-        if not staleness.size:
-            return
-        if staleness.max() > self.args.max_staleness:
-            raise RuntimeError(f"a generation batch due at step {self.state.global_step} holds a token drawn with the "
-                               f"weights of step {int(versions[versions >= 0].min())}, {int(staleness.max())} steps "
-                               f"stale, more than max_staleness={self.args.max_staleness}; this is a bug in how "
-                               "batches are sampled ahead (raise max_staleness to go on).")
-        self._pending_metrics.setdefault("sample/staleness_mean", []).append(float(staleness.mean()))
-        self._pending_metrics.setdefault("sample/staleness_max", []).append(float(staleness.max()))
+    def _record_staleness(self, versions: np.ndarray) -> np.ndarray | None:
+        """A batch sampled ahead, before it trains: the versions of the weights that drew its tokens (``versions
+        [N, C]``, ``-1`` past an end) against the sampler's current version, as the algorithm reads them
+        (:meth:`PolicyGradientAlgorithm.stale_completions`: TRL's ``sample/staleness_*`` metrics; GRPO refuses a token
+        staler than ``max_staleness``). Returns the completions to leave out of the loss (``[N]`` bool) or ``None``."""
+        return self.algorithm.stale_completions(versions, self.rollout_worker.weights_version)
 
     @property
-    def _samples_ahead(self) -> bool:
-        """The next generation batch is sampled while the current one trains (``max_staleness >= 1``)."""
-        return self.args.max_staleness > 0
+    def _generations_ahead(self) -> int:
+        """Generation batches sampled ahead of the one training (:meth:`PolicyGradientAlgorithm.generations_ahead`)."""
+        return self._ahead
+
+    def _sampler_weights_version(self, starting: bool) -> int | None:
+        """The algorithm's version of the weights the sampler takes now
+        (:meth:`PolicyGradientAlgorithm.sampler_weights_version`)."""
+        return self.algorithm.sampler_weights_version(self.state.global_step, starting)
+
+    def _window_value(self, key: str, values: list[float]) -> float:
+        """The algorithm's reduction of a generation metric over a logging window
+        (:meth:`PolicyGradientAlgorithm.window_value`)."""
+        return self.algorithm.window_value(key, values)
 
     @property
     def _algorithm_log_probs(self) -> LogProbs:
