@@ -178,3 +178,27 @@ def test_staleness_one_on_the_paged_engine_samples_on_one_stream_within_max_stal
                                                     trainer.args.vllm_importance_sampling_clip_min,
                                                     trainer.args.vllm_importance_sampling_clip_max)
         np.testing.assert_allclose(ratio, theirs.numpy(), rtol=1e-6)
+
+
+def test_a_resumed_run_sampling_ahead_tags_its_tokens_with_the_restored_step(tiny_checkpoints, tokenizer, tmp_path):
+    """Resuming GRPO with ``max_staleness=1`` on the paged stream: the stream starts with the restored weights tagged
+    with the checkpoint's step (not 0), so the resumed steps' tokens are within ``max_staleness`` of them and the run
+    trains on instead of refusing its first batch as stale."""
+    first = trainer_for(tiny_checkpoints, tokenizer, tmp_path, max_staleness=1, max_steps=2, rollout_engine="paged",
+                        save_strategy="steps", save_steps=2)
+    first.train()
+    resumed = trainer_for(tiny_checkpoints, tokenizer, tmp_path, max_staleness=1, max_steps=4, rollout_engine="paged")
+    versions_seen = []
+    record_staleness = resumed._record_staleness
+
+    def recording_staleness(versions):
+        versions_seen.append((resumed.state.global_step, versions))
+        return record_staleness(versions)
+
+    resumed._record_staleness = recording_staleness
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert resumed.state.global_step == 4
+    assert [step for step, _ in versions_seen] == [2, 3]
+    for step, versions in versions_seen:
+        drawn = versions[versions >= 0]
+        assert drawn.size and drawn.min() >= 2 and step - drawn.min() <= 1 and drawn.max() <= step
