@@ -1,5 +1,6 @@
 """On a simulated 8-device mesh (fsdp=4 x tp=2): same logits, parameters really sharded, SFT losses equal to one
-device's; and two processes of 4 devices joined by jax.distributed train like one process of 8."""
+device's, the paged engine's KV pool split over tp with the tokens of one device; and two processes of 4 devices
+joined by jax.distributed train like one process of 8."""
 
 from __future__ import annotations
 
@@ -83,11 +84,45 @@ def test_load_state_dict_restores_straight_into_the_mesh_sharding(mesh_results):
                                        "values_equal": True}
 
 
-def test_sampled_rollouts_on_fsdp4_tp2_equal_one_devices(mesh_results, tiny_checkpoints):
-    one = mesh_checks.rollout_tokens(tiny_checkpoints.path(MESH_CASES[0]))
+@pytest.fixture(scope="session")
+def one_device_rollout(tiny_checkpoints):
+    """The paged engine's rollout of the mesh check on this process's single device."""
+    return mesh_checks.rollout_tokens(tiny_checkpoints.path(MESH_CASES[0]))
+
+
+def test_sampled_rollouts_on_fsdp4_tp2_equal_one_devices(mesh_results, one_device_rollout):
+    one = one_device_rollout
     assert mesh_results["rollout"]["tokens"] == one["tokens"]
     for eight_rows, one_rows in zip(mesh_results["rollout"]["logprobs"], one["logprobs"], strict=True):
         np.testing.assert_allclose(np.concatenate(eight_rows), np.concatenate(one_rows), atol=1e-4)
+
+
+def test_the_paged_engines_kv_pool_splits_its_kv_heads_over_tp(mesh_results, one_device_rollout):
+    # The gathered view's layout [pages, page size, KV heads, head dim]: 2 KV heads, one per tp shard, every page on
+    # every device; each device holds half the pool the single device holds.
+    arrays = mesh_results["rollout"]["pool"]["arrays"]
+    assert set(arrays) == set(one_device_rollout["pool"]["arrays"]) == {"layer_0.k", "layer_0.v", "layer_1.k",
+                                                                       "layer_1.v"}
+    for name, placed in arrays.items():
+        pages, page_size, kv_heads, head_dim = placed["shape"]
+        assert placed["shape"] == one_device_rollout["pool"]["arrays"][name]["shape"] and kv_heads == 2
+        assert placed["spec"] == [None, None, "tp"], name
+        assert placed["shard_shapes"] == [[pages, page_size, kv_heads // 2, head_dim]], name
+    whole = one_device_rollout["pool"]
+    assert whole["bytes_per_device"] == whole["bytes"]
+    assert mesh_results["rollout"]["pool"]["bytes"] == whole["bytes"]
+    assert mesh_results["rollout"]["pool"]["bytes_per_device"] * 2 == whole["bytes"]
+
+
+def test_the_paged_engine_warns_that_its_kv_pool_is_whole_when_tp_does_not_divide_the_kv_heads(mesh_results):
+    [warning] = mesh_results["one_kv_head_warnings"]
+    assert "KV heads per layer (1)" in warning and "tp=2" in warning
+
+
+def test_the_paged_kernel_attends_on_kv_heads_split_over_tp_as_on_whole_pages(mesh_results):
+    kernel = mesh_results["paged_kernel"]
+    assert kernel["max_abs_diff"] <= 1e-6
+    assert kernel["written_pages"]["spec"] == ["tp"] and kernel["written_pages"]["shard_shapes"] == [[1, 24, 4, 16]]
 
 
 @pytest.fixture(scope="session")

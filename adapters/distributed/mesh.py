@@ -102,12 +102,20 @@ def initialize_distributed() -> bool:
 
 # ---------------------------------------------------------------- data parallelism
 
-MODEL_PARALLEL_AXES = ("tp",)
+TENSOR_PARALLEL_AXIS = "tp"
+"""The axis attention heads and MLP columns are split over (Tunix's parameter specs name it ``tp``)."""
+
+MODEL_PARALLEL_AXES = (TENSOR_PARALLEL_AXIS,)
 
 
 def data_axes(mesh: Mesh) -> tuple[str, ...]:
     """The axes a batch is split over: every mesh axis but the tensor-parallel ``tp``."""
     return tuple(name for name in mesh.axis_names if name not in MODEL_PARALLEL_AXES)
+
+
+def tensor_parallel_size(mesh: Mesh) -> int:
+    """The size of the mesh's tensor-parallel axis ``tp`` (1 when the mesh has none)."""
+    return int(dict(mesh.shape).get(TENSOR_PARALLEL_AXIS, 1))
 
 
 def data_parallel_size(mesh: Mesh) -> int:

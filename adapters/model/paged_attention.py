@@ -11,7 +11,9 @@ token's key and value straight into its page:
   ``[kv heads, pages, page size, head dim]`` pages, logit soft-capping included);
 - ``"pallas_tpu"``: ``jax.experimental.pallas.ops.tpu.paged_attention`` (the same layout, for TPUs).
 
-Both are decode kernels (one query per row). A sliding-window layer attends to at most ``window`` keys, which it
+Both are decode kernels (one query per row). On a mesh the engine's pages hold each device's own KV heads (split over
+``tp``); XLA cannot split a kernel call, so the kernel then runs per device on its heads and their query heads
+(``shard_map``, :func:`using`'s ``heads_mesh``). A sliding-window layer attends to at most ``window`` keys, which it
 gathers from its pages (a bounded view, not the whole sequence); neither kernel takes a window. Prefill runs the
 model's own dense attention once per prompt and writes the keys and values to the pages (as vLLM's TPU backend
 prefills).
@@ -42,7 +44,9 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
 
+from ..distributed import mesh as mesh_lib
 from ..runtime.abstract_models import register_derived_class
 
 ATTENTION_KINDS = ("gather", "pallas_gpu", "pallas_tpu")
@@ -55,10 +59,12 @@ _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """The kernel a traced decode program's attention layers call, and whether it runs in Pallas' interpreter."""
+    """The kernel a traced decode program's attention layers call, whether it runs in Pallas' interpreter, and the
+    mesh whose ``tp`` axis splits the pages' KV heads (``None``: the pages are whole on every device)."""
 
     kind: str
     interpret: bool
+    heads_mesh: Mesh | None = None
 
 
 _CURRENT: contextvars.ContextVar[KernelChoice | None] = contextvars.ContextVar("paged_attention_kernel", default=None)
@@ -80,11 +86,19 @@ def interpreted(kind: str, platform: str | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def using(kind: str, interpret: bool) -> Iterator[None]:
-    """Traces the decoder's paged attention with kernel ``kind`` (see the module docstring) while inside."""
+def using(kind: str, interpret: bool, heads_mesh: Mesh | None = None) -> Iterator[None]:
+    """Traces the decoder's paged attention with kernel ``kind`` (see the module docstring) while inside.
+
+    Args:
+        kind: ``"pallas_gpu"`` or ``"pallas_tpu"``.
+        interpret: run the kernel in Pallas' interpreter (off its own backend).
+        heads_mesh: the mesh whose ``tp`` axis splits the pages' KV heads (the paged engine's pool on a mesh): the
+            kernel then runs per device on its own heads (``shard_map``), since XLA cannot split a kernel call and
+            would gather every page to each device first. ``None``: the pages are whole on every device.
+    """
     if kind not in ATTENTION_KINDS[1:]:
         raise ValueError(f"paged attention kernel must be one of {ATTENTION_KINDS[1:]}, got {kind!r}.")
-    token = _CURRENT.set(KernelChoice(kind, interpret))
+    token = _CURRENT.set(KernelChoice(kind, interpret, heads_mesh))
     try:
         yield
     finally:
@@ -158,13 +172,30 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, cache: dict, *, scale: floa
 
 
 def _kernel_attention(choice: KernelChoice, queries: jax.Array, cache: dict, soft_cap: float | None) -> jax.Array:
-    page_table, lengths = cache["page_table"], cache["kv_lengths"].astype(jnp.int32)
+    """The kernel's attention ``[R, H, D]``; with ``choice.heads_mesh``, each device's on its own KV heads and
+    their query heads (a query head's KV head is ``h // (H // K)``, so splitting both evenly keeps each group on one
+    device), and on its own rows where they split evenly over the data axes."""
+    arrays = (queries, cache["k_pages"], cache["v_pages"], cache["page_table"], cache["kv_lengths"].astype(jnp.int32))
+    mesh = choice.heads_mesh
+    if mesh is None:
+        return _run_kernel(choice, soft_cap, *arrays)
+    rows = mesh_lib.data_axes(mesh) if queries.shape[0] % mesh_lib.data_parallel_size(mesh) == 0 else ()
+    rows, heads = rows or None, mesh_lib.TENSOR_PARALLEL_AXIS
+    per_device = jax.shard_map(lambda *shards: _run_kernel(choice, soft_cap, *shards), mesh=mesh,
+                               in_specs=(PartitionSpec(rows, heads), PartitionSpec(heads), PartitionSpec(heads),
+                                         PartitionSpec(rows), PartitionSpec(rows)),
+                               out_specs=PartitionSpec(rows, heads), check_vma=False)
+    return per_device(*arrays)
+
+
+def _run_kernel(choice: KernelChoice, soft_cap: float | None, queries: jax.Array, k_pages: jax.Array,
+                v_pages: jax.Array, page_table: jax.Array, lengths: jax.Array) -> jax.Array:
     width = page_table.shape[1]
     if choice.kind == "pallas_gpu":
         from jax.experimental.pallas.ops.gpu import paged_attention as gpu_kernel
 
         splits = math.gcd(width, 16)  # the kernel splits each row's pages into this many partitions
-        return gpu_kernel.paged_attention(queries, cache["k_pages"], cache["v_pages"], page_table, lengths,
+        return gpu_kernel.paged_attention(queries, k_pages, v_pages, page_table, lengths,
                                           k_splits=splits, pages_per_compute_block=_block(width // splits),
                                           interpret=choice.interpret, attn_logits_soft_cap=soft_cap)
     from jax.experimental.pallas import tpu as pltpu
@@ -172,7 +203,7 @@ def _kernel_attention(choice: KernelChoice, queries: jax.Array, cache: dict, sof
 
     interpreting = pltpu.force_tpu_interpret_mode() if choice.interpret else contextlib.nullcontext()
     with interpreting:
-        return tpu_kernel.paged_attention(queries, cache["k_pages"], cache["v_pages"], lengths, page_table,
+        return tpu_kernel.paged_attention(queries, k_pages, v_pages, lengths, page_table,
                                           pages_per_compute_block=_block(width), attn_logits_soft_cap=soft_cap)
 
 

@@ -41,7 +41,8 @@ drew but the last, which is prefilled again when re-admitted (rebuilding a hybri
 request's images and token types kept) before the completion goes on from its last token with its own stream and
 penalty memory. ``EngineStats`` counts the preemptions and the tokens prefilled again. The pool's size is
 ``kv_cache_tokens``, or what ``gpu_memory_utilization`` leaves of the device's memory; a completion that cannot fit
-even alone is refused, naming ``kv_cache_tokens``.
+even alone is refused, naming ``kv_cache_tokens``. On a mesh each device holds every page of its share of the KV
+heads (split over ``tp``, as vLLM's tensor parallelism splits its KV cache; see :class:`PagedEngine`).
 
 One scheduler serves two ways of calling it. :meth:`PagedEngine.generate` adds its requests and runs the rounds
 (prefill and admit what fits, then one decode call) in the caller's thread until they are done. A
@@ -60,6 +61,7 @@ the mesh or preemption.
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections import deque
@@ -174,6 +176,9 @@ class EngineStats:
         pages_in_use_per_step: pages held after each decode step.
         live_tokens_per_step: tokens held by live completions and their prompts after each decode step.
         kv_bytes_per_token: bytes of keys and values one token takes over all layers.
+        kv_pool_bytes: bytes of the whole pool (every layer's keys and values, the trash page included);
+            kv_pool_bytes_per_device: the part of it one device holds, ``kv_pool_bytes / tp`` where the pool's KV
+            heads are split over a mesh's ``tp`` (see :class:`PagedEngine`), all of it otherwise.
         preemptions: completions preempted for want of pages (each time counted).
         recomputed_tokens: tokens prefilled again to resume preempted completions (their prompts and drawn tokens),
             and the running completions a weights update recomputed.
@@ -194,6 +199,8 @@ class EngineStats:
     pages_in_use_per_step: list[int] = field(default_factory=list)
     live_tokens_per_step: list[int] = field(default_factory=list)
     kv_bytes_per_token: int = 0
+    kv_pool_bytes: int = 0
+    kv_pool_bytes_per_device: int = 0
     preemptions: int = 0
     recomputed_tokens: int = 0
     decode_tickets: list[int] = field(default_factory=list)
@@ -210,6 +217,8 @@ class _Programs:
     steps: int = 1  # decode only: tokens per row and call
     attention: str = "gather"  # PagedEngineConfig.attention, resolved
     interpret: bool = False  # a kernel off its own backend runs in Pallas' interpreter
+    heads_mesh: Mesh | None = None  # the mesh whose ``tp`` axis splits the pool's KV heads; None: pool not split
+    pool_sharding: NamedSharding | None = None  # on a mesh, where the programs keep the pool; None: one device
 
 
 @dataclass
@@ -313,7 +322,7 @@ def _prefill_program(programs: _Programs, module, tables, pool, prompt_ids, prom
     heads_first = paged_attention.heads_first(programs.attention)
     pool = {name: {part: _pool_write(pool[name][part], page_index, page_offset, cache[name][part], heads_first)
                    for part in ("k", "v")} for name in pool}
-    return logits[:, -1], pool, states
+    return logits[:, -1], _placed_pool(programs, pool), states
 
 
 def _admit_program(programs: _Programs, pool, seen, slot_states, logits, slots, tail_from, tail_to, prompt_ids,
@@ -341,7 +350,7 @@ def _admit_program(programs: _Programs, pool, seen, slot_states, logits, slots, 
     if row_seen is not None:
         seen = seen.at[slots].set(jnp.where(draws[:, None], mark_seen(row_seen, tokens), row_seen), mode="drop")
     slot_states = jax.tree.map(lambda kept, new: kept.at[slots].set(new, mode="drop"), slot_states, states)
-    return tokens, logprobs, pool, seen, slot_states
+    return tokens, logprobs, _placed_pool(programs, pool), seen, slot_states
 
 
 def _pool_write(pages: jax.Array, page: jax.Array, offset: jax.Array, values: jax.Array,
@@ -367,6 +376,22 @@ def _pool_copy(pages: jax.Array, to: jax.Array, source: jax.Array, heads_first: 
 
 def _pool_page_size(pool: dict, heads_first: bool) -> int:
     return next(iter(pool.values()))["k"].shape[2 if heads_first else 1]
+
+
+def _heads_split(mesh: Mesh, heads_first: bool) -> NamedSharding:
+    """The pool's arrays (either layout, :func:`_pool_write`) with their KV heads split over ``mesh``'s ``tp`` axis,
+    as the key/value projections split theirs, and every page on every data shard (any slot may read any page)."""
+    heads = mesh_lib.TENSOR_PARALLEL_AXIS
+    return NamedSharding(mesh, PartitionSpec(heads) if heads_first else PartitionSpec(None, None, heads))
+
+
+def _placed_pool(programs: _Programs, pool: dict) -> dict:
+    """``pool`` as a program returns it: on a mesh, held where the engine placed it (``programs.pool_sharding``).
+    XLA is otherwise free to return it split another way (gathered whole, or over another axis), and a pool placed
+    otherwise than the one taken is not donated in place and compiles every program a second time."""
+    if programs.pool_sharding is None:
+        return pool
+    return jax.lax.with_sharding_constraint(pool, programs.pool_sharding)
 
 
 def _gather_view(pool, lengths, page_table, view, extra, heads_first=False):
@@ -443,7 +468,7 @@ def _step_in_place(programs: _Programs, module, tables, pool, states, tokens, le
                     "kv_lengths": lengths + 1, "write_page": page, "write_offset": offset, "end_index": start}
              for name in pool}
     cache = _with_states(cache, states, start)
-    with paged_attention.using(programs.attention, programs.interpret):
+    with paged_attention.using(programs.attention, programs.interpret, programs.heads_mesh):
         logits, cache = _forward(module, tables, tokens[:, None], (lengths + shifts)[:, None], cache,
                                  jnp.ones((tokens.shape[0], 1, 1), bool))
     pool = {name: {"k": cache[name]["k_pages"], "v": cache[name]["v_pages"]} for name in pool}
@@ -472,7 +497,7 @@ def _prefill_chunk_program(programs: _Programs, module, tables, pool, chunk_ids,
 
     pool, states, last = jax.lax.fori_loop(0, jnp.max(counts), one_token,
                                            (pool, states, jnp.zeros((groups, vocab), jnp.float32)))
-    return last, pool, states
+    return last, _placed_pool(programs, pool), states
 
 
 def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states, slot_index, tokens, lengths,
@@ -544,7 +569,7 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states
         # A step's fed token is kept when the row was active at that step, i.e. drew a token there.
         pool = _write_fed(pool, {name: memory[name] for name in pool}, lengths, page_table, out_tokens >= 0, view)
     slot_states = jax.tree.map(lambda kept, new: kept.at[slot_index].set(new, mode="drop"), slot_states, states)
-    return out_tokens, out_logprobs, pool, seen, slot_states
+    return out_tokens, out_logprobs, _placed_pool(programs, pool), seen, slot_states
 
 
 _prefill = traced_cheaply(nnx.jit(_prefill_program, static_argnums=(0,), donate_argnums=(3,)))
@@ -566,6 +591,13 @@ def _power_of_two(count: int) -> int:
     return 1 << max(count - 1, 0).bit_length()
 
 
+def _pool_bytes(pool: dict) -> tuple[int, int]:
+    """Bytes of the pool's arrays: whole, and the part one device holds (as their shardings split them)."""
+    arrays = [array for entry in pool.values() for array in entry.values()]
+    return (sum(array.nbytes for array in arrays),
+            sum(math.prod(array.sharding.shard_shape(array.shape)) * array.dtype.itemsize for array in arrays))
+
+
 # --------------------------------------------------------------------------- the engine
 
 
@@ -580,8 +612,23 @@ class PagedEngine:
         lora: :func:`lora_runtime.lora_mode` the adapter runs in (``"eval"`` or ``"disabled"``).
         repetition_penalty_skips_left_padding: kept for the static sampler's signature; requests carry no padding,
             so the penalty counts each prompt's own ids.
-        mesh: when given, the slots are spread over its data axes (each device decodes its own slots) and the pool
-            is replicated; with several processes every process runs the same scheduler on the same tokens.
+        mesh: when given, the slots are spread over its data axes (each device decodes its own slots) and the pool's
+            KV heads over its tensor-parallel axis ``tp``, as the key/value projections split theirs: each device
+            holds every page of its ``K / tp`` heads (:attr:`kv_pool`, ``EngineStats.kv_pool_bytes_per_device``),
+            with either attention (a paged kernel runs on each device's heads). Where a layer's KV heads do not
+            divide by ``tp`` the pool is whole on every device, with a warning (vLLM refuses such a split, or
+            replicates the heads). With several processes every process runs the same scheduler on the same tokens.
+
+    Example:
+
+    ```python
+    >>> mesh = torchlike.make_mesh((4, 2))  # fsdp=4 x tp=2
+    >>> model = torchlike.AutoModelForCausalLM.from_pretrained(checkpoint, mesh=mesh)
+    >>> engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=8), eos_token_ids=[2], mesh=mesh)
+    >>> outputs = engine.generate(requests, SamplingSettings(do_sample=True, temperature=0.9))
+    >>> engine.stats.kv_pool_bytes_per_device * 2 == engine.stats.kv_pool_bytes  # 2 KV heads split over tp=2
+    True
+    ```
     """
 
     def __init__(self, module: nnx.Module, config: PagedEngineConfig | None = None, eos_token_ids: Sequence[int] = (),
@@ -600,6 +647,9 @@ class PagedEngine:
         if refusal is not None:  # the backend's kernel by default: the dense view where it cannot serve the model
             attention = "gather"
         self.kernel = {"attention": attention, "interpret": paged_attention.interpreted(attention)}
+        # Where the pool lies on a mesh (``_Programs``' fields of the same names, as ``kernel``'s are).
+        self._placement = {"heads_mesh": self._heads_mesh()}
+        self._placement["pool_sharding"] = None if mesh is None else self._pool_sharding()
         self.stats = EngineStats()
         self._pool: dict | None = None
         self._pool_pages = 0
@@ -655,6 +705,45 @@ class PagedEngine:
         return RolloutStream(_Scheduler(self, settings, version))
 
     # ------------------------------------------------------------------ pool
+    @property
+    def kv_pool(self) -> dict[str, dict[str, jax.Array]] | None:
+        """The page pool kept between calls: ``{layer: {"k", "v"}}`` in the attention's layout (``[P, page size, K,
+        D]``, or ``[K, P, page size, D]`` for a paged kernel), on a mesh with its KV heads split over ``tp`` (see the
+        class docstring); ``None`` before the first call, after :meth:`close` and while a call or stream runs. For
+        inspection (placement, memory): the next call donates these arrays to its programs."""
+        return self._pool
+
+    def _heads_mesh(self) -> Mesh | None:
+        """The mesh whose ``tp`` axis splits the pool's KV heads: :attr:`mesh` when ``tp`` is above 1 and divides
+        every attention layer's KV heads; ``None`` otherwise (the pool whole on every device, with a warning where
+        ``tp`` is above 1)."""
+        tp = 1 if self.mesh is None else mesh_lib.tensor_parallel_size(self.mesh)
+        if tp == 1:
+            return None
+        heads = sorted({shape[0] for shape in decoder_contract.kv_cache_shapes(self.module).values()})
+        if all(count % tp == 0 for count in heads):
+            return self.mesh
+        warnings.warn(
+            f"the paged engine's KV pool is whole on every device of the mesh: the model's KV heads per layer "
+            f"({', '.join(map(str, heads))}) do not divide by its tensor-parallel size tp={tp}, so the pool takes tp "
+            "times the KV memory of a split one. Choose a tp that divides the KV heads to split the pool over it "
+            "(vLLM asks the same of tensor_parallel_size).", stacklevel=3)
+        return None
+
+    def _pool_split(self) -> int:
+        """How many ways the pool's KV heads are split over the devices: the mesh's ``tp`` where
+        :meth:`_heads_mesh` splits them, else 1."""
+        mesh = self._placement["heads_mesh"]
+        return 1 if mesh is None else mesh_lib.tensor_parallel_size(mesh)
+
+    def _pool_sharding(self) -> jax.sharding.Sharding:
+        """Where the pool lives: its KV heads split over ``tp`` (:func:`_heads_split`), else as :meth:`_replicated`
+        says (the programs keep it there: :func:`_placed_pool`)."""
+        mesh = self._placement["heads_mesh"]
+        if mesh is None:
+            return self._replicated()
+        return _heads_split(mesh, paged_attention.heads_first(self.kernel["attention"]))
+
     def _kv_bytes_per_token(self, shapes: dict | None = None) -> int:
         """Bytes of keys and values one token takes over all layers, from the one-token cache ``shapes`` (traced
         from the module when not given)."""
@@ -675,9 +764,9 @@ class PagedEngine:
                 "kv_cache_tokens=None instead (every slot can hold the call's longest request). Give kv_cache_tokens "
                 "to size it yourself.", stacklevel=4)
             return None
-        held = sum(array.nbytes for entry in (self._pool or {}).values() for array in entry.values())
+        _, held = _pool_bytes(self._pool or {})
         return pages_within_memory(stats["bytes_limit"], stats["bytes_in_use"] - held, fraction,
-                                   self._kv_bytes_per_token(), self.config.page_size)
+                                   self._kv_bytes_per_token() // self._pool_split(), self.config.page_size)
 
     def _take_pool(self, pages: int) -> dict:
         """The page pool of ``pages`` pages, kept from the last call when it has that size. The caller owns it (the
@@ -695,10 +784,12 @@ class PagedEngine:
                 return {name: {part: jnp.zeros(layout(*entry[part].shape[2:]), entry[part].dtype)
                                for part in ("k", "v")} for name, entry in shapes.items() if "k" in entry}
 
-            self._pool = jax.jit(zeros, out_shardings=self._replicated())()
+            self._pool = jax.jit(zeros, out_shardings=self._pool_sharding())()
             self._pool_pages = pages
             self._pool_token_bytes = self._kv_bytes_per_token(shapes)
         self.stats.kv_bytes_per_token = self._pool_token_bytes
+        # As placed (the programs keep it there: _placed_pool).
+        self.stats.kv_pool_bytes, self.stats.kv_pool_bytes_per_device = _pool_bytes(self._pool)
         pool, self._pool = self._pool, None
         return pool
 
@@ -706,9 +797,10 @@ class PagedEngine:
         self._pool, self._pool_pages = pool, pages
 
     def _replicated(self) -> jax.sharding.Sharding:
-        """Where the engine's own arrays (pool, penalty memory) live: replicated over the mesh, or on the module's
-        device. Made *committed* there, as the programs' outputs that replace them are: an uncommitted first version
-        would compile each program that takes it a second time."""
+        """Where the engine's own arrays (penalty memory, recurrent states, a pool whose KV heads are not split)
+        live: replicated over the mesh, or on the module's device. Made *committed* there, as the programs' outputs
+        that replace them are: an uncommitted first version would compile each program that takes it a second
+        time."""
         if self.mesh is not None:
             return NamedSharding(self.mesh, PartitionSpec())
         leaf = jax.tree.leaves(nnx.state(self.module))[0]
@@ -888,7 +980,7 @@ class _Scheduler:
         self.end_ids = set(engine.eos_token_ids)
         self.parallel = 1 if engine.mesh is None else mesh_lib.data_parallel_size(engine.mesh)
         self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
-        self.programs = _Programs(self.switches, engine.lora, **engine.kernel)
+        self.programs = _Programs(self.switches, engine.lora, **engine.kernel, **engine._placement)
         self.end_array = end_token_array(engine.eos_token_ids)
         self.prefill_budget = engine.config.max_num_batched_tokens  # prompt tokens left before the next decode
         # The embedding tables' bits for these weights' programs (XLA:CPU only, see ``float32_dots``).
@@ -1120,8 +1212,7 @@ class _Scheduler:
             starts[row], counts[row] = group.prefilled, count
             page_table[row, :len(group.pages)] = group.pages
         # One view for the longest prompt added, so every chunk runs one program per row count.
-        programs = _Programs(self.switches, self.engine.lora, view=self._view(self.longest_prompt),
-                             **self.engine.kernel)
+        programs = replace(self.programs, view=self._view(self.longest_prompt))
         states = _stacked([group.state for group, _ in chosen], rows)
         logits, self.pool, states = _prefill_chunk(programs, self.module, self.tables, self.pool, chunk_ids,
                                                    starts, counts, page_table, states)
@@ -1338,7 +1429,7 @@ class _Scheduler:
             steps[row] = len(slot.tokens)
             limits[row] = request.max_new_tokens
             shifts[row] = request.rope_delta
-        programs = _Programs(self.switches, engine.lora, self._view(int(lengths.max())), count, **engine.kernel)
+        programs = replace(self.programs, view=self._view(int(lengths.max())), steps=count)
         arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps, limits, shifts)
         if self.sharding is not None:
             arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
