@@ -61,8 +61,8 @@ def grpo_lora_run(checkpoint: Path, tokenizer_dir: Path, output_dir: Path, resum
 
     The model is loaded without a mesh, as TRL scripts load it. Returns the losses and the number of completions
     the reward function scored at each call on this process; with ``export``, ``save_model`` writes the adapter
-    to ``output_dir/final``. ``max_staleness=2`` samples each generation batch while the one before trains, with the
-    paged engine.
+    to ``output_dir/final``. Sampled with the default engine (the CPU's: paged); ``max_staleness=2`` samples each
+    generation batch while the one before trains, with the static engine, so both engines run on two processes.
     """
     import torchlike
     from torchlike.peft import LoraConfig
@@ -79,7 +79,7 @@ def grpo_lora_run(checkpoint: Path, tokenizer_dir: Path, output_dir: Path, resum
                       max_completion_length=8, max_steps=STEPS, learning_rate=1e-2, num_iterations=2, beta=0.04,
                       logging_steps=1, save_steps=2, report_to="none", disable_tqdm=True,
                       mesh_shape=MESH_SHAPE, max_staleness=max_staleness,
-                      rollout_engine="paged" if max_staleness else "static",
+                      rollout_engine="static" if max_staleness else None,
                       save_strategy="no" if max_staleness else "steps")
     trainer = GRPOTrainer(torchlike.AutoModelForCausalLM.from_pretrained(checkpoint), reward_funcs=length_reward,
                           args=args, train_dataset=prompts,
