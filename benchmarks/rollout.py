@@ -48,7 +48,10 @@ The paged engine's timed long-tailed call also times its three programs (prefill
 decode steps and how many of their rows were live, to show where its time goes, and from those estimates the share
 of the device's memory bandwidth its decode reached (:func:`decode_bandwidth`: weights plus the live tokens' keys and
 values read per decode step, over the decode programs' seconds, against the peak of a known device; on an unknown
-one, a CPU included, the achieved bytes/s alone).
+one, a CPU included, the achieved bytes/s alone). ``--async-scheduling on|off`` sets the paged engine's
+``PagedEngineConfig.async_scheduling`` (default: the backend's; the one that ran is printed, with the decode calls
+dispatched ahead and the row steps they ran for completions that had ended); with it on, the decode calls are not
+timed one by one (waiting for each would undo the overlap), so the profile's host share holds them.
 
 KV memory, as allocated: the paged engine's peak pages in use x page size x bytes per token (the live tokens);
 the pool it allocated (every page, the trash page included: what the device holds for the KV cache); and the dense
@@ -346,7 +349,8 @@ def timed_round(engine: Any, requests: list[RolloutRequest], settings: SamplingS
     traces = trace_count()
     timings: dict[str, list[float]] = {}
     decode_programs: list[Any] = []
-    with timed_programs(timings, decode_programs):
+    # Waiting for each decode call would undo async scheduling's overlap: its decode calls are not timed.
+    with timed_programs(timings, decode_programs, time_decode=not getattr(engine, "async_scheduling", False)):
         seconds, lengths = timed(lambda: engine_lengths(engine, requests, settings))
     record = {**rate_record(seconds, lengths, limit), "stats": engine_stats(engine),
               "compiles_in_timed_call": trace_count() - traces}
@@ -354,7 +358,7 @@ def timed_round(engine: Any, requests: list[RolloutRequest], settings: SamplingS
         record["profile"] = where_the_time_goes(engine, seconds, timings)
         record["kv_allocation"] = kv_allocation(engine, decode_programs)
         stats = engine.stats
-        record["decode_bandwidth"] = decode_bandwidth(
+        record["decode_bandwidth"] = None if "decode" not in timings else decode_bandwidth(
             weight_bytes, stats.kv_bytes_per_token, stats.live_tokens_per_step, engine.config.decode_steps,
             sum(timings["decode"]), device_kind())
     if not full_length:
@@ -396,11 +400,13 @@ def engine_stats(engine: Any) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def timed_programs(timings: dict[str, list[float]], decode_programs: list[Any]) -> Iterator[None]:
+def timed_programs(timings: dict[str, list[float]], decode_programs: list[Any],
+                   time_decode: bool = True) -> Iterator[None]:
     """Times each call of the paged engine's prefill, admit and decode programs into ``timings`` (waiting for their
     results, which the engine reads on the host right after the admit and decode programs anyway; the static
     engine runs none of them), and appends each decode call's static settings (its ``_Programs``: attention, view
-    width, steps) to ``decode_programs``."""
+    width, steps) to ``decode_programs``. Without ``time_decode`` the decode calls are not waited for (nor timed):
+    with async scheduling the engine dispatches one before reading the last."""
     import jax
 
     from torchlike.adapters.rollout import paged
@@ -411,6 +417,8 @@ def timed_programs(timings: dict[str, list[float]], decode_programs: list[Any]) 
         def call(*arguments: Any) -> Any:
             if name == "decode":
                 decode_programs.append(arguments[0])
+                if not time_decode:
+                    return program(*arguments)
             start = time.perf_counter()
             result = jax.block_until_ready(program(*arguments))
             timings.setdefault(name, []).append(time.perf_counter() - start)
@@ -432,7 +440,7 @@ def where_the_time_goes(engine: Any, seconds: float, timings: dict[str, list[flo
     programs = {name: {"calls": len(values), "seconds": sum(values), "mean_ms": 1000 * sum(values) / len(values)}
                 for name, values in timings.items()}
     stats = engine.stats
-    return {"seconds": seconds, "programs": programs,
+    return {"seconds": seconds, "programs": programs, "decode_timed": "decode" in programs,
             "host_seconds": seconds - sum(entry["seconds"] for entry in programs.values()),
             "decode_steps": stats.decode_steps, "slot_steps": stats.slot_steps, "row_steps": stats.row_steps,
             "mean_live_slots_per_step": stats.slot_steps / stats.decode_steps,
@@ -623,6 +631,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--decode-steps", type=int,
                         help="paged engine tokens per decode call (default: the engine's)")
     parser.add_argument("--kv-cache-tokens", type=int, help="paged engine pool (default: the engine's sizing)")
+    parser.add_argument("--async-scheduling", choices=("on", "off"),
+                        help="paged engine: dispatch each decode call before reading the last one's tokens "
+                             "(default: the backend's, see PagedEngineConfig.async_scheduling); with it on, the "
+                             "decode calls are not timed one by one")
     parser.add_argument("--attention", choices=ATTENTION_KINDS,
                         help="paged engine decode attention (default: the backend's own: a GPU's or TPU's paged "
                              "kernel where the decoder allows it, else gather); a kernel off its backend runs "
@@ -765,11 +777,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = {"page_size": args.page_size, "decode_steps": args.decode_steps}
     paged_config = PagedEngineConfig(max_num_seqs=args.max_num_seqs, kv_cache_tokens=args.kv_cache_tokens,
                                      attention=args.attention,
+                                     async_scheduling=None if args.async_scheduling is None
+                                     else args.async_scheduling == "on",
                                      **{name: value for name, value in chosen.items() if value is not None})
     built: dict[str, Any] = {}
     if "paged" not in skipped:
         built["paged"] = PagedEngine(model.module, paged_config, eos_token_ids=[END_TOKEN])
-        print(describe_attention(built["paged"], args.attention), flush=True)
+        print(f"{describe_attention(built['paged'], args.attention)}; async scheduling "
+              f"{'on' if built['paged'].async_scheduling else 'off'}", flush=True)
     if "static" not in skipped:
         built["static"] = StaticEngine(model.module, eos_token_ids=[END_TOKEN])
     full_length = not args.no_full_length
@@ -886,8 +901,12 @@ def print_summary(report: dict[str, Any]) -> None:
     if profile:
         programs = ", ".join(f"{name} {entry['calls']} calls {entry['seconds']:.2f} s ({entry['mean_ms']:.1f} ms each)"
                              for name, entry in profile["programs"].items())
-        print(f"paged engine, where the time goes ({profile['seconds']:.2f} s): {programs}; host (scheduler, "
-              f"transfers) {profile['host_seconds']:.2f} s; {profile['decode_steps']} decode steps, "
+        rest = "scheduler, transfers" if profile["decode_timed"] else "scheduler, transfers and the decode calls"
+        stats = report["results"]["paged"]["stats"]
+        print(f"paged engine, where the time goes ({profile['seconds']:.2f} s): {programs}; host ({rest}) "
+              f"{profile['host_seconds']:.2f} s; {stats['decode_calls']} decode calls, {stats['decode_calls_ahead']} "
+              f"dispatched ahead ({stats['ended_row_steps']} row steps on ended rows); {profile['decode_steps']} "
+              "decode steps, "
               f"{profile['mean_live_slots_per_step']:.1f} live slots per step, "
               f"{100 * profile['live_over_program_rows']:.0f}% of program rows live")
     bandwidth = report["decode_bandwidth"]

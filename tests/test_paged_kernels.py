@@ -3,9 +3,9 @@ JAX's Pallas paged-attention kernels for GPUs and TPUs, run here in Pallas' inte
 
 The kernels' attention equals dense attention over the same keys (soft-capped and windowed too); the paged engine on
 the GPU kernel draws the same tokens and log-probs as on the gathered page view, sampled (and greedy), for a
-sliding-window family, a hybrid (recurrent) one and Tunix's Qwen2, Qwen3, Llama 3, Gemma 2 and Gemma 3, with prompts
-prefilled in chunks through the kernel; a decoder the kernels cannot serve is refused by name; and the backend picks its
-own kernel by default.
+sliding-window family, a hybrid (recurrent) one and Tunix's Qwen2, Qwen3, Llama 3, Gemma 2, Gemma 3 and Gemma 4, with
+prompts prefilled in chunks through the kernel; a decoder the kernels cannot serve is refused by name; and the backend
+picks its own kernel by default.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tunix.models.gemma4 import model as tunix_gemma4
 
 import torchlike
 import torchlike.peft
@@ -99,9 +100,11 @@ def run(model, attention, settings, chunk=2048):
 
 # Mistral: a sliding window on every layer (its window-sized page view); Qwen3.5: gated DeltaNet layers beside the
 # kernel's attention layers; Qwen2 (biases), Qwen3 (q/k norms), Llama 3, Gemma 2 (soft-capped logits, query scalar,
-# sliding and global layers) and Gemma 3 (q/k norms, a rope per layer type): Tunix's decoders, their attention reading
-# the pages too.
-@pytest.mark.parametrize("case", ["mistral", "qwen3_5", "qwen2", "qwen3", "llama3", "gemma2", "gemma3"])
+# sliding and global layers), Gemma 3 (q/k norms, a rope per layer type) and Gemma 4 (k/v norms, per-layer inputs, its
+# last two layers reading the first two's pages and writing none; experts and full layers whose keys are their values):
+# Tunix's decoders, their attention reading the pages too.
+@pytest.mark.parametrize("case", ["mistral", "qwen3_5", "qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4_ple",
+                                  "gemma4_moe"])
 def test_the_gpu_kernel_draws_the_gathered_views_tokens(models, case):
     model = models(case)
     # Sampled (with the penalty's memory); the 17-token prompt prefilled in chunks of 6 through the kernel on the
@@ -129,11 +132,18 @@ def test_the_kernel_pool_puts_the_heads_first(models):
 
 
 def test_a_decoder_the_kernels_cannot_serve_is_refused_by_name(models):
-    # Tunix's Gemma 4 (its per-layer inputs and shared key-value layers): refused when asked for, the gathered view by
-    # default.
-    with pytest.raises(NotImplementedError, match=r"Gemma4Decoder's attention \(Tunix's\).*attention='gather'"):
-        PagedEngine(models("gemma4").module, PagedEngineConfig(attention="pallas_gpu"))
-    assert PagedEngine(models("gemma4").module, PagedEngineConfig()).kernel["attention"] == "gather"
+    # A Tunix decoder with a layer on Tunix's own attention (a dense KV cache only): refused when asked for, the
+    # gathered view by default.
+    module = models("gemma4_ple").module
+    attention = module.layers[0].attn
+    served = type(attention)
+    attention.__class__ = tunix_gemma4.Attention
+    try:
+        with pytest.raises(NotImplementedError, match=r"Gemma4Decoder's attention \(Tunix's\).*attention='gather'"):
+            PagedEngine(module, PagedEngineConfig(attention="pallas_gpu"))
+        assert PagedEngine(module, PagedEngineConfig()).kernel["attention"] == "gather"
+    finally:
+        attention.__class__ = served
     with pytest.raises(NotImplementedError, match=r"attention sinks"):
         PagedEngine(models("gpt_oss").module, PagedEngineConfig(attention="pallas_tpu"))
     with pytest.raises(ValueError, match=r"PagedEngineConfig.attention must be one of"):

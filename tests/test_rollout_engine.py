@@ -2,10 +2,13 @@
 family with slots refilled mid-run and with prompts prefilled in chunks, sampled tokens independent of slots, request
 order, page size and prefill chunk size (and equal to the static sampler's), one prefill per prompt group, long
 prompts prefilled chunk by chunk between decode calls, pages that track the live tokens, a pool smaller than a
-static batch would need, completions preempted when the pool runs out and resumed token for token, and a pool sized
-from the device's free memory."""
+static batch would need, completions preempted when the pool runs out and resumed token for token, a pool sized
+from the device's free memory, and async scheduling (each decode call dispatched before the last one is read) giving
+the synchronous tokens and log-probs bit for bit."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import jax
 import numpy as np
@@ -17,11 +20,21 @@ from flax import nnx
 import torchlike
 from tests import tiny
 from torchlike.adapters.lora import runtime as lora_runtime
-from torchlike.adapters.rollout import EngineStats, PagedEngine, PagedEngineConfig, RolloutRequest, StaticEngine, paged
+from torchlike.adapters.rollout import (
+    EngineContext,
+    EngineStats,
+    PagedEngine,
+    PagedEngineConfig,
+    RolloutRequest,
+    StaticEngine,
+    build_engine,
+    paged,
+)
 from torchlike.adapters.rollout.pages import pages_within_memory
 from torchlike.adapters.rollout.sampling import cache_size
 from torchlike.adapters.rollout.sampling_settings import SamplingSettings
 from torchlike.adapters.runtime.tracing import TRACE_COUNTS
+from torchlike.trl import GRPOConfig
 
 FAMILIES = ["qwen2", "qwen3", "llama3", "gemma2", "gemma3", "gemma4", "qwen3_moe"]
 PROMPT_LENGTHS = (5, 17, 9, 30, 3)
@@ -133,13 +146,15 @@ def test_paged_engine_equals_the_static_batch_sampler(wandering_qwen2):
         np.testing.assert_allclose(np.concatenate(ours.logprobs), np.concatenate(theirs.logprobs), atol=1e-5)
 
 
-def test_each_program_compiles_once_per_trace_and_a_second_call_compiles_nothing(wandering_qwen2):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["synchronous", "async_scheduling"])
+def test_each_program_compiles_once_per_trace_and_a_second_call_compiles_nothing(wandering_qwen2, async_scheduling):
     """The pool and the penalty memory start committed to the device, as the programs' outputs that replace them
     are: an uncommitted first version compiled the programs that take it a second time, on the same trace (the
-    pool's within the next call)."""
+    pool's within the next call). So do a decode call's row arguments, which a call dispatched ahead takes from the
+    call before it."""
     _, model = wandering_qwen2
-    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=3),
-                         eos_token_ids=[7])
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=3,
+                                                         async_scheduling=async_scheduling), eos_token_ids=[7])
     requests = [RolloutRequest(prompt, NEW_TOKENS - 1, num_samples=2, seed=5) for prompt in prompts()]
     lowered = []
 
@@ -157,6 +172,7 @@ def test_each_program_compiles_once_per_trace_and_a_second_call_compiles_nothing
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert lowered == []
+    assert (engine.stats.decode_calls_ahead > 0) == async_scheduling
 
 
 def test_a_prompt_group_is_prefilled_once_not_once_per_completion(wandering_qwen2):
@@ -259,6 +275,84 @@ def test_a_preempted_hybrid_completion_rebuilds_its_recurrent_state_by_prefillin
         np.testing.assert_allclose(np.concatenate(ours.logprobs), np.concatenate(theirs.logprobs), atol=1e-4)
 
 
+# --------------------------------------------------------------------------- async scheduling
+
+
+def generate_both_ways(module, config: PagedEngineConfig, requests: list[RolloutRequest],
+                       settings: SamplingSettings) -> tuple[tuple[list, EngineStats], tuple[list, EngineStats]]:
+    """``(outputs, stats)`` of ``config`` with async scheduling off, then on."""
+    results = []
+    for async_scheduling in (False, True):
+        engine = PagedEngine(module, replace(config, async_scheduling=async_scheduling), eos_token_ids=[7])
+        results.append((engine.generate(requests, settings), engine.stats))
+    return results[0], results[1]
+
+
+def assert_identical_completions(outputs, expected) -> None:
+    """The same tokens, ends and log-probs, bit for bit."""
+    for ours, theirs in zip(outputs, expected, strict=True):
+        assert [row.tolist() for row in ours.token_ids] == [row.tolist() for row in theirs.token_ids]
+        assert ours.ended == theirs.ended
+        np.testing.assert_array_equal(np.concatenate(ours.logprobs), np.concatenate(theirs.logprobs))
+
+
+def test_async_scheduling_dispatches_every_call_of_an_unchanged_batch_ahead_with_the_synchronous_tokens(
+        wandering_qwen2):
+    """Every completion admitted at once, so nothing waits: each decode call after the first is dispatched before
+    the previous one is read; rows that end by their end token run masked in the next call and draw nothing."""
+    _, model = wandering_qwen2
+    config = PagedEngineConfig(max_num_seqs=16, page_size=16, decode_steps=2)
+    (expected, synchronous), (outputs, stats) = generate_both_ways(model.module, config, long_completions(), SAMPLING)
+    assert_identical_completions(outputs, expected)
+    assert synchronous.decode_calls_ahead == synchronous.ended_row_steps == 0
+    assert stats.decode_calls_ahead == stats.decode_calls - 1
+    assert stats.ended_row_steps > 0  # rows that ended within a call ran masked in the one dispatched after it
+    assert stats.slot_steps == synchronous.slot_steps  # ...and drew nothing there
+    # The page table is uploaded only when a page was taken or freed.
+    assert stats.page_table_uploads < stats.decode_calls
+
+
+@pytest.mark.parametrize("settings", [SamplingSettings(), SAMPLING], ids=["greedy", "sampled_with_penalty"])
+def test_async_scheduling_with_slots_refilled_gives_the_synchronous_tokens_and_logprobs(wandering_qwen2, settings):
+    """More completions than slots: the calls between admissions go synchronously, the long tail ahead."""
+    _, model = wandering_qwen2
+    config = PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=2)
+    (expected, synchronous), (outputs, stats) = generate_both_ways(model.module, config, long_completions(), settings)
+    assert_identical_completions(outputs, expected)
+    assert stats.prefills == synchronous.prefills == len(SHORT_PROMPTS)
+    assert 0 < stats.decode_calls_ahead < stats.decode_calls
+
+
+def test_async_scheduling_with_a_pool_that_preempts_gives_the_synchronous_completions(wandering_qwen2):
+    _, model = wandering_qwen2
+    (expected, synchronous), (outputs, stats) = generate_both_ways(model.module, TIGHT_POOL, long_completions(),
+                                                                   SAMPLING)
+    assert_identical_completions(outputs, expected)
+    assert stats.preemptions == synchronous.preemptions > 0
+    assert stats.decode_calls_ahead > 0
+
+
+def test_async_scheduling_on_a_hybrid_model_gives_the_synchronous_completions(tmp_path):
+    """The recurrent slot states advance on the device from call to call as the pages do."""
+    _, model = tiny.wandering_model("qwen3_5", tmp_path)
+    config = PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=2)
+    (expected, _), (outputs, stats) = generate_both_ways(model.module, config, long_completions(), SAMPLING)
+    assert_identical_completions(outputs, expected)
+    assert stats.decode_calls_ahead > 0
+
+
+def test_async_scheduling_is_the_backends_default_and_a_trainer_configs_setting_reaches_the_engine(wandering_qwen2,
+                                                                                                  tmp_path):
+    _, model = wandering_qwen2
+    assert [paged.default_async_scheduling(platform) for platform in ("cpu", "gpu", "tpu")] == [False, True, True]
+    assert PagedEngine(model.module).async_scheduling is paged.default_async_scheduling()
+    # A trainer hands its rollout_* fields to the engine without the prefix (GRPOConfig.rollout_async_scheduling).
+    engine = build_engine("paged", model.module, EngineContext(settings={"async_scheduling": True}))
+    assert engine.async_scheduling is True
+    with pytest.raises(ValueError, match="rollout_async_scheduling='yes': expected True, False or None"):
+        GRPOConfig(output_dir=str(tmp_path), rollout_async_scheduling="yes")
+
+
 def test_a_completion_that_cannot_fit_the_pool_alone_is_refused_naming_the_setting(wandering_qwen2):
     _, model = wandering_qwen2
     engine = PagedEngine(model.module, PagedEngineConfig(page_size=4, kv_cache_tokens=16))
@@ -335,13 +429,17 @@ def stream_batches() -> list[list[RolloutRequest]]:
             for batch in range(4)]
 
 
-def test_four_batches_through_one_stream_equal_four_generate_calls_and_share_decode_calls(wandering_qwen2):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["synchronous", "async_scheduling"])
+def test_four_batches_through_one_stream_equal_four_generate_calls_and_share_decode_calls(wandering_qwen2,
+                                                                                        async_scheduling):
+    """With async scheduling the stream's thread dispatches decode calls ahead between submissions; the tokens are
+    the synchronous generate calls'."""
     _, model = wandering_qwen2
-    config = PagedEngineConfig(max_num_seqs=8, page_size=4, decode_steps=2)
+    config = PagedEngineConfig(max_num_seqs=8, page_size=4, decode_steps=2, async_scheduling=False)
     batches = stream_batches()
     separate = PagedEngine(model.module, config, eos_token_ids=[7])
     expected = [separate.generate(batch, STREAM_SAMPLING) for batch in batches]
-    engine = PagedEngine(model.module, config, eos_token_ids=[7])
+    engine = PagedEngine(model.module, replace(config, async_scheduling=async_scheduling), eos_token_ids=[7])
     stream = engine.open_stream(STREAM_SAMPLING, version=3)
     try:
         tickets = [stream.submit(batch) for batch in batches]
@@ -355,6 +453,7 @@ def test_four_batches_through_one_stream_equal_four_generate_calls_and_share_dec
     assert all(not output.versions for outputs in expected for output in outputs)  # generate does not tag
     # A batch's freed slots decoded the next batch's completions while it still ran.
     assert max(stream.stats.decode_tickets) > 1
+    assert (stream.stats.decode_calls_ahead > 0) == async_scheduling
 
 
 def forward_logprobs(module, prompt: list[int], tokens: np.ndarray, temperature: float) -> np.ndarray:
@@ -369,9 +468,12 @@ def forward_logprobs(module, prompt: list[int], tokens: np.ndarray, temperature:
     return np.asarray(logprobs)[positions, tokens]
 
 
-def test_a_weights_update_mid_stream_tags_the_tokens_after_it_with_the_new_version(wandering_qwen2):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["synchronous", "async_scheduling"])
+def test_a_weights_update_mid_stream_tags_the_tokens_after_it_with_the_new_version(wandering_qwen2,
+                                                                                   async_scheduling):
     """The update is applied between two decode calls without draining the running completion: its tokens before
-    it are the old weights', those after it the new ones', each with the log-prob its weights give it.
+    it are the old weights', those after it the new ones', each with the log-prob its weights give it. With async
+    scheduling the decode call dispatched before the update is read first, its tokens tagged with the old weights.
 
     The stream's thread runs the scheduler's rounds and applies an update between two of them; here the test runs the
     rounds itself (the scheduler the stream runs), so the update lands after a known number of decode calls whatever
@@ -379,7 +481,8 @@ def test_a_weights_update_mid_stream_tags_the_tokens_after_it_with_the_new_versi
     _, model = wandering_qwen2
     graphdef, state = nnx.split(model.module)
     other = nnx.merge(graphdef, jax.tree.map(lambda value: value * 1.25, state))
-    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=1))
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=4, page_size=4, decode_steps=1,
+                                                         async_scheduling=async_scheduling))
     _, long = prompts((5, 9))
     request = RolloutRequest(long, 24, seed=2)
     engine.stats = EngineStats(page_size=4)  # as open_stream starts them
@@ -400,6 +503,7 @@ def test_a_weights_update_mid_stream_tags_the_tokens_after_it_with_the_new_versi
     assert versions[0] == 0 and versions[-1] == 1 and (np.diff(versions) >= 0).all()
     assert 2 <= (versions == 0).sum() <= 8
     assert engine.stats.weight_updates == 1 and engine.stats.preemptions == 0
+    assert (engine.stats.decode_calls_ahead > 0) == async_scheduling
     for version, module in ((0, model.module), (1, other)):
         mine = versions == version
         expected = forward_logprobs(module, long, tokens, STREAM_SAMPLING.temperature)[mine]

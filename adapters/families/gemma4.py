@@ -13,6 +13,7 @@ from flax import nnx
 from tunix.models.gemma4 import model as tunix_gemma4
 from tunix.models.gemma4 import moe as tunix_moe
 
+from ..model import paged_attention
 from ..model.nnx_state import Buffer
 from ..model.rope import UnsupportedRopeScalingError
 from .base import (
@@ -118,17 +119,53 @@ UNUSED_ROPE = (10_000.0, 1.0, 1.0)
 
 
 class Gemma4Attention(tunix_gemma4.Attention):
-    """Tunix's Gemma 4 attention with keys and values from two einsums, ``key_einsum`` and ``value_einsum``.
+    """Tunix's Gemma 4 attention with keys and values from two einsums, ``key_einsum`` and ``value_einsum``, that
+    also reads the paged engine's KV pages in place (:meth:`block`).
 
     A full-attention layer whose keys are its values (``attention_k_eq_v``) has no ``value_einsum``; a KV-shared
     layer has neither (it reads its origin layer's keys and values). One HF name then maps to one NNX path in every
     layer, where Tunix would hold ``k_proj`` in a stacked ``kv_einsum`` or a ``k_einsum`` depending on the layer.
     """
 
+    reads_paged_cache = True  # decoder_contract.paged_kernel_refusal
+
     def kv_einsum(self, x):
         # Tunix's block calls self.kv_einsum(x) and unpacks (keys, values).
         keys = self.key_einsum(x)
         return keys, (self.value_einsum(x) if hasattr(self, "value_einsum") else keys)
+
+    def block(self, x, segment_pos, cache, attn_mask, kv_shared_cache=None):
+        """Tunix's ``block``, or, when ``cache`` or ``kv_shared_cache`` is the paged engine's entry
+        (:func:`~..model.paged_attention.is_paged`), one decode step on the pages: the fed token's query, key and
+        value projected, normed and rotated as Tunix's ``block`` does them (the query and key norms, the value's
+        unweighted RMS norm, the layer type's rope and its proportion), then
+        :func:`~..model.paged_attention.attend` unscaled (Gemma 4's norms stand in for the scale), a sliding
+        layer's window being ``sliding_window_size`` keys, its own included. A KV-shared layer gets its origin's
+        entry as ``kv_shared_cache`` (Tunix's decode loop passes the origin's updated cache), reads the fed token's
+        key and value the origin wrote to those pages, and writes none.
+
+        Returns:
+            ``(the layer's cache, output [B, 1, embed], (keys, values))``, as Tunix's ``block``; a KV-shared layer's
+            cache, keys and values are ``None`` (the decoder keeps no cache for it, and only a prefill reads them).
+        """
+        shared = paged_attention.is_paged(kv_shared_cache)
+        if not (shared or paged_attention.is_paged(cache)):
+            return super().block(x, segment_pos, cache, attn_mask, kv_shared_cache=kv_shared_cache)
+        x = x.astype(self.config.dtype)
+        query = self._rope(self._query_norm(self.q_einsum(x)), segment_pos)
+        key = value = None
+        if not shared:
+            key, value = self.kv_einsum(x)
+            key = self._rope(self._key_norm(key), segment_pos)
+            value = value * jax.lax.rsqrt(jnp.mean(jnp.square(value), axis=-1, keepdims=True) + 1e-6)
+        sliding = self.attn_type == tunix_gemma4.AttentionType.LOCAL_SLIDING
+        out, entry = paged_attention.attend(query, key, value, kv_shared_cache if shared else cache, scale=1.0,
+                                            window=self.config.sliding_window_size if sliding else None)
+        return (None if shared else entry), self.attn_vec_einsum(out), (key, value)
+
+    def _rope(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        return tunix_gemma4.apply_rope(x, positions, base_frequency=self.rope_base_frequency,
+                                       scale_factor=self.rope_scale_factor, rope_proportion=self.rope_proportion)
 
 
 class Gemma4MoE(tunix_moe.MoERagged):

@@ -96,14 +96,14 @@ def recurrent_state_shapes(module: Decoder) -> dict[str, dict[str, tuple[tuple[i
 def paged_kernel_refusal(module: Decoder) -> str | None:
     """Why ``module``'s attention layers cannot read a paged cache in place (:mod:`.paged_attention`), or ``None``
     when they can: the module's own ``paged_kernel_refusal()``; a Tunix decoder can where every layer's attention says
-    it ``reads_paged_cache`` (Qwen2's, Qwen3's, Llama 3's, Gemma 2's and 3's), not otherwise (Gemma 4's)."""
+    it ``reads_paged_cache`` (Qwen2's, Qwen3's, Llama 3's, Gemma 2's, 3's and 4's), not otherwise."""
     if hasattr(module, "paged_kernel_refusal"):
         return module.paged_kernel_refusal()
     layers = getattr(module, "layers", ())
     if layers and all(getattr(getattr(layer, "attn", None), "reads_paged_cache", False) for layer in layers):
-        return None  # Tunix's Qwen2/3, Llama 3 and Gemma 2/3 attention, made to read pages by their family modules
+        return None  # Tunix's Qwen2/3, Llama 3 and Gemma 2/3/4 attention, made to read pages by their family modules
     return (f"{type(module).__name__}'s attention (Tunix's) reads a dense KV cache only; the paged kernels serve "
-            "Qwen2, Qwen3, Qwen3-MoE, Llama 3, Gemma 2/3 and the native decoder's families (Mistral, Phi-3, "
+            "Qwen2, Qwen3, Qwen3-MoE, Llama 3, Gemma 2/3/4 and the native decoder's families (Mistral, Phi-3, "
             "Qwen3.5, ...)")
 
 

@@ -24,11 +24,12 @@ their tokens with the ``"gather"`` path; the interpreter is slower than ``"gathe
 next step on a TPU; JAX 0.10's TPU interpreter cannot run it (its reshaped ref views are not supported there), so it is
 not wired until it can be tested.
 
-The native decoder's attention and Tunix's Qwen2 / Qwen3 / Llama 3 / Gemma 2 / Gemma 3 attention (made to by their
-family modules: :func:`~.rope.reading_pages`, ``families.qwen2`` and ``families.gemma3``'s ``attention_reading_pages``)
-take the paged path; Tunix's Gemma 4 attention does not (:func:`~.decoder_contract.paged_kernel_refusal` says so,
-and the engine keeps the gathered view for it). A decoder layer takes the paged path when its cache entry is a paged
-one (:func:`is_paged`): the model contract's
+The native decoder's attention and Tunix's Qwen2 / Qwen3 / Llama 3 / Gemma 2 / Gemma 3 / Gemma 4 attention (made to
+by their family modules: :func:`~.rope.reading_pages`, ``families.qwen2`` and ``families.gemma3``'s
+``attention_reading_pages``, ``families.gemma4.Gemma4Attention``, whose KV-shared layers read their origin layer's
+pages and write none) take the paged path; a decoder whose attention does not is refused by name
+(:func:`~.decoder_contract.paged_kernel_refusal`), and the engine keeps the gathered view for it. A decoder layer takes
+the paged path when its cache entry is a paged one (:func:`is_paged`): the model contract's
 ``cache["layer_i"]`` then holds ``k_pages``/``v_pages`` (``[K, P, page size, D]``), the rows' ``page_table``
 ``[R, W]``, ``kv_lengths`` ``[R]`` (the row's tokens including the one fed now), ``write_page``/``write_offset``
 ``[R]`` (where the fed token's key and value go; the trash page for rows that are not live) and ``end_index``.
@@ -137,14 +138,16 @@ def heads_first(kind: str) -> bool:
     return kind != "gather"
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, cache: dict, *, scale: float, window: int | None = None,
-           soft_cap: float | None = None) -> tuple[jax.Array, dict]:
+def attend(q: jax.Array, k: jax.Array | None, v: jax.Array | None, cache: dict, *, scale: float,
+           window: int | None = None, soft_cap: float | None = None) -> tuple[jax.Array, dict]:
     """One decode step's attention on a paged cache entry (:func:`is_paged`).
 
     Args:
         q: ``[R, 1, H, D]`` the fed token's queries (rope applied).
         k: ``[R, 1, K, D]`` its key; v: ``[R, 1, K, D]`` its value; both are written to
-            ``(write_page, write_offset)`` before the attention reads the pages.
+            ``(write_page, write_offset)`` before the attention reads the pages. ``None`` (both): the pages hold
+            them already and nothing is written (a layer reading an earlier layer's keys and values: Gemma 4's
+            KV-shared layers).
         cache: the layer's paged entry.
         scale: the logits' scale (applied to the queries, as the kernels take them).
         window: the layer's sliding window (the keys it sees, the fed one included), ``None``: every key.
@@ -159,16 +162,22 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, cache: dict, *, scale: floa
                            "engine's decode program sets the kernel it traces with.")
     if q.shape[1] != 1:
         raise ValueError(f"paged kernel attention decodes one token per row, got {q.shape[1]}.")
-    page, offset = cache["write_page"], cache["write_offset"]
-    k_pages = cache["k_pages"].at[:, page, offset].set(jnp.swapaxes(k[:, 0], 0, 1).astype(cache["k_pages"].dtype))
-    v_pages = cache["v_pages"].at[:, page, offset].set(jnp.swapaxes(v[:, 0], 0, 1).astype(cache["v_pages"].dtype))
-    cache = {**cache, "k_pages": k_pages, "v_pages": v_pages}
+    if k is not None:
+        page, offset = cache["write_page"], cache["write_offset"]
+        cache = {**cache, "k_pages": _written(cache["k_pages"], page, offset, k),
+                 "v_pages": _written(cache["v_pages"], page, offset, v)}
+    k_pages = cache["k_pages"]
     queries = (q[:, 0].astype(jnp.float32) * scale).astype(k_pages.dtype)
     if window is not None and window < cache["page_table"].shape[1] * k_pages.shape[2]:
         out = _window_attention(queries, cache, window, soft_cap)
     else:
         out = _kernel_attention(choice, queries, cache, soft_cap)
     return out[:, None].astype(q.dtype), cache
+
+
+def _written(pages: jax.Array, page: jax.Array, offset: jax.Array, fed: jax.Array) -> jax.Array:
+    """``pages`` ``[K, P, page size, D]`` with the fed tokens' ``fed [R, 1, K, D]`` at ``(page, offset) [R]``."""
+    return pages.at[:, page, offset].set(jnp.swapaxes(fed[:, 0], 0, 1).astype(pages.dtype))
 
 
 def _kernel_attention(choice: KernelChoice, queries: jax.Array, cache: dict, soft_cap: float | None) -> jax.Array:

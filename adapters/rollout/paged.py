@@ -17,7 +17,7 @@ The split follows JetStream and vLLM: a scheduler in plain Python owns the reque
   sliding-window layers of Gemma 2/3/4 see them as ``transformers`` does), the Tunix decoder runs the steps on that
   view as the static sampler runs its cache, and the new tokens' keys and values are written to the slot's pages
   after the last step. That is the ``"gather"`` attention (the CPU's). With a paged kernel (``attention``
-  ``"pallas_gpu"`` / ``"pallas_tpu"``, a GPU's / TPU's default where the decoder can: Qwen2/3, Llama 3, Gemma 2/3, the
+  ``"pallas_gpu"`` / ``"pallas_tpu"``, a GPU's / TPU's default where the decoder can: Qwen2/3, Llama 3, Gemma 2/3/4, the
   native decoder's families) nothing is gathered: each step's attention layers write the fed token's key and value
   into its page and JAX's Pallas paged-attention kernel reads each row's pages where they lie
   (:mod:`~..model.paged_attention`; the pool is then laid out heads first, as the kernels take it, and chunked
@@ -53,6 +53,16 @@ one submission's completions free take the next one's, so a batch's long tail do
 they are preempted by recompute (their keys and values computed again with the new weights) and go on, and every
 token is tagged with the weights version that drew it (``RequestOutput.versions``), its log-prob being that
 version's given the whole context.
+
+With ``async_scheduling`` (vLLM's name, :class:`PagedEngineConfig`; a GPU's and TPU's default) a round that finds the
+batch unchanged dispatches the next decode call before the host reads the last one's tokens: the decode program also
+returns each row's next fed token, length, token count and whether it ended, and the next call takes them where they
+lie, so the device decodes while the host records tokens, schedules and uploads. The host takes beforehand the pages
+each row would write if it did not end (at most ``decode_steps`` tokens more; those of a row that did end are freed
+when its call is read), uploads the page table only when it changed, and a row that ended draws nothing in the call
+dispatched after it: the tokens and log-probs are the synchronous rounds'. Where the batch may change (a request
+waits to be admitted or prefilled, the pool lacks pages, a weights update, a smaller decode program would do) the
+last call is read first and the round goes on synchronously, so the overlap is the steady decode of a long tail.
 
 Tokens are drawn with :func:`~..sampling.stream_keys` (a request's seed, its ``first_sample`` plus the completion's
 index, the token's index), so they do not depend on the slot count, the order of the requests, the prefill chunks,
@@ -122,6 +132,11 @@ class PagedEngineConfig:
             kernel on the pages where they lie and write each new key and value straight into its page; ``None``:
             the backend's own (:func:`~..model.paged_attention.default_attention`). A kernel asked for on another
             backend runs in Pallas' interpreter (how the CPU tests check it; slow).
+        async_scheduling: dispatch each decode call before the host reads the previous one's tokens, while the
+            batch stays as it is (vLLM's name; see :class:`PagedEngine`): the next call's fed tokens, lengths and
+            which rows ended come from the previous call on the device, and the host schedules and uploads while the
+            device decodes. Same tokens and log-probs as without it. ``None``: the backend's default
+            (:func:`default_async_scheduling`).
     """
 
     max_num_seqs: int = 64
@@ -132,6 +147,7 @@ class PagedEngineConfig:
     decode_steps: int = 8
     max_num_batched_tokens: int = 2048
     attention: str | None = None
+    async_scheduling: bool | None = None
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any], prefix: str = "") -> PagedEngineConfig:
@@ -183,6 +199,13 @@ class EngineStats:
         recomputed_tokens: tokens prefilled again to resume preempted completions (their prompts and drawn tokens),
             and the running completions a weights update recomputed.
         weight_updates: weights updates a stream applied (:meth:`RolloutStream.update_weights`).
+        decode_calls_ahead: decode calls dispatched before the host read the previous call's tokens
+            (``async_scheduling``); the others were built on the host from the completions as read.
+        ended_row_steps: row steps those calls ran for completions that had ended before the call began (in the
+            call before it, unread when it was dispatched): masked on the device, they drew nothing. Counted in
+            ``row_steps``.
+        page_table_uploads: decode calls that uploaded their page table; the others reused the one on the device
+            (unchanged: no page taken or freed since).
     """
 
     prefills: int = 0
@@ -205,6 +228,9 @@ class EngineStats:
     recomputed_tokens: int = 0
     decode_tickets: list[int] = field(default_factory=list)
     weight_updates: int = 0
+    decode_calls_ahead: int = 0
+    ended_row_steps: int = 0
+    page_table_uploads: int = 0
 
 
 @dataclass(frozen=True)
@@ -271,6 +297,28 @@ class _Slot:
     def source_prompt(self) -> tuple[int, ...]:
         """Its request's own prompt (a resumed completion's group prompt also holds drawn tokens)."""
         return self.group.request.prompt_ids[:self.length + 1 - len(self.tokens)]
+
+
+# The decode program's per-row arguments, in its order (:func:`_decode_program`).
+_ROW_INPUTS = ("slot_index", "fed", "lengths", "page_table", "live", "seeds", "samples", "steps", "limits", "shifts")
+# Those a call's outputs give the call that follows it (its ``following``); the others stay.
+_CARRIED_INPUTS = ("fed", "lengths", "live", "steps")
+
+
+@dataclass
+class _DecodeCall:
+    """A decode program call, dispatched and not yet read."""
+
+    indices: list[int]  # the slot of each row that holds a completion (the rows after them are padding)
+    slots: list[_Slot | None]  # each such row's completion when dispatched; None: it had ended (masked)
+    rows: int  # the program's rows
+    steps: int  # tokens per row
+    inputs: dict[str, jax.Array]  # the per-row arguments (_ROW_INPUTS), on the device
+    tokens: jax.Array  # [rows, steps], -1 where a row drew nothing
+    logprobs: jax.Array
+    following: dict[str, jax.Array]  # _CARRIED_INPUTS for the call after this one, on the device
+    version: int | None  # the weights version it samples with
+    ahead: bool  # dispatched before the previous call was read
 
 
 # --------------------------------------------------------------------------- programs
@@ -505,7 +553,8 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states
     """``programs.steps`` tokens for each of ``R`` rows, row ``r`` being slot ``slot_index[r]`` (``S``, out of
     range, for padding). Each step feeds a row's last token at cache position ``lengths [R]`` plus the step, its
     rope position ``shifts [R]`` further on (a multimodal rope's ``rope_deltas``, 0 for text); a row stops once it
-    draws an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had).
+    draws an end token or its ``limits [R]``-th token (``steps [R]`` counts the tokens it had), and a row not
+    ``live [R]`` draws nothing (its keys and values go to the trash page).
 
     With ``"gather"`` attention the rows' pages are gathered once into a right-aligned cache (:func:`_gather_view`)
     that the steps extend as the static sampler's does, and the fed tokens' keys and values go to their pages once,
@@ -514,7 +563,10 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states
     last step (a row that stopped within the call advanced its state on, but its slot is freed and reset at its next
     admission).
 
-    Returns ``(tokens [R, steps], logprobs [R, steps], pool, seen, slot_states)``, ``-1`` after a row stopped.
+    Returns ``(tokens [R, steps], logprobs [R, steps], pool, seen, slot_states, following)``, ``-1`` after a row
+    stopped. ``following`` holds the next call's ``fed`` (each row's last drawn token), ``lengths``, ``steps`` (each
+    advanced by the tokens the row drew) and ``live`` (the rows that did not stop), so a call can follow this one
+    without the host reading it (``PagedEngineConfig.async_scheduling``): a row that stopped here draws nothing there.
     """
     rows = page_table.shape[0]
     view, count = programs.view, programs.steps
@@ -561,7 +613,9 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states
 
     carry = (memory, seen, tokens, jnp.zeros_like(live), jnp.full((rows, count), -1, jnp.int32),
              jnp.zeros((rows, count), jnp.float32))
-    memory, seen, _, _, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, one_step, carry)
+    memory, seen, fed, done, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, one_step, carry)
+    produced = (out_tokens >= 0).sum(axis=1, dtype=jnp.int32)
+    following = {"fed": fed, "lengths": lengths + produced, "live": live & ~done, "steps": steps + produced}
     if in_place:
         pool, states = memory
     else:
@@ -569,7 +623,7 @@ def _decode_program(programs: _Programs, module, tables, pool, seen, slot_states
         # A step's fed token is kept when the row was active at that step, i.e. drew a token there.
         pool = _write_fed(pool, {name: memory[name] for name in pool}, lengths, page_table, out_tokens >= 0, view)
     slot_states = jax.tree.map(lambda kept, new: kept.at[slot_index].set(new, mode="drop"), slot_states, states)
-    return out_tokens, out_logprobs, _placed_pool(programs, pool), seen, slot_states
+    return out_tokens, out_logprobs, _placed_pool(programs, pool), seen, slot_states, following
 
 
 _prefill = traced_cheaply(nnx.jit(_prefill_program, static_argnums=(0,), donate_argnums=(3,)))
@@ -601,6 +655,16 @@ def _pool_bytes(pool: dict) -> tuple[int, int]:
 # --------------------------------------------------------------------------- the engine
 
 
+def default_async_scheduling(platform: str | None = None) -> bool:
+    """Whether the paged engine dispatches a decode call before reading the previous one on ``platform`` (default:
+    JAX's default backend) when ``PagedEngineConfig.async_scheduling`` is ``None``: on a GPU or TPU, whose device
+    otherwise idles while the host reads a call's tokens, schedules and uploads the next one. Not on the CPU, where
+    the host's part of a round is a small share of it and the rows a call dispatched ahead runs for completions
+    that had ended cost more than the overlap saves (``benchmarks/rollout.py --async-scheduling``)."""
+    platform = platform or jax.default_backend()
+    return platform in ("gpu", "cuda", "rocm", "tpu")
+
+
 class PagedEngine:
     """The paged, continuously batched rollout engine (see the module docstring); a :class:`~.engine.RolloutEngine`.
 
@@ -618,6 +682,15 @@ class PagedEngine:
             with either attention (a paged kernel runs on each device's heads). Where a layer's KV heads do not
             divide by ``tp`` the pool is whole on every device, with a warning (vLLM refuses such a split, or
             replicates the heads). With several processes every process runs the same scheduler on the same tokens.
+
+    With ``async_scheduling`` (vLLM's name; the GPU's and TPU's default) the next decode call is dispatched before the
+    host reads the last one's tokens while the batch stays as it is (nothing waits to be admitted or prefilled, no
+    pages are short, the program keeps its rows): its fed tokens, lengths, token counts and which rows ended are the
+    last call's outputs, on the device, and the host takes beforehand the pages each row would write if it did not
+    end (those of rows that did are freed when the host reads them). Rows that ended draw nothing, so the tokens and
+    log-probs are those of the synchronous rounds; any change of the batch (an admission, a prefill chunk, a
+    preemption, a weights update, a smaller program) reads the last call first (``EngineStats.decode_calls_ahead``,
+    ``EngineStats.ended_row_steps``).
 
     Example:
 
@@ -647,6 +720,8 @@ class PagedEngine:
         if refusal is not None:  # the backend's kernel by default: the dense view where it cannot serve the model
             attention = "gather"
         self.kernel = {"attention": attention, "interpret": paged_attention.interpreted(attention)}
+        self.async_scheduling = (default_async_scheduling() if self.config.async_scheduling is None
+                                 else bool(self.config.async_scheduling))
         # Where the pool lies on a mesh (``_Programs``' fields of the same names, as ``kernel``'s are).
         self._placement = {"heads_mesh": self._heads_mesh()}
         self._placement["pool_sharding"] = None if mesh is None else self._pool_sharding()
@@ -979,7 +1054,9 @@ class _Scheduler:
         self.tickets: list[StreamTicket] = []  # added and not yet done
         self.end_ids = set(engine.eos_token_ids)
         self.parallel = 1 if engine.mesh is None else mesh_lib.data_parallel_size(engine.mesh)
-        self.sharding = None if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
+        # Where the decode rows' arguments are placed: committed there, as the outputs a call dispatched ahead takes
+        # them from are (an uncommitted argument would compile the program a second time).
+        self.sharding = engine._replicated() if engine.mesh is None else mesh_lib.batch_sharding(engine.mesh)
         self.programs = _Programs(self.switches, engine.lora, **engine.kernel, **engine._placement)
         self.end_array = end_token_array(engine.eos_token_ids)
         self.prefill_budget = engine.config.max_num_batched_tokens  # prompt tokens left before the next decode
@@ -988,6 +1065,8 @@ class _Scheduler:
         self.table_width = 0
         self.longest_prompt = 0
         self.pages: PagePool | None = None  # sized by the first requests added (:meth:`_size`)
+        self.pending: _DecodeCall | None = None  # async scheduling: the decode call dispatched and not yet read
+        self.uploaded_table: tuple[np.ndarray, jax.Array] | None = None  # the last page table uploaded, both sides
 
     def _size(self, requests: list[RolloutRequest]) -> None:
         """Sizes the slots and the pool for the first requests added (the pool as ``kv_cache_tokens``,
@@ -1055,12 +1134,15 @@ class _Scheduler:
 
     @property
     def busy(self) -> bool:
-        """Whether a completion is waiting or running."""
-        return bool(self.waiting) or any(slot is not None for slot in self.slots)
+        """Whether a completion is waiting or running, or a decode call is to be read."""
+        return bool(self.waiting) or any(slot is not None for slot in self.slots) or self.pending is not None
 
     def round(self) -> bool:
-        """One round: prefills and admits what fits, then one decode call for the live completions. Returns whether
-        work remains."""
+        """One round: prefills and admits what fits, then one decode call for the live completions. With async
+        scheduling a round that finds the batch unchanged dispatches the call that follows the pending one and then
+        reads the pending one instead (:meth:`_continue_ahead`). Returns whether work remains."""
+        if self.pending is not None and self._continue_ahead():
+            return True
         progressed = self._admit_waiting()
         live = [index for index, slot in enumerate(self.slots) if slot is not None]
         if not live:
@@ -1078,6 +1160,7 @@ class _Scheduler:
         preempted by recompute and the waiting prompts' prefills dropped, so their keys and values (and a hybrid's
         recurrent states) are computed again with the new weights: every token is then drawn from one version's
         distribution given its whole context, the one its log-prob is taken under."""
+        self._read_pending()  # its tokens are the old weights'
         self.module, self.version = module, version
         self.tables = gather_tables(module)
         self.stats.weight_updates += 1
@@ -1090,7 +1173,9 @@ class _Scheduler:
             pass
 
     def finish(self) -> None:
-        """Hands the pool back to the engine (kept for its next call or stream)."""
+        """Hands the pool back to the engine (kept for its next call or stream); a decode call not read is dropped
+        (its completions' tickets are failed or done)."""
+        self.pending = None
         if self.pages is not None:
             self.engine._keep_pool(self.pool, self.pages.num_pages)
             self.stats.peak_pages_in_use = self.pages.peak_in_use
@@ -1301,10 +1386,11 @@ class _Scheduler:
         group.state = None
 
     # ------------------------------------------------------------------ pages and preemption
-    def _pages_short(self, slot: _Slot) -> int:
+    def _pages_short(self, slot: _Slot, ahead: int = 0) -> int:
         """Pages a running completion lacks for every token its next decode call may feed (the last new token is
-        never fed)."""
-        through = slot.length + min(self.engine.config.decode_steps, slot.remaining)
+        never fed); ``ahead``: that call follows one not yet read, which adds ``ahead`` tokens if the completion does
+        not end there."""
+        through = slot.length + ahead + min(self.engine.config.decode_steps, slot.remaining - ahead)
         return max(self.pages.pages_for(through) - len(slot.pages), 0)
 
     def _pages_to_start(self, group: _Group) -> int:
@@ -1401,13 +1487,21 @@ class _Scheduler:
         return rows
 
     def _decode_step(self, live: list[int]) -> None:
-        live = self._make_room(live)
-        engine = self.engine
-        count = engine.config.decode_steps
+        """One decode call for the ``live`` slots, built on the host from their completions once the pool holds its
+        pages (:meth:`_make_room`): read at once, or with async scheduling left pending for the next round."""
+        call = self._dispatch(self._make_room(live))
+        if self.engine.async_scheduling:
+            self.pending = call
+        else:
+            self._read(call)
+
+    def _dispatch(self, live: list[int]) -> _DecodeCall:
+        """Dispatches the decode call for the ``live`` slots (each takes the pages it writes), its arguments built on
+        the host from their completions."""
+        count = self.engine.config.decode_steps
         rows = self._decode_rows(len(live))
         slot_index = np.full(rows, self.num_slots, np.int32)
         fed = np.zeros(rows, np.int32)
-        page_table = np.zeros((rows, self.table_width), np.int32)
         lengths = np.zeros(rows, np.int32)
         alive = np.zeros(rows, bool)
         seeds = np.zeros(rows, np.uint32)
@@ -1415,13 +1509,12 @@ class _Scheduler:
         steps = np.zeros(rows, np.int32)
         limits = np.ones(rows, np.int32)
         shifts = np.zeros(rows, np.int32)
-        for row, index in enumerate(live):
-            slot = self.slots[index]
+        slots = [self.slots[index] for index in live]
+        for row, (index, slot) in enumerate(zip(live, slots, strict=True)):
             request = slot.group.request
             slot.pages.extend(self.pages.take() for _ in range(self._pages_short(slot)))
             slot_index[row] = index
             fed[row] = self.fed[index]
-            page_table[row, :len(slot.pages)] = slot.pages
             lengths[row] = slot.length
             alive[row] = True
             seeds[row] = int(request.seed) % (2**32)
@@ -1430,25 +1523,105 @@ class _Scheduler:
             limits[row] = request.max_new_tokens
             shifts[row] = request.rope_delta
         programs = replace(self.programs, view=self._view(int(lengths.max())), steps=count)
-        arrays = (slot_index, fed, lengths, page_table, alive, seeds, samples, steps, limits, shifts)
-        if self.sharding is not None:
-            arrays = tuple(mesh_lib.place_array(array, self.sharding) for array in arrays)
-        tokens, logprobs, self.pool, self.seen, self.slot_states = _decode(
-            programs, self.module, self.tables, self.pool, self.seen, self.slot_states, *arrays, self.values,
-            self.end_array)
-        tokens, logprobs = gather_to_host(tokens), gather_to_host(logprobs)
+        arrays = {"slot_index": slot_index, "fed": fed, "lengths": lengths, "live": alive, "seeds": seeds,
+                  "samples": samples, "steps": steps, "limits": limits, "shifts": shifts}
+        inputs = {name: mesh_lib.place_array(array, self.sharding) for name, array in arrays.items()}
+        inputs["page_table"] = self._page_table(rows, slots)
+        return self._launch(programs, live, slots, rows, inputs, ahead=False)
+
+    def _continue_ahead(self) -> bool:
+        """Async scheduling: dispatches the decode call that follows the pending one when the batch may stay as it
+        is (:meth:`_following`), then reads the pending one (the host schedules while the device decodes). Returns
+        whether it dispatched one; if not, the pending call is read and the round goes on synchronously."""
+        pending, self.pending = self.pending, None
+        following = self._following(pending)
+        self._read(pending)
+        self.pending = following
+        return following is not None
+
+    def _following(self, call: _DecodeCall) -> _DecodeCall | None:
+        """Dispatches the decode call after ``call`` (not read yet) on the same rows, its fed tokens, lengths, token
+        counts and live rows being ``call``'s outputs on the device: rows that end in ``call`` draw nothing. Each
+        completion that may go on takes the pages it writes if it does not end in ``call``.
+
+        Nothing is dispatched (``None``) where the batch may change at ``call``'s end: a request waits (an admission
+        or a prefill chunk comes), the completions that may go on fit a smaller program, none may go on, or the pool
+        lacks their pages (a preemption, decided once ``call`` is read).
+        """
+        if self.waiting:
+            return None
+        count = self.engine.config.decode_steps
+        slots = [slot if slot is not None and self.slots[index] is slot else None
+                 for index, slot in zip(call.indices, call.slots, strict=True)]
+        going_on = [slot for slot in slots if slot is not None and slot.remaining > count]
+        if not going_on or self._decode_rows(len(going_on)) < call.rows:
+            return None
+        short = [self._pages_short(slot, ahead=count) for slot in going_on]
+        if sum(short) > self.pages.free:
+            return None
+        for slot, pages in zip(going_on, short, strict=True):
+            slot.pages.extend(self.pages.take() for _ in range(pages))
+        programs = replace(self.programs, view=self._view(max(slot.length + count for slot in going_on)), steps=count)
+        inputs = {**call.inputs, **{name: mesh_lib.place_array(call.following[name], self.sharding)
+                                    for name in _CARRIED_INPUTS}}
+        inputs["page_table"] = self._page_table(call.rows, slots)
+        return self._launch(programs, call.indices, slots, call.rows, inputs, ahead=True)
+
+    def _page_table(self, rows: int, slots: list[_Slot | None]) -> jax.Array:
+        """The page table ``[rows, table width]`` of a decode call whose rows hold ``slots`` (a row without a
+        completion reads the trash page), on the device: the last one uploaded when it is unchanged, as it is for
+        most calls."""
+        table = np.zeros((rows, self.table_width), np.int32)
+        for row, slot in enumerate(slots):
+            if slot is not None:
+                table[row, :len(slot.pages)] = slot.pages
+        last = self.uploaded_table
+        if last is None or last[0].shape != table.shape or not np.array_equal(last[0], table):
+            self.uploaded_table = (table, mesh_lib.place_array(table, self.sharding))
+            self.stats.page_table_uploads += 1
+        return self.uploaded_table[1]
+
+    def _launch(self, programs: _Programs, indices: list[int], slots: list[_Slot | None], rows: int,
+                inputs: dict[str, jax.Array], ahead: bool) -> _DecodeCall:
+        """Dispatches the decode program on ``inputs``; the pool, penalty memory and recurrent states are its
+        outputs from then on."""
+        tokens, logprobs, self.pool, self.seen, self.slot_states, following = _decode(
+            programs, self.module, self.tables, self.pool, self.seen, self.slot_states,
+            *(inputs[name] for name in _ROW_INPUTS), self.values, self.end_array)
+        return _DecodeCall(indices, slots, rows, programs.steps, inputs, tokens, logprobs, following, self.version,
+                           ahead)
+
+    def _read_pending(self) -> None:
+        """Reads the decode call dispatched and not yet read, if any."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._read(pending)
+
+    def _read(self, call: _DecodeCall) -> None:
+        """Reads a decode call's tokens to the host and records them; completions that end free their slots and
+        pages."""
+        tokens, logprobs = gather_to_host(call.tokens), gather_to_host(call.logprobs)
+        produced = (tokens >= 0).sum(axis=1)
+        # The rows whose completion was running when the call began; the others had ended (masked).
+        running = [(row, index) for row, (index, slot) in enumerate(zip(call.indices, call.slots, strict=True))
+                   if slot is not None and self.slots[index] is slot]
+        # Rows dispatched as running whose completion had ended in the call before (unread then).
+        ended = sum(slot is not None for slot in call.slots) - len(running)
+        if produced.sum() != sum(produced[row] for row, _ in running):
+            raise RuntimeError("a decode call drew tokens for a completion that had ended; this is a bug.")
         stats = self.stats
         stats.decode_calls += 1
-        stats.decode_tickets.append(len({id(self.slots[index].group.ticket) for index in live}))
-        stats.decode_steps += count
-        stats.row_steps += rows * count
-        stats.decode_rows.append((len(live), rows))
-        produced = (tokens[:len(live)] >= 0).sum(axis=1)
+        stats.decode_calls_ahead += int(call.ahead)
+        stats.ended_row_steps += ended * call.steps
+        stats.decode_tickets.append(len({id(self.slots[index].group.ticket) for _, index in running}))
+        stats.decode_steps += call.steps
+        stats.row_steps += call.rows * call.steps
+        stats.decode_rows.append((len(running), call.rows))
         stats.slot_steps += int(produced.sum())
-        for row, index in enumerate(live):
+        for row, index in running:
             count = int(produced[row])
             self.slots[index].length += count
-            self._record_many(index, tokens[row, :count].tolist(), logprobs[row, :count].tolist(), self.version)
+            self._record_many(index, tokens[row, :count].tolist(), logprobs[row, :count].tolist(), call.version)
         stats.pages_in_use_per_step.append(self.pages.in_use)
         stats.live_tokens_per_step.append(self._live_tokens())
 
@@ -1464,4 +1637,5 @@ class _Scheduler:
         return own + sum(shared.values())
 
 
-__all__ = ["EngineStats", "PagedEngine", "PagedEngineConfig", "RolloutStream", "StreamTicket"]
+__all__ = ["EngineStats", "PagedEngine", "PagedEngineConfig", "RolloutStream", "StreamTicket",
+           "default_async_scheduling"]

@@ -3,8 +3,9 @@ fit in a share of a device's memory.
 
 Page 0 is never handed out: the engine's programs write the keys of idle slots and padding there, so no live page
 is touched by them. A page held by several sequences (a group's shared prompt pages) is freed when its last holder
-lets go. Nothing is reserved ahead: the scheduler takes a page when a token is about to be written to it, and makes
-room (by preempting a completion) before it takes more pages than are free.
+lets go. Nothing is reserved ahead: the scheduler takes a page when a token is about to be written to it (with async
+scheduling, by the decode call dispatched before the host read the last one: a completion that ended in that one
+frees it on the read), and makes room (by preempting a completion) before it takes more pages than are free.
 """
 
 from __future__ import annotations

@@ -37,12 +37,14 @@ TORCHLIKE_FIELDS = OWN_FIELDS | (OTHER_VERSIONS_FIELDS
 TORCHLIKE_GRPO_FIELDS = TORCHLIKE_FIELDS | {"max_prompt_length", "rollout_engine", "rollout_max_num_seqs",
                                             "rollout_page_size", "rollout_kv_cache_tokens",
                                             "rollout_max_num_batched_tokens", "rollout_vllm_adapter_dir",
-                                            "rollout_attention", "rollout_gpu_memory_utilization", "max_staleness"}
+                                            "rollout_attention", "rollout_gpu_memory_utilization",
+                                            "rollout_async_scheduling", "max_staleness"}
 #: AsyncGRPOConfig's fields beyond TRL's: torchlike's and the rollout engine's settings (TRL's AsyncGRPO samples
 #: through a vLLM server).
 TORCHLIKE_ASYNC_GRPO_FIELDS = TORCHLIKE_FIELDS | {"rollout_engine", "rollout_max_num_seqs", "rollout_page_size",
                                                   "rollout_kv_cache_tokens", "rollout_max_num_batched_tokens",
-                                                  "rollout_attention", "rollout_gpu_memory_utilization"}
+                                                  "rollout_attention", "rollout_gpu_memory_utilization",
+                                                  "rollout_async_scheduling"}
 #: Raw defaults torchlike takes from transformers 5.23, with the older versions' value (both resolve to it).
 NEWER_RAW_DEFAULTS = {"gradient_checkpointing": False}
 

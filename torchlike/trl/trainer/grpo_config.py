@@ -136,6 +136,7 @@ class OnlineRLConfig(TRLConfig):
     rollout_max_num_batched_tokens: int = 2048
     rollout_attention: str | None = None
     rollout_gpu_memory_utilization: float | None = None
+    rollout_async_scheduling: bool | None = None
     rollout_vllm_adapter_dir: str | None = None
     max_staleness: int = 0
 
@@ -219,13 +220,16 @@ class GRPOConfig(OnlineRLConfig):
         rollout_attention (`str`, *optional*): torchlike only; how the paged engine's decode reads its KV pages:
             ``"gather"`` (a dense view of each row's pages: the CPU's default), ``"pallas_gpu"`` / ``"pallas_tpu"``
             (JAX's paged-attention kernels reading the pages in place, each new key and value written straight into
-            its page: the default on a GPU / TPU for Qwen2, Qwen3, Qwen3-MoE, Llama 3, Gemma 2/3 and the native
-            decoder's families; Gemma 4 keeps the gathered view). ``None``: the backend's own.
+            its page: the default on a GPU / TPU for Qwen2, Qwen3, Qwen3-MoE, Llama 3, Gemma 2/3/4 and the native
+            decoder's families; GPT-OSS's attention sinks keep the gathered view). ``None``: the backend's own.
         rollout_gpu_memory_utilization (`float`, *optional*): torchlike only (vLLM's ``gpu_memory_utilization``);
             with ``rollout_kv_cache_tokens=None``, the paged engine's KV pool takes what this share of the device's
             memory leaves beside the memory in use when a round starts; completions are admitted as pages are free
             and preempted (recomputed later, same tokens) when they run out. A device without memory statistics (the
             CPU) warns and sizes the pool for every slot's longest completion.
+        rollout_async_scheduling (`bool`, *optional*): torchlike only (vLLM's ``async_scheduling``); the paged engine
+            dispatches each decode call before the host reads the previous one's tokens while its batch is unchanged
+            (same tokens and log-probs). ``None``: the backend's default (on for a GPU or TPU, off on the CPU).
         rollout_vllm_adapter_dir (`str`, *optional*): torchlike only; with ``use_vllm=True, vllm_mode="server"``, the
             folder each optimizer step's LoRA adapter is written under for the vLLM server to load (it must read the
             same path: the same host or a shared mount). ``None``: a temporary folder.
@@ -326,6 +330,9 @@ def check_rollout_fields(self: TRLConfig) -> None:
                          "(0, 1], or None.")
     if self.rollout_attention is not None:
         self.rollout_attention = check_choice("rollout_attention", self.rollout_attention, ATTENTION_KINDS)
+    if self.rollout_async_scheduling not in (None, True, False):
+        raise ValueError(f"rollout_async_scheduling={self.rollout_async_scheduling!r}: expected True, False or None "
+                         "(the backend's default).")
     if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
         raise ValueError(f"max_staleness={self.max_staleness!r}: expected an integer >= 0 (0: synchronous).")
     for name in ("rollout_max_num_seqs", "rollout_page_size", "rollout_kv_cache_tokens",

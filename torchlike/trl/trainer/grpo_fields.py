@@ -220,12 +220,17 @@ GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "rollout_attention": honoured("torchlike: how the paged engine's decode reads its KV pages: 'gather' (a dense "
                                   "view, the CPU's way), 'pallas_gpu' / 'pallas_tpu' (JAX's paged-attention kernels, "
                                   "pages read in place; the GPU's / TPU's default for Qwen2, Qwen3, Qwen3-MoE, "
-                                  "Llama 3, Gemma 2/3 and the native decoder's families); None: the backend's own."),
+                                  "Llama 3, Gemma 2/3/4 and the native decoder's families); None: the backend's "
+                                  "own."),
     "rollout_gpu_memory_utilization": honoured("torchlike (vLLM's gpu_memory_utilization): with "
                                                "rollout_kv_cache_tokens=None the paged engine's KV pool takes what "
                                                "this share of the device's memory leaves; completions beyond it are "
                                                "preempted and recomputed (same tokens). None: every slot's longest "
                                                "completion."),
+    "rollout_async_scheduling": honoured("torchlike (vLLM's async_scheduling): the paged engine dispatches each "
+                                         "decode call before reading the previous one's tokens while its batch is "
+                                         "unchanged (same tokens); None: the backend's default (on for a GPU or "
+                                         "TPU, off on the CPU)."),
     "max_staleness": honoured("torchlike (TRL's AsyncGRPOConfig name): 0 samples each generation batch before it "
                               "trains; >= 1 samples the next one while the current one trains (the optimizer "
                               "steps of one generation batch must not exceed it), with the sampler correction. On "

@@ -54,8 +54,8 @@ class AsyncGRPOConfig(TRLConfig):
         rollout_engine (`str`, defaults to ``"paged"``): torchlike only; the engine that samples (as
             ``GRPOConfig.rollout_engine``; the paged engine's stream samples ahead with weight versions).
         rollout_max_num_seqs, rollout_page_size, rollout_kv_cache_tokens, rollout_max_num_batched_tokens,
-            rollout_attention, rollout_gpu_memory_utilization: torchlike only; the engine's sizes, as in
-            ``GRPOConfig``.
+            rollout_attention, rollout_gpu_memory_utilization, rollout_async_scheduling: torchlike only; the engine's
+            settings, as in ``GRPOConfig``.
 
     TRL's vLLM server fields (``vllm_server_base_url``, ``vllm_server_timeout``, ``request_timeout``,
     ``weight_sync_timeout``, ``heartbeat_stale_after_s``) are accepted and not used: no server is involved.
@@ -119,6 +119,7 @@ class AsyncGRPOConfig(TRLConfig):
     rollout_max_num_batched_tokens: int = 2048
     rollout_attention: str | None = None
     rollout_gpu_memory_utilization: float | None = None
+    rollout_async_scheduling: bool | None = None
 
     # --- what the policy-gradient loop reads and TRL's AsyncGRPOConfig has no field for: AsyncGRPO's fixed values
     # (class attributes, not fields, so the config takes exactly TRL's arguments) ---

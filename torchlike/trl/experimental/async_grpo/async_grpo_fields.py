@@ -129,4 +129,5 @@ ASYNC_GRPO_FIELD_SUPPORT: dict[str, FieldSupport] = {
     "rollout_max_num_batched_tokens": GRPO_FIELD_SUPPORT["rollout_max_num_batched_tokens"],
     "rollout_attention": GRPO_FIELD_SUPPORT["rollout_attention"],
     "rollout_gpu_memory_utilization": GRPO_FIELD_SUPPORT["rollout_gpu_memory_utilization"],
+    "rollout_async_scheduling": GRPO_FIELD_SUPPORT["rollout_async_scheduling"],
 }
