@@ -147,13 +147,14 @@ def test_qwen2_5_vl_rloo_samples_each_prompt_with_its_images(qwen_path, tmp_path
     rows = [{"prompt": [{"role": "user", "content": PROMPTS[row % len(PROMPTS)]}],
              "images": image_of(row) or [tiny_image(row, 16)]} for row in range(4)]
     requests = []
-    engine_generate = rollout.StaticEngine.generate
+    from_rows = rollout.requests_from_rows
 
-    def recording(engine, batch_requests, settings):
+    def recording(*args, **kwargs):  # the requests the rollout worker hands its engine (whichever it is)
+        batch_requests, places = from_rows(*args, **kwargs)
         requests.extend(batch_requests)
-        return engine_generate(engine, batch_requests, settings)
+        return batch_requests, places
 
-    monkeypatch.setattr(rollout.StaticEngine, "generate", recording)
+    monkeypatch.setattr(rollout, "requests_from_rows", recording)
     trainer = RLOOTrainer(model=str(qwen_path), reward_funcs=[tiny.token_reward, tiny.length_reward],
                           args=RLOOConfig(output_dir=str(tmp_path), **dict(tiny.grpo_settings(max_steps=2),
                                                                            per_device_train_batch_size=4,

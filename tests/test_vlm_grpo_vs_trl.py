@@ -69,15 +69,17 @@ def test_vlm_grpo_samples_its_completions_with_the_images(vlm_path, tmp_path, ma
                           train_dataset=image_rows(4),
                           processing_class=torchlike.AutoProcessor.from_pretrained(vlm_path))
     requests = []
-    engine_generate = rollout.StaticEngine.generate
+    from_rows = rollout.requests_from_rows
 
-    def recording(engine, batch_requests, settings):  # the training engine's and the background one's
+    def recording(*args, **kwargs):  # the requests the rollout worker hands its engine (whichever it is)
+        batch_requests, places = from_rows(*args, **kwargs)
         requests.extend(batch_requests)
-        return engine_generate(engine, batch_requests, settings)
+        return batch_requests, places
 
-    monkeypatch.setattr(rollout.StaticEngine, "generate", recording)
+    monkeypatch.setattr(rollout, "requests_from_rows", recording)
     output = trainer.train()
     assert output.global_step == 1 + max_staleness and np.isfinite(output.training_loss)
+    assert isinstance(trainer.rollout_engine, rollout.PagedEngine)  # the CPU's default engine samples the images
     # Every prompt was one request (its num_generations samples share a prefill) carrying its own image.
     assert [request.num_samples for request in requests] == [SETTINGS["num_generations"]] * len(requests)
     assert all(request.images is not None and request.images.shape[0] == 1 for request in requests)
