@@ -110,10 +110,25 @@ def runs(tiny_checkpoints, tokenizer_dir, tmp_path_factory):
                                            weight_sync_steps=2, save_strategy="no"),
                                train_dataset=dataset, processing_class=tokenizer_for(tokenizer_dir))
     resumed_record = recording(resumed)
+    # The drops do not depend on the machine's load: each hand-over waits until the batches sampled ahead are done,
+    # so every token of them is drawn with the weights before it (without the wait, the engine's thread draws their
+    # first tokens before the hand-over in practice, but a busy machine could delay it).
+    worker = resumed.rollout_worker
+    hand_over = worker.weights_changed
+
+    hand_overs = []
+
+    def after_the_batches_ahead(version):
+        for _, pending in worker._shared.ahead.values():
+            pending.result()
+        hand_overs.append(version)
+        hand_over(version)
+
+    worker.weights_changed = after_the_batches_ahead
     saved = json.loads((folder / "ahead" / "checkpoint-2" / "rollout_state.json").read_text())
     resumed.train(resume_from_checkpoint=str(folder / "ahead" / "checkpoint-2"))
     return types.SimpleNamespace(ahead=ahead, ahead_record=ahead_record, resumed=resumed,
-                                 resumed_record=resumed_record, saved=saved)
+                                 resumed_record=resumed_record, saved=saved, hand_overs=hand_overs)
 
 
 # --- TRL's code, called on torchlike's numbers ---------------------------------------------------------------------
@@ -246,6 +261,7 @@ def test_batches_sampled_ahead_within_max_staleness_are_all_trained(runs):
 def test_stale_completions_are_dropped_counted_and_training_goes_on(runs):
     trainer, record = runs.resumed, runs.resumed_record
     history = trainer.state.log_history
+    assert runs.hand_overs == [3, 4]  # at the start (the restored weights) and after step 4 (weight_sync_steps=2)
     assert trainer.state.global_step == 5 and np.isfinite(logged(history, "loss")).all()
     dropped_per_batch = []
     for versions, current, dropped in record["stale"]:
