@@ -5,8 +5,9 @@ Each prompt row becomes one :class:`~torchlike.adapters.rollout.RolloutRequest` 
 completions are its samples; output row ``i`` (prompt ``i // n``, sample ``i % n``) draws from the PRNG stream
 ``(seed, i)``, as the batch sampler numbered its rows, so a seed gives the same tokens through either engine: the
 static one (one left-padded batch, one compiled program, ``rollout_engine="static"``) or the paged one
-(``"paged"``); by default the backend's (``adapters.rollout.default_engine``: the paged engine on the CPU). The rows are put back into ``transformers``' layout (prompt, then the new tokens,
-``pad_token_id`` after a row's end token).
+(``"paged"``); by default the backend's (``adapters.rollout.default_engine``: the paged engine on the CPU). The
+rows are put back into ``transformers``' layout (prompt, then the new tokens, ``pad_token_id`` after a row's end
+token).
 
 Settings resolve as in ``transformers``: arguments of the call, then a ``generation_config`` passed
 to the call, then the model's ``generation_config`` (``generation_config.json``), then

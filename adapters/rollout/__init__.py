@@ -29,7 +29,8 @@ from .registry import (
     unregister_engine,
 )
 
-__all__ = ["BUILT_IN", "DEFAULT_ENGINES", "EngineContext", "EngineStats", "PagedEngine", "PagedEngineConfig", "RequestOutput",
-           "RolloutEngine", "RolloutRequest", "RolloutStream", "StaticEngine", "StreamTicket", "build_engine",
-           "completion_mask", "default_engine", "derived_seed", "engine_names", "register_engine", "request_seed", "requests_from_rows",
-           "row_of", "rows_from_outputs", "unregister_engine", "versions_from_outputs", "weights_snapshot"]
+__all__ = ["BUILT_IN", "DEFAULT_ENGINES", "EngineContext", "EngineStats", "PagedEngine", "PagedEngineConfig",
+           "RequestOutput", "RolloutEngine", "RolloutRequest", "RolloutStream", "StaticEngine", "StreamTicket",
+           "build_engine", "completion_mask", "default_engine", "derived_seed", "engine_names", "register_engine",
+           "request_seed", "requests_from_rows", "row_of", "rows_from_outputs", "unregister_engine",
+           "versions_from_outputs", "weights_snapshot"]
