@@ -48,7 +48,7 @@ def length_reward(completions, **kwargs):
 def config(output_dir, **overrides) -> AsyncGRPOConfig:
     values = dict(output_dir=str(output_dir), per_device_train_batch_size=4, gradient_accumulation_steps=ACCUMULATION,
                   num_generations=4, max_completion_length=12, max_steps=3, learning_rate=5e-2, epsilon=0.05,
-                  epsilon_high=0.03, bf16=False, max_staleness=2, report_to="none", save_strategy="steps",
+                  epsilon_high=0.03, max_staleness=2, report_to="none", save_strategy="steps",
                   save_steps=2, disable_tqdm=True, seed=3)
     return AsyncGRPOConfig(**{**values, **overrides})
 
@@ -61,10 +61,12 @@ def recording(trainer: AsyncGRPOTrainer) -> dict:
     run_step, advantages, stale = trainer._run_step, trainer.algorithm.advantages, trainer._record_staleness
     step_columns = trainer.algorithm.step_columns
     family, temperature = trainer.model.family, trainer.sampling.temperature
+    dtype = trainer._compute_dtype()  # the train step's (bf16, TRL's default)
 
     @nnx.jit
     def scores(module, batch):
-        return grpo_losses.completion_scores(family, module, batch, temperature, with_entropies=True)
+        return grpo_losses.completion_scores(family, module, batch, temperature, with_entropies=True,
+                                             compute_dtype=dtype)
 
     def recording_step(step_fn, batch, step):
         host = {key: np.asarray(value) for key, value in batch.items()}
