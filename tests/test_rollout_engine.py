@@ -8,6 +8,7 @@ the synchronous tokens and log-probs bit for bit."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import jax
@@ -33,6 +34,7 @@ from torchlike.adapters.rollout import (
 from torchlike.adapters.rollout.pages import pages_within_memory
 from torchlike.adapters.rollout.sampling import cache_size
 from torchlike.adapters.rollout.sampling_settings import SamplingSettings
+from torchlike.adapters.runtime import tracing
 from torchlike.adapters.runtime.tracing import TRACE_COUNTS
 from torchlike.trl import GRPOConfig
 
@@ -203,9 +205,34 @@ def test_pages_in_use_track_the_live_tokens_and_are_all_freed(wandering_qwen2):
     assert stats.peak_pages_in_use < stats.pages
     # Completions of different length: the pages held fall as completions end.
     assert in_use[-1] < in_use.max()
-    # As they end, the decode program shrinks: never more than twice the live completions' rows.
-    assert all(live <= rows < 2 * live for live, rows in stats.decode_rows)
-    assert {rows for _, rows in stats.decode_rows} >= {slots, slots // 2}
+    # Fewer slots than paged.MIN_DECODE_ROWS: every call runs them all, however few completions are live.
+    assert {rows for _, rows in stats.decode_rows} == {slots}
+    assert min(live for live, _ in stats.decode_rows) < slots
+
+
+def test_the_decode_program_shrinks_with_the_live_completions_down_to_eight_rows_and_one_view(wandering_qwen2,
+                                                                                                caplog):
+    """A long tail of few completions runs on the power of two rows that holds them, never fewer than
+    ``paged.MIN_DECODE_ROWS``; short rows gather ``paged.MIN_VIEW`` columns, so the whole tail is two programs."""
+    _, model = wandering_qwen2
+    slots = 32
+    engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=slots, page_size=4, decode_steps=4))
+    # Completions of 1 to 24 tokens, none ending early (no eos): the live count falls at known calls.
+    requests = [RolloutRequest(prompt, 1 + index * 23 // 19, seed=index)
+                for index, prompt in enumerate(prompts((4, 9, 6, 3) * 5))]
+    with caplog.at_level(logging.INFO, logger=tracing.__name__):
+        outputs = engine.generate(requests, SAMPLING)
+    assert [len(output.token_ids[0]) for output in outputs] == [request.max_new_tokens for request in requests]
+    rows_run = [rows for _, rows in engine.stats.decode_rows]
+    assert all(rows == max(paged.MIN_DECODE_ROWS, 1 << (live - 1).bit_length())
+               for live, rows in engine.stats.decode_rows)
+    assert rows_run[0] == slots and rows_run[-1] == paged.MIN_DECODE_ROWS
+    assert min(live for live, _ in engine.stats.decode_rows) < paged.MIN_DECODE_ROWS // 2
+    # Rows of 4 to 33 tokens: one view of paged.MIN_VIEW (64) columns, so one decode program per row count.
+    decode_programs = [record.getMessage() for record in caplog.records
+                       if "engine program decode," in record.getMessage()]
+    assert len(decode_programs) == len(set(rows_run)) == 3, decode_programs
+    assert all(f"view {paged.MIN_VIEW}," in message for message in decode_programs), decode_programs
 
 
 def test_a_pool_smaller_than_the_static_batch_runs_the_workload(wandering_qwen2):

@@ -303,6 +303,14 @@ class _Slot:
 _ROW_INPUTS = ("slot_index", "fed", "lengths", "page_table", "live", "seeds", "samples", "steps", "limits", "shifts")
 # Those a call's outputs give the call that follows it (its ``following``); the others stay.
 _CARRIED_INPUTS = ("fed", "lengths", "live", "steps")
+#: The fewest rows a decode program runs: a long tail of fewer completions runs on 8 rows (or on every slot, where
+#: there are fewer), as vLLM's TPU runner pads its request count to at least 8 (``MIN_NUM_SEQS``). Rows below 8 fill
+#: no more of a TPU's 8-row tiles or a GPU's tensor-core tiles, and each further halving compiled one more program
+#: for every view: on the CPU about 1 s each for a 2-layer model, for a tail's few calls.
+MIN_DECODE_ROWS = 8
+#: The fewest cache columns the gathered view holds (``attention="gather"``): rows of fewer tokens share the 64-column
+#: program instead of compiling one each for 16 and 32 columns, whose gathers save next to nothing.
+MIN_VIEW = 64
 
 
 @dataclass
@@ -1475,14 +1483,14 @@ class _Scheduler:
     def _view(self, longest: int) -> int:
         """The cache columns a program gathers for rows of at most ``longest`` tokens: the bucket that holds them,
         or 0 with a paged kernel (it reads the pages in place, so one program serves every length)."""
-        return bucket_length(longest) if self.engine.kernel["attention"] == "gather" else 0
+        return max(MIN_VIEW, bucket_length(longest)) if self.engine.kernel["attention"] == "gather" else 0
 
     def _decode_rows(self, live: int) -> int:
         """The rows of the decode program for ``live`` completions: the slot count halved while that still holds
-        them (and the mesh's data shards), so the rows run are never more than twice the live ones (the slot count
-        aside) and a long tail of few completions runs a small program."""
+        them (and the mesh's data shards) and :data:`MIN_DECODE_ROWS`, so the rows run are never more than twice the
+        live ones (the slot count and that floor aside) and a long tail of few completions runs a smaller program."""
         rows = self.num_slots
-        while rows // 2 >= max(live, self.parallel) and (rows // 2) % self.parallel == 0:
+        while rows // 2 >= max(live, self.parallel, MIN_DECODE_ROWS) and (rows // 2) % self.parallel == 0:
             rows //= 2
         return rows
 
