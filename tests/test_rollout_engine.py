@@ -205,18 +205,22 @@ def test_pages_in_use_track_the_live_tokens_and_are_all_freed(wandering_qwen2):
     assert stats.peak_pages_in_use < stats.pages
     # Completions of different length: the pages held fall as completions end.
     assert in_use[-1] < in_use.max()
-    # Fewer slots than paged.MIN_DECODE_ROWS: every call runs them all, however few completions are live.
-    assert {rows for _, rows in stats.decode_rows} == {slots}
-    assert min(live for live, _ in stats.decode_rows) < slots
+    # As they end, the decode program shrinks (the CPU's floor is one row): never more than twice the live rows.
+    assert engine.min_decode_rows == paged.min_decode_rows("cpu") == 1
+    assert all(live <= rows < 2 * live for live, rows in stats.decode_rows)
+    assert {rows for _, rows in stats.decode_rows} >= {slots, slots // 2}
 
 
-def test_the_decode_program_shrinks_with_the_live_completions_down_to_eight_rows_and_one_view(wandering_qwen2,
-                                                                                                caplog):
-    """A long tail of few completions runs on the power of two rows that holds them, never fewer than
-    ``paged.MIN_DECODE_ROWS``; short rows gather ``paged.MIN_VIEW`` columns, so the whole tail is two programs."""
+def test_on_an_accelerator_the_decode_program_shrinks_down_to_eight_rows_and_short_rows_share_one_view(
+        wandering_qwen2, caplog):
+    """A long tail of few completions runs on the power of two rows that holds them, never fewer than a GPU's or
+    TPU's floor of 8 (the floor set here on the CPU's engine); rows of fewer than ``paged.MIN_VIEW`` tokens gather
+    that many columns, so the tail compiles one decode program per row count."""
     _, model = wandering_qwen2
+    assert paged.min_decode_rows("tpu") == paged.min_decode_rows("gpu") == 8
     slots = 32
     engine = PagedEngine(model.module, PagedEngineConfig(max_num_seqs=slots, page_size=4, decode_steps=4))
+    engine.min_decode_rows = paged.min_decode_rows("tpu")
     # Completions of 1 to 24 tokens, none ending early (no eos): the live count falls at known calls.
     requests = [RolloutRequest(prompt, 1 + index * 23 // 19, seed=index)
                 for index, prompt in enumerate(prompts((4, 9, 6, 3) * 5))]
@@ -224,10 +228,9 @@ def test_the_decode_program_shrinks_with_the_live_completions_down_to_eight_rows
         outputs = engine.generate(requests, SAMPLING)
     assert [len(output.token_ids[0]) for output in outputs] == [request.max_new_tokens for request in requests]
     rows_run = [rows for _, rows in engine.stats.decode_rows]
-    assert all(rows == max(paged.MIN_DECODE_ROWS, 1 << (live - 1).bit_length())
-               for live, rows in engine.stats.decode_rows)
-    assert rows_run[0] == slots and rows_run[-1] == paged.MIN_DECODE_ROWS
-    assert min(live for live, _ in engine.stats.decode_rows) < paged.MIN_DECODE_ROWS // 2
+    assert all(rows == max(8, 1 << (live - 1).bit_length()) for live, rows in engine.stats.decode_rows)
+    assert rows_run[0] == slots and rows_run[-1] == 8
+    assert min(live for live, _ in engine.stats.decode_rows) < 4
     # Rows of 4 to 33 tokens: one view of paged.MIN_VIEW (64) columns, so one decode program per row count.
     decode_programs = [record.getMessage() for record in caplog.records
                        if "engine program decode," in record.getMessage()]

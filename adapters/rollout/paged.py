@@ -303,11 +303,6 @@ class _Slot:
 _ROW_INPUTS = ("slot_index", "fed", "lengths", "page_table", "live", "seeds", "samples", "steps", "limits", "shifts")
 # Those a call's outputs give the call that follows it (its ``following``); the others stay.
 _CARRIED_INPUTS = ("fed", "lengths", "live", "steps")
-#: The fewest rows a decode program runs: a long tail of fewer completions runs on 8 rows (or on every slot, where
-#: there are fewer), as vLLM's TPU runner pads its request count to at least 8 (``MIN_NUM_SEQS``). Rows below 8 fill
-#: no more of a TPU's 8-row tiles or a GPU's tensor-core tiles, and each further halving compiled one more program
-#: for every view: on the CPU about 1 s each for a 2-layer model, for a tail's few calls.
-MIN_DECODE_ROWS = 8
 #: The fewest cache columns the gathered view holds (``attention="gather"``): rows of fewer tokens share the 64-column
 #: program instead of compiling one each for 16 and 32 columns, whose gathers save next to nothing.
 MIN_VIEW = 64
@@ -673,6 +668,20 @@ def default_async_scheduling(platform: str | None = None) -> bool:
     return platform in ("gpu", "cuda", "rocm", "tpu")
 
 
+def min_decode_rows(platform: str | None = None) -> int:
+    """The fewest rows a decode program runs on ``platform`` (default: JAX's default backend): a long tail of fewer
+    live completions runs on that many rows (or on every slot, where there are fewer).
+
+    8 on a GPU or TPU, as vLLM's TPU runner pads its request count to at least 8 (``MIN_NUM_SEQS``): fewer rows fill
+    no less of a TPU's 8-row tiles or a GPU's tensor-core tiles, and each further halving is one more program to
+    compile for the tail's few calls. 1 on the CPU, where the rows cost compute: with an 8-row floor the ``cpu``
+    preset of ``benchmarks/rollout.py`` (hidden 896) decoded its tail at 358 ms a call against 267 ms, 159 useful
+    tokens/s against 236.
+    """
+    platform = platform or jax.default_backend()
+    return 8 if platform in ("gpu", "cuda", "rocm", "tpu") else 1
+
+
 class PagedEngine:
     """The paged, continuously batched rollout engine (see the module docstring); a :class:`~.engine.RolloutEngine`.
 
@@ -728,6 +737,7 @@ class PagedEngine:
         if refusal is not None:  # the backend's kernel by default: the dense view where it cannot serve the model
             attention = "gather"
         self.kernel = {"attention": attention, "interpret": paged_attention.interpreted(attention)}
+        self.min_decode_rows = min_decode_rows()
         self.async_scheduling = (default_async_scheduling() if self.config.async_scheduling is None
                                  else bool(self.config.async_scheduling))
         # Where the pool lies on a mesh (``_Programs``' fields of the same names, as ``kernel``'s are).
@@ -1487,10 +1497,12 @@ class _Scheduler:
 
     def _decode_rows(self, live: int) -> int:
         """The rows of the decode program for ``live`` completions: the slot count halved while that still holds
-        them (and the mesh's data shards) and :data:`MIN_DECODE_ROWS`, so the rows run are never more than twice the
-        live ones (the slot count and that floor aside) and a long tail of few completions runs a smaller program."""
+        them (and the mesh's data shards) and the backend's floor (:func:`min_decode_rows`), so the rows run are
+        never more than twice the live ones (the slot count and that floor aside) and a long tail of few completions
+        runs a smaller program."""
         rows = self.num_slots
-        while rows // 2 >= max(live, self.parallel, MIN_DECODE_ROWS) and (rows // 2) % self.parallel == 0:
+        floor = max(live, self.parallel, self.engine.min_decode_rows)
+        while rows // 2 >= floor and (rows // 2) % self.parallel == 0:
             rows //= 2
         return rows
 
