@@ -238,6 +238,30 @@ def test_on_an_accelerator_the_decode_program_shrinks_down_to_eight_rows_and_sho
     assert all(f"view {paged.MIN_VIEW}," in message for message in decode_programs), decode_programs
 
 
+def test_prompts_shorter_than_64_tokens_share_one_prefill_program_with_the_tokens_of_their_own_buckets(
+        wandering_qwen2, monkeypatch):
+    """Prompts of 5 and 20 tokens (the 16- and 32-token buckets) prefill separately in programs of
+    ``paged.MIN_PREFILL_WIDTH`` columns, and draw the tokens they draw prefilled alone at their own bucket."""
+    _, model = wandering_qwen2
+    widths = []
+    prefill = paged._prefill
+
+    def recording(programs, module, tables, pool, prompt_ids, *args):
+        widths.append(prompt_ids.shape[1])
+        return prefill(programs, module, tables, pool, prompt_ids, *args)
+
+    requests = [RolloutRequest(prompt, 6, seed=index) for index, prompt in enumerate(prompts((5, 20)))]
+    config = PagedEngineConfig(max_num_seqs=2, page_size=4, max_prefill_requests=1)
+    monkeypatch.setattr(paged, "_prefill", recording)
+    shared = PagedEngine(model.module, config).generate(requests, SAMPLING)
+    assert widths == [paged.MIN_PREFILL_WIDTH] * 2 == [64, 64]
+    monkeypatch.setattr(paged, "MIN_PREFILL_WIDTH", 1)  # each prompt at its own bucket: 16 and 32 columns
+    alone = PagedEngine(model.module, config).generate(requests, SAMPLING)
+    assert widths[2:] == [16, 32]
+    assert [[np.asarray(tokens).tolist() for tokens in output.token_ids] for output in shared] == \
+        [[np.asarray(tokens).tolist() for tokens in output.token_ids] for output in alone]
+
+
 def test_a_pool_smaller_than_the_static_batch_runs_the_workload(wandering_qwen2):
     _, model = wandering_qwen2
     cases = prompts((20, 24, 18, 22, 19, 23, 21, 17))

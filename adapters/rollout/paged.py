@@ -306,6 +306,9 @@ _CARRIED_INPUTS = ("fed", "lengths", "live", "steps")
 #: The fewest cache columns the gathered view holds (``attention="gather"``): rows of fewer tokens share the 64-column
 #: program instead of compiling one each for 16 and 32 columns, whose gathers save next to nothing.
 MIN_VIEW = 64
+#: The fewest columns a prefill program runs: prompts shorter than 64 tokens share one program instead of compiling
+#: one each for 16 and 32 columns, for a prefill that is a small share of their rollout.
+MIN_PREFILL_WIDTH = 64
 
 
 @dataclass
@@ -1282,7 +1285,7 @@ class _Scheduler:
         engine = self.engine
         page_size = engine.config.page_size
         rows = _power_of_two(len(chosen))
-        width = bucket_length(max(count for _, count in chosen))
+        width = max(MIN_PREFILL_WIDTH, bucket_length(max(count for _, count in chosen)))
         prompt_ids = np.full((rows, width), engine.pad_token_id, np.int32)
         prompt_mask = np.zeros((rows, width), np.int32)
         page_index = np.full((rows, width), TRASH_PAGE, np.int32)
