@@ -1494,8 +1494,9 @@ class _Scheduler:
             self.fed[slot_index] = token
 
     def _view(self, longest: int) -> int:
-        """The cache columns a program gathers for rows of at most ``longest`` tokens: the bucket that holds them,
-        or 0 with a paged kernel (it reads the pages in place, so one program serves every length)."""
+        """The cache columns a program gathers for rows of at most ``longest`` tokens: the bucket that holds them
+        (at least :data:`MIN_VIEW`), or 0 with a paged kernel (it reads the pages in place, so one program serves
+        every length)."""
         return max(MIN_VIEW, bucket_length(longest)) if self.engine.kernel["attention"] == "gather" else 0
 
     def _decode_rows(self, live: int) -> int:
