@@ -660,6 +660,14 @@ def _pool_bytes(pool: dict) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------- the engine
 
+#: The JAX platform names of a GPU or TPU, where the engine's accelerator defaults apply.
+_ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
+
+
+def _on_accelerator(platform: str | None) -> bool:
+    """Whether ``platform`` (default: JAX's default backend) is a GPU or TPU."""
+    return (platform or jax.default_backend()) in _ACCELERATORS
+
 
 def default_async_scheduling(platform: str | None = None) -> bool:
     """Whether the paged engine dispatches a decode call before reading the previous one on ``platform`` (default:
@@ -667,8 +675,7 @@ def default_async_scheduling(platform: str | None = None) -> bool:
     otherwise idles while the host reads a call's tokens, schedules and uploads the next one. Not on the CPU, where
     the host's part of a round is a small share of it and the rows a call dispatched ahead runs for completions
     that had ended cost more than the overlap saves (``benchmarks/rollout.py --async-scheduling``)."""
-    platform = platform or jax.default_backend()
-    return platform in ("gpu", "cuda", "rocm", "tpu")
+    return _on_accelerator(platform)
 
 
 def min_decode_rows(platform: str | None = None) -> int:
@@ -681,8 +688,7 @@ def min_decode_rows(platform: str | None = None) -> int:
     preset of ``benchmarks/rollout.py`` (hidden 896) decoded its tail at 358 ms a call against 267 ms, 159 useful
     tokens/s against 236.
     """
-    platform = platform or jax.default_backend()
-    return 8 if platform in ("gpu", "cuda", "rocm", "tpu") else 1
+    return 8 if _on_accelerator(platform) else 1
 
 
 class PagedEngine:
