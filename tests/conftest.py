@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from importlib import metadata
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -12,10 +13,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # spinning OpenMP threads per worker slowed the TRL comparisons by 10-20% (tests/test_native_families_vs_trl.py and
 # tests/test_grpo_vs_trl.py side by side: 139.6 + 88.5 s of tests with the default, 125.1 + 71.5 s with one thread).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The persistent compilation cache is off in the suite and its subprocesses unless TORCHLIKE_TEST_COMPILATION_CACHE=1
-# (faster local reruns): with it, XLA:CPU crashed (a segmentation fault in a worker that had run hundreds of tests)
-# serialising or deserialising a cached executable, in 3 of the last 4 cold runs, and pytest-xdist then waits for the
-# dead worker's file forever. A cold run compiles each program about once anyway.
 # Workers of this suite live through hundreds of tests; XLA:CPU segfaulted compiling in such workers (about once a
 # cold run) once the code of the programs they had compiled filled the kernel's mapping limit
 # (tests/helpers/memory_maps.py drops them before that; tests/helpers/crash_report.py prints the stacks of any other
@@ -23,10 +20,29 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # environment sets it here (torchlike's tuning, adapters/runtime/host_memory.py, keeps freed buffers in one heap);
 # tests/test_host_memory.py checks that tuning in its own processes.
 os.environ.setdefault("TORCHLIKE_HOST_MALLOC", "0")
-COMPILATION_CACHE = os.environ.get("TORCHLIKE_TEST_COMPILATION_CACHE", "").strip().lower() in ("1", "true", "on")
+# JAX's persistent compilation cache: one folder for the session, shared by its workers and every child process
+# (JAX_COMPILATION_CACHE_DIR), made empty when the session starts and removed when it ends. The run starts cold, and a
+# program compiled again in it is read back instead: an identical trainer in another test, the programs of a file
+# after tests/helpers/memory_maps.py dropped the compiled ones, a multi-process job run a second time (a third of the
+# suite's compiles are such repeats, tests/TIMING.md). TORCHLIKE_TEST_COMPILATION_CACHE=keep keeps one folder across
+# runs instead (faster local reruns), =0 turns the cache off. It was off before: XLA:CPU crashed serialising or
+# deserialising executables in long-lived workers, and both causes found since are handled (a reader loaded an entry
+# another process was still writing: adapters/runtime/compilation.py's atomic writes; the code mappings reached the
+# kernel's limit: tests/helpers/memory_maps.py).
+# Only programs that take MIN_CACHED_COMPILE_SECONDS or more to compile are written: a 2-layer train step compiles
+# in 1.2-1.5 s and reads back in 0.21-0.25 s, but the suite's 12,000 eager ops compile in about 15 ms each, and writing
+# every one cost more than reading the repeated ones back saved (a run that cached all of them: 31.7 minutes against
+# 28.3 without the cache, tests/TIMING.md).
+MIN_CACHED_COMPILE_SECONDS = 0.2
+CACHE_MODE = os.environ.get("TORCHLIKE_TEST_COMPILATION_CACHE", "").strip().lower() or "session"
+COMPILATION_CACHE = CACHE_MODE not in ("0", "off", "false", "no")
 if not COMPILATION_CACHE:
     os.environ["TORCHLIKE_COMPILATION_CACHE"] = "0"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+elif CACHE_MODE == "session" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    # The session's first process (xdist's controller) makes the folder; its workers and their children inherit it.
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchlike-test-xla-")
+    os.environ["TORCHLIKE_TEST_COMPILATION_CACHE_OWNER"] = str(os.getpid())
 # Tiny shapes make XLA's compile time most of the suite's time. The suite compiles with XLA:CPU's cheapest settings
 # (the programs compute the same values; the skipped work is what makes big kernels fast), set here so that every
 # subprocess inherits them. A flag already in XLA_FLAGS is left as set.
@@ -42,6 +58,7 @@ for flag in XLA_COMPILE_FLAGS:
 
 import functools  # noqa: E402
 import gc  # noqa: E402
+import shutil  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -61,9 +78,9 @@ def pytest_configure(config):
     if COMPILATION_CACHE:  # one folder for the workers and their subprocesses
         cache_dir = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                                           os.path.join(tiny.CACHE_ROOT, compilation.cache_folder_name()))
-        jax.config.update("jax_compilation_cache_dir", cache_dir)
-        compilation.atomic_cache_writes()
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        os.environ["TORCHLIKE_COMPILATION_CACHE"] = cache_dir  # what the children's torchlike turns on
+        compilation.enable_compilation_cache(cache_dir)  # decided once per process: from_pretrained keeps it
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_SECONDS)
     torch.manual_seed(0)
     skip_the_references_full_collections()
     # What the imports made lives as long as the worker; frozen, Python's own full collections no longer walk it
@@ -72,6 +89,13 @@ def pytest_configure(config):
     # followed cost 8.2 s (24 of them) in the seven files above; at 10,000, 1.0 s (7).
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
+
+
+def pytest_unconfigure(config):
+    """The session's own compilation cache folder goes with the session (only the process that made it removes it:
+    the workers end before the controller)."""
+    if COMPILATION_CACHE and os.environ.get("TORCHLIKE_TEST_COMPILATION_CACHE_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 def skip_the_references_full_collections() -> None:
