@@ -65,3 +65,25 @@ def test_a_cache_entry_is_written_whole_to_a_temporary_file_then_renamed_into_pl
     assert cache.get("entry") == b"x" * 1000
     assert len(renamed) == 1 and Path(renamed[0][1]).name == "entry-cache" and Path(renamed[0][0]).parent == tmp_path
     assert sorted(path.name for path in tmp_path.iterdir()) == ["entry-cache"]  # no temporary file left
+
+
+def test_the_suite_compiles_into_one_cache_folder_its_workers_and_their_children_share():
+    """tests/conftest.py: the session's first process (xdist's controller) makes the folder, every worker and the
+    processes they start (through the environment) compile into it, and only programs of 0.2 s or more are written."""
+    import jax
+
+    from tests import conftest
+
+    assert conftest.COMPILATION_CACHE == (conftest.CACHE_MODE not in ("0", "off", "false", "no"))
+    if not conftest.COMPILATION_CACHE:
+        assert os.environ["TORCHLIKE_COMPILATION_CACHE"] == "0" and "JAX_COMPILATION_CACHE_DIR" not in os.environ
+        return
+    folder = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert jax.config.jax_compilation_cache_dir == folder == os.environ["TORCHLIKE_COMPILATION_CACHE"]
+    assert compilation.enable_compilation_cache() == Path(folder)  # what from_pretrained turns on agrees
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == conftest.MIN_CACHED_COMPILE_SECONDS
+    if conftest.CACHE_MODE == "session":
+        assert Path(folder).name.startswith("torchlike-test-xla-")
+        owner = os.environ["TORCHLIKE_TEST_COMPILATION_CACHE_OWNER"]
+        # Under xdist the controller made it (the workers share it); run alone, this process did.
+        assert (owner != str(os.getpid())) == ("PYTEST_XDIST_WORKER" in os.environ)

@@ -22,8 +22,8 @@ from torchlike.adapters.runtime import abstract_models, compilation, tracing
 
 @pytest.fixture(autouse=True)
 def abstract_model_folder(tmp_path_factory, monkeypatch):
-    """The abstract models' disk entries live in the compilation cache's folder. The suite runs with JAX's persistent
-    cache off (tests/conftest.py), so these tests give torchlike that folder without turning JAX's cache on."""
+    """The abstract models' disk entries live in the compilation cache's folder. These tests give torchlike a folder
+    of their own (the session's, tests/conftest.py, holds every other test's entries), without moving JAX's cache."""
     folder = tmp_path_factory.getbasetemp() / "compilation-cache"
     folder.mkdir(exist_ok=True)
     monkeypatch.setattr(compilation, "_decided", True)
