@@ -21,7 +21,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # tests/test_host_memory.py checks that tuning in its own processes.
 os.environ.setdefault("TORCHLIKE_HOST_MALLOC", "0")
 # JAX's persistent compilation cache: one folder for the session, shared by its workers and every child process
-# (JAX_COMPILATION_CACHE_DIR), made empty when the session starts and removed when it ends. The run starts cold, and a
+# (JAX_COMPILATION_CACHE_DIR; one already set in the environment is used as it is and kept), made empty when the
+# session starts and removed when it ends. The run starts cold, and a
 # program compiled again in it is read back instead: an identical trainer in another test, the programs of a file
 # after tests/helpers/memory_maps.py dropped the compiled ones, a multi-process job run a second time (a third of the
 # suite's compiles are such repeats, tests/TIMING.md). TORCHLIKE_TEST_COMPILATION_CACHE=keep keeps one folder across
@@ -30,7 +31,7 @@ os.environ.setdefault("TORCHLIKE_HOST_MALLOC", "0")
 # another process was still writing: adapters/runtime/compilation.py's atomic writes; the code mappings reached the
 # kernel's limit: tests/helpers/memory_maps.py).
 # Only programs that take MIN_CACHED_COMPILE_SECONDS or more to compile are written: a 2-layer train step compiles
-# in 1.2-1.5 s and reads back in 0.21-0.25 s, but the suite's 12,000 eager ops compile in about 15 ms each, and writing
+# in 1.2-1.7 s and reads back in 0.21-0.25 s, but the suite's 12,000 eager ops compile in about 15 ms each, and writing
 # every one cost more than reading the repeated ones back saved (a run that cached all of them: 31.7 minutes against
 # 28.3 without the cache, tests/TIMING.md).
 MIN_CACHED_COMPILE_SECONDS = 0.2
