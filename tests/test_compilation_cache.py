@@ -74,7 +74,6 @@ def test_the_suite_compiles_into_one_cache_folder_its_workers_and_their_children
 
     from tests import conftest
 
-    assert conftest.COMPILATION_CACHE == (conftest.CACHE_MODE not in ("0", "off", "false", "no"))
     if not conftest.COMPILATION_CACHE:
         assert os.environ["TORCHLIKE_COMPILATION_CACHE"] == "0" and "JAX_COMPILATION_CACHE_DIR" not in os.environ
         return
