@@ -21,8 +21,10 @@ prefills).
 On a CPU the kernels run in Pallas' interpreter (``interpret=True``, :func:`using`), which is how the tests compare
 their tokens with the ``"gather"`` path; the interpreter is slower than ``"gather"``, so the CPU keeps ``"gather"``
 (:func:`default_attention`). JAX's *ragged* TPU kernel (prefill and decode in one batch, windows, soft caps) is the
-next step on a TPU; JAX 0.10's TPU interpreter cannot run it (its reshaped ref views are not supported there), so it is
-not wired until it can be tested.
+next step on a TPU. It is not wired, because no CPU can test it: the TPU interpreter
+(``pltpu.force_tpu_interpret_mode``) of JAX 0.10.2 and of 0.12.0.1 (the newest on PyPI, Python 3.13) stops on the
+kernel's reshaped ref view (``cur_async_copy_kv.wait().reshape(...)``) with ``'ReshapeTransform' object has no
+attribute 'indices'`` (``jax/_src/pallas/mosaic/interpret/utils.py``, ``to_range``).
 
 The native decoder's attention and Tunix's Qwen2 / Qwen3 / Llama 3 / Gemma 2 / Gemma 3 / Gemma 4 attention (made to
 by their family modules: :func:`~.rope.reading_pages`, ``families.qwen2`` and ``families.gemma3``'s
