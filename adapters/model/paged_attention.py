@@ -55,6 +55,9 @@ from ..runtime.abstract_models import register_derived_class
 ATTENTION_KINDS = ("gather", "pallas_gpu", "pallas_tpu")
 """The paged engine's decode attentions: the dense page view (``"gather"``) and JAX's two paged kernels."""
 
+KERNEL_PLATFORMS = {"pallas_gpu": ("gpu", "cuda", "rocm"), "pallas_tpu": ("tpu",)}
+"""Each paged kernel and the JAX platforms it runs on natively (anywhere else only in Pallas' interpreter)."""
+
 PAGED_KEYS = frozenset({"k_pages", "v_pages", "page_table", "kv_lengths", "write_page", "write_offset"})
 
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -77,15 +80,12 @@ def default_attention(platform: str | None = None) -> str:
     """The attention the paged engine uses on ``platform`` (default: JAX's default backend): the paged kernel of a
     GPU or TPU, the dense page view on a CPU (where the kernels only run interpreted, and slower)."""
     platform = platform or jax.default_backend()
-    return {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu", "tpu": "pallas_tpu"}.get(platform,
-                                                                                                     "gather")
+    return next((kind for kind, platforms in KERNEL_PLATFORMS.items() if platform in platforms), "gather")
 
 
 def interpreted(kind: str, platform: str | None = None) -> bool:
     """Whether kernel ``kind`` must run in Pallas' interpreter on ``platform`` (it is not the kernel's own)."""
-    platform = platform or jax.default_backend()
-    native = {"pallas_gpu": ("gpu", "cuda", "rocm"), "pallas_tpu": ("tpu",)}.get(kind, ())
-    return platform not in native
+    return (platform or jax.default_backend()) not in KERNEL_PLATFORMS.get(kind, ())
 
 
 @contextlib.contextmanager

@@ -660,8 +660,9 @@ def _pool_bytes(pool: dict) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------- the engine
 
-#: The JAX platform names of a GPU or TPU, where the engine's accelerator defaults apply.
-_ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
+#: The JAX platform names of a GPU or TPU (those with a paged kernel of their own), where the engine's accelerator
+#: defaults apply.
+_ACCELERATORS = frozenset().union(*paged_attention.KERNEL_PLATFORMS.values())
 
 
 def _on_accelerator(platform: str | None) -> bool:
