@@ -45,10 +45,13 @@ CASES = {
     "dapo, GPT-OSS with its router loss, accumulation 2": dict(model="gpt_oss", loss_type="dapo",
                                                               gradient_accumulation_steps=2,
                                                               router_aux_loss_coef=0.05),
-    # The hybrids: Qwen3.5 (gated DeltaNet layers, a reference's KL) and Qwen3.5-MoE with its router loss. The MoE
-    # case steps at 1e-3: at 1e-2 the losses still agree to 1e-4 but later grad norms move by up to 0.4%, the tiny
-    # routers' top-2 choices being near ties that float rounding can swap after large updates.
-    "grpo, Qwen3.5, beta 0.04, 2 iterations": dict(model="qwen3_5", loss_type="grpo", beta=0.04, num_iterations=2),
+    # The hybrids: Qwen3.5 (gated DeltaNet layers, a reference's KL) and Qwen3.5-MoE with its router loss. Both step
+    # at 1e-3. At 1e-2 the MoE case's losses still agree to 1e-4 but later grad norms move by up to 0.4%, the tiny
+    # routers' top-2 choices being near ties that float rounding can swap after large updates. At 1e-2 the dense
+    # case's second iteration is far from its reference (a KL term of 6.15, grad norm 366), where exp(ref - logp)
+    # amplifies float rounding: its third grad norm came out 2.4e-4 apart on one CPU and within 1e-4 on another.
+    "grpo, Qwen3.5, beta 0.04, 2 iterations": dict(model="qwen3_5", loss_type="grpo", beta=0.04, num_iterations=2,
+                                                   learning_rate=1e-3),
     "dapo, Qwen3.5-MoE with its router loss, accumulation 2": dict(model="qwen3_5_moe", loss_type="dapo",
                                                                   gradient_accumulation_steps=2,
                                                                   router_aux_loss_coef=0.05, learning_rate=1e-3),

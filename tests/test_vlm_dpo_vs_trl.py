@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import torchlike
-from tests.helpers.logs import evaluated, logged
+from tests.helpers.logs import assert_steps_close, evaluated, logged, metric_atol
 from tests.helpers.vision import processor_with_image_seq_length, save_tiny_vlm, vision_preferences
 from torchlike.trl import DPOConfig, DPOTrainer
 
@@ -57,9 +57,8 @@ def test_vlm_dpo_matches_trl_step_for_step_and_in_evaluation(vlm_path, tmp_path)
     assert [entry["step"] for entry in ours] == [entry["step"] for entry in expected] == [1, 2, 3, 4, 5]
     assert [set(entry) for entry in ours] == [set(entry) for entry in expected]  # the same metrics
     assert min(logged(expected, "grad_norm")) > SETTINGS["max_grad_norm"]  # clipping is active every step
-    for key in ("loss", "grad_norm", "learning_rate", *METRICS):
-        # atol: the rewards of the steps at the initial weights are 0, where a float-noise difference is not relative.
-        np.testing.assert_allclose(logged(ours, key), logged(expected, key), rtol=1e-4, atol=1e-6, err_msg=key)
+    # atol: the rewards of the steps at the initial weights are 0, where a float-noise difference is not relative.
+    assert_steps_close(ours, expected, ("loss", "grad_norm", "learning_rate", *METRICS), beta=SETTINGS["beta"])
     assert logged(ours, "num_tokens") == logged(expected, "num_tokens")
     # Step 1 scores the initial weights (lr 0), where chosen > rejected is decided by float noise.
     assert logged(ours, "rewards/accuracies")[1:] == logged(expected, "rewards/accuracies")[1:]
@@ -67,7 +66,8 @@ def test_vlm_dpo_matches_trl_step_for_step_and_in_evaluation(vlm_path, tmp_path)
     expected_eval, ours_eval = evaluated(reference), evaluated(trainer)
     assert set(ours_eval) == set(expected_eval) >= {"eval_loss", "eval_rewards/margins", "eval_logps/chosen"}
     for key, value in expected_eval.items():
-        np.testing.assert_allclose(ours_eval[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(ours_eval[key], value, rtol=1e-4,
+                                   atol=metric_atol(expected_eval, key, SETTINGS["beta"]), err_msg=key)
 
 
 @pytest.mark.parametrize(("setting", "error", "words"), [
