@@ -24,6 +24,10 @@ from torchlike.testing import tiny_config
 
 LENGTH = 75  # two full chunks of 32 and a partial third
 ONE_CHUNK = 27  # a partial first chunk
+#: The mixer against transformers' (float32, unit-normal inputs, states that grow over the sequence): the scans sum in
+#: other orders. The largest difference was 1.3e-5 on this project's CPU, 0.66 of the 2e-5 it was compared at before;
+#: atol 5e-5 allows for another CPU's rounding (tests/TIMING.md), and a D skip 0.1% off still fails three tests.
+MIXER_TOLERANCE = dict(rtol=1e-5, atol=5e-5)
 
 def mixer_pair(seed: int = 0) -> tuple[reference.NemotronHMamba2Mixer, mamba2.Mamba2Mixer]:
     """``transformers``' Mamba-2 mixer of the tiny config with every parameter random, and torchlike's holding the same
@@ -74,7 +78,7 @@ def test_the_chunked_form_equals_transformers_chunked_torch_mixer_on_a_partial_c
     with torch.no_grad():
         expected = theirs.torch_forward(torch.tensor(x)).numpy()
     out, _ = ours(jnp.asarray(x), jnp.ones((2, ONE_CHUNK), bool), None)
-    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(out), expected, **MIXER_TOLERANCE)
 
 
 def test_the_chunked_form_equals_transformers_step_by_step_across_chunks_and_from_a_state():
@@ -86,11 +90,11 @@ def test_the_chunked_form_equals_transformers_step_by_step_across_chunks_and_fro
     expected, _ = their_steps(theirs, x, prompt=1)
     valid = jnp.ones((2, LENGTH), bool)
     whole, _ = ours(jnp.asarray(x), valid, None)
-    np.testing.assert_allclose(np.asarray(whole), expected, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(whole), expected, **MIXER_TOLERANCE)
     # The first 40 tokens, then the other 35 from the state they left (convolution and SSM): the same outputs.
     first, state = ours(jnp.asarray(x[:, :40]), valid[:, :40], empty_state(ours, 2))
     second, state = ours(jnp.asarray(x[:, 40:]), valid[:, 40:], state)
-    np.testing.assert_allclose(np.concatenate([first, second], axis=1), expected, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(np.concatenate([first, second], axis=1), expected, **MIXER_TOLERANCE)
     assert state["end_index"].tolist() == [LENGTH, LENGTH]
 
 
@@ -105,8 +109,8 @@ def test_the_recurrent_step_equals_transformers_cached_step_and_state():
     for step in range(ONE_CHUNK, x.shape[1]):
         out, state = ours(jnp.asarray(x[:, step:step + 1]), valid[:, :1], state)
         outputs.append(np.asarray(out))
-    np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, rtol=1e-5, atol=2e-5)
-    np.testing.assert_allclose(np.asarray(state["ssm"]), their_state.numpy(), rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, **MIXER_TOLERANCE)
+    np.testing.assert_allclose(np.asarray(state["ssm"]), their_state.numpy(), **MIXER_TOLERANCE)
 
 
 def test_the_chunked_and_recurrent_scans_agree_from_an_initial_state():
@@ -120,7 +124,7 @@ def test_the_chunked_and_recurrent_scans_agree_from_an_initial_state():
     chunked = mamba2.chunked_state_space_scan(x, dt, a, b, c, state, chunk_size=16)
     recurrent = mamba2.recurrent_state_space_scan(x, dt, a, b, c, state)
     for ours, theirs in zip(chunked, recurrent, strict=True):
-        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), **MIXER_TOLERANCE)
 
 
 def test_moe_layers_are_refused_naming_the_field():
