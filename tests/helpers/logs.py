@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ def evaluated(trainer: Any) -> dict[str, float]:
 
 
 #: The preference trainers' logged metrics that are differences of summed log-probabilities (TRL's DPO, Online DPO
-#: and XPO; evaluation's with an ``eval_`` prefix): the metric -> whether TRL scales it by ``beta``.
+#: and XPO; evaluation's with an ``eval_`` prefix): the metric -> whether TRL scales it by ``beta``. (Nash-MD's
+#: ``rewards/margins`` is such a difference unscaled; the scaled tolerance it gets is the tighter one.)
 LOG_PROBABILITY_DIFFERENCES = {"rewards/chosen": True, "rewards/rejected": True, "rewards/margins": True,
                                "objective/non_score_reward": True, "objective/rlhf_reward": True,
                                "objective/kl": False}
@@ -53,7 +55,7 @@ def metric_atol(entry: dict, key: str, beta: float | None = None) -> float:
     return max(1e-6, 1e-5 * sums * ((entry["beta"] if beta is None else beta) if scaled else 1.0))
 
 
-def assert_steps_close(ours: list[dict], expected: list[dict], keys, beta: float | None = None,
+def assert_steps_close(ours: list[dict], expected: list[dict], keys: Iterable[str], beta: float | None = None,
                        rtol: float = 1e-4) -> None:
     """Each of ``keys`` logged at each step (``ours`` and ``expected``: the log entries, step for step) equal to TRL's
     within ``rtol`` and :func:`metric_atol`."""
