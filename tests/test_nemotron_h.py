@@ -24,10 +24,12 @@ from torchlike.testing import tiny_config
 
 LENGTH = 75  # two full chunks of 32 and a partial third
 ONE_CHUNK = 27  # a partial first chunk
-#: The mixer against transformers' (float32, unit-normal inputs, states that grow over the sequence): the scans sum in
-#: other orders. The largest difference was 1.3e-5 on this project's CPU, 0.66 of the 2e-5 it was compared at before;
-#: atol 5e-5 allows for another CPU's rounding (tests/TIMING.md), and a D skip 0.1% off still fails three tests.
+#: The mixer against transformers' and its two scans against each other (float32, unit-normal inputs, states that
+#: grow over the sequence): the scans sum in other orders. The largest difference was 1.3e-5 on this project's CPU,
+#: 0.66 of the 2e-5 it was compared at before; atol 5e-5 allows for another CPU's rounding (tests/TIMING.md), and a
+#: D skip 0.1% off still fails three tests.
 MIXER_TOLERANCE = dict(rtol=1e-5, atol=5e-5)
+
 
 def mixer_pair(seed: int = 0) -> tuple[reference.NemotronHMamba2Mixer, mamba2.Mamba2Mixer]:
     """``transformers``' Mamba-2 mixer of the tiny config with every parameter random, and torchlike's holding the same
