@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import os
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import worker_records
 
 PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace",
           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
@@ -91,9 +92,7 @@ def _count_repeats() -> None:
 def pytest_configure(config):
     import jax
 
-    if not hasattr(config, "workerinput"):  # the session's own process: the records of an earlier run go
-        for stale in output_folder().glob("*.json"):
-            stale.unlink()
+    worker_records.remove_stale(config, output_folder())
     jax.monitoring.register_event_duration_secs_listener(_listen)
     _count_repeats()
 
@@ -105,28 +104,19 @@ def pytest_runtest_protocol(item, nextitem):
     _current_test[0] = "<outside a test>"
 
 
-def _is_xdist_controller(config) -> bool:
-    return getattr(config.option, "numprocesses", None) not in (None, 0) and not hasattr(config, "workerinput")
-
-
 def pytest_sessionfinish(session):
-    if _is_xdist_controller(session.config):
+    if worker_records.is_xdist_controller(session.config):
         return  # the workers compiled; the controller only merges their files (pytest_terminal_summary)
-    folder = output_folder()
-    folder.mkdir(parents=True, exist_ok=True)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     record = {"programs": {name: dict(counts) for name, counts in _by_program.items()},
               "tests": {name: dict(counts) for name, counts in _by_test.items()}}
-    partial = folder / f".{worker}.json.partial"
-    partial.write_text(json.dumps(record))
-    partial.replace(folder / f"{worker}.json")
+    worker_records.write(output_folder(), record)
 
 
 def merged(folder: Path) -> dict[str, collections.Counter]:
     """Every process's record in ``folder``, summed by program."""
     programs: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for path in sorted(folder.glob("*.json")):
-        for name, counts in json.loads(path.read_text())["programs"].items():
+    for record in worker_records.read(folder):
+        for name, counts in record["programs"].items():
             programs[name].update(counts)
     return programs
 

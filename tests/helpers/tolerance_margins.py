@@ -19,12 +19,13 @@ recorded.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.helpers import worker_records
 
 _largest: dict[str, dict] = {}
 _current_test = ["<outside a test>"]
@@ -67,9 +68,7 @@ def _recording_assert_allclose(actual, desired, rtol=1e-7, atol=0, equal_nan=Tru
 
 
 def pytest_configure(config):
-    if not hasattr(config, "workerinput"):  # the session's own process: the records of an earlier run go
-        for stale in output_folder().glob("*.json"):
-            stale.unlink()
+    worker_records.remove_stale(config, output_folder())
     np.testing.assert_allclose = _recording_assert_allclose
 
 
@@ -84,26 +83,17 @@ def pytest_runtest_protocol(item, nextitem):
     _current_test[0] = "<outside a test>"
 
 
-def _is_xdist_controller(config) -> bool:
-    return getattr(config.option, "numprocesses", None) not in (None, 0) and not hasattr(config, "workerinput")
-
-
 def pytest_sessionfinish(session):
-    if _is_xdist_controller(session.config):
+    if worker_records.is_xdist_controller(session.config):
         return  # the workers compared; the controller only merges their files (pytest_terminal_summary)
-    folder = output_folder()
-    folder.mkdir(parents=True, exist_ok=True)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    partial = folder / f".{worker}.json.partial"
-    partial.write_text(json.dumps(_largest))
-    partial.replace(folder / f"{worker}.json")
+    worker_records.write(output_folder(), _largest)
 
 
 def merged(folder: Path) -> dict[str, dict]:
     """Every process's record in ``folder``: each test's largest margin, with its call's tolerance and message."""
     tests: dict[str, dict] = {}
-    for path in sorted(folder.glob("*.json")):
-        tests.update(json.loads(path.read_text()))
+    for record in worker_records.read(folder):
+        tests.update(record)
     return tests
 
 

@@ -1,0 +1,38 @@
+"""What the opt-in recording plugins (``compile_profile``, ``tolerance_margins``) share: each process of a run writes
+its record to one folder as ``<worker>.json``, and the process that ran the session clears the earlier run's files
+first and merges the workers' at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def remove_stale(config, folder: Path) -> None:
+    """In the session's own process (not an xdist worker): removes the records an earlier run left in ``folder``."""
+    if not hasattr(config, "workerinput"):
+        for stale in folder.glob("*.json"):
+            stale.unlink()
+
+
+def is_xdist_controller(config) -> bool:
+    """Whether this process only hands tests to xdist workers (it runs none, so it records nothing)."""
+    return getattr(config.option, "numprocesses", None) not in (None, 0) and not hasattr(config, "workerinput")
+
+
+def write(folder: Path, record) -> None:
+    """Writes this process's ``record`` as JSON to ``folder/<worker>.json`` (``main`` without xdist), whole or not at
+    all."""
+    folder.mkdir(parents=True, exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    partial = folder / f".{worker}.json.partial"
+    partial.write_text(json.dumps(record))
+    partial.replace(folder / f"{worker}.json")
+
+
+def read(folder: Path) -> Iterator:
+    """Every process's record in ``folder``, in the order of their file names."""
+    for path in sorted(folder.glob("*.json")):
+        yield json.loads(path.read_text())
