@@ -5,11 +5,10 @@ policy's forward and the reference's; and TRL's refusals of vision preference se
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import torchlike
-from tests.helpers.logs import assert_steps_close, evaluated, logged, metric_atol
+from tests.helpers.logs import assert_steps_close, evaluated, logged
 from tests.helpers.vision import processor_with_image_seq_length, save_tiny_vlm, vision_preferences
 from torchlike.trl import DPOConfig, DPOTrainer
 
@@ -65,9 +64,7 @@ def test_vlm_dpo_matches_trl_step_for_step_and_in_evaluation(vlm_path, tmp_path)
     # The held-out pairs scored by the trained policy against the initial reference.
     expected_eval, ours_eval = evaluated(reference), evaluated(trainer)
     assert set(ours_eval) == set(expected_eval) >= {"eval_loss", "eval_rewards/margins", "eval_logps/chosen"}
-    for key, value in expected_eval.items():
-        np.testing.assert_allclose(ours_eval[key], value, rtol=1e-4,
-                                   atol=metric_atol(expected_eval, key, SETTINGS["beta"]), err_msg=key)
+    assert_steps_close([ours_eval], [expected_eval], expected_eval, beta=SETTINGS["beta"])
 
 
 @pytest.mark.parametrize(("setting", "error", "words"), [
