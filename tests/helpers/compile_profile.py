@@ -22,9 +22,8 @@ import hashlib
 import os
 from pathlib import Path
 
-import pytest
-
 from tests.helpers import worker_records
+from tests.helpers.worker_records import pytest_runtest_protocol  # noqa: F401  (the hook, by its name)
 
 PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace",
           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
@@ -34,7 +33,6 @@ PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace",
 _by_program: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 _by_test: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 _seen_modules: set[str] = set()
-_current_test = ["<outside a test>"]
 _last_was_repeat = [False]  # set by the fingerprint of a module, read by the compile event that follows it
 
 
@@ -53,7 +51,7 @@ def _listen(event: str, seconds: float, **kwargs) -> None:
     if phase is None:
         return
     name = program_name(str(kwargs.get("fun_name", "?")))
-    for record in (_by_program[name], _by_test[_current_test[0]]):
+    for record in (_by_program[name], _by_test[worker_records.current_test[0]]):
         record[phase] += seconds
         if phase == "compile":
             record["compiles"] += 1
@@ -95,13 +93,6 @@ def pytest_configure(config):
     worker_records.remove_stale(config, output_folder())
     jax.monitoring.register_event_duration_secs_listener(_listen)
     _count_repeats()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    _current_test[0] = item.nodeid
-    yield
-    _current_test[0] = "<outside a test>"
 
 
 def pytest_sessionfinish(session):

@@ -23,12 +23,11 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tests.helpers import worker_records
+from tests.helpers.worker_records import pytest_runtest_protocol  # noqa: F401  (the hook, by its name)
 
 _largest: dict[str, dict] = {}
-_current_test = ["<outside a test>"]
 _unwrapped = np.testing.assert_allclose
 
 
@@ -59,7 +58,7 @@ def margin(actual, desired, rtol: float, atol: float) -> float | None:
 def _recording_assert_allclose(actual, desired, rtol=1e-7, atol=0, equal_nan=True, err_msg="", verbose=True,
                                **kwargs):
     found = margin(actual, desired, rtol, atol)
-    test = _current_test[0]
+    test = worker_records.current_test[0]
     if found is not None and found >= _largest.get(test, {}).get("margin", -1.0):
         _largest[test] = {"margin": found, "rtol": float(np.max(rtol)), "atol": float(np.max(atol)),
                           "err_msg": str(err_msg)[:80]}
@@ -74,13 +73,6 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     np.testing.assert_allclose = _unwrapped
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    _current_test[0] = item.nodeid
-    yield
-    _current_test[0] = "<outside a test>"
 
 
 def pytest_sessionfinish(session):

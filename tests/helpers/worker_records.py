@@ -1,6 +1,7 @@
 """What the opt-in recording plugins (``compile_profile``, ``tolerance_margins``) share: each process of a run writes
 its record to one folder as ``<worker>.json``, and the process that ran the session clears the earlier run's files
-first and merges the workers' at the end."""
+first and merges the workers' at the end. A plugin that records by test imports :func:`pytest_runtest_protocol` (pytest
+finds the hook by its name in the plugin's module) and reads :data:`current_test`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+#: The node id of the test this process is running (``<outside a test>`` between tests).
+current_test = ["<outside a test>"]
 
 
 def remove_stale(config, folder: Path) -> None:
@@ -36,3 +42,11 @@ def read(folder: Path) -> Iterator:
     """Every process's record in ``folder``, in the order of their file names."""
     for path in sorted(folder.glob("*.json")):
         yield json.loads(path.read_text())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Keeps :data:`current_test` on the test being run."""
+    current_test[0] = item.nodeid
+    yield
+    current_test[0] = "<outside a test>"
